@@ -1,0 +1,59 @@
+"""The example recipes: `gemmgen build examples/recipes.py` compiles each and prints the kernel report.
+
+Every module-level gemmgen.Recipe is a kernel. Together they cover both schedules, all four
+A/B layouts, every operand kind, an aux output, and both epilogue shapes (tree and graph).
+"""
+
+import gemmgen as gg
+
+# D = A @ B (bf16, A row-major, B column-major: "TN")
+gemm_bf16 = gg.Recipe("gemm_bf16", a=gg.bf16, b=gg.bf16)
+
+# D = gelu(A @ B + bias)
+bias_gelu = gg.Recipe(
+    "bias_gelu",
+    lambda acc, bias: gg.gelu(acc + bias),
+    operands={"bias": gg.RowVector(gg.bf16)},
+    config=gg.KernelConfig(tile=(128, 256, 64), cluster=(2, 1, 1)),
+)
+
+# D = silu(A @ B + bias) + residual, B row-major ("NN")
+bias_silu_residual = gg.Recipe(
+    "bias_silu_residual",
+    lambda acc, bias, residual: gg.silu(acc + bias) + residual,
+    layout_b=gg.RowMajor,
+    operands={"bias": gg.RowVector(gg.bf16), "residual": gg.Matrix(gg.bf16)},
+)
+
+# D = alpha * (A @ B) + beta * C, fp16 in, fp32 out, A column-major ("TT" in BLAS terms)
+linear_combination = gg.Recipe(
+    "linear_combination",
+    lambda acc, alpha, beta, c: alpha * acc + beta * c,
+    a=gg.f16, b=gg.f16, d=gg.f32,
+    layout_a=gg.ColMajor, layout_b=gg.RowMajor,
+    operands={"alpha": gg.Scalar(), "beta": gg.Scalar(), "c": gg.Matrix(gg.f16)},
+)
+
+# D = gelu_tanh(A @ B + bias), also storing the pre-activation for the backward pass (pingpong)
+bias_gelu_aux = gg.Recipe(
+    "bias_gelu_aux",
+    lambda acc, bias: {"d": gg.gelu_tanh(acc + bias), "pre_act": acc + bias},
+    layout_a=gg.ColMajor,
+    operands={"bias": gg.RowVector(gg.bf16)},
+    aux={"pre_act": gg.bf16},
+    config=gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.PINGPONG),
+)
+
+
+# D = x * sigmoid(1.702 x), x = scale * (A @ B) + bias: a shared value, so a graph epilogue
+def _quick_gelu(acc, scale, bias):
+    x = scale * acc + bias
+    return x * gg.sigmoid(1.702 * x)
+
+
+quick_gelu_scaled = gg.Recipe(
+    "quick_gelu_scaled",
+    _quick_gelu,
+    a=gg.f16, b=gg.f16,
+    operands={"scale": gg.ColVector(gg.f32), "bias": gg.RowVector(gg.f16)},
+)

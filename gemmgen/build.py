@@ -1,0 +1,153 @@
+"""Recipe + config -> a compiled, cached, inspected kernel (CompiledKernel)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+from .codegen import INFO_FIELDS, GeneratedKernel, render_kernel
+from .compile.cache import Artifact, KernelCache
+from .compile.cubin import SASS_MARKERS, read_u64_array, resource_usage, sass_counts
+from .compile.nvrtc import BASE_OPTIONS, compile_cubin, write_debug_source
+from .compile.toolchain import ARCH, toolchain
+from .config import KernelConfig
+from .errors import CompileError
+from .ir import content_key
+
+if TYPE_CHECKING:
+    from .dsl import Recipe
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """Facts about the instantiation, exported by the kernel itself (see templates/kernel.cu.j2)."""
+
+    params_size: int
+    params_align: int
+    smem_bytes: int  # dynamic shared memory: GemmKernel::SharedStorageSize
+    max_threads: int
+    min_blocks: int
+    cluster_size: int
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    name: str
+    entry: str
+    config: str
+    cache_key: str
+    registers: int | None
+    smem_bytes: int
+    static_smem_bytes: int | None
+    local_bytes: int | None
+    sass: dict[str, int] | None
+    compile_seconds: float
+    phases: dict[str, float]  # front_end / nvvm / ptx seconds (NVRTC --time)
+    epilogue: str  # "tree" or "dag"
+    cached: bool = False  # served from the cache in this call
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    recipe: Recipe
+    config: KernelConfig
+    entry: str
+    cache_key: str
+    cubin: bytes
+    source: str
+    info: KernelInfo
+    report: KernelReport
+
+
+def cache_key(kernel: GeneratedKernel) -> str:
+    """Everything that can change the binary: source, header contents, compiler, options, arch, gemmgen."""
+    tc = toolchain()
+    return content_key({
+        "source": kernel.source, "headers": tc.header_digest, "nvrtc": list(tc.nvrtc_version),
+        "options": list(BASE_OPTIONS), "arch": ARCH, "gemmgen": __version__,
+    })
+
+
+@functools.cache
+def default_cache() -> KernelCache:
+    return KernelCache(arch=ARCH)
+
+
+def _compile_artifact(kernel: GeneratedKernel, key: str) -> Artifact:
+    tc = toolchain()
+    try:
+        result = compile_cubin(kernel.source, kernel.entry, ARCH, tc.include_dirs,
+                               extra_options=("-diag-suppress=177",))
+    except CompileError as e:
+        path = write_debug_source(kernel.source, kernel.entry)
+        raise CompileError(f"{e}\ngenerated source: {path}") from None
+    info = read_u64_array(result.cubin, kernel.info_symbol)
+    meta: dict[str, Any] = {
+        "entry": kernel.entry, "recipe": kernel.recipe.name, "config": kernel.config.name,
+        "info": dict(zip((f for f, _ in INFO_FIELDS), info)),
+        "compile_seconds": round(result.wall_seconds, 3), "phases": {k: round(v, 3) for k, v in result.phases.items()},
+        "epilogue": kernel.epilogue.layout, "registers": None, "local_bytes": None, "static_smem_bytes": None,
+        "sass": None,
+    }
+    if tc.cuobjdump is not None:
+        with tempfile.TemporaryDirectory(prefix="gemmgen-sass-") as tmp:
+            path = Path(tmp) / "kernel.cubin"
+            path.write_bytes(result.cubin)
+            res = resource_usage(tc.cuobjdump, path, kernel.entry)
+            meta.update(registers=res.registers, local_bytes=res.local_bytes, static_smem_bytes=res.static_smem_bytes,
+                        sass=sass_counts(tc.cuobjdump, path))
+    return Artifact({"kernel.cubin": result.cubin, "kernel.cu": kernel.source.encode()}, meta)
+
+
+def build_kernel(recipe: Recipe, config: KernelConfig, cache: KernelCache | None = None) -> CompiledKernel:
+    """Render, then load from cache or compile with NVRTC. Config errors are raised before any compile."""
+    kernel = render_kernel(recipe.ir, config)
+    key = cache_key(kernel)
+    cache = cache or default_cache()
+
+    def waiting() -> None:
+        print(f"gemmgen: waiting for another process compiling {kernel.entry} ({key[:12]})", file=sys.stderr)
+
+    art, built = cache.get_or_build(key, lambda: _compile_artifact(kernel, key), on_wait=waiting)
+    meta = art.meta
+    info = KernelInfo(**meta["info"])
+    report = KernelReport(
+        name=recipe.name, entry=meta["entry"], config=meta["config"], cache_key=key, registers=meta["registers"],
+        smem_bytes=info.smem_bytes, static_smem_bytes=meta["static_smem_bytes"], local_bytes=meta["local_bytes"],
+        sass=meta["sass"], compile_seconds=meta["compile_seconds"], phases=meta["phases"], epilogue=meta["epilogue"],
+        cached=not built)
+    return CompiledKernel(recipe, config, kernel.entry, key, art.files["kernel.cubin"], kernel.source, info, report)
+
+
+def report_table(reports: list[KernelReport]) -> str:
+    """A fixed-width table of kernel reports."""
+    marks = list(SASS_MARKERS)
+    head = ["kernel", "config", "regs", "smem", "local", *marks, "compile s", "fe/nvvm/ptx s", "status"]
+    rows = []
+    for r in reports:
+        sass = r.sass or {}
+        phases = "/".join(f"{r.phases.get(k, 0.0):.1f}" for k in ("front_end", "nvvm", "ptx"))
+        rows.append([r.name, r.config, _s(r.registers), str(r.smem_bytes), _s(r.local_bytes),
+                     *(_s(sass.get(m)) for m in marks), f"{r.compile_seconds:.1f}", phases,
+                     "cached" if r.cached else "compiled"])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in [head, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _s(v: object) -> str:
+    return "?" if v is None else str(v)
+
+
+def reports_json(reports: list[KernelReport]) -> str:
+    return json.dumps([r.as_json() for r in reports], indent=2)

@@ -1,0 +1,86 @@
+"""IR + KernelConfig -> CUTLASS 3.x sm90 C++ source. Templates bind types and constants only."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from .. import __version__
+from ..config import KernelConfig, validate
+from ..ir import RecipeIR, content_key
+from ..types import DType
+from .evt import EpilogueCode, build_epilogue
+
+#: Fields of the `<entry>_info` array every kernel exports (see templates/kernel.cu.j2).
+INFO_FIELDS: tuple[tuple[str, str], ...] = (
+    ("params_size", "sizeof(Params)"),
+    ("params_align", "alignof(Params)"),
+    ("smem_bytes", "GemmKernel::SharedStorageSize"),
+    ("max_threads", "GemmKernel::MaxThreadsPerBlock"),
+    ("min_blocks", "GemmKernel::MinBlocksPerMultiprocessor"),
+    ("cluster_size", "cute::size(ClusterShape{})"),
+)
+
+
+def templates_dir() -> Path:
+    """Templates ship inside the wheel as gemmgen/templates; a source checkout has them at the top."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "templates", here.parent / "templates"):
+        if (candidate / "kernel.cu.j2").is_file():
+            return candidate
+    raise FileNotFoundError("gemmgen templates not found (expected gemmgen/templates or ../templates)")
+
+
+@functools.cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
+                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+
+
+@dataclass(frozen=True)
+class GeneratedKernel:
+    recipe: RecipeIR
+    config: KernelConfig
+    entry: str  # the extern "C" kernel symbol
+    source: str
+    epilogue: EpilogueCode
+
+    @property
+    def info_symbol(self) -> str:
+        return f"{self.entry}_info"
+
+
+def kernel_id(recipe: RecipeIR, config: KernelConfig) -> str:
+    """A short content id for (math, config): part of the kernel symbol."""
+    return content_key([recipe.key, config.canonical()])[:12]
+
+
+def render_kernel(recipe: RecipeIR, config: KernelConfig) -> GeneratedKernel:
+    validate(config, recipe)
+    g = recipe.gemm
+    epi = build_epilogue(recipe)
+    kid = kernel_id(recipe, config)
+    entry = f"gemmgen_{recipe.name}_{kid}"
+    d_align = 128 // g.d.bits
+    c_align = 128 // DType.F32.bits if epi.element_c == "void" else 128 // _bits_of(epi.element_c)
+    stage_count = ("cutlass::gemm::collective::StageCountAutoCarveout<"
+                   "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"
+                   if config.stages is None else f"cutlass::gemm::collective::StageCount<{config.stages}>")
+    source = _environment().get_template("kernel.cu.j2").render(
+        version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=config.name,
+        namespace=f"gemmgen_{kid}", entry=entry,
+        element_a=g.a.cutlass, element_b=g.b.cutlass, element_c=epi.element_c, element_d=g.d.cutlass,
+        layout_a=g.layout_a.cutlass, layout_b=g.layout_b.cutlass,
+        alignment_a=128 // g.a.bits, alignment_b=128 // g.b.bits, alignment_c=c_align, alignment_d=d_align,
+        tile=config.tile, cluster=config.cluster, kernel_schedule=config.schedule.kernel,
+        epilogue_schedule=config.schedule.epilogue, stage_count=stage_count,
+        tile_scheduler=config.tile_scheduler.cutlass,
+        epilogue_layout=epi.layout, epilogue_decls=epi.decls, callbacks=epi.callbacks, info_fields=INFO_FIELDS)
+    return GeneratedKernel(recipe, config, entry, source, epi)
+
+
+def _bits_of(cutlass_type: str) -> int:
+    return next(d.bits for d in DType if d.cutlass == cutlass_type)

@@ -1,0 +1,207 @@
+"""IR -> CUTLASS sm90 epilogue visitor tree (EVT) type declarations.
+
+The result is a list of `using Name = Type;` declarations and the name of the callbacks type
+handed to the epilogue CollectiveBuilder. A tree (Sm90EVT) is emitted when every value has one
+consumer; a graph with shared values or side outputs becomes one Sm90TopologicalVisitor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import Node, Op, RecipeIR, f32_bits
+from ..types import DType, OperandKind
+
+FUSION = "cutlass::epilogue::fusion"
+ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
+COMPUTE = "float"
+
+_SCALAR_FN = {
+    Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.MIN: "Min", Op.MAX: "Max",
+    Op.NEG: "Neg", Op.ABS: "Abs", Op.EXP: "Exp", Op.TANH: "Tanh", Op.SIGMOID: "Sigmoid", Op.RELU: "Relu",
+    Op.GELU: "Gelu", Op.GELU_TANH: "GeluTanh", Op.SILU: "Silu", Op.CAST: "Identity",
+}
+
+
+@dataclass
+class _VNode:
+    """A visitor node: a leaf load or aux store (`load_store`), or a compute node (`fn`, `out`)."""
+
+    label: str
+    load_store: str | None = None
+    children: list[int] = field(default_factory=list)
+    fn: str | None = None
+    out: str = COMPUTE
+
+    @property
+    def is_compute(self) -> bool:
+        return self.fn is not None
+
+    @property
+    def type(self) -> str:
+        if self.fn is not None:
+            return f"{FUSION}::Sm90Compute<{self.fn}, {self.out}, {COMPUTE}, {ROUND}>"
+        return self.load_store  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class EpilogueCode:
+    decls: tuple[tuple[str, str], ...]  # (name, C++ type), in dependency order
+    callbacks: str  # the type passed to the epilogue CollectiveBuilder
+    element_c: str  # the source (C) element, or "void"
+    layout: str  # "tree" or "dag"
+
+
+def _functor(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
+    """The Map<...>::Fn functor for a compute node and the args that remain visitor children."""
+    ns = "gemmgen::epi"
+    if node.op is Op.LEAKY_RELU:
+        return f"{ns}::Map<{ns}::LeakyRelu<{f32_bits(node.attr):#010x}u>>::Fn", list(node.args)  # type: ignore[arg-type]
+    base = f"{ns}::{_SCALAR_FN[node.op]}"
+    if len(node.args) == 2:
+        lhs, rhs = (nodes[a] for a in node.args)
+        if rhs.op is Op.CONST:
+            return f"{ns}::Map<{ns}::WithRhs<{base}, {f32_bits(rhs.attr):#010x}u>>::Fn", [node.args[0]]  # type: ignore[arg-type]
+        if lhs.op is Op.CONST:
+            return f"{ns}::Map<{ns}::WithLhs<{base}, {f32_bits(lhs.attr):#010x}u>>::Fn", [node.args[1]]  # type: ignore[arg-type]
+    return f"{ns}::Map<{base}>::Fn", list(node.args)
+
+
+def _aux_stride() -> str:
+    return "cute::Stride<int64_t, cute::_1, int64_t>"  # row-major M x N, batch stride
+
+
+def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
+    ir = recipe.epilogue
+    d = recipe.gemm.d
+    matrices = [o.name for o in ir.operands if o.kind is OperandKind.MATRIX]
+    source = matrices[0] if matrices else None
+    element_c = ir.operand(source).dtype.cutlass if source else "void"
+
+    vnodes: list[_VNode] = []
+    of_ir: dict[int, int] = {}  # IR node -> visitor node producing its value
+    for i, n in enumerate(ir.nodes):
+        if n.op is Op.CONST:
+            continue
+        if n.op is Op.ACC:
+            v = _VNode("acc", f"{FUSION}::Sm90AccFetch")
+        elif n.op is Op.INPUT:
+            v = _VNode(f"in_{n.name}", _load_type(ir.operand(n.name).kind, n.dtype, n.name == source))  # type: ignore[arg-type]
+        else:
+            fn, args = _functor(n, ir.nodes)
+            out = n.dtype.cutlass if n.op is Op.CAST else COMPUTE  # type: ignore[union-attr]
+            v = _VNode(f"{n.op.value}{i}", children=[of_ir[a] for a in args], fn=fn, out=out)
+        of_ir[i] = len(vnodes)
+        vnodes.append(v)
+
+    # Aux stores pass their input through, so they sit in-line: consumers of the stored value
+    # read it from the last store in its chain.
+    for o in ir.outputs[1:]:
+        src = of_ir[o.node]
+        store = _VNode(f"aux_{o.name}", _aux_store_type(o.dtype), [src])
+        vnodes.append(store)
+        for v in vnodes[:-1]:
+            v.children = [len(vnodes) - 1 if c == src else c for c in v.children]
+        of_ir[o.node] = len(vnodes) - 1
+
+    root = of_ir[ir.outputs[0].node]
+    consumers = [0] * len(vnodes)
+    for v in vnodes:
+        for c in v.children:
+            consumers[c] += 1
+    if not (vnodes[root].is_compute and vnodes[root].out == COMPUTE and consumers[root] == 0):
+        # D's value is shared, stored, cast or loaded: give D a node of its own that converts.
+        vnodes.append(_VNode("to_d", children=[root], fn="gemmgen::epi::Map<gemmgen::epi::Identity>::Fn"))
+        consumers.append(0)
+        consumers[root] += 1
+        root = len(vnodes) - 1
+    vnodes[root].out = d.cutlass  # the root writes ElementD directly (no extra conversion pass)
+
+    reachable = _reachable(vnodes, root)
+    is_tree = all(consumers[i] == (0 if i == root else 1) for i in range(len(vnodes))) and \
+        len(reachable) == len(vnodes)
+    names = [f"{v.label.title().replace('_', '')}" for v in vnodes]
+    decls: list[tuple[str, str]] = [(names[i], v.type) for i, v in enumerate(vnodes)]
+    if is_tree:
+        evt_name: dict[int, str] = {}
+        for i in _post_order(vnodes, root):
+            v = vnodes[i]
+            if not v.children:
+                evt_name[i] = names[i]
+                continue
+            evt_name[i] = f"EVT{names[i]}"
+            kids = ", ".join(evt_name[c] for c in v.children)
+            decls.append((evt_name[i], f"{FUSION}::Sm90EVT<{names[i]}, {kids}>"))
+        return EpilogueCode(tuple(decls), evt_name[root], element_c, "tree")
+
+    order = _topological(vnodes, root)
+    pos = {n: k for k, n in enumerate(order)}
+    edges = ", ".join(f"cute::seq<{', '.join(str(pos[c]) for c in vnodes[n].children)}>" for n in order)
+    ops = ", ".join(names[n] for n in order)
+    decls.append(("EpilogueDag", f"{FUSION}::Sm90TopologicalVisitor<{COMPUTE}, cute::tuple<{edges}>, {ops}>"))
+    return EpilogueCode(tuple(decls), "EpilogueDag", element_c, "dag")
+
+
+def _load_type(kind: OperandKind, dtype: DType, is_source: bool) -> str:
+    e = dtype.cutlass
+    if kind is OperandKind.SCALAR:
+        return f"{FUSION}::Sm90ScalarBroadcast<{e}, cute::Stride<cute::_0, cute::_0, int64_t>>"
+    if kind is OperandKind.ROW:
+        return f"{FUSION}::Sm90RowBroadcast<0, TileShape, {e}, {COMPUTE}, cute::Stride<cute::_0, cute::_1, cute::_0>>"
+    if kind is OperandKind.COL:
+        return f"{FUSION}::Sm90ColBroadcast<0, TileShape, {e}, {COMPUTE}, cute::Stride<cute::_1, cute::_0, cute::_0>>"
+    if is_source:
+        return f"{FUSION}::Sm90SrcFetch<{e}>"
+    desc = f"cutlass::epilogue::collective::detail::AuxLoadDescriptor<EpilogueDescriptor, {_aux_stride()}, {e}>"
+    return (f"{FUSION}::Sm90AuxLoad<{desc}::Stages, typename {desc}::EpilogueTile, {e}, {_aux_stride()}, "
+            f"typename {desc}::SmemLayoutAtom, typename {desc}::CopyOpS2R>")
+
+
+def _aux_store_type(dtype: DType) -> str:
+    e = dtype.cutlass
+    desc = f"cutlass::epilogue::collective::detail::AuxStoreDescriptor<EpilogueDescriptor, {_aux_stride()}, {e}>"
+    return (f"{FUSION}::Sm90AuxStore<{desc}::Stages, typename {desc}::EpilogueTile, {e}, {ROUND}, {_aux_stride()}, "
+            f"typename {desc}::SmemLayoutAtom, typename {desc}::CopyOpR2S>")
+
+
+def _reachable(vnodes: list[_VNode], root: int) -> set[int]:
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        i = stack.pop()
+        if i not in seen:
+            seen.add(i)
+            stack.extend(vnodes[i].children)
+    return seen
+
+
+def _post_order(vnodes: list[_VNode], root: int) -> list[int]:
+    out: list[int] = []
+
+    def walk(i: int) -> None:
+        for c in vnodes[i].children:
+            walk(c)
+        out.append(i)
+
+    walk(root)
+    return out
+
+
+def _topological(vnodes: list[_VNode], root: int) -> list[int]:
+    """Every node in dependency order, with the root (D's value) last."""
+    out: list[int] = []
+    seen: set[int] = set()
+
+    def walk(i: int) -> None:
+        if i in seen:
+            return
+        seen.add(i)
+        for c in vnodes[i].children:
+            walk(c)
+        out.append(i)
+
+    for i in range(len(vnodes)):
+        if i != root:
+            walk(i)
+    walk(root)
+    return out

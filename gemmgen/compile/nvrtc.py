@@ -1,0 +1,118 @@
+"""NVRTC through cuda.bindings: source -> sm_90a cubin, with the compile-time phase split."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import CompileError, ToolchainError
+
+BASE_OPTIONS: tuple[str, ...] = ("-std=c++17", "-default-device", "-DNDEBUG")
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ToolchainError("cuda-python is not installed; `pip install cuda-bindings==13.0.3`") from e
+    return nvrtc
+
+
+def _check(result, what: str) -> None:
+    nvrtc = _nvrtc()
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise ToolchainError(f"{what} failed: {nvrtc.nvrtcGetErrorString(result)[1].decode()}")
+
+
+def nvrtc_version() -> tuple[int, int]:
+    try:
+        err, major, minor = _nvrtc().nvrtcVersion()
+    except RuntimeError as e:
+        raise ToolchainError(f"libnvrtc could not be loaded ({e}); `pip install nvidia-cuda-nvrtc==13.0.88`") from e
+    _check(err, "nvrtcVersion")
+    return major, minor
+
+
+@dataclass(frozen=True)
+class NvrtcResult:
+    cubin: bytes
+    log: str
+    wall_seconds: float
+    phases: dict[str, float] = field(default_factory=dict)  # front_end / nvvm / ptx (seconds)
+
+
+def compile_cubin(source: str, name: str, arch: str, include_dirs: tuple[Path, ...],
+                  extra_options: tuple[str, ...] = (), source_path: Path | None = None) -> NvrtcResult:
+    """Compile one translation unit; raise CompileError with the log on failure."""
+    nvrtc = _nvrtc()
+    with tempfile.TemporaryDirectory(prefix="gemmgen-nvrtc-") as tmp:
+        timing = Path(tmp) / "time.csv"
+        options = [f"-arch={arch}", *BASE_OPTIONS, *extra_options, f"--time={timing}"]
+        options += [f"-I{d}" for d in include_dirs]
+        err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
+        _check(err, "nvrtcCreateProgram")
+        try:
+            start = time.perf_counter()
+            (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])
+            wall = time.perf_counter() - start
+            log = _log(nvrtc, prog)
+            if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+                raise CompileError(_format_failure(name, log, source_path))
+            err, size = nvrtc.nvrtcGetCUBINSize(prog)
+            _check(err, "nvrtcGetCUBINSize")
+            buf = b" " * size
+            (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
+            _check(err, "nvrtcGetCUBIN")
+            phases = parse_time_report(timing.read_text()) if timing.is_file() else {}
+            return NvrtcResult(bytes(buf), log, wall, phases)
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _log(nvrtc, prog) -> str:
+    err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or size <= 1:
+        return ""
+    buf = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, buf)
+    return buf.rstrip(b"\0").decode(errors="replace")
+
+
+def _format_failure(name: str, log: str, source_path: Path | None) -> str:
+    lines = log.splitlines()
+    errors = [i for i, line in enumerate(lines) if " error" in line or line.startswith("error")]
+    keep: list[str] = []
+    for i in errors[:8]:
+        keep.extend(lines[i:i + 3])
+    shown = "\n".join(keep or lines[:40])
+    where = f"\ngenerated source: {source_path}" if source_path else ""
+    return f"NVRTC failed to compile kernel {name!r} ({len(errors)} error(s)):\n{shown}{where}"
+
+
+def parse_time_report(text: str) -> dict[str, float]:
+    """NVRTC `--time` CSV (file, phase, value, unit) -> seconds for front_end / nvvm / ptx."""
+    out = {"front_end": 0.0, "nvvm": 0.0, "ptx": 0.0}
+    for line in text.splitlines()[1:]:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 4:
+            continue
+        phase, value, unit = cells[1].lower(), cells[2], cells[3].lower()
+        try:
+            seconds = float(value) / (1000.0 if unit == "ms" else 1.0)
+        except ValueError:
+            continue
+        key = "front_end" if "frontend" in phase else "ptx" if "ptx" in phase else "nvvm"
+        out[key] += seconds
+    return out
+
+
+def write_debug_source(source: str, name: str) -> Path:
+    """Where a failing kernel's source is kept for the user to read."""
+    d = Path(os.environ.get("GEMMGEN_DEBUG_DIR", tempfile.gettempdir())) / "gemmgen-failed"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{name}.cu"
+    path.write_text(source)
+    return path

@@ -1,0 +1,203 @@
+"""Kernel configurations and the constraints they must satisfy.
+
+Each `*_violations` function checks one constraint set and returns human-readable problems;
+`validate` raises them as one ConfigError, and a config search can use the same functions to
+prune candidates (`is_valid`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+from .ir import RecipeIR
+from .types import OperandKind
+
+SM90_SMEM_CAPACITY = 232448  # bytes of shared memory per block on sm_90 (cutlass::gemm::collective::detail)
+_SMEM_ALIGN = 1024  # CUTLASS rounds stage and carveout bytes to this
+
+
+class Schedule(enum.Enum):
+    """Warp-specialized mainloop schedules of CUTLASS 3.x on sm_90."""
+
+    COOPERATIVE = "cooperative"  # two consumer warpgroups share one tile (tile M = 128 or 256)
+    PINGPONG = "pingpong"  # two consumer warpgroups alternate tiles (tile M = 64 or 128)
+
+    @property
+    def kernel(self) -> str:
+        return {Schedule.COOPERATIVE: "cutlass::gemm::KernelTmaWarpSpecializedCooperative",
+                Schedule.PINGPONG: "cutlass::gemm::KernelTmaWarpSpecializedPingpong"}[self]
+
+    @property
+    def epilogue(self) -> str:
+        return {Schedule.COOPERATIVE: "cutlass::epilogue::TmaWarpSpecializedCooperative",
+                Schedule.PINGPONG: "cutlass::epilogue::TmaWarpSpecialized"}[self]
+
+
+class TileScheduler(enum.Enum):
+    PERSISTENT = "persistent"
+
+    @property
+    def cutlass(self) -> str:
+        return "cutlass::gemm::PersistentScheduler"
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """How one recipe is mapped onto the machine. `stages=None` lets CUTLASS fill shared memory."""
+
+    tile: tuple[int, int, int] = (128, 128, 64)
+    cluster: tuple[int, int, int] = (1, 1, 1)
+    schedule: Schedule = Schedule.COOPERATIVE
+    stages: int | None = None
+    tile_scheduler: TileScheduler = field(default=TileScheduler.PERSISTENT)
+
+    def __post_init__(self) -> None:
+        for what, t in (("tile", self.tile), ("cluster", self.cluster)):
+            if not (isinstance(t, tuple) and len(t) == 3 and all(isinstance(x, int) and x > 0 for x in t)):
+                raise ConfigError(f"{what}: expected a tuple of three positive ints, got {t!r}")
+        if not isinstance(self.schedule, Schedule):
+            raise ConfigError(f"schedule: expected a gemmgen.Schedule, got {self.schedule!r}")
+        if self.stages is not None and (not isinstance(self.stages, int) or self.stages < 1):
+            raise ConfigError(f"stages: expected None (auto) or a positive int, got {self.stages!r}")
+
+    @property
+    def name(self) -> str:
+        """A short, stable, identifier-safe description, used in kernel names."""
+        tm, tn, tk = self.tile
+        cm, cn, ck = self.cluster
+        stages = "auto" if self.stages is None else f"s{self.stages}"
+        return f"{tm}x{tn}x{tk}_c{cm}x{cn}x{ck}_{self.schedule.value}_{stages}"
+
+    def canonical(self) -> list:
+        return [list(self.tile), list(self.cluster), self.schedule.value, self.stages, self.tile_scheduler.value]
+
+
+# ----------------------------------------------------------------------------- constraint sets
+
+
+def tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """WGMMA and TMA shape rules for 16-bit A/B."""
+    tm, tn, tk = cfg.tile
+    bits = recipe.gemm.a.bits
+    out = []
+    if tm not in (64, 128, 256):
+        out.append(f"tile M = {tm}: must be 64, 128 or 256 (multiples of the 64-row WGMMA atom)")
+    if tn % 16 or not 16 <= tn <= 256:
+        out.append(f"tile N = {tn}: must be a multiple of 16 between 16 and 256 (WGMMA N)")
+    k_atom = 256 // bits  # WGMMA K is 32 bytes
+    swizzle_k = 1024 // bits  # 128-byte swizzle span in elements
+    if tk % k_atom or tk < k_atom:
+        out.append(f"tile K = {tk}: must be a multiple of {k_atom} for {recipe.gemm.a.value} (WGMMA K)")
+    elif tk % swizzle_k and swizzle_k % tk:
+        out.append(f"tile K = {tk}: must divide or be a multiple of {swizzle_k} (128-byte TMA swizzle)")
+    return out
+
+
+def schedule_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    tm = cfg.tile[0]
+    if cfg.schedule is Schedule.COOPERATIVE and tm % 128:
+        return [f"schedule cooperative: tile M = {tm} must be 128 or 256 (two consumer warpgroups split M); "
+                "use Schedule.PINGPONG for tile M = 64"]
+    if cfg.schedule is Schedule.PINGPONG and tm not in (64, 128):
+        return [f"schedule pingpong: tile M = {tm} must be 64 or 128 (each consumer warpgroup owns a tile)"]
+    return []
+
+
+def cluster_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    cm, cn, ck = cfg.cluster
+    out = []
+    if ck != 1:
+        out.append(f"cluster K = {ck}: must be 1")
+    for what, c in (("M", cm), ("N", cn)):
+        if c not in (1, 2, 4):
+            out.append(f"cluster {what} = {c}: must be 1, 2 or 4 (TMA multicast)")
+    if cm * cn > 8:
+        out.append(f"cluster {cm}x{cn}: at most 8 CTAs per cluster (portable cluster size)")
+    return out
+
+
+def epilogue_tile(cfg: KernelConfig, recipe: RecipeIR) -> tuple[int, int]:
+    """CUTLASS's EpilogueTileAuto (sm90_compute_tile_shape_or_override)."""
+    tm, tn, _ = cfg.tile
+    if cfg.schedule is Schedule.COOPERATIVE:
+        n = min(32, tn)
+        return min(128, tm), _gcd(n, tn)
+    n = 64 if recipe.gemm.d.bits == 8 and tn % 64 == 0 else 32
+    return min(64, tm), _gcd(min(n, tn), tn)
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def epilogue_smem_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
+    """An upper estimate of the epilogue's shared storage (C/D staging, aux tiles, broadcasts)."""
+    em, en = epilogue_tile(cfg, recipe)
+    tm, tn, _ = cfg.tile
+    epi_tiles = (tm // em) * (tn // en)
+    stages_d = min(epi_tiles, 2)
+    stages_c = min(epi_tiles, 4)
+    ir = recipe.epilogue
+    matrices = [o for o in ir.operands if o.kind is OperandKind.MATRIX]
+    total = stages_d * em * en * recipe.gemm.d.nbytes
+    for i, m in enumerate(matrices):
+        total += max(stages_c, stages_d + 1 if i == 0 else 0) * em * en * m.dtype.nbytes
+    for o in ir.outputs[1:]:
+        total += stages_d * em * en * o.dtype.nbytes
+    for o in ir.operands:
+        if o.kind is OperandKind.ROW:
+            total += tn * o.dtype.nbytes
+        elif o.kind is OperandKind.COL:
+            total += tm * o.dtype.nbytes
+    barriers = 64 * (2 + len(matrices) + len(ir.outputs))
+    return total + barriers
+
+
+def mainloop_stage_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
+    tm, tn, tk = cfg.tile
+    g = recipe.gemm
+    raw = tm * tk * g.a.nbytes + tn * tk * g.b.nbytes
+    return -(-raw // _SMEM_ALIGN) * _SMEM_ALIGN + 16  # + the pipeline's full/empty barriers
+
+
+def stage_count(cfg: KernelConfig, recipe: RecipeIR) -> int:
+    """Mainloop stages: the explicit count, or what StageCountAutoCarveout will choose."""
+    if cfg.stages is not None:
+        return cfg.stages
+    carveout = -(-epilogue_smem_bytes(cfg, recipe) // _SMEM_ALIGN) * _SMEM_ALIGN
+    return (SM90_SMEM_CAPACITY // _SMEM_ALIGN * _SMEM_ALIGN - carveout) // mainloop_stage_bytes(cfg, recipe)
+
+
+def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    stages = stage_count(cfg, recipe)
+    need = stages * mainloop_stage_bytes(cfg, recipe) + epilogue_smem_bytes(cfg, recipe)
+    if stages < 2:
+        return [f"shared memory: tile {cfg.tile} leaves room for {stages} mainloop stage(s), need at least 2; "
+                "use a smaller tile K or N"]
+    if need > SM90_SMEM_CAPACITY:
+        return [f"shared memory: {stages} stages of tile {cfg.tile} plus the epilogue need about {need} bytes, "
+                f"more than the {SM90_SMEM_CAPACITY} an sm_90 block can use; lower stages or the tile"]
+    return []
+
+
+CONSTRAINTS = (tile_violations, schedule_violations, cluster_violations, smem_violations)
+
+
+def violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    return [v for check in CONSTRAINTS for v in check(cfg, recipe)]
+
+
+def is_valid(cfg: KernelConfig, recipe: RecipeIR) -> bool:
+    return not violations(cfg, recipe)
+
+
+def validate(cfg: KernelConfig, recipe: RecipeIR) -> None:
+    if not isinstance(cfg, KernelConfig):
+        raise ConfigError(f"config: expected a gemmgen.KernelConfig, got {cfg!r}")
+    problems = violations(cfg, recipe)
+    if problems:
+        raise ConfigError(f"config {cfg.name} is invalid for recipe {recipe.name!r}:\n  - " + "\n  - ".join(problems))

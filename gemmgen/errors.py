@@ -1,0 +1,27 @@
+"""gemmgen's exceptions: every user-facing failure is one of these, raised before compile or launch."""
+
+from __future__ import annotations
+
+
+class GemmgenError(Exception):
+    """Base class of every error gemmgen raises on purpose."""
+
+
+class RecipeError(GemmgenError, ValueError):
+    """A recipe (GEMM declaration or epilogue) is invalid."""
+
+
+class ConfigError(GemmgenError, ValueError):
+    """A kernel configuration violates a hardware or CUTLASS constraint."""
+
+
+class CompileError(GemmgenError, RuntimeError):
+    """NVRTC rejected generated source; the message carries the log and the source path."""
+
+
+class ToolchainError(GemmgenError, RuntimeError):
+    """A required toolchain piece (headers, NVRTC, cuobjdump) could not be found."""
+
+
+class InvalidArgument(GemmgenError, ValueError):
+    """A runtime argument (tensor, scalar, shape) does not fit the compiled kernel."""

@@ -1,0 +1,78 @@
+// gemmgen: the elementwise functors that epilogue compute nodes (Sm90Compute) apply.
+//
+// Each scalar functor implements exactly the formula of gemmgen/reference.py in fp32.
+// Map<F>::Fn<T> adapts a scalar functor to the `template <class> class ComputeFn` that
+// Sm90Compute instantiates with cutlass::Array<float, N>. Compile-time constants are carried
+// as the bit pattern of their fp32 value (C++17 has no float template arguments).
+#pragma once
+
+#include <cutlass/array.h>
+#include <cutlass/cutlass.h>
+
+namespace gemmgen::epi {
+
+CUTLASS_DEVICE float from_bits(uint32_t bits) { return __uint_as_float(bits); }
+
+CUTLASS_DEVICE float nan_or(float a, float b, float r) { return (a != a || b != b) ? a + b : r; }
+
+struct Identity { CUTLASS_DEVICE float operator()(float x) const { return x; } };
+struct Add { CUTLASS_DEVICE float operator()(float x, float y) const { return x + y; } };
+struct Sub { CUTLASS_DEVICE float operator()(float x, float y) const { return x - y; } };
+struct Mul { CUTLASS_DEVICE float operator()(float x, float y) const { return x * y; } };
+struct Div { CUTLASS_DEVICE float operator()(float x, float y) const { return x / y; } };
+struct Min { CUTLASS_DEVICE float operator()(float x, float y) const { return nan_or(x, y, fminf(x, y)); } };
+struct Max { CUTLASS_DEVICE float operator()(float x, float y) const { return nan_or(x, y, fmaxf(x, y)); } };
+struct Neg { CUTLASS_DEVICE float operator()(float x) const { return -x; } };
+struct Abs { CUTLASS_DEVICE float operator()(float x) const { return fabsf(x); } };
+struct Exp { CUTLASS_DEVICE float operator()(float x) const { return expf(x); } };
+struct Tanh { CUTLASS_DEVICE float operator()(float x) const { return tanhf(x); } };
+struct Sigmoid { CUTLASS_DEVICE float operator()(float x) const { return 1.0f / (1.0f + expf(-x)); } };
+struct Relu { CUTLASS_DEVICE float operator()(float x) const { return x < 0.0f ? 0.0f : x; } };
+struct Silu { CUTLASS_DEVICE float operator()(float x) const { return x / (1.0f + expf(-x)); } };
+
+struct Gelu {  // erf form: 0.5 x (1 + erf(x / sqrt 2))
+  CUTLASS_DEVICE float operator()(float x) const { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+};
+
+struct GeluTanh {  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  CUTLASS_DEVICE float operator()(float x) const {
+    return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+  }
+};
+
+template <uint32_t SlopeBits>
+struct LeakyRelu {
+  CUTLASS_DEVICE float operator()(float x) const { return x < 0.0f ? x * from_bits(SlopeBits) : x; }
+};
+
+// x op c
+template <class Op, uint32_t Bits>
+struct WithRhs { CUTLASS_DEVICE float operator()(float x) const { return Op{}(x, from_bits(Bits)); } };
+
+// c op x
+template <class Op, uint32_t Bits>
+struct WithLhs { CUTLASS_DEVICE float operator()(float x) const { return Op{}(from_bits(Bits), x); } };
+
+template <class ScalarFn>
+struct Map {
+  template <class T>
+  struct Fn {
+    template <class... Args>
+    CUTLASS_DEVICE T operator()(Args const&... args) const { return ScalarFn{}(args...); }
+  };
+
+  template <class E, int N, bool R>
+  struct Fn<cutlass::Array<E, N, R>> {
+    template <class... Args>
+    CUTLASS_DEVICE cutlass::Array<E, N, R> operator()(Args const&... args) const {
+      cutlass::Array<E, N, R> out;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < N; ++i) {
+        out[i] = ScalarFn{}(args[i]...);
+      }
+      return out;
+    }
+  };
+};
+
+}  // namespace gemmgen::epi

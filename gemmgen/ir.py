@@ -1,0 +1,247 @@
+"""The epilogue IR: a normalized, frozen, hashable DAG with a stable content key.
+
+Tracing (dsl.py) builds nodes in any order; `normalize` rebuilds them canonically:
+constants folded, commutative operands ordered, common subexpressions merged, dead nodes
+dropped, and nodes numbered in a fixed post-order from the outputs. The same math therefore
+gives the same IR and the same key, whatever order the user wrote it in.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import math
+import struct
+from dataclasses import dataclass
+
+from .types import DType, Layout, OperandKind
+
+
+class Op(enum.Enum):
+    # leaves
+    ACC = "acc"
+    INPUT = "input"
+    CONST = "const"
+    # binary
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    MIN = "min"
+    MAX = "max"
+    # unary
+    NEG = "neg"
+    ABS = "abs"
+    EXP = "exp"
+    TANH = "tanh"
+    SIGMOID = "sigmoid"
+    RELU = "relu"
+    GELU = "gelu"
+    GELU_TANH = "gelu_tanh"
+    SILU = "silu"
+    LEAKY_RELU = "leaky_relu"  # attr: slope
+    CAST = "cast"  # dtype: target
+
+    @property
+    def arity(self) -> int:
+        if self in _LEAVES:
+            return 0
+        return 2 if self in _BINARY else 1
+
+    @property
+    def commutative(self) -> bool:
+        return self in (Op.ADD, Op.MUL, Op.MIN, Op.MAX)
+
+
+_LEAVES = frozenset({Op.ACC, Op.INPUT, Op.CONST})
+_BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MIN, Op.MAX})
+BINARY_OPS = _BINARY
+UNARY_OPS = frozenset(o for o in Op if o not in _LEAVES and o not in _BINARY)
+
+
+def f32(value: float) -> float:
+    """Round a Python float to the nearest fp32, as the kernel will hold it."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+def f32_bits(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+@dataclass(frozen=True)
+class Node:
+    """One value in the epilogue. `args` index earlier nodes of the same IR."""
+
+    op: Op
+    args: tuple[int, ...] = ()
+    name: str | None = None  # INPUT: operand name
+    attr: float | None = None  # CONST: value; LEAKY_RELU: slope (fp32-rounded)
+    dtype: DType | None = None  # INPUT: element type; CAST: target type
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A declared epilogue input."""
+
+    name: str
+    kind: OperandKind
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Output:
+    """An epilogue output: `d` is the GEMM's D; others are auxiliary M x N outputs."""
+
+    name: str
+    node: int
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """The main loop's problem: D[l] = epilogue(A[l] @ B[l]) with fp32 accumulation."""
+
+    a: DType
+    b: DType
+    d: DType
+    layout_a: Layout
+    layout_b: Layout
+    batched: bool = False
+    accumulator: DType = DType.F32
+
+
+@dataclass(frozen=True)
+class EpilogueIR:
+    nodes: tuple[Node, ...]
+    outputs: tuple[Output, ...]  # `d` first, then aux outputs in declaration order
+    operands: tuple[Operand, ...]  # operands the outputs actually read, in declaration order
+
+    def users(self) -> list[list[int]]:
+        users: list[list[int]] = [[] for _ in self.nodes]
+        for i, n in enumerate(self.nodes):
+            for a in n.args:
+                users[a].append(i)
+        return users
+
+    def operand(self, name: str) -> Operand:
+        return next(o for o in self.operands if o.name == name)
+
+
+@dataclass(frozen=True)
+class RecipeIR:
+    """Everything that determines a kernel's math; `key` is its content address."""
+
+    name: str
+    gemm: GemmSpec
+    epilogue: EpilogueIR
+
+    @property
+    def key(self) -> str:
+        return content_key(self.canonical())
+
+    def canonical(self) -> dict:
+        """A JSON-able form with no names that do not change the math (the recipe name is left out)."""
+        g = self.gemm
+        return {
+            "gemm": [g.a.value, g.b.value, g.d.value, g.layout_a.value, g.layout_b.value, g.batched, g.accumulator.value],
+            "nodes": [[n.op.value, list(n.args), n.name, n.attr, n.dtype.value if n.dtype else None] for n in self.epilogue.nodes],
+            "outputs": [[o.name, o.node, o.dtype.value] for o in self.epilogue.outputs],
+            "operands": [[o.name, o.kind.value, o.dtype.value] for o in self.epilogue.operands],
+        }
+
+
+def content_key(obj: object) -> str:
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def fold_constant(op: Op, values: tuple[float, ...], attr: float | None) -> float:
+    """Evaluate `op` on fp32 constants, with the same fp32 semantics the kernel uses."""
+    x = values[0]
+    y = values[1] if len(values) > 1 else 0.0
+    if op is Op.ADD:
+        r = x + y
+    elif op is Op.SUB:
+        r = x - y
+    elif op is Op.MUL:
+        r = x * y
+    elif op is Op.DIV:
+        r = x / y if y != 0 else (math.copysign(math.inf, x) * math.copysign(1, y) if x != 0 and not math.isnan(x) else math.nan)
+    elif op is Op.MIN:
+        r = math.nan if math.isnan(x) or math.isnan(y) else min(x, y)
+    elif op is Op.MAX:
+        r = math.nan if math.isnan(x) or math.isnan(y) else max(x, y)
+    elif op is Op.NEG:
+        r = -x
+    elif op is Op.ABS:
+        r = abs(x)
+    else:
+        # Transcendentals are left to torch so the folded value matches the reference exactly.
+        import torch
+
+        from .reference import apply_op
+
+        t = apply_op(op, tuple(torch.tensor(v, dtype=torch.float32) for v in values), attr, None)
+        return float(t)
+    return f32(r)
+
+
+def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand, ...]) -> EpilogueIR:
+    """Fold, order, merge and renumber a traced graph (see module docstring)."""
+    canon: dict[Node, int] = {}
+    new_nodes: list[Node] = []
+    structure: list[str] = []  # per new node: a structural digest, used to order commutative args
+    memo: dict[int, int] = {}
+
+    def intern(node: Node, digest: str) -> int:
+        if node in canon:
+            return canon[node]
+        canon[node] = len(new_nodes)
+        new_nodes.append(node)
+        structure.append(digest)
+        return canon[node]
+
+    def digest_of(node: Node, child_digests: list[str]) -> str:
+        head = json.dumps([node.op.value, node.name, node.attr, node.dtype.value if node.dtype else None])
+        return hashlib.sha256((head + "|" + ",".join(child_digests)).encode()).hexdigest()
+
+    def visit(i: int) -> int:
+        if i in memo:
+            return memo[i]
+        node = nodes[i]
+        args = [visit(a) for a in node.args]
+        if node.op.commutative:
+            args.sort(key=lambda a: structure[a])
+        argn = [new_nodes[a] for a in args]
+        if args and all(a.op is Op.CONST for a in argn):
+            value = fold_constant(node.op, tuple(a.attr for a in argn), node.attr)  # type: ignore[misc]
+            folded = Node(Op.CONST, attr=value)
+            r = intern(folded, digest_of(folded, []))
+        else:
+            new = Node(node.op, tuple(args), node.name, node.attr, node.dtype)
+            r = intern(new, digest_of(new, [structure[a] for a in args]))
+        memo[i] = r
+        return r
+
+    # Visit in output order so numbering is canonical; then renumber to a compact post-order.
+    roots = [visit(o.node) for o in outputs]
+    order: list[int] = []
+    seen: set[int] = set()
+
+    def post(i: int) -> None:
+        if i in seen:
+            return
+        seen.add(i)
+        for a in new_nodes[i].args:
+            post(a)
+        order.append(i)
+
+    for r in roots:
+        post(r)
+    remap = {old: new for new, old in enumerate(order)}
+    final = tuple(Node(new_nodes[o].op, tuple(remap[a] for a in new_nodes[o].args), new_nodes[o].name,
+                       new_nodes[o].attr, new_nodes[o].dtype) for o in order)
+    outs = tuple(Output(o.name, remap[r], o.dtype) for o, r in zip(outputs, roots))
+    used = {n.name for n in final if n.op is Op.INPUT}
+    return EpilogueIR(final, outs, tuple(o for o in operands if o.name in used))

@@ -1,0 +1,94 @@
+"""The recipe's own semantics, evaluated with torch in fp32.
+
+This is the single definition of what every op means; the C++ functors in
+`gemmgen/include/gemmgen/epilogue.hpp` implement the same formulas.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .ir import EpilogueIR, Op, RecipeIR
+from .types import DType
+
+
+def apply_op(op: Op, args: tuple[torch.Tensor, ...], attr: float | None, dtype: DType | None) -> torch.Tensor:
+    x = args[0]
+    if op is Op.ADD:
+        return x + args[1]
+    if op is Op.SUB:
+        return x - args[1]
+    if op is Op.MUL:
+        return x * args[1]
+    if op is Op.DIV:
+        return x / args[1]
+    if op is Op.MIN:
+        return torch.minimum(x, args[1])
+    if op is Op.MAX:
+        return torch.maximum(x, args[1])
+    if op is Op.NEG:
+        return -x
+    if op is Op.ABS:
+        return x.abs()
+    if op is Op.EXP:
+        return torch.exp(x)
+    if op is Op.TANH:
+        return torch.tanh(x)
+    if op is Op.SIGMOID:
+        return torch.sigmoid(x)
+    if op is Op.RELU:
+        return torch.relu(x)
+    if op is Op.GELU:
+        return 0.5 * x * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+    if op is Op.GELU_TANH:
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+    if op is Op.SILU:
+        return x * torch.sigmoid(x)
+    if op is Op.LEAKY_RELU:
+        return torch.where(x < 0, x * attr, x)
+    if op is Op.CAST:
+        assert dtype is not None
+        return x.to(dtype.torch).to(torch.float32)
+    raise AssertionError(f"no reference for {op}")
+
+
+def _broadcast(t: torch.Tensor, kind: str, batched: bool) -> torch.Tensor:
+    """Shape an operand so it broadcasts against the (L, M, N) / (M, N) output."""
+    t = t.to(torch.float32)
+    if kind == "row":  # (N,) -> (1, N)
+        return t.reshape(1, -1)
+    if kind == "col":  # (M,) -> (M, 1)
+        return t.reshape(-1, 1)
+    if kind == "scalar":
+        return t.reshape(())
+    return t
+
+
+def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor | float],
+                      batched: bool) -> tuple[torch.Tensor, ...]:
+    """Evaluate the epilogue on an fp32 accumulator; return the outputs rounded to their dtypes."""
+    values: list[torch.Tensor] = []
+    for node in ir.nodes:
+        if node.op is Op.ACC:
+            v = acc
+        elif node.op is Op.CONST:
+            v = torch.tensor(node.attr, dtype=torch.float32)
+        elif node.op is Op.INPUT:
+            raw = operands[node.name]  # type: ignore[index]
+            t = raw if isinstance(raw, torch.Tensor) else torch.tensor(float(raw))
+            v = _broadcast(t, ir.operand(node.name).kind.value, batched)  # type: ignore[arg-type]
+        else:
+            v = apply_op(node.op, tuple(values[a] for a in node.args), node.attr, node.dtype)
+        values.append(v.to(torch.float32))
+    shape = acc.shape
+    return tuple(values[o.node].expand(shape).to(o.dtype.torch) for o in ir.outputs)
+
+
+def reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor | float]
+              ) -> tuple[torch.Tensor, ...]:
+    """fp32 GEMM on the CPU followed by the epilogue; one tensor per output (`d` first)."""
+    acc = torch.matmul(a.detach().cpu().to(torch.float32), b.detach().cpu().to(torch.float32))
+    ops = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in operands.items()}
+    return evaluate_epilogue(recipe.epilogue, acc, ops, recipe.gemm.batched)

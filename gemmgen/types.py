@@ -1,0 +1,120 @@
+"""Element types, layouts and operand kinds shared by every layer.
+
+Enum values are stable strings: they enter cache keys and generated file names.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class _DTypeInfo:
+    bits: int
+    cutlass: str
+    torch_name: str
+
+
+class DType(enum.Enum):
+    """Element types gemmgen can declare. fp8 is listed so recipes can name it; GEMM support follows."""
+
+    BF16 = "bf16"
+    F16 = "f16"
+    F32 = "f32"
+    E4M3 = "e4m3"
+    E5M2 = "e5m2"
+
+    @property
+    def info(self) -> _DTypeInfo:
+        return _DTYPE_INFO[self]
+
+    @property
+    def bits(self) -> int:
+        return self.info.bits
+
+    @property
+    def nbytes(self) -> int:
+        return self.info.bits // 8
+
+    @property
+    def cutlass(self) -> str:
+        """The CUTLASS C++ element type."""
+        return self.info.cutlass
+
+    @property
+    def torch(self):  # -> torch.dtype; torch is imported lazily (no import-time side effects)
+        import torch
+
+        return getattr(torch, self.info.torch_name)
+
+    def __repr__(self) -> str:
+        return f"gemmgen.{self.value}"
+
+
+_DTYPE_INFO = {
+    DType.BF16: _DTypeInfo(16, "cutlass::bfloat16_t", "bfloat16"),
+    DType.F16: _DTypeInfo(16, "cutlass::half_t", "float16"),
+    DType.F32: _DTypeInfo(32, "float", "float32"),
+    DType.E4M3: _DTypeInfo(8, "cutlass::float_e4m3_t", "float8_e4m3fn"),
+    DType.E5M2: _DTypeInfo(8, "cutlass::float_e5m2_t", "float8_e5m2"),
+}
+
+bf16 = DType.BF16
+f16 = fp16 = DType.F16
+f32 = fp32 = DType.F32
+e4m3 = DType.E4M3
+e5m2 = DType.E5M2
+
+
+class Layout(enum.Enum):
+    """Memory order of a 2-D operand (the innermost two dims of a batched tensor)."""
+
+    ROW = "row"  # last dim contiguous
+    COL = "col"  # first dim contiguous
+
+    @property
+    def cutlass(self) -> str:
+        return "cutlass::layout::RowMajor" if self is Layout.ROW else "cutlass::layout::ColumnMajor"
+
+
+RowMajor = Layout.ROW
+ColMajor = Layout.COL
+
+
+class OperandKind(enum.Enum):
+    """How an epilogue operand is indexed against the M x N output."""
+
+    SCALAR = "scalar"  # one value
+    ROW = "row"  # one value per output column: length N (e.g. bias)
+    COL = "col"  # one value per output row: length M (e.g. per-token scale)
+    MATRIX = "matrix"  # full M x N (e.g. C or a residual)
+
+
+def as_dtype(value: object, what: str) -> DType:
+    """Accept a DType, its string value, or a torch dtype; raise RecipeError naming `what` otherwise."""
+    from .errors import RecipeError
+
+    if isinstance(value, DType):
+        return value
+    if isinstance(value, str):
+        for d in DType:
+            if value == d.value or value == d.info.torch_name:
+                return d
+    else:
+        name = getattr(value, "__str__", lambda: "")().removeprefix("torch.")
+        for d in DType:
+            if name == d.info.torch_name:
+                return d
+    names = ", ".join(d.value for d in DType)
+    raise RecipeError(f"{what}: expected a gemmgen dtype ({names}), got {value!r}")
+
+
+def as_layout(value: object, what: str) -> Layout:
+    from .errors import RecipeError
+
+    if isinstance(value, Layout):
+        return value
+    if isinstance(value, str) and value.lower() in ("row", "col", "column", "r", "c"):
+        return Layout.ROW if value.lower().startswith("r") else Layout.COL
+    raise RecipeError(f"{what}: expected gemmgen.RowMajor or gemmgen.ColMajor ('row'/'col'), got {value!r}")
