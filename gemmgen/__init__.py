@@ -27,6 +27,7 @@ from .dsl import (
     tanh,
 )
 from .errors import CompileError, ConfigError, GemmgenError, InvalidArgument, RecipeError, ToolchainError
+from .errors import UnknownOpError as _UnknownOpError
 from .types import ColMajor, DType, Layout, OperandKind, RowMajor, bf16, e4m3, e5m2, f16, f32, fp16, fp32
 
 __all__ = [
@@ -36,3 +37,10 @@ __all__ = [
     "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum", "min",
     "minimum", "relu", "sigmoid", "silu", "tanh",
 ]
+
+
+def __getattr__(name: str):
+    """`gg.softplus` and friends: name the op that does not exist and list the ones that do."""
+    if name.startswith("_"):
+        raise AttributeError(name)
+    raise _UnknownOpError(f"gemmgen has no op or name {name!r}; epilogue ops are: {', '.join(OPS)}")

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from .dsl import Recipe
 
 
+EXTRA_OPTIONS = ("-diag-suppress=177",)  # CuTe's TMA code declares an unused variable
+
+
 @dataclass(frozen=True)
 class KernelInfo:
     """Facts about the instantiation, exported by the kernel itself (see templates/kernel.cu.j2)."""
@@ -68,13 +71,18 @@ class CompiledKernel:
     report: KernelReport
 
 
-def cache_key(kernel: GeneratedKernel) -> str:
-    """Everything that can change the binary: source, header contents, compiler, options, arch, gemmgen."""
+def key_material(kernel: GeneratedKernel) -> dict[str, Any]:
+    """Everything that can change the binary: source, header contents, compiler, options, arch, gemmgen.
+
+    No paths and no mtimes: a cache (or a machine) moved elsewhere computes the same keys.
+    """
     tc = toolchain()
-    return content_key({
-        "source": kernel.source, "headers": tc.header_digest, "nvrtc": list(tc.nvrtc_version),
-        "options": list(BASE_OPTIONS), "arch": ARCH, "gemmgen": __version__,
-    })
+    return {"source": kernel.source, "headers": tc.header_digest, "nvrtc": list(tc.nvrtc_version),
+            "options": [*BASE_OPTIONS, *EXTRA_OPTIONS], "arch": ARCH, "gemmgen": __version__}
+
+
+def cache_key(kernel: GeneratedKernel) -> str:
+    return content_key(key_material(kernel))
 
 
 @functools.cache
@@ -85,15 +93,14 @@ def default_cache() -> KernelCache:
 def _compile_artifact(kernel: GeneratedKernel, key: str) -> Artifact:
     tc = toolchain()
     try:
-        result = compile_cubin(kernel.source, kernel.entry, ARCH, tc.include_dirs,
-                               extra_options=("-diag-suppress=177",))
+        result = compile_cubin(kernel.source, kernel.entry, ARCH, tc.include_dirs, extra_options=EXTRA_OPTIONS)
     except CompileError as e:
         path = write_debug_source(kernel.source, kernel.entry)
         raise CompileError(f"{e}\ngenerated source: {path}") from None
     info = read_u64_array(result.cubin, kernel.info_symbol)
     meta: dict[str, Any] = {
         "entry": kernel.entry, "recipe": kernel.recipe.name, "config": kernel.config.name,
-        "info": dict(zip((f for f, _ in INFO_FIELDS), info)),
+        "info": dict(zip((f for f, _ in INFO_FIELDS), info, strict=True)),
         "compile_seconds": round(result.wall_seconds, 3), "phases": {k: round(v, 3) for k, v in result.phases.items()},
         "epilogue": kernel.epilogue.layout, "registers": None, "local_bytes": None, "static_smem_bytes": None,
         "sass": None,
@@ -139,8 +146,8 @@ def report_table(reports: list[KernelReport]) -> str:
         rows.append([r.name, r.config, _s(r.registers), str(r.smem_bytes), _s(r.local_bytes),
                      *(_s(sass.get(m)) for m in marks), f"{r.compile_seconds:.1f}", phases,
                      "cached" if r.cached else "compiled"])
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in [head, *rows]]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in [head, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         sp.add_argument("-j", "--jobs", type=int, default=None, help="worker processes (default: fit cores and memory)")
         sp.add_argument("--json", action="store_true", help="print one JSON object per kernel")
-        sp.add_argument("--cache-dir", default=None, help="cache root (default: $GEMMGEN_CACHE_DIR or ~/.cache/gemmgen)")
+        sp.add_argument("--cache-dir", default=None,
+                        help="cache root (default: $GEMMGEN_CACHE_DIR or ~/.cache/gemmgen)")
         if name == "build":
             sp.add_argument("--out", default=None, help="also write sources, cubins and manifest.json here")
     args = p.parse_args(argv)

@@ -135,19 +135,22 @@ def _gcd(a: int, b: int) -> int:
 
 
 def epilogue_smem_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
-    """An upper estimate of the epilogue's shared storage (C/D staging, aux tiles, broadcasts)."""
+    """The epilogue's shared storage, following sm90_get_tma_dispatch_policy: C/D staging
+    (D reuses C's buffers when both have the same width), aux load/store tiles, broadcasts."""
     em, en = epilogue_tile(cfg, recipe)
     tm, tn, _ = cfg.tile
     epi_tiles = (tm // em) * (tn // en)
-    stages_d = min(epi_tiles, 2)
-    stages_c = min(epi_tiles, 4)
+    tile = em * en
     ir = recipe.epilogue
     matrices = [o for o in ir.operands if o.kind is OperandKind.MATRIX]
-    total = stages_d * em * en * recipe.gemm.d.nbytes
-    for i, m in enumerate(matrices):
-        total += max(stages_c, stages_d + 1 if i == 0 else 0) * em * en * m.dtype.nbytes
-    for o in ir.outputs[1:]:
-        total += stages_d * em * en * o.dtype.nbytes
+    c_bytes = matrices[0].dtype.nbytes if matrices else 0
+    d_bytes = recipe.gemm.d.nbytes
+    reuse_c = c_bytes == d_bytes and d_bytes > 1
+    stages_d = min(epi_tiles, 2)
+    stages_c = max(min(epi_tiles, 4), stages_d + 1) if reuse_c else min(epi_tiles, 4)
+    total = stages_c * tile * c_bytes + (0 if reuse_c else stages_d * tile * d_bytes)
+    total += sum(stages_c * tile * m.dtype.nbytes for m in matrices[1:])  # Sm90AuxLoad
+    total += sum(stages_d * tile * o.dtype.nbytes for o in ir.outputs[1:])  # Sm90AuxStore
     for o in ir.operands:
         if o.kind is OperandKind.ROW:
             total += tn * o.dtype.nbytes

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import RecipeError
+from .errors import RecipeError, UnknownOpError
 from .ir import EpilogueIR, GemmSpec, Node, Op, Operand, Output, RecipeIR, f32, normalize
 from .types import DType, Layout, OperandKind, as_dtype, as_layout
 
@@ -84,7 +84,7 @@ _ACTIVE: list[_Trace] = []
 class Value:
     """A symbolic epilogue value (fp32 in the kernel). Supports + - * /, unary -, abs()."""
 
-    __slots__ = ("_trace", "_index")
+    __slots__ = ("_index", "_trace")
 
     def __init__(self, trace: _Trace, index: int) -> None:
         self._trace = trace
@@ -158,10 +158,16 @@ class Value:
         raise self._unsupported("float() / math.* functions", "use gemmgen ops (gg.exp, gg.tanh, ...)")
 
     @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", str(func))
         raise RecipeError(f"epilogue: torch.{name} is not traceable; use the gemmgen op of the same meaning "
                           f"(gg.{name} if it exists; see gemmgen.OPS)")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise UnknownOpError(f"epilogue: traced values have no method {name!r}; use the gemmgen op "
+                             f"(gg.{name}(x)) if it exists. Available ops: {', '.join(OPS)}")
 
     def __repr__(self) -> str:
         return f"<gemmgen traced value #{self._index}>"

@@ -11,6 +11,10 @@ class RecipeError(GemmgenError, ValueError):
     """A recipe (GEMM declaration or epilogue) is invalid."""
 
 
+class UnknownOpError(RecipeError, AttributeError):
+    """An epilogue names an op gemmgen does not have (also an AttributeError, as Python expects)."""
+
+
 class ConfigError(GemmgenError, ValueError):
     """A kernel configuration violates a hardware or CUTLASS constraint."""
 

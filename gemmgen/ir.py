@@ -11,7 +11,6 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-import math
 import struct
 from dataclasses import dataclass
 
@@ -144,8 +143,10 @@ class RecipeIR:
         """A JSON-able form with no names that do not change the math (the recipe name is left out)."""
         g = self.gemm
         return {
-            "gemm": [g.a.value, g.b.value, g.d.value, g.layout_a.value, g.layout_b.value, g.batched, g.accumulator.value],
-            "nodes": [[n.op.value, list(n.args), n.name, n.attr, n.dtype.value if n.dtype else None] for n in self.epilogue.nodes],
+            "gemm": [g.a.value, g.b.value, g.d.value, g.layout_a.value, g.layout_b.value, g.batched,
+                     g.accumulator.value],
+            "nodes": [[n.op.value, list(n.args), n.name, n.attr, n.dtype.value if n.dtype else None]
+                      for n in self.epilogue.nodes],
             "outputs": [[o.name, o.node, o.dtype.value] for o in self.epilogue.outputs],
             "operands": [[o.name, o.kind.value, o.dtype.value] for o in self.epilogue.operands],
         }
@@ -156,35 +157,13 @@ def content_key(obj: object) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-def fold_constant(op: Op, values: tuple[float, ...], attr: float | None) -> float:
-    """Evaluate `op` on fp32 constants, with the same fp32 semantics the kernel uses."""
-    x = values[0]
-    y = values[1] if len(values) > 1 else 0.0
-    if op is Op.ADD:
-        r = x + y
-    elif op is Op.SUB:
-        r = x - y
-    elif op is Op.MUL:
-        r = x * y
-    elif op is Op.DIV:
-        r = x / y if y != 0 else (math.copysign(math.inf, x) * math.copysign(1, y) if x != 0 and not math.isnan(x) else math.nan)
-    elif op is Op.MIN:
-        r = math.nan if math.isnan(x) or math.isnan(y) else min(x, y)
-    elif op is Op.MAX:
-        r = math.nan if math.isnan(x) or math.isnan(y) else max(x, y)
-    elif op is Op.NEG:
-        r = -x
-    elif op is Op.ABS:
-        r = abs(x)
-    else:
-        # Transcendentals are left to torch so the folded value matches the reference exactly.
-        import torch
+def fold_constant(op: Op, values: tuple[float, ...], attr: float | None, dtype: DType | None) -> float:
+    """Evaluate `op` on fp32 constants with the reference's own semantics (so folding changes nothing)."""
+    import torch
 
-        from .reference import apply_op
+    from .reference import apply_op
 
-        t = apply_op(op, tuple(torch.tensor(v, dtype=torch.float32) for v in values), attr, None)
-        return float(t)
-    return f32(r)
+    return float(apply_op(op, tuple(torch.tensor(v, dtype=torch.float32) for v in values), attr, dtype))
 
 
 def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand, ...]) -> EpilogueIR:
@@ -215,7 +194,7 @@ def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand,
             args.sort(key=lambda a: structure[a])
         argn = [new_nodes[a] for a in args]
         if args and all(a.op is Op.CONST for a in argn):
-            value = fold_constant(node.op, tuple(a.attr for a in argn), node.attr)  # type: ignore[misc]
+            value = fold_constant(node.op, tuple(a.attr for a in argn), node.attr, node.dtype)  # type: ignore[misc]
             folded = Node(Op.CONST, attr=value)
             r = intern(folded, digest_of(folded, []))
         else:
@@ -242,6 +221,6 @@ def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand,
     remap = {old: new for new, old in enumerate(order)}
     final = tuple(Node(new_nodes[o].op, tuple(remap[a] for a in new_nodes[o].args), new_nodes[o].name,
                        new_nodes[o].attr, new_nodes[o].dtype) for o in order)
-    outs = tuple(Output(o.name, remap[r], o.dtype) for o, r in zip(outputs, roots))
+    outs = tuple(Output(o.name, remap[r], o.dtype) for o, r in zip(outputs, roots, strict=True))
     used = {n.name for n in final if n.op is Op.INPUT}
     return EpilogueIR(final, outs, tuple(o for o in operands if o.name in used))

@@ -28,8 +28,8 @@ def _cuda_root() -> Path:
         root = Path(base) / "cu13"
         if (root / "include" / "cuda_runtime.h").is_file():
             return root
-    raise ToolchainError("CUDA 13 headers not found; install the pinned wheels: "
-                         "`pip install nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85 nvidia-cuda-crt==13.0.88`")
+    raise ToolchainError("CUDA 13 headers not found; install the pinned wheels: `pip install"
+                         " nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85 nvidia-cuda-crt==13.0.88`")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,23 @@
+"""Coverage kernels for the tests: every epilogue functor, a second matrix input (Sm90AuxLoad),
+constants on either side of an op, a cast, a compile-time scalar, f32 D, a batched recipe."""
+
+import gemmgen as gg
+
+
+def _every_op(acc, c, r2, bias, scale, k):
+    x = k * acc + c  # compile-time scalar and the source matrix C
+    y = gg.clamp(gg.leaky_relu(x, 0.2), -4.0, 4.0)  # leaky_relu, max/min with constants
+    z = gg.cast(gg.abs(y) / (1.0 + gg.exp(-y)), gg.bf16)  # abs, div, const-left add, exp, neg, cast
+    w = gg.tanh(z) - gg.sigmoid(r2) * (2.0 - bias)  # tanh, sigmoid, second matrix (AuxLoad), const-left sub
+    return gg.max(gg.min(w, scale), gg.relu(-w) + gg.gelu_tanh(w))  # min/max of values, relu, gelu_tanh
+
+
+every_op = gg.Recipe(
+    "every_op",
+    _every_op,
+    d=gg.f32,
+    batched=True,
+    operands={"c": gg.Matrix(gg.bf16), "r2": gg.Matrix(gg.f16), "bias": gg.RowVector(gg.f32),
+              "scale": gg.ColVector(gg.bf16), "k": gg.Scalar(value=0.5)},
+    config=gg.KernelConfig(tile=(64, 128, 64), schedule=gg.Schedule.PINGPONG, stages=4),
+)

@@ -1,0 +1,99 @@
+"""Kernel configs: each constraint set rejects what it should, with a message, before any compile."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import gemmgen as gg
+from gemmgen.config import (
+    KernelConfig,
+    Schedule,
+    epilogue_smem_bytes,
+    is_valid,
+    mainloop_stage_bytes,
+    stage_count,
+    validate,
+    violations,
+)
+
+COOP, PING = Schedule.COOPERATIVE, Schedule.PINGPONG
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    return gg.Recipe("r", lambda acc, bias: gg.gelu(acc + bias), operands={"bias": gg.RowVector(gg.bf16)}).ir
+
+
+@pytest.mark.parametrize("cfg, match", [
+    (KernelConfig(tile=(64, 128, 64), schedule=COOP), r"cooperative: tile M = 64 must be 128 or 256.*PINGPONG"),
+    (KernelConfig(tile=(256, 128, 64), schedule=PING), r"pingpong: tile M = 256 must be 64 or 128"),
+    (KernelConfig(tile=(96, 128, 64), schedule=PING), r"tile M = 96: must be 64, 128 or 256"),
+    (KernelConfig(tile=(128, 300, 64)), r"tile N = 300: must be a multiple of 16"),
+    (KernelConfig(tile=(128, 128, 40)), r"tile K = 40: must be a multiple of 16"),
+    (KernelConfig(tile=(128, 128, 48)), r"tile K = 48: must divide or be a multiple of 64"),
+    (KernelConfig(cluster=(3, 1, 1)), r"cluster M = 3: must be 1, 2 or 4"),
+    (KernelConfig(cluster=(1, 1, 2)), r"cluster K = 2: must be 1"),
+    (KernelConfig(cluster=(4, 4, 1)), r"at most 8 CTAs per cluster"),
+    (KernelConfig(stages=9), r"shared memory: 9 stages .* more than the 232448"),
+    (KernelConfig(tile=(256, 256, 128)), r"leaves room for 1 mainloop stage\(s\), need at least 2"),
+])
+def test_invalid_configs_are_named(recipe, cfg, match):
+    assert not is_valid(cfg, recipe)
+    with pytest.raises(gg.ConfigError, match=match):
+        validate(cfg, recipe)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(tile=(128, 128)), "tile: expected a tuple of three positive ints"),
+    (dict(cluster=(0, 1, 1)), "cluster: expected a tuple of three positive ints"),
+    (dict(schedule="coop"), "schedule: expected a gemmgen.Schedule"),
+    (dict(stages=0), "stages: expected None"),
+])
+def test_malformed_configs(kwargs, match):
+    with pytest.raises(gg.ConfigError, match=match):
+        KernelConfig(**kwargs)
+
+
+def test_bad_config_fails_before_compile(recipe, monkeypatch):
+    import gemmgen.build as build
+
+    def no_compile(*a, **k):
+        raise AssertionError("NVRTC must not run for an invalid config")
+
+    monkeypatch.setattr(build, "compile_cubin", no_compile)
+    r = gg.Recipe("r", lambda acc: acc)
+    with pytest.raises(gg.ConfigError):
+        r.build(KernelConfig(tile=(64, 128, 64)))
+    with pytest.raises(gg.ConfigError):
+        gg.Recipe("r", lambda acc: acc, config=KernelConfig(cluster=(8, 1, 1)))
+
+
+def test_one_function_validates_and_prunes(recipe):
+    """The same constraint functions prune a search space: survivors validate, the rest raise."""
+    space = [KernelConfig(tile=(m, n, k), cluster=(cm, 1, 1), schedule=s)
+             for m, n, k, cm, s in itertools.product((64, 128, 256), (64, 128, 192, 256), (32, 64, 128), (1, 2),
+                                                     (COOP, PING))]
+    kept = [c for c in space if is_valid(c, recipe)]
+    assert 0 < len(kept) < len(space)
+    for c in space:
+        if c in kept:
+            validate(c, recipe)
+        else:
+            assert violations(c, recipe)
+            with pytest.raises(gg.ConfigError):
+                validate(c, recipe)
+
+
+def test_auto_stages_fill_shared_memory(recipe):
+    cfg = KernelConfig()
+    s = stage_count(cfg, recipe)
+    assert s >= 2
+    used = s * mainloop_stage_bytes(cfg, recipe) + epilogue_smem_bytes(cfg, recipe)
+    assert used <= 232448 < used + mainloop_stage_bytes(cfg, recipe)
+
+
+def test_config_names_are_stable():
+    assert KernelConfig().name == "128x128x64_c1x1x1_cooperative_auto"
+    assert KernelConfig(tile=(64, 256, 64), schedule=PING, stages=4).name == "64x256x64_c1x1x1_pingpong_s4"

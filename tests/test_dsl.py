@@ -1,0 +1,161 @@
+"""The DSL and IR: tracing, normalization, content keys, and the errors a user meets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gemmgen as gg
+from gemmgen.ir import Op
+
+
+def _bias_recipe(fn, **kw):
+    return gg.Recipe("r", fn, operands={"bias": gg.RowVector(gg.bf16)}, **kw)
+
+
+def test_trace_records_graph():
+    r = _bias_recipe(lambda acc, bias: gg.gelu(acc + bias))
+    ops = [n.op for n in r.ir.epilogue.nodes]
+    assert ops.count(Op.GELU) == 1 and ops.count(Op.ADD) == 1 and ops.count(Op.ACC) == 1
+    assert [o.name for o in r.outputs] == ["d"]
+    assert r.operands[0].kind is gg.OperandKind.ROW
+
+
+def test_same_math_same_key():
+    a = _bias_recipe(lambda acc, bias: gg.gelu(acc + bias))
+    b = _bias_recipe(lambda acc, bias: gg.gelu(bias + acc))
+    c = gg.Recipe("other_name", lambda acc, bias: gg.gelu((bias + acc) * 1.0 * 1.0 + 0.0 * 0.0 + 0.0),
+                  operands={"bias": gg.RowVector(gg.bf16)})
+    assert a.key == b.key
+    assert a.ir.epilogue == b.ir.epilogue
+    # constants fold (1.0 * 1.0 -> 1.0) but x * 1.0 is kept: the key is about the math as written
+    assert c.key != a.key
+
+
+def test_common_subexpressions_merge_and_dead_nodes_drop():
+    def f(acc, bias):
+        x = acc + bias
+        y = bias + acc  # same as x
+        _dead = gg.exp(acc) * 3.0
+        return x * gg.sigmoid(y)
+
+    r = _bias_recipe(f)
+    ops = [n.op for n in r.ir.epilogue.nodes]
+    assert ops.count(Op.ADD) == 1
+    assert Op.EXP not in ops
+    g = _bias_recipe(lambda acc, bias: (acc + bias) * gg.sigmoid(acc + bias))
+    assert g.key == r.key
+
+
+def test_constant_folding_in_fp32():
+    r = gg.Recipe("r", lambda acc: acc * (gg.exp(0.0) + 2.0) - gg.tanh(0.0))
+    consts = [n.attr for n in r.ir.epilogue.nodes if n.op is Op.CONST]
+    assert consts == [3.0, 0.0]
+
+
+def test_compile_time_scalar_is_a_constant():
+    r = gg.Recipe("r", lambda acc, k: acc * k, operands={"k": gg.Scalar(value=0.25)})
+    assert r.operands == ()
+    assert any(n.op is Op.CONST and n.attr == 0.25 for n in r.ir.epilogue.nodes)
+
+
+def test_value_used_twice_and_aux():
+    r = _bias_recipe(lambda acc, bias: {"d": gg.silu(acc + bias), "pre": acc + bias}, aux={"pre": gg.f32})
+    assert [(o.name, o.dtype) for o in r.outputs] == [("d", gg.bf16), ("pre", gg.f32)]
+
+
+@pytest.mark.parametrize("variant", [
+    dict(a=gg.f16, b=gg.f16),
+    dict(d=gg.f32),
+    dict(layout_a=gg.ColMajor),
+    dict(layout_b=gg.RowMajor),
+    dict(batched=True),
+])
+def test_every_gemm_field_changes_the_key(variant):
+    base = _bias_recipe(lambda acc, bias: acc + bias)
+    assert _bias_recipe(lambda acc, bias: acc + bias, **variant).key != base.key
+
+
+def test_every_epilogue_field_changes_the_key():
+    keys = {
+        gg.Recipe("r", lambda acc, x: acc + x, operands={"x": gg.RowVector(gg.bf16)}).key,
+        gg.Recipe("r", lambda acc, x: acc + x, operands={"x": gg.RowVector(gg.f16)}).key,
+        gg.Recipe("r", lambda acc, x: acc + x, operands={"x": gg.ColVector(gg.bf16)}).key,
+        gg.Recipe("r", lambda acc, x: acc + x, operands={"x": gg.Matrix(gg.bf16)}).key,
+        gg.Recipe("r", lambda acc, x: acc + x, operands={"x": gg.Scalar()}).key,
+        gg.Recipe("r", lambda acc, y: acc + y, operands={"y": gg.Scalar()}).key,
+        gg.Recipe("r", lambda acc, x: acc - x, operands={"x": gg.Scalar()}).key,
+        gg.Recipe("r", lambda acc, x: acc + x, operands={"x": gg.Scalar(value=1.0)}).key,
+        gg.Recipe("r", lambda acc, x: acc + x, operands={"x": gg.Scalar(value=2.0)}).key,
+        gg.Recipe("r", lambda acc: gg.leaky_relu(acc, 0.1)).key,
+        gg.Recipe("r", lambda acc: gg.leaky_relu(acc, 0.2)).key,
+        gg.Recipe("r", lambda acc: gg.cast(acc, gg.bf16)).key,
+        gg.Recipe("r", lambda acc: gg.cast(acc, gg.f16)).key,
+        gg.Recipe("r", lambda acc: {"d": acc, "t": acc}, aux={"t": gg.bf16}).key,
+        gg.Recipe("r", lambda acc: {"d": acc, "t": acc}, aux={"t": gg.f32}).key,
+        gg.Recipe("r", lambda acc: {"d": acc, "u": acc}, aux={"u": gg.f32}).key,
+    }
+    assert len(keys) == 16
+
+
+# ----------------------------------------------------------------------------- mistakes
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda: gg.Recipe("r", lambda acc: gg.softplus(acc)), r"gemmgen has no op or name 'softplus'.*gelu"),
+    (lambda: gg.Recipe("r", lambda acc: acc.sqrt()), r"no method 'sqrt'"),
+    (lambda: gg.Recipe("r", lambda acc: torch.relu(acc)), r"torch\.relu is not traceable.*gemmgen op"),
+    (lambda: gg.Recipe("r", lambda acc: acc ** 2), r"operator '\*\*'.*x \* x"),
+    (lambda: gg.Recipe("r", lambda acc: acc if acc > 0 else -acc), r"comparison.*gg.max"),
+    (lambda: gg.Recipe("r", lambda acc, bias: acc + bias), r"parameter 'bias' has no declaration.*operands="),
+    (lambda: gg.Recipe("r", lambda acc: acc, operands={"bias": gg.RowVector(gg.bf16)}),
+     r"operand 'bias' is declared but is not a parameter"),
+    (lambda: gg.Recipe("r", lambda acc, bias: acc, operands={"bias": gg.RowVector(gg.bf16)}),
+     r"operand 'bias' is declared but no output depends on it"),
+    (lambda: gg.Recipe("r", lambda acc, bias: acc + bias, operands={"bias": gg.bf16}),
+     r"operand 'bias': expected gg.Scalar\(\), gg.RowVector"),
+    (lambda: gg.Recipe("r", lambda acc, s: acc * s, operands={"s": gg.Scalar(dtype=gg.bf16)}),
+     r"operand 's': runtime scalars are fp32"),
+    (lambda: gg.Recipe("r", lambda acc, s: gg.leaky_relu(acc, s), operands={"s": gg.Scalar()}),
+     r"leaky_relu slope: expected a compile-time constant"),
+    (lambda: gg.Recipe("r", lambda acc: {"d": acc}, aux={"pre": gg.bf16}), r"aux output 'pre'.*never written"),
+    (lambda: gg.Recipe("r", lambda acc: {"d": acc, "pre": acc}), r"output 'pre' that is not declared.*aux="),
+    (lambda: gg.Recipe("r", lambda acc: {"pre": acc}, aux={"pre": gg.bf16}), r"no 'd' entry"),
+    (lambda: gg.Recipe("r", lambda acc: 3.0), r"output 'd' is a constant"),
+    (lambda: gg.Recipe("r", lambda acc: acc * 0.0 + gg.exp(1.0) - acc * 0.0 - acc * 0.0), None),
+    (lambda: gg.Recipe("r", lambda acc: acc + torch.ones(3)), r"(not traceable|tensors are passed at call time)"),
+    (lambda: gg.Recipe("r", a=gg.e4m3, b=gg.e4m3), r"a: fp8 \(e4m3\) GEMMs are not supported yet"),
+    (lambda: gg.Recipe("r", a=gg.bf16, b=gg.f16), r"mixed input types \(bf16 x f16\)"),
+    (lambda: gg.Recipe("r", a=gg.f32, b=gg.f32), r"a: A and B may be bf16 or f16, not f32"),
+    (lambda: gg.Recipe("r", layout_a="diagonal"), r"layout_a: expected gemmgen.RowMajor or gemmgen.ColMajor"),
+    (lambda: gg.Recipe("r", d="int8"), r"d \(dtype of D\): expected a gemmgen dtype"),
+    (lambda: gg.Recipe("bad name"), r"name: expected a C identifier"),
+    (lambda: gg.Recipe("r", lambda acc: gg.cast(acc, gg.e4m3)), r"cannot cast to e4m3"),
+])
+def test_mistakes_raise_named_errors(build, match):
+    if match is None:  # a valid recipe in this list guards against over-eager errors
+        build()
+        return
+    with pytest.raises(gg.RecipeError, match=match):
+        build()
+
+
+def test_ops_outside_a_trace_are_rejected():
+    with pytest.raises(gg.RecipeError, match="inside an epilogue"):
+        gg.gelu(1.0)
+
+
+def test_values_do_not_leak_between_traces():
+    leaked = []
+    gg.Recipe("r", lambda acc: leaked.append(acc) or acc)
+    with pytest.raises(gg.RecipeError, match=r"another .* trace"):
+        gg.Recipe("r2", lambda acc: acc + leaked[0])
+
+
+def test_reference_checks_operand_names():
+    r = _bias_recipe(lambda acc, bias: acc + bias)
+    a, b = torch.randn(4, 8), torch.randn(8, 16)
+    with pytest.raises(gg.RecipeError, match="missing operand"):
+        r.reference(a, b)
+    with pytest.raises(gg.RecipeError, match="unknown operand"):
+        r.reference(a, b, bias=torch.randn(16), beta=1.0)

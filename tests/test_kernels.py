@@ -1,0 +1,166 @@
+"""Compiled kernels (NVRTC on the CPU): Hopper features in the SASS, no spills, report, cache keys."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import gemmgen as gg
+from gemmgen.build import build_kernel, cache_key, key_material
+from gemmgen.codegen import render_kernel
+from gemmgen.compile.nvrtc import compile_cubin
+from gemmgen.compile.toolchain import ARCH, toolchain
+from gemmgen.config import epilogue_smem_bytes, mainloop_stage_bytes, stage_count
+
+from .conftest import EXAMPLES
+
+pytestmark = pytest.mark.nvrtc
+
+
+def test_every_kernel_is_on_the_hopper_path(compiled):
+    assert {"gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination", "bias_gelu_aux",
+            "quick_gelu_scaled", "every_op"} <= set(compiled)
+    for name, k in compiled.items():
+        r = k.report
+        assert r.sass is not None, "cuobjdump missing: install nvidia-cuda-cuobjdump/nvdisasm"
+        assert r.sass["HGMMA"] > 0, name  # WGMMA
+        assert r.sass["UTMALDG"] > 0, name  # TMA loads
+        assert r.sass["UTMASTG"] > 0, name  # TMA stores
+        assert r.sass["USETMAXREG"] > 0, name  # warp-specialized register reallocation
+        assert r.sass["SYNCS"] > 0, name  # mbarriers
+        assert r.local_bytes == 0, f"{name} spills {r.local_bytes} bytes"
+        assert 0 < r.registers <= 255
+        assert 0 < k.info.smem_bytes <= 232448
+        assert k.info.max_threads == 384  # producer + two consumer warpgroups
+        assert k.info.cluster_size == k.config.cluster[0] * k.config.cluster[1]
+        assert k.info.params_size > 0 and k.info.params_align in (8, 16, 32, 64, 128)
+        assert r.phases["front_end"] > 0 and r.compile_seconds > 0
+        assert k.cubin[:4] == b"\x7fELF"
+
+
+def test_smem_estimate_tracks_cutlass(compiled):
+    """config.py's estimate (used to validate before compiling) against CUTLASS's SharedStorageSize."""
+    for name, k in compiled.items():
+        cfg, ir = k.config, k.recipe.ir
+        estimate = stage_count(cfg, ir) * mainloop_stage_bytes(cfg, ir) + epilogue_smem_bytes(cfg, ir)
+        assert abs(estimate - k.info.smem_bytes) <= 0.05 * k.info.smem_bytes, (name, estimate, k.info.smem_bytes)
+
+
+def test_second_build_is_a_cache_hit(compiled, session_cache, examples):
+    r = examples["bias_gelu"]
+    again = build_kernel(r, r.default_config(), session_cache)
+    assert again.report.cached and again.cubin == compiled["bias_gelu"].cubin
+
+
+def test_inspect_json(compiled, session_cache):
+    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "inspect", str(EXAMPLES), "--json", "-j", "1",
+                           "--cache-dir", str(session_cache.root)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r["name"] for r in rows] == ["gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination",
+                                         "bias_gelu_aux", "quick_gelu_scaled"]
+    for row in rows:
+        assert {"name", "registers", "smem_bytes", "local_bytes", "sass", "compile_seconds"} <= set(row)
+        assert set(row["sass"]) >= {"HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "SYNCS"}
+        assert row["cached"] is True
+        assert row["compile_seconds"] == compiled[row["name"]].report.compile_seconds
+
+
+def test_build_cli_prints_table_and_writes_out(compiled, session_cache, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "build", str(EXAMPLES), "-j", "2", "--out",
+                           str(tmp_path), "--cache-dir", str(session_cache.root)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "6/6" in proc.stderr
+    for name in ("gemm_bf16", "bias_gelu_aux"):
+        assert name in proc.stdout
+        assert (tmp_path / f"{name}.cubin").read_bytes() == compiled[name].cubin
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["arch"] == "sm_90a" and len(manifest["kernels"]) == 6
+
+
+def test_compile_error_carries_log_and_source(tmp_path):
+    src = '#include <cutlass/cutlass.h>\nextern "C" __global__ void k() { this_is_not_declared(); }\n'
+    path = tmp_path / "bad.cu"
+    path.write_text(src)
+    with pytest.raises(gg.CompileError) as e:
+        compile_cubin(src, "bad", ARCH, toolchain().include_dirs, source_path=path)
+    msg = str(e.value)
+    assert "this_is_not_declared" in msg and "identifier" in msg and str(path) in msg
+
+
+def test_cache_key_covers_config_and_has_no_paths(examples):
+    r = examples["bias_gelu"]
+    keys = {cache_key(render_kernel(r.ir, c)) for c in (
+        gg.KernelConfig(), gg.KernelConfig(tile=(128, 256, 64)), gg.KernelConfig(tile=(128, 128, 128)),
+        gg.KernelConfig(cluster=(2, 1, 1)), gg.KernelConfig(cluster=(1, 2, 1)), gg.KernelConfig(stages=4),
+        gg.KernelConfig(schedule=gg.Schedule.PINGPONG))}
+    assert len(keys) == 7
+    material = json.dumps(key_material(render_kernel(r.ir, gg.KernelConfig())))
+    for d in toolchain().include_dirs:
+        assert str(d) not in material
+    assert sys.prefix not in material
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to run the epilogue functors on the host")
+def test_cpp_functors_match_the_reference(tmp_path):
+    """Run gemmgen/include/gemmgen/epilogue.hpp's scalar functors on the host against reference.apply_op."""
+    import torch
+
+    from gemmgen.ir import Op, f32_bits
+    from gemmgen.reference import apply_op
+
+    xs = [-30.0, -5.5, -1.0, -0.3, -1e-3, 0.0, 1e-3, 0.25, 0.7, 1.0, 2.5, 7.0, 30.0]
+    ys = [0.5, -2.0, 3.0]
+    cases = {Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.MIN: "Min", Op.MAX: "Max",
+             Op.NEG: "Neg", Op.ABS: "Abs", Op.EXP: "Exp", Op.TANH: "Tanh", Op.SIGMOID: "Sigmoid", Op.RELU: "Relu",
+             Op.GELU: "Gelu", Op.GELU_TANH: "GeluTanh", Op.SILU: "Silu"}
+    lines = []
+    for op, fn in cases.items():
+        for x in xs:
+            if op.arity == 2:
+                for y in ys:
+                    lines.append(f'  p("{op.value}", {x}f, {y}f, gemmgen::epi::{fn}{{}}({x}f, {y}f));')
+            else:
+                lines.append(f'  p("{op.value}", {x}f, 0.f, gemmgen::epi::{fn}{{}}({x}f));')
+    slope = 0.2
+    for x in xs:
+        lines.append(f'  p("leaky_relu", {x}f, 0.f, gemmgen::epi::LeakyRelu<{f32_bits(slope)}u>{{}}({x}f));')
+        lines.append(f'  p("with_lhs_sub", {x}f, 2.f, gemmgen::epi::WithLhs<gemmgen::epi::Sub, '
+                     f'{f32_bits(2.0)}u>{{}}({x}f));')
+    # Host stand-ins for the two CUTLASS headers epilogue.hpp includes (only macros and a declaration).
+    stub = tmp_path / "stub" / "cutlass"
+    stub.mkdir(parents=True)
+    (stub / "cutlass.h").write_text(
+        "#pragma once\n#include <cstdint>\n#include <cstring>\n#include <cmath>\n#define CUTLASS_DEVICE inline\n"
+        "#define CUTLASS_PRAGMA_UNROLL\n"
+        "inline float __uint_as_float(uint32_t b) { float f; std::memcpy(&f, &b, 4); return f; }\n")
+    (stub / "array.h").write_text(
+        "#pragma once\nnamespace cutlass { template <class T, int N, bool R> struct Array; }\n")
+    prog = tmp_path / "f.cpp"
+    prog.write_text(
+        "#include <cstdio>\n#include <cutlass/cutlass.h>\n#include <gemmgen/epilogue.hpp>\n"
+        "static void p(const char* op, float x, float y, float r) {\n"
+        '  std::printf("%s %.9g %.9g %.9g\\n", op, x, y, r);\n}\n'
+        "int main() {\n" + "\n".join(lines) + "\n}\n")
+    exe = tmp_path / "f"
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{tmp_path / 'stub'}", f"-I{toolchain().include_dirs[0]}",
+                    "-o", str(exe), str(prog)], check=True, capture_output=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
+    assert len(out) == len(lines)
+    for line in out:
+        name, x, y, got = line.split()
+        tx, ty = torch.tensor(float(x)), torch.tensor(float(y))
+        if name == "leaky_relu":
+            want = apply_op(Op.LEAKY_RELU, (tx,), gg.ir.f32(slope), None)
+        elif name == "with_lhs_sub":
+            want = apply_op(Op.SUB, (ty, tx), None, None)
+        else:
+            op = Op(name)
+            want = apply_op(op, (tx, ty) if op.arity == 2 else (tx,), None, None)
+        torch.testing.assert_close(torch.tensor(float(got)), want.float(), rtol=2e-6, atol=1e-7,
+                                   msg=lambda s: f"{line}: {s}")  # noqa: B023
