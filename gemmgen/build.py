@@ -14,11 +14,13 @@ from ._version import __version__
 from .codegen import INFO_FIELDS, GeneratedKernel, render_kernel
 from .compile.cache import Artifact, KernelCache
 from .compile.cubin import SASS_MARKERS, read_u64_array, resource_usage, sass_counts
+from .compile.layout import read_layout_probe
 from .compile.nvrtc import BASE_OPTIONS, compile_cubin, write_debug_source
 from .compile.toolchain import ARCH, toolchain
 from .config import KernelConfig
 from .errors import CompileError
 from .ir import content_key
+from .runtime.arguments import ParamsLayout
 
 if TYPE_CHECKING:
     from .dsl import Recipe
@@ -69,6 +71,8 @@ class CompiledKernel:
     source: str
     info: KernelInfo
     report: KernelReport
+    generated: GeneratedKernel
+    params_layout: ParamsLayout  # Params fields as NVRTC laid them out (from the layout probe)
 
 
 def key_material(kernel: GeneratedKernel) -> dict[str, Any]:
@@ -98,10 +102,12 @@ def _compile_artifact(kernel: GeneratedKernel, key: str) -> Artifact:
         path = write_debug_source(kernel.source, kernel.entry)
         raise CompileError(f"{e}\ngenerated source: {path}") from None
     info = read_u64_array(result.cubin, kernel.info_symbol)
+    probe = read_layout_probe(result.ptx, kernel.entry, len(kernel.fields))
     meta: dict[str, Any] = {
         "entry": kernel.entry, "recipe": kernel.recipe.name, "config": kernel.config.name,
         "info": dict(zip((f for f, _ in INFO_FIELDS), info, strict=True)),
         "compile_seconds": round(result.wall_seconds, 3), "phases": {k: round(v, 3) for k, v in result.phases.items()},
+        "layout": [[f.name, offset, default] for f, (offset, default) in zip(kernel.fields, probe, strict=True)],
         "epilogue": kernel.epilogue.layout, "registers": None, "local_bytes": None, "static_smem_bytes": None,
         "sass": None,
     }
@@ -132,7 +138,10 @@ def build_kernel(recipe: Recipe, config: KernelConfig, cache: KernelCache | None
         smem_bytes=info.smem_bytes, static_smem_bytes=meta["static_smem_bytes"], local_bytes=meta["local_bytes"],
         sass=meta["sass"], compile_seconds=meta["compile_seconds"], phases=meta["phases"], epilogue=meta["epilogue"],
         cached=not built)
-    return CompiledKernel(recipe, config, kernel.entry, key, art.files["kernel.cubin"], kernel.source, info, report)
+    by_name = {name: (offset, default) for name, offset, default in meta["layout"]}
+    layout = ParamsLayout(info.params_size, tuple((f, *by_name[f.name]) for f in kernel.fields))
+    return CompiledKernel(recipe, config, kernel.entry, key, art.files["kernel.cubin"], kernel.source, info, report,
+                          kernel, layout)
 
 
 def report_table(reports: list[KernelReport]) -> str:

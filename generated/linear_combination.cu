@@ -11,6 +11,7 @@
 
 #include <gemmgen/nvrtc_fixups.hpp>
 #include <gemmgen/epilogue.hpp>
+#include <gemmgen/probe.hpp>
 
 namespace gemmgen_e359af76fa78 {
 using namespace cute;
@@ -90,4 +91,111 @@ extern "C" __device__ const unsigned long long gemmgen_linear_combination_e359af
     GemmKernel::MinBlocksPerMultiprocessor,  // min_blocks
     cute::size(ClusterShape{}),  // cluster_size
 };
+
+// Layout probe: never launched. Its PTX holds, as immediates, the byte offset of every Params
+// field the host writes and that field's default value, as NVRTC lays Params out.
+__device__ alignas(128) char layout_buffer[sizeof(Params)];
+
+extern "C" __global__ void gemmgen_linear_combination_e359af76fa78_layout(unsigned long long* out) {
+  Params& p = *reinterpret_cast<Params*>(layout_buffer);
+  Params const d{};
+  out[0] = gemmgen::probe::offset(p, p.mode);  // mode
+  out[1] = gemmgen::probe::bits(d.mode);
+  out[2] = gemmgen::probe::offset(p, cute::get<0>(p.problem_shape));  // problem.m
+  out[3] = gemmgen::probe::bits(cute::get<0>(d.problem_shape));
+  out[4] = gemmgen::probe::offset(p, cute::get<1>(p.problem_shape));  // problem.n
+  out[5] = gemmgen::probe::bits(cute::get<1>(d.problem_shape));
+  out[6] = gemmgen::probe::offset(p, cute::get<2>(p.problem_shape));  // problem.k
+  out[7] = gemmgen::probe::bits(cute::get<2>(d.problem_shape));
+  out[8] = gemmgen::probe::offset(p, cute::get<3>(p.problem_shape));  // problem.l
+  out[9] = gemmgen::probe::bits(cute::get<3>(d.problem_shape));
+  out[10] = gemmgen::probe::offset(p, (*p.mainloop.tma_load_a.get_tma_descriptor()));  // mainloop.tma_a
+  out[11] = gemmgen::probe::bits((*d.mainloop.tma_load_a.get_tma_descriptor()));
+  out[12] = gemmgen::probe::offset(p, (*p.mainloop.tma_load_b.get_tma_descriptor()));  // mainloop.tma_b
+  out[13] = gemmgen::probe::bits((*d.mainloop.tma_load_b.get_tma_descriptor()));
+  out[14] = gemmgen::probe::offset(p, p.mainloop.tma_transaction_bytes);  // mainloop.tma_transaction_bytes
+  out[15] = gemmgen::probe::bits(d.mainloop.tma_transaction_bytes);
+  out[16] = gemmgen::probe::offset(p, p.mainloop.tma_transaction_bytes_mk);  // mainloop.tma_transaction_bytes_mk
+  out[17] = gemmgen::probe::bits(d.mainloop.tma_transaction_bytes_mk);
+  out[18] = gemmgen::probe::offset(p, p.mainloop.tma_transaction_bytes_nk);  // mainloop.tma_transaction_bytes_nk
+  out[19] = gemmgen::probe::bits(d.mainloop.tma_transaction_bytes_nk);
+  out[20] = gemmgen::probe::offset(p, p.epilogue.thread.op_0.op_1.scalars[0]);  // epilogue.scalar.beta.value
+  out[21] = gemmgen::probe::bits(d.epilogue.thread.op_0.op_1.scalars[0]);
+  out[22] = gemmgen::probe::offset(p, p.epilogue.thread.op_0.op_1.scalar_ptrs[0]);  // epilogue.scalar.beta.ptr
+  out[23] = gemmgen::probe::bits(d.epilogue.thread.op_0.op_1.scalar_ptrs[0]);
+  out[24] = gemmgen::probe::offset(p, cute::get<2>(p.epilogue.thread.op_0.op_1.dScalar[0]));  // epilogue.scalar.beta.batch_stride
+  out[25] = gemmgen::probe::bits(cute::get<2>(d.epilogue.thread.op_0.op_1.dScalar[0]));
+  out[26] = gemmgen::probe::offset(p, p.epilogue.thread.op_1.op_1.scalars[0]);  // epilogue.scalar.alpha.value
+  out[27] = gemmgen::probe::bits(d.epilogue.thread.op_1.op_1.scalars[0]);
+  out[28] = gemmgen::probe::offset(p, p.epilogue.thread.op_1.op_1.scalar_ptrs[0]);  // epilogue.scalar.alpha.ptr
+  out[29] = gemmgen::probe::bits(d.epilogue.thread.op_1.op_1.scalar_ptrs[0]);
+  out[30] = gemmgen::probe::offset(p, cute::get<2>(p.epilogue.thread.op_1.op_1.dScalar[0]));  // epilogue.scalar.alpha.batch_stride
+  out[31] = gemmgen::probe::bits(cute::get<2>(d.epilogue.thread.op_1.op_1.dScalar[0]));
+  out[32] = gemmgen::probe::offset(p, (*p.epilogue.tma_load_c.get_tma_descriptor()));  // epilogue.tma_c
+  out[33] = gemmgen::probe::bits((*d.epilogue.tma_load_c.get_tma_descriptor()));
+  out[34] = gemmgen::probe::offset(p, (*p.epilogue.tma_store_d.get_tma_descriptor()));  // epilogue.tma_d
+  out[35] = gemmgen::probe::bits((*d.epilogue.tma_store_d.get_tma_descriptor()));
+  out[36] = gemmgen::probe::offset(p, p.epilogue.tma_transaction_bytes);  // epilogue.tma_transaction_bytes
+  out[37] = gemmgen::probe::bits(d.epilogue.tma_transaction_bytes);
+  out[38] = gemmgen::probe::offset(p, p.hw_info.device_id);  // hw_info.device_id
+  out[39] = gemmgen::probe::bits(d.hw_info.device_id);
+  out[40] = gemmgen::probe::offset(p, p.hw_info.sm_count);  // hw_info.sm_count
+  out[41] = gemmgen::probe::bits(d.hw_info.sm_count);
+  out[42] = gemmgen::probe::offset(p, p.hw_info.max_active_clusters);  // hw_info.max_active_clusters
+  out[43] = gemmgen::probe::bits(d.hw_info.max_active_clusters);
+  out[44] = gemmgen::probe::offset(p, p.hw_info.cluster_shape.x);  // hw_info.cluster_shape.x
+  out[45] = gemmgen::probe::bits(d.hw_info.cluster_shape.x);
+  out[46] = gemmgen::probe::offset(p, p.hw_info.cluster_shape.y);  // hw_info.cluster_shape.y
+  out[47] = gemmgen::probe::bits(d.hw_info.cluster_shape.y);
+  out[48] = gemmgen::probe::offset(p, p.hw_info.cluster_shape.z);  // hw_info.cluster_shape.z
+  out[49] = gemmgen::probe::bits(d.hw_info.cluster_shape.z);
+  out[50] = gemmgen::probe::offset(p, p.hw_info.cluster_shape_fallback.x);  // hw_info.cluster_shape_fallback.x
+  out[51] = gemmgen::probe::bits(d.hw_info.cluster_shape_fallback.x);
+  out[52] = gemmgen::probe::offset(p, p.hw_info.cluster_shape_fallback.y);  // hw_info.cluster_shape_fallback.y
+  out[53] = gemmgen::probe::bits(d.hw_info.cluster_shape_fallback.y);
+  out[54] = gemmgen::probe::offset(p, p.hw_info.cluster_shape_fallback.z);  // hw_info.cluster_shape_fallback.z
+  out[55] = gemmgen::probe::bits(d.hw_info.cluster_shape_fallback.z);
+  out[56] = gemmgen::probe::offset(p, p.scheduler.divmod_cluster_shape_major_.divisor);  // scheduler.cluster_shape_major.divisor
+  out[57] = gemmgen::probe::bits(d.scheduler.divmod_cluster_shape_major_.divisor);
+  out[58] = gemmgen::probe::offset(p, p.scheduler.divmod_cluster_shape_major_.shift_right);  // scheduler.cluster_shape_major.shift_right
+  out[59] = gemmgen::probe::bits(d.scheduler.divmod_cluster_shape_major_.shift_right);
+  out[60] = gemmgen::probe::offset(p, p.scheduler.divmod_cluster_shape_minor_.divisor);  // scheduler.cluster_shape_minor.divisor
+  out[61] = gemmgen::probe::bits(d.scheduler.divmod_cluster_shape_minor_.divisor);
+  out[62] = gemmgen::probe::offset(p, p.scheduler.divmod_cluster_shape_minor_.shift_right);  // scheduler.cluster_shape_minor.shift_right
+  out[63] = gemmgen::probe::bits(d.scheduler.divmod_cluster_shape_minor_.shift_right);
+  out[64] = gemmgen::probe::offset(p, p.scheduler.divmod_batch_.divisor);  // scheduler.batch.divisor
+  out[65] = gemmgen::probe::bits(d.scheduler.divmod_batch_.divisor);
+  out[66] = gemmgen::probe::offset(p, p.scheduler.divmod_batch_.multiplier);  // scheduler.batch.multiplier
+  out[67] = gemmgen::probe::bits(d.scheduler.divmod_batch_.multiplier);
+  out[68] = gemmgen::probe::offset(p, p.scheduler.divmod_batch_.shift_right);  // scheduler.batch.shift_right
+  out[69] = gemmgen::probe::bits(d.scheduler.divmod_batch_.shift_right);
+  out[70] = gemmgen::probe::offset(p, p.scheduler.divmod_batch_.round_up);  // scheduler.batch.round_up
+  out[71] = gemmgen::probe::bits(d.scheduler.divmod_batch_.round_up);
+  out[72] = gemmgen::probe::offset(p, p.scheduler.divmod_cluster_blk_major_.divisor);  // scheduler.cluster_blk_major.divisor
+  out[73] = gemmgen::probe::bits(d.scheduler.divmod_cluster_blk_major_.divisor);
+  out[74] = gemmgen::probe::offset(p, p.scheduler.divmod_cluster_blk_major_.multiplier);  // scheduler.cluster_blk_major.multiplier
+  out[75] = gemmgen::probe::bits(d.scheduler.divmod_cluster_blk_major_.multiplier);
+  out[76] = gemmgen::probe::offset(p, p.scheduler.divmod_cluster_blk_major_.shift_right);  // scheduler.cluster_blk_major.shift_right
+  out[77] = gemmgen::probe::bits(d.scheduler.divmod_cluster_blk_major_.shift_right);
+  out[78] = gemmgen::probe::offset(p, p.scheduler.divmod_cluster_blk_major_.round_up);  // scheduler.cluster_blk_major.round_up
+  out[79] = gemmgen::probe::bits(d.scheduler.divmod_cluster_blk_major_.round_up);
+  out[80] = gemmgen::probe::offset(p, p.scheduler.blocks_per_problem_);  // scheduler.blocks_per_problem
+  out[81] = gemmgen::probe::bits(d.scheduler.blocks_per_problem_);
+  out[82] = gemmgen::probe::offset(p, p.scheduler.log_swizzle_size_);  // scheduler.log_swizzle_size
+  out[83] = gemmgen::probe::bits(d.scheduler.log_swizzle_size_);
+  out[84] = gemmgen::probe::offset(p, p.scheduler.raster_order_);  // scheduler.raster_order
+  out[85] = gemmgen::probe::bits(d.scheduler.raster_order_);
+  out[86] = gemmgen::probe::offset(p, p.scheduler.problem_tiles_m_);  // scheduler.problem_tiles_m
+  out[87] = gemmgen::probe::bits(d.scheduler.problem_tiles_m_);
+  out[88] = gemmgen::probe::offset(p, p.scheduler.problem_tiles_n_);  // scheduler.problem_tiles_n
+  out[89] = gemmgen::probe::bits(d.scheduler.problem_tiles_n_);
+  out[90] = gemmgen::probe::offset(p, p.scheduler.problem_tiles_l_);  // scheduler.problem_tiles_l
+  out[91] = gemmgen::probe::bits(d.scheduler.problem_tiles_l_);
+  out[92] = gemmgen::probe::offset(p, p.scheduler.cluster_shape_m_);  // scheduler.cluster_shape_m
+  out[93] = gemmgen::probe::bits(d.scheduler.cluster_shape_m_);
+  out[94] = gemmgen::probe::offset(p, p.scheduler.cluster_shape_n_);  // scheduler.cluster_shape_n
+  out[95] = gemmgen::probe::bits(d.scheduler.cluster_shape_n_);
+  out[96] = gemmgen::probe::offset(p, p.workspace);  // workspace
+  out[97] = gemmgen::probe::bits(d.workspace);
+}
 }  // namespace gemmgen_e359af76fa78

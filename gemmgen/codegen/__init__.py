@@ -13,6 +13,7 @@ from ..config import KernelConfig, validate
 from ..ir import RecipeIR, content_key
 from ..types import DType
 from .evt import EpilogueCode, build_epilogue
+from .params import ParamField, param_fields
 
 #: Fields of the `<entry>_info` array every kernel exports (see templates/kernel.cu.j2).
 INFO_FIELDS: tuple[tuple[str, str], ...] = (
@@ -47,6 +48,7 @@ class GeneratedKernel:
     entry: str  # the extern "C" kernel symbol
     source: str
     epilogue: EpilogueCode
+    fields: tuple[ParamField, ...]  # the Params fields the host writes (see params.py)
 
     @property
     def info_symbol(self) -> str:
@@ -58,28 +60,35 @@ def kernel_id(recipe: RecipeIR, config: KernelConfig) -> str:
     return content_key([recipe.key, config.canonical()])[:12]
 
 
-def render_kernel(recipe: RecipeIR, config: KernelConfig) -> GeneratedKernel:
-    validate(config, recipe)
+def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode) -> dict:
+    """What templates/gemm_types.inc.j2 binds: the kernel's CUTLASS types and constants."""
     g = recipe.gemm
-    epi = build_epilogue(recipe)
-    kid = kernel_id(recipe, config)
-    entry = f"gemmgen_{recipe.name}_{kid}"
-    d_align = 128 // g.d.bits
-    c_align = 128 // DType.F32.bits if epi.element_c == "void" else 128 // _bits_of(epi.element_c)
+    c_bits = DType.F32.bits if epi.element_c == "void" else _bits_of(epi.element_c)
     stage_count = ("cutlass::gemm::collective::StageCountAutoCarveout<"
                    "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"
                    if config.stages is None else f"cutlass::gemm::collective::StageCount<{config.stages}>")
-    source = _environment().get_template("kernel.cu.j2").render(
-        version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=config.name,
-        namespace=f"gemmgen_{kid}", entry=entry,
+    return dict(
+        namespace=f"gemmgen_{kernel_id(recipe, config)}",
         element_a=g.a.cutlass, element_b=g.b.cutlass, element_c=epi.element_c, element_d=g.d.cutlass,
         layout_a=g.layout_a.cutlass, layout_b=g.layout_b.cutlass,
-        alignment_a=128 // g.a.bits, alignment_b=128 // g.b.bits, alignment_c=c_align, alignment_d=d_align,
+        alignment_a=128 // g.a.bits, alignment_b=128 // g.b.bits, alignment_c=128 // c_bits,
+        alignment_d=128 // g.d.bits,
         tile=config.tile, cluster=config.cluster, kernel_schedule=config.schedule.kernel,
         epilogue_schedule=config.schedule.epilogue, stage_count=stage_count,
-        tile_scheduler=config.tile_scheduler.cutlass,
-        epilogue_layout=epi.layout, epilogue_decls=epi.decls, callbacks=epi.callbacks, info_fields=INFO_FIELDS)
-    return GeneratedKernel(recipe, config, entry, source, epi)
+        tile_scheduler=config.tile_scheduler.cutlass, epilogue_decls=epi.decls, callbacks=epi.callbacks)
+
+
+def render_kernel(recipe: RecipeIR, config: KernelConfig) -> GeneratedKernel:
+    validate(config, recipe)
+    epi = build_epilogue(recipe)
+    fields = param_fields(recipe, config.schedule, epi)
+    entry = f"gemmgen_{recipe.name}_{kernel_id(recipe, config)}"
+    source = _environment().get_template("kernel.cu.j2").render(
+        version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=config.name, entry=entry,
+        epilogue_layout=epi.layout, info_fields=INFO_FIELDS,
+        param_fields=tuple((f.name, f.lvalue("p"), f.lvalue("d")) for f in fields),
+        **type_context(recipe, config, epi))
+    return GeneratedKernel(recipe, config, entry, source, epi, fields)
 
 
 def _bits_of(cutlass_type: str) -> int:

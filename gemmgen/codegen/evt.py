@@ -32,6 +32,7 @@ class _VNode:
     children: list[int] = field(default_factory=list)
     fn: str | None = None
     out: str = COMPUTE
+    binding: ParamBinding | None = None  # runtime data this node reads (operand) or writes (aux output)
 
     @property
     def is_compute(self) -> bool:
@@ -45,11 +46,32 @@ class _VNode:
 
 
 @dataclass(frozen=True)
+class ParamBinding:
+    """A visitor node that carries runtime arguments, and where its Params sit in the callbacks'
+    Params: `path` holds (index, sibling count) per level of nested Sm90VisitorImplBase Params."""
+
+    kind: str  # "row" | "col" | "scalar" | "aux_load" | "aux_store"
+    name: str  # operand or aux output name
+    dtype: DType
+    path: tuple[tuple[int, int], ...] = ()
+
+    def member(self, root: str) -> str:
+        """C++ lvalue of this node's Params under `root`. Sm90VisitorImplBase names members op_0..op_3
+        for up to four ops and is a cute::tuple beyond that."""
+        for i, n in self.path:
+            root = f"{root}.op_{i}" if n <= 4 else f"cute::get<{i}>({root})"
+        return root
+
+
+@dataclass(frozen=True)
 class EpilogueCode:
     decls: tuple[tuple[str, str], ...]  # (name, C++ type), in dependency order
     callbacks: str  # the type passed to the epilogue CollectiveBuilder
     element_c: str  # the source (C) element, or "void"
+    source: str | None  # the operand loaded as C, if any
     layout: str  # "tree" or "dag"
+    bindings: tuple[ParamBinding, ...]  # nodes with runtime arguments, in declaration order
+    arguments: tuple  # the callbacks' Arguments nesting: tuples of sub-trees, ParamBinding or None
 
 
 def _functor(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
@@ -86,7 +108,11 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
         if n.op is Op.ACC:
             v = _VNode("acc", f"{FUSION}::Sm90AccFetch")
         elif n.op is Op.INPUT:
-            v = _VNode(f"in_{n.name}", _load_type(ir.operand(n.name).kind, n.dtype, n.name == source))  # type: ignore[arg-type]
+            operand = ir.operand(n.name)  # type: ignore[arg-type]
+            kind = {OperandKind.SCALAR: "scalar", OperandKind.ROW: "row", OperandKind.COL: "col",
+                    OperandKind.MATRIX: "aux_load"}[operand.kind]
+            binding = None if n.name == source else ParamBinding(kind, operand.name, operand.dtype)
+            v = _VNode(f"in_{n.name}", _load_type(operand.kind, operand.dtype, n.name == source), binding=binding)
         else:
             fn, args = _functor(n, ir.nodes)
             out = n.dtype.cutlass if n.op is Op.CAST else COMPUTE  # type: ignore[union-attr]
@@ -98,7 +124,8 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
     # read it from the last store in its chain.
     for o in ir.outputs[1:]:
         src = of_ir[o.node]
-        store = _VNode(f"aux_{o.name}", _aux_store_type(o.dtype), [src])
+        store = _VNode(f"aux_{o.name}", _aux_store_type(o.dtype), [src],
+                       binding=ParamBinding("aux_store", o.name, o.dtype))
         vnodes.append(store)
         for v in vnodes[:-1]:
             v.children = [len(vnodes) - 1 if c == src else c for c in v.children]
@@ -123,6 +150,7 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
     names = [f"{v.label.title().replace('_', '')}" for v in vnodes]
     decls: list[tuple[str, str]] = [(names[i], v.type) for i, v in enumerate(vnodes)]
     if is_tree:
+        paths = _tree_paths(vnodes, root)
         evt_name: dict[int, str] = {}
         for i in _post_order(vnodes, root):
             v = vnodes[i]
@@ -132,14 +160,51 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
             evt_name[i] = f"EVT{names[i]}"
             kids = ", ".join(evt_name[c] for c in v.children)
             decls.append((evt_name[i], f"{FUSION}::Sm90EVT<{names[i]}, {kids}>"))
-        return EpilogueCode(tuple(decls), evt_name[root], element_c, "tree")
+        bindings = _bindings(vnodes, paths)
+        return EpilogueCode(tuple(decls), evt_name[root], element_c, source, "tree", bindings,
+                            _tree_arguments(vnodes, root, {b.path: b for b in bindings}, paths))
 
     order = _topological(vnodes, root)
     pos = {n: k for k, n in enumerate(order)}
     edges = ", ".join(f"cute::seq<{', '.join(str(pos[c]) for c in vnodes[n].children)}>" for n in order)
     ops = ", ".join(names[n] for n in order)
     decls.append(("EpilogueDag", f"{FUSION}::Sm90TopologicalVisitor<{COMPUTE}, cute::tuple<{edges}>, {ops}>"))
-    return EpilogueCode(tuple(decls), "EpilogueDag", element_c, "dag")
+    bindings = _bindings(vnodes, {n: ((k, len(order)),) for k, n in enumerate(order)})
+    by_path = {b.path: b for b in bindings}
+    return EpilogueCode(tuple(decls), "EpilogueDag", element_c, source, "dag", bindings,
+                        tuple(by_path.get(((k, len(order)),)) for k in range(len(order))))
+
+
+def _tree_arguments(vnodes: list[_VNode], root: int, by_path: dict, paths: dict) -> tuple | ParamBinding | None:
+    def walk(i: int) -> tuple | ParamBinding | None:
+        kids = vnodes[i].children
+        own = by_path.get(paths[i])
+        return tuple([*(walk(c) for c in kids), own]) if kids else own
+
+    return walk(root)  # type: ignore[return-value]
+
+
+def _tree_paths(vnodes: list[_VNode], root: int) -> dict[int, tuple[tuple[int, int], ...]]:
+    """Sm90EVT<Node, C0..Cn-1>::Params holds C0::Params, ..., Cn-1::Params, Node::Params in order."""
+    paths: dict[int, tuple[tuple[int, int], ...]] = {}
+
+    def walk(i: int, at: tuple[tuple[int, int], ...]) -> None:
+        kids = vnodes[i].children
+        if not kids:
+            paths[i] = at
+            return
+        n = len(kids) + 1
+        for k, c in enumerate(kids):
+            walk(c, (*at, (k, n)))
+        paths[i] = (*at, (len(kids), n))
+
+    walk(root, ())
+    return paths
+
+
+def _bindings(vnodes: list[_VNode], paths: dict[int, tuple[tuple[int, int], ...]]) -> tuple[ParamBinding, ...]:
+    return tuple(ParamBinding(v.binding.kind, v.binding.name, v.binding.dtype, paths[i])
+                 for i, v in enumerate(vnodes) if v.binding is not None)
 
 
 def _load_type(kind: OperandKind, dtype: DType, is_source: bool) -> str:

@@ -39,6 +39,7 @@ def nvrtc_version() -> tuple[int, int]:
 @dataclass(frozen=True)
 class NvrtcResult:
     cubin: bytes
+    ptx: str
     log: str
     wall_seconds: float
     phases: dict[str, float] = field(default_factory=dict)  # front_end / nvvm / ptx (seconds)
@@ -66,8 +67,13 @@ def compile_cubin(source: str, name: str, arch: str, include_dirs: tuple[Path, .
             buf = b" " * size
             (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
             _check(err, "nvrtcGetCUBIN")
+            err, ptx_size = nvrtc.nvrtcGetPTXSize(prog)
+            _check(err, "nvrtcGetPTXSize")
+            ptx = b" " * ptx_size
+            (err,) = nvrtc.nvrtcGetPTX(prog, ptx)
+            _check(err, "nvrtcGetPTX")
             phases = parse_time_report(timing.read_text()) if timing.is_file() else {}
-            return NvrtcResult(bytes(buf), log, wall, phases)
+            return NvrtcResult(bytes(buf), ptx.rstrip(b"\0").decode(), log, wall, phases)
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
 

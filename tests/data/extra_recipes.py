@@ -1,5 +1,6 @@
 """Coverage kernels for the tests: every epilogue functor, a second matrix input (Sm90AuxLoad),
-constants on either side of an op, a cast, a compile-time scalar, f32 D, a batched recipe."""
+constants on either side of an op, a cast, a compile-time scalar, f32 D, a batched recipe, and
+MN-major A and B multicast across a 2x2 cluster."""
 
 import gemmgen as gg
 
@@ -16,8 +17,10 @@ every_op = gg.Recipe(
     "every_op",
     _every_op,
     d=gg.f32,
+    layout_a=gg.ColMajor,
+    layout_b=gg.RowMajor,
     batched=True,
     operands={"c": gg.Matrix(gg.bf16), "r2": gg.Matrix(gg.f16), "bias": gg.RowVector(gg.f32),
               "scale": gg.ColVector(gg.bf16), "k": gg.Scalar(value=0.5)},
-    config=gg.KernelConfig(tile=(64, 128, 64), schedule=gg.Schedule.PINGPONG, stages=4),
+    config=gg.KernelConfig(tile=(64, 128, 64), cluster=(2, 2, 1), schedule=gg.Schedule.PINGPONG, stages=4),
 )

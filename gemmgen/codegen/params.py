@@ -1,0 +1,108 @@
+"""The Params fields the host writes, named once and used three ways.
+
+The same list drives (1) the NVRTC layout probe compiled into every kernel (offset and
+default value of each field as NVRTC lays Params out), (2) the nvcc host oracle (the values
+CUTLASS's own `to_underlying_arguments` produces), and (3) gemmgen's Python argument builder
+(which writes each field at its probed offset). Field names are stable strings; `expr` is a C++
+lvalue with `{p}` standing for the Params object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import Schedule
+from ..ir import RecipeIR
+from ..types import DType
+from .evt import EpilogueCode, ParamBinding
+
+#: Bytes of each field kind. `desc` is a 128-byte TMA descriptor (CUtensorMap).
+KIND_SIZE = {"desc": 128, "u32": 4, "i32": 4, "u64": 8, "i64": 8, "f32": 4, "ptr": 8, "bool": 1, "e16": 2}
+
+
+@dataclass(frozen=True)
+class ParamField:
+    name: str
+    expr: str
+    kind: str
+
+    @property
+    def size(self) -> int:
+        return KIND_SIZE[self.kind]
+
+    def lvalue(self, base: str) -> str:
+        return self.expr.format(p=base)
+
+
+def _desc(atom: str) -> str:
+    return f"(*{atom}.get_tma_descriptor())"
+
+
+def _element_kind(dtype: DType) -> str:
+    return {1: "bool", 2: "e16", 4: "f32"}[dtype.nbytes]  # raw bits of the element type
+
+
+def _divmod_u64(name: str, expr: str) -> list[ParamField]:
+    return [ParamField(f"{name}.divisor", f"{expr}.divisor", "u64"),
+            ParamField(f"{name}.multiplier", f"{expr}.multiplier", "u64"),
+            ParamField(f"{name}.shift_right", f"{expr}.shift_right", "u32"),
+            ParamField(f"{name}.round_up", f"{expr}.round_up", "u32")]
+
+
+def _divmod_pow2(name: str, expr: str) -> list[ParamField]:
+    return [ParamField(f"{name}.divisor", f"{expr}.divisor", "u64"),
+            ParamField(f"{name}.shift_right", f"{expr}.shift_right", "u32")]
+
+
+def _binding_fields(b: ParamBinding) -> list[ParamField]:
+    node = b.member("{p}.epilogue.thread")
+    n = f"epilogue.{b.kind}.{b.name}"
+    if b.kind in ("row", "col"):
+        return [ParamField(f"{n}.ptr", f"{node}.ptr_{b.kind}", "ptr"),
+                ParamField(f"{n}.null_default", f"{node}.null_default", _element_kind(b.dtype))]
+    if b.kind == "scalar":
+        return [ParamField(f"{n}.value", f"{node}.scalars[0]", "f32"),
+                ParamField(f"{n}.ptr", f"{node}.scalar_ptrs[0]", "ptr"),
+                ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.dScalar[0])", "i64")]
+    if b.kind == "aux_load":
+        return [ParamField(f"{n}.tma", _desc(f"{node}.tma_load_aux"), "desc"),
+                ParamField(f"{n}.null_default", f"{node}.null_default", _element_kind(b.dtype)),
+                ParamField(f"{n}.use_default", f"{node}.use_default", "bool")]
+    if b.kind == "aux_store":
+        return [ParamField(f"{n}.tma", _desc(f"{node}.tma_store_aux"), "desc"),
+                ParamField(f"{n}.is_nullptr", f"{node}.is_nullptr", "bool")]
+    raise AssertionError(b.kind)
+
+
+def param_fields(recipe: RecipeIR, schedule: Schedule, epilogue: EpilogueCode) -> tuple[ParamField, ...]:
+    """Every Params field of a GemmUniversal sm90 TMA warp-specialized kernel with a persistent scheduler."""
+    f = [ParamField("mode", "{p}.mode", "i32")]
+    f += [ParamField(f"problem.{d}", f"cute::get<{i}>({{p}}.problem_shape)", "i32") for i, d in enumerate("mnkl")]
+    f += [ParamField("mainloop.tma_a", _desc("{p}.mainloop.tma_load_a"), "desc"),
+          ParamField("mainloop.tma_b", _desc("{p}.mainloop.tma_load_b"), "desc"),
+          ParamField("mainloop.tma_transaction_bytes", "{p}.mainloop.tma_transaction_bytes", "u32"),
+          ParamField("mainloop.tma_transaction_bytes_mk", "{p}.mainloop.tma_transaction_bytes_mk", "u32"),
+          ParamField("mainloop.tma_transaction_bytes_nk", "{p}.mainloop.tma_transaction_bytes_nk", "u32")]
+    for b in epilogue.bindings:
+        f += _binding_fields(b)
+    if epilogue.source is not None:
+        f.append(ParamField("epilogue.tma_c", _desc("{p}.epilogue.tma_load_c"), "desc"))
+    f += [ParamField("epilogue.tma_d", _desc("{p}.epilogue.tma_store_d"), "desc"),
+          ParamField("epilogue.tma_transaction_bytes", "{p}.epilogue.tma_transaction_bytes", "u32")]
+    f += [ParamField(f"hw_info.{n}", f"{{p}}.hw_info.{n}", "i32") for n in ("device_id", "sm_count",
+                                                                        "max_active_clusters")]
+    for shape in ("cluster_shape", "cluster_shape_fallback"):
+        f += [ParamField(f"hw_info.{shape}.{a}", f"{{p}}.hw_info.{shape}.{a}", "u32") for a in "xyz"]
+    s = "{p}.scheduler"
+    f += _divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
+    f += _divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
+    f += _divmod_u64("scheduler.batch", f"{s}.divmod_batch_")
+    f += _divmod_u64("scheduler.cluster_blk_major", f"{s}.divmod_cluster_blk_major_")
+    f += [ParamField("scheduler.blocks_per_problem", f"{s}.blocks_per_problem_", "u64"),
+          ParamField("scheduler.log_swizzle_size", f"{s}.log_swizzle_size_", "i32"),
+          ParamField("scheduler.raster_order", f"{s}.raster_order_", "i32")]
+    f += [ParamField(f"scheduler.{n}", f"{s}.{n}_", "u32") for n in (
+        "problem_tiles_m", "problem_tiles_n", "problem_tiles_l", "cluster_shape_m", "cluster_shape_n")]
+    if schedule is Schedule.COOPERATIVE:  # the pingpong kernel's Params has no workspace member
+        f.append(ParamField("workspace", "{p}.workspace", "ptr"))
+    return tuple(f)

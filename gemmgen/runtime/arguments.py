@@ -1,0 +1,97 @@
+"""The kernel's argument block (CUTLASS's Params, as NVRTC laid it out), built in Python.
+
+Values come from ports of CUTLASS's host logic (tma.py, scheduler.py) and the problem; offsets
+and the defaults of constant fields come from the layout probe compiled into the kernel itself
+(codegen/params.py). Nothing here needs a host compiler or the CUDA driver: descriptors are
+produced by a `TensorMapEncoder`, the driver at run time or a recording stand-in in tests.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..codegen.params import KIND_SIZE, ParamField
+from ..config import KernelConfig
+from ..ir import RecipeIR
+from ..types import OperandKind
+from . import scheduler, tma
+from .problem import Problem, TensorArg
+
+MODE_GEMM, MODE_BATCHED = 0, 2  # cutlass::gemm::GemmUniversalMode
+
+#: Turns encode arguments into a 128-byte CUtensorMap.
+TensorMapEncoder = Callable[[tma.EncodeArgs], bytes]
+
+_PACK = {"u32": "<I", "i32": "<i", "u64": "<Q", "i64": "<q", "ptr": "<Q", "bool": "<B", "e16": "<H"}
+
+
+@dataclass(frozen=True)
+class ParamsLayout:
+    """Where each field sits in Params under NVRTC, and its default value (from the layout probe)."""
+
+    size: int
+    fields: tuple[tuple[ParamField, int, int], ...]  # (field, offset, default bits)
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    cluster: tuple[int, int, int]
+    smem_bytes: int
+
+
+def field_values(recipe: RecipeIR, config: KernelConfig, problem: Problem,
+                 encode: TensorMapEncoder) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
+    """The value of every runtime field by name (constant fields keep their defaults), and the grid."""
+    p = problem
+    v: dict[str, int | float | bytes] = {"mode": MODE_BATCHED if p.l > 1 else MODE_GEMM,
+                                         "problem.m": p.m, "problem.n": p.n, "problem.k": p.k, "problem.l": p.l}
+    v["mainloop.tma_a"] = encode(tma.mainloop_operand(recipe, config, "a", p.a.ptr, p.m, p.k, p.l, p.a.strides))
+    v["mainloop.tma_b"] = encode(tma.mainloop_operand(recipe, config, "b", p.b.ptr, p.n, p.k, p.l, p.b.strides))
+    epi = recipe.epilogue
+    matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX]
+    for o in epi.operands:
+        arg = p.operands[o.name]
+        if o.kind is OperandKind.SCALAR:
+            v[f"epilogue.scalar.{o.name}.value"] = float(arg)  # type: ignore[arg-type]
+        elif o.kind in (OperandKind.ROW, OperandKind.COL):
+            v[f"epilogue.{o.kind.value}.{o.name}.ptr"] = arg.ptr  # type: ignore[union-attr]
+        elif o is matrices[0]:
+            v["epilogue.tma_c"] = _epilogue_desc(recipe, config, o.dtype, arg, p, encode)  # type: ignore[arg-type]
+        else:
+            v[f"epilogue.aux_load.{o.name}.tma"] = _epilogue_desc(recipe, config, o.dtype, arg, p, encode)  # type: ignore[arg-type]
+    for out in epi.outputs[1:]:
+        v[f"epilogue.aux_store.{out.name}.tma"] = _epilogue_desc(recipe, config, out.dtype, p.aux[out.name], p, encode)
+    v["epilogue.tma_d"] = _epilogue_desc(recipe, config, recipe.gemm.d, p.d, p, encode)
+    v.update({"hw_info.device_id": p.device_id, "hw_info.sm_count": p.sm_count,
+              "hw_info.max_active_clusters": p.max_active_clusters})
+    plan = scheduler.plan(p.m, p.n, p.l, config.tile, config.cluster, p.sm_count, p.max_active_clusters)
+    v.update(plan.fields)
+    return v, plan.grid
+
+
+def _epilogue_desc(recipe: RecipeIR, config: KernelConfig, dtype, t: TensorArg, p: Problem,
+                   encode: TensorMapEncoder) -> bytes:
+    return encode(tma.epilogue_tensor(recipe, config, dtype, t.ptr, p.m, p.n, p.l, t.strides))
+
+
+def pack(layout: ParamsLayout, values: dict[str, int | float | bytes]) -> bytes:
+    """Write every field at its probed offset: the given value, else the field's default."""
+    buf = bytearray(layout.size)
+    for f, offset, default in layout.fields:
+        value = values.get(f.name, default)
+        if f.kind == "desc":
+            if f.name not in values:
+                continue
+            data = value
+        elif f.kind == "f32":
+            data = struct.pack("<f", value) if isinstance(value, float) else struct.pack("<I", value)
+        else:
+            data = struct.pack(_PACK[f.kind], int(value) & ((1 << (8 * KIND_SIZE[f.kind])) - 1)
+                               if f.kind in ("u32", "u64", "ptr", "bool", "e16") else int(value))
+        assert len(data) == f.size, f.name  # type: ignore[arg-type]
+        buf[offset:offset + f.size] = data  # type: ignore[assignment]
+    return bytes(buf)

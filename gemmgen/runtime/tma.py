@@ -1,0 +1,122 @@
+"""The arguments CUTLASS 4.2 passes to cuTensorMapEncodeTiled for each tensor of a kernel.
+
+A port of what CuTe's make_tma_copy derives for the smem layouts CUTLASS's sm90 builders pick
+(ss_smem_selector; sm90_get_epilogue_smem_swizzle_layout_atom), restricted to the layouts gemmgen
+emits. Checked call by call against CUTLASS's own host code by the oracle tests.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ..config import KernelConfig, epilogue_tile
+from ..ir import RecipeIR
+from ..types import DType, Layout
+
+
+class TmaDataType(enum.IntEnum):  # CUtensorMapDataType
+    UINT8 = 0
+    UINT16 = 1
+    UINT32 = 2
+    FLOAT16 = 6
+    FLOAT32 = 7
+    BFLOAT16 = 9
+
+
+class Swizzle(enum.IntEnum):  # CUtensorMapSwizzle
+    NONE = 0
+    B32 = 1
+    B64 = 2
+    B128 = 3
+
+
+L2_PROMOTION_128B = 2  # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+OOB_FILL_NONE = 0  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (zeros)
+INTERLEAVE_NONE = 0
+
+
+@dataclass(frozen=True)
+class EncodeArgs:
+    """Everything cuTensorMapEncodeTiled takes besides the output map."""
+
+    dtype: int
+    rank: int
+    addr: int
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]  # bytes, rank - 1 entries (dim 0 is contiguous)
+    box: tuple[int, ...]
+    elem_strides: tuple[int, ...]
+    interleave: int
+    swizzle: int
+    l2: int
+    oob: int
+
+    def as_dict(self) -> dict:
+        return {"dtype": self.dtype, "rank": self.rank, "addr": self.addr, "dims": list(self.dims),
+                "strides": list(self.strides), "box": list(self.box), "elem_strides": list(self.elem_strides),
+                "interleave": self.interleave, "swizzle": self.swizzle, "l2": self.l2, "oob": self.oob}
+
+
+def _storage_type(dtype: DType) -> TmaDataType:
+    """How CUTLASS types the data of C/D/aux tensors."""
+    return {DType.BF16: TmaDataType.BFLOAT16, DType.F16: TmaDataType.FLOAT16, DType.F32: TmaDataType.FLOAT32,
+            DType.E4M3: TmaDataType.UINT8, DType.E5M2: TmaDataType.UINT8}[dtype]
+
+
+def _mainloop_type(dtype: DType) -> TmaDataType:
+    """The mainloop loads A/B as raw unsigned words of the element's width (TmaInternalElementA/B)."""
+    return {8: TmaDataType.UINT8, 16: TmaDataType.UINT16, 32: TmaDataType.UINT32}[dtype.bits]
+
+
+def _swizzle_atom(extent: int, bits: int) -> tuple[Swizzle, int]:
+    """ss_smem_selector: the widest swizzle whose atom width (in elements) divides `extent`."""
+    for sw, span_bytes in ((Swizzle.B128, 128), (Swizzle.B64, 64), (Swizzle.B32, 32)):
+        width = span_bytes * 8 // bits
+        if extent % width == 0:
+            return sw, width
+    return Swizzle.NONE, 128 // bits
+
+
+def _split_multicast(box: list[int], multicast: int) -> list[int]:
+    """make_tma_copy_desc: divide the box among multicast CTAs, from the last dim backwards."""
+    for i in range(len(box) - 1, -1, -1):
+        if multicast <= 1:
+            break
+        new = -(-multicast // box[i])
+        box[i] = -(-box[i] // multicast)
+        multicast = new
+    return box
+
+
+def _encode(dtype: TmaDataType, bits: int, addr: int, dims: tuple[int, int, int], strides: tuple[int, int],
+            box: list[int], swizzle: Swizzle) -> EncodeArgs:
+    return EncodeArgs(int(dtype), 3, addr, dims, tuple(s * bits // 8 for s in strides), tuple(box), (1, 1, 1),
+                      INTERLEAVE_NONE, int(swizzle), L2_PROMOTION_128B, OOB_FILL_NONE)
+
+
+def mainloop_operand(recipe: RecipeIR, config: KernelConfig, which: str, addr: int, mn: int, k: int, l: int,  # noqa: E741
+                     strides: tuple[int, int, int]) -> EncodeArgs:
+    """A (which="a": M x K) or B (which="b": N x K); `strides` are CUTLASS's (MN, K, L) element strides."""
+    g = recipe.gemm
+    dtype = g.a if which == "a" else g.b
+    tile_mn = config.tile[0] if which == "a" else config.tile[1]
+    tile_k = config.tile[2]
+    # A row-major and B column-major are K-major ("T" and "N" in TN).
+    k_major = (g.layout_a is Layout.ROW) if which == "a" else (g.layout_b is Layout.COL)
+    multicast = config.cluster[1] if which == "a" else config.cluster[0]
+    if k_major:
+        swizzle, width = _swizzle_atom(tile_k, dtype.bits)
+        dims, st, box = (k, mn, l), (strides[0], strides[2]), [min(width, tile_k), tile_mn, 1]
+    else:
+        swizzle, width = _swizzle_atom(tile_mn, dtype.bits)
+        dims, st, box = (mn, k, l), (strides[1], strides[2]), [min(width, tile_mn), tile_k, 1]
+    return _encode(_mainloop_type(dtype), dtype.bits, addr, dims, st, _split_multicast(box, multicast), swizzle)
+
+
+def epilogue_tensor(recipe: RecipeIR, config: KernelConfig, dtype: DType, addr: int, m: int, n: int, l: int,  # noqa: E741
+                    strides: tuple[int, int, int]) -> EncodeArgs:
+    """C, D or an aux tensor (row-major M x N per batch), tiled by the epilogue tile."""
+    em, en = epilogue_tile(config, recipe)
+    swizzle, _ = _swizzle_atom(en, dtype.bits)
+    return _encode(_storage_type(dtype), dtype.bits, addr, (n, m, l), (strides[0], strides[2]), [en, em, 1], swizzle)

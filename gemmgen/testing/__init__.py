@@ -1,0 +1,1 @@
+"""Test infrastructure shipped with gemmgen (the nvcc host oracle)."""

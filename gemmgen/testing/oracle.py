@@ -1,0 +1,180 @@
+"""CUTLASS's own host code as an oracle for gemmgen's argument building (needs nvcc; tests only).
+
+For a generated kernel, `OracleProgram` renders templates/oracle_host.cu.j2 (the kernel's very
+types plus a main()), compiles it once with the pip wheel's nvcc, and runs it per problem. The
+program swaps cuTensorMapEncodeTiled for a recording stand-in, so no GPU or driver is needed, and
+prints every encode call, every named Params field and the launch shape as JSON lines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..codegen import GeneratedKernel, _environment, type_context
+from ..codegen.evt import ParamBinding
+from ..compile.toolchain import toolchain
+from ..errors import ToolchainError
+from ..runtime.problem import Problem, TensorArg
+
+
+def nvcc_path() -> Path:
+    tc = toolchain()
+    cuda = tc.include_dirs[-1].parent
+    nvcc = cuda / "bin" / "nvcc"
+    if not os.access(nvcc, os.X_OK):
+        raise ToolchainError("nvcc not found; the oracle needs `pip install nvidia-cuda-nvcc==13.0.88`")
+    if shutil.which("g++") is None:
+        raise ToolchainError("the oracle needs a host C++ compiler (g++) on PATH")
+    return nvcc
+
+
+@dataclass(frozen=True)
+class OracleResult:
+    encodes: list[dict]
+    fields: dict[str, dict]  # name -> {"bits": int} or {"desc": call number}
+    aux_params_bytes: dict[str, int]
+    launch: dict
+    can_implement: bool
+
+
+class _Slots:
+    """Positions of the problem's numbers in the oracle's argv."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def add(self, name: str) -> int:
+        self.names.append(name)
+        return len(self.names) - 1
+
+
+def _elem(dtype) -> str:
+    return dtype.cutlass
+
+
+class OracleProgram:
+    def __init__(self, kernel: GeneratedKernel, build_dir: Path) -> None:
+        self.kernel = kernel
+        self.slots = _Slots()
+        for n in ("m", "n", "k", "l"):
+            self.slots.add(n)
+        epi = kernel.epilogue
+        g = kernel.recipe.gemm
+
+        def tensor(name: str) -> list[int]:
+            return [self.slots.add(f"{name}.{part}") for part in ("ptr", "s0", "s1", "s2")]
+
+        a, b = tensor("a"), tensor("b")
+        mainloop = (f"{{reinterpret_cast<ElementA const*>(V[{a[0]}]), "
+                    f"oracle::stride3<typename CollectiveMainloop::StrideA>(V[{a[1]}], V[{a[2]}], V[{a[3]}]), "
+                    f"reinterpret_cast<ElementB const*>(V[{b[0]}]), "
+                    f"oracle::stride3<typename CollectiveMainloop::StrideB>(V[{b[1]}], V[{b[2]}], V[{b[3]}])}}")
+        thread = self._arguments(epi.arguments)
+        if epi.source is not None:
+            c = tensor(f"operand.{epi.source}")
+            c_ptr = f"reinterpret_cast<ElementC const*>(V[{c[0]}])"
+            c_stride = f"oracle::stride3<typename CollectiveEpilogue::StrideC>(V[{c[1]}], V[{c[2]}], V[{c[3]}])"
+        else:
+            c_ptr, c_stride = "nullptr", "{}"
+        d = tensor("d")
+        epilogue = (f"{{{thread}, {c_ptr}, {c_stride}, reinterpret_cast<ElementD*>(V[{d[0]}]), "
+                    f"oracle::stride3<typename CollectiveEpilogue::StrideD>(V[{d[1]}], V[{d[2]}], V[{d[3]}])}}")
+        hw = {n: self.slots.add(f"hw.{n}") for n in ("device_id", "sm_count", "max_active_clusters")}
+        del g
+        atoms = [("mainloop.tma_a", "p.mainloop.tma_load_a.aux_params_"),
+                 ("mainloop.tma_b", "p.mainloop.tma_load_b.aux_params_"),
+                 ("epilogue.tma_d", "p.epilogue.tma_store_d.aux_params_")]
+        self.source = _environment().get_template("oracle_host.cu.j2").render(
+            recipe_name=kernel.recipe.name, config_name=kernel.config.name,
+            n_slots=len(self.slots.names), n_args=len(self.slots.names) + 1, slot=type("S", (), hw),
+            mainloop_args=mainloop, epilogue_args=epilogue,
+            fields=[(f.name, f.lvalue("p")) for f in kernel.fields], aux_sizes=atoms,
+            **type_context(kernel.recipe, kernel.config, kernel.epilogue))
+        digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
+        self.exe = build_dir / f"oracle-{kernel.recipe.name}-{digest}"
+        self._build_dir = build_dir
+
+    def _arguments(self, tree) -> str:
+        if tree is None:
+            return "{}"
+        if isinstance(tree, tuple):
+            return "{" + ", ".join(self._arguments(t) for t in tree) + "}"
+        b: ParamBinding = tree
+        e = _elem(b.dtype)
+        if b.kind in ("row", "col"):
+            i = self.slots.add(f"operand.{b.name}.ptr")
+            return f"{{reinterpret_cast<{e} const*>(V[{i}]), {e}(0), {{}}}}"
+        if b.kind == "scalar":
+            i = self.slots.add(f"operand.{b.name}.value")
+            return f"{{{{F({i})}}, {{}}, {{}}}}"
+        prefix = "operand" if b.kind == "aux_load" else "aux"
+        s = [self.slots.add(f"{prefix}.{b.name}.{part}") for part in ("ptr", "s0", "s1", "s2")]
+        stride = f"oracle::stride3<AuxStride>(V[{s[1]}], V[{s[2]}], V[{s[3]}])"
+        if b.kind == "aux_load":
+            return f"{{reinterpret_cast<{e} const*>(V[{s[0]}]), {e}(0), {stride}}}"
+        return f"{{reinterpret_cast<{e}*>(V[{s[0]}]), {stride}}}"
+
+    def build(self) -> Path:
+        if self.exe.is_file():
+            return self.exe
+        self._build_dir.mkdir(parents=True, exist_ok=True)
+        src = self.exe.with_suffix(".cu")
+        src.write_text(self.source)
+        tc = toolchain()
+        cmd = [str(nvcc_path()), "-std=c++17", "-arch=sm_90a", "-O0", "-w",
+               "-DCUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1",
+               *(f"-I{d}" for d in tc.include_dirs), f"-L{nvcc_path().parent.parent / 'lib'}",
+               "-o", str(self.exe) + ".tmp", str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ToolchainError(f"nvcc failed to build the oracle {src}:\n{proc.stderr[-4000:]}")
+        os.replace(str(self.exe) + ".tmp", self.exe)
+        return self.exe
+
+    def argv(self, problem: Problem) -> list[str]:
+        values: dict[str, int] = {"m": problem.m, "n": problem.n, "k": problem.k, "l": problem.l,
+                                  "hw.device_id": problem.device_id, "hw.sm_count": problem.sm_count,
+                                  "hw.max_active_clusters": problem.max_active_clusters}
+
+        def put(prefix: str, t: TensorArg) -> None:
+            values[f"{prefix}.ptr"] = t.ptr
+            for i, s in enumerate(t.strides):
+                values[f"{prefix}.s{i}"] = s
+
+        put("a", problem.a)
+        put("b", problem.b)
+        put("d", problem.d)
+        for name, v in problem.operands.items():
+            if isinstance(v, TensorArg):
+                put(f"operand.{name}", v)
+            else:
+                values[f"operand.{name}.value"] = struct.unpack("<I", struct.pack("<f", v))[0]
+        for name, t in problem.aux.items():
+            put(f"aux.{name}", t)
+        return [str(values[n] & (2**64 - 1)) for n in self.slots.names]
+
+    def run(self, problem: Problem) -> OracleResult:
+        proc = subprocess.run([str(self.build()), *self.argv(problem)], capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            raise ToolchainError(f"oracle failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        encodes, fields, aux, launch, can = [], {}, {}, {}, False
+        for line in proc.stdout.splitlines():
+            obj = json.loads(line)
+            if "encode" in obj:
+                encodes.append(obj)
+            elif "field" in obj:
+                fields[obj.pop("field")] = obj
+            elif "aux_params_size" in obj:
+                aux[obj["aux_params_size"]] = obj["bytes"]
+            elif "grid" in obj:
+                launch = obj
+            elif "can_implement" in obj:
+                can = bool(obj["can_implement"])
+        return OracleResult(encodes, fields, aux, launch, can)
