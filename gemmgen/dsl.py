@@ -483,6 +483,12 @@ class Recipe:
 
         return render_kernel(self.ir, config or self.default_config()).source
 
+    def compile(self, config: KernelConfig | None = None, *, cache: Any = None) -> Any:
+        """The kernel as a callable on torch tensors (a gemmgen.Kernel); compiles or loads from cache."""
+        from .runtime.kernel import Kernel
+
+        return Kernel(self.build(config, cache=cache))
+
     def build(self, config: KernelConfig | None = None, *, cache: Any = None) -> Any:
         """Compile (or load from cache) the kernel for `config`; returns a gemmgen.CompiledKernel."""
         from .build import build_kernel

@@ -12,7 +12,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..codegen.params import KIND_SIZE, ParamField
+from ..codegen.params import ParamField
 from ..config import KernelConfig
 from ..ir import RecipeIR
 from ..types import OperandKind
@@ -23,9 +23,6 @@ MODE_GEMM, MODE_BATCHED = 0, 2  # cutlass::gemm::GemmUniversalMode
 
 #: Turns encode arguments into a 128-byte CUtensorMap.
 TensorMapEncoder = Callable[[tma.EncodeArgs], bytes]
-
-_PACK = {"u32": "<I", "i32": "<i", "u64": "<Q", "i64": "<q", "ptr": "<Q", "bool": "<B", "e16": "<H"}
-
 
 @dataclass(frozen=True)
 class ParamsLayout:
@@ -43,9 +40,10 @@ class LaunchShape:
     smem_bytes: int
 
 
-def field_values(recipe: RecipeIR, config: KernelConfig, problem: Problem,
-                 encode: TensorMapEncoder) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
-    """The value of every runtime field by name (constant fields keep their defaults), and the grid."""
+def field_values(recipe: RecipeIR, config: KernelConfig, problem: Problem, encode: TensorMapEncoder,
+                 outputs: bool = True) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
+    """The value of every runtime field by name (constant fields keep their defaults), and the grid.
+    With `outputs=False` the tensor maps of D and the aux outputs are left out (written per call)."""
     p = problem
     v: dict[str, int | float | bytes] = {"mode": MODE_BATCHED if p.l > 1 else MODE_GEMM,
                                          "problem.m": p.m, "problem.n": p.n, "problem.k": p.k, "problem.l": p.l}
@@ -63,9 +61,11 @@ def field_values(recipe: RecipeIR, config: KernelConfig, problem: Problem,
             v["epilogue.tma_c"] = _epilogue_desc(recipe, config, o.dtype, arg, p, encode)  # type: ignore[arg-type]
         else:
             v[f"epilogue.aux_load.{o.name}.tma"] = _epilogue_desc(recipe, config, o.dtype, arg, p, encode)  # type: ignore[arg-type]
-    for out in epi.outputs[1:]:
-        v[f"epilogue.aux_store.{out.name}.tma"] = _epilogue_desc(recipe, config, out.dtype, p.aux[out.name], p, encode)
-    v["epilogue.tma_d"] = _epilogue_desc(recipe, config, recipe.gemm.d, p.d, p, encode)
+    if outputs:
+        for out in epi.outputs[1:]:
+            v[f"epilogue.aux_store.{out.name}.tma"] = _epilogue_desc(recipe, config, out.dtype, p.aux[out.name], p,
+                                                                     encode)
+        v["epilogue.tma_d"] = _epilogue_desc(recipe, config, recipe.gemm.d, p.d, p, encode)
     v.update({"hw_info.device_id": p.device_id, "hw_info.sm_count": p.sm_count,
               "hw_info.max_active_clusters": p.max_active_clusters})
     plan = scheduler.plan(p.m, p.n, p.l, config.tile, config.cluster, p.sm_count, p.max_active_clusters)
@@ -78,20 +78,46 @@ def _epilogue_desc(recipe: RecipeIR, config: KernelConfig, dtype, t: TensorArg, 
     return encode(tma.epilogue_tensor(recipe, config, dtype, t.ptr, p.m, p.n, p.l, t.strides))
 
 
+class ParamsWriter:
+    """Writes Params blocks for one kernel: defaults laid down once, then each value at its offset."""
+
+    def __init__(self, layout: ParamsLayout) -> None:
+        self.size = layout.size
+        self.template = bytearray(layout.size)
+        self.slots: dict[str, tuple[int, struct.Struct | None]] = {}
+        for f, offset, default in layout.fields:
+            st = None if f.kind == "desc" else struct.Struct(_FORMAT[f.kind])
+            self.slots[f.name] = (offset, st)
+            if st is not None:
+                st.pack_into(self.template, offset, _coerce(f.kind, default))
+
+    def write(self, values: dict[str, int | float | bytes], into: bytearray | None = None) -> bytearray:
+        buf = into if into is not None else bytearray(self.template)
+        for name, value in values.items():
+            offset, st = self.slots[name]
+            if st is None:
+                buf[offset:offset + 128] = value  # type: ignore[index]
+            else:
+                st.pack_into(buf, offset, value)
+        return buf
+
+
+_FORMAT = {"u32": "<I", "i32": "<i", "u64": "<Q", "i64": "<q", "ptr": "<Q", "bool": "<?", "e16": "<H", "f32": "<f"}
+
+
+def _coerce(kind: str, bits: int) -> int | float | bool:
+    """A probed default (raw bits, signed values sign-extended to 64) as the value struct packs."""
+    if kind == "f32":
+        return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
+    if kind in ("i32", "i64"):
+        width = 32 if kind == "i32" else 64
+        bits &= (1 << width) - 1
+        return bits - (1 << width) if bits >> (width - 1) else bits
+    if kind == "bool":
+        return bool(bits)
+    return bits
+
+
 def pack(layout: ParamsLayout, values: dict[str, int | float | bytes]) -> bytes:
-    """Write every field at its probed offset: the given value, else the field's default."""
-    buf = bytearray(layout.size)
-    for f, offset, default in layout.fields:
-        value = values.get(f.name, default)
-        if f.kind == "desc":
-            if f.name not in values:
-                continue
-            data = value
-        elif f.kind == "f32":
-            data = struct.pack("<f", value) if isinstance(value, float) else struct.pack("<I", value)
-        else:
-            data = struct.pack(_PACK[f.kind], int(value) & ((1 << (8 * KIND_SIZE[f.kind])) - 1)
-                               if f.kind in ("u32", "u64", "ptr", "bool", "e16") else int(value))
-        assert len(data) == f.size, f.name  # type: ignore[arg-type]
-        buf[offset:offset + f.size] = data  # type: ignore[assignment]
-    return bytes(buf)
+    """Every field at its probed offset: the given value, else the field's default."""
+    return bytes(ParamsWriter(layout).write(values))

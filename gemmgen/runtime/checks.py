@@ -1,0 +1,198 @@
+"""Checking a call's tensors against the compiled recipe, before anything is launched.
+
+Every failure is a gemmgen.InvalidArgument that names the argument, says what was expected, and
+how to fix it. The result is the problem in CUTLASS's terms (problem.py), ready for argument
+building. TMA needs 16-byte aligned base addresses and 16-byte multiples for every stride but the
+contiguous one; extents are free (out-of-bounds reads are zero-filled and stores are clipped).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InvalidArgument
+from ..ir import Operand, RecipeIR
+from ..types import DType, Layout, OperandKind
+from .problem import TensorArg
+
+TMA_ALIGN = 16
+
+
+@dataclass(frozen=True)
+class CheckedCall:
+    m: int
+    n: int
+    k: int
+    l: int  # noqa: E741
+    device: torch.device
+    a: TensorArg
+    b: TensorArg
+    operands: dict[str, TensorArg | float]
+    tensors: tuple[torch.Tensor, ...]  # every input tensor (for alias checks)
+
+
+def _need_tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise InvalidArgument(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _dtype(name: str, t: torch.Tensor, want: DType) -> None:
+    if t.dtype != want.torch:
+        raise InvalidArgument(f"{name}: expected dtype {want.torch}, got {t.dtype}; convert it with "
+                              f"{name}.to({want.torch}) or declare the recipe with {want.value}")
+
+
+def _aligned_ptr(name: str, t: torch.Tensor) -> int:
+    ptr = t.data_ptr()
+    if t.numel() and ptr % TMA_ALIGN:
+        raise InvalidArgument(f"{name}: data pointer {ptr:#x} is not 16-byte aligned (TMA needs it); this "
+                              f"usually comes from slicing at an odd offset, use {name}.clone()")
+    return ptr
+
+
+def _stride(name: str, t: torch.Tensor, dim: int, extent_min: int, itemsize: int, what: str) -> int:
+    """A non-contiguous stride (in elements): at least the contiguous extent and 16-byte aligned."""
+    size, stride = t.shape[dim], t.stride(dim)
+    if size == 1:  # any stride is legal for a size-1 dim; pick one TMA accepts
+        return max(1, -(-extent_min * itemsize // TMA_ALIGN)) * TMA_ALIGN // itemsize
+    if stride < extent_min or (stride * itemsize) % TMA_ALIGN:
+        raise InvalidArgument(f"{name}: {what} stride {stride} must be >= {extent_min} and a multiple of "
+                              f"{TMA_ALIGN // itemsize} elements (16 bytes, for TMA); pad the tensor or "
+                              f"call {name}.contiguous() on a padded copy")
+    return stride
+
+
+def _matrix(name: str, t: torch.Tensor, rows: int, cols: int, layout: Layout, batched: bool, l: int  # noqa: E741
+            ) -> tuple[int, int, int]:
+    """(row stride, col stride, batch stride) of a (L,) rows x cols tensor in the declared layout."""
+    if t.numel() == 0:  # nothing is read or written: no stride to check
+        return 0, 0, 0
+    item = t.element_size()
+    r, c = t.dim() - 2, t.dim() - 1
+    if layout is Layout.ROW:
+        if t.shape[c] > 1 and t.stride(c) != 1:
+            raise InvalidArgument(f"{name}: expected a row-major tensor (last dim contiguous), got strides "
+                                  f"{tuple(t.stride())}; call {name}.contiguous() or declare it ColMajor")
+        rs, cs = _stride(name, t, r, cols, item, "row"), 1
+    else:
+        if t.shape[r] > 1 and t.stride(r) != 1:
+            raise InvalidArgument(f"{name}: expected a column-major tensor (dim -2 contiguous), got strides "
+                                  f"{tuple(t.stride())}; pass {name}.t().contiguous().t() or declare it RowMajor")
+        rs, cs = 1, _stride(name, t, c, rows, item, "column")
+    bs = 0
+    if batched and l > 1:
+        bs = t.stride(0)
+        if bs == 0 or (bs * item) % TMA_ALIGN:
+            raise InvalidArgument(f"{name}: batch stride {bs} must be a non-zero multiple of {TMA_ALIGN // item} "
+                                  "elements (16 bytes); materialize the batch with .contiguous()")
+    return rs, cs, bs
+
+
+def _shape(name: str, t: torch.Tensor, batched: bool) -> tuple[int, ...]:
+    want = 3 if batched else 2
+    if t.dim() != want:
+        kind = "batched (L, rows, cols)" if batched else "(rows, cols)"
+        raise InvalidArgument(f"{name}: expected a {want}-D {kind} tensor, got shape {tuple(t.shape)}")
+    return tuple(t.shape)
+
+
+def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, object],
+               require_cuda: bool = True) -> CheckedCall:
+    g = recipe.gemm
+    a = _need_tensor("a", a)
+    b = _need_tensor("b", b)
+    _dtype("a", a, g.a)
+    _dtype("b", b, g.b)
+    sa, sb = _shape("a", a, g.batched), _shape("b", b, g.batched)
+    l = sa[0] if g.batched else 1  # noqa: E741
+    m, k = sa[-2], sa[-1]
+    if g.batched and sb[0] != l:
+        raise InvalidArgument(f"b: batch size {sb[0]} does not match a's {l}")
+    if sb[-2] != k:
+        raise InvalidArgument(f"b: expected {k} rows (K of a, shape {tuple(sa)}), got shape {tuple(sb)}")
+    n = sb[-1]
+    device = a.device
+    if require_cuda and device.type != "cuda":
+        raise InvalidArgument(f"a: expected a CUDA tensor, got one on {device}; move it with a.cuda()")
+    named: list[tuple[str, torch.Tensor]] = [("a", a), ("b", b)]
+    names = {o.name for o in recipe.epilogue.operands}
+    unknown = sorted(set(operands) - names)
+    if unknown:
+        raise InvalidArgument(f"{unknown[0]}: not an operand of this recipe; it takes {sorted(names) or 'none'}")
+    checked: dict[str, TensorArg | float] = {}
+    for o in recipe.epilogue.operands:
+        if o.name not in operands:
+            raise InvalidArgument(f"{o.name}: missing operand; pass {o.name}=... ({_describe(o)})")
+        value = operands[o.name]
+        checked[o.name] = _operand(o, value, m, n, l, g.batched)
+        if isinstance(value, torch.Tensor):
+            named.append((o.name, value))
+    for name, t in named:
+        if t.device != device:
+            raise InvalidArgument(f"{name}: on {t.device} but a is on {device}; put all tensors on one device")
+    a_ptr, b_ptr = _aligned_ptr("a", a), _aligned_ptr("b", b)
+    am, ak, al = _matrix("a", a, m, k, g.layout_a, g.batched, l)
+    # B is K x N in torch terms and (N, K, L) in CUTLASS's: swap the per-mode strides.
+    bk, bn, bl = _matrix("b", b, k, n, g.layout_b, g.batched, l)
+    return CheckedCall(m, n, k, l, device, TensorArg(a_ptr, (am, ak, al)), TensorArg(b_ptr, (bn, bk, bl)),
+                       checked, tuple(t for _, t in named))
+
+
+def _describe(o: Operand) -> str:
+    return {OperandKind.SCALAR: "a Python number", OperandKind.ROW: f"a length-N {o.dtype.value} vector",
+            OperandKind.COL: f"a length-M {o.dtype.value} vector",
+            OperandKind.MATRIX: f"an M x N {o.dtype.value} matrix"}[o.kind]
+
+
+def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool) -> TensorArg | float:  # noqa: E741
+    if o.kind is OperandKind.SCALAR:
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return float(value)
+        raise InvalidArgument(f"{o.name}: expected a Python number (a runtime scalar), got {type(value).__name__}; "
+                              "tensors would need a device sync to read")
+    t = _need_tensor(o.name, value)
+    _dtype(o.name, t, o.dtype)
+    if o.kind in (OperandKind.ROW, OperandKind.COL):
+        length, what = (n, "N (columns of the output)") if o.kind is OperandKind.ROW else (m, "M (rows of the output)")
+        if t.dim() != 1 or t.shape[0] != length:
+            raise InvalidArgument(f"{o.name}: expected a 1-D tensor of length {length} = {what}, got shape "
+                                  f"{tuple(t.shape)}")
+        if length > 1 and t.stride(0) != 1:
+            raise InvalidArgument(f"{o.name}: expected a contiguous vector, got stride {t.stride(0)}; "
+                                  f"use {o.name}.contiguous()")
+        return TensorArg(_aligned_ptr(o.name, t))
+    shape = _shape(o.name, t, batched)
+    want = (l, m, n) if batched else (m, n)
+    if shape != want:
+        raise InvalidArgument(f"{o.name}: expected shape {want} (the output's), got {shape}")
+    return TensorArg(_aligned_ptr(o.name, t), _matrix(o.name, t, m, n, Layout.ROW, batched, l))
+
+
+def check_output(name: str, t: object, dtype: DType, shape: tuple[int, ...], device: torch.device,
+                 inputs: tuple[torch.Tensor, ...], batched: bool, l: int) -> TensorArg:  # noqa: E741
+    t = _need_tensor(name, t)
+    _dtype(name, t, dtype)
+    if tuple(t.shape) != shape:
+        raise InvalidArgument(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+    if t.device != device:
+        raise InvalidArgument(f"{name}: on {t.device} but the inputs are on {device}")
+    for i, x in enumerate(inputs):
+        if _overlaps(t, x):
+            raise InvalidArgument(f"{name}: shares memory with input #{i}; gemmgen does not write in place, "
+                                  "pass a separate output tensor")
+    m, n = shape[-2], shape[-1]
+    return TensorArg(_aligned_ptr(name, t), _matrix(name, t, m, n, Layout.ROW, batched, l))
+
+
+def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
+    if x.numel() == 0 or y.numel() == 0:
+        return False
+    lo_x = x.data_ptr()
+    hi_x = lo_x + x.element_size() * (1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride(), strict=True)))
+    lo_y = y.data_ptr()
+    hi_y = lo_y + y.element_size() * (1 + sum((s - 1) * st for s, st in zip(y.shape, y.stride(), strict=True)))
+    return lo_x < hi_y and lo_y < hi_x

@@ -1,0 +1,120 @@
+"""The CUDA driver side: loading cubins once per device, encoding tensor maps, launching.
+
+Only cuda.bindings.driver is used (no runtime library, no host compiler). Everything here needs
+a GPU; the CPU tests exercise the layers above with a recording encoder and a fake launcher.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from dataclasses import dataclass
+
+from ..errors import GemmgenError, InvalidArgument
+from .tma import EncodeArgs
+
+
+def _cu():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _check(result, what: str) -> None:
+    cu = _cu()
+    err = result[0] if isinstance(result, tuple) else result
+    if err != cu.CUresult.CUDA_SUCCESS:
+        _, msg = cu.cuGetErrorString(err)
+        raise GemmgenError(f"{what} failed: {err.name} ({msg.decode() if msg else '?'})")
+
+
+def encode_tensor_map(args: EncodeArgs) -> bytes:
+    """cuTensorMapEncodeTiled -> the 128-byte CUtensorMap."""
+    cu = _cu()
+    err, tmap = cu.cuTensorMapEncodeTiled(
+        cu.CUtensorMapDataType(args.dtype), args.rank, args.addr, list(args.dims), list(args.strides),
+        list(args.box), list(args.elem_strides), cu.CUtensorMapInterleave(args.interleave),
+        cu.CUtensorMapSwizzle(args.swizzle), cu.CUtensorMapL2promotion(args.l2),
+        cu.CUtensorMapFloatOOBfill(args.oob))
+    _check(err, f"cuTensorMapEncodeTiled({args})")
+    return bytes((ctypes.c_char * 128).from_address(tmap.getPtr()))
+
+
+@dataclass
+class LoadedFunction:
+    module: object
+    function: object
+    max_active_clusters: int
+
+
+_LOCK = threading.Lock()
+_LOADED: dict[tuple[str, int], LoadedFunction] = {}
+
+
+def load(entry: str, cubin: bytes, device_index: int, smem_bytes: int, block: int,
+         cluster: tuple[int, int, int]) -> LoadedFunction:
+    """Load `cubin` into the device's primary context once; set its shared-memory limit once."""
+    key = (entry, device_index)
+    with _LOCK:
+        hit = _LOADED.get(key)
+        if hit is not None:
+            return hit
+        import torch
+
+        cu = _cu()
+        with torch.cuda.device(device_index):
+            torch.cuda.current_stream()  # makes torch create (and make current) the primary context
+            err, module = cu.cuModuleLoadData(cubin)
+            _check(err, f"cuModuleLoadData({entry})")
+            err, function = cu.cuModuleGetFunction(module, entry.encode())
+            _check(err, f"cuModuleGetFunction({entry})")
+            smem_attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(cu.cuFuncSetAttribute(function, smem_attr, smem_bytes), "cuFuncSetAttribute(max dynamic smem)")
+            config = _config((1, 1, 1), block, cluster, smem_bytes, 0)
+            err, clusters = cu.cuOccupancyMaxActiveClusters(function, config)
+            _check(err, "cuOccupancyMaxActiveClusters")
+        loaded = LoadedFunction(module, function, int(clusters))
+        _LOADED[key] = loaded
+        return loaded
+
+
+def _config(grid, block: int, cluster, smem: int, stream: int):
+    cu = _cu()
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block, 1, 1
+    cfg.sharedMemBytes = smem
+    cfg.hStream = cu.CUstream(stream)
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    return cfg
+
+
+def launch(fn: LoadedFunction, params: bytes, grid, block: int, cluster, smem: int, stream: int) -> None:
+    """cuLaunchKernelEx with the Params block as the kernel's only (by-value) parameter."""
+    cu = _cu()
+    buf = ctypes.create_string_buffer(params, len(params))
+    arg = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+    _check(cu.cuLaunchKernelEx(_config(grid, block, cluster, smem, stream), fn.function, ctypes.addressof(arg), 0),
+           "cuLaunchKernelEx")
+
+
+@functools.cache
+def device_facts(device_index: int) -> tuple[int, tuple[int, int]]:
+    """(SM count, compute capability) of a device."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device_index)
+    return props.multi_processor_count, (props.major, props.minor)
+
+
+def require_sm90(device_index: int) -> int:
+    sm_count, cc = device_facts(device_index)
+    if cc != (9, 0):
+        raise InvalidArgument(f"device cuda:{device_index} is sm_{cc[0]}{cc[1]}; gemmgen kernels are built for "
+                              "sm_90a (H100/H200)")
+    return sm_count

@@ -1,0 +1,219 @@
+"""`recipe.compile()`: a compiled kernel callable on torch tensors.
+
+    kernel = recipe.compile()
+    d = kernel(a, b, bias=bias)            # or (d, aux...) when the recipe has aux outputs
+
+A call checks its arguments (raising gemmgen.InvalidArgument before any launch), allocates the
+outputs, builds the Params block in Python and launches on torch's current stream: no host
+synchronisation and nothing allocated besides the outputs, so it can be captured in a CUDA graph.
+
+The host path is cached per call signature (every tensor's address, shape, strides, dtype and
+device, and every scalar): a repeated signature reuses the checked problem, the input tensor maps
+and the scheduler's values, and only the output tensor maps are looked up (by address and strides).
+The key holds everything the cached values derive from, so a hit cannot serve stale arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import InvalidArgument
+from . import driver, tma
+from .arguments import ParamsWriter, TensorMapEncoder, field_values
+from .checks import TMA_ALIGN, check_call, check_output
+from .problem import Problem, TensorArg
+
+if TYPE_CHECKING:
+    from ..build import CompiledKernel
+
+_MAX_ENTRIES = 256  # per cache: plans per kernel, output maps and checks per plan
+
+
+@dataclass
+class _Plan:
+    """The input side of a call: everything that does not depend on the output tensors."""
+
+    shape: tuple[int, ...]
+    device: torch.device
+    device_index: int
+    call: Any  # CheckedCall
+    base: bytearray | None  # Params with every field but the output tensor maps; None: nothing to launch
+    grid: tuple[int, int, int]
+    problem: Problem | None
+    zero_k: bool = False  # K = 0 with a non-empty output: computed as the epilogue of zero
+    out_maps: dict[tuple, bytes] = field(default_factory=dict)  # (output, address, strides) -> tensor map
+    out_checked: dict[tuple, TensorArg] = field(default_factory=dict)  # (output, signature) -> checked output
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    """Everything a launch needs; `params is None` when there is nothing to launch (empty problem)."""
+
+    outputs: tuple[torch.Tensor, ...]
+    params: bytes | None
+    grid: tuple[int, int, int]
+    device_index: int
+
+
+def _signature(t: Any) -> tuple:
+    if isinstance(t, torch.Tensor):
+        return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+    if isinstance(t, float | int) and not isinstance(t, bool):
+        return (type(t), t)
+    raise TypeError  # not cacheable: let the checks report it
+
+
+class Kernel:
+    def __init__(self, compiled: CompiledKernel, *, encoder: TensorMapEncoder | None = None,
+                 hardware: Callable[[int], tuple[int, int]] | None = None, require_cuda: bool = True) -> None:
+        """`encoder`, `hardware` and `require_cuda=False` replace the driver for CPU tests and benchmarks."""
+        self.compiled = compiled
+        self.recipe = compiled.recipe
+        self._ir = compiled.recipe.ir
+        self._config = compiled.config
+        self._block = compiled.info.max_threads
+        self._writer = ParamsWriter(compiled.params_layout)
+        self._encode = encoder or driver.encode_tensor_map
+        self._hardware = hardware or self._device_hardware
+        self._require_cuda = require_cuda
+        self._plans: dict[tuple, _Plan] = {}
+        outs = self._ir.epilogue.outputs
+        self._out_fields = ["epilogue.tma_d", *(f"epilogue.aux_store.{o.name}.tma" for o in outs[1:])]
+
+    def __repr__(self) -> str:
+        return f"<gemmgen.Kernel {self.compiled.entry} ({self._config.name})>"
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, *, out: Any = None, **operands: Any) -> Any:
+        prep = self.prepare(a, b, out=out, **operands)
+        if prep.params is not None:
+            fn = self._function(prep.device_index)
+            stream = torch.cuda.current_stream(prep.device_index).cuda_stream
+            driver.launch(fn, prep.params, prep.grid, self._block, self._config.cluster,
+                          self.compiled.info.smem_bytes, stream)
+        return prep.outputs[0] if len(prep.outputs) == 1 else prep.outputs
+
+    # ---- the host path
+
+    def prepare(self, a: torch.Tensor, b: torch.Tensor, *, out: Any = None, **operands: Any) -> PreparedCall:
+        """Check, allocate and build the launch (everything but the driver call)."""
+        try:
+            key = (_signature(a), _signature(b), *((k, _signature(v)) for k, v in sorted(operands.items())))
+        except TypeError:
+            key = None
+        plan = self._plans.get(key) if key is not None else None
+        if plan is None:
+            plan = self._plan(a, b, operands)
+            if key is not None:
+                _put(self._plans, key, plan)
+        outputs, targs = self._outputs(plan, out)
+        if plan.base is None:
+            if plan.zero_k:
+                self._epilogue_of_zero(outputs, plan.shape, operands, plan.device)
+            return PreparedCall(outputs, None, (0, 0, 0), plan.device_index)
+        buf = bytearray(plan.base)
+        for name, role, t in zip(self._out_fields, self._ir.epilogue.outputs, targs, strict=True):
+            mkey = (role.name, t.ptr, t.strides)
+            desc = plan.out_maps.get(mkey)
+            if desc is None:
+                p = plan.problem
+                desc = self._encode(tma.epilogue_tensor(self._ir, self._config, role.dtype, t.ptr, p.m, p.n, p.l,
+                                                        t.strides))
+                _put(plan.out_maps, mkey, desc)
+            self._writer.write({name: desc}, into=buf)
+        return PreparedCall(outputs, bytes(buf), plan.grid, plan.device_index)
+
+    def _plan(self, a: Any, b: Any, operands: dict) -> _Plan:
+        ir = self._ir
+        call = check_call(ir, a, b, operands, require_cuda=self._require_cuda)
+        device_index = (call.device.index or 0) if call.device.type == "cuda" else -1
+        if self._require_cuda:
+            driver.require_sm90(device_index)
+        shape = (call.l, call.m, call.n) if ir.gemm.batched else (call.m, call.n)
+        if 0 in (call.m, call.n, call.l, call.k):
+            zero_k = call.k == 0 and 0 not in (call.m, call.n, call.l)
+            return _Plan(shape, call.device, device_index, call, None, (0, 0, 0), None, zero_k)
+        sm_count, clusters = self._hardware(device_index)
+        placeholder = TensorArg(0)  # outputs are written per call
+        problem = Problem(call.m, call.n, call.k, call.l, call.a, call.b, placeholder, call.operands,
+                          {o.name: placeholder for o in ir.epilogue.outputs[1:]}, max(device_index, 0), sm_count,
+                          clusters)
+        values, grid = field_values(ir, self._config, problem, self._encode, outputs=False)
+        return _Plan(shape, call.device, device_index, call, self._writer.write(values), grid, problem)
+
+    def _outputs(self, plan: _Plan, out: Any) -> tuple[tuple[torch.Tensor, ...], list[TensorArg]]:
+        outs = self._ir.epilogue.outputs
+        given = _given_outputs(out, len(outs))
+        tensors, targs = [], []
+        batched = self._ir.gemm.batched
+        for o, t in zip(outs, given, strict=True):
+            if t is None:  # fresh memory: right by construction, cannot alias an input
+                t = _allocate(plan.shape, o.dtype.torch, plan.device)
+                st = t.stride()
+                targs.append(TensorArg(t.data_ptr(), (st[-2], 1, st[0] if batched and plan.call.l > 1 else 0)))
+            else:  # checked once per (plan, output signature): the inputs are fixed by the plan
+                okey = (o.name, _signature(t))
+                targ = plan.out_checked.get(okey)
+                if targ is None:
+                    name = "out" if o.name == "d" else f"out[{o.name}]"
+                    targ = check_output(name, t, o.dtype, plan.shape, plan.device, plan.call.tensors, batched,
+                                        plan.call.l)
+                    _put(plan.out_checked, okey, targ)
+                targs.append(targ)
+            tensors.append(t)
+        return tuple(tensors), targs
+
+    # ---- helpers
+
+    def _device_hardware(self, device_index: int) -> tuple[int, int]:
+        return driver.require_sm90(device_index), self._function(device_index).max_active_clusters
+
+    def _function(self, device_index: int) -> driver.LoadedFunction:
+        info = self.compiled.info
+        return driver.load(self.compiled.entry, self.compiled.cubin, device_index, info.smem_bytes, self._block,
+                           self._config.cluster)
+
+    def _epilogue_of_zero(self, outputs: tuple[torch.Tensor, ...], shape: tuple[int, ...], operands: dict,
+                          device: torch.device) -> None:
+        """K = 0: the epilogue applied to a zero accumulator, like torch's matmul over an empty K."""
+        from ..reference import evaluate_epilogue
+
+        acc = torch.zeros(shape, dtype=torch.float32, device=device)
+        for dst, src in zip(outputs, evaluate_epilogue(self._ir.epilogue, acc, operands, self._ir.gemm.batched),
+                            strict=True):
+            dst.copy_(src)
+
+
+def _put(cache: dict, key: Any, value: Any) -> None:
+    """Insert into a bounded cache, dropping the oldest entry when full."""
+    if len(cache) >= _MAX_ENTRIES:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+
+
+def _given_outputs(out: Any, n: int) -> list[torch.Tensor | None]:
+    if out is None:
+        return [None] * n
+    if isinstance(out, torch.Tensor):
+        return [out] + [None] * (n - 1)
+    if isinstance(out, tuple | list) and len(out) == n:
+        return list(out)
+    raise InvalidArgument(f"out: expected a tensor for D or a tuple of {n} tensors (D and the aux outputs), "
+                          f"got {type(out).__name__}")
+
+
+def _allocate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A row-major output; rows are padded to 16 bytes when N is not a multiple (TMA needs it)."""
+    n = shape[-1]
+    per = TMA_ALIGN // _ITEMSIZE[dtype]
+    if n % per == 0 or n <= 1:
+        return torch.empty(shape, dtype=dtype, device=device)
+    ld = -(-n // per) * per
+    full = torch.empty((*shape[:-1], ld), dtype=dtype, device=device)
+    return full[..., :n]
+
+
+_ITEMSIZE = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4, torch.float8_e4m3fn: 1, torch.float8_e5m2: 1}

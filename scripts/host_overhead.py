@@ -1,0 +1,61 @@
+"""Host cost of one call of a cached kernel, on the CPU: argument checks, output handling, Params
+building and tensor-map encoding through the recording stand-in (the driver's encode is not timed).
+
+    python scripts/host_overhead.py [RECIPE_NAME]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from gemmgen.recipes_file import load_recipes
+from gemmgen.runtime.kernel import Kernel
+from gemmgen.testing.recording import RecordingEncoder
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _median_us(fn, reps: int = 2000, rounds: int = 7) -> float:
+    samples = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        samples.append((time.perf_counter() - t) / reps * 1e6)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    name = sys.argv[1] if len(sys.argv) > 1 else "bias_gelu"
+    recipe = next(r for r in load_recipes(ROOT / "examples" / "recipes.py").values() if r.name == name)
+    enc = RecordingEncoder()
+    kernel = Kernel(recipe.build(), encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
+    m, n, k = 4096, 4096, 4096
+    a = torch.empty(m, k, dtype=torch.bfloat16)
+    b = torch.empty(n, k, dtype=torch.bfloat16).t()
+    bias = torch.empty(n, dtype=torch.bfloat16)
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+
+    def call(**kw):
+        enc.calls.clear()
+        return kernel.prepare(a, b, bias=bias, **kw)
+
+    def cold(**kw):
+        kernel._plans.clear()  # every call checks and builds from scratch
+        return call(**kw)
+
+    print(f"# {recipe.name} ({kernel.compiled.config.name}), torch {torch.__version__}, CPU, median of 7x2000")
+    print(f"same tensors, out= given:       {_median_us(lambda: call(out=out)):.1f} us per call")
+    print(f"same inputs, D allocated:       {_median_us(call):.1f} us per call")
+    print(f"  of which torch.empty of D:    {_median_us(lambda: torch.empty(m, n, dtype=torch.bfloat16)):.1f} us "
+          "(CPU allocator; CUDA's caching allocator is far cheaper)")
+    print(f"no reuse (cold host path):      {_median_us(lambda: cold(out=out), reps=300):.1f} us per call")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""The call path up to the driver, on the CPU: argument checks, outputs, empty problems, Params.
+
+`Kernel.prepare(..., require_cuda=False)` runs everything a launch does except the driver calls:
+tensor maps go through a recording stand-in and the hardware facts are given.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gemmgen as gg
+from gemmgen.runtime.kernel import Kernel
+from gemmgen.testing.recording import RecordingEncoder
+
+pytestmark = pytest.mark.nvrtc  # needs the compiled kernels (Params layout)
+
+def _cpu_kernel(compiled, encoder=None):
+    """The kernel with the driver replaced: recording tensor maps, an H100's SM count."""
+    return Kernel(compiled, encoder=encoder or RecordingEncoder(), hardware=lambda i: (132, 0), require_cuda=False)
+
+
+def _prep(kernel, a, b, **kw):
+    enc = kw.pop("encoder", None)
+    if enc is not None:
+        kernel = _cpu_kernel(kernel.compiled, enc)
+    return kernel.prepare(a, b, **kw)
+
+
+def _ab(m, n, k, dtype=torch.bfloat16, layout_a="row", layout_b="col", batch=None):
+    lead = (batch,) if batch else ()
+    def make(rows, cols, row_major):
+        t = torch.randn(*lead, rows, cols) if row_major else torch.randn(*lead, cols, rows).transpose(-1, -2)
+        return t.to(dtype)
+
+    a, b = make(m, k, layout_a == "row"), make(k, n, layout_b == "row")
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def kernels(compiled):
+    return {name: _cpu_kernel(k) for name, k in compiled.items()}
+
+
+def test_prepare_builds_params_and_outputs(kernels):
+    k = kernels["bias_gelu"]
+    a, b = _ab(300, 264, 136)
+    enc = RecordingEncoder()
+    prep = _prep(k, a, b, bias=torch.randn(264).bfloat16(), encoder=enc)
+    (d,) = prep.outputs
+    assert d.shape == (300, 264) and d.dtype == torch.bfloat16
+    assert len(prep.params) == k.compiled.info.params_size
+    assert prep.grid[0] * prep.grid[1] * prep.grid[2] > 0
+    addrs = {c.addr for c in enc.calls}
+    assert addrs == {a.data_ptr(), b.data_ptr(), d.data_ptr()}
+    a_call = next(c for c in enc.calls if c.addr == a.data_ptr())
+    assert a_call.dims == (136, 300, 1) and a_call.strides == (136 * 2, 0)
+
+
+def test_layouts_and_batch_map_to_cutlass_strides(kernels):
+    k = kernels["every_op"]  # A column-major, B row-major, batched, f32 D
+    a, b = _ab(72, 40, 24, layout_a="col", layout_b="row", batch=3)
+    ops = dict(c=torch.randn(3, 72, 40).bfloat16(), r2=torch.randn(3, 72, 40).half(), bias=torch.randn(40),
+               scale=torch.randn(72).bfloat16())
+    enc = RecordingEncoder()
+    prep = _prep(k, a, b, encoder=enc, **ops)
+    assert prep.outputs[0].shape == (3, 72, 40) and prep.outputs[0].dtype == torch.float32
+    a_call = next(c for c in enc.calls if c.addr == a.data_ptr())
+    assert a_call.dims == (72, 24, 3)  # M contiguous
+    assert a_call.strides == (a.stride(2) * 2, a.stride(0) * 2)
+    b_call = next(c for c in enc.calls if c.addr == b.data_ptr())
+    assert b_call.dims == (40, 24, 3)  # N contiguous
+
+
+def test_aux_outputs_returned_and_given(kernels):
+    k = kernels["bias_gelu_aux"]
+    a, b = _ab(64, 32, 16, layout_a="col")
+    bias = torch.randn(32).bfloat16()
+    assert len(_prep(k, a, b, bias=bias).outputs) == 2
+    d, pre = torch.empty(64, 32, dtype=torch.bfloat16), torch.empty(64, 32, dtype=torch.bfloat16)
+    prep = _prep(k, a, b, bias=bias, out=(d, pre))
+    assert prep.outputs[0] is d and prep.outputs[1] is pre
+
+
+def test_empty_m_or_n_returns_empty_outputs(kernels):
+    k = kernels["bias_gelu"]
+    for m, n in ((0, 16), (16, 0)):
+        a, b = _ab(m, n, 32)
+        prep = _prep(k, a, b, bias=torch.randn(n).bfloat16())
+        assert prep.params is None and prep.outputs[0].shape == (m, n)
+
+
+def test_k_zero_is_the_epilogue_of_zero(kernels, examples):
+    k = kernels["bias_gelu"]
+    a, b = torch.empty(5, 0, dtype=torch.bfloat16), torch.empty(0, 16, dtype=torch.bfloat16)
+    bias = torch.randn(16).bfloat16()
+    prep = _prep(k, a, b, bias=bias)
+    assert prep.params is None
+    torch.testing.assert_close(prep.outputs[0], examples["bias_gelu"].reference(a, b, bias=bias))
+
+
+def _bad_cases():
+    bf = torch.bfloat16
+    a, b = _ab(64, 64, 64)
+    bias = torch.randn(64).to(bf)
+    mis = torch.empty(64 * 64 + 1, dtype=bf)[1:].view(64, 64)  # data pointer off by 2 bytes
+    return [
+        ("dtype", dict(a=a.half(), b=b, bias=bias), r"a: expected dtype torch.bfloat16, got torch.float16.*\.to\("),
+        ("not a tensor", dict(a=[1, 2], b=b, bias=bias), r"a: expected a torch.Tensor, got list"),
+        ("rank", dict(a=a[None], b=b, bias=bias), r"a: expected a 2-D"),
+        ("K mismatch", dict(a=a[:, :32], b=b, bias=bias), r"b: expected 32 rows \(K of a"),
+        ("layout", dict(a=a.t().contiguous().t(), b=b, bias=bias), r"a: expected a row-major tensor.*contiguous"),
+        ("misaligned pointer", dict(a=mis, b=b, bias=bias), r"a: data pointer .* not 16-byte aligned.*clone"),
+        ("misaligned ld", dict(a=torch.randn(64, 70).to(bf)[:, :64], b=b, bias=bias),
+         r"a: row stride 70 must be >= 64 and a multiple of 8 elements"),
+        ("row vector length", dict(a=a, b=b, bias=torch.randn(63).to(bf)),
+         r"bias: expected a 1-D tensor of length 64 = N"),
+        ("row vector dtype", dict(a=a, b=b, bias=torch.randn(64)), r"bias: expected dtype torch.bfloat16"),
+        ("vector stride", dict(a=a, b=b, bias=torch.randn(128).to(bf)[::2]), r"bias: expected a contiguous vector"),
+        ("scalar as tensor", dict(a=a, b=b, bias=bias, extra=1.0), r"extra: not an operand of this recipe"),
+        ("missing", dict(a=a, b=b), r"bias: missing operand; pass bias=\.\.\. \(a length-N bf16 vector\)"),
+    ]
+
+
+@pytest.mark.parametrize("case", _bad_cases(), ids=lambda c: c[0])
+def test_bad_inputs_raise_before_launch(kernels, case):
+    _, kw, match = case
+    kw = dict(kw)
+    with pytest.raises(gg.InvalidArgument, match=match):
+        _prep(kernels["bias_gelu"], kw.pop("a"), kw.pop("b"), **kw)
+
+
+def test_scalar_operand_must_be_a_number(kernels):
+    a, b = _ab(16, 16, 16, dtype=torch.float16, layout_a="col", layout_b="row")
+    c = torch.randn(16, 16).half()
+    with pytest.raises(gg.InvalidArgument, match=r"alpha: expected a Python number"):
+        _prep(kernels["linear_combination"], a, b, alpha=torch.tensor(1.0), beta=1.0, c=c)
+    with pytest.raises(gg.InvalidArgument, match=r"c: expected shape \(16, 16\)"):
+        _prep(kernels["linear_combination"], a, b, alpha=1.0, beta=1.0, c=c[:8])
+
+
+def test_out_checks(kernels):
+    k = kernels["bias_gelu"]
+    a, b = _ab(64, 64, 64)
+    bias = torch.randn(64).bfloat16()
+    with pytest.raises(gg.InvalidArgument, match=r"out: expected shape \(64, 64\), got \(64, 32\)"):
+        _prep(k, a, b, bias=bias, out=torch.empty(64, 32, dtype=torch.bfloat16))
+    with pytest.raises(gg.InvalidArgument, match=r"out: expected dtype torch.bfloat16, got torch.float32"):
+        _prep(k, a, b, bias=bias, out=torch.empty(64, 64))
+    with pytest.raises(gg.InvalidArgument, match=r"out: shares memory with input #0"):
+        _prep(k, a, b, bias=bias, out=a)
+    with pytest.raises(gg.InvalidArgument, match=r"out: expected a tensor for D or a tuple of 1"):
+        _prep(k, a, b, bias=bias, out=(a, b))
+
+
+def test_batched_checks(kernels):
+    k = kernels["every_op"]
+    a, b = _ab(16, 16, 16, layout_a="col", layout_b="row", batch=3)
+    ops = dict(c=torch.randn(3, 16, 16).bfloat16(), r2=torch.randn(3, 16, 16).half(), bias=torch.randn(16),
+               scale=torch.randn(16).bfloat16())
+    with pytest.raises(gg.InvalidArgument, match=r"b: batch size 2 does not match a's 3"):
+        _prep(k, a, b[:2], **ops)
+    with pytest.raises(gg.InvalidArgument, match=r"a: batch stride 0 must be a non-zero multiple"):
+        _prep(k, a[:1].expand(3, -1, -1), b, **ops)
+
+
+def test_cuda_is_required_for_a_real_call(compiled):
+    a, b = _ab(16, 16, 16)
+    with pytest.raises(gg.InvalidArgument, match=r"a: expected a CUDA tensor, got one on cpu; move it with a.cuda\(\)"):
+        Kernel(compiled["bias_gelu"])(a, b, bias=torch.randn(16).bfloat16())
+
+
+def test_non_hopper_gpu_is_refused(monkeypatch):
+    from gemmgen.runtime import driver
+
+    monkeypatch.setattr(driver, "device_facts", lambda i: (108, (8, 0)))
+    with pytest.raises(gg.InvalidArgument, match=r"cuda:0 is sm_80; gemmgen kernels are built for sm_90a"):
+        driver.require_sm90(0)
+
+
+def test_repeated_calls_reuse_the_plan_but_not_stale_outputs(compiled):
+    enc = RecordingEncoder()
+    k = _cpu_kernel(compiled["bias_gelu"], enc)
+    a, b = _ab(256, 512, 128)
+    bias = torch.randn(512).bfloat16()
+    first = k.prepare(a, b, bias=bias)
+    n_calls = len(enc.calls)
+    again = k.prepare(a, b, bias=bias, out=first.outputs[0])
+    assert len(enc.calls) == n_calls  # inputs and the same output: nothing re-encoded
+    assert again.params == first.params
+    other = torch.empty(256, 512, dtype=torch.bfloat16)
+    third = k.prepare(a, b, bias=bias, out=other)
+    assert len(enc.calls) == n_calls + 1 and enc.calls[-1].addr == other.data_ptr()
+    assert third.params != first.params
+    b2 = b.clone()
+    k.prepare(a, b2, bias=bias)  # a new B: a new plan
+    assert any(c.addr == b2.data_ptr() for c in enc.calls)
+
+
+def test_odd_n_output_rows_are_padded_for_tma(kernels):
+    a, b = _ab(16, 7, 32)
+    d = _prep(kernels["bias_gelu"], a, b, bias=torch.randn(7).bfloat16()).outputs[0]
+    assert d.shape == (16, 7) and d.stride() == (8, 1)
