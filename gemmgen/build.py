@@ -14,7 +14,7 @@ from ._version import __version__
 from .codegen import INFO_FIELDS, GeneratedKernel, render_kernel
 from .compile.cache import Artifact, KernelCache
 from .compile.cubin import SASS_MARKERS, read_u64_array, resource_usage, sass_counts
-from .compile.layout import read_layout_probe
+from .compile.layout import check_layout, read_layout_probe
 from .compile.nvrtc import BASE_OPTIONS, compile_cubin, write_debug_source
 from .compile.toolchain import ARCH, toolchain
 from .config import KernelConfig
@@ -101,11 +101,11 @@ def _compile_artifact(kernel: GeneratedKernel, key: str) -> Artifact:
     except CompileError as e:
         path = write_debug_source(kernel.source, kernel.entry)
         raise CompileError(f"{e}\ngenerated source: {path}") from None
-    info = read_u64_array(result.cubin, kernel.info_symbol)
+    info = dict(zip((f for f, _ in INFO_FIELDS), read_u64_array(result.cubin, kernel.info_symbol), strict=True))
     probe = read_layout_probe(result.ptx, kernel.entry, len(kernel.fields))
+    check_layout(kernel.entry, kernel.fields, probe, info["params_size"])
     meta: dict[str, Any] = {
-        "entry": kernel.entry, "recipe": kernel.recipe.name, "config": kernel.config.name,
-        "info": dict(zip((f for f, _ in INFO_FIELDS), info, strict=True)),
+        "entry": kernel.entry, "recipe": kernel.recipe.name, "config": kernel.config.name, "info": info,
         "compile_seconds": round(result.wall_seconds, 3), "phases": {k: round(v, 3) for k, v in result.phases.items()},
         "layout": [[f.name, offset, default] for f, (offset, default) in zip(kernel.fields, probe, strict=True)],
         "epilogue": kernel.epilogue.layout, "registers": None, "local_bytes": None, "static_smem_bytes": None,

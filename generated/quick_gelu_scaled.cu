@@ -91,6 +91,10 @@ extern "C" __device__ const unsigned long long gemmgen_quick_gelu_scaled_cad2e45
     cute::size(ClusterShape{}),  // cluster_size
 };
 
+// The host writes each tensor map as 128 bytes at a probed offset.
+static_assert(sizeof(cute::TmaDescriptor) == 128 && alignof(cute::TmaDescriptor) == 64,
+              "gemmgen's argument builder assumes 128-byte, 64-byte aligned tensor maps");
+
 // Layout probe: never launched. Its PTX holds, as immediates, the byte offset of every Params
 // field the host writes and that field's default value, as NVRTC lays Params out.
 __device__ alignas(128) char layout_buffer[sizeof(Params)];

@@ -48,3 +48,17 @@ def read_layout_probe(ptx: str, entry: str, n_fields: int) -> list[tuple[int, in
         raise CompileError(f"layout probe of {entry}: expected {2 * n_fields} folded stores, found {len(slots)}; "
                            "a field expression was not a compile-time constant")
     return [(slots[2 * i], slots[2 * i + 1]) for i in range(n_fields)]
+
+
+def check_layout(entry: str, fields, probe: list[tuple[int, int]], params_size: int) -> None:
+    """Before a binary is cached: every probed field lies inside Params, none overlaps another, and
+    every tensor map is 64-byte aligned (as TMA requires of a descriptor in kernel parameters)."""
+    spans = sorted((offset, offset + f.size, f.name) for f, (offset, _) in zip(fields, probe, strict=True))
+    for (lo, hi, name), nxt in zip(spans, [*spans[1:], None], strict=True):
+        if hi > params_size:
+            raise CompileError(f"{entry}: Params field {name} [{lo}, {hi}) exceeds sizeof(Params) = {params_size}")
+        if nxt is not None and nxt[0] < hi:
+            raise CompileError(f"{entry}: Params fields {name} and {nxt[2]} overlap")
+    for f, (offset, _) in zip(fields, probe, strict=True):
+        if f.kind == "desc" and offset % 64:
+            raise CompileError(f"{entry}: tensor map {f.name} at offset {offset} is not 64-byte aligned")

@@ -1,0 +1,46 @@
+"""The kernels the GPU checks run: every example recipe under both schedules.
+
+Shared by tests/test_gpu.py and scripts/prepare_gpu_check.sh (which compiles them on the CPU
+machine so the GPU machine only loads cubins).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gemmgen as gg
+from gemmgen.recipes_file import load_recipes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
+    out = []
+    for recipe in load_recipes(ROOT / "examples" / "recipes.py").values():
+        default = recipe.default_config()
+        other = gg.Schedule.PINGPONG if default.schedule is gg.Schedule.COOPERATIVE else gg.Schedule.COOPERATIVE
+        out.append((recipe, default))
+        out.append((recipe, gg.KernelConfig(tile=(128, 128, 64), schedule=other)))
+    return out
+
+
+def build_all(jobs: int = 2) -> None:
+    """Compile every kernel of the matrix into the cache ($GEMMGEN_CACHE_DIR), `jobs` at a time."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(_build_one, i) for i in range(len(gpu_matrix()))]
+        for f in cf.as_completed(futures):
+            print(f.result(), flush=True)
+
+
+def _build_one(i: int) -> str:
+    recipe, config = gpu_matrix()[i]
+    k = recipe.build(config)
+    return f"{recipe.name} {config.name}: {'cached' if k.report.cached else 'compiled'}"
+
+
+if __name__ == "__main__":
+    build_all()

@@ -1,0 +1,161 @@
+"""Real launches on an sm_90 GPU (marker `gpu`; skipped with a reason elsewhere).
+
+For every example recipe under both schedules: an exact tier (small integers, so fp32
+accumulation is exact), a random tier (fresh inputs, tolerance by output dtype), odd sizes with
+K tails, a batch, padded leading dimensions, NaN-prefilled outputs, run-to-run bitwise
+determinism, and CUDA-graph capture and replay.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+import gemmgen as gg
+from gemmgen.ir import Op
+from gemmgen.types import Layout, OperandKind
+
+from .data.gpu_matrix import gpu_matrix
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(128, 256, 64), (1, 8, 16), (7, 129, 1000), (129, 1000, 4097), (1000, 7, 129)]
+TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-4}
+EXACT_OPS = {Op.ACC, Op.INPUT, Op.CONST, Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS, Op.MIN, Op.MAX, Op.RELU, Op.CAST}
+
+
+@pytest.fixture(scope="session")
+def kernels():
+    return [(recipe, config, recipe.compile(config)) for recipe, config in gpu_matrix()]
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
+
+
+def _matrix(rows, cols, dtype, layout, lead, pad, gen, exact):
+    """A (lead,) rows x cols tensor in `layout`, with `pad` extra elements per leading dimension."""
+    def values(*shape):
+        if exact:
+            return torch.randint(-2, 3, shape, device="cuda", generator=gen).to(dtype)
+        return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
+
+    per = 16 // torch.empty((), dtype=dtype).element_size()
+    if layout is Layout.ROW:
+        ld = -(-cols // per) * per + pad
+        return values(*lead, rows, ld)[..., :cols]
+    ld = -(-rows // per) * per + pad
+    return values(*lead, cols, ld)[..., :rows].transpose(-1, -2)
+
+
+def _inputs(recipe, m, n, k, gen, exact, pad=0, batch=3):
+    g = recipe.ir.gemm
+    lead = (batch,) if g.batched else ()
+    a = _matrix(m, k, g.a.torch, g.layout_a, lead, pad, gen, exact)
+    b = _matrix(k, n, g.b.torch, g.layout_b, lead, pad, gen, exact)
+    ops = {}
+    for o in recipe.operands:
+        if o.kind is OperandKind.SCALAR:
+            ops[o.name] = 2.0 if exact else float(torch.randn((), generator=gen, device="cuda"))
+        elif o.kind is OperandKind.MATRIX:
+            ops[o.name] = _matrix(m, n, o.dtype.torch, Layout.ROW, lead, pad, gen, exact)
+        else:
+            length = n if o.kind is OperandKind.ROW else m
+            ops[o.name] = (torch.randint(-2, 3, (length,), device="cuda", generator=gen) if exact
+                           else torch.randn(length, device="cuda", generator=gen)).to(o.dtype.torch)
+    return a, b, ops
+
+
+def _nan_outputs(recipe, m, n, batch=3):
+    lead = (batch,) if recipe.ir.gemm.batched else ()
+    outs = []
+    for o in recipe.outputs:
+        per = 16 // torch.empty((), dtype=o.dtype.torch).element_size()
+        ld = -(-n // per) * per
+        outs.append(torch.full((*lead, m, ld), float("nan"), dtype=o.dtype.torch, device="cuda")[..., :n])
+    return tuple(outs)
+
+
+def _as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _compare(recipe, got, a, b, ops, exact):
+    want = _as_tuple(recipe.reference(a, b, **ops))
+    for o, g, w in zip(recipe.outputs, got, want, strict=True):
+        g = g.float().cpu()
+        w = w.float()
+        assert not torch.isnan(g).any(), f"{recipe.name}.{o.name}: NaN left in the output"
+        assert w.abs().max() > 0, "reference must not be all zeros"
+        if exact and all(n.op in EXACT_OPS for n in recipe.ir.epilogue.nodes):
+            assert torch.equal(g, w), f"{recipe.name}.{o.name}: not exact"
+        else:
+            tol = TOL[o.dtype.torch]
+            torch.testing.assert_close(g, w, rtol=tol, atol=tol * float(w.abs().max()),
+                                       msg=lambda s: f"{recipe.name}.{o.name}: {s}")  # noqa: B023
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "random"])
+def test_matches_reference(kernels, gen, shape, exact):
+    m, n, k = shape
+    for recipe, _config, kernel in kernels:
+        a, b, ops = _inputs(recipe, m, n, k, gen, exact)
+        out = _nan_outputs(recipe, m, n)
+        got = _as_tuple(kernel(a, b, out=out if len(out) > 1 else out[0], **ops))
+        torch.cuda.synchronize()
+        _compare(recipe, got, a, b, ops, exact)
+
+
+def test_padded_leading_dims_and_batch(kernels, gen):
+    for recipe, _config, kernel in kernels:
+        a, b, ops = _inputs(recipe, 200, 136, 72, gen, exact=False, pad=24)
+        got = _as_tuple(kernel(a, b, **ops))
+        torch.cuda.synchronize()
+        _compare(recipe, got, a, b, ops, exact=False)
+
+
+def test_bitwise_deterministic_and_graph_replay(kernels, gen):
+    for recipe, _config, kernel in kernels:
+        a, b, ops = _inputs(recipe, 300, 264, 520, gen, exact=False)
+        first = [t.clone() for t in _as_tuple(kernel(a, b, **ops))]
+        second = _as_tuple(kernel(a, b, **ops))
+        for x, y in zip(first, second, strict=True):
+            assert torch.equal(x, y), f"{recipe.name}: two runs differ"
+        outs = _nan_outputs(recipe, 300, 264)
+        out_arg = outs if len(outs) > 1 else outs[0]
+        kernel(a, b, out=out_arg, **ops)  # warm the host path outside capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            kernel(a, b, out=out_arg, **ops)
+        for t in outs:
+            t.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        for x, y in zip(first, outs, strict=True):
+            assert torch.equal(x, y), f"{recipe.name}: graph replay differs from eager"
+
+
+def test_k_zero_and_empty(kernels):
+    for recipe, _config, kernel in kernels:
+        g = recipe.ir.gemm
+        lead = (3,) if g.batched else ()
+        a = torch.empty(*lead, 5, 0, dtype=g.a.torch, device="cuda")
+        b = torch.empty(*lead, 0, 8, dtype=g.b.torch, device="cuda")
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        _, _, ops = _inputs(recipe, 5, 8, 0, gen, exact=True)
+        got = _as_tuple(kernel(a, b, **ops))
+        want = _as_tuple(recipe.reference(a, b, **ops))
+        for x, y in zip(got, want, strict=True):
+            torch.testing.assert_close(x.cpu(), y)
+
+
+def test_invalid_input_on_gpu_raises(kernels):
+    recipe, _config, kernel = kernels[0]
+    a = torch.empty(64, 64, dtype=recipe.ir.gemm.a.torch, device="cuda")
+    with pytest.raises(gg.InvalidArgument):
+        kernel(a, a.cpu())

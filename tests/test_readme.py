@@ -1,0 +1,24 @@
+"""The README's example runs as written."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.nvrtc
+
+
+def test_readme_example_runs(compiled, session_cache, monkeypatch):
+    import gemmgen.build
+
+    monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(session_cache.root))  # the session's compiled bias_gelu
+    gemmgen.build.default_cache.cache_clear()
+    block = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    gemmgen.build.default_cache.cache_clear()
+    assert scope["built"].report.cached
+    assert scope["ref"].shape == (7, 16)
