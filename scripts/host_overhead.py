@@ -1,13 +1,12 @@
 """Host cost of one call of a cached kernel, on the CPU: argument checks, output handling, Params
 building and tensor-map encoding through the recording stand-in (the driver's encode is not timed).
 
-    python scripts/host_overhead.py [RECIPE_NAME]
+    python scripts/host_overhead.py
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -31,8 +30,7 @@ def _median_us(fn, reps: int = 2000, rounds: int = 7) -> float:
 
 
 def main() -> None:
-    name = sys.argv[1] if len(sys.argv) > 1 else "bias_gelu"
-    recipe = next(r for r in load_recipes(ROOT / "examples" / "recipes.py").values() if r.name == name)
+    recipe = load_recipes(ROOT / "examples" / "recipes.py")["bias_gelu"]
     enc = RecordingEncoder()
     kernel = Kernel(recipe.build(), encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
     m, n, k = 4096, 4096, 4096

@@ -201,3 +201,27 @@ def test_odd_n_output_rows_are_padded_for_tma(kernels):
     a, b = _ab(16, 7, 32)
     d = _prep(kernels["bias_gelu"], a, b, bias=torch.randn(7).bfloat16()).outputs[0]
     assert d.shape == (16, 7) and d.stride() == (8, 1)
+
+
+def _has_libcuda() -> bool:
+    import ctypes.util
+
+    return ctypes.util.find_library("cuda") is not None
+
+
+@pytest.mark.skipif(_has_libcuda(), reason="a CUDA driver is present: the GPU tests cover the real calls")
+def test_driver_calls_are_well_typed_up_to_the_driver():
+    """Without a driver the bindings fail at dlopen: proof that our arguments passed their type checks."""
+    from cuda.bindings import driver as cu
+
+    from gemmgen.runtime import driver
+    from gemmgen.runtime.tma import EncodeArgs
+
+    with pytest.raises(RuntimeError, match="libcuda"):
+        driver.encode_tensor_map(EncodeArgs(1, 3, 0x10000, (64, 64, 1), (128, 0), (64, 64, 1), (1, 1, 1), 0, 3, 2, 0))
+    cfg = driver._config((2, 66, 1), 384, (2, 1, 1), 1000, 0)
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.blockDimX, cfg.sharedMemBytes, cfg.numAttrs) == (2, 66, 384, 1000, 1)
+    assert cfg.attrs[0].value.clusterDim.x == 2
+    fn = driver.LoadedFunction(None, cu.CUfunction(), 0)
+    with pytest.raises(RuntimeError, match="libcuda"):
+        driver.launch(fn, b"\0" * 64, (1, 1, 1), 384, (1, 1, 1), 0, 0)

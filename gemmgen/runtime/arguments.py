@@ -40,42 +40,59 @@ class LaunchShape:
     smem_bytes: int
 
 
+class ArgumentBuilder:
+    """Computes the runtime fields of one kernel's Params; what is fixed per kernel is prepared once."""
+
+    def __init__(self, recipe: RecipeIR, config: KernelConfig) -> None:
+        self.tile, self.cluster = config.tile, config.cluster
+        self.a = tma.mainloop_template(recipe, config, "a")
+        self.b = tma.mainloop_template(recipe, config, "b")
+        epi = recipe.epilogue
+        matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX]
+        self.scalars = [(f"epilogue.scalar.{o.name}.value", o.name) for o in epi.operands
+                        if o.kind is OperandKind.SCALAR]
+        self.vectors = [(f"epilogue.{o.kind.value}.{o.name}.ptr", o.name) for o in epi.operands
+                        if o.kind in (OperandKind.ROW, OperandKind.COL)]
+        self.loads = [("epilogue.tma_c" if i == 0 else f"epilogue.aux_load.{o.name}.tma", o.name,
+                       tma.epilogue_template(recipe, config, o.dtype)) for i, o in enumerate(matrices)]
+        self.stores = [(f"epilogue.aux_store.{o.name}.tma", o.name, tma.epilogue_template(recipe, config, o.dtype))
+                       for o in epi.outputs[1:]]
+        self.d = ("epilogue.tma_d", "d", tma.epilogue_template(recipe, config, recipe.gemm.d))
+
+    def values(self, p: Problem, encode: TensorMapEncoder, outputs: bool = True
+               ) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
+        """Every runtime field by name (constant fields keep their probed defaults), and the grid.
+        With `outputs=False` the tensor maps of D and the aux outputs are left out (written per call)."""
+        v: dict[str, int | float | bytes] = {"mode": MODE_BATCHED if p.l > 1 else MODE_GEMM, "problem.m": p.m,
+                                             "problem.n": p.n, "problem.k": p.k, "problem.l": p.l}
+        v["mainloop.tma_a"] = encode(self.a.operand(p.a.ptr, p.m, p.k, p.l, p.a.strides))
+        v["mainloop.tma_b"] = encode(self.b.operand(p.b.ptr, p.n, p.k, p.l, p.b.strides))
+        for field, name in self.scalars:
+            v[field] = float(p.operands[name])  # type: ignore[arg-type]
+        for field, name in self.vectors:
+            v[field] = p.operands[name].ptr  # type: ignore[union-attr]
+        for field, name, t in self.loads:
+            arg = p.operands[name]
+            v[field] = encode(t.matrix(arg.ptr, p.m, p.n, p.l, arg.strides))  # type: ignore[union-attr]
+        if outputs:
+            for field, name, t in self.stores:
+                v[field] = encode(t.matrix(p.aux[name].ptr, p.m, p.n, p.l, p.aux[name].strides))
+            v[self.d[0]] = encode(self.d[2].matrix(p.d.ptr, p.m, p.n, p.l, p.d.strides))
+        v.update({"hw_info.device_id": p.device_id, "hw_info.sm_count": p.sm_count,
+                  "hw_info.max_active_clusters": p.max_active_clusters})
+        plan = scheduler.plan(p.m, p.n, p.l, self.tile, self.cluster, p.sm_count, p.max_active_clusters)
+        v.update(plan.fields)
+        return v, plan.grid
+
+    def output_map(self, index: int, p: Problem, t: TensorArg, encode: TensorMapEncoder) -> tuple[str, bytes]:
+        """(field, tensor map) of output `index` (0 is D, then the aux outputs) at `t`."""
+        field, _, template = self.d if index == 0 else self.stores[index - 1]
+        return field, encode(template.matrix(t.ptr, p.m, p.n, p.l, t.strides))
+
+
 def field_values(recipe: RecipeIR, config: KernelConfig, problem: Problem, encode: TensorMapEncoder,
                  outputs: bool = True) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
-    """The value of every runtime field by name (constant fields keep their defaults), and the grid.
-    With `outputs=False` the tensor maps of D and the aux outputs are left out (written per call)."""
-    p = problem
-    v: dict[str, int | float | bytes] = {"mode": MODE_BATCHED if p.l > 1 else MODE_GEMM,
-                                         "problem.m": p.m, "problem.n": p.n, "problem.k": p.k, "problem.l": p.l}
-    v["mainloop.tma_a"] = encode(tma.mainloop_operand(recipe, config, "a", p.a.ptr, p.m, p.k, p.l, p.a.strides))
-    v["mainloop.tma_b"] = encode(tma.mainloop_operand(recipe, config, "b", p.b.ptr, p.n, p.k, p.l, p.b.strides))
-    epi = recipe.epilogue
-    matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX]
-    for o in epi.operands:
-        arg = p.operands[o.name]
-        if o.kind is OperandKind.SCALAR:
-            v[f"epilogue.scalar.{o.name}.value"] = float(arg)  # type: ignore[arg-type]
-        elif o.kind in (OperandKind.ROW, OperandKind.COL):
-            v[f"epilogue.{o.kind.value}.{o.name}.ptr"] = arg.ptr  # type: ignore[union-attr]
-        elif o is matrices[0]:
-            v["epilogue.tma_c"] = _epilogue_desc(recipe, config, o.dtype, arg, p, encode)  # type: ignore[arg-type]
-        else:
-            v[f"epilogue.aux_load.{o.name}.tma"] = _epilogue_desc(recipe, config, o.dtype, arg, p, encode)  # type: ignore[arg-type]
-    if outputs:
-        for out in epi.outputs[1:]:
-            v[f"epilogue.aux_store.{out.name}.tma"] = _epilogue_desc(recipe, config, out.dtype, p.aux[out.name], p,
-                                                                     encode)
-        v["epilogue.tma_d"] = _epilogue_desc(recipe, config, recipe.gemm.d, p.d, p, encode)
-    v.update({"hw_info.device_id": p.device_id, "hw_info.sm_count": p.sm_count,
-              "hw_info.max_active_clusters": p.max_active_clusters})
-    plan = scheduler.plan(p.m, p.n, p.l, config.tile, config.cluster, p.sm_count, p.max_active_clusters)
-    v.update(plan.fields)
-    return v, plan.grid
-
-
-def _epilogue_desc(recipe: RecipeIR, config: KernelConfig, dtype, t: TensorArg, p: Problem,
-                   encode: TensorMapEncoder) -> bytes:
-    return encode(tma.epilogue_tensor(recipe, config, dtype, t.ptr, p.m, p.n, p.l, t.strides))
+    return ArgumentBuilder(recipe, config).values(problem, encode, outputs)
 
 
 class ParamsWriter:

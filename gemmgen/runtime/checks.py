@@ -31,7 +31,7 @@ class CheckedCall:
     a: TensorArg
     b: TensorArg
     operands: dict[str, TensorArg | float]
-    tensors: tuple[torch.Tensor, ...]  # every input tensor (for alias checks)
+    spans: tuple[tuple[int, int], ...]  # [first, last byte) of every non-empty input tensor (alias checks)
 
 
 def _need_tensor(name: str, t: object) -> torch.Tensor:
@@ -139,7 +139,7 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
     # B is K x N in torch terms and (N, K, L) in CUTLASS's: swap the per-mode strides.
     bk, bn, bl = _matrix("b", b, k, n, g.layout_b, g.batched, l)
     return CheckedCall(m, n, k, l, device, TensorArg(a_ptr, (am, ak, al)), TensorArg(b_ptr, (bn, bk, bl)),
-                       checked, tuple(t for _, t in named))
+                       checked, tuple(_span(t) for _, t in named if t.numel()))
 
 
 def _describe(o: Operand) -> str:
@@ -173,26 +173,24 @@ def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool) -
 
 
 def check_output(name: str, t: object, dtype: DType, shape: tuple[int, ...], device: torch.device,
-                 inputs: tuple[torch.Tensor, ...], batched: bool, l: int) -> TensorArg:  # noqa: E741
+                 inputs: tuple[tuple[int, int], ...], batched: bool, l: int) -> TensorArg:  # noqa: E741
     t = _need_tensor(name, t)
     _dtype(name, t, dtype)
     if tuple(t.shape) != shape:
         raise InvalidArgument(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
     if t.device != device:
         raise InvalidArgument(f"{name}: on {t.device} but the inputs are on {device}")
-    for i, x in enumerate(inputs):
-        if _overlaps(t, x):
-            raise InvalidArgument(f"{name}: shares memory with input #{i}; gemmgen does not write in place, "
-                                  "pass a separate output tensor")
+    if t.numel():
+        lo, hi = _span(t)
+        for i, (x_lo, x_hi) in enumerate(inputs):
+            if lo < x_hi and x_lo < hi:
+                raise InvalidArgument(f"{name}: shares memory with input #{i}; gemmgen does not write in place, "
+                                      "pass a separate output tensor")
     m, n = shape[-2], shape[-1]
     return TensorArg(_aligned_ptr(name, t), _matrix(name, t, m, n, Layout.ROW, batched, l))
 
 
-def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
-    if x.numel() == 0 or y.numel() == 0:
-        return False
-    lo_x = x.data_ptr()
-    hi_x = lo_x + x.element_size() * (1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride(), strict=True)))
-    lo_y = y.data_ptr()
-    hi_y = lo_y + y.element_size() * (1 + sum((s - 1) * st for s, st in zip(y.shape, y.stride(), strict=True)))
-    return lo_x < hi_y and lo_y < hi_x
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last byte) a non-empty strided tensor can touch."""
+    lo = t.data_ptr()
+    return lo, lo + t.element_size() * (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)))

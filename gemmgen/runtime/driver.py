@@ -32,9 +32,11 @@ def _check(result, what: str) -> None:
 def encode_tensor_map(args: EncodeArgs) -> bytes:
     """cuTensorMapEncodeTiled -> the 128-byte CUtensorMap."""
     cu = _cu()
+    u64, u32 = cu.cuuint64_t, cu.cuuint32_t  # the bindings take typed lists, not ints
     err, tmap = cu.cuTensorMapEncodeTiled(
-        cu.CUtensorMapDataType(args.dtype), args.rank, args.addr, list(args.dims), list(args.strides),
-        list(args.box), list(args.elem_strides), cu.CUtensorMapInterleave(args.interleave),
+        cu.CUtensorMapDataType(args.dtype), args.rank, args.addr, [u64(x) for x in args.dims],
+        [u64(x) for x in args.strides], [u32(x) for x in args.box], [u32(x) for x in args.elem_strides],
+        cu.CUtensorMapInterleave(args.interleave),
         cu.CUtensorMapSwizzle(args.swizzle), cu.CUtensorMapL2promotion(args.l2),
         cu.CUtensorMapFloatOOBfill(args.oob))
     _check(err, f"cuTensorMapEncodeTiled({args})")

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import InvalidArgument
-from . import driver, tma
-from .arguments import ParamsWriter, TensorMapEncoder, field_values
+from . import driver
+from .arguments import ArgumentBuilder, ParamsWriter, TensorMapEncoder
 from .checks import TMA_ALIGN, check_call, check_output
 from .problem import Problem, TensorArg
 
@@ -45,7 +45,7 @@ class _Plan:
     grid: tuple[int, int, int]
     problem: Problem | None
     zero_k: bool = False  # K = 0 with a non-empty output: computed as the epilogue of zero
-    out_maps: dict[tuple, bytes] = field(default_factory=dict)  # (output, address, strides) -> tensor map
+    out_maps: dict[tuple, tuple[str, bytes]] = field(default_factory=dict)  # (output, addr, strides) -> map
     out_checked: dict[tuple, TensorArg] = field(default_factory=dict)  # (output, signature) -> checked output
 
 
@@ -77,12 +77,11 @@ class Kernel:
         self._config = compiled.config
         self._block = compiled.info.max_threads
         self._writer = ParamsWriter(compiled.params_layout)
+        self._builder = ArgumentBuilder(self._ir, self._config)
         self._encode = encoder or driver.encode_tensor_map
         self._hardware = hardware or self._device_hardware
         self._require_cuda = require_cuda
         self._plans: dict[tuple, _Plan] = {}
-        outs = self._ir.epilogue.outputs
-        self._out_fields = ["epilogue.tma_d", *(f"epilogue.aux_store.{o.name}.tma" for o in outs[1:])]
 
     def __repr__(self) -> str:
         return f"<gemmgen.Kernel {self.compiled.entry} ({self._config.name})>"
@@ -115,15 +114,13 @@ class Kernel:
                 self._epilogue_of_zero(outputs, plan.shape, operands, plan.device)
             return PreparedCall(outputs, None, (0, 0, 0), plan.device_index)
         buf = bytearray(plan.base)
-        for name, role, t in zip(self._out_fields, self._ir.epilogue.outputs, targs, strict=True):
-            mkey = (role.name, t.ptr, t.strides)
-            desc = plan.out_maps.get(mkey)
-            if desc is None:
-                p = plan.problem
-                desc = self._encode(tma.epilogue_tensor(self._ir, self._config, role.dtype, t.ptr, p.m, p.n, p.l,
-                                                        t.strides))
-                _put(plan.out_maps, mkey, desc)
-            self._writer.write({name: desc}, into=buf)
+        for i, t in enumerate(targs):
+            mkey = (i, t.ptr, t.strides)
+            hit = plan.out_maps.get(mkey)
+            if hit is None:
+                hit = self._builder.output_map(i, plan.problem, t, self._encode)  # type: ignore[arg-type]
+                _put(plan.out_maps, mkey, hit)
+            self._writer.write({hit[0]: hit[1]}, into=buf)
         return PreparedCall(outputs, bytes(buf), plan.grid, plan.device_index)
 
     def _plan(self, a: Any, b: Any, operands: dict) -> _Plan:
@@ -141,7 +138,7 @@ class Kernel:
         problem = Problem(call.m, call.n, call.k, call.l, call.a, call.b, placeholder, call.operands,
                           {o.name: placeholder for o in ir.epilogue.outputs[1:]}, max(device_index, 0), sm_count,
                           clusters)
-        values, grid = field_values(ir, self._config, problem, self._encode, outputs=False)
+        values, grid = self._builder.values(problem, self._encode, outputs=False)
         return _Plan(shape, call.device, device_index, call, self._writer.write(values), grid, problem)
 
     def _outputs(self, plan: _Plan, out: Any) -> tuple[tuple[torch.Tensor, ...], list[TensorArg]]:
@@ -159,7 +156,7 @@ class Kernel:
                 targ = plan.out_checked.get(okey)
                 if targ is None:
                     name = "out" if o.name == "d" else f"out[{o.name}]"
-                    targ = check_output(name, t, o.dtype, plan.shape, plan.device, plan.call.tensors, batched,
+                    targ = check_output(name, t, o.dtype, plan.shape, plan.device, plan.call.spans, batched,
                                         plan.call.l)
                     _put(plan.out_checked, okey, targ)
                 targs.append(targ)

@@ -6,6 +6,7 @@ Checked field by field against CUTLASS's own host code by the oracle tests.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 RASTER_ALONG_M, RASTER_ALONG_N = 0, 1  # cutlass::gemm::kernel::detail::RasterOrder
@@ -54,6 +55,7 @@ class SchedulerPlan:
     grid: tuple[int, int, int]
 
 
+@functools.lru_cache(maxsize=1024)
 def plan(m: int, n: int, l: int, tile: tuple[int, int, int], cluster: tuple[int, int, int], sm_count: int,  # noqa: E741
          max_active_clusters: int = 0, max_swizzle: int = 1) -> SchedulerPlan:
     """Scheduler Params and grid for a problem (raster order by CUTLASS's heuristic)."""

@@ -89,15 +89,33 @@ def _split_multicast(box: list[int], multicast: int) -> list[int]:
     return box
 
 
-def _encode(dtype: TmaDataType, bits: int, addr: int, dims: tuple[int, int, int], strides: tuple[int, int],
-            box: list[int], swizzle: Swizzle) -> EncodeArgs:
-    return EncodeArgs(int(dtype), 3, addr, dims, tuple(s * bits // 8 for s in strides), tuple(box), (1, 1, 1),
-                      INTERLEAVE_NONE, int(swizzle), L2_PROMOTION_128B, OOB_FILL_NONE)
+@dataclass(frozen=True)
+class TmaTemplate:
+    """What is fixed per kernel and tensor role; a call adds the address, extents and strides."""
+
+    dtype: int
+    itemsize: int
+    box: tuple[int, int, int]
+    swizzle: int
+    contiguous_first: bool  # MN-major mainloop operand: TMA dim 0 is M/N, not K
+
+    def operand(self, addr: int, mn: int, k: int, l: int, strides: tuple[int, int, int]) -> EncodeArgs:  # noqa: E741
+        """A (M x K) or B (N x K); `strides` are CUTLASS's (MN, K, L) element strides."""
+        if self.contiguous_first:
+            return self._args(addr, (mn, k, l), strides[1], strides[2])
+        return self._args(addr, (k, mn, l), strides[0], strides[2])
+
+    def matrix(self, addr: int, m: int, n: int, l: int, strides: tuple[int, int, int]) -> EncodeArgs:  # noqa: E741
+        """C, D or an aux tensor: row-major M x N per batch."""
+        return self._args(addr, (n, m, l), strides[0], strides[2])
+
+    def _args(self, addr: int, dims: tuple[int, int, int], s1: int, s2: int) -> EncodeArgs:
+        return EncodeArgs(self.dtype, 3, addr, dims, (s1 * self.itemsize, s2 * self.itemsize), self.box, (1, 1, 1),
+                          INTERLEAVE_NONE, self.swizzle, L2_PROMOTION_128B, OOB_FILL_NONE)
 
 
-def mainloop_operand(recipe: RecipeIR, config: KernelConfig, which: str, addr: int, mn: int, k: int, l: int,  # noqa: E741
-                     strides: tuple[int, int, int]) -> EncodeArgs:
-    """A (which="a": M x K) or B (which="b": N x K); `strides` are CUTLASS's (MN, K, L) element strides."""
+def mainloop_template(recipe: RecipeIR, config: KernelConfig, which: str) -> TmaTemplate:
+    """The TMA of A (which="a") or B (which="b"), as CUTLASS's sm90 builder sets it up."""
     g = recipe.gemm
     dtype = g.a if which == "a" else g.b
     tile_mn = config.tile[0] if which == "a" else config.tile[1]
@@ -107,16 +125,16 @@ def mainloop_operand(recipe: RecipeIR, config: KernelConfig, which: str, addr: i
     multicast = config.cluster[1] if which == "a" else config.cluster[0]
     if k_major:
         swizzle, width = _swizzle_atom(tile_k, dtype.bits)
-        dims, st, box = (k, mn, l), (strides[0], strides[2]), [min(width, tile_k), tile_mn, 1]
+        box = [min(width, tile_k), tile_mn, 1]
     else:
         swizzle, width = _swizzle_atom(tile_mn, dtype.bits)
-        dims, st, box = (mn, k, l), (strides[1], strides[2]), [min(width, tile_mn), tile_k, 1]
-    return _encode(_mainloop_type(dtype), dtype.bits, addr, dims, st, _split_multicast(box, multicast), swizzle)
+        box = [min(width, tile_mn), tile_k, 1]
+    return TmaTemplate(int(_mainloop_type(dtype)), dtype.nbytes, tuple(_split_multicast(box, multicast)),  # type: ignore[arg-type]
+                       int(swizzle), not k_major)
 
 
-def epilogue_tensor(recipe: RecipeIR, config: KernelConfig, dtype: DType, addr: int, m: int, n: int, l: int,  # noqa: E741
-                    strides: tuple[int, int, int]) -> EncodeArgs:
-    """C, D or an aux tensor (row-major M x N per batch), tiled by the epilogue tile."""
+def epilogue_template(recipe: RecipeIR, config: KernelConfig, dtype: DType) -> TmaTemplate:
+    """The TMA of C, D or an aux tensor, tiled by the epilogue tile."""
     em, en = epilogue_tile(config, recipe)
     swizzle, _ = _swizzle_atom(en, dtype.bits)
-    return _encode(_storage_type(dtype), dtype.bits, addr, (n, m, l), (strides[0], strides[2]), [en, em, 1], swizzle)
+    return TmaTemplate(int(_storage_type(dtype)), dtype.nbytes, (en, em, 1), int(swizzle), False)
