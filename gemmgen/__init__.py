@@ -1,6 +1,7 @@
 """gemmgen: fused GEMM kernels for Hopper, declared in Python, emitted as CUTLASS 3.x, compiled by NVRTC."""
 
 from ._version import __version__
+from .bundle import add_bundle
 from .config import KernelConfig, Schedule, TileScheduler
 from .dsl import (
     OPS,
@@ -26,16 +27,25 @@ from .dsl import (
     silu,
     tanh,
 )
-from .errors import CompileError, ConfigError, GemmgenError, InvalidArgument, RecipeError, ToolchainError
+from .errors import (
+    CompileError,
+    ConfigError,
+    GemmgenError,
+    InvalidArgument,
+    KernelNotAvailable,
+    RecipeError,
+    ToolchainError,
+)
 from .errors import UnknownOpError as _UnknownOpError
+from .parallel import warmup
 from .types import ColMajor, DType, Layout, OperandKind, RowMajor, bf16, e4m3, e5m2, f16, f32, fp16, fp32
 
 __all__ = [
     "OPS", "ColMajor", "ColVector", "CompileError", "ConfigError", "DType", "GemmgenError", "InvalidArgument",
-    "KernelConfig", "Layout", "Matrix", "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar",
-    "Schedule", "TileScheduler", "ToolchainError", "Value", "__version__", "abs", "bf16", "cast", "clamp", "e4m3",
-    "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum", "min",
-    "minimum", "relu", "sigmoid", "silu", "tanh",
+    "KernelConfig", "KernelNotAvailable", "Layout", "Matrix", "OperandKind", "Recipe", "RecipeError", "RowMajor",
+    "RowVector", "Scalar", "Schedule", "TileScheduler", "ToolchainError", "Value", "__version__", "abs",
+    "add_bundle", "bf16", "cast", "clamp", "e4m3", "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh",
+    "leaky_relu", "max", "maximum", "min", "minimum", "relu", "sigmoid", "silu", "tanh", "warmup",
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -18,7 +19,7 @@ from .compile.layout import check_layout, read_layout_probe
 from .compile.nvrtc import BASE_OPTIONS, compile_cubin, write_debug_source
 from .compile.toolchain import ARCH, toolchain
 from .config import KernelConfig
-from .errors import CompileError
+from .errors import CompileError, KernelNotAvailable, ToolchainError
 from .ir import content_key
 from .runtime.arguments import ParamsLayout
 
@@ -55,7 +56,8 @@ class KernelReport:
     compile_seconds: float
     phases: dict[str, float]  # front_end / nvvm / ptx seconds (NVRTC --time)
     epilogue: str  # "tree" or "dag"
-    cached: bool = False  # served from the cache in this call
+    cached: bool = False  # not compiled by this call (from the cache or a bundle)
+    origin: str = "compiled"  # "compiled", "cache" or "bundle"
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +75,7 @@ class CompiledKernel:
     report: KernelReport
     generated: GeneratedKernel
     params_layout: ParamsLayout  # Params fields as NVRTC laid them out (from the layout probe)
+    origin: str  # "compiled", "cache" or "bundle"
 
 
 def key_material(kernel: GeneratedKernel) -> dict[str, Any]:
@@ -121,27 +124,59 @@ def _compile_artifact(kernel: GeneratedKernel, key: str) -> Artifact:
     return Artifact({"kernel.cubin": result.cubin, "kernel.cu": kernel.source.encode()}, meta)
 
 
+def jit_enabled() -> bool:
+    """GEMMGEN_JIT=0 forbids compiling: every kernel must come from a bundle or the cache."""
+    return os.environ.get("GEMMGEN_JIT", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def build_kernel(recipe: Recipe, config: KernelConfig, cache: KernelCache | None = None) -> CompiledKernel:
-    """Render, then load from cache or compile with NVRTC. Config errors are raised before any compile."""
+    """Render, then load from a bundle, the cache, or compile with NVRTC (in that order).
+
+    Config errors are raised before anything is compiled; with GEMMGEN_JIT=0 a kernel found
+    in neither a bundle nor the cache raises KernelNotAvailable instead of compiling.
+    """
+    from . import bundle
+
     kernel = render_kernel(recipe.ir, config)
-    key = cache_key(kernel)
+    skey = bundle.source_key(kernel)
+    art = bundle.find(skey)
+    if art is not None:
+        return _compiled(recipe, config, kernel, art, skey, "bundle")
     cache = cache or default_cache()
+    if not jit_enabled():
+        try:
+            key = cache_key(kernel)
+            art = cache.get(key)
+        except ToolchainError:
+            art = None
+        if art is None:
+            raise KernelNotAvailable(
+                f"kernel for recipe {recipe.name!r} with config {config.name} is in no bundle and not in the cache "
+                f"({cache.root}), and GEMMGEN_JIT=0 forbids compiling it. Build it ahead of time with "
+                f"`gemmgen build RECIPES.py --out DIR` and set GEMMGEN_BUNDLE_PATH=DIR, or unset GEMMGEN_JIT")
+        return _compiled(recipe, config, kernel, art, key, "cache")
+    key = cache_key(kernel)
 
     def waiting() -> None:
         print(f"gemmgen: waiting for another process compiling {kernel.entry} ({key[:12]})", file=sys.stderr)
 
     art, built = cache.get_or_build(key, lambda: _compile_artifact(kernel, key), on_wait=waiting)
+    return _compiled(recipe, config, kernel, art, key, "compiled" if built else "cache")
+
+
+def _compiled(recipe: Recipe, config: KernelConfig, kernel: GeneratedKernel, art: Artifact, key: str,
+              origin: str) -> CompiledKernel:
     meta = art.meta
     info = KernelInfo(**meta["info"])
     report = KernelReport(
         name=recipe.name, entry=meta["entry"], config=meta["config"], cache_key=key, registers=meta["registers"],
         smem_bytes=info.smem_bytes, static_smem_bytes=meta["static_smem_bytes"], local_bytes=meta["local_bytes"],
         sass=meta["sass"], compile_seconds=meta["compile_seconds"], phases=meta["phases"], epilogue=meta["epilogue"],
-        cached=not built)
+        cached=origin != "compiled", origin=origin)
     by_name = {name: (offset, default) for name, offset, default in meta["layout"]}
     layout = ParamsLayout(info.params_size, tuple((f, *by_name[f.name]) for f in kernel.fields))
     return CompiledKernel(recipe, config, kernel.entry, key, art.files["kernel.cubin"], kernel.source, info, report,
-                          kernel, layout)
+                          kernel, layout, origin)
 
 
 def report_table(reports: list[KernelReport]) -> str:
@@ -154,7 +189,7 @@ def report_table(reports: list[KernelReport]) -> str:
         phases = "/".join(f"{r.phases.get(k, 0.0):.1f}" for k in ("front_end", "nvvm", "ptx"))
         rows.append([r.name, r.config, _s(r.registers), str(r.smem_bytes), _s(r.local_bytes),
                      *(_s(sass.get(m)) for m in marks), f"{r.compile_seconds:.1f}", phases,
-                     "cached" if r.cached else "compiled"])
+                     r.origin])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in [head, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))

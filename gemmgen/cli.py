@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from .build import build_kernel, report_table, reports_json
+from .bundle import write_bundle
 from .compile.cache import KernelCache
+from .compile.toolchain import ARCH
 from .errors import GemmgenError
 
 
@@ -20,19 +21,15 @@ def cmd_build(args: argparse.Namespace) -> int:
     from .parallel import build_file
     from .recipes_file import load_recipes
 
-    reports = build_file(args.recipes, _cache(args), jobs=args.jobs)
+    if args.arch != ARCH:
+        raise GemmgenError(f"--arch {args.arch}: gemmgen emits {ARCH} kernels only")
+    cache = _cache(args)
+    reports = build_file(args.recipes, cache, jobs=args.jobs)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        cache = _cache(args)
-        manifest = []
-        for attr, recipe in load_recipes(args.recipes).items():
-            k = build_kernel(recipe, recipe.default_config(), cache)
-            (out / f"{recipe.name}.cu").write_text(k.source)
-            (out / f"{recipe.name}.cubin").write_bytes(k.cubin)
-            manifest.append({"recipe": recipe.name, "attr": attr, "recipe_key": recipe.key, "entry": k.entry,
-                             "config": k.config.name, "cache_key": k.cache_key, "cubin": f"{recipe.name}.cubin"})
-        (out / "manifest.json").write_text(json.dumps({"arch": cache.arch, "kernels": manifest}, indent=2) + "\n")
+        kernels = [build_kernel(r, r.default_config(), cache) for r in load_recipes(args.recipes).values()]
+        out = write_bundle(kernels, args.out, cache)
+        print(f"gemmgen: wrote a bundle of {len(kernels)} kernel(s) to {out}; use it with "
+              f"GEMMGEN_BUNDLE_PATH={out} or gemmgen.add_bundle()", file=sys.stderr)
     print(reports_json(reports) if args.json else report_table(reports))
     return 0
 
@@ -74,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--cache-dir", default=None,
                         help="cache root (default: $GEMMGEN_CACHE_DIR or ~/.cache/gemmgen)")
         if name == "build":
-            sp.add_argument("--out", default=None, help="also write sources, cubins and manifest.json here")
+            sp.add_argument("--out", default=None, help="also write the kernels as a relocatable bundle here")
+            sp.add_argument("--arch", default=ARCH, help=f"target architecture (only {ARCH})")
     args = p.parse_args(argv)
     try:
         return args.fn(args)

@@ -29,3 +29,7 @@ class ToolchainError(GemmgenError, RuntimeError):
 
 class InvalidArgument(GemmgenError, ValueError):
     """A runtime argument (tensor, scalar, shape) does not fit the compiled kernel."""
+
+
+class KernelNotAvailable(GemmgenError, RuntimeError):
+    """A kernel is in no bundle and not in the cache, and compiling is disabled (GEMMGEN_JIT=0)."""

@@ -1,4 +1,9 @@
-"""Compiling many kernels at once in worker processes, with progress on stderr."""
+"""Compiling many kernels at once: worker processes sized to cores and memory, progress on stderr.
+
+Workers receive generated kernels (plain data) and compile them into the shared cache under its
+per-key locks, so concurrent warm-ups in several processes compile each kernel once between
+them, and an interrupted warm-up resumes where it stopped (what is cached is not compiled again).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,17 @@ import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .build import KernelReport, build_kernel
+from .build import CompiledKernel, KernelReport, build_kernel, cache_key, default_cache, report_table
+from .codegen import GeneratedKernel, render_kernel
 from .compile.cache import KernelCache
+from .config import KernelConfig
+
+if TYPE_CHECKING:
+    from .dsl import Recipe
 
 NVRTC_PEAK_BYTES = 3_600_000_000  # one NVRTC compile of a CUTLASS sm90 kernel peaks near 3.4 GB
 
@@ -27,11 +39,82 @@ def default_jobs() -> int:
     return max(1, min(cores, by_memory))
 
 
-def _worker(recipes_path: str, attr: str, cache_root: str, arch: str) -> KernelReport:
-    from .recipes_file import load_recipes
+def _compile_in_worker(kernel: GeneratedKernel, key: str, root: str, arch: str) -> bool:
+    from .build import _compile_artifact
 
-    recipe = load_recipes(recipes_path)[attr]
-    return build_kernel(recipe, recipe.default_config(), KernelCache(cache_root, arch)).report
+    def waiting() -> None:
+        print(f"gemmgen: waiting for another process compiling {kernel.entry} ({key[:12]})", file=sys.stderr,
+              flush=True)
+
+    _, built = KernelCache(root, arch).get_or_build(key, lambda: _compile_artifact(kernel, key), on_wait=waiting)
+    return built
+
+
+def _pairs(items: Iterable[Recipe | tuple[Recipe, KernelConfig]]) -> list[tuple[Recipe, KernelConfig]]:
+    out = []
+    for item in items:
+        recipe, config = item if isinstance(item, tuple) else (item, None)
+        out.append((recipe, config or recipe.default_config()))
+    return out
+
+
+def build_many(items: Iterable[Recipe | tuple[Recipe, KernelConfig]], cache: KernelCache | None = None,
+               jobs: int | None = None, quiet: bool = False) -> list[CompiledKernel]:
+    """Build recipes (with their default config, or given (recipe, config) pairs) in parallel."""
+    from . import bundle
+
+    cache = cache or default_cache()
+    pairs = _pairs(items)
+    rendered = [render_kernel(r.ir, c) for r, c in pairs]  # every config error before any compile
+    todo: dict[str, tuple[int, GeneratedKernel]] = {}
+    for i, k in enumerate(rendered):
+        if bundle.find(bundle.source_key(k)) is None:
+            key = cache_key(k)
+            if key not in todo and cache.get(key) is None:
+                todo[key] = (i, k)
+    compiled_here: set[str] = set()
+    if todo:
+        jobs = max(1, min(jobs or default_jobs(), len(todo)))
+        start = time.perf_counter()
+        if not quiet:
+            print(f"gemmgen: compiling {len(todo)} of {len(pairs)} kernel(s) with {jobs} worker(s)",
+                  file=sys.stderr, flush=True)
+
+        def progress(n: int, key: str, built: bool) -> None:
+            if built:
+                compiled_here.add(key)
+            if not quiet:
+                i, k = todo[key]
+                elapsed = time.perf_counter() - start
+                bar = ("#" * (20 * n // len(todo))).ljust(20)
+                what = "compiled" if built else "compiled elsewhere"
+                eta = elapsed / n * (len(todo) - n)
+                print(f"[{bar}] {n}/{len(todo)} {pairs[i][0].name} {k.config.name}: {what}  "
+                      f"(elapsed {elapsed:.0f}s, eta {eta:.0f}s)", file=sys.stderr, flush=True)
+
+        if jobs == 1:  # in this process: no worker start-up
+            for n, (key, (_, k)) in enumerate(todo.items(), 1):
+                progress(n, key, _compile_in_worker(k, key, str(cache.root), cache.arch))
+        else:
+            ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold torch/CUDA state
+            with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+                futures = {pool.submit(_compile_in_worker, k, key, str(cache.root), cache.arch): key
+                           for key, (_, k) in todo.items()}
+                for n, fut in enumerate(cf.as_completed(futures), 1):
+                    progress(n, futures[fut], fut.result())
+    out = []
+    for recipe, config in pairs:
+        k = build_kernel(recipe, config, cache)
+        if k.cache_key in compiled_here:
+            k = _as_compiled_here(k)
+        out.append(k)
+    return out
+
+
+def _as_compiled_here(k: CompiledKernel) -> CompiledKernel:
+    from dataclasses import replace
+
+    return replace(k, origin="compiled", report=replace(k.report, cached=False, origin="compiled"))
 
 
 def build_file(recipes_path: str | Path, cache: KernelCache, jobs: int | None = None,
@@ -39,36 +122,14 @@ def build_file(recipes_path: str | Path, cache: KernelCache, jobs: int | None = 
     """Build every recipe of a file in parallel; return reports in the file's order."""
     from .recipes_file import load_recipes
 
-    recipes = load_recipes(recipes_path)
-    jobs = max(1, min(jobs or default_jobs(), len(recipes)))
-    out: dict[str, KernelReport] = {}
-    start = time.perf_counter()
+    return [k.report for k in build_many(load_recipes(recipes_path).values(), cache, jobs, quiet)]
 
-    def progress(attr: str, rep: KernelReport) -> None:
-        if quiet:
-            return
-        done, total = len(out), len(recipes)
-        bar = ("#" * (20 * done // total)).ljust(20)
-        elapsed = time.perf_counter() - start
-        eta = elapsed / done * (total - done)
-        what = "cached" if rep.cached else f"compiled in {rep.compile_seconds:.1f}s"
-        print(f"[{bar}] {done}/{total} {attr}: {what}  (elapsed {elapsed:.0f}s, eta {eta:.0f}s)",
-              file=sys.stderr, flush=True)
 
+def warmup(items: Iterable[Recipe | tuple[Recipe, KernelConfig]], jobs: int | None = None,
+           cache: KernelCache | None = None, quiet: bool = False) -> list[CompiledKernel]:
+    """Make every kernel loadable before the first call (at model load): compile what no bundle or
+    cache holds, in parallel, and print a table of what was compiled and what was found."""
+    kernels = build_many(items, cache, jobs, quiet)
     if not quiet:
-        print(f"gemmgen: building {len(recipes)} kernel(s) from {Path(recipes_path).name} with {jobs} worker(s)",
-              file=sys.stderr, flush=True)
-    if jobs == 1:
-        for attr, r in recipes.items():
-            out[attr] = build_kernel(r, r.default_config(), cache).report
-            progress(attr, out[attr])
-    else:
-        ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold torch/CUDA state
-        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            futures = {pool.submit(_worker, str(Path(recipes_path).resolve()), attr, str(cache.root), cache.arch): attr
-                       for attr in recipes}
-            for fut in cf.as_completed(futures):
-                attr = futures[fut]
-                out[attr] = fut.result()
-                progress(attr, out[attr])
-    return [out[attr] for attr in recipes]
+        print(report_table([k.report for k in kernels]), file=sys.stderr, flush=True)
+    return kernels

@@ -15,6 +15,7 @@ from gemmgen.codegen import render_kernel
 from gemmgen.compile.nvrtc import compile_cubin
 from gemmgen.compile.toolchain import ARCH, toolchain
 from gemmgen.config import epilogue_smem_bytes, mainloop_stage_bytes, stage_count
+from gemmgen.recipes_file import load_recipes
 
 from .conftest import EXAMPLES
 
@@ -70,17 +71,61 @@ def test_inspect_json(compiled, session_cache):
         assert row["compile_seconds"] == compiled[row["name"]].report.compile_seconds
 
 
-def test_build_cli_prints_table_and_writes_out(compiled, session_cache, tmp_path):
+def test_build_cli_writes_a_bundle_that_loads_anywhere_without_nvrtc(compiled, session_cache, tmp_path,
+                                                                      monkeypatch):
     proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "build", str(EXAMPLES), "-j", "2", "--out",
-                           str(tmp_path), "--cache-dir", str(session_cache.root)], capture_output=True, text=True,
-                          timeout=300)
+                           str(tmp_path / "bundle"), "--cache-dir", str(session_cache.root)], capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "6/6" in proc.stderr
-    for name in ("gemm_bf16", "bias_gelu_aux"):
-        assert name in proc.stdout
-        assert (tmp_path / f"{name}.cubin").read_bytes() == compiled[name].cubin
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert "wrote a bundle of 6 kernel(s)" in proc.stderr and "bias_gelu_aux" in proc.stdout
+    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
     assert manifest["arch"] == "sm_90a" and len(manifest["kernels"]) == 6
+    assert not list((tmp_path / "bundle").rglob("*.lock"))
+    assert str(tmp_path) not in (tmp_path / "bundle" / "manifest.json").read_text()
+
+    moved = tmp_path / "elsewhere" / "shipped"
+    shutil.move(str(tmp_path / "bundle"), str(moved))
+    import gemmgen.build as build
+    from gemmgen import bundle
+    from gemmgen.compile import toolchain as tc
+    from gemmgen.compile.cache import KernelCache
+
+    def no_nvrtc(*a, **k):
+        raise AssertionError("a bundle hit must not touch NVRTC or the headers")
+
+    monkeypatch.setattr(build, "compile_cubin", no_nvrtc)
+    monkeypatch.setattr(build, "cache_key", no_nvrtc)
+    monkeypatch.setattr(tc, "toolchain", no_nvrtc)
+    monkeypatch.setenv("GEMMGEN_JIT", "0")
+    monkeypatch.setenv("GEMMGEN_BUNDLE_PATH", str(moved))
+    empty = KernelCache(tmp_path / "empty-cache")
+    for r in load_recipes(EXAMPLES).values():
+        k = build.build_kernel(r, r.default_config(), empty)
+        assert k.origin == "bundle" and k.cubin == compiled[r.name].cubin
+        assert k.params_layout == compiled[r.name].params_layout
+    assert not (tmp_path / "empty-cache").exists()
+    bundle._FROM_ENV.clear()
+
+
+def test_jit_off_names_the_missing_kernel_and_the_fix(tmp_path, monkeypatch, examples):
+    monkeypatch.setenv("GEMMGEN_JIT", "0")
+    monkeypatch.delenv("GEMMGEN_BUNDLE_PATH", raising=False)
+    from gemmgen.compile.cache import KernelCache
+
+    r = examples["gemm_bf16"]
+    with pytest.raises(gg.KernelNotAvailable, match=r"recipe 'gemm_bf16' with config .* GEMMGEN_JIT=0 forbids.*"
+                                                     r"gemmgen build RECIPES.py --out DIR"):
+        build_kernel(r, r.default_config(), KernelCache(tmp_path))
+
+
+def test_bundle_for_another_arch_is_refused(tmp_path):
+    from gemmgen.bundle import Bundle
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": 1, "arch": "sm_100a", "kernels": []}))
+    with pytest.raises(gg.GemmgenError, match=r"built for sm_100a; this process runs sm_90a.*--arch sm_90a"):
+        Bundle(tmp_path)
+    with pytest.raises(gg.GemmgenError, match="not a gemmgen bundle"):
+        Bundle(tmp_path / "nothing")
 
 
 def test_compile_error_carries_log_and_source(tmp_path):

@@ -59,9 +59,11 @@ def _fsync_dir(path: Path) -> None:
 class KernelCache:
     """A disk cache of build artifacts for one arch, with an in-memory layer in front."""
 
-    def __init__(self, root: Path | str | None = None, arch: str = "sm_90a") -> None:
+    def __init__(self, root: Path | str | None = None, arch: str = "sm_90a", read_only: bool = False) -> None:
+        """`read_only` serves a folder nobody writes (a bundle, maybe inside a wheel): no lock files."""
         self.root = Path(root) if root is not None else default_root()
         self.arch = arch
+        self.read_only = read_only
         self.dir = self.root / arch
         self._memory: dict[str, Artifact] = {}
         self._mutex = threading.Lock()
@@ -111,8 +113,11 @@ class KernelCache:
             return hit
         if not self.entry_dir(key).is_dir():
             return None
-        with self._locked(key, exclusive=False):
+        if self.read_only:
             art = self._load(key)
+        else:
+            with self._locked(key, exclusive=False):
+                art = self._load(key)
         if art is not None:
             with self._mutex:
                 self._memory[key] = art
@@ -123,6 +128,8 @@ class KernelCache:
     def get_or_build(self, key: str, build: Callable[[], Artifact],
                      on_wait: Callable[[], None] | None = None) -> tuple[Artifact, bool]:
         """Return (artifact, built_here). `build` runs at most once per key across processes."""
+        if self.read_only:
+            raise ValueError(f"cache at {self.root} is read-only")
         art = self.get(key)
         if art is not None:
             return art, False
@@ -157,9 +164,19 @@ class KernelCache:
             return None
 
     def _exclusive(self, key: str) -> int:
+        self._lock_path(key).parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self._lock_path(key), os.O_RDWR | os.O_CREAT, 0o666)
         fcntl.flock(fd, fcntl.LOCK_EX)
         return fd
+
+    def put(self, key: str, art: Artifact) -> None:
+        """Store `art` under `key` (replacing a damaged entry); used to write bundles."""
+        lock_fd = self._exclusive(key)
+        try:
+            if self._load(key) is None:
+                self._publish(key, art)
+        finally:
+            os.close(lock_fd)
 
     def _publish(self, key: str, art: Artifact) -> None:
         """Stage, fsync and atomically rename into place. Caller holds the exclusive lock."""
