@@ -84,8 +84,10 @@ def find(key: str) -> Artifact | None:
     return None
 
 
-def write_bundle(kernels: list[CompiledKernel], out: Path | str, cache: KernelCache) -> Path:
-    """Write `kernels` (already built through `cache`) as a bundle in `out`."""
+def write_bundle(kernels: list[CompiledKernel], out: Path | str, cache: KernelCache,
+                 shapes: dict | None = None) -> Path:
+    """Write `kernels` (already built through `cache`) as a bundle in `out`; `shapes` records
+    which config serves which problem shape, per recipe."""
     out = Path(out)
     store = KernelCache(out, ARCH)
     entries = []
@@ -97,7 +99,7 @@ def write_bundle(kernels: list[CompiledKernel], out: Path | str, cache: KernelCa
         store.put(key, art)
         entries.append({"recipe": k.recipe.name, "recipe_key": k.recipe.key, "config": k.config.name,
                         "kernel_key": key, "entry": k.entry})
-    manifest = {"format": _FORMAT, "arch": ARCH, "gemmgen": __version__, "kernels": entries}
+    manifest = {"format": _FORMAT, "arch": ARCH, "gemmgen": __version__, "kernels": entries, "shapes": shapes or {}}
     tmp = out / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     os.replace(tmp, out / MANIFEST)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from .build import build_kernel, report_table, reports_json
+from .build import report_table, reports_json
 from .bundle import write_bundle
 from .compile.cache import KernelCache
 from .compile.toolchain import ARCH
 from .errors import GemmgenError
+from .parallel import build_many
+from .recipes_file import load_recipes
+from .select import choose, configs_for_shapes
 
 
 def _cache(args: argparse.Namespace) -> KernelCache:
@@ -18,33 +22,44 @@ def _cache(args: argparse.Namespace) -> KernelCache:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .parallel import build_file
-    from .recipes_file import load_recipes
-
     if args.arch != ARCH:
         raise GemmgenError(f"--arch {args.arch}: gemmgen emits {ARCH} kernels only")
     cache = _cache(args)
-    reports = build_file(args.recipes, cache, jobs=args.jobs)
+    recipes = load_recipes(args.recipes)
+    if args.shapes:
+        chosen = configs_for_shapes(recipes, json.loads(Path(args.shapes).read_text()))
+        by_name = {r.name: r for r in recipes.values()}
+        pairs = list(dict.fromkeys((by_name[n], c.config) for n, rows in chosen.items() for _, c in rows))
+    else:
+        chosen, pairs = {}, [(r, r.default_config()) for r in recipes.values()]
+    kernels = build_many(pairs, cache, jobs=args.jobs)
+    reports = [k.report for k in kernels]
     if args.out:
-        kernels = [build_kernel(r, r.default_config(), cache) for r in load_recipes(args.recipes).values()]
-        out = write_bundle(kernels, args.out, cache)
+        shape_map = {n: [{"shape": list(s), "m_bucket": c.m_bucket, "config": c.config.name} for s, c in rows]
+                     for n, rows in chosen.items()}
+        out = write_bundle(kernels, args.out, cache, shapes=shape_map)
         print(f"gemmgen: wrote a bundle of {len(kernels)} kernel(s) to {out}; use it with "
               f"GEMMGEN_BUNDLE_PATH={out} or gemmgen.add_bundle()", file=sys.stderr)
     print(reports_json(reports) if args.json else report_table(reports))
     return 0
 
 
-def cmd_inspect(args: argparse.Namespace) -> int:
-    from .parallel import build_file
+def cmd_explain(args: argparse.Namespace) -> int:
+    m, n, k = args.shape
+    for recipe in load_recipes(args.recipes).values():
+        if args.recipe in (None, recipe.name):
+            print(f"{recipe.name}: {choose(recipe.ir, m, n, k, sm_count=args.sm_count).why}")
+    return 0
 
-    reports = build_file(args.recipes, _cache(args), jobs=args.jobs, quiet=args.json)
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    reports = [k.report for k in build_many(load_recipes(args.recipes).values(), _cache(args), args.jobs,
+                                              quiet=args.json)]
     print(reports_json(reports) if args.json else report_table(reports))
     return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .recipes_file import load_recipes
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for recipe in load_recipes(args.recipes).values():
@@ -59,12 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     for name, fn, help_ in (("build", cmd_build, "compile every recipe of a file in parallel and print the report"),
                             ("inspect", cmd_inspect, "print the kernel report (compiles what is not cached)"),
-                            ("generate", cmd_generate, "write the generated CUTLASS sources")):
+                            ("generate", cmd_generate, "write the generated CUTLASS sources"),
+                            ("explain", cmd_explain, "which config the heuristic picks for a shape, and why")):
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("recipes", help="a Python file declaring module-level gemmgen.Recipe objects")
         sp.set_defaults(fn=fn)
         if name == "generate":
             sp.add_argument("--out", required=True, help="folder for the .cu files")
+            continue
+        if name == "explain":
+            sp.add_argument("--shape", type=int, nargs=3, required=True, metavar=("M", "N", "K"))
+            sp.add_argument("--recipe", default=None, help="only this recipe (by name)")
+            sp.add_argument("--sm-count", type=int, default=132)
             continue
         sp.add_argument("-j", "--jobs", type=int, default=None, help="worker processes (default: fit cores and memory)")
         sp.add_argument("--json", action="store_true", help="print one JSON object per kernel")
@@ -73,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "build":
             sp.add_argument("--out", default=None, help="also write the kernels as a relocatable bundle here")
             sp.add_argument("--arch", default=ARCH, help=f"target architecture (only {ARCH})")
+            sp.add_argument("--shapes", default=None,
+                            help="JSON {recipe name: [[M, N, K], ...]}: build the config the heuristic picks per shape")
     args = p.parse_args(argv)
     try:
         return args.fn(args)

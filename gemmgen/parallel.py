@@ -125,10 +125,19 @@ def build_file(recipes_path: str | Path, cache: KernelCache, jobs: int | None = 
     return [k.report for k in build_many(load_recipes(recipes_path).values(), cache, jobs, quiet)]
 
 
-def warmup(items: Iterable[Recipe | tuple[Recipe, KernelConfig]], jobs: int | None = None,
-           cache: KernelCache | None = None, quiet: bool = False) -> list[CompiledKernel]:
+def warmup(items: Iterable[Recipe | tuple[Recipe, KernelConfig]], shapes: dict | None = None,
+           jobs: int | None = None, cache: KernelCache | None = None, quiet: bool = False) -> list[CompiledKernel]:
     """Make every kernel loadable before the first call (at model load): compile what no bundle or
-    cache holds, in parallel, and print a table of what was compiled and what was found."""
+    cache holds, in parallel, and print a table of what was compiled and what was found.
+
+    `shapes` ({recipe name: [[M, N, K], ...]}) builds, per recipe, the configs the heuristic picks
+    for those problems (gemmgen.select) instead of each recipe's default config."""
+    if shapes is not None:
+        from .select import configs_for_shapes
+
+        recipes = {r.name: r for r in items if not isinstance(r, tuple)}
+        chosen = configs_for_shapes(recipes, shapes)
+        items = list(dict.fromkeys((recipes[n], c.config) for n, rows in chosen.items() for _, c in rows))
     kernels = build_many(items, cache, jobs, quiet)
     if not quiet:
         print(report_table([k.report for k in kernels]), file=sys.stderr, flush=True)

@@ -1,0 +1,94 @@
+"""Choosing a kernel config from the problem shape: deterministic, explained, and bounded.
+
+Candidates are a fixed set of tiles, clusters and schedules, pruned by the same constraint
+functions that validate configs (config.py). Each survivor is scored by the fraction of launched
+work that is useful: padding waste of the last tile row/column, times wave quantization on the
+GPU's SMs, times a per-tile efficiency term that favours tiles with more reuse (the MMA work per
+byte loaded grows with tile_m * tile_n / (tile_m + tile_n)). M is rounded up to a bucket first,
+so a model whose weights fix N and K needs at most one kernel per M bucket.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .config import KernelConfig, Schedule, is_valid
+from .ir import RecipeIR
+
+COOP, PING = Schedule.COOPERATIVE, Schedule.PINGPONG
+
+#: (tile, cluster, schedule) candidates, most preferred first (ties keep this order).
+CANDIDATES: tuple[KernelConfig, ...] = tuple(
+    KernelConfig(tile=t, cluster=c, schedule=s)
+    for t, s in (((128, 256, 64), COOP), ((256, 128, 64), COOP), ((128, 128, 64), COOP), ((128, 128, 64), PING),
+                 ((64, 256, 64), PING), ((128, 64, 64), PING), ((64, 128, 64), PING), ((64, 64, 64), PING))
+    for c in ((2, 1, 1), (1, 2, 1), (1, 1, 1))
+)
+
+#: Upper bounds of the M buckets; beyond the last, M is rounded up to a multiple of it.
+M_BUCKETS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def m_bucket(m: int) -> int:
+    for b in M_BUCKETS:
+        if m <= b:
+            return b
+    return -(-m // M_BUCKETS[-1]) * M_BUCKETS[-1]
+
+
+@dataclass(frozen=True)
+class Choice:
+    config: KernelConfig
+    m_bucket: int
+    score: float
+    why: str
+
+
+def _score(cfg: KernelConfig, m: int, n: int, l: int, sm_count: int) -> tuple[float, str]:  # noqa: E741
+    tm, tn, _ = cfg.tile
+    cm, cn, _ = cfg.cluster
+    tiles_m = -(-m // (tm * cm)) * cm
+    tiles_n = -(-n // (tn * cn)) * cn
+    tiles = tiles_m * tiles_n * l
+    padding = (m * n) / (tiles_m * tm * tiles_n * tn)
+    waves = tiles / sm_count
+    quantization = waves / math.ceil(waves)
+    reuse = (tm * tn / (tm + tn)) / (256 * 128 / (256 + 128))
+    score = padding * quantization * reuse
+    why = (f"{cfg.name}: {tiles} tiles = {waves:.2f} waves on {sm_count} SMs (quantization {quantization:.2f}), "
+           f"useful fraction {padding:.2f}, reuse {reuse:.2f} -> {score:.3f}")
+    return score, why
+
+
+def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int = 132) -> Choice:  # noqa: E741
+    """The config for a problem (M rounded up to its bucket), with the reasons."""
+    del k  # K does not change the ranking: every candidate tiles K the same way
+    mb = m_bucket(max(m, 1))
+    best: tuple[float, KernelConfig, str] | None = None
+    lines = []
+    for cfg in CANDIDATES:
+        if not is_valid(cfg, recipe):
+            continue
+        score, why = _score(cfg, mb, max(n, 1), max(l, 1), sm_count)
+        lines.append(why)
+        if best is None or score > best[0] + 1e-9:
+            best = (score, cfg, why)
+    assert best is not None, "no candidate config is valid"
+    return Choice(best[1], mb, best[0], f"M={m} -> bucket {mb}; chose {best[2]}\n  considered:\n    " +
+                  "\n    ".join(lines))
+
+
+def configs_for_shapes(recipes: dict, shapes: dict, sm_count: int = 132) -> dict[str, list[tuple[tuple, Choice]]]:
+    """{recipe name: [(shape, choice), ...]} for a shapes file: {name: [[M, N, K] or [M, N, K, L], ...]}."""
+    by_name = {r.name: r for r in recipes.values()}
+    out: dict[str, list[tuple[tuple, Choice]]] = {}
+    for name, problems in shapes.items():
+        if name.startswith("_"):
+            continue
+        if name not in by_name:
+            from .errors import GemmgenError
+
+            raise GemmgenError(f"shapes: no recipe named {name!r}; recipes are {sorted(by_name)}")
+        out[name] = [(tuple(p), choose(by_name[name].ir, *p, sm_count=sm_count)) for p in problems]
+    return out

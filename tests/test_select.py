@@ -1,0 +1,63 @@
+"""The config heuristic: valid, deterministic, explained, and few kernels per weight (CPU only)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import gemmgen as gg
+from gemmgen.cli import main as cli_main
+from gemmgen.config import validate
+from gemmgen.select import M_BUCKETS, choose, configs_for_shapes, m_bucket
+
+from .conftest import EXAMPLES, ROOT
+
+SWEEP_M = sorted({1, 2, 7, 16, 63, 64, 65, 100, 128, 129, 255, 512, 1000, 2047, 4096, 4097, 8192, 12000, 16384}
+                 | {2**i for i in range(15)})
+WEIGHTS = [(4096, 4096), (14336, 4096), (4096, 14336), (1024, 4096), (128256, 4096), (7, 129)]
+MAX_KERNELS_PER_WEIGHT = 4
+
+
+def test_every_choice_is_a_valid_config(examples, extra):
+    for recipe in [*examples.values(), *extra.values()]:
+        for n, k in WEIGHTS:
+            for m in SWEEP_M:
+                c = choose(recipe.ir, m, n, k)
+                validate(c.config, recipe.ir)
+                assert c.m_bucket >= m and c.config.name in c.why
+
+
+def test_choices_are_deterministic_and_bounded_per_weight(examples):
+    for recipe in examples.values():
+        for n, k in WEIGHTS:
+            picked = {choose(recipe.ir, m, n, k).config for m in SWEEP_M}
+            assert picked == {choose(recipe.ir, m, n, k).config for m in SWEEP_M}
+            assert len(picked) <= MAX_KERNELS_PER_WEIGHT, (recipe.name, n, k, picked)
+
+
+def test_buckets():
+    assert [m_bucket(m) for m in (1, 64, 65, 8192, 8193, 20000)] == [64, 64, 128, 8192, 16384, 24576]
+    assert list(M_BUCKETS) == sorted(M_BUCKETS)
+
+
+def test_large_problems_get_large_tiles_and_small_ones_small_tiles(examples):
+    r = examples["bias_gelu"].ir
+    big = choose(r, 8192, 8192, 8192).config
+    small = choose(r, 1, 4096, 4096).config
+    assert big.tile[0] * big.tile[1] > small.tile[0] * small.tile[1]
+
+
+def test_shapes_file_maps_to_configs(examples):
+    shapes = json.loads((ROOT / "examples" / "llm_shapes.json").read_text())
+    chosen = configs_for_shapes(examples, shapes)
+    assert set(chosen) == {"gemm_bf16", "bias_gelu", "bias_silu_residual"}
+    assert all(len(rows) == len(shapes[name]) for name, rows in chosen.items())
+    with pytest.raises(gg.GemmgenError, match="no recipe named 'nope'"):
+        configs_for_shapes(examples, {"nope": [[1, 2, 3]]})
+
+
+def test_explain_cli(capsys):
+    assert cli_main(["explain", str(EXAMPLES), "--shape", "1000", "4096", "4096", "--recipe", "bias_gelu"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("bias_gelu: M=1000 -> bucket 1024; chose ") and "considered:" in out
