@@ -42,7 +42,7 @@ def main() -> None:
     digest_ms = (time.perf_counter() - t) * 1e3
     nvrtc = ".".join(map(str, tc.nvrtc_version))
     print(f"# gemmgen {__version__}, NVRTC {nvrtc}, python {platform.python_version()}, {platform.machine()}, "
-          f", {time.strftime('%Y-%m-%d')}")
+          f"{time.strftime('%Y-%m-%d')}, CPU")
     print(f"# header digest (once per process): {digest_ms:.0f} ms")
     print("| kernel | cold s | front end s | NVVM s | PTX s | disk hit ms | memory hit us |")
     print("|---|---|---|---|---|---|---|")
