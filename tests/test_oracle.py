@@ -3,7 +3,6 @@ cuTensorMapEncodeTiled), for every kernel family and a spread of problems. CPU o
 
 from __future__ import annotations
 
-import struct
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -132,7 +131,3 @@ def test_grid_follows_hardware_info(compiled, oracles, sm_count, max_active_clus
         kernel = compiled[name]
         _check(kernel, oracles[name], make_problem(kernel.recipe, 4096, 2048, 512, 2, 0, sm_count,
                                                    max_active_clusters))
-
-
-def test_scalar_bits_round_trip():
-    assert struct.unpack("<f", struct.pack("<f", 0.75))[0] == 0.75
