@@ -50,7 +50,16 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """`gg.softplus` and friends: name the op that does not exist and list the ones that do."""
+    """`gemmgen.nn` and `gemmgen.op` load torch integration lazily; `gg.softplus` and friends name
+    the op that does not exist and list the ones that do."""
+    if name == "nn":
+        import importlib
+
+        return importlib.import_module(".nn", __name__)
+    if name == "op":
+        from .integrations.ops import op
+
+        return op
     if name.startswith("_"):
         raise AttributeError(name)
     raise _UnknownOpError(f"gemmgen has no op or name {name!r}; epilogue ops are: {', '.join(OPS)}")

@@ -67,8 +67,9 @@ def _broadcast(t: torch.Tensor, kind: str, batched: bool) -> torch.Tensor:
 
 
 def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor | float],
-                      batched: bool) -> tuple[torch.Tensor, ...]:
-    """Evaluate the epilogue on an fp32 accumulator; return the outputs rounded to their dtypes."""
+                      batched: bool, round_outputs: bool = True) -> tuple[torch.Tensor, ...]:
+    """Evaluate the epilogue on an fp32 accumulator; return the outputs rounded to their dtypes
+    (or kept in fp32 with `round_outputs=False`, for differentiation)."""
     values: list[torch.Tensor] = []
     for node in ir.nodes:
         if node.op is Op.ACC:
@@ -83,6 +84,8 @@ def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, tor
             v = apply_op(node.op, tuple(values[a] for a in node.args), node.attr, node.dtype)
         values.append(v.to(torch.float32))
     shape = acc.shape
+    if not round_outputs:
+        return tuple(values[o.node].expand(shape) for o in ir.outputs)
     return tuple(values[o.node].expand(shape).to(o.dtype.torch) for o in ir.outputs)
 
 

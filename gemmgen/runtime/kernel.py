@@ -148,7 +148,7 @@ class Kernel:
         batched = self._ir.gemm.batched
         for o, t in zip(outs, given, strict=True):
             if t is None:  # fresh memory: right by construction, cannot alias an input
-                t = _allocate(plan.shape, o.dtype.torch, plan.device)
+                t = allocate_output(plan.shape, o.dtype.torch, plan.device)
                 st = t.stride()
                 targs.append(TensorArg(t.data_ptr(), (st[-2], 1, st[0] if batched and plan.call.l > 1 else 0)))
             else:  # checked once per (plan, output signature): the inputs are fixed by the plan
@@ -202,15 +202,17 @@ def _given_outputs(out: Any, n: int) -> list[torch.Tensor | None]:
                           f"got {type(out).__name__}")
 
 
-def _allocate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A row-major output; rows are padded to 16 bytes when N is not a multiple (TMA needs it)."""
+def padded_strides(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, ...]:
+    """Row-major strides, rows padded to 16 bytes when N is not a multiple (TMA needs it)."""
     n = shape[-1]
     per = TMA_ALIGN // _ITEMSIZE[dtype]
-    if n % per == 0 or n <= 1:
-        return torch.empty(shape, dtype=dtype, device=device)
-    ld = -(-n // per) * per
-    full = torch.empty((*shape[:-1], ld), dtype=dtype, device=device)
-    return full[..., :n]
+    ld = n if n % per == 0 or n <= 1 else -(-n // per) * per
+    return (ld, 1) if len(shape) == 2 else (shape[-2] * ld, ld, 1)
+
+
+def allocate_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An output tensor gemmgen can write: row-major, rows padded to 16 bytes if needed."""
+    return torch.empty_strided(shape, padded_strides(shape, dtype), dtype=dtype, device=device)
 
 
 _ITEMSIZE = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4, torch.float8_e4m3fn: 1, torch.float8_e5m2: 1}

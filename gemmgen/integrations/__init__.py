@@ -1,0 +1,1 @@
+"""PyTorch integration: custom ops (torch.library) and drop-in modules."""

@@ -1,0 +1,137 @@
+"""Each recipe as a `torch.library` op in the `gemmgen` namespace.
+
+    op = gemmgen.op(recipe)          # torch.ops.gemmgen.<recipe name>_<key prefix>
+    d = op(a, b, bias)               # operands positionally, in declaration order
+
+The op has a fake (meta) implementation with the exact output shapes, dtypes and strides, so
+`torch.compile(fullgraph=True)` and export trace through it without graph breaks. The CUDA
+implementation launches the compiled kernel (compiled or loaded on first use); the CPU
+implementation evaluates the recipe's reference, so models using gemmgen run (slowly) anywhere.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..types import OperandKind
+
+if TYPE_CHECKING:
+    from ..dsl import Recipe
+
+_LIB: torch.library.Library | None = None
+_LOCK = threading.Lock()
+_OPS: dict[str, Any] = {}
+
+
+def _library() -> torch.library.Library:
+    global _LIB
+    if _LIB is None:
+        _LIB = torch.library.Library("gemmgen", "FRAGMENT")
+    return _LIB
+
+
+def op_name(recipe: Recipe) -> str:
+    return f"{recipe.name}_{recipe.key[:12]}"
+
+
+def schema(recipe: Recipe) -> str:
+    args = ["Tensor a", "Tensor b"]
+    for o in recipe.operands:
+        args.append(f"float {o.name}" if o.kind is OperandKind.SCALAR else f"Tensor {o.name}")
+    n = len(recipe.outputs)
+    returns = "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
+    return f"{op_name(recipe)}({', '.join(args)}) -> {returns}"
+
+
+def output_layout(recipe: Recipe, a: torch.Tensor, b: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shape and strides of every output: row-major, rows padded to 16 bytes when N needs it."""
+    from ..runtime.kernel import padded_strides
+
+    shape = (*((a.shape[0],) if recipe.ir.gemm.batched else ()), a.shape[-2], b.shape[-1])
+    return shape, padded_strides(shape, recipe.outputs[0].dtype.torch)
+
+
+def op(recipe: Recipe) -> Any:
+    """Register (once) and return the op for `recipe`."""
+    name = op_name(recipe)
+    with _LOCK:
+        if name in _OPS:
+            return _OPS[name]
+        lib = _library()
+        lib.define(schema(recipe))
+        names = [o.name for o in recipe.operands]
+        kernel_box: list[Any] = []
+
+        def operands(args: tuple) -> dict[str, Any]:
+            return dict(zip(names, args, strict=True))
+
+        def outputs_like(a: torch.Tensor, b: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
+            from ..runtime.kernel import allocate_output
+
+            shape = (*((a.shape[0],) if recipe.ir.gemm.batched else ()), a.shape[-2], b.shape[-1])
+            return [allocate_output(shape, o.dtype.torch, device) for o in recipe.outputs]
+
+        def cuda_impl(a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
+            if not kernel_box:
+                kernel_box.append(recipe.compile())
+            return kernel_box[0](a, b, **operands(args))
+
+        def cpu_impl(a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
+            ref = recipe.reference(a, b, **operands(args))
+            ref = ref if isinstance(ref, tuple) else (ref,)
+            outs = outputs_like(a, b, a.device)
+            for dst, src in zip(outs, ref, strict=True):
+                dst.copy_(src)
+            return outs[0] if len(outs) == 1 else tuple(outs)
+
+        def fake_impl(a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
+            outs = outputs_like(a, b, a.device)
+            return outs[0] if len(outs) == 1 else tuple(outs)
+
+        def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+            tensors = [x if isinstance(x, torch.Tensor) else None for x in inputs]
+            ctx.scalars = [None if isinstance(x, torch.Tensor) else x for x in inputs]
+            ctx.save_for_backward(*[t for t in tensors if t is not None])
+            ctx.is_tensor = [t is not None for t in tensors]
+
+        def backward(ctx: Any, *grads: Any) -> tuple:
+            saved = iter(ctx.saved_tensors)
+            inputs = [next(saved) if is_t else s for is_t, s in zip(ctx.is_tensor, ctx.scalars, strict=True)]
+            return epilogue_vjp(recipe, inputs, grads)
+
+        lib.impl(name, cuda_impl, "CUDA")
+        lib.impl(name, cpu_impl, "CPU")
+        torch.library.register_fake(f"gemmgen::{name}", fake_impl, lib=lib)
+        torch.library.register_autograd(f"gemmgen::{name}", backward, setup_context=setup_context, lib=lib)
+        packet = getattr(torch.ops.gemmgen, name)
+        _OPS[name] = packet
+        return packet
+
+
+def epilogue_vjp(recipe: Recipe, inputs: list, grads: tuple) -> tuple:
+    """Gradients of the fused op by recomputation in fp32 with torch: the accumulator and the
+    epilogue are rebuilt with autograd on, then dacc maps back to A and B through two matmuls."""
+    from ..reference import evaluate_epilogue
+
+    a, b, *rest = inputs
+    names = [o.name for o in recipe.operands]
+    ops = dict(zip(names, rest, strict=True))
+    with torch.enable_grad():
+        acc = torch.matmul(a.float(), b.float()).requires_grad_(True)
+        leaves = {k: v.detach().float().requires_grad_(True) for k, v in ops.items()
+                  if isinstance(v, torch.Tensor) and v.is_floating_point()}
+        outs = evaluate_epilogue(recipe.ir.epilogue, acc, {**ops, **leaves}, recipe.ir.gemm.batched,
+                                 round_outputs=False)
+        pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
+        wrt = [acc, *leaves.values()]
+        got = torch.autograd.grad([o for o, _ in pairs], wrt, [g.float() for _, g in pairs], allow_unused=True)
+    g_acc = got[0] if got[0] is not None else torch.zeros_like(acc)
+    g_leaf = dict(zip(leaves, got[1:], strict=True))
+    ga = torch.matmul(g_acc, b.float().transpose(-1, -2)).to(a.dtype)
+    gb = torch.matmul(a.float().transpose(-1, -2), g_acc).to(b.dtype)
+    # autograd already summed broadcast operands (row/col vectors) back to their own shapes
+    rest = [None if g_leaf.get(k) is None else g_leaf[k].to(v.dtype) for k, v in ops.items()]
+    return (ga, gb, *rest)

@@ -1,0 +1,108 @@
+"""PyTorch integration on the CPU: custom ops with fake implementations, torch.compile without
+graph breaks, autograd, FusedLinear and fuse(). (GPU runs are in tests/test_gpu.py.)"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import gemmgen as gg
+from gemmgen.integrations.ops import op, schema
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+
+
+def _recipe():
+    return gg.Recipe("torch_silu_res", lambda acc, bias, res, s: gg.silu(acc * s + bias) + res, a=gg.f16, b=gg.f16,
+                     operands={"bias": gg.RowVector(gg.f16), "res": gg.Matrix(gg.f16), "s": gg.Scalar()})
+
+
+def _args(gen, m=7, n=9, k=32):
+    a = torch.randn(m, k, generator=gen).half()
+    b = torch.randn(n, k, generator=gen).half().t()
+    return a, b, torch.randn(n, generator=gen).half(), torch.randn(m, n, generator=gen).half(), 0.5
+
+
+def test_schema_and_cpu_impl_match_the_reference(gen):
+    r = _recipe()
+    assert schema(r).endswith("(Tensor a, Tensor b, Tensor bias, Tensor res, float s) -> Tensor")
+    a, b, bias, res, s = _args(gen)
+    out = op(r)(a, b, bias, res, s)
+    assert out.shape == (7, 9) and out.stride() == (16, 1)  # rows padded to 16 bytes, as on the GPU
+    torch.testing.assert_close(out, r.reference(a, b, bias=bias, res=res, s=s))
+
+
+def test_fake_implementation_and_opcheck(gen):
+    f = op(_recipe())
+    torch.library.opcheck(f, _args(gen))  # fake vs real shapes/strides, schema, autograd registration
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        out = f(torch.empty(3, 40, dtype=torch.float16), torch.empty(40, 24, dtype=torch.float16),
+                torch.empty(24, dtype=torch.float16), torch.empty(3, 24, dtype=torch.float16), 1.0)
+        assert out.shape == (3, 24) and out.stride() == (24, 1) and out.dtype == torch.float16
+
+
+def test_autograd_matches_torch(gen):
+    f = op(_recipe())
+    a, b, bias, res, s = _args(gen)
+    leaves = [t.detach().clone().requires_grad_() for t in (a, b, bias, res)]
+    f(*leaves, s).float().sum().backward()
+    ref = [t.detach().float().requires_grad_() for t in (a, b, bias, res)]
+    (F.silu(ref[0] @ ref[1] * s + ref[2]) + ref[3]).sum().backward()
+    for mine, theirs in zip(leaves, ref, strict=True):
+        assert theirs.grad.abs().max() > 0
+        torch.testing.assert_close(mine.grad.float(), theirs.grad, rtol=2e-3, atol=2e-3 * theirs.grad.abs().max())
+
+
+def _mlp(dtype=torch.bfloat16):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128, dtype=dtype), nn.GELU(approximate="tanh"), nn.Linear(128, 32, dtype=dtype),
+                         nn.SiLU())
+
+
+def test_fuse_replaces_linear_activation_pairs():
+    model = nn.Sequential(*_mlp(), nn.Linear(32, 8), nn.ReLU(), nn.Linear(8, 8, dtype=torch.float16))
+    fused, report = gg.nn.fuse(model)
+    kinds = [type(m).__name__ for m in fused]
+    assert kinds == ["FusedLinear", "FusedLinear", "Linear", "ReLU", "FusedLinear"]
+    assert [m.activation for m in fused if isinstance(m, gg.nn.FusedLinear)] == ["gelu_tanh", "silu", None]
+    assert report[0] == "0: Linear + GELU -> FusedLinear(linear_gelu_tanh_bias_bf16)"
+    assert report[2].startswith("4: kept (weights are torch.float32")
+
+
+def test_fused_mlp_forward_and_backward_match_the_unfused_model(gen):
+    ref = _mlp()
+    fused, _ = gg.nn.fuse(copy.deepcopy(ref))
+    x = torch.randn(2, 5, 64, generator=gen).bfloat16()
+    y_ref, y = ref(x), fused(x)
+    assert y.shape == y_ref.shape == (2, 5, 32)
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=3e-2, atol=3e-2)
+    y_ref.float().sum().backward()
+    y.float().sum().backward()
+    for (name, p_ref), p in zip(ref.named_parameters(), fused.parameters(), strict=True):
+        scale = p_ref.grad.float().abs().max()
+        torch.testing.assert_close(p.grad.float(), p_ref.grad.float(), rtol=5e-2, atol=5e-2 * scale,
+                                   msg=lambda s: f"{name}: {s}")  # noqa: B023
+
+
+def test_torch_compile_fullgraph_traces_without_breaks(gen):
+    fused, _ = gg.nn.fuse(_mlp())
+    x = torch.randn(4, 64, generator=gen).bfloat16()
+    explained = torch._dynamo.explain(fused)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    compiled = torch.compile(fused, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), fused(x))
+
+
+def test_fused_linear_rejects_unknown_activation():
+    with pytest.raises(gg.RecipeError, match="activation: expected one of"):
+        gg.nn.FusedLinear(8, 8, activation="swish")
