@@ -29,7 +29,9 @@ EXACT_OPS = {Op.ACC, Op.INPUT, Op.CONST, Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS,
 
 @pytest.fixture(scope="session")
 def kernels():
-    return [(recipe, config, recipe.compile(config)) for recipe, config in gpu_matrix()]
+    """The example recipes under both schedules (the FusedLinear recipes are tested through modules)."""
+    return [(recipe, config, recipe.compile(config)) for recipe, config in gpu_matrix()
+            if not recipe.name.startswith("linear_")]
 
 
 @pytest.fixture
@@ -152,6 +154,38 @@ def test_k_zero_and_empty(kernels):
         want = _as_tuple(recipe.reference(a, b, **ops))
         for x, y in zip(got, want, strict=True):
             torch.testing.assert_close(x.cpu(), y)
+
+
+def test_fused_mlp_forward_backward_compile_and_graph(gen):
+    import copy
+
+    from torch import nn
+
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    ref = nn.Sequential(nn.Linear(512, 1024, dtype=torch.bfloat16, device="cuda"), nn.SiLU(),
+                        nn.Linear(1024, 264, dtype=torch.bfloat16, device="cuda"), nn.GELU(approximate="tanh"))
+    fused, report = gg.nn.fuse(copy.deepcopy(ref))
+    assert len(report) == 2
+    x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    y_ref, y = ref(x), fused(x)
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=3e-2, atol=3e-2)
+    g = torch.randn(y.shape, device="cuda", dtype=y.dtype, generator=gen)
+    for a, b in zip(torch.autograd.grad(y, [x, *fused.parameters()], g),
+                    torch.autograd.grad(y_ref, [x, *ref.parameters()], g), strict=True):
+        torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-2 * float(b.abs().max()))
+    with torch.no_grad():
+        eager = fused(x)
+        compiled = torch.compile(fused, fullgraph=True)
+        torch.testing.assert_close(compiled(x), eager)
+        static_x = x.detach().clone()
+        fused(static_x)  # warm the host path outside capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = fused(static_x)
+        static_x.copy_(x.detach() * 0.5)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, fused(static_x))
 
 
 def test_invalid_input_on_gpu_raises(kernels):

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 _LIB: torch.library.Library | None = None
 _LOCK = threading.Lock()
 _OPS: dict[str, Any] = {}
+_IMPLS: dict[tuple[str, str], Any] = {}  # (op name, "CPU" | "CUDA") -> the Python implementation
 
 
 def _library() -> torch.library.Library:
@@ -104,11 +105,18 @@ def op(recipe: Recipe) -> Any:
 
         lib.impl(name, cuda_impl, "CUDA")
         lib.impl(name, cpu_impl, "CPU")
+        _IMPLS[(name, "CUDA")], _IMPLS[(name, "CPU")] = cuda_impl, cpu_impl
         torch.library.register_fake(f"gemmgen::{name}", fake_impl, lib=lib)
         torch.library.register_autograd(f"gemmgen::{name}", backward, setup_context=setup_context, lib=lib)
         packet = getattr(torch.ops.gemmgen, name)
         _OPS[name] = packet
         return packet
+
+
+def implementation(recipe: Recipe, device_type: str) -> Any:
+    """The function the op dispatches to on "CPU" or "CUDA" (to measure the dispatcher's cost)."""
+    op(recipe)
+    return _IMPLS[(op_name(recipe), device_type)]
 
 
 def epilogue_vjp(recipe: Recipe, inputs: list, grads: tuple) -> tuple:

@@ -14,8 +14,15 @@ from gemmgen.recipes_file import load_recipes
 ROOT = Path(__file__).resolve().parents[2]
 
 
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # the FusedLinear layers tests/test_gpu.py runs
+
+
 def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
-    out = []
+    import torch
+
+    from gemmgen.nn import linear_recipe
+
+    out = [(linear_recipe(act, True, torch.bfloat16), gg.KernelConfig()) for act in MLP_ACTIVATIONS]
     for recipe in load_recipes(ROOT / "examples" / "recipes.py").values():
         default = recipe.default_config()
         other = gg.Schedule.PINGPONG if default.schedule is gg.Schedule.COOPERATIVE else gg.Schedule.COOPERATIVE
