@@ -24,20 +24,13 @@ MODE_GEMM, MODE_BATCHED = 0, 2  # cutlass::gemm::GemmUniversalMode
 #: Turns encode arguments into a 128-byte CUtensorMap.
 TensorMapEncoder = Callable[[tma.EncodeArgs], bytes]
 
+
 @dataclass(frozen=True)
 class ParamsLayout:
     """Where each field sits in Params under NVRTC, and its default value (from the layout probe)."""
 
     size: int
     fields: tuple[tuple[ParamField, int, int], ...]  # (field, offset, default bits)
-
-
-@dataclass(frozen=True)
-class LaunchShape:
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    cluster: tuple[int, int, int]
-    smem_bytes: int
 
 
 class ArgumentBuilder:
