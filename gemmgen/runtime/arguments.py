@@ -89,30 +89,41 @@ def field_values(recipe: RecipeIR, config: KernelConfig, problem: Problem, encod
 
 
 class ParamsWriter:
-    """Writes Params blocks for one kernel: defaults laid down once, then each value at its offset."""
+    """Writes Params blocks for one kernel.
+
+    A whole block is one `struct.pack_into` of a format compiled from the probed layout (fields in
+    offset order, padding as pad bytes), with each field's default where no value is given;
+    single fields (the per-call output tensor maps) are patched in place.
+    """
 
     def __init__(self, layout: ParamsLayout) -> None:
         self.size = layout.size
-        self.template = bytearray(layout.size)
-        self.slots: dict[str, tuple[int, struct.Struct | None]] = {}
-        for f, offset, default in layout.fields:
-            st = None if f.kind == "desc" else struct.Struct(_FORMAT[f.kind])
-            self.slots[f.name] = (offset, st)
-            if st is not None:
-                st.pack_into(self.template, offset, _coerce(f.kind, default))
+        self.slots: dict[str, tuple[int, struct.Struct]] = {}
+        order: list[tuple[str, int | float | bool | bytes]] = []
+        fmt, pos = "<", 0
+        for f, offset, default in sorted(layout.fields, key=lambda x: x[1]):
+            code = _FORMAT[f.kind]
+            fmt += "x" * (offset - pos) + code
+            pos = offset + f.size
+            self.slots[f.name] = (offset, struct.Struct("<" + code))
+            order.append((f.name, bytes(128) if f.kind == "desc" else _coerce(f.kind, default)))
+        self._struct = struct.Struct(fmt + "x" * (layout.size - pos))
+        self._order = order
+        self.template = self.write({})
 
     def write(self, values: dict[str, int | float | bytes], into: bytearray | None = None) -> bytearray:
-        buf = into if into is not None else bytearray(self.template)
+        if into is None:
+            buf = bytearray(self.size)
+            self._struct.pack_into(buf, 0, *[values.get(name, default) for name, default in self._order])
+            return buf
         for name, value in values.items():
             offset, st = self.slots[name]
-            if st is None:
-                buf[offset:offset + 128] = value  # type: ignore[index]
-            else:
-                st.pack_into(buf, offset, value)
-        return buf
+            st.pack_into(into, offset, value)
+        return into
 
 
-_FORMAT = {"u32": "<I", "i32": "<i", "u64": "<Q", "i64": "<q", "ptr": "<Q", "bool": "<?", "e16": "<H", "f32": "<f"}
+_FORMAT = {"u32": "I", "i32": "i", "u64": "Q", "i64": "q", "ptr": "Q", "bool": "?", "e16": "H", "f32": "f",
+           "desc": "128s"}
 
 
 def _coerce(kind: str, bits: int) -> int | float | bool:
