@@ -54,7 +54,7 @@ def apply_op(op: Op, args: tuple[torch.Tensor, ...], attr: float | None, dtype: 
     raise AssertionError(f"no reference for {op}")
 
 
-def _broadcast(t: torch.Tensor, kind: str, batched: bool) -> torch.Tensor:
+def _broadcast(t: torch.Tensor, kind: str) -> torch.Tensor:
     """Shape an operand so it broadcasts against the (L, M, N) / (M, N) output."""
     t = t.to(torch.float32)
     if kind == "row":  # (N,) -> (1, N)
@@ -67,7 +67,7 @@ def _broadcast(t: torch.Tensor, kind: str, batched: bool) -> torch.Tensor:
 
 
 def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor | float],
-                      batched: bool, round_outputs: bool = True) -> tuple[torch.Tensor, ...]:
+                      round_outputs: bool = True) -> tuple[torch.Tensor, ...]:
     """Evaluate the epilogue on an fp32 accumulator; return the outputs rounded to their dtypes
     (or kept in fp32 with `round_outputs=False`, for differentiation)."""
     values: list[torch.Tensor] = []
@@ -79,7 +79,7 @@ def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, tor
         elif node.op is Op.INPUT:
             raw = operands[node.name]  # type: ignore[index]
             t = raw if isinstance(raw, torch.Tensor) else torch.tensor(float(raw))
-            v = _broadcast(t, ir.operand(node.name).kind.value, batched)  # type: ignore[arg-type]
+            v = _broadcast(t, ir.operand(node.name).kind.value)  # type: ignore[arg-type]
         else:
             v = apply_op(node.op, tuple(values[a] for a in node.args), node.attr, node.dtype)
         values.append(v.to(torch.float32))
@@ -94,4 +94,4 @@ def reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: dict
     """fp32 GEMM on the CPU followed by the epilogue; one tensor per output (`d` first)."""
     acc = torch.matmul(a.detach().cpu().to(torch.float32), b.detach().cpu().to(torch.float32))
     ops = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in operands.items()}
-    return evaluate_epilogue(recipe.epilogue, acc, ops, recipe.gemm.batched)
+    return evaluate_epilogue(recipe.epilogue, acc, ops)

@@ -131,8 +131,7 @@ def epilogue_vjp(recipe: Recipe, inputs: list, grads: tuple) -> tuple:
         acc = torch.matmul(a.float(), b.float()).requires_grad_(True)
         leaves = {k: v.detach().float().requires_grad_(True) for k, v in ops.items()
                   if isinstance(v, torch.Tensor) and v.is_floating_point()}
-        outs = evaluate_epilogue(recipe.ir.epilogue, acc, {**ops, **leaves}, recipe.ir.gemm.batched,
-                                 round_outputs=False)
+        outs = evaluate_epilogue(recipe.ir.epilogue, acc, {**ops, **leaves}, round_outputs=False)
         pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
         wrt = [acc, *leaves.values()]
         got = torch.autograd.grad([o for o, _ in pairs], wrt, [g.float() for _, g in pairs], allow_unused=True)

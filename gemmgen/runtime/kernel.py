@@ -179,7 +179,7 @@ class Kernel:
         from ..reference import evaluate_epilogue
 
         acc = torch.zeros(shape, dtype=torch.float32, device=device)
-        for dst, src in zip(outputs, evaluate_epilogue(self._ir.epilogue, acc, operands, self._ir.gemm.batched),
+        for dst, src in zip(outputs, evaluate_epilogue(self._ir.epilogue, acc, operands),
                             strict=True):
             dst.copy_(src)
 

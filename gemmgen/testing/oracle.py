@@ -55,10 +55,6 @@ class _Slots:
         return len(self.names) - 1
 
 
-def _elem(dtype) -> str:
-    return dtype.cutlass
-
-
 class OracleProgram:
     def __init__(self, kernel: GeneratedKernel, build_dir: Path) -> None:
         self.kernel = kernel
@@ -66,7 +62,6 @@ class OracleProgram:
         for n in ("m", "n", "k", "l"):
             self.slots.add(n)
         epi = kernel.epilogue
-        g = kernel.recipe.gemm
 
         def tensor(name: str) -> list[int]:
             return [self.slots.add(f"{name}.{part}") for part in ("ptr", "s0", "s1", "s2")]
@@ -87,13 +82,12 @@ class OracleProgram:
         epilogue = (f"{{{thread}, {c_ptr}, {c_stride}, reinterpret_cast<ElementD*>(V[{d[0]}]), "
                     f"oracle::stride3<typename CollectiveEpilogue::StrideD>(V[{d[1]}], V[{d[2]}], V[{d[3]}])}}")
         hw = {n: self.slots.add(f"hw.{n}") for n in ("device_id", "sm_count", "max_active_clusters")}
-        del g
         atoms = [("mainloop.tma_a", "p.mainloop.tma_load_a.aux_params_"),
                  ("mainloop.tma_b", "p.mainloop.tma_load_b.aux_params_"),
                  ("epilogue.tma_d", "p.epilogue.tma_store_d.aux_params_")]
         self.source = _environment().get_template("oracle_host.cu.j2").render(
             recipe_name=kernel.recipe.name, config_name=kernel.config.name,
-            n_slots=len(self.slots.names), n_args=len(self.slots.names) + 1, slot=type("S", (), hw),
+            n_slots=len(self.slots.names), n_args=len(self.slots.names) + 1, slot=hw,
             mainloop_args=mainloop, epilogue_args=epilogue,
             fields=[(f.name, f.lvalue("p")) for f in kernel.fields], aux_sizes=atoms,
             **type_context(kernel.recipe, kernel.config, kernel.epilogue))
@@ -107,7 +101,7 @@ class OracleProgram:
         if isinstance(tree, tuple):
             return "{" + ", ".join(self._arguments(t) for t in tree) + "}"
         b: ParamBinding = tree
-        e = _elem(b.dtype)
+        e = b.dtype.cutlass
         if b.kind in ("row", "col"):
             i = self.slots.add(f"operand.{b.name}.ptr")
             return f"{{reinterpret_cast<{e} const*>(V[{i}]), {e}(0), {{}}}}"
