@@ -38,13 +38,15 @@ from .errors import (
 )
 from .errors import UnknownOpError as _UnknownOpError
 from .parallel import warmup
+from .tuning import add_tuning, autotune
 from .types import ColMajor, DType, Layout, OperandKind, RowMajor, bf16, e4m3, e5m2, f16, f32, fp16, fp32
 
 __all__ = [
     "OPS", "ColMajor", "ColVector", "CompileError", "ConfigError", "DType", "GemmgenError", "InvalidArgument",
     "KernelConfig", "KernelNotAvailable", "Layout", "Matrix", "OperandKind", "Recipe", "RecipeError", "RowMajor",
     "RowVector", "Scalar", "Schedule", "TileScheduler", "ToolchainError", "Value", "__version__", "abs",
-    "add_bundle", "bf16", "cast", "clamp", "e4m3", "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh",
+    "add_bundle", "add_tuning", "autotune", "bf16", "cast",
+    "clamp", "e4m3", "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh",
     "leaky_relu", "max", "maximum", "min", "minimum", "relu", "sigmoid", "silu", "tanh", "warmup",
 ]
 

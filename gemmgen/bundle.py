@@ -25,8 +25,10 @@ from .ir import content_key
 
 if TYPE_CHECKING:
     from .build import CompiledKernel
+    from .tuning import TuningTable
 
 MANIFEST = "manifest.json"
+TUNING = "tuning.json"  # autotune results shipped with the kernels (gemmgen.tuning)
 _FORMAT = 1
 
 
@@ -47,6 +49,10 @@ class Bundle:
             raise GemmgenError(f"bundle {self.path} was built for {built_for}; this process runs {arch} kernels. "
                                f"Rebuild it with `gemmgen build RECIPES.py --arch {arch} --out DIR`")
         self._store = KernelCache(self.path, arch, read_only=True)
+        if (self.path / TUNING).is_file():
+            from .tuning import add_tuning
+
+            add_tuning(self.path / TUNING)
 
     def get(self, key: str) -> Artifact | None:
         return self._store.get(key)
@@ -85,10 +91,13 @@ def find(key: str) -> Artifact | None:
 
 
 def write_bundle(kernels: list[CompiledKernel], out: Path | str, cache: KernelCache,
-                 shapes: dict | None = None) -> Path:
+                 shapes: dict | None = None, tuning: TuningTable | None = None) -> Path:
     """Write `kernels` (already built through `cache`) as a bundle in `out`; `shapes` records
-    which config serves which problem shape, per recipe."""
+    which config serves which problem shape, per recipe; `tuning` (a gemmgen.tuning.TuningTable)
+    ships autotune results, registered whenever the bundle is."""
     out = Path(out)
+    if tuning is not None:
+        tuning.save(out / TUNING)
     store = KernelCache(out, ARCH)
     entries = []
     for k in kernels:

@@ -15,6 +15,7 @@ from .errors import GemmgenError
 from .parallel import build_many
 from .recipes_file import load_recipes
 from .select import choose, configs_for_shapes
+from .tuning import DEFAULT_CANDIDATES, TuningTable, autotune
 
 
 def _cache(args: argparse.Namespace) -> KernelCache:
@@ -32,15 +33,36 @@ def cmd_build(args: argparse.Namespace) -> int:
         pairs = list(dict.fromkeys((by_name[n], c.config) for n, rows in chosen.items() for _, c in rows))
     else:
         chosen, pairs = {}, [(r, r.default_config()) for r in recipes.values()]
+    tuning = TuningTable.load(args.tuning) if args.tuning else None
+    if tuning is not None:  # every config the tuning results name, so the bundle holds each winner
+        by_key = {r.key: r for r in recipes.values()}
+        pairs = list(dict.fromkeys([*pairs, *((by_key[k.split("|")[3]], tuning.get(k)) for k in tuning.entries
+                                               if k.split("|")[3] in by_key)]))
     kernels = build_many(pairs, cache, jobs=args.jobs)
     reports = [k.report for k in kernels]
     if args.out:
         shape_map = {n: [{"shape": list(s), "m_bucket": c.m_bucket, "config": c.config.name} for s, c in rows]
                      for n, rows in chosen.items()}
-        out = write_bundle(kernels, args.out, cache, shapes=shape_map)
+        out = write_bundle(kernels, args.out, cache, shapes=shape_map, tuning=tuning)
         print(f"gemmgen: wrote a bundle of {len(kernels)} kernel(s) to {out}; use it with "
               f"GEMMGEN_BUNDLE_PATH={out} or gemmgen.add_bundle()", file=sys.stderr)
     print(reports_json(reports) if args.json else report_table(reports))
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    shapes = json.loads(Path(args.shapes).read_text())
+    by_name = {r.name: r for r in load_recipes(args.recipes).values()}
+    table = TuningTable.load(args.out) if Path(args.out).is_file() else TuningTable()
+    for name, problems in shapes.items():
+        if name.startswith("_") or (args.recipe and name != args.recipe):
+            continue
+        if name not in by_name:
+            raise GemmgenError(f"--shapes: no recipe named {name!r}; recipes are {sorted(by_name)}")
+        autotune(by_name[name], [tuple(p) for p in problems], limit=args.candidates, table=table, out=args.out,
+                 jobs=args.jobs)
+    for key, entry in sorted(table.entries.items()):
+        print(f"{key}: {entry['name']}  ({', '.join(f'{c} {t:.1f} us' for c, t in entry['timings_us'].items())})")
     return 0
 
 
@@ -75,12 +97,20 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn, help_ in (("build", cmd_build, "compile every recipe of a file in parallel and print the report"),
                             ("inspect", cmd_inspect, "print the kernel report (compiles what is not cached)"),
                             ("generate", cmd_generate, "write the generated CUTLASS sources"),
-                            ("explain", cmd_explain, "which config the heuristic picks for a shape, and why")):
+                            ("explain", cmd_explain, "which config the heuristic picks for a shape, and why"),
+                            ("tune", cmd_tune, "time candidate configs per shape bucket on this GPU, save winners")):
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("recipes", help="a Python file declaring module-level gemmgen.Recipe objects")
         sp.set_defaults(fn=fn)
         if name == "generate":
             sp.add_argument("--out", required=True, help="folder for the .cu files")
+            continue
+        if name == "tune":
+            sp.add_argument("--shapes", required=True, help="JSON {recipe name: [[M, N, K] or [M, N, K, L], ...]}")
+            sp.add_argument("--out", required=True, help="tuning JSON file (updated if it exists)")
+            sp.add_argument("--recipe", default=None, help="only this recipe (by name)")
+            sp.add_argument("--candidates", type=int, default=DEFAULT_CANDIDATES, help="configs timed per bucket")
+            sp.add_argument("-j", "--jobs", type=int, default=None, help="compile workers")
             continue
         if name == "explain":
             sp.add_argument("--shape", type=int, nargs=3, required=True, metavar=("M", "N", "K"))
@@ -96,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             sp.add_argument("--arch", default=ARCH, help=f"target architecture (only {ARCH})")
             sp.add_argument("--shapes", default=None,
                             help="JSON {recipe name: [[M, N, K], ...]}: build the config the heuristic picks per shape")
+            sp.add_argument("--tuning", default=None,
+                            help="autotune results (`gemmgen tune`): build each winner, ship the file in the bundle")
     args = p.parse_args(argv)
     try:
         return args.fn(args)

@@ -18,7 +18,7 @@ from torch import nn
 
 from . import dsl
 from .dsl import Recipe
-from .integrations.ops import op
+from .integrations.ops import caller
 from .types import as_dtype
 
 ACTIVATIONS = {
@@ -53,7 +53,7 @@ class FusedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features, self.activation = in_features, out_features, activation
         self.recipe = linear_recipe(activation, bias, dtype)
-        self._op = op(self.recipe)  # resolved once: forward stays traceable by torch.compile
+        self._op = caller(self.recipe)  # resolved once: forward stays traceable by torch.compile
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
         self.reset_parameters()
@@ -72,7 +72,7 @@ class FusedLinear(nn.Module):
         nn.Module.__init__(fused)
         fused.in_features, fused.out_features, fused.activation = linear.in_features, linear.out_features, activation
         fused.recipe = linear_recipe(activation, linear.bias is not None, linear.weight.dtype)
-        fused._op = op(fused.recipe)
+        fused._op = caller(fused.recipe)
         fused.weight = linear.weight
         fused.bias = linear.bias
         return fused

@@ -61,22 +61,25 @@ def _score(cfg: KernelConfig, m: int, n: int, l: int, sm_count: int) -> tuple[fl
     return score, why
 
 
+def ranked(recipe: RecipeIR, m: int, n: int, l: int = 1, sm_count: int = 132  # noqa: E741
+           ) -> list[tuple[float, KernelConfig, str]]:
+    """Every valid candidate for the M bucket of `m`, best first (stable: ties keep CANDIDATES order)."""
+    mb = m_bucket(max(m, 1))
+    scored = [(*_score(cfg, mb, max(n, 1), max(l, 1), sm_count), i, cfg)
+              for i, cfg in enumerate(CANDIDATES) if is_valid(cfg, recipe)]
+    assert scored, "no candidate config is valid"
+    scored.sort(key=lambda t: (-round(t[0], 9), t[2]))
+    return [(score, cfg, why) for score, why, _, cfg in scored]
+
+
 def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int = 132) -> Choice:  # noqa: E741
     """The config for a problem (M rounded up to its bucket), with the reasons."""
     del k  # K does not change the ranking: every candidate tiles K the same way
     mb = m_bucket(max(m, 1))
-    best: tuple[float, KernelConfig, str] | None = None
-    lines = []
-    for cfg in CANDIDATES:
-        if not is_valid(cfg, recipe):
-            continue
-        score, why = _score(cfg, mb, max(n, 1), max(l, 1), sm_count)
-        lines.append(why)
-        if best is None or score > best[0] + 1e-9:
-            best = (score, cfg, why)
-    assert best is not None, "no candidate config is valid"
-    return Choice(best[1], mb, best[0], f"M={m} -> bucket {mb}; chose {best[2]}\n  considered:\n    " +
-                  "\n    ".join(lines))
+    order = ranked(recipe, m, n, l, sm_count)
+    score, cfg, why = order[0]
+    lines = [w for _, _, w in sorted(order, key=lambda t: CANDIDATES.index(t[1]))]
+    return Choice(cfg, mb, score, f"M={m} -> bucket {mb}; chose {why}\n  considered:\n    " + "\n    ".join(lines))
 
 
 def configs_for_shapes(recipes: dict, shapes: dict, sm_count: int = 132) -> dict[str, list[tuple[tuple, Choice]]]:

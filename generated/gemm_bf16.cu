@@ -44,22 +44,46 @@ using Acc = cutlass::epilogue::fusion::Sm90AccFetch;
 using ToD = cutlass::epilogue::fusion::Sm90Compute<gemmgen::epi::Map<gemmgen::epi::Identity>::Fn, cutlass::bfloat16_t, float, cutlass::FloatRoundStyle::round_to_nearest>;
 using EVTToD = cutlass::epilogue::fusion::Sm90EVT<ToD, Acc>;
 
-using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-    TileShape, ClusterShape, EpilogueTile,
-    ElementAccumulator, ElementCompute,
-    ElementC, LayoutC, AlignmentC,
-    ElementD, LayoutD, AlignmentD,
-    EpilogueSchedule, EVTToD>::CollectiveOp;
+// Epilogue collective (as Sm90TmaBuilderImpl resolves it)
+using EpilogueTileMN = typename EpilogueDescriptor::EpilogueTile;
+using ElementCOrD = cute::conditional_t<cute::is_void_v<ElementC>, ElementD, ElementC>;
+using StrideC = cutlass::detail::TagToStrideC_t<cute::conditional_t<cute::is_void_v<ElementC>, LayoutD, LayoutC>>;
+using StrideD = cutlass::detail::TagToStrideC_t<LayoutD>;
+using CopyAtomC = cute::conditional_t<size<1>(EpilogueTileMN{}) % 16 == 0,
+    Copy_Atom<SM90_U32x4_STSM_N, cutlass::half_t>, Copy_Atom<SM90_U32x2_STSM_N, cutlass::half_t>>;
+static_assert(size<1>(EpilogueTileMN{}) % 8 == 0, "the epilogue tile's N extent must be a multiple of 8");
+using CollectiveEpilogue = cutlass::epilogue::collective::CollectiveEpilogue<
+    typename EpilogueDescriptor::DispatchPolicy, TileShape, EpilogueTileMN,
+    ElementC, StrideC, ElementD, StrideD,
+    EVTToD,
+    SM90_TMA_LOAD,
+    decltype(cutlass::epilogue::collective::detail::sm90_get_epilogue_smem_swizzle_layout_atom<StrideC, ElementCOrD, EpilogueTileMN>()),
+    decltype(cutlass::epilogue::collective::detail::sm90_get_smem_load_op_for_source<StrideC, ElementCOrD, EpilogueTileMN>()),
+    SM90_TMA_STORE,
+    decltype(cutlass::epilogue::collective::detail::sm90_get_epilogue_smem_swizzle_layout_atom<StrideD, ElementD, EpilogueTileMN>()),
+    decltype(cutlass::epilogue::collective::detail::sm90_get_smem_store_op_for_accumulator<StrideD, ElementD, EpilogueTileMN>()),
+    CopyAtomC, void>;
 
-using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-    ElementA, LayoutA, AlignmentA,
-    ElementB, LayoutB, AlignmentB,
-    ElementAccumulator, TileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
-    KernelSchedule>::CollectiveOp;
-
+// Mainloop collective (as the GMMA_TMA_WS_SS builder resolves it)
+constexpr cute::GMMA::Major GmmaMajorA = cutlass::gemm::collective::detail::gmma_ss_tag_to_major_A<ElementA, LayoutA>();
+constexpr cute::GMMA::Major GmmaMajorB = cutlass::gemm::collective::detail::gmma_ss_tag_to_major_B<ElementB, LayoutB>();
+using TiledMma = decltype(cute::make_tiled_mma(
+    cute::GMMA::ss_op_selector<ElementA, ElementB, ElementAccumulator, TileShape, GmmaMajorA, GmmaMajorB>(),
+    Layout<Shape<_2, _1, _1>>{}));
+using SmemLayoutAtomA = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+    GmmaMajorA, ElementA, _128, _64>());
+using SmemLayoutAtomB = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+    GmmaMajorB, ElementB, _128, _64>());
+constexpr int MainloopStages = cutlass::gemm::collective::detail::compute_stage_count_or_override<
+    cutlass::gemm::collective::detail::sm90_smem_capacity_bytes, ElementA, ElementB, TileShape>(cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>{});
+using CollectiveMainloop = cutlass::gemm::collective::CollectiveMma<
+    cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<MainloopStages, ClusterShape, KernelSchedule>,
+    TileShape,
+    ElementA, cutlass::detail::TagToStrideA_t<LayoutA>,
+    ElementB, cutlass::detail::TagToStrideB_t<LayoutB>,
+    TiledMma,
+    SM90_TMA_LOAD, SmemLayoutAtomA, void, cute::identity,
+    SM90_TMA_LOAD, SmemLayoutAtomB, void, cute::identity>;
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
     Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
 using Params = typename GemmKernel::Params;

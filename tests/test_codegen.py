@@ -73,3 +73,45 @@ def test_templates_hold_no_logic():
     for path in templates_dir().glob("*.j2"):
         text = path.read_text()
         assert not re.search(r"{%-?\s*(if|elif|macro|set)\b", text), path.name
+
+
+def _collectives_check_source(kernels) -> str:
+    """One translation unit: every kernel's types in both spellings, asserted to be the same types."""
+    from gemmgen.codegen import _environment, type_context
+
+    env = _environment()
+    parts = ["#include <gemmgen/nvrtc_prelude.hpp>",
+             "#include <cutlass/cutlass.h>",
+             "#include <cutlass/gemm/collective/collective_builder.hpp>",
+             "#include <cutlass/epilogue/collective/collective_builder.hpp>",
+             "#include <cutlass/gemm/kernel/gemm_universal.hpp>",
+             "#include <gemmgen/nvrtc_fixups.hpp>",
+             "#include <gemmgen/epilogue.hpp>"]
+    for i, k in enumerate(kernels):
+        for spelling in ("resolved", "builder"):
+            ctx = type_context(k.recipe, k.config, k.epilogue, spelling)
+            ctx["namespace"] = f"k{i}_{spelling}"
+            parts.append(env.get_template("gemm_types.inc.j2").render(**ctx))
+        for t in ("CollectiveMainloop", "CollectiveEpilogue", "GemmKernel"):
+            parts.append(f"static_assert(cute::is_same_v<k{i}_resolved::{t}, k{i}_builder::{t}>, "
+                         f'"{k.entry}: {t} differs from the builder\'s");')
+    parts.append('extern "C" __global__ void collectives_check() {}')
+    return "\n".join(parts)
+
+
+def test_resolved_collectives_are_the_builders_types(examples, extra):
+    """gemmgen spells out the collectives CUTLASS's builders would resolve (it compiles faster);
+    NVRTC checks, type for type, that every kernel family gets exactly the builder's types."""
+    from gemmgen.compile.nvrtc import compile_cubin
+    from gemmgen.compile.toolchain import ARCH, toolchain
+
+    S = gg.Schedule
+    configs = [None, gg.KernelConfig(tile=(128, 128, 64), schedule=S.PINGPONG),
+               gg.KernelConfig(tile=(128, 128, 64), cluster=(1, 2, 1)),
+               gg.KernelConfig(tile=(128, 128, 64), cluster=(2, 2, 1), stages=3),
+               gg.KernelConfig(tile=(64, 128, 64), cluster=(1, 1, 1), schedule=S.PINGPONG)]
+    kernels = [render_kernel(r.ir, c or r.default_config())
+               for r in (*examples.values(), *extra.values()) for c in configs
+               if c is None or gg.config.is_valid(c, r.ir)]
+    assert len(kernels) >= 25
+    compile_cubin(_collectives_check_source(kernels), "collectives_check", ARCH, toolchain().include_dirs)

@@ -118,7 +118,7 @@ def test_padded_leading_dims_and_batch(kernels, gen):
         a, b, ops = _inputs(recipe, 200, 136, 72, gen, exact=False, pad=24)
         got = _as_tuple(kernel(a, b, **ops))
         torch.cuda.synchronize()
-        _compare(recipe, got, a, b, ops, exact=False)
+        _compare(recipe, _as_tuple(got), a, b, ops, exact=False)
 
 
 def test_bitwise_deterministic_and_graph_replay(kernels, gen):
@@ -186,6 +186,37 @@ def test_fused_mlp_forward_backward_compile_and_graph(gen):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static_y, fused(static_x))
+
+
+def test_direct_call_matches_the_op(gen):
+    """FusedLinear's eager fast path (kernel called directly) gives the op's result, bit for bit."""
+    layer = gg.nn.FusedLinear(256, 264, activation="silu", device="cuda")
+    x = torch.randn(77, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+    with torch.no_grad():
+        direct = layer._op(x, layer.weight.t(), layer.bias)
+        through_op = layer._op.overload(x, layer.weight.t(), layer.bias)
+    assert torch.equal(direct, through_op)
+
+
+def test_autotune_times_candidates_and_the_runtime_uses_the_winner(tmp_path, monkeypatch):
+    from gemmgen import tuning
+    from gemmgen.integrations.ops import caller
+    from gemmgen.recipes_file import load_recipes
+
+    from .data.gpu_matrix import ROOT, TUNE_CANDIDATES, TUNE_PROBLEM
+
+    monkeypatch.setattr(tuning, "_TABLES", [])
+    recipe = load_recipes(ROOT / "examples" / "recipes.py")["bias_gelu"]
+    table = gg.autotune(recipe, [TUNE_PROBLEM], limit=TUNE_CANDIDATES, out=tmp_path / "t.json")
+    (entry,) = table.entries.values()
+    assert len(entry["timings_us"]) == TUNE_CANDIDATES and all(t > 0 for t in entry["timings_us"].values())
+    m, n, k = TUNE_PROBLEM
+    device = tuning.Device.current()
+    assert tuning.config_for(recipe.ir, m, n, k, 1, device).name == entry["name"]
+    a, b, ops = tuning.example_inputs(recipe, m, n, k)
+    with torch.no_grad():
+        got = caller(recipe)(a, b, *ops.values())
+    _compare(recipe, _as_tuple(got), a, b, ops, exact=False)
 
 
 def test_invalid_input_on_gpu_raises(kernels):

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import gemmgen as gg
 from gemmgen.integrations.ops import op, schema
@@ -106,3 +107,32 @@ def test_torch_compile_fullgraph_traces_without_breaks(gen):
 def test_fused_linear_rejects_unknown_activation():
     with pytest.raises(gg.RecipeError, match="activation: expected one of"):
         gg.nn.FusedLinear(8, 8, activation="swish")
+
+
+def test_direct_kernel_call_only_where_torch_would_not_notice():
+    """Modules skip the dispatcher only in plain eager code; the decision is checked here on the
+    CPU by asking it about CPU tensors (the direct path itself is exercised in tests/test_gpu.py)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from gemmgen.integrations.ops import direct_call_allowed
+
+    a, b = torch.zeros(2, 8), torch.zeros(8, 4)
+    assert direct_call_allowed((a, b, 1.0), device_type="cpu")
+    assert not direct_call_allowed((a, b), device_type="cuda")  # a CPU tensor never takes the CUDA kernel
+    w = torch.zeros(8, 4, requires_grad=True)
+    assert not direct_call_allowed((a, w), device_type="cpu")
+    with torch.no_grad():
+        assert direct_call_allowed((a, w), device_type="cpu")
+    with FakeTensorMode() as mode:
+        fa = mode.from_tensor(a)
+        assert not direct_call_allowed((fa, b), device_type="cpu")
+    with _Passthrough():
+        assert not direct_call_allowed((a, b), device_type="cpu")
+    assert direct_call_allowed((a, b), device_type="cpu")
+
+
+class _Passthrough(TorchDispatchMode):
+    """A dispatch mode (profilers, FLOP counters) that would not see a direct kernel call."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))

@@ -9,7 +9,7 @@ from pathlib import Path
 import jinja2
 
 from .. import __version__
-from ..config import KernelConfig, validate
+from ..config import KernelConfig, Schedule, validate
 from ..ir import RecipeIR, content_key
 from ..types import DType
 from .evt import EpilogueCode, build_epilogue
@@ -60,7 +60,13 @@ def kernel_id(recipe: RecipeIR, config: KernelConfig) -> str:
     return content_key([recipe.key, config.canonical()])[:12]
 
 
-def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode) -> dict:
+#: How the kernel names its mainloop and epilogue collectives: "resolved" spells out the types
+#: CUTLASS's CollectiveBuilders resolve to (what gemmgen emits: it compiles faster); "builder" names
+#: the builders (the naive spelling, for measurements and for the test that the two agree).
+COLLECTIVES = {"resolved": "collectives_resolved.inc.j2", "builder": "collectives_builder.inc.j2"}
+
+
+def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, collectives: str = "resolved") -> dict:
     """What templates/gemm_types.inc.j2 binds: the kernel's CUTLASS types and constants."""
     g = recipe.gemm
     c_bits = DType.F32.bits if epi.element_c == "void" else _bits_of(epi.element_c)
@@ -75,10 +81,19 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode) -> d
         alignment_d=128 // g.d.bits,
         tile=config.tile, cluster=config.cluster, kernel_schedule=config.schedule.kernel,
         epilogue_schedule=config.schedule.epilogue, stage_count=stage_count,
-        tile_scheduler=config.tile_scheduler.cutlass, epilogue_decls=epi.decls, callbacks=epi.callbacks)
+        tile_scheduler=config.tile_scheduler.cutlass, epilogue_decls=epi.decls, callbacks=epi.callbacks,
+        collectives=COLLECTIVES[collectives],
+        # the builder's choices: two consumer warp groups side by side in M for the cooperative
+        # schedule; TMA multicast for an operand when the cluster spans the other dimension
+        mma_atoms_m=2 if config.schedule is Schedule.COOPERATIVE else 1,
+        tma_load_a=_tma_load(config.cluster[1]), tma_load_b=_tma_load(config.cluster[0]))
 
 
-def render_kernel(recipe: RecipeIR, config: KernelConfig) -> GeneratedKernel:
+def _tma_load(cluster_extent: int) -> str:
+    return "SM90_TMA_LOAD" if cluster_extent == 1 else "SM90_TMA_LOAD_MULTICAST"
+
+
+def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "resolved") -> GeneratedKernel:
     validate(config, recipe)
     epi = build_epilogue(recipe)
     fields = param_fields(recipe, config.schedule, epi)
@@ -87,7 +102,7 @@ def render_kernel(recipe: RecipeIR, config: KernelConfig) -> GeneratedKernel:
         version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=config.name, entry=entry,
         epilogue_layout=epi.layout, info_fields=INFO_FIELDS,
         param_fields=tuple((f.name, f.lvalue("p"), f.lvalue("d")) for f in fields),
-        **type_context(recipe, config, epi))
+        **type_context(recipe, config, epi, collectives))
     return GeneratedKernel(recipe, config, entry, source, epi, fields)
 
 

@@ -7,6 +7,11 @@ The op has a fake (meta) implementation with the exact output shapes, dtypes and
 `torch.compile(fullgraph=True)` and export trace through it without graph breaks. The CUDA
 implementation launches the compiled kernel (compiled or loaded on first use); the CPU
 implementation evaluates the recipe's reference, so models using gemmgen run (slowly) anywhere.
+
+`gemmgen.integrations.ops.caller(recipe)` returns what modules call: in eager code with nothing
+to differentiate and no dispatch mode active it launches the kernel directly (no dispatcher, no
+autograd wrapper: the two cost about 6 us per call in torch 2.13); anything torch must see
+(tracing, fake tensors, modes, autograd, CPU tensors) goes through the op.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ _LIB: torch.library.Library | None = None
 _LOCK = threading.Lock()
 _OPS: dict[str, Any] = {}
 _IMPLS: dict[tuple[str, str], Any] = {}  # (op name, "CPU" | "CUDA") -> the Python implementation
+_KERNELS: dict[tuple, Any] = {}  # (op name, device, shape bucket) -> gemmgen.Kernel, built on first use
+_DEVICES: dict[int, tuple[Any, int]] = {}  # device index -> (autotune.Device, SM count)
 
 
 def _library() -> torch.library.Library:
@@ -64,7 +71,6 @@ def op(recipe: Recipe) -> Any:
         lib = _library()
         lib.define(schema(recipe))
         names = [o.name for o in recipe.operands]
-        kernel_box: list[Any] = []
 
         def operands(args: tuple) -> dict[str, Any]:
             return dict(zip(names, args, strict=True))
@@ -76,9 +82,7 @@ def op(recipe: Recipe) -> Any:
             return [allocate_output(shape, o.dtype.torch, device) for o in recipe.outputs]
 
         def cuda_impl(a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
-            if not kernel_box:
-                kernel_box.append(recipe.compile())
-            return kernel_box[0](a, b, **operands(args))
+            return kernel_for(recipe, a, b)(a, b, **operands(args))
 
         def cpu_impl(a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
             ref = recipe.reference(a, b, **operands(args))
@@ -111,6 +115,60 @@ def op(recipe: Recipe) -> Any:
         packet = getattr(torch.ops.gemmgen, name)
         _OPS[name] = packet
         return packet
+
+
+def kernel_for(recipe: Recipe, a: torch.Tensor, b: torch.Tensor) -> Any:
+    """The kernel for this problem: config per shape bucket (autotune result, else the heuristic),
+    compiled or loaded once per (recipe, device, bucket)."""
+    from ..tuning import Device, bucket, config_for
+
+    batched = recipe.ir.gemm.batched
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    l = a.shape[0] if batched and a.dim() == 3 else 1  # noqa: E741
+    index = (a.device.index or 0) if a.device.type == "cuda" else -1
+    key = (op_name(recipe), index, bucket(m, n, k, l))
+    k_ = _KERNELS.get(key)
+    if k_ is None:
+        with _LOCK:
+            k_ = _KERNELS.get(key)
+            if k_ is None:
+                if index not in _DEVICES:
+                    sms = torch.cuda.get_device_properties(index).multi_processor_count if index >= 0 else 132
+                    _DEVICES[index] = (Device.current(index) if index >= 0 else None, sms)
+                device, sms = _DEVICES[index]
+                k_ = _KERNELS[key] = recipe.compile(config_for(recipe.ir, m, n, k, l, device, sms))
+    return k_
+
+
+def direct_call_allowed(args: tuple, device_type: str = "cuda") -> bool:
+    """True when calling the kernel directly is indistinguishable from calling the op: eager mode,
+    no torch dispatch mode, nothing requiring grad, every tensor a plain tensor on `device_type`."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        return False
+    grad = torch.is_grad_enabled()
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            if type(x) is not torch.Tensor or x.device.type != device_type or (grad and x.requires_grad):
+                return False
+    return True
+
+
+class OpCaller:
+    """What modules call in forward: the op's overload, or the kernel directly when allowed."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+        self.overload = op(recipe).default
+        self._names = tuple(o.name for o in recipe.operands)
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
+        if direct_call_allowed((a, b, *args)):
+            return kernel_for(self.recipe, a, b)(a, b, **dict(zip(self._names, args, strict=True)))
+        return self.overload(a, b, *args)
+
+
+def caller(recipe: Recipe) -> OpCaller:
+    return OpCaller(recipe)
 
 
 def implementation(recipe: Recipe, device_type: str) -> Any:

@@ -15,20 +15,33 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # the FusedLinear layers tests/test_gpu.py runs
+#: (M, N, K) of the FusedLinear calls in tests/test_gpu.py and scripts/op_overhead.py: the runtime
+#: picks each one's config by shape, so those configs are compiled here too.
+MODULE_PROBLEMS = ((300, 1024, 512), (300, 264, 1024), (77, 264, 256), (64, 64, 64))
+#: The autotune GPU test: bias_gelu at this problem, over the heuristic's best TUNE_CANDIDATES configs.
+TUNE_PROBLEM, TUNE_CANDIDATES = (2048, 4096, 1024), 2
 
 
 def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     import torch
 
     from gemmgen.nn import linear_recipe
+    from gemmgen.select import choose
+    from gemmgen.tuning import candidates
 
     out = [(linear_recipe(act, True, torch.bfloat16), gg.KernelConfig()) for act in MLP_ACTIVATIONS]
+    for act in MLP_ACTIVATIONS:
+        recipe = linear_recipe(act, True, torch.bfloat16)
+        out += [(recipe, choose(recipe.ir, m, n, k).config) for m, n, k in MODULE_PROBLEMS]
     for recipe in load_recipes(ROOT / "examples" / "recipes.py").values():
         default = recipe.default_config()
         other = gg.Schedule.PINGPONG if default.schedule is gg.Schedule.COOPERATIVE else gg.Schedule.COOPERATIVE
         out.append((recipe, default))
         out.append((recipe, gg.KernelConfig(tile=(128, 128, 64), schedule=other)))
-    return out
+        if recipe.name == "bias_gelu":
+            m, n, _ = TUNE_PROBLEM
+            out += [(recipe, c) for c in candidates(recipe.ir, m, n, limit=TUNE_CANDIDATES)]
+    return list(dict.fromkeys(out))
 
 
 def build_all(jobs: int = 2) -> None:

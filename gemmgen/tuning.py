@@ -1,0 +1,255 @@
+"""Autotuning: time a bounded set of candidate configs per shape bucket on the GPU, keep the winner.
+
+Results are a JSON table keyed by GPU name, driver version, gemmgen version, recipe key and shape
+bucket (M bucket, N, K, L), so a result is only used where it was measured. The runtime consults
+every registered table before the heuristic (gemmgen.select): tables come from
+GEMMGEN_TUNING_PATH (files separated by os.pathsep), `gemmgen.add_tuning(path)`, and a bundle's
+`tuning.json` (`gemmgen build --tuning FILE` ships one).
+
+    table = gemmgen.autotune(recipe, [(4096, 4096, 4096), (1, 14336, 4096)], out="tuning.json")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+from .config import KernelConfig, Schedule, TileScheduler, is_valid
+from .errors import GemmgenError
+from .select import m_bucket, ranked
+
+if TYPE_CHECKING:
+    from .dsl import Recipe
+    from .ir import RecipeIR
+
+FORMAT = 1
+#: Candidates timed per shape bucket: the heuristic's best few (bounded, so tuning stays minutes).
+DEFAULT_CANDIDATES = 4
+
+Timer = Callable[[Any, KernelConfig, tuple[int, int, int, int]], float]  # (recipe, config, (m, n, k, l)) -> us
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where timings hold: the GPU's name and the driver version."""
+
+    name: str
+    driver: str
+
+    @staticmethod
+    def current(index: int | None = None) -> Device:
+        import torch
+        from cuda.bindings import driver
+
+        err, version = driver.cuDriverGetVersion()
+        ok = err == driver.CUresult.CUDA_SUCCESS
+        return Device(torch.cuda.get_device_name(index), f"{version // 1000}.{version % 1000 // 10}" if ok else "?")
+
+
+def bucket(m: int, n: int, k: int, l: int = 1) -> tuple[int, int, int, int]:  # noqa: E741
+    return (m_bucket(max(m, 1)), n, k, l)
+
+
+def entry_key(device: Device, recipe_key: str, shape_bucket: tuple[int, int, int, int]) -> str:
+    return "|".join((device.name, device.driver, __version__, recipe_key, "x".join(map(str, shape_bucket))))
+
+
+def _config_from_json(raw: Any, where: str) -> KernelConfig:
+    try:
+        tile, cluster, schedule, stages, scheduler = raw
+        return KernelConfig(tile=tuple(tile), cluster=tuple(cluster), schedule=Schedule(schedule),
+                            stages=stages, tile_scheduler=TileScheduler(scheduler))
+    except (TypeError, ValueError) as e:
+        raise GemmgenError(f"{where}: not a kernel config ({raw!r}): {e}") from e
+
+
+class TuningTable:
+    """Autotune results: entry key -> winning config and the timings that chose it."""
+
+    def __init__(self, entries: dict[str, dict] | None = None) -> None:
+        self.entries: dict[str, dict] = dict(entries or {})
+
+    def get(self, key: str) -> KernelConfig | None:
+        entry = self.entries.get(key)
+        return None if entry is None else _config_from_json(entry["config"], f"tuning entry {key!r}")
+
+    def put(self, key: str, config: KernelConfig, timings_us: dict[str, float]) -> None:
+        self.entries[key] = {"config": config.canonical(), "name": config.name,
+                             "timings_us": {k: round(v, 3) for k, v in timings_us.items()}}
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "entries": self.entries}, indent=1, sort_keys=True)
+
+    @staticmethod
+    def load(path: str | Path) -> TuningTable:
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise GemmgenError(f"tuning file {path}: cannot be read as JSON ({e}); re-run `gemmgen tune`") from e
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT or not isinstance(raw.get("entries"), dict):
+            raise GemmgenError(f"tuning file {path}: expected {{'format': {FORMAT}, 'entries': {{...}}}}; "
+                               "it was written by another gemmgen version: re-run `gemmgen tune`")
+        for key, entry in raw["entries"].items():
+            _config_from_json(entry.get("config") if isinstance(entry, dict) else None, f"{path}: entry {key!r}")
+        return TuningTable(raw["entries"])
+
+    def save(self, path: str | Path) -> None:
+        """Written whole to a temporary file and renamed: readers never see a partial table."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.to_json())
+        os.replace(tmp, path)
+
+
+_LOCK = threading.Lock()
+_TABLES: list[TuningTable] = []
+_ENV_LOADED = False
+
+
+def add_tuning(source: str | Path | TuningTable) -> TuningTable:
+    """Register autotune results (a file or a table); later registrations take precedence."""
+    table = source if isinstance(source, TuningTable) else TuningTable.load(source)
+    with _LOCK:
+        _TABLES.insert(0, table)
+    return table
+
+
+def _tables() -> list[TuningTable]:
+    global _ENV_LOADED
+    if not _ENV_LOADED:
+        with _LOCK:
+            if not _ENV_LOADED:
+                paths = [p for p in os.environ.get("GEMMGEN_TUNING_PATH", "").split(os.pathsep) if p]
+                _TABLES.extend(TuningTable.load(p) for p in paths)
+                _ENV_LOADED = True
+    return _TABLES
+
+
+def tuned_config(recipe: RecipeIR, device: Device, m: int, n: int, k: int, l: int = 1  # noqa: E741
+                 ) -> KernelConfig | None:
+    """The registered autotune winner for this problem's bucket on this device, if any."""
+    key = entry_key(device, recipe.key, bucket(m, n, k, l))
+    for table in _tables():
+        config = table.get(key)
+        if config is not None and is_valid(config, recipe):
+            return config
+    return None
+
+
+def config_for(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1,  # noqa: E741
+               device: Device | None = None, sm_count: int = 132) -> KernelConfig:
+    """What the runtime launches for a problem: the autotune winner for this device, else the heuristic's choice."""
+    from .select import choose
+
+    tuned = tuned_config(recipe, device, m, n, k, l) if device is not None else None
+    return tuned or choose(recipe, m, n, k, l, sm_count).config
+
+
+def candidates(recipe: RecipeIR, m: int, n: int, l: int = 1, sm_count: int = 132,  # noqa: E741
+               limit: int = DEFAULT_CANDIDATES) -> list[KernelConfig]:
+    """The configs autotune times for a bucket: the heuristic's `limit` best."""
+    return [cfg for _, cfg, _ in ranked(recipe, m, n, l, sm_count)[:limit]]
+
+
+def example_inputs(recipe: Recipe, m: int, n: int, k: int, l: int = 1, device: str = "cuda",  # noqa: E741
+                   seed: int | None = None) -> tuple[Any, Any, dict[str, Any]]:
+    """Random A, B and operands of the recipe's dtypes and layouts for one problem."""
+    import torch
+
+    from .types import Layout, OperandKind
+
+    g = torch.Generator(device=device)
+    g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+    lead = (l,) if recipe.ir.gemm.batched else ()
+
+    def matrix(rows: int, cols: int, dtype: Any, layout: Layout) -> Any:
+        if layout is Layout.ROW:
+            return torch.randn(*lead, rows, cols, generator=g, device=device).to(dtype)
+        return torch.randn(*lead, cols, rows, generator=g, device=device).to(dtype).transpose(-1, -2)
+
+    gemm = recipe.ir.gemm
+    a = matrix(m, k, gemm.a.torch, gemm.layout_a)
+    b = matrix(k, n, gemm.b.torch, gemm.layout_b)
+    ops: dict[str, Any] = {}
+    for o in recipe.operands:
+        if o.kind is OperandKind.SCALAR:
+            ops[o.name] = 1.0
+        elif o.kind is OperandKind.ROW:
+            ops[o.name] = torch.randn(n, generator=g, device=device).to(o.dtype.torch)
+        elif o.kind is OperandKind.COL:
+            ops[o.name] = torch.randn(m, generator=g, device=device).to(o.dtype.torch)
+        else:
+            ops[o.name] = matrix(m, n, o.dtype.torch, Layout.ROW)
+    return a, b, ops
+
+
+def cuda_event_timer(reps: int = 30, buffers: int = 4) -> Timer:
+    """Median of `reps` CUDA-event timings, rotating through `buffers` input sets (more than L2)."""
+
+    def time_us(recipe: Recipe, config: KernelConfig, problem: tuple[int, int, int, int]) -> float:
+        import torch
+
+        kernel = recipe.compile(config)
+        sets = [example_inputs(recipe, *problem) for _ in range(buffers)]
+        for a, b, ops in sets:
+            kernel(a, b, **ops)
+        samples = []
+        for i in range(reps):
+            a, b, ops = sets[i % buffers]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            kernel(a, b, **ops)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3)
+        return statistics.median(samples)
+
+    return time_us
+
+
+def autotune(recipe: Recipe, shapes: Iterable[tuple[int, ...]], *, limit: int = DEFAULT_CANDIDATES,
+             table: TuningTable | None = None, out: str | Path | None = None, timer: Timer | None = None,
+             device: Device | None = None, sm_count: int | None = None, jobs: int | None = None,
+             register: bool = True) -> TuningTable:
+    """Time the heuristic's `limit` best configs for each shape's bucket, record the fastest.
+
+    Needs a CUDA GPU (timings from anywhere else would be meaningless); `timer` and `device`
+    replace the GPU in tests. Candidates are compiled first, in parallel (gemmgen.warmup)."""
+    if timer is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise GemmgenError("autotune needs a CUDA GPU: it times kernels. Without one, use the heuristic "
+                               "(`gemmgen explain`) or ship results tuned elsewhere (`gemmgen build --tuning`)")
+        timer = cuda_event_timer()
+        device = device or Device.current()
+        if sm_count is None:
+            sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    if device is None:
+        raise GemmgenError("autotune: pass `device` (a gemmgen.tuning.Device) together with a custom `timer`")
+    from .parallel import warmup
+
+    table = table if table is not None else TuningTable()
+    problems = [tuple(p) + (1,) * (4 - len(p)) for p in shapes]
+    plan = {bucket(*p): (p, candidates(recipe.ir, p[0], p[1], p[3], sm_count or 132, limit)) for p in problems}
+    warmup(list(dict.fromkeys((recipe, c) for _, cands in plan.values() for c in cands)), jobs=jobs, quiet=True)
+    for shape_bucket, (problem, cands) in plan.items():
+        timings = {c.name: timer(recipe, c, problem) for c in cands}
+        best = min(cands, key=lambda c: timings[c.name])
+        table.put(entry_key(device, recipe.ir.key, shape_bucket), best, timings)
+    if out is not None:
+        table.save(out)
+    if register and table not in _TABLES:
+        add_tuning(table)
+    return table

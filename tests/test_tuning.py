@@ -1,0 +1,103 @@
+"""Autotune bookkeeping on the CPU: candidates, the winner, the JSON table, where it is found.
+
+The timings themselves need a GPU (tests/test_gpu.py runs a real autotune); here a timer with
+made-up numbers stands in for CUDA events, so what is checked is everything around them."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+import gemmgen as gg
+from gemmgen import tuning
+from gemmgen.bundle import Bundle
+from gemmgen.select import choose
+
+H200 = tuning.Device("NVIDIA H200", "13.0")
+
+
+@pytest.fixture(autouse=True)
+def isolated_tables(monkeypatch):
+    monkeypatch.setattr(tuning, "_TABLES", [])
+    monkeypatch.setattr(tuning, "_ENV_LOADED", True)
+    monkeypatch.setattr("gemmgen.parallel.warmup", lambda items, **kw: [])  # nothing to compile here
+
+
+def _recipe():
+    return gg.Recipe("tune_bias_relu", lambda acc, bias: gg.relu(acc + bias), operands={"bias": gg.RowVector(gg.bf16)})
+
+
+def _random_timer(seen):
+    def timer(recipe, config, problem):
+        seen.append((config, problem))
+        return random.uniform(10.0, 100.0)
+    return timer
+
+
+def test_autotune_times_a_bounded_candidate_set_and_keeps_the_fastest(tmp_path):
+    recipe, seen = _recipe(), []
+    out = tmp_path / "tuning.json"
+    table = gg.autotune(recipe, [(300, 4096, 4096), (500, 4096, 4096), (8192, 4096, 4096)], limit=3,
+                        timer=_random_timer(seen), device=H200, out=out)
+    assert len(table.entries) == 2  # M 300 and 500 share the 512 bucket
+    assert len(seen) == 6 and all(gg.config.is_valid(c, recipe.ir) for c, _ in seen)
+    for key, entry in table.entries.items():
+        gpu, driver, version, recipe_key, shape = key.split("|")
+        assert (gpu, driver, version, recipe_key) == (H200.name, H200.driver, gg.__version__, recipe.ir.key)
+        assert shape in ("512x4096x4096x1", "8192x4096x4096x1")
+        assert entry["name"] == min(entry["timings_us"], key=entry["timings_us"].get)
+        assert len(entry["timings_us"]) == 3
+    assert json.loads(out.read_text())["entries"] == table.entries
+    assert not list(tmp_path.glob(".tuning-*"))  # written through a temporary file and renamed
+
+
+def test_the_runtime_prefers_the_tuned_config_on_the_device_it_was_measured_on():
+    recipe = _recipe()
+    heuristic = choose(recipe.ir, 300, 4096, 4096).config
+    slow_for_all_but = tuning.candidates(recipe.ir, 300, 4096)[-1]
+    assert slow_for_all_but != heuristic
+
+    def timer(recipe, config, problem):
+        return 1.0 if config == slow_for_all_but else 50.0
+
+    gg.autotune(recipe, [(300, 4096, 4096)], timer=timer, device=H200)
+    assert tuning.config_for(recipe.ir, 400, 4096, 4096, 1, H200) == slow_for_all_but
+    assert tuning.config_for(recipe.ir, 400, 4096, 4096, 1, tuning.Device("NVIDIA H100", "13.0")) == heuristic
+    assert tuning.config_for(recipe.ir, 4000, 4096, 4096, 1, H200) == choose(recipe.ir, 4000, 4096, 4096).config
+
+
+def test_tuning_files_round_trip_and_bad_ones_name_the_file(tmp_path):
+    table = tuning.TuningTable()
+    key = tuning.entry_key(H200, "k" * 64, (512, 128, 256, 1))
+    table.put(key, gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.PINGPONG), {"a": 1.0})
+    table.save(tmp_path / "t.json")
+    assert tuning.TuningTable.load(tmp_path / "t.json").get(key) == table.get(key)
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(gg.GemmgenError, match=r"bad\.json.*re-run `gemmgen tune`"):
+        tuning.TuningTable.load(tmp_path / "bad.json")
+    (tmp_path / "old.json").write_text(json.dumps({"format": 0, "entries": {}}))
+    with pytest.raises(gg.GemmgenError, match=r"old\.json: expected"):
+        tuning.TuningTable.load(tmp_path / "old.json")
+    (tmp_path / "cfg.json").write_text(json.dumps({"format": 1, "entries": {key: {"config": ["x"]}}}))
+    with pytest.raises(gg.GemmgenError, match="not a kernel config"):
+        tuning.TuningTable.load(tmp_path / "cfg.json")
+
+
+def test_a_bundle_ships_its_tuning_results(tmp_path):
+    recipe = _recipe()
+    table = tuning.TuningTable()
+    config = gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.PINGPONG)
+    table.put(tuning.entry_key(H200, recipe.ir.key, tuning.bucket(100, 4096, 4096)), config, {config.name: 3.0})
+    table.save(tmp_path / "tuning.json")
+    (tmp_path / "manifest.json").write_text(json.dumps({"arch": "sm_90a", "kernels": []}))
+    Bundle(tmp_path)
+    assert tuning.config_for(recipe.ir, 100, 4096, 4096, 1, H200) == config
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where there is no GPU")
+def test_autotune_without_a_gpu_says_what_to_do_instead():
+    with pytest.raises(gg.GemmgenError, match=r"autotune needs a CUDA GPU.*gemmgen explain"):
+        gg.autotune(_recipe(), [(128, 128, 128)])
