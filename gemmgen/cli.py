@@ -35,9 +35,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         chosen, pairs = {}, [(r, r.default_config()) for r in recipes.values()]
     tuning = TuningTable.load(args.tuning) if args.tuning else None
     if tuning is not None:  # every config the tuning results name, so the bundle holds each winner
-        by_key = {r.key: r for r in recipes.values()}
-        pairs = list(dict.fromkeys([*pairs, *((by_key[k.split("|")[3]], tuning.get(k)) for k in tuning.entries
-                                               if k.split("|")[3] in by_key)]))
+        pairs = list(dict.fromkeys([*pairs, *((r, c) for r in recipes.values() for c in tuning.configs(r.key))]))
     kernels = build_many(pairs, cache, jobs=args.jobs)
     reports = [k.report for k in kernels]
     if args.out:

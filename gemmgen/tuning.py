@@ -62,6 +62,11 @@ def entry_key(device: Device, recipe_key: str, shape_bucket: tuple[int, int, int
     return "|".join((device.name, device.driver, __version__, recipe_key, "x".join(map(str, shape_bucket))))
 
 
+def recipe_key_of(key: str) -> str:
+    """The recipe key part of an `entry_key`."""
+    return key.split("|")[3]
+
+
 def _config_from_json(raw: Any, where: str) -> KernelConfig:
     try:
         tile, cluster, schedule, stages, scheduler = raw
@@ -84,6 +89,10 @@ class TuningTable:
     def put(self, key: str, config: KernelConfig, timings_us: dict[str, float]) -> None:
         self.entries[key] = {"config": config.canonical(), "name": config.name,
                              "timings_us": {k: round(v, 3) for k, v in timings_us.items()}}
+
+    def configs(self, recipe_key: str) -> list[KernelConfig]:
+        """Every winning config recorded for a recipe (on any device): what a bundle must hold."""
+        return [c for k in self.entries if recipe_key_of(k) == recipe_key if (c := self.get(k)) is not None]
 
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, "entries": self.entries}, indent=1, sort_keys=True)
@@ -115,13 +124,20 @@ class TuningTable:
 _LOCK = threading.Lock()
 _TABLES: list[TuningTable] = []
 _ENV_LOADED = False
+_GENERATION = 0  # bumped by every add_tuning: callers that memoise a choice key it with generation()
+
+
+def generation() -> int:
+    return _GENERATION
 
 
 def add_tuning(source: str | Path | TuningTable) -> TuningTable:
     """Register autotune results (a file or a table); later registrations take precedence."""
+    global _GENERATION
     table = source if isinstance(source, TuningTable) else TuningTable.load(source)
     with _LOCK:
         _TABLES.insert(0, table)
+        _GENERATION += 1
     return table
 
 

@@ -51,14 +51,15 @@ def tuple_elem(src: str) -> str:
 
 def fused_epi(src: str) -> str | None:
     """bias_gelu's add and GELU nodes as one compute node (other kernels: not applicable)."""
-    if "using EVTGelu3 = cutlass::epilogue::fusion::Sm90EVT<Gelu3, EVTAdd2>;" not in src:
+    last = "using EVTGelu3 = cutlass::epilogue::fusion::Sm90EVT<Gelu3, EVTAdd2>;\n"
+    if last not in src:
         return None
-    start, end = src.index("using Add2 ="), src.index("using CollectiveEpilogue")
+    start, end = src.index("using Add2 ="), src.index(last) + len(last)
     fused = ("struct AddGelu {\n  CUTLASS_DEVICE float operator()(float b, float a) const "
              "{ return gemmgen::epi::Gelu{}(b + a); }\n};\n"
              "using Gelu3 = cutlass::epilogue::fusion::Sm90Compute<gemmgen::epi::Map<AddGelu>::Fn, "
              "cutlass::bfloat16_t, float, cutlass::FloatRoundStyle::round_to_nearest>;\n"
-             "using EVTGelu3 = cutlass::epilogue::fusion::Sm90EVT<Gelu3, InBias, Acc>;\n\n")
+             "using EVTGelu3 = cutlass::epilogue::fusion::Sm90EVT<Gelu3, InBias, Acc>;\n")
     return (src[:start] + fused + src[end:]).replace("thread.op_0.op_0.", "thread.op_0.")
 
 

@@ -63,7 +63,9 @@ def test_the_runtime_prefers_the_tuned_config_on_the_device_it_was_measured_on()
     def timer(recipe, config, problem):
         return 1.0 if config == slow_for_all_but else 50.0
 
+    before = tuning.generation()
     gg.autotune(recipe, [(300, 4096, 4096)], timer=timer, device=H200)
+    assert tuning.generation() > before  # memoised choices (ops.kernel_for) are keyed by it
     assert tuning.config_for(recipe.ir, 400, 4096, 4096, 1, H200) == slow_for_all_but
     assert tuning.config_for(recipe.ir, 400, 4096, 4096, 1, tuning.Device("NVIDIA H100", "13.0")) == heuristic
     assert tuning.config_for(recipe.ir, 4000, 4096, 4096, 1, H200) == choose(recipe.ir, 4000, 4096, 4096).config
@@ -75,6 +77,7 @@ def test_tuning_files_round_trip_and_bad_ones_name_the_file(tmp_path):
     table.put(key, gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.PINGPONG), {"a": 1.0})
     table.save(tmp_path / "t.json")
     assert tuning.TuningTable.load(tmp_path / "t.json").get(key) == table.get(key)
+    assert table.configs("k" * 64) == [table.get(key)] and table.configs("j" * 64) == []
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(gg.GemmgenError, match=r"bad\.json.*re-run `gemmgen tune`"):
         tuning.TuningTable.load(tmp_path / "bad.json")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import tuning
 from ..types import OperandKind
 
 if TYPE_CHECKING:
@@ -30,8 +31,8 @@ _LIB: torch.library.Library | None = None
 _LOCK = threading.Lock()
 _OPS: dict[str, Any] = {}
 _IMPLS: dict[tuple[str, str], Any] = {}  # (op name, "CPU" | "CUDA") -> the Python implementation
-_KERNELS: dict[tuple, Any] = {}  # (op name, device, shape bucket) -> gemmgen.Kernel, built on first use
-_DEVICES: dict[int, tuple[Any, int]] = {}  # device index -> (autotune.Device, SM count)
+_KERNELS: dict[tuple, Any] = {}  # (op name, device, shape bucket, tuning generation) -> gemmgen.Kernel
+_DEVICES: dict[int, tuple[Any, int]] = {}  # device index -> (tuning.Device, SM count)
 
 
 def _library() -> torch.library.Library:
@@ -119,14 +120,12 @@ def op(recipe: Recipe) -> Any:
 
 def kernel_for(recipe: Recipe, a: torch.Tensor, b: torch.Tensor) -> Any:
     """The kernel for this problem: config per shape bucket (autotune result, else the heuristic),
-    compiled or loaded once per (recipe, device, bucket)."""
-    from ..tuning import Device, bucket, config_for
-
+    compiled or loaded once per (recipe, device, bucket, registered tuning tables)."""
     batched = recipe.ir.gemm.batched
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     l = a.shape[0] if batched and a.dim() == 3 else 1  # noqa: E741
     index = (a.device.index or 0) if a.device.type == "cuda" else -1
-    key = (op_name(recipe), index, bucket(m, n, k, l))
+    key = (op_name(recipe), index, tuning.bucket(m, n, k, l), tuning.generation())
     k_ = _KERNELS.get(key)
     if k_ is None:
         with _LOCK:
@@ -134,9 +133,9 @@ def kernel_for(recipe: Recipe, a: torch.Tensor, b: torch.Tensor) -> Any:
             if k_ is None:
                 if index not in _DEVICES:
                     sms = torch.cuda.get_device_properties(index).multi_processor_count if index >= 0 else 132
-                    _DEVICES[index] = (Device.current(index) if index >= 0 else None, sms)
+                    _DEVICES[index] = (tuning.Device.current(index) if index >= 0 else None, sms)
                 device, sms = _DEVICES[index]
-                k_ = _KERNELS[key] = recipe.compile(config_for(recipe.ir, m, n, k, l, device, sms))
+                k_ = _KERNELS[key] = recipe.compile(tuning.config_for(recipe.ir, m, n, k, l, device, sms))
     return k_
 
 
