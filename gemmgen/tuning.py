@@ -234,6 +234,14 @@ def cuda_event_timer(reps: int = 30, buffers: int = 4) -> Timer:
     return time_us
 
 
+def _problem(shape: Any) -> tuple[int, int, int, int]:
+    """(M, N, K) or (M, N, K, L) of positive ints, as (M, N, K, L)."""
+    p = tuple(shape) if isinstance(shape, list | tuple) else ()
+    if len(p) not in (3, 4) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in p):
+        raise GemmgenError(f"autotune: shape {shape!r}; expected (M, N, K) or (M, N, K, L) of positive integers")
+    return (*p, 1) if len(p) == 3 else p  # type: ignore[return-value]
+
+
 def autotune(recipe: Recipe, shapes: Iterable[tuple[int, ...]], *, limit: int = DEFAULT_CANDIDATES,
              table: TuningTable | None = None, out: str | Path | None = None, timer: Timer | None = None,
              device: Device | None = None, sm_count: int | None = None, jobs: int | None = None,
@@ -257,7 +265,9 @@ def autotune(recipe: Recipe, shapes: Iterable[tuple[int, ...]], *, limit: int = 
     from .parallel import warmup
 
     table = table if table is not None else TuningTable()
-    problems = [tuple(p) + (1,) * (4 - len(p)) for p in shapes]
+    problems = [_problem(p) for p in shapes]
+    if not isinstance(limit, int) or limit < 1:
+        raise GemmgenError(f"autotune: limit={limit!r}; expected the number of candidates to time per bucket (>= 1)")
     plan = {bucket(*p): (p, candidates(recipe.ir, p[0], p[1], p[3], sm_count or 132, limit)) for p in problems}
     warmup(list(dict.fromkeys((recipe, c) for _, cands in plan.values() for c in cands)), jobs=jobs, quiet=True)
     for shape_bucket, (problem, cands) in plan.items():

@@ -71,6 +71,14 @@ def test_the_runtime_prefers_the_tuned_config_on_the_device_it_was_measured_on()
     assert tuning.config_for(recipe.ir, 4000, 4096, 4096, 1, H200) == choose(recipe.ir, 4000, 4096, 4096).config
 
 
+def test_autotune_rejects_bad_shapes_and_limits_before_timing_anything():
+    seen = []
+    for shapes, limit, what in (([(128, 128)], 4, "shape"), ([(128, 0, 64)], 4, "shape"), ([(8, 8, 8)], 0, "limit")):
+        with pytest.raises(gg.GemmgenError, match=f"autotune: {what}"):
+            gg.autotune(_recipe(), shapes, limit=limit, timer=_random_timer(seen), device=H200)
+    assert seen == []
+
+
 def test_tuning_files_round_trip_and_bad_ones_name_the_file(tmp_path):
     table = tuning.TuningTable()
     key = tuning.entry_key(H200, "k" * 64, (512, 128, 256, 1))
