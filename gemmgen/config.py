@@ -45,13 +45,20 @@ class TileScheduler(enum.Enum):
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """How one recipe is mapped onto the machine. `stages=None` lets CUTLASS fill shared memory."""
+    """How one recipe is mapped onto the machine. `stages=None` lets CUTLASS fill shared memory.
+
+    With `swap_ab` the kernel computes D^T = B^T A^T (`RecipeIR.transposed`): the tile, cluster
+    and schedule then apply to that problem, whose M is the recipe's N. A small M (decode, a
+    few tokens) becomes the tile's N, which WGMMA can make as narrow as 16, instead of a
+    64-row tile mostly padded with zeros.
+    """
 
     tile: tuple[int, int, int] = (128, 128, 64)
     cluster: tuple[int, int, int] = (1, 1, 1)
     schedule: Schedule = Schedule.COOPERATIVE
     stages: int | None = None
     tile_scheduler: TileScheduler = field(default=TileScheduler.PERSISTENT)
+    swap_ab: bool = False
 
     def __post_init__(self) -> None:
         for what, t in (("tile", self.tile), ("cluster", self.cluster)):
@@ -61,6 +68,8 @@ class KernelConfig:
             raise ConfigError(f"schedule: expected a gemmgen.Schedule, got {self.schedule!r}")
         if self.stages is not None and (not isinstance(self.stages, int) or self.stages < 1):
             raise ConfigError(f"stages: expected None (auto) or a positive int, got {self.stages!r}")
+        if not isinstance(self.swap_ab, bool):
+            raise ConfigError(f"swap_ab: expected True or False, got {self.swap_ab!r}")
 
     @property
     def name(self) -> str:
@@ -68,13 +77,33 @@ class KernelConfig:
         tm, tn, tk = self.tile
         cm, cn, ck = self.cluster
         stages = "auto" if self.stages is None else f"s{self.stages}"
-        return f"{tm}x{tn}x{tk}_c{cm}x{cn}x{ck}_{self.schedule.value}_{stages}"
+        swap = "_swapab" if self.swap_ab else ""
+        return f"{tm}x{tn}x{tk}_c{cm}x{cn}x{ck}_{self.schedule.value}_{stages}{swap}"
 
     def canonical(self) -> list:
-        return [list(self.tile), list(self.cluster), self.schedule.value, self.stages, self.tile_scheduler.value]
+        """A JSON-able form. `swap_ab` enters only when set, so configs from before it keep their keys."""
+        out = [list(self.tile), list(self.cluster), self.schedule.value, self.stages, self.tile_scheduler.value]
+        return [*out, True] if self.swap_ab else out
+
+    @classmethod
+    def from_canonical(cls, raw: list) -> KernelConfig:
+        """The inverse of `canonical`; raises ConfigError (via the constructor) or ValueError/TypeError."""
+        tile, cluster, schedule, stages, scheduler, *rest = raw
+        if len(rest) > 1 or rest not in ([], [True]):
+            raise ValueError(f"unexpected trailing fields {rest!r}")
+        return cls(tile=tuple(tile), cluster=tuple(cluster), schedule=Schedule(schedule), stages=stages,
+                   tile_scheduler=TileScheduler(scheduler), swap_ab=bool(rest))
+
+
+def kernel_recipe(cfg: KernelConfig, recipe: RecipeIR) -> RecipeIR:
+    """The recipe in the kernel's own terms: transposed under `swap_ab`. Every constraint, the
+    generated types and the argument builder work on this view; only the runtime's checks and the
+    caller see the recipe as declared."""
+    return recipe.transposed() if cfg.swap_ab else recipe
 
 
 # ----------------------------------------------------------------------------- constraint sets
+# Each takes the kernel-side recipe (`kernel_recipe`); `violations` applies the view.
 
 
 def tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
@@ -191,7 +220,9 @@ CONSTRAINTS = (tile_violations, schedule_violations, cluster_violations, smem_vi
 
 
 def violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    return [v for check in CONSTRAINTS for v in check(cfg, recipe)]
+    """Every constraint `cfg` breaks for the recipe as declared."""
+    view = kernel_recipe(cfg, recipe)
+    return [v for check in CONSTRAINTS for v in check(cfg, view)]
 
 
 def is_valid(cfg: KernelConfig, recipe: RecipeIR) -> bool:

@@ -99,7 +99,12 @@ class Output:
 
 @dataclass(frozen=True)
 class GemmSpec:
-    """The main loop's problem: D[l] = epilogue(A[l] @ B[l]) with fp32 accumulation."""
+    """The main loop's problem: D[l] = epilogue(A[l] @ B[l]) with fp32 accumulation.
+
+    `layout_d` is the memory order of D and of every M x N epilogue tensor (C, aux loads and
+    stores). Recipes declare row-major outputs; a column-major one arises only as the kernel-side
+    view of a swapped kernel (`RecipeIR.transposed`).
+    """
 
     a: DType
     b: DType
@@ -108,6 +113,7 @@ class GemmSpec:
     layout_b: Layout
     batched: bool = False
     accumulator: DType = DType.F32
+    layout_d: Layout = Layout.ROW
 
 
 @dataclass(frozen=True)
@@ -139,12 +145,27 @@ class RecipeIR:
     def key(self) -> str:
         return content_key(self.canonical())
 
-    def canonical(self) -> dict:
-        """A JSON-able form with no names that do not change the math (the recipe name is left out)."""
+    def transposed(self) -> RecipeIR:
+        """The same math over transposed operands: D^T = epilogue(B^T @ A^T).
+
+        A swapped kernel computes this recipe on the caller's tensors reinterpreted in place: A and
+        B trade places with flipped layouts, D and every M x N tensor become column-major views of
+        the same memory, and row vectors (one value per column of D) become column vectors of D^T.
+        """
         g = self.gemm
+        gemm = GemmSpec(a=g.b, b=g.a, d=g.d, layout_a=g.layout_b.transposed, layout_b=g.layout_a.transposed,
+                        batched=g.batched, accumulator=g.accumulator, layout_d=g.layout_d.transposed)
+        operands = tuple(Operand(o.name, o.kind.transposed, o.dtype) for o in self.epilogue.operands)
+        return RecipeIR(self.name, gemm, EpilogueIR(self.epilogue.nodes, self.epilogue.outputs, operands))
+
+    def canonical(self) -> dict:
+        """A JSON-able form with no names that do not change the math (the recipe name is left out).
+        A field added later enters only when it differs from its default, so existing keys stay."""
+        g = self.gemm
+        layout_d = [] if g.layout_d is Layout.ROW else [g.layout_d.value]
         return {
             "gemm": [g.a.value, g.b.value, g.d.value, g.layout_a.value, g.layout_b.value, g.batched,
-                     g.accumulator.value],
+                     g.accumulator.value, *layout_d],
             "nodes": [[n.op.value, list(n.args), n.name, n.attr, n.dtype.value if n.dtype else None]
                       for n in self.epilogue.nodes],
             "outputs": [[o.name, o.node, o.dtype.value] for o in self.epilogue.outputs],

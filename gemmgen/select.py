@@ -6,6 +6,11 @@ work that is useful: padding waste of the last tile row/column, times wave quant
 GPU's SMs, times a per-tile efficiency term that favours tiles with more reuse (the MMA work per
 byte loaded grows with tile_m * tile_n / (tile_m + tile_n)). M is rounded up to a bucket first,
 so a model whose weights fix N and K needs at most one kernel per M bucket.
+
+For a small M (at most SWAP_MAX_M, decode-sized batches) the swapped kernels join the candidates:
+they compute D^T = B^T A^T, so M becomes the tile's N, which can be 16 or 32 wide, where an
+unswapped tile is at least 64 rows of mostly zero padding. They are scored on that transposed
+problem, by the same terms.
 """
 
 from __future__ import annotations
@@ -26,8 +31,18 @@ CANDIDATES: tuple[KernelConfig, ...] = tuple(
     for c in ((2, 1, 1), (1, 2, 1), (1, 1, 1))
 )
 
-#: Upper bounds of the M buckets; beyond the last, M is rounded up to a multiple of it.
-M_BUCKETS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+#: Swapped (D^T = B^T A^T) candidates for small M: narrow tile N for M, cluster along the weights.
+SWAP_CANDIDATES: tuple[KernelConfig, ...] = tuple(
+    KernelConfig(tile=t, cluster=c, schedule=s, swap_ab=True)
+    for t, s in (((128, 16, 64), COOP), ((128, 32, 64), COOP), ((128, 64, 64), COOP), ((64, 16, 64), PING),
+                 ((64, 32, 64), PING), ((64, 64, 64), PING))
+    for c in ((2, 1, 1), (1, 1, 1))
+)
+SWAP_MAX_M = 64  # swapped kernels are considered up to this M
+
+#: Upper bounds of the M buckets; beyond the last, M is rounded up to a multiple of it. The
+#: buckets under 64 exist for the swapped kernels, whose tile N follows M.
+M_BUCKETS: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 def m_bucket(m: int) -> int:
@@ -46,6 +61,8 @@ class Choice:
 
 
 def _score(cfg: KernelConfig, m: int, n: int, l: int, sm_count: int) -> tuple[float, str]:  # noqa: E741
+    if cfg.swap_ab:  # the kernel's problem is N x M
+        m, n = n, m
     tm, tn, _ = cfg.tile
     cm, cn, _ = cfg.cluster
     tiles_m = -(-m // (tm * cm)) * cm
@@ -61,12 +78,17 @@ def _score(cfg: KernelConfig, m: int, n: int, l: int, sm_count: int) -> tuple[fl
     return score, why
 
 
+def candidate_configs(m_bucket: int) -> tuple[KernelConfig, ...]:
+    """The configs considered for an M bucket, most preferred first."""
+    return CANDIDATES + SWAP_CANDIDATES if m_bucket <= SWAP_MAX_M else CANDIDATES
+
+
 def ranked(recipe: RecipeIR, m: int, n: int, l: int = 1, sm_count: int = 132  # noqa: E741
            ) -> list[tuple[float, KernelConfig, str]]:
-    """Every valid candidate for the M bucket of `m`, best first (stable: ties keep CANDIDATES order)."""
+    """Every valid candidate for the M bucket of `m`, best first (stable: ties keep candidate order)."""
     mb = m_bucket(max(m, 1))
     scored = [(*_score(cfg, mb, max(n, 1), max(l, 1), sm_count), i, cfg)
-              for i, cfg in enumerate(CANDIDATES) if is_valid(cfg, recipe)]
+              for i, cfg in enumerate(candidate_configs(mb)) if is_valid(cfg, recipe)]
     assert scored, "no candidate config is valid"
     scored.sort(key=lambda t: (-round(t[0], 9), t[2]))
     return [(score, cfg, why) for score, why, _, cfg in scored]
@@ -78,7 +100,8 @@ def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int =
     mb = m_bucket(max(m, 1))
     order = ranked(recipe, m, n, l, sm_count)
     score, cfg, why = order[0]
-    lines = [w for _, _, w in sorted(order, key=lambda t: CANDIDATES.index(t[1]))]
+    listed = candidate_configs(mb)
+    lines = [w for _, _, w in sorted(order, key=lambda t: listed.index(t[1]))]
     return Choice(cfg, mb, score, f"M={m} -> bucket {mb}; chose {why}\n  considered:\n    " + "\n    ".join(lines))
 
 

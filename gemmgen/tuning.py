@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .config import KernelConfig, Schedule, TileScheduler, is_valid
+from .config import KernelConfig, is_valid
 from .errors import GemmgenError
 from .select import m_bucket, ranked
 
@@ -69,9 +69,7 @@ def recipe_key_of(key: str) -> str:
 
 def _config_from_json(raw: Any, where: str) -> KernelConfig:
     try:
-        tile, cluster, schedule, stages, scheduler = raw
-        return KernelConfig(tile=tuple(tile), cluster=tuple(cluster), schedule=Schedule(schedule),
-                            stages=stages, tile_scheduler=TileScheduler(scheduler))
+        return KernelConfig.from_canonical(raw)
     except (TypeError, ValueError) as e:
         raise GemmgenError(f"{where}: not a kernel config ({raw!r}): {e}") from e
 

@@ -77,6 +77,11 @@ class Layout(enum.Enum):
     def cutlass(self) -> str:
         return "cutlass::layout::RowMajor" if self is Layout.ROW else "cutlass::layout::ColumnMajor"
 
+    @property
+    def transposed(self) -> Layout:
+        """The layout of the transposed matrix over the same memory."""
+        return Layout.COL if self is Layout.ROW else Layout.ROW
+
 
 RowMajor = Layout.ROW
 ColMajor = Layout.COL
@@ -89,6 +94,11 @@ class OperandKind(enum.Enum):
     ROW = "row"  # one value per output column: length N (e.g. bias)
     COL = "col"  # one value per output row: length M (e.g. per-token scale)
     MATRIX = "matrix"  # full M x N (e.g. C or a residual)
+
+    @property
+    def transposed(self) -> OperandKind:
+        """The kind indexing the transposed output (N x M) the same way: rows and columns trade places."""
+        return {OperandKind.ROW: OperandKind.COL, OperandKind.COL: OperandKind.ROW}.get(self, self)
 
 
 def as_dtype(value: object, what: str) -> DType:

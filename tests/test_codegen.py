@@ -89,7 +89,7 @@ def _collectives_check_source(kernels) -> str:
              "#include <gemmgen/epilogue.hpp>"]
     for i, k in enumerate(kernels):
         for spelling in ("resolved", "builder"):
-            ctx = type_context(k.recipe, k.config, k.epilogue, spelling)
+            ctx = type_context(k.kernel_recipe, k.config, k.epilogue, spelling)
             ctx["namespace"] = f"k{i}_{spelling}"
             parts.append(env.get_template("gemm_types.inc.j2").render(**ctx))
         for t in ("CollectiveMainloop", "CollectiveEpilogue", "GemmKernel"):
@@ -109,9 +109,11 @@ def test_resolved_collectives_are_the_builders_types(examples, extra):
     configs = [None, gg.KernelConfig(tile=(128, 128, 64), schedule=S.PINGPONG),
                gg.KernelConfig(tile=(128, 128, 64), cluster=(1, 2, 1)),
                gg.KernelConfig(tile=(128, 128, 64), cluster=(2, 2, 1), stages=3),
-               gg.KernelConfig(tile=(64, 128, 64), cluster=(1, 1, 1), schedule=S.PINGPONG)]
+               gg.KernelConfig(tile=(64, 128, 64), cluster=(1, 1, 1), schedule=S.PINGPONG),
+               gg.KernelConfig(tile=(128, 32, 64), swap_ab=True),
+               gg.KernelConfig(tile=(64, 16, 64), cluster=(2, 1, 1), schedule=S.PINGPONG, swap_ab=True)]
     kernels = [render_kernel(r.ir, c or r.default_config())
                for r in (*examples.values(), *extra.values()) for c in configs
                if c is None or gg.config.is_valid(c, r.ir)]
-    assert len(kernels) >= 25
+    assert len(kernels) >= 35
     compile_cubin(_collectives_check_source(kernels), "collectives_check", ARCH, toolchain().include_dirs)

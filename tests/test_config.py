@@ -97,3 +97,26 @@ def test_auto_stages_fill_shared_memory(recipe):
 def test_config_names_are_stable():
     assert KernelConfig().name == "128x128x64_c1x1x1_cooperative_auto"
     assert KernelConfig(tile=(64, 256, 64), schedule=PING, stages=4).name == "64x256x64_c1x1x1_pingpong_s4"
+
+
+def test_swap_ab_is_a_config_of_the_transposed_recipe(recipe):
+    from gemmgen.config import kernel_recipe
+
+    swapped = KernelConfig(tile=(128, 16, 64), cluster=(2, 1, 1), swap_ab=True)
+    assert swapped.name == "128x16x64_c2x1x1_cooperative_auto_swapab"
+    assert kernel_recipe(swapped, recipe) == recipe.transposed()
+    assert kernel_recipe(KernelConfig(), recipe) is recipe
+    # the constraints see the kernel's problem: the bias is a column vector there (tile M long)
+    plain = KernelConfig(tile=(128, 16, 64), cluster=(2, 1, 1))
+    assert epilogue_smem_bytes(plain, recipe.transposed()) != epilogue_smem_bytes(plain, recipe)
+    assert violations(swapped, recipe) == violations(plain, recipe.transposed())
+    with pytest.raises(gg.ConfigError, match=r"swap_ab: expected True or False, got 1"):
+        KernelConfig(swap_ab=1)
+
+
+def test_canonical_round_trips_and_keeps_old_keys():
+    for cfg in (KernelConfig(), KernelConfig(tile=(64, 32, 64), schedule=PING, stages=5, swap_ab=True)):
+        assert KernelConfig.from_canonical(cfg.canonical()) == cfg
+    assert KernelConfig().canonical() == [[128, 128, 64], [1, 1, 1], "cooperative", None, "persistent"]
+    with pytest.raises(ValueError, match="trailing"):
+        KernelConfig.from_canonical([[128, 128, 64], [1, 1, 1], "cooperative", None, "persistent", "x"])

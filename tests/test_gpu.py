@@ -1,9 +1,9 @@
 """Real launches on an sm_90 GPU (marker `gpu`; skipped with a reason elsewhere).
 
-For every example recipe under both schedules: an exact tier (small integers, so fp32
-accumulation is exact), a random tier (fresh inputs, tolerance by output dtype), odd sizes with
-K tails, a batch, padded leading dimensions, NaN-prefilled outputs, run-to-run bitwise
-determinism, and CUDA-graph capture and replay.
+For every example recipe under both schedules and as a swapped kernel (D^T = B^T A^T): an exact
+tier (small integers, so fp32 accumulation is exact), a random tier (fresh inputs, tolerance by
+output dtype), odd sizes with K tails, a batch, padded leading dimensions, NaN-prefilled outputs,
+run-to-run bitwise determinism, and CUDA-graph capture and replay.
 """
 
 from __future__ import annotations
@@ -167,6 +167,8 @@ def test_fused_mlp_forward_backward_compile_and_graph(gen):
     fused, report = gg.nn.fuse(copy.deepcopy(ref))
     assert len(report) == 2
     x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    with torch.no_grad():  # a decode-sized batch: the runtime picks swapped kernels
+        torch.testing.assert_close(fused(x[:8]).float(), ref(x[:8]).float(), rtol=3e-2, atol=3e-2)
     y_ref, y = ref(x), fused(x)
     torch.testing.assert_close(y.float(), y_ref.float(), rtol=3e-2, atol=3e-2)
     g = torch.randn(y.shape, device="cuda", dtype=y.dtype, generator=gen)

@@ -87,10 +87,17 @@ def _decode(data: bytes, offset: int, kind: str) -> int:
 def _extents_aligned(kernel, p: Problem) -> bool:
     """CUTLASS's can_implement also wants contiguous *extents* in multiples of 16 bytes; TMA itself
     needs only 16-byte strides (gemmgen's rule). Where both hold, CUTLASS must accept the problem."""
-    g = kernel.recipe.ir.gemm
+    g = kernel.generated.kernel_recipe.gemm
     a_contig = p.k if g.layout_a is Layout.ROW else p.m
     b_contig = p.k if g.layout_b is Layout.COL else p.n
-    return a_contig % 8 == 0 and b_contig % 8 == 0 and p.n % 8 == 0
+    d_contig = p.n if g.layout_d is Layout.ROW else p.m
+    return a_contig % 8 == 0 and b_contig % 8 == 0 and d_contig % 8 == 0
+
+
+def kernel_problem(kernel, *shape, **hardware) -> Problem:
+    """A problem of the recipe as declared, in the kernel's terms (transposed for a swapped kernel)."""
+    p = make_problem(kernel.recipe, *shape, **hardware)
+    return p.transposed() if kernel.config.swap_ab else p
 
 
 def _check(kernel, oracle, problem):
@@ -98,7 +105,7 @@ def _check(kernel, oracle, problem):
     if _extents_aligned(kernel, problem):
         assert expected.can_implement
     enc = RecordingEncoder()
-    values, grid = field_values(kernel.recipe.ir, kernel.config, problem, enc)
+    values, grid = field_values(kernel.generated.kernel_recipe, kernel.config, problem, enc)
     params = pack(kernel.params_layout, values)
     assert len(params) == kernel.info.params_size
     by_addr = {c["addr"]: {k: v for k, v in c.items() if k != "encode"} for c in expected.encodes}
@@ -122,12 +129,12 @@ def _check(kernel, oracle, problem):
 @pytest.mark.parametrize("shape", PROBLEMS, ids=lambda s: "x".join(map(str, s)))
 def test_arguments_match_cutlass(compiled, oracles, shape):
     for name, kernel in compiled.items():
-        _check(kernel, oracles[name], make_problem(kernel.recipe, *shape))
+        _check(kernel, oracles[name], kernel_problem(kernel, *shape))
 
 
 @pytest.mark.parametrize("sm_count, max_active_clusters", [(132, 0), (114, 0), (132, 66), (16, 0)])
 def test_grid_follows_hardware_info(compiled, oracles, sm_count, max_active_clusters):
-    for name in ("bias_gelu", "gemm_bf16"):  # a 2x1 cluster and no cluster
+    for name in ("bias_gelu", "gemm_bf16", "swapped"):  # a 2x1 cluster, no cluster, a swapped kernel
         kernel = compiled[name]
-        _check(kernel, oracles[name], make_problem(kernel.recipe, 4096, 2048, 512, 2, 0, sm_count,
-                                                   max_active_clusters))
+        _check(kernel, oracles[name], kernel_problem(kernel, 4096, 2048, 512, 2, 0, sm_count=sm_count,
+                                                     max_active_clusters=max_active_clusters))

@@ -60,6 +60,9 @@ def _independent(name, acc, ops):
         z = (y.abs() / (1.0 + torch.exp(-y))).bfloat16().float()
         w = torch.tanh(z) - torch.sigmoid(f["r2"]) * (2.0 - f["bias"])
         return (torch.maximum(torch.minimum(w, f["scale"][:, None]), F.relu(-w) + F.gelu(w, approximate="tanh")),)
+    if name == "swapped":
+        pre = acc * f["scale"][:, None] + f["bias"]
+        return (F.silu(pre) + f["c"] * f["r2"]).bfloat16(), pre.bfloat16()
     raise KeyError(name)
 
 
@@ -102,3 +105,28 @@ def test_reference_empty_m(examples):
     r = examples["gemm_bf16"]
     out = r.reference(torch.empty(0, 8, dtype=torch.bfloat16), torch.empty(8, 3, dtype=torch.bfloat16))
     assert out.shape == (0, 3) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("shape", SHAPES[:3], ids=lambda s: "x".join(map(str, s)))
+def test_transposed_recipe_is_the_transposed_math(examples, extra, shape, gen):
+    """What a swapped kernel computes: the transposed recipe on B^T, A^T (the same operand tensors,
+    row and column vectors trading places, matrices transposed) is D^T, for every recipe."""
+    m, n, k = shape
+    for recipe in _all_recipes(examples, extra):
+        batch = 3 if recipe.gemm.batched else None
+        lead = (batch,) if batch else ()
+        a = torch.randn(*lead, m, k, generator=gen).to(recipe.gemm.a.torch)
+        b = torch.randn(*lead, k, n, generator=gen).to(recipe.gemm.b.torch)
+        ops = _operands_for(recipe, m, n, gen, batch)
+        t = recipe.ir.transposed()
+        assert t.transposed() == recipe.ir and t.key != recipe.ir.key
+        t_ops = {name: v.mT if isinstance(v, torch.Tensor) and v.dim() >= 2 else v for name, v in ops.items()}
+        from gemmgen.reference import reference
+
+        want = recipe.reference(a, b, **ops)
+        want = want if isinstance(want, tuple) else (want,)
+        got = reference(t, b.mT, a.mT, t_ops)
+        for g, w in zip(got, want, strict=True):
+            assert w.float().abs().max() > 0
+            rtol, atol = TOL[g.dtype]
+            torch.testing.assert_close(g.mT.float(), w.float(), rtol=rtol, atol=atol)

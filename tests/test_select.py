@@ -9,14 +9,17 @@ import pytest
 import gemmgen as gg
 from gemmgen.cli import main as cli_main
 from gemmgen.config import validate
-from gemmgen.select import M_BUCKETS, choose, configs_for_shapes, m_bucket
+from gemmgen.select import M_BUCKETS, SWAP_MAX_M, choose, configs_for_shapes, m_bucket
 
 from .conftest import EXAMPLES, ROOT
 
 SWEEP_M = sorted({1, 2, 7, 16, 63, 64, 65, 100, 128, 129, 255, 512, 1000, 2047, 4096, 4097, 8192, 12000, 16384}
                  | {2**i for i in range(15)})
 WEIGHTS = [(4096, 4096), (14336, 4096), (4096, 14336), (1024, 4096), (128256, 4096), (7, 129)]
-MAX_KERNELS_PER_WEIGHT = 4
+#: Distinct kernels per weight (fixed N, K) over the whole M sweep: at most one per small-M bucket
+#: (M <= SWAP_MAX_M, where swapped kernels compete) and at most 4 for every larger M together.
+MAX_SMALL_M_KERNELS = sum(b <= SWAP_MAX_M for b in M_BUCKETS)
+MAX_LARGE_M_KERNELS = 4
 
 
 def test_every_choice_is_a_valid_config(examples, extra):
@@ -31,13 +34,27 @@ def test_every_choice_is_a_valid_config(examples, extra):
 def test_choices_are_deterministic_and_bounded_per_weight(examples):
     for recipe in examples.values():
         for n, k in WEIGHTS:
-            picked = {choose(recipe.ir, m, n, k).config for m in SWEEP_M}
-            assert picked == {choose(recipe.ir, m, n, k).config for m in SWEEP_M}
-            assert len(picked) <= MAX_KERNELS_PER_WEIGHT, (recipe.name, n, k, picked)
+            picked = {m: choose(recipe.ir, m, n, k).config for m in SWEEP_M}
+            assert picked == {m: choose(recipe.ir, m, n, k).config for m in SWEEP_M}
+            small = {c for m, c in picked.items() if m <= SWAP_MAX_M}
+            large = {c for m, c in picked.items() if m > SWAP_MAX_M}
+            assert len(small) <= MAX_SMALL_M_KERNELS and len(large) <= MAX_LARGE_M_KERNELS, (recipe.name, n, k)
+            assert not any(c.swap_ab for c in large), "swapped kernels are only for small M"
+
+
+def test_small_m_swaps_a_and_b_for_a_narrow_tile(examples):
+    """D^T = B^T A^T puts M in the tile's N, which can be 16 wide instead of 64 rows of padding."""
+    for recipe in examples.values():
+        for n, k in WEIGHTS[:5]:
+            c = choose(recipe.ir, 8, n, k)
+            assert c.config.swap_ab and c.config.tile[1] == 16, (recipe.name, n, k, c.why)
+            assert "_swapab" in c.why.splitlines()[0]
+    assert not choose(examples["gemm_bf16"].ir, 4096, 4096, 4096).config.swap_ab
 
 
 def test_buckets():
-    assert [m_bucket(m) for m in (1, 64, 65, 8192, 8193, 20000)] == [64, 64, 128, 8192, 16384, 24576]
+    assert [m_bucket(m) for m in (1, 16, 17, 33, 64, 65, 8192, 8193, 20000)] == \
+        [16, 16, 32, 64, 64, 128, 8192, 16384, 24576]
     assert list(M_BUCKETS) == sorted(M_BUCKETS)
 
 

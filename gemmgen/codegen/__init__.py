@@ -9,7 +9,7 @@ from pathlib import Path
 import jinja2
 
 from .. import __version__
-from ..config import KernelConfig, Schedule, validate
+from ..config import KernelConfig, Schedule, kernel_recipe, validate
 from ..ir import RecipeIR, content_key
 from ..types import DType
 from .evt import EpilogueCode, build_epilogue
@@ -43,8 +43,9 @@ def _environment() -> jinja2.Environment:
 
 @dataclass(frozen=True)
 class GeneratedKernel:
-    recipe: RecipeIR
+    recipe: RecipeIR  # as declared
     config: KernelConfig
+    kernel_recipe: RecipeIR  # what the kernel computes: `recipe`, transposed under config.swap_ab
     entry: str  # the extern "C" kernel symbol
     source: str
     epilogue: EpilogueCode
@@ -67,7 +68,8 @@ COLLECTIVES = {"resolved": "collectives_resolved.inc.j2", "builder": "collective
 
 
 def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, collectives: str = "resolved") -> dict:
-    """What templates/gemm_types.inc.j2 binds: the kernel's CUTLASS types and constants."""
+    """What templates/gemm_types.inc.j2 binds: the kernel's CUTLASS types and constants.
+    `recipe` is the kernel-side view (`GeneratedKernel.kernel_recipe`)."""
     g = recipe.gemm
     c_bits = DType.F32.bits if epi.element_c == "void" else _bits_of(epi.element_c)
     stage_count = ("cutlass::gemm::collective::StageCountAutoCarveout<"
@@ -76,7 +78,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
     return dict(
         namespace=f"gemmgen_{kernel_id(recipe, config)}",
         element_a=g.a.cutlass, element_b=g.b.cutlass, element_c=epi.element_c, element_d=g.d.cutlass,
-        layout_a=g.layout_a.cutlass, layout_b=g.layout_b.cutlass,
+        layout_a=g.layout_a.cutlass, layout_b=g.layout_b.cutlass, layout_d=g.layout_d.cutlass,
         alignment_a=128 // g.a.bits, alignment_b=128 // g.b.bits, alignment_c=128 // c_bits,
         alignment_d=128 // g.d.bits,
         tile=config.tile, cluster=config.cluster, kernel_schedule=config.schedule.kernel,
@@ -95,15 +97,16 @@ def _tma_load(cluster_extent: int) -> str:
 
 def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "resolved") -> GeneratedKernel:
     validate(config, recipe)
-    epi = build_epilogue(recipe)
-    fields = param_fields(recipe, config.schedule, epi)
+    view = kernel_recipe(config, recipe)
+    epi = build_epilogue(view)
+    fields = param_fields(view, config.schedule, epi)
     entry = f"gemmgen_{recipe.name}_{kernel_id(recipe, config)}"
     source = _environment().get_template("kernel.cu.j2").render(
         version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=config.name, entry=entry,
         epilogue_layout=epi.layout, info_fields=INFO_FIELDS,
         param_fields=tuple((f.name, f.lvalue("p"), f.lvalue("d")) for f in fields),
-        **type_context(recipe, config, epi, collectives))
-    return GeneratedKernel(recipe, config, entry, source, epi, fields)
+        **type_context(view, config, epi, collectives))
+    return GeneratedKernel(recipe, config, view, entry, source, epi, fields)
 
 
 def _bits_of(cutlass_type: str) -> int:

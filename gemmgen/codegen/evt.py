@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Node, Op, RecipeIR, f32_bits
-from ..types import DType, OperandKind
+from ..types import DType, Layout, OperandKind
 
 FUSION = "cutlass::epilogue::fusion"
 ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
@@ -89,13 +89,17 @@ def _functor(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
     return f"{ns}::Map<{base}>::Fn", list(node.args)
 
 
-def _aux_stride() -> str:
-    return "cute::Stride<int64_t, cute::_1, int64_t>"  # row-major M x N, batch stride
+def _aux_stride(layout: Layout) -> str:
+    """An M x N aux tensor in D's layout, with a batch stride."""
+    if layout is Layout.ROW:
+        return "cute::Stride<int64_t, cute::_1, int64_t>"
+    return "cute::Stride<cute::_1, int64_t, int64_t>"
 
 
 def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
     ir = recipe.epilogue
     d = recipe.gemm.d
+    aux_stride = _aux_stride(recipe.gemm.layout_d)
     matrices = [o.name for o in ir.operands if o.kind is OperandKind.MATRIX]
     source = matrices[0] if matrices else None
     element_c = ir.operand(source).dtype.cutlass if source else "void"
@@ -112,7 +116,8 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
             kind = {OperandKind.SCALAR: "scalar", OperandKind.ROW: "row", OperandKind.COL: "col",
                     OperandKind.MATRIX: "aux_load"}[operand.kind]
             binding = None if n.name == source else ParamBinding(kind, operand.name, operand.dtype)
-            v = _VNode(f"in_{n.name}", _load_type(operand.kind, operand.dtype, n.name == source), binding=binding)
+            v = _VNode(f"in_{n.name}", _load_type(operand.kind, operand.dtype, n.name == source, aux_stride),
+                       binding=binding)
         else:
             fn, args = _functor(n, ir.nodes)
             out = n.dtype.cutlass if n.op is Op.CAST else COMPUTE  # type: ignore[union-attr]
@@ -124,7 +129,7 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
     # read it from the last store in its chain.
     for o in ir.outputs[1:]:
         src = of_ir[o.node]
-        store = _VNode(f"aux_{o.name}", _aux_store_type(o.dtype), [src],
+        store = _VNode(f"aux_{o.name}", _aux_store_type(o.dtype, aux_stride), [src],
                        binding=ParamBinding("aux_store", o.name, o.dtype))
         vnodes.append(store)
         for v in vnodes[:-1]:
@@ -207,7 +212,7 @@ def _bindings(vnodes: list[_VNode], paths: dict[int, tuple[tuple[int, int], ...]
                  for i, v in enumerate(vnodes) if v.binding is not None)
 
 
-def _load_type(kind: OperandKind, dtype: DType, is_source: bool) -> str:
+def _load_type(kind: OperandKind, dtype: DType, is_source: bool, aux_stride: str) -> str:
     e = dtype.cutlass
     if kind is OperandKind.SCALAR:
         return f"{FUSION}::Sm90ScalarBroadcast<{e}, cute::Stride<cute::_0, cute::_0, int64_t>>"
@@ -217,15 +222,15 @@ def _load_type(kind: OperandKind, dtype: DType, is_source: bool) -> str:
         return f"{FUSION}::Sm90ColBroadcast<0, TileShape, {e}, {COMPUTE}, cute::Stride<cute::_1, cute::_0, cute::_0>>"
     if is_source:
         return f"{FUSION}::Sm90SrcFetch<{e}>"
-    desc = f"cutlass::epilogue::collective::detail::AuxLoadDescriptor<EpilogueDescriptor, {_aux_stride()}, {e}>"
-    return (f"{FUSION}::Sm90AuxLoad<{desc}::Stages, typename {desc}::EpilogueTile, {e}, {_aux_stride()}, "
+    desc = f"cutlass::epilogue::collective::detail::AuxLoadDescriptor<EpilogueDescriptor, {aux_stride}, {e}>"
+    return (f"{FUSION}::Sm90AuxLoad<{desc}::Stages, typename {desc}::EpilogueTile, {e}, {aux_stride}, "
             f"typename {desc}::SmemLayoutAtom, typename {desc}::CopyOpS2R>")
 
 
-def _aux_store_type(dtype: DType) -> str:
+def _aux_store_type(dtype: DType, aux_stride: str) -> str:
     e = dtype.cutlass
-    desc = f"cutlass::epilogue::collective::detail::AuxStoreDescriptor<EpilogueDescriptor, {_aux_stride()}, {e}>"
-    return (f"{FUSION}::Sm90AuxStore<{desc}::Stages, typename {desc}::EpilogueTile, {e}, {ROUND}, {_aux_stride()}, "
+    desc = f"cutlass::epilogue::collective::detail::AuxStoreDescriptor<EpilogueDescriptor, {aux_stride}, {e}>"
+    return (f"{FUSION}::Sm90AuxStore<{desc}::Stages, typename {desc}::EpilogueTile, {e}, {ROUND}, {aux_stride}, "
             f"typename {desc}::SmemLayoutAtom, typename {desc}::CopyOpR2S>")
 
 

@@ -77,7 +77,8 @@ class Kernel:
         self._config = compiled.config
         self._block = compiled.info.max_threads
         self._writer = ParamsWriter(compiled.params_layout)
-        self._builder = ArgumentBuilder(self._ir, self._config)
+        self._builder = ArgumentBuilder(compiled.generated.kernel_recipe, self._config)
+        self._swap = self._config.swap_ab  # the kernel computes D^T = B^T A^T on the same memory
         self._encode = encoder or driver.encode_tensor_map
         self._hardware = hardware or self._device_hardware
         self._require_cuda = require_cuda
@@ -118,7 +119,8 @@ class Kernel:
             mkey = (i, t.ptr, t.strides)
             hit = plan.out_maps.get(mkey)
             if hit is None:
-                hit = self._builder.output_map(i, plan.problem, t, self._encode)  # type: ignore[arg-type]
+                hit = self._builder.output_map(i, plan.problem, t.transposed() if self._swap else t,  # type: ignore[arg-type]
+                                               self._encode)
                 _put(plan.out_maps, mkey, hit)
             self._writer.write({hit[0]: hit[1]}, into=buf)
         return PreparedCall(outputs, bytes(buf), plan.grid, plan.device_index)
@@ -138,6 +140,8 @@ class Kernel:
         problem = Problem(call.m, call.n, call.k, call.l, call.a, call.b, placeholder, call.operands,
                           {o.name: placeholder for o in ir.epilogue.outputs[1:]}, max(device_index, 0), sm_count,
                           clusters)
+        if self._swap:
+            problem = problem.transposed()
         values, grid = self._builder.values(problem, self._encode, outputs=False)
         return _Plan(shape, call.device, device_index, call, self._writer.write(values), grid, problem)
 

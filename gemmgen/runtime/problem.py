@@ -14,6 +14,11 @@ class TensorArg:
     ptr: int
     strides: tuple[int, int, int] = (0, 0, 0)
 
+    def transposed(self) -> TensorArg:
+        """An M x N tensor seen as N x M over the same memory."""
+        s = self.strides
+        return TensorArg(self.ptr, (s[1], s[0], s[2]))
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -29,3 +34,14 @@ class Problem:
     device_id: int = 0
     sm_count: int = 132
     max_active_clusters: int = 0
+
+    def transposed(self) -> Problem:
+        """The same launch as D^T = B^T A^T, what a swapped kernel computes (RecipeIR.transposed).
+
+        B's (N, K, L) strides are those of A^T as the kernel's (M, K, L) operand, and A's are
+        B^T's; every M x N tensor is the transpose of the same memory. Vectors (no strides) and
+        scalars are unchanged: only the kernel's name for their dimension changes."""
+        ops = {k: v.transposed() if isinstance(v, TensorArg) else v for k, v in self.operands.items()}
+        return Problem(self.n, self.m, self.k, self.l, self.b, self.a, self.d.transposed(), ops,
+                       {k: v.transposed() for k, v in self.aux.items()}, self.device_id, self.sm_count,
+                       self.max_active_clusters)

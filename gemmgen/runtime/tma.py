@@ -97,7 +97,7 @@ class TmaTemplate:
     itemsize: int
     box: tuple[int, int, int]
     swizzle: int
-    contiguous_first: bool  # MN-major mainloop operand: TMA dim 0 is M/N, not K
+    contiguous_first: bool  # TMA dim 0 is M/N, not K (MN-major operand); M, not N (column-major C/D/aux)
 
     def operand(self, addr: int, mn: int, k: int, l: int, strides: tuple[int, int, int]) -> EncodeArgs:  # noqa: E741
         """A (M x K) or B (N x K); `strides` are CUTLASS's (MN, K, L) element strides."""
@@ -106,7 +106,9 @@ class TmaTemplate:
         return self._args(addr, (k, mn, l), strides[0], strides[2])
 
     def matrix(self, addr: int, m: int, n: int, l: int, strides: tuple[int, int, int]) -> EncodeArgs:  # noqa: E741
-        """C, D or an aux tensor: row-major M x N per batch."""
+        """C, D or an aux tensor, M x N per batch; `strides` are CUTLASS's (M, N, L) element strides."""
+        if self.contiguous_first:
+            return self._args(addr, (m, n, l), strides[1], strides[2])
         return self._args(addr, (n, m, l), strides[0], strides[2])
 
     def _args(self, addr: int, dims: tuple[int, int, int], s1: int, s2: int) -> EncodeArgs:
@@ -134,7 +136,11 @@ def mainloop_template(recipe: RecipeIR, config: KernelConfig, which: str) -> Tma
 
 
 def epilogue_template(recipe: RecipeIR, config: KernelConfig, dtype: DType) -> TmaTemplate:
-    """The TMA of C, D or an aux tensor, tiled by the epilogue tile."""
+    """The TMA of C, D or an aux tensor, tiled by the epilogue tile, in D's layout
+    (sm90_get_epilogue_smem_swizzle_layout_atom: the swizzle spans the contiguous extent)."""
     em, en = epilogue_tile(config, recipe)
-    swizzle, _ = _swizzle_atom(en, dtype.bits)
-    return TmaTemplate(int(_storage_type(dtype)), dtype.nbytes, (en, em, 1), int(swizzle), False)
+    if recipe.gemm.layout_d is Layout.ROW:
+        swizzle, _ = _swizzle_atom(en, dtype.bits)
+        return TmaTemplate(int(_storage_type(dtype)), dtype.nbytes, (en, em, 1), int(swizzle), False)
+    swizzle, width = _swizzle_atom(em, dtype.bits)
+    return TmaTemplate(int(_storage_type(dtype)), dtype.nbytes, (min(width, em), en, 1), int(swizzle), True)

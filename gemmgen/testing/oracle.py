@@ -90,7 +90,7 @@ class OracleProgram:
             n_slots=len(self.slots.names), n_args=len(self.slots.names) + 1, slot=hw,
             mainloop_args=mainloop, epilogue_args=epilogue,
             fields=[(f.name, f.lvalue("p")) for f in kernel.fields], aux_sizes=atoms,
-            **type_context(kernel.recipe, kernel.config, kernel.epilogue))
+            **type_context(kernel.kernel_recipe, kernel.config, kernel.epilogue))
         digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
         self.exe = build_dir / f"oracle-{kernel.recipe.name}-{digest}"
         self._build_dir = build_dir

@@ -1,6 +1,6 @@
 """Coverage kernels for the tests: every epilogue functor, a second matrix input (Sm90AuxLoad),
-constants on either side of an op, a cast, a compile-time scalar, f32 D, a batched recipe, and
-MN-major A and B multicast across a 2x2 cluster."""
+constants on either side of an op, a cast, a compile-time scalar, f32 D, a batched recipe,
+MN-major A and B multicast across a 2x2 cluster, and a swapped kernel (D^T = B^T A^T)."""
 
 import gemmgen as gg
 
@@ -23,4 +23,24 @@ every_op = gg.Recipe(
     operands={"c": gg.Matrix(gg.bf16), "r2": gg.Matrix(gg.f16), "bias": gg.RowVector(gg.f32),
               "scale": gg.ColVector(gg.bf16), "k": gg.Scalar(value=0.5)},
     config=gg.KernelConfig(tile=(64, 128, 64), cluster=(2, 2, 1), schedule=gg.Schedule.PINGPONG, stages=4),
+)
+
+
+# Swapped: the kernel computes D^T = B^T A^T, so its A is B^T (MN-major here, B being row-major),
+# the row vector becomes a column vector and vice versa, and C, the aux load and the aux store are
+# column-major. A shared value makes the epilogue a graph; batched, multicast across a 2x1 cluster.
+def _swapped(acc, bias, scale, c, r2):
+    pre = acc * scale + bias
+    return {"d": gg.silu(pre) + c * r2, "pre": pre}
+
+
+swapped = gg.Recipe(
+    "swapped",
+    _swapped,
+    layout_b=gg.RowMajor,
+    batched=True,
+    operands={"bias": gg.RowVector(gg.bf16), "scale": gg.ColVector(gg.f32), "c": gg.Matrix(gg.bf16),
+              "r2": gg.Matrix(gg.f16)},
+    aux={"pre": gg.bf16},
+    config=gg.KernelConfig(tile=(128, 32, 64), cluster=(2, 1, 1), swap_ab=True),
 )

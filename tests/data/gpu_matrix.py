@@ -1,4 +1,4 @@
-"""The kernels the GPU checks run: every example recipe under both schedules.
+"""The kernels the GPU checks run: every example recipe under both schedules and swapped.
 
 Shared by tests/test_gpu.py and scripts/prepare_gpu_check.sh (which compiles them on the CPU
 machine so the GPU machine only loads cubins).
@@ -17,7 +17,23 @@ ROOT = Path(__file__).resolve().parents[2]
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # the FusedLinear layers tests/test_gpu.py runs
 #: (M, N, K) of the FusedLinear calls in tests/test_gpu.py and scripts/op_overhead.py: the runtime
 #: picks each one's config by shape, so those configs are compiled here too.
-MODULE_PROBLEMS = ((300, 1024, 512), (300, 264, 1024), (77, 264, 256), (64, 64, 64))
+MODULE_PROBLEMS = ((300, 1024, 512), (300, 264, 1024), (77, 264, 256), (64, 64, 64), (8, 1024, 512),
+                   (8, 264, 1024))
+#: The swapped kernel each example recipe also runs under: the heuristic's pick for a decode step.
+DECODE_PROBLEM = (8, 4096, 4096)
+#: scripts/gpu_bench.py: bias_gelu at these (M, N, K) under the heuristic's config; where that is a
+#: swapped kernel, also under the best unswapped one, to show what the swap buys.
+BENCH_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336), (8, 4096, 4096), (64, 4096, 14336))
+
+
+def bench_configs(recipe: gg.Recipe, m: int, n: int, k: int) -> list[gg.KernelConfig]:
+    """The heuristic's config, then (for a swapped pick) the best unswapped one."""
+    from gemmgen.select import choose, ranked
+
+    chosen = choose(recipe.ir, m, n, k).config
+    if not chosen.swap_ab:
+        return [chosen]
+    return [chosen, next(c for _, c, _ in ranked(recipe.ir, m, n) if not c.swap_ab)]
 #: The autotune GPU test: bias_gelu at this problem, over the heuristic's best TUNE_CANDIDATES configs.
 TUNE_PROBLEM, TUNE_CANDIDATES = (2048, 4096, 1024), 2
 
@@ -38,9 +54,13 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         other = gg.Schedule.PINGPONG if default.schedule is gg.Schedule.COOPERATIVE else gg.Schedule.COOPERATIVE
         out.append((recipe, default))
         out.append((recipe, gg.KernelConfig(tile=(128, 128, 64), schedule=other)))
+        decode = choose(recipe.ir, *DECODE_PROBLEM).config
+        assert decode.swap_ab, decode
+        out.append((recipe, decode))
         if recipe.name == "bias_gelu":
             m, n, _ = TUNE_PROBLEM
             out += [(recipe, c) for c in candidates(recipe.ir, m, n, limit=TUNE_CANDIDATES)]
+            out += [(recipe, c) for shape in BENCH_SHAPES for c in bench_configs(recipe, *shape)]
     return list(dict.fromkeys(out))
 
 
