@@ -1,5 +1,7 @@
 """Host cost of one call of a cached kernel, on the CPU: argument checks, output handling, Params
 building and tensor-map encoding through the recording stand-in (the driver's encode is not timed).
+Four cases: every tensor as in the last call; the same inputs with D allocated; tensors at new
+addresses but shaped like an earlier call's (new activations); and tensors never seen.
 
     python scripts/host_overhead.py
 """
@@ -43,8 +45,13 @@ def main() -> None:
         enc.calls.clear()
         return kernel.prepare(a, b, bias=bias, **kw)
 
+    def new_addresses(**kw):
+        kernel._plans.clear()  # as if every tensor were new, but shaped like the last call's
+        return call(**kw)
+
     def cold(**kw):
         kernel._plans.clear()  # every call checks and builds from scratch
+        kernel._layouts.clear()
         return call(**kw)
 
     print(f"# {recipe.name} ({kernel.compiled.config.name}), torch {torch.__version__}, CPU, median of 7x2000")
@@ -52,6 +59,7 @@ def main() -> None:
     print(f"same inputs, D allocated:       {_median_us(call):.1f} us per call")
     print(f"  of which torch.empty of D:    {_median_us(lambda: torch.empty(m, n, dtype=torch.bfloat16)):.1f} us "
           "(CPU allocator; CUDA's caching allocator is far cheaper)")
+    print(f"new addresses, known layout:    {_median_us(lambda: new_addresses(out=out), reps=300):.1f} us per call")
     print(f"no reuse (cold host path):      {_median_us(lambda: cold(out=out), reps=300):.1f} us per call")
 
 

@@ -276,3 +276,57 @@ def test_params_address_the_recipes_math(compiled, shape):
             assert not got.isnan().any(), f"{name} {shape}: output elements the kernel would not write"
             tol = TOLERANCE[got.dtype]
             torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol, msg=f"{name} {shape}")
+
+
+def test_new_addresses_of_a_known_layout_redo_only_the_address_work(compiled):
+    """New tensors shaped like earlier ones: the Params equal a fresh kernel's for the same tensors,
+    only the input tensor maps are encoded again, and the address checks still run."""
+    for name in ("bias_gelu", "swapped"):
+        ck = compiled[name]
+        enc = RecordingEncoder()
+        k = _cpu_kernel(ck, enc)
+        g = ck.recipe.ir.gemm
+        lead = (2,) if g.batched else ()
+
+        outs = tuple(_padded(40, 24, o.dtype.torch, True, lead) for o in ck.recipe.outputs)
+        out = outs if len(outs) > 1 else outs[0]
+        a, b, ops = _fresh_args(ck.recipe, 40, 24, 72, lead)
+        k.prepare(a, b, out=out, **ops)
+        a2, b2, ops2 = _fresh_args(ck.recipe, 40, 24, 72, lead)
+        before = len(enc.calls)
+        again = k.prepare(a2, b2, out=out, **ops2)
+        n_inputs = 2 + sum(o.kind is gg.OperandKind.MATRIX for o in ck.recipe.operands)
+        assert len(enc.calls) - before == n_inputs, name  # output maps are shared by the layout
+        fresh_enc = RecordingEncoder()
+        fresh = _cpu_kernel(ck, fresh_enc).prepare(a2, b2, out=out, **ops2)
+        assert again.grid == fresh.grid
+        assert _decoded(ck, again.params, enc) == _decoded(ck, fresh.params, fresh_enc), name
+        storage = torch.empty(a2.untyped_storage().nbytes() // a2.element_size() + 8, dtype=a2.dtype)
+        bad = storage.as_strided(a2.shape, a2.stride(), storage_offset=1)  # a2's layout, 2 bytes off
+        with pytest.raises(gg.InvalidArgument, match=r"a: data pointer .* not 16-byte aligned"):
+            k.prepare(bad, b2, out=out, **ops2)
+        if "c" in ops2:
+            with pytest.raises(gg.InvalidArgument, match=r"out: shares memory with input"):
+                k.prepare(a2, b2, out=(ops2["c"], *outs[1:]), **ops2)
+
+
+def _fresh_args(recipe, m, n, k, lead):
+    """New A, B and tensor operands (padded leading dimensions) for the recipe at (M, N, K)."""
+    g = recipe.ir.gemm
+    a = _padded(m, k, g.a.torch, g.layout_a is gg.RowMajor, lead)
+    b = _padded(k, n, g.b.torch, g.layout_b is gg.RowMajor, lead)
+    ops = {o.name: (_padded(m, n, o.dtype.torch, True, lead) if o.kind is gg.OperandKind.MATRIX else
+                    torch.randn(n if o.kind is gg.OperandKind.ROW else m).to(o.dtype.torch))
+           for o in recipe.operands if o.kind is not gg.OperandKind.SCALAR}
+    return a, b, ops
+
+
+def _decoded(ck, params, enc):
+    """Params as {field: value}; tensor maps as the arguments they were encoded from."""
+    from gemmgen.codegen.params import KIND_SIZE
+
+    out = {}
+    for f, offset, _ in ck.params_layout.fields:
+        raw = params[offset:offset + KIND_SIZE[f.kind]]
+        out[f.name] = enc.of(raw) if f.kind == "desc" else raw
+    return out

@@ -104,6 +104,18 @@ def test_torch_compile_fullgraph_traces_without_breaks(gen):
     torch.testing.assert_close(compiled(x), fused(x))
 
 
+def test_export_keeps_the_gemmgen_ops(gen):
+    """torch.export of the fused MLP: one gemmgen op per fused layer in the graph, same results."""
+    fused, report = gg.nn.fuse(_mlp())
+    x = torch.randn(4, 64, generator=gen).bfloat16()
+    with torch.no_grad():
+        exported = torch.export.export(fused, (x,))
+        targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+        assert sum(t.startswith("gemmgen.") for t in targets) == len(report), targets
+        assert not any(t.startswith("aten.") and ("linear" in t or "mm" in t) for t in targets), targets
+        torch.testing.assert_close(exported.module()(x), fused(x))
+
+
 def test_fused_linear_rejects_unknown_activation():
     with pytest.raises(gg.RecipeError, match="activation: expected one of"):
         gg.nn.FusedLinear(8, 8, activation="swish")

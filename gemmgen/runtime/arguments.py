@@ -56,26 +56,38 @@ class ArgumentBuilder:
                ) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
         """Every runtime field by name (constant fields keep their probed defaults), and the grid.
         With `outputs=False` the tensor maps of D and the aux outputs are left out (written per call)."""
-        v: dict[str, int | float | bytes] = {"mode": MODE_BATCHED if p.l > 1 else MODE_GEMM, "problem.m": p.m,
-                                             "problem.n": p.n, "problem.k": p.k, "problem.l": p.l}
-        v["mainloop.tma_a"] = encode(self.a.operand(p.a.ptr, p.m, p.k, p.l, p.a.strides))
-        v["mainloop.tma_b"] = encode(self.b.operand(p.b.ptr, p.n, p.k, p.l, p.b.strides))
-        for field, name in self.scalars:
-            v[field] = float(p.operands[name])  # type: ignore[arg-type]
-        for field, name in self.vectors:
-            v[field] = p.operands[name].ptr  # type: ignore[union-attr]
-        for field, name, t in self.loads:
-            arg = p.operands[name]
-            v[field] = encode(t.matrix(arg.ptr, p.m, p.n, p.l, arg.strides))  # type: ignore[union-attr]
+        v, grid = self.shape_values(p)
+        v.update(self.input_values(p, encode))
         if outputs:
             for field, name, t in self.stores:
                 v[field] = encode(t.matrix(p.aux[name].ptr, p.m, p.n, p.l, p.aux[name].strides))
             v[self.d[0]] = encode(self.d[2].matrix(p.d.ptr, p.m, p.n, p.l, p.d.strides))
+        return v, grid
+
+    def shape_values(self, p: Problem) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
+        """The fields that do not depend on any address (extents, scalars, hardware, scheduler), and the grid."""
+        v: dict[str, int | float | bytes] = {"mode": MODE_BATCHED if p.l > 1 else MODE_GEMM, "problem.m": p.m,
+                                             "problem.n": p.n, "problem.k": p.k, "problem.l": p.l}
+        for field, name in self.scalars:
+            v[field] = float(p.operands[name])  # type: ignore[arg-type]
         v.update({"hw_info.device_id": p.device_id, "hw_info.sm_count": p.sm_count,
                   "hw_info.max_active_clusters": p.max_active_clusters})
         plan = scheduler.plan(p.m, p.n, p.l, self.tile, self.cluster, p.sm_count, p.max_active_clusters)
         v.update(plan.fields)
         return v, plan.grid
+
+    def input_values(self, p: Problem, encode: TensorMapEncoder) -> dict[str, int | float | bytes]:
+        """The fields that depend on input addresses: A's and B's tensor maps, vector pointers, C and
+        aux-load tensor maps."""
+        v: dict[str, int | float | bytes] = {
+            "mainloop.tma_a": encode(self.a.operand(p.a.ptr, p.m, p.k, p.l, p.a.strides)),
+            "mainloop.tma_b": encode(self.b.operand(p.b.ptr, p.n, p.k, p.l, p.b.strides))}
+        for field, name in self.vectors:
+            v[field] = p.operands[name].ptr  # type: ignore[union-attr]
+        for field, name, t in self.loads:
+            arg = p.operands[name]
+            v[field] = encode(t.matrix(arg.ptr, p.m, p.n, p.l, arg.strides))  # type: ignore[union-attr]
+        return v
 
     def output_map(self, index: int, p: Problem, t: TensorArg, encode: TensorMapEncoder) -> tuple[str, bytes]:
         """(field, tensor map) of output `index` (0 is D, then the aux outputs) at `t`."""

@@ -9,7 +9,7 @@ contiguous one; extents are free (out-of-bounds reads are zero-filled and stores
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -21,8 +21,9 @@ from .problem import TensorArg
 TMA_ALIGN = 16
 
 
-@dataclass(frozen=True)
-class CheckedCall:
+class CheckedCall(NamedTuple):
+    """A call's arguments, checked, in CUTLASS's terms (a tuple: rebuilt for every new address set)."""
+
     m: int
     n: int
     k: int
@@ -31,7 +32,7 @@ class CheckedCall:
     a: TensorArg
     b: TensorArg
     operands: dict[str, TensorArg | float]
-    spans: tuple[tuple[int, int], ...]  # [first, last byte) of every non-empty input tensor (alias checks)
+    extents: tuple[int, ...]  # bytes each input spans from its address: a, b, tensor operands (alias checks)
 
 
 def _need_tensor(name: str, t: object) -> torch.Tensor:
@@ -138,8 +139,40 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
     am, ak, al = _matrix("a", a, m, k, g.layout_a, g.batched, l)
     # B is K x N in torch terms and (N, K, L) in CUTLASS's: swap the per-mode strides.
     bk, bn, bl = _matrix("b", b, k, n, g.layout_b, g.batched, l)
-    return CheckedCall(m, n, k, l, device, TensorArg(a_ptr, (am, ak, al)), TensorArg(b_ptr, (bn, bk, bl)),
-                       checked, tuple(_span(t) for _, t in named if t.numel()))
+    ta, tb = TensorArg(a_ptr, (am, ak, al)), TensorArg(b_ptr, (bn, bk, bl))
+    extents = [_bytes(ta, g.a.nbytes, (m, k, l)), _bytes(tb, g.b.nbytes, (n, k, l))]
+    for o in recipe.epilogue.operands:
+        v = checked[o.name]
+        if o.kind is OperandKind.MATRIX:
+            extents.append(_bytes(v, o.dtype.nbytes, (m, n, l)))  # type: ignore[arg-type]
+        elif o.kind is not OperandKind.SCALAR:
+            extents.append((n if o.kind is OperandKind.ROW else m) * o.dtype.nbytes)
+    return CheckedCall(m, n, k, l, device, ta, tb, checked, tuple(extents))
+
+
+def rebind(call: CheckedCall, a: torch.Tensor, b: torch.Tensor, operands: dict[str, object]) -> CheckedCall:
+    """`call` for tensors of the same shapes, strides, dtypes and device at other addresses.
+
+    Only the address checks run again (16-byte alignment). The caller guarantees the rest: its
+    cache key holds every property the other checks read.
+    """
+    ops = {k: TensorArg(_aligned_ptr(k, operands[k]), v.strides) if isinstance(v, TensorArg) else v  # type: ignore[arg-type]
+           for k, v in call.operands.items()}
+    return CheckedCall(call.m, call.n, call.k, call.l, call.device, TensorArg(_aligned_ptr("a", a), call.a.strides),
+                       TensorArg(_aligned_ptr("b", b), call.b.strides), ops, call.extents)
+
+
+def input_spans(call: CheckedCall) -> tuple[tuple[int, int], ...]:
+    """[first, last byte) of the memory each non-empty input is read from (for alias checks)."""
+    ptrs = (call.a.ptr, call.b.ptr, *(v.ptr for v in call.operands.values() if isinstance(v, TensorArg)))
+    return tuple((p, p + e) for p, e in zip(ptrs, call.extents, strict=True) if e)
+
+
+def _bytes(t: TensorArg, itemsize: int, extents: tuple[int, int, int]) -> int:
+    """Bytes from a tensor's address to the end of its last element (0 if it is empty)."""
+    if 0 in extents:
+        return 0
+    return itemsize * (1 + sum((e - 1) * s for e, s in zip(extents, t.strides, strict=True)))
 
 
 def _describe(o: Operand) -> str:
@@ -173,21 +206,32 @@ def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool) -
 
 
 def check_output(name: str, t: object, dtype: DType, shape: tuple[int, ...], device: torch.device,
-                 inputs: tuple[tuple[int, int], ...], batched: bool, l: int) -> TensorArg:  # noqa: E741
+                 batched: bool, l: int) -> TensorArg:  # noqa: E741
+    """An output tensor on its own (dtype, shape, device, alignment, strides); see `check_no_alias`."""
     t = _need_tensor(name, t)
     _dtype(name, t, dtype)
     if tuple(t.shape) != shape:
         raise InvalidArgument(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
     if t.device != device:
         raise InvalidArgument(f"{name}: on {t.device} but the inputs are on {device}")
-    if t.numel():
-        lo, hi = _span(t)
-        for i, (x_lo, x_hi) in enumerate(inputs):
-            if lo < x_hi and x_lo < hi:
-                raise InvalidArgument(f"{name}: shares memory with input #{i}; gemmgen does not write in place, "
-                                      "pass a separate output tensor")
     m, n = shape[-2], shape[-1]
     return TensorArg(_aligned_ptr(name, t), _matrix(name, t, m, n, Layout.ROW, batched, l))
+
+
+def check_no_alias(name: str, span: tuple[int, int] | None, inputs: tuple[tuple[int, int], ...]) -> None:
+    """An output's bytes (`span`, None if empty) must not overlap any input's (`input_spans`)."""
+    if span is None:
+        return
+    lo, hi = span
+    for i, (x_lo, x_hi) in enumerate(inputs):
+        if lo < x_hi and x_lo < hi:
+            raise InvalidArgument(f"{name}: shares memory with input #{i}; gemmgen does not write in place, "
+                                  "pass a separate output tensor")
+
+
+def output_span(t: torch.Tensor) -> tuple[int, int] | None:
+    """[first, last byte) a strided tensor can touch; None if it is empty."""
+    return _span(t) if t.numel() else None
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:

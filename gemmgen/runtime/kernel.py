@@ -7,24 +7,35 @@ A call checks its arguments (raising gemmgen.InvalidArgument before any launch),
 outputs, builds the Params block in Python and launches on torch's current stream: no host
 synchronisation and nothing allocated besides the outputs, so it can be captured in a CUDA graph.
 
-The host path is cached per call signature (every tensor's address, shape, strides, dtype and
-device, and every scalar): a repeated signature reuses the checked problem, the input tensor maps
-and the scheduler's values, and only the output tensor maps are looked up (by address and strides).
-The key holds everything the cached values derive from, so a hit cannot serve stale arguments.
+The host path is cached at two levels. Per call signature (every tensor's address, shape,
+strides, dtype and device, and every scalar) a repeated call reuses the checked problem, the input
+tensor maps and the scheduler's values, and only the output tensor maps are looked up (by address
+and strides). A call that differs from an earlier one only in addresses (new activations of the
+same shape) redoes only the address checks and the input tensor maps. Each key holds everything
+the values cached under it derive from, so a hit cannot serve stale arguments.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from ..errors import InvalidArgument
 from . import driver
 from .arguments import ArgumentBuilder, ParamsWriter, TensorMapEncoder
-from .checks import TMA_ALIGN, check_call, check_output
+from .checks import (
+    TMA_ALIGN,
+    CheckedCall,
+    check_call,
+    check_no_alias,
+    check_output,
+    input_spans,
+    output_span,
+    rebind,
+)
 from .problem import Problem, TensorArg
 
 if TYPE_CHECKING:
@@ -40,17 +51,18 @@ class _Plan:
     shape: tuple[int, ...]
     device: torch.device
     device_index: int
-    call: Any  # CheckedCall
+    call: CheckedCall
     base: bytearray | None  # Params with every field but the output tensor maps; None: nothing to launch
     grid: tuple[int, int, int]
     problem: Problem | None
     zero_k: bool = False  # K = 0 with a non-empty output: computed as the epilogue of zero
+    # Shared by the plans of one layout (signature without addresses), as they depend on nothing else:
     out_maps: dict[tuple, tuple[str, bytes]] = field(default_factory=dict)  # (output, addr, strides) -> map
-    out_checked: dict[tuple, TensorArg] = field(default_factory=dict)  # (output, signature) -> checked output
+    out_checked: dict[tuple, tuple] = field(default_factory=dict)  # (output, signature) -> (TensorArg, span)
+    input_spans: tuple[tuple[int, int], ...] | None = None  # per plan, computed when an output is first given
 
 
-@dataclass(frozen=True)
-class PreparedCall:
+class PreparedCall(NamedTuple):
     """Everything a launch needs; `params is None` when there is nothing to launch (empty problem)."""
 
     outputs: tuple[torch.Tensor, ...]
@@ -59,11 +71,12 @@ class PreparedCall:
     device_index: int
 
 
-def _signature(t: Any) -> tuple:
+def _signature(t: Any) -> tuple[int, tuple]:
+    """(address, everything else the checks read) of one argument; a scalar has no address."""
     if isinstance(t, torch.Tensor):
-        return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+        return t.data_ptr(), (t.shape, t.stride(), t.dtype, t.device)
     if isinstance(t, float | int) and not isinstance(t, bool):
-        return (type(t), t)
+        return 0, (type(t), t)
     raise TypeError  # not cacheable: let the checks report it
 
 
@@ -82,7 +95,8 @@ class Kernel:
         self._encode = encoder or driver.encode_tensor_map
         self._hardware = hardware or self._device_hardware
         self._require_cuda = require_cuda
-        self._plans: dict[tuple, _Plan] = {}
+        self._plans: dict[tuple, _Plan] = {}  # by every argument's signature, addresses included
+        self._layouts: dict[tuple, _Plan] = {}  # the latest plan per signature without addresses
 
     def __repr__(self) -> str:
         return f"<gemmgen.Kernel {self.compiled.entry} ({self._config.name})>"
@@ -106,9 +120,7 @@ class Kernel:
             key = None
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
-            plan = self._plan(a, b, operands)
-            if key is not None:
-                _put(self._plans, key, plan)
+            plan = self._new_plan(key, a, b, operands)
         outputs, targs = self._outputs(plan, out)
         if plan.base is None:
             if plan.zero_k:
@@ -125,7 +137,21 @@ class Kernel:
             self._writer.write({hit[0]: hit[1]}, into=buf)
         return PreparedCall(outputs, bytes(buf), plan.grid, plan.device_index)
 
+    def _new_plan(self, key: tuple | None, a: Any, b: Any, operands: dict) -> _Plan:
+        """The plan for a call signature not seen (or no longer cached): rebound from a plan of the
+        same layout (the signature without addresses) if there is one, else built from scratch."""
+        if key is None:
+            return self._plan(a, b, operands)
+        layout = (key[0][1], key[1][1], *((name, sig[1]) for name, sig in key[2:]))
+        same = self._layouts.get(layout)
+        plan = self._rebind(same, a, b, operands) if same is not None and same.base is not None else \
+            self._plan(a, b, operands)
+        _put(self._plans, key, plan)
+        _put(self._layouts, layout, plan)
+        return plan
+
     def _plan(self, a: Any, b: Any, operands: dict) -> _Plan:
+        """Check every argument and build the input side of the Params from scratch."""
         ir = self._ir
         call = check_call(ir, a, b, operands, require_cuda=self._require_cuda)
         device_index = (call.device.index or 0) if call.device.type == "cuda" else -1
@@ -135,15 +161,28 @@ class Kernel:
         if 0 in (call.m, call.n, call.l, call.k):
             zero_k = call.k == 0 and 0 not in (call.m, call.n, call.l)
             return _Plan(shape, call.device, device_index, call, None, (0, 0, 0), None, zero_k)
-        sm_count, clusters = self._hardware(device_index)
-        placeholder = TensorArg(0)  # outputs are written per call
-        problem = Problem(call.m, call.n, call.k, call.l, call.a, call.b, placeholder, call.operands,
-                          {o.name: placeholder for o in ir.epilogue.outputs[1:]}, max(device_index, 0), sm_count,
-                          clusters)
-        if self._swap:
-            problem = problem.transposed()
+        problem = self._problem(call, device_index, *self._hardware(device_index))
         values, grid = self._builder.values(problem, self._encode, outputs=False)
         return _Plan(shape, call.device, device_index, call, self._writer.write(values), grid, problem)
+
+    def _rebind(self, same: _Plan, a: Any, b: Any, operands: dict) -> _Plan:
+        """The plan of a call whose arguments differ from `same`'s only in their addresses: the
+        address checks and the input tensor maps are redone; everything else is `same`'s."""
+        call = rebind(same.call, a, b, operands)
+        problem = self._problem(call, same.device_index, same.problem.sm_count,  # type: ignore[union-attr]
+                                same.problem.max_active_clusters)  # type: ignore[union-attr]
+        base = self._writer.write(self._builder.input_values(problem, self._encode), into=bytearray(same.base))  # type: ignore[arg-type]
+        return _Plan(same.shape, same.device, same.device_index, call, base, same.grid, problem,
+                     out_maps=same.out_maps, out_checked=same.out_checked)
+
+    def _problem(self, call: CheckedCall, device_index: int, sm_count: int, clusters: int) -> Problem:
+        """The checked call in the kernel's terms (transposed for a swapped kernel); the outputs'
+        addresses are placeholders, written per call."""
+        placeholder = TensorArg(0)
+        problem = Problem(call.m, call.n, call.k, call.l, call.a, call.b, placeholder, call.operands,
+                          {o.name: placeholder for o in self._ir.epilogue.outputs[1:]}, max(device_index, 0), sm_count,
+                          clusters)
+        return problem.transposed() if self._swap else problem
 
     def _outputs(self, plan: _Plan, out: Any) -> tuple[tuple[torch.Tensor, ...], list[TensorArg]]:
         outs = self._ir.epilogue.outputs
@@ -155,15 +194,18 @@ class Kernel:
                 t = allocate_output(plan.shape, o.dtype.torch, plan.device)
                 st = t.stride()
                 targs.append(TensorArg(t.data_ptr(), (st[-2], 1, st[0] if batched and plan.call.l > 1 else 0)))
-            else:  # checked once per (plan, output signature): the inputs are fixed by the plan
+            else:  # checked once per (layout, output signature); the alias check follows the inputs
+                name = "out" if o.name == "d" else f"out[{o.name}]"
                 okey = (o.name, _signature(t))
-                targ = plan.out_checked.get(okey)
-                if targ is None:
-                    name = "out" if o.name == "d" else f"out[{o.name}]"
-                    targ = check_output(name, t, o.dtype, plan.shape, plan.device, plan.call.spans, batched,
-                                        plan.call.l)
-                    _put(plan.out_checked, okey, targ)
-                targs.append(targ)
+                hit = plan.out_checked.get(okey)
+                if hit is None:
+                    hit = (check_output(name, t, o.dtype, plan.shape, plan.device, batched, plan.call.l),
+                           output_span(t))
+                    _put(plan.out_checked, okey, hit)
+                if plan.input_spans is None:
+                    plan.input_spans = input_spans(plan.call)
+                check_no_alias(name, hit[1], plan.input_spans)
+                targs.append(hit[0])
             tensors.append(t)
         return tuple(tensors), targs
 

@@ -6,11 +6,12 @@ are in elements, one per mode. Vectors and scalars carry only an address or a va
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class TensorArg:
+class TensorArg(NamedTuple):
+    """A tensor's address and CUTLASS element strides (a tuple: cheap to build per call)."""
+
     ptr: int
     strides: tuple[int, int, int] = (0, 0, 0)
 
@@ -20,8 +21,9 @@ class TensorArg:
         return TensorArg(self.ptr, (s[1], s[0], s[2]))
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
+    """One launch in the kernel's terms (a tuple: built for every new address set)."""
+
     m: int
     n: int
     k: int
@@ -29,8 +31,8 @@ class Problem:
     a: TensorArg
     b: TensorArg
     d: TensorArg
-    operands: dict[str, TensorArg | float] = field(default_factory=dict)  # by operand name (C included)
-    aux: dict[str, TensorArg] = field(default_factory=dict)
+    operands: dict[str, TensorArg | float]  # by operand name (C included)
+    aux: dict[str, TensorArg]
     device_id: int = 0
     sm_count: int = 132
     max_active_clusters: int = 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..config import KernelConfig, epilogue_tile
 from ..ir import RecipeIR
@@ -36,9 +37,9 @@ OOB_FILL_NONE = 0  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (zeros)
 INTERLEAVE_NONE = 0
 
 
-@dataclass(frozen=True)
-class EncodeArgs:
-    """Everything cuTensorMapEncodeTiled takes besides the output map."""
+class EncodeArgs(NamedTuple):
+    """Everything cuTensorMapEncodeTiled takes besides the output map (a tuple: built on every
+    call with new addresses, where a frozen dataclass costs microseconds)."""
 
     dtype: int
     rank: int
