@@ -1,7 +1,9 @@
 """A 2-layer MLP fused with gemmgen.nn.fuse.
 
-On an sm_90 GPU: checks outputs and gradients of the fused model against the unfused one and
-times both (CUDA events, median). Elsewhere: prints the kernels it would build and their report.
+On an sm_90 GPU: checks outputs and gradients of the fused model against the unfused one for a
+prefill batch, checks a decode step (few tokens: swapped kernels), and times both models at both
+sizes (CUDA events, median). Elsewhere: builds the kernels those calls would launch and prints
+their report.
 
     python examples/mlp.py
 """
@@ -17,10 +19,18 @@ from torch import nn
 import gemmgen as gg
 from gemmgen.build import report_table
 
+TOKENS = (4096, 8)  # a prefill batch and a decode step
+
 
 def make_mlp(d_model: int = 4096, d_ff: int = 14336, device: str = "cpu") -> nn.Sequential:
     return nn.Sequential(nn.Linear(d_model, d_ff, dtype=torch.bfloat16, device=device), nn.SiLU(),
                          nn.Linear(d_ff, d_model, dtype=torch.bfloat16, device=device), nn.GELU(approximate="tanh"))
+
+
+def needed_kernels(fused: nn.Module, tokens: tuple[int, ...] = TOKENS) -> list:
+    """(recipe, config) of every kernel the fused model launches for inputs of these many tokens."""
+    layers = [m for m in fused.modules() if isinstance(m, gg.nn.FusedLinear)]
+    return list(dict.fromkeys((m.recipe, m.config_for(t)) for m in layers for t in tokens))
 
 
 def _median_ms(fn, reps: int = 30) -> float:
@@ -42,13 +52,12 @@ def main() -> None:
     ref = make_mlp(device="cuda" if on_gpu else "cpu")
     fused, report = gg.nn.fuse(copy.deepcopy(ref))
     print("\n".join(report))
-    layers = [m for m in fused if isinstance(m, gg.nn.FusedLinear)]
     if not on_gpu:
-        print("no sm_90 GPU: building the kernels this model needs and printing their report")
-        kernels = gg.warmup([m.recipe for m in layers])
+        print(f"no sm_90 GPU: building the kernels this model launches for {TOKENS} tokens")
+        kernels = gg.warmup(needed_kernels(fused))
         print(report_table([k.report for k in kernels]))
         return
-    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(TOKENS[0], 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     y_ref, y = ref(x), fused(x)
     torch.testing.assert_close(y.float(), y_ref.float(), rtol=3e-2, atol=3e-2)
     g = torch.randn_like(y)
@@ -57,9 +66,13 @@ def main() -> None:
     for a, b in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-2 * float(b.abs().max()))
     with torch.no_grad():
-        t_ref = _median_ms(lambda: ref(x))
-        t_fused = _median_ms(lambda: fused(x))
-    print(f"forward 4096 tokens: unfused {t_ref:.3f} ms, fused {t_fused:.3f} ms ({t_ref / t_fused:.2f}x)")
+        for tokens in TOKENS:
+            xt = x[:tokens].detach()
+            torch.testing.assert_close(fused(xt).float(), ref(xt).float(), rtol=3e-2, atol=3e-2)
+            t_ref = _median_ms(lambda: ref(xt))  # noqa: B023
+            t_fused = _median_ms(lambda: fused(xt))  # noqa: B023
+            print(f"forward {tokens} tokens: unfused {t_ref:.3f} ms, fused {t_fused:.3f} ms "
+                  f"({t_ref / t_fused:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from . import dsl
+from .config import KernelConfig
 from .dsl import Recipe
 from .integrations.ops import caller
 from .types import as_dtype
@@ -85,6 +86,14 @@ class FusedLinear(nn.Module):
         w = self.weight.t()
         y = self._op(x2, w) if self.bias is None else self._op(x2, w, self.bias)
         return y.reshape(*lead, self.out_features)
+
+    def config_for(self, tokens: int, sm_count: int = 132) -> KernelConfig:
+        """The config forward launches for an input of `tokens` rows when no autotune table applies
+        (the heuristic's choice): what to build ahead of time, e.g.
+        `gg.warmup([(layer.recipe, layer.config_for(t)) for t in (1, 512, 4096)])`."""
+        from .select import choose
+
+        return choose(self.recipe.ir, tokens, self.out_features, self.in_features, 1, sm_count).config
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

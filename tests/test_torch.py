@@ -148,3 +148,20 @@ class _Passthrough(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
+
+
+def test_config_for_is_what_forward_launches(monkeypatch):
+    """FusedLinear.config_for(tokens) names the kernel the runtime picks for that many rows (what
+    to warm up ahead of time); a decode-sized batch gets a swapped kernel."""
+    from gemmgen.integrations import ops
+
+    layer = gg.nn.FusedLinear(4096, 14336, activation="silu")
+    picked = []
+    monkeypatch.setattr(type(layer.recipe), "compile", lambda self, config=None, **kw: picked.append(config))
+    monkeypatch.setattr(ops, "_KERNELS", {})
+    w = layer.weight.detach().t()
+    for tokens in (8, 4096):
+        x = torch.empty(tokens, 4096, dtype=torch.bfloat16)
+        ops.kernel_for(layer.recipe, x, w)
+        assert picked[-1] == layer.config_for(tokens)
+    assert picked[0].swap_ab and not picked[1].swap_ab

@@ -46,6 +46,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     from gemmgen.tuning import candidates
 
     out = [(linear_recipe(act, True, torch.bfloat16), gg.KernelConfig()) for act in MLP_ACTIVATIONS]
+    mlp = _load(ROOT / "examples" / "mlp.py")  # examples/mlp.py runs in scripts/gpu_check.sh
+    out += mlp.needed_kernels(gg.nn.fuse(mlp.make_mlp(device="meta"))[0])
     for act in MLP_ACTIVATIONS:
         recipe = linear_recipe(act, True, torch.bfloat16)
         out += [(recipe, choose(recipe.ir, m, n, k).config) for m, n, k in MODULE_PROBLEMS]
@@ -62,6 +64,15 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
             out += [(recipe, c) for c in candidates(recipe.ir, m, n, limit=TUNE_CANDIDATES)]
             out += [(recipe, c) for shape in BENCH_SHAPES for c in bench_configs(recipe, *shape)]
     return list(dict.fromkeys(out))
+
+
+def _load(path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 def build_all(jobs: int = 2) -> None:
