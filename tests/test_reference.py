@@ -46,7 +46,7 @@ def _independent(name, acc, ops):
         return (F.gelu(acc + f["bias"]).bfloat16(),)
     if name == "bias_silu_residual":
         return ((F.silu(acc + f["bias"]) + f["residual"]).bfloat16(),)
-    if name == "linear_combination":
+    if name in ("linear_combination", "linear_combination_swapped"):
         return (f["alpha"] * acc + f["beta"] * f["c"],)
     if name == "bias_gelu_aux":
         pre = acc + f["bias"]

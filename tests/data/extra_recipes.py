@@ -44,3 +44,15 @@ swapped = gg.Recipe(
     aux={"pre": gg.bf16},
     config=gg.KernelConfig(tile=(128, 32, 64), cluster=(2, 1, 1), swap_ab=True),
 )
+
+
+# The swapped kernel the heuristic picks for a decode step (pingpong, tile N = 16), on the example
+# with f32 D (column-major in the kernel), an f16 C, runtime scalars, and MN-major A and B.
+linear_combination_swapped = gg.Recipe(
+    "linear_combination_swapped",
+    lambda acc, alpha, beta, c: alpha * acc + beta * c,
+    a=gg.f16, b=gg.f16, d=gg.f32,
+    layout_a=gg.ColMajor, layout_b=gg.RowMajor,
+    operands={"alpha": gg.Scalar(), "beta": gg.Scalar(), "c": gg.Matrix(gg.f16)},
+    config=gg.KernelConfig(tile=(64, 16, 64), cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG, swap_ab=True),
+)
