@@ -330,3 +330,15 @@ def _decoded(ck, params, enc):
         raw = params[offset:offset + KIND_SIZE[f.kind]]
         out[f.name] = enc.of(raw) if f.kind == "desc" else raw
     return out
+
+
+def test_swapped_kernel_empty_dimensions_behave_like_torch(compiled):
+    ck = compiled["swapped"]
+    k = _cpu_kernel(ck)
+    for m, n, kk in ((0, 24, 16), (8, 0, 16), (8, 24, 0)):
+        a, b, ops = _fresh_args(ck.recipe, m, n, kk, (2,))
+        prep = k.prepare(a, b, **ops)
+        assert prep.params is None and [o.shape for o in prep.outputs] == [(2, m, n)] * 2
+        if kk == 0:
+            for got, want in zip(prep.outputs, ck.recipe.reference(a, b, **ops), strict=True):
+                torch.testing.assert_close(got, want)
