@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, in one command on the H200 machine (prepared by scripts/prepare_gpu_check.sh):
-# installs the carried wheels, runs the GPU tests against carried cubins, then the speed check.
+# installs the carried wheels, unpacks the carried kernel bundle, runs the GPU tests, the speed
+# check, the MLP example and the overhead table. Every kernel comes from the bundle (GEMMGEN_JIT=0:
+# a missing one fails at once, naming it, instead of spending device minutes compiling).
 # Prints a compact summary; exits non-zero if any test failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +13,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH=$PWD
 fi
-export GEMMGEN_CACHE_DIR=$PWD/.gpu_cache
+if [ -f .gpu_bundle.tar.xz ]; then
+  "${PYTHON:-python3}" -c "import tarfile; tarfile.open('.gpu_bundle.tar.xz').extractall(filter='data')" || exit 1
+fi
+export GEMMGEN_BUNDLE_PATH=$PWD/.gpu_bundle GEMMGEN_CACHE_DIR=/tmp/gemmgen-cache GEMMGEN_JIT=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 start=$(date +%s)
 timeout 420 "${PYTHON:-python3}" -m pytest -p no:cacheprovider -m gpu -q -rs tests/test_gpu.py 2>&1 | tail -25

@@ -1,7 +1,9 @@
 """The kernels the GPU checks run: every example recipe under both schedules and swapped.
 
-Shared by tests/test_gpu.py and scripts/prepare_gpu_check.sh (which compiles them on the CPU
-machine so the GPU machine only loads cubins).
+Shared by tests/test_gpu.py and scripts/prepare_gpu_check.sh, which compiles them on the CPU
+machine and ships them as one gemmgen bundle, so the GPU machine only loads cubins.
+
+    python tests/data/gpu_matrix.py [--bundle DIR]
 """
 
 from __future__ import annotations
@@ -75,8 +77,9 @@ def _load(path: Path):
     return module
 
 
-def build_all(jobs: int = 2) -> None:
-    """Compile every kernel of the matrix into the cache ($GEMMGEN_CACHE_DIR), `jobs` at a time."""
+def build_all(jobs: int = 2, bundle: Path | None = None) -> None:
+    """Compile every kernel of the matrix into the cache ($GEMMGEN_CACHE_DIR), `jobs` at a time;
+    with `bundle`, also write exactly those kernels there as a bundle."""
     import concurrent.futures as cf
     import multiprocessing
 
@@ -85,6 +88,13 @@ def build_all(jobs: int = 2) -> None:
         futures = [pool.submit(_build_one, i) for i in range(len(gpu_matrix()))]
         for f in cf.as_completed(futures):
             print(f.result(), flush=True)
+    if bundle is not None:
+        from gemmgen.build import default_cache
+        from gemmgen.bundle import write_bundle
+
+        kernels = [recipe.build(config) for recipe, config in gpu_matrix()]
+        write_bundle(kernels, bundle, default_cache())
+        print(f"bundle: {len(kernels)} kernels in {bundle}")
 
 
 def _build_one(i: int) -> str:
@@ -94,4 +104,8 @@ def _build_one(i: int) -> str:
 
 
 if __name__ == "__main__":
-    build_all()
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bundle", type=Path, help="also write the kernels as a bundle in this folder")
+    build_all(bundle=parser.parse_args().bundle)
