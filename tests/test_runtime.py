@@ -219,9 +219,11 @@ def test_driver_calls_are_well_typed_up_to_the_driver():
 
     with pytest.raises(RuntimeError, match="libcuda"):
         driver.encode_tensor_map(EncodeArgs(1, 3, 0x10000, (64, 64, 1), (128, 0), (64, 64, 1), (1, 1, 1), 0, 3, 2, 0))
-    cfg = driver._config((2, 66, 1), 384, (2, 1, 1), 1000, 0)
+    cfg = driver.launch_config((2, 66, 1), 384, (2, 1, 1), 1000, 0)
     assert (cfg.gridDimX, cfg.gridDimY, cfg.blockDimX, cfg.sharedMemBytes, cfg.numAttrs) == (2, 66, 384, 1000, 1)
     assert cfg.attrs[0].value.clusterDim.x == 2
+    assert driver.launch_config((2, 66, 1), 384, (2, 1, 1), 1000, 0) is cfg  # built once per launch shape
+    assert driver.launch_config((2, 66, 1), 384, (2, 1, 1), 1000, 7) is not cfg
     fn = driver.LoadedFunction(None, cu.CUfunction(), 0)
     with pytest.raises(RuntimeError, match="libcuda"):
         driver.launch(fn, b"\0" * 64, (1, 1, 1), 384, (1, 1, 1), 0, 0)

@@ -97,6 +97,7 @@ class Kernel:
         self._require_cuda = require_cuda
         self._plans: dict[tuple, _Plan] = {}  # by every argument's signature, addresses included
         self._layouts: dict[tuple, _Plan] = {}  # the latest plan per signature without addresses
+        self._loaded: dict[int, driver.LoadedFunction] = {}  # per device index
 
     def __repr__(self) -> str:
         return f"<gemmgen.Kernel {self.compiled.entry} ({self._config.name})>"
@@ -215,9 +216,12 @@ class Kernel:
         return driver.require_sm90(device_index), self._function(device_index).max_active_clusters
 
     def _function(self, device_index: int) -> driver.LoadedFunction:
-        info = self.compiled.info
-        return driver.load(self.compiled.entry, self.compiled.cubin, device_index, info.smem_bytes, self._block,
-                           self._config.cluster)
+        fn = self._loaded.get(device_index)
+        if fn is None:
+            info = self.compiled.info
+            fn = self._loaded[device_index] = driver.load(self.compiled.entry, self.compiled.cubin, device_index,
+                                                          info.smem_bytes, self._block, self._config.cluster)
+        return fn
 
     def _epilogue_of_zero(self, outputs: tuple[torch.Tensor, ...], shape: tuple[int, ...], operands: dict,
                           device: torch.device) -> None:
