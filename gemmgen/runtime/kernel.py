@@ -41,7 +41,7 @@ from .problem import Problem, TensorArg
 if TYPE_CHECKING:
     from ..build import CompiledKernel
 
-_MAX_ENTRIES = 256  # per cache: plans per kernel, output maps and checks per plan
+_MAX_ENTRIES = 256  # per cache: plans and layouts per kernel, output maps and checks per layout
 
 
 @dataclass
