@@ -16,6 +16,7 @@ import torch
 
 import gemmgen as gg
 from gemmgen.ir import Op
+from gemmgen.testing.tensors import strided_matrix
 from gemmgen.types import Layout, OperandKind
 
 from .data.gpu_matrix import gpu_matrix
@@ -43,15 +44,10 @@ def _matrix(rows, cols, dtype, layout, lead, pad, gen, exact):
     """A (lead,) rows x cols tensor in `layout`, with `pad` extra elements per leading dimension."""
     def values(*shape):
         if exact:
-            return torch.randint(-2, 3, shape, device="cuda", generator=gen).to(dtype)
-        return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
+            return torch.randint(-2, 3, shape, device="cuda", generator=gen)
+        return torch.randn(*shape, device="cuda", generator=gen)
 
-    per = 16 // torch.empty((), dtype=dtype).element_size()
-    if layout is Layout.ROW:
-        ld = -(-cols // per) * per + pad
-        return values(*lead, rows, ld)[..., :cols]
-    ld = -(-rows // per) * per + pad
-    return values(*lead, cols, ld)[..., :rows].transpose(-1, -2)
+    return strided_matrix(values, rows, cols, dtype, layout, lead, pad)
 
 
 def _inputs(recipe, m, n, k, gen, exact, pad=0, batch=3):
@@ -74,12 +70,8 @@ def _inputs(recipe, m, n, k, gen, exact, pad=0, batch=3):
 
 def _nan_outputs(recipe, m, n, batch=3):
     lead = (batch,) if recipe.ir.gemm.batched else ()
-    outs = []
-    for o in recipe.outputs:
-        per = 16 // torch.empty((), dtype=o.dtype.torch).element_size()
-        ld = -(-n // per) * per
-        outs.append(torch.full((*lead, m, ld), float("nan"), dtype=o.dtype.torch, device="cuda")[..., :n])
-    return tuple(outs)
+    nans = lambda *shape: torch.full(shape, float("nan"), device="cuda")  # noqa: E731
+    return tuple(strided_matrix(nans, m, n, o.dtype.torch, Layout.ROW, lead) for o in recipe.outputs)
 
 
 def _as_tuple(x):

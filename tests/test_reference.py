@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import gemmgen as gg
+from gemmgen.reference import reference
 
 # One ulp of the output type: the two sides differ only in fp32 rounding order before the final cast.
 TOL = {torch.bfloat16: (2**-7, 2**-7), torch.float16: (2**-10, 2**-10), torch.float32: (1e-5, 1e-5)}
@@ -121,8 +122,6 @@ def test_transposed_recipe_is_the_transposed_math(examples, extra, shape, gen):
         t = recipe.ir.transposed()
         assert t.transposed() == recipe.ir and t.key != recipe.ir.key
         t_ops = {name: v.mT if isinstance(v, torch.Tensor) and v.dim() >= 2 else v for name, v in ops.items()}
-        from gemmgen.reference import reference
-
         want = recipe.reference(a, b, **ops)
         want = want if isinstance(want, tuple) else (want,)
         got = reference(t, b.mT, a.mT, t_ops)

@@ -236,12 +236,11 @@ TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-4}
 
 def _padded(rows, cols, dtype, row_major, lead, fill=None):
     """A (lead,) rows x cols tensor whose leading dimension is padded one 16-byte step past aligned."""
-    per = 16 // torch.empty((), dtype=dtype).element_size()
-    ld = (-(-(cols if row_major else rows) // per) + 1) * per
-    base = torch.full((*lead, rows if row_major else cols, ld), fill) if fill is not None else \
-        torch.randn(*lead, rows if row_major else cols, ld)
-    base = base.to(dtype)
-    return base[..., :cols] if row_major else base[..., :rows].transpose(-1, -2)
+    from gemmgen.testing.tensors import strided_matrix
+
+    make = torch.randn if fill is None else (lambda *shape: torch.full(shape, fill))
+    return strided_matrix(make, rows, cols, dtype, gg.RowMajor if row_major else gg.ColMajor, lead,
+                          pad=16 // torch.empty((), dtype=dtype).element_size())
 
 
 @pytest.mark.parametrize("shape", EMULATED, ids=lambda s: "x".join(map(str, s)))
@@ -250,23 +249,12 @@ def test_params_address_the_recipes_math(compiled, shape):
     pointers in the Params gemmgen builds, and writing the outputs through theirs, computes the
     recipe's reference on the caller's tensors (NaN-prefilled outputs, padded leading dimensions)."""
     from gemmgen.testing.emulate import emulate
-    from gemmgen.types import Layout, OperandKind
 
     m, n, k, batch = shape
     for name, compiled_kernel in compiled.items():
         recipe = compiled_kernel.recipe
-        g = recipe.ir.gemm
-        lead = (batch,) if g.batched else ()
-        a = _padded(m, k, g.a.torch, g.layout_a is Layout.ROW, lead)
-        b = _padded(k, n, g.b.torch, g.layout_b is Layout.ROW, lead)
-        ops = {}
-        for o in recipe.operands:
-            if o.kind is OperandKind.SCALAR:
-                ops[o.name] = float(torch.randn(()))
-            elif o.kind is OperandKind.MATRIX:
-                ops[o.name] = _padded(m, n, o.dtype.torch, True, lead)
-            else:
-                ops[o.name] = torch.randn(n if o.kind is OperandKind.ROW else m).to(o.dtype.torch)
+        lead = (batch,) if recipe.ir.gemm.batched else ()
+        a, b, ops = _fresh_args(recipe, m, n, k, lead)
         outs = tuple(_padded(m, n, o.dtype.torch, True, lead, fill=float("nan")) for o in recipe.outputs)
         enc = RecordingEncoder()
         prep = _cpu_kernel(compiled_kernel, enc).prepare(a, b, out=outs if len(outs) > 1 else outs[0], **ops)
@@ -292,9 +280,9 @@ def test_new_addresses_of_a_known_layout_redo_only_the_address_work(compiled):
 
         outs = tuple(_padded(40, 24, o.dtype.torch, True, lead) for o in ck.recipe.outputs)
         out = outs if len(outs) > 1 else outs[0]
-        a, b, ops = _fresh_args(ck.recipe, 40, 24, 72, lead)
+        a, b, ops = _fresh_args(ck.recipe, 40, 24, 72, lead, scalar=0.5)
         k.prepare(a, b, out=out, **ops)
-        a2, b2, ops2 = _fresh_args(ck.recipe, 40, 24, 72, lead)
+        a2, b2, ops2 = _fresh_args(ck.recipe, 40, 24, 72, lead, scalar=0.5)
         before = len(enc.calls)
         again = k.prepare(a2, b2, out=out, **ops2)
         n_inputs = 2 + sum(o.kind is gg.OperandKind.MATRIX for o in ck.recipe.operands)
@@ -312,14 +300,20 @@ def test_new_addresses_of_a_known_layout_redo_only_the_address_work(compiled):
                 k.prepare(a2, b2, out=(ops2["c"], *outs[1:]), **ops2)
 
 
-def _fresh_args(recipe, m, n, k, lead):
-    """New A, B and tensor operands (padded leading dimensions) for the recipe at (M, N, K)."""
+def _fresh_args(recipe, m, n, k, lead, scalar=None):
+    """New random A, B and operands (padded leading dimensions) for the recipe at (M, N, K); scalars
+    are `scalar`, or random when it is None."""
     g = recipe.ir.gemm
     a = _padded(m, k, g.a.torch, g.layout_a is gg.RowMajor, lead)
     b = _padded(k, n, g.b.torch, g.layout_b is gg.RowMajor, lead)
-    ops = {o.name: (_padded(m, n, o.dtype.torch, True, lead) if o.kind is gg.OperandKind.MATRIX else
-                    torch.randn(n if o.kind is gg.OperandKind.ROW else m).to(o.dtype.torch))
-           for o in recipe.operands if o.kind is not gg.OperandKind.SCALAR}
+    ops = {}
+    for o in recipe.operands:
+        if o.kind is gg.OperandKind.SCALAR:
+            ops[o.name] = float(torch.randn(())) if scalar is None else scalar
+        elif o.kind is gg.OperandKind.MATRIX:
+            ops[o.name] = _padded(m, n, o.dtype.torch, True, lead)
+        else:
+            ops[o.name] = torch.randn(n if o.kind is gg.OperandKind.ROW else m).to(o.dtype.torch)
     return a, b, ops
 
 
