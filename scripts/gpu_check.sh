@@ -24,5 +24,5 @@ rc=${PIPESTATUS[0]}
 echo "gpu tests: rc=$rc in $(( $(date +%s) - start )) s"
 timeout 120 "${PYTHON:-python3}" scripts/gpu_bench.py --reps 30 2>&1 | tail -8
 timeout 60 "${PYTHON:-python3}" examples/mlp.py 2>&1 | tail -3
-timeout 60 "${PYTHON:-python3}" scripts/op_overhead.py 2>&1 | tail -6
+timeout 90 "${PYTHON:-python3}" scripts/op_overhead.py 2>&1 | tail -20
 exit "$rc"

@@ -2,8 +2,14 @@
 
     python scripts/op_overhead.py
 
-On the CPU: torch.ops.gemmgen.* against the same (tiny) CPU implementation called directly, so
-the difference is the dispatcher's (incl. the autograd wrapper register_autograd installs).
+On the CPU (no driver): the same host work the CUDA path does, through the real dispatcher and
+op registration (`gemmgen.integrations.ops.define`), with the driver's two calls left out (the
+tensor-map encode is a recording stand-in; nothing is launched). A probe op whose CPU kernel is
+the CUDA kernel's body (kernel_for, then Kernel.prepare of the compiled bias_gelu with operands
+positional) is timed against those steps called directly, and each step is timed alone. Since a
+raw launch is the driver call alone, the op path's time here estimates its overhead over a raw
+launch; the GPU run measures that directly.
+
 On a GPU, in addition: a raw cuLaunchKernelEx of prepared arguments, then Kernel.__call__, the
 eager path modules use (OpCaller: kernel called directly) and the op, each as host microseconds
 per call over a loop of 2000 launches of a 64x64x64 problem; the overheads are over the raw launch.
@@ -13,11 +19,18 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
+from unittest import mock
 
 import torch
 
 import gemmgen as gg
-from gemmgen.integrations.ops import implementation, op
+from gemmgen.integrations import ops
+from gemmgen.recipes_file import load_recipes
+from gemmgen.runtime.kernel import Kernel
+from gemmgen.testing.recording import RecordingEncoder
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _median_us(fn, reps: int = 5000, rounds: int = 7) -> float:
@@ -30,21 +43,54 @@ def _median_us(fn, reps: int = 5000, rounds: int = 7) -> float:
     return statistics.median(samples)
 
 
-def main() -> None:
-    recipe = gg.Recipe("overhead_probe", lambda acc, bias: acc + bias, operands={"bias": gg.RowVector(gg.bf16)})
-    a, b, bias = torch.zeros(1, 8).bfloat16(), torch.zeros(8, 8).bfloat16().t(), torch.zeros(8).bfloat16()
-    f = op(recipe)
+def cpu_overheads() -> None:
+    recipe = load_recipes(ROOT / "examples" / "recipes.py")["bias_gelu"]
+    kernel = Kernel(recipe.build(), encoder=RecordingEncoder(), hardware=lambda i: (132, 0), require_cuda=False)
+    a = torch.randn(64, 64).bfloat16()
+    b, bias = torch.randn(64, 64).bfloat16().t(), torch.randn(64).bfloat16()
+    with mock.patch.object(type(recipe), "compile", lambda self, config=None, **kw: kernel):
+        ops.kernel_for(recipe, a, b)  # the runtime's kernel cache now serves this CPU stand-in for the bucket
+
+    def body(a: torch.Tensor, b: torch.Tensor, *args: object) -> torch.Tensor:
+        """The op's CUDA kernel (`kernel_for(...)(a, b, *args)`) without the driver's launch."""
+        return ops.kernel_for(recipe, a, b).prepare(a, b, *args).outputs[0]
+
     t0 = time.perf_counter()
-    op(gg.Recipe("overhead_probe2", lambda acc: acc))
-    register_us = (time.perf_counter() - t0) * 1e6
-    direct = implementation(recipe, "CPU")
-    through_op = _median_us(lambda: f(a, b, bias))
-    direct_call = _median_us(lambda: direct(a, b, bias))
-    print(f"# torch {torch.__version__}, CPU, median of 7x5000 calls, 1x8x8 problem")
-    print(f"registering a new op:            {register_us:.0f} us (once per recipe)")
-    print(f"torch.ops.gemmgen call:          {through_op:.1f} us")
-    print(f"same implementation, direct:     {direct_call:.1f} us")
-    print(f"dispatcher overhead:             {through_op - direct_call:.1f} us per call")
+    probe = ops.define("overhead_probe(Tensor a, Tensor b, Tensor bias) -> Tensor", {"CPU": body},
+                       lambda a, b, bias: a.new_empty(a.shape[0], b.shape[1]), lambda ctx, g: (None, None, None),
+                       None).default
+    first_us = (time.perf_counter() - t0) * 1e6
+    further = gg.Recipe("overhead_probe_next", lambda acc, bias: acc * bias, operands={"bias": gg.RowVector(gg.bf16)})
+    t0 = time.perf_counter()
+    ops.op(further)
+    next_us = (time.perf_counter() - t0) * 1e6
+    body(a, b, bias)
+    allowed = (a, b, bias)
+    rows = {
+        "Kernel.prepare (checks hit, D allocated)": _median_us(lambda: kernel.prepare(a, b, bias)),
+        "  of which torch.empty_strided of D": _median_us(
+            lambda: torch.empty_strided((64, 64), (64, 1), dtype=torch.bfloat16)),
+        "kernel_for (config and kernel lookup)": _median_us(lambda: ops.kernel_for(recipe, a, b)),
+        "direct_call_allowed (the module's check)": _median_us(lambda: ops.direct_call_allowed(allowed, "cpu")),
+        "op body called directly": _median_us(lambda: body(a, b, bias)),
+        "op through the dispatcher": _median_us(lambda: probe(a, b, bias)),
+    }
+    with torch.no_grad():
+        rows["op through the dispatcher, no_grad"] = _median_us(lambda: probe(a, b, bias))
+    with torch.inference_mode():
+        rows["op through the dispatcher, inference_mode"] = _median_us(lambda: probe(a, b, bias))
+    print(f"# CPU, torch {torch.__version__}, {recipe.name} ({kernel.compiled.config.name}) 64x64x64, "
+          "median of 7x5000 calls; driver calls left out")
+    print(f"{'registering the first op of the process':45s} {first_us:6.0f} us")
+    print(f"{'registering a further op (once per recipe)':45s} {next_us:6.0f} us")
+    for name, us in rows.items():
+        print(f"{name:45s} {us:6.1f} us")
+    dispatcher = rows["op through the dispatcher"] - rows["op body called directly"]
+    print(f"{'dispatcher (op minus its body)':45s} {dispatcher:6.1f} us")
+
+
+def main() -> None:
+    cpu_overheads()
     if torch.cuda.is_available():
         gpu_overheads()
 
@@ -75,19 +121,20 @@ def gpu_overheads() -> None:
     out = k(a, w, bias=bias)
     prep = k.prepare(a, w, bias=bias, out=out)
     fn = k._function(prep.device_index)
-    stream = torch.cuda.current_stream().cuda_stream
+    stream = driver.current_stream(prep.device_index)
     info, cluster = k.compiled.info, k.compiled.config.cluster
 
     def raw() -> None:
         driver.launch(fn, prep.params, prep.grid, info.max_threads, cluster, info.smem_bytes, stream)
 
+    timings = {"raw cuLaunchKernelEx (prepared arguments)": _host_us(raw)}
     with torch.no_grad():
-        timings = {
-            "raw cuLaunchKernelEx (prepared arguments)": _host_us(raw),
-            "Kernel.__call__ (checks, arguments, output)": _host_us(lambda: k(a, w, bias=bias)),
+        timings.update({
+            "Kernel.__call__ (checks, arguments, output)": _host_us(lambda: k(a, w, bias)),
             "module eager path (OpCaller, direct)": _host_us(lambda: call(a, w, bias)),
-            "torch.ops.gemmgen op": _host_us(lambda: call.overload(a, w, bias)),
-        }
+            "torch.ops.gemmgen op, no_grad": _host_us(lambda: call.overload(a, w, bias)),
+        })
+    timings["torch.ops.gemmgen op, grad mode on"] = _host_us(lambda: call.overload(a, w, bias))
     base = timings["raw cuLaunchKernelEx (prepared arguments)"]
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, host us per call, median of 7x2000 calls")
     for name, us in timings.items():

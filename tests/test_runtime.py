@@ -197,6 +197,39 @@ def test_repeated_calls_reuse_the_plan_but_not_stale_outputs(compiled):
     assert any(c.addr == b2.data_ptr() for c in enc.calls)
 
 
+def test_outputs_moving_between_addresses_get_their_own_maps(compiled):
+    """The last Params block is reused only while the outputs stay where they were: alternating
+    outputs (and fresh ones) each get Params equal to a fresh kernel's for the same tensors."""
+    ck = compiled["bias_gelu"]
+    enc = RecordingEncoder()
+    k = _cpu_kernel(ck, enc)
+    a, b = _ab(72, 40, 24)
+    bias = torch.randn(40).bfloat16()
+    first, second = torch.empty(72, 40, dtype=torch.bfloat16), torch.empty(72, 40, dtype=torch.bfloat16)
+    for out in (first, second, first, None, second, None, first):
+        got = k.prepare(a, b, bias, out=out)
+        fresh_enc = RecordingEncoder()
+        want = _cpu_kernel(ck, fresh_enc).prepare(a, b, bias, out=got.outputs[0])
+        assert _decoded(ck, got.params, enc) == _decoded(ck, want.params, fresh_enc)
+
+
+def test_operands_by_position_or_by_name(compiled):
+    """Operands positionally in declaration order (as the op passes them) build the same launch as
+    by name; a mix, or a wrong count, is refused before anything is built."""
+    ck = compiled["bias_silu_residual"]
+    names = [o.name for o in ck.recipe.operands]
+    a, b, ops = _fresh_args(ck.recipe, 40, 24, 72, ())
+    enc_named, enc_pos = RecordingEncoder(), RecordingEncoder()
+    named = _cpu_kernel(ck, enc_named).prepare(a, b, out=torch.empty(40, 24, dtype=torch.bfloat16), **ops)
+    pos = _cpu_kernel(ck, enc_pos).prepare(a, b, *(ops[n] for n in names), out=named.outputs[0])
+    assert _decoded(ck, pos.params, enc_pos) == _decoded(ck, named.params, enc_named)
+    k = _cpu_kernel(ck)
+    with pytest.raises(gg.InvalidArgument, match=r"operands: pass all 2 of \['bias', 'residual'\] positionally"):
+        k.prepare(a, b, ops[names[0]])
+    with pytest.raises(gg.InvalidArgument, match=r"got 1 positional and \['residual'\] by name"):
+        k.prepare(a, b, ops[names[0]], **{names[1]: ops[names[1]]})
+
+
 def test_odd_n_output_rows_are_padded_for_tma(kernels):
     a, b = _ab(16, 7, 32)
     d = _prep(kernels["bias_gelu"], a, b, bias=torch.randn(7).bfloat16()).outputs[0]

@@ -116,6 +116,42 @@ def test_export_keeps_the_gemmgen_ops(gen):
         torch.testing.assert_close(exported.module()(x), fused(x))
 
 
+def test_every_route_through_the_autograd_kernel(gen):
+    """The op's Autograd kernel calls the backend at once only when torch would go straight there:
+    a dispatch mode (profilers, FLOP counters, functionalization) still sees the op, fake tensors
+    still get the fake kernel, inference mode skips autograd, and inputs that need grad record it."""
+    r = _recipe()
+    f = op(r).default
+    args = _args(gen)
+    want = r.reference(args[0], args[1], bias=args[2], res=args[3], s=args[4])
+    torch.testing.assert_close(f(*args), want)  # the direct route
+    with torch.inference_mode():
+        torch.testing.assert_close(f(*args), want)
+    with _Recording() as mode:
+        torch.testing.assert_close(f(*args), want)
+    assert mode.seen == [f]
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as fake:
+        out = f(*[fake.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in args])
+        assert out.shape == want.shape and out.stride() == (16, 1)
+    a = args[0].clone().requires_grad_()
+    assert f(a, *args[1:]).grad_fn is not None
+    with torch.no_grad():
+        assert f(a, *args[1:]).grad_fn is None
+
+
+class _Recording(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "gemmgen":
+            self.seen.append(func)
+        return func(*args, **(kwargs or {}))
+
+
 def test_fused_linear_rejects_unknown_activation():
     with pytest.raises(gg.RecipeError, match="activation: expected one of"):
         gg.nn.FusedLinear(8, 8, activation="swish")
@@ -157,11 +193,15 @@ def test_config_for_is_what_forward_launches(monkeypatch):
 
     layer = gg.nn.FusedLinear(4096, 14336, activation="silu")
     picked = []
-    monkeypatch.setattr(type(layer.recipe), "compile", lambda self, config=None, **kw: picked.append(config))
+    monkeypatch.setattr(type(layer.recipe), "compile", lambda self, config=None, **kw: picked.append(config) or config)
     monkeypatch.setattr(ops, "_KERNELS", {})
+    monkeypatch.setattr(ops, "_BY_BUCKET", {})
     w = layer.weight.detach().t()
     for tokens in (8, 4096):
         x = torch.empty(tokens, 4096, dtype=torch.bfloat16)
         ops.kernel_for(layer.recipe, x, w)
         assert picked[-1] == layer.config_for(tokens)
     assert picked[0].swap_ab and not picked[1].swap_ab
+    for tokens in (5, 7, 8):  # one bucket: one kernel, whatever the exact M
+        ops.kernel_for(layer.recipe, torch.empty(tokens, 4096, dtype=torch.bfloat16), w)
+    assert len(picked) == 2

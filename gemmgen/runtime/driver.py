@@ -32,15 +32,30 @@ def _check(result, what: str) -> None:
 def encode_tensor_map(args: EncodeArgs) -> bytes:
     """cuTensorMapEncodeTiled -> the 128-byte CUtensorMap."""
     cu = _cu()
-    u64, u32 = cu.cuuint64_t, cu.cuuint32_t  # the bindings take typed lists, not ints
-    err, tmap = cu.cuTensorMapEncodeTiled(
-        cu.CUtensorMapDataType(args.dtype), args.rank, args.addr, [u64(x) for x in args.dims],
-        [u64(x) for x in args.strides], [u32(x) for x in args.box], [u32(x) for x in args.elem_strides],
-        cu.CUtensorMapInterleave(args.interleave),
-        cu.CUtensorMapSwizzle(args.swizzle), cu.CUtensorMapL2promotion(args.l2),
-        cu.CUtensorMapFloatOOBfill(args.oob))
+    dtype, box, elem_strides, interleave, swizzle, l2, oob = _fixed_encode_args(
+        args.dtype, args.box, args.elem_strides, args.interleave, args.swizzle, args.l2, args.oob)
+    err, tmap = cu.cuTensorMapEncodeTiled(dtype, args.rank, args.addr, _u64s(args.dims), _u64s(args.strides), box,
+                                          elem_strides, interleave, swizzle, l2, oob)
     _check(err, f"cuTensorMapEncodeTiled({args})")
     return bytes((ctypes.c_char * 128).from_address(tmap.getPtr()))
+
+
+@functools.lru_cache(maxsize=256)
+def _fixed_encode_args(dtype: int, box: tuple, elem_strides: tuple, interleave: int, swizzle: int, l2: int,
+                       oob: int) -> tuple:
+    """The arguments a tensor map template fixes, as the bindings' typed values (building them
+    costs about 2 us of Python per encode; a template's are the same for every tensor)."""
+    cu = _cu()
+    return (cu.CUtensorMapDataType(dtype), tuple(cu.cuuint32_t(x) for x in box),
+            tuple(cu.cuuint32_t(x) for x in elem_strides), cu.CUtensorMapInterleave(interleave),
+            cu.CUtensorMapSwizzle(swizzle), cu.CUtensorMapL2promotion(l2), cu.CUtensorMapFloatOOBfill(oob))
+
+
+@functools.lru_cache(maxsize=4096)
+def _u64s(values: tuple[int, ...]) -> tuple:
+    """Extents or strides as the bindings' cuuint64_t values (shapes repeat from call to call)."""
+    cu = _cu()
+    return tuple(cu.cuuint64_t(x) for x in values)
 
 
 @dataclass
@@ -111,6 +126,14 @@ def launch(fn: LoadedFunction, params: bytes, grid, block: int, cluster, smem: i
     arg = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
     config = launch_config(tuple(grid), block, tuple(cluster), smem, stream)
     _check(cu.cuLaunchKernelEx(config, fn.function, ctypes.addressof(arg), 0), "cuLaunchKernelEx")
+
+
+def current_stream(device_index: int) -> int:
+    """The raw handle of torch's current stream on a device (what a CUDA graph capture records on)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what inductor's launchers call: ~0.1 us
+    return raw(device_index) if raw is not None else torch.cuda.current_stream(device_index).cuda_stream
 
 
 @functools.cache

@@ -55,11 +55,13 @@ class _Plan:
     base: bytearray | None  # Params with every field but the output tensor maps; None: nothing to launch
     grid: tuple[int, int, int]
     problem: Problem | None
+    fresh: tuple = ()  # what _fresh_outputs gives for this shape
     zero_k: bool = False  # K = 0 with a non-empty output: computed as the epilogue of zero
     # Shared by the plans of one layout (signature without addresses), as they depend on nothing else:
-    out_maps: dict[tuple, tuple[str, bytes]] = field(default_factory=dict)  # (output, addr, strides) -> map
+    out_maps: dict[tuple, tuple[int, bytes]] = field(default_factory=dict)  # (output, addr, strides) -> (offset, map)
     out_checked: dict[tuple, tuple] = field(default_factory=dict)  # (output, signature) -> (TensorArg, span)
     input_spans: tuple[tuple[int, int], ...] | None = None  # per plan, computed when an output is first given
+    last: tuple[tuple[TensorArg, ...], bytes] | None = None  # the outputs of the last call and its Params
 
 
 class PreparedCall(NamedTuple):
@@ -69,6 +71,9 @@ class PreparedCall(NamedTuple):
     params: bytes | None
     grid: tuple[int, int, int]
     device_index: int
+
+
+_MISSING = object()
 
 
 def _signature(t: Any) -> tuple[int, tuple]:
@@ -89,6 +94,8 @@ class Kernel:
         self._ir = compiled.recipe.ir
         self._config = compiled.config
         self._block = compiled.info.max_threads
+        self._smem = compiled.info.smem_bytes
+        self._names = tuple(o.name for o in self._ir.epilogue.operands)
         self._writer = ParamsWriter(compiled.params_layout)
         self._builder = ArgumentBuilder(compiled.generated.kernel_recipe, self._config)
         self._swap = self._config.swap_ab  # the kernel computes D^T = B^T A^T on the same memory
@@ -102,48 +109,74 @@ class Kernel:
     def __repr__(self) -> str:
         return f"<gemmgen.Kernel {self.compiled.entry} ({self._config.name})>"
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, *, out: Any = None, **operands: Any) -> Any:
-        prep = self.prepare(a, b, out=out, **operands)
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, *args: Any, out: Any = None, **operands: Any) -> Any:
+        """Operands by name, or all of them positionally in the recipe's declaration order (as the
+        op takes them)."""
+        prep = self.prepare(a, b, *args, out=out, **operands)
         if prep.params is not None:
-            fn = self._function(prep.device_index)
-            stream = torch.cuda.current_stream(prep.device_index).cuda_stream
-            driver.launch(fn, prep.params, prep.grid, self._block, self._config.cluster,
-                          self.compiled.info.smem_bytes, stream)
+            driver.launch(self._function(prep.device_index), prep.params, prep.grid, self._block,
+                          self._config.cluster, self._smem, driver.current_stream(prep.device_index))
         return prep.outputs[0] if len(prep.outputs) == 1 else prep.outputs
 
     # ---- the host path
 
-    def prepare(self, a: torch.Tensor, b: torch.Tensor, *, out: Any = None, **operands: Any) -> PreparedCall:
+    def prepare(self, a: torch.Tensor, b: torch.Tensor, *args: Any, out: Any = None, **operands: Any) -> PreparedCall:
         """Check, allocate and build the launch (everything but the driver call)."""
+        names = self._names
+        if args:
+            if operands or len(args) != len(names):
+                raise InvalidArgument(f"operands: pass all {len(names)} of {list(names)} positionally in this order, "
+                                      f"or all by name; got {len(args)} positional and {sorted(operands)} by name")
+            values: tuple | None = args
+        elif len(operands) == len(names):
+            values = tuple(operands.get(name, _MISSING) for name in names)
+        else:
+            values = None  # the checks report what is missing
         try:
-            key = (_signature(a), _signature(b), *((k, _signature(v)) for k, v in sorted(operands.items())))
+            key = (_signature(a), _signature(b), *map(_signature, values)) if values is not None else None
         except TypeError:
             key = None
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
-            plan = self._new_plan(key, a, b, operands)
+            plan = self._new_plan(key, a, b, self._named(args, operands))
         outputs, targs = self._outputs(plan, out)
         if plan.base is None:
             if plan.zero_k:
-                self._epilogue_of_zero(outputs, plan.shape, operands, plan.device)
+                self._epilogue_of_zero(outputs, plan.shape, self._named(args, operands), plan.device)
             return PreparedCall(outputs, None, (0, 0, 0), plan.device_index)
-        buf = bytearray(plan.base)
+        return PreparedCall(outputs, self._params(plan, targs), plan.grid, plan.device_index)
+
+    def _named(self, args: tuple, operands: dict) -> dict[str, Any]:
+        """The operands by name, however they were passed."""
+        return dict(zip(self._names, args, strict=True)) if args else operands
+
+    def _params(self, plan: _Plan, targs: tuple[TensorArg, ...]) -> bytes:
+        """The plan's Params with the output tensor maps for `targs` patched in; the last block
+        built is reused when the outputs are where they were (CUDA's caching allocator often hands
+        the same block back to a fresh output)."""
+        last = plan.last
+        if last is not None and last[0] == targs:
+            return last[1]
+        buf = bytearray(plan.base)  # type: ignore[arg-type]
         for i, t in enumerate(targs):
             mkey = (i, t.ptr, t.strides)
             hit = plan.out_maps.get(mkey)
             if hit is None:
-                hit = self._builder.output_map(i, plan.problem, t.transposed() if self._swap else t,  # type: ignore[arg-type]
-                                               self._encode)
+                field, desc = self._builder.output_map(i, plan.problem, t.transposed() if self._swap else t,  # type: ignore[arg-type]
+                                                       self._encode)
+                hit = self._writer.slots[field][0], desc
                 _put(plan.out_maps, mkey, hit)
-            self._writer.write({hit[0]: hit[1]}, into=buf)
-        return PreparedCall(outputs, bytes(buf), plan.grid, plan.device_index)
+            buf[hit[0]:hit[0] + len(hit[1])] = hit[1]
+        params = bytes(buf)
+        plan.last = (targs, params)
+        return params
 
     def _new_plan(self, key: tuple | None, a: Any, b: Any, operands: dict) -> _Plan:
         """The plan for a call signature not seen (or no longer cached): rebound from a plan of the
         same layout (the signature without addresses) if there is one, else built from scratch."""
         if key is None:
             return self._plan(a, b, operands)
-        layout = (key[0][1], key[1][1], *((name, sig[1]) for name, sig in key[2:]))
+        layout = tuple(sig[1] for sig in key)
         same = self._layouts.get(layout)
         plan = self._rebind(same, a, b, operands) if same is not None and same.base is not None else \
             self._plan(a, b, operands)
@@ -159,12 +192,13 @@ class Kernel:
         if self._require_cuda:
             driver.require_sm90(device_index)
         shape = (call.l, call.m, call.n) if ir.gemm.batched else (call.m, call.n)
+        fresh = self._fresh_outputs(shape, call.l)
         if 0 in (call.m, call.n, call.l, call.k):
             zero_k = call.k == 0 and 0 not in (call.m, call.n, call.l)
-            return _Plan(shape, call.device, device_index, call, None, (0, 0, 0), None, zero_k)
+            return _Plan(shape, call.device, device_index, call, None, (0, 0, 0), None, fresh, zero_k)
         problem = self._problem(call, device_index, *self._hardware(device_index))
         values, grid = self._builder.values(problem, self._encode, outputs=False)
-        return _Plan(shape, call.device, device_index, call, self._writer.write(values), grid, problem)
+        return _Plan(shape, call.device, device_index, call, self._writer.write(values), grid, problem, fresh)
 
     def _rebind(self, same: _Plan, a: Any, b: Any, operands: dict) -> _Plan:
         """The plan of a call whose arguments differ from `same`'s only in their addresses: the
@@ -173,7 +207,7 @@ class Kernel:
         problem = self._problem(call, same.device_index, same.problem.sm_count,  # type: ignore[union-attr]
                                 same.problem.max_active_clusters)  # type: ignore[union-attr]
         base = self._writer.write(self._builder.input_values(problem, self._encode), into=bytearray(same.base))  # type: ignore[arg-type]
-        return _Plan(same.shape, same.device, same.device_index, call, base, same.grid, problem,
+        return _Plan(same.shape, same.device, same.device_index, call, base, same.grid, problem, same.fresh,
                      out_maps=same.out_maps, out_checked=same.out_checked)
 
     def _problem(self, call: CheckedCall, device_index: int, sm_count: int, clusters: int) -> Problem:
@@ -185,22 +219,24 @@ class Kernel:
                           clusters)
         return problem.transposed() if self._swap else problem
 
-    def _outputs(self, plan: _Plan, out: Any) -> tuple[tuple[torch.Tensor, ...], list[TensorArg]]:
-        outs = self._ir.epilogue.outputs
-        given = _given_outputs(out, len(outs))
+    def _outputs(self, plan: _Plan, out: Any) -> tuple[tuple[torch.Tensor, ...], tuple[TensorArg, ...]]:
+        if out is None:  # fresh memory: right by construction, cannot alias an input
+            fresh = tuple([torch.empty_strided(plan.shape, strides, dtype=dtype, device=plan.device)
+                           for dtype, strides, _ in plan.fresh])
+            return fresh, tuple([TensorArg(t.data_ptr(), layout[2])
+                                  for t, layout in zip(fresh, plan.fresh, strict=True)])
         tensors, targs = [], []
-        batched = self._ir.gemm.batched
-        for o, t in zip(outs, given, strict=True):
-            if t is None:  # fresh memory: right by construction, cannot alias an input
-                t = allocate_output(plan.shape, o.dtype.torch, plan.device)
-                st = t.stride()
-                targs.append(TensorArg(t.data_ptr(), (st[-2], 1, st[0] if batched and plan.call.l > 1 else 0)))
+        for o, t, (dtype, strides, modes) in zip(self._ir.epilogue.outputs, _given_outputs(out, len(plan.fresh)),
+                                                 plan.fresh, strict=True):
+            if t is None:
+                t = torch.empty_strided(plan.shape, strides, dtype=dtype, device=plan.device)
+                targs.append(TensorArg(t.data_ptr(), modes))
             else:  # checked once per (layout, output signature); the alias check follows the inputs
                 name = "out" if o.name == "d" else f"out[{o.name}]"
                 okey = (o.name, _signature(t))
                 hit = plan.out_checked.get(okey)
                 if hit is None:
-                    hit = (check_output(name, t, o.dtype, plan.shape, plan.device, batched, plan.call.l),
+                    hit = (check_output(name, t, o.dtype, plan.shape, plan.device, self._ir.gemm.batched, plan.call.l),
                            output_span(t))
                     _put(plan.out_checked, okey, hit)
                 if plan.input_spans is None:
@@ -208,7 +244,16 @@ class Kernel:
                 check_no_alias(name, hit[1], plan.input_spans)
                 targs.append(hit[0])
             tensors.append(t)
-        return tuple(tensors), targs
+        return tuple(tensors), tuple(targs)
+
+    def _fresh_outputs(self, shape: tuple[int, ...], l: int) -> tuple[tuple[torch.dtype, tuple, tuple], ...]:  # noqa: E741
+        """(dtype, torch strides, (M, N, L) mode strides) of each output gemmgen allocates for `shape`:
+        row-major, rows padded to 16 bytes if needed."""
+        layouts = []
+        for o in self._ir.epilogue.outputs:
+            strides = padded_strides(shape, o.dtype.torch)
+            layouts.append((o.dtype.torch, strides, (strides[-2], 1, strides[0] if len(shape) == 3 and l > 1 else 0)))
+        return tuple(layouts)
 
     # ---- helpers
 
