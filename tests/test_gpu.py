@@ -3,7 +3,7 @@
 For every example recipe under both schedules and as a swapped kernel (D^T = B^T A^T): an exact
 tier (small integers, so fp32 accumulation is exact), a random tier (fresh inputs, tolerance by
 output dtype), odd sizes with K tails, a batch, padded leading dimensions, NaN-prefilled outputs,
-run-to-run bitwise determinism, and CUDA-graph capture and replay.
+run-to-run bitwise determinism, CUDA-graph capture and replay, and launches on the caller's stream.
 """
 
 from __future__ import annotations
@@ -132,6 +132,23 @@ def test_bitwise_deterministic_and_graph_replay(kernels, gen):
         torch.cuda.synchronize()
         for x, y in zip(first, outs, strict=True):
             assert torch.equal(x, y), f"{recipe.name}: graph replay differs from eager"
+
+
+def test_launches_on_the_current_stream(kernels, gen):
+    """Work queued on the caller's (side) stream before a call is seen by the kernel: A is written
+    there after a long sleep, so a launch on any other stream would read the NaNs it held before.
+    Operands go positionally here, as the op passes them."""
+    side = torch.cuda.Stream()
+    for recipe, _config, kernel in kernels:
+        a, b, ops = _inputs(recipe, 130, 72, 200, gen, exact=True)
+        late = a.clone().fill_(math.nan)  # same strides as a
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(50_000_000)
+            late.copy_(a)
+            got = _as_tuple(kernel(late, b, *ops.values()))
+        torch.cuda.synchronize()
+        _compare(recipe, got, a, b, ops, exact=True)
 
 
 def test_k_zero_and_empty(kernels):
