@@ -1,9 +1,9 @@
 """A 2-layer MLP fused with gemmgen.nn.fuse.
 
 On an sm_90 GPU: checks outputs and gradients of the fused model against the unfused one for a
-prefill batch, checks a decode step (few tokens: swapped kernels), and times both models at both
-sizes (CUDA events, median). Elsewhere: builds the kernels those calls would launch and prints
-their report.
+prefill batch, checks a decode step (few tokens: swapped kernels), and times both models: forward
+at both sizes, forward+backward for the prefill batch (CUDA events, median). Elsewhere: builds
+the kernels those calls would launch and prints their report.
 
     python examples/mlp.py
 """
@@ -65,6 +65,11 @@ def main() -> None:
     grads = torch.autograd.grad(y, [x, *fused.parameters()], g)
     for a, b in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-2 * float(b.abs().max()))
+    wrt_ref, wrt = [x, *ref.parameters()], [x, *fused.parameters()]
+    t_ref = _median_ms(lambda: torch.autograd.grad(ref(x), wrt_ref, g))
+    t_fused = _median_ms(lambda: torch.autograd.grad(fused(x), wrt, g))
+    print(f"forward+backward {TOKENS[0]} tokens: unfused {t_ref:.3f} ms, fused {t_fused:.3f} ms "
+          f"({t_ref / t_fused:.2f}x)")
     with torch.no_grad():
         for tokens in TOKENS:
             xt = x[:tokens].detach()

@@ -5,7 +5,8 @@
 
 Forward is `activation(x @ W^T + b)` as one gemmgen op (torch.ops.gemmgen.*): the GPU launches
 the fused kernel; elsewhere the op evaluates the recipe's reference. Backward is the op's
-registered autograd formula (recomputation in fp32 with torch).
+registered autograd formula: torch GEMMs in the operands' precision, like nn.Linear's
+backward, around the epilogue differentiated in fp32 (`gemmgen.integrations.ops.epilogue_vjp`).
 """
 
 from __future__ import annotations
