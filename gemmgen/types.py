@@ -44,9 +44,12 @@ class DType(enum.Enum):
 
     @property
     def torch(self):  # -> torch.dtype; torch is imported lazily (no import-time side effects)
-        import torch
+        dtype = _TORCH_DTYPES.get(self)
+        if dtype is None:  # once per member: the host path reads this several times per new call
+            import torch
 
-        return getattr(torch, self.info.torch_name)
+            dtype = _TORCH_DTYPES[self] = getattr(torch, self.info.torch_name)
+        return dtype
 
     def __repr__(self) -> str:
         return f"gemmgen.{self.value}"
@@ -59,6 +62,8 @@ _DTYPE_INFO = {
     DType.E4M3: _DTypeInfo(8, "cutlass::float_e4m3_t", "float8_e4m3fn"),
     DType.E5M2: _DTypeInfo(8, "cutlass::float_e5m2_t", "float8_e5m2"),
 }
+
+_TORCH_DTYPES: dict[DType, object] = {}
 
 bf16 = DType.BF16
 f16 = fp16 = DType.F16

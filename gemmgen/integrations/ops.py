@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 _LIB: torch.library.Library | None = None
 _LOCK = threading.Lock()
 _OPS: dict[str, Any] = {}
-_IMPLS: dict[tuple[str, str], Any] = {}  # (op name, "CPU" | "CUDA") -> the Python implementation
 _KERNELS: dict[str, dict[tuple, Any]] = {}  # recipe key -> (A's shape, N, device, tuning generation) -> Kernel
 _BY_BUCKET: dict[tuple, Any] = {}  # (recipe key, device index, shape bucket, tuning generation) -> gemmgen.Kernel
 _MAX_SHAPES = 1024  # exact shapes remembered per recipe (each maps to its bucket's kernel)
@@ -105,7 +104,6 @@ def op(recipe: Recipe) -> Any:
             inputs = [next(saved) if is_t else s for is_t, s in zip(ctx.is_tensor, ctx.scalars, strict=True)]
             return epilogue_vjp(recipe, inputs, grads)
 
-        _IMPLS[(name, "CUDA")], _IMPLS[(name, "CPU")] = cuda_impl, cpu_impl
         packet = define(schema(recipe), {"CUDA": cuda_impl, "CPU": cpu_impl}, fake_impl, backward, setup_context)
         _OPS[name] = packet
         return packet
@@ -207,7 +205,6 @@ class OpCaller:
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
         self.overload = op(recipe).default
-        self._names = tuple(o.name for o in recipe.operands)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
         if direct_call_allowed((a, b, *args)):
@@ -217,12 +214,6 @@ class OpCaller:
 
 def caller(recipe: Recipe) -> OpCaller:
     return OpCaller(recipe)
-
-
-def implementation(recipe: Recipe, device_type: str) -> Any:
-    """The function the op dispatches to on "CPU" or "CUDA" (to measure the dispatcher's cost)."""
-    op(recipe)
-    return _IMPLS[(op_name(recipe), device_type)]
 
 
 def epilogue_vjp(recipe: Recipe, inputs: list, grads: tuple) -> tuple:
