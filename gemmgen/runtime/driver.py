@@ -130,10 +130,17 @@ def launch(fn: LoadedFunction, params: bytes, grid, block: int, cluster, smem: i
 
 def current_stream(device_index: int) -> int:
     """The raw handle of torch's current stream on a device (what a CUDA graph capture records on)."""
+    return _stream_getter()(device_index)
+
+
+@functools.cache
+def _stream_getter():
+    """torch's raw-handle getter, as inductor's kernel launchers use it (no Stream object built per
+    call); the public API where a build lacks it."""
     import torch
 
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what inductor's launchers call: ~0.1 us
-    return raw(device_index) if raw is not None else torch.cuda.current_stream(device_index).cuda_stream
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw if raw is not None else (lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 
 @functools.cache
