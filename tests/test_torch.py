@@ -64,6 +64,31 @@ def test_autograd_matches_torch(gen):
         torch.testing.assert_close(mine.grad.float(), theirs.grad, rtol=2e-3, atol=2e-3 * theirs.grad.abs().max())
 
 
+def test_backward_computes_only_the_gradients_asked_for(gen):
+    """A frozen weight costs no weight-gradient GEMM (nor a frozen input its data-gradient GEMM):
+    the backward runs one GEMM to recompute the accumulator and one per operand needing a gradient."""
+    f = op(_recipe())
+    a, b, bias, res, s = _args(gen)
+    for wants, gemms in (((True, True), 3), ((True, False), 2), ((False, True), 2)):
+        a_, b_ = a.clone().requires_grad_(wants[0]), b.clone().requires_grad_(wants[1])
+        out = f(a_, b_, bias, res, s)
+        with _Counting() as counted:
+            out.float().sum().backward()
+        assert counted.matmuls == gemms, wants
+        assert (a_.grad is not None, b_.grad is not None) == wants
+
+
+class _Counting(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.matmuls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm):
+            self.matmuls += 1
+        return func(*args, **(kwargs or {}))
+
+
 def _mlp(dtype=torch.bfloat16):
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(64, 128, dtype=dtype), nn.GELU(approximate="tanh"), nn.Linear(128, 32, dtype=dtype),
@@ -102,6 +127,26 @@ def test_torch_compile_fullgraph_traces_without_breaks(gen):
     assert explained.graph_break_count == 0 and explained.graph_count == 1
     compiled = torch.compile(fused, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x), fused(x))
+
+
+def test_torch_compile_trains_through_the_op(gen):
+    """AOTAutograd traces forward and backward of the fused MLP through the ops' autograd (fullgraph,
+    aot_eager): the same outputs and gradients as eager, bit for bit."""
+    fused, _ = gg.nn.fuse(_mlp())
+    x = torch.randn(4, 64, generator=gen).bfloat16().requires_grad_()
+
+    def grads(model):
+        for t in (x, *fused.parameters()):
+            t.grad = None
+        y = model(x)
+        y.float().sum().backward()
+        return [y.detach(), x.grad, *(p.grad for p in fused.parameters())]
+
+    compiled = grads(torch.compile(fused, fullgraph=True, backend="aot_eager"))
+    eager = grads(fused)
+    assert all(g is not None for g in eager)
+    for c, e in zip(compiled, eager, strict=True):
+        assert torch.equal(c, e)
 
 
 def test_export_keeps_the_gemmgen_ops(gen):

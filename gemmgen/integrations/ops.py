@@ -102,7 +102,7 @@ def op(recipe: Recipe) -> Any:
         def backward(ctx: Any, *grads: Any) -> tuple:
             saved = iter(ctx.saved_tensors)
             inputs = [next(saved) if is_t else s for is_t, s in zip(ctx.is_tensor, ctx.scalars, strict=True)]
-            return epilogue_vjp(recipe, inputs, grads)
+            return epilogue_vjp(recipe, inputs, grads, ctx.needs_input_grad)
 
         packet = define(schema(recipe), {"CUDA": cuda_impl, "CPU": cpu_impl}, fake_impl, backward, setup_context)
         _OPS[name] = packet
@@ -113,14 +113,13 @@ def define(op_schema: str, backends: dict[str, Any], fake: Any, backward: Any, s
     """Define `gemmgen::<op_schema>` with a kernel per backend ("CPU", "CUDA"), a fake kernel and
     an autograd formula (as `torch.library.register_autograd` takes them); returns the op packet.
 
-    The Autograd kernel is `register_autograd`'s, except that a call with nothing to differentiate
+    The Autograd kernel does what `register_autograd`'s does (an autograd.Function that redispatches
+    below autograd when an input requires grad), except that a call with nothing to differentiate
     whose next dispatch key is one of `backends` runs that backend's function at once. Torch would
     redispatch there, a second trip through the dispatcher into Python (about 2 us per call, torch
     2.13 on the CPU machine). Anything else between autograd and the backend (fake tensors,
     dispatch modes, functionalization) still gets the redispatch, so torch sees the op as before.
     """
-    from torch._library.autograd import Info, make_autograd_impl
-
     lib = _library()
     lib.define(op_schema)
     name = op_schema.split("(", 1)[0]
@@ -128,15 +127,34 @@ def define(op_schema: str, backends: dict[str, Any], fake: Any, backward: Any, s
         lib.impl(name, fn, key)
     torch.library.register_fake(f"gemmgen::{name}", fake, lib=lib)
     packet = getattr(torch.ops.gemmgen, name)
-    overload = packet.default
-    with_grad = make_autograd_impl(overload, Info(backward, setup_context))
-    direct = {getattr(torch._C.DispatchKey, key): fn for key, fn in backends.items()}
-    after_autograd = torch._C._after_autograd_keyset
-    any_requires_grad = torch._C._any_requires_grad
+    lib.impl(name, _autograd_kernel(packet.default, backends, backward, setup_context), "Autograd",
+             with_keyset=True)
+    return packet
 
-    def autograd_kernel(keyset: Any, *args: Any) -> Any:
-        if torch.is_grad_enabled() and any_requires_grad(*args):
-            return with_grad(keyset, *args)
+
+def _autograd_kernel(overload: Any, backends: dict[str, Any], backward: Any, setup_context: Any) -> Any:
+    """`define`'s Autograd kernel (called with the dispatch keyset first, as `with_keyset=True` asks)."""
+    after_autograd = torch._C._after_autograd_keyset
+    direct = {getattr(torch._C.DispatchKey, key): fn for key, fn in backends.items()}
+
+    class Differentiable(torch.autograd.Function):
+        """The op below autograd, recorded for backward: what register_autograd's kernel builds."""
+
+        @staticmethod
+        def forward(ctx: Any, keyset: Any, *args: Any) -> Any:
+            with torch._C._AutoDispatchBelowAutograd():
+                out = overload.redispatch(keyset & after_autograd, *args)
+            setup_context(ctx, args, out)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> tuple:
+            ctx.needs_input_grad = ctx.needs_input_grad[1:]  # the op's own inputs, as its formula expects
+            return (None, *backward(ctx, *grads))
+
+    def kernel(keyset: Any, *args: Any) -> Any:
+        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            return Differentiable.apply(keyset, *args)
         below = keyset & after_autograd
         fn = direct.get(below.highestPriorityTypeId())
         if fn is not None:
@@ -144,8 +162,7 @@ def define(op_schema: str, backends: dict[str, Any], fake: Any, backward: Any, s
         with torch._C._AutoDispatchBelowAutograd():
             return overload.redispatch(below, *args)
 
-    lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
-    return packet
+    return kernel
 
 
 def kernel_for(recipe: Recipe, a: torch.Tensor, b: torch.Tensor) -> Any:
@@ -216,30 +233,33 @@ def caller(recipe: Recipe) -> OpCaller:
     return OpCaller(recipe)
 
 
-def epilogue_vjp(recipe: Recipe, inputs: list, grads: tuple) -> tuple:
+def epilogue_vjp(recipe: Recipe, inputs: list, grads: tuple, needed: tuple[bool, ...] | None = None) -> tuple:
     """Gradients of the fused op, the way torch differentiates the unfused layers: the accumulator
     is recomputed by a GEMM in the operands' precision (what the unfused model would have saved),
     the epilogue is differentiated in fp32 with autograd, and dacc maps back to A and B through
-    two GEMMs in the operands' precision (fp32 accumulation), like nn.Linear's backward. fp32
-    GEMMs here would be an order of magnitude slower on a GPU and gain nothing over the unfused
-    model's gradients."""
+    GEMMs in the operands' precision (fp32 accumulation), like nn.Linear's backward; fp32 GEMMs
+    would be far slower on a GPU and gain nothing over the unfused model's gradients. `needed`
+    (per input, autograd's needs_input_grad) skips what nobody asked for: a frozen weight costs
+    no weight-gradient GEMM."""
     from ..reference import evaluate_epilogue
 
+    needed = needed or (True,) * len(inputs)
     a, b, *rest = inputs
     names = [o.name for o in recipe.operands]
     ops = dict(zip(names, rest, strict=True))
     with torch.enable_grad():
         acc = torch.matmul(a.detach(), b.detach()).float().requires_grad_(True)
-        leaves = {k: v.detach().float().requires_grad_(True) for k, v in ops.items()
-                  if isinstance(v, torch.Tensor) and v.is_floating_point()}
+        leaves = {k: v.detach().float().requires_grad_(True)
+                  for (k, v), need in zip(ops.items(), needed[2:], strict=True)
+                  if need and isinstance(v, torch.Tensor) and v.is_floating_point()}
         outs = evaluate_epilogue(recipe.ir.epilogue, acc, {**ops, **leaves}, round_outputs=False)
         pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
         wrt = [acc, *leaves.values()]
         got = torch.autograd.grad([o for o, _ in pairs], wrt, [g.float() for _, g in pairs], allow_unused=True)
     g_acc = (got[0] if got[0] is not None else torch.zeros_like(acc)).to(a.dtype)
     g_leaf = dict(zip(leaves, got[1:], strict=True))
-    ga = torch.matmul(g_acc, b.transpose(-1, -2))
-    gb = torch.matmul(a.transpose(-1, -2), g_acc)
+    ga = torch.matmul(g_acc, b.transpose(-1, -2)) if needed[0] else None
+    gb = torch.matmul(a.transpose(-1, -2), g_acc) if needed[1] else None
     # autograd already summed broadcast operands (row/col vectors) back to their own shapes
     rest = [None if g_leaf.get(k) is None else g_leaf[k].to(v.dtype) for k, v in ops.items()]
     return (ga, gb, *rest)
