@@ -119,6 +119,7 @@ def define(op_schema: str, backends: dict[str, Any], fake: Any, backward: Any, s
     redispatch there, a second trip through the dispatcher into Python (about 2 us per call, torch
     2.13 on the CPU machine). Anything else between autograd and the backend (fake tensors,
     dispatch modes, functionalization) still gets the redispatch, so torch sees the op as before.
+    On a torch without the internals this builds on, `register_autograd` is used as it is.
     """
     lib = _library()
     lib.define(op_schema)
@@ -127,9 +128,20 @@ def define(op_schema: str, backends: dict[str, Any], fake: Any, backward: Any, s
         lib.impl(name, fn, key)
     torch.library.register_fake(f"gemmgen::{name}", fake, lib=lib)
     packet = getattr(torch.ops.gemmgen, name)
-    lib.impl(name, _autograd_kernel(packet.default, backends, backward, setup_context), "Autograd",
-             with_keyset=True)
+    if _shortcut_supported():
+        lib.impl(name, _autograd_kernel(packet.default, backends, backward, setup_context), "Autograd",
+                 with_keyset=True)
+    else:
+        torch.library.register_autograd(f"gemmgen::{name}", backward, setup_context=setup_context, lib=lib)
     return packet
+
+
+def _shortcut_supported() -> bool:
+    """Whether this torch has the dispatcher internals `_autograd_kernel` uses (torch 2.13 has; the
+    public `register_autograd` serves elsewhere, without the shortcut)."""
+    c = torch._C
+    return (all(hasattr(c, n) for n in ("_after_autograd_keyset", "_any_requires_grad", "_AutoDispatchBelowAutograd"))
+            and hasattr(c.DispatchKeySet, "highestPriorityTypeId"))
 
 
 def _autograd_kernel(overload: Any, backends: dict[str, Any], backward: Any, setup_context: Any) -> Any:
