@@ -8,8 +8,6 @@ addresses but shaped like an earlier call's (new activations); and tensors never
 
 from __future__ import annotations
 
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -17,18 +15,9 @@ import torch
 from gemmgen.recipes_file import load_recipes
 from gemmgen.runtime.kernel import Kernel
 from gemmgen.testing.recording import RecordingEncoder
+from gemmgen.testing.timing import median_us
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _median_us(fn, reps: int = 2000, rounds: int = 7) -> float:
-    samples = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        samples.append((time.perf_counter() - t) / reps * 1e6)
-    return statistics.median(samples)
 
 
 def main() -> None:
@@ -55,12 +44,12 @@ def main() -> None:
         return call(**kw)
 
     print(f"# {recipe.name} ({kernel.compiled.config.name}), torch {torch.__version__}, CPU, median of 7x2000")
-    print(f"same tensors, out= given:       {_median_us(lambda: call(out=out)):.1f} us per call")
-    print(f"same inputs, D allocated:       {_median_us(call):.1f} us per call")
-    print(f"  of which torch.empty of D:    {_median_us(lambda: torch.empty(m, n, dtype=torch.bfloat16)):.1f} us "
+    print(f"same tensors, out= given:       {median_us(lambda: call(out=out)):.1f} us per call")
+    print(f"same inputs, D allocated:       {median_us(call):.1f} us per call")
+    print(f"  of which torch.empty of D:    {median_us(lambda: torch.empty(m, n, dtype=torch.bfloat16)):.1f} us "
           "(CPU allocator; CUDA's caching allocator is far cheaper)")
-    print(f"new addresses, known layout:    {_median_us(lambda: new_addresses(out=out), reps=300):.1f} us per call")
-    print(f"no reuse (cold host path):      {_median_us(lambda: cold(out=out), reps=300):.1f} us per call")
+    print(f"new addresses, known layout:    {median_us(lambda: new_addresses(out=out), reps=300):.1f} us per call")
+    print(f"no reuse (cold host path):      {median_us(lambda: cold(out=out), reps=300):.1f} us per call")
 
 
 if __name__ == "__main__":

@@ -29,18 +29,13 @@ from gemmgen.integrations import ops
 from gemmgen.recipes_file import load_recipes
 from gemmgen.runtime.kernel import Kernel
 from gemmgen.testing.recording import RecordingEncoder
+from gemmgen.testing.timing import median_us
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _median_us(fn, reps: int = 5000, rounds: int = 7) -> float:
-    samples = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        samples.append((time.perf_counter() - t) / reps * 1e6)
-    return statistics.median(samples)
+def _us(fn) -> float:
+    return median_us(fn, reps=5000)
 
 
 def cpu_overheads() -> None:
@@ -67,18 +62,18 @@ def cpu_overheads() -> None:
     body(a, b, bias)
     allowed = (a, b, bias)
     rows = {
-        "Kernel.prepare (checks hit, D allocated)": _median_us(lambda: kernel.prepare(a, b, bias)),
-        "  of which torch.empty_strided of D": _median_us(
+        "Kernel.prepare (checks hit, D allocated)": _us(lambda: kernel.prepare(a, b, bias)),
+        "  of which torch.empty_strided of D": _us(
             lambda: torch.empty_strided((64, 64), (64, 1), dtype=torch.bfloat16)),
-        "kernel_for (config and kernel lookup)": _median_us(lambda: ops.kernel_for(recipe, a, b)),
-        "direct_call_allowed (the module's check)": _median_us(lambda: ops.direct_call_allowed(allowed, "cpu")),
-        "op body called directly": _median_us(lambda: body(a, b, bias)),
-        "op through the dispatcher": _median_us(lambda: probe(a, b, bias)),
+        "kernel_for (config and kernel lookup)": _us(lambda: ops.kernel_for(recipe, a, b)),
+        "direct_call_allowed (the module's check)": _us(lambda: ops.direct_call_allowed(allowed, "cpu")),
+        "op body called directly": _us(lambda: body(a, b, bias)),
+        "op through the dispatcher": _us(lambda: probe(a, b, bias)),
     }
     with torch.no_grad():
-        rows["op through the dispatcher, no_grad"] = _median_us(lambda: probe(a, b, bias))
+        rows["op through the dispatcher, no_grad"] = _us(lambda: probe(a, b, bias))
     with torch.inference_mode():
-        rows["op through the dispatcher, inference_mode"] = _median_us(lambda: probe(a, b, bias))
+        rows["op through the dispatcher, inference_mode"] = _us(lambda: probe(a, b, bias))
     print(f"# CPU, torch {torch.__version__}, {recipe.name} ({kernel.compiled.config.name}) 64x64x64, "
           "median of 7x5000 calls; driver calls left out")
     print(f"{'registering the first op of the process':45s} {first_us:6.0f} us")
