@@ -28,9 +28,12 @@ def make_mlp(d_model: int = 4096, d_ff: int = 14336, device: str = "cpu") -> nn.
 
 
 def needed_kernels(fused: nn.Module, tokens: tuple[int, ...] = TOKENS) -> list:
-    """(recipe, config) of every kernel the fused model launches for inputs of these many tokens."""
+    """(recipe, config) of every kernel the fused model launches here: forward for inputs of these
+    many tokens, and forward with gradients (the kernels that also store the pre-activation) for
+    the first, the batch the GPU check trains on."""
     layers = [m for m in fused.modules() if isinstance(m, gg.nn.FusedLinear)]
-    return list(dict.fromkeys((m.recipe, m.config_for(t)) for m in layers for t in tokens))
+    inference = [m.launches(t) for m in layers for t in tokens]
+    return list(dict.fromkeys(inference + [m.launches(tokens[0], training=True) for m in layers]))
 
 
 def _median_ms(fn, reps: int = 30) -> float:

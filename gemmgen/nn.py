@@ -33,8 +33,10 @@ ACTIVATIONS = {
 
 
 @functools.cache
-def linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype) -> Recipe:
-    """The recipe of a Linear layer (x @ W^T with W stored out x in) plus bias and activation."""
+def linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype, save_pre_activation: bool = False) -> Recipe:
+    """The recipe of a Linear layer (x @ W^T with W stored out x in) plus bias and activation. With
+    `save_pre_activation`, the kernel also stores `pre` (x @ W^T + b, before the activation) as an
+    aux output, for the activation's backward: what the unfused Linear's output would have been."""
     if activation not in ACTIVATIONS:
         from .errors import RecipeError
 
@@ -42,11 +44,56 @@ def linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype) -> Rec
                           f"got {activation!r}")
     act = ACTIVATIONS[activation]
     d = as_dtype(dtype, "dtype")
-    name = f"linear_{activation or 'none'}{'_bias' if bias else ''}_{d.value}"
+    name = f"linear_{activation or 'none'}{'_bias' if bias else ''}_{d.value}{'_pre' if save_pre_activation else ''}"
+    kw: dict = {"a": d, "b": d, "d": d, "layout_a": "row", "layout_b": "col"}
+    if save_pre_activation:
+        kw["aux"] = {"pre": d}
     if bias:
-        return Recipe(name, lambda acc, bias: act(acc + bias), a=d, b=d, d=d, layout_a="row", layout_b="col",
-                      operands={"bias": dsl.RowVector(d)})
-    return Recipe(name, lambda acc: act(acc), a=d, b=d, d=d, layout_a="row", layout_b="col")
+        kw["operands"] = {"bias": dsl.RowVector(d)}
+        if save_pre_activation:
+            return Recipe(name, lambda acc, bias: {"d": act(acc + bias), "pre": acc + bias}, **kw)
+        return Recipe(name, lambda acc, bias: act(acc + bias), **kw)
+    if save_pre_activation:
+        return Recipe(name, lambda acc: {"d": act(acc), "pre": acc}, **kw)
+    return Recipe(name, lambda acc: act(acc), **kw)
+
+
+def _activation_backward(activation: str, g: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """dL/dpre from dL/dy and the saved pre-activation: the same aten kernels the unfused
+    activation module's backward runs."""
+    if activation == "relu":
+        return torch.ops.aten.threshold_backward(g, pre, 0)
+    if activation == "silu":
+        return torch.ops.aten.silu_backward(g, pre)
+    return torch.ops.aten.gelu_backward(g, pre, approximate="tanh" if activation == "gelu_tanh" else "none")
+
+
+class _LinearFunction(torch.autograd.Function):
+    """Forward: the fused kernel (with `pre` stored when the activation needs it for backward).
+    Backward: as nn.Linear + activation would run it (the activation's aten backward on `pre`, then
+    dgrad/wgrad GEMMs and the bias sum in the parameters' dtype), skipping what nobody asked for.
+    No GEMM is recomputed: the op's own autograd formula (for direct op users) recomputes A @ B."""
+
+    @staticmethod
+    def forward(ctx, layer: FusedLinear, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        args = (x, w) if bias is None else (x, w, bias)
+        if layer.activation is None:
+            y, pre = layer._op(*args), None
+        else:
+            y, pre = layer._op_saving_pre(*args)
+        ctx.activation, ctx.has_bias = layer.activation, bias is not None
+        ctx.save_for_backward(x, w, pre)
+        return y
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> tuple:
+        x, w, pre = ctx.saved_tensors
+        g_pre = g if ctx.activation is None else _activation_backward(ctx.activation, g, pre)
+        _, need_x, need_w, need_b = ctx.needs_input_grad
+        gx = g_pre @ w.t() if need_x else None
+        gw = x.t() @ g_pre if need_w else None
+        gb = g_pre.sum(0) if ctx.has_bias and need_b else None
+        return None, gx, gw, gb
 
 
 class FusedLinear(nn.Module):
@@ -54,8 +101,7 @@ class FusedLinear(nn.Module):
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features, self.activation = in_features, out_features, activation
-        self.recipe = linear_recipe(activation, bias, dtype)
-        self._op = caller(self.recipe)  # resolved once: forward stays traceable by torch.compile
+        self._set_recipes(activation, bias, dtype)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
         self.reset_parameters()
@@ -73,11 +119,18 @@ class FusedLinear(nn.Module):
         fused = cls.__new__(cls)
         nn.Module.__init__(fused)
         fused.in_features, fused.out_features, fused.activation = linear.in_features, linear.out_features, activation
-        fused.recipe = linear_recipe(activation, linear.bias is not None, linear.weight.dtype)
-        fused._op = caller(fused.recipe)
+        fused._set_recipes(activation, linear.bias is not None, linear.weight.dtype)
         fused.weight = linear.weight
         fused.bias = linear.bias
         return fused
+
+    def _set_recipes(self, activation: str | None, bias: bool, dtype: torch.dtype) -> None:
+        """The inference recipe and, with an activation, the training one that also stores `pre`;
+        their callers are resolved once, so forward stays traceable by torch.compile."""
+        self.recipe = linear_recipe(activation, bias, dtype)
+        self.training_recipe = linear_recipe(activation, bias, dtype, save_pre_activation=True) if activation else None
+        self._op = caller(self.recipe)
+        self._op_saving_pre = caller(self.training_recipe) if self.training_recipe is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -85,16 +138,25 @@ class FusedLinear(nn.Module):
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         w = self.weight.t()
-        y = self._op(x2, w) if self.bias is None else self._op(x2, w, self.bias)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x2, w, self.bias)):
+            y = _LinearFunction.apply(self, x2, w, self.bias)
+        else:
+            y = self._op(x2, w) if self.bias is None else self._op(x2, w, self.bias)
         return y.reshape(*lead, self.out_features)
 
-    def config_for(self, tokens: int, sm_count: int = 132) -> KernelConfig:
-        """The config forward launches for an input of `tokens` rows when no autotune table applies
-        (the heuristic's choice): what to build ahead of time, e.g.
-        `gg.warmup([(layer.recipe, layer.config_for(t)) for t in (1, 512, 4096)])`."""
+    def launches(self, tokens: int, training: bool = False, sm_count: int = 132) -> tuple[Recipe, KernelConfig]:
+        """(recipe, config) of the kernel forward launches for an input of `tokens` rows when no
+        autotune table applies (the heuristic's choice); `training`: with gradients wanted, when
+        the kernel also stores the pre-activation. What to build ahead of time, e.g.
+        `gg.warmup([layer.launches(t) for t in (1, 512, 4096)] + [layer.launches(4096, training=True)])`."""
         from .select import choose
 
-        return choose(self.recipe.ir, tokens, self.out_features, self.in_features, 1, sm_count).config
+        recipe = self.training_recipe if training and self.training_recipe is not None else self.recipe
+        return recipe, choose(recipe.ir, tokens, self.out_features, self.in_features, 1, sm_count).config
+
+    def config_for(self, tokens: int, sm_count: int = 132) -> KernelConfig:
+        """The config of `launches(tokens)` (inference)."""
+        return self.launches(tokens, sm_count=sm_count)[1]
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

@@ -120,6 +120,38 @@ def test_fused_mlp_forward_and_backward_match_the_unfused_model(gen):
                                    msg=lambda s: f"{name}: {s}")  # noqa: B023
 
 
+def test_fused_linear_training_stores_the_pre_activation_instead_of_recomputing(gen):
+    """With gradients wanted, forward runs the kernel that also stores `pre` (x W^T + b) and backward
+    runs only the dgrad and wgrad GEMMs it needs, as the unfused Linear + activation would; without,
+    forward runs the plain kernel."""
+    layer = gg.nn.FusedLinear(64, 48, activation="gelu_tanh")
+    x = torch.randn(5, 64, generator=gen).bfloat16()
+    with _Recording() as mode:
+        with torch.no_grad():
+            layer(x)
+        y = layer(x)
+    assert [f._opname for f in mode.seen] == [gg.integrations.ops.op_name(layer.recipe),
+                                              gg.integrations.ops.op_name(layer.training_recipe)]
+    for x_grad, gemms in ((False, 1), (True, 2)):
+        x_ = x.clone().requires_grad_(x_grad)
+        y = layer(x_)
+        with _Counting() as counted:
+            y.float().sum().backward()
+        assert counted.matmuls == gemms, x_grad
+    ref = nn.Sequential(nn.Linear(64, 48, dtype=torch.bfloat16), nn.GELU(approximate="tanh"))
+    ref[0].weight, ref[0].bias = layer.weight, layer.bias
+    layer.zero_grad()
+    x_ = x.clone().requires_grad_()
+    x_ref = x.clone().requires_grad_()
+    layer(x_).float().square().sum().backward()
+    grads = [x_.grad, layer.weight.grad.clone(), layer.bias.grad.clone()]
+    layer.zero_grad()
+    ref(x_ref).float().square().sum().backward()
+    for mine, theirs in zip(grads, [x_ref.grad, ref[0].weight.grad, ref[0].bias.grad], strict=True):
+        assert theirs.abs().max() > 0
+        torch.testing.assert_close(mine.float(), theirs.float(), rtol=2e-2, atol=2e-2 * theirs.abs().max())
+
+
 def test_torch_compile_fullgraph_traces_without_breaks(gen):
     fused, _ = gg.nn.fuse(_mlp())
     x = torch.randn(4, 64, generator=gen).bfloat16()
@@ -129,9 +161,9 @@ def test_torch_compile_fullgraph_traces_without_breaks(gen):
     torch.testing.assert_close(compiled(x), fused(x))
 
 
-def test_torch_compile_trains_through_the_op(gen):
-    """AOTAutograd traces forward and backward of the fused MLP through the ops' autograd (fullgraph,
-    aot_eager): the same outputs and gradients as eager, bit for bit."""
+def test_torch_compile_trains_the_fused_mlp(gen):
+    """AOTAutograd traces forward and backward of the fused MLP (fullgraph, aot_eager): the same
+    outputs and gradients as eager, bit for bit."""
     fused, _ = gg.nn.fuse(_mlp())
     x = torch.randn(4, 64, generator=gen).bfloat16().requires_grad_()
 
@@ -252,9 +284,9 @@ class _Passthrough(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_config_for_is_what_forward_launches(monkeypatch):
-    """FusedLinear.config_for(tokens) names the kernel the runtime picks for that many rows (what
-    to warm up ahead of time); a decode-sized batch gets a swapped kernel."""
+def test_launches_is_what_forward_launches(monkeypatch):
+    """FusedLinear.launches(tokens, training) names the kernel the runtime picks for that many rows
+    (what to warm up ahead of time); a decode-sized batch gets a swapped kernel."""
     from gemmgen.integrations import ops
 
     layer = gg.nn.FusedLinear(4096, 14336, activation="silu")
@@ -271,3 +303,6 @@ def test_config_for_is_what_forward_launches(monkeypatch):
     for tokens in (5, 7, 8):  # one bucket: one kernel, whatever the exact M
         ops.kernel_for(layer.recipe, torch.empty(tokens, 4096, dtype=torch.bfloat16), w)
     assert len(picked) == 2
+    ops.kernel_for(layer.training_recipe, torch.empty(4096, 4096, dtype=torch.bfloat16), w)
+    assert (layer.training_recipe, picked[-1]) == layer.launches(4096, training=True)
+    assert layer.launches(4096) == (layer.recipe, layer.config_for(4096))

@@ -21,6 +21,9 @@ MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # the FusedLinear layers tests/test_gpu
 #: picks each one's config by shape, so those configs are compiled here too.
 MODULE_PROBLEMS = ((300, 1024, 512), (300, 264, 1024), (77, 264, 256), (64, 64, 64), (8, 1024, 512),
                    (8, 264, 1024))
+#: (M, N, K) of the FusedLinear calls tests/test_gpu.py makes with gradients wanted (the kernels
+#: that also store the pre-activation).
+TRAINING_PROBLEMS = ((300, 1024, 512), (300, 264, 1024))
 #: The swapped kernel each example recipe also runs under: the heuristic's pick for a decode step.
 DECODE_PROBLEM = (8, 4096, 4096)
 #: scripts/gpu_bench.py: bias_gelu at these (M, N, K) under the heuristic's config; where that is a
@@ -53,6 +56,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     for act in MLP_ACTIVATIONS:
         recipe = linear_recipe(act, True, torch.bfloat16)
         out += [(recipe, choose(recipe.ir, m, n, k).config) for m, n, k in MODULE_PROBLEMS]
+        training = linear_recipe(act, True, torch.bfloat16, save_pre_activation=True)
+        out += [(training, choose(training.ir, m, n, k).config) for m, n, k in TRAINING_PROBLEMS]
     for recipe in load_recipes(ROOT / "examples" / "recipes.py").values():
         default = recipe.default_config()
         other = gg.Schedule.PINGPONG if default.schedule is gg.Schedule.COOPERATIVE else gg.Schedule.COOPERATIVE
