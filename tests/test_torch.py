@@ -138,18 +138,39 @@ def test_fused_linear_training_stores_the_pre_activation_instead_of_recomputing(
         with _Counting() as counted:
             y.float().sum().backward()
         assert counted.matmuls == gemms, x_grad
-    ref = nn.Sequential(nn.Linear(64, 48, dtype=torch.bfloat16), nn.GELU(approximate="tanh"))
-    ref[0].weight, ref[0].bias = layer.weight, layer.bias
-    layer.zero_grad()
-    x_ = x.clone().requires_grad_()
-    x_ref = x.clone().requires_grad_()
-    layer(x_).float().square().sum().backward()
-    grads = [x_.grad, layer.weight.grad.clone(), layer.bias.grad.clone()]
-    layer.zero_grad()
-    ref(x_ref).float().square().sum().backward()
-    for mine, theirs in zip(grads, [x_ref.grad, ref[0].weight.grad, ref[0].bias.grad], strict=True):
+
+
+TORCH_ACTIVATIONS = {None: nn.Identity, "relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU("tanh"),
+                     "silu": nn.SiLU}
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("activation", list(TORCH_ACTIVATIONS), ids=str)
+def test_fused_linear_gradients_match_linear_and_activation(gen, activation, bias):
+    layer = gg.nn.FusedLinear(64, 48, bias=bias, activation=activation)
+    ref = nn.Sequential(nn.Linear(64, 48, bias=bias, dtype=torch.bfloat16), TORCH_ACTIVATIONS[activation]())
+    ref[0].weight, ref[0].bias = layer.weight, layer.bias  # shared parameters
+    x = torch.randn(2, 5, 64, generator=gen).bfloat16()
+    got, want = [], []
+    for model, out in ((layer, got), (ref, want)):
+        layer.zero_grad()
+        x_ = x.clone().requires_grad_()
+        model(x_).float().square().sum().backward()
+        out += [x_.grad, *(p.grad.clone() for p in layer.parameters())]
+    for mine, theirs in zip(got, want, strict=True):
         assert theirs.abs().max() > 0
         torch.testing.assert_close(mine.float(), theirs.float(), rtol=2e-2, atol=2e-2 * theirs.abs().max())
+
+
+@pytest.mark.parametrize("activation", [a for a in TORCH_ACTIVATIONS if a])
+def test_activation_backward_is_the_torch_modules(gen, activation):
+    """FusedLinear's backward runs the same aten kernel as the activation module's: equal bits."""
+    from gemmgen.nn import _activation_backward
+
+    pre, g = torch.randn(256, generator=gen) * 3, torch.randn(256, generator=gen)
+    x = pre.clone().requires_grad_()
+    TORCH_ACTIVATIONS[activation]()(x).backward(g)
+    assert torch.equal(_activation_backward(activation, g, pre), x.grad)
 
 
 def test_torch_compile_fullgraph_traces_without_breaks(gen):
