@@ -56,14 +56,6 @@ def schema(recipe: Recipe) -> str:
     return f"{op_name(recipe)}({', '.join(args)}) -> {returns}"
 
 
-def output_layout(recipe: Recipe, a: torch.Tensor, b: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shape and strides of every output: row-major, rows padded to 16 bytes when N needs it."""
-    from ..runtime.kernel import padded_strides
-
-    shape = (*((a.shape[0],) if recipe.ir.gemm.batched else ()), a.shape[-2], b.shape[-1])
-    return shape, padded_strides(shape, recipe.outputs[0].dtype.torch)
-
-
 def op(recipe: Recipe) -> Any:
     """Register (once) and return the op for `recipe`."""
     name = op_name(recipe)
