@@ -1,5 +1,6 @@
 """PyTorch integration on the CPU: custom ops with fake implementations, torch.compile without
-graph breaks, autograd, FusedLinear and fuse(). (GPU runs are in tests/test_gpu.py.)"""
+graph breaks, autograd, FusedLinear and fused models. (fuse() itself: tests/test_fuse.py; GPU runs:
+tests/test_gpu.py.)"""
 
 from __future__ import annotations
 
@@ -95,16 +96,6 @@ def _mlp(dtype=torch.bfloat16):
                          nn.SiLU())
 
 
-def test_fuse_replaces_linear_activation_pairs():
-    model = nn.Sequential(*_mlp(), nn.Linear(32, 8), nn.ReLU(), nn.Linear(8, 8, dtype=torch.float16))
-    fused, report = gg.nn.fuse(model)
-    kinds = [type(m).__name__ for m in fused]
-    assert kinds == ["FusedLinear", "FusedLinear", "Linear", "ReLU", "FusedLinear"]
-    assert [m.activation for m in fused if isinstance(m, gg.nn.FusedLinear)] == ["gelu_tanh", "silu", None]
-    assert report[0] == "0: Linear + GELU -> FusedLinear(linear_gelu_tanh_bias_bf16)"
-    assert report[2].startswith("4: kept (weights are torch.float32")
-
-
 def test_fused_mlp_forward_and_backward_match_the_unfused_model(gen):
     ref = _mlp()
     fused, _ = gg.nn.fuse(copy.deepcopy(ref))
@@ -165,7 +156,7 @@ def test_fused_linear_gradients_match_linear_and_activation(gen, activation, bia
 @pytest.mark.parametrize("activation", [a for a in TORCH_ACTIVATIONS if a])
 def test_activation_backward_is_the_torch_modules(gen, activation):
     """FusedLinear's backward runs the same aten kernel as the activation module's: equal bits."""
-    from gemmgen.nn import _activation_backward
+    from gemmgen.nn.linear import _activation_backward
 
     pre, g = torch.randn(256, generator=gen) * 3, torch.randn(256, generator=gen)
     x = pre.clone().requires_grad_()

@@ -1,12 +1,11 @@
-"""Drop-in modules: `FusedLinear` (one fused gemmgen kernel per forward) and `fuse(model)`.
+"""`FusedLinear`: nn.Linear plus bias and activation as one gemmgen kernel per forward.
 
     layer = gemmgen.nn.FusedLinear(4096, 14336, activation="silu", dtype=torch.bfloat16)
-    model, replaced = gemmgen.nn.fuse(model)   # Linear + activation pairs -> FusedLinear
 
 Forward is `activation(x @ W^T + b)` as one gemmgen op (torch.ops.gemmgen.*): the GPU launches
-the fused kernel; elsewhere the op evaluates the recipe's reference. Backward is the op's
-registered autograd formula: torch GEMMs in the operands' precision, like nn.Linear's
-backward, around the epilogue differentiated in fp32 (`gemmgen.integrations.ops.epilogue_vjp`).
+the fused kernel; elsewhere the op evaluates the recipe's reference. Backward (`_LinearFunction`)
+is the unfused layers' own: the activation's aten backward on the stored pre-activation, then the
+dgrad/wgrad GEMMs in the parameters' dtype.
 """
 
 from __future__ import annotations
@@ -17,11 +16,11 @@ import math
 import torch
 from torch import nn
 
-from . import dsl
-from .config import KernelConfig
-from .dsl import Recipe
-from .integrations.ops import caller
-from .types import as_dtype
+from .. import dsl
+from ..config import KernelConfig
+from ..dsl import Recipe
+from ..integrations.ops import caller
+from ..types import as_dtype
 
 ACTIVATIONS = {
     None: lambda x: x,
@@ -38,7 +37,7 @@ def linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype, save_p
     `save_pre_activation`, the kernel also stores `pre` (x @ W^T + b, before the activation) as an
     aux output, for the activation's backward: what the unfused Linear's output would have been."""
     if activation not in ACTIVATIONS:
-        from .errors import RecipeError
+        from ..errors import RecipeError
 
         raise RecipeError(f"activation: expected one of {sorted(k for k in ACTIVATIONS if k)} or None, "
                           f"got {activation!r}")
@@ -149,7 +148,7 @@ class FusedLinear(nn.Module):
         autotune table applies (the heuristic's choice); `training`: with gradients wanted, when
         the kernel also stores the pre-activation. What to build ahead of time, e.g.
         `gg.warmup([layer.launches(t) for t in (1, 512, 4096)] + [layer.launches(4096, training=True)])`."""
-        from .select import choose
+        from ..select import choose
 
         recipe = self.training_recipe if training and self.training_recipe is not None else self.recipe
         return recipe, choose(recipe.ir, tokens, self.out_features, self.in_features, 1, sm_count).config
@@ -161,53 +160,3 @@ class FusedLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"activation={self.activation!r}")
-
-
-def _activation_of(module: nn.Module) -> str | bool | None:
-    """The activation name a module computes, or False if it is not one FusedLinear fuses."""
-    if isinstance(module, nn.ReLU):
-        return "relu"
-    if isinstance(module, nn.GELU):
-        return "gelu" if module.approximate == "none" else "gelu_tanh"
-    if isinstance(module, nn.SiLU):
-        return "silu"
-    return False
-
-
-def fuse(model: nn.Module) -> tuple[nn.Module, list[str]]:
-    """Replace Linear + activation pairs inside every nn.Sequential of `model` (in place).
-
-    Returns the model and one line per replacement. Linear layers whose dtype gemmgen cannot
-    run (not bf16/f16) are left alone and reported as such.
-    """
-    report: list[str] = []
-    for name, seq in list(model.named_modules()):
-        if not isinstance(seq, nn.Sequential):
-            continue
-        children = list(seq.named_children())
-        out: list[tuple[str, nn.Module]] = []
-        i = 0
-        while i < len(children):
-            key, mod = children[i]
-            if isinstance(mod, nn.Linear) and not isinstance(mod, FusedLinear):
-                nxt = children[i + 1][1] if i + 1 < len(children) else None
-                act = _activation_of(nxt) if nxt is not None else False
-                where = f"{name + '.' if name else ''}{key}"
-                if mod.weight.dtype not in (torch.bfloat16, torch.float16):
-                    report.append(f"{where}: kept (weights are {mod.weight.dtype}; gemmgen runs bf16/f16)")
-                else:
-                    fused = FusedLinear.from_linear(mod, activation=act if act is not False else None)
-                    out.append((key, fused))
-                    consumed = 2 if act is not False else 1
-                    report.append(f"{where}: Linear{' + ' + type(nxt).__name__ if consumed == 2 else ''} -> "
-                                  f"FusedLinear({fused.recipe.name})")
-                    i += consumed
-                    continue
-            out.append((key, mod))
-            i += 1
-        if len(out) != len(children):
-            for k, _ in children:
-                delattr(seq, k)
-            for k, m in out:
-                seq.add_module(k, m)
-    return model, report

@@ -1,0 +1,243 @@
+"""`fuse(model)`: Linear + activation pairs become one FusedLinear each, in place, with a report.
+
+Which pairs fuse is read from the forward of each module that owns a Linear, traced by torch.fx
+with every submodule kept as one call: a Linear whose output goes only to an activation module
+becomes `FusedLinear(activation=...)`, and the activation module becomes `nn.Identity` (in a
+plain nn.Sequential it is removed). Forward code is left as it is, so a pair fuses only where
+that provably keeps the function: the Linear is registered once and runs once, and the
+activation module is registered once and runs only on outputs of Linears fused with it. An
+activation module is recognised by what it computes (its own trace is one relu, gelu or silu
+call), so wrappers such as Hugging Face's GELUActivation count, not just nn.ReLU/GELU/SiLU.
+
+Other Linears stay as they are, unless `unpaired=True` swaps them too. A forward fx cannot trace
+(Python control flow on tensor values, say) keeps its activations separate, and the report says
+why when it owns an activation module. fuse assumes, as torch.fx users do, that a module is
+called from its parent's forward: it checks what it can see (calls and registrations) and cannot
+see calls made from other modules' forwards.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from .linear import FusedLinear
+
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class _ChildrenAsLeaves(fx.Tracer):
+    """Traces one module's own forward: each submodule it calls stays a single call_module node."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return True
+
+
+def activation_of(module: nn.Module) -> str | None:
+    """The FusedLinear activation that `module` computes (it has no parameters or submodules, and
+    its traced forward is exactly one relu, gelu or silu of its input), or None."""
+    if next(module.children(), None) is not None or next(module.parameters(), None) is not None:
+        return None
+    try:
+        graph = fx.symbolic_trace(module).graph
+    except Exception:  # a forward that refuses tracing is not one of ours
+        return None
+    nodes = list(graph.nodes)
+    if [n.op for n in nodes][::2] != ["placeholder", "output"] or len(nodes) != 3:
+        return None
+    x, call, out = nodes
+    if out.args[0] is not call or not call.args or call.args[0] is not x:
+        return None
+    if any(isinstance(a, fx.Node) for a in (*call.args[1:], *call.kwargs.values())):
+        return None
+    return _activation_of_call(call)
+
+
+def _activation_of_call(call: fx.Node) -> str | None:
+    """The activation an fx call node applies to its first argument, or None."""
+    if call.op == "call_method":
+        return "relu" if call.target == "relu" else None
+    if call.op != "call_function":
+        return None
+    if call.target in (F.relu, torch.relu):
+        return "relu"
+    if call.target is F.silu:
+        return "silu"
+    if call.target is F.gelu:
+        approximate = call.kwargs.get("approximate", call.args[1] if len(call.args) > 1 else "none")
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)
+    return None
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """A Linear and the activation module that alone consumes its output, in `owner`'s forward."""
+
+    owner: nn.Module
+    act_key: str
+    act: nn.Module
+    activation: str
+
+
+def _qualified(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def fuse(model: nn.Module, *, unpaired: bool = False) -> tuple[nn.Module, list[str]]:
+    """Replace each nn.Linear (bf16/f16 weights) whose output only an activation module consumes
+    by a FusedLinear that computes both (see the module docstring for the rules). `unpaired=True`
+    also swaps the other such Linears for FusedLinear without activation: the same math launched
+    by gemmgen instead of cuBLAS, at the cost of compiling their kernels too.
+
+    Returns the model (changed in place; a bare nn.Linear with `unpaired` comes back as a new
+    FusedLinear) and a report: a line per fused pair, per swapped Linear, per Linear kept for its
+    dtype or class, per pair not fused (and why), and per forward fx could not trace.
+    """
+    modules = list(model.named_modules())
+    pairs, notes, untraced = _find_pairs(model, modules)
+    report: list[str] = []
+    replacement: dict[int, nn.Module | None] = {}
+    for qualified, m in modules:
+        name = qualified or "(model)"
+        if qualified in untraced:
+            report.append(untraced[qualified])
+        if not isinstance(m, nn.Linear):
+            continue
+        why_kept = _kept_because(m)
+        if why_kept:
+            if unpaired or id(m) in notes:  # only where fuse would have changed it
+                report.append(f"{name}: kept ({why_kept})")
+            continue
+        pair = pairs.get(id(m))
+        if pair is None:
+            note = f"not fused ({notes[id(m)]})" if id(m) in notes else ""
+            if unpaired:
+                fused = replacement[id(m)] = FusedLinear.from_linear(m)
+                report.append(f"{name}: {note + '; ' if note else ''}Linear -> FusedLinear({fused.recipe.name})")
+            elif note:
+                report.append(f"{name}: {note}")
+            continue
+        fused = replacement[id(m)] = FusedLinear.from_linear(m, activation=pair.activation)
+        removed = type(pair.owner) is nn.Sequential
+        replacement.setdefault(id(pair.act), None if removed else nn.Identity())
+        act_name = _qualified(qualified.rpartition(".")[0], pair.act_key)
+        report.append(f"{name}: Linear + {type(pair.act).__name__} -> FusedLinear({fused.recipe.name})"
+                      + ("" if removed else f" ({act_name} is now Identity)"))
+    _replace(model, replacement)
+    return replacement.get(id(model), model), report
+
+
+def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]]
+                ) -> tuple[dict[int, _Pair], dict[int, str], dict[str, str]]:
+    """The pairs safe to fuse (by id of the Linear), why other Linears followed by an activation
+    are not (by id), and the report line of each owner whose forward fx could not trace (by name)."""
+    registered = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
+    calls: Counter[int] = Counter()
+    pairs: dict[int, _Pair] = {}
+    notes: dict[int, str] = {}
+    untraced: dict[str, str] = {}
+    for owner_name, owner in modules:
+        children = list(owner.children())
+        if not any(isinstance(c, nn.Linear) for c in children):
+            continue
+        try:
+            graph = _ChildrenAsLeaves().trace(owner)
+        except Exception as e:  # forwards fail to trace in many ways; the report names it
+            if not any(activation_of(c) for c in children):
+                continue  # nothing lost: no activation module here to fuse
+            reason = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
+            untraced[owner_name] = (f"{owner_name or type(owner).__name__}: forward not traced by torch.fx "
+                                    f"({type(e).__name__}{': ' + reason if reason else ''}); activations in it "
+                                    f"stay separate")
+            continue
+        for node in graph.nodes:
+            if node.op == "call_module":
+                calls[id(owner.get_submodule(node.target))] += 1
+        for node in graph.nodes:
+            _pair_from(node, owner_name, owner, pairs, notes)
+    while True:  # refusing one pair can leave a shared activation with a run that is not fused
+        pairs_per_act = Counter(id(p.act) for p in pairs.values())
+        refused = {lin_id: problem for lin_id, pair in pairs.items()
+                   if (problem := _unsafe(pair, lin_id, calls, registered, pairs_per_act))}
+        if not refused:
+            return pairs, notes, untraced
+        notes.update(refused)
+        for lin_id in refused:
+            del pairs[lin_id]
+
+
+def _kept_because(linear: nn.Module) -> str | None:
+    """Why this nn.Linear cannot become a FusedLinear, or None if it can."""
+    if type(linear) is not nn.Linear:
+        return f"{type(linear).__name__} subclasses nn.Linear; its forward may differ"
+    if linear.weight.dtype not in _DTYPES:
+        return f"weights are {linear.weight.dtype}; gemmgen runs bf16/f16"
+    return None
+
+
+def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, pairs: dict[int, _Pair],
+               notes: dict[int, str]) -> None:
+    """Record the pair (or why there is none) if `node` calls a Linear child of `owner` whose
+    output goes to an activation."""
+    if node.op != "call_module" or "." in str(node.target):
+        return
+    linear = owner.get_submodule(node.target)
+    if not isinstance(linear, nn.Linear):
+        return
+    users = list(node.users)
+    user = users[0] if len(users) == 1 else None
+    if user is not None and user.op == "call_module" and "." not in str(user.target):
+        act = owner.get_submodule(user.target)
+        activation = activation_of(act)
+        if activation is not None:
+            if why_kept := _kept_because(linear):
+                notes[id(linear)] = why_kept
+            elif user.args != (node,) or user.kwargs:
+                notes[id(linear)] = f"{_qualified(owner_name, user.target)} is called with further arguments"
+            else:
+                pairs[id(linear)] = _Pair(owner, str(user.target), act, activation)
+            return
+    for u in users:
+        if u.args and u.args[0] is node and _activation_of_call(u) is not None:
+            name = getattr(u.target, "__name__", u.target)
+            notes[id(linear)] = (f"{type(owner).__name__}.forward applies {name} to it in code; fuse swaps modules, "
+                                 f"so make the activation a module")
+            return
+    if len(users) > 1 and any(u.op == "call_module" and activation_of(owner.get_submodule(u.target))
+                              for u in users if "." not in str(u.target)):
+        notes[id(linear)] = "its output also feeds other ops than the activation"
+
+
+def _unsafe(pair: _Pair, lin_id: int, calls: Counter[int], registered: Counter[int],
+            pairs_per_act: Counter[int]) -> str | None:
+    """Why fusing `pair` could change what the model computes, or None. An activation module may
+    run several times (one module shared by a layer's Linears) if every run is on a fusable pair's
+    output, since it becomes Identity for all of them."""
+    if registered[lin_id] > 1:
+        return f"it is registered under {registered[lin_id]} names"
+    if calls[lin_id] > 1:
+        return f"it runs {calls[lin_id]} times in traced forwards"
+    act_id = id(pair.act)
+    if registered[act_id] > 1:
+        return f"{pair.act_key} is registered under {registered[act_id]} names"
+    if calls[act_id] > pairs_per_act[act_id]:
+        return (f"{pair.act_key} runs {calls[act_id]} times in traced forwards, "
+                f"{calls[act_id] - pairs_per_act[act_id]} of them on other values")
+    return None
+
+
+def _replace(model: nn.Module, replacement: dict[int, nn.Module | None]) -> None:
+    """Put each replacement wherever its module is registered (shared modules stay shared);
+    None removes the module (an activation inside a plain nn.Sequential)."""
+    for parent in list(model.modules()):
+        for key, child in list(parent._modules.items()):
+            if child is not None and id(child) in replacement:
+                new = replacement[id(child)]
+                if new is None:
+                    del parent._modules[key]
+                else:
+                    parent._modules[key] = new

@@ -1,0 +1,253 @@
+"""gemmgen.nn.fuse beyond nn.Sequential: pairs read from each module's traced forward, fused only
+where the model provably computes the same function (CPU: the op evaluates the recipe there)."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import gemmgen as gg
+
+BF16_TOL = {"rtol": 2e-2, "atol": 2e-2}
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+
+
+def _linear(i: int, o: int, bias: bool = True) -> nn.Linear:
+    return nn.Linear(i, o, bias=bias, dtype=torch.bfloat16)
+
+
+class GELUActivation(nn.Module):
+    """As Hugging Face transformers writes it: a module wrapping the functional activation."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.act, self.approximate = F.gelu, approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x, approximate=self.approximate)
+
+
+class GatedMLP(nn.Module):
+    """Llama's MLP: down(act(gate(x)) * up(x))."""
+
+    def __init__(self, act: nn.Module) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj = _linear(64, 96, bias=False), _linear(64, 96, bias=False)
+        self.down_proj, self.act_fn = _linear(96, 64, bias=False), act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Recording(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+def test_gated_mlp_fuses_the_gate_with_its_activation_module(gen):
+    """Inside a custom module: gate_proj absorbs act_fn (a wrapper module, recognised by what it
+    computes), act_fn becomes Identity, and the model computes what it did, forward and backward."""
+    ref = GatedMLP(GELUActivation("tanh"))
+    fused, report = gg.nn.fuse(copy.deepcopy(ref))
+    assert report == [
+        "gate_proj: Linear + GELUActivation -> FusedLinear(linear_gelu_tanh_bf16) (act_fn is now Identity)"]
+    assert isinstance(fused.act_fn, nn.Identity) and fused.gate_proj.activation == "gelu_tanh"
+    x = torch.randn(3, 5, 64, generator=gen).bfloat16().requires_grad_()
+    with _Recording() as mode, torch.no_grad():
+        fused(x)
+    assert sum(op.startswith("gemmgen.") for op in mode.seen) == 1
+    assert "aten.gelu" not in mode.seen, mode.seen
+    y_ref, y = ref(x), fused(x)
+    assert y_ref.float().abs().max() > 0
+    torch.testing.assert_close(y, y_ref, **BF16_TOL)
+    g = torch.randn(y.shape, generator=gen).bfloat16()
+    grads_ref = torch.autograd.grad(y_ref, [x, *ref.parameters()], g)
+    grads = torch.autograd.grad(y, [x, *fused.parameters()], g)
+    for mine, theirs in zip(grads, grads_ref, strict=True):
+        scale = theirs.float().abs().max()
+        assert scale > 0
+        torch.testing.assert_close(mine.float(), theirs.float(), rtol=5e-2, atol=5e-2 * scale)
+
+
+def test_sequential_pairs_fuse_and_the_activation_is_removed():
+    model = nn.Sequential(_linear(64, 128), nn.GELU(approximate="tanh"), _linear(128, 32), nn.SiLU(),
+                          nn.Linear(32, 8), nn.ReLU(), nn.Linear(8, 8, dtype=torch.float16))
+    fused, report = gg.nn.fuse(copy.deepcopy(model))
+    assert [type(m).__name__ for m in fused] == ["FusedLinear", "FusedLinear", "Linear", "ReLU", "Linear"]
+    assert [m.activation for m in fused if isinstance(m, gg.nn.FusedLinear)] == ["gelu_tanh", "silu"]
+    assert list(fused._modules) == ["0", "2", "4", "5", "6"]  # state_dict keys unchanged
+    assert report == ["0: Linear + GELU -> FusedLinear(linear_gelu_tanh_bias_bf16)",
+                      "2: Linear + SiLU -> FusedLinear(linear_silu_bias_bf16)",
+                      "4: kept (weights are torch.float32; gemmgen runs bf16/f16)"]
+    fused, report = gg.nn.fuse(copy.deepcopy(model), unpaired=True)
+    assert [type(m).__name__ for m in fused] == ["FusedLinear", "FusedLinear", "Linear", "ReLU", "FusedLinear"]
+    assert report[-1] == "6: Linear -> FusedLinear(linear_none_bias_f16)"
+
+
+class _Functional(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = _linear(16, 16)
+
+    def forward(self, x):
+        return F.gelu(self.fc(x))
+
+
+class _SharedActivation(nn.Module):
+    """One activation module for two Linears: both fuse, since it only ever runs on their outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.act = _linear(16, 16), _linear(16, 16), nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.a(x)) + self.act(self.b(x))
+
+
+class _ActivationAlsoOnInput(_SharedActivation):
+    def forward(self, x):
+        return self.act(self.a(x)) + self.act(x)
+
+
+class _LinearRunTwice(_SharedActivation):
+    """b runs twice, so it cannot fuse; then act has a run that is not fused, so a cannot either."""
+
+    def forward(self, x):
+        return self.act(self.a(x)) + self.act(self.b(x)) + self.b(x * 2)
+
+
+class _ActivationAfterAnF32Linear(_SharedActivation):
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.act(self.a(x)) + self.act(self.b(x.float())).bfloat16()
+
+
+class _PreActivationReused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.act = _linear(16, 16), nn.SiLU()
+
+    def forward(self, x):
+        h = self.fc(x)
+        return self.act(h) + h
+
+
+class _DataDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.act = _linear(16, 16), nn.SiLU()
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.act(self.fc(x))
+        return self.fc(x)
+
+
+class _SharedLinear(nn.Module):
+    def __init__(self, fc: nn.Linear) -> None:
+        super().__init__()
+        self.fc, self.act = fc, nn.GELU()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+class _LinearSubclass(nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def _tricky_model() -> nn.ModuleDict:
+    shared = _linear(16, 16)
+    return nn.ModuleDict({
+        "functional": _Functional(), "shared_act": _SharedActivation(), "act_on_input": _ActivationAlsoOnInput(),
+        "run_twice": _LinearRunTwice(), "f32": _ActivationAfterAnF32Linear(), "pre": _PreActivationReused(),
+        "branchy": _DataDependent(), "s1": _SharedLinear(shared), "s2": _SharedLinear(shared),
+        "sub": nn.Sequential(_LinearSubclass(16, 16, dtype=torch.bfloat16), nn.ReLU()),
+    })
+
+
+@pytest.mark.parametrize("unpaired", [False, True])
+def test_pairs_that_would_change_the_model_are_not_fused(gen, unpaired):
+    """Each case fusing would get wrong (or cannot check) is left unfused with the reason in the
+    report, the one safe sharing (an activation module that only ever runs on fusable Linears'
+    outputs) fuses, and every submodule still computes what it did. `unpaired` swaps the rest."""
+    ref = _tricky_model()
+    fused, report = gg.nn.fuse(copy.deepcopy(ref), unpaired=unpaired)
+    if not unpaired:
+        assert report == [
+            "functional.fc: not fused (_Functional.forward applies gelu to it in code; fuse swaps modules, so "
+            "make the activation a module)",
+            "shared_act.a: Linear + ReLU -> FusedLinear(linear_relu_bias_bf16) (shared_act.act is now Identity)",
+            "shared_act.b: Linear + ReLU -> FusedLinear(linear_relu_bias_bf16) (shared_act.act is now Identity)",
+            "act_on_input.a: not fused (act runs 2 times in traced forwards, 1 of them on other values)",
+            "run_twice.a: not fused (act runs 2 times in traced forwards, 1 of them on other values)",
+            "run_twice.b: not fused (it runs 2 times in traced forwards)",
+            "f32.a: not fused (act runs 2 times in traced forwards, 1 of them on other values)",
+            "f32.b: kept (weights are torch.float32; gemmgen runs bf16/f16)",
+            "pre.fc: not fused (its output also feeds other ops than the activation)",
+            "branchy: forward not traced by torch.fx (TraceError: symbolically traced variables cannot be used as "
+            "inputs to control flow); activations in it stay separate",
+            "s1.fc: not fused (it is registered under 2 names)",
+            "sub.0: kept (_LinearSubclass subclasses nn.Linear; its forward may differ)",
+        ]
+        assert type(fused["pre"].fc) is nn.Linear
+    else:
+        assert report[0].endswith("; Linear -> FusedLinear(linear_none_bias_bf16)")
+        assert "branchy.fc: Linear -> FusedLinear(linear_none_bias_bf16)" in report
+        swapped = [m for m in fused.modules() if isinstance(m, nn.Linear)]
+        assert [type(m) for m in swapped] == [nn.Linear, _LinearSubclass]  # f32.b and sub.0
+        assert fused["s1"].fc is fused["s2"].fc and isinstance(fused["s1"].fc, gg.nn.FusedLinear)
+    assert type(fused["sub"][0]) is _LinearSubclass and isinstance(fused["shared_act"].act, nn.Identity)
+    x = torch.randn(4, 16, generator=gen).bfloat16()
+    for name in ref:
+        for sign in (1, -1):  # both branches of the data-dependent forward
+            want = ref[name](sign * x.abs())
+            assert want.float().abs().max() > 0
+            torch.testing.assert_close(fused[name](sign * x.abs()), want, **BF16_TOL, msg=lambda s: f"{name}: {s}")  # noqa: B023
+
+
+@pytest.mark.parametrize(("module", "expected"), [
+    (nn.ReLU(inplace=True), "relu"), (nn.GELU(), "gelu"), (nn.GELU(approximate="tanh"), "gelu_tanh"),
+    (nn.SiLU(), "silu"), (GELUActivation(), "gelu"), (GELUActivation("tanh"), "gelu_tanh"),
+    (nn.Tanh(), None), (nn.LeakyReLU(), None), (nn.Identity(), None), (nn.Sequential(nn.ReLU()), None),
+])
+def test_activation_modules_are_recognised_by_what_they_compute(module, expected):
+    assert gg.nn.activation_of(module) == expected
+
+
+class _SiLUByHand(nn.Module):
+    def forward(self, x):
+        return x * torch.sigmoid(x)
+
+
+def test_a_formula_is_not_taken_for_an_activation():
+    assert gg.nn.activation_of(_SiLUByHand()) is None
+
+
+def test_a_bare_linear_comes_back_as_a_fused_linear_when_unpaired(gen):
+    linear = _linear(16, 8)
+    assert gg.nn.fuse(linear) == (linear, [])
+    fused, report = gg.nn.fuse(linear, unpaired=True)
+    assert isinstance(fused, gg.nn.FusedLinear) and fused.weight is linear.weight
+    assert report == ["(model): Linear -> FusedLinear(linear_none_bias_bf16)"]
+    x = torch.randn(3, 16, generator=gen).bfloat16()
+    torch.testing.assert_close(fused(x), linear(x), **BF16_TOL)
