@@ -251,3 +251,12 @@ def test_a_bare_linear_comes_back_as_a_fused_linear_when_unpaired(gen):
     assert report == ["(model): Linear -> FusedLinear(linear_none_bias_bf16)"]
     x = torch.randn(3, 16, generator=gen).bfloat16()
     torch.testing.assert_close(fused(x), linear(x), **BF16_TOL)
+
+
+def test_a_fused_custom_module_compiles_without_graph_breaks(gen):
+    fused, _ = gg.nn.fuse(GatedMLP(nn.SiLU()))
+    x = torch.randn(4, 64, generator=gen).bfloat16()
+    explained = torch._dynamo.explain(fused)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    compiled = torch.compile(fused, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), fused(x))

@@ -220,12 +220,14 @@ class Kernel:
         return problem.transposed() if self._swap else problem
 
     def _outputs(self, plan: _Plan, out: Any) -> tuple[tuple[torch.Tensor, ...], tuple[TensorArg, ...]]:
-        if out is None:  # fresh memory: right by construction, cannot alias an input
-            fresh = tuple([torch.empty_strided(plan.shape, strides, dtype=dtype, device=plan.device)
-                           for dtype, strides, _ in plan.fresh])
-            return fresh, tuple([TensorArg(t.data_ptr(), layout[2])
-                                  for t, layout in zip(fresh, plan.fresh, strict=True)])
         tensors, targs = [], []
+        if out is None:  # fresh memory: right by construction, cannot alias an input (a plain loop: hot path)
+            shape, device = plan.shape, plan.device
+            for dtype, strides, modes in plan.fresh:
+                t = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+                tensors.append(t)
+                targs.append(TensorArg(t.data_ptr(), modes))
+            return tuple(tensors), tuple(targs)
         for o, t, (dtype, strides, modes) in zip(self._ir.epilogue.outputs, _given_outputs(out, len(plan.fresh)),
                                                  plan.fresh, strict=True):
             if t is None:
