@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import tuning
+from ..runtime.kernel import allocate_output, put_bounded
 from ..types import OperandKind
 
 if TYPE_CHECKING:
@@ -65,8 +66,6 @@ def op(recipe: Recipe) -> Any:
         names = [o.name for o in recipe.operands]
 
         def outputs_like(a: torch.Tensor, b: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
-            from ..runtime.kernel import allocate_output
-
             shape = (*((a.shape[0],) if recipe.ir.gemm.batched else ()), a.shape[-2], b.shape[-1])
             return [allocate_output(shape, o.dtype.torch, device) for o in recipe.outputs]
 
@@ -183,9 +182,7 @@ def kernel_for(recipe: Recipe, a: torch.Tensor, b: torch.Tensor) -> Any:
     if kernel is None:
         with _LOCK:
             kernel = _kernel_for_bucket(recipe, a, b)
-            if len(by_shape) >= _MAX_SHAPES:
-                by_shape.pop(next(iter(by_shape)))
-            by_shape[key] = kernel
+            put_bounded(by_shape, key, kernel, _MAX_SHAPES)
     return kernel
 
 

@@ -165,7 +165,7 @@ class Kernel:
                 field, desc = self._builder.output_map(i, plan.problem, t.transposed() if self._swap else t,  # type: ignore[arg-type]
                                                        self._encode)
                 hit = self._writer.slots[field][0], desc
-                _put(plan.out_maps, mkey, hit)
+                put_bounded(plan.out_maps, mkey, hit)
             buf[hit[0]:hit[0] + len(hit[1])] = hit[1]
         params = bytes(buf)
         plan.last = (targs, params)
@@ -180,8 +180,8 @@ class Kernel:
         same = self._layouts.get(layout)
         plan = self._rebind(same, a, b, operands) if same is not None and same.base is not None else \
             self._plan(a, b, operands)
-        _put(self._plans, key, plan)
-        _put(self._layouts, layout, plan)
+        put_bounded(self._plans, key, plan)
+        put_bounded(self._layouts, layout, plan)
         return plan
 
     def _plan(self, a: Any, b: Any, operands: dict) -> _Plan:
@@ -240,7 +240,7 @@ class Kernel:
                 if hit is None:
                     hit = (check_output(name, t, o.dtype, plan.shape, plan.device, self._ir.gemm.batched, plan.call.l),
                            output_span(t))
-                    _put(plan.out_checked, okey, hit)
+                    put_bounded(plan.out_checked, okey, hit)
                 if plan.input_spans is None:
                     plan.input_spans = input_spans(plan.call)
                 check_no_alias(name, hit[1], plan.input_spans)
@@ -281,9 +281,9 @@ class Kernel:
             dst.copy_(src)
 
 
-def _put(cache: dict, key: Any, value: Any) -> None:
-    """Insert into a bounded cache, dropping the oldest entry when full."""
-    if len(cache) >= _MAX_ENTRIES:
+def put_bounded(cache: dict, key: Any, value: Any, limit: int = _MAX_ENTRIES) -> None:
+    """Insert into a cache of at most `limit` entries, dropping the oldest entry when full."""
+    if len(cache) >= limit:
         cache.pop(next(iter(cache)))
     cache[key] = value
 
