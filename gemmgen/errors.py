@@ -31,5 +31,14 @@ class InvalidArgument(GemmgenError, ValueError):
     """A runtime argument (tensor, scalar, shape) does not fit the compiled kernel."""
 
 
+class LayoutMismatch(InvalidArgument):
+    """A tensor's values fit but its memory layout does not (address or stride alignment, order):
+    a copy would fix it. `argument` names it. Kernels raise it; torch ops copy the tensor instead."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
 class KernelNotAvailable(GemmgenError, RuntimeError):
     """A kernel is in no bundle and not in the cache, and compiling is disabled (GEMMGEN_JIT=0)."""

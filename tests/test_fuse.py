@@ -260,3 +260,19 @@ def test_a_fused_custom_module_compiles_without_graph_breaks(gen):
     assert explained.graph_break_count == 0 and explained.graph_count == 1
     compiled = torch.compile(fused, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x), fused(x))
+
+
+def test_layers_gemmgen_cannot_run_are_refused_or_kept_with_the_reason():
+    with pytest.raises(gg.InvalidArgument, match=r"FusedLinear: in_features 12 is not a multiple of 8 .*nn\.Linear"):
+        gg.nn.FusedLinear(12, 16)
+    with pytest.raises(gg.InvalidArgument, match=r"FusedLinear: weights are torch\.float32; gemmgen runs bf16/f16"):
+        gg.nn.FusedLinear(16, 16, dtype=torch.float32)
+    odd_view = _linear(16, 8)
+    odd_view.weight = nn.Parameter(torch.randn(8 * 16 + 1).bfloat16()[1:].view(8, 16))  # 2 bytes off
+    model = nn.Sequential(_linear(12, 16), nn.ReLU(), odd_view, nn.SiLU())
+    fused, report = gg.nn.fuse(model)
+    assert [type(m) for m in fused] == [nn.Linear, nn.ReLU, nn.Linear, nn.SiLU]
+    assert report == [
+        "0: kept (in_features 12 is not a multiple of 8 (TMA reads x and W in 16-byte rows))",
+        "2: kept (weight: not in 16-byte aligned rows (a view into other memory?); the op would copy it every call)",
+    ]

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 import gemmgen as gg
+from gemmgen.errors import LayoutMismatch
+from gemmgen.integrations.ops import call_realigning
 from gemmgen.runtime.kernel import Kernel
 from gemmgen.testing.recording import RecordingEncoder
 
@@ -103,7 +105,7 @@ def _bad_cases():
     bf = torch.bfloat16
     a, b = _ab(64, 64, 64)
     bias = torch.randn(64).to(bf)
-    mis = torch.empty(64 * 64 + 1, dtype=bf)[1:].view(64, 64)  # data pointer off by 2 bytes
+    mis = torch.randn(64 * 64 + 1).to(bf)[1:].view(64, 64)  # data pointer off by 2 bytes
     return [
         ("dtype", dict(a=a.half(), b=b, bias=bias), r"a: expected dtype torch.bfloat16, got torch.float16.*\.to\("),
         ("not a tensor", dict(a=[1, 2], b=b, bias=bias), r"a: expected a torch.Tensor, got list"),
@@ -128,6 +130,38 @@ def test_bad_inputs_raise_before_launch(kernels, case):
     kw = dict(kw)
     with pytest.raises(gg.InvalidArgument, match=match):
         _prep(kernels["bias_gelu"], kw.pop("a"), kw.pop("b"), **kw)
+
+
+_FIXED_BY_A_COPY = {"layout": "a", "misaligned pointer": "a", "misaligned ld": "a", "vector stride": "bias"}
+
+
+@pytest.mark.parametrize("case", [c for c in _bad_cases() if set(c[1]) == {"a", "b", "bias"}], ids=lambda c: c[0])
+def test_torch_ops_copy_what_only_the_layout_refuses(kernels, case):
+    """Kernels raise LayoutMismatch, naming the argument, exactly where a copy would do; the torch
+    op's path (call_realigning) then copies that tensor into a TMA-readable layout and the call goes
+    through on the same values. Any other mistake still raises, unchanged."""
+    name, kw, match = case
+    kernel = kernels["bias_gelu"]
+    a, b, bias = kw["a"], kw["b"], kw["bias"]
+    seen = []
+
+    def call(a, b, *args):
+        seen.append((a, b, *args))
+        return kernel.prepare(a, b, *args)
+
+    if name in _FIXED_BY_A_COPY:
+        with pytest.raises(LayoutMismatch, match=match) as refused:
+            kernel.prepare(a, b, bias)
+        assert refused.value.argument == _FIXED_BY_A_COPY[name]
+        prep = call_realigning(kernel.recipe, call, a, b, (bias,))
+        assert prep.outputs[0].shape == (64, 64) and len(seen) == 2
+        for given, used in zip((a, b, bias), seen[-1], strict=True):
+            assert torch.equal(given, used)
+        assert seen[-1][0 if _FIXED_BY_A_COPY[name] == "a" else 2] is not (a if _FIXED_BY_A_COPY[name] == "a" else bias)
+    else:
+        with pytest.raises(gg.InvalidArgument, match=match) as refused:
+            call_realigning(kernel.recipe, call, a, b, (bias,))
+        assert not isinstance(refused.value, LayoutMismatch) and len(seen) == 1
 
 
 def test_scalar_operand_must_be_a_number(kernels):

@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import gemmgen as gg
 from gemmgen.integrations.ops import op, schema
+from gemmgen.testing.tensors import strided_matrix
 
 
 @pytest.fixture
@@ -28,9 +29,11 @@ def _recipe():
 
 
 def _args(gen, m=7, n=9, k=32):
+    """Odd M and N; the residual's rows padded to 16 bytes, as TMA (and so the op) requires."""
     a = torch.randn(m, k, generator=gen).half()
     b = torch.randn(n, k, generator=gen).half().t()
-    return a, b, torch.randn(n, generator=gen).half(), torch.randn(m, n, generator=gen).half(), 0.5
+    res = strided_matrix(lambda *shape: torch.randn(*shape, generator=gen), m, n, torch.half, gg.RowMajor)
+    return a, b, torch.randn(n, generator=gen).half(), res, 0.5
 
 
 def test_schema_and_cpu_impl_match_the_reference(gen):
@@ -40,6 +43,22 @@ def test_schema_and_cpu_impl_match_the_reference(gen):
     out = op(r)(a, b, bias, res, s)
     assert out.shape == (7, 9) and out.stride() == (16, 1)  # rows padded to 16 bytes, as on the GPU
     torch.testing.assert_close(out, r.reference(a, b, bias=bias, res=res, s=s))
+
+
+def test_op_takes_any_layout_like_a_torch_op(gen):
+    """The op accepts what torch ops accept (here: an unpadded odd-width residual, as torch.compile
+    materialises intermediates, a row-major B for a column-major recipe, A sliced at an odd
+    offset); the kernel itself would refuse each (tests/test_runtime.py), so the op copies them."""
+    a, b, bias, _, s = _args(gen)
+    res = torch.randn(7, 9, generator=gen).half()
+    a_odd = torch.randn(7 * 32 + 1, generator=gen).half()[1:].view(7, 32)
+    for args in ((a, b, bias, res, s), (a, b.contiguous(), bias, res, s), (a_odd, b, bias, res, s)):
+        want = _recipe().reference(args[0], args[1], bias=bias, res=res, s=s)
+        assert want.abs().max() > 0
+        torch.testing.assert_close(op(_recipe())(*args), want)
+    torch.library.opcheck(op(_recipe()), (a, b, bias, res, s))  # AOT tracing re-creates inputs unpadded
+    with pytest.raises(gg.InvalidArgument, match=r"bias: expected dtype torch\.float16"):
+        op(_recipe())(a, b, bias.float(), res, s)  # a mistake a copy cannot fix still raises
 
 
 def test_fake_implementation_and_opcheck(gen):

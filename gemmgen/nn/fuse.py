@@ -25,9 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from .linear import FusedLinear
-
-_DTYPES = (torch.bfloat16, torch.float16)
+from .linear import FusedLinear, unsupported
 
 
 class _ChildrenAsLeaves(fx.Tracer):
@@ -174,8 +172,12 @@ def _kept_because(linear: nn.Module) -> str | None:
     """Why this nn.Linear cannot become a FusedLinear, or None if it can."""
     if type(linear) is not nn.Linear:
         return f"{type(linear).__name__} subclasses nn.Linear; its forward may differ"
-    if linear.weight.dtype not in _DTYPES:
-        return f"weights are {linear.weight.dtype}; gemmgen runs bf16/f16"
+    reason = unsupported(linear.in_features, linear.weight.dtype)
+    if reason:
+        return reason
+    w = linear.weight
+    if w.device.type != "meta" and (w.data_ptr() % 16 or w.stride(1) != 1 or (w.stride(0) * w.element_size()) % 16):
+        return "weight: not in 16-byte aligned rows (a view into other memory?); the op would copy it every call"
     return None
 
 

@@ -19,6 +19,7 @@ from torch import nn
 from .. import dsl
 from ..config import KernelConfig
 from ..dsl import Recipe
+from ..errors import InvalidArgument
 from ..integrations.ops import caller
 from ..types import as_dtype
 
@@ -95,10 +96,28 @@ class _LinearFunction(torch.autograd.Function):
         return None, gx, gw, gb
 
 
+def unsupported(in_features: int, dtype: torch.dtype) -> str | None:
+    """Why gemmgen cannot run a Linear of this width and weight dtype, or None if it can (for
+    FusedLinear's errors and fuse's report)."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"weights are {dtype}; gemmgen runs bf16/f16"
+    per = 16 // torch.empty((), dtype=dtype).element_size()
+    if in_features % per:
+        return f"in_features {in_features} is not a multiple of {per} (TMA reads x and W in 16-byte rows)"
+    return None
+
+
+def _require_supported(in_features: int, dtype: torch.dtype) -> None:
+    reason = unsupported(in_features, dtype)
+    if reason:
+        raise InvalidArgument(f"FusedLinear: {reason}; keep nn.Linear for this layer")
+
+
 class FusedLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None) -> None:
         super().__init__()
+        _require_supported(in_features, dtype)
         self.in_features, self.out_features, self.activation = in_features, out_features, activation
         self._set_recipes(activation, bias, dtype)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
@@ -115,6 +134,7 @@ class FusedLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, activation: str | None = None) -> FusedLinear:
         """A FusedLinear sharing `linear`'s parameters (no copy)."""
+        _require_supported(linear.in_features, linear.weight.dtype)
         fused = cls.__new__(cls)
         nn.Module.__init__(fused)
         fused.in_features, fused.out_features, fused.activation = linear.in_features, linear.out_features, activation

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, LayoutMismatch
 from ..ir import Operand, RecipeIR
 from ..types import DType, Layout, OperandKind
 from .problem import TensorArg
@@ -50,7 +50,7 @@ def _dtype(name: str, t: torch.Tensor, want: DType) -> None:
 def _aligned_ptr(name: str, t: torch.Tensor) -> int:
     ptr = t.data_ptr()
     if t.numel() and ptr % TMA_ALIGN:
-        raise InvalidArgument(f"{name}: data pointer {ptr:#x} is not 16-byte aligned (TMA needs it); this "
+        raise LayoutMismatch(name, f"{name}: data pointer {ptr:#x} is not 16-byte aligned (TMA needs it); this "
                               f"usually comes from slicing at an odd offset, use {name}.clone()")
     return ptr
 
@@ -61,7 +61,7 @@ def _stride(name: str, t: torch.Tensor, dim: int, extent_min: int, itemsize: int
     if size == 1:  # any stride is legal for a size-1 dim; pick one TMA accepts
         return max(1, -(-extent_min * itemsize // TMA_ALIGN)) * TMA_ALIGN // itemsize
     if stride < extent_min or (stride * itemsize) % TMA_ALIGN:
-        raise InvalidArgument(f"{name}: {what} stride {stride} must be >= {extent_min} and a multiple of "
+        raise LayoutMismatch(name, f"{name}: {what} stride {stride} must be >= {extent_min} and a multiple of "
                               f"{TMA_ALIGN // itemsize} elements (16 bytes, for TMA); pad the tensor or "
                               f"call {name}.contiguous() on a padded copy")
     return stride
@@ -76,21 +76,36 @@ def _matrix(name: str, t: torch.Tensor, rows: int, cols: int, layout: Layout, ba
     r, c = t.dim() - 2, t.dim() - 1
     if layout is Layout.ROW:
         if t.shape[c] > 1 and t.stride(c) != 1:
-            raise InvalidArgument(f"{name}: expected a row-major tensor (last dim contiguous), got strides "
+            raise LayoutMismatch(name, f"{name}: expected a row-major tensor (last dim contiguous), got strides "
                                   f"{tuple(t.stride())}; call {name}.contiguous() or declare it ColMajor")
         rs, cs = _stride(name, t, r, cols, item, "row"), 1
     else:
         if t.shape[r] > 1 and t.stride(r) != 1:
-            raise InvalidArgument(f"{name}: expected a column-major tensor (dim -2 contiguous), got strides "
+            raise LayoutMismatch(name, f"{name}: expected a column-major tensor (dim -2 contiguous), got strides "
                                   f"{tuple(t.stride())}; pass {name}.t().contiguous().t() or declare it RowMajor")
         rs, cs = 1, _stride(name, t, c, rows, item, "column")
     bs = 0
     if batched and l > 1:
         bs = t.stride(0)
         if bs == 0 or (bs * item) % TMA_ALIGN:
-            raise InvalidArgument(f"{name}: batch stride {bs} must be a non-zero multiple of {TMA_ALIGN // item} "
+            raise LayoutMismatch(name, f"{name}: batch stride {bs} must be a non-zero multiple of {TMA_ALIGN // item} "
                                   "elements (16 bytes); materialize the batch with .contiguous()")
     return rs, cs, bs
+
+
+def tma_readable(t: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """A copy of `t` that the checks above accept: a fresh (hence aligned) buffer, matrices in
+    `layout` with the leading dimension rounded up to 16 bytes, a batch materialised, vectors
+    contiguous. What torch ops do for a tensor a kernel refuses only for its layout."""
+    if t.dim() < 2:
+        return t.clone(memory_format=torch.contiguous_format)
+    per = TMA_ALIGN // t.element_size()
+    rows, cols = t.shape[-2], t.shape[-1]
+    if layout is Layout.ROW:
+        buf = t.new_empty(*t.shape[:-1], -(-cols // per) * per)[..., :cols]
+    else:
+        buf = t.new_empty(*t.shape[:-2], cols, -(-rows // per) * per)[..., :rows].transpose(-1, -2)
+    return buf.copy_(t)
 
 
 def _shape(name: str, t: torch.Tensor, batched: bool) -> tuple[int, ...]:
@@ -195,7 +210,7 @@ def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool) -
             raise InvalidArgument(f"{o.name}: expected a 1-D tensor of length {length} = {what}, got shape "
                                   f"{tuple(t.shape)}")
         if length > 1 and t.stride(0) != 1:
-            raise InvalidArgument(f"{o.name}: expected a contiguous vector, got stride {t.stride(0)}; "
+            raise LayoutMismatch(o.name, f"{o.name}: expected a contiguous vector, got stride {t.stride(0)}; "
                                   f"use {o.name}.contiguous()")
         return TensorArg(_aligned_ptr(o.name, t))
     shape = _shape(o.name, t, batched)
