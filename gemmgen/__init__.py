@@ -33,6 +33,7 @@ from .errors import (
     GemmgenError,
     InvalidArgument,
     KernelNotAvailable,
+    LayoutMismatch,
     RecipeError,
     ToolchainError,
 )
@@ -43,9 +44,9 @@ from .types import ColMajor, DType, Layout, OperandKind, RowMajor, bf16, e4m3, e
 
 __all__ = [
     "OPS", "ColMajor", "ColVector", "CompileError", "ConfigError", "DType", "GemmgenError", "InvalidArgument",
-    "KernelConfig", "KernelNotAvailable", "Layout", "Matrix", "OperandKind", "Recipe", "RecipeError", "RowMajor",
-    "RowVector", "Scalar", "Schedule", "TileScheduler", "ToolchainError", "Value", "__version__", "abs",
-    "add_bundle", "add_tuning", "autotune", "bf16", "cast",
+    "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "OperandKind", "Recipe",
+    "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler", "ToolchainError", "Value",
+    "__version__", "abs", "add_bundle", "add_tuning", "autotune", "bf16", "cast",
     "clamp", "e4m3", "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh",
     "leaky_relu", "max", "maximum", "min", "minimum", "relu", "sigmoid", "silu", "tanh", "warmup",
 ]

@@ -93,7 +93,8 @@ def test_sequential_pairs_fuse_and_the_activation_is_removed():
     assert list(fused._modules) == ["0", "2", "4", "5", "6"]  # state_dict keys unchanged
     assert report == ["0: Linear + GELU -> FusedLinear(linear_gelu_tanh_bias_bf16)",
                       "2: Linear + SiLU -> FusedLinear(linear_silu_bias_bf16)",
-                      "4: kept (weights are torch.float32; gemmgen runs bf16/f16)"]
+                      "4: kept (weights are torch.float32; gemmgen computes in bf16/f16 (compute_dtype= casts "
+                      "them per call))"]
     fused, report = gg.nn.fuse(copy.deepcopy(model), unpaired=True)
     assert [type(m).__name__ for m in fused] == ["FusedLinear", "FusedLinear", "Linear", "ReLU", "FusedLinear"]
     assert report[-1] == "6: Linear -> FusedLinear(linear_none_bias_f16)"
@@ -202,7 +203,8 @@ def test_pairs_that_would_change_the_model_are_not_fused(gen, unpaired):
             "run_twice.a: not fused (act runs 2 times in traced forwards, 1 of them on other values)",
             "run_twice.b: not fused (it runs 2 times in traced forwards)",
             "f32.a: not fused (act runs 2 times in traced forwards, 1 of them on other values)",
-            "f32.b: kept (weights are torch.float32; gemmgen runs bf16/f16)",
+            "f32.b: kept (weights are torch.float32; gemmgen computes in bf16/f16 (compute_dtype= casts them per "
+            "call))",
             "pre.fc: not fused (its output also feeds other ops than the activation)",
             "branchy: forward not traced by torch.fx (TraceError: symbolically traced variables cannot be used as "
             "inputs to control flow); activations in it stay separate",
@@ -265,7 +267,7 @@ def test_a_fused_custom_module_compiles_without_graph_breaks(gen):
 def test_layers_gemmgen_cannot_run_are_refused_or_kept_with_the_reason():
     with pytest.raises(gg.InvalidArgument, match=r"FusedLinear: in_features 12 is not a multiple of 8 .*nn\.Linear"):
         gg.nn.FusedLinear(12, 16)
-    with pytest.raises(gg.InvalidArgument, match=r"FusedLinear: weights are torch\.float32; gemmgen runs bf16/f16"):
+    with pytest.raises(gg.InvalidArgument, match=r"FusedLinear: weights are torch\.float32; gemmgen computes in"):
         gg.nn.FusedLinear(16, 16, dtype=torch.float32)
     odd_view = _linear(16, 8)
     odd_view.weight = nn.Parameter(torch.randn(8 * 16 + 1).bfloat16()[1:].view(8, 16))  # 2 bytes off
@@ -276,3 +278,62 @@ def test_layers_gemmgen_cannot_run_are_refused_or_kept_with_the_reason():
         "0: kept (in_features 12 is not a multiple of 8 (TMA reads x and W in 16-byte rows))",
         "2: kept (weight: not in 16-byte aligned rows (a view into other memory?); the op would copy it every call)",
     ]
+
+
+def _fp32_mlp() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 32), nn.SiLU())
+
+
+def test_mixed_precision_training_with_fp32_master_weights(gen):
+    """fuse(compute_dtype=bf16) on an fp32 model trained under autocast: each FusedLinear casts its
+    fp32 weights per call (as autocast casts nn.Linear's) and runs the bf16 gemmgen op; outputs and
+    the fp32 weights' gradients match the unfused model under the same autocast."""
+    ref = _fp32_mlp()
+    fused, report = gg.nn.fuse(copy.deepcopy(ref), compute_dtype=torch.bfloat16)
+    assert report == ["0: Linear + GELU -> FusedLinear(linear_gelu_bias_bf16, torch.float32 weights cast per call)",
+                      "2: Linear + SiLU -> FusedLinear(linear_silu_bias_bf16, torch.float32 weights cast per call)"]
+    assert all(p.dtype == torch.float32 for p in fused.parameters())
+    x = torch.randn(6, 64, generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y_ref = ref(x)
+        with _Recording() as mode:
+            y = fused(x)
+    assert y.dtype == y_ref.dtype == torch.bfloat16
+    assert sum(op.startswith("gemmgen.") for op in mode.seen) == 2 and "aten.gelu" not in mode.seen
+    assert y_ref.float().abs().max() > 0
+    torch.testing.assert_close(y, y_ref, **BF16_TOL)
+    g = torch.randn(y.shape, generator=gen).bfloat16()
+    for mine, theirs in zip(torch.autograd.grad(y, list(fused.parameters()), g),
+                            torch.autograd.grad(y_ref, list(ref.parameters()), g), strict=True):
+        assert mine.dtype == theirs.dtype == torch.float32
+        scale = theirs.abs().max()
+        assert scale > 0
+        torch.testing.assert_close(mine, theirs, rtol=5e-2, atol=5e-2 * scale)
+
+
+def test_inputs_are_cast_only_where_nn_linear_would_cast_them(gen):
+    """A bf16 FusedLinear given an fp32 input: autocast casts it, as it does for nn.Linear; without
+    autocast it is an InvalidArgument, where nn.Linear raises too."""
+    layer = nn.Linear(64, 32, dtype=torch.bfloat16)
+    fused = gg.nn.FusedLinear.from_linear(layer, activation="relu")
+    x = torch.randn(5, 64, generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = F.relu(layer(x))
+        torch.testing.assert_close(fused(x), want, **BF16_TOL)
+    with pytest.raises(RuntimeError):
+        layer(x)
+    with pytest.raises(gg.InvalidArgument, match=r"a: expected dtype torch\.bfloat16, got torch\.float32"):
+        fused(x)
+
+
+def test_autocast_training_compiles_without_graph_breaks(gen):
+    fused, _ = gg.nn.fuse(_fp32_mlp(), compute_dtype=torch.bfloat16)
+    x = torch.randn(4, 64, generator=gen)
+
+    def step(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fused(x)
+
+    explained = torch._dynamo.explain(step)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch.testing.assert_close(torch.compile(step, fullgraph=True, backend="aot_eager")(x), step(x))

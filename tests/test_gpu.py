@@ -199,6 +199,51 @@ def test_fused_mlp_forward_backward_compile_and_graph(gen):
         assert torch.equal(static_y, fused(static_x))
 
 
+def test_autocast_training_with_fp32_master_weights(gen):
+    """fuse(compute_dtype=bf16) of an fp32 MLP under autocast (the shapes of the MLP test above, so
+    the same kernels): outputs and fp32 gradients match the unfused model under the same autocast."""
+    import copy
+
+    from torch import nn
+
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    ref = nn.Sequential(nn.Linear(512, 1024, device="cuda"), nn.SiLU(), nn.Linear(1024, 264, device="cuda"),
+                        nn.GELU(approximate="tanh"))
+    fused, report = gg.nn.fuse(copy.deepcopy(ref), compute_dtype=torch.bfloat16)
+    assert len(report) == 2 and all("cast per call" in line for line in report)
+    x = torch.randn(300, 512, device="cuda", generator=gen)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y_ref, y = ref(x), fused(x)
+    assert y.dtype == y_ref.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=3e-2, atol=3e-2)
+    g = torch.randn(y.shape, device="cuda", dtype=y.dtype, generator=gen)
+    for a, b in zip(torch.autograd.grad(y, list(fused.parameters()), g),
+                    torch.autograd.grad(y_ref, list(ref.parameters()), g), strict=True):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-2 * float(b.abs().max()))
+
+
+def test_the_op_copies_tensors_only_their_layout_keeps_from_tma(gen):
+    """An unpadded odd-width residual, A sliced at an odd offset and a column-major B where the
+    recipe declares it row-major (what torch.compile or a user may hand over): the op copies them
+    into a TMA-readable layout and matches the reference."""
+    from gemmgen.integrations.ops import op
+    from gemmgen.recipes_file import load_recipes
+
+    from .data.gpu_matrix import LAYOUT_PROBLEM, ROOT
+
+    recipe = load_recipes(ROOT / "examples" / "recipes.py")["bias_silu_residual"]
+    m, n, k = LAYOUT_PROBLEM
+    a = torch.randn(m * k + 1, device="cuda", generator=gen).bfloat16()[1:].view(m, k)
+    b = torch.randn(n, k, device="cuda", generator=gen).bfloat16().t()
+    bias = torch.randn(n, device="cuda", generator=gen).bfloat16()
+    residual = torch.randn(m, n, device="cuda", generator=gen).bfloat16()
+    got = op(recipe)(a, b, bias, residual)
+    want = recipe.reference(a, b, bias=bias, residual=residual)
+    assert want.abs().max() > 0
+    torch.testing.assert_close(got.float(), want.float(), rtol=TOL[torch.bfloat16], atol=TOL[torch.bfloat16])
+
+
 def test_direct_call_matches_the_op(gen):
     """FusedLinear's eager fast path (kernel called directly) gives the op's result, bit for bit."""
     layer = gg.nn.FusedLinear(256, 264, activation="silu", device="cuda")

@@ -116,23 +116,30 @@ def call_realigning(recipe: Recipe, call: Any, a: torch.Tensor, b: torch.Tensor,
     checks refuse only for its layout, as torch ops accept any strides: an odd-width residual that
     torch.compile materialised unpadded, a slice at an odd offset. The hot path pays nothing: a
     kernel checks a call signature once, and only a refusal leads here to a copy and a retry."""
-    ir = recipe.ir
-    layouts = {"a": ir.gemm.layout_a, "b": ir.gemm.layout_b}
-    names = [o.name for o in ir.epilogue.operands]
-    for _ in range(2 + len(args)):  # each refusal fixes a different argument
+    try:
+        return call(a, b, *args)
+    except LayoutMismatch as refused:
+        a, b, args = _realigned(recipe, refused, a, b, args)
+    for _ in range(1 + len(args)):  # each further refusal names another argument
         try:
             return call(a, b, *args)
-        except LayoutMismatch as e:
-            if e.argument == "a":
-                a = tma_readable(a, layouts["a"])
-            elif e.argument == "b":
-                b = tma_readable(b, layouts["b"])
-            elif e.argument in names:
-                i = names.index(e.argument)
-                args = (*args[:i], tma_readable(args[i], Layout.ROW), *args[i + 1:])
-            else:
-                raise
+        except LayoutMismatch as refused:
+            a, b, args = _realigned(recipe, refused, a, b, args)
     return call(a, b, *args)
+
+
+def _realigned(recipe: Recipe, refused: LayoutMismatch, a: torch.Tensor, b: torch.Tensor, args: tuple
+               ) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """The arguments with the one `refused` names replaced by a TMA-readable copy."""
+    g, names = recipe.ir.gemm, [o.name for o in recipe.ir.epilogue.operands]
+    if refused.argument == "a":
+        return tma_readable(a, g.layout_a), b, args
+    if refused.argument == "b":
+        return a, tma_readable(b, g.layout_b), args
+    if refused.argument not in names:
+        raise refused
+    i = names.index(refused.argument)
+    return a, b, (*args[:i], tma_readable(args[i], Layout.ROW), *args[i + 1:])
 
 
 def define(op_schema: str, backends: dict[str, Any], fake: Any, backward: Any, setup_context: Any) -> Any:

@@ -85,18 +85,22 @@ def _qualified(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-def fuse(model: nn.Module, *, unpaired: bool = False) -> tuple[nn.Module, list[str]]:
+def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype | None = None
+         ) -> tuple[nn.Module, list[str]]:
     """Replace each nn.Linear (bf16/f16 weights) whose output only an activation module consumes
     by a FusedLinear that computes both (see the module docstring for the rules). `unpaired=True`
     also swaps the other such Linears for FusedLinear without activation: the same math launched
-    by gemmgen instead of cuBLAS, at the cost of compiling their kernels too.
+    by gemmgen instead of cuBLAS, at the cost of compiling their kernels too. `compute_dtype`
+    (bf16/f16) is what the FusedLinears compute in: by default their weights' dtype, so fp32
+    Linears are kept; with it, their weights are cast per call, as under autocast (mixed-precision
+    training with fp32 master weights).
 
     Returns the model (changed in place; a bare nn.Linear with `unpaired` comes back as a new
     FusedLinear) and a report: a line per fused pair, per swapped Linear, per Linear kept for its
     dtype or class, per pair not fused (and why), and per forward fx could not trace.
     """
     modules = list(model.named_modules())
-    pairs, notes, untraced = _find_pairs(model, modules)
+    pairs, notes, untraced = _find_pairs(model, modules, compute_dtype)
     report: list[str] = []
     replacement: dict[int, nn.Module | None] = {}
     for qualified, m in modules:
@@ -105,7 +109,7 @@ def fuse(model: nn.Module, *, unpaired: bool = False) -> tuple[nn.Module, list[s
             report.append(untraced[qualified])
         if not isinstance(m, nn.Linear):
             continue
-        why_kept = _kept_because(m)
+        why_kept = _kept_because(m, compute_dtype)
         if why_kept:
             if unpaired or id(m) in notes:  # only where fuse would have changed it
                 report.append(f"{name}: kept ({why_kept})")
@@ -114,22 +118,22 @@ def fuse(model: nn.Module, *, unpaired: bool = False) -> tuple[nn.Module, list[s
         if pair is None:
             note = f"not fused ({notes[id(m)]})" if id(m) in notes else ""
             if unpaired:
-                fused = replacement[id(m)] = FusedLinear.from_linear(m)
-                report.append(f"{name}: {note + '; ' if note else ''}Linear -> FusedLinear({fused.recipe.name})")
+                fused = replacement[id(m)] = FusedLinear.from_linear(m, compute_dtype=compute_dtype)
+                report.append(f"{name}: {note + '; ' if note else ''}Linear -> {_described(fused)}")
             elif note:
                 report.append(f"{name}: {note}")
             continue
-        fused = replacement[id(m)] = FusedLinear.from_linear(m, activation=pair.activation)
+        fused = replacement[id(m)] = FusedLinear.from_linear(m, pair.activation, compute_dtype)
         removed = type(pair.owner) is nn.Sequential
         replacement.setdefault(id(pair.act), None if removed else nn.Identity())
         act_name = _qualified(qualified.rpartition(".")[0], pair.act_key)
-        report.append(f"{name}: Linear + {type(pair.act).__name__} -> FusedLinear({fused.recipe.name})"
+        report.append(f"{name}: Linear + {type(pair.act).__name__} -> {_described(fused)}"
                       + ("" if removed else f" ({act_name} is now Identity)"))
     _replace(model, replacement)
     return replacement.get(id(model), model), report
 
 
-def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]]
+def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]], compute_dtype: torch.dtype | None
                 ) -> tuple[dict[int, _Pair], dict[int, str], dict[str, str]]:
     """The pairs safe to fuse (by id of the Linear), why other Linears followed by an activation
     are not (by id), and the report line of each owner whose forward fx could not trace (by name)."""
@@ -156,7 +160,7 @@ def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]]
             if node.op == "call_module":
                 calls[id(owner.get_submodule(node.target))] += 1
         for node in graph.nodes:
-            _pair_from(node, owner_name, owner, pairs, notes)
+            _pair_from(node, owner_name, owner, compute_dtype, pairs, notes)
     while True:  # refusing one pair can leave a shared activation with a run that is not fused
         pairs_per_act = Counter(id(p.act) for p in pairs.values())
         refused = {lin_id: problem for lin_id, pair in pairs.items()
@@ -168,21 +172,29 @@ def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]]
             del pairs[lin_id]
 
 
-def _kept_because(linear: nn.Module) -> str | None:
-    """Why this nn.Linear cannot become a FusedLinear, or None if it can."""
+def _described(fused: FusedLinear) -> str:
+    cast = f", {fused.weight.dtype} weights cast per call" if fused.weight.dtype != fused.compute_dtype else ""
+    return f"FusedLinear({fused.recipe.name}{cast})"
+
+
+def _kept_because(linear: nn.Module, compute_dtype: torch.dtype | None) -> str | None:
+    """Why this nn.Linear cannot become a FusedLinear computing in `compute_dtype` (default: its
+    weights' dtype), or None if it can."""
     if type(linear) is not nn.Linear:
         return f"{type(linear).__name__} subclasses nn.Linear; its forward may differ"
-    reason = unsupported(linear.in_features, linear.weight.dtype)
+    reason = unsupported(linear.in_features, compute_dtype or linear.weight.dtype)
     if reason:
         return reason
     w = linear.weight
-    if w.device.type != "meta" and (w.data_ptr() % 16 or w.stride(1) != 1 or (w.stride(0) * w.element_size()) % 16):
+    cast = compute_dtype not in (None, w.dtype)  # then a fresh aligned copy is used
+    if not cast and w.device.type != "meta" and (
+            w.data_ptr() % 16 or w.stride(1) != 1 or (w.stride(0) * w.element_size()) % 16):
         return "weight: not in 16-byte aligned rows (a view into other memory?); the op would copy it every call"
     return None
 
 
-def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, pairs: dict[int, _Pair],
-               notes: dict[int, str]) -> None:
+def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, compute_dtype: torch.dtype | None,
+               pairs: dict[int, _Pair], notes: dict[int, str]) -> None:
     """Record the pair (or why there is none) if `node` calls a Linear child of `owner` whose
     output goes to an activation."""
     if node.op != "call_module" or "." in str(node.target):
@@ -196,7 +208,7 @@ def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, pairs: dict[int
         act = owner.get_submodule(user.target)
         activation = activation_of(act)
         if activation is not None:
-            if why_kept := _kept_because(linear):
+            if why_kept := _kept_because(linear, compute_dtype):
                 notes[id(linear)] = why_kept
             elif user.args != (node,) or user.kwargs:
                 notes[id(linear)] = f"{_qualified(owner_name, user.target)} is called with further arguments"

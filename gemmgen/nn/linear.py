@@ -23,6 +23,8 @@ from ..errors import InvalidArgument
 from ..integrations.ops import caller
 from ..types import as_dtype
 
+COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
+
 ACTIVATIONS = {
     None: lambda x: x,
     "relu": dsl.relu,
@@ -97,10 +99,10 @@ class _LinearFunction(torch.autograd.Function):
 
 
 def unsupported(in_features: int, dtype: torch.dtype) -> str | None:
-    """Why gemmgen cannot run a Linear of this width and weight dtype, or None if it can (for
+    """Why gemmgen cannot run a Linear of this width in this compute dtype, or None if it can (for
     FusedLinear's errors and fuse's report)."""
-    if dtype not in (torch.bfloat16, torch.float16):
-        return f"weights are {dtype}; gemmgen runs bf16/f16"
+    if dtype not in COMPUTE_DTYPES:
+        return f"weights are {dtype}; gemmgen computes in bf16/f16 (compute_dtype= casts them per call)"
     per = 16 // torch.empty((), dtype=dtype).element_size()
     if in_features % per:
         return f"in_features {in_features} is not a multiple of {per} (TMA reads x and W in 16-byte rows)"
@@ -114,6 +116,12 @@ def _require_supported(in_features: int, dtype: torch.dtype) -> None:
 
 
 class FusedLinear(nn.Module):
+    """nn.Linear plus activation as one gemmgen kernel. It computes in `compute_dtype` (bf16 or
+    f16): the parameters' dtype unless `from_linear` was given another, in which case parameters
+    (fp32 master weights, say) are cast to it on every call, as autocast casts nn.Linear's. Like
+    nn.Linear under autocast, an input of another dtype is cast only when autocast is on (or the
+    parameters are cast anyway); otherwise it is an error, as nn.Linear's would be."""
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None) -> None:
         super().__init__()
@@ -132,13 +140,16 @@ class FusedLinear(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, activation: str | None = None) -> FusedLinear:
-        """A FusedLinear sharing `linear`'s parameters (no copy)."""
-        _require_supported(linear.in_features, linear.weight.dtype)
+    def from_linear(cls, linear: nn.Linear, activation: str | None = None,
+                    compute_dtype: torch.dtype | None = None) -> FusedLinear:
+        """A FusedLinear sharing `linear`'s parameters (no copy), computing in `compute_dtype`
+        (default: the weights' dtype)."""
+        dtype = compute_dtype or linear.weight.dtype
+        _require_supported(linear.in_features, dtype)
         fused = cls.__new__(cls)
         nn.Module.__init__(fused)
         fused.in_features, fused.out_features, fused.activation = linear.in_features, linear.out_features, activation
-        fused._set_recipes(activation, linear.bias is not None, linear.weight.dtype)
+        fused._set_recipes(activation, linear.bias is not None, dtype)
         fused.weight = linear.weight
         fused.bias = linear.bias
         return fused
@@ -146,21 +157,28 @@ class FusedLinear(nn.Module):
     def _set_recipes(self, activation: str | None, bias: bool, dtype: torch.dtype) -> None:
         """The inference recipe and, with an activation, the training one that also stores `pre`;
         their callers are resolved once, so forward stays traceable by torch.compile."""
+        self.compute_dtype = dtype
         self.recipe = linear_recipe(activation, bias, dtype)
         self.training_recipe = linear_recipe(activation, bias, dtype, save_pre_activation=True) if activation else None
         self._op = caller(self.recipe)
         self._op_saving_pre = caller(self.training_recipe) if self.training_recipe is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype, w, bias = self.compute_dtype, self.weight, self.bias
+        if w.dtype != dtype:
+            w = w.to(dtype)
+            bias = bias.to(dtype) if bias is not None else None
+        if x.dtype != dtype and (w is not self.weight or torch.is_autocast_enabled(x.device.type)):
+            x = x.to(dtype)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
-        w = self.weight.t()
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x2, w, self.bias)):
-            y = _LinearFunction.apply(self, x2, w, self.bias)
+        w = w.t()
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x2, w, bias)):
+            y = _LinearFunction.apply(self, x2, w, bias)
         else:
-            y = self._op(x2, w) if self.bias is None else self._op(x2, w, self.bias)
+            y = self._op(x2, w) if bias is None else self._op(x2, w, bias)
         return y.reshape(*lead, self.out_features)
 
     def launches(self, tokens: int, training: bool = False, sm_count: int = 132) -> tuple[Recipe, KernelConfig]:
@@ -178,5 +196,6 @@ class FusedLinear(nn.Module):
         return self.launches(tokens, sm_count=sm_count)[1]
 
     def extra_repr(self) -> str:
+        cast = f", compute_dtype={self.compute_dtype}" if self.weight.dtype != self.compute_dtype else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"activation={self.activation!r}")
+                f"activation={self.activation!r}{cast}")

@@ -39,6 +39,9 @@ def bench_configs(recipe: gg.Recipe, m: int, n: int, k: int) -> list[gg.KernelCo
     if not chosen.swap_ab:
         return [chosen]
     return [chosen, next(c for _, c, _ in ranked(recipe.ir, m, n) if not c.swap_ab)]
+#: tests/test_gpu.py's layout-copy test: bias_silu_residual at this (M, N, K), odd N and an
+#: unpadded residual (the runtime picks the config by shape).
+LAYOUT_PROBLEM = (77, 9, 64)
 #: The autotune GPU test: bias_gelu at this problem, over the heuristic's best TUNE_CANDIDATES configs.
 TUNE_PROBLEM, TUNE_CANDIDATES = (2048, 4096, 1024), 2
 
@@ -66,6 +69,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         decode = choose(recipe.ir, *DECODE_PROBLEM).config
         assert decode.swap_ab, decode
         out.append((recipe, decode))
+        if recipe.name == "bias_silu_residual":
+            out.append((recipe, choose(recipe.ir, *LAYOUT_PROBLEM).config))
         if recipe.name == "bias_gelu":
             m, n, _ = TUNE_PROBLEM
             out += [(recipe, c) for c in candidates(recipe.ir, m, n, limit=TUNE_CANDIDATES)]
