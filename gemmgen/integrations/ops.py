@@ -6,7 +6,9 @@
 The op has a fake (meta) implementation with the exact output shapes, dtypes and strides, so
 `torch.compile(fullgraph=True)` and export trace through it without graph breaks. The CUDA
 implementation launches the compiled kernel (compiled or loaded on first use); the CPU
-implementation evaluates the recipe's reference, so models using gemmgen run (slowly) anywhere.
+implementation evaluates the recipe's reference, so models using gemmgen run (slowly) anywhere;
+both refuse what the kernel refuses, except a tensor whose memory layout alone TMA cannot read,
+which they copy into one it can (`call_realigning`), as torch ops accept any strides.
 
 `gemmgen.integrations.ops.caller(recipe)` returns what modules call: in eager code with nothing
 to differentiate and no dispatch mode active it launches the kernel directly (the dispatcher
