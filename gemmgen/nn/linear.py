@@ -19,7 +19,7 @@ from torch import nn
 from .. import dsl
 from ..config import KernelConfig
 from ..dsl import Recipe
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, RecipeError
 from ..integrations.ops import caller
 from ..types import as_dtype
 
@@ -40,8 +40,6 @@ def linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype, save_p
     `save_pre_activation`, the kernel also stores `pre` (x @ W^T + b, before the activation) as an
     aux output, for the activation's backward: what the unfused Linear's output would have been."""
     if activation not in ACTIVATIONS:
-        from ..errors import RecipeError
-
         raise RecipeError(f"activation: expected one of {sorted(k for k in ACTIVATIONS if k)} or None, "
                           f"got {activation!r}")
     act = ACTIVATIONS[activation]
