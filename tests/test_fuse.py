@@ -199,10 +199,11 @@ def test_pairs_that_would_change_the_model_are_not_fused(gen, unpaired):
             "make the activation a module)",
             "shared_act.a: Linear + ReLU -> FusedLinear(linear_relu_bias_bf16) (shared_act.act is now Identity)",
             "shared_act.b: Linear + ReLU -> FusedLinear(linear_relu_bias_bf16) (shared_act.act is now Identity)",
-            "act_on_input.a: not fused (act runs 2 times in traced forwards, 1 of them on other values)",
-            "run_twice.a: not fused (act runs 2 times in traced forwards, 1 of them on other values)",
+            "act_on_input.a: not fused (act_on_input.act runs 2 times in traced forwards, 1 of them on other "
+            "values)",
+            "run_twice.a: not fused (run_twice.act runs 2 times in traced forwards, 1 of them on other values)",
             "run_twice.b: not fused (it runs 2 times in traced forwards)",
-            "f32.a: not fused (act runs 2 times in traced forwards, 1 of them on other values)",
+            "f32.a: not fused (f32.act runs 2 times in traced forwards, 1 of them on other values)",
             "f32.b: kept (weights are torch.float32; gemmgen computes in bf16/f16 (compute_dtype= casts them per "
             "call))",
             "pre.fc: not fused (its output also feeds other ops than the activation)",
@@ -337,3 +338,21 @@ def test_autocast_training_compiles_without_graph_breaks(gen):
     explained = torch._dynamo.explain(step)(x)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
     torch.testing.assert_close(torch.compile(step, fullgraph=True, backend="aot_eager")(x), step(x))
+
+
+def test_modules_with_hooks_are_not_replaced(gen):
+    """A hook (activation capture, checkpointing) on the Linear or the activation would be dropped
+    by a replacement: the pair stays as it is, and the hooks keep firing."""
+    seen = []
+    hooked_linear = nn.Sequential(_linear(16, 16), nn.ReLU())
+    hooked_linear[0].register_forward_hook(lambda m, i, o: seen.append("linear"))
+    hooked_act = nn.Sequential(_linear(16, 16), nn.GELU())
+    hooked_act[1].register_forward_pre_hook(lambda m, i: seen.append("act"))
+    model = nn.ModuleDict({"lin": hooked_linear, "act": hooked_act})
+    fused, report = gg.nn.fuse(model)
+    assert report == ["lin.0: kept (it has hooks, which a replacement would drop)",
+                      "act.0: not fused (act.1 has hooks, which Identity would drop)"]
+    assert type(fused["lin"][0]) is nn.Linear and type(fused["act"][1]) is nn.GELU
+    x = torch.randn(3, 16, generator=gen).bfloat16()
+    fused["lin"](x), fused["act"](x)
+    assert seen == ["linear", "act"]

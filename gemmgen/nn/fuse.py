@@ -76,7 +76,7 @@ class _Pair:
     """A Linear and the activation module that alone consumes its output, in `owner`'s forward."""
 
     owner: nn.Module
-    act_key: str
+    act_name: str  # qualified, as model.named_modules() names it
     act: nn.Module
     activation: str
 
@@ -126,9 +126,8 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
         fused = replacement[id(m)] = FusedLinear.from_linear(m, pair.activation, compute_dtype)
         removed = type(pair.owner) is nn.Sequential
         replacement.setdefault(id(pair.act), None if removed else nn.Identity())
-        act_name = _qualified(qualified.rpartition(".")[0], pair.act_key)
         report.append(f"{name}: Linear + {type(pair.act).__name__} -> {_described(fused)}"
-                      + ("" if removed else f" ({act_name} is now Identity)"))
+                      + ("" if removed else f" ({pair.act_name} is now Identity)"))
     _replace(model, replacement)
     return replacement.get(id(model), model), report
 
@@ -182,6 +181,8 @@ def _kept_because(linear: nn.Module, compute_dtype: torch.dtype | None) -> str |
     weights' dtype), or None if it can."""
     if type(linear) is not nn.Linear:
         return f"{type(linear).__name__} subclasses nn.Linear; its forward may differ"
+    if _hooked(linear):
+        return "it has hooks, which a replacement would drop"
     reason = unsupported(linear.in_features, compute_dtype or linear.weight.dtype)
     if reason:
         return reason
@@ -213,7 +214,7 @@ def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, compute_dtype: 
             elif user.args != (node,) or user.kwargs:
                 notes[id(linear)] = f"{_qualified(owner_name, user.target)} is called with further arguments"
             else:
-                pairs[id(linear)] = _Pair(owner, str(user.target), act, activation)
+                pairs[id(linear)] = _Pair(owner, _qualified(owner_name, str(user.target)), act, activation)
             return
     for u in users:
         if u.args and u.args[0] is node and _activation_of_call(u) is not None:
@@ -236,12 +237,20 @@ def _unsafe(pair: _Pair, lin_id: int, calls: Counter[int], registered: Counter[i
     if calls[lin_id] > 1:
         return f"it runs {calls[lin_id]} times in traced forwards"
     act_id = id(pair.act)
+    if _hooked(pair.act):
+        return f"{pair.act_name} has hooks, which Identity would drop"
     if registered[act_id] > 1:
-        return f"{pair.act_key} is registered under {registered[act_id]} names"
+        return f"{pair.act_name} is registered under {registered[act_id]} names"
     if calls[act_id] > pairs_per_act[act_id]:
-        return (f"{pair.act_key} runs {calls[act_id]} times in traced forwards, "
+        return (f"{pair.act_name} runs {calls[act_id]} times in traced forwards, "
                 f"{calls[act_id] - pairs_per_act[act_id]} of them on other values")
     return None
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether hooks are registered on `module` itself (a replacement would silently drop them)."""
+    return any(getattr(module, name, None) for name in (
+        "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
 
 
 def _replace(model: nn.Module, replacement: dict[int, nn.Module | None]) -> None:
