@@ -356,3 +356,27 @@ def test_modules_with_hooks_are_not_replaced(gen):
     x = torch.randn(3, 16, generator=gen).bfloat16()
     fused["lin"](x), fused["act"](x)
     assert seen == ["linear", "act"]
+
+
+def test_fused_models_pickle_and_deepcopy(gen):
+    """torch.save(model), pickle and deepcopy work as for nn.Linear models: each FusedLinear
+    rebuilds its recipes (shared, from the cache) instead of pickling their lambdas."""
+    import io
+    import pickle
+
+    model = nn.ModuleDict({"mlp": GatedMLP(nn.SiLU()), "amp": _fp32_mlp()})
+    fused, _ = gg.nn.fuse(model["mlp"])
+    fused_amp, _ = gg.nn.fuse(model["amp"], compute_dtype=torch.bfloat16)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    again = pickle.loads(pickle.dumps(model))
+    twin = copy.deepcopy(model)
+    x = torch.randn(3, 64, generator=gen)
+    for other in (loaded, again, twin):
+        assert other["mlp"].gate_proj.recipe is fused.gate_proj.recipe
+        assert other["amp"][0].compute_dtype == torch.bfloat16 and other["amp"][0].weight.dtype == torch.float32
+        assert torch.equal(other["mlp"](x.bfloat16()), fused(x.bfloat16()))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.equal(other["amp"](x), fused_amp(x))

@@ -113,6 +113,9 @@ def _require_supported(in_features: int, dtype: torch.dtype) -> None:
         raise InvalidArgument(f"FusedLinear: {reason}; keep nn.Linear for this layer")
 
 
+_DERIVED = ("recipe", "training_recipe", "_op", "_op_saving_pre")  # rebuilt by FusedLinear._set_recipes
+
+
 class FusedLinear(nn.Module):
     """nn.Linear plus activation as one gemmgen kernel. It computes in `compute_dtype` (bf16 or
     f16): the parameters' dtype unless `from_linear` was given another, in which case parameters
@@ -160,6 +163,18 @@ class FusedLinear(nn.Module):
         self.training_recipe = linear_recipe(activation, bias, dtype, save_pre_activation=True) if activation else None
         self._op = caller(self.recipe)
         self._op_saving_pre = caller(self.training_recipe) if self.training_recipe is not None else None
+
+    def __getstate__(self) -> dict:
+        """Pickled without the recipes and op callers (recipes hold their epilogue's lambda):
+        `torch.save(model)`, deepcopy and multiprocessing rebuild them from the layer's fields."""
+        state = self.__dict__.copy()
+        for derived in _DERIVED:
+            state.pop(derived, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._set_recipes(self.activation, self.bias is not None, self.compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype, w, bias = self.compute_dtype, self.weight, self.bias
