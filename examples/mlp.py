@@ -27,15 +27,6 @@ def make_mlp(d_model: int = 4096, d_ff: int = 14336, device: str = "cpu") -> nn.
                          nn.Linear(d_ff, d_model, dtype=torch.bfloat16, device=device), nn.GELU(approximate="tanh"))
 
 
-def needed_kernels(fused: nn.Module, tokens: tuple[int, ...] = TOKENS) -> list:
-    """(recipe, config) of every kernel the fused model launches here: forward for inputs of these
-    many tokens, and forward with gradients (the kernels that also store the pre-activation) for
-    the first, the batch the GPU check trains on."""
-    layers = [m for m in fused.modules() if isinstance(m, gg.nn.FusedLinear)]
-    inference = [m.launches(t) for m in layers for t in tokens]
-    return list(dict.fromkeys(inference + [m.launches(tokens[0], training=True) for m in layers]))
-
-
 def _median_ms(fn, reps: int = 30) -> float:
     for _ in range(3):
         fn()
@@ -57,7 +48,7 @@ def main() -> None:
     print("\n".join(report))
     if not on_gpu:
         print(f"no sm_90 GPU: building the kernels this model launches for {TOKENS} tokens")
-        kernels = gg.warmup(needed_kernels(fused))
+        kernels = gg.warmup(gg.nn.model_launches(fused, TOKENS, training_tokens=TOKENS[:1]))
         print(report_table([k.report for k in kernels]))
         return
     x = torch.randn(TOKENS[0], 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -84,19 +84,26 @@ def test_gated_mlp_fuses_the_gate_with_its_activation_module(gen):
         torch.testing.assert_close(mine.float(), theirs.float(), rtol=5e-2, atol=5e-2 * scale)
 
 
-def test_sequential_pairs_fuse_and_the_activation_is_removed():
+def test_sequential_pairs_fuse_and_positions_stay(gen):
+    """In an nn.Sequential the absorbed activation becomes Identity: keys and positions (model[4])
+    stay as they were, and the model computes what it did."""
     model = nn.Sequential(_linear(64, 128), nn.GELU(approximate="tanh"), _linear(128, 32), nn.SiLU(),
                           nn.Linear(32, 8), nn.ReLU(), nn.Linear(8, 8, dtype=torch.float16))
     fused, report = gg.nn.fuse(copy.deepcopy(model))
-    assert [type(m).__name__ for m in fused] == ["FusedLinear", "FusedLinear", "Linear", "ReLU", "Linear"]
+    assert [type(m).__name__ for m in fused] == ["FusedLinear", "Identity", "FusedLinear", "Identity", "Linear",
+                                                 "ReLU", "Linear"]
     assert [m.activation for m in fused if isinstance(m, gg.nn.FusedLinear)] == ["gelu_tanh", "silu"]
-    assert list(fused._modules) == ["0", "2", "4", "5", "6"]  # state_dict keys unchanged
-    assert report == ["0: Linear + GELU -> FusedLinear(linear_gelu_tanh_bias_bf16)",
-                      "2: Linear + SiLU -> FusedLinear(linear_silu_bias_bf16)",
+    assert list(fused.state_dict()) == list(model.state_dict())
+    assert report == ["0: Linear + GELU -> FusedLinear(linear_gelu_tanh_bias_bf16) (1 is now Identity)",
+                      "2: Linear + SiLU -> FusedLinear(linear_silu_bias_bf16) (3 is now Identity)",
                       "4: kept (weights are torch.float32; gemmgen computes in bf16/f16 (compute_dtype= casts "
                       "them per call))"]
+    x = torch.randn(5, 64, generator=gen).bfloat16()
+    want = model[:4](x)
+    assert want.float().abs().max() > 0
+    torch.testing.assert_close(fused[:4](x), want, **BF16_TOL)
     fused, report = gg.nn.fuse(copy.deepcopy(model), unpaired=True)
-    assert [type(m).__name__ for m in fused] == ["FusedLinear", "FusedLinear", "Linear", "ReLU", "FusedLinear"]
+    assert [type(m).__name__ for m in fused][4:] == ["Linear", "ReLU", "FusedLinear"]
     assert report[-1] == "6: Linear -> FusedLinear(linear_none_bias_f16)"
 
 
@@ -291,8 +298,11 @@ def test_mixed_precision_training_with_fp32_master_weights(gen):
     the fp32 weights' gradients match the unfused model under the same autocast."""
     ref = _fp32_mlp()
     fused, report = gg.nn.fuse(copy.deepcopy(ref), compute_dtype=torch.bfloat16)
-    assert report == ["0: Linear + GELU -> FusedLinear(linear_gelu_bias_bf16, torch.float32 weights cast per call)",
-                      "2: Linear + SiLU -> FusedLinear(linear_silu_bias_bf16, torch.float32 weights cast per call)"]
+    assert report == [
+        "0: Linear + GELU -> FusedLinear(linear_gelu_bias_bf16, torch.float32 weights cast per call) "
+        "(1 is now Identity)",
+        "2: Linear + SiLU -> FusedLinear(linear_silu_bias_bf16, torch.float32 weights cast per call) "
+        "(3 is now Identity)"]
     assert all(p.dtype == torch.float32 for p in fused.parameters())
     x = torch.randn(6, 64, generator=gen)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -380,3 +390,17 @@ def test_fused_models_pickle_and_deepcopy(gen):
         assert torch.equal(other["mlp"](x.bfloat16()), fused(x.bfloat16()))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert torch.equal(other["amp"](x), fused_amp(x))
+
+
+def test_model_launches_lists_each_kernel_a_fused_model_needs_once():
+    """What to warm up for a model: every FusedLinear's forward kernel per token count and, for
+    the training counts, the kernel that also stores the pre-activation; duplicates once."""
+    twin = nn.Linear(4096, 4096, dtype=torch.bfloat16, device="meta")
+    model = nn.Sequential(nn.Linear(4096, 4096, dtype=torch.bfloat16, device="meta"), nn.SiLU(), twin, nn.SiLU())
+    fused, _ = gg.nn.fuse(model)
+    first, second = fused[0], fused[2]
+    got = gg.nn.model_launches(fused, (8, 4096), training_tokens=(4096,))
+    assert got == [first.launches(8), first.launches(4096), first.launches(4096, training=True)]  # same shapes
+    assert got[0][1].swap_ab and not got[1][1].swap_ab and got[2][0] is first.training_recipe
+    assert second.launches(8) == got[0]
+    assert gg.nn.model_launches(nn.Sequential(nn.ReLU()), (8,)) == []

@@ -2,12 +2,13 @@
 
 Which pairs fuse is read from the forward of each module that owns a Linear, traced by torch.fx
 with every submodule kept as one call: a Linear whose output goes only to an activation module
-becomes `FusedLinear(activation=...)`, and the activation module becomes `nn.Identity` (in a
-plain nn.Sequential it is removed). Forward code is left as it is, so a pair fuses only where
-that provably keeps the function: the Linear is registered once and runs once, and the
-activation module is registered once and runs only on outputs of Linears fused with it. An
-activation module is recognised by what it computes (its own trace is one relu, gelu or silu
-call), so wrappers such as Hugging Face's GELUActivation count, not just nn.ReLU/GELU/SiLU.
+becomes `FusedLinear(activation=...)`, and the activation module becomes `nn.Identity` (so keys,
+and positions in an nn.Sequential, stay as they were). Forward code is left as it is, so a pair
+fuses only where that provably keeps the function: the Linear is registered once and runs once,
+the activation module is registered once and runs only on outputs of Linears fused with it, and
+neither has hooks (a replacement would drop them). An activation module is recognised by what it
+computes (its own trace is one relu, gelu or silu call), so wrappers such as Hugging Face's
+GELUActivation count, not just nn.ReLU/GELU/SiLU.
 
 Other Linears stay as they are, unless `unpaired=True` swaps them too. A forward fx cannot trace
 (Python control flow on tensor values, say) keeps its activations separate, and the report says
@@ -73,9 +74,8 @@ def _activation_of_call(call: fx.Node) -> str | None:
 
 @dataclass(frozen=True)
 class _Pair:
-    """A Linear and the activation module that alone consumes its output, in `owner`'s forward."""
+    """The activation module that alone consumes a Linear's output in its owner's forward."""
 
-    owner: nn.Module
     act_name: str  # qualified, as model.named_modules() names it
     act: nn.Module
     activation: str
@@ -102,7 +102,7 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     modules = list(model.named_modules())
     pairs, notes, untraced = _find_pairs(model, modules, compute_dtype)
     report: list[str] = []
-    replacement: dict[int, nn.Module | None] = {}
+    replacement: dict[int, nn.Module] = {}
     for qualified, m in modules:
         name = qualified or "(model)"
         if qualified in untraced:
@@ -124,10 +124,9 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
                 report.append(f"{name}: {note}")
             continue
         fused = replacement[id(m)] = FusedLinear.from_linear(m, pair.activation, compute_dtype)
-        removed = type(pair.owner) is nn.Sequential
-        replacement.setdefault(id(pair.act), None if removed else nn.Identity())
+        replacement.setdefault(id(pair.act), nn.Identity())
         report.append(f"{name}: Linear + {type(pair.act).__name__} -> {_described(fused)}"
-                      + ("" if removed else f" ({pair.act_name} is now Identity)"))
+                      + f" ({pair.act_name} is now Identity)")
     _replace(model, replacement)
     return replacement.get(id(model), model), report
 
@@ -214,7 +213,7 @@ def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, compute_dtype: 
             elif user.args != (node,) or user.kwargs:
                 notes[id(linear)] = f"{_qualified(owner_name, user.target)} is called with further arguments"
             else:
-                pairs[id(linear)] = _Pair(owner, _qualified(owner_name, str(user.target)), act, activation)
+                pairs[id(linear)] = _Pair(_qualified(owner_name, str(user.target)), act, activation)
             return
     for u in users:
         if u.args and u.args[0] is node and _activation_of_call(u) is not None:
@@ -253,14 +252,9 @@ def _hooked(module: nn.Module) -> bool:
         "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
 
 
-def _replace(model: nn.Module, replacement: dict[int, nn.Module | None]) -> None:
-    """Put each replacement wherever its module is registered (shared modules stay shared);
-    None removes the module (an activation inside a plain nn.Sequential)."""
+def _replace(model: nn.Module, replacement: dict[int, nn.Module]) -> None:
+    """Put each replacement wherever its module is registered (shared modules stay shared)."""
     for parent in list(model.modules()):
         for key, child in list(parent._modules.items()):
             if child is not None and id(child) in replacement:
-                new = replacement[id(child)]
-                if new is None:
-                    del parent._modules[key]
-                else:
-                    parent._modules[key] = new
+                parent._modules[key] = replacement[id(child)]

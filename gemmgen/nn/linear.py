@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -212,3 +213,17 @@ class FusedLinear(nn.Module):
         cast = f", compute_dtype={self.compute_dtype}" if self.weight.dtype != self.compute_dtype else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"activation={self.activation!r}{cast}")
+
+
+def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Iterable[int] = (),
+                   sm_count: int = 132) -> list[tuple[Recipe, KernelConfig]]:
+    """(recipe, config) of every kernel the FusedLinear layers of `model` launch (each once):
+    forward for inputs of each of `tokens` rows, and forward with gradients wanted (the kernels
+    that also store the pre-activation) for each of `training_tokens`. What to build ahead of
+    time, e.g. `gg.warmup(model_launches(model, (1, 16, 4096), training_tokens=(4096,)))`, when no
+    autotune table applies (the heuristic's choices)."""
+    layers = [m for m in model.modules() if isinstance(m, FusedLinear)]
+    tokens, training_tokens = tuple(tokens), tuple(training_tokens)
+    found = [m.launches(t, sm_count=sm_count) for m in layers for t in tokens]
+    found += [m.launches(t, training=True, sm_count=sm_count) for m in layers for t in training_tokens]
+    return list(dict.fromkeys(found))

@@ -55,7 +55,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
 
     out = [(linear_recipe(act, True, torch.bfloat16), gg.KernelConfig()) for act in MLP_ACTIVATIONS]
     mlp = _load(ROOT / "examples" / "mlp.py")  # examples/mlp.py runs in scripts/gpu_check.sh
-    out += mlp.needed_kernels(gg.nn.fuse(mlp.make_mlp(device="meta"))[0])
+    out += gg.nn.model_launches(gg.nn.fuse(mlp.make_mlp(device="meta"))[0], mlp.TOKENS,
+                                training_tokens=mlp.TOKENS[:1])
     for act in MLP_ACTIVATIONS:
         recipe = linear_recipe(act, True, torch.bfloat16)
         out += [(recipe, choose(recipe.ir, m, n, k).config) for m, n, k in MODULE_PROBLEMS]
