@@ -18,6 +18,7 @@ anything torch must see (tracing, fake tensors, modes, autograd, CPU tensors) go
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -73,11 +74,10 @@ def op(recipe: Recipe) -> Any:
             shape = (*((a.shape[0],) if recipe.ir.gemm.batched else ()), a.shape[-2], b.shape[-1])
             return [allocate_output(shape, o.dtype.torch, device) for o in recipe.outputs]
 
-        def launch(a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
-            return kernel_for(recipe, a, b)(a, b, *args)
+        run_kernel = functools.partial(launch, recipe)
 
         def cuda_impl(a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
-            return call_realigning(recipe, launch, a, b, args)
+            return call_realigning(recipe, run_kernel, a, b, args)
 
         def evaluate(a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
             operands = dict(zip(names, args, strict=True))
@@ -111,6 +111,11 @@ def op(recipe: Recipe) -> Any:
         packet = define(schema(recipe), {"CUDA": cuda_impl, "CPU": cpu_impl}, fake_impl, backward, setup_context)
         _OPS[name] = packet
         return packet
+
+
+def launch(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
+    """Run the recipe's kernel for this problem (`kernel_for`) on the given tensors."""
+    return kernel_for(recipe, a, b)(a, b, *args)
 
 
 def call_realigning(recipe: Recipe, call: Any, a: torch.Tensor, b: torch.Tensor, args: tuple) -> Any:
@@ -267,17 +272,12 @@ class OpCaller:
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
         self.overload = op(recipe).default
+        self._run_kernel = functools.partial(launch, recipe)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
         if direct_call_allowed((a, b, *args)):
-            try:
-                return kernel_for(self.recipe, a, b)(a, b, *args)
-            except LayoutMismatch:
-                return call_realigning(self.recipe, self._launch, a, b, args)
+            return call_realigning(self.recipe, self._run_kernel, a, b, args)
         return self.overload(a, b, *args)
-
-    def _launch(self, a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
-        return kernel_for(self.recipe, a, b)(a, b, *args)
 
 
 def caller(recipe: Recipe) -> OpCaller:

@@ -51,7 +51,7 @@ def _aligned_ptr(name: str, t: torch.Tensor) -> int:
     ptr = t.data_ptr()
     if t.numel() and ptr % TMA_ALIGN:
         raise LayoutMismatch(name, f"{name}: data pointer {ptr:#x} is not 16-byte aligned (TMA needs it); this "
-                              f"usually comes from slicing at an odd offset, use {name}.clone()")
+                             f"usually comes from slicing at an odd offset, use {name}.clone()")
     return ptr
 
 
@@ -62,8 +62,8 @@ def _stride(name: str, t: torch.Tensor, dim: int, extent_min: int, itemsize: int
         return max(1, -(-extent_min * itemsize // TMA_ALIGN)) * TMA_ALIGN // itemsize
     if stride < extent_min or (stride * itemsize) % TMA_ALIGN:
         raise LayoutMismatch(name, f"{name}: {what} stride {stride} must be >= {extent_min} and a multiple of "
-                              f"{TMA_ALIGN // itemsize} elements (16 bytes, for TMA); pad the tensor or "
-                              f"call {name}.contiguous() on a padded copy")
+                             f"{TMA_ALIGN // itemsize} elements (16 bytes, for TMA); pad the tensor or "
+                             f"call {name}.contiguous() on a padded copy")
     return stride
 
 
@@ -77,19 +77,19 @@ def _matrix(name: str, t: torch.Tensor, rows: int, cols: int, layout: Layout, ba
     if layout is Layout.ROW:
         if t.shape[c] > 1 and t.stride(c) != 1:
             raise LayoutMismatch(name, f"{name}: expected a row-major tensor (last dim contiguous), got strides "
-                                  f"{tuple(t.stride())}; call {name}.contiguous() or declare it ColMajor")
+                                 f"{tuple(t.stride())}; call {name}.contiguous() or declare it ColMajor")
         rs, cs = _stride(name, t, r, cols, item, "row"), 1
     else:
         if t.shape[r] > 1 and t.stride(r) != 1:
             raise LayoutMismatch(name, f"{name}: expected a column-major tensor (dim -2 contiguous), got strides "
-                                  f"{tuple(t.stride())}; pass {name}.t().contiguous().t() or declare it RowMajor")
+                                 f"{tuple(t.stride())}; pass {name}.t().contiguous().t() or declare it RowMajor")
         rs, cs = 1, _stride(name, t, c, rows, item, "column")
     bs = 0
     if batched and l > 1:
         bs = t.stride(0)
         if bs == 0 or (bs * item) % TMA_ALIGN:
             raise LayoutMismatch(name, f"{name}: batch stride {bs} must be a non-zero multiple of {TMA_ALIGN // item} "
-                                  "elements (16 bytes); materialize the batch with .contiguous()")
+                                 "elements (16 bytes); materialize the batch with .contiguous()")
     return rs, cs, bs
 
 
@@ -211,7 +211,7 @@ def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool) -
                                   f"{tuple(t.shape)}")
         if length > 1 and t.stride(0) != 1:
             raise LayoutMismatch(o.name, f"{o.name}: expected a contiguous vector, got stride {t.stride(0)}; "
-                                  f"use {o.name}.contiguous()")
+                                 f"use {o.name}.contiguous()")
         return TensorArg(_aligned_ptr(o.name, t))
     shape = _shape(o.name, t, batched)
     want = (l, m, n) if batched else (m, n)
