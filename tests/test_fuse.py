@@ -277,6 +277,11 @@ def test_layers_gemmgen_cannot_run_are_refused_or_kept_with_the_reason():
         gg.nn.FusedLinear(12, 16)
     with pytest.raises(gg.InvalidArgument, match=r"FusedLinear: weights are torch\.float32; gemmgen computes in"):
         gg.nn.FusedLinear(16, 16, dtype=torch.float32)
+    for bad in (torch.float32, "bf16"):
+        with pytest.raises(gg.InvalidArgument, match=r"compute_dtype: expected torch\.bfloat16, torch\.float16"):
+            gg.nn.fuse(nn.Sequential(_linear(16, 16), nn.ReLU()), compute_dtype=bad)
+        with pytest.raises(gg.InvalidArgument, match=r"compute_dtype: expected"):
+            gg.nn.FusedLinear.from_linear(_linear(16, 16), compute_dtype=bad)
     odd_view = _linear(16, 8)
     odd_view.weight = nn.Parameter(torch.randn(8 * 16 + 1).bfloat16()[1:].view(8, 16))  # 2 bytes off
     model = nn.Sequential(_linear(12, 16), nn.ReLU(), odd_view, nn.SiLU())

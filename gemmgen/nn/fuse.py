@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from .linear import FusedLinear, unsupported
+from .linear import FusedLinear, check_compute_dtype, unsupported
 
 
 class _ChildrenAsLeaves(fx.Tracer):
@@ -99,6 +99,7 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     FusedLinear) and a report: a line per fused pair, per swapped Linear, per Linear kept for its
     dtype or class, per pair not fused (and why), and per forward fx could not trace.
     """
+    check_compute_dtype(compute_dtype)
     modules = list(model.named_modules())
     pairs, notes, untraced = _find_pairs(model, modules, compute_dtype)
     report: list[str] = []

@@ -108,6 +108,13 @@ def unsupported(in_features: int, dtype: torch.dtype) -> str | None:
     return None
 
 
+def check_compute_dtype(compute_dtype: torch.dtype | None) -> None:
+    """`compute_dtype` as from_linear and fuse take it: None (the weights' dtype), bf16 or f16."""
+    if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
+        raise InvalidArgument(f"compute_dtype: expected torch.bfloat16, torch.float16 or None (the weights' "
+                              f"dtype), got {compute_dtype!r}")
+
+
 def _require_supported(in_features: int, dtype: torch.dtype) -> None:
     reason = unsupported(in_features, dtype)
     if reason:
@@ -146,6 +153,7 @@ class FusedLinear(nn.Module):
                     compute_dtype: torch.dtype | None = None) -> FusedLinear:
         """A FusedLinear sharing `linear`'s parameters (no copy), computing in `compute_dtype`
         (default: the weights' dtype)."""
+        check_compute_dtype(compute_dtype)
         dtype = compute_dtype or linear.weight.dtype
         _require_supported(linear.in_features, dtype)
         fused = cls.__new__(cls)
