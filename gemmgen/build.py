@@ -84,7 +84,7 @@ def key_material(kernel: GeneratedKernel) -> dict[str, Any]:
     No paths and no mtimes: a cache (or a machine) moved elsewhere computes the same keys.
     """
     tc = toolchain()
-    return {"source": kernel.source, "headers": tc.header_digest, "nvrtc": list(tc.nvrtc_version),
+    return {"source": kernel.source, "headers": tc.header_digest, "nvrtc": tc.nvrtc_build,
             "options": [*BASE_OPTIONS, *EXTRA_OPTIONS], "arch": ARCH, "gemmgen": __version__}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -12,6 +13,12 @@ from pathlib import Path
 from ..errors import ToolchainError
 
 ARCH = "sm_90a"
+
+# The wheels whose headers kernels include. Other wheels install headers into the same folders
+# (a CUDA build of torch adds cuBLAS, cuDNN, NVTX... to nvidia/cu13/include, the test extras nvcc's)
+# and no kernel includes theirs: hashing them would make an unrelated upgrade miss the whole cache,
+# and give every environment with CUDA torch keys that no other environment shares.
+HEADER_WHEELS = frozenset({"gemmgen", "nvidia-cutlass", "nvidia-cuda-runtime", "nvidia-cuda-crt", "nvidia-cuda-cccl"})
 
 
 def _package_dir(name: str, wheel: str) -> Path:
@@ -36,11 +43,12 @@ def _cuda_root() -> Path:
 class Toolchain:
     include_dirs: tuple[Path, ...]  # in search order
     nvrtc_version: tuple[int, int]
+    nvrtc_build: str  # what cache keys record: the full identity NVRTC stamps on its PTX
     cuobjdump: Path | None
 
     @property
     def header_digest(self) -> str:
-        return _tree_digest(self.include_dirs)
+        return _headers_digest(self.include_dirs)
 
 
 def gemmgen_include_dir() -> Path:
@@ -57,26 +65,62 @@ def toolchain() -> Toolchain:
         raise ToolchainError("CCCL headers not found; `pip install nvidia-cuda-cccl==13.0.85`")
     if not (cuda / "include" / "crt" / "mma.h").is_file():
         raise ToolchainError("crt headers not found; `pip install nvidia-cuda-crt==13.0.88`")
-    from .nvrtc import nvrtc_version
+    from .nvrtc import nvrtc_build, nvrtc_version
 
     cuobjdump = cuda / "bin" / "cuobjdump"
     return Toolchain(
         include_dirs=(gemmgen_include_dir(), cutlass, cuda / "include" / "cccl", cuda / "include"),
         nvrtc_version=nvrtc_version(),
+        nvrtc_build=nvrtc_build(),
         cuobjdump=cuobjdump if os.access(cuobjdump, os.X_OK) else None,
     )
 
 
-@functools.cache
-def _tree_digest(dirs: tuple[Path, ...]) -> str:
-    """A digest of the contents (not paths, not mtimes) of every header under `dirs`.
-
-    Hashing every header is a superset of what a kernel includes, so a changed header can
-    never be missed. Computed once per process.
-    """
-    h = hashlib.sha256()
+def hashed_headers(dirs: tuple[Path, ...]) -> list[tuple[int, Path]]:
+    """(root index, path) of each header under `dirs` that cache keys cover, in a stable order:
+    every file with a header suffix, once (under the first root holding it), except files that a
+    wheel outside HEADER_WHEELS installed. A file no wheel claims is covered."""
+    foreign = _foreign_files(dirs)
+    seen: set[Path] = set()
+    out = []
     for i, d in enumerate(dirs):
         for path in sorted(p for p in d.rglob("*") if p.is_file() and p.suffix in ("", ".h", ".hpp", ".inl", ".cuh")):
-            h.update(f"{i}:{path.relative_to(d).as_posix()}\0".encode())
-            h.update(hashlib.sha256(path.read_bytes()).digest())
+            if path not in seen and path not in foreign:
+                seen.add(path)
+                out.append((i, path))
+    return out
+
+
+@functools.cache
+def _headers_digest(dirs: tuple[Path, ...]) -> str:
+    """A digest of the contents (not paths, not mtimes) of the headers under `dirs` that a kernel
+    can include. Computed once per process (about 0.15 s)."""
+    h = hashlib.sha256()
+    for i, path in hashed_headers(dirs):
+        h.update(f"{i}:{path.relative_to(dirs[i]).as_posix()}\0".encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
+
+
+def _foreign_files(dirs: tuple[Path, ...]) -> frozenset[Path]:
+    """Files under `dirs` that the RECORD of a wheel outside HEADER_WHEELS lists and none of
+    HEADER_WHEELS does (a file two wheels claim may be either's)."""
+    roots = [(d, os.path.realpath(d)) for d in dirs]
+    listed: dict[bool, set[Path]] = {True: set(), False: set()}  # by whether a header wheel lists it
+    for dist in importlib.metadata.distributions():
+        base = os.path.realpath(dist.locate_file(""))
+        prefixes = [(d, Path(os.path.relpath(real, base)).as_posix() + "/")  # e.g. nvidia/cu13/include/
+                    for d, real in roots if real.startswith(base + os.sep)]
+        record = (dist.read_text("RECORD") or "") if prefixes else ""
+        prefixes = [(d, prefix) for d, prefix in prefixes if prefix in record]  # parsing every RECORD costs 0.1 s
+        if not prefixes:
+            continue
+        into = listed[_normalized(dist.metadata["Name"] or "") in HEADER_WHEELS]
+        for f in dist.files or ():
+            posix = f.as_posix()
+            into.update(d / posix[len(prefix):] for d, prefix in prefixes if posix.startswith(prefix))
+    return frozenset(listed[False] - listed[True])
+
+
+def _normalized(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
