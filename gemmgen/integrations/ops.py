@@ -12,7 +12,7 @@ which they copy into one it can (`call_realigning`), as torch ops accept any str
 
 `gemmgen.integrations.ops.caller(recipe)` returns what modules call: in eager code with nothing
 to differentiate and no dispatch mode active it launches the kernel directly (the dispatcher
-costs about 4 us per call on the CPU machine with torch 2.13, measured by scripts/op_overhead.py);
+costs about 3 us per call on the CPU machine, measured by scripts/op_overhead.py);
 anything torch must see (tracing, fake tensors, modes, autograd, CPU tensors) goes through the op.
 """
 
@@ -181,7 +181,10 @@ def _shortcut_supported() -> bool:
     public `register_autograd` serves elsewhere, without the shortcut)."""
     c = torch._C
     return (all(hasattr(c, n) for n in ("_after_autograd_keyset", "_any_requires_grad", "_AutoDispatchBelowAutograd"))
-            and hasattr(c.DispatchKeySet, "highestPriorityTypeId"))
+            and all(hasattr(c.DispatchKeySet, n) for n in ("highestPriorityTypeId", "raw_repr")))
+
+
+_UNSEEN = object()
 
 
 def _autograd_kernel(overload: Any, backends: dict[str, Any], backward: Any, setup_context: Any) -> Any:
@@ -204,15 +207,22 @@ def _autograd_kernel(overload: Any, backends: dict[str, Any], backward: Any, set
             ctx.needs_input_grad = ctx.needs_input_grad[1:]  # the op's own inputs, as its formula expects
             return (None, *backward(ctx, *grads))
 
+    # The backend function a keyset dispatches to next, or None: what to do is a function of the
+    # keyset alone, so it is worked out once per keyset seen (its raw bits: keysets do not hash).
+    # Computing it per call (DispatchKeySet objects, an enum-keyed lookup) cost 1.3-2 us.
+    next_function: dict[int, Any] = {}
+
     def kernel(keyset: Any, *args: Any) -> Any:
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
             return Differentiable.apply(keyset, *args)
-        below = keyset & after_autograd
-        fn = direct.get(below.highestPriorityTypeId())
+        raw = keyset.raw_repr()
+        fn = next_function.get(raw, _UNSEEN)
+        if fn is _UNSEEN:
+            fn = next_function[raw] = direct.get((keyset & after_autograd).highestPriorityTypeId())
         if fn is not None:
             return fn(*args)
         with torch._C._AutoDispatchBelowAutograd():
-            return overload.redispatch(below, *args)
+            return overload.redispatch(keyset & after_autograd, *args)
 
     return kernel
 
