@@ -3,8 +3,10 @@
 # installs the carried wheels, unpacks the carried kernel bundle, runs the GPU tests, the speed
 # check, the MLP example and the overhead table. Every kernel comes from the bundle (GEMMGEN_JIT=0:
 # a missing one fails at once, naming it, instead of spending device minutes compiling).
-# Prints a compact summary; exits non-zero if any test failed. The step timeouts add up to 525 s,
-# under the device tool's 600 s per command, so a hung step still leaves the others' output.
+# Prints a compact summary and keeps each step's whole output in $OUT (the device tool brings that
+# folder back; /tmp/gpu_check elsewhere), so a failure's traceback needs no second run. Exits
+# non-zero if any test failed. The step timeouts add up to 525 s, under the device tool's 600 s
+# per command, so a hung step still leaves the others' output.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -19,11 +21,14 @@ if [ -f .gpu_bundle.tar.xz ]; then
 fi
 export GEMMGEN_BUNDLE_PATH=$PWD/.gpu_bundle GEMMGEN_CACHE_DIR=/tmp/gemmgen-cache GEMMGEN_JIT=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+LOGS=${OUT:-/tmp/gpu_check}
+mkdir -p "$LOGS"
 start=$(date +%s)
-timeout 300 "${PYTHON:-python3}" -m pytest -p no:cacheprovider -m gpu -q -rs tests/test_gpu.py 2>&1 | tail -25
+timeout 300 "${PYTHON:-python3}" -m pytest -p no:cacheprovider -m gpu -q -rs --durations=5 tests/test_gpu.py 2>&1 \
+  | tee "$LOGS/gpu_tests.log" | tail -25
 rc=${PIPESTATUS[0]}
-echo "gpu tests: rc=$rc in $(( $(date +%s) - start )) s"
-timeout 90 "${PYTHON:-python3}" scripts/gpu_bench.py --reps 30 2>&1 | tail -8
-timeout 75 "${PYTHON:-python3}" examples/mlp.py 2>&1 | tail -4
-timeout 60 "${PYTHON:-python3}" scripts/op_overhead.py 2>&1 | tail -20
+echo "gpu tests: rc=$rc in $(( $(date +%s) - start )) s (whole output: gpu_tests.log)"
+timeout 90 "${PYTHON:-python3}" scripts/gpu_bench.py --reps 30 2>&1 | tee "$LOGS/bench.log" | tail -8
+timeout 75 "${PYTHON:-python3}" examples/mlp.py 2>&1 | tee "$LOGS/mlp.log" | tail -4
+timeout 60 "${PYTHON:-python3}" scripts/op_overhead.py 2>&1 | tee "$LOGS/op_overhead.log" | tail -20
 exit "$rc"

@@ -4,6 +4,8 @@ For every example recipe under both schedules and as a swapped kernel (D^T = B^T
 tier (small integers, so fp32 accumulation is exact), a random tier (fresh inputs, tolerance by
 output dtype), odd sizes with K tails, a batch, padded leading dimensions, NaN-prefilled outputs,
 run-to-run bitwise determinism, CUDA-graph capture and replay, and launches on the caller's stream.
+Modules: the fused MLP forward and backward, torch.compile (inductor, and its CUDA graph trees),
+manual graph capture, autocast training, the op's layout copies, the direct path, autotune.
 """
 
 from __future__ import annotations
@@ -197,6 +199,36 @@ def test_fused_mlp_forward_backward_compile_and_graph(gen):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static_y, fused(static_x))
+
+
+def test_compiled_with_cuda_graph_trees(gen):
+    """torch.compile(mode="reduce-overhead") of the fused MLP (the MLP test's shapes, so the same
+    kernels): inductor records the gemmgen ops into its CUDA graphs without a skip (a skip raises
+    here, and an output of a replay is overwritten by the next one), and the replays match the
+    unfused model on fresh inputs."""
+    import copy
+
+    import torch._inductor.config as inductor_config
+    from torch import nn
+
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    ref = nn.Sequential(nn.Linear(512, 1024, dtype=torch.bfloat16, device="cuda"), nn.SiLU(),
+                        nn.Linear(1024, 264, dtype=torch.bfloat16, device="cuda"), nn.GELU(approximate="tanh"))
+    fused, _ = gg.nn.fuse(copy.deepcopy(ref))
+    compiled = torch.compile(fused, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad(), inductor_config.patch({"triton.cudagraph_or_error": True}):
+        for _ in range(4):  # warm-up, recording, then replays
+            torch.compiler.cudagraph_mark_step_begin()
+            x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
+            got = compiled(x).clone()
+            want = ref(x)
+            assert want.abs().max() > 0
+            torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+        stale = compiled(x)  # lives in the graph's memory: the next replay overwrites it, and torch says so
+        torch.compiler.cudagraph_mark_step_begin()
+        compiled(x)
+        with pytest.raises(RuntimeError, match="overwritten by a subsequent run"):
+            stale.sum()
 
 
 def test_autocast_training_with_fp32_master_weights(gen):
