@@ -47,15 +47,11 @@ def nvrtc_build() -> str:
     try:
         (err,) = nvrtc.nvrtcCompileProgram(prog, 1, [b"-arch=compute_90"])
         _check(err, "nvrtcCompileProgram (an empty kernel)")
-        err, size = nvrtc.nvrtcGetPTXSize(prog)
-        _check(err, "nvrtcGetPTXSize")
-        ptx = b" " * size
-        (err,) = nvrtc.nvrtcGetPTX(prog, ptx)
-        _check(err, "nvrtcGetPTX")
+        ptx = _output(prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX).rstrip(b"\0").decode()
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     header = []
-    for line in ptx.rstrip(b"\0").decode().splitlines():
+    for line in ptx.splitlines():
         if not line.startswith("//"):
             break
         if line.strip("/ "):
@@ -91,20 +87,22 @@ def compile_cubin(source: str, name: str, arch: str, include_dirs: tuple[Path, .
             log = _log(nvrtc, prog)
             if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
                 raise CompileError(_format_failure(name, log, source_path))
-            err, size = nvrtc.nvrtcGetCUBINSize(prog)
-            _check(err, "nvrtcGetCUBINSize")
-            buf = b" " * size
-            (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
-            _check(err, "nvrtcGetCUBIN")
-            err, ptx_size = nvrtc.nvrtcGetPTXSize(prog)
-            _check(err, "nvrtcGetPTXSize")
-            ptx = b" " * ptx_size
-            (err,) = nvrtc.nvrtcGetPTX(prog, ptx)
-            _check(err, "nvrtcGetPTX")
+            cubin = _output(prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
+            ptx = _output(prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
             phases = parse_time_report(timing.read_text()) if timing.is_file() else {}
-            return NvrtcResult(bytes(buf), ptx.rstrip(b"\0").decode(), log, wall, phases)
+            return NvrtcResult(cubin, ptx.rstrip(b"\0").decode(), log, wall, phases)
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _output(prog, get_size, get) -> bytes:
+    """A compiled program's CUBIN or PTX, through its size and copy functions."""
+    err, size = get_size(prog)
+    _check(err, get_size.__name__)
+    buf = b" " * size
+    (err,) = get(prog, buf)
+    _check(err, get.__name__)
+    return buf
 
 
 def _log(nvrtc, prog) -> str:
