@@ -224,6 +224,30 @@ def test_export_keeps_the_gemmgen_ops(gen):
         torch.testing.assert_close(exported.module()(x), fused(x))
 
 
+def test_a_dynamic_batch_compiles_once_and_exports(gen):
+    """Serving sees another M at every step: torch.compile(dynamic=True) traces the fused MLP once
+    for all of them (the fake kernel's shapes and strides are symbolic in M), and export with a
+    dynamic M keeps the gemmgen ops and runs any M."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch.export import Dim
+
+    fused, report = gg.nn.fuse(_mlp())
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(fused, fullgraph=True, dynamic=True, backend=counter)
+    with torch.no_grad():
+        for m in (4, 7, 33, 100):
+            x = torch.randn(m, 64, generator=gen).bfloat16()
+            torch.testing.assert_close(compiled(x), fused(x))
+        assert counter.frame_count == 1
+        exported = torch.export.export(fused, (torch.randn(8, 64, generator=gen).bfloat16(),),
+                                       dynamic_shapes=({0: Dim("m")},))
+        targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+        assert sum(t.startswith("gemmgen.") for t in targets) == len(report), targets
+        for m in (3, 17):
+            x = torch.randn(m, 64, generator=gen).bfloat16()
+            torch.testing.assert_close(exported.module()(x), fused(x))
+
+
 def test_every_route_through_the_autograd_kernel(gen):
     """The op's Autograd kernel calls the backend at once only when torch would go straight there:
     a dispatch mode (profilers, FLOP counters, functionalization) still sees the op, fake tensors
