@@ -1,7 +1,8 @@
 """Speed check on the GPU: gemmgen's fused kernel against torch.matmul plus the same epilogue in
 torch, side by side in one process, on the same inputs. Buffers rotate through more than L2;
-each number is the median of CUDA-event timings. Each shape runs under the config the runtime
-picks for it; where that is a swapped kernel (small M), a second row runs the best unswapped one.
+each number is the median over CUDA-graph replays timed with CUDA events (device time only).
+Each shape runs under the config the runtime picks for it; where that is a swapped kernel
+(small M), a second row runs the best unswapped one.
 
     python scripts/gpu_bench.py [--reps N]
 """
@@ -9,7 +10,7 @@ picks for it; where that is a swapped kernel (small M), a second row runs the be
 from __future__ import annotations
 
 import argparse
-import statistics
+import functools
 import sys
 from pathlib import Path
 
@@ -20,19 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 L2_BYTES = 60 << 20  # H100/H200 L2 is 50 MB
 
 
-def _time(fn, sets, reps: int) -> float:
-    for s in sets[:2]:
-        fn(*s)
-    times = []
-    for i in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        args = sets[i % len(sets)]
-        start.record()
-        fn(*args)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def _unfused(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return F.gelu(torch.matmul(a, b) + bias)
 
 
 def main() -> int:
@@ -44,11 +34,12 @@ def main() -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     from gemmgen.recipes_file import load_recipes
+    from gemmgen.tuning import device_ms
     from tests.data.gpu_matrix import BENCH_SHAPES, bench_configs
 
     recipe = load_recipes(ROOT / "examples" / "recipes.py")["bias_gelu"]
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; bias_gelu; "
-          f"median of {args.reps} CUDA-event timings, buffers rotated")
+          f"median of {args.reps} CUDA-graph replays timed with CUDA events, buffers rotated")
     print("| M x N x K | config | gemmgen ms | torch ms | gemmgen TFLOP/s | torch TFLOP/s | speedup |")
     print("|---|---|---|---|---|---|---|")
     for m, n, k in BENCH_SHAPES:
@@ -61,11 +52,12 @@ def main() -> int:
             bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             sets.append((a, b, bias, out))
-        theirs = _time(lambda a, b, bias, out: F.gelu(torch.matmul(a, b) + bias), sets, args.reps)
+        theirs = device_ms([functools.partial(_unfused, a, b, bias) for a, b, bias, _ in sets], args.reps)
         flops = 2 * m * n * k
         for config in bench_configs(recipe, m, n, k):
             kernel = recipe.compile(config)
-            ours = _time(lambda a, b, bias, out: kernel(a, b, bias=bias, out=out), sets, args.reps)  # noqa: B023
+            ours = device_ms([functools.partial(kernel, a, b, bias=bias, out=out) for a, b, bias, out in sets],
+                             args.reps)
             print(f"| {m}x{n}x{k} | {config.name} | {ours:.3f} | {theirs:.3f} | {flops / ours / 1e9:.0f} | "
                   f"{flops / theirs / 1e9:.0f} | {theirs / ours:.2f}x |", flush=True)
         del sets

@@ -112,3 +112,47 @@ def test_a_bundle_ships_its_tuning_results(tmp_path):
 def test_autotune_without_a_gpu_says_what_to_do_instead():
     with pytest.raises(gg.GemmgenError, match=r"autotune needs a CUDA GPU.*gemmgen explain"):
         gg.autotune(_recipe(), [(128, 128, 128)])
+
+
+def test_device_ms_times_graph_replays_per_call(monkeypatch):
+    """What device_ms orchestrates, with a stand-in CUDA graph and events on a virtual clock (the
+    real ones need a GPU; test_gpu.py's autotune and scripts/gpu_bench.py use them): each call runs
+    once eagerly and once under capture, then only replays are timed, per call."""
+    clock, log = [0.0], []
+
+    class Graph:
+        def replay(self):
+            log.append("replay")
+            clock[0] += 3 * 2.5  # three calls of 2.5 ms each
+
+    class Capture:
+        def __init__(self, graph):
+            pass
+
+        def __enter__(self):
+            log.append("capture")
+
+        def __exit__(self, *exc):
+            log.append("captured")
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            self.t = clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: log.append("sync"))
+    calls = [lambda i=i: log.append(f"call{i}") for i in range(3)]
+    assert tuning.device_ms(calls, reps=5) == 2.5
+    assert log == ["call0", "call1", "call2", "sync", "capture", "call0", "call1", "call2", "captured",
+                   *["replay"] * 6]
