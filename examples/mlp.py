@@ -1,9 +1,11 @@
 """A 2-layer MLP fused with gemmgen.nn.fuse.
 
 On an sm_90 GPU: checks outputs and gradients of the fused model against the unfused one for a
-prefill batch, checks a decode step (few tokens: swapped kernels), and times both models: forward
-at both sizes, forward+backward for the prefill batch (CUDA events, median). Elsewhere: builds
-the kernels those calls would launch and prints their report.
+prefill batch, checks a decode step (few tokens: swapped kernels), and times both models in eager
+mode, as a user's loop runs them: forward at both sizes, forward+backward for the prefill batch
+(CUDA events around each step after the GPU drained, median of 30: host launch costs count where
+the GPU would wait for them). scripts/gpu_bench.py times the kernels alone. Elsewhere: builds the
+kernels those calls would launch and prints their report.
 
     python examples/mlp.py
 """
@@ -60,7 +62,7 @@ def main() -> None:
     wrt_ref, wrt = [x, *ref.parameters()], [x, *fused.parameters()]
     t_ref = _median_ms(lambda: torch.autograd.grad(ref(x), wrt_ref, g))
     t_fused = _median_ms(lambda: torch.autograd.grad(fused(x), wrt, g))
-    print(f"forward+backward {TOKENS[0]} tokens: unfused {t_ref:.3f} ms, fused {t_fused:.3f} ms "
+    print(f"eager forward+backward {TOKENS[0]} tokens: unfused {t_ref:.3f} ms, fused {t_fused:.3f} ms "
           f"({t_ref / t_fused:.2f}x)")
     with torch.no_grad():
         for tokens in TOKENS:
@@ -68,7 +70,7 @@ def main() -> None:
             torch.testing.assert_close(fused(xt).float(), ref(xt).float(), rtol=3e-2, atol=3e-2)
             t_ref = _median_ms(lambda: ref(xt))  # noqa: B023
             t_fused = _median_ms(lambda: fused(xt))  # noqa: B023
-            print(f"forward {tokens} tokens: unfused {t_ref:.3f} ms, fused {t_fused:.3f} ms "
+            print(f"eager forward {tokens} tokens: unfused {t_ref:.3f} ms, fused {t_fused:.3f} ms "
                   f"({t_ref / t_fused:.2f}x)")
 
 
