@@ -36,14 +36,17 @@ def _median_ms(fn, n: int = 20) -> float:
 def main() -> None:
     path = sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).parent.parent / "examples" / "recipes.py")
     recipes = load_recipes(path)
-    tc = toolchain()
+    t = time.perf_counter()
+    tc = toolchain()  # finds the headers, loads NVRTC and reads its build identity
+    toolchain_ms = (time.perf_counter() - t) * 1e3
     t = time.perf_counter()
     tc.header_digest  # noqa: B018 - computed once per process; reported separately
     digest_ms = (time.perf_counter() - t) * 1e3
     nvrtc = ".".join(map(str, tc.nvrtc_version))
     print(f"# gemmgen {__version__}, NVRTC {nvrtc}, python {platform.python_version()}, {platform.machine()}, "
           f"{time.strftime('%Y-%m-%d')}, CPU")
-    print(f"# header digest (once per process): {digest_ms:.0f} ms")
+    print(f"# NVRTC build: {tc.nvrtc_build}")
+    print(f"# once per process, before the first key: toolchain {toolchain_ms:.0f} ms, header digest {digest_ms:.0f} ms")
     print("| kernel | cold s | front end s | NVVM s | PTX s | disk hit ms | memory hit us |")
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as root:
