@@ -46,7 +46,8 @@ def main() -> None:
     print(f"# gemmgen {__version__}, NVRTC {nvrtc}, python {platform.python_version()}, {platform.machine()}, "
           f"{time.strftime('%Y-%m-%d')}, CPU")
     print(f"# NVRTC build: {tc.nvrtc_build}")
-    print(f"# once per process, before the first key: toolchain {toolchain_ms:.0f} ms, header digest {digest_ms:.0f} ms")
+    print(f"# once per process, before the first key: toolchain {toolchain_ms:.0f} ms, "
+          f"header digest {digest_ms:.0f} ms")
     print("| kernel | cold s | front end s | NVVM s | PTX s | disk hit ms | memory hit us |")
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as root:
