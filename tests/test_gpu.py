@@ -4,8 +4,9 @@ For every example recipe under both schedules and as a swapped kernel (D^T = B^T
 tier (small integers, so fp32 accumulation is exact), a random tier (fresh inputs, tolerance by
 output dtype), odd sizes with K tails, a batch, padded leading dimensions, NaN-prefilled outputs,
 run-to-run bitwise determinism, CUDA-graph capture and replay, and launches on the caller's stream.
-Modules: the fused MLP forward and backward, torch.compile (inductor, and its CUDA graph trees),
-manual graph capture, autocast training, the op's layout copies, the direct path, autotune.
+Modules: the fused MLP forward and backward, torch.compile (inductor: inference, a training step,
+CUDA graph trees), manual graph capture, autocast training, the op's layout copies, the direct
+path, autotune.
 """
 
 from __future__ import annotations
@@ -199,6 +200,28 @@ def test_fused_mlp_forward_backward_compile_and_graph(gen):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static_y, fused(static_x))
+
+
+def test_compiled_training_step(gen):
+    """torch.compile (inductor) of the fused MLP's forward and backward (the MLP test's shapes, so
+    the same kernels): outputs and gradients match the unfused model's."""
+    import copy
+
+    from torch import nn
+
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    ref = nn.Sequential(nn.Linear(512, 1024, dtype=torch.bfloat16, device="cuda"), nn.SiLU(),
+                        nn.Linear(1024, 264, dtype=torch.bfloat16, device="cuda"), nn.GELU(approximate="tanh"))
+    fused, _ = gg.nn.fuse(copy.deepcopy(ref))
+    compiled = torch.compile(fused, fullgraph=True)
+    x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    y_ref, y = ref(x), compiled(x)
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=3e-2, atol=3e-2)
+    g = torch.randn(y.shape, device="cuda", dtype=y.dtype, generator=gen)
+    for a, b in zip(torch.autograd.grad(y, [x, *fused.parameters()], g),
+                    torch.autograd.grad(y_ref, [x, *ref.parameters()], g), strict=True):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-2 * float(b.abs().max()))
 
 
 def test_compiled_with_cuda_graph_trees(gen):

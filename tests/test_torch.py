@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 
 import pytest
 import torch
@@ -210,6 +211,27 @@ def test_torch_compile_trains_the_fused_mlp(gen):
     assert all(g is not None for g in eager)
     for c, e in zip(compiled, eager, strict=True):
         assert torch.equal(c, e)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="inductor's CPU backend needs a C++ compiler")
+def test_inductor_compiles_a_training_step(gen):
+    """torch.compile with inductor (the default backend; C++ kernels on the CPU): the generated
+    forward calls the gemmgen ops, and outputs and gradients match the unfused model."""
+    from torch._inductor.utils import run_and_get_code
+
+    ref = _mlp()
+    fused, report = gg.nn.fuse(copy.deepcopy(ref))
+    x = torch.randn(30, 64, generator=gen).bfloat16().requires_grad_()
+    y, code = run_and_get_code(torch.compile(fused, fullgraph=True), x)
+    assert sum(c.count("torch.ops.gemmgen.") for c in code) >= len(report), code
+    y_ref = ref(x)
+    assert y_ref.abs().max() > 0
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=3e-2, atol=3e-2)
+    g = torch.randn(y.shape, generator=gen).to(y.dtype)
+    for a, b in zip(torch.autograd.grad(y, [x, *fused.parameters()], g),
+                    torch.autograd.grad(y_ref, [x, *ref.parameters()], g), strict=True):
+        torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-2 * float(b.abs().max()))
 
 
 def test_export_keeps_the_gemmgen_ops(gen):
