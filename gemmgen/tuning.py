@@ -269,10 +269,12 @@ def autotune(recipe: Recipe, shapes: Iterable[tuple[int, ...]], *, limit: int = 
         if not torch.cuda.is_available():
             raise GemmgenError("autotune needs a CUDA GPU: it times kernels. Without one, use the heuristic "
                                "(`gemmgen explain`) or ship results tuned elsewhere (`gemmgen build --tuning`)")
+        from .runtime.driver import require_sm90
+
+        sms = require_sm90(torch.cuda.current_device())  # before compiling candidates it could not run
         timer = cuda_event_timer()
         device = device or Device.current()
-        if sm_count is None:
-            sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        sm_count = sm_count if sm_count is not None else sms
     if device is None:
         raise GemmgenError("autotune: pass `device` (a gemmgen.tuning.Device) together with a custom `timer`")
     from .parallel import warmup

@@ -383,3 +383,25 @@ def test_launches_is_what_forward_launches(monkeypatch):
     ops.kernel_for(layer.training_recipe, torch.empty(4096, 4096, dtype=torch.bfloat16), w)
     assert (layer.training_recipe, picked[-1]) == layer.launches(4096, training=True)
     assert layer.launches(4096) == (layer.recipe, layer.config_for(4096))
+
+
+def test_a_gpu_other_than_sm90_is_refused_before_anything_compiles(monkeypatch):
+    """On an A100 (say) the op and modules raise at once, naming the device, instead of compiling
+    kernels (about 35 s each) that the first launch would then refuse."""
+    from types import SimpleNamespace
+
+    from gemmgen.integrations import ops
+    from gemmgen.runtime import driver
+
+    recipe = _recipe()
+    compiled = []
+    monkeypatch.setattr(driver, "device_facts", lambda index: (108, (8, 0)))
+    monkeypatch.setattr(type(recipe), "compile", lambda self, *args, **kw: compiled.append(args))
+    monkeypatch.setattr(ops, "_BY_BUCKET", {})
+    monkeypatch.setattr(ops, "_DEVICES", {})
+    cuda = torch.device("cuda", 0)
+    a = SimpleNamespace(shape=torch.Size((64, 32)), device=cuda)
+    b = SimpleNamespace(shape=torch.Size((32, 16)), device=cuda)
+    with pytest.raises(gg.InvalidArgument, match=r"cuda:0 is sm_80; gemmgen kernels are built for sm_90a"):
+        ops.kernel_for(recipe, a, b)
+    assert compiled == []

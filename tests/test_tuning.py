@@ -156,3 +156,16 @@ def test_device_ms_times_graph_replays_per_call(monkeypatch):
     assert tuning.device_ms(calls, reps=5) == 2.5
     assert log == ["call0", "call1", "call2", "sync", "capture", "call0", "call1", "call2", "captured",
                    *["replay"] * 6]
+
+
+def test_autotune_refuses_a_gpu_other_than_sm90_before_compiling(monkeypatch):
+    from gemmgen.runtime import driver
+
+    compiled = []
+    monkeypatch.setattr("gemmgen.parallel.warmup", lambda items, **kw: compiled.append(items) or [])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(driver, "device_facts", lambda index: (108, (8, 0)))
+    with pytest.raises(gg.InvalidArgument, match=r"cuda:0 is sm_80; gemmgen kernels are built for sm_90a"):
+        gg.autotune(_recipe(), [(64, 64, 64)])
+    assert compiled == []

@@ -26,6 +26,7 @@ import torch
 
 from .. import tuning
 from ..errors import LayoutMismatch
+from ..runtime import driver
 from ..runtime.checks import check_call, tma_readable
 from ..runtime.kernel import allocate_output, put_bounded
 from ..types import Layout, OperandKind
@@ -255,6 +256,8 @@ def _kernel_for_bucket(recipe: Recipe, a: torch.Tensor, b: torch.Tensor) -> Any:
     kernel = _BY_BUCKET.get(key)
     if kernel is None:
         if index not in _DEVICES:
+            if index >= 0:
+                driver.require_sm90(index)  # before compiling anything for a GPU that cannot run it
             sms = torch.cuda.get_device_properties(index).multi_processor_count if index >= 0 else 132
             _DEVICES[index] = (tuning.Device.current(index) if index >= 0 else None, sms)
         device, sms = _DEVICES[index]
