@@ -160,7 +160,17 @@ def build_kernel(recipe: Recipe, config: KernelConfig, cache: KernelCache | None
     def waiting() -> None:
         print(f"gemmgen: waiting for another process compiling {kernel.entry} ({key[:12]})", file=sys.stderr)
 
-    art, built = cache.get_or_build(key, lambda: _compile_artifact(kernel, key), on_wait=waiting)
+    def compile_now() -> Artifact:
+        """A lazy first call compiles here: say so, as a silent stall of half a minute per kernel
+        looks like a hang."""
+        print(f"gemmgen: compiling {recipe.name} ({config.name}) with NVRTC, about 30-45 s; gemmgen.warmup() "
+              f"or `gemmgen build` compiles ahead of time, in parallel", file=sys.stderr, flush=True)
+        art = _compile_artifact(kernel, key)
+        print(f"gemmgen: compiled {recipe.name} ({config.name}) in {art.meta['compile_seconds']:.1f} s",
+              file=sys.stderr, flush=True)
+        return art
+
+    art, built = cache.get_or_build(key, compile_now, on_wait=waiting)
     return _compiled(recipe, config, kernel, art, key, "compiled" if built else "cache")
 
 

@@ -119,6 +119,27 @@ def test_jit_off_names_the_missing_kernel_and_the_fix(tmp_path, monkeypatch, exa
         build_kernel(r, r.default_config(), KernelCache(tmp_path))
 
 
+def test_a_lazy_compile_says_what_it_compiles_and_how_long_it_took(tmp_path, monkeypatch, capsys, compiled,
+                                                                   session_cache, examples):
+    """A first call that has to compile (no warmup, no bundle) says so on stderr before the half
+    minute starts, with the fix, and when it is done (NVRTC stood in for by the session's build)."""
+    from gemmgen.compile.cache import KernelCache
+
+    monkeypatch.delenv("GEMMGEN_JIT", raising=False)
+    monkeypatch.delenv("GEMMGEN_BUNDLE_PATH", raising=False)
+    r = examples["gemm_bf16"]
+    art = session_cache.get(compiled["gemm_bf16"].cache_key)
+    monkeypatch.setattr("gemmgen.build._compile_artifact", lambda kernel, key: art)
+    k = build_kernel(r, r.default_config(), KernelCache(tmp_path))
+    assert k.origin == "compiled"
+    err = capsys.readouterr().err
+    name = f"gemm_bf16 ({r.default_config().name})"
+    assert f"gemmgen: compiling {name} with NVRTC" in err and "gemmgen.warmup()" in err
+    assert f"gemmgen: compiled {name} in {art.meta['compile_seconds']:.1f} s" in err
+    build_kernel(r, r.default_config(), KernelCache(tmp_path))  # a cache hit says nothing
+    assert capsys.readouterr().err == ""
+
+
 def test_bundle_for_another_arch_is_refused(tmp_path):
     from gemmgen.bundle import Bundle
 
