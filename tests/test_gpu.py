@@ -116,6 +116,17 @@ def test_padded_leading_dims_and_batch(kernels, gen):
         _compare(recipe, _as_tuple(got), a, b, ops, exact=False)
 
 
+@pytest.mark.parametrize("shape", [(33, 1, 40), (1, 1, 16)], ids=lambda s: "x".join(map(str, s)))
+def test_one_output_column_in_fresh_outputs(kernels, gen, shape):
+    """N = 1: the outputs gemmgen allocates have rows padded to 16 bytes, or TMA cannot store them."""
+    m, n, k = shape
+    for recipe, _config, kernel in kernels:
+        a, b, ops = _inputs(recipe, m, n, k, gen, exact=False)
+        got = _as_tuple(kernel(a, b, **ops))
+        torch.cuda.synchronize()
+        _compare(recipe, got, a, b, ops, exact=False)
+
+
 def test_bitwise_deterministic_and_graph_replay(kernels, gen):
     for recipe, _config, kernel in kernels:
         a, b, ops = _inputs(recipe, 300, 264, 520, gen, exact=False)

@@ -291,13 +291,35 @@ def test_driver_calls_are_well_typed_up_to_the_driver():
     assert cfg.attrs[0].value.clusterDim.x == 2
     assert driver.launch_config((2, 66, 1), 384, (2, 1, 1), 1000, 0) is cfg  # built once per launch shape
     assert driver.launch_config((2, 66, 1), 384, (2, 1, 1), 1000, 7) is not cfg
+    occ = driver.occupancy_config(384, (2, 1, 1), 1000)  # one cluster's grid, as CUTLASS queries it
+    assert (occ.gridDimX, occ.gridDimY, occ.gridDimZ, occ.sharedMemBytes) == (2, 1, 1, 1000)
+    assert occ.attrs[0].value.clusterDim.x == 2
     fn = driver.LoadedFunction(None, cu.CUfunction(), 0)
     with pytest.raises(RuntimeError, match="libcuda"):
         driver.launch(fn, b"\0" * 64, (1, 1, 1), 384, (1, 1, 1), 0, 0)
 
 
-# (M, N, K, L): M = 1, odd N and K with K tails, a tile-straddling M; L is used by batched recipes
-EMULATED = [(1, 24, 16, 2), (7, 40, 129, 3), (130, 9, 72, 2)]
+def test_recording_encoder_applies_the_drivers_tensor_map_rules():
+    """The CPU stand-in refuses what cuTensorMapEncodeTiled documents as invalid, one rule at a time
+    (the oracle tests show it accepts every map CUTLASS's own host code encodes)."""
+    from gemmgen.runtime.tma import EncodeArgs
+    from gemmgen.testing.recording import TensorMapRejected, encode_violations
+
+    good = EncodeArgs(9, 3, 0x10000, (24, 7, 2), (64, 448), (64, 128, 1), (1, 1, 1), 0, 3, 2, 0)
+    assert encode_violations(good) == []
+    bad = {"addr": 0x10008, "dims": (24, 0, 2), "strides": (2, 448), "box": (64, 512, 1), "elem_strides": (1, 9, 1)}
+    for name, value in bad.items():
+        assert len(encode_violations(good._replace(**{name: value}))) == 1, name
+    assert encode_violations(good._replace(box=(4, 128, 1))) == ["box inner dimension 8 bytes is not a multiple of 16"]
+    assert "swizzle" in encode_violations(good._replace(box=(128, 128, 1)))[0]
+    with pytest.raises(TensorMapRejected, match="global strides"):
+        RecordingEncoder()(good._replace(strides=(2, 448)))
+    assert RecordingEncoder(strict=False)(good._replace(strides=(2, 448)))
+
+
+# (M, N, K, L): M = 1, odd N and K with K tails, a tile-straddling M, N = 1 (one output column, a
+# row of 2 or 4 bytes) and a 1 x 1 output; L is used by batched recipes
+EMULATED = [(1, 24, 16, 2), (7, 40, 129, 3), (130, 9, 72, 2), (5, 1, 24, 2), (1, 1, 8, 3)]
 TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-4}
 
 
@@ -310,11 +332,14 @@ def _padded(rows, cols, dtype, row_major, lead, fill=None):
                           pad=16 // torch.empty((), dtype=dtype).element_size())
 
 
+@pytest.mark.parametrize("outputs", ["given", "fresh"])
 @pytest.mark.parametrize("shape", EMULATED, ids=lambda s: "x".join(map(str, s)))
-def test_params_address_the_recipes_math(compiled, shape):
+def test_params_address_the_recipes_math(compiled, shape, outputs):
     """Every kernel family, swapped ones included: reading the operands through the tensor maps and
     pointers in the Params gemmgen builds, and writing the outputs through theirs, computes the
-    recipe's reference on the caller's tensors (NaN-prefilled outputs, padded leading dimensions)."""
+    recipe's reference on the caller's tensors (NaN-prefilled outputs, padded leading dimensions),
+    whether the caller gives the outputs or gemmgen allocates them. Every tensor map must also pass
+    cuTensorMapEncodeTiled's documented checks (the strict RecordingEncoder)."""
     from gemmgen.testing.emulate import emulate
 
     m, n, k, batch = shape
@@ -322,9 +347,14 @@ def test_params_address_the_recipes_math(compiled, shape):
         recipe = compiled_kernel.recipe
         lead = (batch,) if recipe.ir.gemm.batched else ()
         a, b, ops = _fresh_args(recipe, m, n, k, lead)
-        outs = tuple(_padded(m, n, o.dtype.torch, True, lead, fill=float("nan")) for o in recipe.outputs)
         enc = RecordingEncoder()
-        prep = _cpu_kernel(compiled_kernel, enc).prepare(a, b, out=outs if len(outs) > 1 else outs[0], **ops)
+        kernel = _cpu_kernel(compiled_kernel, enc)
+        if outputs == "given":
+            outs = tuple(_padded(m, n, o.dtype.torch, True, lead, fill=float("nan")) for o in recipe.outputs)
+            prep = kernel.prepare(a, b, out=outs if len(outs) > 1 else outs[0], **ops)
+        else:
+            prep = kernel.prepare(a, b, **ops)
+            outs = tuple(o.fill_(float("nan")) for o in prep.outputs)
         tensors = [a, b, *outs, *(v for v in ops.values() if isinstance(v, torch.Tensor))]
         emulate(compiled_kernel, prep.params, enc, tensors)
         want = recipe.reference(a, b, **ops)

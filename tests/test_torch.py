@@ -71,6 +71,9 @@ def test_fake_implementation_and_opcheck(gen):
         out = f(torch.empty(3, 40, dtype=torch.float16), torch.empty(40, 24, dtype=torch.float16),
                 torch.empty(24, dtype=torch.float16), torch.empty(3, 24, dtype=torch.float16), 1.0)
         assert out.shape == (3, 24) and out.stride() == (24, 1) and out.dtype == torch.float16
+        one = f(torch.empty(3, 40, dtype=torch.float16), torch.empty(40, 1, dtype=torch.float16),
+                torch.empty(1, dtype=torch.float16), torch.empty(3, 1, dtype=torch.float16), 1.0)
+        assert one.shape == (3, 1) and one.stride() == (8, 1)  # one column: a row is still 16 bytes for TMA
 
 
 def test_autograd_matches_torch(gen):

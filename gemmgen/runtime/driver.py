@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+import warnings
 from dataclasses import dataclass
 
 from ..errors import GemmgenError, InvalidArgument
@@ -88,12 +89,21 @@ def load(entry: str, cubin: bytes, device_index: int, smem_bytes: int, block: in
             _check(err, f"cuModuleGetFunction({entry})")
             smem_attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             _check(cu.cuFuncSetAttribute(function, smem_attr, smem_bytes), "cuFuncSetAttribute(max dynamic smem)")
-            config = _config((1, 1, 1), block, cluster, smem_bytes, 0)
-            err, clusters = cu.cuOccupancyMaxActiveClusters(function, config)
-            _check(err, "cuOccupancyMaxActiveClusters")
+            err, clusters = cu.cuOccupancyMaxActiveClusters(function, occupancy_config(block, cluster, smem_bytes))
+            if err != cu.CUresult.CUDA_SUCCESS:
+                warnings.warn(f"gemmgen: cuOccupancyMaxActiveClusters({entry}) failed ({err.name}); sizing its "
+                              "grid from the SM count, as CUTLASS does when the query fails", stacklevel=2)
+                clusters = 0
         loaded = LoadedFunction(module, function, int(clusters))
         _LOADED[key] = loaded
         return loaded
+
+
+def occupancy_config(block: int, cluster: tuple[int, int, int], smem: int):
+    """The launch config the cluster occupancy query sees: one cluster's grid, as CUTLASS's
+    KernelHardwareInfo::query_device_max_active_clusters sets it (a grid the cluster does not
+    divide is not a launchable config); the kernel's real dynamic shared memory."""
+    return _config(tuple(cluster), block, cluster, smem, 0)
 
 
 def _config(grid, block: int, cluster, smem: int, stream: int):

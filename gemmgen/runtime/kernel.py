@@ -300,10 +300,11 @@ def _given_outputs(out: Any, n: int) -> list[torch.Tensor | None]:
 
 
 def padded_strides(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, ...]:
-    """Row-major strides, rows padded to 16 bytes when N is not a multiple (TMA needs it)."""
+    """Row-major strides, rows padded to 16 bytes when N is not a multiple (TMA needs it, N = 1
+    included: a 2-byte row stride is as unreadable to TMA as any other)."""
     n = shape[-1]
     per = TMA_ALIGN // _ITEMSIZE[dtype]
-    ld = n if n % per == 0 or n <= 1 else -(-n // per) * per
+    ld = -(-n // per) * per
     return (ld, 1) if len(shape) == 2 else (shape[-2] * ld, ld, 1)
 
 

@@ -1,17 +1,66 @@
-"""A stand-in for cuTensorMapEncodeTiled that records its arguments (for tests and host-cost benchmarks)."""
+"""A stand-in for cuTensorMapEncodeTiled that records its arguments (for tests and host-cost benchmarks).
+
+By default it also applies the driver's documented requirements (cuda.h, CUDA 13.0), so that a CPU
+test fails where the driver would answer CUDA_ERROR_INVALID_VALUE on the GPU.
+"""
 
 from __future__ import annotations
 
-from ..runtime.tma import EncodeArgs
+from ..runtime.tma import EncodeArgs, Swizzle, TmaDataType
+
+_ITEMSIZE = {TmaDataType.UINT8: 1, TmaDataType.UINT16: 2, TmaDataType.UINT32: 4, TmaDataType.FLOAT16: 2,
+             TmaDataType.FLOAT32: 4, TmaDataType.BFLOAT16: 2}
+_SWIZZLE_SPAN = {Swizzle.B32: 32, Swizzle.B64: 64, Swizzle.B128: 128}
+
+
+class TensorMapRejected(AssertionError):
+    """Arguments cuTensorMapEncodeTiled would refuse."""
+
+
+def encode_violations(args: EncodeArgs) -> list[str]:
+    """What cuTensorMapEncodeTiled's documented requirements say against `args` (the subset for the
+    non-interleaved, unpacked data types gemmgen uses); empty when the driver accepts them."""
+    out = []
+    if args.dtype not in _ITEMSIZE:
+        return [f"data type {args.dtype} is not one gemmgen encodes"]
+    item = _ITEMSIZE[TmaDataType(args.dtype)]
+    if not 1 <= args.rank <= 5 or not len(args.dims) == len(args.box) == len(args.elem_strides) == args.rank \
+            or len(args.strides) != args.rank - 1:
+        out.append(f"rank {args.rank} with dims {args.dims}, strides {args.strides}, box {args.box}")
+    if args.addr % 16:
+        out.append(f"global address {args.addr:#x} is not 16-byte aligned")
+    if not all(0 < d <= 2**32 for d in args.dims):
+        out.append(f"global dims {args.dims} must be in [1, 2^32]")
+    if not all(s % 16 == 0 and 0 <= s < 2**40 for s in args.strides):
+        out.append(f"global strides {args.strides} (bytes) must be multiples of 16 below 2^40")
+    if not all(0 < b <= 256 for b in args.box):
+        out.append(f"box {args.box} must be in [1, 256]")
+    inner = args.box[0] * item if args.box else 0
+    if inner % 16:
+        out.append(f"box inner dimension {inner} bytes is not a multiple of 16")
+    if args.swizzle in _SWIZZLE_SPAN and inner > _SWIZZLE_SPAN[Swizzle(args.swizzle)]:
+        out.append(f"box inner dimension {inner} bytes exceeds the {_SWIZZLE_SPAN[Swizzle(args.swizzle)]}-byte swizzle")
+    if not all(0 < e <= 8 for e in args.elem_strides):
+        out.append(f"element strides {args.elem_strides} must be in [1, 8]")
+    return out
 
 
 class RecordingEncoder:
-    """Returns a 128-byte map whose bytes name the call; `calls[i]` holds call i+1's arguments."""
+    """Returns a 128-byte map whose bytes name the call; `calls[i]` holds call i+1's arguments.
 
-    def __init__(self) -> None:
+    `strict` (the default) raises TensorMapRejected for arguments the driver would refuse; host-cost
+    benchmarks turn it off to time gemmgen's work alone.
+    """
+
+    def __init__(self, strict: bool = True) -> None:
         self.calls: list[EncodeArgs] = []
+        self.strict = strict
 
     def __call__(self, args: EncodeArgs) -> bytes:
+        if self.strict:
+            wrong = encode_violations(args)
+            if wrong:
+                raise TensorMapRejected(f"cuTensorMapEncodeTiled would refuse {args}: {'; '.join(wrong)}")
         self.calls.append(args)
         return bytes([len(self.calls) & 0xFF]) * 128
 
