@@ -13,7 +13,7 @@ import gemmgen as gg
 from gemmgen.errors import LayoutMismatch
 from gemmgen.integrations.ops import call_realigning
 from gemmgen.runtime.kernel import Kernel
-from gemmgen.testing.recording import RecordingEncoder
+from gemmgen.testing.recording import RecordingEncoder, launch_violations
 
 pytestmark = pytest.mark.nvrtc  # needs the compiled kernels (Params layout)
 
@@ -315,6 +315,11 @@ def test_recording_encoder_applies_the_drivers_tensor_map_rules():
     with pytest.raises(TensorMapRejected, match="global strides"):
         RecordingEncoder()(good._replace(strides=(2, 448)))
     assert RecordingEncoder(strict=False)(good._replace(strides=(2, 448)))
+    assert launch_violations((2, 66, 1), 384, (2, 1, 1), 200_000) == []
+    for bad_launch in (((3, 66, 1), 384, (2, 1, 1), 0), ((2, 70000, 1), 384, (2, 1, 1), 0),
+                       ((4, 4, 1), 384, (4, 4, 1), 0), ((2, 66, 1), 2048, (2, 1, 1), 0),
+                       ((2, 66, 1), 384, (2, 1, 1), 240_000)):
+        assert len(launch_violations(*bad_launch)) == 1, bad_launch
 
 
 # (M, N, K, L): M = 1, odd N and K with K tails, a tile-straddling M, N = 1 (one output column, a
@@ -356,6 +361,7 @@ def test_params_address_the_recipes_math(compiled, shape, outputs):
             prep = kernel.prepare(a, b, **ops)
             outs = tuple(o.fill_(float("nan")) for o in prep.outputs)
         tensors = [a, b, *outs, *(v for v in ops.values() if isinstance(v, torch.Tensor))]
+        assert launch_violations(prep.grid, kernel._block, compiled_kernel.config.cluster, kernel._smem) == []
         emulate(compiled_kernel, prep.params, enc, tensors)
         want = recipe.reference(a, b, **ops)
         for got, ref in zip(outs, want if isinstance(want, tuple) else (want,), strict=True):

@@ -6,6 +6,7 @@ test fails where the driver would answer CUDA_ERROR_INVALID_VALUE on the GPU.
 
 from __future__ import annotations
 
+from ..config import SM90_SMEM_CAPACITY
 from ..runtime.tma import EncodeArgs, Swizzle, TmaDataType
 
 _ITEMSIZE = {TmaDataType.UINT8: 1, TmaDataType.UINT16: 2, TmaDataType.UINT32: 4, TmaDataType.FLOAT16: 2,
@@ -42,6 +43,22 @@ def encode_violations(args: EncodeArgs) -> list[str]:
         out.append(f"box inner dimension {inner} bytes exceeds the {_SWIZZLE_SPAN[Swizzle(args.swizzle)]}-byte swizzle")
     if not all(0 < e <= 8 for e in args.elem_strides):
         out.append(f"element strides {args.elem_strides} must be in [1, 8]")
+    return out
+
+
+def launch_violations(grid: tuple[int, int, int], block: int, cluster: tuple[int, int, int], smem: int) -> list[str]:
+    """What cuLaunchKernelEx would refuse on an sm_90 device for this launch; empty when none."""
+    out = []
+    if not (0 < grid[0] < 2**31 and 0 < grid[1] <= 65535 and 0 < grid[2] <= 65535):
+        out.append(f"grid {grid} is outside [1, 2^31) x [1, 65535] x [1, 65535]")
+    if any(g % c for g, c in zip(grid, cluster, strict=True)):
+        out.append(f"grid {grid} is not a multiple of the cluster {cluster}")
+    if cluster[0] * cluster[1] * cluster[2] > 8:
+        out.append(f"cluster {cluster} has more than 8 blocks (the portable limit)")
+    if not 0 < block <= 1024:
+        out.append(f"block of {block} threads")
+    if smem > SM90_SMEM_CAPACITY:
+        out.append(f"{smem} bytes of dynamic shared memory, more than sm_90's {SM90_SMEM_CAPACITY}")
     return out
 
 
