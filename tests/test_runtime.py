@@ -441,3 +441,62 @@ def test_swapped_kernel_empty_dimensions_behave_like_torch(compiled):
         if kk == 0:
             for got, want in zip(prep.outputs, ck.recipe.reference(a, b, **ops), strict=True):
                 torch.testing.assert_close(got, want)
+
+
+
+def _plain(rows, cols, dtype, layout, lead):
+    """A contiguous torch tensor, or for a column-major layout the transpose of one."""
+    if layout is gg.RowMajor:
+        return torch.randn(*lead, rows, cols).to(dtype)
+    return torch.randn(*lead, cols, rows).to(dtype).transpose(-1, -2)
+
+
+class _Seen:
+    """A kernel's prepare that keeps the arguments of its last call (the realigned copies)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.args = kernel, ()
+
+    def __call__(self, *args):
+        self.args = args
+        return self.kernel.prepare(*args)
+
+
+def test_op_path_on_plain_torch_tensors_of_random_shapes(compiled):
+    """What a torch program passes: contiguous tensors (or transposes of them, for column-major
+    recipes) of random small and odd M, N, K and batch, realigned as the op does. Every tensor map
+    and launch must pass the driver's rules, and the emulated kernel must compute the reference."""
+    import os
+    import random
+
+    from gemmgen.testing.emulate import emulate
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    extents = (1, 2, 3, 7, 8, 9, 15, 16, 17, 64, 65, 127, 128, 129, 200)
+    for name, ck in compiled.items():
+        recipe, g = ck.recipe, ck.recipe.ir.gemm
+        for _ in range(6):
+            m, n, k = (rng.choice(extents) for _ in range(3))
+            lead = (rng.choice((1, 2, 3)),) if g.batched else ()
+            where = f"{name} M={m} N={n} K={k} lead={lead} (seed {seed})"
+            a, b = _plain(m, k, g.a.torch, g.layout_a, lead), _plain(k, n, g.b.torch, g.layout_b, lead)
+            ops = {o.name: float(torch.randn(())) if o.kind is gg.OperandKind.SCALAR else
+                   torch.randn(*lead, m, n).to(o.dtype.torch) if o.kind is gg.OperandKind.MATRIX else
+                   torch.randn(n if o.kind is gg.OperandKind.ROW else m).to(o.dtype.torch)
+                   for o in recipe.operands}
+            enc = RecordingEncoder()
+            seen = _Seen(_cpu_kernel(ck, enc))
+            try:
+                prep = call_realigning(recipe, seen, a, b, tuple(ops.values()))
+            except AssertionError as refused:  # the driver's rules (TensorMapRejected)
+                raise AssertionError(f"{where}: {refused}") from refused
+            outs = tuple(o.fill_(float("nan")) for o in prep.outputs)
+            assert launch_violations(prep.grid, seen.kernel._block, ck.config.cluster, seen.kernel._smem) == [], where
+            emulate(ck, prep.params, enc, [t for t in seen.args if isinstance(t, torch.Tensor)] + list(outs))
+            want = recipe.reference(a, b, **ops)
+            for got, ref in zip(outs, want if isinstance(want, tuple) else (want,), strict=True):
+                assert not got.isnan().any(), where
+                tol = TOLERANCE[got.dtype]
+                atol = tol * max(1.0, float(ref.float().abs().max()))
+                assert torch.allclose(got.float(), ref.float(), rtol=tol, atol=atol), where
