@@ -500,3 +500,58 @@ def test_op_path_on_plain_torch_tensors_of_random_shapes(compiled):
                 tol = TOLERANCE[got.dtype]
                 atol = tol * max(1.0, float(ref.float().abs().max()))
                 assert torch.allclose(got.float(), ref.float(), rtol=tol, atol=atol), where
+
+
+class _FakeDriver:
+    """The driver calls of `driver._load_function`, recorded (with the thread's capture mode)."""
+
+    def __init__(self, occupancy_ok=True):
+        from cuda.bindings import driver as cu
+
+        self.CUresult, self.CUstreamCaptureMode, self.CUfunction_attribute = \
+            cu.CUresult, cu.CUstreamCaptureMode, cu.CUfunction_attribute
+        self.mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+        self.calls, self.occupancy_ok = [], occupancy_ok
+
+    def _ok(self, name, *result):
+        self.calls.append((name, self.mode))
+        return (self.CUresult.CUDA_SUCCESS, *result)
+
+    def cuThreadExchangeStreamCaptureMode(self, mode):
+        previous, self.mode = self.mode, mode
+        return self.CUresult.CUDA_SUCCESS, previous
+
+    def cuModuleLoadData(self, cubin):
+        return self._ok("load", "module")
+
+    def cuModuleGetFunction(self, module, name):
+        return self._ok("function", "function")
+
+    def cuFuncSetAttribute(self, function, attr, value):
+        return self._ok("smem")[0]
+
+    def cuOccupancyMaxActiveClusters(self, function, config):
+        self.config = config
+        if not self.occupancy_ok:
+            return self.CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE, 0
+        return self._ok("occupancy", 66)
+
+
+def test_loading_a_kernel_is_allowed_inside_graph_capture():
+    """A kernel's first call may come inside CUDA graph capture: the module load and attribute calls
+    run in relaxed capture mode, and the thread's mode is restored after. The occupancy query sees
+    one cluster's grid; if it fails, the grid is sized from the SM count (0 clusters), with a warning."""
+    from gemmgen.runtime import driver
+
+    cu = _FakeDriver()
+    fn = driver._load_function(cu, "entry", b"cubin", 384, (2, 1, 1), 200_000)
+    relaxed = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    assert [c for c, _ in cu.calls] == ["load", "function", "smem", "occupancy"]
+    assert all(mode == relaxed for _, mode in cu.calls)
+    assert cu.mode == cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+    assert fn.max_active_clusters == 66
+    assert (cu.config.gridDimX, cu.config.gridDimY, cu.config.sharedMemBytes) == (2, 1, 200_000)
+    failing = _FakeDriver(occupancy_ok=False)
+    with pytest.warns(UserWarning, match="cuOccupancyMaxActiveClusters.*CUDA_ERROR_INVALID_CLUSTER_SIZE"):
+        assert driver._load_function(failing, "entry", b"cubin", 384, (2, 1, 1), 0).max_active_clusters == 0
+    assert failing.mode == cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL

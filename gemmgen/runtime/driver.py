@@ -6,6 +6,7 @@ a GPU; the CPU tests exercise the layers above with a recording encoder and a fa
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import threading
@@ -83,20 +84,41 @@ def load(entry: str, cubin: bytes, device_index: int, smem_bytes: int, block: in
         cu = _cu()
         with torch.cuda.device(device_index):
             torch.cuda.current_stream()  # makes torch create (and make current) the primary context
-            err, module = cu.cuModuleLoadData(cubin)
-            _check(err, f"cuModuleLoadData({entry})")
-            err, function = cu.cuModuleGetFunction(module, entry.encode())
-            _check(err, f"cuModuleGetFunction({entry})")
-            smem_attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            _check(cu.cuFuncSetAttribute(function, smem_attr, smem_bytes), "cuFuncSetAttribute(max dynamic smem)")
-            err, clusters = cu.cuOccupancyMaxActiveClusters(function, occupancy_config(block, cluster, smem_bytes))
-            if err != cu.CUresult.CUDA_SUCCESS:
-                warnings.warn(f"gemmgen: cuOccupancyMaxActiveClusters({entry}) failed ({err.name}); sizing its "
-                              "grid from the SM count, as CUTLASS does when the query fails", stacklevel=2)
-                clusters = 0
-        loaded = LoadedFunction(module, function, int(clusters))
-        _LOADED[key] = loaded
-        return loaded
+            fn = _load_function(cu, entry, cubin, block, cluster, smem_bytes)
+        _LOADED[key] = fn
+        return fn
+
+
+def _load_function(cu, entry: str, cubin: bytes, block: int, cluster: tuple[int, int, int],
+                   smem_bytes: int) -> LoadedFunction:
+    """Load the module into the current context, allow its shared memory, ask how many clusters fit."""
+    with _capture_relaxed(cu):
+        err, module = cu.cuModuleLoadData(cubin)
+        _check(err, f"cuModuleLoadData({entry})")
+        err, function = cu.cuModuleGetFunction(module, entry.encode())
+        _check(err, f"cuModuleGetFunction({entry})")
+        smem_attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _check(cu.cuFuncSetAttribute(function, smem_attr, smem_bytes), "cuFuncSetAttribute(max dynamic smem)")
+        err, clusters = cu.cuOccupancyMaxActiveClusters(function, occupancy_config(block, cluster, smem_bytes))
+        if err != cu.CUresult.CUDA_SUCCESS:
+            warnings.warn(f"gemmgen: cuOccupancyMaxActiveClusters({entry}) failed ({err.name}); sizing its "
+                          "grid from the SM count, as CUTLASS does when the query fails", stacklevel=2)
+            clusters = 0
+    return LoadedFunction(module, function, int(clusters))
+
+
+@contextlib.contextmanager
+def _capture_relaxed(cu):
+    """Lets a kernel's first call happen inside CUDA graph capture: loading a module and setting its
+    attributes are not stream work, and capture's default (global) mode may refuse such calls
+    while a capture is under way. The thread's mode is restored after, as PyTorch's
+    CUDAStreamCaptureModeGuard does."""
+    err, previous = cu.cuThreadExchangeStreamCaptureMode(cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+    _check(err, "cuThreadExchangeStreamCaptureMode")
+    try:
+        yield
+    finally:
+        cu.cuThreadExchangeStreamCaptureMode(previous)
 
 
 def occupancy_config(block: int, cluster: tuple[int, int, int], smem: int):
