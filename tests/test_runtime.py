@@ -555,3 +555,36 @@ def test_loading_a_kernel_is_allowed_inside_graph_capture():
     with pytest.warns(UserWarning, match="cuOccupancyMaxActiveClusters.*CUDA_ERROR_INVALID_CLUSTER_SIZE"):
         assert driver._load_function(failing, "entry", b"cubin", 384, (2, 1, 1), 0).max_active_clusters == 0
     assert failing.mode == cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+
+
+def test_call_launches_with_the_tensors_device_current(compiled, monkeypatch):
+    """A call whose tensors live on another GPU than the current one (a process driving several
+    GPUs, e.g. layers spread over devices) launches with their device made current for the launch,
+    on that device's current stream; otherwise nothing is switched. (Driver and device stubbed: CPU
+    tensors stand for device -1.)"""
+    import contextlib
+
+    from gemmgen.runtime import driver
+
+    made_current, launches = [], []
+
+    @contextlib.contextmanager
+    def device(index):
+        made_current.append(index)
+        yield
+        made_current.pop()
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(driver, "load", lambda entry, cubin, index, *rest: f"function on {index}")
+    monkeypatch.setattr(driver, "current_stream", lambda index: f"stream of {index}")
+    monkeypatch.setattr(driver, "launch", lambda fn, params, grid, block, cluster, smem, stream:
+                        launches.append((fn, stream, list(made_current))))
+    ck = compiled["bias_gelu"]
+    kernel = _cpu_kernel(ck)
+    a, b, ops = _fresh_args(ck.recipe, 40, 24, 72, ())
+    monkeypatch.setattr(driver, "current_device", lambda: -1)
+    kernel(a, b, **ops)
+    assert launches[-1] == ("function on -1", "stream of -1", [])
+    monkeypatch.setattr(driver, "current_device", lambda: 0)
+    kernel(a, b, **ops)
+    assert launches[-1] == ("function on -1", "stream of -1", [-1])

@@ -165,6 +165,19 @@ def current_stream(device_index: int) -> int:
     return _stream_getter()(device_index)
 
 
+def current_device() -> int:
+    """torch's current CUDA device index (no Python-level lazy-init checks: the caller has CUDA tensors)."""
+    return _device_getter()()
+
+
+@functools.cache
+def _device_getter():
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getDevice", None)
+    return raw if raw is not None else torch.cuda.current_device
+
+
 @functools.cache
 def _stream_getter():
     """torch's raw-handle getter, as inductor's kernel launchers use it (no Stream object built per

@@ -114,9 +114,19 @@ class Kernel:
         op takes them)."""
         prep = self.prepare(a, b, *args, out=out, **operands)
         if prep.params is not None:
-            driver.launch(self._function(prep.device_index), prep.params, prep.grid, self._block,
-                          self._config.cluster, self._smem, driver.current_stream(prep.device_index))
+            index = prep.device_index
+            if driver.current_device() == index:
+                self._launch(prep)
+            else:  # tensors on another GPU than the current one (one process driving several GPUs)
+                with torch.cuda.device(index):
+                    self._launch(prep)
         return prep.outputs[0] if len(prep.outputs) == 1 else prep.outputs
+
+    def _launch(self, prep: PreparedCall) -> None:
+        """On the current stream of the tensors' device, which must be the current device: the
+        module was loaded into that device's context."""
+        driver.launch(self._function(prep.device_index), prep.params, prep.grid, self._block, self._config.cluster,
+                      self._smem, driver.current_stream(prep.device_index))
 
     # ---- the host path
 
