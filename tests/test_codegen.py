@@ -9,6 +9,7 @@ import pytest
 import gemmgen as gg
 from gemmgen.cli import main as cli_main
 from gemmgen.codegen import render_kernel, templates_dir
+from gemmgen.config import SM90_SMEM_CAPACITY, stage_count
 
 from .conftest import EXAMPLES, ROOT
 
@@ -95,15 +96,23 @@ def _collectives_check_source(kernels) -> str:
         for t in ("CollectiveMainloop", "CollectiveEpilogue", "GemmKernel"):
             parts.append(f"static_assert(cute::is_same_v<k{i}_resolved::{t}, k{i}_builder::{t}>, "
                          f'"{k.entry}: {t} differs from the builder\'s");')
+        parts.append(f"static_assert(k{i}_resolved::CollectiveMainloop::DispatchPolicy::Stages == "
+                     f'{stage_count(k.config, k.kernel_recipe)}, "{k.entry}: config.stage_count differs");')
+        parts.append(f"static_assert(sizeof(k{i}_resolved::GemmKernel::SharedStorage) <= {SM90_SMEM_CAPACITY}, "
+                     f'"{k.entry}: shared storage over capacity");')
     parts.append('extern "C" __global__ void collectives_check() {}')
     return "\n".join(parts)
 
 
 def test_resolved_collectives_are_the_builders_types(examples, extra):
     """gemmgen spells out the collectives CUTLASS's builders would resolve (it compiles faster);
-    NVRTC checks, type for type, that every kernel family gets exactly the builder's types."""
+    NVRTC checks, type for type, that every kernel family gets exactly the builder's types: every
+    example recipe under every config the heuristic can choose, the extra recipes under a spread
+    of configs. For each, gemmgen's stage count (its shared-memory model, which prunes configs)
+    must be CUTLASS's, and the shared storage must fit an sm_90 block. One translation unit."""
     from gemmgen.compile.nvrtc import compile_cubin
     from gemmgen.compile.toolchain import ARCH, toolchain
+    from gemmgen.select import CANDIDATES, SWAP_CANDIDATES
 
     S = gg.Schedule
     configs = [None, gg.KernelConfig(tile=(128, 128, 64), schedule=S.PINGPONG),
@@ -112,8 +121,9 @@ def test_resolved_collectives_are_the_builders_types(examples, extra):
                gg.KernelConfig(tile=(64, 128, 64), cluster=(1, 1, 1), schedule=S.PINGPONG),
                gg.KernelConfig(tile=(128, 32, 64), swap_ab=True),
                gg.KernelConfig(tile=(64, 16, 64), cluster=(2, 1, 1), schedule=S.PINGPONG, swap_ab=True)]
-    kernels = [render_kernel(r.ir, c or r.default_config())
-               for r in (*examples.values(), *extra.values()) for c in configs
-               if c is None or gg.config.is_valid(c, r.ir)]
-    assert len(kernels) >= 35
+    kernels = [render_kernel(r.ir, c) for r in examples.values() for c in CANDIDATES + SWAP_CANDIDATES
+               if gg.config.is_valid(c, r.ir)]
+    kernels += [render_kernel(r.ir, c or r.default_config()) for r in extra.values() for c in configs
+                if c is None or gg.config.is_valid(c, r.ir)]
+    assert len(kernels) >= 200
     compile_cubin(_collectives_check_source(kernels), "collectives_check", ARCH, toolchain().include_dirs)
