@@ -588,3 +588,39 @@ def test_call_launches_with_the_tensors_device_current(compiled, monkeypatch):
     monkeypatch.setattr(driver, "current_device", lambda: 0)
     kernel(a, b, **ops)
     assert launches[-1] == ("function on -1", "stream of -1", [-1])
+
+
+
+def _meta_args(recipe, m, n, k, lead):
+    """A, B and the operands of a call as meta tensors (shapes and strides without memory)."""
+    def meta(rows, cols, dtype, layout):
+        t = torch.empty(*lead, *((rows, cols) if layout is gg.RowMajor else (cols, rows)), dtype=dtype,
+                        device="meta")
+        return t if layout is gg.RowMajor else t.transpose(-1, -2)
+
+    g = recipe.ir.gemm
+    ops = {o.name: 1.0 if o.kind is gg.OperandKind.SCALAR else
+           meta(m, n, o.dtype.torch, gg.RowMajor) if o.kind is gg.OperandKind.MATRIX else
+           torch.empty(n if o.kind is gg.OperandKind.ROW else m, dtype=o.dtype.torch, device="meta")
+           for o in recipe.operands}
+    return meta(m, k, g.a.torch, g.layout_a), meta(k, n, g.b.torch, g.layout_b), ops
+
+
+def test_problems_past_the_kernels_32_bit_tile_arithmetic_are_refused(compiled):
+    """CUTLASS counts rows, columns, K and output tiles in 32-bit ints; past that its scheduler values
+    wrap around (tests/test_oracle.py shows where), so such calls raise before any launch, naming
+    the dimension in the caller's terms (a swapped kernel's M is the caller's N)."""
+    for name in ("bias_gelu", "swapped"):
+        ck = compiled[name]
+        lead = (1,) if ck.recipe.ir.gemm.batched else ()
+        for dim, shape in (("M", (2**31 - 1, 16, 16)), ("N", (16, 2**31 - 8, 16)), ("K", (16, 16, 2**31 - 8))):
+            a, b, ops = _meta_args(ck.recipe, *shape, lead)
+            with pytest.raises(gg.InvalidArgument, match=rf"^{dim} = \d+: too large .* split the problem along {dim}"):
+                _cpu_kernel(ck).prepare(a, b, **ops)
+        a, b, ops = _meta_args(ck.recipe, 2**31 - 1024, 16, 16, lead)
+        assert _cpu_kernel(ck).prepare(a, b, **ops).params is not None  # in range: accepted
+    batched = compiled["swapped"]
+    assert batched.recipe.ir.gemm.batched
+    a, b, ops = _meta_args(batched.recipe, 8, 8, 8, (2**31,))  # 2^31 batches: at least that many tiles
+    with pytest.raises(gg.InvalidArgument, match=r"output tiles, more than .* split the batch"):
+        _cpu_kernel(batched).prepare(a, b, **ops)

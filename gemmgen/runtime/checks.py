@@ -165,6 +165,27 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
     return CheckedCall(m, n, k, l, device, ta, tb, checked, tuple(extents))
 
 
+INT32_MAX = 2**31 - 1
+
+
+def check_problem_size(call: CheckedCall, tile: tuple[int, int, int], cluster: tuple[int, int, int],
+                       swapped: bool) -> None:
+    """CUTLASS's host and device code count rows, columns, K and output tiles in 32-bit ints: a
+    problem past that would get wrapped-around scheduler values (checked against CUTLASS's host
+    code by tests/test_oracle.py), so it is refused. `tile` and `cluster` are the kernel's; a
+    swapped kernel's M is the caller's N."""
+    (m, m_name), (n, n_name) = ((call.n, "N"), (call.m, "M")) if swapped else ((call.m, "M"), (call.n, "N"))
+    for extent, name, step in ((m, m_name, tile[0] * cluster[0]), (n, n_name, tile[1] * cluster[1]),
+                               (call.k, "K", tile[2])):
+        if extent + step - 1 > INT32_MAX:
+            raise InvalidArgument(f"{name} = {extent}: too large for the kernel's 32-bit tile arithmetic "
+                                  f"({name} + {step - 1} must stay below 2^31); split the problem along {name}")
+    tiles = -(-m // (tile[0] * cluster[0])) * cluster[0] * -(-n // (tile[1] * cluster[1])) * cluster[1] * call.l
+    if tiles > INT32_MAX:
+        raise InvalidArgument(f"M = {call.m}, N = {call.n}, batch {call.l}: {tiles} output tiles, more than the "
+                              "kernel's 32-bit tile count holds (2^31 - 1); split the batch")
+
+
 def rebind(call: CheckedCall, a: torch.Tensor, b: torch.Tensor, operands: dict[str, object]) -> CheckedCall:
     """`call` for tensors of the same shapes, strides, dtypes and device at other addresses.
 

@@ -32,6 +32,7 @@ from .checks import (
     check_call,
     check_no_alias,
     check_output,
+    check_problem_size,
     input_spans,
     output_span,
     rebind,
@@ -206,6 +207,7 @@ class Kernel:
         if 0 in (call.m, call.n, call.l, call.k):
             zero_k = call.k == 0 and 0 not in (call.m, call.n, call.l)
             return _Plan(shape, call.device, device_index, call, None, (0, 0, 0), None, fresh, zero_k)
+        check_problem_size(call, self._config.tile, self._config.cluster, self._swap)
         problem = self._problem(call, device_index, *self._hardware(device_index))
         values, grid = self._builder.values(problem, self._encode, outputs=False)
         return _Plan(shape, call.device, device_index, call, self._writer.write(values), grid, problem, fresh)
