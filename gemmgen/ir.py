@@ -12,6 +12,7 @@ import enum
 import functools
 import hashlib
 import json
+import math
 import struct
 from dataclasses import dataclass
 
@@ -61,12 +62,16 @@ UNARY_OPS = frozenset(o for o in Op if o not in _LEAVES and o not in _BINARY)
 
 
 def f32(value: float) -> float:
-    """Round a Python float to the nearest fp32, as the kernel will hold it."""
-    return struct.unpack("<f", struct.pack("<f", value))[0]
+    """Round a Python float to the nearest fp32, as the kernel will hold it: +-inf past fp32's
+    range, as torch (and so the reference) rounds it."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
 
 
 def f32_bits(value: float) -> int:
-    return struct.unpack("<I", struct.pack("<f", value))[0]
+    return struct.unpack("<I", struct.pack("<f", f32(value)))[0]
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -51,6 +53,14 @@ def test_constant_folding_in_fp32():
     r = gg.Recipe("r", lambda acc: acc * (gg.exp(0.0) + 2.0) - gg.tanh(0.0))
     consts = [n.attr for n in r.ir.epilogue.nodes if n.op is Op.CONST]
     assert consts == [3.0, 0.0]
+
+
+def test_constants_past_fp32_range_are_infinities_as_in_torch():
+    """A constant rounds to fp32 as torch rounds it (the reference's semantics): past the range
+    it is an infinity, not a Python OverflowError at declaration."""
+    r = gg.Recipe("r", lambda acc: gg.min(acc * 1e39, 5.0) - 2.0**200)
+    assert sorted(n.attr for n in r.ir.epilogue.nodes if n.op is Op.CONST) == [5.0, math.inf]  # one inf node (CSE)
+    assert all(torch.tensor(x, dtype=torch.float32).item() == gg.ir.f32(x) for x in (1e39, -1e39, 3.4028235e38, 0.1))
 
 
 def test_compile_time_scalar_is_a_constant():

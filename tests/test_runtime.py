@@ -624,3 +624,18 @@ def test_problems_past_the_kernels_32_bit_tile_arithmetic_are_refused(compiled):
     a, b, ops = _meta_args(batched.recipe, 8, 8, 8, (2**31,))  # 2^31 batches: at least that many tiles
     with pytest.raises(gg.InvalidArgument, match=r"output tiles, more than .* split the batch"):
         _cpu_kernel(batched).prepare(a, b, **ops)
+
+
+def test_runtime_scalars_are_rounded_to_fp32_as_the_reference_rounds_them(compiled):
+    """A Python number for a runtime scalar reaches the kernel as the fp32 the reference computes
+    with: rounded, and +-inf past fp32's range (it used to raise a bare OverflowError)."""
+    import struct
+
+    ck = compiled["linear_combination"]
+    kernel = _cpu_kernel(ck)
+    offset = next(off for f, off, _ in ck.params_layout.fields if f.name == "epilogue.scalar.alpha.value")
+    for value in (0.1, 1e39, -(2.0**200), 1e-50, 3.4028235e38):
+        a, b, ops = _fresh_args(ck.recipe, 16, 16, 16, (), scalar=1.0)
+        prep = kernel.prepare(a, b, **{**ops, "alpha": value})
+        packed = struct.unpack_from("<f", prep.params, offset)[0]
+        assert packed == torch.tensor(value, dtype=torch.float32).item(), value

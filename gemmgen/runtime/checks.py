@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from ..errors import InvalidArgument, LayoutMismatch
-from ..ir import Operand, RecipeIR
+from ..ir import Operand, RecipeIR, f32
 from ..types import DType, Layout, OperandKind
 from .problem import TensorArg
 
@@ -220,7 +220,7 @@ def _describe(o: Operand) -> str:
 def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool) -> TensorArg | float:  # noqa: E741
     if o.kind is OperandKind.SCALAR:
         if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            return float(value)
+            return f32(float(value))  # as the kernel reads it, and the reference computes with it
         raise InvalidArgument(f"{o.name}: expected a Python number (a runtime scalar), got {type(value).__name__}; "
                               "tensors would need a device sync to read")
     t = _need_tensor(o.name, value)
