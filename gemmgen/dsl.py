@@ -180,7 +180,7 @@ def _lift(x: Any, op_name: str) -> Value:
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
         if not _ACTIVE:
             raise RecipeError(f"{op_name}: gemmgen ops can only be used inside an epilogue being traced")
-        return _ACTIVE[-1].add(Node(Op.CONST, attr=f32(float(x))))
+        return _ACTIVE[-1].add(Node(Op.CONST, attr=f32(x)))
     raise RecipeError(f"epilogue op '{op_name}': expected a traced value or a Python number, got {type(x).__name__} "
                       f"({x!r}); tensors are passed at call time, not captured by the epilogue")
 
@@ -207,7 +207,7 @@ def _unary(op: Op, x: Any, op_name: str, attr: float | None = None, dtype: DType
 
 def _constant(x: Any, what: str) -> float:
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
-        return f32(float(x))
+        return f32(x)
     raise RecipeError(f"{what}: expected a compile-time constant (a Python number), got {type(x).__name__}; "
                       "runtime values cannot be used here")
 

@@ -62,12 +62,12 @@ UNARY_OPS = frozenset(o for o in Op if o not in _LEAVES and o not in _BINARY)
 
 
 def f32(value: float) -> float:
-    """Round a Python float to the nearest fp32, as the kernel will hold it: +-inf past fp32's
-    range, as torch (and so the reference) rounds it."""
+    """Round a Python number to the nearest fp32, as the kernel will hold it: +-inf past fp32's
+    range (an int past a double's included), as torch rounds it for the reference."""
     try:
-        return struct.unpack("<f", struct.pack("<f", value))[0]
+        return struct.unpack("<f", struct.pack("<f", float(value)))[0]
     except OverflowError:
-        return math.copysign(math.inf, value)
+        return math.inf if value > 0 else -math.inf
 
 
 def f32_bits(value: float) -> int:

@@ -639,3 +639,24 @@ def test_runtime_scalars_are_rounded_to_fp32_as_the_reference_rounds_them(compil
         prep = kernel.prepare(a, b, **{**ops, "alpha": value})
         packed = struct.unpack_from("<f", prep.params, offset)[0]
         assert packed == torch.tensor(value, dtype=torch.float32).item(), value
+
+
+def test_odd_arguments_raise_invalid_argument(compiled):
+    """What is not a dense tensor or a Python number fails the checks with InvalidArgument naming the
+    argument, wherever it is passed (sparse tensors used to escape as torch's RuntimeError from
+    data_ptr; a non-tensor inside an `out` tuple as TypeError). An int past a double's range is a
+    scalar like any other: +-inf in fp32."""
+    ck = compiled["bias_gelu_aux"]
+    kernel = _cpu_kernel(ck)
+    a, b, ops = _fresh_args(ck.recipe, 16, 16, 16, ())
+    sparse = torch.randn(16, 16).bfloat16().to_sparse()
+    for where, call in (("a", lambda: kernel.prepare(sparse, b, **ops)),
+                        ("bias", lambda: kernel.prepare(a, b, bias=sparse[0])),
+                        ("out", lambda: kernel.prepare(a, b, **ops, out=sparse)),
+                        ("out", lambda: kernel.prepare(a, b, **ops, out=(sparse, None))),
+                        ("out", lambda: kernel.prepare(a, b, **ops, out=("d", None)))):
+        with pytest.raises(gg.InvalidArgument, match=rf"^{where}: expected a (dense|torch\.Tensor)"):
+            call()
+    combo = compiled["linear_combination"]
+    a, b, ops = _fresh_args(combo.recipe, 16, 16, 16, (), scalar=1.0)
+    assert _cpu_kernel(combo).prepare(a, b, **{**ops, "alpha": 10**400}).params is not None

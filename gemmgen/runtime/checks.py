@@ -38,6 +38,9 @@ class CheckedCall(NamedTuple):
 def _need_tensor(name: str, t: object) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise InvalidArgument(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.layout is not torch.strided:
+        raise InvalidArgument(f"{name}: expected a dense (strided) tensor, got layout {t.layout}; "
+                              f"call {name}.to_dense()")
     return t
 
 
@@ -220,7 +223,7 @@ def _describe(o: Operand) -> str:
 def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool) -> TensorArg | float:  # noqa: E741
     if o.kind is OperandKind.SCALAR:
         if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            return f32(float(value))  # as the kernel reads it, and the reference computes with it
+            return f32(value)  # as the kernel reads it, and the reference computes with it
         raise InvalidArgument(f"{o.name}: expected a Python number (a runtime scalar), got {type(value).__name__}; "
                               "tensors would need a device sync to read")
     t = _need_tensor(o.name, value)

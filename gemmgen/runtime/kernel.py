@@ -145,7 +145,7 @@ class Kernel:
             values = None  # the checks report what is missing
         try:
             key = (_signature(a), _signature(b), *map(_signature, values)) if values is not None else None
-        except TypeError:
+        except (TypeError, RuntimeError):  # not a number or a strided tensor: the checks say what
             key = None
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
@@ -247,8 +247,11 @@ class Kernel:
                 targs.append(TensorArg(t.data_ptr(), modes))
             else:  # checked once per (layout, output signature); the alias check follows the inputs
                 name = "out" if o.name == "d" else f"out[{o.name}]"
-                okey = (o.name, _signature(t))
-                hit = plan.out_checked.get(okey)
+                try:
+                    okey: tuple | None = (o.name, _signature(t))
+                except (TypeError, RuntimeError):  # not a strided tensor: check_output says what
+                    okey = None
+                hit = plan.out_checked.get(okey) if okey is not None else None
                 if hit is None:
                     hit = (check_output(name, t, o.dtype, plan.shape, plan.device, self._ir.gemm.batched, plan.call.l),
                            output_span(t))
