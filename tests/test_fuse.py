@@ -329,7 +329,8 @@ def test_mixed_precision_training_with_fp32_master_weights(gen):
 
 def test_inputs_are_cast_only_where_nn_linear_would_cast_them(gen):
     """A bf16 FusedLinear given an fp32 input: autocast casts it, as it does for nn.Linear; without
-    autocast it is an InvalidArgument, where nn.Linear raises too."""
+    autocast it is an InvalidArgument in the module's terms, where nn.Linear raises too. So are
+    inputs of the wrong width or layout."""
     layer = nn.Linear(64, 32, dtype=torch.bfloat16)
     fused = gg.nn.FusedLinear.from_linear(layer, activation="relu")
     x = torch.randn(5, 64, generator=gen)
@@ -338,8 +339,13 @@ def test_inputs_are_cast_only_where_nn_linear_would_cast_them(gen):
         torch.testing.assert_close(fused(x), want, **BF16_TOL)
     with pytest.raises(RuntimeError):
         layer(x)
-    with pytest.raises(gg.InvalidArgument, match=r"a: expected dtype torch\.bfloat16, got torch\.float32"):
+    with pytest.raises(gg.InvalidArgument, match=r"input: dtype torch\.float32, but this layer computes in "
+                       r"torch\.bfloat16; cast the input .* or run under torch\.autocast"):
         fused(x)
+    for wrong in (torch.randn(5, 32).bfloat16(), torch.randn(4, 32).bfloat16(), torch.tensor(1.0).bfloat16(),
+                  torch.randn(5, 64).bfloat16().to_sparse()):  # (4, 32) would reshape to (2, 64) unchecked
+        with pytest.raises(gg.InvalidArgument, match=r"input: expected a dense tensor of shape \(\.\.\., 64\)"):
+            fused(wrong)
 
 
 def test_autocast_training_compiles_without_graph_breaks(gen):

@@ -190,8 +190,15 @@ class FusedLinear(nn.Module):
         if w.dtype != dtype:
             w = w.to(dtype)
             bias = bias.to(dtype) if bias is not None else None
-        if x.dtype != dtype and (w is not self.weight or torch.is_autocast_enabled(x.device.type)):
-            x = x.to(dtype)
+        if x.dtype != dtype:
+            if w is not self.weight or torch.is_autocast_enabled(x.device.type):
+                x = x.to(dtype)
+            else:
+                raise InvalidArgument(f"input: dtype {x.dtype}, but this layer computes in {dtype}; cast the "
+                                      f"input (input.to({dtype})) or run under torch.autocast, as for nn.Linear")
+        if x.layout is not torch.strided or not x.shape or x.shape[-1] != self.in_features:
+            raise InvalidArgument(f"input: expected a dense tensor of shape (..., {self.in_features}) "
+                                  f"(in_features), got {x.layout} {tuple(x.shape)}")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if x2.stride(-1) != 1:
