@@ -196,11 +196,14 @@ class FusedLinear(nn.Module):
             else:
                 raise InvalidArgument(f"input: dtype {x.dtype}, but this layer computes in {dtype}; cast the "
                                       f"input (input.to({dtype})) or run under torch.autocast, as for nn.Linear")
-        if x.layout is not torch.strided or not x.shape or x.shape[-1] != self.in_features:
-            raise InvalidArgument(f"input: expected a dense tensor of shape (..., {self.in_features}) "
-                                  f"(in_features), got {x.layout} {tuple(x.shape)}")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
+        shape = x.shape
+        if not shape or shape[-1] != self.in_features:
+            raise self._wrong_input(x)
+        lead = shape[:-1]
+        try:
+            x2 = x.reshape(-1, self.in_features)
+        except RuntimeError:  # not a strided tensor
+            raise self._wrong_input(x) from None
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         w = w.t()
@@ -209,6 +212,10 @@ class FusedLinear(nn.Module):
         else:
             y = self._op(x2, w) if bias is None else self._op(x2, w, bias)
         return y.reshape(*lead, self.out_features)
+
+    def _wrong_input(self, x: torch.Tensor) -> InvalidArgument:
+        return InvalidArgument(f"input: expected a dense tensor of shape (..., {self.in_features}) (in_features), "
+                               f"got {x.layout} {tuple(x.shape)}")
 
     def launches(self, tokens: int, training: bool = False, sm_count: int = 132) -> tuple[Recipe, KernelConfig]:
         """(recipe, config) of the kernel forward launches for an input of `tokens` rows when no
