@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .types import DType, Layout, OperandKind
@@ -194,6 +195,24 @@ def fold_constant(op: Op, values: tuple[float, ...], attr: float | None, dtype: 
     return float(apply_op(op, tuple(torch.tensor(v, dtype=torch.float32) for v in values), attr, dtype))
 
 
+def post_order(roots: list[int], args_of: Callable[[int], tuple[int, ...]]) -> list[int]:
+    """The nodes reachable from `roots`, each once, arguments before their users, in the order a
+    depth-first walk from each root in turn (arguments left to right) finishes them. An explicit
+    stack: an epilogue of any depth, no recursion limit."""
+    order: list[int] = []
+    seen: set[int] = set()
+    stack = [(r, False) for r in reversed(roots)]
+    while stack:
+        i, finished = stack.pop()
+        if finished:
+            order.append(i)
+        elif i not in seen:
+            seen.add(i)
+            stack.append((i, True))
+            stack.extend((a, False) for a in reversed(args_of(i)))
+    return order
+
+
 def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand, ...]) -> EpilogueIR:
     """Fold, order, merge and renumber a traced graph (see module docstring)."""
     canon: dict[Node, int] = {}
@@ -213,11 +232,8 @@ def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand,
         head = json.dumps([node.op.value, node.name, node.attr, node.dtype.value if node.dtype else None])
         return hashlib.sha256((head + "|" + ",".join(child_digests)).encode()).hexdigest()
 
-    def visit(i: int) -> int:
-        if i in memo:
-            return memo[i]
-        node = nodes[i]
-        args = [visit(a) for a in node.args]
+    def rebuild(node: Node) -> int:
+        args = [memo[a] for a in node.args]
         if node.op.commutative:
             args.sort(key=lambda a: structure[a])
         argn = [new_nodes[a] for a in args]
@@ -228,24 +244,13 @@ def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand,
         else:
             new = Node(node.op, tuple(args), node.name, node.attr, node.dtype)
             r = intern(new, digest_of(new, [structure[a] for a in args]))
-        memo[i] = r
         return r
 
     # Visit in output order so numbering is canonical; then renumber to a compact post-order.
-    roots = [visit(o.node) for o in outputs]
-    order: list[int] = []
-    seen: set[int] = set()
-
-    def post(i: int) -> None:
-        if i in seen:
-            return
-        seen.add(i)
-        for a in new_nodes[i].args:
-            post(a)
-        order.append(i)
-
-    for r in roots:
-        post(r)
+    for i in post_order([o.node for o in outputs], lambda i: nodes[i].args):
+        memo[i] = rebuild(nodes[i])
+    roots = [memo[o.node] for o in outputs]
+    order = post_order(roots, lambda i: new_nodes[i].args)
     remap = {old: new for new, old in enumerate(order)}
     final = tuple(Node(new_nodes[o].op, tuple(remap[a] for a in new_nodes[o].args), new_nodes[o].name,
                        new_nodes[o].attr, new_nodes[o].dtype) for o in order)

@@ -63,6 +63,24 @@ def test_constants_past_fp32_range_are_infinities_as_in_torch():
     assert all(torch.tensor(x, dtype=torch.float32).item() == gg.ir.f32(x) for x in (1e39, -1e39, 3.4028235e38, 0.1))
 
 
+def test_deep_epilogues_normalize_without_recursion_limits():
+    """The IR walks its graph with an explicit stack: a 1,500-deep chain (Python's default recursion
+    limit is 1,000) normalizes, renders and evaluates."""
+    from gemmgen.codegen import render_kernel
+
+    def chain(acc):
+        x = acc
+        for i in range(1500):
+            x = x * (1.0 + i / 4096) + 0.5
+        return x
+
+    r = gg.Recipe("deep", chain)
+    assert len(r.ir.epilogue.nodes) > 3000
+    assert render_kernel(r.ir, r.default_config()).source
+    a, b = torch.randn(3, 8), torch.randn(8, 5)
+    assert r.reference(a.bfloat16(), b.bfloat16()).shape == (3, 5)
+
+
 def test_compile_time_scalar_is_a_constant():
     r = gg.Recipe("r", lambda acc, k: acc * k, operands={"k": gg.Scalar(value=0.25)})
     assert r.operands == ()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir import Node, Op, RecipeIR, f32_bits
+from ..ir import Node, Op, RecipeIR, f32_bits, post_order
 from ..types import DType, Layout, OperandKind
 
 FUSION = "cutlass::epilogue::fusion"
@@ -181,29 +181,24 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
 
 
 def _tree_arguments(vnodes: list[_VNode], root: int, by_path: dict, paths: dict) -> tuple | ParamBinding | None:
-    def walk(i: int) -> tuple | ParamBinding | None:
-        kids = vnodes[i].children
-        own = by_path.get(paths[i])
-        return tuple([*(walk(c) for c in kids), own]) if kids else own
-
-    return walk(root)  # type: ignore[return-value]
+    """Sm90EVT's nested Arguments: each node's children's, then its own (built bottom-up)."""
+    built: dict[int, tuple | ParamBinding | None] = {}
+    for i in _post_order(vnodes, root):
+        kids, own = vnodes[i].children, by_path.get(paths[i])
+        built[i] = tuple([*(built[c] for c in kids), own]) if kids else own
+    return built[root]
 
 
 def _tree_paths(vnodes: list[_VNode], root: int) -> dict[int, tuple[tuple[int, int], ...]]:
     """Sm90EVT<Node, C0..Cn-1>::Params holds C0::Params, ..., Cn-1::Params, Node::Params in order."""
     paths: dict[int, tuple[tuple[int, int], ...]] = {}
-
-    def walk(i: int, at: tuple[tuple[int, int], ...]) -> None:
+    stack: list[tuple[int, tuple[tuple[int, int], ...]]] = [(root, ())]
+    while stack:
+        i, at = stack.pop()
         kids = vnodes[i].children
-        if not kids:
-            paths[i] = at
-            return
         n = len(kids) + 1
-        for k, c in enumerate(kids):
-            walk(c, (*at, (k, n)))
-        paths[i] = (*at, (len(kids), n))
-
-    walk(root, ())
+        paths[i] = (*at, (len(kids), n)) if kids else at
+        stack.extend((c, (*at, (k, n))) for k, c in enumerate(kids))
     return paths
 
 
@@ -246,32 +241,9 @@ def _reachable(vnodes: list[_VNode], root: int) -> set[int]:
 
 
 def _post_order(vnodes: list[_VNode], root: int) -> list[int]:
-    out: list[int] = []
-
-    def walk(i: int) -> None:
-        for c in vnodes[i].children:
-            walk(c)
-        out.append(i)
-
-    walk(root)
-    return out
+    return post_order([root], lambda i: tuple(vnodes[i].children))
 
 
 def _topological(vnodes: list[_VNode], root: int) -> list[int]:
     """Every node in dependency order, with the root (D's value) last."""
-    out: list[int] = []
-    seen: set[int] = set()
-
-    def walk(i: int) -> None:
-        if i in seen:
-            return
-        seen.add(i)
-        for c in vnodes[i].children:
-            walk(c)
-        out.append(i)
-
-    for i in range(len(vnodes)):
-        if i != root:
-            walk(i)
-    walk(root)
-    return out
+    return post_order([*(i for i in range(len(vnodes)) if i != root), root], lambda i: tuple(vnodes[i].children))
