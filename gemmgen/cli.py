@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from .compile.toolchain import ARCH
 from .errors import GemmgenError
 from .parallel import build_many
 from .recipes_file import load_recipes
-from .select import choose, configs_for_shapes
+from .select import choose, configs_for_shapes, load_shapes, problem_shape
 from .tuning import DEFAULT_CANDIDATES, TuningTable, autotune
 
 
@@ -28,7 +27,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     cache = _cache(args)
     recipes = load_recipes(args.recipes)
     if args.shapes:
-        chosen = configs_for_shapes(recipes, json.loads(Path(args.shapes).read_text()))
+        chosen = configs_for_shapes(recipes, load_shapes(args.shapes))
         by_name = {r.name: r for r in recipes.values()}
         pairs = list(dict.fromkeys((by_name[n], c.config) for n, rows in chosen.items() for _, c in rows))
     else:
@@ -49,7 +48,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    shapes = json.loads(Path(args.shapes).read_text())
+    shapes = load_shapes(args.shapes)
     by_name = {r.name: r for r in load_recipes(args.recipes).values()}
     table = TuningTable.load(args.out) if Path(args.out).is_file() else TuningTable()
     for name, problems in shapes.items():
@@ -65,7 +64,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    m, n, k = args.shape
+    m, n, k, _ = problem_shape(args.shape, "--shape")
     for recipe in load_recipes(args.recipes).values():
         if args.recipe in (None, recipe.name):
             print(f"{recipe.name}: {choose(recipe.ir, m, n, k, sm_count=args.sm_count).why}")

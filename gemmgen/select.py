@@ -15,10 +15,14 @@ problem, by the same terms.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from .config import KernelConfig, Schedule, is_valid
+from .errors import GemmgenError
 from .ir import RecipeIR
 
 COOP, PING = Schedule.COOPERATIVE, Schedule.PINGPONG
@@ -105,6 +109,32 @@ def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int =
     return Choice(cfg, mb, score, f"M={m} -> bucket {mb}; chose {why}\n  considered:\n    " + "\n    ".join(lines))
 
 
+def problem_shape(shape: Any, where: str) -> tuple[int, int, int, int]:
+    """[M, N, K] or [M, N, K, L] of positive ints, as (M, N, K, L); `where` names it in the error."""
+    p = tuple(shape) if isinstance(shape, list | tuple) else ()
+    if len(p) not in (3, 4) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in p):
+        raise GemmgenError(f"{where}: shape {shape!r}; expected [M, N, K] or [M, N, K, L] of positive integers")
+    return (*p, 1) if len(p) == 3 else p  # type: ignore[return-value]
+
+
+def load_shapes(path: str | Path) -> dict[str, list]:
+    """A shapes file: JSON {recipe name: [[M, N, K] or [M, N, K, L], ...]}; keys starting with '_'
+    are comments. Every shape is checked here, so a mistake names the file and the entry."""
+    p = Path(path)
+    if not p.is_file():
+        raise GemmgenError(f"shapes file {str(path)!r} does not exist")
+    try:
+        data = json.loads(p.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise GemmgenError(f"shapes file {str(path)!r} is not valid JSON: {e}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, list) for k, v in data.items() if not k.startswith("_")):
+        raise GemmgenError(f"shapes file {str(path)!r}: expected {{recipe name: [[M, N, K], ...], ...}}")
+    for name, problems in data.items():
+        for shape in problems if not name.startswith("_") else ():
+            problem_shape(shape, f"shapes file {str(path)!r}, {name!r}")
+    return data
+
+
 def configs_for_shapes(recipes: dict, shapes: dict, sm_count: int = 132) -> dict[str, list[tuple[tuple, Choice]]]:
     """{recipe name: [(shape, choice), ...]} for a shapes file: {name: [[M, N, K] or [M, N, K, L], ...]}."""
     by_name = {r.name: r for r in recipes.values()}
@@ -113,8 +143,7 @@ def configs_for_shapes(recipes: dict, shapes: dict, sm_count: int = 132) -> dict
         if name.startswith("_"):
             continue
         if name not in by_name:
-            from .errors import GemmgenError
-
             raise GemmgenError(f"shapes: no recipe named {name!r}; recipes are {sorted(by_name)}")
-        out[name] = [(tuple(p), choose(by_name[name].ir, *p, sm_count=sm_count)) for p in problems]
+        out[name] = [(tuple(p), choose(by_name[name].ir, *problem_shape(p, f"shapes[{name!r}]"), sm_count=sm_count))
+                     for p in problems]
     return out

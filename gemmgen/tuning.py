@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .config import KernelConfig, is_valid
 from .errors import GemmgenError
-from .select import m_bucket, ranked
+from .select import m_bucket, problem_shape, ranked
 
 if TYPE_CHECKING:
     from .dsl import Recipe
@@ -247,14 +247,6 @@ def device_ms(calls: Sequence[Callable[[], Any]], reps: int) -> float:
     return statistics.median(samples)
 
 
-def _problem(shape: Any) -> tuple[int, int, int, int]:
-    """(M, N, K) or (M, N, K, L) of positive ints, as (M, N, K, L)."""
-    p = tuple(shape) if isinstance(shape, list | tuple) else ()
-    if len(p) not in (3, 4) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in p):
-        raise GemmgenError(f"autotune: shape {shape!r}; expected (M, N, K) or (M, N, K, L) of positive integers")
-    return (*p, 1) if len(p) == 3 else p  # type: ignore[return-value]
-
-
 def autotune(recipe: Recipe, shapes: Iterable[tuple[int, ...]], *, limit: int = DEFAULT_CANDIDATES,
              table: TuningTable | None = None, out: str | Path | None = None, timer: Timer | None = None,
              device: Device | None = None, sm_count: int | None = None, jobs: int | None = None,
@@ -280,7 +272,7 @@ def autotune(recipe: Recipe, shapes: Iterable[tuple[int, ...]], *, limit: int = 
     from .parallel import warmup
 
     table = table if table is not None else TuningTable()
-    problems = [_problem(p) for p in shapes]
+    problems = [problem_shape(p, "autotune") for p in shapes]
     if not isinstance(limit, int) or limit < 1:
         raise GemmgenError(f"autotune: limit={limit!r}; expected the number of candidates to time per bucket (>= 1)")
     plan = {bucket(*p): (p, candidates(recipe.ir, p[0], p[1], p[3], sm_count or 132, limit)) for p in problems}

@@ -9,7 +9,7 @@ import pytest
 import gemmgen as gg
 from gemmgen.cli import main as cli_main
 from gemmgen.config import validate
-from gemmgen.select import M_BUCKETS, SWAP_MAX_M, choose, configs_for_shapes, m_bucket
+from gemmgen.select import M_BUCKETS, SWAP_MAX_M, choose, configs_for_shapes, load_shapes, m_bucket
 
 from .conftest import EXAMPLES, ROOT
 
@@ -78,3 +78,30 @@ def test_explain_cli(capsys):
     assert cli_main(["explain", str(EXAMPLES), "--shape", "1000", "4096", "4096", "--recipe", "bias_gelu"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("bias_gelu: M=1000 -> bucket 1024; chose ") and "considered:" in out
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, r"shapes file '.*missing\.json' does not exist"),
+    ("{not json", r"is not valid JSON"),
+    ('[[1, 2, 3]]', r"expected \{recipe name: \[\[M, N, K\], \.\.\.\], \.\.\.\}"),
+    ('{"bias_gelu": [[1, 2]]}', r"'bias_gelu': shape \[1, 2\]; expected \[M, N, K\] or \[M, N, K, L\] of positive"),
+    ('{"bias_gelu": [[0, 4096, 4096]]}', r"shape \[0, 4096, 4096\]"),
+    ('{"bias_gelu": [[8, 4096, 4096.5]]}', r"shape \[8, 4096, 4096\.5\]"),
+])
+def test_bad_shapes_files_are_named_errors(tmp_path, capsys, content, message):
+    """A shapes file's mistakes are gemmgen errors naming the file and the entry (they were Python
+    tracebacks: FileNotFoundError, JSONDecodeError, TypeError from choose), for the CLI and the API."""
+    path = tmp_path / ("missing.json" if content is None else "shapes.json")
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(gg.GemmgenError, match=message):
+        load_shapes(path)
+    assert cli_main(["build", str(EXAMPLES), "--shapes", str(path)]) == 2
+    assert "gemmgen: error: shapes file" in capsys.readouterr().err
+
+
+def test_explain_refuses_shapes_that_are_not_positive(capsys):
+    assert cli_main(["explain", str(EXAMPLES), "--shape", "-1", "16", "16"]) == 2
+    assert "--shape: shape [-1, 16, 16]; expected" in capsys.readouterr().err
+    with pytest.raises(gg.GemmgenError, match=r"shapes\['bias_gelu'\]: shape \[1, 2\]"):
+        configs_for_shapes({"r": gg.Recipe("bias_gelu", lambda acc: acc)}, {"bias_gelu": [[1, 2]]})
