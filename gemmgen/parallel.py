@@ -20,6 +20,7 @@ from .build import CompiledKernel, KernelReport, build_kernel, cache_key, defaul
 from .codegen import GeneratedKernel, render_kernel
 from .compile.cache import KernelCache
 from .config import KernelConfig
+from .errors import InvalidArgument
 
 if TYPE_CHECKING:
     from .dsl import Recipe
@@ -51,9 +52,14 @@ def _compile_in_worker(kernel: GeneratedKernel, key: str, root: str, arch: str) 
 
 
 def _pairs(items: Iterable[Recipe | tuple[Recipe, KernelConfig]]) -> list[tuple[Recipe, KernelConfig]]:
+    from .dsl import Recipe
+
     out = []
     for item in items:
-        recipe, config = item if isinstance(item, tuple) else (item, None)
+        recipe, config = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
+        if not isinstance(recipe, Recipe):
+            raise InvalidArgument(f"items: expected gemmgen.Recipe objects or (Recipe, KernelConfig) pairs, "
+                                  f"got {item!r}")
         out.append((recipe, config or recipe.default_config()))
     return out
 
@@ -134,6 +140,9 @@ def warmup(items: Iterable[Recipe | tuple[Recipe, KernelConfig]], shapes: dict |
     for those problems (gemmgen.select) instead of each recipe's default config."""
     if shapes is not None:
         from .select import configs_for_shapes
+
+        if not isinstance(shapes, dict):
+            raise InvalidArgument(f"shapes: expected {{recipe name: [[M, N, K], ...]}}, got {type(shapes).__name__}")
 
         recipes = {r.name: r for r in items if not isinstance(r, tuple)}
         chosen = configs_for_shapes(recipes, shapes)

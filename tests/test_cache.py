@@ -131,3 +131,17 @@ def test_memory_layer_serves_without_disk(tmp_path):
 def test_env_var_sets_the_root(tmp_path, monkeypatch):
     monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(tmp_path / "env"))
     assert KernelCache().root == tmp_path / "env"
+
+
+def test_an_unusable_cache_folder_is_a_named_error_before_any_build(tmp_path, monkeypatch):
+    """GEMMGEN_CACHE_DIR naming a file (or anything mkdir refuses): a GemmgenError that names the
+    folder and the fix, before the half-minute compile, not a bare NotADirectoryError."""
+    import gemmgen as gg
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(blocker))
+    builds = []
+    with pytest.raises(gg.GemmgenError, match=r"kernel cache .*a-file.*cannot create .* GEMMGEN_CACHE_DIR"):
+        KernelCache().get_or_build(KEY, lambda: builds.append(1) or Artifact({"kernel.cubin": b"x"}, {}))
+    assert builds == []

@@ -409,3 +409,17 @@ def test_a_gpu_other_than_sm90_is_refused_before_anything_compiles(monkeypatch):
     with pytest.raises(gg.InvalidArgument, match=r"cuda:0 is sm_80; gemmgen kernels are built for sm_90a"):
         ops.kernel_for(recipe, a, b)
     assert compiled == []
+
+
+def test_entry_points_name_arguments_of_the_wrong_kind():
+    """Each public entry point given the wrong kind of object raises InvalidArgument naming the
+    parameter (they raised AttributeError from deep inside)."""
+    cases = [(lambda: gg.op(3), r"recipe: expected a gemmgen\.Recipe"),
+             (lambda: gg.nn.FusedLinear.from_linear(3), r"linear: expected a torch\.nn\.Linear"),
+             (lambda: gg.nn.fuse(3), r"model: expected a torch\.nn\.Module"),
+             (lambda: gg.nn.model_launches(3, (8,)), r"model: expected a torch\.nn\.Module"),
+             (lambda: gg.warmup([3]), r"items: expected gemmgen\.Recipe objects or \(Recipe, KernelConfig\) pairs"),
+             (lambda: gg.warmup([_recipe()], shapes=[[1, 2, 3]]), r"shapes: expected \{recipe name")]
+    for call, message in cases:
+        with pytest.raises(gg.InvalidArgument, match=message):
+            call()

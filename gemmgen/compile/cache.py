@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import GemmgenError
+
 META = "meta.json"
 _FORMAT = 1
 
@@ -79,7 +81,7 @@ class KernelCache:
     @contextlib.contextmanager
     def _locked(self, key: str, exclusive: bool) -> Iterator[None]:
         path = self._lock_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self._make_dir(path.parent)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
@@ -154,7 +156,7 @@ class KernelCache:
 
     def _try_exclusive(self, key: str) -> int | None:
         path = self._lock_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self._make_dir(path.parent)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -164,7 +166,7 @@ class KernelCache:
             return None
 
     def _exclusive(self, key: str) -> int:
-        self._lock_path(key).parent.mkdir(parents=True, exist_ok=True)
+        self._make_dir(self._lock_path(key).parent)
         fd = os.open(self._lock_path(key), os.O_RDWR | os.O_CREAT, 0o666)
         fcntl.flock(fd, fcntl.LOCK_EX)
         return fd
@@ -182,7 +184,7 @@ class KernelCache:
         """Stage, fsync and atomically rename into place. Caller holds the exclusive lock."""
         final = self.entry_dir(key)
         parent = final.parent
-        parent.mkdir(parents=True, exist_ok=True)
+        self._make_dir(parent)
         for stale in parent.glob(f".tmp-{key}-*"):  # left by a builder that died holding this lock
             shutil.rmtree(stale, ignore_errors=True)
         staged = parent / f".tmp-{key}-{os.getpid()}-{threading.get_ident()}"
@@ -202,6 +204,13 @@ class KernelCache:
             shutil.rmtree(trash, ignore_errors=True)
         os.rename(staged, final)
         _fsync_dir(parent)
+
+    def _make_dir(self, path: Path) -> None:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise GemmgenError(f"kernel cache {self.root}: cannot create {path} ({e.strerror}); point "
+                               "GEMMGEN_CACHE_DIR at a writable folder") from None
 
     @staticmethod
     def _write(path: Path, data: bytes) -> None:

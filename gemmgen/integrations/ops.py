@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import tuning
-from ..errors import LayoutMismatch
+from ..errors import InvalidArgument, LayoutMismatch
 from ..runtime import driver
 from ..runtime.checks import check_call, tma_readable
 from ..runtime.kernel import allocate_output, put_bounded
@@ -65,6 +65,10 @@ def schema(recipe: Recipe) -> str:
 
 def op(recipe: Recipe) -> Any:
     """Register (once) and return the op for `recipe`."""
+    from ..dsl import Recipe
+
+    if not isinstance(recipe, Recipe):
+        raise InvalidArgument(f"recipe: expected a gemmgen.Recipe, got {type(recipe).__name__}")
     name = op_name(recipe)
     with _LOCK:
         if name in _OPS:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from ..errors import InvalidArgument
 from .linear import FusedLinear, check_compute_dtype, unsupported
 
 
@@ -99,6 +100,8 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     FusedLinear) and a report: a line per fused pair, per swapped Linear, per Linear kept for its
     dtype or class, per pair not fused (and why), and per forward fx could not trace.
     """
+    if not isinstance(model, nn.Module):
+        raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     check_compute_dtype(compute_dtype)
     modules = list(model.named_modules())
     pairs, notes, untraced = _find_pairs(model, modules, compute_dtype)

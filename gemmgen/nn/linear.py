@@ -153,6 +153,8 @@ class FusedLinear(nn.Module):
                     compute_dtype: torch.dtype | None = None) -> FusedLinear:
         """A FusedLinear sharing `linear`'s parameters (no copy), computing in `compute_dtype`
         (default: the weights' dtype)."""
+        if not isinstance(linear, nn.Linear):
+            raise InvalidArgument(f"linear: expected a torch.nn.Linear, got {type(linear).__name__}")
         check_compute_dtype(compute_dtype)
         dtype = compute_dtype or linear.weight.dtype
         _require_supported(linear.in_features, dtype)
@@ -244,6 +246,8 @@ def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Ite
     that also store the pre-activation) for each of `training_tokens`. What to build ahead of
     time, e.g. `gg.warmup(model_launches(model, (1, 16, 4096), training_tokens=(4096,)))`, when no
     autotune table applies (the heuristic's choices)."""
+    if not isinstance(model, nn.Module):
+        raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     layers = [m for m in model.modules() if isinstance(m, FusedLinear)]
     tokens, training_tokens = tuple(tokens), tuple(training_tokens)
     found = [m.launches(t, sm_count=sm_count) for m in layers for t in tokens]
