@@ -444,11 +444,17 @@ def test_swapped_kernel_empty_dimensions_behave_like_torch(compiled):
 
 
 
-def _plain(rows, cols, dtype, layout, lead):
-    """A contiguous torch tensor, or for a column-major layout the transpose of one."""
-    if layout is gg.RowMajor:
-        return torch.randn(*lead, rows, cols).to(dtype)
-    return torch.randn(*lead, cols, rows).to(dtype).transpose(-1, -2)
+def _torch_layout(rng, rows, cols, dtype, layout, lead):
+    """A (lead,) rows x cols tensor as torch programs hold them, in `layout`'s majorness: contiguous,
+    or a view with a padded leading dimension, an odd storage offset, a padded or broadcast
+    (stride 0) batch, drawn at random."""
+    inner, outer = (cols, rows) if layout is gg.RowMajor else (rows, cols)
+    ld = inner + rng.choice((0, 0, 1, 3, 8))
+    offset = rng.choice((0, 0, 1, 8))
+    batch = rng.choice((outer * ld, outer * ld + 3, 0)) if lead else 0
+    base = torch.randn(offset + ((lead[0] - 1) * batch if lead else 0) + (outer - 1) * ld + inner).to(dtype)
+    strides = (ld, 1) if layout is gg.RowMajor else (1, ld)
+    return base.as_strided((*lead, rows, cols), ((batch,) if lead else ()) + strides, offset)
 
 
 class _Seen:
@@ -462,10 +468,10 @@ class _Seen:
         return self.kernel.prepare(*args)
 
 
-def test_op_path_on_plain_torch_tensors_of_random_shapes(compiled):
-    """What a torch program passes: contiguous tensors (or transposes of them, for column-major
-    recipes) of random small and odd M, N, K and batch, realigned as the op does. Every tensor map
-    and launch must pass the driver's rules, and the emulated kernel must compute the reference."""
+def test_op_path_on_torch_tensors_of_random_shapes_and_layouts(compiled):
+    """What a torch program passes: tensors of random small and odd M, N, K and batch, contiguous or
+    strided views (`_torch_layout`), strided vectors too, realigned as the op does. Every tensor
+    map and launch must pass the driver's rules, and the emulated kernel must compute the reference."""
     import os
     import random
 
@@ -479,11 +485,13 @@ def test_op_path_on_plain_torch_tensors_of_random_shapes(compiled):
         for _ in range(6):
             m, n, k = (rng.choice(extents) for _ in range(3))
             lead = (rng.choice((1, 2, 3)),) if g.batched else ()
-            where = f"{name} M={m} N={n} K={k} lead={lead} (seed {seed})"
-            a, b = _plain(m, k, g.a.torch, g.layout_a, lead), _plain(k, n, g.b.torch, g.layout_b, lead)
+            where = f"{name} M={m} N={n} K={k} lead={lead} (seed {seed})"  # layouts: the same seed redraws them
+            a = _torch_layout(rng, m, k, g.a.torch, g.layout_a, lead)
+            b = _torch_layout(rng, k, n, g.b.torch, g.layout_b, lead)
+            step = rng.choice((1, 2))
             ops = {o.name: float(torch.randn(())) if o.kind is gg.OperandKind.SCALAR else
-                   torch.randn(*lead, m, n).to(o.dtype.torch) if o.kind is gg.OperandKind.MATRIX else
-                   torch.randn(n if o.kind is gg.OperandKind.ROW else m).to(o.dtype.torch)
+                   _torch_layout(rng, m, n, o.dtype.torch, gg.RowMajor, lead) if o.kind is gg.OperandKind.MATRIX else
+                   torch.randn(step * (n if o.kind is gg.OperandKind.ROW else m)).to(o.dtype.torch)[::step]
                    for o in recipe.operands}
             enc = RecordingEncoder()
             seen = _Seen(_cpu_kernel(ck, enc))
