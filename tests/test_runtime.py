@@ -187,6 +187,20 @@ def test_out_checks(kernels):
         _prep(k, a, b, bias=bias, out=(a, b))
 
 
+def test_outputs_may_not_share_memory(compiled):
+    """D and an aux output given in the same memory would have the kernel's stores race (one output
+    silently holding the other's values): refused. Disjoint parts of one buffer are fine."""
+    ck = compiled["bias_gelu_aux"]
+    a, b, ops = _fresh_args(ck.recipe, 16, 16, 16, ())
+    dt = [o.dtype.torch for o in ck.recipe.outputs]
+    assert dt[0] == dt[1]
+    buf = torch.empty(32, 16, dtype=dt[0])
+    for outs in ((buf[:16], buf[:16]), (buf[:16], buf[8:24])):
+        with pytest.raises(gg.InvalidArgument, match=r"out\[pre_act\]: shares memory with out; give each output"):
+            _cpu_kernel(ck).prepare(a, b, **ops, out=outs)
+    assert _cpu_kernel(ck).prepare(a, b, **ops, out=(buf[:16], buf[16:])).params is not None
+
+
 def test_batched_checks(kernels):
     k = kernels["every_op"]
     a, b = _ab(16, 16, 16, layout_a="col", layout_b="row", batch=3)

@@ -268,6 +268,15 @@ def check_no_alias(name: str, span: tuple[int, int] | None, inputs: tuple[tuple[
                                   "pass a separate output tensor")
 
 
+def check_outputs_disjoint(spans: list[tuple[str, tuple[int, int] | None]]) -> None:
+    """Given outputs (name, byte span) must not overlap each other: the kernel's stores to them
+    would race, leaving one output's values in another."""
+    for i, (name, span) in enumerate(spans):
+        for other, other_span in spans[:i]:
+            if span is not None and other_span is not None and span[0] < other_span[1] and other_span[0] < span[1]:
+                raise InvalidArgument(f"{name}: shares memory with {other}; give each output its own tensor")
+
+
 def output_span(t: torch.Tensor) -> tuple[int, int] | None:
     """[first, last byte) a strided tensor can touch; None if it is empty."""
     return _span(t) if t.numel() else None

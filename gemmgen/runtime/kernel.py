@@ -32,6 +32,7 @@ from .checks import (
     check_call,
     check_no_alias,
     check_output,
+    check_outputs_disjoint,
     check_problem_size,
     input_spans,
     output_span,
@@ -240,6 +241,7 @@ class Kernel:
                 tensors.append(t)
                 targs.append(TensorArg(t.data_ptr(), modes))
             return tuple(tensors), tuple(targs)
+        given: list[tuple[str, tuple[int, int] | None]] = []
         for o, t, (dtype, strides, modes) in zip(self._ir.epilogue.outputs, _given_outputs(out, len(plan.fresh)),
                                                  plan.fresh, strict=True):
             if t is None:
@@ -259,8 +261,11 @@ class Kernel:
                 if plan.input_spans is None:
                     plan.input_spans = input_spans(plan.call)
                 check_no_alias(name, hit[1], plan.input_spans)
+                given.append((name, hit[1]))
                 targs.append(hit[0])
             tensors.append(t)
+        if len(given) > 1:
+            check_outputs_disjoint(given)
         return tuple(tensors), tuple(targs)
 
     def _fresh_outputs(self, shape: tuple[int, ...], l: int) -> tuple[tuple[torch.dtype, tuple, tuple], ...]:  # noqa: E741
