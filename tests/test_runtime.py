@@ -682,3 +682,22 @@ def test_odd_arguments_raise_invalid_argument(compiled):
     combo = compiled["linear_combination"]
     a, b, ops = _fresh_args(combo.recipe, 16, 16, 16, (), scalar=1.0)
     assert _cpu_kernel(combo).prepare(a, b, **{**ops, "alpha": 10**400}).params is not None
+
+
+def test_bounded_caches_survive_a_concurrent_change():
+    """Threads may share a kernel's caches: a change by another thread between finding the oldest
+    entry and dropping it skips that eviction instead of raising."""
+    from gemmgen.runtime.kernel import put_bounded
+
+    class Racing(dict):
+        def __iter__(self):
+            it = super().__iter__()
+            self[f"other thread {len(self)}"] = 0  # lands between iter() and next()
+            return it
+
+    cache = Racing((i, i) for i in range(4))
+    put_bounded(cache, "mine", 1, limit=4)
+    assert cache["mine"] == 1
+    plain = {i: i for i in range(4)}
+    put_bounded(plain, "mine", 1, limit=4)
+    assert list(plain) == [1, 2, 3, "mine"]

@@ -302,9 +302,14 @@ class Kernel:
 
 
 def put_bounded(cache: dict, key: Any, value: Any, limit: int = _MAX_ENTRIES) -> None:
-    """Insert into a cache of at most `limit` entries, dropping the oldest entry when full."""
+    """Insert into a cache of at most `limit` entries, dropping the oldest entry when full. Threads
+    may share a kernel: if another one changes the cache while the oldest entry is looked up, the
+    eviction is skipped (the bound is approximate), never the insert."""
     if len(cache) >= limit:
-        cache.pop(next(iter(cache)))
+        try:
+            del cache[next(iter(cache))]
+        except (RuntimeError, KeyError, StopIteration):
+            pass
     cache[key] = value
 
 
