@@ -96,6 +96,12 @@ def write_bundle(kernels: list[CompiledKernel], out: Path | str, cache: KernelCa
     which config serves which problem shape, per recipe; `tuning` (a gemmgen.tuning.TuningTable)
     ships autotune results, registered whenever the bundle is."""
     out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = "a file is in the way" if out.exists() else e.strerror
+        raise GemmgenError(f"bundle folder {out}: cannot create it ({why}); write the bundle to a writable "
+                           "folder (gemmgen build --out DIR)") from None
     if tuning is not None:
         tuning.save(out / TUNING)
     store = KernelCache(out, ARCH)

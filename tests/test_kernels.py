@@ -150,6 +150,16 @@ def test_bundle_for_another_arch_is_refused(tmp_path):
         Bundle(tmp_path / "nothing")
 
 
+def test_a_bundle_folder_that_cannot_be_made_is_a_named_error(tmp_path):
+    from gemmgen.bundle import write_bundle
+    from gemmgen.compile.cache import KernelCache
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(gg.GemmgenError, match=r"bundle folder .*a-file: cannot create it \(a file is in the way\)"):
+        write_bundle([], blocker, KernelCache(tmp_path / "cache"))
+
+
 def test_compile_error_carries_log_and_source(tmp_path):
     src = '#include <cutlass/cutlass.h>\nextern "C" __global__ void k() { this_is_not_declared(); }\n'
     path = tmp_path / "bad.cu"
