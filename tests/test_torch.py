@@ -423,3 +423,23 @@ def test_entry_points_name_arguments_of_the_wrong_kind():
     for call, message in cases:
         with pytest.raises(gg.InvalidArgument, match=message):
             call()
+
+
+def test_the_op_checks_a_call_before_compiling_its_kernel(monkeypatch, gen):
+    """A first call whose arguments the kernel would refuse raises before its kernel is compiled
+    (about 35 s): the op's kernel lookup runs the same checks, then compiles."""
+    from gemmgen.integrations import ops
+
+    recipe = _recipe()
+    compiled = []
+    monkeypatch.setattr(type(recipe), "compile", lambda self, *args, **kw: compiled.append(args))
+    monkeypatch.setattr(ops, "_BY_BUCKET", {})
+    monkeypatch.setattr(ops, "_KERNELS", {})
+    a, b, bias, res, s = _args(gen)
+    with pytest.raises(gg.InvalidArgument, match=r"bias: expected dtype torch\.float16"):
+        ops.launch(recipe, a, b, bias.float(), res, s)
+    with pytest.raises(gg.InvalidArgument, match=r"res: expected shape \(7, 9\)"):
+        ops.launch(recipe, a, b, bias, res[:3], s)
+    assert compiled == []
+    ops.kernel_for(recipe, a, b, (bias, res, s))
+    assert len(compiled) == 1

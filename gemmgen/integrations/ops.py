@@ -27,7 +27,7 @@ import torch
 from .. import tuning
 from ..errors import InvalidArgument, LayoutMismatch
 from ..runtime import driver
-from ..runtime.checks import check_call, tma_readable
+from ..runtime.checks import check_call, check_problem_size, tma_readable
 from ..runtime.kernel import allocate_output, put_bounded
 from ..types import Layout, OperandKind
 
@@ -120,7 +120,7 @@ def op(recipe: Recipe) -> Any:
 
 def launch(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
     """Run the recipe's kernel for this problem (`kernel_for`) on the given tensors."""
-    return kernel_for(recipe, a, b)(a, b, *args)
+    return kernel_for(recipe, a, b, args)(a, b, *args)
 
 
 def call_realigning(recipe: Recipe, call: Any, a: torch.Tensor, b: torch.Tensor, args: tuple) -> Any:
@@ -232,12 +232,13 @@ def _autograd_kernel(overload: Any, backends: dict[str, Any], backward: Any, set
     return kernel
 
 
-def kernel_for(recipe: Recipe, a: torch.Tensor, b: torch.Tensor) -> Any:
+def kernel_for(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, args: tuple | None = None) -> Any:
     """The kernel for this problem: config per shape bucket (autotune result, else the heuristic),
     compiled or loaded once per (recipe, device, bucket, registered tuning tables).
 
     Looked up first by the exact shapes (per call: no bucketing, no device query), then by bucket,
-    so every shape of a bucket shares one kernel."""
+    so every shape of a bucket shares one kernel. `args` (the operands, positionally) are checked
+    with A and B before a kernel is compiled for them, so a mistake costs no half-minute compile."""
     by_shape = _KERNELS.get(recipe.key)
     if by_shape is None:
         by_shape = _KERNELS.setdefault(recipe.key, {})
@@ -245,12 +246,12 @@ def kernel_for(recipe: Recipe, a: torch.Tensor, b: torch.Tensor) -> Any:
     kernel = by_shape.get(key)
     if kernel is None:
         with _LOCK:
-            kernel = _kernel_for_bucket(recipe, a, b)
+            kernel = _kernel_for_bucket(recipe, a, b, args)
             put_bounded(by_shape, key, kernel, _MAX_SHAPES)
     return kernel
 
 
-def _kernel_for_bucket(recipe: Recipe, a: torch.Tensor, b: torch.Tensor) -> Any:
+def _kernel_for_bucket(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, args: tuple | None) -> Any:
     """`kernel_for` by shape bucket; the caller holds _LOCK."""
     batched = recipe.ir.gemm.batched
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
@@ -266,7 +267,12 @@ def _kernel_for_bucket(recipe: Recipe, a: torch.Tensor, b: torch.Tensor) -> Any:
             else:
                 _DEVICES[index] = (None, 132)
         device, sms = _DEVICES[index]
-        kernel = _BY_BUCKET[key] = recipe.compile(tuning.config_for(recipe.ir, m, n, k, l, device, sms))
+        config = tuning.config_for(recipe.ir, m, n, k, l, device, sms)
+        if args is not None:  # the kernel's own checks, before compiling it
+            names = [o.name for o in recipe.ir.epilogue.operands]
+            call = check_call(recipe.ir, a, b, dict(zip(names, args, strict=False)), require_cuda=index >= 0)
+            check_problem_size(call, config.tile, config.cluster, config.swap_ab)
+        kernel = _BY_BUCKET[key] = recipe.compile(config)
     return kernel
 
 
