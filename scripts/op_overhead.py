@@ -2,22 +2,27 @@
 
     python scripts/op_overhead.py
 
-On the CPU (no driver): the same host work the CUDA path does, through the real dispatcher and
-op registration (`gemmgen.integrations.ops.define`), with the driver's two calls left out (the
-tensor-map encode is a recording stand-in; nothing is launched). A probe op whose CPU kernel is
-the CUDA kernel's body (kernel_for, then Kernel.prepare of the compiled bias_gelu with operands
-positional) is timed against those steps called directly, and each step is timed alone. Since a
-raw launch is the driver call alone, the op path's time here estimates its overhead over a raw
-launch; the GPU run measures that directly.
+On the CPU (no GPU): the CUDA path's host work on CPU tensors, through the real dispatcher and op
+registration (`gemmgen.integrations.ops.define`), with the driver's calls going through
+cuda.bindings and ctypes into the stub libcuda (gemmgen/testing/stub_driver.py; needs a C
+compiler), which does no work of its own. A probe op whose CPU kernel is the CUDA kernel's body
+(`call_realigning` of `kernel_for(...)(...)`: checks, Params, launch) is timed against a raw
+`cuLaunchKernelEx` of prepared arguments and against its steps called directly. The driver's own
+work per launch is the same with or without gemmgen, so "over raw" is the overhead the issue's
+bar is about, on this CPU. Without a C compiler the driver calls are left out (`--no-stub`
+forces that).
 
-On a GPU, in addition: a raw cuLaunchKernelEx of prepared arguments, then Kernel.__call__, the
-eager path modules use (OpCaller: kernel called directly) and the op, each as host microseconds
-per call over a loop of 2000 launches of a 64x64x64 problem; the overheads are over the raw launch.
+On a GPU: a raw cuLaunchKernelEx of prepared arguments, then Kernel.__call__, the eager path
+modules use (OpCaller: kernel called directly) and the op, each as host microseconds per call over
+a loop of 2000 launches of a 64x64x64 problem; the overheads are over the raw launch.
 """
 
 from __future__ import annotations
 
+import shutil
 import statistics
+import sys
+import tempfile
 import time
 from pathlib import Path
 from unittest import mock
@@ -32,28 +37,45 @@ from gemmgen.testing.recording import RecordingEncoder
 from gemmgen.testing.timing import median_us
 
 ROOT = Path(__file__).resolve().parent.parent
+STREAM = 0x5E0
 
 
 def _us(fn) -> float:
     return median_us(fn, reps=5000)
 
 
+def _stub_driver():
+    """Load the stub libcuda (and stand CPU tensors in for a GPU's); None without a C compiler."""
+    from gemmgen.testing.stub_driver import StubDriver, build, stand_in_device
+
+    if "--no-stub" in sys.argv or not (shutil.which("cc") or shutil.which("gcc")):
+        return None
+    stub = StubDriver(build(Path(tempfile.mkdtemp(prefix="gemmgen-stub-"))))
+    stand_in_device(STREAM)
+    return stub
+
+
 def cpu_overheads() -> None:
     recipe = load_recipes(ROOT / "examples" / "recipes.py")["bias_gelu"]
-    kernel = Kernel(recipe.build(), encoder=RecordingEncoder(strict=False), hardware=lambda i: (132, 0),
-                    require_cuda=False)
+    stub = _stub_driver()
+    if stub is not None:
+        kernel = Kernel(recipe.build(), require_cuda=False)  # the real driver path, into the stub
+        stub.record_params(kernel.compiled.info.params_size)
+    else:
+        kernel = Kernel(recipe.build(), encoder=RecordingEncoder(strict=False), hardware=lambda i: (132, 0),
+                        require_cuda=False)
     a = torch.randn(64, 64).bfloat16()
     b, bias = torch.randn(64, 64).bfloat16().t(), torch.randn(64).bfloat16()
     with mock.patch.object(type(recipe), "compile", lambda self, config=None, **kw: kernel):
-        ops.kernel_for(recipe, a, b)  # the runtime's kernel cache now serves this CPU stand-in for the bucket
+        ops.kernel_for(recipe, a, b)  # the runtime's kernel cache now serves this kernel for the bucket
 
-    def prepare(a: torch.Tensor, b: torch.Tensor, *args: object) -> torch.Tensor:
-        return ops.kernel_for(recipe, a, b).prepare(a, b, *args).outputs[0]
+    def call(a: torch.Tensor, b: torch.Tensor, *args: object) -> torch.Tensor:
+        k = ops.kernel_for(recipe, a, b)
+        return k(a, b, *args) if stub is not None else k.prepare(a, b, *args).outputs[0]
 
     def body(a: torch.Tensor, b: torch.Tensor, *args: object) -> torch.Tensor:
-        """The op's CUDA kernel (`call_realigning` of `kernel_for(...)(a, b, *args)`) without the
-        driver's launch."""
-        return ops.call_realigning(recipe, prepare, a, b, args)
+        """The op's CUDA kernel: `call_realigning` of `kernel_for(...)(a, b, *args)`."""
+        return ops.call_realigning(recipe, call, a, b, args)
 
     t0 = time.perf_counter()
     probe = ops.define("overhead_probe(Tensor a, Tensor b, Tensor bias) -> Tensor", {"CPU": body},
@@ -66,25 +88,41 @@ def cpu_overheads() -> None:
     next_us = (time.perf_counter() - t0) * 1e6
     body(a, b, bias)
     allowed = (a, b, bias)
-    rows = {
+    rows = {}
+    if stub is not None:
+        from gemmgen.runtime import driver
+
+        out = kernel(a, b, bias)
+        prep = kernel.prepare(a, b, bias, out=out)
+        fn, info = kernel._function(-1), kernel.compiled.info
+        rows["raw cuLaunchKernelEx (prepared arguments)"] = _us(lambda: driver.launch(
+            fn, prep.params, prep.grid, info.max_threads, kernel.compiled.config.cluster, info.smem_bytes, STREAM))
+        rows["Kernel.__call__, out given"] = _us(lambda: kernel(a, b, bias, out=out))
+        rows["Kernel.__call__, D allocated"] = _us(lambda: kernel(a, b, bias))
+    rows.update({
         "Kernel.prepare (checks hit, D allocated)": _us(lambda: kernel.prepare(a, b, bias)),
         "  of which torch.empty_strided of D": _us(
             lambda: torch.empty_strided((64, 64), (64, 1), dtype=torch.bfloat16)),
         "kernel_for (config and kernel lookup)": _us(lambda: ops.kernel_for(recipe, a, b)),
         "direct_call_allowed (the module's check)": _us(lambda: ops.direct_call_allowed(allowed, "cpu")),
+        "module eager path (check, then the body)": _us(
+            lambda: ops.direct_call_allowed(allowed, "cpu") and body(a, b, bias)),
         "op body called directly": _us(lambda: body(a, b, bias)),
         "op through the dispatcher": _us(lambda: probe(a, b, bias)),
-    }
+    })
     with torch.no_grad():
         rows["op through the dispatcher, no_grad"] = _us(lambda: probe(a, b, bias))
     with torch.inference_mode():
         rows["op through the dispatcher, inference_mode"] = _us(lambda: probe(a, b, bias))
+    where = "driver calls into the stub libcuda" if stub is not None else "driver calls left out"
     print(f"# CPU, torch {torch.__version__}, {recipe.name} ({kernel.compiled.config.name}) 64x64x64, "
-          "median of 7x5000 calls; driver calls left out")
+          f"median of 7x5000 calls; {where}")
     print(f"{'registering the first op of the process':45s} {first_us:6.0f} us")
     print(f"{'registering a further op (once per recipe)':45s} {next_us:6.0f} us")
+    raw = rows.get("raw cuLaunchKernelEx (prepared arguments)")
     for name, us in rows.items():
-        print(f"{name:45s} {us:6.1f} us")
+        over = f"   over raw: {us - raw:5.1f} us" if raw is not None and not name.startswith(" ") else ""
+        print(f"{name:45s} {us:6.1f} us{over}")
     dispatcher = rows["op through the dispatcher"] - rows["op body called directly"]
     print(f"{'dispatcher (op minus its body)':45s} {dispatcher:6.1f} us")
 

@@ -17,47 +17,73 @@ from ..errors import GemmgenError, InvalidArgument
 from .tma import EncodeArgs
 
 
+@functools.cache
 def _cu():
+    """cuda.bindings.driver, imported on first use (an import statement per call costs a microsecond)."""
     from cuda.bindings import driver
 
     return driver
 
 
 def _check(result, what: str) -> None:
-    cu = _cu()
+    """Raise GemmgenError naming the call and the driver's error (a CUresult, a bindings result
+    tuple, or the plain int a ctypes call returns)."""
     err = result[0] if isinstance(result, tuple) else result
-    if err != cu.CUresult.CUDA_SUCCESS:
-        _, msg = cu.cuGetErrorString(err)
-        raise GemmgenError(f"{what} failed: {err.name} ({msg.decode() if msg else '?'})")
+    if err == 0:  # CUresult is an IntEnum
+        return
+    cu = _cu()
+    try:
+        err = cu.CUresult(err)
+    except ValueError:
+        raise GemmgenError(f"{what} failed: CUresult {int(err)}") from None
+    _, msg = cu.cuGetErrorString(err)
+    raise GemmgenError(f"{what} failed: {err.name} ({msg.decode() if msg else '?'})")
 
 
 def encode_tensor_map(args: EncodeArgs) -> bytes:
-    """cuTensorMapEncodeTiled -> the 128-byte CUtensorMap."""
-    cu = _cu()
-    dtype, box, elem_strides, interleave, swizzle, l2, oob = _fixed_encode_args(
-        args.dtype, args.box, args.elem_strides, args.interleave, args.swizzle, args.l2, args.oob)
-    err, tmap = cu.cuTensorMapEncodeTiled(dtype, args.rank, args.addr, _u64s(args.dims), _u64s(args.strides), box,
-                                          elem_strides, interleave, swizzle, l2, oob)
-    _check(err, f"cuTensorMapEncodeTiled({args})")
-    return bytes((ctypes.c_char * 128).from_address(tmap.getPtr()))
+    """cuTensorMapEncodeTiled -> the 128-byte CUtensorMap.
+
+    Called through ctypes into a map gemmgen aligns, not through cuda.bindings' wrapper: that one
+    encodes into a CUtensorMap object which CPython allocates at 16-byte alignment (48 mod 64 for
+    every object with cuda-bindings 13.0.3), while cuda.h requires the map 64-byte aligned (and
+    CUDA 13 declares it alignas(128))."""
+    buf = ctypes.create_string_buffer(_MAP_BYTES + _MAP_ALIGN)
+    at = -ctypes.addressof(buf) % _MAP_ALIGN + ctypes.addressof(buf)
+    err = _encode_tiled()(at, args.dtype, args.rank, args.addr, _u64s(args.dims), _u64s(args.strides),
+                          _u32s(args.box), _u32s(args.elem_strides), args.interleave, args.swizzle, args.l2,
+                          args.oob)
+    if err:
+        _check(err, f"cuTensorMapEncodeTiled({args})")
+    return ctypes.string_at(at, _MAP_BYTES)
 
 
-@functools.lru_cache(maxsize=256)
-def _fixed_encode_args(dtype: int, box: tuple, elem_strides: tuple, interleave: int, swizzle: int, l2: int,
-                       oob: int) -> tuple:
-    """The arguments a tensor map template fixes, as the bindings' typed values (building them
-    costs about 2 us of Python per encode; a template's are the same for every tensor)."""
+_MAP_BYTES, _MAP_ALIGN = 128, 128
+
+
+@functools.cache
+def _encode_tiled():
+    """The driver's cuTensorMapEncodeTiled as a ctypes function (looked up through cuda.bindings, so
+    that it comes from the library the other calls use)."""
     cu = _cu()
-    return (cu.CUtensorMapDataType(dtype), tuple(cu.cuuint32_t(x) for x in box),
-            tuple(cu.cuuint32_t(x) for x in elem_strides), cu.CUtensorMapInterleave(interleave),
-            cu.CUtensorMapSwizzle(swizzle), cu.CUtensorMapL2promotion(l2), cu.CUtensorMapFloatOOBfill(oob))
+    err, address, _ = cu.cuGetProcAddress(b"cuTensorMapEncodeTiled", 12000,
+                                          cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT)
+    _check(err, "cuGetProcAddress(cuTensorMapEncodeTiled)")
+    u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                                 u64p, u64p, u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int)
+    return prototype(address)
 
 
 @functools.lru_cache(maxsize=4096)
-def _u64s(values: tuple[int, ...]) -> tuple:
-    """Extents or strides as the bindings' cuuint64_t values (shapes repeat from call to call)."""
-    cu = _cu()
-    return tuple(cu.cuuint64_t(x) for x in values)
+def _u64s(values: tuple[int, ...]) -> ctypes.Array:
+    """Extents or strides as a C array (shapes repeat from call to call; the driver only reads it)."""
+    return (ctypes.c_uint64 * len(values))(*values)
+
+
+@functools.lru_cache(maxsize=256)
+def _u32s(values: tuple[int, ...]) -> ctypes.Array:
+    """A box or element strides as a C array (fixed per tensor map template)."""
+    return (ctypes.c_uint32 * len(values))(*values)
 
 
 @dataclass

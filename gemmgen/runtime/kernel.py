@@ -39,6 +39,7 @@ from .checks import (
     rebind,
 )
 from .problem import Problem, TensorArg
+from .tma import EncodeArgs
 
 if TYPE_CHECKING:
     from ..build import CompiledKernel
@@ -101,7 +102,7 @@ class Kernel:
         self._writer = ParamsWriter(compiled.params_layout)
         self._builder = ArgumentBuilder(compiled.generated.kernel_recipe, self._config)
         self._swap = self._config.swap_ab  # the kernel computes D^T = B^T A^T on the same memory
-        self._encode = encoder or driver.encode_tensor_map
+        self._encode = encoder or MemoEncoder(driver.encode_tensor_map)
         self._hardware = hardware or self._device_hardware
         self._require_cuda = require_cuda
         self._plans: dict[tuple, _Plan] = {}  # by every argument's signature, addresses included
@@ -299,6 +300,22 @@ class Kernel:
         for dst, src in zip(outputs, evaluate_epilogue(self._ir.epilogue, acc, operands),
                             strict=True):
             dst.copy_(src)
+
+
+class MemoEncoder:
+    """An encoder memoized by its arguments, which determine the map: when activations move, a
+    weight's map is not encoded again (a driver call of a few microseconds per map)."""
+
+    def __init__(self, encode: TensorMapEncoder) -> None:
+        self._encode = encode
+        self._maps: dict[EncodeArgs, bytes] = {}
+
+    def __call__(self, args: EncodeArgs) -> bytes:
+        desc = self._maps.get(args)
+        if desc is None:
+            desc = self._encode(args)
+            put_bounded(self._maps, args, desc, 4 * _MAX_ENTRIES)
+        return desc
 
 
 def put_bounded(cache: dict, key: Any, value: Any, limit: int = _MAX_ENTRIES) -> None:

@@ -1,0 +1,259 @@
+/* A stand-in libcuda.so.1 for CPU tests: built and loaded by gemmgen/testing/stub_driver.py.
+
+   It exports the driver entry points gemmgen calls, so that gemmgen's driver layer runs end to end
+   through the real cuda.bindings and ctypes calls on a machine without a GPU. Every value arrives
+   here through the C ABI, as it would at the real driver. Each entry point checks what cuda.h
+   documents about the call itself (a 64-byte aligned tensor map, a cubin image, an entry that the
+   image defines, dynamic shared memory within the function's limit) and records what it received
+   in the stub_* globals, which the tests read back with ctypes. A tensor map is filled with the
+   arguments of its encode (struct StubMap), so that a Params block can be traced back to tensors.
+
+   It leaves out cuInit on purpose: NVRTC looks for cuInit and cuGetExportTable in a loaded
+   libcuda, and treats the driver as absent (as on a machine without one) only if cuInit is missing. */
+
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STUB_MAP_MAGIC 0x4d544747u /* "GGTM" */
+#define STUB_MAX_PARAMS 4096
+#define SM90_MAX_DYNAMIC_SMEM 232448
+
+typedef struct {
+  uint32_t magic;
+  uint8_t dtype, rank, interleave, swizzle, l2, oob;
+  uint8_t elem_strides[5];
+  uint8_t pad;
+  uint64_t addr;
+  uint64_t dims[5];
+  uint64_t strides[4];
+  uint32_t box[5];
+  uint32_t serial; /* 1 for the first encode of the process */
+} StubMap;
+
+typedef struct {
+  uint32_t grid[3], block[3], cluster[3];
+  uint32_t smem, num_attrs, params_size;
+  uint64_t stream, function;
+  uint8_t params[STUB_MAX_PARAMS];
+} StubLaunch;
+
+typedef struct {
+  size_t size;
+  unsigned char *image;
+} StubModule;
+
+typedef struct {
+  uint32_t magic;
+  StubModule *module;
+  int max_dynamic_smem;
+} StubFunction;
+
+#define STUB_FUNCTION_MAGIC 0x464e4747u /* "GGNF" */
+
+/* What the tests set. */
+CUresult stub_fail_next = CUDA_SUCCESS; /* the next entry point called returns this instead */
+int stub_max_active_clusters = 66;      /* cuOccupancyMaxActiveClusters' answer; < 0: it fails */
+uint32_t stub_params_size = 0;          /* how many bytes of kernelParams[0] a launch records */
+
+/* What the tests read. */
+uint32_t stub_encodes = 0;
+uint32_t stub_launches = 0;
+StubLaunch stub_last_launch;
+StubLaunch stub_last_occupancy; /* the config of the last occupancy query (no params) */
+char stub_last_entry[256];
+int stub_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+int stub_capture_mode_at_load = -1; /* the thread's mode during the last cuModuleLoadData */
+int stub_last_smem_attribute = -1;
+
+static CUresult take_failure(void) {
+  CUresult err = stub_fail_next;
+  stub_fail_next = CUDA_SUCCESS;
+  return err;
+}
+
+CUresult CUDAAPI cuGetErrorName(CUresult error, const char **str) {
+  switch (error) {
+    case CUDA_SUCCESS: *str = "CUDA_SUCCESS"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_VALUE: *str = "CUDA_ERROR_INVALID_VALUE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_IMAGE: *str = "CUDA_ERROR_INVALID_IMAGE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NOT_FOUND: *str = "CUDA_ERROR_NOT_FOUND"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_CLUSTER_SIZE: *str = "CUDA_ERROR_INVALID_CLUSTER_SIZE"; return CUDA_SUCCESS;
+    default: *str = NULL; return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+CUresult CUDAAPI cuGetErrorString(CUresult error, const char **str) {
+  switch (error) {
+    case CUDA_SUCCESS: *str = "no error"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_VALUE: *str = "invalid argument"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_IMAGE: *str = "device kernel image is invalid"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NOT_FOUND: *str = "named symbol not found"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_CLUSTER_SIZE: *str = "invalid cluster size"; return CUDA_SUCCESS;
+    default: *str = NULL; return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+/* cuda.bindings resolves every entry point through this one when the library exports it. Names
+   come without their version suffix, as in the real driver ("cuGetProcAddress" is served by the
+   _v2 export). */
+CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                     CUdriverProcAddressQueryResult *status) {
+  (void)version;
+  (void)flags;
+  Dl_info self;
+  void *handle = NULL;
+  char versioned[256];
+  if (dladdr((void *)&cuGetProcAddress_v2, &self) && self.dli_fname)
+    handle = dlopen(self.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  *pfn = handle ? dlsym(handle, symbol) : NULL;
+  if (handle && !*pfn && strlen(symbol) + 4 <= sizeof(versioned)) {
+    strcpy(versioned, symbol);
+    strcat(versioned, "_v2");
+    *pfn = dlsym(handle, versioned);
+  }
+  if (handle) dlclose(handle);
+  if (status) *status = *pfn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+  CUresult err = take_failure();
+  if (err) return err;
+  int previous = stub_capture_mode;
+  stub_capture_mode = (int)*mode;
+  *mode = (CUstreamCaptureMode)previous;
+  return CUDA_SUCCESS;
+}
+
+/* The size of an ELF64 image, from its header: cubins end with their section headers. */
+static size_t elf_size(const unsigned char *image) {
+  uint64_t shoff;
+  uint16_t shentsize, shnum;
+  memcpy(&shoff, image + 0x28, 8);
+  memcpy(&shentsize, image + 0x3a, 2);
+  memcpy(&shnum, image + 0x3c, 2);
+  return (size_t)(shoff + (uint64_t)shentsize * shnum);
+}
+
+CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
+  CUresult err = take_failure();
+  if (err) return err;
+  stub_capture_mode_at_load = stub_capture_mode;
+  const unsigned char *bytes = (const unsigned char *)image;
+  if (!bytes || memcmp(bytes, "\x7f" "ELF", 4) != 0 || bytes[4] != 2) return CUDA_ERROR_INVALID_IMAGE;
+  StubModule *m = calloc(1, sizeof(StubModule));
+  m->size = elf_size(bytes);
+  m->image = malloc(m->size);
+  memcpy(m->image, bytes, m->size);
+  *module = (CUmodule)m;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name) {
+  CUresult err = take_failure();
+  if (err) return err;
+  StubModule *m = (StubModule *)module;
+  size_t n = strlen(name);
+  if (!m || n + 2 > sizeof(stub_last_entry)) return CUDA_ERROR_INVALID_VALUE;
+  char needle[sizeof(stub_last_entry) + 1];
+  needle[0] = '\0';
+  memcpy(needle + 1, name, n + 1); /* "\0name\0", as the image's string table holds it */
+  if (!memmem(m->image, m->size, needle, n + 2)) return CUDA_ERROR_NOT_FOUND;
+  memcpy(stub_last_entry, name, n + 1);
+  StubFunction *f = calloc(1, sizeof(StubFunction));
+  f->magic = STUB_FUNCTION_MAGIC;
+  f->module = m;
+  f->max_dynamic_smem = 48 * 1024;
+  *function = (CUfunction)f;
+  return CUDA_SUCCESS;
+}
+
+static StubFunction *as_function(CUfunction function) {
+  StubFunction *f = (StubFunction *)function;
+  return f && f->magic == STUB_FUNCTION_MAGIC ? f : NULL;
+}
+
+CUresult CUDAAPI cuFuncSetAttribute(CUfunction function, CUfunction_attribute attribute, int value) {
+  CUresult err = take_failure();
+  if (err) return err;
+  StubFunction *f = as_function(function);
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  if (attribute != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) return CUDA_ERROR_NOT_SUPPORTED;
+  if (value < 0 || value > SM90_MAX_DYNAMIC_SMEM) return CUDA_ERROR_INVALID_VALUE;
+  f->max_dynamic_smem = value;
+  stub_last_smem_attribute = value;
+  return CUDA_SUCCESS;
+}
+
+/* Copies a launch config; CUDA_ERROR_INVALID_VALUE if its shared memory exceeds the function's limit. */
+static CUresult record_config(StubLaunch *out, const CUlaunchConfig *config, StubFunction *f) {
+  if (!config || !f) return CUDA_ERROR_INVALID_VALUE;
+  if ((int)config->sharedMemBytes > f->max_dynamic_smem) return CUDA_ERROR_INVALID_VALUE;
+  memset(out, 0, sizeof(*out));
+  out->grid[0] = config->gridDimX, out->grid[1] = config->gridDimY, out->grid[2] = config->gridDimZ;
+  out->block[0] = config->blockDimX, out->block[1] = config->blockDimY, out->block[2] = config->blockDimZ;
+  out->smem = config->sharedMemBytes;
+  out->stream = (uint64_t)(uintptr_t)config->hStream;
+  out->function = (uint64_t)(uintptr_t)f;
+  out->num_attrs = config->numAttrs;
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+      out->cluster[0] = config->attrs[i].value.clusterDim.x;
+      out->cluster[1] = config->attrs[i].value.clusterDim.y;
+      out->cluster[2] = config->attrs[i].value.clusterDim.z;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuOccupancyMaxActiveClusters(int *clusters, CUfunction function, const CUlaunchConfig *config) {
+  CUresult err = take_failure();
+  if (err) return err;
+  err = record_config(&stub_last_occupancy, config, as_function(function));
+  if (err) return err;
+  if (stub_max_active_clusters < 0) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+  *clusters = stub_max_active_clusters;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction function, void **params, void **extra) {
+  CUresult err = take_failure();
+  if (err) return err;
+  if (!params || !params[0] || extra || stub_params_size > STUB_MAX_PARAMS) return CUDA_ERROR_INVALID_VALUE;
+  err = record_config(&stub_last_launch, config, as_function(function));
+  if (err) return err;
+  stub_last_launch.params_size = stub_params_size;
+  memcpy(stub_last_launch.params, params[0], stub_params_size);
+  ++stub_launches;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType dtype, cuuint32_t rank, void *addr,
+                                        const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box,
+                                        const cuuint32_t *elem_strides, CUtensorMapInterleave interleave,
+                                        CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                                        CUtensorMapFloatOOBfill oob) {
+  CUresult err = take_failure();
+  if (err) return err;
+  if (!map || ((uintptr_t)map & 63) || rank < 1 || rank > 5) return CUDA_ERROR_INVALID_VALUE;
+  StubMap m;
+  memset(&m, 0, sizeof(m));
+  m.magic = STUB_MAP_MAGIC;
+  m.dtype = (uint8_t)dtype, m.rank = (uint8_t)rank, m.interleave = (uint8_t)interleave;
+  m.swizzle = (uint8_t)swizzle, m.l2 = (uint8_t)l2, m.oob = (uint8_t)oob;
+  m.addr = (uint64_t)(uintptr_t)addr;
+  for (cuuint32_t i = 0; i < rank; ++i) {
+    m.dims[i] = dims[i];
+    m.box[i] = box[i];
+    m.elem_strides[i] = elem_strides[i] > 255 ? 255 : (uint8_t)elem_strides[i];
+    if (i + 1 < rank) m.strides[i] = strides[i];
+  }
+  m.serial = ++stub_encodes;
+  memset(map, 0, sizeof(CUtensorMap));
+  memcpy(map, &m, sizeof(m));
+  return CUDA_SUCCESS;
+}

@@ -1,0 +1,192 @@
+"""Cases that run gemmgen's driver layer against the stub libcuda (gemmgen/testing/stub_driver.py).
+
+Run by tests/test_stub_driver.py in a child process, since a process keeps the driver it loads:
+
+    python tests/stub_driver_cases.py STUB_LIB CACHE_DIR RESULTS_JSON
+
+Each case reports "ok" or its traceback in RESULTS_JSON. Nothing here needs a GPU: CPU tensors stand
+for a GPU's (`stand_in_device`), and every call from gemmgen to the driver goes through the real
+cuda.bindings or ctypes into the stub.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+STREAM = 0x5E0  # the raw stream handle launches must carry
+BLOCK, CLUSTER, SMEM = 384, (2, 1, 1), 200_000
+
+
+def _kernels(cache_dir: str) -> dict:
+    """Every test kernel (examples + extra), loaded from the session's cache."""
+    from gemmgen.build import build_kernel
+    from gemmgen.compile.cache import KernelCache
+    from gemmgen.recipes_file import load_recipes
+
+    cache = KernelCache(cache_dir)
+    out = {}
+    for path in (ROOT / "examples" / "recipes.py", ROOT / "tests" / "data" / "extra_recipes.py"):
+        for r in load_recipes(path).values():
+            out[r.name] = build_kernel(r, r.default_config(), cache)
+    return out
+
+
+def case_tensor_maps_reach_the_driver_as_encoded(stub, kernels):
+    """Each map a call needs, encoded through the driver path, arrives in C with exactly gemmgen's
+    arguments, in a map the driver accepts (64-byte aligned). cuda.bindings' own wrapper would not:
+    its CUtensorMap objects are only 16-byte aligned, which is why gemmgen calls the driver itself."""
+    from cuda.bindings import driver as cu
+
+    from gemmgen.runtime import driver
+    from gemmgen.testing.recording import RecordingEncoder
+    from tests.test_runtime import _cpu_kernel, _fresh_args
+
+    for name, ck in kernels.items():
+        enc = RecordingEncoder()
+        lead = (2,) if ck.recipe.ir.gemm.batched else ()
+        a, b, ops = _fresh_args(ck.recipe, 40, 24, 72, lead)
+        _cpu_kernel(ck, enc).prepare(a, b, **ops)
+        assert enc.calls, name
+        for args in enc.calls:
+            before = stub.encodes
+            got = stub.of(driver.encode_tensor_map(args))
+            assert stub.encodes == before + 1
+            assert got == args, f"{name}: sent {args}, the driver received {got}"
+    args = enc.calls[0]
+    err, _ = cu.cuTensorMapEncodeTiled(
+        cu.CUtensorMapDataType(args.dtype), args.rank, args.addr, [cu.cuuint64_t(x) for x in args.dims],
+        [cu.cuuint64_t(x) for x in args.strides], [cu.cuuint32_t(x) for x in args.box],
+        [cu.cuuint32_t(x) for x in args.elem_strides], cu.CUtensorMapInterleave(args.interleave),
+        cu.CUtensorMapSwizzle(args.swizzle), cu.CUtensorMapL2promotion(args.l2), cu.CUtensorMapFloatOOBfill(args.oob))
+    misaligned = {cu.CUtensorMap().getPtr() % 64 for _ in range(64)} != {0}
+    assert err == (cu.CUresult.CUDA_ERROR_INVALID_VALUE if misaligned else cu.CUresult.CUDA_SUCCESS)
+
+
+def case_driver_errors_name_the_call(stub, kernels):
+    """A failing driver call raises GemmgenError naming the call, the error and the driver's message."""
+    from gemmgen.errors import GemmgenError
+    from gemmgen.runtime import driver
+    from gemmgen.runtime.tma import EncodeArgs
+
+    args = EncodeArgs(1, 3, 0x10000, (64, 64, 1), (128, 0), (64, 64, 1), (1, 1, 1), 0, 3, 2, 0)
+    stub.fail_next(1)  # CUDA_ERROR_INVALID_VALUE
+    try:
+        driver.encode_tensor_map(args)
+    except GemmgenError as e:
+        assert "cuTensorMapEncodeTiled(EncodeArgs(dtype=1" in str(e) and "CUDA_ERROR_INVALID_VALUE (invalid argument)" \
+            in str(e), str(e)
+    else:
+        raise AssertionError("a failing encode raised nothing")
+    assert stub.of(driver.encode_tensor_map(args)) == args  # the failure was one call's
+
+
+def case_loading_a_kernel(stub, kernels):
+    """driver.load: the cubin image and its entry reach the driver, the function's shared memory
+    limit is raised to the kernel's, all in relaxed capture mode (restored after), and the
+    occupancy query sees one cluster's launch config; a wrong entry or image raises GemmgenError,
+    and a failing occupancy query falls back to 0 clusters with a warning."""
+    import warnings
+
+    from cuda.bindings import driver as cu
+
+    from gemmgen.errors import GemmgenError
+    from gemmgen.runtime import driver
+
+    ck = kernels["bias_gelu"]
+    fn = driver._load_function(cu, ck.entry, ck.cubin, BLOCK, CLUSTER, SMEM)
+    assert stub.entry == ck.entry and stub.smem_attribute == SMEM
+    assert stub.capture_mode_at_load == cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    assert stub.capture_mode == cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+    q = stub.last_occupancy_query
+    assert (q.grid, q.block, q.cluster, q.smem, q.num_attrs) == (CLUSTER, (BLOCK, 1, 1), CLUSTER, SMEM, 1), q
+    assert fn.max_active_clusters == 66
+    for entry, image, error in ((ck.entry + "_missing", ck.cubin, "CUDA_ERROR_NOT_FOUND"),
+                                (ck.entry, b"not a cubin", "CUDA_ERROR_INVALID_IMAGE")):
+        try:
+            driver._load_function(cu, entry, image, BLOCK, CLUSTER, SMEM)
+        except GemmgenError as e:
+            assert error in str(e), str(e)
+        else:
+            raise AssertionError(f"loading {entry!r} from {image[:8]!r} raised nothing")
+        assert stub.capture_mode == cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+    stub.answer_occupancy(-1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert driver._load_function(cu, ck.entry, ck.cubin, BLOCK, CLUSTER, SMEM).max_active_clusters == 0
+    stub.answer_occupancy(66)
+    assert any("CUDA_ERROR_INVALID_CLUSTER_SIZE" in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+
+def case_calls_launch_the_recipes_math(stub, kernels):
+    """Kernel.__call__ through the driver for every test kernel family (swapped ones included), with
+    given and fresh outputs: the Params block cuLaunchKernelEx receives, read through the maps and
+    pointers in it (the CPU emulation), computes the recipe's reference on the caller's tensors;
+    the launch has the kernel's block, cluster and shared memory on the current stream, within
+    the driver's limits, and every map in it passes cuTensorMapEncodeTiled's documented rules."""
+    from gemmgen.runtime.kernel import Kernel
+    from gemmgen.testing.emulate import emulate
+    from gemmgen.testing.recording import encode_violations, launch_violations
+    from tests.test_runtime import EMULATED, TOLERANCE, _args_with_nonzero_reference, _padded
+
+    for name, ck in kernels.items():
+        kernel = Kernel(ck, require_cuda=False)  # the real driver path: encode, load and launch reach the stub
+        stub.record_params(ck.info.params_size)
+        recipe = ck.recipe
+        for m, n, k, batch in EMULATED:
+            lead = (batch,) if recipe.ir.gemm.batched else ()
+            for given in (True, False):
+                where = f"{name} M={m} N={n} K={k} lead={lead} given={given}"
+                a, b, ops, want = _args_with_nonzero_reference(recipe, m, n, k, lead)
+                launches = stub.launches
+                if given:
+                    outs = tuple(_padded(m, n, o.dtype.torch, True, lead, fill=float("nan")) for o in recipe.outputs)
+                    kernel(a, b, out=outs if len(outs) > 1 else outs[0], **ops)
+                else:
+                    got = kernel(a, b, **ops)
+                    outs = tuple(o.fill_(float("nan")) for o in (got if isinstance(got, tuple) else (got,)))
+                assert stub.launches == launches + 1, where
+                launch = stub.last_launch
+                assert len(launch.params) == ck.info.params_size, where
+                assert (launch.block, launch.cluster, launch.smem, launch.stream, launch.num_attrs) == \
+                    ((ck.info.max_threads, 1, 1), ck.config.cluster, ck.info.smem_bytes, STREAM, 1), (where, launch)
+                assert launch_violations(launch.grid, launch.block[0], launch.cluster, launch.smem) == [], where
+                for field, offset, _ in ck.params_layout.fields:
+                    if field.kind == "desc":
+                        args = stub.of(launch.params[offset:offset + 128])
+                        assert args is None or encode_violations(args) == [], (where, field.name, args)
+                tensors = [a, b, *outs, *(v for v in ops.values() if isinstance(v, torch.Tensor))]
+                emulate(ck, launch.params, stub, tensors)
+                for out, ref in zip(outs, want, strict=True):
+                    assert not out.isnan().any(), f"{where}: output elements the kernel would not write"
+                    tol = TOLERANCE[out.dtype]
+                    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol, msg=where)
+
+
+CASES = {name: fn for name, fn in globals().items() if name.startswith("case_")}
+
+
+def main(stub_lib: str, cache_dir: str, results: str) -> None:
+    sys.path.insert(0, str(ROOT))
+    from gemmgen.testing.stub_driver import StubDriver, stand_in_device
+
+    stub = StubDriver(Path(stub_lib))  # before cuda.bindings binds a driver
+    stand_in_device(STREAM)
+    kernels = _kernels(cache_dir)
+    report = {}
+    for name, case in CASES.items():
+        try:
+            case(stub, kernels)
+            report[name] = "ok"
+        except BaseException:
+            report[name] = traceback.format_exc()
+    Path(results).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
