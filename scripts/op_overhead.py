@@ -120,8 +120,9 @@ def cpu_overheads() -> None:
     print(f"{'registering the first op of the process':45s} {first_us:6.0f} us")
     print(f"{'registering a further op (once per recipe)':45s} {next_us:6.0f} us")
     raw = rows.get("raw cuLaunchKernelEx (prepared arguments)")
+    launching = ("Kernel.__call__", "module eager path", "op ")  # the rows that include the launch
     for name, us in rows.items():
-        over = f"   over raw: {us - raw:5.1f} us" if raw is not None and not name.startswith(" ") else ""
+        over = f"   over raw: {us - raw:5.1f} us" if raw is not None and name.startswith(launching) else ""
         print(f"{name:45s} {us:6.1f} us{over}")
     dispatcher = rows["op through the dispatcher"] - rows["op body called directly"]
     print(f"{'dispatcher (op minus its body)':45s} {dispatcher:6.1f} us")

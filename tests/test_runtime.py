@@ -292,7 +292,9 @@ def _has_libcuda() -> bool:
 
 @pytest.mark.skipif(_has_libcuda(), reason="a CUDA driver is present: the GPU tests cover the real calls")
 def test_driver_calls_are_well_typed_up_to_the_driver():
-    """Without a driver the bindings fail at dlopen: proof that our arguments passed their type checks."""
+    """Without a driver the bindings fail at dlopen, after checking the launch's arguments' types (the
+    encode fails at once: it looks the driver's function up first). tests/test_stub_driver.py
+    follows every call into a stand-in driver."""
     from cuda.bindings import driver as cu
 
     from gemmgen.runtime import driver

@@ -115,26 +115,29 @@ class Kernel:
     def __call__(self, a: torch.Tensor, b: torch.Tensor, *args: Any, out: Any = None, **operands: Any) -> Any:
         """Operands by name, or all of them positionally in the recipe's declaration order (as the
         op takes them)."""
-        prep = self.prepare(a, b, *args, out=out, **operands)
-        if prep.params is not None:
-            index = prep.device_index
+        outputs, params, grid, index = self._prepare(a, b, args, out, operands)
+        if params is not None:
             if driver.current_device() == index:
-                self._launch(prep)
+                self._launch(params, grid, index)
             else:  # tensors on another GPU than the current one (one process driving several GPUs)
                 with torch.cuda.device(index):
-                    self._launch(prep)
-        return prep.outputs[0] if len(prep.outputs) == 1 else prep.outputs
+                    self._launch(params, grid, index)
+        return outputs[0] if len(outputs) == 1 else outputs
 
-    def _launch(self, prep: PreparedCall) -> None:
+    def _launch(self, params: bytes, grid: tuple[int, int, int], index: int) -> None:
         """On the current stream of the tensors' device, which must be the current device: the
         module was loaded into that device's context."""
-        driver.launch(self._function(prep.device_index), prep.params, prep.grid, self._block, self._config.cluster,
-                      self._smem, driver.current_stream(prep.device_index))
+        fn = self._loaded.get(index) or self._function(index)
+        driver.launch(fn, params, grid, self._block, self._config.cluster, self._smem, driver.current_stream(index))
 
     # ---- the host path
 
     def prepare(self, a: torch.Tensor, b: torch.Tensor, *args: Any, out: Any = None, **operands: Any) -> PreparedCall:
         """Check, allocate and build the launch (everything but the driver call)."""
+        return PreparedCall(*self._prepare(a, b, args, out, operands))
+
+    def _prepare(self, a: Any, b: Any, args: tuple, out: Any, operands: dict) -> tuple:
+        """`prepare` as a plain tuple, with the operands as passed (the call path's hot loop)."""
         names = self._names
         if args:
             if operands or len(args) != len(names):
@@ -156,8 +159,8 @@ class Kernel:
         if plan.base is None:
             if plan.zero_k:
                 self._epilogue_of_zero(outputs, plan.shape, self._named(args, operands), plan.device)
-            return PreparedCall(outputs, None, (0, 0, 0), plan.device_index)
-        return PreparedCall(outputs, self._params(plan, targs), plan.grid, plan.device_index)
+            return outputs, None, (0, 0, 0), plan.device_index
+        return outputs, self._params(plan, targs), plan.grid, plan.device_index
 
     def _named(self, args: tuple, operands: dict) -> dict[str, Any]:
         """The operands by name, however they were passed."""
