@@ -5,7 +5,8 @@
 On the CPU (no GPU): the CUDA path's host work on CPU tensors, through the real dispatcher and op
 registration (`gemmgen.integrations.ops.define`), with the driver's calls going through
 cuda.bindings and ctypes into the stub libcuda (gemmgen/testing/stub_driver.py; needs a C
-compiler), which does no work of its own. A probe op whose CPU kernel is the CUDA kernel's body
+compiler), which does no work of its own (on a GPU machine, the real driver's calls are left out
+here instead). A probe op whose CPU kernel is the CUDA kernel's body
 (`call_realigning` of `kernel_for(...)(...)`: checks, Params, launch) is timed against a raw
 `cuLaunchKernelEx` of prepared arguments and against its steps called directly. The driver's own
 work per launch is the same with or without gemmgen, so "over raw" is the overhead the issue's
@@ -45,10 +46,11 @@ def _us(fn) -> float:
 
 
 def _stub_driver():
-    """Load the stub libcuda (and stand CPU tensors in for a GPU's); None without a C compiler."""
+    """Load the stub libcuda (and stand CPU tensors in for a GPU's); None where a real driver is
+    present (the GPU section measures against it), without a C compiler, or with --no-stub."""
     from gemmgen.testing.stub_driver import StubDriver, build, stand_in_device
 
-    if "--no-stub" in sys.argv or not (shutil.which("cc") or shutil.which("gcc")):
+    if torch.cuda.is_available() or "--no-stub" in sys.argv or not (shutil.which("cc") or shutil.which("gcc")):
         return None
     stub = StubDriver(build(Path(tempfile.mkdtemp(prefix="gemmgen-stub-"))))
     stand_in_device(STREAM)
