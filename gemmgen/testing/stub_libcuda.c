@@ -75,27 +75,33 @@ static CUresult take_failure(void) {
   return err;
 }
 
-CUresult CUDAAPI cuGetErrorName(CUresult error, const char **str) {
-  switch (error) {
-    case CUDA_SUCCESS: *str = "CUDA_SUCCESS"; return CUDA_SUCCESS;
-    case CUDA_ERROR_INVALID_VALUE: *str = "CUDA_ERROR_INVALID_VALUE"; return CUDA_SUCCESS;
-    case CUDA_ERROR_INVALID_IMAGE: *str = "CUDA_ERROR_INVALID_IMAGE"; return CUDA_SUCCESS;
-    case CUDA_ERROR_NOT_FOUND: *str = "CUDA_ERROR_NOT_FOUND"; return CUDA_SUCCESS;
-    case CUDA_ERROR_INVALID_CLUSTER_SIZE: *str = "CUDA_ERROR_INVALID_CLUSTER_SIZE"; return CUDA_SUCCESS;
-    default: *str = NULL; return CUDA_ERROR_INVALID_VALUE;
+static const struct {
+  CUresult code;
+  const char *name, *message;
+} errors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_INVALID_CLUSTER_SIZE, "CUDA_ERROR_INVALID_CLUSTER_SIZE", "invalid cluster size"},
+};
+
+static CUresult describe(CUresult error, const char **str, int message) {
+  for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); ++i) {
+    if (errors[i].code == error) {
+      *str = message ? errors[i].message : errors[i].name;
+      return CUDA_SUCCESS;
+    }
   }
+  *str = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
 }
 
-CUresult CUDAAPI cuGetErrorString(CUresult error, const char **str) {
-  switch (error) {
-    case CUDA_SUCCESS: *str = "no error"; return CUDA_SUCCESS;
-    case CUDA_ERROR_INVALID_VALUE: *str = "invalid argument"; return CUDA_SUCCESS;
-    case CUDA_ERROR_INVALID_IMAGE: *str = "device kernel image is invalid"; return CUDA_SUCCESS;
-    case CUDA_ERROR_NOT_FOUND: *str = "named symbol not found"; return CUDA_SUCCESS;
-    case CUDA_ERROR_INVALID_CLUSTER_SIZE: *str = "invalid cluster size"; return CUDA_SUCCESS;
-    default: *str = NULL; return CUDA_ERROR_INVALID_VALUE;
-  }
-}
+CUresult CUDAAPI cuGetErrorName(CUresult error, const char **str) { return describe(error, str, 0); }
+
+CUresult CUDAAPI cuGetErrorString(CUresult error, const char **str) { return describe(error, str, 1); }
 
 /* cuda.bindings resolves every entry point through this one when the library exports it. Names
    come without their version suffix, as in the real driver ("cuGetProcAddress" is served by the
