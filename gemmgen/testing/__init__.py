@@ -1,1 +1,8 @@
-"""Test infrastructure shipped with gemmgen (the nvcc host oracle)."""
+"""Test infrastructure shipped with gemmgen: CPU stand-ins for what needs a GPU or a host compiler.
+
+- `oracle`: CUTLASS's own host code, built by nvcc, as the reference for argument building;
+- `recording`: a recording `cuTensorMapEncodeTiled` with the driver's documented rules;
+- `stub_driver`: a stand-in libcuda.so.1, so the driver layer runs end to end through cuda.bindings;
+- `emulate`: what a kernel computes from a Params block, evaluated in fp32;
+- `tensors`, `timing`: strided test tensors, host-time medians.
+"""

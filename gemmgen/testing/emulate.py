@@ -2,15 +2,16 @@
 
 The oracle (oracle.py) checks that gemmgen's Params equal CUTLASS's for the same problem; this
 checks that the problem itself is the caller's: it reads A, B, C and the aux inputs through the
-tensor maps the Params hold (recorded by a RecordingEncoder), vectors through their pointers and
-scalars from their fields, evaluates the kernel-side recipe, and writes D and the aux outputs
-through their tensor maps. A wrong stride, extent, operand role or transposition shows up as a
+tensor maps the Params hold (read back through the RecordingEncoder or the stub driver that made
+them), vectors through their pointers and scalars from their fields, evaluates the kernel-side
+recipe, and writes D and the aux outputs through their tensor maps. A wrong stride, extent, operand role or transposition shows up as a
 wrong or unwritten (NaN) output element.
 """
 
 from __future__ import annotations
 
 import struct
+from typing import Protocol
 
 import torch
 
@@ -19,11 +20,15 @@ from ..reference import evaluate_epilogue
 from ..runtime.arguments import ArgumentBuilder
 from ..runtime.tma import EncodeArgs, TmaTemplate
 from ..types import OperandKind
-from .recording import RecordingEncoder
 
 
-def emulate(compiled: CompiledKernel, params: bytes, encoder: RecordingEncoder,
-            tensors: list[torch.Tensor]) -> None:
+class MapReader(Protocol):
+    """What made the tensor maps, asked what a map holds (RecordingEncoder, stub_driver.StubDriver)."""
+
+    def of(self, desc: bytes) -> EncodeArgs | None: ...
+
+
+def emulate(compiled: CompiledKernel, params: bytes, encoder: MapReader, tensors: list[torch.Tensor]) -> None:
     """Run `compiled` on `params` in fp32; `tensors` are every tensor the call passed or returned."""
     recipe = compiled.generated.kernel_recipe
     builder = ArgumentBuilder(recipe, compiled.config)
