@@ -65,9 +65,10 @@ def _encode_tiled():
     """The driver's cuTensorMapEncodeTiled as a ctypes function (looked up through cuda.bindings, so
     that it comes from the library the other calls use)."""
     cu = _cu()
-    err, address, _ = cu.cuGetProcAddress(b"cuTensorMapEncodeTiled", 12000,
-                                          cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT)
-    _check(err, "cuGetProcAddress(cuTensorMapEncodeTiled)")
+    default = cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+    found = cu.cuGetProcAddress(b"cuTensorMapEncodeTiled", 12000, default)
+    _check(found, "cuGetProcAddress(cuTensorMapEncodeTiled)")
+    address = found[1]  # (err, pfn, status) in cuda-bindings 12 and 13
     u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
     prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
                                  u64p, u64p, u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int)

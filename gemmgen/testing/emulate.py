@@ -4,8 +4,8 @@ The oracle (oracle.py) checks that gemmgen's Params equal CUTLASS's for the same
 checks that the problem itself is the caller's: it reads A, B, C and the aux inputs through the
 tensor maps the Params hold (read back through the RecordingEncoder or the stub driver that made
 them), vectors through their pointers and scalars from their fields, evaluates the kernel-side
-recipe, and writes D and the aux outputs through their tensor maps. A wrong stride, extent, operand role or transposition shows up as a
-wrong or unwritten (NaN) output element.
+recipe, and writes D and the aux outputs through their tensor maps. A wrong stride, extent,
+operand role or transposition shows up as a wrong or unwritten (NaN) output element.
 """
 
 from __future__ import annotations
