@@ -1,7 +1,9 @@
 """The CUDA driver side: loading cubins once per device, encoding tensor maps, launching.
 
-Only cuda.bindings.driver is used (no runtime library, no host compiler). Everything here needs
-a GPU; the CPU tests exercise the layers above with a recording encoder and a fake launcher.
+Only the driver is called: through cuda.bindings.driver, and through ctypes for the tensor-map
+encode, whose bindings wrapper misaligns the map (no runtime library, no host compiler). On the
+CPU, tests run this module against a stub libcuda (gemmgen/testing/stub_driver.py), and the layers
+above with a recording encoder and a fake launcher.
 """
 
 from __future__ import annotations

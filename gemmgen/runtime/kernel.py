@@ -11,8 +11,9 @@ The host path is cached at two levels. Per call signature (every tensor's addres
 strides, dtype and device, and every scalar) a repeated call reuses the checked problem, the input
 tensor maps and the scheduler's values, and only the output tensor maps are looked up (by address
 and strides). A call that differs from an earlier one only in addresses (new activations of the
-same shape) redoes only the address checks and the input tensor maps. Each key holds everything
-the values cached under it derive from, so a hit cannot serve stale arguments.
+same shape) redoes only the address checks and the input tensor maps, and maps are memoized by
+their encode arguments, so only a map of an address not seen before costs a driver call. Each key
+holds everything the values cached under it derive from, so a hit cannot serve stale arguments.
 """
 
 from __future__ import annotations
