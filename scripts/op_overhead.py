@@ -52,7 +52,8 @@ def _stub_driver():
 
     if torch.cuda.is_available() or "--no-stub" in sys.argv or not (shutil.which("cc") or shutil.which("gcc")):
         return None
-    stub = StubDriver(build(Path(tempfile.mkdtemp(prefix="gemmgen-stub-"))))
+    with tempfile.TemporaryDirectory(prefix="gemmgen-stub-") as folder:
+        stub = StubDriver(build(Path(folder)))  # stays loaded once its file is gone
     stand_in_device(STREAM)
     return stub
 

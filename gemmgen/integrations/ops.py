@@ -12,7 +12,7 @@ which they copy into one it can (`call_realigning`), as torch ops accept any str
 
 `gemmgen.integrations.ops.caller(recipe)` returns what modules call: in eager code with nothing
 to differentiate and no dispatch mode active it launches the kernel directly (the dispatcher
-costs 2.7-3.4 us per call on the CPU machine with torch 2.13 and 2.11, 2026-11-30, measured by
+costs 2.6-3.6 us per call on the CPU machine with torch 2.13 and 2.11, 2026-11-30, measured by
 scripts/op_overhead.py); anything torch must see (tracing, fake tensors, modes, autograd, CPU
 tensors) goes through the op.
 """

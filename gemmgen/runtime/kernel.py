@@ -128,8 +128,8 @@ class Kernel:
     def _launch(self, params: bytes, grid: tuple[int, int, int], index: int) -> None:
         """On the current stream of the tensors' device, which must be the current device: the
         module was loaded into that device's context."""
-        fn = self._loaded.get(index) or self._function(index)
-        driver.launch(fn, params, grid, self._block, self._config.cluster, self._smem, driver.current_stream(index))
+        driver.launch(self._function(index), params, grid, self._block, self._config.cluster, self._smem,
+                      driver.current_stream(index))
 
     # ---- the host path
 
