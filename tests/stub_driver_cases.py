@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -21,6 +22,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 STREAM = 0x5E0  # the raw stream handle launches must carry
 BLOCK, CLUSTER, SMEM = 384, (2, 1, 1), 200_000
+
+
+def _on_a_new_thread(fn, *args):
+    """fn(*args) on a thread that has made no driver call (so has no current context); its result
+    or exception."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
 
 
 def _kernels(cache_dir: str) -> dict:
@@ -43,10 +51,12 @@ def case_tensor_maps_reach_the_driver_as_encoded(stub, kernels):
     its CUtensorMap objects are only 16-byte aligned, which is why gemmgen calls the driver itself."""
     from cuda.bindings import driver as cu
 
+    from gemmgen.errors import GemmgenError
     from gemmgen.runtime import driver
     from gemmgen.testing.recording import RecordingEncoder
     from tests.test_runtime import _cpu_kernel, _fresh_args
 
+    driver.bind_context(0)
     for name, ck in kernels.items():
         enc = RecordingEncoder()
         lead = (2,) if ck.recipe.ir.gemm.batched else ()
@@ -66,6 +76,12 @@ def case_tensor_maps_reach_the_driver_as_encoded(stub, kernels):
         cu.CUtensorMapSwizzle(args.swizzle), cu.CUtensorMapL2promotion(args.l2), cu.CUtensorMapFloatOOBfill(args.oob))
     misaligned = {cu.CUtensorMap().getPtr() % 64 for _ in range(64)} != {0}
     assert err == (cu.CUresult.CUDA_ERROR_INVALID_VALUE if misaligned else cu.CUresult.CUDA_SUCCESS)
+    try:  # the stub holds gemmgen to the driver's rule: no encode on a thread without a context
+        _on_a_new_thread(driver.encode_tensor_map, args)
+    except GemmgenError as e:
+        assert "CUDA_ERROR_INVALID_CONTEXT" in str(e), str(e)
+    else:
+        raise AssertionError("an encode on a thread without a context raised nothing")
 
 
 def case_driver_errors_name_the_call(stub, kernels):
@@ -99,6 +115,7 @@ def case_loading_a_kernel(stub, kernels):
     from gemmgen.runtime import driver
 
     ck = kernels["bias_gelu"]
+    driver.bind_context(0)
     fn = driver._load_function(cu, ck.entry, ck.cubin, BLOCK, CLUSTER, SMEM)
     assert stub.entry == ck.entry and stub.smem_attribute == SMEM
     assert stub.capture_mode_at_load == cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
@@ -121,6 +138,13 @@ def case_loading_a_kernel(stub, kernels):
         assert driver._load_function(cu, ck.entry, ck.cubin, BLOCK, CLUSTER, SMEM).max_active_clusters == 0
     stub.answer_occupancy(66)
     assert any("CUDA_ERROR_INVALID_CLUSTER_SIZE" in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+    def load_on_device_1():
+        driver.load(ck.entry, ck.cubin, 1, SMEM, BLOCK, CLUSTER)
+        return stub.current_device()
+
+    retains = stub.primary_retains  # driver.load binds device 1's primary context on a thread with none
+    assert _on_a_new_thread(load_on_device_1) == 1 and stub.primary_retains == retains + 1
 
 
 def case_calls_launch_the_recipes_math(stub, kernels):
@@ -166,6 +190,44 @@ def case_calls_launch_the_recipes_math(stub, kernels):
                     assert not out.isnan().any(), f"{where}: output elements the kernel would not write"
                     tol = TOLERANCE[out.dtype]
                     torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol, msg=where)
+
+
+def case_a_thread_without_a_context(stub, kernels):
+    """A kernel's first call on a thread that has no current context (a worker thread whose tensors
+    come from torch's caching allocator, with no CUDA runtime call made on it) binds the primary
+    context of the tensors' device before its first driver call, once per thread; a thread whose
+    context is current keeps it. Without the binding, the encode and the launch would fail with
+    CUDA_ERROR_INVALID_CONTEXT, as they do against the real driver (triton-lang/triton#3729)."""
+    from cuda.bindings import driver as cu
+
+    from gemmgen.runtime import driver
+    from gemmgen.runtime.kernel import Kernel
+    from tests.test_runtime import _fresh_args
+
+    ck = kernels["bias_gelu"]
+    kernel = Kernel(ck, require_cuda=False)
+    stub.record_params(ck.info.params_size)
+    a, b, ops = _fresh_args(ck.recipe, 40, 24, 72, ())
+    kernel(a, b, **ops)  # loaded, and its plan for these arguments cached, on this thread
+
+    def call(*args):
+        before = (stub.launches, stub.primary_retains)
+        kernel(*args, **ops)
+        kernel(*args, **ops)
+        return (stub.launches - before[0], stub.primary_retains - before[1], stub.launch_device,
+                driver.THREAD.has_context)
+
+    assert _on_a_new_thread(call, a, b) == (2, 1, 0, True)  # a cached plan: the launch is the first driver call
+    a2, b2, _ = _fresh_args(ck.recipe, 56, 24, 72, ())
+    assert _on_a_new_thread(call, a2, b2) == (2, 1, 0, True)  # a new plan: encodes come first
+
+    def call_in_own_context():
+        _, dev = cu.cuDeviceGet(0)
+        _, ctx = cu.cuDevicePrimaryCtxRetain(dev)
+        assert cu.cuCtxSetCurrent(ctx) == (cu.CUresult.CUDA_SUCCESS,)
+        return call(a, b)
+
+    assert _on_a_new_thread(call_in_own_context) == (2, 0, 0, True)
 
 
 CASES = {name: fn for name, fn in globals().items() if name.startswith("case_")}

@@ -6,7 +6,7 @@ output dtype), odd sizes with K tails, a batch, padded leading dimensions, NaN-p
 run-to-run bitwise determinism, CUDA-graph capture and replay, and launches on the caller's stream.
 Modules: the fused MLP forward and backward, torch.compile (inductor: inference, a training step,
 CUDA graph trees), manual graph capture, autocast training, the op's layout copies, the direct
-path, autotune.
+path, autotune, and calls from a thread without a current context.
 """
 
 from __future__ import annotations
@@ -186,6 +186,30 @@ def test_launches_on_the_current_stream(kernels, gen):
             late.copy_(a)
             got = _as_tuple(kernel(late, b, *ops.values()))
         torch.cuda.synchronize()
+        _compare(recipe, got, a, b, ops, exact=True)
+
+
+def test_calls_from_a_thread_without_a_context(kernels, gen):
+    """A worker thread that has made no CUDA call has no current context; a kernel loaded on the
+    main thread, called there with tensors from the main thread, binds the device's primary
+    context itself (its maps and launch would fail with CUDA_ERROR_INVALID_CONTEXT otherwise)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cuda.bindings import driver as cu
+
+    def on_worker(kernel, a, b, ops, outs):
+        err, ctx = cu.cuCtxGetCurrent()
+        assert err == cu.CUresult.CUDA_SUCCESS and int(ctx) == 0, "the worker thread began with a context"
+        got = _as_tuple(kernel(a, b, out=outs if len(outs) > 1 else outs[0], **ops))
+        torch.cuda.synchronize()
+        return got
+
+    for recipe, _config, kernel in kernels:
+        a, b, ops = _inputs(recipe, 130, 72, 200, gen, exact=True)
+        kernel(a, b, **ops)  # loaded, and planned for these arguments, on the main thread
+        outs = _nan_outputs(recipe, 130, 72)
+        with ThreadPoolExecutor(1) as pool:  # a new thread per kernel
+            got = pool.submit(on_worker, kernel, a, b, ops, outs).result()
         _compare(recipe, got, a, b, ops, exact=True)
 
 

@@ -110,12 +110,41 @@ def load(entry: str, cubin: bytes, device_index: int, smem_bytes: int, block: in
             return hit
         import torch
 
-        cu = _cu()
         with torch.cuda.device(device_index):
-            torch.cuda.current_stream()  # makes torch create (and make current) the primary context
-            fn = _load_function(cu, entry, cubin, block, cluster, smem_bytes)
+            bind_context(device_index)
+            fn = _load_function(_cu(), entry, cubin, block, cluster, smem_bytes)
         _LOADED[key] = fn
         return fn
+
+
+class _ThreadState(threading.local):
+    has_context = False  # set once bind_context has run on the thread
+
+
+THREAD = _ThreadState()
+
+
+def bind_context(device_index: int) -> None:
+    """Make the device's primary context current on this thread if no context is.
+
+    The driver calls gemmgen makes (loading a module, encoding a tensor map, launching) act on the
+    thread's current context, and a thread has one only after a CUDA runtime call that binds it.
+    PyTorch may have made none on a thread that gemmgen is the first to launch from: a serving
+    or data-parallel worker thread whose tensors come from the caching allocator, for one. The
+    runtime binds the current device's primary context on its first call on a thread; this does
+    the same, so the launch lands in the context torch's tensors and streams belong to. Kernels
+    call it under `torch.cuda.device(device_index)`, once per thread (`THREAD.has_context`): once
+    bound, only the caller's own driver calls (cuCtxPopCurrent, cuCtxSetCurrent) unbind it."""
+    cu = _cu()
+    err, current = cu.cuCtxGetCurrent()
+    _check(err, "cuCtxGetCurrent")
+    if not int(current):
+        err, device = cu.cuDeviceGet(device_index)
+        _check(err, f"cuDeviceGet({device_index})")
+        err, primary = cu.cuDevicePrimaryCtxRetain(device)
+        _check(err, f"cuDevicePrimaryCtxRetain({device_index})")
+        _check(cu.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+    THREAD.has_context = True
 
 
 def _load_function(cu, entry: str, cubin: bytes, block: int, cluster: tuple[int, int, int],

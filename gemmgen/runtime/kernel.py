@@ -103,6 +103,7 @@ class Kernel:
         self._writer = ParamsWriter(compiled.params_layout)
         self._builder = ArgumentBuilder(compiled.generated.kernel_recipe, self._config)
         self._swap = self._config.swap_ab  # the kernel computes D^T = B^T A^T on the same memory
+        self._on_driver = encoder is None  # the driver encodes, so the thread needs a context
         self._encode = encoder or MemoEncoder(driver.encode_tensor_map)
         self._hardware = hardware or self._device_hardware
         self._require_cuda = require_cuda
@@ -139,6 +140,8 @@ class Kernel:
 
     def _prepare(self, a: Any, b: Any, args: tuple, out: Any, operands: dict) -> tuple:
         """`prepare` as a plain tuple, with the operands as passed (the call path's hot loop)."""
+        if self._on_driver and not driver.THREAD.has_context:
+            self._bind_context(a)
         names = self._names
         if args:
             if operands or len(args) != len(names):
@@ -283,6 +286,14 @@ class Kernel:
         return tuple(layouts)
 
     # ---- helpers
+
+    def _bind_context(self, a: Any) -> None:
+        """A thread's first call: make a context current before any driver call (`driver.bind_context`),
+        the primary context of the device the call's tensors are on."""
+        if isinstance(a, torch.Tensor) and (a.is_cuda or not self._require_cuda):  # else the checks refuse it
+            index = (a.device.index or 0) if a.is_cuda else 0  # a CPU tensor stands in for device 0's
+            with torch.cuda.device(index):
+                driver.bind_context(index)
 
     def _device_hardware(self, device_index: int) -> tuple[int, int]:
         return driver.require_sm90(device_index), self._function(device_index).max_active_clusters

@@ -7,7 +7,8 @@ Without a driver, cuda.bindings fails at dlopen, so CPU tests could check gemmge
 only up to the bindings' type checks. With the stub, every call goes through the bindings (or
 ctypes) into C: what arrives there is what the real driver would receive. The stub checks what
 cuda.h documents about each call itself (a 64-byte aligned tensor map, a cubin image that defines
-the entry, dynamic shared memory within the function's limit), records what it received, and
+the entry, dynamic shared memory within the function's limit, a context current on the calling
+thread where the call acts on one), records what it received, and
 fills each tensor map with its encode's arguments, so `StubDriver.of` reads a Params block's maps
 back as `EncodeArgs` (the interface `gemmgen.testing.emulate` uses).
 
@@ -113,6 +114,19 @@ class StubDriver:
     @property
     def launches(self) -> int:
         return self._int("stub_launches", ctypes.c_uint32).value
+
+    @property
+    def primary_retains(self) -> int:
+        return self._int("stub_primary_retains", ctypes.c_uint32).value
+
+    @property
+    def launch_device(self) -> int:
+        """The device of the context that was current on the launching thread at the last launch."""
+        return self._int("stub_launch_device").value
+
+    def current_device(self) -> int:
+        """The device of the calling thread's current context; -1 if it has none."""
+        return self.lib.stub_current_device()
 
     @property
     def capture_mode(self) -> int:

@@ -4,8 +4,9 @@
    through the real cuda.bindings and ctypes calls on a machine without a GPU. Every value arrives
    here through the C ABI, as it would at the real driver. Each entry point checks what cuda.h
    documents about the call itself (a 64-byte aligned tensor map, a cubin image, an entry that the
-   image defines, dynamic shared memory within the function's limit) and records what it received
-   in the stub_* globals, which the tests read back with ctypes. A tensor map is filled with the
+   image defines, dynamic shared memory within the function's limit, a context current on the
+   calling thread where the call acts on it) and records what it received in the stub_* globals,
+   which the tests read back with ctypes. A tensor map is filled with the
    arguments of its encode (struct StubMap), so that a Params block can be traced back to tensors.
 
    It leaves out cuInit on purpose: NVRTC looks for cuInit and cuGetExportTable in a loaded
@@ -53,6 +54,13 @@ typedef struct {
 } StubFunction;
 
 #define STUB_FUNCTION_MAGIC 0x464e4747u /* "GGNF" */
+#define STUB_DEVICES 2
+
+/* Each device's primary context; a thread has none current until one is bound, as in the driver. */
+static struct StubContext {
+  int device;
+} primary_contexts[STUB_DEVICES] = {{0}, {1}};
+static __thread CUcontext current_context;
 
 /* What the tests set. */
 CUresult stub_fail_next = CUDA_SUCCESS; /* the next entry point called returns this instead */
@@ -61,6 +69,8 @@ uint32_t stub_params_size = 0;          /* how many bytes of kernelParams[0] a l
 
 /* What the tests read. */
 uint32_t stub_encodes = 0;
+uint32_t stub_primary_retains = 0;
+int stub_launch_device = -1; /* the device of the context current at the last launch */
 uint32_t stub_launches = 0;
 StubLaunch stub_last_launch;
 StubLaunch stub_last_occupancy; /* the config of the last occupancy query (no params) */
@@ -81,6 +91,8 @@ static const struct {
 } errors[] = {
     {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
     {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
@@ -135,6 +147,42 @@ CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
   return CUDA_SUCCESS;
 }
 
+CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal) {
+  CUresult err = take_failure();
+  if (err) return err;
+  if (ordinal < 0 || ordinal >= STUB_DEVICES) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
+  CUresult err = take_failure();
+  if (err) return err;
+  if (device < 0 || device >= STUB_DEVICES) return CUDA_ERROR_INVALID_DEVICE;
+  *context = (CUcontext)&primary_contexts[device];
+  ++stub_primary_retains;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxGetCurrent(CUcontext *context) {
+  CUresult err = take_failure();
+  if (err) return err;
+  *context = current_context;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxSetCurrent(CUcontext context) {
+  CUresult err = take_failure();
+  if (err) return err;
+  current_context = context;
+  return CUDA_SUCCESS;
+}
+
+/* The device of the calling thread's current context, or -1 for none (the test hook). */
+int stub_current_device(void) {
+  return current_context ? ((struct StubContext *)current_context)->device : -1;
+}
+
 /* The size of an ELF64 image, from its header: cubins end with their section headers. */
 static size_t elf_size(const unsigned char *image) {
   uint64_t shoff;
@@ -148,6 +196,7 @@ static size_t elf_size(const unsigned char *image) {
 CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
   CUresult err = take_failure();
   if (err) return err;
+  if (!current_context) return CUDA_ERROR_INVALID_CONTEXT; /* it loads into the current context */
   stub_capture_mode_at_load = stub_capture_mode;
   const unsigned char *bytes = (const unsigned char *)image;
   if (!bytes || memcmp(bytes, "\x7f" "ELF", 4) != 0 || bytes[4] != 2) return CUDA_ERROR_INVALID_IMAGE;
@@ -229,11 +278,13 @@ CUresult CUDAAPI cuOccupancyMaxActiveClusters(int *clusters, CUfunction function
 CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction function, void **params, void **extra) {
   CUresult err = take_failure();
   if (err) return err;
+  if (!current_context) return CUDA_ERROR_INVALID_CONTEXT;
   if (!params || !params[0] || extra || stub_params_size > STUB_MAX_PARAMS) return CUDA_ERROR_INVALID_VALUE;
   err = record_config(&stub_last_launch, config, as_function(function));
   if (err) return err;
   stub_last_launch.params_size = stub_params_size;
   memcpy(stub_last_launch.params, params[0], stub_params_size);
+  stub_launch_device = stub_current_device();
   ++stub_launches;
   return CUDA_SUCCESS;
 }
@@ -245,6 +296,7 @@ CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType dt
                                         CUtensorMapFloatOOBfill oob) {
   CUresult err = take_failure();
   if (err) return err;
+  if (!current_context) return CUDA_ERROR_INVALID_CONTEXT;
   if (!map || ((uintptr_t)map & 63) || rank < 1 || rank > 5) return CUDA_ERROR_INVALID_VALUE;
   StubMap m;
   memset(&m, 0, sizeof(m));
