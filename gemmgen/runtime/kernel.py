@@ -178,10 +178,11 @@ class Kernel:
         if last is not None and last[0] == targs:
             return last[1]
         buf = bytearray(plan.base)  # type: ignore[arg-type]
-        for i, t in enumerate(targs):
-            mkey = (i, t.ptr, t.strides)
+        for i, (ptr, strides) in enumerate(targs):
+            mkey = (i, ptr, strides)
             hit = plan.out_maps.get(mkey)
             if hit is None:
+                t = TensorArg(ptr, strides)
                 field, desc = self._builder.output_map(i, plan.problem, t.transposed() if self._swap else t,  # type: ignore[arg-type]
                                                        self._encode)
                 hit = self._writer.slots[field][0], desc
@@ -247,7 +248,7 @@ class Kernel:
             for dtype, strides, modes in plan.fresh:
                 t = torch.empty_strided(shape, strides, dtype=dtype, device=device)
                 tensors.append(t)
-                targs.append(TensorArg(t.data_ptr(), modes))
+                targs.append((t.data_ptr(), modes))  # a TensorArg's fields; the class costs 0.3 us to build
             return tuple(tensors), tuple(targs)
         given: list[tuple[str, tuple[int, int] | None]] = []
         for o, t, (dtype, strides, modes) in zip(self._ir.epilogue.outputs, _given_outputs(out, len(plan.fresh)),
