@@ -214,7 +214,7 @@ def case_a_thread_without_a_context(stub, kernels):
         before = (stub.launches, stub.primary_retains)
         kernel(*args, **ops)
         kernel(*args, **ops)
-        return (stub.launches - before[0], stub.primary_retains - before[1], stub.launch_device,
+        return (stub.launches - before[0], stub.primary_retains - before[1], stub.last_launch.device,
                 driver.THREAD.has_context)
 
     assert _on_a_new_thread(call, a, b) == (2, 1, 0, True)  # a cached plan: the launch is the first driver call
@@ -228,6 +228,65 @@ def case_a_thread_without_a_context(stub, kernels):
         return call(a, b)
 
     assert _on_a_new_thread(call_in_own_context) == (2, 0, 0, True)
+
+
+def case_threads_sharing_a_kernel(stub, kernels):
+    """One kernel called by four threads at once (a server's workers sharing a model), thread
+    switches forced every microsecond: the threads share each shape's B and operands (the weights)
+    and draw their own A, with given and fresh outputs, each call made twice (a cached plan, then
+    one rebound from another thread's). The Params of each thread's own launch compute that
+    thread's reference: the kernel's shared caches (plans, layouts, output maps, the last block
+    built) never hand one thread's arguments to another."""
+    import gemmgen as gg
+    from gemmgen.runtime.kernel import Kernel
+    from gemmgen.testing.emulate import emulate
+    from tests.test_runtime import EMULATED, TOLERANCE, _args_with_nonzero_reference, _padded
+
+    ck = kernels["bias_gelu"]
+    recipe, g = ck.recipe, ck.recipe.ir.gemm
+    kernel = Kernel(ck, require_cuda=False)
+    stub.record_params(ck.info.params_size)
+    lead_of = {shape: (shape[3],) if g.batched else () for shape in EMULATED}
+    weights = {shape: _args_with_nonzero_reference(recipe, *shape[:3], lead_of[shape])[1:3] for shape in EMULATED}
+
+    def own_inputs(shape):
+        b, ops = weights[shape]
+        for _ in range(20):  # a 1 x 1 GELU can be exactly 0: draw again
+            a = _padded(shape[0], shape[2], g.a.torch, g.layout_a is gg.RowMajor, lead_of[shape])
+            want = recipe.reference(a, b, **ops)
+            want = want if isinstance(want, tuple) else (want,)
+            if all(w.float().abs().sum() > 0 for w in want):
+                return a, b, ops, want
+        raise AssertionError(f"20 draws at {shape} gave a zero reference")
+
+    def worker(index):
+        checked = 0
+        for shape in EMULATED * 2:
+            a, b, ops, want = own_inputs(shape)
+            for given in (True, False, True):
+                where = f"thread {index} shape {shape} given={given}"
+                if given:
+                    out = _padded(shape[0], shape[1], recipe.outputs[0].dtype.torch, True, lead_of[shape],
+                                  fill=float("nan"))
+                    kernel(a, b, out=out, **ops)
+                else:
+                    out = kernel(a, b, **ops).fill_(float("nan"))
+                launch = stub.last_launch
+                assert len(launch.params) == ck.info.params_size, where
+                emulate(ck, launch.params, stub, [a, b, out, *(v for v in ops.values() if isinstance(v, torch.Tensor))])
+                tol = TOLERANCE[out.dtype]
+                torch.testing.assert_close(out.float(), want[0].float(), rtol=tol, atol=tol, msg=where)
+                checked += 1
+        return checked
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            counts = list(pool.map(worker, range(4)))
+    finally:
+        sys.setswitchinterval(switch)
+    assert counts == [len(EMULATED) * 2 * 3] * 4, counts
 
 
 CASES = {name: fn for name, fn in globals().items() if name.startswith("case_")}

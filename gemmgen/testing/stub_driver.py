@@ -8,9 +8,9 @@ only up to the bindings' type checks. With the stub, every call goes through the
 ctypes) into C: what arrives there is what the real driver would receive. The stub checks what
 cuda.h documents about each call itself (a 64-byte aligned tensor map, a cubin image that defines
 the entry, dynamic shared memory within the function's limit, a context current on the calling
-thread where the call acts on one), records what it received, and
-fills each tensor map with its encode's arguments, so `StubDriver.of` reads a Params block's maps
-back as `EncodeArgs` (the interface `gemmgen.testing.emulate` uses).
+thread where the call acts on one), records what it received (launches per thread, so threads can
+each check their own), and fills each tensor map with its encode's arguments, so `StubDriver.of`
+reads a Params block's maps back as `EncodeArgs` (the interface `gemmgen.testing.emulate` uses).
 
 A process loads the stub once and keeps it (cuda.bindings binds the driver on first use), so tests
 use it in a child process. `stand_in_device` then lets CPU tensors stand for a GPU's.
@@ -54,11 +54,13 @@ def build(folder: Path) -> Path:
 class _Launch(ctypes.Structure):
     _fields_ = [("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("cluster", ctypes.c_uint32 * 3),
                 ("smem", ctypes.c_uint32), ("num_attrs", ctypes.c_uint32), ("params_size", ctypes.c_uint32),
-                ("stream", ctypes.c_uint64), ("function", ctypes.c_uint64), ("params", ctypes.c_uint8 * _MAX_PARAMS)]
+                ("device", ctypes.c_int32), ("stream", ctypes.c_uint64), ("function", ctypes.c_uint64),
+                ("params", ctypes.c_uint8 * _MAX_PARAMS)]
 
 
 class Launch(NamedTuple):
-    """What cuLaunchKernelEx (or the occupancy query) received."""
+    """What cuLaunchKernelEx (or the occupancy query) received; `device` is that of the context
+    current on the launching thread (-1 for none, and for an occupancy query)."""
 
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
@@ -68,6 +70,7 @@ class Launch(NamedTuple):
     function: int
     num_attrs: int
     params: bytes
+    device: int
 
 
 def decode_map(desc: bytes) -> EncodeArgs | None:
@@ -119,11 +122,6 @@ class StubDriver:
     def primary_retains(self) -> int:
         return self._int("stub_primary_retains", ctypes.c_uint32).value
 
-    @property
-    def launch_device(self) -> int:
-        """The device of the context that was current on the launching thread at the last launch."""
-        return self._int("stub_launch_device").value
-
     def current_device(self) -> int:
         """The device of the calling thread's current context; -1 if it has none."""
         return self.lib.stub_current_device()
@@ -146,16 +144,19 @@ class StubDriver:
 
     @property
     def last_launch(self) -> Launch:
-        return self._launch("stub_last_launch")
+        """The calling thread's last launch."""
+        raw = _Launch()
+        self.lib.stub_read_last_launch(ctypes.byref(raw))
+        return _as_launch(raw)
 
     @property
     def last_occupancy_query(self) -> Launch:
-        return self._launch("stub_last_occupancy")
+        return _as_launch(_Launch.in_dll(self.lib, "stub_last_occupancy"))
 
-    def _launch(self, name: str) -> Launch:
-        raw = _Launch.in_dll(self.lib, name)
-        return Launch(tuple(raw.grid), tuple(raw.block), tuple(raw.cluster), raw.smem, raw.stream, raw.function,
-                      raw.num_attrs, bytes(raw.params[:raw.params_size]))
+
+def _as_launch(raw: _Launch) -> Launch:
+    return Launch(tuple(raw.grid), tuple(raw.block), tuple(raw.cluster), raw.smem, raw.stream, raw.function,
+                  raw.num_attrs, bytes(raw.params[:raw.params_size]), raw.device)
 
 
 def stand_in_device(stream: int, sm_count: int = 132) -> None:

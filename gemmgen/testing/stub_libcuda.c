@@ -38,6 +38,7 @@ typedef struct {
 typedef struct {
   uint32_t grid[3], block[3], cluster[3];
   uint32_t smem, num_attrs, params_size;
+  int32_t device; /* of the context current on the launching thread */
   uint64_t stream, function;
   uint8_t params[STUB_MAX_PARAMS];
 } StubLaunch;
@@ -68,11 +69,10 @@ int stub_max_active_clusters = 66;      /* cuOccupancyMaxActiveClusters' answer;
 uint32_t stub_params_size = 0;          /* how many bytes of kernelParams[0] a launch records */
 
 /* What the tests read. */
-uint32_t stub_encodes = 0;
+uint32_t stub_encodes = 0; /* counters are atomic: cuda.bindings calls in without the GIL */
 uint32_t stub_primary_retains = 0;
-int stub_launch_device = -1; /* the device of the context current at the last launch */
 uint32_t stub_launches = 0;
-StubLaunch stub_last_launch;
+static __thread StubLaunch last_launch; /* per thread: read with stub_read_last_launch */
 StubLaunch stub_last_occupancy; /* the config of the last occupancy query (no params) */
 char stub_last_entry[256];
 int stub_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
@@ -160,7 +160,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
   if (err) return err;
   if (device < 0 || device >= STUB_DEVICES) return CUDA_ERROR_INVALID_DEVICE;
   *context = (CUcontext)&primary_contexts[device];
-  ++stub_primary_retains;
+  __atomic_add_fetch(&stub_primary_retains, 1, __ATOMIC_SEQ_CST);
   return CUDA_SUCCESS;
 }
 
@@ -255,6 +255,7 @@ static CUresult record_config(StubLaunch *out, const CUlaunchConfig *config, Stu
   out->stream = (uint64_t)(uintptr_t)config->hStream;
   out->function = (uint64_t)(uintptr_t)f;
   out->num_attrs = config->numAttrs;
+  out->device = -1;
   for (unsigned i = 0; i < config->numAttrs; ++i) {
     if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
       out->cluster[0] = config->attrs[i].value.clusterDim.x;
@@ -280,14 +281,17 @@ CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction funct
   if (err) return err;
   if (!current_context) return CUDA_ERROR_INVALID_CONTEXT;
   if (!params || !params[0] || extra || stub_params_size > STUB_MAX_PARAMS) return CUDA_ERROR_INVALID_VALUE;
-  err = record_config(&stub_last_launch, config, as_function(function));
+  err = record_config(&last_launch, config, as_function(function));
   if (err) return err;
-  stub_last_launch.params_size = stub_params_size;
-  memcpy(stub_last_launch.params, params[0], stub_params_size);
-  stub_launch_device = stub_current_device();
-  ++stub_launches;
+  last_launch.params_size = stub_params_size;
+  memcpy(last_launch.params, params[0], stub_params_size);
+  last_launch.device = stub_current_device();
+  __atomic_add_fetch(&stub_launches, 1, __ATOMIC_SEQ_CST);
   return CUDA_SUCCESS;
 }
+
+/* The calling thread's last launch (the test hook). */
+void stub_read_last_launch(StubLaunch *out) { memcpy(out, &last_launch, sizeof(*out)); }
 
 CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType dtype, cuuint32_t rank, void *addr,
                                         const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box,
@@ -310,7 +314,7 @@ CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType dt
     m.elem_strides[i] = elem_strides[i] > 255 ? 255 : (uint8_t)elem_strides[i];
     if (i + 1 < rank) m.strides[i] = strides[i];
   }
-  m.serial = ++stub_encodes;
+  m.serial = __atomic_add_fetch(&stub_encodes, 1, __ATOMIC_SEQ_CST);
   memset(map, 0, sizeof(CUtensorMap));
   memcpy(map, &m, sizeof(m));
   return CUDA_SUCCESS;
