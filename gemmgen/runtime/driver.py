@@ -137,14 +137,15 @@ def bind_context(device_index: int) -> None:
     call it under `torch.cuda.device(device_index)`, once per thread (`THREAD.has_context`): once
     bound, only the caller's own driver calls (cuCtxPopCurrent, cuCtxSetCurrent) unbind it."""
     cu = _cu()
-    err, current = cu.cuCtxGetCurrent()
-    _check(err, "cuCtxGetCurrent")
-    if not int(current):
-        err, device = cu.cuDeviceGet(device_index)
-        _check(err, f"cuDeviceGet({device_index})")
-        err, primary = cu.cuDevicePrimaryCtxRetain(device)
-        _check(err, f"cuDevicePrimaryCtxRetain({device_index})")
-        _check(cu.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+    with _capture_relaxed(cu):  # a first call may come while this or another thread captures a graph
+        err, current = cu.cuCtxGetCurrent()
+        _check(err, "cuCtxGetCurrent")
+        if not int(current):
+            err, device = cu.cuDeviceGet(device_index)
+            _check(err, f"cuDeviceGet({device_index})")
+            err, primary = cu.cuDevicePrimaryCtxRetain(device)
+            _check(err, f"cuDevicePrimaryCtxRetain({device_index})")
+            _check(cu.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
     THREAD.has_context = True
 
 
