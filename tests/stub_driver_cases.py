@@ -195,7 +195,8 @@ def case_calls_launch_the_recipes_math(stub, kernels):
 def case_a_thread_without_a_context(stub, kernels):
     """A kernel's first call on a thread that has no current context (a worker thread whose tensors
     come from torch's caching allocator, with no CUDA runtime call made on it) binds the primary
-    context of the tensors' device before its first driver call, once per thread; a thread whose
+    context of the tensors' device before its first driver call, once per thread, in relaxed
+    capture mode (restored after: a first call may come during a graph capture); a thread whose
     context is current keeps it. Without the binding, the encode and the launch would fail with
     CUDA_ERROR_INVALID_CONTEXT, as they do against the real driver (triton-lang/triton#3729)."""
     from cuda.bindings import driver as cu
@@ -214,10 +215,12 @@ def case_a_thread_without_a_context(stub, kernels):
         before = (stub.launches, stub.primary_retains)
         kernel(*args, **ops)
         kernel(*args, **ops)
+        assert stub.capture_mode == cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
         return (stub.launches - before[0], stub.primary_retains - before[1], stub.last_launch.device,
                 driver.THREAD.has_context)
 
     assert _on_a_new_thread(call, a, b) == (2, 1, 0, True)  # a cached plan: the launch is the first driver call
+    assert stub.capture_mode_at_retain == cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
     a2, b2, _ = _fresh_args(ck.recipe, 56, 24, 72, ())
     assert _on_a_new_thread(call, a2, b2) == (2, 1, 0, True)  # a new plan: encodes come first
 

@@ -128,11 +128,16 @@ class StubDriver:
 
     @property
     def capture_mode(self) -> int:
-        return self._int("stub_capture_mode").value
+        """The calling thread's stream capture mode."""
+        return self.lib.stub_capture_mode()
 
     @property
     def capture_mode_at_load(self) -> int:
         return self._int("stub_capture_mode_at_load").value
+
+    @property
+    def capture_mode_at_retain(self) -> int:
+        return self._int("stub_capture_mode_at_retain").value
 
     @property
     def smem_attribute(self) -> int:

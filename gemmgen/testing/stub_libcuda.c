@@ -5,9 +5,11 @@
    here through the C ABI, as it would at the real driver. Each entry point checks what cuda.h
    documents about the call itself (a 64-byte aligned tensor map, a cubin image, an entry that the
    image defines, dynamic shared memory within the function's limit, a context current on the
-   calling thread where the call acts on it) and records what it received in the stub_* globals,
-   which the tests read back with ctypes. A tensor map is filled with the
-   arguments of its encode (struct StubMap), so that a Params block can be traced back to tensors.
+   calling thread where the call acts on it) and records what it received, in the stub_* globals
+   and, for what is per thread in the driver (current context, capture mode, the last launch),
+   behind the stub_* hook functions; the tests read both back with ctypes. A tensor map is filled
+   with the arguments of its encode (struct StubMap), so that a Params block can be traced back to
+   tensors.
 
    It leaves out cuInit on purpose: NVRTC looks for cuInit and cuGetExportTable in a loaded
    libcuda, and treats the driver as absent (as on a machine without one) only if cuInit is missing. */
@@ -75,8 +77,9 @@ uint32_t stub_launches = 0;
 static __thread StubLaunch last_launch; /* per thread: read with stub_read_last_launch */
 StubLaunch stub_last_occupancy; /* the config of the last occupancy query (no params) */
 char stub_last_entry[256];
-int stub_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-int stub_capture_mode_at_load = -1; /* the thread's mode during the last cuModuleLoadData */
+static __thread int capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL; /* per thread, as in the driver */
+int stub_capture_mode_at_load = -1;   /* the loading thread's mode during the last cuModuleLoadData */
+int stub_capture_mode_at_retain = -1; /* the thread's mode during the last cuDevicePrimaryCtxRetain */
 int stub_last_smem_attribute = -1;
 
 static CUresult take_failure(void) {
@@ -141,8 +144,8 @@ CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int version
 CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
   CUresult err = take_failure();
   if (err) return err;
-  int previous = stub_capture_mode;
-  stub_capture_mode = (int)*mode;
+  int previous = capture_mode;
+  capture_mode = (int)*mode;
   *mode = (CUstreamCaptureMode)previous;
   return CUDA_SUCCESS;
 }
@@ -160,6 +163,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
   if (err) return err;
   if (device < 0 || device >= STUB_DEVICES) return CUDA_ERROR_INVALID_DEVICE;
   *context = (CUcontext)&primary_contexts[device];
+  stub_capture_mode_at_retain = capture_mode;
   __atomic_add_fetch(&stub_primary_retains, 1, __ATOMIC_SEQ_CST);
   return CUDA_SUCCESS;
 }
@@ -178,7 +182,10 @@ CUresult CUDAAPI cuCtxSetCurrent(CUcontext context) {
   return CUDA_SUCCESS;
 }
 
-/* The device of the calling thread's current context, or -1 for none (the test hook). */
+/* The calling thread's stream capture mode (a test hook). */
+int stub_capture_mode(void) { return capture_mode; }
+
+/* The device of the calling thread's current context, or -1 for none (a test hook). */
 int stub_current_device(void) {
   return current_context ? ((struct StubContext *)current_context)->device : -1;
 }
@@ -197,7 +204,7 @@ CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
   CUresult err = take_failure();
   if (err) return err;
   if (!current_context) return CUDA_ERROR_INVALID_CONTEXT; /* it loads into the current context */
-  stub_capture_mode_at_load = stub_capture_mode;
+  stub_capture_mode_at_load = capture_mode;
   const unsigned char *bytes = (const unsigned char *)image;
   if (!bytes || memcmp(bytes, "\x7f" "ELF", 4) != 0 || bytes[4] != 2) return CUDA_ERROR_INVALID_IMAGE;
   StubModule *m = calloc(1, sizeof(StubModule));
@@ -290,7 +297,7 @@ CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction funct
   return CUDA_SUCCESS;
 }
 
-/* The calling thread's last launch (the test hook). */
+/* The calling thread's last launch (a test hook). */
 void stub_read_last_launch(StubLaunch *out) { memcpy(out, &last_launch, sizeof(*out)); }
 
 CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType dtype, cuuint32_t rank, void *addr,
