@@ -63,7 +63,6 @@ def cpu_overheads() -> None:
     stub = _stub_driver()
     if stub is not None:
         kernel = Kernel(recipe.build(), require_cuda=False)  # the real driver path, into the stub
-        stub.record_params(kernel.compiled.info.params_size)
     else:
         kernel = Kernel(recipe.build(), encoder=RecordingEncoder(strict=False), hardware=lambda i: (132, 0),
                         require_cuda=False)

@@ -151,8 +151,10 @@ def case_calls_launch_the_recipes_math(stub, kernels):
     """Kernel.__call__ through the driver for every test kernel family (swapped ones included), with
     given and fresh outputs: the Params block cuLaunchKernelEx receives, read through the maps and
     pointers in it (the CPU emulation), computes the recipe's reference on the caller's tensors;
-    the launch has the kernel's block, cluster and shared memory on the current stream, within
-    the driver's limits, and every map in it passes cuTensorMapEncodeTiled's documented rules."""
+    the kernel's cubin declares one parameter, of the Params block's size (the stub copies what
+    the cubin declares, as the driver does); the launch has the kernel's block, cluster and shared
+    memory on the current stream, within the driver's limits, and every map in it passes
+    cuTensorMapEncodeTiled's documented rules."""
     from gemmgen.runtime.kernel import Kernel
     from gemmgen.testing.emulate import emulate
     from gemmgen.testing.recording import encode_violations, launch_violations
@@ -160,7 +162,6 @@ def case_calls_launch_the_recipes_math(stub, kernels):
 
     for name, ck in kernels.items():
         kernel = Kernel(ck, require_cuda=False)  # the real driver path: encode, load and launch reach the stub
-        stub.record_params(ck.info.params_size)
         recipe = ck.recipe
         for m, n, k, batch in EMULATED:
             lead = (batch,) if recipe.ir.gemm.batched else ()
@@ -176,7 +177,9 @@ def case_calls_launch_the_recipes_math(stub, kernels):
                     outs = tuple(o.fill_(float("nan")) for o in (got if isinstance(got, tuple) else (got,)))
                 assert stub.launches == launches + 1, where
                 launch = stub.last_launch
-                assert len(launch.params) == ck.info.params_size, where
+                # the kernel's one parameter, its size as the cubin declares it (what the driver
+                # copies from kernelParams[0]), is gemmgen's Params block
+                assert (launch.param_count, len(launch.params)) == (1, ck.info.params_size), where
                 assert (launch.block, launch.cluster, launch.smem, launch.stream, launch.num_attrs) == \
                     ((ck.info.max_threads, 1, 1), ck.config.cluster, ck.info.smem_bytes, STREAM, 1), (where, launch)
                 assert launch_violations(launch.grid, launch.block[0], launch.cluster, launch.smem) == [], where
@@ -207,7 +210,6 @@ def case_a_thread_without_a_context(stub, kernels):
 
     ck = kernels["bias_gelu"]
     kernel = Kernel(ck, require_cuda=False)
-    stub.record_params(ck.info.params_size)
     a, b, ops = _fresh_args(ck.recipe, 40, 24, 72, ())
     kernel(a, b, **ops)  # loaded, and its plan for these arguments cached, on this thread
 
@@ -248,7 +250,6 @@ def case_threads_sharing_a_kernel(stub, kernels):
     ck = kernels["bias_gelu"]
     recipe, g = ck.recipe, ck.recipe.ir.gemm
     kernel = Kernel(ck, require_cuda=False)
-    stub.record_params(ck.info.params_size)
     lead_of = {shape: (shape[3],) if g.batched else () for shape in EMULATED}
     weights = {shape: _args_with_nonzero_reference(recipe, *shape[:3], lead_of[shape])[1:3] for shape in EMULATED}
 
@@ -275,7 +276,7 @@ def case_threads_sharing_a_kernel(stub, kernels):
                 else:
                     out = kernel(a, b, **ops).fill_(float("nan"))
                 launch = stub.last_launch
-                assert len(launch.params) == ck.info.params_size, where
+                assert (launch.param_count, len(launch.params)) == (1, ck.info.params_size), where
                 emulate(ck, launch.params, stub, [a, b, out, *(v for v in ops.values() if isinstance(v, torch.Tensor))])
                 tol = TOLERANCE[out.dtype]
                 torch.testing.assert_close(out.float(), want[0].float(), rtol=tol, atol=tol, msg=where)

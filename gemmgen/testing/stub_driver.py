@@ -8,9 +8,10 @@ only up to the bindings' type checks. With the stub, every call goes through the
 ctypes) into C: what arrives there is what the real driver would receive. The stub checks what
 cuda.h documents about each call itself (a 64-byte aligned tensor map, a cubin image that defines
 the entry, dynamic shared memory within the function's limit, a context current on the calling
-thread where the call acts on one), records what it received (launches per thread, so threads can
-each check their own), and fills each tensor map with its encode's arguments, so `StubDriver.of`
-reads a Params block's maps back as `EncodeArgs` (the interface `gemmgen.testing.emulate` uses).
+thread where the call acts on one), reads each entry's parameters from its cubin and copies them
+at launch as the driver does, records what it received (launches per thread, so threads can each
+check their own), and fills each tensor map with its encode's arguments, so `StubDriver.of` reads
+a Params block's maps back as `EncodeArgs` (the interface `gemmgen.testing.emulate` uses).
 
 A process loads the stub once and keeps it (cuda.bindings binds the driver on first use), so tests
 use it in a child process. `stand_in_device` then lets CPU tensors stand for a GPU's.
@@ -54,13 +55,16 @@ def build(folder: Path) -> Path:
 class _Launch(ctypes.Structure):
     _fields_ = [("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("cluster", ctypes.c_uint32 * 3),
                 ("smem", ctypes.c_uint32), ("num_attrs", ctypes.c_uint32), ("params_size", ctypes.c_uint32),
-                ("device", ctypes.c_int32), ("stream", ctypes.c_uint64), ("function", ctypes.c_uint64),
+                ("device", ctypes.c_int32), ("param_count", ctypes.c_int32), ("stream", ctypes.c_uint64),
+                ("function", ctypes.c_uint64),
                 ("params", ctypes.c_uint8 * _MAX_PARAMS)]
 
 
 class Launch(NamedTuple):
-    """What cuLaunchKernelEx (or the occupancy query) received; `device` is that of the context
-    current on the launching thread (-1 for none, and for an occupancy query)."""
+    """What cuLaunchKernelEx (or the occupancy query) received. `params` holds the bytes of the
+    kernel's first parameter, as many as its cubin declares (what the driver copies), and
+    `param_count` how many parameters the cubin declares; `device` is that of the context current
+    on the launching thread (-1 for none, and for an occupancy query)."""
 
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
@@ -71,6 +75,7 @@ class Launch(NamedTuple):
     num_attrs: int
     params: bytes
     device: int
+    param_count: int
 
 
 def decode_map(desc: bytes) -> EncodeArgs | None:
@@ -101,10 +106,6 @@ class StubDriver:
     def fail_next(self, code: int) -> None:
         """Make the next driver call return `code` (a CUresult)."""
         self._int("stub_fail_next").value = int(code)
-
-    def record_params(self, size: int) -> None:
-        """How many bytes of the kernel's parameter block each launch records (the Params size)."""
-        self._int("stub_params_size", ctypes.c_uint32).value = size
 
     def answer_occupancy(self, clusters: int) -> None:
         """What cuOccupancyMaxActiveClusters answers from now on; a negative value makes it fail."""
@@ -161,7 +162,7 @@ class StubDriver:
 
 def _as_launch(raw: _Launch) -> Launch:
     return Launch(tuple(raw.grid), tuple(raw.block), tuple(raw.cluster), raw.smem, raw.stream, raw.function,
-                  raw.num_attrs, bytes(raw.params[:raw.params_size]), raw.device)
+                  raw.num_attrs, bytes(raw.params[:raw.params_size]), raw.device, raw.param_count)
 
 
 def stand_in_device(stream: int, sm_count: int = 132) -> None:

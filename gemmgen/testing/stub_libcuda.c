@@ -4,7 +4,8 @@
    through the real cuda.bindings and ctypes calls on a machine without a GPU. Every value arrives
    here through the C ABI, as it would at the real driver. Each entry point checks what cuda.h
    documents about the call itself (a 64-byte aligned tensor map, a cubin image, an entry that the
-   image defines, dynamic shared memory within the function's limit, a context current on the
+   image defines, with the parameters its .nv.info section declares (a launch copies the first one's
+   declared size, as the driver does), dynamic shared memory within the function's limit, a context current on the
    calling thread where the call acts on it) and records what it received, in the stub_* globals
    and, for what is per thread in the driver (current context, capture mode, the last launch),
    behind the stub_* hook functions; the tests read both back with ctypes. A tensor map is filled
@@ -18,6 +19,7 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,8 +41,9 @@ typedef struct {
 
 typedef struct {
   uint32_t grid[3], block[3], cluster[3];
-  uint32_t smem, num_attrs, params_size;
-  int32_t device; /* of the context current on the launching thread */
+  uint32_t smem, num_attrs, params_size; /* params: the bytes of the kernel's first parameter */
+  int32_t device;                        /* of the context current on the launching thread */
+  int32_t param_count;                   /* the kernel's parameters, as its cubin declares them */
   uint64_t stream, function;
   uint8_t params[STUB_MAX_PARAMS];
 } StubLaunch;
@@ -54,6 +57,8 @@ typedef struct {
   uint32_t magic;
   StubModule *module;
   int max_dynamic_smem;
+  int param_count;       /* EIATTR_KPARAM_INFO entries in the entry's .nv.info section */
+  uint32_t first_param;  /* the first parameter's size in bytes */
 } StubFunction;
 
 #define STUB_FUNCTION_MAGIC 0x464e4747u /* "GGNF" */
@@ -68,7 +73,6 @@ static __thread CUcontext current_context;
 /* What the tests set. */
 CUresult stub_fail_next = CUDA_SUCCESS; /* the next entry point called returns this instead */
 int stub_max_active_clusters = 66;      /* cuOccupancyMaxActiveClusters' answer; < 0: it fails */
-uint32_t stub_params_size = 0;          /* how many bytes of kernelParams[0] a launch records */
 
 /* What the tests read. */
 uint32_t stub_encodes = 0; /* counters are atomic: cuda.bindings calls in without the GIL */
@@ -200,6 +204,54 @@ static size_t elf_size(const unsigned char *image) {
   return (size_t)(shoff + (uint64_t)shentsize * shnum);
 }
 
+/* The section called `name` in an ELF64 image, and its size; NULL if there is none. */
+static const unsigned char *elf_section(const unsigned char *image, const char *name, uint64_t *size) {
+  uint64_t shoff, names;
+  uint16_t shentsize, shnum, shstrndx;
+  memcpy(&shoff, image + 0x28, 8);
+  memcpy(&shentsize, image + 0x3a, 2);
+  memcpy(&shnum, image + 0x3c, 2);
+  memcpy(&shstrndx, image + 0x3e, 2);
+  memcpy(&names, image + shoff + (uint64_t)shentsize * shstrndx + 0x18, 8);
+  for (uint16_t i = 0; i < shnum; ++i) {
+    const unsigned char *header = image + shoff + (uint64_t)shentsize * i;
+    uint32_t at;
+    uint64_t offset;
+    memcpy(&at, header, 4);
+    if (strcmp((const char *)image + names + at, name) != 0) continue;
+    memcpy(&offset, header + 0x18, 8);
+    memcpy(size, header + 0x20, 8);
+    return image + offset;
+  }
+  return NULL;
+}
+
+/* The entry's parameters, from its .nv.info section, as the driver reads them to copy kernelParams:
+   attributes of 4-byte headers (format, attribute, 16-bit value or payload size); each
+   EIATTR_KPARAM_INFO (0x17, a 12-byte payload) is one parameter, its size in bits 18-31 of the last
+   word. */
+static void read_params(const unsigned char *info, uint64_t size, StubFunction *f) {
+  enum { EIFMT_SVAL = 4, EIATTR_KPARAM_INFO = 0x17 };
+  for (uint64_t at = 0; at + 4 <= size;) {
+    uint8_t format = info[at], attribute = info[at + 1];
+    uint16_t value;
+    memcpy(&value, info + at + 2, 2);
+    if (format == EIFMT_SVAL) {
+      if (attribute == EIATTR_KPARAM_INFO && value >= 12) {
+        uint16_t ordinal;
+        uint32_t word;
+        memcpy(&ordinal, info + at + 8, 2);
+        memcpy(&word, info + at + 12, 4);
+        if (ordinal == 0) f->first_param = (word >> 18) & 0x3fff;
+        ++f->param_count;
+      }
+      at += 4 + value;
+    } else {
+      at += 4;
+    }
+  }
+}
+
 CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
   CUresult err = take_failure();
   if (err) return err;
@@ -220,16 +272,19 @@ CUresult CUDAAPI cuModuleGetFunction(CUfunction *function, CUmodule module, cons
   if (err) return err;
   StubModule *m = (StubModule *)module;
   size_t n = strlen(name);
-  if (!m || n + 2 > sizeof(stub_last_entry)) return CUDA_ERROR_INVALID_VALUE;
-  char needle[sizeof(stub_last_entry) + 1];
-  needle[0] = '\0';
-  memcpy(needle + 1, name, n + 1); /* "\0name\0", as the image's string table holds it */
-  if (!memmem(m->image, m->size, needle, n + 2)) return CUDA_ERROR_NOT_FOUND;
+  if (!m || n + 16 > sizeof(stub_last_entry)) return CUDA_ERROR_INVALID_VALUE;
+  char section[sizeof(stub_last_entry)];
+  uint64_t size;
+  snprintf(section, sizeof(section), ".text.%s", name); /* a kernel's code section */
+  if (!elf_section(m->image, section, &size)) return CUDA_ERROR_NOT_FOUND;
   memcpy(stub_last_entry, name, n + 1);
   StubFunction *f = calloc(1, sizeof(StubFunction));
   f->magic = STUB_FUNCTION_MAGIC;
   f->module = m;
   f->max_dynamic_smem = 48 * 1024;
+  snprintf(section, sizeof(section), ".nv.info.%s", name);
+  const unsigned char *info = elf_section(m->image, section, &size);
+  if (info) read_params(info, size, f);
   *function = (CUfunction)f;
   return CUDA_SUCCESS;
 }
@@ -287,11 +342,14 @@ CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction funct
   CUresult err = take_failure();
   if (err) return err;
   if (!current_context) return CUDA_ERROR_INVALID_CONTEXT;
-  if (!params || !params[0] || extra || stub_params_size > STUB_MAX_PARAMS) return CUDA_ERROR_INVALID_VALUE;
-  err = record_config(&last_launch, config, as_function(function));
+  StubFunction *f = as_function(function);
+  if (!f || f->param_count < 1 || f->first_param > STUB_MAX_PARAMS) return CUDA_ERROR_INVALID_VALUE;
+  if (!params || !params[0] || extra) return CUDA_ERROR_INVALID_VALUE;
+  err = record_config(&last_launch, config, f);
   if (err) return err;
-  last_launch.params_size = stub_params_size;
-  memcpy(last_launch.params, params[0], stub_params_size);
+  last_launch.param_count = f->param_count;
+  last_launch.params_size = f->first_param; /* as the driver copies it: the size the cubin declares */
+  memcpy(last_launch.params, params[0], f->first_param);
   last_launch.device = stub_current_device();
   __atomic_add_fetch(&stub_launches, 1, __ATOMIC_SEQ_CST);
   return CUDA_SUCCESS;
