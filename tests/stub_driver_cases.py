@@ -238,10 +238,11 @@ def case_a_thread_without_a_context(stub, kernels):
 def case_threads_sharing_a_kernel(stub, kernels):
     """One kernel called by four threads at once (a server's workers sharing a model), thread
     switches forced every microsecond: the threads share each shape's B and operands (the weights)
-    and draw their own A, with given and fresh outputs, each call made twice (a cached plan, then
-    one rebound from another thread's). The Params of each thread's own launch compute that
-    thread's reference: the kernel's shared caches (plans, layouts, output maps, the last block
-    built) never hand one thread's arguments to another."""
+    and draw their own A twice per shape (a plan rebound from whichever thread's plan of that
+    layout came last), calling with a given, a fresh, then a given output (cached plans). The
+    Params of each thread's own launch compute that thread's reference: the kernel's shared caches
+    (plans, layouts, output maps, the last block built) never hand one thread's arguments to
+    another."""
     import gemmgen as gg
     from gemmgen.runtime.kernel import Kernel
     from gemmgen.testing.emulate import emulate
