@@ -294,43 +294,6 @@ def case_threads_sharing_a_kernel(stub, kernels):
     assert counts == [len(EMULATED) * 2 * 3] * 4, counts
 
 
-def case_a_call_for_another_device(stub, kernels):
-    """Tensors on another GPU than the thread's current one (a process driving several GPUs): the
-    launch happens inside `torch.cuda.device(<the tensors' device>)`, on that device's current
-    stream, so the module, context and stream it uses are that device's."""
-    import contextlib
-
-    from gemmgen.runtime import driver
-    from gemmgen.runtime.kernel import Kernel
-    from tests.test_runtime import _fresh_args
-
-    ck = kernels["bias_gelu"]
-    kernel = Kernel(ck, require_cuda=False)
-    a, b, ops = _fresh_args(ck.recipe, 40, 24, 72, ())
-    kernel(a, b, **ops)  # loaded, and planned for these arguments
-    scopes, streams = [], []
-
-    @contextlib.contextmanager
-    def device(index):
-        scopes.append(index)
-        yield
-        scopes.pop()
-
-    def current_stream(index):
-        streams.append((index, tuple(scopes)))
-        return STREAM
-
-    saved = torch.cuda.device, driver.current_device, driver.current_stream
-    torch.cuda.device, driver.current_device, driver.current_stream = device, lambda: 3, current_stream
-    try:
-        launches = stub.launches
-        kernel(a, b, **ops)
-    finally:
-        torch.cuda.device, driver.current_device, driver.current_stream = saved
-    here = -1  # the device index of the CPU tensors standing in for a GPU's
-    assert stub.launches == launches + 1 and streams == [(here, (here,))], streams
-
-
 CASES = {name: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
