@@ -437,9 +437,9 @@ def test_the_op_checks_a_call_before_compiling_its_kernel(monkeypatch, gen):
     monkeypatch.setattr(ops, "_KERNELS", {})
     a, b, bias, res, s = _args(gen)
     with pytest.raises(gg.InvalidArgument, match=r"bias: expected dtype torch\.float16"):
-        ops.launch(recipe, a, b, bias.float(), res, s)
+        ops.Launcher(recipe)(a, b, bias.float(), res, s)
     with pytest.raises(gg.InvalidArgument, match=r"res: expected shape \(7, 9\)"):
-        ops.launch(recipe, a, b, bias, res[:3], s)
+        ops.Launcher(recipe)(a, b, bias, res[:3], s)
     assert compiled == []
     ops.kernel_for(recipe, a, b, (bias, res, s))
     assert len(compiled) == 1

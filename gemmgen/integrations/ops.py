@@ -118,14 +118,10 @@ def op(recipe: Recipe) -> Any:
         return packet
 
 
-def launch(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
-    """Run the recipe's kernel for this problem (`kernel_for`) on the given tensors."""
-    return kernel_for(recipe, a, b, args)(a, b, *args)
-
-
 class Launcher:
-    """`launch` for one recipe, as the op and the modules call it per problem: the recipe's table of
-    kernels by exact shapes is held, not looked up per call (0.3 us less than `launch`)."""
+    """Runs a recipe's kernel for each problem (`kernel_for`) on the given tensors, as the op and the
+    modules call it: the recipe's table of kernels by exact shapes is held, not looked up per call
+    (0.3 us per call)."""
 
     __slots__ = ("_by_shape", "recipe")
 

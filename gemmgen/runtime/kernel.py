@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from ..build import CompiledKernel
 
 _MAX_ENTRIES = 256  # per cache: plans and layouts per kernel, output maps and checks per layout
+OutputArg = tuple[int, tuple[int, int, int]]  # an output's (address, strides): a TensorArg's fields, or one
 
 
 @dataclass
@@ -65,7 +66,7 @@ class _Plan:
     out_maps: dict[tuple, tuple[int, bytes]] = field(default_factory=dict)  # (output, addr, strides) -> (offset, map)
     out_checked: dict[tuple, tuple] = field(default_factory=dict)  # (output, signature) -> (TensorArg, span)
     input_spans: tuple[tuple[int, int], ...] | None = None  # per plan, computed when an output is first given
-    last: tuple[tuple[TensorArg, ...], bytes] | None = None  # the outputs of the last call and its Params
+    last: tuple[tuple[OutputArg, ...], bytes] | None = None  # the outputs of the last call and its Params
 
 
 class PreparedCall(NamedTuple):
@@ -170,7 +171,7 @@ class Kernel:
         """The operands by name, however they were passed."""
         return dict(zip(self._names, args, strict=True)) if args else operands
 
-    def _params(self, plan: _Plan, targs: tuple[TensorArg, ...]) -> bytes:
+    def _params(self, plan: _Plan, targs: tuple[OutputArg, ...]) -> bytes:
         """The plan's Params with the output tensor maps for `targs` patched in; the last block
         built is reused when the outputs are where they were (CUDA's caching allocator often hands
         the same block back to a fresh output)."""
@@ -241,21 +242,22 @@ class Kernel:
                           clusters)
         return problem.transposed() if self._swap else problem
 
-    def _outputs(self, plan: _Plan, out: Any) -> tuple[tuple[torch.Tensor, ...], tuple[TensorArg, ...]]:
-        tensors, targs = [], []
+    def _outputs(self, plan: _Plan, out: Any) -> tuple[tuple[torch.Tensor, ...], tuple[OutputArg, ...]]:
+        tensors: list[torch.Tensor] = []
+        targs: list[OutputArg] = []
         if out is None:  # fresh memory: right by construction, cannot alias an input (a plain loop: hot path)
             shape, device = plan.shape, plan.device
             for dtype, strides, modes in plan.fresh:
                 t = torch.empty_strided(shape, strides, dtype=dtype, device=device)
                 tensors.append(t)
-                targs.append((t.data_ptr(), modes))  # a TensorArg's fields; the class costs 0.3 us to build
+                targs.append((t.data_ptr(), modes))  # a TensorArg's fields (building one costs 0.3 us)
             return tuple(tensors), tuple(targs)
         given: list[tuple[str, tuple[int, int] | None]] = []
         for o, t, (dtype, strides, modes) in zip(self._ir.epilogue.outputs, _given_outputs(out, len(plan.fresh)),
                                                  plan.fresh, strict=True):
             if t is None:
                 t = torch.empty_strided(plan.shape, strides, dtype=dtype, device=plan.device)
-                targs.append(TensorArg(t.data_ptr(), modes))
+                targs.append((t.data_ptr(), modes))
             else:  # checked once per (layout, output signature); the alias check follows the inputs
                 name = "out" if o.name == "d" else f"out[{o.name}]"
                 try:
