@@ -191,8 +191,9 @@ def test_launches_on_the_current_stream(kernels, gen):
 
 def test_calls_from_a_thread_without_a_context(kernels, gen):
     """A worker thread that has made no CUDA call has no current context; a kernel loaded on the
-    main thread, called there with tensors from the main thread, binds the device's primary
-    context itself (its maps and launch would fail with CUDA_ERROR_INVALID_CONTEXT otherwise)."""
+    main thread and called on the worker with the main thread's tensors binds the device's
+    primary context itself (its maps and launch would fail with CUDA_ERROR_INVALID_CONTEXT
+    otherwise)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from cuda.bindings import driver as cu
