@@ -1,0 +1,306 @@
+"""The epilogue a generated kernel compiles, read from its C++ source and run on the CPU (tests only).
+
+gemmgen's IR decides what an epilogue computes; codegen turns it into CUTLASS visitor types
+(Sm90EVT trees, an Sm90TopologicalVisitor, Sm90Compute nodes over gemmgen::epi functors, loads and
+stores), and the runtime writes each operand's pointer or tensor map at the place in Params that
+one visitor reads. This module checks that chain from the far end: it parses the `using`
+declarations of the kernel source NVRTC compiles, finds the callbacks the CollectiveEpilogue is
+given, and evaluates them as CUTLASS's sm90 visitors do, each leaf reading the Params field at its
+own position in the callbacks' Params (Sm90VisitorImpl nests them: `op_0`..`op_3`, a tuple past
+four). Nothing here consults the IR: a child out of order, a constant on the wrong side, a
+wrong element type, or an operand's arguments at another visitor's place shows up as a wrong
+output.
+
+Semantics, from CUTLASS 4.2's sm90 visitors: Sm90Compute converts its inputs to ElementCompute,
+applies the functor and converts to ElementOutput (round to nearest); an Sm90TopologicalVisitor
+converts each op's output but the last to ElementCompute; loads and broadcasts give their element
+type; Sm90AuxStore stores its input converted to its element and passes the input on unchanged.
+The functors are gemmgen/include/gemmgen/epilogue.hpp's formulas, here in fp32 torch.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+_FUSION = "cutlass::epilogue::fusion::"
+_EPI = "gemmgen::epi::"
+_ELEMENT = {"cutlass::bfloat16_t": torch.bfloat16, "cutlass::half_t": torch.float16, "float": torch.float32}
+_COMPUTE = "float"
+_ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
+_COLLECTIVE_EPILOGUE = "cutlass::epilogue::collective::CollectiveEpilogue"
+#: CollectiveEpilogue<DispatchPolicy, Tile, EpilogueTile, C, StrideC, D, StrideD, FusionCallbacks, ...>
+_CALLBACKS_ARG = 7
+_THREAD = "{p}.epilogue.thread"  # the callbacks' Params inside the kernel's Params
+
+
+class EpilogueSourceError(AssertionError):
+    """The generated source holds an epilogue this interpreter does not model."""
+
+
+@dataclass(frozen=True)
+class CppType:
+    """A C++ type or template argument: `name<args...>::member`."""
+
+    name: str
+    args: tuple[CppType, ...] = ()
+    member: str = ""
+
+    def __str__(self) -> str:
+        args = f"<{', '.join(map(str, self.args))}>" if self.args else ""
+        return f"{self.name}{args}{self.member}"
+
+
+_TOKEN = re.compile(r"\s*(<|>|,|typename\b|[A-Za-z0-9_:.]+)")
+
+
+def parse_type(text: str) -> CppType:
+    """Parse the template-id subset the visitor declarations use (names, numbers, `<...>`, `::member`)."""
+    tokens, pos = [], 0
+    while pos < len(text.rstrip()):
+        m = _TOKEN.match(text, pos)
+        if not m:
+            raise EpilogueSourceError(f"cannot parse {text[pos:pos + 40]!r} in {text!r}")
+        tokens.append(m.group(1))
+        pos = m.end()
+    at = 0
+
+    def term() -> CppType:
+        nonlocal at
+        if tokens[at] == "typename":
+            at += 1
+        name, args, member = tokens[at], [], ""
+        at += 1
+        if at < len(tokens) and tokens[at] == "<":
+            at += 1
+            while tokens[at] != ">":
+                args.append(term())
+                if tokens[at] == ",":
+                    at += 1
+            at += 1
+        while at < len(tokens) and tokens[at].startswith("::"):
+            member += tokens[at]
+            at += 1
+        return CppType(name, tuple(args), member)
+
+    out = term()
+    if at != len(tokens):
+        raise EpilogueSourceError(f"trailing {tokens[at:]} in {text!r}")
+    return out
+
+
+def split_arguments(text: str) -> list[str]:
+    """The top-level template arguments of `name<...>`, as text (any C++ inside them)."""
+    start = text.index("<") + 1
+    args, depth, begin = [], 0, start
+    for i in range(start, len(text)):
+        c = text[i]
+        if c in "<({":
+            depth += 1
+        elif c in ">)}":
+            if depth == 0:
+                args.append(text[begin:i].strip())
+                return args
+            depth -= 1
+        elif c == "," and depth == 0:
+            args.append(text[begin:i].strip())
+            begin = i + 1
+    raise EpilogueSourceError(f"unbalanced template arguments in {text[:80]!r}")
+
+
+def declarations(source: str) -> dict[str, str]:
+    """Every `using Name = ...;` of a generated kernel, by name."""
+    return {m.group(1): " ".join(m.group(2).split())
+            for m in re.finditer(r"^using (\w+) = (.*?);\s*$", source, re.M | re.S)}
+
+
+class ParamsView(Protocol):
+    """The kernel's Params as the device would read them, addressed by C++ lvalue (`{p}` is Params)."""
+
+    def raw(self, lvalue: str) -> bytes:
+        """The bytes of the field at `lvalue`; raises when gemmgen writes no field there."""
+        ...
+
+    def pointer(self, lvalue: str, dtype: torch.dtype, length: int) -> torch.Tensor | None:
+        """`length` elements of `dtype` at the address the pointer field holds; None for nullptr."""
+        ...
+
+    def mapped(self, lvalue: str, dtype: torch.dtype) -> torch.Tensor:
+        """The (L, M, N) tensor of `dtype` the tensor map at `lvalue` addresses (a view, writable)."""
+        ...
+
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def _scalar_fn(name: str) -> Callable[..., torch.Tensor]:
+    """epilogue.hpp's scalar functor `name` (without namespace), on fp32 tensors."""
+    fns: dict[str, Callable[..., torch.Tensor]] = {
+        "Identity": lambda x: x,
+        "Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y, "Div": lambda x, y: x / y,
+        "Min": torch.minimum, "Max": torch.maximum,  # both propagate NaN, as nan_or does
+        "Neg": lambda x: -x, "Abs": torch.abs, "Exp": torch.exp, "Tanh": torch.tanh,
+        "Sigmoid": lambda x: 1.0 / (1.0 + torch.exp(-x)),
+        "Relu": lambda x: torch.where(x < 0, torch.zeros_like(x), x),
+        "Silu": lambda x: x / (1.0 + torch.exp(-x)),
+        "Gelu": lambda x: 0.5 * x * (1.0 + torch.erf(x * 0.70710678118654752)),
+        "GeluTanh": lambda x: 0.5 * x * (1.0 + torch.tanh(0.79788456080286536 * (x + 0.044715 * x * x * x))),
+    }
+    if name not in fns:
+        raise EpilogueSourceError(f"unknown functor gemmgen::epi::{name}")
+    return fns[name]
+
+
+def _functor(t: CppType) -> Callable[..., torch.Tensor]:
+    """The ComputeFn of an Sm90Compute: `gemmgen::epi::Map<F>::Fn`."""
+    if t.name != f"{_EPI}Map" or t.member != "::Fn" or len(t.args) != 1:
+        raise EpilogueSourceError(f"compute function {t} is not a gemmgen::epi::Map<F>::Fn")
+    f = t.args[0]
+    base = f.name.removeprefix(_EPI)
+    if base in ("WithRhs", "WithLhs"):
+        op, constant = _scalar_fn(f.args[0].name.removeprefix(_EPI)), _constant(f.args[1])
+        if base == "WithRhs":
+            return lambda x: op(x, constant)
+        return lambda x: op(constant, x)
+    if base == "LeakyRelu":
+        slope = _constant(f.args[0])
+        return lambda x: torch.where(x < 0, x * slope, x)
+    return _scalar_fn(base)
+
+
+def _constant(t: CppType) -> torch.Tensor:
+    """A functor's constant: its fp32 bits as an unsigned literal (`0x3fd9db23u`)."""
+    m = re.fullmatch(r"0x([0-9a-f]{8})u", t.name)
+    if not m:
+        raise EpilogueSourceError(f"constant {t} is not fp32 bits")
+    return torch.tensor(_f32(int(m.group(1), 16)), dtype=torch.float32)
+
+
+def _element(t: CppType) -> torch.dtype:
+    if str(t) not in _ELEMENT:
+        raise EpilogueSourceError(f"element type {t} is not one gemmgen uses")
+    return _ELEMENT[str(t)]
+
+
+def _member(lvalue: str, index: int, count: int) -> str:
+    """Op `index` of `count` in Sm90VisitorImplBase's Params: members op_0..op_3 up to four, a tuple beyond."""
+    return f"{lvalue}.op_{index}" if count <= 4 else f"cute::get<{index}>({lvalue})"
+
+
+def _element_bits(raw: bytes, dtype: torch.dtype) -> torch.Tensor:
+    """An element's raw bytes as a 0-d tensor of `dtype`."""
+    return torch.frombuffer(bytearray(raw), dtype=dtype)[0].clone()
+
+
+class EpilogueInterpreter:
+    """The fusion callbacks of one generated kernel, parsed once, evaluated per problem."""
+
+    def __init__(self, source: str) -> None:
+        self.decls = declarations(source)
+        collective = next((v for v in self.decls.values() if v.startswith(_COLLECTIVE_EPILOGUE + "<")), None)
+        if collective is None:
+            raise EpilogueSourceError("no CollectiveEpilogue declaration in the source")
+        self.callbacks = self._resolve(parse_type(split_arguments(collective)[_CALLBACKS_ARG]))
+        self.element_d = _element(parse_type(self.decls["ElementD"]))
+        c = self.decls["ElementC"]
+        self.element_c = None if c == "void" else _element(parse_type(c))
+
+    def _resolve(self, t: CppType) -> CppType:
+        """A declared name replaced by its declaration (one level)."""
+        while not t.args and not t.member and t.name in self.decls:
+            t = parse_type(self.decls[t.name])
+        return t
+
+    def run(self, acc: torch.Tensor, params: ParamsView) -> None:
+        """Evaluate the callbacks on the (L, M, N) fp32 accumulator, storing D and the aux outputs
+        through the tensor maps the Params hold."""
+        d = self._visit(self.callbacks, _THREAD, acc, params, ())
+        if d.dtype != self.element_d:
+            raise EpilogueSourceError(f"the callbacks give {d.dtype}, ElementD is {self.element_d}")
+        params.mapped("(*{p}.epilogue.tma_store_d.get_tma_descriptor())", self.element_d).copy_(d.expand(acc.shape))
+
+    def _visit(self, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
+               inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        t = self._resolve(t)
+        kind = t.name.removeprefix(_FUSION)
+        if kind == "Sm90EVT":
+            node, *children = t.args
+            n = len(t.args)  # Sm90TreeVisitor : Sm90VisitorImpl<ChildOps..., NodeOp>
+            kids = tuple(self._visit(c, _member(lvalue, i, n), acc, params, ()) for i, c in enumerate(children))
+            return self._visit(node, _member(lvalue, n - 1, n), acc, params, kids)
+        if kind == "Sm90TopologicalVisitor":
+            compute, edges, *ops = t.args
+            if str(compute) != _COMPUTE or self._resolve(edges).name != "cute::tuple":
+                raise EpilogueSourceError(f"topological visitor {t}")
+            seqs = [[int(i.name) for i in s.args] for s in self._resolve(edges).args]
+            if len(seqs) != len(ops):
+                raise EpilogueSourceError(f"{len(ops)} ops and {len(seqs)} edge lists in {t}")
+            outs: list[torch.Tensor] = []
+            for k, (op, seq) in enumerate(zip(ops, seqs, strict=True)):
+                if any(i >= k for i in seq):
+                    raise EpilogueSourceError(f"op {k} of {t} reads a later op ({seq})")
+                out = self._visit(op, _member(lvalue, k, len(ops)), acc, params, tuple(outs[i] for i in seq))
+                outs.append(out if k == len(ops) - 1 else out.to(torch.float32))
+            return outs[-1]
+        if kind == "Sm90Compute":
+            fn, element_out, element_compute, rounding = t.args
+            if str(element_compute) != _COMPUTE or str(rounding) != _ROUND:
+                raise EpilogueSourceError(f"compute node {t}")
+            if not inputs:
+                raise EpilogueSourceError(f"compute node {t} without inputs")
+            return _functor(fn)(*(x.to(torch.float32) for x in inputs)).to(_element(element_out))
+        if inputs and kind != "Sm90AuxStore":
+            raise EpilogueSourceError(f"{kind} is given inputs")
+        return self._leaf(kind, t, lvalue, acc, params, inputs)
+
+    def _leaf(self, kind: str, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
+              inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        l_, m, n = acc.shape
+        if kind == "Sm90AccFetch":
+            return acc
+        if kind == "Sm90SrcFetch":
+            element = _element(t.args[0])
+            if element != self.element_c:
+                raise EpilogueSourceError(f"Sm90SrcFetch<{element}> with ElementC {self.element_c}")
+            return params.mapped("(*{p}.epilogue.tma_load_c.get_tma_descriptor())", element)
+        if kind in ("Sm90RowBroadcast", "Sm90ColBroadcast"):
+            stages, _, element_t, compute, stride = t.args[:5]
+            row = kind == "Sm90RowBroadcast"
+            want = "cute::Stride<cute::_0, cute::_1, cute::_0>" if row else "cute::Stride<cute::_1, cute::_0, cute::_0>"
+            if stages.name != "0" or str(compute) != _COMPUTE or str(stride) != want:
+                raise EpilogueSourceError(f"broadcast {t}")
+            element = _element(element_t)
+            v = params.pointer(f"{lvalue}.ptr_{'row' if row else 'col'}", element, n if row else m)
+            if v is None:
+                v = _element_bits(params.raw(f"{lvalue}.null_default"), element).expand(n if row else m)
+            return v.to(torch.float32).reshape((1, 1, n) if row else (1, m, 1))
+        if kind == "Sm90ScalarBroadcast":
+            element_t, stride = t.args[:2]
+            if str(stride) != "cute::Stride<cute::_0, cute::_0, int64_t>" or len(t.args) > 2:
+                raise EpilogueSourceError(f"scalar broadcast {t}")
+            element = _element(element_t)
+            batch_stride = struct.unpack("<q", params.raw(f"cute::get<2>({lvalue}.dScalar[0])"))[0]
+            ptr = params.pointer(f"{lvalue}.scalar_ptrs[0]", element, (l_ - 1) * batch_stride + 1)
+            if ptr is None:
+                return _element_bits(params.raw(f"{lvalue}.scalars[0]"), element).reshape(1, 1, 1)
+            return ptr[torch.arange(l_) * batch_stride].reshape(l_, 1, 1)
+        if kind == "Sm90AuxLoad":
+            element = _element(t.args[2])
+            if params.raw(f"{lvalue}.use_default") != b"\x00":
+                return _element_bits(params.raw(f"{lvalue}.null_default"), element).reshape(1, 1, 1)
+            return params.mapped(f"(*{lvalue}.tma_load_aux.get_tma_descriptor())", element)
+        if kind == "Sm90AuxStore":
+            element, rounding = _element(t.args[2]), str(t.args[3])
+            if len(inputs) != 1 or rounding != _ROUND:
+                raise EpilogueSourceError(f"aux store {t} with {len(inputs)} inputs")
+            if params.raw(f"{lvalue}.is_nullptr") == b"\x00":
+                target = params.mapped(f"(*{lvalue}.tma_store_aux.get_tma_descriptor())", element)
+                target.copy_(inputs[0].to(torch.float32).to(element).expand(acc.shape))
+            return inputs[0]
+        raise EpilogueSourceError(f"visitor {t} is not one this interpreter models")

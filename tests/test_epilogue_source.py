@@ -1,0 +1,268 @@
+"""The epilogue each generated kernel declares computes its recipe: the visitor types in the C++
+source, run by `gemmgen.testing.visitors` on the Params the runtime builds, against the recipe's
+reference. No NVRTC: these kernels are rendered, not compiled, so every recipe and config is cheap
+(tests/test_runtime.py runs the compiled kernels the same way, on their probed Params layout)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import random
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import gemmgen as gg
+from gemmgen.build import CompiledKernel, KernelInfo
+from gemmgen.codegen import GeneratedKernel, render_kernel
+from gemmgen.ir import Op, post_order
+from gemmgen.runtime.arguments import ParamsLayout
+from gemmgen.runtime.kernel import Kernel
+from gemmgen.select import SWAP_CANDIDATES
+from gemmgen.testing.emulate import emulate
+from gemmgen.testing.recording import RecordingEncoder
+from gemmgen.testing.visitors import CppType, EpilogueInterpreter, parse_type
+
+from .test_runtime import EMULATED, TOLERANCE, _args_with_nonzero_reference, _padded
+
+
+def _uncompiled(recipe: gg.Recipe, config: gg.KernelConfig,
+                mutate: Callable[[GeneratedKernel], GeneratedKernel] | None = None) -> CompiledKernel:
+    """A kernel as the runtime sees it, without NVRTC: the generated source and Params fields, each
+    field at its own offset (only the writer and the reader need them to agree), no cubin.
+    `mutate` changes the generated kernel first (to check that the check can fail)."""
+    generated = render_kernel(recipe.ir, config)
+    if mutate is not None:
+        generated = mutate(generated)
+    fields, offset = [], 0
+    for f in generated.fields:
+        align = 64 if f.kind == "desc" else f.size
+        offset = -(-offset // align) * align
+        fields.append((f, offset, 0))
+        offset += f.size
+    info = KernelInfo(params_size=offset, params_align=64, smem_bytes=0, max_threads=384, min_blocks=1,
+                      cluster_size=config.cluster[0] * config.cluster[1])
+    return CompiledKernel(recipe, config, generated.entry, "", b"", generated.source, info, None,  # type: ignore[arg-type]
+                          generated, ParamsLayout(offset, tuple(fields)), "rendered")
+
+
+def _run(ck: CompiledKernel, shape: tuple[int, int, int, int], drawn: tuple | None = None) -> tuple[tuple, tuple]:
+    """(outputs, reference) of one emulated call on `drawn` (A, B, operands, reference), or fresh
+    inputs, with NaN-filled outputs."""
+    m, n, k, batch = shape
+    recipe = ck.recipe
+    lead = (batch,) if recipe.ir.gemm.batched else ()
+    a, b, ops, want = drawn or _args_with_nonzero_reference(recipe, m, n, k, lead)
+    outs = tuple(_padded(m, n, o.dtype.torch, True, lead, fill=float("nan")) for o in recipe.outputs)
+    enc = RecordingEncoder()
+    kernel = Kernel(ck, encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
+    prep = kernel.prepare(a, b, out=outs if len(outs) > 1 else outs[0], **ops)
+    emulate(ck, prep.params, enc, [a, b, *outs, *(v for v in ops.values() if isinstance(v, torch.Tensor))])
+    return outs, want
+
+
+def _assert_computes(ck: CompiledKernel, shape: tuple[int, int, int, int], what: str, drawn: tuple | None = None,
+                     through_casts: bool = False) -> None:
+    """Outputs all written and within their type's tolerance of the reference; `through_casts`: of
+    the narrowest type a cast rounds the output's value to on its way (random recipes, where the
+    accumulator's last bits, summed in another order than the reference's, can tip a rounding
+    mid-recipe to the next value of the cast's type)."""
+    outs, want = _run(ck, shape, drawn)
+    nodes = ck.recipe.ir.epilogue.nodes
+    for o, got, ref in zip(ck.recipe.ir.epilogue.outputs, outs, want, strict=True):
+        assert not got.isnan().any(), f"{what} {shape}: {o.name} has elements the kernel would not write"
+        casts = [nodes[i].dtype.torch for i in post_order([o.node], lambda i: nodes[i].args)
+                 if through_casts and nodes[i].op is Op.CAST]
+        tol = max(TOLERANCE[t] for t in (got.dtype, *casts))
+        torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol,
+                                   msg=lambda m, o=o: f"{what} {shape} {o.name}: {m}")
+
+
+def _configs(recipe: gg.Recipe) -> list[gg.KernelConfig]:
+    """The recipe's default, a pingpong kernel and the first valid swapped kernel."""
+    ir = recipe.ir
+    out = [recipe.default_config(), gg.KernelConfig(tile=(64, 128, 64), schedule=gg.Schedule.PINGPONG)]
+    out += [c for c in SWAP_CANDIDATES if gg.config.is_valid(c, ir)][:1]
+    return [c for c in dict.fromkeys(out) if gg.config.is_valid(c, ir)]
+
+
+def test_every_recipe_under_plain_and_swapped_kernels(examples, extra):
+    """Every example and coverage recipe, under its default config, a pingpong and a swapped kernel
+    (the epilogue of D^T, rows and columns exchanged), over the emulation shapes."""
+    count = 0
+    for recipe in [*examples.values(), *extra.values()]:
+        for config in _configs(recipe):
+            ck = _uncompiled(recipe, config)
+            for shape in EMULATED:
+                _assert_computes(ck, shape, f"{recipe.name} {config.name}")
+            count += 1
+    assert count >= 20
+
+
+# ---- random epilogues
+
+_DTYPES = (gg.bf16, gg.f16, gg.f32)
+
+
+def _random_recipe(rng: random.Random, index: int) -> gg.Recipe:
+    """A recipe with random operands (every kind, dtype and both scalar forms), a random graph of
+    every op over them (constants on either side, shared values, casts) and random aux outputs.
+    Divisions and exponentials take bounded arguments, so that fp32 stays far from overflow."""
+    decls: dict[str, object] = {}
+    for i in range(rng.randint(0, 4)):
+        kind = rng.choice(["scalar", "constant", "row", "col", "matrix"])
+        decls[f"x{i}"] = {"scalar": lambda: gg.Scalar(), "constant": lambda: gg.Scalar(value=rng.uniform(-2, 2)),
+                          "row": lambda: gg.RowVector(rng.choice(_DTYPES)),
+                          "col": lambda: gg.ColVector(rng.choice(_DTYPES)),
+                          "matrix": lambda: gg.Matrix(rng.choice(_DTYPES))}[kind]()
+    n_aux = rng.randint(0, 2)
+    steps = rng.randint(1, 8)
+
+    def epilogue(acc, **ops):
+        pool = [acc, *ops.values()]
+        unused = list(ops.values())
+
+        def pick():
+            return unused.pop(rng.randrange(len(unused))) if unused and rng.random() < 0.6 else rng.choice(pool)
+
+        def const():
+            return round(rng.uniform(-3, 3), 3)
+
+        unary = [lambda x: -x, gg.abs, gg.tanh, gg.sigmoid, gg.relu, gg.gelu, gg.gelu_tanh, gg.silu,
+                 lambda x: gg.exp(gg.tanh(x)), lambda x: gg.leaky_relu(x, rng.choice([0.01, 0.2])),
+                 lambda x: gg.cast(x, rng.choice([gg.bf16, gg.f16])), lambda x: gg.clamp(x, -1.5, 2.0)]
+        binary = [lambda x, y: x + y, lambda x, y: x - y, lambda x, y: x * y, lambda x, y: x / (1.5 + gg.abs(y)),
+                  gg.min, gg.max, lambda x, y: x - const(), lambda x, y: const() - x, lambda x, y: const() * x,
+                  lambda x, y: x / const() if rng.random() < 0.5 else const() / (1.5 + gg.abs(x))]
+        for _ in range(steps + len(unused)):
+            v = rng.choice(unary)(pick()) if rng.random() < 0.4 else rng.choice(binary)(pick(), pick())
+            pool.append(v)
+        while unused:
+            pool.append(pool[-1] + unused.pop())
+        outs = {"d": pool[-1]}
+        for j in range(n_aux):
+            outs[f"aux{j}"] = rng.choice(pool)
+        return outs
+
+    params = [inspect.Parameter("acc", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in decls]
+    epilogue.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    ab = rng.choice([gg.bf16, gg.f16])
+    return gg.Recipe(f"random{index}", epilogue, a=ab, b=ab, d=rng.choice(_DTYPES),
+                     layout_a=rng.choice([gg.RowMajor, gg.ColMajor]), layout_b=rng.choice([gg.RowMajor, gg.ColMajor]),
+                     batched=rng.random() < 0.3, operands=decls,  # type: ignore[arg-type]
+                     aux={f"aux{j}": rng.choice(_DTYPES) for j in range(n_aux)})
+
+
+def test_random_epilogues_compute_their_recipes():
+    """60 random recipes (a new seed each run, printed on failure; GEMMGEN_TEST_SEED replays one),
+    each under a plain and a swapped kernel: trees and graphs, aux outputs of shared and of leaf
+    values, every op."""
+    seed = int(os.environ.get("GEMMGEN_TEST_SEED") or time.time_ns() % 2**32)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    layouts, made = set(), 0
+    while made < 60:
+        try:
+            recipe = _random_recipe(rng, made)
+        except gg.RecipeError:  # e.g. an output that folded to a constant
+            continue
+        shape = rng.choice(EMULATED)
+        m, n, k, batch = shape
+        try:
+            drawn = _args_with_nonzero_reference(recipe, m, n, k, (batch,) if recipe.ir.gemm.batched else ())
+        except AssertionError:  # an output that is zero here for any input, as relu(-abs(x)): checks nothing
+            continue
+        made += 1
+        for config in _configs(recipe)[::2]:
+            ck = _uncompiled(recipe, config)
+            layouts.add(ck.generated.epilogue.layout)
+            _assert_computes(ck, shape, f"seed {seed}: {recipe.name} {config.name}", drawn, through_casts=True)
+    assert layouts == {"tree", "dag"}, f"seed {seed}: only {layouts} epilogues drawn"
+
+
+# ---- the check fails on wrong kernels
+
+def _two_rows(layout: str) -> gg.Recipe:
+    """Non-commutative ops over two row vectors of one type, a constant on the left and a matrix:
+    a tree, or (`x` shared) a graph."""
+    def tree(acc, u, v, c):
+        return (acc * u - v) / (2.0 - gg.tanh(c))
+
+    def dag(acc, u, v, c):
+        x = acc * u - v
+        return x / (2.0 - gg.tanh(x * c))
+
+    return gg.Recipe(f"two_rows_{layout}", tree if layout == "tree" else dag,
+                     operands={"u": gg.RowVector(gg.bf16), "v": gg.RowVector(gg.bf16), "c": gg.Matrix(gg.bf16)})
+
+
+def _exchange_sub_inputs(source: str) -> str:
+    """The Sub node's two inputs exchanged: an Sm90EVT's children, or a graph node's edges."""
+    lines = source.splitlines()
+    for i, line in enumerate(lines):
+        name, _, decl = line.removeprefix("using ").partition(" = ")
+        if line.startswith("using EVTSub"):
+            t = parse_type(decl.rstrip(";"))
+            lines[i] = f"using {name} = {CppType(t.name, (t.args[0], t.args[2], t.args[1]))};"
+        elif name == "EpilogueDag":
+            t = parse_type(decl.rstrip(";"))
+            ops = [o.name for o in t.args[2:]]
+            k = next(j for j, o in enumerate(ops) if o.startswith("Sub"))
+            seqs = list(t.args[1].args)
+            seqs[k] = CppType(seqs[k].name, seqs[k].args[::-1])
+            edges = CppType(t.args[1].name, tuple(seqs))
+            lines[i] = f"using {name} = {CppType(t.name, (t.args[0], edges, *t.args[2:]))};"
+        else:
+            continue
+        return "\n".join(lines)
+    raise AssertionError("no Sub node")
+
+
+def _exchange_vector_places(generated):
+    """u's Params fields written at v's visitor and v's at u's."""
+    expr = {f.name: f.expr for f in generated.fields}
+    swap = {"epilogue.row.u.ptr": expr["epilogue.row.v.ptr"], "epilogue.row.v.ptr": expr["epilogue.row.u.ptr"]}
+    fields = tuple(dataclasses.replace(f, expr=swap.get(f.name, f.expr)) for f in generated.fields)
+    return dataclasses.replace(generated, fields=fields)
+
+
+_SOURCE_MUTATIONS = {
+    "children exchanged": _exchange_sub_inputs,
+    "constant on the other side": lambda s: s.replace("WithLhs<gemmgen::epi::Sub", "WithRhs<gemmgen::epi::Sub"),
+    "bf16 vector read as f16": lambda s: s.replace("Sm90RowBroadcast<0, TileShape, cutlass::bfloat16_t",
+                                                   "Sm90RowBroadcast<0, TileShape, cutlass::half_t", 1),
+    "add for sub": lambda s: s.replace("Map<gemmgen::epi::Sub>", "Map<gemmgen::epi::Add>", 1),
+}
+
+
+@pytest.mark.parametrize("layout", ["tree", "dag"])
+@pytest.mark.parametrize("mistake", [*_SOURCE_MUTATIONS, "operands at each other's places"])
+def test_a_wrong_kernel_fails_the_check(layout, mistake):
+    """The check can fail: one mistake in the generated source, or in where the runtime writes an
+    operand's arguments, makes the emulated outputs miss the reference."""
+    recipe = _two_rows(layout)
+    config = recipe.default_config()
+    assert render_kernel(recipe.ir, config).epilogue.layout == layout
+    _assert_computes(_uncompiled(recipe, config), (7, 40, 129, 1), "unchanged")
+    if mistake in _SOURCE_MUTATIONS:
+        source = render_kernel(recipe.ir, config).source
+        mutated = _SOURCE_MUTATIONS[mistake](source)
+        assert mutated != source
+        ck = _uncompiled(recipe, config, lambda g: dataclasses.replace(g, source=mutated))
+    else:
+        ck = _uncompiled(recipe, config, _exchange_vector_places)
+    with pytest.raises(AssertionError):
+        _assert_computes(ck, (7, 40, 129, 1), mistake)
+
+
+def test_interpreter_reads_the_callbacks_the_collective_gets(examples):
+    """The interpreter starts from the CollectiveEpilogue's FusionCallbacks argument, not from a
+    declaration it guesses: the example with a graph epilogue is interpreted from EpilogueDag."""
+    r = examples["quick_gelu_scaled"]
+    interp = EpilogueInterpreter(render_kernel(r.ir, r.default_config()).source)
+    assert interp.callbacks.name == "cutlass::epilogue::fusion::Sm90TopologicalVisitor"
+    assert interp.element_d == torch.float16 and interp.element_c is None
