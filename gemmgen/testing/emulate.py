@@ -18,8 +18,8 @@ from typing import Protocol
 import torch
 
 from ..build import CompiledKernel
-from ..runtime.arguments import ArgumentBuilder, ParamsLayout
-from ..runtime.tma import EncodeArgs, TmaTemplate
+from ..runtime.arguments import ParamsLayout
+from ..runtime.tma import EncodeArgs
 from .visitors import EpilogueInterpreter
 
 
@@ -38,13 +38,11 @@ class _ParamsBytes:
     """A Params block as the device reads it: fields at their probed offsets, addresses resolved
     to the caller's tensors, tensor maps to what they address (implements visitors.ParamsView)."""
 
-    def __init__(self, layout: ParamsLayout, params: bytes, encoder: MapReader, tensors: list[torch.Tensor],
-                 templates: dict[str, TmaTemplate]) -> None:
+    def __init__(self, layout: ParamsLayout, params: bytes, encoder: MapReader, tensors: list[torch.Tensor]) -> None:
         self._params = params
         self._encoder = encoder
-        self._templates = templates
         self._at = {f.expr: (f, offset) for f, offset, _ in layout.fields}
-        self._by_name = {f.name: f.expr for f, _, _ in layout.fields}
+        self.lvalue = {f.name: f.expr for f, _, _ in layout.fields}
         self._by_addr = {t.data_ptr(): t for t in tensors if t.numel()}
 
     def raw(self, lvalue: str) -> bytes:
@@ -57,21 +55,24 @@ class _ParamsBytes:
         addr = int.from_bytes(self.raw(lvalue), "little")
         if addr == 0:
             return None
-        return _as(self._by_addr[addr], dtype).as_strided((length,), (1,))
+        return _within(_as(self._by_addr[addr], dtype), (length,), (1,), lvalue)
 
-    def mapped(self, lvalue: str, dtype: torch.dtype) -> torch.Tensor:
-        """(L, M or N, K) for A and B, (L, M, N) for C, D and the aux tensors."""
+    def mapped(self, lvalue: str, dtype: torch.dtype, rows_contiguous: bool) -> torch.Tensor:
         args = self._encoder.of(self.raw(lvalue))
-        name = self._at[lvalue][0].name
-        assert args is not None, f"{name}: no tensor map written"
+        assert args is not None, f"{self._at[lvalue][0].name}: no tensor map written"
         base = _as(self._by_addr[args.addr], dtype)
         item = base.element_size()
         d0, d1, d2 = args.dims
-        view = base.as_strided((d2, d1, d0), (args.strides[1] // item, args.strides[0] // item, 1))
-        return view.transpose(1, 2) if self._templates[name].contiguous_first else view
+        view = _within(base, (d2, d1, d0), (args.strides[1] // item, args.strides[0] // item, 1), lvalue)
+        return view.transpose(1, 2) if rows_contiguous else view
 
-    def mapped_field(self, name: str, dtype: torch.dtype) -> torch.Tensor:
-        return self.mapped(self._by_name[name], dtype)
+
+def _within(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...], lvalue: str) -> torch.Tensor:
+    """The elements a pointer or tensor map at `lvalue` reaches from `t`'s address, inside its allocation."""
+    try:
+        return t.as_strided(size, stride)
+    except RuntimeError as e:  # past the end of the storage: the device would read or write out of bounds
+        raise AssertionError(f"{lvalue} reaches past the memory of the tensor at its address: {e}") from None
 
 
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -82,13 +83,14 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def emulate(compiled: CompiledKernel, params: bytes, encoder: MapReader, tensors: list[torch.Tensor]) -> None:
-    """Run `compiled` on `params` in fp32; `tensors` are every tensor the call passed or returned."""
-    recipe = compiled.generated.kernel_recipe
-    builder = ArgumentBuilder(recipe, compiled.config)
-    templates = {"mainloop.tma_a": builder.a, "mainloop.tma_b": builder.b, builder.d[0]: builder.d[2],
-                 **{field: t for field, _, t in (*builder.loads, *builder.stores)}}
-    view = _ParamsBytes(compiled.params_layout, params, encoder, tensors, templates)
-    a = view.mapped_field("mainloop.tma_a", recipe.gemm.a.torch)
-    b = view.mapped_field("mainloop.tma_b", recipe.gemm.b.torch)
-    acc = torch.matmul(a.float(), b.float().transpose(1, 2))
-    _interpreter(compiled.generated.source).run(acc, view)
+    """Run `compiled` on `params` in fp32; `tensors` are every tensor the call passed or returned.
+    The kernel's source says how it reads each tensor map: A is M x K and B K x N, row- or
+    column-major (LayoutA, LayoutB); the interpreter reads C, D and the aux tensors likewise."""
+    gemm = compiled.generated.kernel_recipe.gemm
+    epilogue = _interpreter(compiled.generated.source)
+    view = _ParamsBytes(compiled.params_layout, params, encoder, tensors)
+    a = view.mapped(view.lvalue["mainloop.tma_a"], gemm.a.torch, epilogue.column_major["LayoutA"])  # (L, M, K)
+    b = view.mapped(view.lvalue["mainloop.tma_b"], gemm.b.torch, not epilogue.column_major["LayoutB"])  # (L, N, K)
+    if a.shape[::2] != b.shape[::2]:
+        raise AssertionError(f"A's tensor map addresses {tuple(a.shape)} (L, M, K), B's {tuple(b.shape)} (L, N, K)")
+    epilogue.run(torch.matmul(a.float(), b.float().transpose(1, 2)), view)

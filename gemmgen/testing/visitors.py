@@ -130,8 +130,9 @@ class ParamsView(Protocol):
         """`length` elements of `dtype` at the address the pointer field holds; None for nullptr."""
         ...
 
-    def mapped(self, lvalue: str, dtype: torch.dtype) -> torch.Tensor:
-        """The (L, M, N) tensor of `dtype` the tensor map at `lvalue` addresses (a view, writable)."""
+    def mapped(self, lvalue: str, dtype: torch.dtype, rows_contiguous: bool) -> torch.Tensor:
+        """The (L, rows, columns) tensor of `dtype` the tensor map at `lvalue` addresses, a writable
+        view; the map's first dimension is the contiguous one: rows (M) when `rows_contiguous`."""
         ...
 
 
@@ -198,6 +199,27 @@ def _element_bits(raw: bytes, dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(bytearray(raw), dtype=dtype)[0].clone()
 
 
+def _aux_column_major(stride: CppType) -> bool:
+    """An aux tensor's (M, N, L) stride type: N contiguous (row-major) or M contiguous."""
+    spelled = str(stride)
+    if spelled not in (_ROW_MAJOR_AUX, _COLUMN_MAJOR_AUX):
+        raise EpilogueSourceError(f"aux stride {spelled}")
+    return spelled == _COLUMN_MAJOR_AUX
+
+
+_ROW_MAJOR_AUX = "cute::Stride<int64_t, cute::_1, int64_t>"
+_COLUMN_MAJOR_AUX = "cute::Stride<cute::_1, int64_t, int64_t>"
+
+
+def _matrix(params: ParamsView, lvalue: str, dtype: torch.dtype, column_major: bool, acc: torch.Tensor) -> torch.Tensor:
+    """The M x N (x L) tensor a map addresses, which must be the problem's shape."""
+    t = params.mapped(lvalue, dtype, column_major)
+    if t.shape != acc.shape:
+        raise AssertionError(f"the tensor map at {lvalue} addresses {tuple(t.shape)}, "
+                             f"the problem is {tuple(acc.shape)}")
+    return t
+
+
 class EpilogueInterpreter:
     """The fusion callbacks of one generated kernel, parsed once, evaluated per problem."""
 
@@ -210,6 +232,13 @@ class EpilogueInterpreter:
         self.element_d = _element(parse_type(self.decls["ElementD"]))
         c = self.decls["ElementC"]
         self.element_c = None if c == "void" else _element(parse_type(c))
+        self.column_major = {name: self._column_major(name) for name in ("LayoutA", "LayoutB", "LayoutC", "LayoutD")}
+
+    def _column_major(self, name: str) -> bool:
+        layout = self.decls[name]
+        if layout not in ("cutlass::layout::RowMajor", "cutlass::layout::ColumnMajor"):
+            raise EpilogueSourceError(f"{name} is {layout}")
+        return layout == "cutlass::layout::ColumnMajor"
 
     def _resolve(self, t: CppType) -> CppType:
         """A declared name replaced by its declaration (one level)."""
@@ -223,7 +252,8 @@ class EpilogueInterpreter:
         d = self._visit(self.callbacks, _THREAD, acc, params, ())
         if d.dtype != self.element_d:
             raise EpilogueSourceError(f"the callbacks give {d.dtype}, ElementD is {self.element_d}")
-        params.mapped("(*{p}.epilogue.tma_store_d.get_tma_descriptor())", self.element_d).copy_(d.expand(acc.shape))
+        _matrix(params, "(*{p}.epilogue.tma_store_d.get_tma_descriptor())", self.element_d,
+                self.column_major["LayoutD"], acc).copy_(d.expand(acc.shape))
 
     def _visit(self, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
                inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -268,7 +298,8 @@ class EpilogueInterpreter:
             element = _element(t.args[0])
             if element != self.element_c:
                 raise EpilogueSourceError(f"Sm90SrcFetch<{element}> with ElementC {self.element_c}")
-            return params.mapped("(*{p}.epilogue.tma_load_c.get_tma_descriptor())", element)
+            return _matrix(params, "(*{p}.epilogue.tma_load_c.get_tma_descriptor())", element,
+                           self.column_major["LayoutC"], acc)
         if kind in ("Sm90RowBroadcast", "Sm90ColBroadcast"):
             stages, _, element_t, compute, stride = t.args[:5]
             row = kind == "Sm90RowBroadcast"
@@ -294,13 +325,15 @@ class EpilogueInterpreter:
             element = _element(t.args[2])
             if params.raw(f"{lvalue}.use_default") != b"\x00":
                 return _element_bits(params.raw(f"{lvalue}.null_default"), element).reshape(1, 1, 1)
-            return params.mapped(f"(*{lvalue}.tma_load_aux.get_tma_descriptor())", element)
+            return _matrix(params, f"(*{lvalue}.tma_load_aux.get_tma_descriptor())", element,
+                           _aux_column_major(t.args[3]), acc)
         if kind == "Sm90AuxStore":
             element, rounding = _element(t.args[2]), str(t.args[3])
             if len(inputs) != 1 or rounding != _ROUND:
                 raise EpilogueSourceError(f"aux store {t} with {len(inputs)} inputs")
             if params.raw(f"{lvalue}.is_nullptr") == b"\x00":
-                target = params.mapped(f"(*{lvalue}.tma_store_aux.get_tma_descriptor())", element)
+                target = _matrix(params, f"(*{lvalue}.tma_store_aux.get_tma_descriptor())", element,
+                                 _aux_column_major(t.args[4]), acc)
                 target.copy_(inputs[0].to(torch.float32).to(element).expand(acc.shape))
             return inputs[0]
         raise EpilogueSourceError(f"visitor {t} is not one this interpreter models")
