@@ -84,13 +84,13 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def emulate(compiled: CompiledKernel, params: bytes, encoder: MapReader, tensors: list[torch.Tensor]) -> None:
     """Run `compiled` on `params` in fp32; `tensors` are every tensor the call passed or returned.
-    The kernel's source says how it reads each tensor map: A is M x K and B K x N, row- or
-    column-major (LayoutA, LayoutB); the interpreter reads C, D and the aux tensors likewise."""
-    gemm = compiled.generated.kernel_recipe.gemm
-    epilogue = _interpreter(compiled.generated.source)
+    The kernel's source says how it reads each tensor map: A is M x K and B K x N of ElementA and
+    ElementB, row- or column-major (LayoutA, LayoutB); the interpreter reads C, D and the aux
+    tensors likewise."""
+    kernel = _interpreter(compiled.generated.source)
     view = _ParamsBytes(compiled.params_layout, params, encoder, tensors)
-    a = view.mapped(view.lvalue["mainloop.tma_a"], gemm.a.torch, epilogue.column_major["LayoutA"])  # (L, M, K)
-    b = view.mapped(view.lvalue["mainloop.tma_b"], gemm.b.torch, not epilogue.column_major["LayoutB"])  # (L, N, K)
+    a = view.mapped(view.lvalue["mainloop.tma_a"], kernel.element_a, kernel.column_major["LayoutA"])  # (L, M, K)
+    b = view.mapped(view.lvalue["mainloop.tma_b"], kernel.element_b, not kernel.column_major["LayoutB"])  # (L, N, K)
     if a.shape[::2] != b.shape[::2]:
         raise AssertionError(f"A's tensor map addresses {tuple(a.shape)} (L, M, K), B's {tuple(b.shape)} (L, N, K)")
-    epilogue.run(torch.matmul(a.float(), b.float().transpose(1, 2)), view)
+    kernel.run(torch.matmul(a.float(), b.float().transpose(1, 2)), view)

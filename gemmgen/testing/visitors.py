@@ -9,7 +9,8 @@ given, and evaluates them as CUTLASS's sm90 visitors do, each leaf reading the P
 own position in the callbacks' Params (Sm90VisitorImpl nests them: `op_0`..`op_3`, a tuple past
 four). Nothing here consults the IR: a child out of order, a constant on the wrong side, a
 wrong element type, or an operand's arguments at another visitor's place shows up as a wrong
-output.
+output. It also reads the element types and layouts the source gives A, B, C and D, so that
+emulate.py reads every tensor map as the kernel would.
 
 Semantics, from CUTLASS 4.2's sm90 visitors: Sm90Compute converts its inputs to ElementCompute,
 applies the functor and converts to ElementOutput (round to nearest); an Sm90TopologicalVisitor
@@ -229,6 +230,8 @@ class EpilogueInterpreter:
         if collective is None:
             raise EpilogueSourceError("no CollectiveEpilogue declaration in the source")
         self.callbacks = self._resolve(parse_type(split_arguments(collective)[_CALLBACKS_ARG]))
+        self.element_a = _element(parse_type(self.decls["ElementA"]))
+        self.element_b = _element(parse_type(self.decls["ElementB"]))
         self.element_d = _element(parse_type(self.decls["ElementD"]))
         c = self.decls["ElementC"]
         self.element_c = None if c == "void" else _element(parse_type(c))
