@@ -77,7 +77,8 @@ def test_templates_hold_no_logic():
 
 
 def _collectives_check_source(kernels) -> str:
-    """One translation unit: every kernel's types in both spellings, asserted to be the same types."""
+    """One translation unit: every kernel's types in both spellings, asserted to be the same types,
+    and every Params field the runtime writes a member of the kernel's Params, of the size it writes."""
     from gemmgen.codegen import _environment, type_context
 
     env = _environment()
@@ -100,6 +101,9 @@ def _collectives_check_source(kernels) -> str:
                      f'{stage_count(k.config, k.kernel_recipe)}, "{k.entry}: config.stage_count differs");')
         parts.append(f"static_assert(sizeof(k{i}_resolved::GemmKernel::SharedStorage) <= {SM90_SMEM_CAPACITY}, "
                      f'"{k.entry}: shared storage over capacity");')
+        sizes = "".join(f'\n  static_assert(sizeof({f.lvalue("p")}) == {f.size}, "{k.entry}: {f.name}");'
+                        for f in k.fields)
+        parts.append(f"__device__ void k{i}_fields(k{i}_resolved::Params& p) {{{sizes}\n}}")
     parts.append('extern "C" __global__ void collectives_check() {}')
     return "\n".join(parts)
 

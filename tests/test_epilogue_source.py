@@ -81,10 +81,12 @@ def _assert_computes(ck: CompiledKernel, shape: tuple[int, int, int, int], what:
                                    msg=lambda m, o=o: f"{what} {shape} {o.name}: {m}")
 
 
-def _configs(recipe: gg.Recipe) -> list[gg.KernelConfig]:
+def _configs(recipe: gg.Recipe, pingpong: bool = True) -> list[gg.KernelConfig]:
     """The recipe's default, a pingpong kernel and the first valid swapped kernel."""
     ir = recipe.ir
-    out = [recipe.default_config(), gg.KernelConfig(tile=(64, 128, 64), schedule=gg.Schedule.PINGPONG)]
+    out = [recipe.default_config()]
+    if pingpong:
+        out.append(gg.KernelConfig(tile=(64, 128, 64), schedule=gg.Schedule.PINGPONG))
     out += [c for c in SWAP_CANDIDATES if gg.config.is_valid(c, ir)][:1]
     return [c for c in dict.fromkeys(out) if gg.config.is_valid(c, ir)]
 
@@ -164,7 +166,7 @@ def test_random_epilogues_compute_their_recipes():
     seed = int(os.environ.get("GEMMGEN_TEST_SEED") or time.time_ns() % 2**32)
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    layouts, made = set(), 0
+    layouts, swapped, made = set(), 0, 0
     while made < 60:
         try:
             recipe = _random_recipe(rng, made)
@@ -177,11 +179,39 @@ def test_random_epilogues_compute_their_recipes():
         except AssertionError:  # an output that is zero here for any input, as relu(-abs(x)): checks nothing
             continue
         made += 1
-        for config in _configs(recipe)[::2]:
+        for config in _configs(recipe, pingpong=False):
             ck = _uncompiled(recipe, config)
             layouts.add(ck.generated.epilogue.layout)
+            swapped += config.swap_ab
             _assert_computes(ck, shape, f"seed {seed}: {recipe.name} {config.name}", drawn, through_casts=True)
     assert layouts == {"tree", "dag"}, f"seed {seed}: only {layouts} epilogues drawn"
+    assert swapped >= 30, f"seed {seed}: {swapped} swapped kernels"
+
+
+@pytest.mark.nvrtc
+def test_random_epilogues_are_valid_kernel_types():
+    """NVRTC accepts the kernel types of 30 random recipes (a plain and a swapped kernel each, in one
+    translation unit, types only): each is the CUTLASS builders' (as the examples are, in
+    test_codegen.py), and every Params field the runtime writes is a member of the kernel's Params
+    of the size it writes."""
+    from gemmgen.compile.nvrtc import compile_cubin
+    from gemmgen.compile.toolchain import ARCH, toolchain
+
+    from .test_codegen import _collectives_check_source
+
+    seed = int(os.environ.get("GEMMGEN_TEST_SEED") or time.time_ns() % 2**32)
+    rng = random.Random(seed)
+    recipes: list[gg.Recipe] = []
+    while len(recipes) < 30:
+        try:
+            recipes.append(_random_recipe(rng, len(recipes)))
+        except gg.RecipeError:
+            continue
+    kernels = [render_kernel(r.ir, c) for r in recipes for c in _configs(r, pingpong=False)]
+    try:
+        compile_cubin(_collectives_check_source(kernels), "collectives_check", ARCH, toolchain().include_dirs)
+    except Exception as e:
+        raise AssertionError(f"seed {seed}: {e}") from e
 
 
 # ---- the check fails on wrong kernels

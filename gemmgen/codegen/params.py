@@ -58,8 +58,11 @@ def _binding_fields(b: ParamBinding) -> list[ParamField]:
     node = b.member("{p}.epilogue.thread")
     n = f"epilogue.{b.kind}.{b.name}"
     if b.kind in ("row", "col"):
+        # Sm90RowBroadcast's Params keep null_default as the vector's element, Sm90ColBroadcast's
+        # convert it to ElementCompute (float).
         return [ParamField(f"{n}.ptr", f"{node}.ptr_{b.kind}", "ptr"),
-                ParamField(f"{n}.null_default", f"{node}.null_default", _element_kind(b.dtype))]
+                ParamField(f"{n}.null_default", f"{node}.null_default",
+                           _element_kind(b.dtype) if b.kind == "row" else "f32")]
     if b.kind == "scalar":
         return [ParamField(f"{n}.value", f"{node}.scalars[0]", "f32"),
                 ParamField(f"{n}.ptr", f"{node}.scalar_ptrs[0]", "ptr"),

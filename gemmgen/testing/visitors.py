@@ -311,8 +311,9 @@ class EpilogueInterpreter:
                 raise EpilogueSourceError(f"broadcast {t}")
             element = _element(element_t)
             v = params.pointer(f"{lvalue}.ptr_{'row' if row else 'col'}", element, n if row else m)
-            if v is None:
-                v = _element_bits(params.raw(f"{lvalue}.null_default"), element).expand(n if row else m)
+            if v is None:  # Sm90ColBroadcast's Params hold null_default as ElementCompute
+                default = _element_bits(params.raw(f"{lvalue}.null_default"), element if row else torch.float32)
+                v = default.expand(n if row else m)
             return v.to(torch.float32).reshape((1, 1, n) if row else (1, m, 1))
         if kind == "Sm90ScalarBroadcast":
             element_t, stride = t.args[:2]
