@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 from .ir import RecipeIR
-from .types import OperandKind
 
 SM90_SMEM_CAPACITY = 232448  # bytes of shared memory per block on sm_90 (cutlass::gemm::collective::detail)
-_SMEM_ALIGN = 1024  # CUTLASS rounds stage and carveout bytes to this
+_STAGE_ALIGN = 128  # compute_stage_count_or_override rounds stage and carveout bytes to this (its default)
 
 
 class Schedule(enum.Enum):
@@ -163,45 +162,37 @@ def _gcd(a: int, b: int) -> int:
     return a
 
 
+def swizzle_span(extent: int, bits: int) -> int:
+    """The widest TMA swizzle span (128, 64 or 32 bytes; 0 for none) whose atom width in elements
+    divides a tile's contiguous `extent` (ss_smem_selector, and the epilogue's smem atoms)."""
+    for span in (128, 64, 32):
+        if extent % (span * 8 // bits) == 0:
+            return span
+    return 0
+
+
 def epilogue_smem_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
-    """The epilogue's shared storage, following sm90_get_tma_dispatch_policy: C/D staging
-    (D reuses C's buffers when both have the same width), aux load/store tiles, broadcasts."""
-    em, en = epilogue_tile(cfg, recipe)
-    tm, tn, _ = cfg.tile
-    epi_tiles = (tm // em) * (tn // en)
-    tile = em * en
-    ir = recipe.epilogue
-    matrices = [o for o in ir.operands if o.kind is OperandKind.MATRIX]
-    c_bytes = matrices[0].dtype.nbytes if matrices else 0
-    d_bytes = recipe.gemm.d.nbytes
-    reuse_c = c_bytes == d_bytes and d_bytes > 1
-    stages_d = min(epi_tiles, 2)
-    stages_c = max(min(epi_tiles, 4), stages_d + 1) if reuse_c else min(epi_tiles, 4)
-    total = stages_c * tile * c_bytes + (0 if reuse_c else stages_d * tile * d_bytes)
-    total += sum(stages_c * tile * m.dtype.nbytes for m in matrices[1:])  # Sm90AuxLoad
-    total += sum(stages_d * tile * o.dtype.nbytes for o in ir.outputs[1:])  # Sm90AuxStore
-    for o in ir.operands:
-        if o.kind is OperandKind.ROW:
-            total += tn * o.dtype.nbytes
-        elif o.kind is OperandKind.COL:
-            total += tm * o.dtype.nbytes
-    barriers = 64 * (2 + len(matrices) + len(ir.outputs))
-    return total + barriers
+    """sizeof(CollectiveEpilogue::SharedStorage): C/D tiles, the visitors' storage, padding and
+    barriers, as CUTLASS lays them out (`codegen.storage`)."""
+    from .codegen.storage import epilogue_storage_bytes  # the visitors codegen builds; codegen imports config
+
+    return epilogue_storage_bytes(cfg, recipe)
 
 
 def mainloop_stage_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
     tm, tn, tk = cfg.tile
     g = recipe.gemm
     raw = tm * tk * g.a.nbytes + tn * tk * g.b.nbytes
-    return -(-raw // _SMEM_ALIGN) * _SMEM_ALIGN + 16  # + the pipeline's full/empty barriers
+    return -(-raw // _STAGE_ALIGN) * _STAGE_ALIGN + 16  # + the pipeline's full/empty barriers
 
 
 def stage_count(cfg: KernelConfig, recipe: RecipeIR) -> int:
-    """Mainloop stages: the explicit count, or what StageCountAutoCarveout will choose."""
+    """Mainloop stages: the explicit count, or what StageCountAutoCarveout will choose
+    (compute_stage_count_or_override)."""
     if cfg.stages is not None:
         return cfg.stages
-    carveout = -(-epilogue_smem_bytes(cfg, recipe) // _SMEM_ALIGN) * _SMEM_ALIGN
-    return (SM90_SMEM_CAPACITY // _SMEM_ALIGN * _SMEM_ALIGN - carveout) // mainloop_stage_bytes(cfg, recipe)
+    carveout = -(-epilogue_smem_bytes(cfg, recipe) // _STAGE_ALIGN) * _STAGE_ALIGN
+    return (SM90_SMEM_CAPACITY // _STAGE_ALIGN * _STAGE_ALIGN - carveout) // mainloop_stage_bytes(cfg, recipe)
 
 
 def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:

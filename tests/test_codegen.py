@@ -9,7 +9,7 @@ import pytest
 import gemmgen as gg
 from gemmgen.cli import main as cli_main
 from gemmgen.codegen import render_kernel, templates_dir
-from gemmgen.config import SM90_SMEM_CAPACITY, stage_count
+from gemmgen.config import SM90_SMEM_CAPACITY, epilogue_smem_bytes, stage_count
 
 from .conftest import EXAMPLES, ROOT
 
@@ -77,8 +77,9 @@ def test_templates_hold_no_logic():
 
 
 def _collectives_check_source(kernels) -> str:
-    """One translation unit: every kernel's types in both spellings, asserted to be the same types,
-    and every Params field the runtime writes a member of the kernel's Params, of the size it writes."""
+    """One translation unit: every kernel's types in both spellings, asserted to be the same types;
+    gemmgen's model of the epilogue's shared storage and the stage count exact; and every Params
+    field the runtime writes a member of the kernel's Params, of the size it writes."""
     from gemmgen.codegen import _environment, type_context
 
     env = _environment()
@@ -99,6 +100,8 @@ def _collectives_check_source(kernels) -> str:
                          f'"{k.entry}: {t} differs from the builder\'s");')
         parts.append(f"static_assert(k{i}_resolved::CollectiveMainloop::DispatchPolicy::Stages == "
                      f'{stage_count(k.config, k.kernel_recipe)}, "{k.entry}: config.stage_count differs");')
+        parts.append(f"static_assert(sizeof(k{i}_resolved::CollectiveEpilogue::SharedStorage) == "
+                     f'{epilogue_smem_bytes(k.config, k.kernel_recipe)}, "{k.entry}: epilogue_smem_bytes differs");')
         parts.append(f"static_assert(sizeof(k{i}_resolved::GemmKernel::SharedStorage) <= {SM90_SMEM_CAPACITY}, "
                      f'"{k.entry}: shared storage over capacity");')
         sizes = "".join(f'\n  static_assert(sizeof({f.lvalue("p")}) == {f.size}, "{k.entry}: {f.name}");'

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..config import KernelConfig, epilogue_tile
+from ..config import KernelConfig, epilogue_tile, swizzle_span
 from ..ir import RecipeIR
 from ..types import DType, Layout
 
@@ -71,12 +71,11 @@ def _mainloop_type(dtype: DType) -> TmaDataType:
 
 
 def _swizzle_atom(extent: int, bits: int) -> tuple[Swizzle, int]:
-    """ss_smem_selector: the widest swizzle whose atom width (in elements) divides `extent`."""
-    for sw, span_bytes in ((Swizzle.B128, 128), (Swizzle.B64, 64), (Swizzle.B32, 32)):
-        width = span_bytes * 8 // bits
-        if extent % width == 0:
-            return sw, width
-    return Swizzle.NONE, 128 // bits
+    """ss_smem_selector: the widest swizzle whose atom width (in elements) divides `extent`, and
+    that width (16 bytes' worth without a swizzle)."""
+    span = swizzle_span(extent, bits)
+    swizzle = {128: Swizzle.B128, 64: Swizzle.B64, 32: Swizzle.B32, 0: Swizzle.NONE}[span]
+    return swizzle, (span * 8 // bits) if span else 128 // bits
 
 
 def _split_multicast(box: list[int], multicast: int) -> list[int]:
