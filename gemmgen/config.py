@@ -189,15 +189,20 @@ def mainloop_stage_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
 def stage_count(cfg: KernelConfig, recipe: RecipeIR) -> int:
     """Mainloop stages: the explicit count, or what StageCountAutoCarveout will choose
     (compute_stage_count_or_override)."""
+    return _stages(cfg, recipe, epilogue_smem_bytes(cfg, recipe))
+
+
+def _stages(cfg: KernelConfig, recipe: RecipeIR, epilogue_bytes: int) -> int:
     if cfg.stages is not None:
         return cfg.stages
-    carveout = -(-epilogue_smem_bytes(cfg, recipe) // _STAGE_ALIGN) * _STAGE_ALIGN
+    carveout = -(-epilogue_bytes // _STAGE_ALIGN) * _STAGE_ALIGN
     return (SM90_SMEM_CAPACITY // _STAGE_ALIGN * _STAGE_ALIGN - carveout) // mainloop_stage_bytes(cfg, recipe)
 
 
 def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    stages = stage_count(cfg, recipe)
-    need = stages * mainloop_stage_bytes(cfg, recipe) + epilogue_smem_bytes(cfg, recipe)
+    epilogue_bytes = epilogue_smem_bytes(cfg, recipe)
+    stages = _stages(cfg, recipe, epilogue_bytes)
+    need = stages * mainloop_stage_bytes(cfg, recipe) + epilogue_bytes
     if stages < 2:
         return [f"shared memory: tile {cfg.tile} leaves room for {stages} mainloop stage(s), need at least 2; "
                 "use a smaller tile K or N"]

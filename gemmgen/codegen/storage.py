@@ -10,7 +10,8 @@ visitor tuple is rounded up to its alignment. The model follows the C++ types:
 
 where the visitors' storage nests like their Params (a tree's children then its node; a
 graph's ops in order) in cute::tuples, which leave out empty visitors. NVRTC checks the model
-against `sizeof` for every example, coverage and random recipe (tests/test_codegen.py).
+against `sizeof` for every example, coverage and random recipe (tests/test_codegen.py,
+tests/test_epilogue_source.py).
 """
 
 from __future__ import annotations
@@ -129,8 +130,22 @@ def fusion_storage(cfg: KernelConfig, recipe: RecipeIR) -> Storage:
     return _nested(bindings, 0, bindings[0].path[0][1], lambda b: _visitor(b, cfg, recipe, stages))
 
 
+_SIZES: dict[tuple, int] = {}  # by (recipe key, tile, schedule): all the size depends on
+
+
 def epilogue_storage_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
-    """sizeof(CollectiveEpilogue::SharedStorage) for the kernel-side recipe under `cfg`."""
+    """sizeof(CollectiveEpilogue::SharedStorage) for the kernel-side recipe under `cfg`, remembered:
+    a config search checks every candidate of a recipe for each new shape."""
+    key = (recipe.key, cfg.tile, cfg.schedule)
+    size = _SIZES.get(key)
+    if size is None:
+        if len(_SIZES) >= 4096:
+            _SIZES.clear()
+        size = _SIZES[key] = _epilogue_storage_bytes(cfg, recipe)
+    return size
+
+
+def _epilogue_storage_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
     em, en = epilogue_tile(cfg, recipe)
     stages = epilogue_stages(cfg, recipe)
     matrices = [o for o in recipe.epilogue.operands if o.kind is OperandKind.MATRIX]
