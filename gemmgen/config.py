@@ -199,15 +199,22 @@ def _stages(cfg: KernelConfig, recipe: RecipeIR, epilogue_bytes: int) -> int:
     return (SM90_SMEM_CAPACITY // _STAGE_ALIGN * _STAGE_ALIGN - carveout) // mainloop_stage_bytes(cfg, recipe)
 
 
-def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+def smem_need(cfg: KernelConfig, recipe: RecipeIR) -> int:
+    """The kernel's shared memory: its stages (tiles and barriers) and the epilogue's storage. An
+    upper bound on GemmKernel::SharedStorageSize, at most 1 KB over (NVRTC checks both for every
+    kernel of tests/test_codegen.py's translation unit)."""
     epilogue_bytes = epilogue_smem_bytes(cfg, recipe)
-    stages = _stages(cfg, recipe, epilogue_bytes)
-    need = stages * mainloop_stage_bytes(cfg, recipe) + epilogue_bytes
+    return _stages(cfg, recipe, epilogue_bytes) * mainloop_stage_bytes(cfg, recipe) + epilogue_bytes
+
+
+def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    stages = stage_count(cfg, recipe)
+    need = smem_need(cfg, recipe)
     if stages < 2:
         return [f"shared memory: tile {cfg.tile} leaves room for {stages} mainloop stage(s), need at least 2; "
                 "use a smaller tile K or N"]
     if need > SM90_SMEM_CAPACITY:
-        return [f"shared memory: {stages} stages of tile {cfg.tile} plus the epilogue need about {need} bytes, "
+        return [f"shared memory: {stages} stages of tile {cfg.tile} plus the epilogue need {need} bytes, "
                 f"more than the {SM90_SMEM_CAPACITY} an sm_90 block can use; lower stages or the tile"]
     return []
 

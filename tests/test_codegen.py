@@ -9,7 +9,7 @@ import pytest
 import gemmgen as gg
 from gemmgen.cli import main as cli_main
 from gemmgen.codegen import render_kernel, templates_dir
-from gemmgen.config import SM90_SMEM_CAPACITY, epilogue_smem_bytes, stage_count
+from gemmgen.config import SM90_SMEM_CAPACITY, epilogue_smem_bytes, smem_need, stage_count
 
 from .conftest import EXAMPLES, ROOT
 
@@ -78,7 +78,8 @@ def test_templates_hold_no_logic():
 
 def _collectives_check_source(kernels) -> str:
     """One translation unit: every kernel's types in both spellings, asserted to be the same types;
-    gemmgen's model of the epilogue's shared storage and the stage count exact; and every Params
+    gemmgen's model of the epilogue's shared storage and the stage count exact, its whole-kernel
+    figure an upper bound within 1 KB; and every Params
     field the runtime writes a member of the kernel's Params, of the size it writes."""
     from gemmgen.codegen import _environment, type_context
 
@@ -104,6 +105,10 @@ def _collectives_check_source(kernels) -> str:
                      f'{epilogue_smem_bytes(k.config, k.kernel_recipe)}, "{k.entry}: epilogue_smem_bytes differs");')
         parts.append(f"static_assert(sizeof(k{i}_resolved::GemmKernel::SharedStorage) <= {SM90_SMEM_CAPACITY}, "
                      f'"{k.entry}: shared storage over capacity");')
+        need = smem_need(k.config, k.kernel_recipe)  # what the config check compares with the capacity
+        parts.append(f"static_assert(sizeof(k{i}_resolved::GemmKernel::SharedStorage) <= {need} && "
+                     f"{need} - sizeof(k{i}_resolved::GemmKernel::SharedStorage) <= 1024, "
+                     f'"{k.entry}: smem_need is not a bound within 1 KB");')
         sizes = "".join(f'\n  static_assert(sizeof({f.lvalue("p")}) == {f.size}, "{k.entry}: {f.name}");'
                         for f in k.fields)
         parts.append(f"__device__ void k{i}_fields(k{i}_resolved::Params& p) {{{sizes}\n}}")

@@ -14,7 +14,7 @@ from gemmgen.build import build_kernel, cache_key, key_material
 from gemmgen.codegen import render_kernel
 from gemmgen.compile.nvrtc import compile_cubin
 from gemmgen.compile.toolchain import ARCH, toolchain
-from gemmgen.config import epilogue_smem_bytes, mainloop_stage_bytes, stage_count
+from gemmgen.config import smem_need
 from gemmgen.recipes_file import load_recipes
 
 from .conftest import EXAMPLES
@@ -44,12 +44,12 @@ def test_every_kernel_is_on_the_hopper_path(compiled):
 
 
 def test_smem_estimate_tracks_cutlass(compiled):
-    """config.py's estimate (used to validate before compiling) against CUTLASS's SharedStorageSize;
-    the constraint functions see the kernel-side recipe (transposed for a swapped kernel)."""
+    """config.py's figure (used to validate before compiling) bounds CUTLASS's SharedStorageSize
+    from above, by at most 1 KB; the constraint functions see the kernel-side recipe (transposed
+    for a swapped kernel)."""
     for name, k in compiled.items():
-        cfg, ir = k.config, k.generated.kernel_recipe
-        estimate = stage_count(cfg, ir) * mainloop_stage_bytes(cfg, ir) + epilogue_smem_bytes(cfg, ir)
-        assert abs(estimate - k.info.smem_bytes) <= 0.05 * k.info.smem_bytes, (name, estimate, k.info.smem_bytes)
+        need = smem_need(k.config, k.generated.kernel_recipe)
+        assert 0 <= need - k.info.smem_bytes <= 1024, (name, need, k.info.smem_bytes)
 
 
 def test_second_build_is_a_cache_hit(compiled, session_cache, examples):
