@@ -1,0 +1,62 @@
+"""Random recipes, for checks of what gemmgen generates (tests and scripts only)."""
+
+from __future__ import annotations
+
+import inspect
+import random
+
+import gemmgen as gg
+
+_DTYPES = (gg.bf16, gg.f16, gg.f32)
+
+
+def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
+    """Recipe `random<index>`: random operands (every kind, dtype and both scalar forms), a random
+    graph of every op over them (constants on either side, shared values, casts), random aux
+    outputs, A/B/D types and layouts, batched or not. Divisions and exponentials take bounded
+    arguments, so that fp32 stays far from overflow. Raises RecipeError for the draws the DSL
+    refuses (an output that folds to a constant); draw again."""
+    decls: dict[str, object] = {}
+    for i in range(rng.randint(0, 4)):
+        kind = rng.choice(["scalar", "constant", "row", "col", "matrix"])
+        decls[f"x{i}"] = {"scalar": lambda: gg.Scalar(), "constant": lambda: gg.Scalar(value=rng.uniform(-2, 2)),
+                          "row": lambda: gg.RowVector(rng.choice(_DTYPES)),
+                          "col": lambda: gg.ColVector(rng.choice(_DTYPES)),
+                          "matrix": lambda: gg.Matrix(rng.choice(_DTYPES))}[kind]()
+    n_aux = rng.randint(0, 2)
+    steps = rng.randint(1, 8)
+
+    def epilogue(acc, **ops):
+        pool = [acc, *ops.values()]
+        unused = list(ops.values())
+
+        def pick():
+            return unused.pop(rng.randrange(len(unused))) if unused and rng.random() < 0.6 else rng.choice(pool)
+
+        def const():  # never 0: a division by it stays finite
+            return round(rng.choice((-1, 1)) * rng.uniform(0.25, 3), 3)
+
+        unary = [lambda x: -x, gg.abs, gg.tanh, gg.sigmoid, gg.relu, gg.gelu, gg.gelu_tanh, gg.silu,
+                 lambda x: gg.exp(gg.tanh(x)), lambda x: gg.leaky_relu(x, rng.choice([0.01, 0.2])),
+                 lambda x: gg.cast(x, rng.choice([gg.bf16, gg.f16])), lambda x: gg.clamp(x, -1.5, 2.0)]
+        binary = [lambda x, y: x + y, lambda x, y: x - y, lambda x, y: x * y, lambda x, y: x / (1.5 + gg.abs(y)),
+                  gg.min, gg.max, lambda x, y: x - const(), lambda x, y: const() - x, lambda x, y: const() * x,
+                  lambda x, y: x / const() if rng.random() < 0.5 else const() / (1.5 + gg.abs(x))]
+        for _ in range(steps + len(unused)):
+            v = rng.choice(unary)(pick()) if rng.random() < 0.4 else rng.choice(binary)(pick(), pick())
+            pool.append(v)
+        while unused:
+            pool.append(pool[-1] + unused.pop())
+        outs = {"d": pool[-1]}
+        for j in range(n_aux):
+            outs[f"aux{j}"] = rng.choice(pool)
+        return outs
+
+    params = [inspect.Parameter("acc", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in decls]
+    epilogue.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    ab = rng.choice([gg.bf16, gg.f16])
+    return gg.Recipe(f"random{index}", epilogue, a=ab, b=ab, d=rng.choice(_DTYPES),
+                     layout_a=rng.choice([gg.RowMajor, gg.ColMajor]), layout_b=rng.choice([gg.RowMajor, gg.ColMajor]),
+                     batched=rng.random() < 0.3, operands=decls,  # type: ignore[arg-type]
+                     aux={f"aux{j}": rng.choice(_DTYPES) for j in range(n_aux)})
