@@ -214,7 +214,7 @@ def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
         return [f"shared memory: tile {cfg.tile} leaves room for {stages} mainloop stage(s), need at least 2; "
                 "use a smaller tile K or N"]
     if need > SM90_SMEM_CAPACITY:
-        return [f"shared memory: {stages} stages of tile {cfg.tile} plus the epilogue need {need} bytes, "
+        return [f"shared memory: {stages} stages of tile {cfg.tile} plus the epilogue need up to {need} bytes, "
                 f"more than the {SM90_SMEM_CAPACITY} an sm_90 block can use; lower stages or the tile"]
     return []
 
