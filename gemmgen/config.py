@@ -189,6 +189,8 @@ def mainloop_stage_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
 def stage_count(cfg: KernelConfig, recipe: RecipeIR) -> int:
     """Mainloop stages: the explicit count, or what StageCountAutoCarveout will choose
     (compute_stage_count_or_override)."""
+    if cfg.stages is not None:
+        return cfg.stages
     return _stages(cfg, recipe, epilogue_smem_bytes(cfg, recipe))
 
 

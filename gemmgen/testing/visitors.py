@@ -141,22 +141,24 @@ def _f32(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
+#: epilogue.hpp's scalar functors (by name, without namespace), on fp32 tensors.
+_SCALAR_FNS: dict[str, Callable[..., torch.Tensor]] = {
+    "Identity": lambda x: x,
+    "Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y, "Div": lambda x, y: x / y,
+    "Min": torch.minimum, "Max": torch.maximum,  # both propagate NaN, as nan_or does
+    "Neg": lambda x: -x, "Abs": torch.abs, "Exp": torch.exp, "Tanh": torch.tanh,
+    "Sigmoid": lambda x: 1.0 / (1.0 + torch.exp(-x)),
+    "Relu": lambda x: torch.where(x < 0, torch.zeros_like(x), x),
+    "Silu": lambda x: x / (1.0 + torch.exp(-x)),
+    "Gelu": lambda x: 0.5 * x * (1.0 + torch.erf(x * 0.70710678118654752)),
+    "GeluTanh": lambda x: 0.5 * x * (1.0 + torch.tanh(0.79788456080286536 * (x + 0.044715 * x * x * x))),
+}
+
+
 def _scalar_fn(name: str) -> Callable[..., torch.Tensor]:
-    """epilogue.hpp's scalar functor `name` (without namespace), on fp32 tensors."""
-    fns: dict[str, Callable[..., torch.Tensor]] = {
-        "Identity": lambda x: x,
-        "Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y, "Div": lambda x, y: x / y,
-        "Min": torch.minimum, "Max": torch.maximum,  # both propagate NaN, as nan_or does
-        "Neg": lambda x: -x, "Abs": torch.abs, "Exp": torch.exp, "Tanh": torch.tanh,
-        "Sigmoid": lambda x: 1.0 / (1.0 + torch.exp(-x)),
-        "Relu": lambda x: torch.where(x < 0, torch.zeros_like(x), x),
-        "Silu": lambda x: x / (1.0 + torch.exp(-x)),
-        "Gelu": lambda x: 0.5 * x * (1.0 + torch.erf(x * 0.70710678118654752)),
-        "GeluTanh": lambda x: 0.5 * x * (1.0 + torch.tanh(0.79788456080286536 * (x + 0.044715 * x * x * x))),
-    }
-    if name not in fns:
+    if name not in _SCALAR_FNS:
         raise EpilogueSourceError(f"unknown functor gemmgen::epi::{name}")
-    return fns[name]
+    return _SCALAR_FNS[name]
 
 
 def _functor(t: CppType) -> Callable[..., torch.Tensor]:
@@ -244,7 +246,7 @@ class EpilogueInterpreter:
         return layout == "cutlass::layout::ColumnMajor"
 
     def _resolve(self, t: CppType) -> CppType:
-        """A declared name replaced by its declaration (one level)."""
+        """A declared name replaced by its declaration, until a template-id remains."""
         while not t.args and not t.member and t.name in self.decls:
             t = parse_type(self.decls[t.name])
         return t
