@@ -145,10 +145,10 @@ class Value:
 
     __lt__ = __le__ = __gt__ = __ge__ = _compare
 
-    def __eq__(self, o: object) -> bool:  # type: ignore[override]
+    def __eq__(self, o: object) -> bool:
         raise self._unsupported("comparison", "use gg.max / gg.min / gg.clamp / gg.relu instead of branches")
 
-    __ne__ = __eq__  # type: ignore[assignment]
+    __ne__ = __eq__
     __hash__ = object.__hash__
 
     def __bool__(self) -> bool:

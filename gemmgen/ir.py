@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import math
+import numbers
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,13 +63,13 @@ BINARY_OPS = _BINARY
 UNARY_OPS = frozenset(o for o in Op if o not in _LEAVES and o not in _BINARY)
 
 
-def f32(value: float) -> float:
+def f32(value: numbers.Real | float) -> float:
     """Round a Python number to the nearest fp32, as the kernel will hold it: +-inf past fp32's
     range (an int past a double's included), as torch rounds it for the reference."""
     try:
         return struct.unpack("<f", struct.pack("<f", float(value)))[0]
     except OverflowError:
-        return math.inf if value > 0 else -math.inf
+        return -math.inf if value < 0 else math.inf
 
 
 def f32_bits(value: float) -> int:

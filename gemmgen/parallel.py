@@ -110,10 +110,8 @@ def build_many(items: Iterable[Recipe | tuple[Recipe, KernelConfig]], cache: Ker
                     progress(n, futures[fut], fut.result())
     out = []
     for recipe, config in pairs:
-        k = build_kernel(recipe, config, cache)
-        if k.cache_key in compiled_here:
-            k = _as_compiled_here(k)
-        out.append(k)
+        built = build_kernel(recipe, config, cache)
+        out.append(_as_compiled_here(built) if built.cache_key in compiled_here else built)
     return out
 
 

@@ -47,6 +47,7 @@ def apply_op(op: Op, args: tuple[torch.Tensor, ...], attr: float | None, dtype: 
     if op is Op.SILU:
         return x * torch.sigmoid(x)
     if op is Op.LEAKY_RELU:
+        assert attr is not None
         return torch.where(x < 0, x * attr, x)
     if op is Op.CAST:
         assert dtype is not None

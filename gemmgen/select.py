@@ -114,7 +114,7 @@ def problem_shape(shape: Any, where: str) -> tuple[int, int, int, int]:
     p = tuple(shape) if isinstance(shape, list | tuple) else ()
     if len(p) not in (3, 4) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in p):
         raise GemmgenError(f"{where}: shape {shape!r}; expected [M, N, K] or [M, N, K, L] of positive integers")
-    return (*p, 1) if len(p) == 3 else p  # type: ignore[return-value]
+    return (*p, 1) if len(p) == 3 else p
 
 
 def load_shapes(path: str | Path) -> dict[str, list]:

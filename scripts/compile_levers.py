@@ -102,7 +102,9 @@ def main() -> None:
                 continue
             result = compile_cubin(text, f"{name}_{variant}", ARCH, tc.include_dirs, options)
             p = result.phases
-            regs = local = missing = "-"
+            regs: int | str = "-"
+            local: int | str = "-"
+            missing = "-"
             if variant != "headers" and tc.cuobjdump is not None:
                 with tempfile.TemporaryDirectory() as tmp:
                     path = Path(tmp) / "k.cubin"

@@ -97,9 +97,11 @@ def cpu_overheads() -> None:
 
         out = kernel(a, b, bias)
         prep = kernel.prepare(a, b, bias, out=out)
+        assert prep.params is not None, "a non-empty problem has arguments to launch"
+        params = prep.params
         fn, info = kernel._function(-1), kernel.compiled.info
         rows["raw cuLaunchKernelEx (prepared arguments)"] = _us(lambda: driver.launch(
-            fn, prep.params, prep.grid, info.max_threads, kernel.compiled.config.cluster, info.smem_bytes, STREAM))
+            fn, params, prep.grid, info.max_threads, kernel.compiled.config.cluster, info.smem_bytes, STREAM))
         rows["Kernel.__call__, out given"] = _us(lambda: kernel(a, b, bias, out=out))
         rows["Kernel.__call__, D allocated"] = _us(lambda: kernel(a, b, bias))
     rows.update({

@@ -62,9 +62,10 @@ def check(seed: int, index: int, cache_dir: str) -> str:
             return f"{recipe.name} {config.name}: EMULATION FAILED {str(e)[:1000]}"
         shapes += 1
     r, epi = kernel.report, kernel.generated.epilogue
+    hgmma = r.sass["HGMMA"] if r.sass is not None else "?"
     return (f"{recipe.name:9s} {config.name:40s} {epi.layout:4s} {len(epi.decls):3d} visitor types, "
             f"{len(recipe.outputs) - 1} aux | {seconds:4.0f} s, {r.registers} regs, {r.local_bytes} B local, "
-            f"smem {kernel.info.smem_bytes}, HGMMA {r.sass['HGMMA']} | emulated at {shapes} shapes")
+            f"smem {kernel.info.smem_bytes}, HGMMA {hgmma} | emulated at {shapes} shapes")
 
 
 def main() -> int:

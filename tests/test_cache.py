@@ -72,7 +72,8 @@ def test_builder_killed_with_sigkill_leaves_nothing_served(tmp_path):
     art, built = cache.get_or_build(KEY, lambda: _slow_build(counter, 0.0))
     assert built and len(counter.read_text().splitlines()) == 2
     assert not list(cache.entry_dir(KEY).parent.glob(".tmp-*"))
-    assert KernelCache(root).get(KEY).files == art.files
+    again = KernelCache(root).get(KEY)
+    assert again is not None and again.files == art.files
 
 
 def _populate(root: Path) -> Artifact:
@@ -103,7 +104,8 @@ def test_damaged_entries_are_rebuilt(tmp_path, damage):
     fresh = Artifact({"kernel.cubin": b"rebuilt"}, {"x": 2})
     art, built = cache.get_or_build(KEY, lambda: fresh)
     assert built and art.files["kernel.cubin"] == b"rebuilt"
-    assert KernelCache(root).get(KEY).files["kernel.cubin"] == b"rebuilt"
+    again = KernelCache(root).get(KEY)
+    assert again is not None and again.files["kernel.cubin"] == b"rebuilt"
 
 
 def test_moved_cache_still_hits(tmp_path):
@@ -141,7 +143,12 @@ def test_an_unusable_cache_folder_is_a_named_error_before_any_build(tmp_path, mo
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(blocker))
-    builds = []
+    builds: list[int] = []
+
+    def build() -> Artifact:
+        builds.append(1)
+        return Artifact({"kernel.cubin": b"x"}, {})
+
     with pytest.raises(gg.GemmgenError, match=r"kernel cache .*a-file.*cannot create .* GEMMGEN_CACHE_DIR"):
-        KernelCache().get_or_build(KEY, lambda: builds.append(1) or Artifact({"kernel.cubin": b"x"}, {}))
+        KernelCache().get_or_build(KEY, build)
     assert builds == []

@@ -111,7 +111,7 @@ def test_swap_ab_is_a_config_of_the_transposed_recipe(recipe):
     assert epilogue_smem_bytes(plain, recipe.transposed()) != epilogue_smem_bytes(plain, recipe)
     assert violations(swapped, recipe) == violations(plain, recipe.transposed())
     with pytest.raises(gg.ConfigError, match=r"swap_ab: expected True or False, got 1"):
-        KernelConfig(swap_ab=1)
+        KernelConfig(swap_ab=1)  # type: ignore[arg-type]
 
 
 def test_canonical_round_trips_and_keeps_old_keys():

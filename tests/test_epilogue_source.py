@@ -60,6 +60,7 @@ def _run(ck: CompiledKernel, shape: tuple[int, int, int, int], drawn: tuple | No
     enc = RecordingEncoder()
     kernel = Kernel(ck, encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
     prep = kernel.prepare(a, b, out=outs if len(outs) > 1 else outs[0], **ops)
+    assert prep.params is not None, "every emulated shape launches"
     emulate(ck, prep.params, enc, [a, b, *outs, *(v for v in ops.values() if isinstance(v, torch.Tensor))])
     return outs, want
 
@@ -74,11 +75,16 @@ def _assert_computes(ck: CompiledKernel, shape: tuple[int, int, int, int], what:
     nodes = ck.recipe.ir.epilogue.nodes
     for o, got, ref in zip(ck.recipe.ir.epilogue.outputs, outs, want, strict=True):
         assert not got.isnan().any(), f"{what} {shape}: {o.name} has elements the kernel would not write"
-        casts = [nodes[i].dtype.torch for i in post_order([o.node], lambda i: nodes[i].args)
-                 if through_casts and nodes[i].op is Op.CAST]
+        casts = [dtype.torch for i in post_order([o.node], lambda i: nodes[i].args)
+                 if through_casts and nodes[i].op is Op.CAST and (dtype := nodes[i].dtype) is not None]
         tol = max(TOLERANCE[t] for t in (got.dtype, *casts))
         torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol,
-                                   msg=lambda m, o=o: f"{what} {shape} {o.name}: {m}")
+                                   msg=_prefixed(f"{what} {shape} {o.name}"))
+
+
+def _prefixed(where: str) -> Callable[[str], str]:
+    """assert_close's message, saying which output of which call differs."""
+    return lambda message: f"{where}: {message}"
 
 
 def _configs(recipe: gg.Recipe, pingpong: bool = True) -> list[gg.KernelConfig]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import gemmgen as gg
 
-BF16_TOL = {"rtol": 2e-2, "atol": 2e-2}
+BF16_TOL: dict[str, Any] = {"rtol": 2e-2, "atol": 2e-2}
 
 
 @pytest.fixture
@@ -79,7 +80,7 @@ def test_gated_mlp_fuses_the_gate_with_its_activation_module(gen):
     grads_ref = torch.autograd.grad(y_ref, [x, *ref.parameters()], g)
     grads = torch.autograd.grad(y, [x, *fused.parameters()], g)
     for mine, theirs in zip(grads, grads_ref, strict=True):
-        scale = theirs.float().abs().max()
+        scale = theirs.float().abs().max().item()
         assert scale > 0
         torch.testing.assert_close(mine.float(), theirs.float(), rtol=5e-2, atol=5e-2 * scale)
 
@@ -322,7 +323,7 @@ def test_mixed_precision_training_with_fp32_master_weights(gen):
     for mine, theirs in zip(torch.autograd.grad(y, list(fused.parameters()), g),
                             torch.autograd.grad(y_ref, list(ref.parameters()), g), strict=True):
         assert mine.dtype == theirs.dtype == torch.float32
-        scale = theirs.abs().max()
+        scale = theirs.abs().max().item()
         assert scale > 0
         torch.testing.assert_close(mine, theirs, rtol=5e-2, atol=5e-2 * scale)
 
@@ -395,7 +396,8 @@ def test_fused_models_pickle_and_deepcopy(gen):
     again = pickle.loads(pickle.dumps(model))
     twin = copy.deepcopy(model)
     x = torch.randn(3, 64, generator=gen)
-    for other in (loaded, again, twin):
+    copies: tuple[Any, ...] = (loaded, again, twin)  # submodules are looked up by attribute: untyped
+    for other in copies:
         assert other["mlp"].gate_proj.recipe is fused.gate_proj.recipe
         assert other["amp"][0].compute_dtype == torch.bfloat16 and other["amp"][0].weight.dtype == torch.float32
         assert torch.equal(other["mlp"](x.bfloat16()), fused(x.bfloat16()))

@@ -58,7 +58,7 @@ def _inputs(recipe, m, n, k, gen, exact, pad=0, batch=3):
     lead = (batch,) if g.batched else ()
     a = _matrix(m, k, g.a.torch, g.layout_a, lead, pad, gen, exact)
     b = _matrix(k, n, g.b.torch, g.layout_b, lead, pad, gen, exact)
-    ops = {}
+    ops: dict[str, torch.Tensor | float] = {}
     for o in recipe.operands:
         if o.kind is OperandKind.SCALAR:
             ops[o.name] = 2.0 if exact else float(torch.randn((), generator=gen, device="cuda"))

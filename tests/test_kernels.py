@@ -230,8 +230,8 @@ def test_cpp_functors_match_the_reference(tmp_path):
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
     assert len(out) == len(lines)
     for line in out:
-        name, x, y, got = line.split()
-        tx, ty = torch.tensor(float(x)), torch.tensor(float(y))
+        name, x_text, y_text, got = line.split()
+        tx, ty = torch.tensor(float(x_text)), torch.tensor(float(y_text))
         if name == "leaky_relu":
             want = apply_op(Op.LEAKY_RELU, (tx,), gg.ir.f32(slope), None)
         elif name == "with_lhs_sub":

@@ -63,7 +63,7 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
         ld = _up(n) + pad
         return TensorArg(next(addr), (ld, 1, batch(m, ld)))
 
-    operands = {}
+    operands: dict[str, TensorArg | float] = {}
     for o in recipe.operands:
         if o.kind is OperandKind.SCALAR:
             operands[o.name] = 0.75 if o.name != "beta" else -1.5

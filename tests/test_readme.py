@@ -16,7 +16,9 @@ def test_readme_example_runs(compiled, session_cache, monkeypatch):
 
     monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(session_cache.root))  # the session's compiled bias_gelu
     gemmgen.build.default_cache.cache_clear()
-    block = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    found = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert found, "README.md has a python example"
+    block = found.group(1)
     scope: dict = {}
     exec(compile(block, "README.md", "exec"), scope)
     gemmgen.build.default_cache.cache_clear()

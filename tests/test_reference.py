@@ -23,7 +23,7 @@ def gen():
 
 
 def _operands_for(recipe, m, n, gen, batch=None):
-    out = {}
+    out: dict[str, torch.Tensor | float] = {}
     lead = (batch,) if batch else ()
     for o in recipe.operands:
         dt = o.dtype.torch

@@ -6,6 +6,8 @@ tensor maps go through a recording stand-in and the hardware facts are given.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -159,9 +161,9 @@ def test_torch_ops_copy_what_only_the_layout_refuses(kernels, case):
             assert torch.equal(given, used)
         assert seen[-1][0 if _FIXED_BY_A_COPY[name] == "a" else 2] is not (a if _FIXED_BY_A_COPY[name] == "a" else bias)
     else:
-        with pytest.raises(gg.InvalidArgument, match=match) as refused:
+        with pytest.raises(gg.InvalidArgument, match=match) as not_layout:
             call_realigning(kernel.recipe, call, a, b, (bias,))
-        assert not isinstance(refused.value, LayoutMismatch) and len(seen) == 1
+        assert not isinstance(not_layout.value, LayoutMismatch) and len(seen) == 1
 
 
 def test_scalar_operand_must_be_a_number(kernels):
@@ -323,7 +325,8 @@ def test_recording_encoder_applies_the_drivers_tensor_map_rules():
 
     good = EncodeArgs(9, 3, 0x10000, (24, 7, 2), (64, 448), (64, 128, 1), (1, 1, 1), 0, 3, 2, 0)
     assert encode_violations(good) == []
-    bad = {"addr": 0x10008, "dims": (24, 0, 2), "strides": (2, 448), "box": (64, 512, 1), "elem_strides": (1, 9, 1)}
+    bad: dict[str, Any] = {"addr": 0x10008, "dims": (24, 0, 2), "strides": (2, 448), "box": (64, 512, 1),
+                           "elem_strides": (1, 9, 1)}
     for name, value in bad.items():
         assert len(encode_violations(good._replace(**{name: value}))) == 1, name
     assert encode_violations(good._replace(box=(4, 128, 1))) == ["box inner dimension 8 bytes is not a multiple of 16"]
@@ -487,7 +490,8 @@ class _Seen:
     """A kernel's prepare that keeps the arguments of its last call (the realigned copies)."""
 
     def __init__(self, kernel):
-        self.kernel, self.args = kernel, ()
+        self.kernel = kernel
+        self.args: tuple = ()
 
     def __call__(self, *args):
         self.args = args

@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -154,8 +156,8 @@ def test_fused_linear_training_stores_the_pre_activation_instead_of_recomputing(
         assert counted.matmuls == gemms, x_grad
 
 
-TORCH_ACTIVATIONS = {None: nn.Identity, "relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU("tanh"),
-                     "silu": nn.SiLU}
+TORCH_ACTIVATIONS: dict[str | None, Callable[[], nn.Module]] = {
+    None: nn.Identity, "relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU("tanh"), "silu": nn.SiLU}
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
@@ -165,7 +167,8 @@ def test_fused_linear_gradients_match_linear_and_activation(gen, activation, bia
     ref = nn.Sequential(nn.Linear(64, 48, bias=bias, dtype=torch.bfloat16), TORCH_ACTIVATIONS[activation]())
     ref[0].weight, ref[0].bias = layer.weight, layer.bias  # shared parameters
     x = torch.randn(2, 5, 64, generator=gen).bfloat16()
-    got, want = [], []
+    got: list[Any] = []
+    want: list[Any] = []
     for model, out in ((layer, got), (ref, want)):
         layer.zero_grad()
         x_ = x.clone().requires_grad_()
@@ -184,7 +187,7 @@ def test_activation_backward_is_the_torch_modules(gen, activation):
     pre, g = torch.randn(256, generator=gen) * 3, torch.randn(256, generator=gen)
     x = pre.clone().requires_grad_()
     TORCH_ACTIVATIONS[activation]()(x).backward(g)
-    assert torch.equal(_activation_backward(activation, g, pre), x.grad)
+    assert x.grad is not None and torch.equal(_activation_backward(activation, g, pre), x.grad)
 
 
 def test_torch_compile_fullgraph_traces_without_breaks(gen):
@@ -372,7 +375,12 @@ def test_launches_is_what_forward_launches(monkeypatch):
 
     layer = gg.nn.FusedLinear(4096, 14336, activation="silu")
     picked = []
-    monkeypatch.setattr(type(layer.recipe), "compile", lambda self, config=None, **kw: picked.append(config) or config)
+
+    def record_compile(self, config=None, **kw):
+        picked.append(config)
+        return config
+
+    monkeypatch.setattr(type(layer.recipe), "compile", record_compile)
     monkeypatch.setattr(ops, "_KERNELS", {})
     monkeypatch.setattr(ops, "_BY_BUCKET", {})
     w = layer.weight.detach().t()
@@ -407,19 +415,20 @@ def test_a_gpu_other_than_sm90_is_refused_before_anything_compiles(monkeypatch):
     a = SimpleNamespace(shape=torch.Size((64, 32)), device=cuda)
     b = SimpleNamespace(shape=torch.Size((32, 16)), device=cuda)
     with pytest.raises(gg.InvalidArgument, match=r"cuda:0 is sm_80; gemmgen kernels are built for sm_90a"):
-        ops.kernel_for(recipe, a, b)
+        ops.kernel_for(recipe, a, b)  # type: ignore[arg-type]  # stand-ins for CUDA tensors
     assert compiled == []
 
 
 def test_entry_points_name_arguments_of_the_wrong_kind():
     """Each public entry point given the wrong kind of object raises InvalidArgument naming the
     parameter (they raised AttributeError from deep inside)."""
+    wrong: Any = 3  # what a type checker would refuse, and gemmgen refuses too
     cases = [(lambda: gg.op(3), r"recipe: expected a gemmgen\.Recipe"),
              (lambda: gg.nn.FusedLinear.from_linear(3), r"linear: expected a torch\.nn\.Linear"),
              (lambda: gg.nn.fuse(3), r"model: expected a torch\.nn\.Module"),
              (lambda: gg.nn.model_launches(3, (8,)), r"model: expected a torch\.nn\.Module"),
-             (lambda: gg.warmup([3]), r"items: expected gemmgen\.Recipe objects or \(Recipe, KernelConfig\) pairs"),
-             (lambda: gg.warmup([_recipe()], shapes=[[1, 2, 3]]), r"shapes: expected \{recipe name")]
+             (lambda: gg.warmup([wrong]), r"items: expected gemmgen\.Recipe objects or \(Recipe, KernelConfig\) pairs"),
+             (lambda: gg.warmup([_recipe()], shapes=wrong), r"shapes: expected \{recipe name")]
     for call, message in cases:
         with pytest.raises(gg.InvalidArgument, match=message):
             call()

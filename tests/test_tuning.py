@@ -38,7 +38,7 @@ def _random_timer(seen):
 
 
 def test_autotune_times_a_bounded_candidate_set_and_keeps_the_fastest(tmp_path):
-    recipe, seen = _recipe(), []
+    recipe, seen = _recipe(), list[tuple]()
     out = tmp_path / "tuning.json"
     table = gg.autotune(recipe, [(300, 4096, 4096), (500, 4096, 4096), (8192, 4096, 4096)], limit=3,
                         timer=_random_timer(seen), device=H200, out=out)
@@ -72,7 +72,7 @@ def test_the_runtime_prefers_the_tuned_config_on_the_device_it_was_measured_on()
 
 
 def test_autotune_rejects_bad_shapes_and_limits_before_timing_anything():
-    seen = []
+    seen: list[tuple] = []
     for shapes, limit, what in (([(128, 128)], 4, "shape"), ([(128, 0, 64)], 4, "shape"), ([(8, 8, 8)], 0, "limit")):
         with pytest.raises(gg.GemmgenError, match=f"autotune: {what}"):
             gg.autotune(_recipe(), shapes, limit=limit, timer=_random_timer(seen), device=H200)
@@ -162,7 +162,12 @@ def test_autotune_refuses_a_gpu_other_than_sm90_before_compiling(monkeypatch):
     from gemmgen.runtime import driver
 
     compiled = []
-    monkeypatch.setattr("gemmgen.parallel.warmup", lambda items, **kw: compiled.append(items) or [])
+
+    def warmup(items, **kw):
+        compiled.append(items)
+        return []
+
+    monkeypatch.setattr("gemmgen.parallel.warmup", warmup)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(driver, "device_facts", lambda index: (108, (8, 0)))

@@ -180,13 +180,15 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
                         tuple(by_path.get(((k, len(order)),)) for k in range(len(order))))
 
 
-def _tree_arguments(vnodes: list[_VNode], root: int, by_path: dict, paths: dict) -> tuple | ParamBinding | None:
+def _tree_arguments(vnodes: list[_VNode], root: int, by_path: dict, paths: dict) -> tuple:
     """Sm90EVT's nested Arguments: each node's children's, then its own (built bottom-up)."""
     built: dict[int, tuple | ParamBinding | None] = {}
     for i in _post_order(vnodes, root):
         kids, own = vnodes[i].children, by_path.get(paths[i])
         built[i] = tuple([*(built[c] for c in kids), own]) if kids else own
-    return built[root]
+    arguments = built[root]
+    assert isinstance(arguments, tuple), "the root is a compute node, so it has children"
+    return arguments
 
 
 def _tree_paths(vnodes: list[_VNode], root: int) -> dict[int, tuple[tuple[int, int], ...]]:

@@ -108,7 +108,7 @@ def _foreign_files(dirs: tuple[Path, ...]) -> frozenset[Path]:
     roots = [(d, os.path.realpath(d)) for d in dirs]
     listed: dict[bool, set[Path]] = {True: set(), False: set()}  # by whether a header wheel lists it
     for dist in importlib.metadata.distributions():
-        base = os.path.realpath(dist.locate_file(""))
+        base = os.path.realpath(str(dist.locate_file("")))
         prefixes = [(d, Path(os.path.relpath(real, base)).as_posix() + "/")  # e.g. nvidia/cu13/include/
                     for d, real in roots if real.startswith(base + os.sep)]
         record = (dist.read_text("RECORD") or "") if prefixes else ""

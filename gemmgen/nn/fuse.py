@@ -69,7 +69,7 @@ def _activation_of_call(call: fx.Node) -> str | None:
         return "silu"
     if call.target is F.gelu:
         approximate = call.kwargs.get("approximate", call.args[1] if len(call.args) > 1 else "none")
-        return {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(str(approximate))
     return None
 
 
@@ -203,19 +203,19 @@ def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, compute_dtype: 
     output goes to an activation."""
     if node.op != "call_module" or "." in str(node.target):
         return
-    linear = owner.get_submodule(node.target)
+    linear = owner.get_submodule(str(node.target))
     if not isinstance(linear, nn.Linear):
         return
     users = list(node.users)
     user = users[0] if len(users) == 1 else None
     if user is not None and user.op == "call_module" and "." not in str(user.target):
-        act = owner.get_submodule(user.target)
+        act = owner.get_submodule(str(user.target))
         activation = activation_of(act)
         if activation is not None:
             if why_kept := _kept_because(linear, compute_dtype):
                 notes[id(linear)] = why_kept
             elif user.args != (node,) or user.kwargs:
-                notes[id(linear)] = f"{_qualified(owner_name, user.target)} is called with further arguments"
+                notes[id(linear)] = f"{_qualified(owner_name, str(user.target))} is called with further arguments"
             else:
                 pairs[id(linear)] = _Pair(_qualified(owner_name, str(user.target)), act, activation)
             return
@@ -225,7 +225,7 @@ def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, compute_dtype: 
             notes[id(linear)] = (f"{type(owner).__name__}.forward applies {name} to it in code; fuse swaps modules, "
                                  f"so make the activation a module")
             return
-    if len(users) > 1 and any(u.op == "call_module" and activation_of(owner.get_submodule(u.target))
+    if len(users) > 1 and any(u.op == "call_module" and activation_of(owner.get_submodule(str(u.target)))
                               for u in users if "." not in str(u.target)):
         notes[id(linear)] = "its output also feeds other ops than the activation"
 

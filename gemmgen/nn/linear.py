@@ -81,6 +81,7 @@ class _LinearFunction(torch.autograd.Function):
         if layer.activation is None:
             y, pre = layer._op(*args), None
         else:
+            assert layer._op_saving_pre is not None, "a layer with an activation has a training recipe"
             y, pre = layer._op_saving_pre(*args)
         ctx.activation, ctx.has_bias = layer.activation, bias is not None
         ctx.save_for_backward(x, w, pre)
@@ -130,6 +131,9 @@ class FusedLinear(nn.Module):
     (fp32 master weights, say) are cast to it on every call, as autocast casts nn.Linear's. Like
     nn.Linear under autocast, an input of another dtype is cast only when autocast is on (or the
     parameters are cast anyway); otherwise it is an error, as nn.Linear's would be."""
+
+    weight: torch.Tensor  # as nn.Linear declares them: from_linear shares the Linear's
+    bias: torch.Tensor | None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None) -> None:

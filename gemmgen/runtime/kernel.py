@@ -248,9 +248,9 @@ class Kernel:
         if out is None:  # fresh memory: right by construction, cannot alias an input (a plain loop: hot path)
             shape, device = plan.shape, plan.device
             for dtype, strides, modes in plan.fresh:
-                t = torch.empty_strided(shape, strides, dtype=dtype, device=device)
-                tensors.append(t)
-                targs.append((t.data_ptr(), modes))  # a TensorArg's fields (building one costs 0.3 us)
+                tensor = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+                tensors.append(tensor)
+                targs.append((tensor.data_ptr(), modes))  # a TensorArg's fields (building one costs 0.3 us)
             return tuple(tensors), tuple(targs)
         given: list[tuple[str, tuple[int, int] | None]] = []
         for o, t, (dtype, strides, modes) in zip(self._ir.epilogue.outputs, _given_outputs(out, len(plan.fresh)),

@@ -173,8 +173,8 @@ def stand_in_device(stream: int, sm_count: int = 132) -> None:
 
     from ..runtime import driver
 
-    torch.cuda.device = lambda index: contextlib.nullcontext()
-    torch.cuda.current_stream = lambda *args: None
-    driver.device_facts = lambda index: (sm_count, (9, 0))
+    torch.cuda.device = lambda index: contextlib.nullcontext()  # type: ignore[misc, assignment, return-value]
+    torch.cuda.current_stream = lambda *args: None  # type: ignore[assignment]
+    driver.device_facts = lambda index: (sm_count, (9, 0))  # type: ignore[assignment]
     driver.current_device = lambda: -1
-    driver.current_stream = lambda index: stream
+    driver.current_stream = lambda device_index: stream
