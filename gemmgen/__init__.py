@@ -1,5 +1,7 @@
 """gemmgen: fused GEMM kernels for Hopper, declared in Python, emitted as CUTLASS 3.x, compiled by NVRTC."""
 
+from typing import Any
+
 from ._version import __version__
 from .bundle import add_bundle
 from .config import KernelConfig, Schedule, TileScheduler
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """`gemmgen.nn` and `gemmgen.op` load torch integration lazily; `gg.softplus` and friends name
     the op that does not exist and list the ones that do."""
     if name == "nn":

@@ -158,7 +158,7 @@ class Value:
         raise self._unsupported("float() / math.* functions", "use gemmgen ops (gg.exp, gg.tanh, ...)")
 
     @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = getattr(func, "__name__", str(func))
         raise RecipeError(f"epilogue: torch.{name} is not traceable; use the gemmgen op of the same meaning "
                           f"(gg.{name} if it exists; see gemmgen.OPS)")

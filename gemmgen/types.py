@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ class DType(enum.Enum):
         return self.info.cutlass
 
     @property
-    def torch(self):  # -> torch.dtype; torch is imported lazily (no import-time side effects)
+    def torch(self) -> torch.dtype:  # torch is imported lazily (no import-time side effects)
         dtype = _TORCH_DTYPES.get(self)
         if dtype is None:  # once per member: the host path reads this several times per new call
             import torch
@@ -63,7 +67,7 @@ _DTYPE_INFO = {
     DType.E5M2: _DTypeInfo(8, "cutlass::float_e5m2_t", "float8_e5m2"),
 }
 
-_TORCH_DTYPES: dict[DType, object] = {}
+_TORCH_DTYPES: dict[DType, torch.dtype] = {}
 
 bf16 = DType.BF16
 f16 = fp16 = DType.F16

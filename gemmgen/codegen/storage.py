@@ -16,7 +16,7 @@ tests/test_epilogue_source.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..config import KernelConfig, epilogue_tile, swizzle_span
@@ -106,7 +106,8 @@ def _visitor(b: ParamBinding, cfg: KernelConfig, recipe: RecipeIR, stages: Epilo
     return EMPTY  # column vectors and scalars are read from global memory
 
 
-def _nested(bindings: list[ParamBinding], depth: int, count: int, leaf) -> Storage:
+def _nested(bindings: list[ParamBinding], depth: int, count: int, leaf: Callable[[ParamBinding], Storage]
+            ) -> Storage:
     """The tuple of `count` visitors at `depth` of the Params/SharedStorage nesting."""
     members = []
     for i in range(count):

@@ -8,8 +8,13 @@ NVRTC folds both to immediates, so the PTX is a list of `mov.u64 %rdN, IMM;` and
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import CompileError
+
+if TYPE_CHECKING:
+    from ..codegen.params import ParamField
 
 _MOV = re.compile(r"mov\.[ubs](?:16|32|64)\s+(%\w+),\s*(-?\d+|0[xX][0-9a-fA-F]+);")
 # Element-typed defaults such as `Element(0)` arrive as an int->float or widening conversion.
@@ -50,7 +55,7 @@ def read_layout_probe(ptx: str, entry: str, n_fields: int) -> list[tuple[int, in
     return [(slots[2 * i], slots[2 * i + 1]) for i in range(n_fields)]
 
 
-def check_layout(entry: str, fields, probe: list[tuple[int, int]], params_size: int) -> None:
+def check_layout(entry: str, fields: Sequence[ParamField], probe: list[tuple[int, int]], params_size: int) -> None:
     """Before a binary is cached: every probed field lies inside Params, none overlaps another, and
     every tensor map is 64-byte aligned (as TMA requires of a descriptor in kernel parameters)."""
     spans = sorted((offset, offset + f.size, f.name) for f, (offset, _) in zip(fields, probe, strict=True))

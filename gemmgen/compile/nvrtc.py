@@ -7,13 +7,15 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import CompileError, ToolchainError
 
 BASE_OPTIONS: tuple[str, ...] = ("-std=c++17", "-default-device", "-DNDEBUG")
 
 
-def _nvrtc():
+def _nvrtc() -> Any:
+    """cuda.bindings.nvrtc (an untyped extension module)."""
     try:
         from cuda.bindings import nvrtc
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -21,7 +23,7 @@ def _nvrtc():
     return nvrtc
 
 
-def _check(result, what: str) -> None:
+def _check(result: Any, what: str) -> None:
     nvrtc = _nvrtc()
     if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise ToolchainError(f"{what} failed: {nvrtc.nvrtcGetErrorString(result)[1].decode()}")
@@ -95,7 +97,7 @@ def compile_cubin(source: str, name: str, arch: str, include_dirs: tuple[Path, .
             nvrtc.nvrtcDestroyProgram(prog)
 
 
-def _output(prog, get_size, get) -> bytes:
+def _output(prog: Any, get_size: Any, get: Any) -> bytes:
     """A compiled program's CUBIN or PTX, through its size and copy functions."""
     err, size = get_size(prog)
     _check(err, get_size.__name__)
@@ -105,7 +107,7 @@ def _output(prog, get_size, get) -> bytes:
     return buf
 
 
-def _log(nvrtc, prog) -> str:
+def _log(nvrtc: Any, prog: Any) -> str:
     err, size = nvrtc.nvrtcGetProgramLogSize(prog)
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or size <= 1:
         return ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -76,7 +77,8 @@ class _LinearFunction(torch.autograd.Function):
     No GEMM is recomputed: the op's own autograd formula (for direct op users) recomputes A @ B."""
 
     @staticmethod
-    def forward(ctx, layer: FusedLinear, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx: Any, layer: FusedLinear, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
+                ) -> torch.Tensor:
         args = (x, w) if bias is None else (x, w, bias)
         if layer.activation is None:
             y, pre = layer._op(*args), None
@@ -88,7 +90,7 @@ class _LinearFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor) -> tuple:
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
         x, w, pre = ctx.saved_tensors
         g_pre = g if ctx.activation is None else _activation_backward(ctx.activation, g, pre)
         _, need_x, need_w, need_b = ctx.needs_input_grad

@@ -13,21 +13,23 @@ import ctypes
 import functools
 import threading
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import GemmgenError, InvalidArgument
 from .tma import EncodeArgs
 
 
 @functools.cache
-def _cu():
+def _cu() -> Any:
     """cuda.bindings.driver, imported on first use (an import statement per call costs a microsecond)."""
     from cuda.bindings import driver
 
     return driver
 
 
-def _check(result, what: str) -> None:
+def _check(result: Any, what: str) -> None:
     """Raise GemmgenError naming the call and the driver's error (a CUresult, a bindings result
     tuple, or the plain int a ctypes call returns)."""
     err = result[0] if isinstance(result, tuple) else result
@@ -64,7 +66,7 @@ _MAP_BYTES, _MAP_ALIGN = 128, 128
 
 
 @functools.cache
-def _encode_tiled():
+def _encode_tiled() -> Callable[..., int]:
     """The driver's cuTensorMapEncodeTiled as a ctypes function (looked up through cuda.bindings, so
     that it comes from the library the other calls use)."""
     cu = _cu()
@@ -149,7 +151,7 @@ def bind_context(device_index: int) -> None:
     THREAD.has_context = True
 
 
-def _load_function(cu, entry: str, cubin: bytes, block: int, cluster: tuple[int, int, int],
+def _load_function(cu: Any, entry: str, cubin: bytes, block: int, cluster: tuple[int, int, int],
                    smem_bytes: int) -> LoadedFunction:
     """Load the module into the current context, allow its shared memory, ask how many clusters fit."""
     with _capture_relaxed(cu):
@@ -168,7 +170,7 @@ def _load_function(cu, entry: str, cubin: bytes, block: int, cluster: tuple[int,
 
 
 @contextlib.contextmanager
-def _capture_relaxed(cu):
+def _capture_relaxed(cu: Any) -> Iterator[None]:
     """Lets a kernel's first call happen inside CUDA graph capture: loading a module and setting its
     attributes are not stream work, and capture's default (global) mode may refuse such calls
     while a capture is under way. The thread's mode is restored after, as PyTorch's
@@ -181,14 +183,15 @@ def _capture_relaxed(cu):
         cu.cuThreadExchangeStreamCaptureMode(previous)
 
 
-def occupancy_config(block: int, cluster: tuple[int, int, int], smem: int):
+def occupancy_config(block: int, cluster: tuple[int, int, int], smem: int) -> Any:
     """The launch config the cluster occupancy query sees: one cluster's grid, as CUTLASS's
     KernelHardwareInfo::query_device_max_active_clusters sets it (a grid the cluster does not
     divide is not a launchable config); the kernel's real dynamic shared memory."""
-    return _config(tuple(cluster), block, cluster, smem, 0)
+    return _config(cluster, block, cluster, smem, 0)
 
 
-def _config(grid, block: int, cluster, smem: int, stream: int):
+def _config(grid: tuple[int, int, int], block: int, cluster: tuple[int, int, int], smem: int, stream: int
+            ) -> Any:
     """A CUlaunchConfig with the cluster dimension attribute."""
     cu = _cu()
     cfg = cu.CUlaunchConfig()
@@ -205,13 +208,15 @@ def _config(grid, block: int, cluster, smem: int, stream: int):
 
 
 @functools.lru_cache(maxsize=1024)
-def launch_config(grid: tuple[int, int, int], block: int, cluster: tuple[int, int, int], smem: int, stream: int):
+def launch_config(grid: tuple[int, int, int], block: int, cluster: tuple[int, int, int], smem: int,
+                  stream: int) -> Any:
     """`_config`, built once per distinct launch shape and stream (about 3.5 us to build in Python;
     the driver only reads it during cuLaunchKernelEx)."""
     return _config(grid, block, cluster, smem, stream)
 
 
-def launch(fn: LoadedFunction, params: bytes, grid, block: int, cluster, smem: int, stream: int) -> None:
+def launch(fn: LoadedFunction, params: bytes, grid: tuple[int, int, int], block: int, cluster: tuple[int, int, int],
+           smem: int, stream: int) -> None:
     """cuLaunchKernelEx with the Params block as the kernel's only (by-value) parameter."""
     cu = _cu()
     buf = ctypes.create_string_buffer(params, len(params))
@@ -231,7 +236,7 @@ def current_device() -> int:
 
 
 @functools.cache
-def _device_getter():
+def _device_getter() -> Callable[[], int]:
     import torch
 
     raw = getattr(torch._C, "_cuda_getDevice", None)
@@ -239,7 +244,7 @@ def _device_getter():
 
 
 @functools.cache
-def _stream_getter():
+def _stream_getter() -> Callable[[int], int]:
     """torch's raw-handle getter, as inductor's kernel launchers use it (no Stream object built per
     call); the public API where a build lacks it."""
     import torch

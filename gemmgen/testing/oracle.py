@@ -16,6 +16,7 @@ import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..codegen import GeneratedKernel, _environment, type_context
 from ..codegen.evt import ParamBinding
@@ -95,7 +96,7 @@ class OracleProgram:
         self.exe = build_dir / f"oracle-{kernel.recipe.name}-{digest}"
         self._build_dir = build_dir
 
-    def _arguments(self, tree) -> str:
+    def _arguments(self, tree: Any) -> str:
         if tree is None:
             return "{}"
         if isinstance(tree, tuple):

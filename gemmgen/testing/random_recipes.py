@@ -26,14 +26,14 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
     n_aux = rng.randint(0, 2)
     steps = rng.randint(1, 8)
 
-    def epilogue(acc, **ops):
+    def epilogue(acc: gg.Value, **ops: gg.Value) -> gg.Value | dict[str, gg.Value]:
         pool = [acc, *ops.values()]
         unused = list(ops.values())
 
-        def pick():
+        def pick() -> gg.Value:
             return unused.pop(rng.randrange(len(unused))) if unused and rng.random() < 0.6 else rng.choice(pool)
 
-        def const():  # never 0: a division by it stays finite
+        def const() -> float:  # never 0: a division by it stays finite
             return round(rng.choice((-1, 1)) * rng.uniform(0.25, 3), 3)
 
         unary = [lambda x: -x, gg.abs, gg.tanh, gg.sigmoid, gg.relu, gg.gelu, gg.gelu_tanh, gg.silu,

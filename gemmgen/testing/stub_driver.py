@@ -26,7 +26,7 @@ import shutil
 import struct
 import subprocess
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..compile.toolchain import toolchain
 from ..errors import GemmgenError
@@ -96,7 +96,7 @@ class StubDriver:
     def __init__(self, path: Path) -> None:
         self.lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
 
-    def _int(self, name: str, kind=ctypes.c_int):
+    def _int(self, name: str, kind: Any = ctypes.c_int) -> Any:
         return kind.in_dll(self.lib, name)
 
     def of(self, desc: bytes) -> EncodeArgs | None:
