@@ -423,12 +423,13 @@ def test_entry_points_name_arguments_of_the_wrong_kind():
     """Each public entry point given the wrong kind of object raises InvalidArgument naming the
     parameter (they raised AttributeError from deep inside)."""
     wrong: Any = 3  # what a type checker would refuse, and gemmgen refuses too
+    shape_list: Any = [[1, 2, 3]]  # shapes without the recipe names they belong to
     cases = [(lambda: gg.op(3), r"recipe: expected a gemmgen\.Recipe"),
              (lambda: gg.nn.FusedLinear.from_linear(3), r"linear: expected a torch\.nn\.Linear"),
              (lambda: gg.nn.fuse(3), r"model: expected a torch\.nn\.Module"),
              (lambda: gg.nn.model_launches(3, (8,)), r"model: expected a torch\.nn\.Module"),
              (lambda: gg.warmup([wrong]), r"items: expected gemmgen\.Recipe objects or \(Recipe, KernelConfig\) pairs"),
-             (lambda: gg.warmup([_recipe()], shapes=wrong), r"shapes: expected \{recipe name")]
+             (lambda: gg.warmup([_recipe()], shapes=shape_list), r"shapes: expected \{recipe name")]
     for call, message in cases:
         with pytest.raises(gg.InvalidArgument, match=message):
             call()
