@@ -1,7 +1,7 @@
 """The example recipes: `gemmgen build examples/recipes.py` compiles each and prints the kernel report.
 
 Every module-level gemmgen.Recipe is a kernel. Together they cover both schedules, all four
-A/B layouts, every operand kind, an aux output, and both epilogue shapes (tree and graph).
+A/B layouts, fp8 inputs, every operand kind, an aux output, and both epilogue shapes (tree and graph).
 """
 
 import gemmgen as gg
@@ -56,4 +56,14 @@ quick_gelu_scaled = gg.Recipe(
     _quick_gelu,
     a=gg.f16, b=gg.f16,
     operands={"scale": gg.ColVector(gg.f32), "bias": gg.RowVector(gg.f16)},
+)
+
+
+# D = (A @ B) * scale_a[m] * scale_b[n] + bias: fp8 (e4m3) in, bf16 out, one scale per token (row
+# of A) and per output channel (row of the N x K weight), as torch._scaled_mm's rowwise scaling
+scaled_mm_fp8 = gg.Recipe(
+    "scaled_mm_fp8",
+    lambda acc, scale_a, scale_b, bias: acc * scale_a * scale_b + bias,
+    a=gg.e4m3, b=gg.e4m3, d=gg.bf16,
+    operands={"scale_a": gg.ColVector(gg.f32), "scale_b": gg.RowVector(gg.f32), "bias": gg.RowVector(gg.bf16)},
 )

@@ -52,6 +52,7 @@ class KernelReport:
     smem_bytes: int
     static_smem_bytes: int | None
     local_bytes: int | None
+    stack_bytes: int | None  # the ABI stack frame: where register spills land too (both are local memory)
     sass: dict[str, int] | None
     compile_seconds: float
     phases: dict[str, float]  # front_end / nvvm / ptx seconds (NVRTC --time)
@@ -111,16 +112,16 @@ def _compile_artifact(kernel: GeneratedKernel, key: str) -> Artifact:
         "entry": kernel.entry, "recipe": kernel.recipe.name, "config": kernel.config.name, "info": info,
         "compile_seconds": round(result.wall_seconds, 3), "phases": {k: round(v, 3) for k, v in result.phases.items()},
         "layout": [[f.name, offset, default] for f, (offset, default) in zip(kernel.fields, probe, strict=True)],
-        "epilogue": kernel.epilogue.layout, "registers": None, "local_bytes": None, "static_smem_bytes": None,
-        "sass": None,
+        "epilogue": kernel.epilogue.layout, "registers": None, "local_bytes": None, "stack_bytes": None,
+        "static_smem_bytes": None, "sass": None,
     }
     if tc.cuobjdump is not None:
         with tempfile.TemporaryDirectory(prefix="gemmgen-sass-") as tmp:
             path = Path(tmp) / "kernel.cubin"
             path.write_bytes(result.cubin)
             res = resource_usage(tc.cuobjdump, path, kernel.entry)
-            meta.update(registers=res.registers, local_bytes=res.local_bytes, static_smem_bytes=res.static_smem_bytes,
-                        sass=sass_counts(tc.cuobjdump, path))
+            meta.update(registers=res.registers, local_bytes=res.local_bytes, stack_bytes=res.stack_bytes,
+                        static_smem_bytes=res.static_smem_bytes, sass=sass_counts(tc.cuobjdump, path))
     return Artifact({"kernel.cubin": result.cubin, "kernel.cu": kernel.source.encode()}, meta)
 
 
@@ -181,6 +182,7 @@ def _compiled(recipe: Recipe, config: KernelConfig, kernel: GeneratedKernel, art
     report = KernelReport(
         name=recipe.name, entry=meta["entry"], config=meta["config"], cache_key=key, registers=meta["registers"],
         smem_bytes=info.smem_bytes, static_smem_bytes=meta["static_smem_bytes"], local_bytes=meta["local_bytes"],
+        stack_bytes=meta.get("stack_bytes"),  # None in entries compiled before gemmgen recorded it
         sass=meta["sass"], compile_seconds=meta["compile_seconds"], phases=meta["phases"], epilogue=meta["epilogue"],
         cached=origin != "compiled", origin=origin)
     by_name = {name: (offset, default) for name, offset, default in meta["layout"]}
@@ -192,12 +194,12 @@ def _compiled(recipe: Recipe, config: KernelConfig, kernel: GeneratedKernel, art
 def report_table(reports: list[KernelReport]) -> str:
     """A fixed-width table of kernel reports."""
     marks = list(SASS_MARKERS)
-    head = ["kernel", "config", "regs", "smem", "local", *marks, "compile s", "fe/nvvm/ptx s", "status"]
+    head = ["kernel", "config", "regs", "smem", "local", "stack", *marks, "compile s", "fe/nvvm/ptx s", "status"]
     rows = []
     for r in reports:
         sass = r.sass or {}
         phases = "/".join(f"{r.phases.get(k, 0.0):.1f}" for k in ("front_end", "nvvm", "ptx"))
-        rows.append([r.name, r.config, _s(r.registers), str(r.smem_bytes), _s(r.local_bytes),
+        rows.append([r.name, r.config, _s(r.registers), str(r.smem_bytes), _s(r.local_bytes), _s(r.stack_bytes),
                      *(_s(sass.get(m)) for m in marks), f"{r.compile_seconds:.1f}", phases,
                      r.origin])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]

@@ -94,6 +94,17 @@ class KernelConfig:
                    tile_scheduler=TileScheduler(scheduler), swap_ab=bool(rest))
 
 
+def tile_k(recipe: RecipeIR) -> int:
+    """The K extent of one 128-byte row of A/B: the full TMA swizzle span, and the tile K gemmgen
+    picks by default (64 for 16-bit A and B, 128 for fp8)."""
+    return 1024 // recipe.gemm.a.bits
+
+
+def default_config(recipe: RecipeIR) -> KernelConfig:
+    """A recipe's config when it names none: 128 x 128 output tiles, cooperative, K steps of 128 bytes."""
+    return KernelConfig(tile=(128, 128, tile_k(recipe)))
+
+
 def kernel_recipe(cfg: KernelConfig, recipe: RecipeIR) -> RecipeIR:
     """The recipe in the kernel's own terms: transposed under `swap_ab`. Every constraint, the
     generated types and the argument builder work on this view; only the runtime's checks and the
@@ -106,7 +117,7 @@ def kernel_recipe(cfg: KernelConfig, recipe: RecipeIR) -> RecipeIR:
 
 
 def tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """WGMMA and TMA shape rules for 16-bit A/B."""
+    """WGMMA and TMA shape rules for A/B of the recipe's element width."""
     tm, tn, tk = cfg.tile
     bits = recipe.gemm.a.bits
     out = []
@@ -144,6 +155,33 @@ def cluster_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     if cm * cn > 8:
         out.append(f"cluster {cm}x{cn}: at most 8 CTAs per cluster (portable cluster size)")
     return out
+
+
+#: fp32 accumulators a consumer thread can hold without spilling: it has 240 registers (setmaxnreg),
+#: and the mainloop's addressing and the epilogue need the rest. Measured with NVRTC 13.0 (CUTLASS
+#: 4.2): 128 never spilled in gemmgen's kernels; bf16 pingpong 128x192 (192) spills 8 bytes, fp8
+#: cooperative 128x256 (2 x 128) 256 bytes.
+MAX_ACCUMULATORS_PER_THREAD = 128
+
+
+def accumulators_per_thread(cfg: KernelConfig, recipe: RecipeIR) -> int:
+    """fp32 accumulator registers per consumer thread: its warpgroup's part of the tile (half of it
+    under the cooperative schedule, all of it under pingpong) over 128 threads, twice for fp8 A/B,
+    whose mainloop keeps WGMMA's partial sums apart from the promoted fp32 sums."""
+    tm, tn, _ = cfg.tile
+    per_warpgroup = tm * tn // (2 if cfg.schedule is Schedule.COOPERATIVE else 1)
+    return per_warpgroup // 128 * (2 if recipe.gemm.a.bits == 8 else 1)
+
+
+def register_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    n = accumulators_per_thread(cfg, recipe)
+    if n <= MAX_ACCUMULATORS_PER_THREAD:
+        return []
+    fp8 = " (fp8 keeps two copies)" if recipe.gemm.a.bits == 8 else ""
+    return [f"registers: tile {cfg.tile[0]}x{cfg.tile[1]} under the {cfg.schedule.value} schedule keeps {n} fp32 "
+            f"accumulators per consumer thread{fp8}, over the {MAX_ACCUMULATORS_PER_THREAD} that fit without "
+            "spilling; use a smaller tile M or N"
+            + (", or the cooperative schedule" if cfg.schedule is Schedule.PINGPONG else "")]
 
 
 def epilogue_tile(cfg: KernelConfig, recipe: RecipeIR) -> tuple[int, int]:
@@ -221,7 +259,7 @@ def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
-CONSTRAINTS = (tile_violations, schedule_violations, cluster_violations, smem_violations)
+CONSTRAINTS = (tile_violations, schedule_violations, cluster_violations, register_violations, smem_violations)
 
 
 def violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:

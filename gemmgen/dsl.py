@@ -292,7 +292,8 @@ OPS = ("+", "-", "*", "/", "unary -", "min", "max", "clamp", "abs", "exp", "tanh
 
 # ----------------------------------------------------------------------------- the recipe
 
-_AB_DTYPES = (DType.BF16, DType.F16)
+_AB_16BIT = (DType.BF16, DType.F16)
+_AB_FP8 = (DType.E4M3, DType.E5M2)
 _D_DTYPES = (DType.BF16, DType.F16, DType.F32)
 
 
@@ -316,16 +317,20 @@ def _check_operand(name: str, decl: Any) -> Operand | float:
 
 def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: bool) -> GemmSpec:
     da, db = as_dtype(a, "a (dtype of A)"), as_dtype(b, "b (dtype of B)")
-    dd = as_dtype(d if d is not None else da, "d (dtype of D)")
     la, lb = as_layout(layout_a, "layout_a"), as_layout(layout_b, "layout_b")
     for what, dt in (("a", da), ("b", db)):
-        if dt in (DType.E4M3, DType.E5M2):
-            raise RecipeError(f"{what}: fp8 ({dt.value}) GEMMs are not supported yet; use bf16 or f16")
-        if dt not in _AB_DTYPES:
-            raise RecipeError(f"{what}: A and B may be bf16 or f16, not {dt.value}")
-    if da is not db:
-        raise RecipeError(f"a/b: mixed input types ({da.value} x {db.value}) are not supported; "
-                          "give A and B the same dtype")
+        if dt not in _AB_16BIT + _AB_FP8:
+            raise RecipeError(f"{what}: A and B may be bf16, f16, e4m3 or e5m2, not {dt.value}")
+    fp8 = da in _AB_FP8
+    if fp8 != (db in _AB_FP8) or (not fp8 and da is not db):
+        raise RecipeError(f"a/b: mixed input types ({da.value} x {db.value}) are not supported; give A and B the "
+                          "same 16-bit dtype, or make both fp8 (e4m3 and e5m2 may be mixed)")
+    if fp8 and (la, lb) != (Layout.ROW, Layout.COL):
+        raise RecipeError(f"layout_a/layout_b: fp8 WGMMA reads A and B K-major only, so an fp8 GEMM needs "
+                          f"layout_a=RowMajor and layout_b=ColMajor (got {la.value}/{lb.value}); store the "
+                          "operand transposed (e.g. the weight as N x K, passed as its .t())")
+    # fp8 D would need saturation and a scale; an fp8 GEMM's D defaults to bf16
+    dd = as_dtype(d if d is not None else (DType.BF16 if fp8 else da), "d (dtype of D)")
     if dd not in _D_DTYPES:
         raise RecipeError(f"d: D may be bf16, f16 or f32, not {dd.value}")
     if not isinstance(batched, bool):
@@ -340,7 +345,7 @@ class Recipe:
         name: a C identifier naming the kernel.
         epilogue: `f(acc, **operands)` returning D's value, or a dict `{"d": ..., "<aux>": ...}`.
             Defaults to `lambda acc: acc`.
-        a, b, d: element types of A, B and D (D defaults to A's type).
+        a, b, d: element types of A, B and D (D defaults to A's type, and to bf16 for fp8 A and B).
         layout_a, layout_b: gg.RowMajor or gg.ColMajor (A is M x K, B is K x N).
         batched: whether tensors carry a leading batch dimension L.
         operands: name -> gg.Scalar / gg.RowVector / gg.ColVector / gg.Matrix declaration.
@@ -473,9 +478,9 @@ class Recipe:
         return outs[0] if len(outs) == 1 else outs
 
     def default_config(self) -> KernelConfig:
-        from .config import KernelConfig
+        from .config import default_config
 
-        return self.config if self.config is not None else KernelConfig()
+        return self.config if self.config is not None else default_config(self.ir)
 
     def source(self, config: KernelConfig | None = None) -> str:
         """The generated CUTLASS C++ for this recipe under `config`."""

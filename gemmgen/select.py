@@ -15,19 +15,21 @@ problem, by the same terms.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .config import KernelConfig, Schedule, is_valid
+from .config import KernelConfig, Schedule, is_valid, tile_k
 from .errors import GemmgenError
 from .ir import RecipeIR
 
 COOP, PING = Schedule.COOPERATIVE, Schedule.PINGPONG
 
-#: (tile, cluster, schedule) candidates, most preferred first (ties keep this order).
+#: (tile, cluster, schedule) candidates, most preferred first (ties keep this order). Tile K is
+#: given for 16-bit A and B; `candidate_configs` sets it to 128 bytes for the recipe's element width.
 CANDIDATES: tuple[KernelConfig, ...] = tuple(
     KernelConfig(tile=t, cluster=c, schedule=s)
     for t, s in (((128, 256, 64), COOP), ((256, 128, 64), COOP), ((128, 128, 64), COOP), ((128, 128, 64), PING),
@@ -82,9 +84,15 @@ def _score(cfg: KernelConfig, m: int, n: int, l: int, sm_count: int) -> tuple[fl
     return score, why
 
 
-def candidate_configs(m_bucket: int) -> tuple[KernelConfig, ...]:
-    """The configs considered for an M bucket, most preferred first."""
-    return CANDIDATES + SWAP_CANDIDATES if m_bucket <= SWAP_MAX_M else CANDIDATES
+def candidate_configs(recipe: RecipeIR, m_bucket: int) -> tuple[KernelConfig, ...]:
+    """The configs considered for an M bucket, most preferred first, with K steps of 128 bytes."""
+    return _candidates(m_bucket <= SWAP_MAX_M, tile_k(recipe))
+
+
+@functools.cache
+def _candidates(swapped: bool, k: int) -> tuple[KernelConfig, ...]:
+    listed = CANDIDATES + SWAP_CANDIDATES if swapped else CANDIDATES
+    return tuple(replace(c, tile=(c.tile[0], c.tile[1], k)) for c in listed)
 
 
 def ranked(recipe: RecipeIR, m: int, n: int, l: int = 1, sm_count: int = 132  # noqa: E741
@@ -92,7 +100,7 @@ def ranked(recipe: RecipeIR, m: int, n: int, l: int = 1, sm_count: int = 132  # 
     """Every valid candidate for the M bucket of `m`, best first (stable: ties keep candidate order)."""
     mb = m_bucket(max(m, 1))
     scored = [(*_score(cfg, mb, max(n, 1), max(l, 1), sm_count), i, cfg)
-              for i, cfg in enumerate(candidate_configs(mb)) if is_valid(cfg, recipe)]
+              for i, cfg in enumerate(candidate_configs(recipe, mb)) if is_valid(cfg, recipe)]
     assert scored, "no candidate config is valid"
     scored.sort(key=lambda t: (-round(t[0], 9), t[2]))
     return [(score, cfg, why) for score, why, _, cfg in scored]
@@ -104,7 +112,7 @@ def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int =
     mb = m_bucket(max(m, 1))
     order = ranked(recipe, m, n, l, sm_count)
     score, cfg, why = order[0]
-    listed = candidate_configs(mb)
+    listed = candidate_configs(recipe, mb)
     lines = [w for _, _, w in sorted(order, key=lambda t: listed.index(t[1]))]
     return Choice(cfg, mb, score, f"M={m} -> bucket {mb}; chose {why}\n  considered:\n    " + "\n    ".join(lines))
 

@@ -21,7 +21,7 @@ class _DTypeInfo:
 
 
 class DType(enum.Enum):
-    """Element types gemmgen can declare. fp8 is listed so recipes can name it; GEMM support follows."""
+    """Element types gemmgen can declare. fp8 (e4m3, e5m2) is for A and B; the rest for everything."""
 
     BF16 = "bf16"
     F16 = "f16"

@@ -1,11 +1,15 @@
-"""Speed check on the GPU: gemmgen's fused bias + GELU kernel against cuBLAS through torch, side
-by side in one process, on the same inputs:
+"""Speed check on the GPU: gemmgen's fused kernels against cuBLAS through torch, side by side in
+one process, on the same inputs. bias + GELU (bf16) against:
 
 - `torch.matmul` + bias + GELU (three kernels: what an unfused model runs),
 - `torch.addmm` (bias in cuBLAS's epilogue) + GELU,
 - `torch._addmm_activation(use_gelu=True)` (cuBLASLt's fused bias + GELU epilogue, where torch
   routes it there; its GELU is the tanh approximation, gemmgen's recipe the erf one),
 - `torch.matmul` alone (no epilogue: the GEMM's own cost).
+
+The fp8 rowwise-scaled GEMM with a bias (`scaled_mm_fp8`, e4m3 in, bf16 out) against
+`torch._scaled_mm` with the same rowwise scales, with its bias argument (one cuBLASLt call, where
+torch supports rowwise scales with a bias) and without it, plus a separate bias add.
 
 Buffers rotate through more than L2; each number is the median over CUDA-graph replays timed with
 CUDA events (device time only). "vs best" divides the fastest torch way to compute the same
@@ -50,15 +54,86 @@ BASELINES = {"matmul+bias+gelu": _unfused, "addmm+gelu": _addmm_gelu, "cuBLASLt 
 SAME_LAYER = ("matmul+bias+gelu", "addmm+gelu", "cuBLASLt bias+gelu")
 
 
+def _scaled_mm_bias(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                    bias: torch.Tensor) -> torch.Tensor:
+    return torch._scaled_mm(a, b, scale_a[:, None], scale_b[None, :], bias=bias, out_dtype=torch.bfloat16)
+
+
+def _scaled_mm_then_bias(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                         bias: torch.Tensor) -> torch.Tensor:
+    return torch._scaled_mm(a, b, scale_a[:, None], scale_b[None, :], out_dtype=torch.bfloat16) + bias
+
+
+FP8_BASELINES = {"_scaled_mm(bias=)": _scaled_mm_bias, "_scaled_mm + bias": _scaled_mm_then_bias}
+
+
 def _timed(fn, sets, reps: int) -> float | None:
-    """device_ms of `fn` over the buffer sets; None where torch refuses the call."""
+    """device_ms of `fn` over the buffer sets (each ends with its output); None where torch refuses."""
     from gemmgen.tuning import device_ms
 
     try:
-        return device_ms([functools.partial(fn, a, b, bias) for a, b, bias, _ in sets], reps)
+        return device_ms([functools.partial(fn, *inputs) for *inputs, _ in sets], reps)
     except RuntimeError as refused:
         print(f"# {fn.__name__}: {str(refused).splitlines()[0]}")
         return None
+
+
+def _check(recipe, kernel, inputs) -> None:
+    """One launch against the recipe's semantics before timing (a fast wrong kernel is no result),
+    evaluated on the GPU in fp32: the CPU would take seconds per shape here."""
+    from gemmgen.reference import evaluate_epilogue
+
+    a, b, *ops = inputs
+    got = kernel(a, b, *ops).float()
+    acc = torch.matmul(a.float(), b.float())
+    want = evaluate_epilogue(recipe.ir.epilogue, acc, dict(zip([o.name for o in recipe.operands], ops, strict=True)),
+                             round_outputs=False)[0]
+    torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
+
+
+def _bf16_sets(m: int, n: int, k: int) -> list[tuple]:
+    per_set = (m * k + k * n + m * n) * 2
+    sets = []
+    for _ in range(max(2, -(-L2_BYTES // per_set) + 1)):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        sets.append((a, b, bias, torch.empty(m, n, device="cuda", dtype=torch.bfloat16)))
+    return sets
+
+
+def _fp8_sets(m: int, n: int, k: int) -> list[tuple]:
+    per_set = m * k + k * n + m * n * 2
+    sets = []
+    for _ in range(max(2, -(-L2_BYTES // per_set) + 1)):
+        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()
+        scale_a, scale_b = torch.rand(m, device="cuda") + 0.5, torch.rand(n, device="cuda") + 0.5
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        sets.append((a, b, scale_a, scale_b, bias, torch.empty(m, n, device="cuda", dtype=torch.bfloat16)))
+    return sets
+
+
+def _table(recipe, shapes, make_sets, baselines: dict, same_layer: tuple, reps: int) -> None:
+    from gemmgen.tuning import device_ms
+    from tests.data.gpu_matrix import bench_configs
+
+    print(f"| M x N x K | config | gemmgen ms | {' ms | '.join(baselines)} ms | gemmgen TFLOP/s | vs best |")
+    print("|---" * (5 + len(baselines)) + "|")
+    for m, n, k in shapes:
+        sets = make_sets(m, n, k)
+        theirs = {name: _timed(fn, sets, reps) for name, fn in baselines.items()}
+        known = [t for name, t in theirs.items() if name in same_layer and t is not None]
+        flops = 2 * m * n * k
+        for config in bench_configs(recipe, m, n, k):
+            kernel = recipe.compile(config)
+            _check(recipe, kernel, sets[0][:-1])
+            ours = device_ms([functools.partial(kernel, *inputs, out=out) for *inputs, out in sets], reps)
+            vs = f"{min(known) / ours:.2f}x" if known else "n/a"
+            print(f"| {m}x{n}x{k} | {config.name} | {ours:.3f} | {' | '.join(map(_ms, theirs.values()))} | "
+                  f"{flops / ours / 1e9:.0f} | {vs} |", flush=True)
+        del sets
+        torch.cuda.empty_cache()
 
 
 def _ms(x: float | None) -> str:
@@ -74,35 +149,15 @@ def main() -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     from gemmgen.recipes_file import load_recipes
-    from gemmgen.tuning import device_ms
-    from tests.data.gpu_matrix import BENCH_SHAPES, bench_configs
+    from tests.data.gpu_matrix import BENCH_SHAPES, FP8_BENCH_SHAPES
 
-    recipe = load_recipes(ROOT / "examples" / "recipes.py")["bias_gelu"]
-    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; bias_gelu; "
-          f"median of {args.reps} CUDA-graph replays timed with CUDA events, buffers rotated")
-    print(f"| M x N x K | config | gemmgen ms | {' ms | '.join(BASELINES)} ms | gemmgen TFLOP/s | vs best |")
-    print("|---" * (5 + len(BASELINES)) + "|")
-    for m, n, k in BENCH_SHAPES:
-        per_set = (m * k + k * n + m * n) * 2
-        count = max(2, -(-L2_BYTES // per_set) + 1)
-        sets = []
-        for _ in range(count):
-            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
-            bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            sets.append((a, b, bias, out))
-        theirs = {name: _timed(fn, sets, args.reps) for name, fn in BASELINES.items()}
-        best = min(t for name, t in theirs.items() if name in SAME_LAYER and t is not None)
-        flops = 2 * m * n * k
-        for config in bench_configs(recipe, m, n, k):
-            kernel = recipe.compile(config)
-            ours = device_ms([functools.partial(kernel, a, b, bias=bias, out=out) for a, b, bias, out in sets],
-                             args.reps)
-            print(f"| {m}x{n}x{k} | {config.name} | {ours:.3f} | {' | '.join(map(_ms, theirs.values()))} | "
-                  f"{flops / ours / 1e9:.0f} | {best / ours:.2f}x |", flush=True)
-        del sets
-        torch.cuda.empty_cache()
+    recipes = load_recipes(ROOT / "examples" / "recipes.py")
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; median of {args.reps} CUDA-graph "
+          "replays timed with CUDA events, buffers rotated; each kernel checked against its reference first")
+    print("# bias_gelu (bf16)")
+    _table(recipes["bias_gelu"], BENCH_SHAPES, _bf16_sets, BASELINES, SAME_LAYER, args.reps)
+    print("# scaled_mm_fp8 (e4m3 x e4m3 -> bf16, rowwise scales, bias)")
+    _table(recipes["scaled_mm_fp8"], FP8_BENCH_SHAPES, _fp8_sets, FP8_BASELINES, tuple(FP8_BASELINES), args.reps)
     return 0
 
 

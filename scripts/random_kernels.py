@@ -29,7 +29,7 @@ def check(seed: int, index: int, cache_dir: str) -> str:
     import gemmgen as gg
     from gemmgen.build import build_kernel
     from gemmgen.compile.cache import KernelCache
-    from gemmgen.select import CANDIDATES, SWAP_CANDIDATES
+    from gemmgen.select import SWAP_MAX_M, candidate_configs
     from gemmgen.testing.random_recipes import random_recipe
     from tests.test_epilogue_source import EMULATED, _args_with_nonzero_reference, _assert_computes
 
@@ -41,7 +41,8 @@ def check(seed: int, index: int, cache_dir: str) -> str:
         except gg.RecipeError:
             continue
     recipe = made[index]
-    config = rng.choice([c for c in (SWAP_CANDIDATES if index % 2 else CANDIDATES) if gg.config.is_valid(c, recipe.ir)])
+    config = rng.choice([c for c in candidate_configs(recipe.ir, SWAP_MAX_M)
+                         if c.swap_ab == bool(index % 2) and gg.config.is_valid(c, recipe.ir)])
     start = time.perf_counter()
     try:
         kernel = build_kernel(recipe, config, KernelCache(cache_dir))

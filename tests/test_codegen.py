@@ -56,6 +56,10 @@ def test_operand_kinds_map_to_cutlass_visitors(examples, extra):
     assert "KernelTmaWarpSpecializedPingpong" in src["bias_gelu_aux"]
     assert "cutlass::layout::ColumnMajor" in src["bias_gelu_aux"]
     assert "StageCount<4>" in src["every_op"]
+    # fp8 A/B: the mainloop that promotes WGMMA's partial sums into fp32 (the builder's choice)
+    assert "cutlass::gemm::MainloopSm90TmaGmmaWarpSpecializedFP8<MainloopStages" in src["scaled_mm_fp8"]
+    assert "using ElementA = cutlass::float_e4m3_t;" in src["scaled_mm_fp8"]
+    assert "cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<MainloopStages" in src["gemm_bf16"]
     # the compile-time constant 1.702 is baked as its fp32 bits
     assert "WithRhs<gemmgen::epi::Mul, 0x3fd9db23u>" in src["quick_gelu_scaled"]
 
@@ -124,7 +128,7 @@ def test_resolved_collectives_are_the_builders_types(examples, extra):
     must be CUTLASS's, and the shared storage must fit an sm_90 block. One translation unit."""
     from gemmgen.compile.nvrtc import compile_cubin
     from gemmgen.compile.toolchain import ARCH, toolchain
-    from gemmgen.select import CANDIDATES, SWAP_CANDIDATES
+    from gemmgen.select import candidate_configs
 
     S = gg.Schedule
     configs = [None, gg.KernelConfig(tile=(128, 128, 64), schedule=S.PINGPONG),
@@ -133,7 +137,7 @@ def test_resolved_collectives_are_the_builders_types(examples, extra):
                gg.KernelConfig(tile=(64, 128, 64), cluster=(1, 1, 1), schedule=S.PINGPONG),
                gg.KernelConfig(tile=(128, 32, 64), swap_ab=True),
                gg.KernelConfig(tile=(64, 16, 64), cluster=(2, 1, 1), schedule=S.PINGPONG, swap_ab=True)]
-    kernels = [render_kernel(r.ir, c) for r in examples.values() for c in CANDIDATES + SWAP_CANDIDATES
+    kernels = [render_kernel(r.ir, c) for r in examples.values() for c in candidate_configs(r.ir, 16)
                if gg.config.is_valid(c, r.ir)]
     kernels += [render_kernel(r.ir, c or r.default_config()) for r in extra.values() for c in configs
                 if c is None or gg.config.is_valid(c, r.ir)]

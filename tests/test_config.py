@@ -86,6 +86,38 @@ def test_one_function_validates_and_prunes(recipe):
                 validate(c, recipe)
 
 
+@pytest.fixture(scope="module")
+def fp8_recipe():
+    return gg.Recipe("r8", lambda acc, s: acc * s, a=gg.e4m3, b=gg.e4m3, operands={"s": gg.ColVector(gg.f32)}).ir
+
+
+@pytest.mark.parametrize("fp8, cfg, match", [
+    # measured with NVRTC 13.0: bf16 pingpong 128x192 spills 8 bytes, fp8 cooperative 128x256 256 bytes
+    (False, KernelConfig(tile=(128, 192, 64), schedule=PING), r"registers: tile 128x192 under the pingpong schedule "
+     r"keeps 192 fp32 accumulators per consumer thread, over the 128.*or the cooperative schedule"),
+    (True, KernelConfig(tile=(128, 256, 128)), r"keeps 256 fp32 accumulators per consumer thread \(fp8 keeps two"),
+    (True, KernelConfig(tile=(128, 128, 128), schedule=PING), r"keeps 256 fp32 accumulators"),
+    (True, KernelConfig(tile=(128, 128, 16)), r"tile K = 16: must be a multiple of 32 for e4m3"),
+    (True, KernelConfig(tile=(128, 128, 96)), r"tile K = 96: must divide or be a multiple of 128"),
+])
+def test_register_and_fp8_rules(recipe, fp8_recipe, fp8, cfg, match):
+    with pytest.raises(gg.ConfigError, match=match):
+        validate(cfg, fp8_recipe if fp8 else recipe)
+
+
+def test_fp8_defaults_to_128_byte_k_steps(recipe, fp8_recipe):
+    """tile K covers one 128-byte swizzle span of A and B: 64 16-bit or 128 fp8 elements."""
+    assert gg.config.default_config(recipe).tile == (128, 128, 64)
+    assert gg.config.default_config(fp8_recipe).tile == (128, 128, 128)
+    for r in (recipe, fp8_recipe):
+        validate(gg.config.default_config(r), r)
+    # the largest tiles gemmgen's kernels use stay valid: 128 accumulators per thread
+    validate(KernelConfig(tile=(128, 256, 64)), recipe)
+    validate(KernelConfig(tile=(128, 128, 64), schedule=PING), recipe)
+    validate(KernelConfig(tile=(128, 128, 128)), fp8_recipe)
+    validate(KernelConfig(tile=(64, 128, 128), schedule=PING), fp8_recipe)
+
+
 def test_auto_stages_fill_shared_memory(recipe):
     cfg = KernelConfig()
     s = stage_count(cfg, recipe)

@@ -20,7 +20,7 @@ from gemmgen.codegen import GeneratedKernel, render_kernel
 from gemmgen.ir import Op, post_order
 from gemmgen.runtime.arguments import ParamsLayout
 from gemmgen.runtime.kernel import Kernel
-from gemmgen.select import CANDIDATES, SWAP_CANDIDATES
+from gemmgen.select import SWAP_MAX_M, candidate_configs
 from gemmgen.testing.emulate import emulate
 from gemmgen.testing.random_recipes import random_recipe
 from gemmgen.testing.recording import RecordingEncoder
@@ -93,7 +93,7 @@ def _configs(recipe: gg.Recipe, pingpong: bool = True) -> list[gg.KernelConfig]:
     out = [recipe.default_config()]
     if pingpong:
         out.append(gg.KernelConfig(tile=(64, 128, 64), schedule=gg.Schedule.PINGPONG))
-    out += [c for c in SWAP_CANDIDATES if gg.config.is_valid(c, ir)][:1]
+    out += [c for c in candidate_configs(ir, SWAP_MAX_M) if c.swap_ab and gg.config.is_valid(c, ir)][:1]
     return [c for c in dict.fromkeys(out) if gg.config.is_valid(c, ir)]
 
 
@@ -163,8 +163,9 @@ def test_random_epilogues_are_valid_kernel_types():
             continue
     kernels = []
     for r in recipes:  # a random candidate config (tile, cluster, schedule) and a swapped kernel
-        plain = [c for c in CANDIDATES if gg.config.is_valid(c, r.ir)]
-        swapped = [c for c in SWAP_CANDIDATES if gg.config.is_valid(c, r.ir)]
+        listed = candidate_configs(r.ir, SWAP_MAX_M)
+        plain = [c for c in listed if not c.swap_ab and gg.config.is_valid(c, r.ir)]
+        swapped = [c for c in listed if c.swap_ab and gg.config.is_valid(c, r.ir)]
         kernels += [render_kernel(r.ir, rng.choice(options)) for options in (plain, swapped) if options]
     try:
         compile_cubin(_collectives_check_source(kernels), "collectives_check", ARCH, toolchain().include_dirs)

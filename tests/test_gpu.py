@@ -3,7 +3,8 @@
 For every example recipe under both schedules and as a swapped kernel (D^T = B^T A^T): an exact
 tier (small integers, so fp32 accumulation is exact), a random tier (fresh inputs, tolerance by
 output dtype), odd sizes with K tails, a batch, padded leading dimensions, NaN-prefilled outputs,
-run-to-run bitwise determinism, CUDA-graph capture and replay, and launches on the caller's stream.
+run-to-run bitwise determinism, CUDA-graph capture and replay, and launches on the caller's stream;
+the fp8 example also against torch._scaled_mm.
 Modules: the fused MLP forward and backward, torch.compile (inductor: inference, a training step,
 CUDA graph trees), manual graph capture, autocast training, the op's layout copies, the direct
 path, autotune, and calls from a thread without a current context.
@@ -43,27 +44,28 @@ def gen():
     return torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
 
 
-def _matrix(rows, cols, dtype, layout, lead, pad, gen, exact):
-    """A (lead,) rows x cols tensor in `layout`, with `pad` extra elements per leading dimension."""
+def _matrix(rows, cols, dtype, layout, lead, pad_bytes, gen, exact):
+    """A (lead,) rows x cols tensor in `layout`, with `pad_bytes` (a multiple of 16) more per
+    leading dimension than TMA's 16-byte alignment needs."""
     def values(*shape):
         if exact:
             return torch.randint(-2, 3, shape, device="cuda", generator=gen)
         return torch.randn(*shape, device="cuda", generator=gen)
 
-    return strided_matrix(values, rows, cols, dtype, layout, lead, pad)
+    return strided_matrix(values, rows, cols, dtype, layout, lead, pad_bytes // dtype.itemsize)
 
 
-def _inputs(recipe, m, n, k, gen, exact, pad=0, batch=3):
+def _inputs(recipe, m, n, k, gen, exact, pad_bytes=0, batch=3):
     g = recipe.ir.gemm
     lead = (batch,) if g.batched else ()
-    a = _matrix(m, k, g.a.torch, g.layout_a, lead, pad, gen, exact)
-    b = _matrix(k, n, g.b.torch, g.layout_b, lead, pad, gen, exact)
+    a = _matrix(m, k, g.a.torch, g.layout_a, lead, pad_bytes, gen, exact)
+    b = _matrix(k, n, g.b.torch, g.layout_b, lead, pad_bytes, gen, exact)
     ops: dict[str, torch.Tensor | float] = {}
     for o in recipe.operands:
         if o.kind is OperandKind.SCALAR:
             ops[o.name] = 2.0 if exact else float(torch.randn((), generator=gen, device="cuda"))
         elif o.kind is OperandKind.MATRIX:
-            ops[o.name] = _matrix(m, n, o.dtype.torch, Layout.ROW, lead, pad, gen, exact)
+            ops[o.name] = _matrix(m, n, o.dtype.torch, Layout.ROW, lead, pad_bytes, gen, exact)
         else:
             length = n if o.kind is OperandKind.ROW else m
             ops[o.name] = (torch.randint(-2, 3, (length,), device="cuda", generator=gen) if exact
@@ -110,7 +112,7 @@ def test_matches_reference(kernels, gen, shape, exact):
 
 def test_padded_leading_dims_and_batch(kernels, gen):
     for recipe, _config, kernel in kernels:
-        a, b, ops = _inputs(recipe, 200, 136, 72, gen, exact=False, pad=24)
+        a, b, ops = _inputs(recipe, 200, 136, 72, gen, exact=False, pad_bytes=48)
         got = _as_tuple(kernel(a, b, **ops))
         torch.cuda.synchronize()
         _compare(recipe, _as_tuple(got), a, b, ops, exact=False)
@@ -179,7 +181,7 @@ def test_launches_on_the_current_stream(kernels, gen):
     side = torch.cuda.Stream()
     for recipe, _config, kernel in kernels:
         a, b, ops = _inputs(recipe, 130, 72, 200, gen, exact=True)
-        late = a.clone().fill_(math.nan)  # same strides as a
+        late = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).fill_(math.nan)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             torch.cuda._sleep(50_000_000)
@@ -212,6 +214,33 @@ def test_calls_from_a_thread_without_a_context(kernels, gen):
         with ThreadPoolExecutor(1) as pool:  # a new thread per kernel
             got = pool.submit(on_worker, kernel, a, b, ops, outs).result()
         _compare(recipe, got, a, b, ops, exact=True)
+
+
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (16, 4096, 4096), (256, 1024, 512)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_fp8_matches_torch_scaled_mm(kernels, gen, shape):
+    """The fp8 example against cuBLASLt's fp8 GEMM through torch._scaled_mm with the same rowwise
+    scales: an implementation gemmgen shares nothing with (same inputs, bf16 outputs; sizes that
+    cuBLASLt's fp8 GEMM takes, multiples of 16)."""
+    m, n, k = shape
+    fp8 = [(config, kernel) for recipe, config, kernel in kernels if recipe.name == "scaled_mm_fp8"]
+    assert fp8, "the fp8 example is missing from the GPU matrix"
+    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device="cuda", generator=gen).to(torch.float8_e4m3fn).t()
+    scale_a = torch.rand(m, device="cuda", generator=gen) + 0.5
+    scale_b = torch.rand(n, device="cuda", generator=gen) + 0.5
+    bias = torch.randn(n, device="cuda", generator=gen).bfloat16()
+    try:
+        theirs = torch._scaled_mm(a, b, scale_a[:, None], scale_b[None, :], bias=bias, out_dtype=torch.bfloat16)
+    except RuntimeError:  # torch builds that take rowwise scales only without a bias
+        theirs = (torch._scaled_mm(a, b, scale_a[:, None], scale_b[None, :], out_dtype=torch.float32)
+                  + bias.float()).bfloat16()
+    assert theirs.float().abs().max() > 0
+    for config, kernel in fp8:
+        ours = kernel(a, b, scale_a, scale_b, bias)
+        torch.testing.assert_close(ours.float(), theirs.float(), rtol=1.6e-2,
+                                   atol=1.6e-2 * float(theirs.float().abs().max()),
+                                   msg=lambda s: f"scaled_mm_fp8 {config.name}: {s}")  # noqa: B023
 
 
 def test_k_zero_and_empty(kernels):

@@ -24,16 +24,18 @@ pytestmark = pytest.mark.nvrtc
 
 def test_every_kernel_is_on_the_hopper_path(compiled):
     assert {"gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination", "bias_gelu_aux",
-            "quick_gelu_scaled", "every_op"} <= set(compiled)
+            "quick_gelu_scaled", "scaled_mm_fp8", "every_op"} <= set(compiled)
     for name, k in compiled.items():
         r = k.report
         assert r.sass is not None, "cuobjdump missing: install nvidia-cuda-cuobjdump/nvdisasm"
-        assert r.sass["HGMMA"] > 0, name  # WGMMA
+        wgmma, other = ("QGMMA", "HGMMA") if k.recipe.gemm.a.bits == 8 else ("HGMMA", "QGMMA")
+        assert r.sass[wgmma] > 0 and r.sass[other] == 0, (name, r.sass)  # WGMMA of the input type
         assert r.sass["UTMALDG"] > 0, name  # TMA loads
         assert r.sass["UTMASTG"] > 0, name  # TMA stores
         assert r.sass["USETMAXREG"] > 0, name  # warp-specialized register reallocation
         assert r.sass["SYNCS"] > 0, name  # mbarriers
         assert r.local_bytes == 0, f"{name} spills {r.local_bytes} bytes"
+        assert r.stack_bytes == 0, f"{name} has a {r.stack_bytes}-byte stack frame (spills)"
         assert 0 < r.registers <= 255
         assert 0 < k.info.smem_bytes <= 232448
         assert k.info.max_threads == 384  # producer + two consumer warpgroups
@@ -41,6 +43,17 @@ def test_every_kernel_is_on_the_hopper_path(compiled):
         assert k.info.params_size > 0 and k.info.params_align in (8, 16, 32, 64, 128)
         assert r.phases["front_end"] > 0 and r.compile_seconds > 0
         assert k.cubin[:4] == b"\x7fELF"
+
+
+def test_fp8_kernels_promote_into_fp32_every_four_mmas(compiled):
+    """The fp8 mainloop's Params field is written by the host like every other (from the list in
+    codegen/params.py: a field left out would be packed as 0); its value is NVRTC's default."""
+    fp8 = [k for k in compiled.values() if k.recipe.gemm.a.bits == 8]
+    assert fp8
+    for k in fp8:
+        defaults = {f.name: default for f, _, default in k.params_layout.fields}
+        assert defaults["mainloop.mma_promotion_interval"] == 4, k.recipe.name
+        assert "MainloopSm90TmaGmmaWarpSpecializedFP8" in k.source
 
 
 def test_smem_estimate_tracks_cutlass(compiled):
@@ -64,9 +77,9 @@ def test_inspect_json(compiled, session_cache):
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
     assert [r["name"] for r in rows] == ["gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination",
-                                         "bias_gelu_aux", "quick_gelu_scaled"]
+                                         "bias_gelu_aux", "quick_gelu_scaled", "scaled_mm_fp8"]
     for row in rows:
-        assert {"name", "registers", "smem_bytes", "local_bytes", "sass", "compile_seconds"} <= set(row)
+        assert {"name", "registers", "smem_bytes", "local_bytes", "stack_bytes", "sass", "compile_seconds"} <= set(row)
         assert set(row["sass"]) >= {"HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "SYNCS"}
         assert row["cached"] is True
         assert row["compile_seconds"] == compiled[row["name"]].report.compile_seconds
@@ -78,9 +91,9 @@ def test_build_cli_writes_a_bundle_that_loads_anywhere_without_nvrtc(compiled, s
                            str(tmp_path / "bundle"), "--cache-dir", str(session_cache.root)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "wrote a bundle of 6 kernel(s)" in proc.stderr and "bias_gelu_aux" in proc.stdout
+    assert "wrote a bundle of 7 kernel(s)" in proc.stderr and "bias_gelu_aux" in proc.stdout
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
-    assert manifest["arch"] == "sm_90a" and len(manifest["kernels"]) == 6
+    assert manifest["arch"] == "sm_90a" and len(manifest["kernels"]) == 7
     assert not list((tmp_path / "bundle").rglob("*.lock"))
     assert str(tmp_path) not in (tmp_path / "bundle" / "manifest.json").read_text()
 

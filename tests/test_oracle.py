@@ -16,7 +16,7 @@ from gemmgen.types import Layout, OperandKind
 
 pytestmark = pytest.mark.oracle
 
-# (M, N, K, L, extra padding of leading dimensions in elements)
+# (M, N, K, L, extra padding of leading dimensions in elements; twice as many for fp8 A/B, to keep 16 bytes)
 PROBLEMS = [
     (4096, 4096, 4096, 1, 0),  # tile multiples; every tensor far over 128 KiB
     (64, 64, 64, 1, 0),  # every tensor under 128 KiB
@@ -42,21 +42,23 @@ def _up(x: int, m: int = 8) -> int:
 def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -> Problem:  # noqa: E741
     g = recipe.ir.gemm
     addr = iter(0x7F00_0000_0000 + i * (1 << 34) for i in range(64))
+    fp8 = g.a.nbytes == 1  # A/B leading dimensions stay multiples of 16 bytes: 16 fp8 elements
+    per_ab, pad_ab = (16, 2 * pad) if fp8 else (8, pad)
 
     def batch(rows: int, ld: int) -> int:
         return rows * ld if l > 1 else 0
 
     if g.layout_a is Layout.ROW:
-        lda = _up(k) + pad
+        lda = _up(k, per_ab) + pad_ab
         a = TensorArg(next(addr), (lda, 1, batch(m, lda)))
     else:
-        lda = _up(m) + pad
+        lda = _up(m, per_ab) + pad_ab
         a = TensorArg(next(addr), (1, lda, batch(k, lda)))
     if g.layout_b is Layout.COL:  # K contiguous: B as (N, K) row-major
-        ldb = _up(k) + pad
+        ldb = _up(k, per_ab) + pad_ab
         b = TensorArg(next(addr), (ldb, 1, batch(n, ldb)))
     else:
-        ldb = _up(n) + pad
+        ldb = _up(n, per_ab) + pad_ab
         b = TensorArg(next(addr), (1, ldb, batch(k, ldb)))
 
     def mn() -> TensorArg:
@@ -99,7 +101,7 @@ def _extents_aligned(kernel, p: Problem) -> bool:
     a_contig = p.k if g.layout_a is Layout.ROW else p.m
     b_contig = p.k if g.layout_b is Layout.COL else p.n
     d_contig = p.n if g.layout_d is Layout.ROW else p.m
-    return a_contig % 8 == 0 and b_contig % 8 == 0 and d_contig % 8 == 0
+    return a_contig % (16 // g.a.nbytes) == 0 and b_contig % (16 // g.b.nbytes) == 0 and d_contig % 8 == 0
 
 
 def kernel_problem(kernel, *shape, **hardware) -> Problem:

@@ -55,6 +55,8 @@ def _independent(name, acc, ops):
     if name == "quick_gelu_scaled":
         x = f["scale"][:, None] * acc + f["bias"]
         return ((x * torch.sigmoid(1.702 * x)).half(),)
+    if name == "scaled_mm_fp8":
+        return ((acc * f["scale_a"][:, None] * f["scale_b"] + f["bias"]).bfloat16(),)
     if name == "every_op":
         x = 0.5 * acc + f["c"]
         y = torch.clamp(F.leaky_relu(x, 0.2), -4.0, 4.0)

@@ -8,7 +8,7 @@ import pytest
 
 import gemmgen as gg
 from gemmgen.cli import main as cli_main
-from gemmgen.config import validate
+from gemmgen.config import tile_k, validate
 from gemmgen.select import M_BUCKETS, SWAP_MAX_M, choose, configs_for_shapes, load_shapes, m_bucket
 
 from .conftest import EXAMPLES, ROOT
@@ -29,6 +29,7 @@ def test_every_choice_is_a_valid_config(examples, extra):
                 c = choose(recipe.ir, m, n, k)
                 validate(c.config, recipe.ir)
                 assert c.m_bucket >= m and c.config.name in c.why
+                assert c.config.tile[2] == tile_k(recipe.ir), "K steps of 128 bytes: 64 16-bit or 128 fp8 elements"
 
 
 def test_choices_are_deterministic_and_bounded_per_weight(examples):

@@ -104,6 +104,36 @@ def test_backward_computes_only_the_gradients_asked_for(gen):
         assert (a_.grad is not None, b_.grad is not None) == wants
 
 
+def _fp8_args(gen, m=7, n=24, k=48):
+    a = torch.randn(m, k, generator=gen).to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, generator=gen).to(torch.float8_e5m2).t()  # N x K weight: B column-major
+    return a, b, torch.rand(m, generator=gen) + 0.5, torch.rand(n, generator=gen) + 0.5
+
+
+def test_fp8_op_evaluates_traces_and_differentiates_its_scales(gen):
+    """fp8 A/B: the CPU implementation, the fake one, and gradients for the epilogue's operands
+    (torch has no plain fp8 GEMM: the accumulator is recomputed from the fp8 values in fp32)."""
+    r = gg.Recipe("torch_fp8", lambda acc, sa, sb: acc * sa * sb, a=gg.e4m3, b=gg.e5m2,
+                  operands={"sa": gg.ColVector(gg.f32), "sb": gg.RowVector(gg.f32)})
+    a, b, sa, sb = _fp8_args(gen)
+    want = (a.float() @ b.float()) * sa[:, None] * sb
+    assert want.abs().max() > 0
+    out = op(r)(a, b, sa, sb)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, want.bfloat16())
+    torch.library.opcheck(op(r), (a, b, sa, sb), test_utils="test_faketensor")  # test_schema: torch has no fp8 mul
+    sa_, sb_ = sa.clone().requires_grad_(), sb.clone().requires_grad_()
+    op(r)(a, b, sa_, sb_).float().sum().backward()
+    ref = [sa.clone().requires_grad_(), sb.clone().requires_grad_()]
+    ((a.float() @ b.float()) * ref[0][:, None] * ref[1]).sum().backward()
+    for mine, theirs in zip((sa_, sb_), ref, strict=True):
+        torch.testing.assert_close(mine.grad, theirs.grad)
+    a_ = a.clone().requires_grad_()
+    out = op(r)(a_, b, sa, sb)
+    with pytest.raises(gg.InvalidArgument, match=r"a: gemmgen has no gradient for fp8 A or B"):
+        out.float().sum().backward()
+
+
 class _Counting(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()

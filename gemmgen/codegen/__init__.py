@@ -82,6 +82,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         alignment_a=128 // g.a.bits, alignment_b=128 // g.b.bits, alignment_c=128 // c_bits,
         alignment_d=128 // g.d.bits,
         tile=config.tile, cluster=config.cluster, kernel_schedule=config.schedule.kernel,
+        mainloop_policy=_mainloop_policy(recipe),
         epilogue_schedule=config.schedule.epilogue, stage_count=stage_count,
         tile_scheduler=config.tile_scheduler.cutlass, epilogue_decls=epi.decls, callbacks=epi.callbacks,
         collectives=COLLECTIVES[collectives],
@@ -89,6 +90,13 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         # schedule; TMA multicast for an operand when the cluster spans the other dimension
         mma_atoms_m=2 if config.schedule is Schedule.COOPERATIVE else 1,
         tma_load_a=_tma_load(config.cluster[1]), tma_load_b=_tma_load(config.cluster[0]))
+
+
+def _mainloop_policy(recipe: RecipeIR) -> str:
+    """The builder's dispatch policy: fp8 A/B get the mainloop that adds WGMMA's partial sums into
+    a separate fp32 accumulator every few MMAs (Hopper's fp8 WGMMA accumulates with fewer bits)."""
+    fp8 = recipe.gemm.a.bits == 8
+    return "cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized" + ("FP8" if fp8 else "")
 
 
 def _tma_load(cluster_extent: int) -> str:

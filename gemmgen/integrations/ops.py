@@ -339,8 +339,15 @@ def epilogue_vjp(recipe: Recipe, inputs: list, grads: tuple, needed: tuple[bool,
     a, b, *rest = inputs
     names = [o.name for o in recipe.operands]
     ops = dict(zip(names, rest, strict=True))
+    fp8 = a.element_size() == 1
+    if fp8 and (needed[0] or needed[1]):
+        raise InvalidArgument(f"{'a' if needed[0] else 'b'}: gemmgen has no gradient for fp8 A or B (fp8 training "
+                              "scales its gradients, which a plain derivative cannot know); detach them, or "
+                              "differentiate a bf16 copy")
     with torch.enable_grad():
-        acc = torch.matmul(a.detach(), b.detach()).float().requires_grad_(True)
+        # torch has no plain fp8 GEMM; the fp8 values are exact in fp32, as the kernel reads them
+        acc = (torch.matmul(a.detach().float(), b.detach().float()) if fp8
+               else torch.matmul(a.detach(), b.detach()).float()).requires_grad_(True)
         leaves = {k: v.detach().float().requires_grad_(True)
                   for (k, v), need in zip(ops.items(), needed[2:], strict=True)
                   if need and isinstance(v, torch.Tensor) and v.is_floating_point()}
@@ -348,10 +355,12 @@ def epilogue_vjp(recipe: Recipe, inputs: list, grads: tuple, needed: tuple[bool,
         pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
         wrt = [acc, *leaves.values()]
         got = torch.autograd.grad([o for o, _ in pairs], wrt, [g.float() for _, g in pairs], allow_unused=True)
-    g_acc = (got[0] if got[0] is not None else torch.zeros_like(acc)).to(a.dtype)
     g_leaf = dict(zip(leaves, got[1:], strict=True))
-    ga = torch.matmul(g_acc, b.transpose(-1, -2)) if needed[0] else None
-    gb = torch.matmul(a.transpose(-1, -2), g_acc) if needed[1] else None
+    ga = gb = None
+    if needed[0] or needed[1]:
+        g_acc = (got[0] if got[0] is not None else torch.zeros_like(acc)).to(a.dtype)
+        ga = torch.matmul(g_acc, b.transpose(-1, -2)) if needed[0] else None
+        gb = torch.matmul(a.transpose(-1, -2), g_acc) if needed[1] else None
     # autograd already summed broadcast operands (row/col vectors) back to their own shapes
     rest = [None if g_leaf.get(k) is None else g_leaf[k].to(v.dtype) for k, v in ops.items()]
     return (ga, gb, *rest)

@@ -13,9 +13,9 @@ _DTYPES = (gg.bf16, gg.f16, gg.f32)
 def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
     """Recipe `random<index>`: random operands (every kind, dtype and both scalar forms), a random
     graph of every op over them (constants on either side, shared values, casts), random aux
-    outputs, A/B/D types and layouts, batched or not. Divisions and exponentials take bounded
-    arguments, so that fp32 stays far from overflow. Raises RecipeError for the draws the DSL
-    refuses (an output that folds to a constant); draw again."""
+    outputs, A/B/D types (fp8 A and B a third of the time) and layouts, batched or not. Divisions
+    and exponentials take bounded arguments, so that fp32 stays far from overflow. Raises
+    RecipeError for the draws the DSL refuses (an output that folds to a constant); draw again."""
     decls: dict[str, object] = {}
     for i in range(rng.randint(0, 4)):
         kind = rng.choice(["scalar", "constant", "row", "col", "matrix"])
@@ -55,8 +55,11 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
     params = [inspect.Parameter("acc", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in decls]
     epilogue.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    ab = rng.choice([gg.bf16, gg.f16])
-    return gg.Recipe(f"random{index}", epilogue, a=ab, b=ab, d=rng.choice(_DTYPES),
-                     layout_a=rng.choice([gg.RowMajor, gg.ColMajor]), layout_b=rng.choice([gg.RowMajor, gg.ColMajor]),
-                     batched=rng.random() < 0.3, operands=decls,  # type: ignore[arg-type]
+    a = rng.choice([gg.bf16, gg.f16, gg.e4m3])
+    b = rng.choice([gg.e4m3, gg.e5m2]) if a is gg.e4m3 else a
+    layout_a, layout_b = rng.choice([gg.RowMajor, gg.ColMajor]), rng.choice([gg.RowMajor, gg.ColMajor])
+    if a is gg.e4m3:  # fp8 WGMMA reads A and B K-major only
+        layout_a, layout_b = gg.RowMajor, gg.ColMajor
+    return gg.Recipe(f"random{index}", epilogue, a=a, b=b, d=rng.choice(_DTYPES), layout_a=layout_a,
+                     layout_b=layout_b, batched=rng.random() < 0.3, operands=decls,  # type: ignore[arg-type]
                      aux={f"aux{j}": rng.choice(_DTYPES) for j in range(n_aux)})

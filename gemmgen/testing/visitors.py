@@ -31,7 +31,8 @@ import torch
 
 _FUSION = "cutlass::epilogue::fusion::"
 _EPI = "gemmgen::epi::"
-_ELEMENT = {"cutlass::bfloat16_t": torch.bfloat16, "cutlass::half_t": torch.float16, "float": torch.float32}
+_ELEMENT = {"cutlass::bfloat16_t": torch.bfloat16, "cutlass::half_t": torch.float16, "float": torch.float32,
+            "cutlass::float_e4m3_t": torch.float8_e4m3fn, "cutlass::float_e5m2_t": torch.float8_e5m2}
 _COMPUTE = "float"
 _ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
 _COLLECTIVE_EPILOGUE = "cutlass::epilogue::collective::CollectiveEpilogue"

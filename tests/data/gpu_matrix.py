@@ -29,6 +29,8 @@ DECODE_PROBLEM = (8, 4096, 4096)
 #: scripts/gpu_bench.py: bias_gelu at these (M, N, K) under the heuristic's config; where that is a
 #: swapped kernel, also under the best unswapped one, to show what the swap buys.
 BENCH_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336), (8, 4096, 4096), (64, 4096, 14336))
+#: scripts/gpu_bench.py: scaled_mm_fp8 likewise.
+FP8_BENCH_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (16, 4096, 4096))
 
 
 def bench_configs(recipe: gg.Recipe, m: int, n: int, k: int) -> list[gg.KernelConfig]:
@@ -49,6 +51,7 @@ TUNE_PROBLEM, TUNE_CANDIDATES = (2048, 4096, 1024), 2
 def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     import torch
 
+    from gemmgen.config import tile_k
     from gemmgen.nn import linear_recipe
     from gemmgen.select import choose
     from gemmgen.tuning import candidates
@@ -66,7 +69,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         default = recipe.default_config()
         other = gg.Schedule.PINGPONG if default.schedule is gg.Schedule.COOPERATIVE else gg.Schedule.COOPERATIVE
         out.append((recipe, default))
-        out.append((recipe, gg.KernelConfig(tile=(128, 128, 64), schedule=other)))
+        out.append((recipe, next(c for c in (gg.KernelConfig(tile=(tm, 128, tile_k(recipe.ir)), schedule=other)
+                                              for tm in (128, 64)) if gg.config.is_valid(c, recipe.ir))))
         decode = choose(recipe.ir, *DECODE_PROBLEM).config
         assert decode.swap_ab, decode
         out.append((recipe, decode))
@@ -76,6 +80,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
             m, n, _ = TUNE_PROBLEM
             out += [(recipe, c) for c in candidates(recipe.ir, m, n, limit=TUNE_CANDIDATES)]
             out += [(recipe, c) for shape in BENCH_SHAPES for c in bench_configs(recipe, *shape)]
+        if recipe.name == "scaled_mm_fp8":
+            out += [(recipe, c) for shape in FP8_BENCH_SHAPES for c in bench_configs(recipe, *shape)]
     return list(dict.fromkeys(out))
 
 
