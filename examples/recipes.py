@@ -1,7 +1,8 @@
 """The example recipes: `gemmgen build examples/recipes.py` compiles each and prints the kernel report.
 
 Every module-level gemmgen.Recipe is a kernel. Together they cover both schedules, all four
-A/B layouts, fp8 inputs, every operand kind, an aux output, and both epilogue shapes (tree and graph).
+A/B layouts, fp8 inputs, every operand kind, an aux output, an amax, and both epilogue shapes (tree
+and graph).
 """
 
 import gemmgen as gg
@@ -34,13 +35,20 @@ linear_combination = gg.Recipe(
     operands={"alpha": gg.Scalar(), "beta": gg.Scalar(), "c": gg.Matrix(gg.f16)},
 )
 
-# D = gelu_tanh(A @ B + bias), also storing the pre-activation for the backward pass (pingpong)
+# D = gelu_tanh(A @ B + bias), also storing the pre-activation for the backward pass, and D's
+# amax, max |D| (the scale an fp8 copy of D needs) (pingpong)
+def _bias_gelu_aux(acc, bias):
+    pre_act = acc + bias
+    d = gg.gelu_tanh(pre_act)
+    return {"d": d, "pre_act": pre_act, "amax_d": gg.amax(d)}
+
+
 bias_gelu_aux = gg.Recipe(
     "bias_gelu_aux",
-    lambda acc, bias: {"d": gg.gelu_tanh(acc + bias), "pre_act": acc + bias},
+    _bias_gelu_aux,
     layout_a=gg.ColMajor,
     operands={"bias": gg.RowVector(gg.bf16)},
-    aux={"pre_act": gg.bf16},
+    aux={"pre_act": gg.bf16, "amax_d": gg.f32},
     config=gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.PINGPONG),
 )
 

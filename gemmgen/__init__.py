@@ -14,6 +14,7 @@ from .dsl import (
     Scalar,
     Value,
     abs,
+    amax,
     cast,
     clamp,
     exp,
@@ -48,7 +49,7 @@ __all__ = [
     "OPS", "ColMajor", "ColVector", "CompileError", "ConfigError", "DType", "GemmgenError", "InvalidArgument",
     "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "OperandKind", "Recipe",
     "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler", "ToolchainError", "Value",
-    "__version__", "abs", "add_bundle", "add_tuning", "autotune", "bf16", "cast",
+    "__version__", "abs", "add_bundle", "amax", "add_tuning", "autotune", "bf16", "cast",
     "clamp", "e4m3", "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh",
     "leaky_relu", "max", "maximum", "min", "minimum", "relu", "sigmoid", "silu", "tanh", "warmup",
 ]

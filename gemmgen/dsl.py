@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import RecipeError, UnknownOpError
-from .ir import EpilogueIR, GemmSpec, Node, Op, Operand, Output, RecipeIR, f32, normalize
+from .ir import EpilogueIR, GemmSpec, Node, Op, Operand, Output, RecipeIR, Reduction, f32, normalize
 from .types import DType, Layout, OperandKind, as_dtype, as_layout
 
 if TYPE_CHECKING:
@@ -173,10 +173,37 @@ class Value:
         return f"<gemmgen traced value #{self._index}>"
 
 
+class Amax:
+    """`gg.amax(x)`: an output holding the largest |x| over M and N, one fp32 value per batch (NaNs
+    skipped), which fp8 scaling needs for its next scale. Returned from the epilogue under an aux
+    name declared `gg.f32`; it is not a value to compute with."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Value) -> None:
+        self.value = value
+
+    def _misuse(self, *args: Any) -> Any:
+        raise _amax_misuse()
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _misuse
+    __truediv__ = __rtruediv__ = __neg__ = __pos__ = __abs__ = __pow__ = _misuse
+
+    def __repr__(self) -> str:
+        return f"gemmgen.amax({self.value!r})"
+
+
+def _amax_misuse() -> RecipeError:
+    return RecipeError("gg.amax(...) is an output, not a value to compute with: return it from the epilogue, "
+                       "e.g. {'d': y, 'amax_y': gg.amax(y)}, declared with aux={'amax_y': gg.f32}")
+
+
 def _lift(x: Any, op_name: str) -> Value:
     """Turn a Python number into a constant of the current trace; reject anything else."""
     if isinstance(x, Value):
         return x
+    if isinstance(x, Amax):
+        raise _amax_misuse()
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
         if not _ACTIVE:
             raise RecipeError(f"{op_name}: gemmgen ops can only be used inside an epilogue being traced")
@@ -286,8 +313,15 @@ def cast(x: Any, dtype: Any) -> Value:
     return _unary(Op.CAST, x, "cast", dtype=d)
 
 
+def amax(x: Any) -> Amax:
+    """An output of max |x| over M and N per batch (see `Amax`)."""
+    a = _lift(x, "amax")
+    _same_trace([a], "amax")
+    return Amax(a)
+
+
 OPS = ("+", "-", "*", "/", "unary -", "min", "max", "clamp", "abs", "exp", "tanh", "sigmoid", "relu", "gelu",
-       "gelu_tanh", "silu", "leaky_relu", "cast")
+       "gelu_tanh", "silu", "leaky_relu", "cast", "amax")
 
 
 # ----------------------------------------------------------------------------- the recipe
@@ -442,12 +476,20 @@ class Recipe:
         outs = []
         for name in ["d", *self._aux]:
             v = values[name]
+            reduce = None
+            if isinstance(v, Amax):
+                if name == "d":
+                    raise RecipeError("output 'd': D is the M x N result; return gg.amax(...) under an aux name, "
+                                      "e.g. {'d': y, 'amax_y': gg.amax(y)} with aux={'amax_y': gg.f32}")
+                if self._aux[name] is not DType.F32:
+                    raise RecipeError(f"aux output {name!r}: an amax is fp32; declare aux={{{name!r}: gg.f32}}")
+                v, reduce = v.value, Reduction.AMAX
             if isinstance(v, numbers.Real) and not isinstance(v, bool):
                 raise RecipeError(f"output {name!r} is a constant; an output must depend on the accumulator "
                                   "or an operand")
             if not isinstance(v, Value) or v._trace is not trace:
                 raise RecipeError(f"output {name!r}: expected a traced value, got {type(v).__name__}")
-            outs.append(Output(name, v._index, self.gemm.d if name == "d" else self._aux[name]))
+            outs.append(Output(name, v._index, self.gemm.d if name == "d" else self._aux[name], reduce))
         return outs
 
     # ---- what other layers read

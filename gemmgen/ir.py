@@ -96,13 +96,21 @@ class Operand:
     dtype: DType
 
 
+class Reduction(enum.Enum):
+    """How an output reduces its value over M and N (per batch) instead of storing it."""
+
+    AMAX = "amax"  # the largest absolute value (NaNs skipped), for fp8 scaling
+
+
 @dataclass(frozen=True)
 class Output:
-    """An epilogue output: `d` is the GEMM's D; others are auxiliary M x N outputs."""
+    """An epilogue output: `d` is the GEMM's D; others are auxiliary M x N outputs, or with
+    `reduce` one fp32 value per batch (shape (L,), or () when not batched)."""
 
     name: str
     node: int
     dtype: DType
+    reduce: Reduction | None = None
 
 
 @dataclass(frozen=True)
@@ -177,7 +185,8 @@ class RecipeIR:
                      g.accumulator.value, *layout_d],
             "nodes": [[n.op.value, list(n.args), n.name, n.attr, n.dtype.value if n.dtype else None]
                       for n in self.epilogue.nodes],
-            "outputs": [[o.name, o.node, o.dtype.value] for o in self.epilogue.outputs],
+            "outputs": [[o.name, o.node, o.dtype.value, *([o.reduce.value] if o.reduce else [])]
+                        for o in self.epilogue.outputs],
             "operands": [[o.name, o.kind.value, o.dtype.value] for o in self.epilogue.operands],
         }
 
@@ -255,6 +264,6 @@ def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand,
     remap = {old: new for new, old in enumerate(order)}
     final = tuple(Node(new_nodes[o].op, tuple(remap[a] for a in new_nodes[o].args), new_nodes[o].name,
                        new_nodes[o].attr, new_nodes[o].dtype) for o in order)
-    outs = tuple(Output(o.name, remap[r], o.dtype) for o, r in zip(outputs, roots, strict=True))
+    outs = tuple(Output(o.name, remap[r], o.dtype, o.reduce) for o, r in zip(outputs, roots, strict=True))
     used = {n.name for n in final if n.op is Op.INPUT}
     return EpilogueIR(final, outs, tuple(o for o in operands if o.name in used))

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .ir import EpilogueIR, Op, RecipeIR
+from .ir import EpilogueIR, Op, RecipeIR, Reduction
 from .types import DType
 
 
@@ -85,9 +85,21 @@ def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, tor
             v = apply_op(node.op, tuple(values[a] for a in node.args), node.attr, node.dtype)
         values.append(v.to(torch.float32))
     shape = acc.shape
+    outs = tuple(_reduced(values[o.node].expand(shape), o.reduce) for o in ir.outputs)
     if not round_outputs:
-        return tuple(values[o.node].expand(shape) for o in ir.outputs)
-    return tuple(values[o.node].expand(shape).to(o.dtype.torch) for o in ir.outputs)
+        return outs
+    return tuple(v.to(o.dtype.torch) for v, o in zip(outs, ir.outputs, strict=True))
+
+
+def _reduced(v: torch.Tensor, reduce: Reduction | None) -> torch.Tensor:
+    """An output's value: the M x N tensor, or its reduction over M and N per batch (empty: 0)."""
+    if reduce is None:
+        return v
+    assert reduce is Reduction.AMAX
+    mag = torch.where(torch.isnan(v), 0.0, v.abs())  # the kernel's max skips NaN, as CUTLASS's maximum does
+    if v.shape[-2] * v.shape[-1] == 0:
+        return mag.new_zeros(v.shape[:-2])  # the identity the output starts from
+    return mag.amax(dim=(-2, -1))
 
 
 def reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor | float]

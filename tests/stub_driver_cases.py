@@ -158,7 +158,7 @@ def case_calls_launch_the_recipes_math(stub, kernels):
     from gemmgen.runtime.kernel import Kernel
     from gemmgen.testing.emulate import emulate
     from gemmgen.testing.recording import encode_violations, launch_violations
-    from tests.test_runtime import EMULATED, TOLERANCE, _args_with_nonzero_reference, _padded
+    from tests.test_runtime import EMULATED, TOLERANCE, _args_with_nonzero_reference, _given_outputs, _unwritten
 
     for name, ck in kernels.items():
         kernel = Kernel(ck, require_cuda=False)  # the real driver path: encode, load and launch reach the stub
@@ -170,11 +170,11 @@ def case_calls_launch_the_recipes_math(stub, kernels):
                 a, b, ops, want = _args_with_nonzero_reference(recipe, m, n, k, lead)
                 launches = stub.launches
                 if given:
-                    outs = tuple(_padded(m, n, o.dtype.torch, True, lead, fill=float("nan")) for o in recipe.outputs)
+                    outs = _given_outputs(recipe, m, n, lead)
                     kernel(a, b, out=outs if len(outs) > 1 else outs[0], **ops)
                 else:
                     got = kernel(a, b, **ops)
-                    outs = tuple(o.fill_(float("nan")) for o in (got if isinstance(got, tuple) else (got,)))
+                    outs = _unwritten(recipe, got if isinstance(got, tuple) else (got,))
                 assert stub.launches == launches + 1, where
                 launch = stub.last_launch
                 # the kernel's one parameter, its size as the cubin declares it (what the driver

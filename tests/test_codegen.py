@@ -52,6 +52,8 @@ def test_operand_kinds_map_to_cutlass_visitors(examples, extra):
     assert "using ElementC = cutlass::half_t;" in src["linear_combination"]
     assert "using ElementC = void;" in src["gemm_bf16"]
     assert "Sm90AuxStore<" in src["bias_gelu_aux"]
+    assert ("Sm90ScalarReduction<cutlass::maximum_absolute_value_reduction, cutlass::atomic_maximum, float, float"
+            in src["bias_gelu_aux"])
     assert "Sm90AuxLoad<" in src["every_op"] and "Sm90SrcFetch<cutlass::bfloat16_t>" in src["every_op"]
     assert "KernelTmaWarpSpecializedPingpong" in src["bias_gelu_aux"]
     assert "cutlass::layout::ColumnMajor" in src["bias_gelu_aux"]

@@ -26,7 +26,7 @@ from gemmgen.testing.random_recipes import random_recipe
 from gemmgen.testing.recording import RecordingEncoder
 from gemmgen.testing.visitors import CppType, EpilogueInterpreter, parse_type
 
-from .test_runtime import EMULATED, TOLERANCE, _args_with_nonzero_reference, _padded
+from .test_runtime import EMULATED, TOLERANCE, _args_with_nonzero_reference, _given_outputs
 
 
 def _uncompiled(recipe: gg.Recipe, config: gg.KernelConfig,
@@ -56,7 +56,7 @@ def _run(ck: CompiledKernel, shape: tuple[int, int, int, int], drawn: tuple | No
     recipe = ck.recipe
     lead = (batch,) if recipe.ir.gemm.batched else ()
     a, b, ops, want = drawn or _args_with_nonzero_reference(recipe, m, n, k, lead)
-    outs = tuple(_padded(m, n, o.dtype.torch, True, lead, fill=float("nan")) for o in recipe.outputs)
+    outs = _given_outputs(recipe, m, n, lead)
     enc = RecordingEncoder()
     kernel = Kernel(ck, encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
     prep = kernel.prepare(a, b, out=outs if len(outs) > 1 else outs[0], **ops)

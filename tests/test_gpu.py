@@ -74,9 +74,12 @@ def _inputs(recipe, m, n, k, gen, exact, pad_bytes=0, batch=3):
 
 
 def _nan_outputs(recipe, m, n, batch=3):
+    """NaN-filled outputs: M x N with padded rows, or a reduction's one fp32 per batch (which the
+    runtime must zero before the kernel max-reduces into it)."""
     lead = (batch,) if recipe.ir.gemm.batched else ()
     nans = lambda *shape: torch.full(shape, float("nan"), device="cuda")  # noqa: E731
-    return tuple(strided_matrix(nans, m, n, o.dtype.torch, Layout.ROW, lead) for o in recipe.outputs)
+    return tuple(nans(*lead) if o.reduce is not None else strided_matrix(nans, m, n, o.dtype.torch, Layout.ROW, lead)
+                 for o in recipe.outputs)
 
 
 def _as_tuple(x):

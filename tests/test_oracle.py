@@ -73,7 +73,8 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
             operands[o.name] = mn()
         else:
             operands[o.name] = TensorArg(next(addr))
-    aux = {o.name: mn() for o in recipe.outputs[1:]}
+    aux = {o.name: mn() if o.reduce is None else TensorArg(next(addr), (0, 0, 1 if l > 1 else 0))
+           for o in recipe.outputs[1:]}
     return Problem(m, n, k, l, a, b, mn(), operands, aux, 0, sm_count, max_active_clusters)
 
 

@@ -77,13 +77,25 @@ def test_layouts_and_batch_map_to_cutlass_strides(kernels):
 
 
 def test_aux_outputs_returned_and_given(kernels):
+    """M x N aux outputs and an amax; the amax, given or allocated, is zeroed before the launch
+    (the kernel max-reduces into it), and a wrong one is refused by name."""
     k = kernels["bias_gelu_aux"]
     a, b = _ab(64, 32, 16, layout_a="col")
     bias = torch.randn(32).bfloat16()
-    assert len(_prep(k, a, b, bias=bias).outputs) == 2
+    fresh = _prep(k, a, b, bias=bias).outputs
+    assert [tuple(t.shape) for t in fresh] == [(64, 32), (64, 32), ()] and fresh[2].item() == 0.0
     d, pre = torch.empty(64, 32, dtype=torch.bfloat16), torch.empty(64, 32, dtype=torch.bfloat16)
-    prep = _prep(k, a, b, bias=bias, out=(d, pre))
-    assert prep.outputs[0] is d and prep.outputs[1] is pre
+    amax = torch.tensor(float("nan"))
+    prep = _prep(k, a, b, bias=bias, out=(d, pre, amax))
+    assert prep.outputs[0] is d and prep.outputs[1] is pre and prep.outputs[2] is amax and amax.item() == 0.0
+    for bad, match in ((torch.zeros(1), r"out\[amax_d\]: expected shape \(\) \(one value per batch\), got \(1,\)"),
+                       (torch.zeros((), dtype=torch.bfloat16), r"out\[amax_d\]: expected dtype torch\.float32"),
+                       (None, None)):
+        if bad is None:
+            assert _prep(k, a, b, bias=bias, out=(d, pre, None)).outputs[2].item() == 0.0
+            continue
+        with pytest.raises(gg.InvalidArgument, match=match):
+            _prep(k, a, b, bias=bias, out=(d, pre, bad))
 
 
 def test_empty_m_or_n_returns_empty_outputs(kernels):
@@ -197,10 +209,13 @@ def test_outputs_may_not_share_memory(compiled):
     dt = [o.dtype.torch for o in ck.recipe.outputs]
     assert dt[0] == dt[1]
     buf = torch.empty(32, 16, dtype=dt[0])
-    for outs in ((buf[:16], buf[:16]), (buf[:16], buf[8:24])):
+    amax = torch.zeros(())
+    for outs in ((buf[:16], buf[:16], amax), (buf[:16], buf[8:24], amax)):
         with pytest.raises(gg.InvalidArgument, match=r"out\[pre_act\]: shares memory with out; give each output"):
             _cpu_kernel(ck).prepare(a, b, **ops, out=outs)
-    assert _cpu_kernel(ck).prepare(a, b, **ops, out=(buf[:16], buf[16:])).params is not None
+    with pytest.raises(gg.InvalidArgument, match=r"out\[amax_d\]: shares memory with out"):
+        _cpu_kernel(ck).prepare(a, b, **ops, out=(buf[:16], buf[16:], buf[0, :2].view(torch.float32)[0]))
+    assert _cpu_kernel(ck).prepare(a, b, **ops, out=(buf[:16], buf[16:], amax)).params is not None
 
 
 def test_batched_checks(kernels):
@@ -356,6 +371,20 @@ def _padded(rows, cols, dtype, row_major, lead, fill=None):
                           pad=16 // torch.empty((), dtype=dtype).element_size())
 
 
+def _given_outputs(recipe, m, n, lead, fill=float("nan")):
+    """Outputs as a caller gives them (NaN-filled by default): M x N with padded rows, or a
+    reduction's one fp32 per batch, shape `lead`."""
+    return tuple(torch.full(lead, fill if fill is not None else 1.0) if o.reduce is not None
+                 else _padded(m, n, o.dtype.torch, True, lead, fill=fill) for o in recipe.outputs)
+
+
+def _unwritten(recipe, outputs):
+    """Fresh outputs made NaN where the kernel is to write them; a reduction keeps the 0 the
+    runtime gave it, which the kernel max-combines into."""
+    return tuple(t if o.reduce is not None else t.fill_(float("nan"))
+                 for o, t in zip(recipe.outputs, outputs, strict=True))
+
+
 @pytest.mark.parametrize("outputs", ["given", "fresh"])
 @pytest.mark.parametrize("shape", EMULATED, ids=lambda s: "x".join(map(str, s)))
 def test_params_address_the_recipes_math(compiled, shape, outputs):
@@ -374,11 +403,11 @@ def test_params_address_the_recipes_math(compiled, shape, outputs):
         enc = RecordingEncoder()
         kernel = _cpu_kernel(compiled_kernel, enc)
         if outputs == "given":
-            outs = tuple(_padded(m, n, o.dtype.torch, True, lead, fill=float("nan")) for o in recipe.outputs)
+            outs = _given_outputs(recipe, m, n, lead)
             prep = kernel.prepare(a, b, out=outs if len(outs) > 1 else outs[0], **ops)
         else:
             prep = kernel.prepare(a, b, **ops)
-            outs = tuple(o.fill_(float("nan")) for o in prep.outputs)
+            outs = _unwritten(recipe, prep.outputs)
         tensors = [a, b, *outs, *(v for v in ops.values() if isinstance(v, torch.Tensor))]
         assert launch_violations(prep.grid, kernel._block, compiled_kernel.config.cluster, kernel._smem) == []
         emulate(compiled_kernel, prep.params, enc, tensors)
@@ -398,7 +427,7 @@ def test_new_addresses_of_a_known_layout_redo_only_the_address_work(compiled):
         g = ck.recipe.ir.gemm
         lead = (2,) if g.batched else ()
 
-        outs = tuple(_padded(40, 24, o.dtype.torch, True, lead) for o in ck.recipe.outputs)
+        outs = _given_outputs(ck.recipe, 40, 24, lead, fill=None)
         out = outs if len(outs) > 1 else outs[0]
         a, b, ops = _fresh_args(ck.recipe, 40, 24, 72, lead, scalar=0.5)
         k.prepare(a, b, out=out, **ops)
@@ -466,7 +495,9 @@ def test_swapped_kernel_empty_dimensions_behave_like_torch(compiled):
     for m, n, kk in ((0, 24, 16), (8, 0, 16), (8, 24, 0)):
         a, b, ops = _fresh_args(ck.recipe, m, n, kk, (2,))
         prep = k.prepare(a, b, **ops)
-        assert prep.params is None and [o.shape for o in prep.outputs] == [(2, m, n)] * 2
+        assert prep.params is None and [o.shape for o in prep.outputs] == [(2, m, n)] * 2 + [(2,)]
+        if kk:
+            assert prep.outputs[2].tolist() == [0.0, 0.0]  # the amax of nothing is the identity
         if kk == 0:
             for got, want in zip(prep.outputs, ck.recipe.reference(a, b, **ops), strict=True):
                 torch.testing.assert_close(got, want)
@@ -529,7 +560,7 @@ def test_op_path_on_torch_tensors_of_random_shapes_and_layouts(compiled):
                 prep = call_realigning(recipe, seen, a, b, tuple(ops.values()))
             except AssertionError as refused:  # the driver's rules (TensorMapRejected)
                 raise AssertionError(f"{where}: {refused}") from refused
-            outs = tuple(o.fill_(float("nan")) for o in prep.outputs)
+            outs = _unwritten(recipe, prep.outputs)
             assert launch_violations(prep.grid, seen.kernel._block, ck.config.cluster, seen.kernel._smem) == [], where
             emulate(ck, prep.params, enc, [t for t in seen.args if isinstance(t, torch.Tensor)] + list(outs))
             want = recipe.reference(a, b, **ops)
@@ -691,8 +722,9 @@ def test_odd_arguments_raise_invalid_argument(compiled):
     for where, call in (("a", lambda: kernel.prepare(sparse, b, **ops)),
                         ("bias", lambda: kernel.prepare(a, b, bias=sparse[0])),
                         ("out", lambda: kernel.prepare(a, b, **ops, out=sparse)),
-                        ("out", lambda: kernel.prepare(a, b, **ops, out=(sparse, None))),
-                        ("out", lambda: kernel.prepare(a, b, **ops, out=("d", None)))):
+                        ("out", lambda: kernel.prepare(a, b, **ops, out=(sparse, None, None))),
+                        ("out", lambda: kernel.prepare(a, b, **ops, out=("d", None, None))),
+                        (r"out\[amax_d\]", lambda: kernel.prepare(a, b, **ops, out=(None, None, "amax")))):
         with pytest.raises(gg.InvalidArgument, match=rf"^{where}: expected a (dense|torch\.Tensor)"):
             call()
     combo = compiled["linear_combination"]

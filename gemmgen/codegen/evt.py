@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir import Node, Op, RecipeIR, f32_bits, post_order
+from ..ir import Node, Op, RecipeIR, Reduction, f32_bits, post_order
 from ..types import DType, Layout, OperandKind
 
 FUSION = "cutlass::epilogue::fusion"
@@ -25,7 +25,7 @@ _SCALAR_FN = {
 
 @dataclass
 class _VNode:
-    """A visitor node: a leaf load or aux store (`load_store`), or a compute node (`fn`, `out`)."""
+    """A visitor node: a leaf load, aux store or reduction (`load_store`), or a compute node (`fn`, `out`)."""
 
     label: str
     load_store: str | None = None
@@ -50,7 +50,7 @@ class ParamBinding:
     """A visitor node that carries runtime arguments, and where its Params sit in the callbacks'
     Params: `path` holds (index, sibling count) per level of nested Sm90VisitorImplBase Params."""
 
-    kind: str  # "row" | "col" | "scalar" | "aux_load" | "aux_store"
+    kind: str  # "row" | "col" | "scalar" | "aux_load" | "aux_store" | "amax"
     name: str  # operand or aux output name
     dtype: DType
     path: tuple[tuple[int, int], ...] = ()
@@ -125,12 +125,15 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
         of_ir[i] = len(vnodes)
         vnodes.append(v)
 
-    # Aux stores pass their input through, so they sit in-line: consumers of the stored value
-    # read it from the last store in its chain.
+    # Aux stores and reductions pass their input through, so they sit in-line: consumers of the
+    # stored value read it from the last store in its chain.
     for o in ir.outputs[1:]:
         src = of_ir[o.node]
-        store = _VNode(f"aux_{o.name}", _aux_store_type(o.dtype, aux_stride), [src],
-                       binding=ParamBinding("aux_store", o.name, o.dtype))
+        if o.reduce is Reduction.AMAX:
+            store = _VNode(f"amax_{o.name}", _AMAX_TYPE, [src], binding=ParamBinding("amax", o.name, o.dtype))
+        else:
+            store = _VNode(f"aux_{o.name}", _aux_store_type(o.dtype, aux_stride), [src],
+                           binding=ParamBinding("aux_store", o.name, o.dtype))
         vnodes.append(store)
         for v in vnodes[:-1]:
             v.children = [len(vnodes) - 1 if c == src else c for c in v.children]
@@ -222,6 +225,12 @@ def _load_type(kind: OperandKind, dtype: DType, is_source: bool, aux_stride: str
     desc = f"cutlass::epilogue::collective::detail::AuxLoadDescriptor<EpilogueDescriptor, {aux_stride}, {e}>"
     return (f"{FUSION}::Sm90AuxLoad<{desc}::Stages, typename {desc}::EpilogueTile, {e}, {aux_stride}, "
             f"typename {desc}::SmemLayoutAtom, typename {desc}::CopyOpS2R>")
+
+
+#: max |x| per batch into one fp32 (CUTLASS's fp8 amax): each thread reduces its part of a tile, then
+#: one atomic max per thread and tile; the output must start at 0 (the runtime zeroes it).
+_AMAX_TYPE = (f"{FUSION}::Sm90ScalarReduction<cutlass::maximum_absolute_value_reduction, cutlass::atomic_maximum, "
+              f"float, {COMPUTE}, {ROUND}, cute::Stride<cute::_0, cute::_0, int64_t>>")
 
 
 def _aux_store_type(dtype: DType, aux_stride: str) -> str:

@@ -71,6 +71,10 @@ def _binding_fields(b: ParamBinding) -> list[ParamField]:
         return [ParamField(f"{n}.tma", _desc(f"{node}.tma_load_aux"), "desc"),
                 ParamField(f"{n}.null_default", f"{node}.null_default", _element_kind(b.dtype)),
                 ParamField(f"{n}.use_default", f"{node}.use_default", "bool")]
+    if b.kind == "amax":
+        return [ParamField(f"{n}.ptr", f"{node}.ptr_scalar", "ptr"),
+                ParamField(f"{n}.identity", f"{node}.reduction_identity", "f32"),
+                ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.dScalar)", "i64")]
     if b.kind == "aux_store":
         return [ParamField(f"{n}.tma", _desc(f"{node}.tma_store_aux"), "desc"),
                 ParamField(f"{n}.is_nullptr", f"{node}.is_nullptr", "bool")]

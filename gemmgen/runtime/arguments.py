@@ -49,8 +49,19 @@ class ArgumentBuilder:
         self.loads = [("epilogue.tma_c" if i == 0 else f"epilogue.aux_load.{o.name}.tma", o.name,
                        tma.epilogue_template(recipe, config, o.dtype)) for i, o in enumerate(matrices)]
         self.stores = [(f"epilogue.aux_store.{o.name}.tma", o.name, tma.epilogue_template(recipe, config, o.dtype))
-                       for o in epi.outputs[1:]]
+                       for o in epi.outputs[1:] if o.reduce is None]
+        self.reductions = [(f"epilogue.amax.{o.name}", o.name) for o in epi.outputs[1:] if o.reduce is not None]
         self.d = ("epilogue.tma_d", "d", tma.epilogue_template(recipe, config, recipe.gemm.d))
+        # per output index (0 is D): the tensor map it is stored through, or None for a reduction's pointer
+        stored = iter(self.stores)
+        reduced = iter(self.reductions)
+        self.by_index: list[tuple[str, tma.TmaTemplate | None]] = [(self.d[0], self.d[2])]
+        for o in epi.outputs[1:]:
+            if o.reduce is None:
+                field, _, template = next(stored)
+                self.by_index.append((field, template))
+            else:
+                self.by_index.append((f"{next(reduced)[0]}.ptr", None))
 
     def values(self, p: Problem, encode: TensorMapEncoder, outputs: bool = True
                ) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
@@ -61,6 +72,8 @@ class ArgumentBuilder:
         if outputs:
             for field, name, t in self.stores:
                 v[field] = encode(t.matrix(p.aux[name].ptr, p.m, p.n, p.l, p.aux[name].strides))
+            for field, name in self.reductions:
+                v[f"{field}.ptr"] = p.aux[name].ptr
             v[self.d[0]] = encode(self.d[2].matrix(p.d.ptr, p.m, p.n, p.l, p.d.strides))
         return v, grid
 
@@ -70,6 +83,8 @@ class ArgumentBuilder:
                                              "problem.n": p.n, "problem.k": p.k, "problem.l": p.l}
         for field, name in self.scalars:
             v[field] = float(p.operands[name])  # type: ignore[arg-type]
+        for field, _ in self.reductions:  # one value per batch, contiguous (checks.check_reduction_output)
+            v[f"{field}.batch_stride"] = 1 if p.l > 1 else 0
         v.update({"hw_info.device_id": p.device_id, "hw_info.sm_count": p.sm_count,
                   "hw_info.max_active_clusters": p.max_active_clusters})
         plan = scheduler.plan(p.m, p.n, p.l, self.tile, self.cluster, p.sm_count, p.max_active_clusters)
@@ -90,8 +105,11 @@ class ArgumentBuilder:
         return v
 
     def output_map(self, index: int, p: Problem, t: TensorArg, encode: TensorMapEncoder) -> tuple[str, bytes]:
-        """(field, tensor map) of output `index` (0 is D, then the aux outputs) at `t`."""
-        field, _, template = self.d if index == 0 else self.stores[index - 1]
+        """(field, its bytes) of output `index` (0 is D, then the aux outputs) at `t`: a tensor map,
+        or a reduction's pointer."""
+        field, template = self.by_index[index]
+        if template is None:
+            return field, t.ptr.to_bytes(8, "little")
         return field, encode(template.matrix(t.ptr, p.m, p.n, p.l, t.strides))
 
 

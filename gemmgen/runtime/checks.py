@@ -257,6 +257,23 @@ def check_output(name: str, t: object, dtype: DType, shape: tuple[int, ...], dev
     return TensorArg(_aligned_ptr(name, t), _matrix(name, t, m, n, Layout.ROW, batched, l))
 
 
+def check_reduction_output(name: str, t: object, shape: tuple[int, ...], device: torch.device) -> TensorArg:
+    """A reduced output (`gg.amax`): fp32 of `shape` ((L,), or () when not batched), contiguous;
+    its TensorArg's strides are (0, 0, batch stride), as Sm90ScalarReduction indexes it."""
+    t = _need_tensor(name, t)
+    _dtype(name, t, DType.F32)
+    if tuple(t.shape) != shape:
+        raise InvalidArgument(f"{name}: expected shape {shape} (one value per batch), got {tuple(t.shape)}")
+    if t.device != device:
+        raise InvalidArgument(f"{name}: on {t.device} but the inputs are on {device}")
+    if t.dim() and t.shape[0] > 1 and t.stride(0) != 1:
+        raise LayoutMismatch(name, f"{name}: expected a contiguous vector, got stride {t.stride(0)}; "
+                             f"pass a contiguous tensor")
+    if t.data_ptr() % 4:
+        raise LayoutMismatch(name, f"{name}: address {t.data_ptr():#x} is not 4-byte aligned (atomics need it)")
+    return TensorArg(t.data_ptr(), (0, 0, 1 if t.dim() and t.shape[0] > 1 else 0))
+
+
 def check_no_alias(name: str, span: tuple[int, int] | None, inputs: tuple[tuple[int, int], ...]) -> None:
     """An output's bytes (`span`, None if empty) must not overlap any input's (`input_spans`)."""
     if span is None:

@@ -35,6 +35,7 @@ from .checks import (
     check_output,
     check_outputs_disjoint,
     check_problem_size,
+    check_reduction_output,
     input_spans,
     output_span,
     rebind,
@@ -67,6 +68,10 @@ class _Plan:
     out_checked: dict[tuple, tuple] = field(default_factory=dict)  # (output, signature) -> (TensorArg, span)
     input_spans: tuple[tuple[int, int], ...] | None = None  # per plan, computed when an output is first given
     last: tuple[tuple[OutputArg, ...], bytes] | None = None  # the outputs of the last call and its Params
+
+
+#: An output gemmgen allocates: (shape, dtype, torch strides, (M, N, L) mode strides, reduced).
+_FreshOutput = tuple[tuple[int, ...], torch.dtype, tuple[int, ...], tuple[int, int, int], bool]
 
 
 class PreparedCall(NamedTuple):
@@ -246,18 +251,33 @@ class Kernel:
         tensors: list[torch.Tensor] = []
         targs: list[OutputArg] = []
         if out is None:  # fresh memory: right by construction, cannot alias an input (a plain loop: hot path)
-            shape, device = plan.shape, plan.device
-            for dtype, strides, modes in plan.fresh:
+            device = plan.device
+            for shape, dtype, strides, modes, reduced in plan.fresh:
                 tensor = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+                if reduced:  # a reduction (gg.amax) starts from its identity, 0
+                    tensor.zero_()
                 tensors.append(tensor)
                 targs.append((tensor.data_ptr(), modes))  # a TensorArg's fields (building one costs 0.3 us)
             return tuple(tensors), tuple(targs)
         given: list[tuple[str, tuple[int, int] | None]] = []
-        for o, t, (dtype, strides, modes) in zip(self._ir.epilogue.outputs, _given_outputs(out, len(plan.fresh)),
-                                                 plan.fresh, strict=True):
+        for o, t, (shape, dtype, strides, modes, reduced) in zip(
+                self._ir.epilogue.outputs, _given_outputs(out, len(plan.fresh)), plan.fresh, strict=True):
             if t is None:
-                t = torch.empty_strided(plan.shape, strides, dtype=dtype, device=plan.device)
+                t = torch.empty_strided(shape, strides, dtype=dtype, device=plan.device)
+                if reduced:
+                    t.zero_()
                 targs.append((t.data_ptr(), modes))
+            elif reduced:  # zeroed on the stream before every launch: the kernel max-reduces into it
+                name = f"out[{o.name}]"
+                targ = check_reduction_output(name, t, shape, plan.device)
+                assert isinstance(t, torch.Tensor)  # checked
+                if plan.input_spans is None:
+                    plan.input_spans = input_spans(plan.call)
+                span = output_span(t)
+                check_no_alias(name, span, plan.input_spans)
+                given.append((name, span))
+                t.zero_()
+                targs.append(targ)
             else:  # checked once per (layout, output signature); the alias check follows the inputs
                 name = "out" if o.name == "d" else f"out[{o.name}]"
                 try:
@@ -279,13 +299,19 @@ class Kernel:
             check_outputs_disjoint(given)
         return tuple(tensors), tuple(targs)
 
-    def _fresh_outputs(self, shape: tuple[int, ...], l: int) -> tuple[tuple[torch.dtype, tuple, tuple], ...]:  # noqa: E741
-        """(dtype, torch strides, (M, N, L) mode strides) of each output gemmgen allocates for `shape`:
-        row-major, rows padded to 16 bytes if needed."""
-        layouts = []
+    def _fresh_outputs(self, shape: tuple[int, ...], l: int) -> tuple[_FreshOutput, ...]:  # noqa: E741
+        """(shape, dtype, torch strides, (M, N, L) mode strides, reduced) of each output gemmgen
+        allocates for an M x N `shape`: row-major, rows padded to 16 bytes if needed; a
+        reduction's (L,) or () (`checks.check_reduction_output`)."""
+        layouts: list[_FreshOutput] = []
         for o in self._ir.epilogue.outputs:
+            if o.reduce is not None:
+                per_batch = shape[:-2]
+                layouts.append((per_batch, o.dtype.torch, (1,) * len(per_batch), (0, 0, 1 if l > 1 else 0), True))
+                continue
             strides = padded_strides(shape, o.dtype.torch)
-            layouts.append((o.dtype.torch, strides, (strides[-2], 1, strides[0] if len(shape) == 3 and l > 1 else 0)))
+            layouts.append((shape, o.dtype.torch, strides,
+                            (strides[-2], 1, strides[0] if len(shape) == 3 and l > 1 else 0), False))
         return tuple(layouts)
 
     # ---- helpers

@@ -6,8 +6,8 @@ it reads A and B through the tensor maps the Params hold (read back through the 
 or the stub driver that made them), then runs the epilogue the kernel's source declares
 (`visitors.EpilogueInterpreter`), whose leaves read C, the aux inputs, vectors and scalars from
 the Params fields at their own places, and whose stores write D and the aux outputs through their
-tensor maps. A wrong stride, extent, operand role, transposition, visitor or Params position
-shows up as a wrong or unwritten (NaN) output element.
+tensor maps (an amax through its pointer). A wrong stride, extent, operand role, transposition,
+visitor or Params position shows up as a wrong or unwritten (NaN) output element.
 """
 
 from __future__ import annotations

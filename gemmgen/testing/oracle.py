@@ -109,6 +109,10 @@ class OracleProgram:
         if b.kind == "scalar":
             i = self.slots.add(f"operand.{b.name}.value")
             return f"{{{{F({i})}}, {{}}, {{}}}}"
+        if b.kind == "amax":
+            ptr, batch_stride = (self.slots.add(f"aux.{b.name}.{part}") for part in ("ptr", "s2"))
+            return (f"{{reinterpret_cast<{e}*>(V[{ptr}]), 0.f, "
+                    f"{{cute::_0{{}}, cute::_0{{}}, static_cast<int64_t>(V[{batch_stride}])}}}}")
         prefix = "operand" if b.kind == "aux_load" else "aux"
         s = [self.slots.add(f"{prefix}.{b.name}.{part}") for part in ("ptr", "s0", "s1", "s2")]
         stride = f"oracle::stride3<AuxStride>(V[{s[1]}], V[{s[2]}], V[{s[3]}])"

@@ -13,9 +13,10 @@ _DTYPES = (gg.bf16, gg.f16, gg.f32)
 def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
     """Recipe `random<index>`: random operands (every kind, dtype and both scalar forms), a random
     graph of every op over them (constants on either side, shared values, casts), random aux
-    outputs, A/B/D types (fp8 A and B a third of the time) and layouts, batched or not. Divisions
-    and exponentials take bounded arguments, so that fp32 stays far from overflow. Raises
-    RecipeError for the draws the DSL refuses (an output that folds to a constant); draw again."""
+    outputs (some of them amax reductions), A/B/D types (fp8 A and B a third of the time) and
+    layouts, batched or not. Divisions and exponentials take bounded arguments, so that fp32 stays
+    far from overflow. Raises RecipeError for the draws the DSL refuses (an output that folds to a
+    constant); draw again."""
     decls: dict[str, object] = {}
     for i in range(rng.randint(0, 4)):
         kind = rng.choice(["scalar", "constant", "row", "col", "matrix"])
@@ -24,9 +25,10 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
                           "col": lambda: gg.ColVector(rng.choice(_DTYPES)),
                           "matrix": lambda: gg.Matrix(rng.choice(_DTYPES))}[kind]()
     n_aux = rng.randint(0, 2)
+    amax_aux = {j for j in range(n_aux) if rng.random() < 0.3}  # these are gg.amax outputs
     steps = rng.randint(1, 8)
 
-    def epilogue(acc: gg.Value, **ops: gg.Value) -> gg.Value | dict[str, gg.Value]:
+    def epilogue(acc: gg.Value, **ops: gg.Value) -> gg.Value | dict[str, gg.Value | gg.dsl.Amax]:
         pool = [acc, *ops.values()]
         unused = list(ops.values())
 
@@ -47,9 +49,10 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
             pool.append(v)
         while unused:
             pool.append(pool[-1] + unused.pop())
-        outs = {"d": pool[-1]}
+        outs: dict[str, gg.Value | gg.dsl.Amax] = {"d": pool[-1]}
         for j in range(n_aux):
-            outs[f"aux{j}"] = rng.choice(pool)
+            v = rng.choice(pool)
+            outs[f"aux{j}"] = gg.amax(v) if j in amax_aux else v
         return outs
 
     params = [inspect.Parameter("acc", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
@@ -62,4 +65,4 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
         layout_a, layout_b = gg.RowMajor, gg.ColMajor
     return gg.Recipe(f"random{index}", epilogue, a=a, b=b, d=rng.choice(_DTYPES), layout_a=layout_a,
                      layout_b=layout_b, batched=rng.random() < 0.3, operands=decls,  # type: ignore[arg-type]
-                     aux={f"aux{j}": rng.choice(_DTYPES) for j in range(n_aux)})
+                     aux={f"aux{j}": gg.f32 if j in amax_aux else rng.choice(_DTYPES) for j in range(n_aux)})

@@ -15,7 +15,9 @@ emulate.py reads every tensor map as the kernel would.
 Semantics, from CUTLASS 4.2's sm90 visitors: Sm90Compute converts its inputs to ElementCompute,
 applies the functor and converts to ElementOutput (round to nearest); an Sm90TopologicalVisitor
 converts each op's output but the last to ElementCompute; loads and broadcasts give their element
-type; Sm90AuxStore stores its input converted to its element and passes the input on unchanged.
+type; Sm90AuxStore stores its input converted to its element and passes the input on unchanged;
+Sm90ScalarReduction (max |x|, NaNs skipped) atomically max-combines into its pointer per batch and
+passes its input on.
 The functors are gemmgen/include/gemmgen/epilogue.hpp's formulas, here in fp32 torch.
 """
 
@@ -291,7 +293,7 @@ class EpilogueInterpreter:
             if not inputs:
                 raise EpilogueSourceError(f"compute node {t} without inputs")
             return _functor(fn)(*(x.to(torch.float32) for x in inputs)).to(_element(element_out))
-        if inputs and kind != "Sm90AuxStore":
+        if inputs and kind not in ("Sm90AuxStore", "Sm90ScalarReduction"):
             raise EpilogueSourceError(f"{kind} is given inputs")
         return self._leaf(kind, t, lvalue, acc, params, inputs)
 
@@ -342,5 +344,22 @@ class EpilogueInterpreter:
                 target = _matrix(params, f"(*{lvalue}.tma_store_aux.get_tma_descriptor())", element,
                                  _aux_column_major(t.args[4]), acc)
                 target.copy_(inputs[0].to(torch.float32).to(element).expand(acc.shape))
+            return inputs[0]
+        if kind == "Sm90ScalarReduction":
+            reg, gmem, element_t, compute, round_style, stride = t.args
+            if (str(reg), str(gmem), str(compute), str(round_style), str(stride), len(inputs)) != (
+                    "cutlass::maximum_absolute_value_reduction", "cutlass::atomic_maximum", _COMPUTE, _ROUND,
+                    "cute::Stride<cute::_0, cute::_0, int64_t>", 1):
+                raise EpilogueSourceError(f"scalar reduction {t} with {len(inputs)} inputs")
+            element = _element(element_t)
+            batch_stride = struct.unpack("<q", params.raw(f"cute::get<2>({lvalue}.dScalar)"))[0]
+            ptr = params.pointer(f"{lvalue}.ptr_scalar", element, (l_ - 1) * batch_stride + 1)
+            if ptr is not None:  # EnableNullptr: a null pointer skips the reduction
+                x = inputs[0].to(torch.float32).expand(acc.shape)
+                # maximum<float> without NaN propagation keeps the running value over a NaN input
+                largest = torch.where(torch.isnan(x), 0.0, x.abs()).amax(dim=(1, 2))
+                identity = _element_bits(params.raw(f"{lvalue}.reduction_identity"), torch.float32)
+                target = ptr.as_strided((l_,), (batch_stride,))
+                target.copy_(torch.maximum(target, torch.maximum(largest, identity).to(element)))  # atomic max
             return inputs[0]
         raise EpilogueSourceError(f"visitor {t} is not one this interpreter models")

@@ -1,6 +1,6 @@
 """Coverage kernels for the tests: every epilogue functor, a second matrix input (Sm90AuxLoad),
 constants on either side of an op, a cast, a compile-time scalar, f32 D, a batched recipe,
-MN-major A and B multicast across a 2x2 cluster, and a swapped kernel (D^T = B^T A^T)."""
+MN-major A and B multicast across a 2x2 cluster, a swapped kernel (D^T = B^T A^T) and an amax."""
 
 import gemmgen as gg
 
@@ -28,10 +28,12 @@ every_op = gg.Recipe(
 
 # Swapped: the kernel computes D^T = B^T A^T, so its A is B^T (MN-major here, B being row-major),
 # the row vector becomes a column vector and vice versa, and C, the aux load and the aux store are
-# column-major. A shared value makes the epilogue a graph; batched, multicast across a 2x1 cluster.
+# column-major. A shared value makes the epilogue a graph; batched, multicast across a 2x1 cluster;
+# D's amax per batch.
 def _swapped(acc, bias, scale, c, r2):
     pre = acc * scale + bias
-    return {"d": gg.silu(pre) + c * r2, "pre": pre}
+    d = gg.silu(pre) + c * r2
+    return {"d": d, "pre": pre, "amax_d": gg.amax(d)}
 
 
 swapped = gg.Recipe(
@@ -41,7 +43,7 @@ swapped = gg.Recipe(
     batched=True,
     operands={"bias": gg.RowVector(gg.bf16), "scale": gg.ColVector(gg.f32), "c": gg.Matrix(gg.bf16),
               "r2": gg.Matrix(gg.f16)},
-    aux={"pre": gg.bf16},
+    aux={"pre": gg.bf16, "amax_d": gg.f32},
     config=gg.KernelConfig(tile=(128, 32, 64), cluster=(2, 1, 1), swap_ab=True),
 )
 
