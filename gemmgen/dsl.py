@@ -328,7 +328,7 @@ OPS = ("+", "-", "*", "/", "unary -", "min", "max", "clamp", "abs", "exp", "tanh
 
 _AB_16BIT = (DType.BF16, DType.F16)
 _AB_FP8 = (DType.E4M3, DType.E5M2)
-_D_DTYPES = (DType.BF16, DType.F16, DType.F32)
+_D_DTYPES = (DType.BF16, DType.F16, DType.F32, DType.E4M3, DType.E5M2)
 
 
 def _check_operand(name: str, decl: Any) -> Operand | float:
@@ -363,10 +363,10 @@ def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: b
         raise RecipeError(f"layout_a/layout_b: fp8 WGMMA reads A and B K-major only, so an fp8 GEMM needs "
                           f"layout_a=RowMajor and layout_b=ColMajor (got {la.value}/{lb.value}); store the "
                           "operand transposed (e.g. the weight as N x K, passed as its .t())")
-    # fp8 D would need saturation and a scale; an fp8 GEMM's D defaults to bf16
+    # an fp8 D is asked for, not a default: it needs a scale in the epilogue to be useful
     dd = as_dtype(d if d is not None else (DType.BF16 if fp8 else da), "d (dtype of D)")
     if dd not in _D_DTYPES:
-        raise RecipeError(f"d: D may be bf16, f16 or f32, not {dd.value}")
+        raise RecipeError(f"d: D may be bf16, f16, f32, e4m3 or e5m2, not {dd.value}")
     if not isinstance(batched, bool):
         raise RecipeError(f"batched: expected True or False, got {batched!r}")
     return GemmSpec(da, db, dd, la, lb, batched)
@@ -402,7 +402,7 @@ class Recipe:
             if not k.isidentifier() or k == "d":
                 raise RecipeError(f"aux output {k!r}: names must be Python identifiers other than 'd'")
             if v not in _D_DTYPES:
-                raise RecipeError(f"aux output {k!r}: may be bf16, f16 or f32, not {v.value}")
+                raise RecipeError(f"aux output {k!r}: may be bf16, f16, f32, e4m3 or e5m2, not {v.value}")
         self.ir = RecipeIR(name, self.gemm, self._trace())
         if config is not None:
             from .config import validate

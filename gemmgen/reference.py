@@ -88,7 +88,18 @@ def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, tor
     outs = tuple(_reduced(values[o.node].expand(shape), o.reduce) for o in ir.outputs)
     if not round_outputs:
         return outs
-    return tuple(v.to(o.dtype.torch) for v, o in zip(outs, ir.outputs, strict=True))
+    return tuple(round_to(v, o.dtype) for v, o in zip(outs, ir.outputs, strict=True))
+
+
+#: The largest finite fp8 values: conversions to fp8 saturate there (PTX cvt.rn.satfinite, as CUTLASS
+#: converts on sm_90), where torch's cast to e5m2 gives inf (its e4m3 cast saturates already).
+FP8_MAX = {DType.E4M3: 448.0, DType.E5M2: 57344.0}
+
+
+def round_to(x: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """An fp32 output value stored as `dtype`: round to nearest even, fp8 saturating (NaN stays NaN)."""
+    limit = FP8_MAX.get(dtype)
+    return (x if limit is None else x.clamp(-limit, limit)).to(dtype.torch)
 
 
 def _reduced(v: torch.Tensor, reduce: Reduction | None) -> torch.Tensor:

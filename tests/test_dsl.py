@@ -156,7 +156,7 @@ def test_every_epilogue_field_changes_the_key():
     (lambda: gg.Recipe("r", a=gg.e4m3, b=gg.e4m3, layout_b=gg.RowMajor),
      r"fp8 WGMMA reads A and B K-major only.*layout_a=RowMajor and layout_b=ColMajor \(got row/row\)"),
     (lambda: gg.Recipe("r", a=gg.e5m2, b=gg.e4m3, layout_a=gg.ColMajor), r"K-major only.*\(got col/col\)"),
-    (lambda: gg.Recipe("r", a=gg.e4m3, b=gg.e4m3, d=gg.e4m3), r"d: D may be bf16, f16 or f32, not e4m3"),
+    (lambda: gg.Recipe("r", aux={"q": gg.e4m3}), r"aux output 'q' is declared but never written"),
     (lambda: gg.Recipe("r", a=gg.e4m3, b=gg.bf16), r"mixed input types \(e4m3 x bf16\).*both fp8"),
     (lambda: gg.Recipe("r", a=gg.bf16, b=gg.f16), r"mixed input types \(bf16 x f16\)"),
     (lambda: gg.Recipe("r", a=gg.f32, b=gg.f32), r"a: A and B may be bf16, f16, e4m3 or e5m2, not f32"),
@@ -178,6 +178,7 @@ def test_fp8_inputs_default_to_bf16_output_and_may_mix():
     assert (r.gemm.a, r.gemm.b, r.gemm.d) == (gg.e4m3, gg.e5m2, gg.bf16)
     assert gg.Recipe("r", a=gg.e4m3, b=gg.e4m3, d=gg.f32).gemm.d is gg.f32
     assert gg.Recipe("r", a=gg.f16, b=gg.f16).gemm.d is gg.f16  # 16-bit inputs: D defaults to A's type
+    assert gg.Recipe("r", d=gg.e5m2).gemm.d is gg.e5m2  # fp8 outputs, from any inputs
     a = torch.randn(5, 32).to(torch.float8_e4m3fn)
     b = torch.randn(9, 32).to(torch.float8_e5m2).t()
     torch.testing.assert_close(r.reference(a, b), (a.float() @ b.float()).bfloat16(), rtol=0, atol=0)

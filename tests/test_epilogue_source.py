@@ -26,7 +26,7 @@ from gemmgen.testing.random_recipes import random_recipe
 from gemmgen.testing.recording import RecordingEncoder
 from gemmgen.testing.visitors import CppType, EpilogueInterpreter, parse_type
 
-from .test_runtime import EMULATED, TOLERANCE, _args_with_nonzero_reference, _given_outputs
+from .test_runtime import EMULATED, TOLERANCE, _args_with_nonzero_reference, _given_outputs, _padded
 
 
 def _uncompiled(recipe: gg.Recipe, config: gg.KernelConfig,
@@ -111,6 +111,27 @@ def test_every_recipe_under_plain_and_swapped_kernels(examples, extra):
 
 
 # ---- random epilogues
+
+@pytest.mark.parametrize("dtype, scale, limit", [(gg.e4m3, 40.0, 448.0), (gg.e5m2, 4000.0, 57344.0)])
+def test_fp8_outputs_saturate_as_the_kernel_converts(dtype, scale, limit):
+    """An fp8 D past its range: the emulated kernel (CUTLASS's saturating conversion, as
+    visitors.py models it) and the reference (reference.round_to) both give the largest finite
+    value (torch's own cast to e5m2 gives inf), every other element within a unit in the last
+    place; the amax sees the values before rounding."""
+    from .data.gpu_matrix import fp8_out_recipe
+
+    recipe = fp8_out_recipe(dtype)
+    tol = TOLERANCE[dtype.torch]
+    for config in _configs(recipe):
+        a = _padded(37, 96, torch.float8_e4m3fn, True, ())
+        b = _padded(96, 53, torch.float8_e4m3fn, False, ())
+        want = recipe.reference(a, b, scale=scale)
+        assert float(want[1]) > limit and (want[0].float().abs() == limit).any()
+        (d, amax), _ = _run(_uncompiled(recipe, config), (37, 53, 96, 1), (a, b, {"scale": scale}, want))
+        assert d.float().abs().max() == limit, config.name
+        torch.testing.assert_close(d.float(), want[0].float(), rtol=tol, atol=tol)
+        torch.testing.assert_close(amax, want[1], rtol=1e-5, atol=0)
+
 
 def test_random_epilogues_compute_their_recipes():
     """60 random recipes (a new seed each run, printed on failure; GEMMGEN_TEST_SEED replays one),

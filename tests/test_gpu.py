@@ -28,7 +28,8 @@ from .data.gpu_matrix import gpu_matrix
 pytestmark = pytest.mark.gpu
 
 SHAPES = [(128, 256, 64), (1, 8, 16), (7, 129, 1000), (129, 1000, 4097), (1000, 7, 129)]
-TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-4}
+TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-4, torch.float8_e4m3fn: 2**-3,
+       torch.float8_e5m2: 2**-2}
 EXACT_OPS = {Op.ACC, Op.INPUT, Op.CONST, Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS, Op.MIN, Op.MAX, Op.RELU, Op.CAST}
 
 
@@ -244,6 +245,21 @@ def test_fp8_matches_torch_scaled_mm(kernels, gen, shape):
         torch.testing.assert_close(ours.float(), theirs.float(), rtol=1.6e-2,
                                    atol=1.6e-2 * float(theirs.float().abs().max()),
                                    msg=lambda s: f"scaled_mm_fp8 {config.name}: {s}")  # noqa: B023
+
+
+def test_fp8_outputs_saturate(kernels, gen):
+    """fp8 D saturates at e4m3's largest finite value (448), as PTX cvt.rn.satfinite does; the amax
+    is of the fp32 values before that rounding."""
+    recipe, _config, kernel = next(x for x in kernels if x[0].name == "fp8_out_e4m3")
+    a = torch.randn(300, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    b = torch.randn(200, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn).t()
+    d, amax = kernel(a, b, scale=40.0)  # |acc| of a few tens: many values past 448
+    want_d, want_amax = recipe.reference(a, b, scale=40.0)
+    assert float(want_amax) > 448 and (want_d.float().abs() == 448).any()
+    got = d.float().cpu()
+    assert not got.isnan().any() and got.abs().max() == 448
+    torch.testing.assert_close(got, want_d.float(), rtol=2**-3, atol=2**-9)
+    torch.testing.assert_close(amax.cpu(), want_amax, rtol=1e-5, atol=0)
 
 
 def test_k_zero_and_empty(kernels):

@@ -61,8 +61,9 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
         ldb = _up(n, per_ab) + pad_ab
         b = TensorArg(next(addr), (1, ldb, batch(k, ldb)))
 
-    def mn() -> TensorArg:
-        ld = _up(n) + pad
+    def mn(dtype) -> TensorArg:
+        per, extra = (16, 2 * pad) if dtype.nbytes == 1 else (8, pad)  # fp8 rows: 16-byte multiples too
+        ld = _up(n, per) + extra
         return TensorArg(next(addr), (ld, 1, batch(m, ld)))
 
     operands: dict[str, TensorArg | float] = {}
@@ -70,12 +71,12 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
         if o.kind is OperandKind.SCALAR:
             operands[o.name] = 0.75 if o.name != "beta" else -1.5
         elif o.kind is OperandKind.MATRIX:
-            operands[o.name] = mn()
+            operands[o.name] = mn(o.dtype)
         else:
             operands[o.name] = TensorArg(next(addr))
-    aux = {o.name: mn() if o.reduce is None else TensorArg(next(addr), (0, 0, 1 if l > 1 else 0))
+    aux = {o.name: mn(o.dtype) if o.reduce is None else TensorArg(next(addr), (0, 0, 1 if l > 1 else 0))
            for o in recipe.outputs[1:]}
-    return Problem(m, n, k, l, a, b, mn(), operands, aux, 0, sm_count, max_active_clusters)
+    return Problem(m, n, k, l, a, b, mn(g.d), operands, aux, 0, sm_count, max_active_clusters)
 
 
 @pytest.fixture(scope="session")
@@ -102,7 +103,8 @@ def _extents_aligned(kernel, p: Problem) -> bool:
     a_contig = p.k if g.layout_a is Layout.ROW else p.m
     b_contig = p.k if g.layout_b is Layout.COL else p.n
     d_contig = p.n if g.layout_d is Layout.ROW else p.m
-    return a_contig % (16 // g.a.nbytes) == 0 and b_contig % (16 // g.b.nbytes) == 0 and d_contig % 8 == 0
+    return a_contig % (16 // g.a.nbytes) == 0 and b_contig % (16 // g.b.nbytes) == 0 and \
+        d_contig % max(8, 16 // g.d.nbytes) == 0
 
 
 def kernel_problem(kernel, *shape, **hardware) -> Problem:

@@ -12,7 +12,8 @@ import gemmgen as gg
 from gemmgen.reference import reference
 
 # One ulp of the output type: the two sides differ only in fp32 rounding order before the final cast.
-TOL = {torch.bfloat16: (2**-7, 2**-7), torch.float16: (2**-10, 2**-10), torch.float32: (1e-5, 1e-5)}
+TOL = {torch.bfloat16: (2**-7, 2**-7), torch.float16: (2**-10, 2**-10), torch.float32: (1e-5, 1e-5),
+       torch.float8_e4m3fn: (2**-3, 2**-9), torch.float8_e5m2: (2**-2, 2**-16)}
 SHAPES = [(1, 8, 16), (7, 129, 64), (129, 1000, 65), (256, 24, 4097)]
 
 

@@ -62,13 +62,13 @@ def test_prepare_builds_params_and_outputs(kernels):
 
 
 def test_layouts_and_batch_map_to_cutlass_strides(kernels):
-    k = kernels["every_op"]  # A column-major, B row-major, batched, f32 D
+    k = kernels["every_op"]  # A column-major, B row-major, batched, e4m3 D
     a, b = _ab(72, 40, 24, layout_a="col", layout_b="row", batch=3)
     ops = dict(c=torch.randn(3, 72, 40).bfloat16(), r2=torch.randn(3, 72, 40).half(), bias=torch.randn(40),
                scale=torch.randn(72).bfloat16())
     enc = RecordingEncoder()
     prep = _prep(k, a, b, encoder=enc, **ops)
-    assert prep.outputs[0].shape == (3, 72, 40) and prep.outputs[0].dtype == torch.float32
+    assert prep.outputs[0].shape == (3, 72, 40) and prep.outputs[0].dtype == torch.float8_e4m3fn
     a_call = next(c for c in enc.calls if c.addr == a.data_ptr())
     assert a_call.dims == (72, 24, 3)  # M contiguous
     assert a_call.strides == (a.stride(2) * 2, a.stride(0) * 2)
@@ -359,7 +359,8 @@ def test_recording_encoder_applies_the_drivers_tensor_map_rules():
 # (M, N, K, L): M = 1, odd N and K with K tails, a tile-straddling M, N = 1 (one output column, a
 # row of 2 or 4 bytes) and a 1 x 1 output; L is used by batched recipes
 EMULATED = [(1, 24, 16, 2), (7, 40, 129, 3), (130, 9, 72, 2), (5, 1, 24, 2), (1, 1, 8, 3)]
-TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-4}
+TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-4,
+             torch.float8_e4m3fn: 2**-3, torch.float8_e5m2: 2**-2}  # fp8: one unit in the last place
 
 
 def _padded(rows, cols, dtype, row_major, lead, fill=None):

@@ -8,6 +8,7 @@ import random
 import gemmgen as gg
 
 _DTYPES = (gg.bf16, gg.f16, gg.f32)
+_OUT_DTYPES = (*_DTYPES, gg.e4m3, gg.e5m2)  # D and aux outputs may also be fp8 (saturating)
 
 
 def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
@@ -63,6 +64,6 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
     layout_a, layout_b = rng.choice([gg.RowMajor, gg.ColMajor]), rng.choice([gg.RowMajor, gg.ColMajor])
     if a is gg.e4m3:  # fp8 WGMMA reads A and B K-major only
         layout_a, layout_b = gg.RowMajor, gg.ColMajor
-    return gg.Recipe(f"random{index}", epilogue, a=a, b=b, d=rng.choice(_DTYPES), layout_a=layout_a,
+    return gg.Recipe(f"random{index}", epilogue, a=a, b=b, d=rng.choice(_OUT_DTYPES), layout_a=layout_a,
                      layout_b=layout_b, batched=rng.random() < 0.3, operands=decls,  # type: ignore[arg-type]
-                     aux={f"aux{j}": gg.f32 if j in amax_aux else rng.choice(_DTYPES) for j in range(n_aux)})
+                     aux={f"aux{j}": gg.f32 if j in amax_aux else rng.choice(_OUT_DTYPES) for j in range(n_aux)})

@@ -13,7 +13,7 @@ output. It also reads the element types and layouts the source gives A, B, C and
 emulate.py reads every tensor map as the kernel would.
 
 Semantics, from CUTLASS 4.2's sm90 visitors: Sm90Compute converts its inputs to ElementCompute,
-applies the functor and converts to ElementOutput (round to nearest); an Sm90TopologicalVisitor
+applies the functor and converts to ElementOutput (round to nearest; fp8 saturating); an Sm90TopologicalVisitor
 converts each op's output but the last to ElementCompute; loads and broadcasts give their element
 type; Sm90AuxStore stores its input converted to its element and passes the input on unchanged;
 Sm90ScalarReduction (max |x|, NaNs skipped) atomically max-combines into its pointer per batch and
@@ -200,6 +200,15 @@ def _member(lvalue: str, index: int, count: int) -> str:
     return f"{lvalue}.op_{index}" if count <= 4 else f"cute::get<{index}>({lvalue})"
 
 
+def _convert(x: torch.Tensor, element: torch.dtype) -> torch.Tensor:
+    """fp32 to `element` as CUTLASS's NumericConverter does on sm_90: round to nearest even; to fp8
+    with cvt.rn.satfinite, which clamps to the largest finite value (torch's cast to e5m2 gives inf)."""
+    if element in (torch.float8_e4m3fn, torch.float8_e5m2):
+        limit = torch.finfo(element).max
+        x = x.clamp(-limit, limit)
+    return x.to(element)
+
+
 def _element_bits(raw: bytes, dtype: torch.dtype) -> torch.Tensor:
     """An element's raw bytes as a 0-d tensor of `dtype`."""
     return torch.frombuffer(bytearray(raw), dtype=dtype)[0].clone()
@@ -292,7 +301,7 @@ class EpilogueInterpreter:
                 raise EpilogueSourceError(f"compute node {t}")
             if not inputs:
                 raise EpilogueSourceError(f"compute node {t} without inputs")
-            return _functor(fn)(*(x.to(torch.float32) for x in inputs)).to(_element(element_out))
+            return _convert(_functor(fn)(*(x.to(torch.float32) for x in inputs)), _element(element_out))
         if inputs and kind not in ("Sm90AuxStore", "Sm90ScalarReduction"):
             raise EpilogueSourceError(f"{kind} is given inputs")
         return self._leaf(kind, t, lvalue, acc, params, inputs)
@@ -343,7 +352,7 @@ class EpilogueInterpreter:
             if params.raw(f"{lvalue}.is_nullptr") == b"\x00":
                 target = _matrix(params, f"(*{lvalue}.tma_store_aux.get_tma_descriptor())", element,
                                  _aux_column_major(t.args[4]), acc)
-                target.copy_(inputs[0].to(torch.float32).to(element).expand(acc.shape))
+                target.copy_(_convert(inputs[0].to(torch.float32), element).expand(acc.shape))
             return inputs[0]
         if kind == "Sm90ScalarReduction":
             reg, gmem, element_t, compute, round_style, stride = t.args

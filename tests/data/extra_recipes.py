@@ -1,5 +1,5 @@
 """Coverage kernels for the tests: every epilogue functor, a second matrix input (Sm90AuxLoad),
-constants on either side of an op, a cast, a compile-time scalar, f32 D, a batched recipe,
+constants on either side of an op, a cast, a compile-time scalar, fp8 (e4m3) D, a batched recipe,
 MN-major A and B multicast across a 2x2 cluster, a swapped kernel (D^T = B^T A^T) and an amax."""
 
 import gemmgen as gg
@@ -16,7 +16,7 @@ def _every_op(acc, c, r2, bias, scale, k):
 every_op = gg.Recipe(
     "every_op",
     _every_op,
-    d=gg.f32,
+    d=gg.e4m3,
     layout_a=gg.ColMajor,
     layout_b=gg.RowMajor,
     batched=True,

@@ -48,6 +48,13 @@ LAYOUT_PROBLEM = (77, 9, 64)
 TUNE_PROBLEM, TUNE_CANDIDATES = (2048, 4096, 1024), 2
 
 
+def fp8_out_recipe(d: gg.DType = gg.e4m3) -> gg.Recipe:
+    """fp8 in and out, as a layer feeding another fp8 GEMM: D = fp8(acc * scale), saturating, and
+    D's amax (tests/test_gpu.py runs the e4m3 one)."""
+    return gg.Recipe(f"fp8_out_{d.value}", lambda acc, scale: {"d": acc * scale, "amax_d": gg.amax(acc * scale)},
+                     a=gg.e4m3, b=gg.e4m3, d=d, operands={"scale": gg.Scalar()}, aux={"amax_d": gg.f32})
+
+
 def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     import torch
 
@@ -82,6 +89,7 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
             out += [(recipe, c) for shape in BENCH_SHAPES for c in bench_configs(recipe, *shape)]
         if recipe.name == "scaled_mm_fp8":
             out += [(recipe, c) for shape in FP8_BENCH_SHAPES for c in bench_configs(recipe, *shape)]
+    out.append((fp8_out_recipe(), fp8_out_recipe().default_config()))
     return list(dict.fromkeys(out))
 
 
