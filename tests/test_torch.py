@@ -134,6 +134,34 @@ def test_fp8_op_evaluates_traces_and_differentiates_its_scales(gen):
         out.float().sum().backward()
 
 
+def test_amax_output_through_the_op(gen):
+    """A reduced output through the op: the CPU implementation, fake shapes ((L,) beside the L x M x N
+    outputs), opcheck, and gradients through it as through torch's amax."""
+    r = gg.Recipe("torch_amax", lambda acc, bias: {"d": gg.relu(acc + bias), "amax": gg.amax(acc + bias)},
+                  operands={"bias": gg.RowVector(gg.bf16)}, aux={"amax": gg.f32}, batched=True)
+    a = torch.randn(3, 5, 16, generator=gen).bfloat16()
+    b = torch.randn(3, 8, 16, generator=gen).bfloat16().transpose(1, 2)
+    bias = torch.randn(8, generator=gen).bfloat16()
+    d, amax = op(r)(a, b, bias)
+    pre = a.float() @ b.float() + bias.float()
+    assert amax.shape == (3,) and amax.dtype == torch.float32
+    torch.testing.assert_close(amax, pre.abs().amax(dim=(1, 2)))
+    torch.testing.assert_close(d, torch.relu(pre).bfloat16())
+    torch.library.opcheck(op(r), (a, b, bias))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fd, fa = op(r)(torch.empty(2, 7, 16, dtype=torch.bfloat16), torch.empty(2, 16, 8, dtype=torch.bfloat16),
+                       torch.empty(8, dtype=torch.bfloat16))
+        assert fd.shape == (2, 7, 8) and fa.shape == (2,) and fa.dtype == torch.float32
+    bias_ = bias.clone().requires_grad_()
+    op(r)(a, b, bias_)[1].sum().backward()
+    ref = bias.float().requires_grad_()
+    (a.float() @ b.float() + ref).abs().amax(dim=(1, 2)).sum().backward()
+    assert ref.grad is not None and bias_.grad is not None and ref.grad.abs().max() > 0
+    torch.testing.assert_close(bias_.grad.float(), ref.grad)
+
+
 class _Counting(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
