@@ -134,6 +134,26 @@ def test_fp8_op_evaluates_traces_and_differentiates_its_scales(gen):
         out.float().sum().backward()
 
 
+def test_fp8_op_compiles_without_graph_breaks(gen):
+    """torch.compile traces the fp8 op in one graph (fake fp8 tensors) and AOTAutograd runs it."""
+    r = gg.Recipe("torch_fp8_compile", lambda acc, sa, sb: {"d": acc * sa * sb, "amax": gg.amax(acc * sa * sb)},
+                  a=gg.e4m3, b=gg.e5m2, d=gg.e4m3, operands={"sa": gg.ColVector(gg.f32), "sb": gg.RowVector(gg.f32)},
+                  aux={"amax": gg.f32})
+    f = op(r)
+
+    def layer(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+        d, amax = f(a, b, sa, sb)
+        return d.float() / amax
+
+    a, b, sa, sb = _fp8_args(gen)
+    explained = torch._dynamo.explain(layer)(a, b, sa, sb)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    want = layer(a, b, sa, sb)
+    assert want.abs().max() > 0
+    torch.testing.assert_close(compiled(a, b, sa, sb), want)
+
+
 def test_amax_output_through_the_op(gen):
     """A reduced output through the op: the CPU implementation, fake shapes ((L,) beside the L x M x N
     outputs), opcheck, and gradients through it as through torch's amax."""
