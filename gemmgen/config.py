@@ -170,14 +170,14 @@ def accumulators_per_thread(cfg: KernelConfig, recipe: RecipeIR) -> int:
     whose mainloop keeps WGMMA's partial sums apart from the promoted fp32 sums."""
     tm, tn, _ = cfg.tile
     per_warpgroup = tm * tn // (2 if cfg.schedule is Schedule.COOPERATIVE else 1)
-    return per_warpgroup // 128 * (2 if recipe.gemm.a.bits == 8 else 1)
+    return per_warpgroup // 128 * (2 if recipe.gemm.fp8 else 1)
 
 
 def register_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     n = accumulators_per_thread(cfg, recipe)
     if n <= MAX_ACCUMULATORS_PER_THREAD:
         return []
-    fp8 = " (fp8 keeps two copies)" if recipe.gemm.a.bits == 8 else ""
+    fp8 = " (fp8 keeps two copies)" if recipe.gemm.fp8 else ""
     return [f"registers: tile {cfg.tile[0]}x{cfg.tile[1]} under the {cfg.schedule.value} schedule keeps {n} fp32 "
             f"accumulators per consumer thread{fp8}, over the {MAX_ACCUMULATORS_PER_THREAD} that fit without "
             "spilling; use a smaller tile M or N"

@@ -131,6 +131,11 @@ class GemmSpec:
     accumulator: DType = DType.F32
     layout_d: Layout = Layout.ROW
 
+    @property
+    def fp8(self) -> bool:
+        """A and B are fp8: CUTLASS's fp8 mainloop (partial sums promoted into fp32), QGMMA."""
+        return self.a.bits == 8
+
 
 @dataclass(frozen=True)
 class EpilogueIR:

@@ -92,7 +92,7 @@ def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, tor
 
 
 #: The largest finite fp8 values: conversions to fp8 saturate there (PTX cvt.rn.satfinite, as CUTLASS
-#: converts on sm_90), where torch's cast to e5m2 gives inf (its e4m3 cast saturates already).
+#: converts on sm_90), where torch's cast to e5m2 gives inf (its e4m3 cast saturates already, in 2.13).
 FP8_MAX = {DType.E4M3: 448.0, DType.E5M2: 57344.0}
 
 

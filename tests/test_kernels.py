@@ -28,7 +28,7 @@ def test_every_kernel_is_on_the_hopper_path(compiled):
     for name, k in compiled.items():
         r = k.report
         assert r.sass is not None, "cuobjdump missing: install nvidia-cuda-cuobjdump/nvdisasm"
-        wgmma, other = ("QGMMA", "HGMMA") if k.recipe.gemm.a.bits == 8 else ("HGMMA", "QGMMA")
+        wgmma, other = ("QGMMA", "HGMMA") if k.recipe.gemm.fp8 else ("HGMMA", "QGMMA")
         assert r.sass[wgmma] > 0 and r.sass[other] == 0, (name, r.sass)  # WGMMA of the input type
         assert r.sass["UTMALDG"] > 0, name  # TMA loads
         assert r.sass["UTMASTG"] > 0, name  # TMA stores
@@ -48,7 +48,7 @@ def test_every_kernel_is_on_the_hopper_path(compiled):
 def test_fp8_kernels_promote_into_fp32_every_four_mmas(compiled):
     """The fp8 mainloop's Params field is written by the host like every other (from the list in
     codegen/params.py: a field left out would be packed as 0); its value is NVRTC's default."""
-    fp8 = [k for k in compiled.values() if k.recipe.gemm.a.bits == 8]
+    fp8 = [k for k in compiled.values() if k.recipe.gemm.fp8]
     assert fp8
     for k in fp8:
         defaults = {f.name: default for f, _, default in k.params_layout.fields}

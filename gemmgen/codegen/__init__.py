@@ -95,8 +95,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
 def _mainloop_policy(recipe: RecipeIR) -> str:
     """The builder's dispatch policy: fp8 A/B get the mainloop that adds WGMMA's partial sums into
     a separate fp32 accumulator every few MMAs (Hopper's fp8 WGMMA accumulates with fewer bits)."""
-    fp8 = recipe.gemm.a.bits == 8
-    return "cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized" + ("FP8" if fp8 else "")
+    return "cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized" + ("FP8" if recipe.gemm.fp8 else "")
 
 
 def _tma_load(cluster_extent: int) -> str:

@@ -90,7 +90,7 @@ def param_fields(recipe: RecipeIR, schedule: Schedule, epilogue: EpilogueCode) -
           ParamField("mainloop.tma_transaction_bytes", "{p}.mainloop.tma_transaction_bytes", "u32"),
           ParamField("mainloop.tma_transaction_bytes_mk", "{p}.mainloop.tma_transaction_bytes_mk", "u32"),
           ParamField("mainloop.tma_transaction_bytes_nk", "{p}.mainloop.tma_transaction_bytes_nk", "u32")]
-    if recipe.gemm.a.bits == 8:  # the fp8 mainloop's promotion interval; the host keeps CUTLASS's default
+    if recipe.gemm.fp8:  # the fp8 mainloop's promotion interval; the host keeps CUTLASS's default
         f.append(ParamField("mainloop.mma_promotion_interval", "{p}.mainloop.mma_promotion_interval", "u32"))
     for b in epilogue.bindings:
         f += _binding_fields(b)

@@ -340,7 +340,7 @@ def epilogue_vjp(recipe: Recipe, inputs: list, grads: tuple, needed: tuple[bool,
     a, b, *rest = inputs
     names = [o.name for o in recipe.operands]
     ops = dict(zip(names, rest, strict=True))
-    fp8 = a.element_size() == 1
+    fp8 = recipe.ir.gemm.fp8
     if fp8 and (needed[0] or needed[1]):
         raise InvalidArgument(f"{'a' if needed[0] else 'b'}: gemmgen has no gradient for fp8 A or B (fp8 training "
                               "scales its gradients, which a plain derivative cannot know); detach them, or "

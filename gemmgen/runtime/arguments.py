@@ -52,16 +52,11 @@ class ArgumentBuilder:
                        for o in epi.outputs[1:] if o.reduce is None]
         self.reductions = [(f"epilogue.amax.{o.name}", o.name) for o in epi.outputs[1:] if o.reduce is not None]
         self.d = ("epilogue.tma_d", "d", tma.epilogue_template(recipe, config, recipe.gemm.d))
-        # per output index (0 is D): the tensor map it is stored through, or None for a reduction's pointer
-        stored = iter(self.stores)
-        reduced = iter(self.reductions)
-        self.by_index: list[tuple[str, tma.TmaTemplate | None]] = [(self.d[0], self.d[2])]
-        for o in epi.outputs[1:]:
-            if o.reduce is None:
-                field, _, template = next(stored)
-                self.by_index.append((field, template))
-            else:
-                self.by_index.append((f"{next(reduced)[0]}.ptr", None))
+        # per output index (0 is D): the field written per call and the tensor map's template, or
+        # None for a reduction's pointer
+        maps = {name: (field, template) for field, name, template in (self.d, *self.stores)}
+        pointers = {name: (f"{field}.ptr", None) for field, name in self.reductions}
+        self.by_index: list[tuple[str, tma.TmaTemplate | None]] = [{**maps, **pointers}[o.name] for o in epi.outputs]
 
     def values(self, p: Problem, encode: TensorMapEncoder, outputs: bool = True
                ) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:

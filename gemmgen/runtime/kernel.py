@@ -267,33 +267,25 @@ class Kernel:
                 if reduced:
                     t.zero_()
                 targs.append((t.data_ptr(), modes))
-            elif reduced:  # zeroed on the stream before every launch: the kernel max-reduces into it
-                name = f"out[{o.name}]"
-                targ = check_reduction_output(name, t, shape, plan.device)
-                assert isinstance(t, torch.Tensor)  # checked
-                if plan.input_spans is None:
-                    plan.input_spans = input_spans(plan.call)
-                span = output_span(t)
-                check_no_alias(name, span, plan.input_spans)
-                given.append((name, span))
-                t.zero_()
-                targs.append(targ)
             else:  # checked once per (layout, output signature); the alias check follows the inputs
                 name = "out" if o.name == "d" else f"out[{o.name}]"
                 try:
                     okey: tuple | None = (o.name, _signature(t))
-                except (TypeError, RuntimeError):  # not a strided tensor: check_output says what
+                except (TypeError, RuntimeError):  # not a strided tensor: the checks say what
                     okey = None
                 hit = plan.out_checked.get(okey) if okey is not None else None
                 if hit is None:
-                    hit = (check_output(name, t, o.dtype, plan.shape, plan.device, self._ir.gemm.batched, plan.call.l),
-                           output_span(t))
+                    targ = check_reduction_output(name, t, shape, plan.device) if reduced else \
+                        check_output(name, t, o.dtype, shape, plan.device, self._ir.gemm.batched, plan.call.l)
+                    hit = (targ, output_span(t))
                     put_bounded(plan.out_checked, okey, hit)
                 if plan.input_spans is None:
                     plan.input_spans = input_spans(plan.call)
                 check_no_alias(name, hit[1], plan.input_spans)
                 given.append((name, hit[1]))
                 targs.append(hit[0])
+                if reduced:  # zeroed on the stream before every launch: the kernel max-reduces into it
+                    t.zero_()
             tensors.append(t)
         if len(given) > 1:
             check_outputs_disjoint(given)
