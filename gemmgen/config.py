@@ -15,6 +15,12 @@ from .ir import RecipeIR
 
 SM90_SMEM_CAPACITY = 232448  # bytes of shared memory per block on sm_90 (cutlass::gemm::collective::detail)
 _STAGE_ALIGN = 128  # compute_stage_count_or_override rounds stage and carveout bytes to this (its default)
+#: A grouped mainloop's stages leave out A's and B's tensor maps and the group scheduler's 8-stage
+#: pipeline barriers (the builder's KernelSmemCarveout)...
+_GROUPED_CARVEOUT = 2 * 128 + 16 * 8
+#: ...and the grouped kernel's shared storage adds those and the epilogue's tensor maps: at most this
+#: much over the stages and the epilogue storage (measured: 928 bytes for a 128 x 128 tile).
+_GROUPED_KERNEL_EXTRA = 1024
 
 
 class Schedule(enum.Enum):
@@ -23,13 +29,14 @@ class Schedule(enum.Enum):
     COOPERATIVE = "cooperative"  # two consumer warpgroups share one tile (tile M = 128 or 256)
     PINGPONG = "pingpong"  # two consumer warpgroups alternate tiles (tile M = 64 or 128)
 
-    @property
-    def kernel(self) -> str:
-        return {Schedule.COOPERATIVE: "cutlass::gemm::KernelTmaWarpSpecializedCooperative",
-                Schedule.PINGPONG: "cutlass::gemm::KernelTmaWarpSpecializedPingpong"}[self]
+    def kernel(self, grouped: bool = False) -> str:
+        """CUTLASS's kernel schedule; the pointer-array variant for a grouped GEMM."""
+        array = "PtrArray" if grouped else ""
+        return f"cutlass::gemm::Kernel{array}TmaWarpSpecialized{self.value.capitalize()}"
 
-    @property
-    def epilogue(self) -> str:
+    def epilogue(self, grouped: bool = False) -> str:
+        if grouped:
+            return f"cutlass::epilogue::PtrArrayTmaWarpSpecialized{self.value.capitalize()}"
         return {Schedule.COOPERATIVE: "cutlass::epilogue::TmaWarpSpecializedCooperative",
                 Schedule.PINGPONG: "cutlass::epilogue::TmaWarpSpecialized"}[self]
 
@@ -37,9 +44,9 @@ class Schedule(enum.Enum):
 class TileScheduler(enum.Enum):
     PERSISTENT = "persistent"
 
-    @property
-    def cutlass(self) -> str:
-        return "cutlass::gemm::PersistentScheduler"
+    def cutlass(self, grouped: bool = False) -> str:
+        """A grouped kernel's persistent scheduler walks the tiles of every group in turn."""
+        return "cutlass::gemm::GroupScheduler" if grouped else "cutlass::gemm::PersistentScheduler"
 
 
 @dataclass(frozen=True)
@@ -236,7 +243,8 @@ def _stages(cfg: KernelConfig, recipe: RecipeIR, epilogue_bytes: int) -> int:
     if cfg.stages is not None:
         return cfg.stages
     carveout = -(-epilogue_bytes // _STAGE_ALIGN) * _STAGE_ALIGN
-    return (SM90_SMEM_CAPACITY // _STAGE_ALIGN * _STAGE_ALIGN - carveout) // mainloop_stage_bytes(cfg, recipe)
+    capacity = SM90_SMEM_CAPACITY - (_GROUPED_CARVEOUT if recipe.gemm.grouped else 0)
+    return (capacity // _STAGE_ALIGN * _STAGE_ALIGN - carveout) // mainloop_stage_bytes(cfg, recipe)
 
 
 def smem_need(cfg: KernelConfig, recipe: RecipeIR) -> int:
@@ -244,7 +252,8 @@ def smem_need(cfg: KernelConfig, recipe: RecipeIR) -> int:
     upper bound on GemmKernel::SharedStorageSize, at most 1 KB over (NVRTC checks both for every
     kernel of tests/test_codegen.py's translation unit)."""
     epilogue_bytes = epilogue_smem_bytes(cfg, recipe)
-    return _stages(cfg, recipe, epilogue_bytes) * mainloop_stage_bytes(cfg, recipe) + epilogue_bytes
+    extra = _GROUPED_KERNEL_EXTRA if recipe.gemm.grouped else 0
+    return _stages(cfg, recipe, epilogue_bytes) * mainloop_stage_bytes(cfg, recipe) + epilogue_bytes + extra
 
 
 def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
@@ -259,7 +268,16 @@ def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
-CONSTRAINTS = (tile_violations, schedule_violations, cluster_violations, register_violations, smem_violations)
+def grouped_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """A grouped kernel is not swapped: its groups split M (the rows of A), which a swap would make N."""
+    if recipe.gemm.grouped and cfg.swap_ab:
+        return ["swap_ab: a grouped GEMM's groups split the rows of A, so its kernel cannot be swapped; "
+                "use swap_ab=False"]
+    return []
+
+
+CONSTRAINTS = (tile_violations, schedule_violations, cluster_violations, register_violations, smem_violations,
+               grouped_violations)
 
 
 def violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:

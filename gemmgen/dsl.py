@@ -332,8 +332,9 @@ _D_DTYPES = (DType.BF16, DType.F16, DType.F32, DType.E4M3, DType.E5M2)
 
 
 def _check_operand(name: str, decl: Any) -> Operand | float:
-    if not name.isidentifier() or name in ("acc", "a", "b", "d", "out"):
-        raise RecipeError(f"operand {name!r}: names must be Python identifiers other than acc, a, b, d, out")
+    if not name.isidentifier() or name in ("acc", "a", "b", "d", "out", "offsets"):
+        raise RecipeError(f"operand {name!r}: names must be Python identifiers other than acc, a, b, d, out, "
+                          "offsets")
     if not isinstance(decl, Scalar | RowVector | ColVector | Matrix):
         raise RecipeError(f"operand {name!r}: expected gg.Scalar(), gg.RowVector(dtype), gg.ColVector(dtype) or "
                           f"gg.Matrix(dtype), got {decl!r}")
@@ -349,7 +350,7 @@ def _check_operand(name: str, decl: Any) -> Operand | float:
     return Operand(name, decl.kind, dtype)
 
 
-def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: bool) -> GemmSpec:
+def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: bool, grouped: bool) -> GemmSpec:
     da, db = as_dtype(a, "a (dtype of A)"), as_dtype(b, "b (dtype of B)")
     la, lb = as_layout(layout_a, "layout_a"), as_layout(layout_b, "layout_b")
     for what, dt in (("a", da), ("b", db)):
@@ -369,7 +370,28 @@ def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: b
         raise RecipeError(f"d: D may be bf16, f16, f32, e4m3 or e5m2, not {dd.value}")
     if not isinstance(batched, bool):
         raise RecipeError(f"batched: expected True or False, got {batched!r}")
-    return GemmSpec(da, db, dd, la, lb, batched)
+    if not isinstance(grouped, bool):
+        raise RecipeError(f"grouped: expected True or False, got {grouped!r}")
+    if grouped and batched:
+        raise RecipeError("grouped/batched: a grouped GEMM's groups take the place of the batch; declare one of them")
+    if grouped and la is not Layout.ROW:
+        raise RecipeError("layout_a: a grouped GEMM's A holds each group's rows one after another (T x K), so "
+                          f"it must be RowMajor, not {la.value}")
+    return GemmSpec(da, db, dd, la, lb, batched, grouped=grouped)
+
+
+def _check_grouped_epilogue(ir: EpilogueIR) -> None:
+    """What a grouped kernel's epilogue can read and write: CUTLASS's grouped (pointer-array)
+    epilogue addresses C, D and the broadcast vectors per group, but not the extra tensor maps of
+    auxiliary loads and stores."""
+    matrices = [o.name for o in ir.operands if o.kind is OperandKind.MATRIX]
+    if len(matrices) > 1:
+        raise RecipeError(f"operands {matrices}: a grouped GEMM's epilogue reads at most one M x N matrix "
+                          "(it is loaded as C); combine the others before the GEMM")
+    extra = [o.name for o in ir.outputs[1:]]
+    if extra:
+        raise RecipeError(f"aux output {extra[0]!r}: a grouped GEMM writes D only (auxiliary outputs and "
+                          "reductions are not supported there yet); return D's value alone")
 
 
 class Recipe:
@@ -382,6 +404,9 @@ class Recipe:
         a, b, d: element types of A, B and D (D defaults to A's type, and to bf16 for fp8 A and B).
         layout_a, layout_b: gg.RowMajor or gg.ColMajor (A is M x K, B is K x N).
         batched: whether tensors carry a leading batch dimension L.
+        grouped: a grouped (MoE) GEMM: A is T x K with the rows of G groups one after another, B is
+            G x K x N, and the kernel takes `offsets` (int32, G): where each group's rows end.
+            Row vectors are per group (G x N); column vectors and matrices are per row of A.
         operands: name -> gg.Scalar / gg.RowVector / gg.ColVector / gg.Matrix declaration.
         aux: name -> dtype of each auxiliary M x N output.
         config: the default KernelConfig for this recipe.
@@ -389,12 +414,12 @@ class Recipe:
 
     def __init__(self, name: str, epilogue: Callable[..., Any] | None = None, *, a: Any = DType.BF16,
                  b: Any = DType.BF16, d: Any = None, layout_a: Any = Layout.ROW, layout_b: Any = Layout.COL,
-                 batched: bool = False, operands: Mapping[str, OperandDecl] | None = None,
+                 batched: bool = False, grouped: bool = False, operands: Mapping[str, OperandDecl] | None = None,
                  aux: Mapping[str, Any] | None = None, config: KernelConfig | None = None) -> None:
         if not isinstance(name, str) or not name.isidentifier():
             raise RecipeError(f"name: expected a C identifier such as 'bias_gelu', got {name!r}")
         self.name = name
-        self.gemm = _check_gemm(a, b, d, layout_a, layout_b, batched)
+        self.gemm = _check_gemm(a, b, d, layout_a, layout_b, batched, grouped)
         self._fn = epilogue if epilogue is not None else (lambda acc: acc)
         self._decls = dict(operands or {})
         self._aux = {k: as_dtype(v, f"aux output {k!r} dtype") for k, v in (aux or {}).items()}
@@ -404,6 +429,8 @@ class Recipe:
             if v not in _D_DTYPES:
                 raise RecipeError(f"aux output {k!r}: may be bf16, f16, f32, e4m3 or e5m2, not {v.value}")
         self.ir = RecipeIR(name, self.gemm, self._trace())
+        if grouped:
+            _check_grouped_epilogue(self.ir.epilogue)
         if config is not None:
             from .config import validate
 
@@ -506,9 +533,19 @@ class Recipe:
     def outputs(self) -> tuple[Output, ...]:
         return self.ir.epilogue.outputs
 
-    def reference(self, a: torch.Tensor, b: torch.Tensor, **operands: Any) -> Any:
-        """The fused op in fp32 on the CPU. Returns D, or (D, aux...) when the recipe has aux outputs."""
+    def reference(self, a: torch.Tensor, b: torch.Tensor, *args: Any, **operands: Any) -> Any:
+        """The fused op in fp32 on the CPU. Returns D, or (D, aux...) when the recipe has aux outputs.
+        A grouped recipe takes `reference(a, b, offsets, **operands)`."""
         from .reference import reference
+
+        offsets = None
+        if self.gemm.grouped:
+            if len(args) != 1:
+                raise RecipeError("reference: a grouped recipe takes (a, b, offsets, **operands), offsets an int "
+                                  "tensor of G entries: where each group's rows of A end")
+            offsets = args[0]
+        elif args:
+            raise RecipeError("reference: operands are passed by name, e.g. reference(a, b, bias=bias)")
 
         names = {o.name for o in self.operands}
         unknown = set(operands) - names
@@ -516,7 +553,7 @@ class Recipe:
             raise RecipeError(f"reference: unknown operand(s) {sorted(unknown)}; this recipe takes {sorted(names)}")
         if names - set(operands):
             raise RecipeError(f"reference: missing operand(s) {sorted(names - set(operands))}")
-        outs = reference(self.ir, a, b, operands)
+        outs = reference(self.ir, a, b, operands, offsets)
         return outs[0] if len(outs) == 1 else outs
 
     def default_config(self) -> KernelConfig:
@@ -531,7 +568,12 @@ class Recipe:
         return render_kernel(self.ir, config or self.default_config()).source
 
     def compile(self, config: KernelConfig | None = None, *, cache: Any = None) -> Any:
-        """The kernel as a callable on torch tensors (a gemmgen.Kernel); compiles or loads from cache."""
+        """The kernel as a callable on torch tensors (a gemmgen.Kernel, or a GroupedKernel for a grouped
+        recipe); compiles or loads from cache."""
+        if self.gemm.grouped:
+            from .runtime.grouped import GroupedKernel
+
+            return GroupedKernel(self.build(config, cache=cache))
         from .runtime.kernel import Kernel
 
         return Kernel(self.build(config, cache=cache))

@@ -117,6 +117,10 @@ class Output:
 class GemmSpec:
     """The main loop's problem: D[l] = epilogue(A[l] @ B[l]) with fp32 accumulation.
 
+    `grouped` is the MoE form: A (T x K) holds the rows of G groups one after another (group g's
+    rows end at offsets[g]), B is G x K x N (one matrix per group), and D (T x N) gets each row
+    from its own group's B.
+
     `layout_d` is the memory order of D and of every M x N epilogue tensor (C, aux loads and
     stores). Recipes declare row-major outputs; a column-major one arises only as the kernel-side
     view of a swapped kernel (`RecipeIR.transposed`).
@@ -130,6 +134,7 @@ class GemmSpec:
     batched: bool = False
     accumulator: DType = DType.F32
     layout_d: Layout = Layout.ROW
+    grouped: bool = False
 
     @property
     def fp8(self) -> bool:
@@ -176,7 +181,8 @@ class RecipeIR:
         """
         g = self.gemm
         gemm = GemmSpec(a=g.b, b=g.a, d=g.d, layout_a=g.layout_b.transposed, layout_b=g.layout_a.transposed,
-                        batched=g.batched, accumulator=g.accumulator, layout_d=g.layout_d.transposed)
+                        batched=g.batched, accumulator=g.accumulator, layout_d=g.layout_d.transposed,
+                        grouped=g.grouped)
         operands = tuple(Operand(o.name, o.kind.transposed, o.dtype) for o in self.epilogue.operands)
         return RecipeIR(self.name, gemm, EpilogueIR(self.epilogue.nodes, self.epilogue.outputs, operands))
 
@@ -185,9 +191,10 @@ class RecipeIR:
         A field added later enters only when it differs from its default, so existing keys stay."""
         g = self.gemm
         layout_d = [] if g.layout_d is Layout.ROW else [g.layout_d.value]
+        grouped = [["grouped", True]] if g.grouped else []
         return {
             "gemm": [g.a.value, g.b.value, g.d.value, g.layout_a.value, g.layout_b.value, g.batched,
-                     g.accumulator.value, *layout_d],
+                     g.accumulator.value, *layout_d, *grouped],
             "nodes": [[n.op.value, list(n.args), n.name, n.attr, n.dtype.value if n.dtype else None]
                       for n in self.epilogue.nodes],
             "outputs": [[o.name, o.node, o.dtype.value, *([o.reduce.value] if o.reduce else [])]

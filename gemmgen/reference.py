@@ -113,9 +113,44 @@ def _reduced(v: torch.Tensor, reduce: Reduction | None) -> torch.Tensor:
     return mag.amax(dim=(-2, -1))
 
 
-def reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor | float]
-              ) -> tuple[torch.Tensor, ...]:
+def reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor | float],
+              offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """fp32 GEMM on the CPU followed by the epilogue; one tensor per output (`d` first)."""
-    acc = torch.matmul(a.detach().cpu().to(torch.float32), b.detach().cpu().to(torch.float32))
     ops = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in operands.items()}
+    if recipe.gemm.grouped:
+        assert offsets is not None
+        return _grouped_reference(recipe, a.detach().cpu(), b.detach().cpu(), ops, offsets.detach().cpu())
+    acc = torch.matmul(a.detach().cpu().to(torch.float32), b.detach().cpu().to(torch.float32))
     return evaluate_epilogue(recipe.epilogue, acc, ops)
+
+
+def group_bounds(offsets: list[int], rows: int) -> list[tuple[int, int]]:
+    """(first row, end row) of each group of a grouped GEMM with `rows` rows of A: group g ends at
+    offsets[g] and starts where the groups before it end. Offsets are clamped to [0, rows] and a
+    group that would end before it starts is empty, so no row is outside A and no row is in two
+    groups whatever the offsets hold (gemmgen/include/gemmgen/grouped.hpp does the same on the GPU)."""
+    bounds, start = [], 0
+    for off in offsets:
+        end = min(max(int(off), start), rows)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def _grouped_reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor | float],
+                       offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each group's rows through its own B and its own row vectors; rows after the last group's end
+    are not written by the kernel, and are NaN here."""
+    ir = recipe.epilogue
+    rows = a.shape[0]
+    n = b.shape[-1]
+    d = torch.full((rows, n), math.nan, dtype=torch.float32)
+    kinds = {o.name: o.kind.value for o in ir.operands}
+    for g, (start, end) in enumerate(group_bounds(offsets.tolist(), rows)):
+        if start == end:
+            continue
+        acc = a[start:end].to(torch.float32) @ b[g].to(torch.float32)
+        ops = {k: v if not isinstance(v, torch.Tensor) or kinds[k] == "scalar" else
+               v[g] if kinds[k] == "row" else v[start:end] for k, v in operands.items()}
+        d[start:end] = evaluate_epilogue(ir, acc, ops, round_outputs=False)[0]
+    return (round_to(d, ir.outputs[0].dtype),)

@@ -75,16 +75,20 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
     stage_count = ("cutlass::gemm::collective::StageCountAutoCarveout<"
                    "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"
                    if config.stages is None else f"cutlass::gemm::collective::StageCount<{config.stages}>")
+    # a grouped kernel names its layouts as pointers: CUTLASS's tag for a stride per group
+    per_group = " *" if g.grouped else ""
     return dict(
         namespace=f"gemmgen_{kernel_id(recipe, config)}",
         element_a=g.a.cutlass, element_b=g.b.cutlass, element_c=epi.element_c, element_d=g.d.cutlass,
-        layout_a=g.layout_a.cutlass, layout_b=g.layout_b.cutlass, layout_d=g.layout_d.cutlass,
+        layout_a=g.layout_a.cutlass + per_group, layout_b=g.layout_b.cutlass + per_group,
+        layout_d=g.layout_d.cutlass + per_group,
         alignment_a=128 // g.a.bits, alignment_b=128 // g.b.bits, alignment_c=128 // c_bits,
         alignment_d=128 // g.d.bits,
-        tile=config.tile, cluster=config.cluster, kernel_schedule=config.schedule.kernel,
-        mainloop_policy=_mainloop_policy(recipe),
-        epilogue_schedule=config.schedule.epilogue, stage_count=stage_count,
-        tile_scheduler=config.tile_scheduler.cutlass, epilogue_decls=epi.decls, callbacks=epi.callbacks,
+        tile=config.tile, cluster=config.cluster, kernel_schedule=config.schedule.kernel(g.grouped),
+        mainloop_policy=_mainloop_policy(recipe), problem_shape=_problem_shape(recipe),
+        epilogue_schedule=config.schedule.epilogue(g.grouped), stage_count=stage_count,
+        mainloop_smem_carveout=_GROUPED_SMEM_CARVEOUT if g.grouped else "0",
+        tile_scheduler=config.tile_scheduler.cutlass(g.grouped), epilogue_decls=epi.decls, callbacks=epi.callbacks,
         collectives=COLLECTIVES[collectives],
         # the builder's choices: two consumer warp groups side by side in M for the cooperative
         # schedule; TMA multicast for an operand when the cluster spans the other dimension
@@ -94,8 +98,23 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
 
 def _mainloop_policy(recipe: RecipeIR) -> str:
     """The builder's dispatch policy: fp8 A/B get the mainloop that adds WGMMA's partial sums into
-    a separate fp32 accumulator every few MMAs (Hopper's fp8 WGMMA accumulates with fewer bits)."""
-    return "cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized" + ("FP8" if recipe.gemm.fp8 else "")
+    a separate fp32 accumulator every few MMAs (Hopper's fp8 WGMMA accumulates with fewer bits); a
+    grouped kernel's mainloop rewrites its tensor maps per group."""
+    array = "Array" if recipe.gemm.grouped else ""
+    return f"cutlass::gemm::MainloopSm90{array}TmaGmmaWarpSpecialized" + ("FP8" if recipe.gemm.fp8 else "")
+
+
+def _problem_shape(recipe: RecipeIR) -> str:
+    """(M, N, K, L) per launch, or (M, N, K) per group read from device memory."""
+    if recipe.gemm.grouped:
+        return "cutlass::gemm::GroupProblemShape<Shape<int, int, int>>"
+    return "Shape<int, int, int, int>"
+
+
+#: Shared memory the grouped mainloop keeps out of its stages (the builder's KernelSmemCarveout):
+#: A's and B's tensor maps, and the group scheduler's pipeline.
+_GROUPED_SMEM_CARVEOUT = ("2 * sizeof(cute::TmaDescriptor) + "
+                          "sizeof(cutlass::PipelineDetail::PipelineAsyncSharedStorage<8>)")
 
 
 def _tma_load(cluster_extent: int) -> str:
@@ -110,7 +129,7 @@ def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "re
     entry = f"gemmgen_{recipe.name}_{kernel_id(recipe, config)}"
     source = _environment().get_template("kernel.cu.j2").render(
         version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=config.name, entry=entry,
-        epilogue_layout=epi.layout, info_fields=INFO_FIELDS,
+        epilogue_layout=epi.layout, info_fields=INFO_FIELDS, grouped=recipe.gemm.grouped,
         param_fields=tuple((f.name, f.lvalue("p"), f.lvalue("d")) for f in fields),
         **type_context(view, config, epi, collectives))
     return GeneratedKernel(recipe, config, view, entry, source, epi, fields)

@@ -116,8 +116,8 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
             kind = {OperandKind.SCALAR: "scalar", OperandKind.ROW: "row", OperandKind.COL: "col",
                     OperandKind.MATRIX: "aux_load"}[operand.kind]
             binding = None if n.name == source else ParamBinding(kind, operand.name, operand.dtype)
-            v = _VNode(f"in_{n.name}", _load_type(operand.kind, operand.dtype, n.name == source, aux_stride),
-                       binding=binding)
+            v = _VNode(f"in_{n.name}", _load_type(operand.kind, operand.dtype, n.name == source, aux_stride,
+                                                  recipe.gemm.grouped), binding=binding)
         else:
             fn, args = _functor(n, ir.nodes)
             out = n.dtype.cutlass if n.op is Op.CAST else COMPUTE  # type: ignore[union-attr]
@@ -212,14 +212,19 @@ def _bindings(vnodes: list[_VNode], paths: dict[int, tuple[tuple[int, int], ...]
                  for i, v in enumerate(vnodes) if v.binding is not None)
 
 
-def _load_type(kind: OperandKind, dtype: DType, is_source: bool, aux_stride: str) -> str:
+def _load_type(kind: OperandKind, dtype: DType, is_source: bool, aux_stride: str, grouped: bool = False) -> str:
+    """A grouped kernel's vectors are arrays of per-group pointers (CUTLASS's `Element*` form)."""
     e = dtype.cutlass
+    v = f"{e}*" if grouped else e
     if kind is OperandKind.SCALAR:
         return f"{FUSION}::Sm90ScalarBroadcast<{e}, cute::Stride<cute::_0, cute::_0, int64_t>>"
     if kind is OperandKind.ROW:
-        return f"{FUSION}::Sm90RowBroadcast<0, TileShape, {e}, {COMPUTE}, cute::Stride<cute::_0, cute::_1, cute::_0>>"
+        return f"{FUSION}::Sm90RowBroadcast<0, TileShape, {v}, {COMPUTE}, cute::Stride<cute::_0, cute::_1, cute::_0>>"
     if kind is OperandKind.COL:
-        return f"{FUSION}::Sm90ColBroadcast<0, TileShape, {e}, {COMPUTE}, cute::Stride<cute::_1, cute::_0, cute::_0>>"
+        # a group's column starts at any row: read it element by element (Alignment 1), not in 16-byte vectors
+        align = ", 1" if grouped else ""
+        stride = "cute::Stride<cute::_1, cute::_0, cute::_0>"
+        return f"{FUSION}::Sm90ColBroadcast<0, TileShape, {v}, {COMPUTE}, {stride}{align}>"
     if is_source:
         return f"{FUSION}::Sm90SrcFetch<{e}>"
     desc = f"cutlass::epilogue::collective::detail::AuxLoadDescriptor<EpilogueDescriptor, {aux_stride}, {e}>"

@@ -83,6 +83,8 @@ def _binding_fields(b: ParamBinding) -> list[ParamField]:
 
 def param_fields(recipe: RecipeIR, schedule: Schedule, epilogue: EpilogueCode) -> tuple[ParamField, ...]:
     """Every Params field of a GemmUniversal sm90 TMA warp-specialized kernel with a persistent scheduler."""
+    if recipe.gemm.grouped:
+        return _grouped_fields(recipe, epilogue)
     f = [ParamField("mode", "{p}.mode", "i32")]
     f += [ParamField(f"problem.{d}", f"cute::get<{i}>({{p}}.problem_shape)", "i32") for i, d in enumerate("mnkl")]
     f += [ParamField("mainloop.tma_a", _desc("{p}.mainloop.tma_load_a"), "desc"),
@@ -114,4 +116,55 @@ def param_fields(recipe: RecipeIR, schedule: Schedule, epilogue: EpilogueCode) -
         "problem_tiles_m", "problem_tiles_n", "problem_tiles_l", "cluster_shape_m", "cluster_shape_n")]
     if schedule is Schedule.COOPERATIVE:  # the pingpong kernel's Params has no workspace member
         f.append(ParamField("workspace", "{p}.workspace", "ptr"))
+    return tuple(f)
+
+
+def _group_problem(name: str, expr: str) -> list[ParamField]:
+    return [ParamField(f"{name}.groups", f"{expr}.num_groups", "i32"),
+            ParamField(f"{name}.shapes", f"{expr}.problem_shapes", "ptr"),
+            ParamField(f"{name}.host_shapes", f"{expr}.host_problem_shapes", "ptr")]
+
+
+def _grouped_fields(recipe: RecipeIR, epilogue: EpilogueCode) -> tuple[ParamField, ...]:
+    """Every Params field of a grouped (pointer-array) kernel with the group scheduler: its tensor
+    maps are placeholders the kernel rewrites per group from the pointer and stride arrays, in
+    per-SM copies in the workspace."""
+    f = [ParamField("mode", "{p}.mode", "i32")]
+    f += _group_problem("problem", "{p}.problem_shape")
+    m = "{p}.mainloop"
+    f += [ParamField("mainloop.tma_a", _desc(f"{m}.tma_load_a"), "desc"),
+          ParamField("mainloop.tma_b", _desc(f"{m}.tma_load_b"), "desc"),
+          ParamField("mainloop.tma_transaction_bytes", f"{m}.tma_transaction_bytes", "u32"),
+          ParamField("mainloop.tensormaps", f"{m}.tensormaps", "ptr"),
+          ParamField("mainloop.ptr_a", f"{m}.ptr_A", "ptr"), ParamField("mainloop.stride_a", f"{m}.dA", "ptr"),
+          ParamField("mainloop.ptr_b", f"{m}.ptr_B", "ptr"), ParamField("mainloop.stride_b", f"{m}.dB", "ptr")]
+    if recipe.gemm.fp8:
+        f.append(ParamField("mainloop.mma_promotion_interval", f"{m}.mma_promotion_interval", "u32"))
+    for b in epilogue.bindings:
+        f += _binding_fields(b)
+    e = "{p}.epilogue"
+    if epilogue.source is not None:
+        f += [ParamField("epilogue.tma_c", _desc(f"{e}.tma_load_c"), "desc"),
+              ParamField("epilogue.ptr_c", f"{e}.ptr_C", "ptr"), ParamField("epilogue.stride_c", f"{e}.dC", "ptr")]
+    f += [ParamField("epilogue.tma_d", _desc(f"{e}.tma_store_d"), "desc"),
+          ParamField("epilogue.tensormaps", f"{e}.tensormaps", "ptr"),
+          ParamField("epilogue.ptr_d", f"{e}.ptr_D", "ptr"), ParamField("epilogue.stride_d", f"{e}.dD", "ptr"),
+          ParamField("epilogue.tma_transaction_bytes", f"{e}.tma_transaction_bytes", "u32")]
+    f += [ParamField(f"hw_info.{n}", f"{{p}}.hw_info.{n}", "i32") for n in ("device_id", "sm_count",
+                                                                        "max_active_clusters")]
+    for shape in ("cluster_shape", "cluster_shape_fallback"):
+        f += [ParamField(f"hw_info.{shape}.{a}", f"{{p}}.hw_info.{shape}.{a}", "u32") for a in "xyz"]
+    s = "{p}.scheduler"
+    f += _divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
+    f += _divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
+    f += _divmod_u64("scheduler.cta_shape_m", f"{s}.divmod_cta_shape_m_")
+    f += _divmod_u64("scheduler.cta_shape_n", f"{s}.divmod_cta_shape_n_")
+    f += [ParamField("scheduler.blocks_across_problem", f"{s}.blocks_across_problem_", "u64"),
+          ParamField("scheduler.pre_processed_problem_shapes", f"{s}.pre_processed_problem_shapes", "bool"),
+          ParamField("scheduler.log_swizzle_size", f"{s}.log_swizzle_size_", "i32"),
+          ParamField("scheduler.raster_order", f"{s}.raster_order_", "i32")]
+    f += _group_problem("scheduler.problem", f"{s}.problem_shapes_")
+    for coord in ("cta_shape", "cluster_shape"):
+        f += [ParamField(f"scheduler.{coord}.{d}", f"{s}.{coord}_[{i}]", "i32") for i, d in enumerate("mnk")]
+    f.append(ParamField("workspace", "{p}.workspace", "ptr"))
     return tuple(f)

@@ -303,3 +303,110 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     """[first, last byte) a non-empty strided tensor can touch."""
     lo = t.data_ptr()
     return lo, lo + t.element_size() * (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)))
+
+
+class GroupedCall(NamedTuple):
+    """A grouped call's arguments, checked: A is rows x K, B is G x (K x N), offsets has G entries."""
+
+    rows: int
+    n: int
+    k: int
+    groups: int
+    device: torch.device
+    a: TensorArg  # (row stride, 1, 0)
+    b: TensorArg  # (N, K, group) strides, as check_call's B
+    offsets: int  # address of the int32 offsets
+    operands: dict[str, TensorArg | float]  # row vectors: (0, 0, group stride); columns: contiguous; C: (ld, 1, 0)
+    extents: tuple[int, ...]  # bytes each input spans (alias checks): a, b, offsets, tensor operands
+
+
+def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, operands: dict[str, object],
+                       require_cuda: bool = True) -> GroupedCall:
+    """`check_call` for a grouped recipe. The offsets stay on the GPU (reading them would
+    synchronize): their values cannot be checked here, and need not be, as the kernel clamps them
+    (reference.group_bounds)."""
+    g = recipe.gemm
+    a, b = _need_tensor("a", a), _need_tensor("b", b)
+    _dtype("a", a, g.a)
+    _dtype("b", b, g.b)
+    if a.dim() != 2:
+        raise InvalidArgument(f"a: expected a 2-D (rows, K) tensor holding every group's rows, got shape "
+                              f"{tuple(a.shape)}")
+    if b.dim() != 3:
+        raise InvalidArgument(f"b: expected a 3-D (groups, K, N) tensor, one K x N matrix per group, got shape "
+                              f"{tuple(b.shape)}")
+    rows, k = a.shape
+    groups, n = b.shape[0], b.shape[2]
+    if b.shape[1] != k:
+        raise InvalidArgument(f"b: expected (groups, {k}, N) (K of a, shape {tuple(a.shape)}), got {tuple(b.shape)}")
+    offsets = _need_tensor("offsets", offsets)
+    if offsets.dtype != torch.int32 or offsets.dim() != 1 or offsets.shape[0] != groups:
+        raise InvalidArgument(f"offsets: expected an int32 tensor of {groups} entries (one per group of b: where "
+                              f"its rows of a end), got {offsets.dtype} of shape {tuple(offsets.shape)}")
+    if groups > 1 and offsets.stride(0) != 1:
+        raise LayoutMismatch("offsets", "offsets: expected a contiguous tensor; use offsets.contiguous()")
+    device = a.device
+    if require_cuda and device.type != "cuda":
+        raise InvalidArgument(f"a: expected a CUDA tensor, got one on {device}; move it with a.cuda()")
+    names = {o.name for o in recipe.epilogue.operands}
+    unknown = sorted(set(operands) - names)
+    if unknown:
+        raise InvalidArgument(f"{unknown[0]}: not an operand of this recipe; it takes {sorted(names) or 'none'}")
+    named: list[tuple[str, torch.Tensor]] = [("a", a), ("b", b), ("offsets", offsets)]
+    checked: dict[str, TensorArg | float] = {}
+    for o in recipe.epilogue.operands:
+        if o.name not in operands:
+            raise InvalidArgument(f"{o.name}: missing operand; pass {o.name}=... ({_describe_grouped(o)})")
+        value = operands[o.name]
+        checked[o.name] = _grouped_operand(o, value, rows, n, groups)
+        if isinstance(value, torch.Tensor):
+            named.append((o.name, value))
+    for name, t in named:
+        if t.device != device:
+            raise InvalidArgument(f"{name}: on {t.device} but a is on {device}; put all tensors on one device")
+    ta = TensorArg(_aligned_ptr("a", a), _matrix("a", a, rows, k, Layout.ROW, False, 1))
+    bk, bn, bl = _matrix("b", b, k, n, g.layout_b, True, groups)
+    tb = TensorArg(_aligned_ptr("b", b), (bn, bk, bl))
+    extents = [_bytes(ta, g.a.nbytes, (rows, k, 1)), _bytes(tb, g.b.nbytes, (n, k, groups)), 4 * groups]
+    for o in recipe.epilogue.operands:
+        v = checked[o.name]
+        if o.kind is OperandKind.MATRIX:
+            extents.append(_bytes(v, o.dtype.nbytes, (rows, n, 1)))  # type: ignore[arg-type]
+        elif o.kind is OperandKind.ROW:
+            extents.append(_bytes(v, o.dtype.nbytes, (1, n, groups)))  # type: ignore[arg-type]
+        elif o.kind is OperandKind.COL:
+            extents.append(rows * o.dtype.nbytes)
+    return GroupedCall(rows, n, k, groups, device, ta, tb, offsets.data_ptr(), checked, tuple(extents))
+
+
+def grouped_input_spans(call: GroupedCall) -> tuple[tuple[int, int], ...]:
+    """`input_spans` of a grouped call (the offsets included)."""
+    ptrs = (call.a.ptr, call.b.ptr, call.offsets, *(v.ptr for v in call.operands.values() if isinstance(v, TensorArg)))
+    return tuple((p, p + e) for p, e in zip(ptrs, call.extents, strict=True) if e)
+
+
+def _describe_grouped(o: Operand) -> str:
+    return {OperandKind.SCALAR: "a Python number", OperandKind.ROW: f"a (groups, N) {o.dtype.value} tensor",
+            OperandKind.COL: f"a {o.dtype.value} vector with one entry per row of a",
+            OperandKind.MATRIX: f"a (rows, N) {o.dtype.value} matrix"}[o.kind]
+
+
+def _grouped_operand(o: Operand, value: object, rows: int, n: int, groups: int) -> TensorArg | float:
+    """A grouped recipe's operand: row vectors are per group (groups, N), each group's row 16-byte
+    aligned (the kernel reads it in 16-byte vectors); the rest are per row of A, as check_call's."""
+    if o.kind is not OperandKind.ROW:
+        return _operand(o, value, rows, n, 1, False)
+    t = _need_tensor(o.name, value)
+    _dtype(o.name, t, o.dtype)
+    if t.dim() != 2 or tuple(t.shape) != (groups, n):
+        raise InvalidArgument(f"{o.name}: expected a (groups, N) = ({groups}, {n}) tensor, one row per group, got "
+                              f"shape {tuple(t.shape)}")
+    if n > 1 and t.stride(1) != 1:
+        raise LayoutMismatch(o.name, f"{o.name}: expected contiguous rows, got strides {tuple(t.stride())}; use "
+                             f"{o.name}.contiguous()")
+    step = t.stride(0) if groups > 1 else 0
+    if (step * t.element_size()) % TMA_ALIGN:
+        raise LayoutMismatch(o.name, f"{o.name}: row stride {step} must be a multiple of "
+                             f"{TMA_ALIGN // t.element_size()} elements (16 bytes: each group's row is read in "
+                             f"16-byte vectors); pad N or copy it into a padded buffer")
+    return TensorArg(_aligned_ptr(o.name, t), (0, 0, step))

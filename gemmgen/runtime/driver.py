@@ -218,11 +218,31 @@ def launch_config(grid: tuple[int, int, int], block: int, cluster: tuple[int, in
 def launch(fn: LoadedFunction, params: bytes, grid: tuple[int, int, int], block: int, cluster: tuple[int, int, int],
            smem: int, stream: int) -> None:
     """cuLaunchKernelEx with the Params block as the kernel's only (by-value) parameter."""
+    _launch(fn.function, params, grid, block, cluster, smem, stream)
+
+
+def launch_function(function: Any, params: bytes, grid: tuple[int, int, int], block: int, smem: int,
+                    stream: int) -> None:
+    """`launch` for another kernel of a loaded module (`module_function`), without a cluster."""
+    _launch(function, params, grid, block, (1, 1, 1), smem, stream)
+
+
+def _launch(function: Any, params: bytes, grid: tuple[int, int, int], block: int, cluster: tuple[int, int, int],
+            smem: int, stream: int) -> None:
     cu = _cu()
     buf = ctypes.create_string_buffer(params, len(params))
     arg = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
     config = launch_config(tuple(grid), block, tuple(cluster), smem, stream)
-    _check(cu.cuLaunchKernelEx(config, fn.function, ctypes.addressof(arg), 0), "cuLaunchKernelEx")
+    _check(cu.cuLaunchKernelEx(config, function, ctypes.addressof(arg), 0), "cuLaunchKernelEx")
+
+
+def module_function(loaded: LoadedFunction, entry: str) -> Any:
+    """Another kernel of a loaded module (a grouped kernel's setup kernel)."""
+    cu = _cu()
+    with _capture_relaxed(cu):
+        err, function = cu.cuModuleGetFunction(loaded.module, entry.encode())
+    _check(err, f"cuModuleGetFunction({entry})")
+    return function
 
 
 def current_stream(device_index: int) -> int:

@@ -101,3 +101,49 @@ def _grid(total: int, raster: int, cm: int, cn: int, sm_count: int, max_active_c
     if raster == RASTER_ALONG_N:
         return cm, min(per_device // cm, total // cm), 1
     return min(per_device // cn, total // cn), cn, 1
+
+
+@functools.lru_cache(maxsize=256)
+def group_plan(tile: tuple[int, int, int], cluster: tuple[int, int, int], sm_count: int,
+               max_active_clusters: int = 0, max_swizzle: int = 1) -> SchedulerPlan:
+    """PersistentTileSchedulerSm90Group's Params and grid when the host does not know the groups'
+    shapes (they are on the GPU): CUTLASS sizes the problem as one tile per SM, and the kernel
+    walks every group's tiles from the device-side shapes."""
+    cm, cn = cluster[0], cluster[1]
+    ctas_m, ctas_n = sm_count, 1  # get_tiled_cta_shape_mnl without host problem shapes
+    log_swizzle = _log_swizzle(ctas_m, ctas_n, max_swizzle)
+    blocks_m = _round_up(ctas_m, (1 << log_swizzle) * cm)
+    blocks_n = _round_up(ctas_n, (1 << log_swizzle) * cn)
+    raster = RASTER_ALONG_M  # the group scheduler's default: no heuristic, as each group's largest dimension differs
+    major, minor = cm, cn
+    fields: dict[str, int] = {}
+    divmods = (("cluster_shape_major", fast_divmod_pow2(major)), ("cluster_shape_minor", fast_divmod_pow2(minor)),
+               ("cta_shape_m", fast_divmod_u64(tile[0])), ("cta_shape_n", fast_divmod_u64(tile[1])))
+    for prefix, dm in divmods:
+        fields.update({f"scheduler.{prefix}.{k}": v for k, v in dm.items()})
+    fields.update({
+        "scheduler.blocks_across_problem": ctas_m * ctas_n, "scheduler.pre_processed_problem_shapes": 0,
+        "scheduler.log_swizzle_size": log_swizzle, "scheduler.raster_order": raster,
+        "scheduler.cta_shape.m": tile[0], "scheduler.cta_shape.n": tile[1], "scheduler.cta_shape.k": tile[2],
+        "scheduler.cluster_shape.m": cm, "scheduler.cluster_shape.n": cn, "scheduler.cluster_shape.k": cluster[2],
+    })
+    return SchedulerPlan(fields, _group_grid(blocks_m * blocks_n, raster, cm, cn, sm_count, max_active_clusters))
+
+
+def _group_grid(total: int, raster: int, cm: int, cn: int, sm_count: int, max_active_clusters: int
+                ) -> tuple[int, int, int]:
+    """PersistentTileSchedulerSm90GroupParams::get_grid_shape (truncate_by_problem_size): unlike the
+    dense scheduler's, its max-active-clusters grid is not truncated by the problem."""
+    size = cm * cn
+    if size == 1:
+        ctas = min(sm_count, total)
+        return (1, ctas, 1) if raster == RASTER_ALONG_N else (ctas, 1, 1)
+    if max_active_clusters and max_active_clusters * size <= sm_count:
+        return (cm, max_active_clusters * cn, 1) if raster == RASTER_ALONG_N else (max_active_clusters * cm, cn, 1)
+    min_gpcs = 1 if sm_count < MAX_SM_PER_GPC else sm_count // MAX_SM_PER_GPC
+    per_gpc = MAX_SM_PER_GPC - MAX_SM_PER_GPC % size
+    residual = 0 if sm_count < MAX_SM_PER_GPC else sm_count % MAX_SM_PER_GPC
+    per_device = min(sm_count, min_gpcs * per_gpc + residual - residual % size)
+    if raster == RASTER_ALONG_N:
+        return cm, min(per_device // cm, total // cm), 1
+    return min(per_device // cn, total // cn), cn, 1

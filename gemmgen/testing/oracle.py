@@ -60,6 +60,9 @@ class OracleProgram:
     def __init__(self, kernel: GeneratedKernel, build_dir: Path) -> None:
         self.kernel = kernel
         self.slots = _Slots()
+        if kernel.kernel_recipe.gemm.grouped:
+            self._init_grouped(kernel, build_dir)
+            return
         for n in ("m", "n", "k", "l"):
             self.slots.add(n)
         epi = kernel.epilogue
@@ -86,15 +89,50 @@ class OracleProgram:
         atoms = [("mainloop.tma_a", "p.mainloop.tma_load_a.aux_params_"),
                  ("mainloop.tma_b", "p.mainloop.tma_load_b.aux_params_"),
                  ("epilogue.tma_d", "p.epilogue.tma_store_d.aux_params_")]
+        mode = ("int(V[3]) > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : "
+                "cutlass::gemm::GemmUniversalMode::kGemm")
+        self._render(kernel, build_dir, mode, "{int(V[0]), int(V[1]), int(V[2]), int(V[3])}", mainloop, epilogue,
+                     "nullptr", hw, atoms)
+
+    def _render(self, kernel: GeneratedKernel, build_dir: Path, mode: str, problem: str, mainloop: str,
+                epilogue: str, workspace: str, hw: dict[str, int], atoms: list[tuple[str, str]]) -> None:
         self.source = _environment().get_template("oracle_host.cu.j2").render(
             recipe_name=kernel.recipe.name, config_name=kernel.config.name,
-            n_slots=len(self.slots.names), n_args=len(self.slots.names) + 1, slot=hw,
-            mainloop_args=mainloop, epilogue_args=epilogue,
+            n_slots=len(self.slots.names), n_args=len(self.slots.names) + 1, slot=hw, mode=mode,
+            problem_args=problem, mainloop_args=mainloop, epilogue_args=epilogue, workspace=workspace,
             fields=[(f.name, f.lvalue("p")) for f in kernel.fields], aux_sizes=atoms,
             **type_context(kernel.kernel_recipe, kernel.config, kernel.epilogue))
         digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
         self.exe = build_dir / f"oracle-{kernel.recipe.name}-{digest}"
         self._build_dir = build_dir
+
+    def _init_grouped(self, kernel: GeneratedKernel, build_dir: Path) -> None:
+        """A grouped kernel's Arguments: the group count, and device addresses of the per-group
+        shapes, pointer and stride arrays (never read on the host), and the workspace."""
+        epi = kernel.epilogue
+
+        def array(name: str, ctype: str) -> str:
+            return f"reinterpret_cast<{ctype}>(V[{self.slots.add(name)}])"
+
+        groups = self.slots.add("groups")
+        problem = f"{{int(V[{groups}]), {array('shapes', 'typename ProblemShape::UnderlyingProblemShape*')}, nullptr}}"
+        mainloop = (f"{{{array('a.array', 'ElementA const**')}, {array('a.strides', 'typename GemmKernel::StrideA')}, "
+                    f"{array('b.array', 'ElementB const**')}, {array('b.strides', 'typename GemmKernel::StrideB')}}}")
+        thread = self._arguments(epi.arguments)
+        if epi.source is not None:
+            c = (f"{array('c.array', 'ElementC const**')}, "
+                 f"{array('c.strides', 'typename CollectiveEpilogue::StrideC')}")
+        else:
+            c = "nullptr, {}"
+        epilogue = (f"{{{thread}, {c}, {array('d.array', 'ElementD**')}, "
+                    f"{array('d.strides', 'typename CollectiveEpilogue::StrideD')}}}")
+        hw = {n: self.slots.add(f"hw.{n}") for n in ("device_id", "sm_count", "max_active_clusters")}
+        workspace = array("workspace", "void*")
+        atoms = [("mainloop.tma_a", "p.mainloop.tma_load_a.aux_params_"),
+                 ("mainloop.tma_b", "p.mainloop.tma_load_b.aux_params_"),
+                 ("epilogue.tma_d", "p.epilogue.tma_store_d.aux_params_")]
+        self._render(kernel, build_dir, "cutlass::gemm::GemmUniversalMode::kGrouped", problem, mainloop, epilogue,
+                     workspace, hw, atoms)
 
     def _arguments(self, tree: Any) -> str:
         if tree is None:
@@ -105,7 +143,8 @@ class OracleProgram:
         e = b.dtype.cutlass
         if b.kind in ("row", "col"):
             i = self.slots.add(f"operand.{b.name}.ptr")
-            return f"{{reinterpret_cast<{e} const*>(V[{i}]), {e}(0), {{}}}}"
+            pointer = f"{e} const* const*" if self.kernel.kernel_recipe.gemm.grouped else f"{e} const*"
+            return f"{{reinterpret_cast<{pointer}>(V[{i}]), {e}(0), {{}}}}"
         if b.kind == "scalar":
             i = self.slots.add(f"operand.{b.name}.value")
             return f"{{{{F({i})}}, {{}}, {{}}}}"
@@ -160,7 +199,14 @@ class OracleProgram:
         return [str(values[n] & (2**64 - 1)) for n in self.slots.names]
 
     def run(self, problem: Problem) -> OracleResult:
-        proc = subprocess.run([str(self.build()), *self.argv(problem)], capture_output=True, text=True, timeout=60)
+        return self.run_argv(self.argv(problem))
+
+    def grouped_argv(self, values: dict[str, int]) -> list[str]:
+        """A grouped kernel's argv from its slot values by name (see `_init_grouped`)."""
+        return [str(values[n] & (2**64 - 1)) for n in self.slots.names]
+
+    def run_argv(self, argv: list[str]) -> OracleResult:
+        proc = subprocess.run([str(self.build()), *argv], capture_output=True, text=True, timeout=60)
         if proc.returncode != 0:
             raise ToolchainError(f"oracle failed ({proc.returncode}): {proc.stderr[-2000:]}")
         encodes, fields, aux, launch, can = [], {}, {}, {}, False

@@ -1,0 +1,48 @@
+// gemmgen: the per-group argument arrays of a grouped (MoE) kernel, filled on the GPU from the
+// group offsets, one thread per group, so that the host never reads them: no synchronization, and
+// the two launches (this one, then the GEMM) can be captured in a CUDA graph. The nvcc host oracle
+// runs the same `fill` on the CPU; gemmgen/runtime/grouped.py writes `Setup` and reads the arrays.
+#pragma once
+
+namespace gemmgen::grouped {
+
+constexpr int MaxColumns = 16;
+
+// Group g's rows of A are [first, end): it ends at offsets[g] and starts where the groups before
+// it end, each clamped to [0, rows] (reference.group_bounds). Whatever the offsets hold, no row is
+// outside A and no row is in two groups.
+struct Setup {
+  int const* offsets;  // groups entries: where each group's rows end
+  int* shapes;         // groups x (M, N, K): cutlass::gemm::GroupProblemShape's problem_shapes
+  long long* table;    // columns x groups 64-bit values: per-group pointers, then strides
+  int groups;
+  int rows;            // of A (and D)
+  int n;
+  int k;
+  int columns;
+  // column c of group g: base[c] + per_row[c] * (group's first row) + per_group[c] * g
+  long long base[MaxColumns];
+  long long per_row[MaxColumns];
+  long long per_group[MaxColumns];
+};
+static_assert(sizeof(Setup) == 48 + 3 * 8 * MaxColumns, "gemmgen/runtime/grouped.py packs Setup by hand");
+
+CUTLASS_HOST_DEVICE int clamp_row(int offset, int lo, int rows) {
+  return offset < lo ? lo : (offset > rows ? rows : offset);
+}
+
+CUTLASS_HOST_DEVICE void fill(Setup const& s, int g) {
+  int first = 0;
+  for (int i = 0; i < g; ++i) {
+    first = clamp_row(s.offsets[i], first, s.rows);
+  }
+  int const end = clamp_row(s.offsets[g], first, s.rows);
+  s.shapes[3 * g + 0] = end - first;
+  s.shapes[3 * g + 1] = s.n;
+  s.shapes[3 * g + 2] = s.k;
+  for (int c = 0; c < s.columns; ++c) {
+    s.table[c * s.groups + g] = s.base[c] + s.per_row[c] * first + s.per_group[c] * g;
+  }
+}
+
+}  // namespace gemmgen::grouped

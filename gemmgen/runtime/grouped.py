@@ -1,0 +1,292 @@
+"""`recipe.compile()` for a grouped (MoE) recipe: each group of rows of A through its own B.
+
+    kernel = moe.compile()
+    d = kernel(a, b, offsets, bias=bias)   # a: rows x K, b: G x K x N, offsets: int32 (G,)
+
+A call checks its arguments (gemmgen.InvalidArgument before any launch), allocates D and one
+device buffer, and launches two kernels on the current stream. The first (`<entry>_groups`,
+gemmgen/include/gemmgen/grouped.hpp) turns `offsets` into the per-group shapes, pointers and
+strides CUTLASS's grouped kernel reads; the second is the GEMM. The host never reads `offsets`:
+no synchronization, and the pair can be captured in a CUDA graph.
+
+The buffer holds CUTLASS's workspace (per-SM copies of the tensor maps the kernel rewrites for each
+group) and the per-group arrays. It is allocated per call from torch's caching allocator, on the
+call's stream, so calls on different streams never share one.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+
+from ..config import KernelConfig
+from ..errors import InvalidArgument
+from ..ir import EpilogueIR, Operand, RecipeIR
+from ..types import OperandKind
+from . import driver, scheduler, tma
+from .arguments import ParamsWriter, TensorMapEncoder
+from .checks import GroupedCall, check_grouped_call, check_no_alias, check_output, grouped_input_spans, output_span
+from .kernel import MemoEncoder, allocate_output
+from .problem import TensorArg
+
+if TYPE_CHECKING:
+    from ..build import CompiledKernel
+
+MODE_GROUPED = 4  # cutlass::gemm::GemmUniversalMode::kGrouped
+MAX_COLUMNS = 16  # gemmgen::grouped::MaxColumns
+SETUP = struct.Struct(f"<QQQiiiii4x{MAX_COLUMNS}q{MAX_COLUMNS}q{MAX_COLUMNS}q")  # gemmgen::grouped::Setup
+SETUP_BLOCK = 128  # threads per block of the setup kernel: one per group
+_MAP_BYTES = 128  # sizeof(cute::TmaDescriptor)
+_MAP_ALIGN = 64  # MinTensorMapWorkspaceAlignment
+
+
+def _round(x: int, to: int) -> int:
+    return -(-x // to) * to
+
+
+@dataclass(frozen=True)
+class BufferLayout:
+    """Byte offsets in the per-call buffer: the workspace as CUTLASS's to_underlying_arguments
+    splits it (the epilogue's tensor maps, then the mainloop's, per SM), then the group arrays."""
+
+    epilogue_maps: int
+    mainloop_maps: int
+    shapes: int  # int32 (M, N, K) per group
+    table: int  # int64 columns x groups
+    size: int
+
+    @classmethod
+    def of(cls, groups: int, columns: int, sm_count: int, has_source: bool) -> BufferLayout:
+        epilogue = sm_count * (2 + int(has_source)) * _MAP_BYTES  # two epilogue warp groups' D maps, and C's
+        mainloop_at = _round(epilogue, _MAP_ALIGN)
+        shapes_at = _round(mainloop_at + sm_count * 2 * _MAP_BYTES, 16)
+        table_at = _round(shapes_at + 12 * groups, 16)
+        return cls(0, mainloop_at, shapes_at, table_at, table_at + 8 * columns * groups)
+
+
+class Column(NamedTuple):
+    """One per-group array the setup kernel fills: value(g) = base + per_row * first row + per_group * g."""
+
+    field: str | None  # the Params field that points at the array (None: read through another field)
+    base: int
+    per_row: int
+    per_group: int
+
+
+class GroupedArguments:
+    """The setup kernel's `Setup` and the GEMM's Params for one call, from the checked call, D and
+    the buffer's address. Values follow CUTLASS's host code for grouped kernels (checked field by
+    field by tests/test_oracle.py)."""
+
+    def __init__(self, recipe: RecipeIR, config: KernelConfig) -> None:
+        g = recipe.gemm
+        self.recipe, self.tile, self.cluster = recipe, config.tile, config.cluster
+        epi = recipe.epilogue
+        matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX]
+        self.source = matrices[0] if matrices else None
+        self.scalars = [o.name for o in epi.operands if o.kind is OperandKind.SCALAR]
+        self.vectors = [o for o in epi.operands if o.kind in (OperandKind.ROW, OperandKind.COL)]
+        self.items = (g.a.nbytes, g.b.nbytes, g.d.nbytes)
+        # the tensor maps the kernel starts from: any shape, as it rewrites them per group before use
+        self.a = tma.mainloop_template(recipe, config, "a")
+        self.b = tma.mainloop_template(recipe, config, "b")
+        self.c = tma.epilogue_template(recipe, config, self.source.dtype) if self.source else None
+        self.d = tma.epilogue_template(recipe, config, g.d)
+
+    def columns(self, call: GroupedCall, d: TensorArg) -> list[Column]:
+        """Pointers first (A, B, C, D, the vectors), then the strides (one int64 per group each)."""
+        ia, ib, idd = self.items
+        cols = [Column("mainloop.ptr_a", call.a.ptr, call.a.strides[0] * ia, 0),
+                Column("mainloop.ptr_b", call.b.ptr, 0, call.b.strides[2] * ib)]
+        c = call.operands[self.source.name] if self.source else None
+        if isinstance(c, TensorArg):
+            cols.append(Column("epilogue.ptr_c", c.ptr, c.strides[0] * self.source.dtype.nbytes, 0))  # type: ignore[union-attr]
+        cols.append(Column("epilogue.ptr_d", d.ptr, d.strides[0] * idd, 0))
+        for o in self.vectors:
+            v = call.operands[o.name]
+            assert isinstance(v, TensorArg)
+            if o.kind is OperandKind.ROW:
+                cols.append(Column(f"epilogue.row.{o.name}.ptr", v.ptr, 0, v.strides[2] * o.dtype.nbytes))
+            else:
+                cols.append(Column(f"epilogue.col.{o.name}.ptr", v.ptr, o.dtype.nbytes, 0))
+        # the one dynamic stride of each operand, in elements: A's and B's K-major or N-major leading dim
+        b_ld = call.b.strides[0] if call.b.strides[1] == 1 else call.b.strides[1]
+        cols += [Column("mainloop.stride_a", call.a.strides[0], 0, 0), Column("mainloop.stride_b", b_ld, 0, 0)]
+        if isinstance(c, TensorArg):
+            cols.append(Column("epilogue.stride_c", c.strides[0], 0, 0))
+        cols.append(Column("epilogue.stride_d", d.strides[0], 0, 0))
+        return cols
+
+    def setup(self, call: GroupedCall, columns: list[Column], buffer: int, layout: BufferLayout) -> bytes:
+        pad = [0] * (MAX_COLUMNS - len(columns))
+        return SETUP.pack(call.offsets, buffer + layout.shapes, buffer + layout.table, call.groups, call.rows,
+                          call.n, call.k, len(columns), *[c.base for c in columns], *pad,
+                          *[c.per_row for c in columns], *pad, *[c.per_group for c in columns], *pad)
+
+    def values(self, call: GroupedCall, columns: list[Column], buffer: int, layout: BufferLayout, sm_count: int,
+               max_active_clusters: int, device_id: int, encode: TensorMapEncoder
+               ) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
+        """Every Params field by name, and the grid."""
+        shapes = buffer + layout.shapes
+        v: dict[str, int | float | bytes] = {"mode": MODE_GROUPED, "problem.groups": call.groups,
+                                             "problem.shapes": shapes, "problem.host_shapes": 0,
+                                             "scheduler.problem.groups": call.groups,
+                                             "scheduler.problem.shapes": shapes, "scheduler.problem.host_shapes": 0}
+        for i, col in enumerate(columns):
+            if col.field is not None:
+                v[col.field] = buffer + layout.table + 8 * i * call.groups
+        # CUTLASS encodes each starting map at its pointer array's address (rounded down to 16 bytes)
+        # with extents of 1 (A, B) or one tile (C, D), zero strides, and no batch mode
+        tm, tn = self.tile[0], self.tile[1]
+        v["mainloop.tma_a"] = encode(_rank2(self.a.operand(int(v["mainloop.ptr_a"]) & ~15, 1, 1, 1, (0, 0, 0))))
+        v["mainloop.tma_b"] = encode(_rank2(self.b.operand(int(v["mainloop.ptr_b"]) & ~15, 1, 1, 1, (0, 0, 0))))
+        if self.c is not None:
+            v["epilogue.tma_c"] = encode(_rank2(self.c.matrix(int(v["epilogue.ptr_c"]) & ~15, tm, tn, 1, (0, 0, 0))))
+        v["epilogue.tma_d"] = encode(_rank2(self.d.matrix(int(v["epilogue.ptr_d"]) & ~15, tm, tn, 1, (0, 0, 0))))
+        v["epilogue.tensormaps"] = buffer + layout.epilogue_maps
+        v["mainloop.tensormaps"] = buffer + layout.mainloop_maps
+        v["workspace"] = buffer
+        for name in self.scalars:
+            v[f"epilogue.scalar.{name}.value"] = float(call.operands[name])  # type: ignore[arg-type]
+            v[f"epilogue.scalar.{name}.batch_stride"] = 0
+        v.update({"hw_info.device_id": device_id, "hw_info.sm_count": sm_count,
+                  "hw_info.max_active_clusters": max_active_clusters})
+        plan = scheduler.group_plan(self.tile, self.cluster, sm_count, max_active_clusters)
+        v.update(plan.fields)
+        return v, plan.grid
+
+
+def _rank2(args: tma.EncodeArgs) -> tma.EncodeArgs:
+    """A map without its batch mode (a grouped kernel's operands have a stride-0 L of one)."""
+    return args._replace(rank=2, dims=args.dims[:2], strides=args.strides[:1], box=args.box[:2],
+                         elem_strides=args.elem_strides[:2])
+
+
+class PreparedGroupedCall(NamedTuple):
+    """Both launches of a call; `params is None` when there is nothing to launch."""
+
+    output: torch.Tensor
+    buffer: torch.Tensor | None
+    setup: bytes | None
+    setup_grid: tuple[int, int, int]
+    params: bytes | None
+    grid: tuple[int, int, int]
+    device_index: int
+
+
+class GroupedKernel:
+    """A compiled grouped recipe, callable on torch tensors (see the module docstring)."""
+
+    def __init__(self, compiled: CompiledKernel, *, encoder: TensorMapEncoder | None = None,
+                 hardware: Callable[[int], tuple[int, int]] | None = None, require_cuda: bool = True) -> None:
+        """`encoder`, `hardware` and `require_cuda=False` replace the driver for CPU tests."""
+        self.compiled = compiled
+        self.recipe = compiled.recipe
+        self._ir = compiled.recipe.ir
+        self._config = compiled.config
+        self._names = tuple(o.name for o in self._ir.epilogue.operands)
+        self._writer = ParamsWriter(compiled.params_layout)
+        self._args = GroupedArguments(compiled.generated.kernel_recipe, self._config)
+        self._on_driver = encoder is None
+        self._encode = encoder or MemoEncoder(driver.encode_tensor_map)
+        self._hardware = hardware or self._device_hardware
+        self._require_cuda = require_cuda
+        self._loaded: dict[int, tuple[driver.LoadedFunction, Any]] = {}
+
+    def __repr__(self) -> str:
+        return f"<gemmgen.GroupedKernel {self.compiled.entry} ({self._config.name})>"
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *args: Any, out: Any = None,
+                 **operands: Any) -> torch.Tensor:
+        p = self.prepare(a, b, offsets, *args, out=out, **operands)
+        if p.params is not None:
+            with torch.cuda.device(p.device_index):
+                gemm, setup = self._function(p.device_index)
+                stream = driver.current_stream(p.device_index)
+                driver.launch_function(setup, p.setup, p.setup_grid, SETUP_BLOCK, 0, stream)  # type: ignore[arg-type]
+                driver.launch(gemm, p.params, p.grid, self.compiled.info.max_threads, self._config.cluster,
+                              self.compiled.info.smem_bytes, stream)
+        return p.output
+
+    def prepare(self, a: Any, b: Any, offsets: Any, *args: Any, out: Any = None, **operands: Any
+                ) -> PreparedGroupedCall:
+        """Check, allocate and build both launches (everything but the driver calls)."""
+        if args:
+            if operands or len(args) != len(self._names):
+                raise InvalidArgument(f"operands: pass all {len(self._names)} of {list(self._names)} positionally in "
+                                      f"this order, or all by name; got {len(args)} positional and "
+                                      f"{sorted(operands)} by name")
+            operands = dict(zip(self._names, args, strict=True))
+        if self._on_driver and isinstance(a, torch.Tensor) and a.is_cuda and not driver.THREAD.has_context:
+            with torch.cuda.device(a.device):
+                driver.bind_context(a.device.index or 0)
+        call = check_grouped_call(self._ir, a, b, offsets, operands, require_cuda=self._require_cuda)
+        device_index = (call.device.index or 0) if call.device.type == "cuda" else -1
+        if self._require_cuda:
+            driver.require_sm90(device_index)
+        shape = (call.rows, call.n)
+        if out is None:
+            d = allocate_output(shape, self._ir.gemm.d.torch, call.device)
+        else:
+            check_output("out", out, self._ir.gemm.d, shape, call.device, False, 1)
+            check_no_alias("out", output_span(out), grouped_input_spans(call))
+            d = out
+        if 0 in (call.rows, call.n, call.groups):
+            return PreparedGroupedCall(d, None, None, (0, 0, 0), None, (0, 0, 0), device_index)
+        if call.k == 0:
+            self._epilogue_of_zero(d, call, operands, offsets)
+            return PreparedGroupedCall(d, None, None, (0, 0, 0), None, (0, 0, 0), device_index)
+        sm_count, clusters = self._hardware(device_index)
+        targ = TensorArg(d.data_ptr(), (d.stride(0), 1, 0))
+        columns = self._args.columns(call, targ)
+        layout = BufferLayout.of(call.groups, len(columns), sm_count, self._args.source is not None)
+        buffer = torch.empty(layout.size, dtype=torch.uint8, device=call.device)
+        setup = self._args.setup(call, columns, buffer.data_ptr(), layout)
+        values, grid = self._args.values(call, columns, buffer.data_ptr(), layout, sm_count, clusters,
+                                         max(device_index, 0), self._encode)
+        params = bytes(self._writer.write(values))
+        setup_grid = (-(-call.groups // SETUP_BLOCK), 1, 1)
+        return PreparedGroupedCall(d, buffer, setup, setup_grid, params, grid, device_index)
+
+    def _epilogue_of_zero(self, d: torch.Tensor, call: GroupedCall, operands: dict, offsets: torch.Tensor) -> None:
+        """K = 0: each group's epilogue applied to a zero accumulator (rows after the last group's end
+        are left as they are, as the kernel leaves them). Torch ops on the stream: no sync."""
+        from ..reference import evaluate_epilogue
+
+        rows = torch.arange(call.rows, device=d.device, dtype=torch.int32)
+        ends = torch.cummax(offsets.clamp(0, call.rows), 0).values
+        group = torch.searchsorted(ends, rows, right=True)  # the group of each row; groups: past the end
+        covered = group < call.groups
+        row_group = group.clamp(max=call.groups - 1)
+        ops = {}
+        for o in self._ir.epilogue.operands:
+            v = operands[o.name]
+            ops[o.name] = v[row_group] if o.kind is OperandKind.ROW else v.reshape(-1, 1) \
+                if o.kind is OperandKind.COL else v
+        acc = torch.zeros((call.rows, call.n), dtype=torch.float32, device=d.device)
+        value = evaluate_epilogue(_vectors_as_matrices(self._ir), acc, ops)[0]
+        d.copy_(torch.where(covered.reshape(-1, 1), value, d))
+
+    def _device_hardware(self, device_index: int) -> tuple[int, int]:
+        return driver.require_sm90(device_index), self._function(device_index)[0].max_active_clusters
+
+    def _function(self, device_index: int) -> tuple[driver.LoadedFunction, Any]:
+        hit = self._loaded.get(device_index)
+        if hit is None:
+            info = self.compiled.info
+            gemm = driver.load(self.compiled.entry, self.compiled.cubin, device_index, info.smem_bytes,
+                               info.max_threads, self._config.cluster)
+            hit = self._loaded[device_index] = (gemm, driver.module_function(gemm, f"{self.compiled.entry}_groups"))
+        return hit
+
+
+def _vectors_as_matrices(ir: RecipeIR) -> EpilogueIR:
+    """The epilogue with its row and column vectors read as tensors broadcast as given (gathered
+    per row of A already)."""
+    ops = tuple(Operand(o.name, OperandKind.MATRIX if o.kind in (OperandKind.ROW, OperandKind.COL) else o.kind,
+                        o.dtype) for o in ir.epilogue.operands)
+    return EpilogueIR(ir.epilogue.nodes, ir.epilogue.outputs, ops)

@@ -1,0 +1,239 @@
+"""Grouped (MoE) GEMMs on the CPU: the recipe's semantics, the generated kernel (NVRTC, SASS), the
+Params and tensor maps against CUTLASS's own host code, and the setup kernel's arithmetic run on
+the host from the very header the GPU compiles. GPU runs are in test_gpu.py."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+
+import gemmgen as gg
+from gemmgen.errors import InvalidArgument, RecipeError
+from gemmgen.reference import group_bounds
+from gemmgen.runtime.grouped import SETUP, BufferLayout, GroupedKernel
+from gemmgen.testing.recording import RecordingEncoder
+
+MOE = dict(epilogue=lambda acc, bias, weight: gg.silu(acc + bias) * weight,
+           operands={"bias": gg.RowVector(gg.bf16), "weight": gg.ColVector(gg.f32)})
+
+
+def moe_recipe(**kw) -> gg.Recipe:
+    """An MoE expert layer: per-expert bias, SiLU, then each token's routing weight."""
+    args = {**MOE, **kw}
+    return gg.Recipe("moe_up", args.pop("epilogue"), grouped=True, **args)
+
+
+@pytest.fixture(scope="module")
+def grouped_kernel(session_cache):
+    """Compiled once (NVRTC, about 30 s); the session cache shares it with every run after."""
+    return moe_recipe().build(cache=session_cache)
+
+
+def _cpu(kernel, sm_count=132, clusters=0):
+    return GroupedKernel(kernel, encoder=RecordingEncoder(), hardware=lambda i: (sm_count, clusters),
+                         require_cuda=False)
+
+
+def _inputs(rows=37, k=64, n=48, groups=4, offsets=(5, 5, 20, 30)):
+    a = torch.randn(rows, k).bfloat16()
+    b = torch.randn(groups, n, k).bfloat16().transpose(1, 2)  # per group K x N, stored N x K (K-major)
+    return a, b, torch.tensor(offsets, dtype=torch.int32), torch.randn(groups, n).bfloat16(), torch.rand(rows)
+
+
+# ---- semantics
+
+
+@pytest.mark.parametrize("offsets, rows, want", [
+    ([5, 5, 20, 30], 37, [(0, 5), (5, 5), (5, 20), (20, 30)]),
+    ([10, 4, 12], 37, [(0, 10), (10, 10), (10, 12)]),  # decreasing: an empty group, never an overlap
+    ([-3, 50, 60], 37, [(0, 0), (0, 37), (37, 37)]),  # clamped to the rows of A
+])
+def test_group_bounds(offsets, rows, want):
+    assert group_bounds(offsets, rows) == want
+
+
+def test_reference_is_each_group_through_its_own_b():
+    r = moe_recipe()
+    a, b, offsets, bias, weight = _inputs()
+    d = r.reference(a, b, offsets, bias=bias, weight=weight).float()
+    for g, (start, end) in enumerate(group_bounds(offsets.tolist(), a.shape[0])):
+        acc = a[start:end].double() @ b[g].double()
+        want = torch.nn.functional.silu(acc + bias[g].double()) * weight[start:end, None].double()
+        assert want.abs().sum() > 0 or start == end
+        torch.testing.assert_close(d[start:end].double(), want, rtol=1.6e-2, atol=1e-2)
+    assert d[30:].isnan().all()  # after the last group: not written
+
+
+def test_grouped_recipe_mistakes():
+    with pytest.raises(RecipeError, match="layout_a"):
+        moe_recipe(layout_a=gg.ColMajor)
+    with pytest.raises(RecipeError, match="batched"):
+        moe_recipe(batched=True)
+    with pytest.raises(RecipeError, match="aux output"):
+        gg.Recipe("g", lambda acc: {"d": acc, "pre": acc}, grouped=True, aux={"pre": gg.bf16})
+    with pytest.raises(RecipeError, match="at most one"):
+        gg.Recipe("g", lambda acc, x, y: acc + x + y, grouped=True,
+                  operands={"x": gg.Matrix(gg.bf16), "y": gg.Matrix(gg.bf16)})
+    with pytest.raises(gg.ConfigError, match="swap_ab"):
+        moe_recipe(config=gg.KernelConfig(tile=(128, 64, 64), swap_ab=True))
+
+
+# ---- the kernel
+
+
+def test_grouped_kernel_is_hopper_code(grouped_kernel):
+    r = grouped_kernel.report
+    assert "KernelPtrArrayTmaWarpSpecializedCooperative" in grouped_kernel.source
+    assert r.sass["HGMMA"] > 0 and r.sass["UTMALDG"] > 0 and r.sass["UTMASTG"] > 0 and r.sass["USETMAXREG"] > 0
+    assert r.local_bytes == 0 and r.stack_bytes == 0
+    assert gg.config.smem_need(grouped_kernel.config, grouped_kernel.recipe.ir) >= r.smem_bytes
+
+
+def test_call_checks_arguments(grouped_kernel):
+    k = _cpu(grouped_kernel)
+    a, b, offsets, bias, weight = _inputs()
+    with pytest.raises(InvalidArgument, match="offsets: expected an int32"):
+        k.prepare(a, b, offsets.long(), bias=bias, weight=weight)
+    with pytest.raises(InvalidArgument, match="b: expected a 3-D"):
+        k.prepare(a, b[0], offsets, bias=bias, weight=weight)
+    with pytest.raises(InvalidArgument, match=r"bias: expected a \(groups, N\)"):
+        k.prepare(a, b, offsets, bias=bias[0], weight=weight)
+    with pytest.raises(InvalidArgument, match="weight: expected a 1-D tensor of length 37"):
+        k.prepare(a, b, offsets, bias=bias, weight=weight[:-1])
+    with pytest.raises(InvalidArgument, match="16 bytes"):
+        k.prepare(a, b, offsets, bias=torch.randn(4, 50).bfloat16()[:, :48], weight=weight)
+
+
+def test_prepare_builds_setup_and_params(grouped_kernel):
+    k = _cpu(grouped_kernel)
+    a, b, offsets, bias, weight = _inputs()
+    p = k.prepare(a, b, offsets, bias=bias, weight=weight)
+    assert p.output.shape == (37, 48) and p.grid == (132, 1, 1) and p.setup_grid == (1, 1, 1)
+    fields = SETUP.unpack(p.setup)
+    # G, rows, N, K, and the columns: 5 pointers (A, B, D, bias, weight), 3 strides (A, B, D)
+    assert fields[0] == offsets.data_ptr() and fields[3:8] == (4, 37, 48, 64, 8)
+    layout = BufferLayout.of(4, 8, 132, False)
+    assert p.buffer.numel() == layout.size
+    assert len(p.params) == grouped_kernel.info.params_size
+
+
+def test_empty_and_zero_k(grouped_kernel):
+    k = _cpu(grouped_kernel)
+    a, b, offsets, bias, weight = _inputs(rows=0)
+    assert k.prepare(a, b, torch.zeros(4, dtype=torch.int32), bias=bias, weight=weight).params is None
+    a, b, offsets, bias, weight = _inputs(k=0)
+    out = torch.full((37, 48), float("nan")).bfloat16()
+    p = k.prepare(a, b, offsets, bias=bias, weight=weight, out=out)
+    assert p.params is None
+    want = moe_recipe().reference(a, b, offsets, bias=bias, weight=weight)
+    torch.testing.assert_close(out[:30].float(), want[:30].float())
+    assert out[30:].float().isnan().all()
+
+
+# ---- against CUTLASS's host code
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("sm_count, clusters", [(132, 0), (114, 0), (16, 0)])
+def test_arguments_match_cutlass(grouped_kernel, tmp_path_factory, sm_count, clusters):
+    from gemmgen.testing.oracle import OracleProgram
+
+    oracle = OracleProgram(grouped_kernel.generated, tmp_path_factory.mktemp("grouped-oracle"))
+    k = _cpu(grouped_kernel, sm_count, clusters)
+    enc = k._encode
+    a, b, offsets, bias, weight = _inputs(rows=1000, k=264, n=136, groups=8, offsets=range(100, 900, 100))
+    p = k.prepare(a, b, offsets, bias=bias, weight=weight)
+    layout = k.compiled.params_layout
+    mine = {f.name: (offset, f) for f, offset, _ in layout.fields}
+
+    def field(name):
+        offset, f = mine[name]
+        return int.from_bytes(p.params[offset:offset + f.size], "little", signed=f.kind in ("i32", "i64")) \
+            & (2**64 - 1)
+
+    values = {"groups": 8, "shapes": field("problem.shapes"), "workspace": field("workspace"),
+              "a.array": field("mainloop.ptr_a"), "a.strides": field("mainloop.stride_a"),
+              "b.array": field("mainloop.ptr_b"), "b.strides": field("mainloop.stride_b"),
+              "d.array": field("epilogue.ptr_d"), "d.strides": field("epilogue.stride_d"),
+              "operand.bias.ptr": field("epilogue.row.bias.ptr"),
+              "operand.weight.ptr": field("epilogue.col.weight.ptr"),
+              "hw.device_id": 0, "hw.sm_count": sm_count, "hw.max_active_clusters": clusters}
+    expected = oracle.run_argv(oracle.grouped_argv(values))
+    assert expected.can_implement
+    by_addr = {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
+    assert {c.addr: c.as_dict() for c in enc.calls} == by_addr
+    for f, offset, _ in layout.fields:
+        want = expected.fields[f.name]
+        if f.kind == "desc":
+            ours = enc.of(p.params[offset:offset + 128])
+            theirs = expected.encodes[want["desc"] - 1] if want["desc"] else None
+            assert (ours.addr if ours else None) == (theirs["addr"] if theirs else None), f.name
+        else:
+            assert field(f.name) == want["bits"], f.name
+    assert list(p.grid) == expected.launch["grid"]
+    assert expected.launch["smem"] == grouped_kernel.info.smem_bytes
+
+
+@pytest.mark.oracle
+def test_setup_kernel_arithmetic_on_the_host(tmp_path):
+    """gemmgen/include/gemmgen/grouped.hpp's `fill`, compiled for the host by nvcc, against
+    group_bounds and the column formula, for offsets that are sorted, decreasing and out of range."""
+    from gemmgen.compile.toolchain import toolchain
+    from gemmgen.testing.oracle import nvcc_path
+
+    src = tmp_path / "fill.cu"
+    src.write_text(r'''
+#include <cstdio>
+#include <cstdlib>
+#include <cutlass/cutlass.h>
+#include <gemmgen/grouped.hpp>
+int main(int argc, char** argv) {
+  int groups = argc - 2, offsets[64], shapes[3 * 64];
+  long long table[3 * 64];
+  for (int g = 0; g < groups; ++g) offsets[g] = std::atoi(argv[g + 2]);
+  gemmgen::grouped::Setup s{offsets, shapes, table, groups, std::atoi(argv[1]), 48, 64, 3, {1000, 7, 5}, {24, 0, 0},
+                            {0, 1 << 20, 0}};
+  for (int g = 0; g < groups; ++g) gemmgen::grouped::fill(s, g);
+  for (int g = 0; g < groups; ++g)
+    std::printf("%d %d %d %lld %lld %lld\n", shapes[3 * g], shapes[3 * g + 1], shapes[3 * g + 2], table[g],
+                table[groups + g], table[2 * groups + g]);
+}
+''')
+    exe = tmp_path / "fill"
+    tc = toolchain()
+    subprocess.run([str(nvcc_path()), "-std=c++17", "-w", *(f"-I{d}" for d in tc.include_dirs),
+                    f"-L{nvcc_path().parent.parent / 'lib'}", "-o", str(exe), str(src)],
+                   check=True, capture_output=True)
+    for rows, offsets in ((37, [5, 5, 20, 30]), (37, [10, 4, 12]), (37, [-3, 50, 60]), (1, [1]), (9, [0, 0, 9])):
+        out = subprocess.run([str(exe), str(rows), *map(str, offsets)], check=True, capture_output=True,
+                             text=True).stdout.split("\n")
+        for g, (start, end) in enumerate(group_bounds(offsets, rows)):
+            assert list(map(int, out[g].split())) == [end - start, 48, 64, 1000 + 24 * start, 7 + (1 << 20) * g, 5]
+
+
+# ---- on the GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offsets", [(5, 5, 20, 30), (0, 37, 37, 37), (40, 3, 50, 60)], ids=["gaps", "one", "bad"])
+def test_grouped_on_gpu(grouped_kernel, offsets):
+    """Against the reference (fp32 on the CPU), output pre-filled with NaN: rows after the last group
+    stay NaN; decreasing and out-of-range offsets are clamped as the reference clamps them."""
+    kernel = GroupedKernel(grouped_kernel)
+    a, b, offs, bias, weight = (t.cuda() for t in _inputs(offsets=offsets))
+    want = moe_recipe().reference(a, b, offs, bias=bias, weight=weight).float()
+    assert want.nan_to_num().abs().sum() > 0
+    out = torch.full((37, 48), float("nan"), device="cuda").bfloat16()
+    kernel(a, b, offs, bias=bias, weight=weight, out=out)
+    torch.testing.assert_close(out.float().cpu(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+    graph = torch.cuda.CUDAGraph()
+    again = torch.full_like(out, float("nan"))
+    with torch.cuda.graph(graph):
+        kernel(a, b, offs, bias=bias, weight=weight, out=again)
+    offs.copy_(torch.tensor([0, 10, 10, 37], dtype=torch.int32))  # the replay reads the new offsets
+    graph.replay()
+    torch.cuda.synchronize()
+    want = moe_recipe().reference(a, b, offs, bias=bias, weight=weight).float()
+    torch.testing.assert_close(again.float().cpu(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
