@@ -87,7 +87,10 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         tile=config.tile, cluster=config.cluster, kernel_schedule=config.schedule.kernel(g.grouped),
         mainloop_policy=_mainloop_policy(recipe), problem_shape=_problem_shape(recipe),
         epilogue_schedule=config.schedule.epilogue(g.grouped), stage_count=stage_count,
-        mainloop_smem_carveout=_GROUPED_SMEM_CARVEOUT if g.grouped else "0",
+        mainloop_smem_capacity=_smem_capacity(g.grouped),
+        # a grouped kernel's strides are per-group arrays: its smem atoms come from the stride type
+        stride_c="cute::remove_pointer_t<StrideC>" if g.grouped else "StrideC",
+        stride_d="cute::remove_pointer_t<StrideD>" if g.grouped else "StrideD",
         tile_scheduler=config.tile_scheduler.cutlass(g.grouped), epilogue_decls=epi.decls, callbacks=epi.callbacks,
         collectives=COLLECTIVES[collectives],
         # the builder's choices: two consumer warp groups side by side in M for the cooperative
@@ -111,10 +114,14 @@ def _problem_shape(recipe: RecipeIR) -> str:
     return "Shape<int, int, int, int>"
 
 
-#: Shared memory the grouped mainloop keeps out of its stages (the builder's KernelSmemCarveout):
-#: A's and B's tensor maps, and the group scheduler's pipeline.
-_GROUPED_SMEM_CARVEOUT = ("2 * sizeof(cute::TmaDescriptor) + "
-                          "sizeof(cutlass::PipelineDetail::PipelineAsyncSharedStorage<8>)")
+def _smem_capacity(grouped: bool) -> str:
+    """The shared memory the mainloop's stages may fill: a grouped mainloop leaves out A's and B's
+    tensor maps and the group scheduler's pipeline (the builder's KernelSmemCarveout)."""
+    capacity = "cutlass::gemm::collective::detail::sm90_smem_capacity_bytes"
+    if not grouped:
+        return capacity
+    return (f"{capacity} - static_cast<int>(2 * sizeof(cute::TmaDescriptor) + "
+            "sizeof(cutlass::PipelineDetail::PipelineAsyncSharedStorage<8>))")
 
 
 def _tma_load(cluster_extent: int) -> str:
@@ -129,7 +136,10 @@ def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "re
     entry = f"gemmgen_{recipe.name}_{kernel_id(recipe, config)}"
     source = _environment().get_template("kernel.cu.j2").render(
         version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=config.name, entry=entry,
-        epilogue_layout=epi.layout, info_fields=INFO_FIELDS, grouped=recipe.gemm.grouped,
+        epilogue_layout=epi.layout, info_fields=INFO_FIELDS,
+        # a grouped kernel's module also holds the kernel that fills its per-group arrays
+        extra_headers=["gemmgen/grouped.hpp"] if recipe.gemm.grouped else [],
+        setup_entries=[f"{entry}_groups"] if recipe.gemm.grouped else [],
         param_fields=tuple((f.name, f.lvalue("p"), f.lvalue("d")) for f in fields),
         **type_context(view, config, epi, collectives))
     return GeneratedKernel(recipe, config, view, entry, source, epi, fields)

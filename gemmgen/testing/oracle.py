@@ -115,7 +115,8 @@ class OracleProgram:
             return f"reinterpret_cast<{ctype}>(V[{self.slots.add(name)}])"
 
         groups = self.slots.add("groups")
-        problem = f"{{int(V[{groups}]), {array('shapes', 'typename ProblemShape::UnderlyingProblemShape*')}, nullptr}}"
+        shapes = array("shapes", "typename GemmKernel::ProblemShape::UnderlyingProblemShape*")
+        problem = f"{{int(V[{groups}]), {shapes}, nullptr}}"
         mainloop = (f"{{{array('a.array', 'ElementA const**')}, {array('a.strides', 'typename GemmKernel::StrideA')}, "
                     f"{array('b.array', 'ElementB const**')}, {array('b.strides', 'typename GemmKernel::StrideB')}}}")
         thread = self._arguments(epi.arguments)
