@@ -1,8 +1,8 @@
 """The example recipes: `gemmgen build examples/recipes.py` compiles each and prints the kernel report.
 
 Every module-level gemmgen.Recipe is a kernel. Together they cover both schedules, all four
-A/B layouts, fp8 inputs, every operand kind, an aux output, an amax, and both epilogue shapes (tree
-and graph).
+A/B layouts, fp8 inputs, every operand kind, an aux output, an amax, a grouped (MoE) GEMM, and both
+epilogue shapes (tree and graph).
 """
 
 import gemmgen as gg
@@ -74,4 +74,15 @@ scaled_mm_fp8 = gg.Recipe(
     lambda acc, scale_a, scale_b, bias: acc * scale_a * scale_b + bias,
     a=gg.e4m3, b=gg.e4m3, d=gg.bf16,
     operands={"scale_a": gg.ColVector(gg.f32), "scale_b": gg.RowVector(gg.f32), "bias": gg.RowVector(gg.bf16)},
+)
+
+
+# A mixture-of-experts layer's expert GEMMs in one grouped kernel: the tokens (rows of A) sorted by
+# expert, one (N x K) weight per expert (B is G x K x N), `offsets` where each expert's tokens end;
+# D = silu(A_g @ B_g + bias_g) * routing weight of the token
+moe_up = gg.Recipe(
+    "moe_up",
+    lambda acc, bias, weight: gg.silu(acc + bias) * weight,
+    grouped=True,
+    operands={"bias": gg.RowVector(gg.bf16), "weight": gg.ColVector(gg.f32)},
 )

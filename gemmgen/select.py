@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .config import KernelConfig, Schedule, is_valid, tile_k
+from .config import KernelConfig, Schedule, default_config, is_valid, tile_k
 from .errors import GemmgenError
 from .ir import RecipeIR
 
@@ -110,6 +110,9 @@ def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int =
     """The config for a problem (M rounded up to its bucket), with the reasons."""
     del k  # K does not change the ranking: every candidate tiles K the same way
     mb = m_bucket(max(m, 1))
+    if recipe.gemm.grouped:
+        return Choice(default_config(recipe), mb, 0.0, f"grouped: {default_config(recipe).name}, gemmgen's default: "
+                      "a grouped kernel serves every split of its rows (the groups' sizes are on the GPU)")
     order = ranked(recipe, m, n, l, sm_count)
     score, cfg, why = order[0]
     listed = candidate_configs(recipe, mb)

@@ -255,6 +255,9 @@ def autotune(recipe: Recipe, shapes: Iterable[tuple[int, ...]], *, limit: int = 
 
     Needs a CUDA GPU (timings from anywhere else would be meaningless); `timer` and `device`
     replace the GPU in tests. Candidates are compiled first, in parallel (gemmgen.warmup)."""
+    if recipe.gemm.grouped:
+        raise GemmgenError(f"autotune: {recipe.name!r} is grouped; its kernel serves every split of its rows, so "
+                           "there is no shape bucket to tune: give the recipe a config (config=) instead")
     if timer is None:
         import torch
 

@@ -11,6 +11,10 @@ The fp8 rowwise-scaled GEMM with a bias (`scaled_mm_fp8`, e4m3 in, bf16 out) aga
 `torch._scaled_mm` with the same rowwise scales, with its bias argument (one cuBLASLt call, where
 torch supports rowwise scales with a bias) and without it, plus a separate bias add.
 
+The grouped (MoE) expert GEMM with a per-expert bias, SiLU and each token's routing weight
+(`moe_up`) against `torch._grouped_mm` (torch's grouped GEMM, with the same offsets) followed by the
+same epilogue in torch, and `torch._grouped_mm` alone.
+
 Buffers rotate through more than L2; each number is the median over CUDA-graph replays timed with
 CUDA events (device time only). "vs best" divides the fastest torch way to compute the same
 layer (the first three) by gemmgen's time. Each shape runs under the config the runtime picks for
@@ -65,6 +69,63 @@ def _scaled_mm_then_bias(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor
 
 
 FP8_BASELINES = {"_scaled_mm(bias=)": _scaled_mm_bias, "_scaled_mm + bias": _scaled_mm_then_bias}
+
+
+def _grouped_then_epilogue(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor,
+                           weight: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    return F.silu(torch._grouped_mm(a, b, offs=offsets) + bias[group]) * weight[:, None]
+
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor,
+                weight: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    return torch._grouped_mm(a, b, offs=offsets)
+
+
+GROUPED_BASELINES = {"_grouped_mm + epilogue": _grouped_then_epilogue, "_grouped_mm": _grouped_mm}
+
+
+def _grouped_sets(groups: int, rows: int, n: int, k: int) -> list[tuple]:
+    """Tokens spread evenly over the experts; (a, b, offsets, bias, weight, each row's expert, out)."""
+    per_set = (rows * k + groups * k * n + rows * n) * 2
+    sets = []
+    for _ in range(max(2, -(-L2_BYTES // per_set) + 1)):
+        a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(groups, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        offsets = torch.linspace(rows / groups, rows, groups, device="cuda").round().int()
+        bias = torch.randn(groups, n, device="cuda", dtype=torch.bfloat16)
+        weight = torch.rand(rows, device="cuda")
+        group = torch.searchsorted(offsets, torch.arange(rows, device="cuda", dtype=torch.int32), right=True)
+        sets.append((a, b, offsets, bias, weight, group, torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)))
+    return sets
+
+
+def _grouped_table(recipe, shapes, reps: int) -> None:
+    """`_table` for the grouped recipe: each kernel checked against a per-group fp32 evaluation first."""
+    from gemmgen.tuning import device_ms
+    from tests.data.gpu_matrix import GROUPED_CONFIGS
+
+    names = list(GROUPED_BASELINES)
+    print(f"| G x rows x N x K | config | gemmgen ms | {' ms | '.join(names)} ms | gemmgen TFLOP/s | vs unfused |")
+    print("|---" * (5 + len(names)) + "|")
+    for groups, rows, n, k in shapes:
+        sets = _grouped_sets(groups, rows, n, k)
+        theirs = {name: _timed(fn, sets, reps) for name, fn in GROUPED_BASELINES.items()}
+        unfused = theirs[names[0]]
+        for config in GROUPED_CONFIGS:
+            kernel = recipe.compile(config)
+            a, b, offsets, bias, weight, _, _ = sets[0]
+            assert rows % groups == 0  # equal groups: checked below as one batched GEMM
+            got = kernel(a, b, offsets, bias=bias, weight=weight).float()
+            want = F.silu(torch.bmm(a.float().reshape(groups, rows // groups, k), b.float()) +
+                          bias.float()[:, None, :]).reshape(rows, n) * weight[:, None]
+            torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
+            ours = device_ms([functools.partial(kernel, a, b, offsets, bias=bias, weight=weight, out=out)
+                              for a, b, offsets, bias, weight, _, out in sets], reps)
+            vs = f"{unfused / ours:.2f}x" if unfused else "n/a"
+            print(f"| {groups}x{rows}x{n}x{k} | {config.name} | {ours:.3f} | {' | '.join(map(_ms, theirs.values()))} "
+                  f"| {2 * rows * n * k / ours / 1e9:.0f} | {vs} |", flush=True)
+        del sets
+        torch.cuda.empty_cache()
 
 
 def _timed(fn, sets, reps: int) -> float | None:
@@ -149,7 +210,7 @@ def main() -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     from gemmgen.recipes_file import load_recipes
-    from tests.data.gpu_matrix import BENCH_SHAPES, FP8_BENCH_SHAPES
+    from tests.data.gpu_matrix import BENCH_SHAPES, FP8_BENCH_SHAPES, GROUPED_BENCH_SHAPES
 
     recipes = load_recipes(ROOT / "examples" / "recipes.py")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; median of {args.reps} CUDA-graph "
@@ -158,6 +219,8 @@ def main() -> int:
     _table(recipes["bias_gelu"], BENCH_SHAPES, _bf16_sets, BASELINES, SAME_LAYER, args.reps)
     print("# scaled_mm_fp8 (e4m3 x e4m3 -> bf16, rowwise scales, bias)")
     _table(recipes["scaled_mm_fp8"], FP8_BENCH_SHAPES, _fp8_sets, FP8_BASELINES, tuple(FP8_BASELINES), args.reps)
+    print("# moe_up (grouped bf16: per-expert bias, SiLU, routing weight; tokens spread evenly)")
+    _grouped_table(recipes["moe_up"], GROUPED_BENCH_SHAPES, args.reps)
     return 0
 
 

@@ -50,6 +50,12 @@ def extra():
     return load_recipes(EXTRA)
 
 
+def dense(items: dict) -> dict:
+    """Recipes or compiled kernels by name, but the grouped ones: tests/test_grouped.py covers those
+    (they take offsets, and their groups' shapes live on the GPU)."""
+    return {name: x for name, x in items.items() if not getattr(x, "recipe", x).gemm.grouped}
+
+
 @pytest.fixture(scope="session")
 def compiled(session_cache, examples, extra):
     """Every example kernel plus the extra-coverage kernels, compiled once (2 workers)."""

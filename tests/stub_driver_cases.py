@@ -45,6 +45,10 @@ def _kernels(cache_dir: str) -> dict:
     return out
 
 
+def _dense(kernels: dict) -> dict:
+    return {name: ck for name, ck in kernels.items() if not ck.recipe.gemm.grouped}
+
+
 def case_tensor_maps_reach_the_driver_as_encoded(stub, kernels):
     """Each map a call needs, encoded through the driver path, arrives in C with exactly gemmgen's
     arguments, in a map the driver accepts (64-byte aligned). cuda.bindings' own wrapper would not:
@@ -57,7 +61,7 @@ def case_tensor_maps_reach_the_driver_as_encoded(stub, kernels):
     from tests.test_runtime import _cpu_kernel, _fresh_args
 
     driver.bind_context(0)
-    for name, ck in kernels.items():
+    for name, ck in _dense(kernels).items():
         enc = RecordingEncoder()
         lead = (2,) if ck.recipe.ir.gemm.batched else ()
         a, b, ops = _fresh_args(ck.recipe, 40, 24, 72, lead)
@@ -160,7 +164,7 @@ def case_calls_launch_the_recipes_math(stub, kernels):
     from gemmgen.testing.recording import encode_violations, launch_violations
     from tests.test_runtime import EMULATED, TOLERANCE, _args_with_nonzero_reference, _given_outputs, _unwritten
 
-    for name, ck in kernels.items():
+    for name, ck in _dense(kernels).items():
         kernel = Kernel(ck, require_cuda=False)  # the real driver path: encode, load and launch reach the stub
         recipe = ck.recipe
         for m, n, k, batch in EMULATED:
@@ -292,6 +296,33 @@ def case_threads_sharing_a_kernel(stub, kernels):
     finally:
         sys.setswitchinterval(switch)
     assert counts == [len(EMULATED) * 2 * 3] * 4, counts
+
+
+def case_a_grouped_call_launches_setup_then_gemm(stub, kernels):
+    """A grouped kernel's call, through the real driver path: two launches on the stream, the setup
+    kernel (looked up in the same module) and then the GEMM with its Params; every tensor map it
+    encodes is one the driver accepts."""
+    from gemmgen.runtime.grouped import GroupedKernel
+    from gemmgen.testing.recording import encode_violations, launch_violations
+    from tests.test_grouped import _inputs
+
+    ck = kernels["moe_up"]
+    kernel = GroupedKernel(ck, require_cuda=False)
+    a, b, offsets, bias, weight = _inputs()
+    prepared = kernel.prepare(a, b, offsets, bias=bias, weight=weight)
+    before = stub.launches
+    kernel(a, b, offsets, bias=bias, weight=weight)
+    assert stub.launches == before + 2
+    launch = stub.last_launch
+    assert stub.entry == f"{ck.entry}_groups"  # the last function looked up: the setup kernel, after the GEMM
+    assert (launch.param_count, len(launch.params)) == (1, ck.info.params_size)
+    assert (launch.block, launch.cluster, launch.smem, launch.stream) == \
+        ((ck.info.max_threads, 1, 1), ck.config.cluster, ck.info.smem_bytes, STREAM)
+    assert launch.grid == prepared.grid and launch_violations(launch.grid, 384, launch.cluster, launch.smem) == []
+    for field, offset, _ in ck.params_layout.fields:
+        if field.kind == "desc":
+            args = stub.of(launch.params[offset:offset + 128])
+            assert args is not None and encode_violations(args) == [], (field.name, args)
 
 
 CASES = {name: fn for name, fn in globals().items() if name.startswith("case_")}

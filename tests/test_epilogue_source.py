@@ -26,6 +26,7 @@ from gemmgen.testing.random_recipes import random_recipe
 from gemmgen.testing.recording import RecordingEncoder
 from gemmgen.testing.visitors import CppType, EpilogueInterpreter, parse_type
 
+from .conftest import dense
 from .test_runtime import EMULATED, TOLERANCE, _args_with_nonzero_reference, _given_outputs, _padded
 
 
@@ -101,7 +102,7 @@ def test_every_recipe_under_plain_and_swapped_kernels(examples, extra):
     """Every example and coverage recipe, under its default config, a pingpong and a swapped kernel
     (the epilogue of D^T, rows and columns exchanged), over the emulation shapes."""
     count = 0
-    for recipe in [*examples.values(), *extra.values()]:
+    for recipe in [*dense(examples).values(), *extra.values()]:  # grouped: tests/test_grouped.py
         for config in _configs(recipe):
             ck = _uncompiled(recipe, config)
             for shape in EMULATED:

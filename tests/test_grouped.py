@@ -15,6 +15,8 @@ from gemmgen.reference import group_bounds
 from gemmgen.runtime.grouped import SETUP, BufferLayout, GroupedKernel
 from gemmgen.testing.recording import RecordingEncoder
 
+from .data.gpu_matrix import GROUPED_CONFIGS
+
 MOE = dict(epilogue=lambda acc, bias, weight: gg.silu(acc + bias) * weight,
            operands={"bias": gg.RowVector(gg.bf16), "weight": gg.ColVector(gg.f32)})
 
@@ -26,9 +28,20 @@ def moe_recipe(**kw) -> gg.Recipe:
 
 
 @pytest.fixture(scope="module")
-def grouped_kernel(session_cache):
-    """Compiled once (NVRTC, about 30 s); the session cache shares it with every run after."""
-    return moe_recipe().build(cache=session_cache)
+def grouped_kernels(session_cache):
+    """`moe_recipe()` under GROUPED_CONFIGS (the default config is compiled with the examples, of
+    which it is moe_up; the pingpong one here, NVRTC, about 30 s; from the bundle on the GPU)."""
+    recipe = moe_recipe()
+    return [recipe.build(config, cache=session_cache) for config in GROUPED_CONFIGS]
+
+
+@pytest.fixture(scope="module")
+def grouped_kernel(grouped_kernels):
+    return grouped_kernels[0]
+
+
+def test_the_example_is_the_recipe_tested_here(examples):
+    assert examples["moe_up"].key == moe_recipe().key
 
 
 def _cpu(kernel, sm_count=132, clusters=0):
@@ -71,6 +84,8 @@ def test_grouped_recipe_mistakes():
         moe_recipe(layout_a=gg.ColMajor)
     with pytest.raises(RecipeError, match="batched"):
         moe_recipe(batched=True)
+    with pytest.raises(RecipeError, match="fp8 groups"):
+        moe_recipe(a=gg.e4m3, b=gg.e4m3)
     with pytest.raises(RecipeError, match="aux output"):
         gg.Recipe("g", lambda acc: {"d": acc, "pre": acc}, grouped=True, aux={"pre": gg.bf16})
     with pytest.raises(RecipeError, match="at most one"):
@@ -119,6 +134,38 @@ def test_prepare_builds_setup_and_params(grouped_kernel):
     assert len(p.params) == grouped_kernel.info.params_size
 
 
+def _filled(setup: bytes, rows_of: list[int]) -> tuple[list[tuple[int, int, int]], list[list[int]]]:
+    """What the setup kernel writes, from the Setup block (grouped.hpp's `fill`, whose arithmetic
+    test_setup_kernel_arithmetic_on_the_host checks): each group's shape and column values."""
+    f = SETUP.unpack(setup)
+    groups, rows, n, k, columns = f[3:8]
+    base, per_row, per_group = f[8:24], f[24:40], f[40:56]
+    bounds = group_bounds(rows_of, rows)
+    assert len(bounds) == groups
+    shapes = [(end - start, n, k) for start, end in bounds]
+    table = [[base[c] + per_row[c] * start + per_group[c] * g for c in range(columns)]
+             for g, (start, _) in enumerate(bounds)]
+    return shapes, table
+
+
+def test_group_arrays_address_each_groups_rows(grouped_kernel):
+    """Every per-group pointer and stride, against torch's own addressing of the same elements:
+    group g's first row of A, D and the routing weights, its B and its bias row."""
+    k = _cpu(grouped_kernel)
+    a, b, offsets, bias, weight = _inputs(rows=61, k=72, n=40, groups=5, offsets=(7, 7, 30, 44, 60))
+    a = torch.randn(61, 96).bfloat16()[:, :72]  # padded rows: lda 96
+    bias = torch.randn(5, 64).bfloat16()[:, :40]  # padded group rows: 64 elements apart
+    p = k.prepare(a, b, offsets, bias=bias, weight=weight)
+    shapes, table = _filled(p.setup, offsets.tolist())
+    d = p.output
+    for g, (start, end) in enumerate(group_bounds(offsets.tolist(), 61)):
+        assert shapes[g] == (end - start, 40, 72)
+        ptr_a, ptr_b, ptr_d, ptr_bias, ptr_weight, lda, ldb, ldd = table[g]
+        assert (ptr_a, ptr_b, ptr_d) == (a[start].data_ptr(), b[g].data_ptr(), d[start].data_ptr())
+        assert (ptr_bias, ptr_weight) == (bias[g].data_ptr(), weight[start].data_ptr())
+        assert (lda, ldb, ldd) == (96, 72, d.stride(0))  # B per group is N x K, K contiguous: ld K
+
+
 def test_empty_and_zero_k(grouped_kernel):
     k = _cpu(grouped_kernel)
     a, b, offsets, bias, weight = _inputs(rows=0)
@@ -135,12 +182,20 @@ def test_empty_and_zero_k(grouped_kernel):
 # ---- against CUTLASS's host code
 
 
-@pytest.mark.oracle
-@pytest.mark.parametrize("sm_count, clusters", [(132, 0), (114, 0), (16, 0)])
-def test_arguments_match_cutlass(grouped_kernel, tmp_path_factory, sm_count, clusters):
+@pytest.fixture(scope="module")
+def grouped_oracles(grouped_kernels, tmp_path_factory):
+    """CUTLASS's host code for each grouped kernel (nvcc, about 25 s each)."""
     from gemmgen.testing.oracle import OracleProgram
 
-    oracle = OracleProgram(grouped_kernel.generated, tmp_path_factory.mktemp("grouped-oracle"))
+    build = tmp_path_factory.mktemp("grouped-oracle")
+    return [OracleProgram(k.generated, build) for k in grouped_kernels]
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("index", range(len(GROUPED_CONFIGS)), ids=[c.name for c in GROUPED_CONFIGS])
+@pytest.mark.parametrize("sm_count, clusters", [(132, 0), (114, 0), (16, 0), (132, 66), (132, 33)])
+def test_arguments_match_cutlass(grouped_kernels, grouped_oracles, index, sm_count, clusters):
+    grouped_kernel, oracle = grouped_kernels[index], grouped_oracles[index]
     k = _cpu(grouped_kernel, sm_count, clusters)
     enc = k._encode
     a, b, offsets, bias, weight = _inputs(rows=1000, k=264, n=136, groups=8, offsets=range(100, 900, 100))
@@ -217,23 +272,108 @@ int main(int argc, char** argv) {
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("offsets", [(5, 5, 20, 30), (0, 37, 37, 37), (40, 3, 50, 60)], ids=["gaps", "one", "bad"])
-def test_grouped_on_gpu(grouped_kernel, offsets):
+@pytest.mark.parametrize("index", range(len(GROUPED_CONFIGS)), ids=[c.name for c in GROUPED_CONFIGS])
+@pytest.mark.parametrize("shape, offsets", [
+    ((37, 64, 48, 4), (5, 5, 20, 30)),  # an empty group, rows after the last group
+    ((37, 64, 48, 4), (0, 37, 37, 37)),  # all rows in one group
+    ((37, 64, 48, 4), (40, 3, 50, 60)),  # out of range and decreasing: clamped
+    ((1000, 264, 136, 8), (90, 90, 333, 334, 600, 700, 999, 1000)),  # tiles per group, K and N tails, M = 1
+], ids=["gaps", "one", "bad", "large"])
+def test_grouped_on_gpu(grouped_kernels, index, shape, offsets):
     """Against the reference (fp32 on the CPU), output pre-filled with NaN: rows after the last group
-    stay NaN; decreasing and out-of-range offsets are clamped as the reference clamps them."""
-    kernel = GroupedKernel(grouped_kernel)
-    a, b, offs, bias, weight = (t.cuda() for t in _inputs(offsets=offsets))
+    stay NaN; then a CUDA graph of the call replayed after the offsets changed on the GPU."""
+    kernel = GroupedKernel(grouped_kernels[index])
+    rows, k, n, groups = shape
+    a, b, offs, bias, weight = (t.cuda() for t in _inputs(rows, k, n, groups, offsets))
     want = moe_recipe().reference(a, b, offs, bias=bias, weight=weight).float()
     assert want.nan_to_num().abs().sum() > 0
-    out = torch.full((37, 48), float("nan"), device="cuda").bfloat16()
+    out = torch.full((rows, n), float("nan"), device="cuda").bfloat16()
     kernel(a, b, offs, bias=bias, weight=weight, out=out)
     torch.testing.assert_close(out.float().cpu(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
     graph = torch.cuda.CUDAGraph()
     again = torch.full_like(out, float("nan"))
     with torch.cuda.graph(graph):
         kernel(a, b, offs, bias=bias, weight=weight, out=again)
-    offs.copy_(torch.tensor([0, 10, 10, 37], dtype=torch.int32))  # the replay reads the new offsets
+    new = sorted(torch.randint(0, rows + 1, (groups,)).tolist())
+    offs.copy_(torch.tensor(new, dtype=torch.int32))  # the replay reads the offsets on the GPU
     graph.replay()
     torch.cuda.synchronize()
     want = moe_recipe().reference(a, b, offs, bias=bias, weight=weight).float()
-    torch.testing.assert_close(again.float().cpu(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+    covered = new[-1]
+    torch.testing.assert_close(again[:covered].float().cpu(), want[:covered], rtol=1.6e-2, atol=1e-2,
+                               msg=f"replay with offsets {new}")
+
+
+@pytest.mark.gpu
+def test_grouped_op_on_gpu(grouped_kernel):
+    """The op on CUDA tensors (the kernel), its gradients (torch._grouped_mm) and torch.compile."""
+    op = gg.op(moe_recipe())
+    a, b, offsets, bias, weight = (t.cuda() for t in _inputs(offsets=(5, 5, 20, 37)))
+    want = _unfused(a.cpu(), b.cpu(), offsets.cpu(), bias.cpu(), weight.cpu())
+    torch.testing.assert_close(op(a, b, offsets, bias, weight).double().cpu(), want, rtol=1.6e-2, atol=1e-2)
+    compiled = torch.compile(lambda *x: op(*x), fullgraph=True)
+    torch.testing.assert_close(compiled(a, b, offsets, bias, weight).double().cpu(), want, rtol=1.6e-2, atol=1e-2)
+    leaves = [t.clone().requires_grad_(True) for t in (a, b, bias, weight)]
+    grad = torch.randn(37, 48, device="cuda")
+    op(leaves[0], leaves[1], offsets, leaves[2], leaves[3]).float().backward(grad)
+    ref = [t.detach().cpu().double().requires_grad_(True) for t in (a, b, bias, weight)]
+    _unfused(ref[0], ref[1], offsets.cpu(), ref[2], ref[3]).backward(grad.cpu().double())
+    _assert_gradients(leaves, ref)
+
+
+# ---- the torch op
+
+
+def _unfused(a, b, offsets, bias, weight):
+    """The MoE layer in plain torch, one group at a time (float64)."""
+    out = []
+    for g, (start, end) in enumerate(group_bounds(offsets.tolist(), a.shape[0])):
+        acc = a[start:end].double() @ b[g].double()
+        out.append(torch.nn.functional.silu(acc + bias[g].double()) * weight[start:end, None].double())
+    return torch.cat(out)
+
+
+def _assert_gradients(mine: list[torch.Tensor], ref: list[torch.Tensor]) -> None:
+    """Each gradient within 1% of the fp64 unfused layer's, relative to its norm: the op recomputes
+    the accumulator in bf16 (as the unfused bf16 layer would have saved it) and returns bf16
+    gradients for bf16 inputs, so each element carries bf16 rounding (about 0.3% here)."""
+    for name, m, r in zip(("a", "b", "bias", "weight"), mine, ref, strict=True):
+        assert m.grad is not None and r.grad is not None and r.grad.norm() > 0, name
+        error = (m.grad.double().cpu() - r.grad).norm() / r.grad.norm()
+        assert error < 1e-2, (name, float(error))
+
+
+def test_op_cpu_fake_and_opcheck():
+    op = gg.op(moe_recipe())
+    a, b, offsets, bias, weight = _inputs(offsets=(5, 5, 20, 37))
+    d = op(a, b, offsets, bias, weight)
+    assert d.shape == (37, 48) and d.dtype == torch.bfloat16
+    torch.testing.assert_close(d.double(), _unfused(a, b, offsets, bias, weight), rtol=1.6e-2, atol=1e-2)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = op(*(mode.from_tensor(t) for t in (a, b, offsets, bias, weight)))
+    assert fake.shape == (37, 48) and fake.stride() == (48, 1)
+    torch.library.opcheck(op.default, (a, b, offsets, bias, weight))
+
+
+def test_op_gradients_match_the_unfused_layer():
+    op = gg.op(moe_recipe())
+    a, b, offsets, bias, weight = _inputs(offsets=(5, 5, 20, 37))
+    leaves = [t.clone().requires_grad_(True) for t in (a, b, bias, weight)]
+    grad = torch.randn(37, 48)
+    op(leaves[0], leaves[1], offsets, leaves[2], leaves[3]).float().backward(grad)
+    ref = [t.detach().double().requires_grad_(True) for t in (a, b, bias, weight)]
+    _unfused(ref[0], ref[1], offsets, ref[2], ref[3]).backward(grad.double())
+    _assert_gradients(leaves, ref)
+
+
+def test_op_traces_without_graph_breaks():
+    op = gg.op(moe_recipe())
+    a, b, offsets, bias, weight = _inputs(offsets=(5, 5, 20, 37))
+
+    def layer(a, b, offsets, bias, weight):
+        return op(torch.relu(a), b, offsets, bias, weight) * 2
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(a, b, offsets, bias, weight), layer(a, b, offsets, bias, weight))

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 import gemmgen as gg
 from gemmgen.reference import reference
 
+from .conftest import dense
+
 # One ulp of the output type: the two sides differ only in fp32 rounding order before the final cast.
 TOL = {torch.bfloat16: (2**-7, 2**-7), torch.float16: (2**-10, 2**-10), torch.float32: (1e-5, 1e-5),
        torch.float8_e4m3fn: (2**-3, 2**-9), torch.float8_e5m2: (2**-2, 2**-16)}
@@ -73,7 +75,7 @@ def _independent(name, acc, ops):
 
 
 def _all_recipes(examples, extra):
-    return list(examples.values()) + list(extra.values())
+    return list(dense(examples).values()) + list(extra.values())  # grouped: tests/test_grouped.py
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))

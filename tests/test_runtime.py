@@ -17,6 +17,8 @@ from gemmgen.integrations.ops import call_realigning
 from gemmgen.runtime.kernel import Kernel
 from gemmgen.testing.recording import RecordingEncoder, launch_violations
 
+from .conftest import dense
+
 pytestmark = pytest.mark.nvrtc  # needs the compiled kernels (Params layout)
 
 def _cpu_kernel(compiled, encoder=None):
@@ -43,7 +45,7 @@ def _ab(m, n, k, dtype=torch.bfloat16, layout_a="row", layout_b="col", batch=Non
 
 @pytest.fixture(scope="module")
 def kernels(compiled):
-    return {name: _cpu_kernel(k) for name, k in compiled.items()}
+    return {name: _cpu_kernel(k) for name, k in dense(compiled).items()}
 
 
 def test_prepare_builds_params_and_outputs(kernels):
@@ -397,7 +399,7 @@ def test_params_address_the_recipes_math(compiled, shape, outputs):
     from gemmgen.testing.emulate import emulate
 
     m, n, k, batch = shape
-    for name, compiled_kernel in compiled.items():
+    for name, compiled_kernel in dense(compiled).items():
         recipe = compiled_kernel.recipe
         lead = (batch,) if recipe.ir.gemm.batched else ()
         a, b, ops, want = _args_with_nonzero_reference(recipe, m, n, k, lead)
@@ -542,7 +544,7 @@ def test_op_path_on_torch_tensors_of_random_shapes_and_layouts(compiled):
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     extents = (1, 2, 3, 7, 8, 9, 15, 16, 17, 64, 65, 127, 128, 129, 200)
-    for name, ck in compiled.items():
+    for name, ck in dense(compiled).items():
         recipe, g = ck.recipe, ck.recipe.ir.gemm
         for _ in range(6):
             m, n, k = (rng.choice(extents) for _ in range(3))

@@ -73,6 +73,11 @@ def op(recipe: Recipe) -> Any:
     with _LOCK:
         if name in _OPS:
             return _OPS[name]
+        if recipe.ir.gemm.grouped:
+            from .grouped_ops import grouped_backends, grouped_schema
+
+            _OPS[name] = define(grouped_schema(name, recipe), *grouped_backends(recipe))
+            return _OPS[name]
         names = [o.name for o in recipe.operands]
 
         def outputs_like(a: torch.Tensor, b: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
@@ -157,7 +162,8 @@ def call_realigning(recipe: Recipe, call: Any, a: torch.Tensor, b: torch.Tensor,
 def _realigned(recipe: Recipe, refused: LayoutMismatch, a: torch.Tensor, b: torch.Tensor, args: tuple
                ) -> tuple[torch.Tensor, torch.Tensor, tuple]:
     """The arguments with the one `refused` names replaced by a TMA-readable copy."""
-    g, names = recipe.ir.gemm, [o.name for o in recipe.ir.epilogue.operands]
+    g = recipe.ir.gemm
+    names = ["offsets"] * g.grouped + [o.name for o in recipe.ir.epilogue.operands]  # as `args` holds them
     if refused.argument == "a":
         return tma_readable(a, g.layout_a), b, args
     if refused.argument == "b":

@@ -253,22 +253,16 @@ class GroupedKernel:
         return PreparedGroupedCall(d, buffer, setup, setup_grid, params, grid, device_index)
 
     def _epilogue_of_zero(self, d: torch.Tensor, call: GroupedCall, operands: dict, offsets: torch.Tensor) -> None:
-        """K = 0: each group's epilogue applied to a zero accumulator (rows after the last group's end
-        are left as they are, as the kernel leaves them). Torch ops on the stream: no sync."""
+        """K = 0: each group's epilogue applied to a zero accumulator, by torch ops on the stream (no
+        sync); rows after the last group's end are left as they are, as the kernel leaves them."""
         from ..reference import evaluate_epilogue
 
-        rows = torch.arange(call.rows, device=d.device, dtype=torch.int32)
-        ends = torch.cummax(offsets.clamp(0, call.rows), 0).values
-        group = torch.searchsorted(ends, rows, right=True)  # the group of each row; groups: past the end
-        covered = group < call.groups
-        row_group = group.clamp(max=call.groups - 1)
-        ops = {}
-        for o in self._ir.epilogue.operands:
-            v = operands[o.name]
-            ops[o.name] = v[row_group] if o.kind is OperandKind.ROW else v.reshape(-1, 1) \
-                if o.kind is OperandKind.COL else v
+        _, group, covered = row_groups(offsets, call.rows, call.groups)
+        per_row = {o.name: operands[o.name][group] if o.kind is OperandKind.ROW else
+                   operands[o.name].reshape(-1, 1) if o.kind is OperandKind.COL else operands[o.name]
+                   for o in self._ir.epilogue.operands}
         acc = torch.zeros((call.rows, call.n), dtype=torch.float32, device=d.device)
-        value = evaluate_epilogue(_vectors_as_matrices(self._ir), acc, ops)[0]
+        value = evaluate_epilogue(vectors_as_matrices(self._ir), acc, per_row)[0]
         d.copy_(torch.where(covered.reshape(-1, 1), value, d))
 
     def _device_hardware(self, device_index: int) -> tuple[int, int]:
@@ -284,9 +278,17 @@ class GroupedKernel:
         return hit
 
 
-def _vectors_as_matrices(ir: RecipeIR) -> EpilogueIR:
-    """The epilogue with its row and column vectors read as tensors broadcast as given (gathered
-    per row of A already)."""
+def vectors_as_matrices(ir: RecipeIR) -> EpilogueIR:
+    """The epilogue with its row and column vectors read as tensors broadcast as given (already
+    gathered per row of A: a row's group's vector, the row's entry)."""
     ops = tuple(Operand(o.name, OperandKind.MATRIX if o.kind in (OperandKind.ROW, OperandKind.COL) else o.kind,
                         o.dtype) for o in ir.epilogue.operands)
     return EpilogueIR(ir.epilogue.nodes, ir.epilogue.outputs, ops)
+
+
+def row_groups(offsets: torch.Tensor, rows: int, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(clamped group ends, each row's group (clamped to a valid index), whether the row is in a
+    group), by torch ops on the offsets' device: reference.group_bounds, without reading them."""
+    ends = torch.cummax(offsets.clamp(0, rows), 0).values
+    group = torch.searchsorted(ends, torch.arange(rows, device=offsets.device, dtype=offsets.dtype), right=True)
+    return ends, group.clamp(max=max(groups - 1, 0)), group < groups

@@ -55,6 +55,14 @@ def fp8_out_recipe(d: gg.DType = gg.e4m3) -> gg.Recipe:
                      a=gg.e4m3, b=gg.e4m3, d=d, operands={"scale": gg.Scalar()}, aux={"amax_d": gg.f32})
 
 
+#: The grouped example's kernels on the GPU and against CUTLASS's host code (tests/test_grouped.py):
+#: the default (cooperative, no cluster) and a pingpong kernel with a 2 x 1 cluster.
+GROUPED_CONFIGS = (gg.KernelConfig(), gg.KernelConfig(cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG))
+#: scripts/gpu_bench.py's grouped shapes (groups, rows, N, K): Mixtral 8x7B's up projection for 4096
+#: tokens (512 per expert), and 64 small experts with 128 tokens each (DeepSeek-V2-Lite's sizes).
+GROUPED_BENCH_SHAPES = ((8, 4096, 14336, 4096), (64, 8192, 1408, 2048))
+
+
 def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     import torch
 
@@ -73,6 +81,9 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         training = linear_recipe(act, True, torch.bfloat16, save_pre_activation=True)
         out += [(training, choose(training.ir, m, n, k).config) for m, n, k in TRAINING_PROBLEMS]
     for recipe in load_recipes(ROOT / "examples" / "recipes.py").values():
+        if recipe.ir.gemm.grouped:  # tests/test_grouped.py's GPU test: no swapped kernel for groups
+            out += [(recipe, c) for c in GROUPED_CONFIGS]
+            continue
         default = recipe.default_config()
         other = gg.Schedule.PINGPONG if default.schedule is gg.Schedule.COOPERATIVE else gg.Schedule.COOPERATIVE
         out.append((recipe, default))

@@ -1,0 +1,123 @@
+"""A grouped (MoE) recipe as a `torch.library` op: `op(a, b, offsets, *operands) -> d`.
+
+The same contract as ops.py's ops: a fake implementation with D's exact shape and strides (traced
+by torch.compile without graph breaks), a CUDA implementation that launches the kernel (one per
+device: a grouped kernel's config does not depend on the groups' sizes, which only the GPU knows),
+a CPU implementation that evaluates the reference, and gradients. Rows of D after the last group's
+end are not written (unspecified), as with `torch._grouped_mm`.
+
+Gradients follow the unfused model with torch's own grouped GEMM (`torch._grouped_mm`, which takes
+the same offsets), so backward never reads the offsets on the host either: the accumulator is
+recomputed, the epilogue differentiated in fp32 with autograd (row vectors gathered per row of A by
+each row's group, so their gradients sum back per group), and dacc maps back to A (per group, dacc
+B_g^T) and to B (per group, A_g^T dacc).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import InvalidArgument
+from ..runtime.checks import check_grouped_call
+from ..runtime.grouped import row_groups, vectors_as_matrices
+from ..runtime.kernel import allocate_output
+from ..types import OperandKind
+
+if TYPE_CHECKING:
+    from ..dsl import Recipe
+
+
+def grouped_schema(name: str, recipe: Recipe) -> str:
+    args = ["Tensor a", "Tensor b", "Tensor offsets"]
+    args += [f"float {o.name}" if o.kind is OperandKind.SCALAR else f"Tensor {o.name}" for o in recipe.operands]
+    return f"{name}({', '.join(args)}) -> Tensor"
+
+
+def grouped_backends(recipe: Recipe) -> tuple[dict[str, Any], Any, Any, Any]:
+    """(backends, fake, backward, setup_context) for `ops.define`."""
+    from .ops import call_realigning
+
+    names = [o.name for o in recipe.operands]
+    kernels: dict[int, Any] = {}
+
+    def launch(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *args: Any) -> torch.Tensor:
+        index = a.device.index or 0
+        kernel = kernels.get(index)
+        if kernel is None:
+            check_grouped_call(recipe.ir, a, b, offsets, dict(zip(names, args, strict=True)))  # before compiling
+            kernel = kernels.setdefault(index, recipe.compile())
+        return kernel(a, b, offsets, *args)
+
+    def cuda_impl(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *args: Any) -> torch.Tensor:
+        return call_realigning(recipe, launch, a, b, (offsets, *args))
+
+    def evaluate(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *args: Any) -> torch.Tensor:
+        operands = dict(zip(names, args, strict=True))
+        check_grouped_call(recipe.ir, a, b, offsets, operands, require_cuda=False)
+        with torch.autocast("cpu", enabled=False):
+            return recipe.reference(a, b, offsets, **operands)
+
+    def cpu_impl(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *args: Any) -> torch.Tensor:
+        d = fake_impl(a, b, offsets, *args)
+        return d.copy_(call_realigning(recipe, evaluate, a, b, (offsets, *args)))
+
+    def fake_impl(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *args: Any) -> torch.Tensor:
+        return allocate_output((a.shape[0], b.shape[-1]), recipe.ir.gemm.d.torch, a.device)
+
+    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+        ctx.scalars = [None if isinstance(x, torch.Tensor) else x for x in inputs]
+        ctx.is_tensor = [isinstance(x, torch.Tensor) for x in inputs]
+        ctx.save_for_backward(*[x for x in inputs if isinstance(x, torch.Tensor)])
+
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        saved = iter(ctx.saved_tensors)
+        inputs = [next(saved) if is_t else s for is_t, s in zip(ctx.is_tensor, ctx.scalars, strict=True)]
+        return grouped_vjp(recipe, inputs, grad, ctx.needs_input_grad)
+
+    return {"CUDA": cuda_impl, "CPU": cpu_impl}, fake_impl, backward, setup_context
+
+
+def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[bool, ...]) -> tuple:
+    from ..reference import evaluate_epilogue
+
+    a, b, offsets, *rest = inputs
+    if recipe.ir.gemm.fp8 and (needed[0] or needed[1]):
+        raise InvalidArgument(f"{'a' if needed[0] else 'b'}: gemmgen has no gradient for fp8 A or B; detach them")
+    names = [o.name for o in recipe.operands]
+    kinds = {o.name: o.kind for o in recipe.operands}
+    ops = dict(zip(names, rest, strict=True))
+    rows, groups = a.shape[0], b.shape[0]
+    if rows == 0 or groups == 0:
+        return (torch.zeros_like(a) if needed[0] else None, torch.zeros_like(b) if needed[1] else None, None,
+                *[torch.zeros_like(v) if isinstance(v, torch.Tensor) and need else None
+                  for v, need in zip(rest, needed[3:], strict=True)])
+    ends, group, covered = row_groups(offsets, rows, groups)
+    covered = covered.unsqueeze(1)
+    with torch.enable_grad():
+        acc = torch._grouped_mm(a.detach(), b.detach(), offs=ends).float()
+        acc = torch.where(covered, acc, 0.0).requires_grad_(True)  # rows in no group: not computed
+        leaves = {k: v.detach().float().requires_grad_(True) for (k, v), need in zip(ops.items(), needed[3:],
+                  strict=True) if need and isinstance(v, torch.Tensor)}
+        per_row = {}
+        for k, v in {**ops, **leaves}.items():
+            if kinds[k] is OperandKind.ROW:
+                per_row[k] = v[group]  # each row's group's vector; autograd sums the rows back per group
+            elif kinds[k] is OperandKind.COL:
+                per_row[k] = v.reshape(-1, 1)
+            else:
+                per_row[k] = v
+        out = evaluate_epilogue(vectors_as_matrices(recipe.ir), acc, per_row, round_outputs=False)[0]
+        got = torch.autograd.grad(out, [acc, *leaves.values()], torch.where(covered, grad.float(), 0.0),
+                                  allow_unused=True)
+    g_leaf = dict(zip(leaves, got[1:], strict=True))
+    ga = gb = None
+    if needed[0] or needed[1]:
+        g_acc = torch.where(covered, got[0] if got[0] is not None else 0.0, 0.0).to(a.dtype)
+        if needed[0]:
+            ga = torch.where(covered, torch._grouped_mm(g_acc, b.transpose(-1, -2), offs=ends), 0.0).to(a.dtype)
+        if needed[1]:
+            gb = torch._grouped_mm(a.t(), g_acc, offs=ends).to(b.dtype)
+    grads = [None if g_leaf.get(k) is None else g_leaf[k].to(v.dtype) for k, v in ops.items()]
+    return (ga, gb, None, *grads)
