@@ -391,6 +391,10 @@ def _check_grouped_epilogue(ir: EpilogueIR) -> None:
     if len(matrices) > 1:
         raise RecipeError(f"operands {matrices}: a grouped GEMM's epilogue reads at most one M x N matrix "
                           "(it is loaded as C); combine the others before the GEMM")
+    vectors = [o.name for o in ir.operands if o.kind in (OperandKind.ROW, OperandKind.COL)]
+    if len(vectors) > 8:  # each is a per-group pointer array the setup kernel fills (grouped.hpp's MaxColumns)
+        raise RecipeError(f"operands {vectors}: a grouped GEMM's epilogue reads at most 8 row or column vectors; "
+                          "combine some before the GEMM")
     extra = [o.name for o in ir.outputs[1:]]
     if extra:
         raise RecipeError(f"aux output {extra[0]!r}: a grouped GEMM writes D only (auxiliary outputs and "

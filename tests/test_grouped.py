@@ -119,6 +119,9 @@ def test_call_checks_arguments(grouped_kernel):
         k.prepare(a, b, offsets, bias=bias, weight=weight[:-1])
     with pytest.raises(InvalidArgument, match="16 bytes"):
         k.prepare(a, b, offsets, bias=torch.randn(4, 50).bfloat16()[:, :48], weight=weight)
+    huge = a[:1].expand(2**31, 64)  # no memory behind it: the check comes first
+    with pytest.raises(InvalidArgument, match="rows of a = 2147483648"):
+        k.prepare(huge, b, offsets, bias=bias, weight=weight[:1].expand(2**31))
 
 
 def test_prepare_builds_setup_and_params(grouped_kernel):
@@ -164,6 +167,22 @@ def test_group_arrays_address_each_groups_rows(grouped_kernel):
         assert (ptr_a, ptr_b, ptr_d) == (a[start].data_ptr(), b[g].data_ptr(), d[start].data_ptr())
         assert (ptr_bias, ptr_weight) == (bias[g].data_ptr(), weight[start].data_ptr())
         assert (lda, ldb, ldd) == (96, 72, d.stride(0))  # B per group is N x K, K contiguous: ld K
+
+
+def test_repeated_calls_follow_every_address(grouped_kernel):
+    """The per-signature cache never serves stale addresses: each call's setup block holds that
+    call's A, D and vectors, whether the tensors moved or D was freshly allocated."""
+    k = _cpu(grouped_kernel)
+    first = _inputs()
+    second = tuple(t.clone() for t in first)
+    for args in (first, second, first):
+        a, b, offsets, bias, weight = args
+        for out in (None, torch.empty(37, 48).bfloat16()):
+            p = k.prepare(a, b, offsets, bias=bias, weight=weight, out=out)
+            _, table = _filled(p.setup, offsets.tolist())
+            assert SETUP.unpack(p.setup)[0] == offsets.data_ptr()
+            assert table[0][:5] == [a.data_ptr(), b.data_ptr(), p.output.data_ptr(), bias.data_ptr(), weight.data_ptr()]
+            assert out is None or p.output is out
 
 
 def test_empty_and_zero_k(grouped_kernel):

@@ -337,6 +337,10 @@ def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, 
                               f"{tuple(b.shape)}")
     rows, k = a.shape
     groups, n = b.shape[0], b.shape[2]
+    for extent, name in ((rows, "rows of a"), (n, "N"), (k, "K"), (groups, "groups")):
+        if extent > INT32_MAX - 256:  # the kernel's per-group shapes and the setup's offsets are 32-bit
+            raise InvalidArgument(f"{name} = {extent}: too large for the grouped kernel's 32-bit shapes; split "
+                                  "the call")
     if b.shape[1] != k:
         raise InvalidArgument(f"b: expected (groups, {k}, N) (K of a, shape {tuple(a.shape)}), got {tuple(b.shape)}")
     offsets = _need_tensor("offsets", offsets)

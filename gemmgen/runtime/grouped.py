@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -30,7 +30,7 @@ from ..types import OperandKind
 from . import driver, scheduler, tma
 from .arguments import ParamsWriter, TensorMapEncoder
 from .checks import GroupedCall, check_grouped_call, check_no_alias, check_output, grouped_input_spans, output_span
-from .kernel import MemoEncoder, allocate_output
+from .kernel import MemoEncoder, argument_signature, padded_strides, put_bounded
 from .problem import TensorArg
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class BufferLayout:
 class Column(NamedTuple):
     """One per-group array the setup kernel fills: value(g) = base + per_row * first row + per_group * g."""
 
-    field: str | None  # the Params field that points at the array (None: read through another field)
+    field: str  # the Params field that points at the array
     base: int
     per_row: int
     per_group: int
@@ -137,8 +137,7 @@ class GroupedArguments:
                                              "scheduler.problem.groups": call.groups,
                                              "scheduler.problem.shapes": shapes, "scheduler.problem.host_shapes": 0}
         for i, col in enumerate(columns):
-            if col.field is not None:
-                v[col.field] = buffer + layout.table + 8 * i * call.groups
+            v[col.field] = buffer + layout.table + 8 * i * call.groups
         # CUTLASS encodes each starting map at its pointer array's address (rounded down to 16 bytes)
         # with extents of 1 (A, B) or one tile (C, D), zero strides, and no batch mode
         tm, tn = self.tile[0], self.tile[1]
@@ -178,6 +177,25 @@ class PreparedGroupedCall(NamedTuple):
     device_index: int
 
 
+@dataclass
+class _GroupedPlan:
+    """The part of a call that depends on neither D's address nor the buffer's: kept per signature."""
+
+    call: GroupedCall
+    device_index: int
+    d_shape: tuple[int, int]
+    d_strides: tuple[int, ...]
+    d_dtype: torch.dtype
+    columns: list[Column] | None = None  # None: nothing to launch (an empty dimension, or K = 0)
+    d_column: int = 0  # D's column: its base is D's address, set per call
+    layout: BufferLayout = BufferLayout(0, 0, 0, 0, 0)
+    sm_count: int = 0
+    clusters: int = 0
+    grid: tuple[int, int, int] = (0, 0, 0)
+    setup_grid: tuple[int, int, int] = (0, 0, 0)
+    params: dict[int, bytes] = field(default_factory=dict)  # by buffer address
+
+
 class GroupedKernel:
     """A compiled grouped recipe, callable on torch tensors (see the module docstring)."""
 
@@ -196,6 +214,7 @@ class GroupedKernel:
         self._hardware = hardware or self._device_hardware
         self._require_cuda = require_cuda
         self._loaded: dict[int, tuple[driver.LoadedFunction, Any]] = {}
+        self._plans: dict[tuple, _GroupedPlan] = {}
 
     def __repr__(self) -> str:
         return f"<gemmgen.GroupedKernel {self.compiled.entry} ({self._config.name})>"
@@ -214,7 +233,10 @@ class GroupedKernel:
 
     def prepare(self, a: Any, b: Any, offsets: Any, *args: Any, out: Any = None, **operands: Any
                 ) -> PreparedGroupedCall:
-        """Check, allocate and build both launches (everything but the driver calls)."""
+        """Check, allocate and build both launches (everything but the driver calls). The checks
+        and the columns are kept per call signature (every argument's address, shape, strides,
+        dtype and device, and every scalar), and Params per buffer address: a repeated call only
+        allocates D and the buffer, and packs the setup block."""
         if args:
             if operands or len(args) != len(self._names):
                 raise InvalidArgument(f"operands: pass all {len(self._names)} of {list(self._names)} positionally in "
@@ -224,33 +246,59 @@ class GroupedKernel:
         if self._on_driver and isinstance(a, torch.Tensor) and a.is_cuda and not driver.THREAD.has_context:
             with torch.cuda.device(a.device):
                 driver.bind_context(a.device.index or 0)
+        try:
+            key: tuple | None = (argument_signature(a), argument_signature(b), argument_signature(offsets),
+                                 *(argument_signature(operands.get(n)) for n in self._names),
+                                 None if out is None else argument_signature(out))
+        except (TypeError, RuntimeError):  # not a number or a strided tensor: the checks say what
+            key = None
+        plan = self._plans.get(key) if key is not None else None
+        if plan is None:
+            plan = self._plan(a, b, offsets, operands, out)
+            if key is not None:
+                put_bounded(self._plans, key, plan)
+        call = plan.call
+        d = out if out is not None else torch.empty_strided(plan.d_shape, plan.d_strides, dtype=plan.d_dtype,
+                                                            device=call.device)
+        if plan.columns is None:
+            if call.k == 0 and 0 not in (call.rows, call.n, call.groups):
+                self._epilogue_of_zero(d, call, operands, offsets)
+            return PreparedGroupedCall(d, None, None, (0, 0, 0), None, (0, 0, 0), plan.device_index)
+        buffer = torch.empty(plan.layout.size, dtype=torch.uint8, device=call.device)
+        addr = buffer.data_ptr()
+        params = plan.params.get(addr)
+        if params is None:
+            values, _ = self._args.values(call, plan.columns, addr, plan.layout, plan.sm_count, plan.clusters,
+                                          max(plan.device_index, 0), self._encode)
+            params = bytes(self._writer.write(values))
+            put_bounded(plan.params, addr, params)
+        columns = plan.columns.copy()
+        columns[plan.d_column] = columns[plan.d_column]._replace(base=d.data_ptr())
+        setup = self._args.setup(call, columns, addr, plan.layout)
+        return PreparedGroupedCall(d, buffer, setup, plan.setup_grid, params, plan.grid, plan.device_index)
+
+    def _plan(self, a: Any, b: Any, offsets: Any, operands: dict, out: Any) -> _GroupedPlan:
+        """Check every argument and work out what does not depend on D's or the buffer's address."""
         call = check_grouped_call(self._ir, a, b, offsets, operands, require_cuda=self._require_cuda)
         device_index = (call.device.index or 0) if call.device.type == "cuda" else -1
         if self._require_cuda:
             driver.require_sm90(device_index)
         shape = (call.rows, call.n)
-        if out is None:
-            d = allocate_output(shape, self._ir.gemm.d.torch, call.device)
-        else:
+        strides = padded_strides(shape, self._ir.gemm.d.torch)
+        if out is not None:
             check_output("out", out, self._ir.gemm.d, shape, call.device, False, 1)
             check_no_alias("out", output_span(out), grouped_input_spans(call))
-            d = out
-        if 0 in (call.rows, call.n, call.groups):
-            return PreparedGroupedCall(d, None, None, (0, 0, 0), None, (0, 0, 0), device_index)
-        if call.k == 0:
-            self._epilogue_of_zero(d, call, operands, offsets)
-            return PreparedGroupedCall(d, None, None, (0, 0, 0), None, (0, 0, 0), device_index)
-        sm_count, clusters = self._hardware(device_index)
-        targ = TensorArg(d.data_ptr(), (d.stride(0), 1, 0))
-        columns = self._args.columns(call, targ)
-        layout = BufferLayout.of(call.groups, len(columns), sm_count, self._args.source is not None)
-        buffer = torch.empty(layout.size, dtype=torch.uint8, device=call.device)
-        setup = self._args.setup(call, columns, buffer.data_ptr(), layout)
-        values, grid = self._args.values(call, columns, buffer.data_ptr(), layout, sm_count, clusters,
-                                         max(device_index, 0), self._encode)
-        params = bytes(self._writer.write(values))
-        setup_grid = (-(-call.groups // SETUP_BLOCK), 1, 1)
-        return PreparedGroupedCall(d, buffer, setup, setup_grid, params, grid, device_index)
+            strides = tuple(out.stride())
+        plan = _GroupedPlan(call, device_index, shape, strides, self._ir.gemm.d.torch)
+        if 0 in (call.rows, call.n, call.groups, call.k):
+            return plan
+        plan.sm_count, plan.clusters = self._hardware(device_index)
+        plan.columns = self._args.columns(call, TensorArg(0, (strides[0], 1, 0)))
+        plan.d_column = next(i for i, c in enumerate(plan.columns) if c.field == "epilogue.ptr_d")
+        plan.layout = BufferLayout.of(call.groups, len(plan.columns), plan.sm_count, self._args.source is not None)
+        plan.grid = scheduler.group_plan(self._config.tile, self._config.cluster, plan.sm_count, plan.clusters).grid
+        plan.setup_grid = (-(-call.groups // SETUP_BLOCK), 1, 1)
+        return plan
 
     def _epilogue_of_zero(self, d: torch.Tensor, call: GroupedCall, operands: dict, offsets: torch.Tensor) -> None:
         """K = 0: each group's epilogue applied to a zero accumulator, by torch ops on the stream (no

@@ -86,7 +86,7 @@ class PreparedCall(NamedTuple):
 _MISSING = object()
 
 
-def _signature(t: Any) -> tuple[int, tuple]:
+def argument_signature(t: Any) -> tuple[int, tuple]:
     """(address, everything else the checks read) of one argument; a scalar has no address."""
     if isinstance(t, torch.Tensor):
         return t.data_ptr(), (t.shape, t.stride(), t.dtype, t.device)
@@ -159,7 +159,8 @@ class Kernel:
         else:
             values = None  # the checks report what is missing
         try:
-            key = (_signature(a), _signature(b), *map(_signature, values)) if values is not None else None
+            key = (argument_signature(a), argument_signature(b), *map(argument_signature, values)) \
+                if values is not None else None
         except (TypeError, RuntimeError):  # not a number or a strided tensor: the checks say what
             key = None
         plan = self._plans.get(key) if key is not None else None
@@ -270,7 +271,7 @@ class Kernel:
             else:  # checked once per (layout, output signature); the alias check follows the inputs
                 name = "out" if o.name == "d" else f"out[{o.name}]"
                 try:
-                    okey: tuple | None = (o.name, _signature(t))
+                    okey: tuple | None = (o.name, argument_signature(t))
                 except (TypeError, RuntimeError):  # not a strided tensor: the checks say what
                     okey = None
                 hit = plan.out_checked.get(okey) if okey is not None else None
