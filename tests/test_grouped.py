@@ -248,6 +248,9 @@ def test_arguments_match_cutlass(grouped_kernels, grouped_oracles, index, sm_cou
             assert field(f.name) == want["bits"], f.name
     assert list(p.grid) == expected.launch["grid"]
     assert expected.launch["smem"] == grouped_kernel.info.smem_bytes
+    # the buffer's workspace (tensor maps per SM) holds what CUTLASS asks for, before the group arrays
+    layout = BufferLayout.of(8, 8, sm_count, False)
+    assert field("problem.shapes") - field("workspace") == layout.shapes >= expected.workspace_size > 0
 
 
 @pytest.mark.oracle

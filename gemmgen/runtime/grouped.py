@@ -63,7 +63,7 @@ class BufferLayout:
     def of(cls, groups: int, columns: int, sm_count: int, has_source: bool) -> BufferLayout:
         epilogue = sm_count * (2 + int(has_source)) * _MAP_BYTES  # two epilogue warp groups' D maps, and C's
         mainloop_at = _round(epilogue, _MAP_ALIGN)
-        shapes_at = _round(mainloop_at + sm_count * 2 * _MAP_BYTES, 16)
+        shapes_at = _round(mainloop_at + sm_count * 2 * _MAP_BYTES, _MAP_ALIGN)  # CUTLASS's workspace size
         table_at = _round(shapes_at + 12 * groups, 16)
         return cls(0, mainloop_at, shapes_at, table_at, table_at + 8 * columns * groups)
 

@@ -43,6 +43,7 @@ class OracleResult:
     aux_params_bytes: dict[str, int]
     launch: dict
     can_implement: bool
+    workspace_size: int
 
 
 class _Slots:
@@ -210,7 +211,7 @@ class OracleProgram:
         proc = subprocess.run([str(self.build()), *argv], capture_output=True, text=True, timeout=60)
         if proc.returncode != 0:
             raise ToolchainError(f"oracle failed ({proc.returncode}): {proc.stderr[-2000:]}")
-        encodes, fields, aux, launch, can = [], {}, {}, {}, False
+        encodes, fields, aux, launch, can, workspace = [], {}, {}, {}, False, -1
         for line in proc.stdout.splitlines():
             obj = json.loads(line)
             if "encode" in obj:
@@ -223,4 +224,6 @@ class OracleProgram:
                 launch = obj
             elif "can_implement" in obj:
                 can = bool(obj["can_implement"])
-        return OracleResult(encodes, fields, aux, launch, can)
+            elif "workspace_size" in obj:
+                workspace = obj["workspace_size"]
+        return OracleResult(encodes, fields, aux, launch, can, workspace)
