@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import InvalidArgument
 from ..runtime.checks import check_grouped_call
 from ..runtime.grouped import row_groups, vectors_as_matrices
 from ..runtime.kernel import allocate_output
@@ -83,8 +82,6 @@ def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[
     from ..reference import evaluate_epilogue
 
     a, b, offsets, *rest = inputs
-    if recipe.ir.gemm.fp8 and (needed[0] or needed[1]):
-        raise InvalidArgument(f"{'a' if needed[0] else 'b'}: gemmgen has no gradient for fp8 A or B; detach them")
     names = [o.name for o in recipe.operands]
     kinds = {o.name: o.kind for o in recipe.operands}
     ops = dict(zip(names, rest, strict=True))
@@ -114,7 +111,10 @@ def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[
     g_leaf = dict(zip(leaves, got[1:], strict=True))
     ga = gb = None
     if needed[0] or needed[1]:
-        g_acc = torch.where(covered, got[0] if got[0] is not None else 0.0, 0.0).to(a.dtype)
+        if got[0] is None:  # D does not depend on the accumulator
+            g_acc = a.new_zeros(rows, b.shape[-1])
+        else:
+            g_acc = torch.where(covered, got[0], 0.0).to(a.dtype)
         if needed[0]:
             ga = torch.where(covered, torch._grouped_mm(g_acc, b.transpose(-1, -2), offs=ends), 0.0).to(a.dtype)
         if needed[1]:
