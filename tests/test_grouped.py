@@ -13,6 +13,7 @@ import gemmgen as gg
 from gemmgen.errors import InvalidArgument, RecipeError
 from gemmgen.reference import group_bounds
 from gemmgen.runtime.grouped import SETUP, BufferLayout, GroupedKernel
+from gemmgen.testing.emulate import emulate_grouped, fill_groups
 from gemmgen.testing.recording import RecordingEncoder
 
 from .data.gpu_matrix import GROUPED_CONFIGS
@@ -137,18 +138,10 @@ def test_prepare_builds_setup_and_params(grouped_kernel):
     assert len(p.params) == grouped_kernel.info.params_size
 
 
-def _filled(setup: bytes, rows_of: list[int]) -> tuple[list[tuple[int, int, int]], list[list[int]]]:
-    """What the setup kernel writes, from the Setup block (grouped.hpp's `fill`, whose arithmetic
-    test_setup_kernel_arithmetic_on_the_host checks): each group's shape and column values."""
-    f = SETUP.unpack(setup)
-    groups, rows, n, k, columns = f[3:8]
-    base, per_row, per_group = f[8:24], f[24:40], f[40:56]
-    bounds = group_bounds(rows_of, rows)
-    assert len(bounds) == groups
-    shapes = [(end - start, n, k) for start, end in bounds]
-    table = [[base[c] + per_row[c] * start + per_group[c] * g for c in range(columns)]
-             for g, (start, _) in enumerate(bounds)]
-    return shapes, table
+def _filled(setup: bytes, offsets: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+    """What the setup kernel writes, from the Setup block (emulate.fill_groups, which is grouped.hpp's
+    `fill` as test_setup_kernel_arithmetic_on_the_host checks it): each group's shape and columns."""
+    return fill_groups(SETUP.unpack(setup), offsets)
 
 
 def test_group_arrays_address_each_groups_rows(grouped_kernel):
@@ -162,7 +155,7 @@ def test_group_arrays_address_each_groups_rows(grouped_kernel):
     shapes, table = _filled(p.setup, offsets.tolist())
     d = p.output
     for g, (start, end) in enumerate(group_bounds(offsets.tolist(), 61)):
-        assert shapes[g] == (end - start, 40, 72)
+        assert shapes[g] == [end - start, 40, 72]
         ptr_a, ptr_b, ptr_d, ptr_bias, ptr_weight, lda, ldb, ldd = table[g]
         assert (ptr_a, ptr_b, ptr_d) == (a[start].data_ptr(), b[g].data_ptr(), d[start].data_ptr())
         assert (ptr_bias, ptr_weight) == (bias[g].data_ptr(), weight[start].data_ptr())
@@ -183,6 +176,30 @@ def test_repeated_calls_follow_every_address(grouped_kernel):
             assert SETUP.unpack(p.setup)[0] == offsets.data_ptr()
             assert table[0][:5] == [a.data_ptr(), b.data_ptr(), p.output.data_ptr(), bias.data_ptr(), weight.data_ptr()]
             assert out is None or p.output is out
+
+
+@pytest.mark.parametrize("index", range(len(GROUPED_CONFIGS)), ids=[c.name for c in GROUPED_CONFIGS])
+@pytest.mark.parametrize("shape, offsets", [
+    ((37, 64, 48, 4), (5, 5, 20, 30)),  # an empty group, rows after the last group
+    ((37, 64, 48, 4), (40, 3, 50, 60)),  # out of range and decreasing: clamped
+    ((300, 72, 136, 3), (1, 129, 300)),  # M = 1, groups over several tiles, K and N tails
+])
+def test_emulated_groups_compute_the_recipe(grouped_kernels, index, shape, offsets):
+    """The whole host path through an emulation of both kernels: the setup block turned into the
+    group arrays as the setup kernel would, then per group what the GEMM reads through its Params
+    (shape, A, B, the bias and weight pointers, D's address and stride) and the epilogue its source
+    declares. Against the reference; rows in no group stay NaN."""
+    ck = grouped_kernels[index]
+    enc = RecordingEncoder()
+    k = GroupedKernel(ck, encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
+    rows, depth, n, groups = shape
+    a, b, offs, bias, weight = _inputs(rows, depth, n, groups, offsets)
+    out = torch.full((rows, n), float("nan")).bfloat16()
+    p = k.prepare(a, b, offs, bias=bias, weight=weight, out=out)
+    emulate_grouped(ck, p.setup, p.params, enc, [a, b, offs, bias, weight, out, p.buffer])
+    want = moe_recipe().reference(a, b, offs, bias=bias, weight=weight).float()
+    assert want.nan_to_num().abs().sum() > 0
+    torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
 
 
 def test_empty_and_zero_k(grouped_kernel):

@@ -19,6 +19,7 @@ import torch
 
 from ..build import CompiledKernel
 from ..runtime.arguments import ParamsLayout
+from ..runtime.grouped import SETUP
 from ..runtime.tma import EncodeArgs
 from .visitors import EpilogueInterpreter
 
@@ -57,6 +58,40 @@ class _ParamsBytes:
             return None
         return _within(_as(self._by_addr[addr], dtype), (length,), (1,), lvalue)
 
+    group = -1  # a grouped kernel's current group (emulate_grouped sets it)
+
+    def at(self, addr: int, dtype: torch.dtype, size: tuple[int, ...], stride: tuple[int, ...], what: str
+           ) -> torch.Tensor:
+        """The elements at `addr`, inside one of the call's tensors (a group's rows start inside them)."""
+        for t in self._by_addr.values():
+            start = t.data_ptr()
+            end = start + t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
+            if start <= addr < end:
+                base = t.view(dtype) if t.dtype is torch.uint8 else _as(t, dtype)  # a raw buffer holds any type
+                item = base.element_size()
+                if (addr - start) % item:
+                    raise AssertionError(f"{what}: address {addr:#x} is not aligned to its {item}-byte elements")
+                offset = base.storage_offset() + (addr - start) // item
+                try:
+                    return base.as_strided(size, stride, offset)
+                except RuntimeError as e:
+                    raise AssertionError(f"{what} reaches past the memory of the tensor at {start:#x}: {e}") from None
+        raise AssertionError(f"{what}: address {addr:#x} is in none of the call's tensors")
+
+    def entry(self, lvalue: str) -> int:
+        """The current group's 64-bit entry of the array whose address the field at `lvalue` holds."""
+        array = int.from_bytes(self.raw(lvalue), "little")
+        return int(self.at(array + 8 * self.group, torch.int64, (1,), (1,), lvalue)[0])
+
+    def group_pointer(self, lvalue: str, dtype: torch.dtype, length: int) -> torch.Tensor | None:
+        if int.from_bytes(self.raw(lvalue), "little") == 0:
+            return None
+        return self.at(self.entry(lvalue), dtype, (length,), (1,), lvalue)
+
+    def group_matrix(self, pointers: str, strides: str, dtype: torch.dtype, acc: torch.Tensor) -> torch.Tensor:
+        _, m, n = acc.shape
+        return self.at(self.entry(pointers), dtype, (1, m, n), (0, self.entry(strides), 1), pointers)
+
     def mapped(self, lvalue: str, dtype: torch.dtype, rows_contiguous: bool) -> torch.Tensor:
         args = self._encoder.of(self.raw(lvalue))
         assert args is not None, f"{self._at[lvalue][0].name}: no tensor map written"
@@ -94,3 +129,51 @@ def emulate(compiled: CompiledKernel, params: bytes, encoder: MapReader, tensors
     if a.shape[::2] != b.shape[::2]:
         raise AssertionError(f"A's tensor map addresses {tuple(a.shape)} (L, M, K), B's {tuple(b.shape)} (L, N, K)")
     kernel.run(torch.matmul(a.float(), b.float().transpose(1, 2)), view)
+
+
+def emulate_grouped(compiled: CompiledKernel, setup: bytes, params: bytes, encoder: MapReader,
+                    tensors: list[torch.Tensor]) -> None:
+    """`emulate` for a grouped kernel: first what its setup kernel does with `setup` (grouped.hpp's
+    `fill`, as `fill_groups` computes it, written into the call's buffer, one of `tensors`), then per
+    group what the GEMM does with `params`: it reads the group's shape, A and B through the pointer
+    and stride arrays, and runs the epilogue the source declares on A_g @ B_g."""
+    kernel = _interpreter(compiled.generated.source)
+    view = _ParamsBytes(compiled.params_layout, params, encoder, tensors)
+    fields = SETUP.unpack(setup)
+    offsets_at, shapes_at, table_at, groups = fields[:4]
+    offsets = view.at(offsets_at, torch.int32, (groups,), (1,), "setup.offsets").tolist()
+    shapes, table = fill_groups(fields, offsets)
+    view.at(shapes_at, torch.int32, (groups, 3), (3, 1), "setup.shapes").copy_(torch.tensor(shapes).reshape(-1, 3))
+    if table:
+        view.at(table_at, torch.int64, (len(table[0]), groups), (groups, 1), "setup.table").copy_(
+            torch.tensor(table).t())
+    lv = view.lvalue
+    if int.from_bytes(view.raw(lv["problem.groups"]), "little") != groups:
+        raise AssertionError("Params and the setup block disagree on the number of groups")
+    problem_shapes = int.from_bytes(view.raw(lv["problem.shapes"]), "little")
+    for g in range(groups):
+        view.group = g
+        m, n, k = view.at(problem_shapes + 12 * g, torch.int32, (3,), (1,), "problem.shapes").tolist()
+        if m == 0:
+            continue
+        lda = view.entry(lv["mainloop.stride_a"])
+        a = view.at(view.entry(lv["mainloop.ptr_a"]), kernel.element_a, (m, k), (lda, 1), "mainloop.ptr_a")
+        ldb = view.entry(lv["mainloop.stride_b"])
+        b = view.at(view.entry(lv["mainloop.ptr_b"]), kernel.element_b, (n, k),
+                    (ldb, 1) if kernel.column_major["LayoutB"] else (1, ldb), "mainloop.ptr_b")  # (N, K)
+        kernel.run(torch.matmul(a.float(), b.float().t()).reshape(1, m, n), view)
+
+
+def fill_groups(setup: tuple, offsets: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+    """What gemmgen/include/gemmgen/grouped.hpp's `fill` writes for a Setup block (its fields, as
+    runtime.grouped.SETUP unpacks them): each group's (M, N, K) and its column values
+    (tests/test_grouped.py runs the C++ on the host against this)."""
+    from ..reference import group_bounds
+
+    groups, rows, n, k, columns = setup[3:8]
+    base, per_row, per_group = setup[8:24], setup[24:40], setup[40:56]
+    bounds = group_bounds(offsets[:groups], rows)
+    shapes = [[end - start, n, k] for start, end in bounds]
+    table = [[base[c] + per_row[c] * start + per_group[c] * g for c in range(columns)]
+             for g, (start, _) in enumerate(bounds)]
+    return shapes, table

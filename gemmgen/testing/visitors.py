@@ -60,11 +60,12 @@ class CppType:
         return f"{self.name}{args}{self.member}"
 
 
-_TOKEN = re.compile(r"\s*(<|>|,|typename\b|[A-Za-z0-9_:.]+)")
+_TOKEN = re.compile(r"\s*(<|>|,|\*|typename\b|[A-Za-z0-9_:.]+)")
 
 
 def parse_type(text: str) -> CppType:
-    """Parse the template-id subset the visitor declarations use (names, numbers, `<...>`, `::member`)."""
+    """Parse the template-id subset the visitor declarations use (names, numbers, `<...>`, `::member`,
+    and a pointer's `*`, kept at the end of the member: a grouped kernel's per-group vectors)."""
     tokens, pos = [], 0
     while pos < len(text.rstrip()):
         m = _TOKEN.match(text, pos)
@@ -89,6 +90,9 @@ def parse_type(text: str) -> CppType:
             at += 1
         while at < len(tokens) and tokens[at].startswith("::"):
             member += tokens[at]
+            at += 1
+        while at < len(tokens) and tokens[at] == "*":
+            member += "*"
             at += 1
         return CppType(name, tuple(args), member)
 
@@ -137,6 +141,17 @@ class ParamsView(Protocol):
     def mapped(self, lvalue: str, dtype: torch.dtype, rows_contiguous: bool) -> torch.Tensor:
         """The (L, rows, columns) tensor of `dtype` the tensor map at `lvalue` addresses, a writable
         view; the map's first dimension is the contiguous one: rows (M) when `rows_contiguous`."""
+        ...
+
+    def group_pointer(self, lvalue: str, dtype: torch.dtype, length: int) -> torch.Tensor | None:
+        """A grouped kernel's per-group pointer: `length` elements at the address the current group's
+        entry of the pointer array at `lvalue` holds; None for a null array."""
+        ...
+
+    def group_matrix(self, pointers: str, strides: str, dtype: torch.dtype, acc: torch.Tensor) -> torch.Tensor:
+        """A grouped kernel's row-major M x N matrix of the current group (shaped like `acc`, (1, M, N)):
+        its address and row stride from the current group's entries of the arrays at `pointers`
+        and `strides`."""
         ...
 
 
@@ -251,8 +266,11 @@ class EpilogueInterpreter:
         self.element_c = None if c == "void" else _element(parse_type(c))
         self.column_major = {name: self._column_major(name) for name in ("LayoutA", "LayoutB", "LayoutC", "LayoutD")}
 
+        # a grouped kernel names its layouts as pointers: strides per group (pointer-array kernels)
+        self.grouped = self.decls["LayoutD"].endswith("*")
+
     def _column_major(self, name: str) -> bool:
-        layout = self.decls[name]
+        layout = self.decls[name].removesuffix("*").strip()
         if layout not in ("cutlass::layout::RowMajor", "cutlass::layout::ColumnMajor"):
             raise EpilogueSourceError(f"{name} is {layout}")
         return layout == "cutlass::layout::ColumnMajor"
@@ -269,8 +287,12 @@ class EpilogueInterpreter:
         d = self._visit(self.callbacks, _THREAD, acc, params, ())
         if d.dtype != self.element_d:
             raise EpilogueSourceError(f"the callbacks give {d.dtype}, ElementD is {self.element_d}")
-        _matrix(params, "(*{p}.epilogue.tma_store_d.get_tma_descriptor())", self.element_d,
-                self.column_major["LayoutD"], acc).copy_(d.expand(acc.shape))
+        if self.grouped:  # the current group's D, through the kernel's pointer and stride arrays
+            target = params.group_matrix("{p}.epilogue.ptr_D", "{p}.epilogue.dD", self.element_d, acc)
+        else:
+            target = _matrix(params, "(*{p}.epilogue.tma_store_d.get_tma_descriptor())", self.element_d,
+                             self.column_major["LayoutD"], acc)
+        target.copy_(d.expand(acc.shape))
 
     def _visit(self, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
                inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -315,6 +337,8 @@ class EpilogueInterpreter:
             element = _element(t.args[0])
             if element != self.element_c:
                 raise EpilogueSourceError(f"Sm90SrcFetch<{element}> with ElementC {self.element_c}")
+            if self.grouped:
+                return params.group_matrix("{p}.epilogue.ptr_C", "{p}.epilogue.dC", element, acc)
             return _matrix(params, "(*{p}.epilogue.tma_load_c.get_tma_descriptor())", element,
                            self.column_major["LayoutC"], acc)
         if kind in ("Sm90RowBroadcast", "Sm90ColBroadcast"):
@@ -323,8 +347,13 @@ class EpilogueInterpreter:
             want = "cute::Stride<cute::_0, cute::_1, cute::_0>" if row else "cute::Stride<cute::_1, cute::_0, cute::_0>"
             if stages.name != "0" or str(compute) != _COMPUTE or str(stride) != want:
                 raise EpilogueSourceError(f"broadcast {t}")
-            element = _element(element_t)
-            v = params.pointer(f"{lvalue}.ptr_{'row' if row else 'col'}", element, n if row else m)
+            per_group = str(element_t).endswith("*")  # Sm90RowBroadcast<..., Element*>: a pointer per group
+            if per_group != self.grouped:
+                raise EpilogueSourceError(f"broadcast {t} in a {'grouped' if self.grouped else 'dense'} kernel")
+            element = _element(parse_type(str(element_t).removesuffix("*").strip()))
+            field = f"{lvalue}.ptr_{'row' if row else 'col'}"
+            v = params.group_pointer(field, element, n if row else m) if per_group else \
+                params.pointer(field, element, n if row else m)
             if v is None:  # Sm90ColBroadcast's Params hold null_default as ElementCompute
                 default = _element_bits(params.raw(f"{lvalue}.null_default"), element if row else torch.float32)
                 v = default.expand(n if row else m)
