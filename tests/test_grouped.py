@@ -196,6 +196,7 @@ def test_emulated_groups_compute_the_recipe(grouped_kernels, index, shape, offse
     a, b, offs, bias, weight = _inputs(rows, depth, n, groups, offsets)
     out = torch.full((rows, n), float("nan")).bfloat16()
     p = k.prepare(a, b, offs, bias=bias, weight=weight, out=out)
+    assert p.setup is not None and p.params is not None and p.buffer is not None
     emulate_grouped(ck, p.setup, p.params, enc, [a, b, offs, bias, weight, out, p.buffer])
     want = moe_recipe().reference(a, b, offs, bias=bias, weight=weight).float()
     assert want.nan_to_num().abs().sum() > 0

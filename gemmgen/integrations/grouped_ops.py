@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import InvalidArgument
 from ..runtime.checks import check_grouped_call
 from ..runtime.grouped import row_groups, vectors_as_matrices
 from ..runtime.kernel import allocate_output
@@ -82,6 +83,9 @@ def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[
     from ..reference import evaluate_epilogue
 
     a, b, offsets, *rest = inputs
+    if a.is_cuda and a.dtype != torch.bfloat16:
+        raise InvalidArgument(f"a: gradients of a grouped recipe use torch._grouped_mm, which takes bf16 on the GPU, "
+                              f"not {a.dtype}; declare the recipe with a=gg.bf16, b=gg.bf16, or detach the inputs")
     names = [o.name for o in recipe.operands]
     kinds = {o.name: o.kind for o in recipe.operands}
     ops = dict(zip(names, rest, strict=True))
