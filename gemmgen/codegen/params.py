@@ -54,6 +54,15 @@ def _divmod_pow2(name: str, expr: str) -> list[ParamField]:
             ParamField(f"{name}.shift_right", f"{expr}.shift_right", "u32")]
 
 
+def _hw_info() -> list[ParamField]:
+    """KernelHardwareInfo, as every sm90 kernel's Params holds it."""
+    f = [ParamField(f"hw_info.{n}", f"{{p}}.hw_info.{n}", "i32") for n in ("device_id", "sm_count",
+                                                                       "max_active_clusters")]
+    for shape in ("cluster_shape", "cluster_shape_fallback"):
+        f += [ParamField(f"hw_info.{shape}.{a}", f"{{p}}.hw_info.{shape}.{a}", "u32") for a in "xyz"]
+    return f
+
+
 def _binding_fields(b: ParamBinding) -> list[ParamField]:
     node = b.member("{p}.epilogue.thread")
     n = f"epilogue.{b.kind}.{b.name}"
@@ -100,10 +109,7 @@ def param_fields(recipe: RecipeIR, schedule: Schedule, epilogue: EpilogueCode) -
         f.append(ParamField("epilogue.tma_c", _desc("{p}.epilogue.tma_load_c"), "desc"))
     f += [ParamField("epilogue.tma_d", _desc("{p}.epilogue.tma_store_d"), "desc"),
           ParamField("epilogue.tma_transaction_bytes", "{p}.epilogue.tma_transaction_bytes", "u32")]
-    f += [ParamField(f"hw_info.{n}", f"{{p}}.hw_info.{n}", "i32") for n in ("device_id", "sm_count",
-                                                                        "max_active_clusters")]
-    for shape in ("cluster_shape", "cluster_shape_fallback"):
-        f += [ParamField(f"hw_info.{shape}.{a}", f"{{p}}.hw_info.{shape}.{a}", "u32") for a in "xyz"]
+    f += _hw_info()
     s = "{p}.scheduler"
     f += _divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
     f += _divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
@@ -150,10 +156,7 @@ def _grouped_fields(recipe: RecipeIR, epilogue: EpilogueCode) -> tuple[ParamFiel
           ParamField("epilogue.tensormaps", f"{e}.tensormaps", "ptr"),
           ParamField("epilogue.ptr_d", f"{e}.ptr_D", "ptr"), ParamField("epilogue.stride_d", f"{e}.dD", "ptr"),
           ParamField("epilogue.tma_transaction_bytes", f"{e}.tma_transaction_bytes", "u32")]
-    f += [ParamField(f"hw_info.{n}", f"{{p}}.hw_info.{n}", "i32") for n in ("device_id", "sm_count",
-                                                                        "max_active_clusters")]
-    for shape in ("cluster_shape", "cluster_shape_fallback"):
-        f += [ParamField(f"hw_info.{shape}.{a}", f"{{p}}.hw_info.{shape}.{a}", "u32") for a in "xyz"]
+    f += _hw_info()
     s = "{p}.scheduler"
     f += _divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
     f += _divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
