@@ -374,9 +374,6 @@ def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: b
         raise RecipeError(f"grouped: expected True or False, got {grouped!r}")
     if grouped and batched:
         raise RecipeError("grouped/batched: a grouped GEMM's groups take the place of the batch; declare one of them")
-    if grouped and fp8:
-        raise RecipeError("a/b: a grouped GEMM takes bf16 or f16 A and B for now (fp8 groups are not built yet); "
-                          "declare a=gg.bf16, b=gg.bf16")
     if grouped and la is not Layout.ROW:
         raise RecipeError("layout_a: a grouped GEMM's A holds each group's rows one after another (T x K), so "
                           f"it must be RowMajor, not {la.value}")

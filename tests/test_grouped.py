@@ -16,7 +16,7 @@ from gemmgen.runtime.grouped import SETUP, BufferLayout, GroupedKernel
 from gemmgen.testing.emulate import emulate_grouped, fill_groups
 from gemmgen.testing.recording import RecordingEncoder
 
-from .data.gpu_matrix import GROUPED_CONFIGS
+from .data.gpu_matrix import GROUPED_CONFIGS, moe_fp8_recipe
 
 MOE = dict(epilogue=lambda acc, bias, weight: gg.silu(acc + bias) * weight,
            operands={"bias": gg.RowVector(gg.bf16), "weight": gg.ColVector(gg.f32)})
@@ -56,6 +56,21 @@ def _inputs(rows=37, k=64, n=48, groups=4, offsets=(5, 5, 20, 30)):
     return a, b, torch.tensor(offsets, dtype=torch.int32), torch.randn(groups, n).bfloat16(), torch.rand(rows)
 
 
+def _fp8_inputs(rows=37, k=128, n=48, groups=4, offsets=(5, 5, 20, 30)):
+    """moe_fp8's: e4m3 tokens and expert weights, each token's scale, each expert's channel scales and bias."""
+    a = torch.randn(rows, k).to(torch.float8_e4m3fn)
+    b = torch.randn(groups, n, k).to(torch.float8_e4m3fn).transpose(1, 2)
+    return (a, b, torch.tensor(offsets, dtype=torch.int32),
+            {"scale_a": torch.rand(rows) + 0.5, "scale_b": torch.rand(groups, n) + 0.5,
+             "bias": torch.randn(groups, n).bfloat16()})
+
+
+@pytest.fixture(scope="module")
+def fp8_kernel(session_cache):
+    """moe_fp8 (NVRTC, about 30 s; from the bundle on the GPU)."""
+    return moe_fp8_recipe().build(cache=session_cache)
+
+
 # ---- semantics
 
 
@@ -85,8 +100,6 @@ def test_grouped_recipe_mistakes():
         moe_recipe(layout_a=gg.ColMajor)
     with pytest.raises(RecipeError, match="batched"):
         moe_recipe(batched=True)
-    with pytest.raises(RecipeError, match="fp8 groups"):
-        moe_recipe(a=gg.e4m3, b=gg.e4m3)
     with pytest.raises(RecipeError, match="aux output"):
         gg.Recipe("g", lambda acc: {"d": acc, "pre": acc}, grouped=True, aux={"pre": gg.bf16})
     with pytest.raises(RecipeError, match="at most one"):
@@ -201,6 +214,53 @@ def test_emulated_groups_compute_the_recipe(grouped_kernels, index, shape, offse
     want = moe_recipe().reference(a, b, offs, bias=bias, weight=weight).float()
     assert want.nan_to_num().abs().sum() > 0
     torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+
+
+@pytest.mark.oracle
+def test_fp8_groups(fp8_kernel, tmp_path):
+    """fp8 experts: QGMMA through the fp8 mainloop's promotion into fp32; Params against CUTLASS's
+    host code; the emulation against the reference (scales per token and per expert channel)."""
+    from gemmgen.testing.oracle import OracleProgram
+
+    r = fp8_kernel.report
+    assert "MainloopSm90ArrayTmaGmmaWarpSpecializedFP8" in fp8_kernel.source
+    assert r.sass["QGMMA"] > 0 and r.sass["HGMMA"] == 0 and r.local_bytes == 0 and r.stack_bytes == 0
+    assert 0 <= gg.config.smem_need(fp8_kernel.config, fp8_kernel.recipe.ir) - fp8_kernel.info.smem_bytes <= 1024
+    enc = RecordingEncoder()
+    k = GroupedKernel(fp8_kernel, encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
+    a, b, offsets, ops = _fp8_inputs(rows=300, k=144, n=136, groups=3, offsets=(1, 129, 300))
+    out = torch.full((300, 136), float("nan")).bfloat16()
+    p = k.prepare(a, b, offsets, out=out, **ops)
+    assert p.setup is not None and p.params is not None and p.buffer is not None
+    emulate_grouped(fp8_kernel, p.setup, p.params, enc, [a, b, offsets, *ops.values(), out, p.buffer])
+    want = moe_fp8_recipe().reference(a, b, offsets, **ops).float()
+    assert want.abs().sum() > 0
+    torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2)
+    oracle = OracleProgram(fp8_kernel.generated, tmp_path)
+    layout = {f.name: (offset, f) for f, offset, _ in fp8_kernel.params_layout.fields}
+    params = p.params
+
+    def field(name):
+        offset, f = layout[name]
+        return int.from_bytes(params[offset:offset + f.size], "little", signed=f.kind in ("i32", "i64")) \
+            & (2**64 - 1)
+
+    values = {"groups": 3, "shapes": field("problem.shapes"), "workspace": field("workspace"),
+              "a.array": field("mainloop.ptr_a"), "a.strides": field("mainloop.stride_a"),
+              "b.array": field("mainloop.ptr_b"), "b.strides": field("mainloop.stride_b"),
+              "d.array": field("epilogue.ptr_d"), "d.strides": field("epilogue.stride_d"),
+              "hw.device_id": 0, "hw.sm_count": 132, "hw.max_active_clusters": 0,
+              **{f"operand.{o}.ptr": field(f"epilogue.{kind}.{o}.ptr")
+                 for o, kind in (("scale_a", "col"), ("scale_b", "row"), ("bias", "row"))}}
+    expected = oracle.run_argv(oracle.grouped_argv(values))
+    assert expected.can_implement
+    assert {c.addr: c.as_dict() for c in enc.calls} == \
+        {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
+    for f, _, _ in fp8_kernel.params_layout.fields:
+        if f.kind != "desc":
+            assert field(f.name) == expected.fields[f.name]["bits"], f.name
+    assert field("mainloop.mma_promotion_interval") == 4
+    assert list(p.grid) == expected.launch["grid"]
 
 
 def test_empty_and_zero_k(grouped_kernel):
@@ -345,6 +405,22 @@ def test_grouped_on_gpu(grouped_kernels, index, shape, offsets):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape, offsets", [((37, 128, 48, 4), (5, 5, 20, 30)),
+                                            ((1000, 272, 136, 8), (90, 90, 333, 334, 600, 700, 999, 1000))])
+def test_fp8_groups_on_gpu(fp8_kernel, shape, offsets):
+    """moe_fp8 against the reference on the GPU, output pre-filled with NaN."""
+    rows, k, n, groups = shape
+    a, b, offs, ops = _fp8_inputs(rows, k, n, groups, offsets)
+    a, b, offs = a.cuda(), b.cuda(), offs.cuda()
+    ops = {name: v.cuda() for name, v in ops.items()}
+    want = moe_fp8_recipe().reference(a, b, offs, **ops).float()
+    assert want.nan_to_num().abs().sum() > 0
+    out = torch.full((rows, n), float("nan"), device="cuda").bfloat16()
+    GroupedKernel(fp8_kernel)(a, b, offs, out=out, **ops)
+    torch.testing.assert_close(out.float().cpu(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+
+
+@pytest.mark.gpu
 def test_grouped_op_on_gpu(grouped_kernel):
     """The op on CUDA tensors (the kernel), its gradients (torch._grouped_mm) and torch.compile."""
     op = gg.op(moe_recipe())
@@ -406,6 +482,27 @@ def test_op_gradients_match_the_unfused_layer():
     ref = [t.detach().double().requires_grad_(True) for t in (a, b, bias, weight)]
     _unfused(ref[0], ref[1], offsets, ref[2], ref[3]).backward(grad.double())
     _assert_gradients(leaves, ref)
+
+
+def test_fp8_op_differentiates_scales_not_inputs():
+    """The fp8 op's gradients reach the scales and the bias (the accumulator recomputed from the fp8
+    values, exact in bf16), like the unfused layer's in fp64; fp8 A or B raise InvalidArgument."""
+    op = gg.op(moe_fp8_recipe())
+    a, b, offsets, ops = _fp8_inputs(offsets=(5, 5, 20, 37))
+    leaves = {k: v.clone().requires_grad_(True) for k, v in ops.items()}
+    grad = torch.randn(37, 48)
+    op(a, b, offsets, *leaves.values()).float().backward(grad)
+    ref = {k: v.detach().double().requires_grad_(True) for k, v in ops.items()}
+    rows = []
+    for g, (start, end) in enumerate(group_bounds(offsets.tolist(), 37)):
+        acc = a[start:end].double() @ b[g].double()
+        rows.append(acc * ref["scale_a"][start:end, None] * ref["scale_b"][g] + ref["bias"][g])
+    torch.cat(rows).backward(grad.double())
+    for k in ops:
+        error = (leaves[k].grad.double() - ref[k].grad).norm() / ref[k].grad.norm()
+        assert error < 1e-2, (k, float(error))
+    with pytest.raises(InvalidArgument, match="no gradient for fp8"):
+        op(a.float().requires_grad_(True).to(torch.float8_e4m3fn), b, offsets, *ops.values()).sum().backward()
 
 
 def test_op_traces_without_graph_breaks():

@@ -83,7 +83,11 @@ def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[
     from ..reference import evaluate_epilogue
 
     a, b, offsets, *rest = inputs
-    if a.is_cuda and a.dtype != torch.bfloat16:
+    if recipe.ir.gemm.fp8 and (needed[0] or needed[1]):
+        raise InvalidArgument(f"{'a' if needed[0] else 'b'}: gemmgen has no gradient for fp8 A or B (fp8 training "
+                              "scales its gradients, which a plain derivative cannot know); detach them")
+    mm_dtype = torch.bfloat16 if recipe.ir.gemm.fp8 else a.dtype  # e4m3 and e5m2 values are exact in bf16
+    if a.is_cuda and mm_dtype != torch.bfloat16:
         raise InvalidArgument(f"a: gradients of a grouped recipe use torch._grouped_mm, which takes bf16 on the GPU, "
                               f"not {a.dtype}; declare the recipe with a=gg.bf16, b=gg.bf16, or detach the inputs")
     names = [o.name for o in recipe.operands]
@@ -97,7 +101,7 @@ def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[
     ends, group, covered = row_groups(offsets, rows, groups)
     covered = covered.unsqueeze(1)
     with torch.enable_grad():
-        acc = torch._grouped_mm(a.detach(), b.detach(), offs=ends).float()
+        acc = torch._grouped_mm(a.detach().to(mm_dtype), b.detach().to(mm_dtype), offs=ends).float()
         acc = torch.where(covered, acc, 0.0).requires_grad_(True)  # rows in no group: not computed
         leaves = {k: v.detach().float().requires_grad_(True) for (k, v), need in zip(ops.items(), needed[3:],
                   strict=True) if need and isinstance(v, torch.Tensor)}

@@ -55,6 +55,15 @@ def fp8_out_recipe(d: gg.DType = gg.e4m3) -> gg.Recipe:
                      a=gg.e4m3, b=gg.e4m3, d=d, operands={"scale": gg.Scalar()}, aux={"amax_d": gg.f32})
 
 
+def moe_fp8_recipe() -> gg.Recipe:
+    """fp8 experts, as fp8 MoE serving runs them: e4m3 tokens and weights, each token's scale, each
+    expert's channel scales and bias, bf16 out (tests/test_grouped.py)."""
+    return gg.Recipe("moe_fp8", lambda acc, scale_a, scale_b, bias: acc * scale_a * scale_b + bias, grouped=True,
+                     a=gg.e4m3, b=gg.e4m3, d=gg.bf16,
+                     operands={"scale_a": gg.ColVector(gg.f32), "scale_b": gg.RowVector(gg.f32),
+                               "bias": gg.RowVector(gg.bf16)})
+
+
 #: The grouped example's kernels on the GPU and against CUTLASS's host code (tests/test_grouped.py):
 #: the default (cooperative, no cluster) and a pingpong kernel with a 2 x 1 cluster.
 GROUPED_CONFIGS = (gg.KernelConfig(), gg.KernelConfig(cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG))
@@ -101,6 +110,7 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         if recipe.name == "scaled_mm_fp8":
             out += [(recipe, c) for shape in FP8_BENCH_SHAPES for c in bench_configs(recipe, *shape)]
     out.append((fp8_out_recipe(), fp8_out_recipe().default_config()))
+    out.append((moe_fp8_recipe(), moe_fp8_recipe().default_config()))
     return list(dict.fromkeys(out))
 
 
