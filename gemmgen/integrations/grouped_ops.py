@@ -21,7 +21,7 @@ import torch
 
 from ..errors import InvalidArgument
 from ..runtime.checks import check_grouped_call
-from ..runtime.grouped import row_groups, vectors_as_matrices
+from ..runtime.grouped import operands_per_row, row_groups, vectors_as_matrices
 from ..runtime.kernel import allocate_output
 from ..types import OperandKind
 
@@ -37,7 +37,7 @@ def grouped_schema(name: str, recipe: Recipe) -> str:
 
 def grouped_backends(recipe: Recipe) -> tuple[dict[str, Any], Any, Any, Any]:
     """(backends, fake, backward, setup_context) for `ops.define`."""
-    from .ops import call_realigning
+    from .ops import call_realigning, save_inputs, saved_inputs
 
     names = [o.name for o in recipe.operands]
     kernels: dict[int, Any] = {}
@@ -66,17 +66,10 @@ def grouped_backends(recipe: Recipe) -> tuple[dict[str, Any], Any, Any, Any]:
     def fake_impl(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *args: Any) -> torch.Tensor:
         return allocate_output((a.shape[0], b.shape[-1]), recipe.ir.gemm.d.torch, a.device)
 
-    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
-        ctx.scalars = [None if isinstance(x, torch.Tensor) else x for x in inputs]
-        ctx.is_tensor = [isinstance(x, torch.Tensor) for x in inputs]
-        ctx.save_for_backward(*[x for x in inputs if isinstance(x, torch.Tensor)])
-
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        saved = iter(ctx.saved_tensors)
-        inputs = [next(saved) if is_t else s for is_t, s in zip(ctx.is_tensor, ctx.scalars, strict=True)]
-        return grouped_vjp(recipe, inputs, grad, ctx.needs_input_grad)
+        return grouped_vjp(recipe, saved_inputs(ctx), grad, ctx.needs_input_grad)
 
-    return {"CUDA": cuda_impl, "CPU": cpu_impl}, fake_impl, backward, setup_context
+    return {"CUDA": cuda_impl, "CPU": cpu_impl}, fake_impl, backward, save_inputs
 
 
 def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[bool, ...]) -> tuple:
@@ -91,7 +84,6 @@ def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[
         raise InvalidArgument(f"a: gradients of a grouped recipe use torch._grouped_mm, which takes bf16 on the GPU, "
                               f"not {a.dtype}; declare the recipe with a=gg.bf16, b=gg.bf16, or detach the inputs")
     names = [o.name for o in recipe.operands]
-    kinds = {o.name: o.kind for o in recipe.operands}
     ops = dict(zip(names, rest, strict=True))
     rows, groups = a.shape[0], b.shape[0]
     if rows == 0 or groups == 0:
@@ -105,14 +97,7 @@ def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[
         acc = torch.where(covered, acc, 0.0).requires_grad_(True)  # rows in no group: not computed
         leaves = {k: v.detach().float().requires_grad_(True) for (k, v), need in zip(ops.items(), needed[3:],
                   strict=True) if need and isinstance(v, torch.Tensor)}
-        per_row = {}
-        for k, v in {**ops, **leaves}.items():
-            if kinds[k] is OperandKind.ROW:
-                per_row[k] = v[group]  # each row's group's vector; autograd sums the rows back per group
-            elif kinds[k] is OperandKind.COL:
-                per_row[k] = v.reshape(-1, 1)
-            else:
-                per_row[k] = v
+        per_row = operands_per_row(recipe.ir, {**ops, **leaves}, group)
         out = evaluate_epilogue(vectors_as_matrices(recipe.ir), acc, per_row, round_outputs=False)[0]
         got = torch.autograd.grad(out, [acc, *leaves.values()], torch.where(covered, grad.float(), 0.0),
                                   allow_unused=True)

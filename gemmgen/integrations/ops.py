@@ -108,20 +108,25 @@ def op(recipe: Recipe) -> Any:
             outs = outputs_like(a, b, a.device)
             return outs[0] if len(outs) == 1 else tuple(outs)
 
-        def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
-            tensors = [x if isinstance(x, torch.Tensor) else None for x in inputs]
-            ctx.scalars = [None if isinstance(x, torch.Tensor) else x for x in inputs]
-            ctx.save_for_backward(*[t for t in tensors if t is not None])
-            ctx.is_tensor = [t is not None for t in tensors]
-
         def backward(ctx: Any, *grads: Any) -> tuple:
-            saved = iter(ctx.saved_tensors)
-            inputs = [next(saved) if is_t else s for is_t, s in zip(ctx.is_tensor, ctx.scalars, strict=True)]
-            return epilogue_vjp(recipe, inputs, grads, ctx.needs_input_grad)
+            return epilogue_vjp(recipe, saved_inputs(ctx), grads, ctx.needs_input_grad)
 
-        packet = define(schema(recipe), {"CUDA": cuda_impl, "CPU": cpu_impl}, fake_impl, backward, setup_context)
+        packet = define(schema(recipe), {"CUDA": cuda_impl, "CPU": cpu_impl}, fake_impl, backward, save_inputs)
         _OPS[name] = packet
         return packet
+
+
+def save_inputs(ctx: Any, inputs: tuple, output: Any) -> None:
+    """An op's setup_context: every input for backward, tensors saved as autograd saves them."""
+    ctx.scalars = [None if isinstance(x, torch.Tensor) else x for x in inputs]
+    ctx.is_tensor = [isinstance(x, torch.Tensor) for x in inputs]
+    ctx.save_for_backward(*[x for x in inputs if isinstance(x, torch.Tensor)])
+
+
+def saved_inputs(ctx: Any) -> list:
+    """The inputs `save_inputs` kept, in order."""
+    saved = iter(ctx.saved_tensors)
+    return [next(saved) if is_t else s for is_t, s in zip(ctx.is_tensor, ctx.scalars, strict=True)]
 
 
 class Launcher:

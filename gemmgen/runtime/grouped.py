@@ -128,9 +128,8 @@ class GroupedArguments:
                           *[c.per_row for c in columns], *pad, *[c.per_group for c in columns], *pad)
 
     def values(self, call: GroupedCall, columns: list[Column], buffer: int, layout: BufferLayout, sm_count: int,
-               max_active_clusters: int, device_id: int, encode: TensorMapEncoder
-               ) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
-        """Every Params field by name, and the grid."""
+               max_active_clusters: int, device_id: int, encode: TensorMapEncoder) -> dict[str, int | float | bytes]:
+        """Every Params field by name (the grid is `scheduler.group_plan`'s)."""
         shapes = buffer + layout.shapes
         v: dict[str, int | float | bytes] = {"mode": MODE_GROUPED, "problem.groups": call.groups,
                                              "problem.shapes": shapes, "problem.host_shapes": 0,
@@ -154,9 +153,8 @@ class GroupedArguments:
             v[f"epilogue.scalar.{name}.batch_stride"] = 0
         v.update({"hw_info.device_id": device_id, "hw_info.sm_count": sm_count,
                   "hw_info.max_active_clusters": max_active_clusters})
-        plan = scheduler.group_plan(self.tile, self.cluster, sm_count, max_active_clusters)
-        v.update(plan.fields)
-        return v, plan.grid
+        v.update(scheduler.group_plan(self.tile, self.cluster, sm_count, max_active_clusters).fields)
+        return v
 
 
 def _rank2(args: tma.EncodeArgs) -> tma.EncodeArgs:
@@ -268,7 +266,7 @@ class GroupedKernel:
         addr = buffer.data_ptr()
         params = plan.params.get(addr)
         if params is None:
-            values, _ = self._args.values(call, plan.columns, addr, plan.layout, plan.sm_count, plan.clusters,
+            values = self._args.values(call, plan.columns, addr, plan.layout, plan.sm_count, plan.clusters,
                                           max(plan.device_index, 0), self._encode)
             params = bytes(self._writer.write(values))
             put_bounded(plan.params, addr, params)
@@ -306,11 +304,8 @@ class GroupedKernel:
         from ..reference import evaluate_epilogue
 
         _, group, covered = row_groups(offsets, call.rows, call.groups)
-        per_row = {o.name: operands[o.name][group] if o.kind is OperandKind.ROW else
-                   operands[o.name].reshape(-1, 1) if o.kind is OperandKind.COL else operands[o.name]
-                   for o in self._ir.epilogue.operands}
         acc = torch.zeros((call.rows, call.n), dtype=torch.float32, device=d.device)
-        value = evaluate_epilogue(vectors_as_matrices(self._ir), acc, per_row)[0]
+        value = evaluate_epilogue(vectors_as_matrices(self._ir), acc, operands_per_row(self._ir, operands, group))[0]
         d.copy_(torch.where(covered.reshape(-1, 1), value, d))
 
     def _device_hardware(self, device_index: int) -> tuple[int, int]:
@@ -332,6 +327,15 @@ def vectors_as_matrices(ir: RecipeIR) -> EpilogueIR:
     ops = tuple(Operand(o.name, OperandKind.MATRIX if o.kind in (OperandKind.ROW, OperandKind.COL) else o.kind,
                         o.dtype) for o in ir.epilogue.operands)
     return EpilogueIR(ir.epilogue.nodes, ir.epilogue.outputs, ops)
+
+
+def operands_per_row(ir: RecipeIR, operands: dict[str, Any], group: torch.Tensor) -> dict[str, Any]:
+    """The operands as `vectors_as_matrices` reads them: each row's group's row vector, column
+    vectors as columns, the rest as given (gathering is differentiable: row vectors' gradients sum
+    back per group)."""
+    kinds = {o.name: o.kind for o in ir.epilogue.operands}
+    return {k: v[group] if kinds[k] is OperandKind.ROW else v.reshape(-1, 1) if kinds[k] is OperandKind.COL else v
+            for k, v in operands.items()}
 
 
 def row_groups(offsets: torch.Tensor, rows: int, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -84,16 +84,19 @@ def plan(m: int, n: int, l: int, tile: tuple[int, int, int], cluster: tuple[int,
     return SchedulerPlan(fields, _grid(blocks_m * blocks_n * l, raster, cm, cn, sm_count, max_active_clusters))
 
 
-def _grid(total: int, raster: int, cm: int, cn: int, sm_count: int, max_active_clusters: int) -> tuple[int, int, int]:
-    """PersistentTileSchedulerSm90Params::get_grid_shape with truncate_by_problem_size."""
+def _grid(total: int, raster: int, cm: int, cn: int, sm_count: int, max_active_clusters: int,
+          truncate_clusters: bool = True) -> tuple[int, int, int]:
+    """PersistentTileSchedulerSm90Params::get_grid_shape with truncate_by_problem_size (and the
+    group scheduler's, which does not truncate the grid it sizes by max active clusters)."""
     size = cm * cn
     if size == 1:
         ctas = min(sm_count, total)
         return (1, ctas, 1) if raster == RASTER_ALONG_N else (ctas, 1, 1)
     if max_active_clusters and max_active_clusters * size <= sm_count:
-        if raster == RASTER_ALONG_N:
-            return cm, min(max_active_clusters * cn, total // cm), 1
-        return min(max_active_clusters * cm, total // cn), cn, 1
+        along_n, along_m = max_active_clusters * cn, max_active_clusters * cm
+        if truncate_clusters:
+            along_n, along_m = min(along_n, total // cm), min(along_m, total // cn)
+        return (cm, along_n, 1) if raster == RASTER_ALONG_N else (along_m, cn, 1)
     min_gpcs = 1 if sm_count < MAX_SM_PER_GPC else sm_count // MAX_SM_PER_GPC
     per_gpc = MAX_SM_PER_GPC - MAX_SM_PER_GPC % size
     residual = 0 if sm_count < MAX_SM_PER_GPC else sm_count % MAX_SM_PER_GPC
@@ -127,23 +130,6 @@ def group_plan(tile: tuple[int, int, int], cluster: tuple[int, int, int], sm_cou
         "scheduler.cta_shape.m": tile[0], "scheduler.cta_shape.n": tile[1], "scheduler.cta_shape.k": tile[2],
         "scheduler.cluster_shape.m": cm, "scheduler.cluster_shape.n": cn, "scheduler.cluster_shape.k": cluster[2],
     })
-    return SchedulerPlan(fields, _group_grid(blocks_m * blocks_n, raster, cm, cn, sm_count, max_active_clusters))
-
-
-def _group_grid(total: int, raster: int, cm: int, cn: int, sm_count: int, max_active_clusters: int
-                ) -> tuple[int, int, int]:
-    """PersistentTileSchedulerSm90GroupParams::get_grid_shape (truncate_by_problem_size): unlike the
-    dense scheduler's, its max-active-clusters grid is not truncated by the problem."""
-    size = cm * cn
-    if size == 1:
-        ctas = min(sm_count, total)
-        return (1, ctas, 1) if raster == RASTER_ALONG_N else (ctas, 1, 1)
-    if max_active_clusters and max_active_clusters * size <= sm_count:
-        return (cm, max_active_clusters * cn, 1) if raster == RASTER_ALONG_N else (max_active_clusters * cm, cn, 1)
-    min_gpcs = 1 if sm_count < MAX_SM_PER_GPC else sm_count // MAX_SM_PER_GPC
-    per_gpc = MAX_SM_PER_GPC - MAX_SM_PER_GPC % size
-    residual = 0 if sm_count < MAX_SM_PER_GPC else sm_count % MAX_SM_PER_GPC
-    per_device = min(sm_count, min_gpcs * per_gpc + residual - residual % size)
-    if raster == RASTER_ALONG_N:
-        return cm, min(per_device // cm, total // cm), 1
-    return min(per_device // cn, total // cn), cn, 1
+    # unlike the dense scheduler, the group scheduler does not truncate its max-active-clusters grid
+    return SchedulerPlan(fields, _grid(blocks_m * blocks_n, raster, cm, cn, sm_count, max_active_clusters,
+                                       truncate_clusters=False))
