@@ -1,8 +1,8 @@
 """The example recipes: `gemmgen build examples/recipes.py` compiles each and prints the kernel report.
 
 Every module-level gemmgen.Recipe is a kernel. Together they cover both schedules, all four
-A/B layouts, fp8 inputs, every operand kind, an aux output, an amax, a grouped (MoE) GEMM, and both
-epilogue shapes (tree and graph).
+A/B layouts, fp8 inputs, every operand kind, an aux output, an amax, per-row reductions, a grouped
+(MoE) GEMM, and both epilogue shapes (tree and graph).
 """
 
 import gemmgen as gg
@@ -74,6 +74,22 @@ scaled_mm_fp8 = gg.Recipe(
     lambda acc, scale_a, scale_b, bias: acc * scale_a * scale_b + bias,
     a=gg.e4m3, b=gg.e4m3, d=gg.bf16,
     operands={"scale_a": gg.ColVector(gg.f32), "scale_b": gg.RowVector(gg.f32), "bias": gg.RowVector(gg.bf16)},
+)
+
+
+# D = A @ B + residual (a residual stream after an output projection), with each row's sum of
+# squares (what the RMSNorm that follows needs) and each row's amax (a per-token fp8 scale): fp32
+# reductions over N, summed in a fixed order (the same result every run)
+def _residual_norm_stats(acc, residual):
+    h = acc + residual
+    return {"d": h, "sum_sq": gg.sum(h * h, dim=1), "amax_row": gg.amax(h, dim=1)}
+
+
+residual_norm_stats = gg.Recipe(
+    "residual_norm_stats",
+    _residual_norm_stats,
+    operands={"residual": gg.Matrix(gg.bf16)},
+    aux={"sum_sq": gg.f32, "amax_row": gg.f32},
 )
 
 

@@ -28,6 +28,7 @@ from .dsl import (
     relu,
     sigmoid,
     silu,
+    sum,
     tanh,
 )
 from .errors import (
@@ -51,7 +52,7 @@ __all__ = [
     "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler", "ToolchainError", "Value",
     "__version__", "abs", "add_bundle", "amax", "add_tuning", "autotune", "bf16", "cast",
     "clamp", "e4m3", "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh",
-    "leaky_relu", "max", "maximum", "min", "minimum", "relu", "sigmoid", "silu", "tanh", "warmup",
+    "leaky_relu", "max", "maximum", "min", "minimum", "relu", "sigmoid", "silu", "sum", "tanh", "warmup",
 ]
 
 

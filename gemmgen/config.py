@@ -108,8 +108,14 @@ def tile_k(recipe: RecipeIR) -> int:
 
 
 def default_config(recipe: RecipeIR) -> KernelConfig:
-    """A recipe's config when it names none: 128 x 128 output tiles, cooperative, K steps of 128 bytes."""
-    return KernelConfig(tile=(128, 128, tile_k(recipe)))
+    """A recipe's config when it names none: 128 x 128 output tiles, cooperative, K steps of 128
+    bytes; swapped when the recipe reduces over M (see `reduction_violations`)."""
+    return KernelConfig(tile=(128, 128, tile_k(recipe)), swap_ab=needs_swap(recipe))
+
+
+def needs_swap(recipe: RecipeIR) -> bool:
+    """Whether only a swapped kernel computes the recipe: it reduces over M (`reduction_violations`)."""
+    return any(o.dim == 0 for o in recipe.epilogue.outputs)
 
 
 def kernel_recipe(cfg: KernelConfig, recipe: RecipeIR) -> RecipeIR:
@@ -276,8 +282,24 @@ def grouped_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
+def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """Vector reductions are built over the kernel's N only (CUTLASS's Sm90ColReduction). Its
+    Sm90RowReduction, over the kernel's M, kept 480-688 bytes of its state on the stack, with
+    226-541 local loads and stores in the SASS, in each of the five configs compiled (cooperative
+    and pingpong, tile M 64 to 256, bf16 and e4m3 D) where the column form kept it in registers. A
+    reduction over the recipe's M (dim=0) is therefore computed by a swapped kernel, in which it
+    is a reduction over the kernel's N."""
+    over_m = [o.name for o in recipe.epilogue.outputs if o.dim == 0]
+    if over_m:
+        dim, swap = (1, "False") if cfg.swap_ab else (0, "True")
+        return [f"aux output {over_m[0]!r}: its reduction (dim={dim}) is over the kernel's M, and gemmgen builds "
+                f"reductions over the kernel's N only (CUTLASS's reduction over M spills to local memory); "
+                f"use swap_ab={swap}"]
+    return []
+
+
 CONSTRAINTS = (tile_violations, schedule_violations, cluster_violations, register_violations, smem_violations,
-               grouped_violations)
+               grouped_violations, reduction_violations)
 
 
 def violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:

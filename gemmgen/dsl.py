@@ -173,37 +173,39 @@ class Value:
         return f"<gemmgen traced value #{self._index}>"
 
 
-class Amax:
-    """`gg.amax(x)`: an output holding the largest |x| over M and N, one fp32 value per batch (NaNs
-    skipped), which fp8 scaling needs for its next scale. Returned from the epilogue under an aux
-    name declared `gg.f32`; it is not a value to compute with."""
+class Reduced:
+    """`gg.amax(x)`, `gg.amax(x, dim)`, `gg.sum(x, dim)`: an output holding a reduction of x in
+    fp32, per batch: over M and N (one value), over M (`dim=0`: one value per column of D) or over
+    N (`dim=1`: one value per row). Returned from the epilogue under an aux name declared
+    `gg.f32`; it is not a value to compute with."""
 
-    __slots__ = ("value",)
+    __slots__ = ("dim", "reduce", "value")
 
-    def __init__(self, value: Value) -> None:
-        self.value = value
+    def __init__(self, value: Value, reduce: Reduction, dim: int | None) -> None:
+        self.value, self.reduce, self.dim = value, reduce, dim
 
     def _misuse(self, *args: Any) -> Any:
-        raise _amax_misuse()
+        raise _reduced_misuse()
 
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _misuse
     __truediv__ = __rtruediv__ = __neg__ = __pos__ = __abs__ = __pow__ = _misuse
 
     def __repr__(self) -> str:
-        return f"gemmgen.amax({self.value!r})"
+        dim = "" if self.dim is None else f", dim={self.dim}"
+        return f"gemmgen.{self.reduce.value}({self.value!r}{dim})"
 
 
-def _amax_misuse() -> RecipeError:
-    return RecipeError("gg.amax(...) is an output, not a value to compute with: return it from the epilogue, "
-                       "e.g. {'d': y, 'amax_y': gg.amax(y)}, declared with aux={'amax_y': gg.f32}")
+def _reduced_misuse() -> RecipeError:
+    return RecipeError("gg.amax(...) and gg.sum(...) are outputs, not values to compute with: return them from the "
+                       "epilogue, e.g. {'d': y, 'amax_y': gg.amax(y)}, declared with aux={'amax_y': gg.f32}")
 
 
 def _lift(x: Any, op_name: str) -> Value:
     """Turn a Python number into a constant of the current trace; reject anything else."""
     if isinstance(x, Value):
         return x
-    if isinstance(x, Amax):
-        raise _amax_misuse()
+    if isinstance(x, Reduced):
+        raise _reduced_misuse()
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
         if not _ACTIVE:
             raise RecipeError(f"{op_name}: gemmgen ops can only be used inside an epilogue being traced")
@@ -313,15 +315,38 @@ def cast(x: Any, dtype: Any) -> Value:
     return _unary(Op.CAST, x, "cast", dtype=d)
 
 
-def amax(x: Any) -> Amax:
-    """An output of max |x| over M and N per batch (see `Amax`)."""
-    a = _lift(x, "amax")
-    _same_trace([a], "amax")
-    return Amax(a)
+def amax(x: Any, dim: int | None = None) -> Reduced:
+    """An output of max |x| (NaNs skipped): over M and N per batch, which fp8 scaling needs for its
+    next scale; or per column (`dim=0`) or per row (`dim=1`, a per-token scale). See `Reduced`."""
+    return Reduced(_reduced_value(x, "amax"), Reduction.AMAX, _reduce_dim(dim, "amax", optional=True))
+
+
+def sum(x: Any, dim: int) -> Reduced:  # noqa: A001
+    """An output of the sum of x over M (`dim=0`: one value per column of D, e.g. a bias gradient)
+    or over N (`dim=1`: one value per row, e.g. a norm's statistics). Summed in fp32 in a fixed
+    order, so the result is the same from run to run. See `Reduced`."""
+    return Reduced(_reduced_value(x, "sum"), Reduction.SUM, _reduce_dim(dim, "sum", optional=False))
+
+
+def _reduced_value(x: Any, op_name: str) -> Value:
+    a = _lift(x, op_name)
+    _same_trace([a], op_name)
+    return a
+
+
+def _reduce_dim(dim: Any, op_name: str, optional: bool) -> int | None:
+    """0 (over M) or 1 (over N) of the M x N value, as torch numbers the dims of a matrix."""
+    if dim is None and optional:
+        return None
+    if isinstance(dim, int) and not isinstance(dim, bool) and dim in (0, 1, -1, -2):
+        return dim % 2
+    over_all = " or None (over M and N)" if optional else ""
+    raise RecipeError(f"{op_name}: dim={dim!r}; expected 0 (over M: one value per column of D), 1 or -1 "
+                      f"(over N: one value per row){over_all}")
 
 
 OPS = ("+", "-", "*", "/", "unary -", "min", "max", "clamp", "abs", "exp", "tanh", "sigmoid", "relu", "gelu",
-       "gelu_tanh", "silu", "leaky_relu", "cast", "amax")
+       "gelu_tanh", "silu", "leaky_relu", "cast", "amax", "sum")
 
 
 # ----------------------------------------------------------------------------- the recipe
@@ -398,6 +423,16 @@ def _check_grouped_epilogue(ir: EpilogueIR) -> None:
                           "reductions are not supported there yet); return D's value alone")
 
 
+def _check_reductions(ir: EpilogueIR) -> None:
+    """Reductions over M (dim=0) and over N (dim=1) cannot share a kernel: gemmgen builds vector
+    reductions over the kernel's N only, so one over M needs a swapped kernel, whose N is M
+    (`config.reduction_violations`)."""
+    over = {o.dim: o.name for o in ir.outputs if o.dim is not None}
+    if len(over) == 2:
+        raise RecipeError(f"aux outputs {over[0]!r} (dim=0) and {over[1]!r} (dim=1): a kernel reduces over M or "
+                          "over N, not both; split them into two recipes")
+
+
 class Recipe:
     """A fused GEMM: D = epilogue(A @ B, operands...), plus optional auxiliary outputs.
 
@@ -412,7 +447,8 @@ class Recipe:
             G x K x N, and the kernel takes `offsets` (int32, G): where each group's rows end.
             Row vectors are per group (G x N); column vectors and matrices are per row of A.
         operands: name -> gg.Scalar / gg.RowVector / gg.ColVector / gg.Matrix declaration.
-        aux: name -> dtype of each auxiliary M x N output.
+        aux: name -> dtype of each auxiliary output: an M x N tensor, or gg.f32 for a reduction
+            (`gg.amax(x)`, `gg.amax(x, dim)`, `gg.sum(x, dim)`).
         config: the default KernelConfig for this recipe.
     """
 
@@ -433,6 +469,7 @@ class Recipe:
             if v not in _D_DTYPES:
                 raise RecipeError(f"aux output {k!r}: may be bf16, f16, f32, e4m3 or e5m2, not {v.value}")
         self.ir = RecipeIR(name, self.gemm, self._trace())
+        _check_reductions(self.ir.epilogue)
         if grouped:
             _check_grouped_epilogue(self.ir.epilogue)
         if config is not None:
@@ -507,20 +544,22 @@ class Recipe:
         outs = []
         for name in ["d", *self._aux]:
             v = values[name]
-            reduce = None
-            if isinstance(v, Amax):
+            reduce, dim = None, None
+            if isinstance(v, Reduced):
                 if name == "d":
-                    raise RecipeError("output 'd': D is the M x N result; return gg.amax(...) under an aux name, "
-                                      "e.g. {'d': y, 'amax_y': gg.amax(y)} with aux={'amax_y': gg.f32}")
+                    raise RecipeError(f"output 'd': D is the M x N result; return gg.{v.reduce.value}(...) under an "
+                                      f"aux name, e.g. {{'d': y, 'r': gg.{v.reduce.value}(y, ...)}} with "
+                                      "aux={'r': gg.f32}")
                 if self._aux[name] is not DType.F32:
-                    raise RecipeError(f"aux output {name!r}: an amax is fp32; declare aux={{{name!r}: gg.f32}}")
-                v, reduce = v.value, Reduction.AMAX
+                    raise RecipeError(f"aux output {name!r}: a reduction ({v!r}) is fp32; declare "
+                                      f"aux={{{name!r}: gg.f32}}")
+                v, reduce, dim = v.value, v.reduce, v.dim
             if isinstance(v, numbers.Real) and not isinstance(v, bool):
                 raise RecipeError(f"output {name!r} is a constant; an output must depend on the accumulator "
                                   "or an operand")
             if not isinstance(v, Value) or v._trace is not trace:
                 raise RecipeError(f"output {name!r}: expected a traced value, got {type(v).__name__}")
-            outs.append(Output(name, v._index, self.gemm.d if name == "d" else self._aux[name], reduce))
+            outs.append(Output(name, v._index, self.gemm.d if name == "d" else self._aux[name], reduce, dim))
         return outs
 
     # ---- what other layers read

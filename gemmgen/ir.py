@@ -97,20 +97,36 @@ class Operand:
 
 
 class Reduction(enum.Enum):
-    """How an output reduces its value over M and N (per batch) instead of storing it."""
+    """How an output reduces its value instead of storing it."""
 
     AMAX = "amax"  # the largest absolute value (NaNs skipped), for fp8 scaling
+    SUM = "sum"
 
 
 @dataclass(frozen=True)
 class Output:
     """An epilogue output: `d` is the GEMM's D; others are auxiliary M x N outputs, or with
-    `reduce` one fp32 value per batch (shape (L,), or () when not batched)."""
+    `reduce` fp32 reductions of a value, per batch: over M and N when `dim` is None (one value,
+    shape (L,) or ()), over M when `dim` is 0 (one value per column: (L, N) or (N,)), over N when
+    `dim` is 1 (one value per row: (L, M) or (M,))."""
 
     name: str
     node: int
     dtype: DType
     reduce: Reduction | None = None
+    dim: int | None = None
+
+    def shape(self, problem: tuple[int, ...]) -> tuple[int, ...]:
+        """This output's shape for a problem whose D is `problem`, (L, M, N) or (M, N)."""
+        if self.reduce is None:
+            return problem
+        extent = () if self.dim is None else (problem[-2],) if self.dim == 1 else (problem[-1],)
+        return (*problem[:-2], *extent)
+
+    @property
+    def transposed(self) -> Output:
+        """The same output of the transposed problem: a reduction over M becomes one over N."""
+        return Output(self.name, self.node, self.dtype, self.reduce, None if self.dim is None else 1 - self.dim)
 
 
 @dataclass(frozen=True)
@@ -177,14 +193,16 @@ class RecipeIR:
 
         A swapped kernel computes this recipe on the caller's tensors reinterpreted in place: A and
         B trade places with flipped layouts, D and every M x N tensor become column-major views of
-        the same memory, and row vectors (one value per column of D) become column vectors of D^T.
+        the same memory, row vectors (one value per column of D) become column vectors of D^T, and
+        a reduction over M (one value per column) becomes one over N.
         """
         g = self.gemm
         gemm = GemmSpec(a=g.b, b=g.a, d=g.d, layout_a=g.layout_b.transposed, layout_b=g.layout_a.transposed,
                         batched=g.batched, accumulator=g.accumulator, layout_d=g.layout_d.transposed,
                         grouped=g.grouped)
         operands = tuple(Operand(o.name, o.kind.transposed, o.dtype) for o in self.epilogue.operands)
-        return RecipeIR(self.name, gemm, EpilogueIR(self.epilogue.nodes, self.epilogue.outputs, operands))
+        outputs = tuple(o.transposed for o in self.epilogue.outputs)
+        return RecipeIR(self.name, gemm, EpilogueIR(self.epilogue.nodes, outputs, operands))
 
     def canonical(self) -> dict:
         """A JSON-able form with no names that do not change the math (the recipe name is left out).
@@ -197,8 +215,8 @@ class RecipeIR:
                      g.accumulator.value, *layout_d, *grouped],
             "nodes": [[n.op.value, list(n.args), n.name, n.attr, n.dtype.value if n.dtype else None]
                       for n in self.epilogue.nodes],
-            "outputs": [[o.name, o.node, o.dtype.value, *([o.reduce.value] if o.reduce else [])]
-                        for o in self.epilogue.outputs],
+            "outputs": [[o.name, o.node, o.dtype.value, *([o.reduce.value] if o.reduce else []),
+                         *([o.dim] if o.dim is not None else [])] for o in self.epilogue.outputs],
             "operands": [[o.name, o.kind.value, o.dtype.value] for o in self.epilogue.operands],
         }
 
@@ -276,6 +294,6 @@ def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand,
     remap = {old: new for new, old in enumerate(order)}
     final = tuple(Node(new_nodes[o].op, tuple(remap[a] for a in new_nodes[o].args), new_nodes[o].name,
                        new_nodes[o].attr, new_nodes[o].dtype) for o in order)
-    outs = tuple(Output(o.name, remap[r], o.dtype, o.reduce) for o, r in zip(outputs, roots, strict=True))
+    outs = tuple(Output(o.name, remap[r], o.dtype, o.reduce, o.dim) for o, r in zip(outputs, roots, strict=True))
     used = {n.name for n in final if n.op is Op.INPUT}
     return EpilogueIR(final, outs, tuple(o for o in operands if o.name in used))

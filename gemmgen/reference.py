@@ -68,9 +68,11 @@ def _broadcast(t: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor | float],
-                      round_outputs: bool = True) -> tuple[torch.Tensor, ...]:
+                      round_outputs: bool = True, magnitudes: bool = False) -> tuple[torch.Tensor, ...]:
     """Evaluate the epilogue on an fp32 accumulator; return the outputs rounded to their dtypes
-    (or kept in fp32 with `round_outputs=False`, for differentiation)."""
+    (or kept in fp32 with `round_outputs=False`, for differentiation). With `magnitudes` a sum's
+    output is the sum of the absolute values of its terms instead, the scale of its rounding error
+    (`testing.tensors.assert_output_close`)."""
     values: list[torch.Tensor] = []
     for node in ir.nodes:
         if node.op is Op.ACC:
@@ -85,7 +87,7 @@ def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, tor
             v = apply_op(node.op, tuple(values[a] for a in node.args), node.attr, node.dtype)
         values.append(v.to(torch.float32))
     shape = acc.shape
-    outs = tuple(_reduced(values[o.node].expand(shape), o.reduce) for o in ir.outputs)
+    outs = tuple(_reduced(values[o.node].expand(shape), o.reduce, o.dim, magnitudes) for o in ir.outputs)
     if not round_outputs:
         return outs
     return tuple(round_to(v, o.dtype) for v, o in zip(outs, ir.outputs, strict=True))
@@ -102,26 +104,31 @@ def round_to(x: torch.Tensor, dtype: DType) -> torch.Tensor:
     return (x if limit is None else x.clamp(-limit, limit)).to(dtype.torch)
 
 
-def _reduced(v: torch.Tensor, reduce: Reduction | None) -> torch.Tensor:
-    """An output's value: the M x N tensor, or its reduction over M and N per batch (empty: 0)."""
+def _reduced(v: torch.Tensor, reduce: Reduction | None, dim: int | None, magnitude: bool = False) -> torch.Tensor:
+    """An output's value: the M x N tensor, or its reduction per batch over M and N (`dim` None),
+    over M (0) or over N (1). An empty reduction gives the identity, 0."""
     if reduce is None:
         return v
+    dims = (-2, -1) if dim is None else (dim - 2,)
+    if reduce is Reduction.SUM:
+        return (v.abs() if magnitude else v).sum(dim=dims)
     assert reduce is Reduction.AMAX
     mag = torch.where(torch.isnan(v), 0.0, v.abs())  # the kernel's max skips NaN, as CUTLASS's maximum does
-    if v.shape[-2] * v.shape[-1] == 0:
-        return mag.new_zeros(v.shape[:-2])  # the identity the output starts from
-    return mag.amax(dim=(-2, -1))
+    if any(v.shape[d] == 0 for d in dims):
+        return mag.sum(dim=dims)  # zeros of the reduced shape
+    return mag.amax(dim=dims)
 
 
 def reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor | float],
-              offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """fp32 GEMM on the CPU followed by the epilogue; one tensor per output (`d` first)."""
+              offsets: torch.Tensor | None = None, magnitudes: bool = False) -> tuple[torch.Tensor, ...]:
+    """fp32 GEMM on the CPU followed by the epilogue; one tensor per output (`d` first). With
+    `magnitudes`, sums are of their terms' absolute values (see `evaluate_epilogue`)."""
     ops = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in operands.items()}
     if recipe.gemm.grouped:
         assert offsets is not None
         return _grouped_reference(recipe, a.detach().cpu(), b.detach().cpu(), ops, offsets.detach().cpu())
     acc = torch.matmul(a.detach().cpu().to(torch.float32), b.detach().cpu().to(torch.float32))
-    return evaluate_epilogue(recipe.epilogue, acc, ops)
+    return evaluate_epilogue(recipe.epilogue, acc, ops, magnitudes=magnitudes)
 
 
 def group_bounds(offsets: list[int], rows: int) -> list[tuple[int, int]]:

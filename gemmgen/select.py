@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .config import KernelConfig, Schedule, default_config, is_valid, tile_k
+from .config import KernelConfig, Schedule, default_config, is_valid, needs_swap, tile_k
 from .errors import GemmgenError
 from .ir import RecipeIR
 
@@ -85,13 +85,19 @@ def _score(cfg: KernelConfig, m: int, n: int, l: int, sm_count: int) -> tuple[fl
 
 
 def candidate_configs(recipe: RecipeIR, m_bucket: int) -> tuple[KernelConfig, ...]:
-    """The configs considered for an M bucket, most preferred first, with K steps of 128 bytes."""
-    return _candidates(m_bucket <= SWAP_MAX_M, tile_k(recipe))
+    """The configs considered for an M bucket, most preferred first, with K steps of 128 bytes. A
+    recipe that only a swapped kernel computes (`config.needs_swap`) gets every tile swapped."""
+    return _candidates(m_bucket <= SWAP_MAX_M, needs_swap(recipe), tile_k(recipe))
 
 
 @functools.cache
-def _candidates(swapped: bool, k: int) -> tuple[KernelConfig, ...]:
-    listed = CANDIDATES + SWAP_CANDIDATES if swapped else CANDIDATES
+def _candidates(small_m: bool, swapped_only: bool, k: int) -> tuple[KernelConfig, ...]:
+    listed = CANDIDATES
+    if swapped_only:  # each tile transposed: the kernel's N x M problem is tiled as the unswapped M x N would be
+        listed = tuple(replace(c, tile=(c.tile[1], c.tile[0], c.tile[2]), cluster=(c.cluster[1], c.cluster[0], 1),
+                               swap_ab=True) for c in CANDIDATES)
+    if small_m:
+        listed += SWAP_CANDIDATES
     return tuple(replace(c, tile=(c.tile[0], c.tile[1], k)) for c in listed)
 
 
@@ -117,7 +123,9 @@ def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int =
     score, cfg, why = order[0]
     listed = candidate_configs(recipe, mb)
     lines = [w for _, _, w in sorted(order, key=lambda t: listed.index(t[1]))]
-    return Choice(cfg, mb, score, f"M={m} -> bucket {mb}; chose {why}\n  considered:\n    " + "\n    ".join(lines))
+    swapped = "; a reduction over M: swapped kernels only (config.reduction_violations)" if needs_swap(recipe) else ""
+    return Choice(cfg, mb, score, f"M={m} -> bucket {mb}{swapped}; chose {why}\n  considered:\n    "
+                  + "\n    ".join(lines))
 
 
 def problem_shape(shape: Any, where: str) -> tuple[int, int, int, int]:

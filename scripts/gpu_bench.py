@@ -11,6 +11,10 @@ The fp8 rowwise-scaled GEMM with a bias (`scaled_mm_fp8`, e4m3 in, bf16 out) aga
 `torch._scaled_mm` with the same rowwise scales, with its bias argument (one cuBLASLt call, where
 torch supports rowwise scales with a bias) and without it, plus a separate bias add.
 
+The residual stream with its per-row statistics (`residual_norm_stats`: D = A @ B + residual, each
+row's sum of squares and amax in fp32) against `torch.matmul` + the residual add + the two row
+reductions in torch, and `torch.matmul` alone.
+
 The grouped (MoE) expert GEMM with a per-expert bias, SiLU and each token's routing weight
 (`moe_up`) against `torch._grouped_mm` (torch's grouped GEMM, with the same offsets) followed by the
 same epilogue in torch, and `torch._grouped_mm` alone.
@@ -69,6 +73,60 @@ def _scaled_mm_then_bias(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor
 
 
 FP8_BASELINES = {"_scaled_mm(bias=)": _scaled_mm_bias, "_scaled_mm + bias": _scaled_mm_then_bias}
+
+
+def _matmul_then_stats(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor) -> tuple:
+    h = torch.matmul(a, b) + residual
+    hf = h.float()
+    return h, (hf * hf).sum(-1), hf.abs().amax(-1)
+
+
+def _matmul_residual(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(a, b)
+
+
+STATS_BASELINES = {"matmul+add+row stats": _matmul_then_stats, "matmul alone": _matmul_residual}
+
+
+def _stats_table(recipe, shapes, reps: int) -> None:
+    """`_table` for a recipe with row reductions: every output checked (a sum within the bound of its
+    summation order), then timed with its three outputs given."""
+    from gemmgen.reference import evaluate_epilogue
+    from gemmgen.testing.tensors import assert_output_close
+    from gemmgen.tuning import device_ms
+    from tests.data.gpu_matrix import bench_configs
+
+    names = list(STATS_BASELINES)
+    print(f"| M x N x K | config | gemmgen ms | {' ms | '.join(names)} ms | gemmgen TFLOP/s | vs unfused |")
+    print("|---" * (5 + len(names)) + "|")
+    for m, n, k in shapes:
+        sets = []
+        for _ in range(max(2, -(-L2_BYTES // ((m * k + k * n + 2 * m * n) * 2)) + 1)):
+            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+            residual = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+            outs = (torch.empty(m, n, device="cuda", dtype=torch.bfloat16), torch.empty(m, device="cuda"),
+                    torch.empty(m, device="cuda"))
+            sets.append((a, b, residual, outs))
+        theirs = {name: _timed(fn, sets, reps) for name, fn in STATS_BASELINES.items()}
+        for config in bench_configs(recipe, m, n, k):
+            kernel = recipe.compile(config)
+            a, b, residual, _ = sets[0]
+            got = kernel(a, b, residual)
+            acc = torch.matmul(a.float(), b.float())
+            wants = evaluate_epilogue(recipe.ir.epilogue, acc, {"residual": residual})
+            scales = evaluate_epilogue(recipe.ir.epilogue, acc, {"residual": residual}, magnitudes=True)
+            for o, g, w, mag in zip(recipe.outputs, got, wants, scales, strict=True):
+                assert_output_close(o, g.float(), w.float(), mag, (m, n), 1.6e-2,
+                                    0.0 if o.reduce else 1.6e-2 * float(w.float().abs().max()), f"{o.name} {m}x{n}x{k}")
+            ours = device_ms([functools.partial(kernel, a, b, residual, out=outs) for a, b, residual, outs in sets],
+                             reps)
+            unfused = theirs[names[0]]
+            vs = f"{unfused / ours:.2f}x" if unfused is not None else "n/a"
+            print(f"| {m}x{n}x{k} | {config.name} | {ours:.3f} | {' | '.join(map(_ms, theirs.values()))} | "
+                  f"{2 * m * n * k / ours / 1e9:.0f} | {vs} |", flush=True)
+        del sets
+        torch.cuda.empty_cache()
 
 
 def _grouped_then_epilogue(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor,
@@ -210,7 +268,7 @@ def main() -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     from gemmgen.recipes_file import load_recipes
-    from tests.data.gpu_matrix import BENCH_SHAPES, FP8_BENCH_SHAPES, GROUPED_BENCH_SHAPES
+    from tests.data.gpu_matrix import BENCH_SHAPES, FP8_BENCH_SHAPES, GROUPED_BENCH_SHAPES, STATS_BENCH_SHAPES
 
     recipes = load_recipes(ROOT / "examples" / "recipes.py")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; median of {args.reps} CUDA-graph "
@@ -219,6 +277,8 @@ def main() -> int:
     _table(recipes["bias_gelu"], BENCH_SHAPES, _bf16_sets, BASELINES, SAME_LAYER, args.reps)
     print("# scaled_mm_fp8 (e4m3 x e4m3 -> bf16, rowwise scales, bias)")
     _table(recipes["scaled_mm_fp8"], FP8_BENCH_SHAPES, _fp8_sets, FP8_BASELINES, tuple(FP8_BASELINES), args.reps)
+    print("# residual_norm_stats (bf16: residual add, each row's sum of squares and amax in fp32)")
+    _stats_table(recipes["residual_norm_stats"], STATS_BENCH_SHAPES, args.reps)
     print("# moe_up (grouped bf16: per-expert bias, SiLU, routing weight; tokens spread evenly)")
     _grouped_table(recipes["moe_up"], GROUPED_BENCH_SHAPES, args.reps)
     return 0

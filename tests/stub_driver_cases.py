@@ -159,13 +159,16 @@ def case_calls_launch_the_recipes_math(stub, kernels):
     the cubin declares, as the driver does); the launch has the kernel's block, cluster and shared
     memory on the current stream, within the driver's limits, and every map in it passes
     cuTensorMapEncodeTiled's documented rules."""
+    from gemmgen.reference import reference
     from gemmgen.runtime.kernel import Kernel
     from gemmgen.testing.emulate import emulate
     from gemmgen.testing.recording import encode_violations, launch_violations
+    from gemmgen.testing.tensors import assert_output_close
     from tests.test_runtime import EMULATED, TOLERANCE, _args_with_nonzero_reference, _given_outputs, _unwritten
 
     for name, ck in _dense(kernels).items():
         kernel = Kernel(ck, require_cuda=False)  # the real driver path: encode, load and launch reach the stub
+        prepared = _keeping_prepared(kernel)
         recipe = ck.recipe
         for m, n, k, batch in EMULATED:
             lead = (batch,) if recipe.ir.gemm.batched else ()
@@ -191,12 +194,27 @@ def case_calls_launch_the_recipes_math(stub, kernels):
                     if field.kind == "desc":
                         args = stub.of(launch.params[offset:offset + 128])
                         assert args is None or encode_violations(args) == [], (where, field.name, args)
+                workspace = prepared[-1][4]
                 tensors = [a, b, *outs, *(v for v in ops.values() if isinstance(v, torch.Tensor))]
-                emulate(ck, launch.params, stub, tensors)
-                for out, ref in zip(outs, want, strict=True):
+                emulate(ck, launch.params, stub, tensors + ([workspace] if workspace is not None else []))
+                scale = reference(recipe.ir, a, b, ops, magnitudes=True)
+                for o, out, ref, mag in zip(recipe.outputs, outs, want, scale, strict=True):
                     assert not out.isnan().any(), f"{where}: output elements the kernel would not write"
                     tol = TOLERANCE[out.dtype]
-                    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol, msg=where)
+                    assert_output_close(o, out, ref, mag, (m, n), tol, tol, where)
+
+
+def _keeping_prepared(kernel):
+    """The kernel's prepared calls, kept: the workspace a launch pointed into outlives the call."""
+    prepared = []
+    prepare = kernel._prepare
+
+    def keeping(*args):
+        prepared.append(prepare(*args))
+        return prepared[-1]
+
+    kernel._prepare = keeping
+    return prepared
 
 
 def case_a_thread_without_a_context(stub, kernels):

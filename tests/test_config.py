@@ -10,6 +10,7 @@ import gemmgen as gg
 from gemmgen.config import (
     KernelConfig,
     Schedule,
+    default_config,
     epilogue_smem_bytes,
     is_valid,
     mainloop_stage_bytes,
@@ -124,6 +125,24 @@ def test_auto_stages_fill_shared_memory(recipe):
     assert s >= 2
     used = s * mainloop_stage_bytes(cfg, recipe) + epilogue_smem_bytes(cfg, recipe)
     assert used <= 232448 < used + mainloop_stage_bytes(cfg, recipe)
+
+
+def test_vector_reductions_are_over_the_kernels_n():
+    """CUTLASS's reduction over a kernel's M spills (config.reduction_violations): a reduction over
+    the recipe's M needs a swapped kernel and one over N an unswapped one; the default follows."""
+    over_m = gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 0)}, aux={"s": gg.f32}).ir
+    over_n = gg.Recipe("r", lambda acc: {"d": acc, "s": gg.amax(acc, 1)}, aux={"s": gg.f32}).ir
+    plain, swapped = KernelConfig(), KernelConfig(swap_ab=True)
+    assert violations(plain, over_m) == [
+        "aux output 's': its reduction (dim=0) is over the kernel's M, and gemmgen builds reductions over the "
+        "kernel's N only (CUTLASS's reduction over M spills to local memory); use swap_ab=True"]
+    assert violations(swapped, over_n) == [
+        "aux output 's': its reduction (dim=1) is over the kernel's M, and gemmgen builds reductions over the "
+        "kernel's N only (CUTLASS's reduction over M spills to local memory); use swap_ab=False"]
+    assert is_valid(swapped, over_m) and is_valid(plain, over_n)
+    assert default_config(over_m).swap_ab and not default_config(over_n).swap_ab
+    with pytest.raises(gg.ConfigError, match=r"use swap_ab=True"):
+        gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 0)}, aux={"s": gg.f32}, config=plain)
 
 
 def test_config_names_are_stable():

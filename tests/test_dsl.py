@@ -208,3 +208,58 @@ def test_reference_checks_operand_names():
         r.reference(a, b)
     with pytest.raises(gg.RecipeError, match="unknown operand"):
         r.reference(a, b, bias=torch.randn(16), beta=1.0)
+
+
+# ----------------------------------------------------------------------------- reductions
+
+
+def _reducing(reduced, **kw):
+    return gg.Recipe("r", lambda acc: {"d": acc, "r": reduced(acc)}, aux={"r": gg.f32}, **kw)
+
+
+def test_reductions_record_their_dim_as_torch_numbers_a_matrix():
+    """dim 0 is over M (a value per column of D), 1 over N (per row); -2 and -1 name the same."""
+    for reduced, kind, dim in ((lambda x: gg.sum(x, dim=0), "sum", 0), (lambda x: gg.sum(x, -2), "sum", 0),
+                               (lambda x: gg.sum(x, dim=1), "sum", 1), (lambda x: gg.amax(x, dim=-1), "amax", 1),
+                               (lambda x: gg.amax(x), "amax", None)):
+        out = _reducing(reduced).outputs[1]
+        assert (out.reduce.value, out.dim) == (kind, dim)
+    keys = {_reducing(f).key for f in (lambda x: gg.sum(x, 1), lambda x: gg.sum(x, 0), lambda x: gg.amax(x, 0),
+                                       lambda x: gg.amax(x, 1), lambda x: gg.amax(x))}
+    assert len(keys) == 5
+    # an amax over M and N keeps the key it had before reductions took a dim
+    assert _reducing(lambda x: gg.amax(x)).ir.canonical()["outputs"][1] == ["r", 0, "f32", "amax"]
+    seen: list[gg.dsl.Reduced] = []
+
+    def keep(x: gg.Value) -> gg.dsl.Reduced:
+        seen.append(gg.sum(x, 1))
+        return seen[-1]
+
+    _reducing(keep)
+    assert repr(seen[0]) == "gemmgen.sum(<gemmgen traced value #0>, dim=1)"
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda: _reducing(lambda x: gg.sum(x)), r"missing 1 required positional argument: 'dim'"),  # type: ignore[call-arg]
+    (lambda: _reducing(lambda x: gg.sum(x, dim=None)), r"sum: dim=None; expected 0 \(over M.*1 or -1"),  # type: ignore[arg-type]
+    (lambda: _reducing(lambda x: gg.amax(x, dim=2)), r"amax: dim=2; expected 0 .* or None \(over M and N\)"),
+    (lambda: _reducing(lambda x: gg.sum(x, dim=True)), r"sum: dim=True"),
+    (lambda: gg.Recipe("r", lambda acc: {"d": acc, "r": gg.sum(acc, 1)}, aux={"r": gg.bf16}),
+     r"aux output 'r': a reduction \(gemmgen.sum\(.*dim=1\)\) is fp32; declare aux=\{'r': gg.f32\}"),
+    (lambda: gg.Recipe("r", lambda acc: gg.sum(acc, 1)), r"output 'd': D is the M x N result; return gg.sum"),
+    (lambda: gg.Recipe("r", lambda acc: acc + gg.sum(acc, 1)), r"gg.amax\(...\) and gg.sum\(...\) are outputs"),
+    (lambda: gg.Recipe("r", lambda acc: gg.relu(gg.amax(acc, 1))), r"are outputs, not values to compute with"),
+    (lambda: gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 0), "t": gg.amax(acc, 1)},
+                       aux={"s": gg.f32, "t": gg.f32}),
+     r"aux outputs 's' \(dim=0\) and 't' \(dim=1\): a kernel reduces over M or over N, not both"),
+    (lambda: gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 1)}, aux={"s": gg.f32}, grouped=True),
+     r"a grouped GEMM writes D only \(auxiliary outputs and reductions"),
+    (lambda: gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 0), "t": gg.amax(acc, 0), "u": gg.amax(acc)},
+                       aux={"s": gg.f32, "t": gg.f32, "u": gg.f32}), None),
+])
+def test_reduction_mistakes_raise_named_errors(build, match):
+    if match is None:
+        build()
+        return
+    with pytest.raises((gg.RecipeError, TypeError), match=match):
+        build()

@@ -18,12 +18,14 @@ import gemmgen as gg
 from gemmgen.build import CompiledKernel, KernelInfo
 from gemmgen.codegen import GeneratedKernel, render_kernel
 from gemmgen.ir import Op, post_order
+from gemmgen.reference import reference
 from gemmgen.runtime.arguments import ParamsLayout
 from gemmgen.runtime.kernel import Kernel
 from gemmgen.select import SWAP_MAX_M, candidate_configs
 from gemmgen.testing.emulate import emulate
 from gemmgen.testing.random_recipes import random_recipe
 from gemmgen.testing.recording import RecordingEncoder
+from gemmgen.testing.tensors import assert_output_close
 from gemmgen.testing.visitors import CppType, EpilogueInterpreter, parse_type
 
 from .conftest import dense
@@ -50,9 +52,10 @@ def _uncompiled(recipe: gg.Recipe, config: gg.KernelConfig,
                           generated, ParamsLayout(offset, tuple(fields)), "rendered")
 
 
-def _run(ck: CompiledKernel, shape: tuple[int, int, int, int], drawn: tuple | None = None) -> tuple[tuple, tuple]:
-    """(outputs, reference) of one emulated call on `drawn` (A, B, operands, reference), or fresh
-    inputs, with NaN-filled outputs."""
+def _run(ck: CompiledKernel, shape: tuple[int, int, int, int], drawn: tuple | None = None
+         ) -> tuple[tuple, tuple, tuple]:
+    """(outputs, reference, the reference's magnitudes) of one emulated call on `drawn` (A, B,
+    operands, reference), or fresh inputs, with NaN-filled outputs."""
     m, n, k, batch = shape
     recipe = ck.recipe
     lead = (batch,) if recipe.ir.gemm.batched else ()
@@ -62,8 +65,9 @@ def _run(ck: CompiledKernel, shape: tuple[int, int, int, int], drawn: tuple | No
     kernel = Kernel(ck, encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
     prep = kernel.prepare(a, b, out=outs if len(outs) > 1 else outs[0], **ops)
     assert prep.params is not None, "every emulated shape launches"
-    emulate(ck, prep.params, enc, [a, b, *outs, *(v for v in ops.values() if isinstance(v, torch.Tensor))])
-    return outs, want
+    workspace = [prep.workspace] if prep.workspace is not None else []
+    emulate(ck, prep.params, enc, [a, b, *outs, *(v for v in ops.values() if isinstance(v, torch.Tensor)), *workspace])
+    return outs, want, reference(recipe.ir, a, b, ops, magnitudes=True)
 
 
 def _assert_computes(ck: CompiledKernel, shape: tuple[int, int, int, int], what: str, drawn: tuple | None = None,
@@ -72,15 +76,14 @@ def _assert_computes(ck: CompiledKernel, shape: tuple[int, int, int, int], what:
     the narrowest type a cast rounds the output's value to on its way (random recipes, where the
     accumulator's last bits, summed in another order than the reference's, can tip a rounding
     mid-recipe to the next value of the cast's type)."""
-    outs, want = _run(ck, shape, drawn)
+    outs, want, scale = _run(ck, shape, drawn)
     nodes = ck.recipe.ir.epilogue.nodes
-    for o, got, ref in zip(ck.recipe.ir.epilogue.outputs, outs, want, strict=True):
+    for o, got, ref, mag in zip(ck.recipe.ir.epilogue.outputs, outs, want, scale, strict=True):
         assert not got.isnan().any(), f"{what} {shape}: {o.name} has elements the kernel would not write"
         casts = [dtype.torch for i in post_order([o.node], lambda i: nodes[i].args)
                  if through_casts and nodes[i].op is Op.CAST and (dtype := nodes[i].dtype) is not None]
         tol = max(TOLERANCE[t] for t in (got.dtype, *casts))
-        torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol,
-                                   msg=_prefixed(f"{what} {shape} {o.name}"))
+        assert_output_close(o, got, ref, mag, shape[:2], tol, tol, f"{what} {shape} {o.name}")
 
 
 def _prefixed(where: str) -> Callable[[str], str]:
@@ -128,7 +131,7 @@ def test_fp8_outputs_saturate_as_the_kernel_converts(dtype, scale, limit):
         b = _padded(96, 53, torch.float8_e4m3fn, False, ())
         want = recipe.reference(a, b, scale=scale)
         assert float(want[1]) > limit and (want[0].float().abs() == limit).any()
-        (d, amax), _ = _run(_uncompiled(recipe, config), (37, 53, 96, 1), (a, b, {"scale": scale}, want))
+        (d, amax), _, _ = _run(_uncompiled(recipe, config), (37, 53, 96, 1), (a, b, {"scale": scale}, want))
         assert d.float().abs().max() == limit, config.name
         torch.testing.assert_close(d.float(), want[0].float(), rtol=tol, atol=tol)
         torch.testing.assert_close(amax, want[1], rtol=1e-5, atol=0)

@@ -7,8 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import gemmgen as gg
 from gemmgen.codegen.params import KIND_SIZE
-from gemmgen.runtime.arguments import field_values, pack
+from gemmgen.runtime.arguments import ArgumentBuilder, field_values, pack
 from gemmgen.runtime.problem import Problem, TensorArg
 from gemmgen.testing.oracle import OracleProgram
 from gemmgen.testing.recording import RecordingEncoder
@@ -76,8 +77,11 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
             operands[o.name] = mn(o.dtype)
         else:
             operands[o.name] = TensorArg(next(addr))
-    aux = {o.name: mn(o.dtype) if o.reduce is None else TensorArg(next(addr), (0, 0, 1 if l > 1 else 0))
-           for o in recipe.outputs[1:]}
+    def reduced(o) -> TensorArg:  # contiguous per batch: one value, a value per row (dim 1) or per column (0)
+        modes = {None: (0, 0, 1), 1: (1, 0, m), 0: (0, 1, n)}[o.dim]
+        return TensorArg(next(addr), (*modes[:2], modes[2] if l > 1 else 0))
+
+    aux = {o.name: mn(o.dtype) if o.reduce is None else reduced(o) for o in recipe.outputs[1:]}
     return Problem(m, n, k, l, a, b, mn(g.d), operands, aux, 0, sm_count, max_active_clusters)
 
 
@@ -115,30 +119,63 @@ def kernel_problem(kernel, *shape, **hardware) -> Problem:
     return p.transposed() if kernel.config.swap_ab else p
 
 
+WORKSPACE = 0x7E00_0000_0000  # where the workspace of a kernel with vector reductions is
+
+
 def _check(kernel, oracle, problem):
-    expected = oracle.run(problem)
+    expected = oracle.run(problem, WORKSPACE)
     if _extents_aligned(kernel, problem):
         assert expected.can_implement
+    builder = ArgumentBuilder(kernel.generated.kernel_recipe, kernel.config)
+    tm, tn, _ = kernel.config.tile
+    tiles = -(-problem.m // tm) * -(-problem.n // tn) * problem.l
+    partials = max((tiles * (tm if kind == "col_reduction" else tn) for kind, _, _ in builder.vector_reductions),
+                   default=0)
+    if partials >= 2**31:  # CUTLASS's int arithmetic wraps (its size too)
+        with pytest.raises(gg.InvalidArgument, match=r"partial values for the reduction, past the 2\^31"):
+            builder.workspace(problem)
+        return
+    assert builder.workspace(problem)[0] == expected.workspace_size
     enc = RecordingEncoder()
-    values, grid = field_values(kernel.generated.kernel_recipe, kernel.config, problem, enc)
+    values, grid = field_values(kernel.generated.kernel_recipe, kernel.config, problem, enc, workspace=WORKSPACE)
     params = pack(kernel.params_layout, values)
     assert len(params) == kernel.info.params_size
     by_addr = {c["addr"]: {k: v for k, v in c.items() if k != "encode"} for c in expected.encodes}
     mine = {c.addr: c.as_dict() for c in enc.calls}
     assert mine == by_addr
+    regions: dict[str, dict[str, int]] = {"ours": {}, "theirs": {}}
     for field, offset, _ in kernel.params_layout.fields:
         want = expected.fields[field.name]
         if field.kind == "desc":
             ours = enc.of(params[offset:offset + 128])
             theirs = expected.encodes[want["desc"] - 1] if want["desc"] else None
             assert (ours.addr if ours else None) == (theirs["addr"] if theirs else None), field.name
+        elif field.name.endswith((".buffer", ".counters")):
+            reduction, part = field.name.rsplit(".", 1)
+            for side, bits in (("ours", _decode(params, offset, field.kind)), ("theirs", want["bits"])):
+                regions[side][f"{reduction}.{part}"] = bits
         else:
             assert _decode(params, offset, field.kind) == want["bits"], field.name
+    _check_workspace_regions(regions["ours"], regions["theirs"])
     assert list(grid) == expected.launch["grid"]
     assert expected.launch["block"] == [kernel.info.max_threads, 1, 1]
     assert expected.launch["cluster"] == list(kernel.config.cluster)
     assert expected.launch["smem"] == kernel.info.smem_bytes
     assert all(v == 1 for v in expected.aux_params_bytes.values()), "TMA atoms carry runtime aux params"
+
+
+def _check_workspace_regions(ours: dict[str, int], theirs: dict[str, int]) -> None:
+    """Each vector reduction's partials and tile counters: CUTLASS places the reductions' regions in
+    the order its host compiler evaluates the arguments of a pack expansion (`transform_apply` in
+    Sm90VisitorImpl: unspecified in C++, right to left under g++), which the device never sees; so
+    each reduction's counters must sit where CUTLASS puts them relative to its partials, and the
+    regions must be CUTLASS's up to their order."""
+    names = {k.rsplit(".", 1)[0] for k in ours}
+    assert names == {k.rsplit(".", 1)[0] for k in theirs}
+    for name in names:
+        counters, buffer = f"{name}.counters", f"{name}.buffer"
+        assert ours[counters] - ours[buffer] == theirs[counters] - theirs[buffer]
+    assert sorted(ours.values()) == sorted(theirs.values())
 
 
 @pytest.mark.parametrize("shape", PROBLEMS, ids=lambda s: "x".join(map(str, s)))

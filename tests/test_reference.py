@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import gemmgen as gg
 from gemmgen.reference import reference
+from gemmgen.testing.tensors import assert_output_close
 
 from .conftest import dense
 
@@ -71,6 +72,12 @@ def _independent(name, acc, ops):
         pre = acc * f["scale"][:, None] + f["bias"]
         d = F.silu(pre) + f["c"] * f["r2"]
         return d.bfloat16(), pre.bfloat16(), d.abs().flatten(-2).max(dim=-1).values
+    if name == "residual_norm_stats":
+        h = acc + f["residual"]
+        return h.bfloat16(), (h * h).sum(dim=-1), h.abs().amax(dim=-1)
+    if name == "column_stats":
+        y = acc * f["row_scale"][:, None]
+        return y.half(), y.sum(dim=-2), y.abs().amax(dim=-2), y.abs().flatten(-2).max(dim=-1).values
     raise KeyError(name)
 
 
@@ -90,16 +97,16 @@ def test_reference_matches_independent_torch(examples, extra, shape, gen):
         ops = _operands_for(recipe, m, n, gen, batch)
         got = recipe.reference(a, b, **ops)
         got = got if isinstance(got, tuple) else (got,)
+        scale = reference(recipe.ir, a, b, ops, magnitudes=True)
         acc = a.float() @ b.float()
         want = _independent(recipe.name, acc, ops)
         assert len(got) == len(want) == len(recipe.outputs)
-        for o, g, w in zip(recipe.outputs, got, want, strict=True):
+        for o, g, w, mag in zip(recipe.outputs, got, want, scale, strict=True):
             assert g.dtype == o.dtype.torch, (recipe.name, o.name)
-            assert g.shape == ((*lead, m, n) if o.reduce is None else lead)
+            assert g.shape == o.shape((*lead, m, n))
             assert w.abs().max() > 0, "reference must not be all zeros"
             rtol, atol = TOL[g.dtype]
-            torch.testing.assert_close(g.float(), w.float(), rtol=rtol, atol=atol,
-                                       msg=lambda s: f"{recipe.name}.{o.name} seed={gen.initial_seed()}: {s}")  # noqa: B023
+            assert_output_close(o, g, w, mag, (m, n), rtol, atol, f"{recipe.name}.{o.name} seed={gen.initial_seed()}")
 
 
 def test_reference_k_zero_is_epilogue_of_zero(examples, gen):
@@ -131,8 +138,53 @@ def test_transposed_recipe_is_the_transposed_math(examples, extra, shape, gen):
         t_ops = {name: v.mT if isinstance(v, torch.Tensor) and v.dim() >= 2 else v for name, v in ops.items()}
         want = recipe.reference(a, b, **ops)
         want = want if isinstance(want, tuple) else (want,)
+        scale = reference(recipe.ir, a, b, ops, magnitudes=True)
         got = reference(t, b.mT, a.mT, t_ops)
-        for o, g, w in zip(recipe.outputs, got, want, strict=True):
+        for o, g, w, mag in zip(recipe.outputs, got, want, scale, strict=True):
             assert w.float().abs().max() > 0
             rtol, atol = TOL[g.dtype]
-            torch.testing.assert_close(g.mT.float() if o.reduce is None else g, w.float(), rtol=rtol, atol=atol)
+            assert_output_close(o, g.mT if o.reduce is None else g, w, mag, (m, n), rtol, atol,
+                                f"{recipe.name}.{o.name} seed={gen.initial_seed()}")
+            assert t.epilogue.outputs[recipe.outputs.index(o)].dim == (None if o.dim is None else 1 - o.dim)
+
+
+def test_reductions_per_row_and_column(gen):
+    """gg.sum and gg.amax over N (dim=1) and over M (dim=0), per batch: NaN propagates through a
+    sum and is skipped by an amax (as CUTLASS's maximum skips it); nothing to reduce gives 0."""
+    r = gg.Recipe("r", lambda acc: {"d": acc, "s1": gg.sum(acc, 1), "a1": gg.amax(acc, 1), "a": gg.amax(acc)},
+                  aux={"s1": gg.f32, "a1": gg.f32, "a": gg.f32}, batched=True)
+    c = gg.Recipe("c", lambda acc: {"d": acc, "s0": gg.sum(acc * acc, 0), "a0": gg.amax(acc, -2)},
+                  aux={"s0": gg.f32, "a0": gg.f32}, batched=True)
+    a = torch.randn(2, 5, 16, generator=gen).bfloat16()
+    b = torch.randn(2, 16, 7, generator=gen).bfloat16()
+    acc = a.float() @ b.float()
+    d, s1, a1, amax = r.reference(a, b)
+    assert s1.shape == a1.shape == (2, 5) and amax.shape == (2,)
+    torch.testing.assert_close(d, acc.bfloat16())
+    torch.testing.assert_close(s1, acc.sum(-1))
+    torch.testing.assert_close(a1, acc.abs().amax(-1))
+    _, s0, a0 = c.reference(a, b)
+    assert s0.shape == a0.shape == (2, 7)
+    torch.testing.assert_close(s0, (acc * acc).sum(-2))
+    torch.testing.assert_close(a0, acc.abs().amax(-2))
+    a[0, 3, 0] = float("nan")
+    _, s1, a1, _ = r.reference(a, b)
+    assert s1[0, 3].isnan() and not s1[0, :3].isnan().any() and not a1.isnan().any()
+    torch.testing.assert_close(a1[0, 3], torch.tensor(0.0))  # every value of the row is NaN: the identity
+    empty = r.reference(torch.empty(2, 5, 16).bfloat16(), torch.empty(2, 16, 0).bfloat16())
+    assert [tuple(t.shape) for t in empty] == [(2, 5, 0), (2, 5), (2, 5), (2,)]
+    assert not any(t.any() for t in empty[1:])
+
+
+def test_sums_are_held_to_the_bound_of_their_summation():
+    """assert_output_close: a sum within (rtol + terms * 2^-24) * sum |terms| passes, one past it
+    fails, however small the sum itself is after cancellation; NaN only where the reference has it."""
+    r = gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 1)}, aux={"s": gg.f32})
+    o = r.outputs[1]
+    want, magnitude = torch.tensor([1e-3, 5.0, float("nan")]), torch.tensor([1e4, 5.0, 1.0])
+    bound = (1e-5 + 100 * 2.0**-24) * magnitude
+    assert_output_close(o, want + 0.9 * bound.nan_to_num(), want, magnitude, (3, 100), 1e-5, 0.0)
+    with pytest.raises(AssertionError, match=r"sum 's' of 100 terms: 1 of 3 values off"):
+        assert_output_close(o, want + torch.tensor([1.1, 0, 0]) * bound, want, magnitude, (3, 100), 1e-5, 0.0)
+    with pytest.raises(AssertionError, match=r"1 of 3 values off"):
+        assert_output_close(o, torch.tensor([1e-3, 5.0, 0.0]), want, magnitude, (3, 100), 1e-5, 0.0)

@@ -14,8 +14,10 @@ import torch
 import gemmgen as gg
 from gemmgen.errors import LayoutMismatch
 from gemmgen.integrations.ops import call_realigning
+from gemmgen.reference import reference
 from gemmgen.runtime.kernel import Kernel
 from gemmgen.testing.recording import RecordingEncoder, launch_violations
+from gemmgen.testing.tensors import assert_output_close
 
 from .conftest import dense
 
@@ -90,7 +92,8 @@ def test_aux_outputs_returned_and_given(kernels):
     amax = torch.tensor(float("nan"))
     prep = _prep(k, a, b, bias=bias, out=(d, pre, amax))
     assert prep.outputs[0] is d and prep.outputs[1] is pre and prep.outputs[2] is amax and amax.item() == 0.0
-    for bad, match in ((torch.zeros(1), r"out\[amax_d\]: expected shape \(\) \(one value per batch\), got \(1,\)"),
+    for bad, match in ((torch.zeros(1), r"out\[amax_d\]: expected shape \(\) \(the reduction.s values per batch\), "
+                                        r"got \(1,\)"),
                        (torch.zeros((), dtype=torch.bfloat16), r"out\[amax_d\]: expected dtype torch\.float32"),
                        (None, None)):
         if bad is None:
@@ -376,15 +379,15 @@ def _padded(rows, cols, dtype, row_major, lead, fill=None):
 
 def _given_outputs(recipe, m, n, lead, fill=float("nan")):
     """Outputs as a caller gives them (NaN-filled by default): M x N with padded rows, or a
-    reduction's one fp32 per batch, shape `lead`."""
-    return tuple(torch.full(lead, fill if fill is not None else 1.0) if o.reduce is not None
+    reduction's contiguous fp32 values per batch."""
+    return tuple(torch.full(o.shape((*lead, m, n)), fill if fill is not None else 1.0) if o.reduce is not None
                  else _padded(m, n, o.dtype.torch, True, lead, fill=fill) for o in recipe.outputs)
 
 
 def _unwritten(recipe, outputs):
-    """Fresh outputs made NaN where the kernel is to write them; a reduction keeps the 0 the
-    runtime gave it, which the kernel max-combines into."""
-    return tuple(t if o.reduce is not None else t.fill_(float("nan"))
+    """Fresh outputs made NaN where the kernel is to write them; an amax over M and N keeps the 0
+    the runtime gave it, which the kernel max-combines into."""
+    return tuple(t if o.reduce is not None and o.dim is None else t.fill_(float("nan"))
                  for o, t in zip(recipe.outputs, outputs, strict=True))
 
 
@@ -412,12 +415,16 @@ def test_params_address_the_recipes_math(compiled, shape, outputs):
             prep = kernel.prepare(a, b, **ops)
             outs = _unwritten(recipe, prep.outputs)
         tensors = [a, b, *outs, *(v for v in ops.values() if isinstance(v, torch.Tensor))]
+        if prep.workspace is not None:
+            tensors.append(prep.workspace)
+        assert (prep.workspace is not None) == any(o.dim is not None for o in recipe.outputs)
         assert launch_violations(prep.grid, kernel._block, compiled_kernel.config.cluster, kernel._smem) == []
         emulate(compiled_kernel, prep.params, enc, tensors)
-        for got, ref in zip(outs, want, strict=True):
+        scale = reference(recipe.ir, a, b, ops, magnitudes=True)
+        for o, got, ref, mag in zip(recipe.outputs, outs, want, scale, strict=True):
             assert not got.isnan().any(), f"{name} {shape}: output elements the kernel would not write"
             tol = TOLERANCE[got.dtype]
-            torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol, msg=f"{name} {shape}")
+            assert_output_close(o, got, ref, mag, (m, n), tol, tol, f"{name} {shape}")
 
 
 def test_new_addresses_of_a_known_layout_redo_only_the_address_work(compiled):
@@ -507,6 +514,59 @@ def test_swapped_kernel_empty_dimensions_behave_like_torch(compiled):
 
 
 
+def test_vector_reductions_outputs_and_workspace(compiled):
+    """Per-row and per-column reductions: fp32 vectors per batch, written whole by the kernel (NaN
+    given outputs are not zeroed), partials and tile counters in a workspace zeroed per launch and
+    sized as CUTLASS sizes it, whose pointers are patched per call; wrong outputs refused by name."""
+    from gemmgen.runtime.arguments import ArgumentBuilder
+
+    for name, m, n, lead in (("residual_norm_stats", 200, 72, ()), ("column_stats", 72, 200, (3,))):
+        ck = compiled[name]
+        k = _cpu_kernel(ck)
+        a, b, ops = _fresh_args(ck.recipe, m, n, 40, lead)
+        prep = k.prepare(a, b, **ops)
+        want = [o.shape((*lead, m, n)) for o in ck.recipe.outputs]
+        assert [tuple(t.shape) for t in prep.outputs] == want and all(t.is_contiguous() for t in prep.outputs)
+        builder = ArgumentBuilder(ck.generated.kernel_recipe, ck.config)
+        size, slots = builder.workspace(k._plans[next(reversed(k._plans))].problem)
+        assert prep.workspace is not None and prep.workspace.numel() == size > 0 and not prep.workspace.any()
+        at = {f.name: offset for f, offset, _ in ck.params_layout.fields}
+        for call in (prep, k.prepare(a, b, **ops)):  # each call its own workspace, its pointers patched in
+            for field, offset in slots:
+                assert int.from_bytes(call.params[at[field]:at[field] + 8], "little") == \
+                    call.workspace.data_ptr() + offset, field
+        given = _given_outputs(ck.recipe, m, n, lead)
+        prep = k.prepare(a, b, out=given, **ops)
+        assert all(t.isnan().all() for o, t in zip(ck.recipe.outputs, given, strict=True) if o.dim is not None)
+        vector = next(i for i, o in enumerate(ck.recipe.outputs) if o.dim is not None)
+        label = ck.recipe.outputs[vector].name
+        good = given[vector]
+        for bad, match in ((torch.zeros(*good.shape[:-1], good.shape[-1] + 1), r"expected shape"),
+                           (torch.zeros(good.shape, dtype=torch.bfloat16), r"expected dtype torch\.float32"),
+                           (torch.zeros(*good.shape, 2)[..., 0], r"expected a contiguous tensor")):
+            outs = list(given)
+            outs[vector] = bad
+            with pytest.raises(gg.InvalidArgument, match=rf"out\[{label}\]: {match}"):
+                k.prepare(a, b, out=tuple(outs), **ops)
+
+
+def test_vector_reductions_of_empty_problems_behave_like_torch(compiled):
+    """Nothing to reduce gives the identity, 0 (torch's sum; its amax refuses, the fp8 recipes'
+    convention is 0); K = 0 reduces the epilogue of a zero accumulator."""
+    for name, lead in (("residual_norm_stats", ()), ("column_stats", (2,))):
+        ck = compiled[name]
+        k = _cpu_kernel(ck)
+        for m, n, kk in ((0, 24, 16), (8, 0, 16), (8, 24, 0)):
+            a, b, ops = _fresh_args(ck.recipe, m, n, kk, lead)
+            prep = k.prepare(a, b, **ops)
+            assert prep.params is None and prep.workspace is None
+            assert [tuple(t.shape) for t in prep.outputs] == [o.shape((*lead, m, n)) for o in ck.recipe.outputs]
+            for o, got, want in zip(ck.recipe.outputs, prep.outputs, ck.recipe.reference(a, b, **ops), strict=True):
+                torch.testing.assert_close(got, want, msg=f"{name} {(m, n, kk)} {o.name}")
+                if kk and o.reduce is not None:
+                    assert not got.any()
+
+
 def _torch_layout(rng, rows, cols, dtype, layout, lead):
     """A (lead,) rows x cols tensor as torch programs hold them, in `layout`'s majorness: contiguous,
     or a view with a padded leading dimension, an odd storage offset, a padded or broadcast
@@ -565,13 +625,16 @@ def test_op_path_on_torch_tensors_of_random_shapes_and_layouts(compiled):
                 raise AssertionError(f"{where}: {refused}") from refused
             outs = _unwritten(recipe, prep.outputs)
             assert launch_violations(prep.grid, seen.kernel._block, ck.config.cluster, seen.kernel._smem) == [], where
-            emulate(ck, prep.params, enc, [t for t in seen.args if isinstance(t, torch.Tensor)] + list(outs))
+            workspace = [prep.workspace] if prep.workspace is not None else []
+            emulate(ck, prep.params, enc, [t for t in seen.args if isinstance(t, torch.Tensor)] + [*outs, *workspace])
             want = recipe.reference(a, b, **ops)
-            for got, ref in zip(outs, want if isinstance(want, tuple) else (want,), strict=True):
+            scale = reference(recipe.ir, a, b, ops, magnitudes=True)
+            for o, got, ref, mag in zip(recipe.outputs, outs, want if isinstance(want, tuple) else (want,), scale,
+                                        strict=True):
                 assert not got.isnan().any(), where
                 tol = TOLERANCE[got.dtype]
                 atol = tol * max(1.0, float(ref.float().abs().max()))
-                assert torch.allclose(got.float(), ref.float(), rtol=tol, atol=atol), where
+                assert_output_close(o, got, ref, mag, (m, n), tol, 0.0 if o.reduce else atol, where)
 
 
 class _FakeDriver:

@@ -8,7 +8,7 @@ import pytest
 
 import gemmgen as gg
 from gemmgen.cli import main as cli_main
-from gemmgen.config import tile_k, validate
+from gemmgen.config import default_config, tile_k, validate
 from gemmgen.select import M_BUCKETS, SWAP_MAX_M, choose, configs_for_shapes, load_shapes, m_bucket
 
 from .conftest import EXAMPLES, ROOT, dense
@@ -49,9 +49,24 @@ def test_small_m_swaps_a_and_b_for_a_narrow_tile(examples):
     for recipe in dense(examples).values():
         for n, k in WEIGHTS[:5]:
             c = choose(recipe.ir, 8, n, k)
+            if any(o.dim == 1 for o in recipe.outputs):  # swapped, its reduction over N would be over M
+                assert not c.config.swap_ab and "_swapab" not in c.why, (recipe.name, c.why)
+                continue
             assert c.config.swap_ab and c.config.tile[1] == 16, (recipe.name, n, k, c.why)
             assert "_swapab" in c.why.splitlines()[0]
     assert not choose(examples["gemm_bf16"].ir, 4096, 4096, 4096).config.swap_ab
+
+
+def test_reductions_over_m_get_swapped_kernels_at_every_m(extra):
+    """A reduction over M is computed by a swapped kernel (over its N): the heuristic offers every
+    tile transposed, so large M gets large tiles too; the recipe's default config is swapped."""
+    r = extra["column_stats"].ir
+    assert default_config(r).swap_ab
+    for m in (1, 64, 1000, 8192):
+        c = choose(r, m, 4096, 4096)
+        assert c.config.swap_ab and "a reduction over M: swapped kernels only" in c.why, c.why
+    big = choose(r, 8192, 8192, 8192).config
+    assert big.tile[0] * big.tile[1] >= 128 * 256, big.name
 
 
 def test_buckets():

@@ -182,6 +182,49 @@ def test_amax_output_through_the_op(gen):
     torch.testing.assert_close(bias_.grad.float(), ref.grad)
 
 
+def test_vector_reductions_through_the_op(gen):
+    """Per-row and per-column reductions through the op: the CPU implementation, fake shapes ((L, M)
+    and (L, N) beside the L x M x N D), opcheck, a torch.compile trace, and gradients through the
+    sums as through torch's."""
+    rows = gg.Recipe("torch_row_sums", lambda acc, res: {"d": acc + res, "ss": gg.sum((acc + res) * (acc + res), 1),
+                                                         "am": gg.amax(acc + res, 1)},
+                     operands={"res": gg.Matrix(gg.bf16)}, aux={"ss": gg.f32, "am": gg.f32}, batched=True)
+    cols = gg.Recipe("torch_col_sums", lambda acc, s: {"d": acc * s, "cs": gg.sum(acc * s, 0)},
+                     operands={"s": gg.ColVector(gg.f32)}, aux={"cs": gg.f32}, batched=True)
+    a = torch.randn(3, 5, 16, generator=gen).bfloat16()
+    b = torch.randn(3, 16, 8, generator=gen).bfloat16()
+    res = torch.randn(3, 5, 8, generator=gen).bfloat16()
+    s = torch.randn(5, generator=gen)
+    h = a.float() @ b.float() + res.float()
+    d, ss, am = op(rows)(a, b, res)
+    assert ss.shape == am.shape == (3, 5) and ss.dtype == torch.float32
+    torch.testing.assert_close(d, h.bfloat16())
+    torch.testing.assert_close(ss, (h * h).sum(-1))
+    torch.testing.assert_close(am, h.abs().amax(-1))
+    _, cs = op(cols)(a, b, s)
+    assert cs.shape == (3, 8)
+    torch.testing.assert_close(cs, ((a.float() @ b.float()) * s[:, None]).sum(-2))
+    torch.library.opcheck(op(rows), (a, b, res))
+    torch.library.opcheck(op(cols), (a, b, s))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = op(cols)(torch.empty(2, 7, 16, dtype=torch.bfloat16), torch.empty(2, 16, 9, dtype=torch.bfloat16),
+                        torch.empty(7))
+        assert [tuple(t.shape) for t in fake] == [(2, 7, 9), (2, 9)]
+    explained = torch._dynamo.explain(lambda x, y, z: op(rows)(x, y, z)[1].sqrt())(a, b, res)
+    assert explained.graph_break_count == 0
+    b_ = b.clone().requires_grad_()
+    s_ = s.clone().requires_grad_()
+    op(cols)(a, b_, s_)[1].square().sum().backward()
+    b_ref, s_ref = b.float().requires_grad_(), s.clone().requires_grad_()
+    ((a.float() @ b_ref) * s_ref[:, None]).sum(-2).square().sum().backward()
+    assert b_.grad is not None and s_.grad is not None and b_ref.grad is not None and s_ref.grad is not None
+    assert b_ref.grad.abs().max() > 0 and s_ref.grad.abs().max() > 0
+    torch.testing.assert_close(b_.grad.float(), b_ref.grad, rtol=2**-7, atol=2**-7 * float(b_ref.grad.abs().max()))
+    torch.testing.assert_close(s_.grad, s_ref.grad, rtol=1e-2, atol=1e-2 * float(s_ref.grad.abs().max()))
+
+
 class _Counting(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()

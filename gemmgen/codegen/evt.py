@@ -50,7 +50,7 @@ class ParamBinding:
     """A visitor node that carries runtime arguments, and where its Params sit in the callbacks'
     Params: `path` holds (index, sibling count) per level of nested Sm90VisitorImplBase Params."""
 
-    kind: str  # "row" | "col" | "scalar" | "aux_load" | "aux_store" | "amax"
+    kind: str  # "row" | "col" | "scalar" | "aux_load" | "aux_store" | "amax" | "row_reduction" | "col_reduction"
     name: str  # operand or aux output name
     dtype: DType
     path: tuple[tuple[int, int], ...] = ()
@@ -129,8 +129,12 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
     # stored value read it from the last store in its chain.
     for o in ir.outputs[1:]:
         src = of_ir[o.node]
-        if o.reduce is Reduction.AMAX:
+        if o.reduce is not None and o.dim is None:
             store = _VNode(f"amax_{o.name}", _AMAX_TYPE, [src], binding=ParamBinding("amax", o.name, o.dtype))
+        elif o.reduce is not None:
+            kind = REDUCTION_KIND[o.dim]  # type: ignore[index]
+            store = _VNode(f"{o.reduce.value}_{o.name}", _vector_reduction_type(kind, o.reduce), [src],
+                           binding=ParamBinding(kind, o.name, o.dtype))
         else:
             store = _VNode(f"aux_{o.name}", _aux_store_type(o.dtype, aux_stride), [src],
                            binding=ParamBinding("aux_store", o.name, o.dtype))
@@ -236,6 +240,27 @@ def _load_type(kind: OperandKind, dtype: DType, is_source: bool, aux_stride: str
 #: one atomic max per thread and tile; the output must start at 0 (the runtime zeroes it).
 _AMAX_TYPE = (f"{FUSION}::Sm90ScalarReduction<cutlass::maximum_absolute_value_reduction, cutlass::atomic_maximum, "
               f"float, {COMPUTE}, {ROUND}, cute::Stride<cute::_0, cute::_0, int64_t>>")
+
+
+#: The visitor reducing over M (dim 0, to a row vector) or over N (dim 1, to a column vector).
+REDUCTION_KIND = {0: "row_reduction", 1: "col_reduction"}
+
+#: (per element, across lanes, across warps and tiles) functors of each reduction. They are not
+#: atomics, so CUTLASS's reductions take their deterministic path: each CTA writes its tile's
+#: partial to the workspace and the last CTA of a row (column) of tiles combines them in a fixed
+#: order (the workspace's tile counters must start at 0: the runtime zeroes the workspace).
+_VECTOR_REDUCE_FN = {
+    Reduction.SUM: ("cutlass::plus", "cutlass::plus", "cutlass::plus"),
+    Reduction.AMAX: ("cutlass::maximum_absolute_value_reduction", "cutlass::maximum", "cutlass::maximum"),
+}
+
+
+def _vector_reduction_type(kind: str, reduce: Reduction) -> str:
+    """Sm90RowReduction / Sm90ColReduction into fp32, one vector per batch (dynamic batch stride)."""
+    reg, shuffle, gmem = _VECTOR_REDUCE_FN[reduce]
+    visitor, stride = (("Sm90RowReduction", "cute::Stride<cute::_0, cute::_1, int64_t>") if kind == "row_reduction"
+                       else ("Sm90ColReduction", "cute::Stride<cute::_1, cute::_0, int64_t>"))
+    return f"{FUSION}::{visitor}<{reg}, {shuffle}, {gmem}, 0, TileShape, float, {COMPUTE}, {ROUND}, {stride}>"
 
 
 def _aux_store_type(dtype: DType, aux_stride: str) -> str:

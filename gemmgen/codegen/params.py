@@ -84,6 +84,13 @@ def _binding_fields(b: ParamBinding) -> list[ParamField]:
         return [ParamField(f"{n}.ptr", f"{node}.ptr_scalar", "ptr"),
                 ParamField(f"{n}.identity", f"{node}.reduction_identity", "f32"),
                 ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.dScalar)", "i64")]
+    if b.kind in ("row_reduction", "col_reduction"):
+        vector = "Row" if b.kind == "row_reduction" else "Col"
+        return [ParamField(f"{n}.ptr", f"{node}.ptr_{vector.lower()}", "ptr"),
+                ParamField(f"{n}.identity", f"{node}.reduction_identity", "f32"),
+                ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.d{vector})", "i64"),
+                ParamField(f"{n}.buffer", f"{node}.reduction_buffer", "ptr"),
+                ParamField(f"{n}.counters", f"{node}.tile_counters", "ptr")]
     if b.kind == "aux_store":
         return [ParamField(f"{n}.tma", _desc(f"{node}.tma_store_aux"), "desc"),
                 ParamField(f"{n}.is_nullptr", f"{node}.is_nullptr", "bool")]

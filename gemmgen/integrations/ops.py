@@ -83,7 +83,7 @@ def op(recipe: Recipe) -> Any:
         def outputs_like(a: torch.Tensor, b: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
             shape = (*((a.shape[0],) if recipe.ir.gemm.batched else ()), a.shape[-2], b.shape[-1])
             return [allocate_output(shape, o.dtype.torch, device) if o.reduce is None
-                    else torch.zeros(shape[:-2], dtype=o.dtype.torch, device=device) for o in recipe.outputs]
+                    else torch.zeros(o.shape(shape), dtype=o.dtype.torch, device=device) for o in recipe.outputs]
 
         run_kernel = Launcher(recipe)
 

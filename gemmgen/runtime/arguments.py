@@ -12,14 +12,18 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..codegen.evt import build_epilogue
 from ..codegen.params import ParamField
-from ..config import KernelConfig
+from ..config import KernelConfig, Schedule
+from ..errors import InvalidArgument
 from ..ir import RecipeIR
 from ..types import OperandKind
 from . import scheduler, tma
 from .problem import Problem, TensorArg
 
 MODE_GEMM, MODE_BATCHED = 0, 2  # cutlass::gemm::GemmUniversalMode
+WORKSPACE_ALIGN = 16  # cutlass::MinWorkspaceAlignment
+_INT32_MAX = 2**31 - 1
 
 #: Turns encode arguments into a 128-byte CUtensorMap.
 TensorMapEncoder = Callable[[tma.EncodeArgs], bytes]
@@ -50,18 +54,26 @@ class ArgumentBuilder:
                        tma.epilogue_template(recipe, config, o.dtype)) for i, o in enumerate(matrices)]
         self.stores = [(f"epilogue.aux_store.{o.name}.tma", o.name, tma.epilogue_template(recipe, config, o.dtype))
                        for o in epi.outputs[1:] if o.reduce is None]
-        self.reductions = [(f"epilogue.amax.{o.name}", o.name) for o in epi.outputs[1:] if o.reduce is not None]
+        self.reductions = [(f"epilogue.amax.{o.name}", o.name) for o in epi.outputs[1:]
+                           if o.reduce is not None and o.dim is None]
+        # vector reductions (kind, field prefix, output name), in the order their Params (and workspace) nest
+        self.vector_reductions = [(b.kind, f"epilogue.{b.kind}.{b.name}", b.name) for b in
+                                  sorted(build_epilogue(recipe).bindings, key=lambda b: b.path)
+                                  if b.kind in ("row_reduction", "col_reduction")]
+        self.kernel_workspace = config.schedule is Schedule.COOPERATIVE  # only its Params keep the pointer
         self.d = ("epilogue.tma_d", "d", tma.epilogue_template(recipe, config, recipe.gemm.d))
         # per output index (0 is D): the field written per call and the tensor map's template, or
         # None for a reduction's pointer
         maps = {name: (field, template) for field, name, template in (self.d, *self.stores)}
         pointers = {name: (f"{field}.ptr", None) for field, name in self.reductions}
+        pointers.update({name: (f"{prefix}.ptr", None) for _, prefix, name in self.vector_reductions})
         self.by_index: list[tuple[str, tma.TmaTemplate | None]] = [{**maps, **pointers}[o.name] for o in epi.outputs]
 
-    def values(self, p: Problem, encode: TensorMapEncoder, outputs: bool = True
+    def values(self, p: Problem, encode: TensorMapEncoder, outputs: bool = True, workspace: int = 0
                ) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
         """Every runtime field by name (constant fields keep their probed defaults), and the grid.
-        With `outputs=False` the tensor maps of D and the aux outputs are left out (written per call)."""
+        With `outputs=False` the tensor maps of D and the aux outputs and the workspace pointers are
+        left out (written per call); else the workspace (`self.workspace(p)`) is at `workspace`."""
         v, grid = self.shape_values(p)
         v.update(self.input_values(p, encode))
         if outputs:
@@ -69,6 +81,9 @@ class ArgumentBuilder:
                 v[field] = encode(t.matrix(p.aux[name].ptr, p.m, p.n, p.l, p.aux[name].strides))
             for field, name in self.reductions:
                 v[f"{field}.ptr"] = p.aux[name].ptr
+            for _, prefix, name in self.vector_reductions:
+                v[f"{prefix}.ptr"] = p.aux[name].ptr
+            v.update({field: workspace + offset for field, offset in self.workspace(p)[1]})
             v[self.d[0]] = encode(self.d[2].matrix(p.d.ptr, p.m, p.n, p.l, p.d.strides))
         return v, grid
 
@@ -80,11 +95,39 @@ class ArgumentBuilder:
             v[field] = float(p.operands[name])  # type: ignore[arg-type]
         for field, _ in self.reductions:  # one value per batch, contiguous (checks.check_reduction_output)
             v[f"{field}.batch_stride"] = 1 if p.l > 1 else 0
+        for kind, prefix, _ in self.vector_reductions:  # one vector per batch, contiguous
+            v[f"{prefix}.batch_stride"] = (p.n if kind == "row_reduction" else p.m) if p.l > 1 else 0
         v.update({"hw_info.device_id": p.device_id, "hw_info.sm_count": p.sm_count,
                   "hw_info.max_active_clusters": p.max_active_clusters})
         plan = scheduler.plan(p.m, p.n, p.l, self.tile, self.cluster, p.sm_count, p.max_active_clusters)
         v.update(plan.fields)
         return v, plan.grid
+
+    def workspace(self, p: Problem) -> tuple[int, tuple[tuple[str, int], ...]]:
+        """(bytes, (field, offset into the workspace) per pointer field) of the workspace a launch
+        needs, as CUTLASS's `to_underlying_arguments` lays it out: the epilogue's first, each vector
+        reduction's partials per tile (rounded to 16 bytes) then its tile counters. CUTLASS orders the
+        reductions as its host compiler evaluates a pack expansion's arguments (unspecified in C++);
+        the device reads only the pointers, so here they follow the order their Params nest. Every
+        counter must be 0 at launch (the runtime zeroes the whole workspace)."""
+        if not self.vector_reductions:
+            return 0, ()
+        tm, tn = self.tile[0], self.tile[1]
+        tiles_m, tiles_n = -(-p.m // tm), -(-p.n // tn)
+        fields: list[tuple[str, int]] = [("workspace", 0)] if self.kernel_workspace else []
+        at = 0
+        for kind, prefix, name in self.vector_reductions:
+            over_m = kind == "row_reduction"  # partials per tile of a row (N) or of a column (M) vector
+            values = tiles_m * tiles_n * p.l * (tn if over_m else tm)
+            if values > _INT32_MAX:  # the device indexes the partials with int
+                raise InvalidArgument(f"out[{name}]: this problem ({p.m} x {p.n}, {p.l} batch(es)) needs {values} "
+                                      f"partial values for the reduction, past the 2^31 CUTLASS indexes them with "
+                                      f"in 32 bits; split the batch or the rows into several calls")
+            partials = _round(values * 4)
+            counters = (tiles_n if over_m else tiles_m) * 4
+            fields += [(f"{prefix}.buffer", at), (f"{prefix}.counters", at + partials)]
+            at += _round(partials + counters)
+        return at, tuple(fields)
 
     def input_values(self, p: Problem, encode: TensorMapEncoder) -> dict[str, int | float | bytes]:
         """The fields that depend on input addresses: A's and B's tensor maps, vector pointers, C and
@@ -108,9 +151,14 @@ class ArgumentBuilder:
         return field, encode(template.matrix(t.ptr, p.m, p.n, p.l, t.strides))
 
 
+def _round(nbytes: int) -> int:
+    return -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+
 def field_values(recipe: RecipeIR, config: KernelConfig, problem: Problem, encode: TensorMapEncoder,
-                 outputs: bool = True) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
-    return ArgumentBuilder(recipe, config).values(problem, encode, outputs)
+                 outputs: bool = True, workspace: int = 0
+                 ) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
+    return ArgumentBuilder(recipe, config).values(problem, encode, outputs, workspace)
 
 
 class ParamsWriter:

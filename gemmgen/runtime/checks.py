@@ -257,21 +257,24 @@ def check_output(name: str, t: object, dtype: DType, shape: tuple[int, ...], dev
     return TensorArg(_aligned_ptr(name, t), _matrix(name, t, m, n, Layout.ROW, batched, l))
 
 
-def check_reduction_output(name: str, t: object, shape: tuple[int, ...], device: torch.device) -> TensorArg:
-    """A reduced output (`gg.amax`): fp32 of `shape` ((L,), or () when not batched), contiguous;
-    its TensorArg's strides are (0, 0, batch stride), as Sm90ScalarReduction indexes it."""
+def check_reduction_output(name: str, t: object, shape: tuple[int, ...], device: torch.device,
+                           modes: tuple[int, int, int]) -> TensorArg:
+    """A reduced output (`gg.amax`, `gg.sum`): fp32 of `shape` ((L,) or () over M and N; (L, M)
+    or (M,) per row; (L, N) or (N,) per column), contiguous; its TensorArg's strides are the
+    (M, N, L) mode strides `modes` the kernel's reduction indexes it with."""
     t = _need_tensor(name, t)
     _dtype(name, t, DType.F32)
     if tuple(t.shape) != shape:
-        raise InvalidArgument(f"{name}: expected shape {shape} (one value per batch), got {tuple(t.shape)}")
+        raise InvalidArgument(f"{name}: expected shape {shape} (the reduction's values per batch), got "
+                              f"{tuple(t.shape)}")
     if t.device != device:
         raise InvalidArgument(f"{name}: on {t.device} but the inputs are on {device}")
-    if t.dim() and t.shape[0] > 1 and t.stride(0) != 1:
-        raise LayoutMismatch(name, f"{name}: expected a contiguous vector, got stride {t.stride(0)}; "
+    if not t.is_contiguous():
+        raise LayoutMismatch(name, f"{name}: expected a contiguous tensor, got strides {tuple(t.stride())}; "
                              f"pass a contiguous tensor")
     if t.data_ptr() % 4:
-        raise LayoutMismatch(name, f"{name}: address {t.data_ptr():#x} is not 4-byte aligned (atomics need it)")
-    return TensorArg(t.data_ptr(), (0, 0, 1 if t.dim() and t.shape[0] > 1 else 0))
+        raise LayoutMismatch(name, f"{name}: address {t.data_ptr():#x} is not 4-byte aligned (fp32 stores need it)")
+    return TensorArg(t.data_ptr(), modes)
 
 
 def check_no_alias(name: str, span: tuple[int, int] | None, inputs: tuple[tuple[int, int], ...]) -> None:

@@ -18,6 +18,7 @@ holds everything the values cached under it derive from, so a hit cannot serve s
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -67,20 +68,28 @@ class _Plan:
     out_maps: dict[tuple, tuple[int, bytes]] = field(default_factory=dict)  # (output, addr, strides) -> (offset, map)
     out_checked: dict[tuple, tuple] = field(default_factory=dict)  # (output, signature) -> (TensorArg, span)
     input_spans: tuple[tuple[int, int], ...] | None = None  # per plan, computed when an output is first given
-    last: tuple[tuple[OutputArg, ...], bytes] | None = None  # the outputs of the last call and its Params
+    last: tuple[tuple[OutputArg, ...], int, bytes] | None = None  # the last call's outputs, workspace, Params
+    workspace: int = 0  # bytes of workspace a launch needs (vector reductions' partials and tile counters)
+    workspace_slots: tuple[tuple[int, int], ...] = ()  # (Params offset, offset into the workspace) per pointer
 
 
-#: An output gemmgen allocates: (shape, dtype, torch strides, (M, N, L) mode strides, reduced).
-_FreshOutput = tuple[tuple[int, ...], torch.dtype, tuple[int, ...], tuple[int, int, int], bool]
+#: An output gemmgen allocates: (shape, dtype, torch strides, (M, N, L) mode strides, reduced), with
+#: `reduced` one of: an M x N output; a reduction the launch writes whole (per row or column); a
+#: reduction that starts from its identity, 0 (an atomic max over M and N, or nothing to reduce).
+MATRIX, REDUCED, REDUCED_FROM_ZERO = 0, 1, 2
+_FreshOutput = tuple[tuple[int, ...], torch.dtype, tuple[int, ...], tuple[int, int, int], int]
 
 
 class PreparedCall(NamedTuple):
-    """Everything a launch needs; `params is None` when there is nothing to launch (empty problem)."""
+    """Everything a launch needs; `params is None` when there is nothing to launch (empty problem).
+    `workspace` is the zeroed memory the Params point into (vector reductions), kept alive until
+    the launch is enqueued."""
 
     outputs: tuple[torch.Tensor, ...]
     params: bytes | None
     grid: tuple[int, int, int]
     device_index: int
+    workspace: torch.Tensor | None = None
 
 
 _MISSING = object()
@@ -123,7 +132,7 @@ class Kernel:
     def __call__(self, a: torch.Tensor, b: torch.Tensor, *args: Any, out: Any = None, **operands: Any) -> Any:
         """Operands by name, or all of them positionally in the recipe's declaration order (as the
         op takes them)."""
-        outputs, params, grid, index = self._prepare(a, b, args, out, operands)
+        outputs, params, grid, index, _workspace = self._prepare(a, b, args, out, operands)
         if params is not None:
             if driver.current_device() == index:
                 self._launch(params, grid, index)
@@ -170,21 +179,27 @@ class Kernel:
         if plan.base is None:
             if plan.zero_k:
                 self._epilogue_of_zero(outputs, plan.shape, self._named(args, operands), plan.device)
-            return outputs, None, (0, 0, 0), plan.device_index
-        return outputs, self._params(plan, targs), plan.grid, plan.device_index
+            return outputs, None, (0, 0, 0), plan.device_index, None
+        if not plan.workspace:
+            return outputs, self._params(plan, targs, 0), plan.grid, plan.device_index, None
+        # from torch's caching allocator, on the current stream; its tile counters must start at 0
+        workspace = torch.zeros(plan.workspace, dtype=torch.uint8, device=plan.device)
+        return outputs, self._params(plan, targs, workspace.data_ptr()), plan.grid, plan.device_index, workspace
 
     def _named(self, args: tuple, operands: dict) -> dict[str, Any]:
         """The operands by name, however they were passed."""
         return dict(zip(self._names, args, strict=True)) if args else operands
 
-    def _params(self, plan: _Plan, targs: tuple[OutputArg, ...]) -> bytes:
-        """The plan's Params with the output tensor maps for `targs` patched in; the last block
-        built is reused when the outputs are where they were (CUDA's caching allocator often hands
-        the same block back to a fresh output)."""
+    def _params(self, plan: _Plan, targs: tuple[OutputArg, ...], workspace: int) -> bytes:
+        """The plan's Params with the output tensor maps for `targs` and the workspace pointers
+        patched in; the last block built is reused when the outputs and the workspace are where they
+        were (CUDA's caching allocator often hands the same block back to a fresh tensor)."""
         last = plan.last
-        if last is not None and last[0] == targs:
-            return last[1]
+        if last is not None and last[0] == targs and last[1] == workspace:
+            return last[2]
         buf = bytearray(plan.base)  # type: ignore[arg-type]
+        for at, offset in plan.workspace_slots:
+            _POINTER.pack_into(buf, at, workspace + offset)
         for i, (ptr, strides) in enumerate(targs):
             mkey = (i, ptr, strides)
             hit = plan.out_maps.get(mkey)
@@ -196,7 +211,7 @@ class Kernel:
                 put_bounded(plan.out_maps, mkey, hit)
             buf[hit[0]:hit[0] + len(hit[1])] = hit[1]
         params = bytes(buf)
-        plan.last = (targs, params)
+        plan.last = (targs, workspace, params)
         return params
 
     def _new_plan(self, key: tuple | None, a: Any, b: Any, operands: dict) -> _Plan:
@@ -227,7 +242,9 @@ class Kernel:
         check_problem_size(call, self._config.tile, self._config.cluster, self._swap)
         problem = self._problem(call, device_index, *self._hardware(device_index))
         values, grid = self._builder.values(problem, self._encode, outputs=False)
-        return _Plan(shape, call.device, device_index, call, self._writer.write(values), grid, problem, fresh)
+        workspace, slots = self._builder.workspace(problem)
+        return _Plan(shape, call.device, device_index, call, self._writer.write(values), grid, problem, fresh,
+                     workspace=workspace, workspace_slots=tuple((self._writer.slots[f][0], o) for f, o in slots))
 
     def _rebind(self, same: _Plan, a: Any, b: Any, operands: dict) -> _Plan:
         """The plan of a call whose arguments differ from `same`'s only in their addresses: the
@@ -237,7 +254,8 @@ class Kernel:
                                 same.problem.max_active_clusters)  # type: ignore[union-attr]
         base = self._writer.write(self._builder.input_values(problem, self._encode), into=bytearray(same.base))  # type: ignore[arg-type]
         return _Plan(same.shape, same.device, same.device_index, call, base, same.grid, problem, same.fresh,
-                     out_maps=same.out_maps, out_checked=same.out_checked)
+                     out_maps=same.out_maps, out_checked=same.out_checked, workspace=same.workspace,
+                     workspace_slots=same.workspace_slots)
 
     def _problem(self, call: CheckedCall, device_index: int, sm_count: int, clusters: int) -> Problem:
         """The checked call in the kernel's terms (transposed for a swapped kernel); the outputs'
@@ -255,7 +273,7 @@ class Kernel:
             device = plan.device
             for shape, dtype, strides, modes, reduced in plan.fresh:
                 tensor = torch.empty_strided(shape, strides, dtype=dtype, device=device)
-                if reduced:  # a reduction (gg.amax) starts from its identity, 0
+                if reduced == REDUCED_FROM_ZERO:
                     tensor.zero_()
                 tensors.append(tensor)
                 targs.append((tensor.data_ptr(), modes))  # a TensorArg's fields (building one costs 0.3 us)
@@ -265,7 +283,7 @@ class Kernel:
                 self._ir.epilogue.outputs, _given_outputs(out, len(plan.fresh)), plan.fresh, strict=True):
             if t is None:
                 t = torch.empty_strided(shape, strides, dtype=dtype, device=plan.device)
-                if reduced:
+                if reduced == REDUCED_FROM_ZERO:
                     t.zero_()
                 targs.append((t.data_ptr(), modes))
             else:  # checked once per (layout, output signature); the alias check follows the inputs
@@ -276,7 +294,7 @@ class Kernel:
                     okey = None
                 hit = plan.out_checked.get(okey) if okey is not None else None
                 if hit is None:
-                    targ = check_reduction_output(name, t, shape, plan.device) if reduced else \
+                    targ = check_reduction_output(name, t, shape, plan.device, modes) if reduced else \
                         check_output(name, t, o.dtype, shape, plan.device, self._ir.gemm.batched, plan.call.l)
                     hit = (targ, output_span(t))
                     put_bounded(plan.out_checked, okey, hit)
@@ -285,7 +303,7 @@ class Kernel:
                 check_no_alias(name, hit[1], plan.input_spans)
                 given.append((name, hit[1]))
                 targs.append(hit[0])
-                if reduced:  # zeroed on the stream before every launch: the kernel max-reduces into it
+                if reduced == REDUCED_FROM_ZERO:  # zeroed on the stream before every launch
                     t.zero_()
             tensors.append(t)
         if len(given) > 1:
@@ -295,16 +313,22 @@ class Kernel:
     def _fresh_outputs(self, shape: tuple[int, ...], l: int) -> tuple[_FreshOutput, ...]:  # noqa: E741
         """(shape, dtype, torch strides, (M, N, L) mode strides, reduced) of each output gemmgen
         allocates for an M x N `shape`: row-major, rows padded to 16 bytes if needed; a
-        reduction's (L,) or () (`checks.check_reduction_output`)."""
+        reduction's contiguous per batch: (L,) or () over M and N, (L, M) or (M,) per row, (L, N) or
+        (N,) per column (`checks.check_reduction_output`)."""
         layouts: list[_FreshOutput] = []
+        m, n = shape[-2], shape[-1]
         for o in self._ir.epilogue.outputs:
             if o.reduce is not None:
-                per_batch = shape[:-2]
-                layouts.append((per_batch, o.dtype.torch, (1,) * len(per_batch), (0, 0, 1 if l > 1 else 0), True))
+                rshape = o.shape(shape)
+                vector = (0, 0, 1) if o.dim is None else (1, 0, m) if o.dim == 1 else (0, 1, n)
+                modes = (vector[0], vector[1], vector[2] if l > 1 else 0)
+                zero = o.dim is None or 0 in shape  # an atomic max over M and N, or nothing to reduce
+                strides = (rshape[-1], 1) if len(rshape) == 2 else (1,) * len(rshape)
+                layouts.append((rshape, o.dtype.torch, strides, modes, REDUCED_FROM_ZERO if zero else REDUCED))
                 continue
             strides = padded_strides(shape, o.dtype.torch)
             layouts.append((shape, o.dtype.torch, strides,
-                            (strides[-2], 1, strides[0] if len(shape) == 3 and l > 1 else 0), False))
+                            (strides[-2], 1, strides[0] if len(shape) == 3 and l > 1 else 0), MATRIX))
         return tuple(layouts)
 
     # ---- helpers
@@ -392,4 +416,5 @@ def allocate_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
     return torch.empty_strided(shape, padded_strides(shape, dtype), dtype=dtype, device=device)
 
 
+_POINTER = struct.Struct("<Q")
 _ITEMSIZE = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4, torch.float8_e4m3fn: 1, torch.float8_e5m2: 1}

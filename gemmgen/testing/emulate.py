@@ -78,6 +78,9 @@ class _ParamsBytes:
                     raise AssertionError(f"{what} reaches past the memory of the tensor at {start:#x}: {e}") from None
         raise AssertionError(f"{what}: address {addr:#x} is in none of the call's tensors")
 
+    def inside(self, lvalue: str, dtype: torch.dtype, length: int) -> torch.Tensor:
+        return self.at(int.from_bytes(self.raw(lvalue), "little"), dtype, (length,), (1,), lvalue)
+
     def entry(self, lvalue: str) -> int:
         """The current group's 64-bit entry of the array whose address the field at `lvalue` holds."""
         array = int.from_bytes(self.raw(lvalue), "little")

@@ -92,8 +92,11 @@ class OracleProgram:
                  ("epilogue.tma_d", "p.epilogue.tma_store_d.aux_params_")]
         mode = ("int(V[3]) > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : "
                 "cutlass::gemm::GemmUniversalMode::kGemm")
+        # vector reductions keep their partials and tile counters in the workspace
+        reductions = any(b.kind in ("row_reduction", "col_reduction") for b in epi.bindings)
+        workspace = f"reinterpret_cast<void*>(V[{self.slots.add('workspace')}])" if reductions else "nullptr"
         self._render(kernel, build_dir, mode, "{int(V[0]), int(V[1]), int(V[2]), int(V[3])}", mainloop, epilogue,
-                     "nullptr", hw, atoms)
+                     workspace, hw, atoms)
 
     def _render(self, kernel: GeneratedKernel, build_dir: Path, mode: str, problem: str, mainloop: str,
                 epilogue: str, workspace: str, hw: dict[str, int], atoms: list[tuple[str, str]]) -> None:
@@ -150,6 +153,10 @@ class OracleProgram:
         if b.kind == "scalar":
             i = self.slots.add(f"operand.{b.name}.value")
             return f"{{{{F({i})}}, {{}}, {{}}}}"
+        if b.kind in ("row_reduction", "col_reduction"):
+            ptr, batch_stride = (self.slots.add(f"aux.{b.name}.{part}") for part in ("ptr", "s2"))
+            modes = "cute::_0{}, cute::_1{}" if b.kind == "row_reduction" else "cute::_1{}, cute::_0{}"
+            return f"{{reinterpret_cast<void*>(V[{ptr}]), 0.f, {{{modes}, static_cast<int64_t>(V[{batch_stride}])}}}}"
         if b.kind == "amax":
             ptr, batch_stride = (self.slots.add(f"aux.{b.name}.{part}") for part in ("ptr", "s2"))
             return (f"{{reinterpret_cast<{e}*>(V[{ptr}]), 0.f, "
@@ -178,10 +185,10 @@ class OracleProgram:
         os.replace(str(self.exe) + ".tmp", self.exe)
         return self.exe
 
-    def argv(self, problem: Problem) -> list[str]:
+    def argv(self, problem: Problem, workspace: int = 0) -> list[str]:
         values: dict[str, int] = {"m": problem.m, "n": problem.n, "k": problem.k, "l": problem.l,
                                   "hw.device_id": problem.device_id, "hw.sm_count": problem.sm_count,
-                                  "hw.max_active_clusters": problem.max_active_clusters}
+                                  "hw.max_active_clusters": problem.max_active_clusters, "workspace": workspace}
 
         def put(prefix: str, t: TensorArg) -> None:
             values[f"{prefix}.ptr"] = t.ptr
@@ -200,8 +207,8 @@ class OracleProgram:
             put(f"aux.{name}", t)
         return [str(values[n] & (2**64 - 1)) for n in self.slots.names]
 
-    def run(self, problem: Problem) -> OracleResult:
-        return self.run_argv(self.argv(problem))
+    def run(self, problem: Problem, workspace: int = 0) -> OracleResult:
+        return self.run_argv(self.argv(problem, workspace))
 
     def grouped_argv(self, values: dict[str, int]) -> list[str]:
         """A grouped kernel's argv from its slot values by name (see `_init_grouped`)."""

@@ -14,7 +14,8 @@ _OUT_DTYPES = (*_DTYPES, gg.e4m3, gg.e5m2)  # D and aux outputs may also be fp8 
 def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
     """Recipe `random<index>`: random operands (every kind, dtype and both scalar forms), a random
     graph of every op over them (constants on either side, shared values, casts), random aux
-    outputs (some of them amax reductions), A/B/D types (fp8 A and B a third of the time) and
+    outputs (some of them reductions: an amax over M and N, sums and amaxes over M or over N, one
+    of the two per recipe), A/B/D types (fp8 A and B a third of the time) and
     layouts, batched or not. Divisions and exponentials take bounded arguments, so that fp32 stays
     far from overflow. Raises RecipeError for the draws the DSL refuses (an output that folds to a
     constant); draw again."""
@@ -26,10 +27,11 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
                           "col": lambda: gg.ColVector(rng.choice(_DTYPES)),
                           "matrix": lambda: gg.Matrix(rng.choice(_DTYPES))}[kind]()
     n_aux = rng.randint(0, 2)
-    amax_aux = {j for j in range(n_aux) if rng.random() < 0.3}  # these are gg.amax outputs
+    reduced = {j for j in range(n_aux) if rng.random() < 0.4}  # these are reductions
+    dim = rng.choice((0, 1))  # of the recipe's vector reductions (a kernel reduces over M or over N)
     steps = rng.randint(1, 8)
 
-    def epilogue(acc: gg.Value, **ops: gg.Value) -> gg.Value | dict[str, gg.Value | gg.dsl.Amax]:
+    def epilogue(acc: gg.Value, **ops: gg.Value) -> gg.Value | dict[str, gg.Value | gg.dsl.Reduced]:
         pool = [acc, *ops.values()]
         unused = list(ops.values())
 
@@ -50,10 +52,15 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
             pool.append(v)
         while unused:
             pool.append(pool[-1] + unused.pop())
-        outs: dict[str, gg.Value | gg.dsl.Amax] = {"d": pool[-1]}
+        outs: dict[str, gg.Value | gg.dsl.Reduced] = {"d": pool[-1]}
         for j in range(n_aux):
             v = rng.choice(pool)
-            outs[f"aux{j}"] = gg.amax(v) if j in amax_aux else v
+            if j in reduced:
+                kind = rng.choice(("amax", "amax_dim", "sum"))
+                outs[f"aux{j}"] = gg.amax(v) if kind == "amax" else gg.amax(v, dim) if kind == "amax_dim" else \
+                    gg.sum(v, dim)
+            else:
+                outs[f"aux{j}"] = v
         return outs
 
     params = [inspect.Parameter("acc", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
@@ -66,4 +73,4 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
         layout_a, layout_b = gg.RowMajor, gg.ColMajor
     return gg.Recipe(f"random{index}", epilogue, a=a, b=b, d=rng.choice(_OUT_DTYPES), layout_a=layout_a,
                      layout_b=layout_b, batched=rng.random() < 0.3, operands=decls,  # type: ignore[arg-type]
-                     aux={f"aux{j}": gg.f32 if j in amax_aux else rng.choice(_OUT_DTYPES) for j in range(n_aux)})
+                     aux={f"aux{j}": gg.f32 if j in reduced else rng.choice(_OUT_DTYPES) for j in range(n_aux)})

@@ -17,7 +17,9 @@ applies the functor and converts to ElementOutput (round to nearest; fp8 saturat
 converts each op's output but the last to ElementCompute; loads and broadcasts give their element
 type; Sm90AuxStore stores its input converted to its element and passes the input on unchanged;
 Sm90ScalarReduction (max |x|, NaNs skipped) atomically max-combines into its pointer per batch and
-passes its input on.
+passes its input on; Sm90RowReduction and Sm90ColReduction (sum, or max |x| with NaNs skipped)
+reduce their input over M or over N per batch on their deterministic path (partials per tile in
+the workspace, whose tile counters must start at 0), store the vector and pass the input on.
 The functors are gemmgen/include/gemmgen/epilogue.hpp's formulas, here in fp32 torch.
 """
 
@@ -143,6 +145,11 @@ class ParamsView(Protocol):
         view; the map's first dimension is the contiguous one: rows (M) when `rows_contiguous`."""
         ...
 
+    def inside(self, lvalue: str, dtype: torch.dtype, length: int) -> torch.Tensor:
+        """`length` elements of `dtype` at the address the pointer field holds, anywhere inside one of
+        the call's tensors (a workspace's regions)."""
+        ...
+
     def group_pointer(self, lvalue: str, dtype: torch.dtype, length: int) -> torch.Tensor | None:
         """A grouped kernel's per-group pointer: `length` elements at the address the current group's
         entry of the pointer array at `lvalue` holds; None for a null array."""
@@ -153,6 +160,13 @@ class ParamsView(Protocol):
         its address and row stride from the current group's entries of the arrays at `pointers`
         and `strides`."""
         ...
+
+
+#: (per element, across lanes, across warps and tiles) functors of the vector reductions gemmgen emits.
+_VECTOR_REDUCTIONS = {
+    ("cutlass::plus", "cutlass::plus", "cutlass::plus"): "sum",
+    ("cutlass::maximum_absolute_value_reduction", "cutlass::maximum", "cutlass::maximum"): "amax",
+}
 
 
 def _f32(bits: int) -> float:
@@ -324,9 +338,57 @@ class EpilogueInterpreter:
             if not inputs:
                 raise EpilogueSourceError(f"compute node {t} without inputs")
             return _convert(_functor(fn)(*(x.to(torch.float32) for x in inputs)), _element(element_out))
+        if kind in ("Sm90RowReduction", "Sm90ColReduction"):
+            return self._vector_reduction(kind == "Sm90RowReduction", t, lvalue, acc, params, inputs)
         if inputs and kind not in ("Sm90AuxStore", "Sm90ScalarReduction"):
             raise EpilogueSourceError(f"{kind} is given inputs")
         return self._leaf(kind, t, lvalue, acc, params, inputs)
+
+    def _vector_reduction(self, row: bool, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
+                          inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Sm90RowReduction (over M, to an N vector) or Sm90ColReduction (over N, to an M vector), each
+        batch to its own vector (a batch stride of 0 reduces over the batches too)."""
+        if len(t.args) != 9 or len(inputs) != 1:
+            raise EpilogueSourceError(f"vector reduction {t} with {len(inputs)} inputs")
+        reg, shuffle, gmem, stages, tile, element_t, compute, rounding, stride = t.args
+        op = _VECTOR_REDUCTIONS.get((str(reg), str(shuffle), str(gmem)))
+        want = "cute::Stride<cute::_0, cute::_1, int64_t>" if row else "cute::Stride<cute::_1, cute::_0, int64_t>"
+        if op is None or stages.name != "0" or (str(compute), str(rounding), str(stride)) != (_COMPUTE, _ROUND, want):
+            raise EpilogueSourceError(f"vector reduction {t}")
+        element = _element(element_t)
+        l_, m, n = acc.shape
+        vec = "row" if row else "col"
+        batch_stride = struct.unpack("<q", params.raw(f"cute::get<2>({lvalue}.d{vec.title()})"))[0]
+        length = n if row else m
+        ptr = params.pointer(f"{lvalue}.ptr_{vec}", element, (l_ - 1) * batch_stride + length)
+        if ptr is None:  # EnableNullptr: a null pointer skips the reduction
+            return inputs[0]
+        tm, tn = self._tile(tile)
+        tiles_m, tiles_n = -(-m // tm), -(-n // tn)
+        params.inside(f"{lvalue}.reduction_buffer", torch.float32, tiles_m * tiles_n * l_ * (tn if row else tm))
+        counters = params.inside(f"{lvalue}.tile_counters", torch.int32, tiles_n if row else tiles_m)
+        if counters.any():
+            raise AssertionError(f"{lvalue}.tile_counters: not 0 at launch, so no tile would finish the reduction")
+        identity = _element_bits(params.raw(f"{lvalue}.reduction_identity"), torch.float32)
+        x = inputs[0].to(torch.float32).expand(acc.shape)
+        dims = (1 if row else 2,) if batch_stride else (0, 1 if row else 2)
+        if op == "sum":
+            if identity != 0:  # each thread starts from the identity, so it would be added many times
+                raise AssertionError(f"{lvalue}: a sum's reduction_identity is {float(identity)}, not 0")
+            value = x.sum(dim=dims)
+        else:  # maximum<float> (fmaxf) skips NaN; the running value starts at the identity
+            value = torch.maximum(torch.where(torch.isnan(x), 0.0, x.abs()).amax(dim=dims), identity)
+        target = ptr.as_strided((l_ if batch_stride else 1, length), (batch_stride, 1))
+        target.copy_(_convert(value.reshape(target.shape), element))
+        return inputs[0]
+
+    def _tile(self, t: CppType) -> tuple[int, int]:
+        """(M, N) of a CTA tile shape, `Shape<_128, _128, _64>` (in `namespace cute`)."""
+        shape = self._resolve(t)
+        if shape.name.removeprefix("cute::") != "Shape" or len(shape.args) != 3:
+            raise EpilogueSourceError(f"tile shape {t} is {shape}")
+        m, n, _ = (int(a.name.removeprefix("cute::").removeprefix("_")) for a in shape.args)
+        return m, n
 
     def _leaf(self, kind: str, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
               inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:

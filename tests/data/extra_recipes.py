@@ -1,6 +1,7 @@
 """Coverage kernels for the tests: every epilogue functor, a second matrix input (Sm90AuxLoad),
 constants on either side of an op, a cast, a compile-time scalar, fp8 (e4m3) D, a batched recipe,
-MN-major A and B multicast across a 2x2 cluster, a swapped kernel (D^T = B^T A^T) and an amax."""
+MN-major A and B multicast across a 2x2 cluster, a swapped kernel (D^T = B^T A^T), an amax and
+reductions over M."""
 
 import gemmgen as gg
 
@@ -57,4 +58,23 @@ linear_combination_swapped = gg.Recipe(
     layout_a=gg.ColMajor, layout_b=gg.RowMajor,
     operands={"alpha": gg.Scalar(), "beta": gg.Scalar(), "c": gg.Matrix(gg.f16)},
     config=gg.KernelConfig(tile=(64, 16, 64), cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG, swap_ab=True),
+)
+
+
+# Reductions over M, one value per column of D (a bias gradient's sum over tokens, a per-channel
+# amax), which a swapped kernel computes as reductions over its N, next to an amax over M and N;
+# batched (a vector per batch), pingpong, a column vector (a row vector in the kernel), f16 D.
+def _column_stats(acc, row_scale):
+    y = acc * row_scale
+    return {"d": y, "col_sum": gg.sum(y, dim=0), "col_amax": gg.amax(y, dim=0), "amax": gg.amax(y)}
+
+
+column_stats = gg.Recipe(
+    "column_stats",
+    _column_stats,
+    d=gg.f16,
+    batched=True,
+    operands={"row_scale": gg.ColVector(gg.f32)},
+    aux={"col_sum": gg.f32, "col_amax": gg.f32, "amax": gg.f32},
+    config=gg.KernelConfig(tile=(64, 128, 64), schedule=gg.Schedule.PINGPONG, swap_ab=True),
 )

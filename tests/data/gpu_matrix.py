@@ -1,4 +1,5 @@
-"""The kernels the GPU checks run: every example recipe under both schedules and swapped.
+"""The kernels the GPU checks run: every example recipe under both schedules and swapped (but a
+recipe reducing over N, which no swapped kernel computes), and the reductions over M.
 
 Shared by tests/test_gpu.py and scripts/prepare_gpu_check.sh, which compiles them on the CPU
 machine and ships them as one gemmgen bundle, so the GPU machine only loads cubins.
@@ -29,6 +30,9 @@ DECODE_PROBLEM = (8, 4096, 4096)
 #: scripts/gpu_bench.py: bias_gelu at these (M, N, K) under the heuristic's config; where that is a
 #: swapped kernel, also under the best unswapped one, to show what the swap buys.
 BENCH_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336), (8, 4096, 4096), (64, 4096, 14336))
+#: scripts/gpu_bench.py: residual_norm_stats at these (M, N, K): an output projection of 4096 tokens
+#: and an MLP's down projection of 16384 (Llama-3 8B's sizes).
+STATS_BENCH_SHAPES = ((4096, 4096, 4096), (16384, 4096, 14336))
 #: scripts/gpu_bench.py: scaled_mm_fp8 likewise.
 FP8_BENCH_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (16, 4096, 4096))
 
@@ -99,7 +103,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         out.append((recipe, next(c for c in (gg.KernelConfig(tile=(tm, 128, tile_k(recipe.ir)), schedule=other)
                                               for tm in (128, 64)) if gg.config.is_valid(c, recipe.ir))))
         decode = choose(recipe.ir, *DECODE_PROBLEM).config
-        assert decode.swap_ab, decode
+        assert decode.swap_ab or any(o.dim == 1 for o in recipe.outputs), decode  # swapped, it would reduce over M
+
         out.append((recipe, decode))
         if recipe.name == "bias_silu_residual":
             out.append((recipe, choose(recipe.ir, *LAYOUT_PROBLEM).config))
@@ -107,8 +112,12 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
             m, n, _ = TUNE_PROBLEM
             out += [(recipe, c) for c in candidates(recipe.ir, m, n, limit=TUNE_CANDIDATES)]
             out += [(recipe, c) for shape in BENCH_SHAPES for c in bench_configs(recipe, *shape)]
+        if recipe.name == "residual_norm_stats":
+            out += [(recipe, c) for shape in STATS_BENCH_SHAPES for c in bench_configs(recipe, *shape)]
         if recipe.name == "scaled_mm_fp8":
             out += [(recipe, c) for shape in FP8_BENCH_SHAPES for c in bench_configs(recipe, *shape)]
+    columns = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["column_stats"]  # reductions over M
+    out += [(columns, columns.default_config()), (columns, gg.KernelConfig(swap_ab=True))]
     out.append((fp8_out_recipe(), fp8_out_recipe().default_config()))
     out.append((moe_fp8_recipe(), moe_fp8_recipe().default_config()))
     return list(dict.fromkeys(out))
