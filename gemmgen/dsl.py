@@ -308,10 +308,12 @@ def leaky_relu(x: Any, slope: float = 0.01) -> Value:
 
 
 def cast(x: Any, dtype: Any) -> Value:
-    """Round to `dtype` (then computation continues in fp32), as storing and reloading would."""
+    """Round to `dtype` (then computation continues in fp32), as storing and reloading would; to
+    fp8 saturating at its largest finite value (NaN stays NaN), as the kernel converts (PTX
+    cvt.rn.satfinite): a quantize-dequantize inside the epilogue."""
     d = as_dtype(dtype, "cast dtype")
-    if d not in _VECTOR_DTYPES:
-        raise RecipeError(f"epilogue op 'cast': cannot cast to {d.value}; supported: bf16, f16, f32")
+    if d not in _D_DTYPES:
+        raise RecipeError(f"epilogue op 'cast': cannot cast to {d.value}; supported: bf16, f16, f32, e4m3, e5m2")
     return _unary(Op.CAST, x, "cast", dtype=d)
 
 

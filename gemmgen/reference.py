@@ -51,7 +51,7 @@ def apply_op(op: Op, args: tuple[torch.Tensor, ...], attr: float | None, dtype: 
         return torch.where(x < 0, x * attr, x)
     if op is Op.CAST:
         assert dtype is not None
-        return x.to(dtype.torch).to(torch.float32)
+        return round_to(x, dtype).to(torch.float32)
     raise AssertionError(f"no reference for {op}")
 
 

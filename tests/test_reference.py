@@ -77,7 +77,8 @@ def _independent(name, acc, ops):
         return h.bfloat16(), (h * h).sum(dim=-1), h.abs().amax(dim=-1)
     if name == "column_stats":
         y = acc * f["row_scale"][:, None]
-        return y.half(), y.sum(dim=-2), y.abs().amax(dim=-2), y.abs().flatten(-2).max(dim=-1).values
+        quantized = y.clamp(-448, 448).to(torch.float8_e4m3fn).half()
+        return quantized, y.sum(dim=-2), y.abs().amax(dim=-2), y.abs().flatten(-2).max(dim=-1).values
     raise KeyError(name)
 
 

@@ -43,7 +43,8 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
 
         unary = [lambda x: -x, gg.abs, gg.tanh, gg.sigmoid, gg.relu, gg.gelu, gg.gelu_tanh, gg.silu,
                  lambda x: gg.exp(gg.tanh(x)), lambda x: gg.leaky_relu(x, rng.choice([0.01, 0.2])),
-                 lambda x: gg.cast(x, rng.choice([gg.bf16, gg.f16])), lambda x: gg.clamp(x, -1.5, 2.0)]
+                 lambda x: gg.cast(x, rng.choice([gg.bf16, gg.f16, gg.e4m3, gg.e5m2])),
+                 lambda x: gg.clamp(x, -1.5, 2.0)]
         binary = [lambda x, y: x + y, lambda x, y: x - y, lambda x, y: x * y, lambda x, y: x / (1.5 + gg.abs(y)),
                   gg.min, gg.max, lambda x, y: x - const(), lambda x, y: const() - x, lambda x, y: const() * x,
                   lambda x, y: x / const() if rng.random() < 0.5 else const() / (1.5 + gg.abs(x))]
