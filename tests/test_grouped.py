@@ -4,6 +4,8 @@ the host from the very header the GPU compiles. GPU runs are in test_gpu.py."""
 
 from __future__ import annotations
 
+import copy
+import os
 import subprocess
 
 import pytest
@@ -514,3 +516,108 @@ def test_op_traces_without_graph_breaks():
 
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(a, b, offsets, bias, weight), layer(a, b, offsets, bias, weight))
+
+
+# ---- the module
+
+
+def _experts_loop(linears, x, offsets, activation):
+    """The experts as a model without gemmgen runs them: each expert's nn.Linear (in float64) on its
+    own rows, then the activation."""
+    act = {None: lambda t: t, "relu": torch.relu, "silu": torch.nn.functional.silu}[activation]
+    out = []
+    for e, (start, end) in enumerate(group_bounds(offsets.tolist(), x.shape[0])):
+        out.append(act(linears[e].double()(x[start:end].double())))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("activation, bias", [("silu", True), (None, False), ("relu", True)])
+def test_grouped_linear_is_the_experts_linears(activation, bias):
+    """Forward and gradients (input, weights, biases) of GroupedLinear against the experts'
+    nn.Linear layers run one by one in float64, an empty expert and odd sizes included; rows after
+    the last expert's end are not part of the output's contract."""
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    linears = [torch.nn.Linear(24, 40, bias=bias, dtype=torch.bfloat16) for _ in range(4)]
+    layer = gg.nn.GroupedLinear.from_linears(linears, activation=activation)
+    assert layer.weight.shape == (4, 40, 24) and (layer.bias is not None) == bias
+    x = torch.randn(37, 24).bfloat16()
+    offsets = torch.tensor([5, 5, 20, 33], dtype=torch.int32)
+    xs = x.clone().requires_grad_(True)
+    y = layer(xs, offsets)
+    assert y.shape == (37, 40) and y.dtype == torch.bfloat16
+    ref_linears = [torch.nn.Linear(24, 40, bias=bias, dtype=torch.float64) for _ in range(4)]
+    with torch.no_grad():
+        for mine, ref in zip(linears, ref_linears, strict=True):
+            ref.weight.copy_(mine.weight)
+            if bias:
+                ref.bias.copy_(mine.bias)
+    xr = x.double().requires_grad_(True)
+    want = _experts_loop(ref_linears, xr, offsets, activation)
+    assert want.abs().max() > 0
+    torch.testing.assert_close(y[:33].double(), want, rtol=1.6e-2, atol=1.6e-2 * float(want.detach().abs().max()))
+    grad = torch.randn(33, 40)
+    y[:33].float().backward(grad)
+    want.backward(grad.double())
+    def grad_of(t: torch.Tensor | None) -> torch.Tensor:
+        assert t is not None and t.grad is not None
+        return t.grad
+
+    got = {"input": grad_of(xs), "weight": grad_of(layer.weight)}
+    ref_grads = {"input": grad_of(xr), "weight": torch.stack([grad_of(m.weight) for m in ref_linears])}
+    if bias:
+        got["bias"] = grad_of(layer.bias)
+        ref_grads["bias"] = torch.stack([grad_of(m.bias) for m in ref_linears])
+    for name, want_grad in ref_grads.items():
+        assert want_grad.norm() > 0, name
+        error = (got[name].double() - want_grad).norm() / want_grad.norm()
+        assert error < 1e-2, (name, float(error))
+
+
+def test_grouped_linear_mistakes_and_trace():
+    """Wrong inputs raise InvalidArgument naming them; the offsets are checked by the op; the layer
+    traces without graph breaks; `launches` names the one kernel any split of the tokens uses."""
+    layer = gg.nn.GroupedLinear(3, 16, 24, activation="silu")
+    x, offsets = torch.randn(10, 16).bfloat16(), torch.tensor([3, 3, 10], dtype=torch.int32)
+    with pytest.raises(InvalidArgument, match=r"input: expected \(tokens, 16\) rows sorted by expert, got \(10, 8\)"):
+        layer(torch.randn(10, 8).bfloat16(), offsets)
+    with pytest.raises(InvalidArgument, match=r"input: dtype torch.float32, but this layer computes in torch.bfloat16"):
+        layer(x.float(), offsets)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(x.float(), offsets).dtype == torch.bfloat16
+    with pytest.raises(InvalidArgument, match=r"offsets"):
+        layer(x, offsets.long())
+    with pytest.raises(InvalidArgument, match=r"num_experts: expected a positive int, got 0"):
+        gg.nn.GroupedLinear(0, 16, 24)
+    with pytest.raises(InvalidArgument, match=r"in_features 12 is not a multiple of 8"):
+        gg.nn.GroupedLinear(2, 12, 24)
+    with pytest.raises(InvalidArgument, match=r"the experts differ"):
+        gg.nn.GroupedLinear.from_linears([torch.nn.Linear(16, 24), torch.nn.Linear(16, 32)])
+    with pytest.raises(RecipeError, match=r"activation: expected one of"):
+        gg.nn.GroupedLinear(2, 16, 24, activation="tanh")
+    explained = torch._dynamo.explain(lambda a, o: layer(a, o).relu())(x, offsets)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    recipe, config = layer.launches()
+    assert recipe.gemm.grouped and recipe is gg.nn.grouped_linear_recipe("silu", True, torch.bfloat16)
+    assert config == recipe.default_config()
+    assert "num_experts=3, in_features=16, out_features=24, bias=True, activation='silu'" in repr(layer)
+    again = copy.deepcopy(layer)  # pickles without the recipe's lambda, rebuilt on load
+    torch.testing.assert_close(again(x, offsets)[:10], layer(x, offsets)[:10])
+
+
+@pytest.mark.gpu
+def test_grouped_linear_on_gpu():
+    """The module on CUDA (the grouped kernel), forward and gradients against the experts' Linears in
+    float64, eager and under torch.compile."""
+    linears = [torch.nn.Linear(64, 128, dtype=torch.bfloat16, device="cuda") for _ in range(4)]
+    layer = gg.nn.GroupedLinear.from_linears(linears, activation="silu")
+    x = torch.randn(300, 64, device="cuda").bfloat16().requires_grad_(True)
+    offsets = torch.tensor([40, 40, 200, 300], dtype=torch.int32, device="cuda")
+    want = _experts_loop([m.cpu() for m in linears], x.detach().cpu(), offsets.cpu(), "silu")
+    y = layer(x, offsets)
+    torch.testing.assert_close(y.double().cpu(), want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
+    compiled = torch.compile(layer, fullgraph=True)
+    torch.testing.assert_close(compiled(x, offsets).double().cpu(), want, rtol=1.6e-2,
+                               atol=1.6e-2 * float(want.abs().max()))
+    y.float().sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None and layer.bias is not None
+    assert layer.bias.grad is not None and x.grad.abs().max() > 0

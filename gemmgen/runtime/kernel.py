@@ -5,7 +5,8 @@
 
 A call checks its arguments (raising gemmgen.InvalidArgument before any launch), allocates the
 outputs, builds the Params block in Python and launches on torch's current stream: no host
-synchronisation and nothing allocated besides the outputs, so it can be captured in a CUDA graph.
+synchronisation and nothing allocated besides the outputs (and the zeroed workspace of row and
+column reductions), all from torch's caching allocator, so it can be captured in a CUDA graph.
 
 The host path is cached at two levels. Per call signature (every tensor's address, shape,
 strides, dtype and device, and every scalar) a repeated call reuses the checked problem, the input

@@ -120,6 +120,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     out += [(columns, columns.default_config()), (columns, gg.KernelConfig(swap_ab=True))]
     out.append((fp8_out_recipe(), fp8_out_recipe().default_config()))
     out.append((moe_fp8_recipe(), moe_fp8_recipe().default_config()))
+    experts = gg.nn.grouped_linear_recipe("silu", True, torch.bfloat16)  # tests/test_grouped.py's GroupedLinear
+    out.append((experts, experts.default_config()))
     return list(dict.fromkeys(out))
 
 

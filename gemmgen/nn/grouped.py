@@ -1,0 +1,137 @@
+"""`GroupedLinear`: a mixture-of-experts layer's expert Linears, plus bias and activation, as one
+grouped gemmgen kernel.
+
+    experts = gemmgen.nn.GroupedLinear(8, 4096, 14336, activation="silu", dtype=torch.bfloat16)
+    y = experts(x, offsets)   # x: (tokens, in), sorted by expert; offsets: int32, where each expert's rows end
+
+Forward is `activation(x_e @ W_e^T + b_e)` for the rows of each expert e, one grouped gemmgen op
+(torch.ops.gemmgen.*) whose offsets stay on the GPU: no host sync, CUDA-graph safe. Rows after the
+last expert's end are not written (unspecified, as with `torch._grouped_mm`). Backward is the op's:
+the unfused layer's, through `torch._grouped_mm` with the same offsets (bf16 on the GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import dsl
+from ..dsl import Recipe
+from ..errors import InvalidArgument, RecipeError
+from ..types import as_dtype
+from .linear import ACTIVATIONS, unsupported
+
+
+@functools.cache
+def grouped_linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype) -> Recipe:
+    """The recipe of a group of expert Linears (x_e @ W_e^T, the weights stacked as E x out x in)
+    plus each expert's bias and the activation."""
+    if activation not in ACTIVATIONS:
+        raise RecipeError(f"activation: expected one of {sorted(k for k in ACTIVATIONS if k)} or None, "
+                          f"got {activation!r}")
+    act = ACTIVATIONS[activation]
+    d = as_dtype(dtype, "dtype")
+    name = f"grouped_linear_{activation or 'none'}{'_bias' if bias else ''}_{d.value}"
+    kw: dict[str, Any] = {"a": d, "b": d, "d": d, "grouped": True}
+    if bias:
+        return Recipe(name, lambda acc, bias: act(acc + bias), operands={"bias": dsl.RowVector(d)}, **kw)
+    return Recipe(name, lambda acc: act(acc), **kw)
+
+
+class GroupedLinear(nn.Module):
+    """`num_experts` nn.Linear layers (plus activation) applied to the rows of their own experts in
+    one grouped kernel: `weight` is (num_experts, out_features, in_features), each expert's as
+    nn.Linear stores it, and `bias` (num_experts, out_features). It computes in the parameters'
+    dtype (bf16 or f16); an input of another dtype is cast only under autocast, as for nn.Linear."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(self, num_experts: int, in_features: int, out_features: int, bias: bool = True,
+                 activation: str | None = None, dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts < 1:
+            raise InvalidArgument(f"num_experts: expected a positive int, got {num_experts!r}")
+        reason = unsupported(in_features, dtype)
+        if reason:
+            raise InvalidArgument(f"GroupedLinear: {reason}")
+        self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
+        self.activation = activation
+        self._set_recipe(activation, bias, dtype)
+        self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features, dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.empty(num_experts, out_features, dtype=dtype, device=device)) if bias else None
+        self.reset_parameters()
+
+    def _set_recipe(self, activation: str | None, bias: bool, dtype: torch.dtype) -> None:
+        """The recipe and its op, resolved once, so that forward stays traceable by torch.compile."""
+        from ..integrations.ops import op
+
+        self.compute_dtype = dtype
+        self.recipe = grouped_linear_recipe(activation, bias, dtype)
+        self._op = op(self.recipe).default
+
+    def __getstate__(self) -> dict:
+        """Pickled without the recipe and the op (the recipe holds its epilogue's lambda)."""
+        state = self.__dict__.copy()
+        for derived in ("recipe", "_op"):
+            state.pop(derived, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._set_recipe(self.activation, self.bias is not None, self.compute_dtype)
+
+    def reset_parameters(self) -> None:
+        """Each expert initialised as nn.Linear initialises itself."""
+        for e in range(self.num_experts):
+            nn.init.kaiming_uniform_(self.weight[e], a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    @classmethod
+    def from_linears(cls, linears: Sequence[nn.Linear], activation: str | None = None) -> GroupedLinear:
+        """A GroupedLinear holding a copy of the experts' parameters, stacked (one tensor each)."""
+        if not linears or not all(isinstance(m, nn.Linear) for m in linears):
+            raise InvalidArgument("linears: expected a non-empty sequence of torch.nn.Linear")
+        first = linears[0]
+        shapes = {(m.in_features, m.out_features, m.bias is not None, m.weight.dtype) for m in linears}
+        if len(shapes) != 1:
+            raise InvalidArgument(f"linears: the experts differ in (in_features, out_features, bias, dtype): "
+                                  f"{sorted(shapes, key=str)}; a grouped kernel needs them alike")
+        layer = cls(len(linears), first.in_features, first.out_features, first.bias is not None, activation,
+                    first.weight.dtype, first.weight.device)
+        with torch.no_grad():
+            layer.weight.copy_(torch.stack([m.weight for m in linears]))
+            if layer.bias is not None:
+                layer.bias.copy_(torch.stack([m.bias for m in linears]))
+        return layer
+
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        dtype = self.compute_dtype
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.in_features:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise InvalidArgument(f"input: expected (tokens, {self.in_features}) rows sorted by expert, got {got}")
+        if x.dtype != dtype:
+            if not torch.is_autocast_enabled(x.device.type):
+                raise InvalidArgument(f"input: dtype {x.dtype}, but this layer computes in {dtype}; cast the input "
+                                      f"(input.to({dtype})) or run under torch.autocast, as for nn.Linear")
+            x = x.to(dtype)
+        w = self.weight.transpose(1, 2)
+        return self._op(x, w, offsets) if self.bias is None else self._op(x, w, offsets, self.bias)
+
+    def launches(self) -> tuple[Recipe, Any]:
+        """(recipe, config) of the kernel forward launches, for any split of the tokens: what to build
+        ahead of time (`gg.warmup([experts.launches()])`)."""
+        return self.recipe, self.recipe.default_config()
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}, activation={self.activation!r}")
+
