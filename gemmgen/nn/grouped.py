@@ -22,19 +22,16 @@ from torch import nn
 
 from .. import dsl
 from ..dsl import Recipe
-from ..errors import InvalidArgument, RecipeError
+from ..errors import InvalidArgument
 from ..types import as_dtype
-from .linear import ACTIVATIONS, unsupported
+from .linear import activation_fn, unsupported
 
 
 @functools.cache
 def grouped_linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype) -> Recipe:
     """The recipe of a group of expert Linears (x_e @ W_e^T, the weights stacked as E x out x in)
     plus each expert's bias and the activation."""
-    if activation not in ACTIVATIONS:
-        raise RecipeError(f"activation: expected one of {sorted(k for k in ACTIVATIONS if k)} or None, "
-                          f"got {activation!r}")
-    act = ACTIVATIONS[activation]
+    act = activation_fn(activation)
     d = as_dtype(dtype, "dtype")
     name = f"grouped_linear_{activation or 'none'}{'_bias' if bias else ''}_{d.value}"
     kw: dict[str, Any] = {"a": d, "b": d, "d": d, "grouped": True}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -36,15 +36,20 @@ ACTIVATIONS = {
 }
 
 
+def activation_fn(activation: str | None) -> Callable[[Any], Any]:
+    """The epilogue function of an activation name (None: identity); RecipeError for another name."""
+    if activation not in ACTIVATIONS:
+        raise RecipeError(f"activation: expected one of {sorted(k for k in ACTIVATIONS if k)} or None, "
+                          f"got {activation!r}")
+    return ACTIVATIONS[activation]
+
+
 @functools.cache
 def linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype, save_pre_activation: bool = False) -> Recipe:
     """The recipe of a Linear layer (x @ W^T with W stored out x in) plus bias and activation. With
     `save_pre_activation`, the kernel also stores `pre` (x @ W^T + b, before the activation) as an
     aux output, for the activation's backward: what the unfused Linear's output would have been."""
-    if activation not in ACTIVATIONS:
-        raise RecipeError(f"activation: expected one of {sorted(k for k in ACTIVATIONS if k)} or None, "
-                          f"got {activation!r}")
-    act = ACTIVATIONS[activation]
+    act = activation_fn(activation)
     d = as_dtype(dtype, "dtype")
     name = f"linear_{activation or 'none'}{'_bias' if bias else ''}_{d.value}{'_pre' if save_pre_activation else ''}"
     kw: dict = {"a": d, "b": d, "d": d, "layout_a": "row", "layout_b": "col"}
