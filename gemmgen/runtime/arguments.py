@@ -12,7 +12,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..codegen.evt import build_epilogue
+from ..codegen.evt import REDUCTION_KIND
 from ..codegen.params import ParamField
 from ..config import KernelConfig, Schedule
 from ..errors import InvalidArgument
@@ -56,10 +56,9 @@ class ArgumentBuilder:
                        for o in epi.outputs[1:] if o.reduce is None]
         self.reductions = [(f"epilogue.amax.{o.name}", o.name) for o in epi.outputs[1:]
                            if o.reduce is not None and o.dim is None]
-        # vector reductions (kind, field prefix, output name), in the order their Params (and workspace) nest
-        self.vector_reductions = [(b.kind, f"epilogue.{b.kind}.{b.name}", b.name) for b in
-                                  sorted(build_epilogue(recipe).bindings, key=lambda b: b.path)
-                                  if b.kind in ("row_reduction", "col_reduction")]
+        # vector reductions: (visitor kind, Params field prefix, output name), in the outputs' order
+        kinds = {o.name: REDUCTION_KIND[o.dim] for o in epi.outputs[1:] if o.dim is not None}
+        self.vector_reductions = [(kind, f"epilogue.{kind}.{name}", name) for name, kind in kinds.items()]
         self.kernel_workspace = config.schedule is Schedule.COOPERATIVE  # only its Params keep the pointer
         self.d = ("epilogue.tma_d", "d", tma.epilogue_template(recipe, config, recipe.gemm.d))
         # per output index (0 is D): the field written per call and the tensor map's template, or
@@ -108,8 +107,8 @@ class ArgumentBuilder:
         needs, as CUTLASS's `to_underlying_arguments` lays it out: the epilogue's first, each vector
         reduction's partials per tile (rounded to 16 bytes) then its tile counters. CUTLASS orders the
         reductions as its host compiler evaluates a pack expansion's arguments (unspecified in C++);
-        the device reads only the pointers, so here they follow the order their Params nest. Every
-        counter must be 0 at launch (the runtime zeroes the whole workspace)."""
+        the device reads only the pointers, so here they follow the recipe's outputs. Every counter
+        must be 0 at launch (the runtime zeroes the whole workspace)."""
         if not self.vector_reductions:
             return 0, ()
         tm, tn = self.tile[0], self.tile[1]
