@@ -77,6 +77,16 @@ scaled_mm_fp8 = gg.Recipe(
 )
 
 
+# DeepSeek-V3's fp8 linear layer: e4m3 A and B with block scales, one fp32 scale per token and 128
+# values of K (scale_a, M-major) and one per 128 x 128 block of the weight (scale_b); the main loop
+# adds each K block's product times its two scales into the fp32 accumulator; bf16 out
+fp8_block_scaled = gg.Recipe(
+    "fp8_block_scaled",
+    a=gg.e4m3, b=gg.e4m3, d=gg.bf16,
+    block_scale=gg.DEEPSEEK_BLOCK_SCALE,
+)
+
+
 # D = A @ B + residual (a residual stream after an output projection), with each row's sum of
 # squares (what the RMSNorm that follows needs) and each row's amax (a per-token fp8 scale): fp32
 # reductions over N, summed in a fixed order (the same result every run)

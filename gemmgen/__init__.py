@@ -6,6 +6,7 @@ from ._version import __version__
 from .bundle import add_bundle
 from .config import KernelConfig, Schedule, TileScheduler
 from .dsl import (
+    DEEPSEEK_BLOCK_SCALE,
     OPS,
     ColVector,
     Matrix,
@@ -43,16 +44,17 @@ from .errors import (
 )
 from .errors import UnknownOpError as _UnknownOpError
 from .parallel import warmup
+from .quantize import quantize_blockwise
 from .tuning import add_tuning, autotune
 from .types import ColMajor, DType, Layout, OperandKind, RowMajor, bf16, e4m3, e5m2, f16, f32, fp16, fp32
 
 __all__ = [
-    "OPS", "ColMajor", "ColVector", "CompileError", "ConfigError", "DType", "GemmgenError", "InvalidArgument",
-    "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "OperandKind", "Recipe",
-    "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler", "ToolchainError", "Value",
-    "__version__", "abs", "add_bundle", "amax", "add_tuning", "autotune", "bf16", "cast",
-    "clamp", "e4m3", "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh",
-    "leaky_relu", "max", "maximum", "min", "minimum", "relu", "sigmoid", "silu", "sum", "tanh", "warmup",
+    "DEEPSEEK_BLOCK_SCALE", "OPS", "ColMajor", "ColVector", "CompileError", "ConfigError", "DType", "GemmgenError",
+    "InvalidArgument", "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "OperandKind",
+    "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler", "ToolchainError",
+    "Value", "__version__", "abs", "add_bundle", "amax", "add_tuning", "autotune", "bf16", "cast", "clamp", "e4m3",
+    "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum", "min",
+    "minimum", "quantize_blockwise", "relu", "sigmoid", "silu", "sum", "tanh", "warmup",
 ]
 
 

@@ -29,10 +29,12 @@ class Schedule(enum.Enum):
     COOPERATIVE = "cooperative"  # two consumer warpgroups share one tile (tile M = 128 or 256)
     PINGPONG = "pingpong"  # two consumer warpgroups alternate tiles (tile M = 64 or 128)
 
-    def kernel(self, grouped: bool = False) -> str:
-        """CUTLASS's kernel schedule; the pointer-array variant for a grouped GEMM."""
+    def kernel(self, grouped: bool = False, block_scaled: bool = False) -> str:
+        """CUTLASS's kernel schedule; the pointer-array variant for a grouped GEMM, the blockwise
+        fp8 one (which selects its main loop) for block scales."""
         array = "PtrArray" if grouped else ""
-        return f"cutlass::gemm::Kernel{array}TmaWarpSpecialized{self.value.capitalize()}"
+        blockwise = "FP8Blockwise" if block_scaled else ""
+        return f"cutlass::gemm::Kernel{array}TmaWarpSpecialized{self.value.capitalize()}{blockwise}"
 
     def epilogue(self, grouped: bool = False) -> str:
         if grouped:
@@ -230,11 +232,40 @@ def epilogue_smem_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
     return epilogue_storage_bytes(cfg, recipe)
 
 
+def scales_per_tile(cfg: KernelConfig, recipe: RecipeIR) -> tuple[int, int]:
+    """Block scales of A and of B one tile reads per K step (CUTLASS's ScaleMsPerTile and
+    ScaleNsPerTile); (0, 0) without block scaling."""
+    g = recipe.gemm.block_scale
+    if g is None:
+        return 0, 0
+    return cfg.tile[0] // g[0], cfg.tile[1] // g[1]
+
+
+#: CUTLASS's blockwise main loop loads the scales of A (of B) with TMA when a tile reads at least this
+#: many of them per K step and fewer than this many of the other's (its ScaleTmaThreshold), else with
+#: cp.async by the producer warp.
+SCALE_TMA_THRESHOLD = 32
+
+
+def scale_tma(cfg: KernelConfig, recipe: RecipeIR) -> tuple[bool, bool]:
+    """Whether the kernel loads A's and B's block scales with TMA (IsTmaLoadSFA/SFB; both are
+    M/N-major in gemmgen's kernels)."""
+    ms, ns = scales_per_tile(cfg, recipe)
+    t = SCALE_TMA_THRESHOLD
+    return ms >= t and ns < t, ns >= t and ms < t
+
+
 def mainloop_stage_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
+    """One stage's A and B tiles and block scales, as compute_stage_count_or_override (and
+    compute_stage_count_with_blockwise_scale) count them to choose the stage count."""
+    return _stage_bytes(cfg, recipe, sum(scales_per_tile(cfg, recipe)))
+
+
+def _stage_bytes(cfg: KernelConfig, recipe: RecipeIR, scales: int) -> int:
     tm, tn, tk = cfg.tile
     g = recipe.gemm
-    raw = tm * tk * g.a.nbytes + tn * tk * g.b.nbytes
-    return -(-raw // _STAGE_ALIGN) * _STAGE_ALIGN + 16  # + the pipeline's full/empty barriers
+    raw = tm * tk * g.a.nbytes + tn * tk * g.b.nbytes + 4 * scales
+    return _round_up(raw, _STAGE_ALIGN) + 16  # + the pipeline's full/empty barriers
 
 
 def stage_count(cfg: KernelConfig, recipe: RecipeIR) -> int:
@@ -256,10 +287,22 @@ def _stages(cfg: KernelConfig, recipe: RecipeIR, epilogue_bytes: int) -> int:
 def smem_need(cfg: KernelConfig, recipe: RecipeIR) -> int:
     """The kernel's shared memory: its stages (tiles and barriers) and the epilogue's storage. An
     upper bound on GemmKernel::SharedStorageSize, at most 1 KB over (NVRTC checks both for every
-    kernel of tests/test_codegen.py's translation unit)."""
+    kernel of tests/test_codegen.py's translation unit).
+
+    Block scales are stored apart from the tiles, one 128-byte aligned array per operand for all
+    stages, and they leave the kernel's tensors off the 512- or 1024-byte alignment the epilogue's
+    swizzled buffers give them: bounded by rounding the two arrays up to 1 KB together."""
     epilogue_bytes = epilogue_smem_bytes(cfg, recipe)
     extra = _GROUPED_KERNEL_EXTRA if recipe.gemm.grouped else 0
-    return _stages(cfg, recipe, epilogue_bytes) * mainloop_stage_bytes(cfg, recipe) + epilogue_bytes + extra
+    stages = _stages(cfg, recipe, epilogue_bytes)
+    ms, ns = scales_per_tile(cfg, recipe)
+    scales = _round_up(_round_up(4 * ms * stages, _STAGE_ALIGN) + _round_up(4 * ns * stages, _STAGE_ALIGN), 1024) \
+        if ms + ns else 0
+    return stages * _stage_bytes(cfg, recipe, 0) + scales + epilogue_bytes + extra
+
+
+def _round_up(x: int, to: int) -> int:
+    return -(-x // to) * to
 
 
 def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
@@ -300,8 +343,30 @@ def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
+def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """CUTLASS's blockwise fp8 main loop rescales once per K tile, so the tile's K is the scales' K
+    granularity, and each tile covers whole scale blocks in M and N. Its kernels are built
+    unswapped: the kernel's A is then the caller's A, whose M-major scales it loads with TMA."""
+    g = recipe.gemm.block_scale
+    if g is None:
+        return []
+    if cfg.swap_ab:
+        return ["swap_ab: block-scaled kernels are built unswapped (their scales of A are loaded M-major); use "
+                "swap_ab=False"]
+    gm, gn, gk = g
+    tm, tn, tk = cfg.tile
+    out = []
+    if tk != gk:
+        out.append(f"tile K = {tk}: must equal the block scales' K granularity {gk} (the main loop rescales once "
+                   "per K tile)")
+    for what, t, gran in (("M", tm, gm), ("N", tn, gn)):
+        if t % gran:
+            out.append(f"tile {what} = {t}: must be a multiple of the block scales' {what} granularity {gran}")
+    return out
+
+
 CONSTRAINTS = (tile_violations, schedule_violations, cluster_violations, register_violations, smem_violations,
-               grouped_violations, reduction_violations)
+               grouped_violations, reduction_violations, block_scale_violations)
 
 
 def violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:

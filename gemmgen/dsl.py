@@ -16,7 +16,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import RecipeError, UnknownOpError
-from .ir import EpilogueIR, GemmSpec, Node, Op, Operand, Output, RecipeIR, Reduction, f32, normalize
+from .ir import (
+    BLOCK_SCALE_OPERANDS,
+    EpilogueIR,
+    GemmSpec,
+    Node,
+    Op,
+    Operand,
+    Output,
+    RecipeIR,
+    Reduction,
+    f32,
+    normalize,
+)
 from .types import DType, Layout, OperandKind, as_dtype, as_layout
 
 if TYPE_CHECKING:
@@ -377,7 +389,8 @@ def _check_operand(name: str, decl: Any) -> Operand | float:
     return Operand(name, decl.kind, dtype)
 
 
-def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: bool, grouped: bool) -> GemmSpec:
+def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: bool, grouped: bool,
+                block_scale: Any = None) -> GemmSpec:
     da, db = as_dtype(a, "a (dtype of A)"), as_dtype(b, "b (dtype of B)")
     la, lb = as_layout(layout_a, "layout_a"), as_layout(layout_b, "layout_b")
     for what, dt in (("a", da), ("b", db)):
@@ -404,7 +417,37 @@ def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: b
     if grouped and la is not Layout.ROW:
         raise RecipeError("layout_a: a grouped GEMM's A holds each group's rows one after another (T x K), so "
                           f"it must be RowMajor, not {la.value}")
-    return GemmSpec(da, db, dd, la, lb, batched, grouped=grouped)
+    scale = _check_block_scale(block_scale, fp8, grouped)
+    return GemmSpec(da, db, dd, la, lb, batched, grouped=grouped, block_scale=scale)
+
+
+#: DeepSeek-V3's fp8 block scaling: activations per row and 128 K, weights per 128 x 128 block.
+DEEPSEEK_BLOCK_SCALE = (1, 128, 128)
+
+
+def _check_block_scale(value: Any, fp8: bool, grouped: bool) -> tuple[int, int, int] | None:
+    """`block_scale=(M, N, K)`: powers of two, M and N up to 128 (they must divide the tile), K a
+    multiple of 128 (the main loop rescales once per K tile, and an fp8 K tile is 128)."""
+    if value is None:
+        return None
+    if not (isinstance(value, tuple | list) and len(value) == 3
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in value)):
+        raise RecipeError(f"block_scale: expected (M, N, K) granularity ints such as {DEEPSEEK_BLOCK_SCALE}, "
+                          f"got {value!r}")
+    m, n, k = value
+    for what, x in (("M", m), ("N", n)):
+        if x < 1 or x > 128 or x & (x - 1):
+            raise RecipeError(f"block_scale: {what} granularity {x} must be a power of two from 1 to 128 (it "
+                              "must divide the kernel's tile)")
+    if k != 128:
+        raise RecipeError(f"block_scale: K granularity {k} must be 128 (CUTLASS's blockwise main loop rescales "
+                          "once per K tile, and an fp8 K tile is 128)")
+    if not fp8:
+        raise RecipeError("block_scale: block scaling is for fp8 A and B (e4m3/e5m2); bf16/f16 need no scales")
+    if grouped:
+        raise RecipeError("block_scale: grouped GEMMs with block scales are not supported yet; scale each "
+                          "group's rows in the epilogue (a column vector) or call one GEMM per group")
+    return (m, n, k)
 
 
 def _check_grouped_epilogue(ir: EpilogueIR) -> None:
@@ -451,19 +494,29 @@ class Recipe:
         operands: name -> gg.Scalar / gg.RowVector / gg.ColVector / gg.Matrix declaration.
         aux: name -> dtype of each auxiliary output: an M x N tensor, or gg.f32 for a reduction
             (`gg.amax(x)`, `gg.amax(x, dim)`, `gg.sum(x, dim)`).
+        block_scale: (M, N, K) granularity of fp8 block scaling, e.g. (1, 128, 128) as DeepSeek-V3
+            (gg.DEEPSEEK_BLOCK_SCALE): the call then takes `scale_a`, fp32 (ceil(M/M_g), ceil(K/128)),
+            and `scale_b`, fp32 (ceil(K/128), ceil(N/N_g)), first among its operands, and
+            acc = sum over K blocks of (A_kb @ B_kb) * scale_a * scale_b.
         config: the default KernelConfig for this recipe.
     """
 
     def __init__(self, name: str, epilogue: Callable[..., Any] | None = None, *, a: Any = DType.BF16,
                  b: Any = DType.BF16, d: Any = None, layout_a: Any = Layout.ROW, layout_b: Any = Layout.COL,
                  batched: bool = False, grouped: bool = False, operands: Mapping[str, OperandDecl] | None = None,
-                 aux: Mapping[str, Any] | None = None, config: KernelConfig | None = None) -> None:
+                 aux: Mapping[str, Any] | None = None, block_scale: Any = None,
+                 config: KernelConfig | None = None) -> None:
         if not isinstance(name, str) or not name.isidentifier():
             raise RecipeError(f"name: expected a C identifier such as 'bias_gelu', got {name!r}")
         self.name = name
-        self.gemm = _check_gemm(a, b, d, layout_a, layout_b, batched, grouped)
+        self.gemm = _check_gemm(a, b, d, layout_a, layout_b, batched, grouped, block_scale)
         self._fn = epilogue if epilogue is not None else (lambda acc: acc)
         self._decls = dict(operands or {})
+        if self.gemm.block_scale:
+            taken = sorted({o.name for o in BLOCK_SCALE_OPERANDS} & set(self._decls))
+            if taken:
+                raise RecipeError(f"operand {taken[0]!r}: a block-scaled recipe's call takes scale_a and scale_b "
+                                  "for its main loop; give the epilogue operand another name")
         self._aux = {k: as_dtype(v, f"aux output {k!r} dtype") for k, v in (aux or {}).items()}
         for k, v in self._aux.items():
             if not k.isidentifier() or k == "d":
@@ -472,6 +525,9 @@ class Recipe:
                 raise RecipeError(f"aux output {k!r}: may be bf16, f16, f32, e4m3 or e5m2, not {v.value}")
         self.ir = RecipeIR(name, self.gemm, self._trace())
         _check_reductions(self.ir.epilogue)
+        if self.gemm.block_scale and any(o.dim == 0 for o in self.ir.epilogue.outputs):
+            raise RecipeError("aux outputs: a reduction over M (dim=0) needs a swapped kernel, and block-scaled "
+                              "kernels are built unswapped; reduce over N (dim=1) or drop block_scale")
         if grouped:
             _check_grouped_epilogue(self.ir.epilogue)
         if config is not None:
@@ -572,7 +628,8 @@ class Recipe:
 
     @property
     def operands(self) -> tuple[Operand, ...]:
-        return self.ir.epilogue.operands
+        """What a call takes after A and B, in order (`RecipeIR.operands`)."""
+        return self.ir.operands
 
     @property
     def outputs(self) -> tuple[Output, ...]:

@@ -140,6 +140,12 @@ class GemmSpec:
     `layout_d` is the memory order of D and of every M x N epilogue tensor (C, aux loads and
     stores). Recipes declare row-major outputs; a column-major one arises only as the kernel-side
     view of a swapped kernel (`RecipeIR.transposed`).
+
+    `block_scale` (M, N, K) is the granularity of fp8 block scaling (DeepSeek-V3's (1, 128, 128)):
+    A's values are scaled by one fp32 per `M` rows and `K` columns, B's by one per `K` rows and `N`
+    columns, and the main loop adds each K block's partial product into the fp32 accumulator times
+    its two scales (CUTLASS's blockwise fp8 main loop): acc = sum over K blocks of (A_kb @ B_kb) *
+    scale_a * scale_b. The scales are the call's first operands (`RecipeIR.operands`).
     """
 
     a: DType
@@ -151,6 +157,7 @@ class GemmSpec:
     accumulator: DType = DType.F32
     layout_d: Layout = Layout.ROW
     grouped: bool = False
+    block_scale: tuple[int, int, int] | None = None
 
     @property
     def fp8(self) -> bool:
@@ -175,6 +182,11 @@ class EpilogueIR:
         return next(o for o in self.operands if o.name == name)
 
 
+#: The block scales' operands, first among a block-scaled recipe's operands.
+BLOCK_SCALE_OPERANDS = (Operand("scale_a", OperandKind.SCALE_A, DType.F32),
+                        Operand("scale_b", OperandKind.SCALE_B, DType.F32))
+
+
 @dataclass(frozen=True)
 class RecipeIR:
     """Everything that determines a kernel's math; `key` is its content address."""
@@ -182,6 +194,13 @@ class RecipeIR:
     name: str
     gemm: GemmSpec
     epilogue: EpilogueIR
+
+    @property
+    def operands(self) -> tuple[Operand, ...]:
+        """What a call passes after A and B, in order: the block scales (when the GEMM is
+        block-scaled), then the epilogue's operands."""
+        scales = BLOCK_SCALE_OPERANDS if self.gemm.block_scale else ()
+        return scales + self.epilogue.operands
 
     @functools.cached_property
     def key(self) -> str:
@@ -194,12 +213,14 @@ class RecipeIR:
         A swapped kernel computes this recipe on the caller's tensors reinterpreted in place: A and
         B trade places with flipped layouts, D and every M x N tensor become column-major views of
         the same memory, row vectors (one value per column of D) become column vectors of D^T, and
-        a reduction over M (one value per column) becomes one over N.
+        a reduction over M (one value per column) becomes one over N. Block scales trade places
+        with their operands: the swapped kernel's A is the caller's B.
         """
         g = self.gemm
+        scale = None if g.block_scale is None else (g.block_scale[1], g.block_scale[0], g.block_scale[2])
         gemm = GemmSpec(a=g.b, b=g.a, d=g.d, layout_a=g.layout_b.transposed, layout_b=g.layout_a.transposed,
                         batched=g.batched, accumulator=g.accumulator, layout_d=g.layout_d.transposed,
-                        grouped=g.grouped)
+                        grouped=g.grouped, block_scale=scale)
         operands = tuple(Operand(o.name, o.kind.transposed, o.dtype) for o in self.epilogue.operands)
         outputs = tuple(o.transposed for o in self.epilogue.outputs)
         return RecipeIR(self.name, gemm, EpilogueIR(self.epilogue.nodes, outputs, operands))
@@ -210,9 +231,10 @@ class RecipeIR:
         g = self.gemm
         layout_d = [] if g.layout_d is Layout.ROW else [g.layout_d.value]
         grouped = [["grouped", True]] if g.grouped else []
+        block_scale = [["block_scale", list(g.block_scale)]] if g.block_scale else []
         return {
             "gemm": [g.a.value, g.b.value, g.d.value, g.layout_a.value, g.layout_b.value, g.batched,
-                     g.accumulator.value, *layout_d, *grouped],
+                     g.accumulator.value, *layout_d, *grouped, *block_scale],
             "nodes": [[n.op.value, list(n.args), n.name, n.attr, n.dtype.value if n.dtype else None]
                       for n in self.epilogue.nodes],
             "outputs": [[o.name, o.node, o.dtype.value, *([o.reduce.value] if o.reduce else []),

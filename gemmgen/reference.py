@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .ir import EpilogueIR, Op, RecipeIR, Reduction
+from .ir import EpilogueIR, GemmSpec, Op, RecipeIR, Reduction
 from .types import DType
 
 
@@ -127,8 +127,26 @@ def reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: dict
     if recipe.gemm.grouped:
         assert offsets is not None
         return _grouped_reference(recipe, a.detach().cpu(), b.detach().cpu(), ops, offsets.detach().cpu())
-    acc = torch.matmul(a.detach().cpu().to(torch.float32), b.detach().cpu().to(torch.float32))
+    acc = accumulate(recipe.gemm, a.detach().cpu(), b.detach().cpu(), ops)
     return evaluate_epilogue(recipe.epilogue, acc, ops, magnitudes=magnitudes)
+
+
+def accumulate(gemm: GemmSpec, a: torch.Tensor, b: torch.Tensor, operands: dict) -> torch.Tensor:
+    """The fp32 accumulator A @ B; with block scales, each of A's and B's values times its block's
+    scale (the same sum as the kernel's per-K-block rescaling, up to rounding)."""
+    a32, b32 = a.to(torch.float32), b.to(torch.float32)
+    if gemm.block_scale is not None:
+        gm, gn, gk = gemm.block_scale
+        a32 = a32 * expand_block_scale(operands["scale_a"], gm, gk, a.shape[-2:])
+        b32 = b32 * expand_block_scale(operands["scale_b"], gk, gn, b.shape[-2:])
+    return torch.matmul(a32, b32)
+
+
+def expand_block_scale(scale: torch.Tensor, rows: int, cols: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """One scale per `rows` x `cols` block, repeated over its block and cut to `shape` (the last
+    block of each dimension may be partial)."""
+    s = scale.to(torch.float32).repeat_interleave(rows, dim=-2).repeat_interleave(cols, dim=-1)
+    return s[..., :shape[-2], :shape[-1]]
 
 
 def group_bounds(offsets: list[int], rows: int) -> list[tuple[int, int]]:

@@ -182,6 +182,7 @@ def example_inputs(recipe: Recipe, m: int, n: int, k: int, l: int = 1, device: s
     """Random A, B and operands of the recipe's dtypes and layouts for one problem."""
     import torch
 
+    from .quantize import random_block_scale
     from .types import Layout, OperandKind
 
     g = torch.Generator(device=device)
@@ -198,7 +199,9 @@ def example_inputs(recipe: Recipe, m: int, n: int, k: int, l: int = 1, device: s
     b = matrix(k, n, gemm.b.torch, gemm.layout_b)
     ops: dict[str, Any] = {}
     for o in recipe.operands:
-        if o.kind is OperandKind.SCALAR:
+        if o.kind.block_scale:
+            ops[o.name] = random_block_scale(o.kind, gemm, m, n, k, lead, device)
+        elif o.kind is OperandKind.SCALAR:
             ops[o.name] = 1.0
         elif o.kind is OperandKind.ROW:
             ops[o.name] = torch.randn(n, generator=g, device=device).to(o.dtype.torch)

@@ -97,17 +97,26 @@ ColMajor = Layout.COL
 
 
 class OperandKind(enum.Enum):
-    """How an epilogue operand is indexed against the M x N output."""
+    """How an operand is indexed: epilogue operands against the M x N output, block scales
+    against A's rows and K (`SCALE_A`) or B's columns and K (`SCALE_B`)."""
 
     SCALAR = "scalar"  # one value
     ROW = "row"  # one value per output column: length N (e.g. bias)
     COL = "col"  # one value per output row: length M (e.g. per-token scale)
     MATRIX = "matrix"  # full M x N (e.g. C or a residual)
+    SCALE_A = "scale_a"  # fp32 per block of A's rows and K, read by the main loop (GemmSpec.block_scale)
+    SCALE_B = "scale_b"  # fp32 per block of B's K and columns
 
     @property
     def transposed(self) -> OperandKind:
-        """The kind indexing the transposed output (N x M) the same way: rows and columns trade places."""
-        return {OperandKind.ROW: OperandKind.COL, OperandKind.COL: OperandKind.ROW}.get(self, self)
+        """The kind indexing the transposed problem the same way: rows and columns trade places,
+        and so do A and B."""
+        return {OperandKind.ROW: OperandKind.COL, OperandKind.COL: OperandKind.ROW,
+                OperandKind.SCALE_A: OperandKind.SCALE_B, OperandKind.SCALE_B: OperandKind.SCALE_A}.get(self, self)
+
+    @property
+    def block_scale(self) -> bool:
+        return self in (OperandKind.SCALE_A, OperandKind.SCALE_B)
 
 
 def as_dtype(value: object, what: str) -> DType:

@@ -11,6 +11,10 @@ The fp8 rowwise-scaled GEMM with a bias (`scaled_mm_fp8`, e4m3 in, bf16 out) aga
 `torch._scaled_mm` with the same rowwise scales, with its bias argument (one cuBLASLt call, where
 torch supports rowwise scales with a bias) and without it, plus a separate bias add.
 
+The fp8 GEMM with DeepSeek-V3's block scales (`fp8_block_scaled`: one scale per token and 128 of K,
+one per 128 x 128 block of the weight) against `torch._scaled_mm` with the same block scales
+(cuBLAS's block scaling, where this torch has it), B's scales in either layout.
+
 The residual stream with its per-row statistics (`residual_norm_stats`: D = A @ B + residual, each
 row's sum of squares and amax in fp32) against `torch.matmul` + the residual add + the two row
 reductions in torch, and `torch.matmul` alone.
@@ -73,6 +77,27 @@ def _scaled_mm_then_bias(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor
 
 
 FP8_BASELINES = {"_scaled_mm(bias=)": _scaled_mm_bias, "_scaled_mm + bias": _scaled_mm_then_bias}
+
+_K_MAJOR: dict[int, torch.Tensor] = {}  # scale_b copies with K contiguous, made on the eager warm-up call
+
+
+def _scaled_mm_blockwise(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor
+                         ) -> torch.Tensor:
+    """torch._scaled_mm with 1x128 scales of A and 128x128 of B, as gemmgen's kernel reads them."""
+    return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
+
+
+def _scaled_mm_blockwise_k_major(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor
+                                 ) -> torch.Tensor:
+    """The same with B's scales K-major (torch may want either layout; it refuses the other)."""
+    k_major = _K_MAJOR.get(scale_b.data_ptr())
+    if k_major is None:
+        k_major = _K_MAJOR[scale_b.data_ptr()] = scale_b.t().contiguous().t()
+    return torch._scaled_mm(a, b, scale_a, k_major, out_dtype=torch.bfloat16)
+
+
+BLOCK_BASELINES = {"_scaled_mm blockwise": _scaled_mm_blockwise, "_scaled_mm blockwise (B scales K-major)":
+                   _scaled_mm_blockwise_k_major}
 
 
 def _matmul_then_stats(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor) -> tuple:
@@ -200,12 +225,12 @@ def _timed(fn, sets, reps: int) -> float | None:
 def _check(recipe, kernel, inputs) -> None:
     """One launch against the recipe's semantics before timing (a fast wrong kernel is no result),
     evaluated on the GPU in fp32: the CPU would take seconds per shape here."""
-    from gemmgen.reference import evaluate_epilogue
+    from gemmgen.reference import accumulate, evaluate_epilogue
 
     a, b, *ops = inputs
     got = kernel(a, b, *ops).float()
-    acc = torch.matmul(a.float(), b.float())
-    want = evaluate_epilogue(recipe.ir.epilogue, acc, dict(zip([o.name for o in recipe.operands], ops, strict=True)),
+    by_name = dict(zip([o.name for o in recipe.operands], ops, strict=True))
+    want = evaluate_epilogue(recipe.ir.epilogue, accumulate(recipe.ir.gemm, a, b, by_name), by_name,
                              round_outputs=False)[0]
     torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
 
@@ -230,6 +255,18 @@ def _fp8_sets(m: int, n: int, k: int) -> list[tuple]:
         scale_a, scale_b = torch.rand(m, device="cuda") + 0.5, torch.rand(n, device="cuda") + 0.5
         bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         sets.append((a, b, scale_a, scale_b, bias, torch.empty(m, n, device="cuda", dtype=torch.bfloat16)))
+    return sets
+
+
+def _block_scaled_sets(m: int, n: int, k: int) -> list[tuple]:
+    from gemmgen.quantize import quantize_blockwise
+
+    per_set = m * k + k * n + m * n * 2
+    sets = []
+    for _ in range(max(2, -(-L2_BYTES // per_set) + 1)):
+        a, scale_a = quantize_blockwise(torch.randn(m, k, device="cuda"), (1, 128), scale_layout="col")
+        b, scale_b = quantize_blockwise(torch.randn(n, k, device="cuda").t(), (128, 128), scale_layout="row")
+        sets.append((a, b, scale_a, scale_b, torch.empty(m, n, device="cuda", dtype=torch.bfloat16)))
     return sets
 
 
@@ -277,6 +314,9 @@ def main() -> int:
     _table(recipes["bias_gelu"], BENCH_SHAPES, _bf16_sets, BASELINES, SAME_LAYER, args.reps)
     print("# scaled_mm_fp8 (e4m3 x e4m3 -> bf16, rowwise scales, bias)")
     _table(recipes["scaled_mm_fp8"], FP8_BENCH_SHAPES, _fp8_sets, FP8_BASELINES, tuple(FP8_BASELINES), args.reps)
+    print("# fp8_block_scaled (e4m3 x e4m3 -> bf16, DeepSeek-V3 block scales: 1x128 of A, 128x128 of B)")
+    _table(recipes["fp8_block_scaled"], FP8_BENCH_SHAPES, _block_scaled_sets, BLOCK_BASELINES, tuple(BLOCK_BASELINES),
+           args.reps)
     print("# residual_norm_stats (bf16: residual add, each row's sum of squares and amax in fp32)")
     _stats_table(recipes["residual_norm_stats"], STATS_BENCH_SHAPES, args.reps)
     print("# moe_up (grouped bf16: per-expert bias, SiLU, routing weight; tokens spread evenly)")

@@ -20,6 +20,7 @@ import torch
 
 import gemmgen as gg
 from gemmgen.ir import Op, Reduction
+from gemmgen.quantize import random_block_scale
 from gemmgen.reference import reference
 from gemmgen.testing.tensors import assert_output_close, strided_matrix
 from gemmgen.types import Layout, OperandKind
@@ -64,7 +65,10 @@ def _inputs(recipe, m, n, k, gen, exact, pad_bytes=0, batch=3):
     b = _matrix(k, n, g.b.torch, g.layout_b, lead, pad_bytes, gen, exact)
     ops: dict[str, torch.Tensor | float] = {}
     for o in recipe.operands:
-        if o.kind is OperandKind.SCALAR:
+        if o.kind.block_scale:  # powers of two keep exact-tier results exact
+            s = random_block_scale(o.kind, g, m, n, k, lead, "cuda")
+            ops[o.name] = s.copy_(torch.exp2(torch.round(torch.log2(s)))) if exact else s
+        elif o.kind is OperandKind.SCALAR:
             ops[o.name] = 2.0 if exact else float(torch.randn((), generator=gen, device="cuda"))
         elif o.kind is OperandKind.MATRIX:
             ops[o.name] = _matrix(m, n, o.dtype.torch, Layout.ROW, lead, pad_bytes, gen, exact)

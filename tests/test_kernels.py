@@ -48,12 +48,28 @@ def test_every_kernel_is_on_the_hopper_path(compiled):
 def test_fp8_kernels_promote_into_fp32_every_four_mmas(compiled):
     """The fp8 mainloop's Params field is written by the host like every other (from the list in
     codegen/params.py: a field left out would be packed as 0); its value is NVRTC's default."""
-    fp8 = [k for k in compiled.values() if k.recipe.gemm.fp8]
+    fp8 = [k for k in compiled.values() if k.recipe.gemm.fp8 and not k.recipe.gemm.block_scale]
     assert fp8
     for k in fp8:
         defaults = {f.name: default for f, _, default in k.params_layout.fields}
         assert defaults["mainloop.mma_promotion_interval"] == 4, k.recipe.name
-        assert "MainloopSm90TmaGmmaWarpSpecializedFP8" in k.source
+        assert "MainloopSm90TmaGmmaWarpSpecializedFP8<" in k.source
+
+
+def test_block_scaled_kernels_use_the_blockwise_main_loop(compiled):
+    """The blockwise fp8 main loop promotes once per K tile times the tile's scales: no promotion
+    interval to write, the scales' pointers and layouts instead, A's scales (128 per tile) loaded
+    with TMA and counted in the stage's transaction bytes, B's (one per tile) with cp.async."""
+    k = compiled["fp8_block_scaled"]
+    defaults = {f.name: default for f, _, default in k.params_layout.fields}
+    assert "mainloop.mma_promotion_interval" not in defaults
+    assert {"mainloop.ptr_sfa", "mainloop.ptr_sfb", "mainloop.tma_sfa", "mainloop.layout_sfa.k_stride",
+            "mainloop.layout_sfb.batch_stride"} <= set(defaults)
+    assert "mainloop.tma_sfb" not in defaults
+    assert defaults["mainloop.tma_transaction_bytes"] == 128 * 128 * 2 + 128 * 4
+    assert "MainloopSm90TmaGmmaWarpSpecializedBlockwiseFP8<" in k.source
+    assert "KernelTmaWarpSpecializedCooperativeFP8Blockwise" in k.source
+    assert k.report.sass["QGMMA"] > 0 and k.report.sass["UTMALDG"] >= 3  # A, B and A's scales
 
 
 def test_smem_estimate_tracks_cutlass(compiled):
@@ -77,8 +93,8 @@ def test_inspect_json(compiled, session_cache):
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
     assert [r["name"] for r in rows] == ["gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination",
-                                         "bias_gelu_aux", "quick_gelu_scaled", "scaled_mm_fp8", "residual_norm_stats",
-                                         "moe_up"]
+                                         "bias_gelu_aux", "quick_gelu_scaled", "scaled_mm_fp8", "fp8_block_scaled",
+                                         "residual_norm_stats", "moe_up"]
     for row in rows:
         assert {"name", "registers", "smem_bytes", "local_bytes", "stack_bytes", "sass", "compile_seconds"} <= set(row)
         assert set(row["sass"]) >= {"HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "SYNCS"}
@@ -92,9 +108,9 @@ def test_build_cli_writes_a_bundle_that_loads_anywhere_without_nvrtc(compiled, s
                            str(tmp_path / "bundle"), "--cache-dir", str(session_cache.root)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "wrote a bundle of 9 kernel(s)" in proc.stderr and "bias_gelu_aux" in proc.stdout
+    assert "wrote a bundle of 10 kernel(s)" in proc.stderr and "bias_gelu_aux" in proc.stdout
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
-    assert manifest["arch"] == "sm_90a" and len(manifest["kernels"]) == 9
+    assert manifest["arch"] == "sm_90a" and len(manifest["kernels"]) == 10
     assert not list((tmp_path / "bundle").rglob("*.lock"))
     assert str(tmp_path) not in (tmp_path / "bundle" / "manifest.json").read_text()
 

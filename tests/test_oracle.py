@@ -9,6 +9,7 @@ import pytest
 
 import gemmgen as gg
 from gemmgen.codegen.params import KIND_SIZE
+from gemmgen.config import scale_tma
 from gemmgen.runtime.arguments import ArgumentBuilder, field_values, pack
 from gemmgen.runtime.problem import Problem, TensorArg
 from gemmgen.testing.oracle import OracleProgram
@@ -71,7 +72,12 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
 
     operands: dict[str, TensorArg | float] = {}
     for o in recipe.operands:
-        if o.kind is OperandKind.SCALAR:
+        if o.kind.block_scale:  # M/N-major, the K-block stride padded to 4 (and by `pad`)
+            gran = g.block_scale[0] if o.kind is OperandKind.SCALE_A else g.block_scale[1]
+            blocks, k_blocks = -(-(m if o.kind is OperandKind.SCALE_A else n) // gran), -(-k // g.block_scale[2])
+            ld = _up(blocks, 4) + 4 * pad
+            operands[o.name] = TensorArg(next(addr), (1, ld, ld * k_blocks if l > 1 else 0))
+        elif o.kind is OperandKind.SCALAR:
             operands[o.name] = 0.75 if o.name != "beta" else -1.5
         elif o.kind is OperandKind.MATRIX:
             operands[o.name] = mn(o.dtype)
@@ -109,8 +115,12 @@ def _extents_aligned(kernel, p: Problem) -> bool:
     a_contig = p.k if g.layout_a is Layout.ROW else p.m
     b_contig = p.k if g.layout_b is Layout.COL else p.n
     d_contig = p.n if g.layout_d is Layout.ROW else p.m
+    scales = True  # block scales loaded with TMA: their contiguous extent (blocks along M or N) too
+    for template_loaded, extent, gran in zip(scale_tma(kernel.config, kernel.generated.kernel_recipe), (p.m, p.n),
+                                             g.block_scale[:2] if g.block_scale else (), strict=False):
+        scales = scales and not (template_loaded and -(-extent // gran) % 4)
     return a_contig % (16 // g.a.nbytes) == 0 and b_contig % (16 // g.b.nbytes) == 0 and \
-        d_contig % max(8, 16 // g.d.nbytes) == 0
+        d_contig % max(8, 16 // g.d.nbytes) == 0 and scales
 
 
 def kernel_problem(kernel, *shape, **hardware) -> Problem:

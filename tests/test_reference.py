@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import gemmgen as gg
+from gemmgen.quantize import random_block_scale
 from gemmgen.reference import reference
 from gemmgen.testing.tensors import assert_output_close
 
@@ -26,12 +27,14 @@ def gen():
     return torch.Generator().manual_seed(seed)
 
 
-def _operands_for(recipe, m, n, gen, batch=None):
+def _operands_for(recipe, m, n, gen, batch=None, k=None):
     out: dict[str, torch.Tensor | float] = {}
     lead = (batch,) if batch else ()
     for o in recipe.operands:
         dt = o.dtype.torch
-        if o.kind is gg.OperandKind.SCALAR:
+        if o.kind.block_scale:
+            out[o.name] = random_block_scale(o.kind, recipe.gemm, m, n, k, lead)
+        elif o.kind is gg.OperandKind.SCALAR:
             out[o.name] = float(torch.randn((), generator=gen))
         elif o.kind is gg.OperandKind.ROW:
             out[o.name] = torch.randn(n, generator=gen).to(dt)
@@ -40,6 +43,21 @@ def _operands_for(recipe, m, n, gen, batch=None):
         else:
             out[o.name] = torch.randn(*lead, m, n, generator=gen).to(dt)
     return out
+
+
+def _accumulator(recipe, a, b, ops):
+    """A @ B in fp32; with block scales, each 128-wide K block's product times its scales, summed."""
+    if recipe.gemm.block_scale is None:
+        return a.float() @ b.float()
+    gm, gn, gk = recipe.gemm.block_scale
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    acc = torch.zeros(*a.shape[:-2], m, n, dtype=torch.float64)
+    for kb in range(-(-k // gk)):
+        part = a[..., kb * gk:(kb + 1) * gk].double() @ b[..., kb * gk:(kb + 1) * gk, :].double()
+        rows = ops["scale_a"][..., :, kb].double().repeat_interleave(gm, dim=-1)[..., :m]
+        cols = ops["scale_b"][..., kb, :].double().repeat_interleave(gn, dim=-1)[..., :n]
+        acc += part * rows.unsqueeze(-1) * cols.unsqueeze(-2)
+    return acc.float()
 
 
 def _independent(name, acc, ops):
@@ -60,6 +78,8 @@ def _independent(name, acc, ops):
     if name == "quick_gelu_scaled":
         x = f["scale"][:, None] * acc + f["bias"]
         return ((x * torch.sigmoid(1.702 * x)).half(),)
+    if name == "fp8_block_scaled":
+        return (acc.bfloat16(),)
     if name == "scaled_mm_fp8":
         return ((acc * f["scale_a"][:, None] * f["scale_b"] + f["bias"]).bfloat16(),)
     if name == "every_op":
@@ -95,11 +115,11 @@ def test_reference_matches_independent_torch(examples, extra, shape, gen):
         dt = recipe.gemm.a.torch
         a = torch.randn(*lead, m, k, generator=gen).to(dt)
         b = torch.randn(*lead, k, n, generator=gen).to(dt)
-        ops = _operands_for(recipe, m, n, gen, batch)
+        ops = _operands_for(recipe, m, n, gen, batch, k)
         got = recipe.reference(a, b, **ops)
         got = got if isinstance(got, tuple) else (got,)
         scale = reference(recipe.ir, a, b, ops, magnitudes=True)
-        acc = a.float() @ b.float()
+        acc = _accumulator(recipe, a, b, ops)
         want = _independent(recipe.name, acc, ops)
         assert len(got) == len(want) == len(recipe.outputs)
         for o, g, w, mag in zip(recipe.outputs, got, want, scale, strict=True):
@@ -133,10 +153,12 @@ def test_transposed_recipe_is_the_transposed_math(examples, extra, shape, gen):
         lead = (batch,) if batch else ()
         a = torch.randn(*lead, m, k, generator=gen).to(recipe.gemm.a.torch)
         b = torch.randn(*lead, k, n, generator=gen).to(recipe.gemm.b.torch)
-        ops = _operands_for(recipe, m, n, gen, batch)
+        ops = _operands_for(recipe, m, n, gen, batch, k)
         t = recipe.ir.transposed()
         assert t.transposed() == recipe.ir and t.key != recipe.ir.key
         t_ops = {name: v.mT if isinstance(v, torch.Tensor) and v.dim() >= 2 else v for name, v in ops.items()}
+        if recipe.gemm.block_scale:  # the transposed problem's A is B^T: the scales trade places too
+            t_ops["scale_a"], t_ops["scale_b"] = t_ops["scale_b"], t_ops["scale_a"]
         want = recipe.reference(a, b, **ops)
         want = want if isinstance(want, tuple) else (want,)
         scale = reference(recipe.ir, a, b, ops, magnitudes=True)

@@ -14,6 +14,7 @@ import torch
 import gemmgen as gg
 from gemmgen.errors import LayoutMismatch
 from gemmgen.integrations.ops import call_realigning
+from gemmgen.quantize import random_block_scale
 from gemmgen.reference import reference
 from gemmgen.runtime.kernel import Kernel
 from gemmgen.testing.recording import RecordingEncoder, launch_violations
@@ -477,9 +478,11 @@ def _fresh_args(recipe, m, n, k, lead, scalar=None):
     g = recipe.ir.gemm
     a = _padded(m, k, g.a.torch, g.layout_a is gg.RowMajor, lead)
     b = _padded(k, n, g.b.torch, g.layout_b is gg.RowMajor, lead)
-    ops = {}
+    ops: dict[str, Any] = {}
     for o in recipe.operands:
-        if o.kind is gg.OperandKind.SCALAR:
+        if o.kind.block_scale:
+            ops[o.name] = random_block_scale(o.kind, g, m, n, k, lead)
+        elif o.kind is gg.OperandKind.SCALAR:
             ops[o.name] = float(torch.randn(())) if scalar is None else scalar
         elif o.kind is gg.OperandKind.MATRIX:
             ops[o.name] = _padded(m, n, o.dtype.torch, True, lead)
@@ -580,6 +583,16 @@ def _torch_layout(rng, rows, cols, dtype, layout, lead):
     return base.as_strided((*lead, rows, cols), ((batch,) if lead else ()) + strides, offset)
 
 
+def _block_scale_layout(rng, kind, gemm, m, n, k, lead):
+    """A block scale as `_torch_layout` draws tensors, in the layout the kernel reads (M/N-major) or,
+    one time in three, the other (which the op realigns)."""
+    gm, gn, gk = gemm.block_scale
+    rows, cols = (-(-m // gm), -(-k // gk)) if kind is gg.OperandKind.SCALE_A else (-(-k // gk), -(-n // gn))
+    read = gg.ColMajor if kind is gg.OperandKind.SCALE_A else gg.RowMajor
+    layout = rng.choice((read, read, read.transposed))
+    return _torch_layout(rng, rows, cols, torch.float32, layout, lead)
+
+
 class _Seen:
     """A kernel's prepare that keeps the arguments of its last call (the realigned copies)."""
 
@@ -613,7 +626,8 @@ def test_op_path_on_torch_tensors_of_random_shapes_and_layouts(compiled):
             a = _torch_layout(rng, m, k, g.a.torch, g.layout_a, lead)
             b = _torch_layout(rng, k, n, g.b.torch, g.layout_b, lead)
             step = rng.choice((1, 2))
-            ops = {o.name: float(torch.randn(())) if o.kind is gg.OperandKind.SCALAR else
+            ops = {o.name: _block_scale_layout(rng, o.kind, g, m, n, k, lead) if o.kind.block_scale else
+                   float(torch.randn(())) if o.kind is gg.OperandKind.SCALAR else
                    _torch_layout(rng, m, n, o.dtype.torch, gg.RowMajor, lead) if o.kind is gg.OperandKind.MATRIX else
                    torch.randn(step * (n if o.kind is gg.OperandKind.ROW else m)).to(o.dtype.torch)[::step]
                    for o in recipe.operands}
@@ -734,7 +748,8 @@ def _meta_args(recipe, m, n, k, lead):
         return t if layout is gg.RowMajor else t.transpose(-1, -2)
 
     g = recipe.ir.gemm
-    ops = {o.name: 1.0 if o.kind is gg.OperandKind.SCALAR else
+    ops = {o.name: random_block_scale(o.kind, g, m, n, k, lead).to("meta") if o.kind.block_scale else
+           1.0 if o.kind is gg.OperandKind.SCALAR else
            meta(m, n, o.dtype.torch, gg.RowMajor) if o.kind is gg.OperandKind.MATRIX else
            torch.empty(n if o.kind is gg.OperandKind.ROW else m, dtype=o.dtype.torch, device="meta")
            for o in recipe.operands}

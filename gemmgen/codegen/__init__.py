@@ -9,7 +9,7 @@ from pathlib import Path
 import jinja2
 
 from .. import __version__
-from ..config import KernelConfig, Schedule, kernel_recipe, validate
+from ..config import KernelConfig, Schedule, kernel_recipe, scales_per_tile, validate
 from ..ir import RecipeIR, content_key
 from ..types import DType
 from .evt import EpilogueCode, build_epilogue
@@ -75,6 +75,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
     stage_count = ("cutlass::gemm::collective::StageCountAutoCarveout<"
                    "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"
                    if config.stages is None else f"cutlass::gemm::collective::StageCount<{config.stages}>")
+    scale_decls, (layout_pair_a, layout_pair_b) = _block_scale_types(recipe)
     # a grouped kernel names its layouts as pointers: CUTLASS's tag for a stride per group
     per_group = " *" if g.grouped else ""
     return dict(
@@ -84,10 +85,13 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         layout_d=g.layout_d.cutlass + per_group,
         alignment_a=128 // g.a.bits, alignment_b=128 // g.b.bits, alignment_c=128 // c_bits,
         alignment_d=128 // g.d.bits,
-        tile=config.tile, cluster=config.cluster, kernel_schedule=config.schedule.kernel(g.grouped),
+        tile=config.tile, cluster=config.cluster,
+        kernel_schedule=config.schedule.kernel(g.grouped, block_scaled=g.block_scale is not None),
         mainloop_policy=_mainloop_policy(recipe), problem_shape=_problem_shape(recipe),
         epilogue_schedule=config.schedule.epilogue(g.grouped), stage_count=stage_count,
-        mainloop_smem_capacity=_smem_capacity(g.grouped),
+        mainloop_stages=_mainloop_stages(config, recipe, stage_count),
+        block_scale_decls=scale_decls, layout_pair_a=layout_pair_a, layout_pair_b=layout_pair_b,
+        stride_a=_stride_pair("A", g.block_scale is not None), stride_b=_stride_pair("B", g.block_scale is not None),
         # a grouped kernel's strides are per-group arrays: its smem atoms come from the stride type
         stride_c="cute::remove_pointer_t<StrideC>" if g.grouped else "StrideC",
         stride_d="cute::remove_pointer_t<StrideD>" if g.grouped else "StrideD",
@@ -101,10 +105,49 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
 
 def _mainloop_policy(recipe: RecipeIR) -> str:
     """The builder's dispatch policy: fp8 A/B get the mainloop that adds WGMMA's partial sums into
-    a separate fp32 accumulator every few MMAs (Hopper's fp8 WGMMA accumulates with fewer bits); a
-    grouped kernel's mainloop rewrites its tensor maps per group."""
+    a separate fp32 accumulator every few MMAs (Hopper's fp8 WGMMA accumulates with fewer bits),
+    block-scaled fp8 the one that adds them once per K tile times the tile's scales; a grouped
+    kernel's mainloop rewrites its tensor maps per group."""
+    if recipe.gemm.block_scale is not None:
+        return "cutlass::gemm::MainloopSm90TmaGmmaWarpSpecializedBlockwiseFP8"
     array = "Array" if recipe.gemm.grouped else ""
     return f"cutlass::gemm::MainloopSm90{array}TmaGmmaWarpSpecialized" + ("FP8" if recipe.gemm.fp8 else "")
+
+
+def _block_scale_types(recipe: RecipeIR) -> tuple[list[tuple[str, str]], tuple[str, str]]:
+    """The scale layouts' declarations, and the main loop's (layout, scale layout) of A and B as the
+    blockwise builder takes them (each operand's layout alone without block scales). Scales of both
+    operands are M/N-major, as CUTLASS's sm90 examples use them."""
+    g = recipe.gemm.block_scale
+    if g is None:
+        return [], ("LayoutA", "LayoutB")
+    decls = [("ScaleConfig", f"cutlass::detail::Sm90BlockwiseScaleConfig<{g[0]}, {g[1]}, {g[2]}>"),
+             ("LayoutSFA", "decltype(ScaleConfig::deduce_layoutSFA())"),
+             ("LayoutSFB", "decltype(ScaleConfig::deduce_layoutSFB())")]
+    return decls, ("cute::tuple<LayoutA, LayoutSFA>", "cute::tuple<LayoutB, LayoutSFB>")
+
+
+def _stride_pair(operand: str, block_scaled: bool) -> str:
+    """The main loop's stride type of A or B, paired with its scales' layout when block-scaled (as
+    the blockwise builder maps GmemLayoutA/B)."""
+    stride = f"cutlass::detail::TagToStride{operand}_t<Layout{operand}>"
+    if not block_scaled:
+        return stride
+    return f"cute::tuple<{stride}, cutlass::detail::TagToStride{operand}_t<LayoutSF{operand}>>"
+
+
+def _mainloop_stages(config: KernelConfig, recipe: RecipeIR, stage_count: str) -> str:
+    """The builder's stage count: what fits beside the epilogue (config.stage_count models it).
+    The blockwise builder counts the scales too, and takes no explicit count: one is spelled out."""
+    capacity = _smem_capacity(recipe.gemm.grouped)
+    if recipe.gemm.block_scale is None:
+        return (f"cutlass::gemm::collective::detail::compute_stage_count_or_override<\n    {capacity}, ElementA, "
+                f"ElementB, TileShape>({stage_count}{{}})")
+    if config.stages is not None:
+        return str(config.stages)
+    ms, ns = scales_per_tile(config, recipe)
+    return (f"cutlass::gemm::collective::detail::compute_stage_count_with_blockwise_scale<\n    {capacity}, "
+            f"ElementA, ElementB, ElementAccumulator, TileShape, {ms}, {ns}>({stage_count}{{}})")
 
 
 def _problem_shape(recipe: RecipeIR) -> str:
@@ -132,7 +175,7 @@ def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "re
     validate(config, recipe)
     view = kernel_recipe(config, recipe)
     epi = build_epilogue(view)
-    fields = param_fields(view, config.schedule, epi)
+    fields = param_fields(view, config, epi)
     entry = f"gemmgen_{recipe.name}_{kernel_id(recipe, config)}"
     source = _environment().get_template("kernel.cu.j2").render(
         version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=config.name, entry=entry,

@@ -168,7 +168,7 @@ def _realigned(recipe: Recipe, refused: LayoutMismatch, a: torch.Tensor, b: torc
                ) -> tuple[torch.Tensor, torch.Tensor, tuple]:
     """The arguments with the one `refused` names replaced by a TMA-readable copy."""
     g = recipe.ir.gemm
-    names = ["offsets"] * g.grouped + [o.name for o in recipe.ir.epilogue.operands]  # as `args` holds them
+    names = ["offsets"] * g.grouped + [o.name for o in recipe.ir.operands]  # as `args` holds them
     if refused.argument == "a":
         return tma_readable(a, g.layout_a), b, args
     if refused.argument == "b":
@@ -176,7 +176,9 @@ def _realigned(recipe: Recipe, refused: LayoutMismatch, a: torch.Tensor, b: torc
     if refused.argument not in names:
         raise refused
     i = names.index(refused.argument)
-    return a, b, (*args[:i], tma_readable(args[i], Layout.ROW), *args[i + 1:])
+    # A's block scales are read M-major (column-major); every other operand row-major
+    layout = Layout.COL if refused.argument == "scale_a" and g.block_scale else Layout.ROW
+    return a, b, (*args[:i], tma_readable(args[i], layout), *args[i + 1:])
 
 
 def define(op_schema: str, backends: dict[str, Any], fake: Any, backward: Any, setup_context: Any) -> Any:
@@ -298,7 +300,7 @@ def _kernel_for_bucket(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, args: t
         device, sms = _DEVICES[index]
         config = tuning.config_for(recipe.ir, m, n, k, l, device, sms)
         if args is not None:  # the kernel's own checks, before compiling it
-            names = [o.name for o in recipe.ir.epilogue.operands]
+            names = [o.name for o in recipe.ir.operands]
             call = check_call(recipe.ir, a, b, dict(zip(names, args, strict=False)), require_cuda=index >= 0)
             check_problem_size(call, config.tile, config.cluster, config.swap_ab)
         kernel = _BY_BUCKET[key] = recipe.compile(config)
@@ -345,7 +347,7 @@ def epilogue_vjp(recipe: Recipe, inputs: list, grads: tuple, needed: tuple[bool,
     would be far slower on a GPU and gain nothing over the unfused model's gradients. `needed`
     (per input, autograd's needs_input_grad) skips what nobody asked for: a frozen weight costs
     no weight-gradient GEMM."""
-    from ..reference import evaluate_epilogue
+    from ..reference import accumulate, evaluate_epilogue
 
     needed = needed or (True,) * len(inputs)
     a, b, *rest = inputs
@@ -356,9 +358,13 @@ def epilogue_vjp(recipe: Recipe, inputs: list, grads: tuple, needed: tuple[bool,
         raise InvalidArgument(f"{'a' if needed[0] else 'b'}: gemmgen has no gradient for fp8 A or B (fp8 training "
                               "scales its gradients, which a plain derivative cannot know); detach them, or "
                               "differentiate a bf16 copy")
+    scales = [o.name for o, need in zip(recipe.operands, needed[2:], strict=True) if need and o.kind.block_scale]
+    if scales:
+        raise InvalidArgument(f"{scales[0]}: gemmgen has no gradient for block scales (they come from quantizing "
+                              "A and B, which is not differentiated either); detach them")
     with torch.enable_grad():
         # torch has no plain fp8 GEMM; the fp8 values are exact in fp32, as the kernel reads them
-        acc = (torch.matmul(a.detach().float(), b.detach().float()) if fp8
+        acc = (accumulate(recipe.ir.gemm, a.detach(), b.detach(), ops) if fp8
                else torch.matmul(a.detach(), b.detach()).float()).requires_grad_(True)
         leaves = {k: v.detach().float().requires_grad_(True)
                   for (k, v), need in zip(ops.items(), needed[2:], strict=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..codegen.evt import REDUCTION_KIND
 from ..codegen.params import ParamField
-from ..config import KernelConfig, Schedule
+from ..config import KernelConfig, Schedule, scale_tma, scales_per_tile
 from ..errors import InvalidArgument
 from ..ir import RecipeIR
 from ..types import OperandKind
@@ -44,6 +44,14 @@ class ArgumentBuilder:
         self.tile, self.cluster = config.tile, config.cluster
         self.a = tma.mainloop_template(recipe, config, "a")
         self.b = tma.mainloop_template(recipe, config, "b")
+        # block scales: (operand, Params prefix, granularity along M or N, granularity along K, TMA or None)
+        self.block_scales: list[tuple[str, str, int, int, tma.TmaTemplate | None]] = []
+        if recipe.gemm.block_scale is not None:
+            gm, gn, gk = recipe.gemm.block_scale
+            per_tile = scales_per_tile(config, recipe)
+            for i, (operand, gran, loaded) in enumerate(zip("ab", (gm, gn), scale_tma(config, recipe), strict=True)):
+                template = tma.block_scale_template(per_tile[i]) if loaded else None
+                self.block_scales.append((f"scale_{operand}", f"mainloop.layout_sf{operand}", gran, gk, template))
         epi = recipe.epilogue
         matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX]
         self.scalars = [(f"epilogue.scalar.{o.name}.value", o.name) for o in epi.operands
@@ -96,6 +104,11 @@ class ArgumentBuilder:
             v[f"{field}.batch_stride"] = 1 if p.l > 1 else 0
         for kind, prefix, _ in self.vector_reductions:  # one vector per batch, contiguous
             v[f"{prefix}.batch_stride"] = (p.n if kind == "row_reduction" else p.m) if p.l > 1 else 0
+        for name, prefix, gran, gk, _ in self.block_scales:  # the scales' layout: extents and strides
+            strides = p.operands[name].strides  # type: ignore[union-attr]
+            v.update({f"{prefix}.blocks": -(-(p.m if name == "scale_a" else p.n) // gran),
+                      f"{prefix}.k_blocks": -(-p.k // gk), f"{prefix}.l": p.l,
+                      f"{prefix}.k_stride": strides[1], f"{prefix}.batch_stride": strides[2]})
         v.update({"hw_info.device_id": p.device_id, "hw_info.sm_count": p.sm_count,
                   "hw_info.max_active_clusters": p.max_active_clusters})
         plan = scheduler.plan(p.m, p.n, p.l, self.tile, self.cluster, p.sm_count, p.max_active_clusters)
@@ -134,6 +147,14 @@ class ArgumentBuilder:
         v: dict[str, int | float | bytes] = {
             "mainloop.tma_a": encode(self.a.operand(p.a.ptr, p.m, p.k, p.l, p.a.strides)),
             "mainloop.tma_b": encode(self.b.operand(p.b.ptr, p.n, p.k, p.l, p.b.strides))}
+        for name, _, gran, gk, template in self.block_scales:
+            scale: TensorArg = p.operands[name]  # type: ignore[assignment]
+            operand = name[-1]
+            v[f"mainloop.ptr_sf{operand}"] = scale.ptr
+            if template is not None:
+                blocks = -(-(p.m if operand == "a" else p.n) // gran)
+                v[f"mainloop.tma_sf{operand}"] = encode(template.operand(scale.ptr, blocks, -(-p.k // gk), p.l,
+                                                                         scale.strides))
         for field, name in self.vectors:
             v[field] = p.operands[name].ptr  # type: ignore[union-attr]
         for field, name, t in self.loads:

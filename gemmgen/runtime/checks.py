@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from ..errors import InvalidArgument, LayoutMismatch
-from ..ir import Operand, RecipeIR, f32
+from ..ir import GemmSpec, Operand, RecipeIR, f32
 from ..types import DType, Layout, OperandKind
 from .problem import TensorArg
 
@@ -138,16 +138,19 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
     if require_cuda and device.type != "cuda":
         raise InvalidArgument(f"a: expected a CUDA tensor, got one on {device}; move it with a.cuda()")
     named: list[tuple[str, torch.Tensor]] = [("a", a), ("b", b)]
-    names = {o.name for o in recipe.epilogue.operands}
+    names = {o.name for o in recipe.operands}
     unknown = sorted(set(operands) - names)
     if unknown:
         raise InvalidArgument(f"{unknown[0]}: not an operand of this recipe; it takes {sorted(names) or 'none'}")
     checked: dict[str, TensorArg | float] = {}
-    for o in recipe.epilogue.operands:
+    for o in recipe.operands:
         if o.name not in operands:
-            raise InvalidArgument(f"{o.name}: missing operand; pass {o.name}=... ({_describe(o)})")
+            raise InvalidArgument(f"{o.name}: missing operand; pass {o.name}=... ({_describe(o, g)})")
         value = operands[o.name]
-        checked[o.name] = _operand(o, value, m, n, l, g.batched)
+        if o.kind.block_scale:
+            checked[o.name] = _block_scale(o, value, (m, n, k, l), g)
+        else:
+            checked[o.name] = _operand(o, value, m, n, l, g.batched)
         if isinstance(value, torch.Tensor):
             named.append((o.name, value))
     for name, t in named:
@@ -159,9 +162,11 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
     bk, bn, bl = _matrix("b", b, k, n, g.layout_b, g.batched, l)
     ta, tb = TensorArg(a_ptr, (am, ak, al)), TensorArg(b_ptr, (bn, bk, bl))
     extents = [_bytes(ta, g.a.nbytes, (m, k, l)), _bytes(tb, g.b.nbytes, (n, k, l))]
-    for o in recipe.epilogue.operands:
+    for o in recipe.operands:
         v = checked[o.name]
-        if o.kind is OperandKind.MATRIX:
+        if o.kind.block_scale:
+            extents.append(_bytes(v, 4, block_scale_extents(o, g, m, n, k, l)))  # type: ignore[arg-type]
+        elif o.kind is OperandKind.MATRIX:
             extents.append(_bytes(v, o.dtype.nbytes, (m, n, l)))  # type: ignore[arg-type]
         elif o.kind is not OperandKind.SCALAR:
             extents.append((n if o.kind is OperandKind.ROW else m) * o.dtype.nbytes)
@@ -214,10 +219,71 @@ def _bytes(t: TensorArg, itemsize: int, extents: tuple[int, int, int]) -> int:
     return itemsize * (1 + sum((e - 1) * s for e, s in zip(extents, t.strides, strict=True)))
 
 
-def _describe(o: Operand) -> str:
+def _describe(o: Operand, gemm: GemmSpec | None = None) -> str:
+    if o.kind.block_scale:
+        assert gemm is not None and gemm.block_scale is not None
+        gm, gn, gk = gemm.block_scale
+        if o.kind is OperandKind.SCALE_A:
+            return f"fp32 (ceil(M/{gm}), ceil(K/{gk})), M-major: one scale per {gm} x {gk} block of A"
+        return f"fp32 (ceil(K/{gk}), ceil(N/{gn})), N contiguous: one scale per {gk} x {gn} block of B"
     return {OperandKind.SCALAR: "a Python number", OperandKind.ROW: f"a length-N {o.dtype.value} vector",
             OperandKind.COL: f"a length-M {o.dtype.value} vector",
             OperandKind.MATRIX: f"an M x N {o.dtype.value} matrix"}[o.kind]
+
+
+def block_scale_extents(o: Operand, gemm: GemmSpec, m: int, n: int, k: int, l: int  # noqa: E741
+                        ) -> tuple[int, int, int]:
+    """(blocks along M or N, blocks along K, L): the modes of a block scale's TensorArg."""
+    assert gemm.block_scale is not None
+    gm, gn, gk = gemm.block_scale
+    rows, g = (m, gm) if o.kind is OperandKind.SCALE_A else (n, gn)
+    return -(-rows // g), -(-k // gk), l
+
+
+def _block_scale(o: Operand, value: object, problem: tuple[int, int, int, int], gemm: GemmSpec) -> TensorArg:
+    """A block scale: fp32, A's (L, M blocks, K blocks) with M contiguous, B's (L, K blocks, N
+    blocks) with N contiguous (both M/N-major, as the kernel reads them). Its TensorArg holds the
+    (M or N blocks, K blocks, L) mode strides. The kernel indexes it in 32 bits, and loads A's
+    scales with TMA when a tile reads at least 32 of them per K step, with 16-byte aligned strides
+    (the address is 16-byte aligned for either)."""
+    from ..config import SCALE_TMA_THRESHOLD
+
+    m, n, k, l = problem  # noqa: E741
+    t = _need_tensor(o.name, value)
+    _dtype(o.name, t, DType.F32)
+    blocks, k_blocks, _ = block_scale_extents(o, gemm, m, n, k, l)
+    is_a = o.kind is OperandKind.SCALE_A
+    want: tuple[int, ...] = (blocks, k_blocks) if is_a else (k_blocks, blocks)
+    want = (l, *want) if gemm.batched else want
+    if tuple(t.shape) != want:
+        raise InvalidArgument(f"{o.name}: expected shape {want} ({_describe(o, gemm)}), got {tuple(t.shape)}")
+    if t.numel() == 0:
+        return TensorArg(0, (1, 0, 0))
+    mn_dim, k_dim = (t.dim() - 2, t.dim() - 1) if is_a else (t.dim() - 1, t.dim() - 2)
+    what = "M" if is_a else "N"
+    if blocks > 1 and t.stride(mn_dim) != 1:
+        fix = f"{o.name}.t().contiguous().t()" if is_a else f"{o.name}.contiguous()"
+        raise LayoutMismatch(o.name, f"{o.name}: the kernel reads block scales {what}-major (dim {mn_dim} "
+                             f"contiguous), got strides {tuple(t.stride())}; pass {fix}")
+    # whether a kernel loads them with TMA depends on its tile (config.scale_tma): required here
+    # whenever a tile (up to 256 rows or columns) could read enough of them per K step
+    tma = 256 // gemm.block_scale[0 if is_a else 1] >= SCALE_TMA_THRESHOLD  # type: ignore[index]
+    align = TMA_ALIGN if tma else 4
+    k_stride = t.stride(k_dim) if k_blocks > 1 else (-(-blocks // 4) * 4)
+    batch_stride = t.stride(0) if gemm.batched and l > 1 else 0
+    if k_blocks > 1 and (k_stride < blocks or (k_stride * 4) % align):
+        raise LayoutMismatch(o.name, f"{o.name}: stride {k_stride} between K blocks must be >= {blocks} and a "
+                             f"multiple of {align // 4} (the kernel loads these scales with "
+                             f"{'TMA' if tma else 'cp.async'}); pad the {what} blocks to a multiple of 4")
+    if gemm.batched and l > 1 and ((batch_stride * 4) % align or (tma and batch_stride == 0)):
+        raise LayoutMismatch(o.name, f"{o.name}: batch stride {batch_stride} must be a non-zero multiple of "
+                             f"{align // 4} (TMA); pass {o.name}.contiguous()" if tma else
+                             f"{o.name}: batch stride {batch_stride} must be a multiple of {align // 4}; pass "
+                             f"{o.name}.contiguous()")
+    if (blocks - 1) + (k_blocks - 1) * k_stride + (l - 1) * batch_stride > INT32_MAX:
+        raise InvalidArgument(f"{o.name}: its last scale lies past 2^31 - 1 elements from the first, and the "
+                              "kernel indexes block scales in 32 bits; split the batch or the problem")
+    return TensorArg(_aligned_ptr(o.name, t), (1, k_stride, batch_stride))
 
 
 def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool) -> TensorArg | float:  # noqa: E741

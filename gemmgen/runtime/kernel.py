@@ -115,7 +115,7 @@ class Kernel:
         self._config = compiled.config
         self._block = compiled.info.max_threads
         self._smem = compiled.info.smem_bytes
-        self._names = tuple(o.name for o in self._ir.epilogue.operands)
+        self._names = tuple(o.name for o in self._ir.operands)
         self._writer = ParamsWriter(compiled.params_layout)
         self._builder = ArgumentBuilder(compiled.generated.kernel_recipe, self._config)
         self._swap = self._config.swap_ab  # the kernel computes D^T = B^T A^T on the same memory

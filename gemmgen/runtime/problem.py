@@ -42,7 +42,8 @@ class Problem(NamedTuple):
 
         B's (N, K, L) strides are those of A^T as the kernel's (M, K, L) operand, and A's are
         B^T's; every M x N tensor is the transpose of the same memory. Vectors (no strides) and
-        scalars are unchanged: only the kernel's name for their dimension changes."""
+        scalars are unchanged: only the kernel's name for their dimension changes. (Block-scaled
+        kernels are never swapped: `config.block_scale_violations`.)"""
         ops = {k: v.transposed() if isinstance(v, TensorArg) else v for k, v in self.operands.items()}
         return Problem(self.n, self.m, self.k, self.l, self.b, self.a, self.d.transposed(), ops,
                        {k: v.transposed() for k, v in self.aux.items()}, self.device_id, self.sm_count,

@@ -135,6 +135,12 @@ def mainloop_template(recipe: RecipeIR, config: KernelConfig, which: str) -> Tma
                        int(swizzle), not k_major)
 
 
+def block_scale_template(scales_per_tile: int) -> TmaTemplate:
+    """The TMA of M/N-major block scales (the blockwise main loop's tma_load_sfa/sfb): fp32 over
+    (blocks, K blocks, L), one box of the tile's scales per K step, no swizzle."""
+    return TmaTemplate(int(TmaDataType.FLOAT32), 4, (scales_per_tile, 1, 1), int(Swizzle.NONE), True)
+
+
 def epilogue_template(recipe: RecipeIR, config: KernelConfig, dtype: DType) -> TmaTemplate:
     """The TMA of C, D or an aux tensor, tiled by the epilogue tile, in D's layout
     (sm90_get_epilogue_smem_swizzle_layout_atom: the swizzle spans the contiguous extent)."""

@@ -12,6 +12,7 @@ visitor or Params position shows up as a wrong or unwritten (NaN) output element
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Protocol
 
@@ -131,7 +132,37 @@ def emulate(compiled: CompiledKernel, params: bytes, encoder: MapReader, tensors
     b = view.mapped(view.lvalue["mainloop.tma_b"], kernel.element_b, not kernel.column_major["LayoutB"])  # (L, N, K)
     if a.shape[::2] != b.shape[::2]:
         raise AssertionError(f"A's tensor map addresses {tuple(a.shape)} (L, M, K), B's {tuple(b.shape)} (L, N, K)")
-    kernel.run(torch.matmul(a.float(), b.float().transpose(1, 2)), view)
+    a32, b32 = a.float(), b.float()
+    granularity = re.search(r"Sm90BlockwiseScaleConfig<(\d+), (\d+), (\d+)>", compiled.generated.source)
+    if granularity is not None:
+        gm, gn, gk = map(int, granularity.groups())
+        a32 = a32 * _block_scales(view, "a", gm, gk, a.shape)
+        b32 = b32 * _block_scales(view, "b", gn, gk, b.shape)
+    kernel.run(torch.matmul(a32, b32.transpose(1, 2)), view)
+
+
+def _block_scales(view: _ParamsBytes, operand: str, gran: int, gran_k: int, shape: torch.Size) -> torch.Tensor:
+    """The blockwise main loop's scales of A or B as it reads them (pointer and layout fields; the
+    tensor map, where it loads them with TMA, must address the same scales), each repeated over its
+    block: (L, M or N, K)."""
+    field = {n: int.from_bytes(view.raw(view.lvalue[f"mainloop.layout_sf{operand}.{n}"]), "little", signed=True)
+             for n in ("blocks", "k_blocks", "l", "k_stride", "batch_stride")}
+    l, mn, k = shape  # noqa: E741
+    want = (-(-mn // gran), -(-k // gran_k), l)
+    if (field["blocks"], field["k_blocks"], field["l"]) != want:
+        raise AssertionError(f"scale_{operand}: layout extents {field} for a ({l}, {mn}, {k}) operand, want {want}")
+    ptr = view.lvalue[f"mainloop.ptr_sf{operand}"]
+    addr = int.from_bytes(view.raw(ptr), "little")
+    scales = view.at(addr, torch.float32, (l, want[1], want[0]), (field["batch_stride"], field["k_stride"], 1), ptr)
+    tma = view.lvalue.get(f"mainloop.tma_sf{operand}")
+    if tma is not None:
+        mapped = view.mapped(tma, torch.float32, rows_contiguous=True)  # (L, blocks, K blocks)
+        if mapped.data_ptr() != addr or mapped.shape != (l, want[0], want[1]) or \
+                mapped.stride()[:2] != (field["batch_stride"], 1) or mapped.stride(2) != field["k_stride"]:
+            raise AssertionError(f"scale_{operand}: its tensor map addresses {tuple(mapped.shape)} at "
+                                 f"{mapped.data_ptr():#x} strides {mapped.stride()}, its pointer and layout {field}")
+    full = scales.transpose(1, 2).repeat_interleave(gran, dim=1).repeat_interleave(gran_k, dim=2)
+    return full[:, :mn, :k]
 
 
 def emulate_grouped(compiled: CompiledKernel, setup: bytes, params: bytes, encoder: MapReader,

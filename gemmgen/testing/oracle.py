@@ -72,10 +72,21 @@ class OracleProgram:
             return [self.slots.add(f"{name}.{part}") for part in ("ptr", "s0", "s1", "s2")]
 
         a, b = tensor("a"), tensor("b")
+        scales = ""
+        if kernel.kernel_recipe.gemm.block_scale is not None:
+            # (blocks, K blocks, L) from the problem and the granularity, strides from the scale tensors
+            sa, sb = tensor("operand.scale_a"), tensor("operand.scale_b")
+            scales = "".join(
+                f", reinterpret_cast<float const*>(V[{s[0]}]), oracle::scale_layout<typename "
+                f"CollectiveMainloop::LayoutSF{x}>(cute::ceil_div(int(V[{mn}]), CollectiveMainloop::"
+                f"ScaleGranularity{g}), cute::ceil_div(int(V[2]), CollectiveMainloop::ScaleGranularityK), "
+                f"int(V[3]), V[{s[2]}], V[{s[3]}])"
+                for x, s, mn, g in (("A", sa, 0, "M"), ("B", sb, 1, "N")))
         mainloop = (f"{{reinterpret_cast<ElementA const*>(V[{a[0]}]), "
                     f"oracle::stride3<typename CollectiveMainloop::StrideA>(V[{a[1]}], V[{a[2]}], V[{a[3]}]), "
                     f"reinterpret_cast<ElementB const*>(V[{b[0]}]), "
-                    f"oracle::stride3<typename CollectiveMainloop::StrideB>(V[{b[1]}], V[{b[2]}], V[{b[3]}])}}")
+                    f"oracle::stride3<typename CollectiveMainloop::StrideB>(V[{b[1]}], V[{b[2]}], V[{b[3]}])"
+                    f"{scales}}}")
         thread = self._arguments(epi.arguments)
         if epi.source is not None:
             c = tensor(f"operand.{epi.source}")

@@ -15,10 +15,11 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
     """Recipe `random<index>`: random operands (every kind, dtype and both scalar forms), a random
     graph of every op over them (constants on either side, shared values, casts), random aux
     outputs (some of them reductions: an amax over M and N, sums and amaxes over M or over N, one
-    of the two per recipe), A/B/D types (fp8 A and B a third of the time) and
-    layouts, batched or not. Divisions and exponentials take bounded arguments, so that fp32 stays
-    far from overflow. Raises RecipeError for the draws the DSL refuses (an output that folds to a
-    constant); draw again."""
+    of the two per recipe), A/B/D types (fp8 A and B a third of the time, half of those with block
+    scales of a random granularity) and layouts, batched or not. Divisions and exponentials take
+    bounded arguments, so that fp32 stays far from overflow. Raises RecipeError for the draws the
+    DSL refuses (an output that folds to a constant, a reduction over M with block scales); draw
+    again."""
     decls: dict[str, object] = {}
     for i in range(rng.randint(0, 4)):
         kind = rng.choice(["scalar", "constant", "row", "col", "matrix"])
@@ -70,8 +71,12 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
     a = rng.choice([gg.bf16, gg.f16, gg.e4m3])
     b = rng.choice([gg.e4m3, gg.e5m2]) if a is gg.e4m3 else a
     layout_a, layout_b = rng.choice([gg.RowMajor, gg.ColMajor]), rng.choice([gg.RowMajor, gg.ColMajor])
+    block_scale = None
     if a is gg.e4m3:  # fp8 WGMMA reads A and B K-major only
         layout_a, layout_b = gg.RowMajor, gg.ColMajor
+        if rng.random() < 0.5:  # A's scales loaded with TMA, B's, or neither (both read per element)
+            block_scale = rng.choice([(1, 128, 128), (128, 128, 128), (128, 1, 128), (1, 1, 128), (32, 64, 128)])
     return gg.Recipe(f"random{index}", epilogue, a=a, b=b, d=rng.choice(_OUT_DTYPES), layout_a=layout_a,
                      layout_b=layout_b, batched=rng.random() < 0.3, operands=decls,  # type: ignore[arg-type]
+                     block_scale=block_scale,
                      aux={f"aux{j}": gg.f32 if j in reduced else rng.choice(_OUT_DTYPES) for j in range(n_aux)})

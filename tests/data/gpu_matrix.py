@@ -103,7 +103,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         out.append((recipe, next(c for c in (gg.KernelConfig(tile=(tm, 128, tile_k(recipe.ir)), schedule=other)
                                               for tm in (128, 64)) if gg.config.is_valid(c, recipe.ir))))
         decode = choose(recipe.ir, *DECODE_PROBLEM).config
-        assert decode.swap_ab or any(o.dim == 1 for o in recipe.outputs), decode  # swapped, it would reduce over M
+        # swapped, unless it reduces over N (swapped, that would be over M) or is block-scaled (built unswapped)
+        assert decode.swap_ab or any(o.dim == 1 for o in recipe.outputs) or recipe.gemm.block_scale, decode
 
         out.append((recipe, decode))
         if recipe.name == "bias_silu_residual":
@@ -114,7 +115,7 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
             out += [(recipe, c) for shape in BENCH_SHAPES for c in bench_configs(recipe, *shape)]
         if recipe.name == "residual_norm_stats":
             out += [(recipe, c) for shape in STATS_BENCH_SHAPES for c in bench_configs(recipe, *shape)]
-        if recipe.name == "scaled_mm_fp8":
+        if recipe.name in ("scaled_mm_fp8", "fp8_block_scaled"):
             out += [(recipe, c) for shape in FP8_BENCH_SHAPES for c in bench_configs(recipe, *shape)]
     columns = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["column_stats"]  # reductions over M
     out += [(columns, columns.default_config()), (columns, gg.KernelConfig(swap_ab=True))]

@@ -1,0 +1,77 @@
+"""fp8 block quantization in the layouts block-scaled kernels read (`Recipe(block_scale=...)`).
+
+    a_q, scale_a = gg.quantize_blockwise(a, (1, 128), scale_layout=gg.ColMajor)     # A: M x K
+    b_q, scale_b = gg.quantize_blockwise(w.t(), (128, 128), scale_layout=gg.RowMajor)  # B: K x N
+    d = kernel(a_q, b_q, scale_a, scale_b)
+
+Each block's scale is its largest magnitude over the fp8 type's largest value, so the block's values
+span the fp8 range; x is approximately q * scale, block by block.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .errors import InvalidArgument
+from .types import DType, Layout, OperandKind, as_dtype, as_layout
+
+if TYPE_CHECKING:
+    import torch
+
+    from .ir import GemmSpec
+
+
+def quantize_blockwise(x: torch.Tensor, block: tuple[int, int], dtype: DType | str = DType.E4M3,
+                       scale_layout: Layout | str = Layout.ROW) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale) for `x` (..., R, C): q in `dtype` with x's shape and memory order, scale fp32
+    (..., ceil(R / block[0]), ceil(C / block[1])) in `scale_layout`, its leading dimension padded to
+    16 bytes (TMA). An all-zero block gets scale 1."""
+    import torch
+
+    from .reference import FP8_MAX, expand_block_scale, round_to
+
+    dt = as_dtype(dtype, "dtype")
+    if dt not in FP8_MAX:
+        raise InvalidArgument(f"dtype: expected gg.e4m3 or gg.e5m2, got {dt.value}")
+    layout = as_layout(scale_layout, "scale_layout")
+    if not (isinstance(x, torch.Tensor) and x.dim() >= 2 and x.is_floating_point()):
+        raise InvalidArgument(f"x: expected a floating-point tensor of at least 2 dims, got {x!r:.80}")
+    if not (isinstance(block, tuple | list) and len(block) == 2 and all(isinstance(v, int) and v > 0 for v in block)):
+        raise InvalidArgument(f"block: expected (rows, cols) positive ints such as (1, 128), got {block!r}")
+    br, bc = block
+    rows, cols = x.shape[-2], x.shape[-1]
+    nr, nc = -(-rows // br), -(-cols // bc)
+    padded = torch.zeros(*x.shape[:-2], nr * br, nc * bc, dtype=torch.float32, device=x.device)
+    padded[..., :rows, :cols] = x.to(torch.float32)
+    blocks = padded.unflatten(-1, (nc, bc)).unflatten(-3, (nr, br)).abs()  # (..., nr, br, nc, bc)
+    amax = blocks.amax(dim=(-3, -1))
+    scale = torch.where(amax > 0, amax / FP8_MAX[dt], torch.ones_like(amax))
+    q = torch.empty_like(x, dtype=dt.torch)
+    q.copy_(round_to(x.to(torch.float32) / expand_block_scale(scale, br, bc, x.shape), dt))
+    return q, _in_layout(scale, layout)
+
+
+def _in_layout(scale: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """`scale` copied into `layout`, the contiguous dimension's stride rounded up to 4 (16 bytes)."""
+    rows, cols = scale.shape[-2], scale.shape[-1]
+    if layout is Layout.ROW:
+        buf = scale.new_empty(*scale.shape[:-1], -(-cols // 4) * 4)[..., :cols]
+    else:
+        buf = scale.new_empty(*scale.shape[:-2], cols, -(-rows // 4) * 4)[..., :rows].transpose(-1, -2)
+    return buf.copy_(scale)
+
+
+def random_block_scale(kind: OperandKind, gemm: GemmSpec, m: int, n: int, k: int, lead: tuple[int, ...] = (),
+                       device: torch.device | str = "cpu") -> torch.Tensor:
+    """Random scales between 0.5 and 2 for a block-scaled GEMM's `scale_a` or `scale_b`, in the
+    shape and layout its kernel reads (inputs for tests, tuning and benchmarks)."""
+    import torch
+
+    assert gemm.block_scale is not None and kind.block_scale
+    gm, gn, gk = gemm.block_scale
+    k_blocks = -(-k // gk)
+    if kind is OperandKind.SCALE_A:
+        shape, layout = (-(-m // gm), k_blocks), Layout.COL
+    else:
+        shape, layout = (k_blocks, -(-n // gn)), Layout.ROW
+    return _in_layout(torch.rand(*lead, *shape, device=device) * 1.5 + 0.5, layout)
