@@ -345,14 +345,12 @@ def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """CUTLASS's blockwise fp8 main loop rescales once per K tile, so the tile's K is the scales' K
-    granularity, and each tile covers whole scale blocks in M and N. Its kernels are built
-    unswapped: the kernel's A is then the caller's A, whose M-major scales it loads with TMA."""
+    granularity, and each tile covers whole scale blocks along the kernel's M and N (a swapped
+    kernel's M is the caller's N: DeepSeek-V3's 128 x 128 weight blocks then need a tile M of 128
+    or 256)."""
     g = recipe.gemm.block_scale
     if g is None:
         return []
-    if cfg.swap_ab:
-        return ["swap_ab: block-scaled kernels are built unswapped (their scales of A are loaded M-major); use "
-                "swap_ab=False"]
     gm, gn, gk = g
     tm, tn, tk = cfg.tile
     out = []
@@ -361,7 +359,10 @@ def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
                    "per K tile)")
     for what, t, gran in (("M", tm, gm), ("N", tn, gn)):
         if t % gran:
-            out.append(f"tile {what} = {t}: must be a multiple of the block scales' {what} granularity {gran}")
+            swapped = " (swapped: the kernel's M is the recipe's N)" if cfg.swap_ab and what == "M" else \
+                " (swapped: the kernel's N is the recipe's M)" if cfg.swap_ab else ""
+            out.append(f"tile {what} = {t}: must be a multiple of the block scales' granularity {gran} along the "
+                       f"kernel's {what}{swapped}")
     return out
 
 

@@ -525,9 +525,6 @@ class Recipe:
                 raise RecipeError(f"aux output {k!r}: may be bf16, f16, f32, e4m3 or e5m2, not {v.value}")
         self.ir = RecipeIR(name, self.gemm, self._trace())
         _check_reductions(self.ir.epilogue)
-        if self.gemm.block_scale and any(o.dim == 0 for o in self.ir.epilogue.outputs):
-            raise RecipeError("aux outputs: a reduction over M (dim=0) needs a swapped kernel, and block-scaled "
-                              "kernels are built unswapped; reduce over N (dim=1) or drop block_scale")
         if grouped:
             _check_grouped_epilogue(self.ir.epilogue)
         if config is not None:

@@ -123,8 +123,7 @@ def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int =
     score, cfg, why = order[0]
     listed = candidate_configs(recipe, mb)
     lines = [w for _, _, w in sorted(order, key=lambda t: listed.index(t[1]))]
-    swapped = "; a reduction over M: swapped kernels only (config.reduction_violations)" if needs_swap(recipe) else \
-        "; block scales: unswapped kernels only (config.block_scale_violations)" if recipe.gemm.block_scale else ""
+    swapped = "; a reduction over M: swapped kernels only (config.reduction_violations)" if needs_swap(recipe) else ""
     return Choice(cfg, mb, score, f"M={m} -> bucket {mb}{swapped}; chose {why}\n  considered:\n    "
                   + "\n    ".join(lines))
 

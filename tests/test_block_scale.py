@@ -9,10 +9,12 @@ GPU by tests/test_gpu.py.
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
 import torch
+from torch import nn
 
 import gemmgen as gg
 from gemmgen.config import KernelConfig, Schedule, default_config, is_valid, scale_tma, violations
@@ -45,8 +47,6 @@ def _gen() -> torch.Generator:
     ({"block_scale": DEEPSEEK, "epilogue": lambda acc, scale_a: acc * scale_a,
       "operands": {"scale_a": gg.ColVector(gg.f32)}},
      r"operand 'scale_a': a block-scaled recipe's call takes scale_a and scale_b"),
-    ({"block_scale": DEEPSEEK, "epilogue": lambda acc: {"d": acc, "s": gg.sum(acc, dim=0)}, "aux": {"s": gg.f32}},
-     r"a reduction over M \(dim=0\) needs a swapped kernel, and block-scaled kernels are built unswapped"),
 ])
 def test_invalid_block_scaled_recipes_are_refused(kw, match):
     kw = {"a": gg.e4m3, "b": gg.e4m3, **kw}
@@ -68,22 +68,28 @@ def test_block_scales_are_the_first_operands_and_enter_the_key():
     assert swapped.gemm.block_scale == (128, 1, 128) and swapped.transposed() == scaled.ir
 
 
-def test_configs_keep_tile_k_at_the_scales_k_and_stay_unswapped():
+def test_configs_keep_tile_k_at_the_scales_k_and_cover_whole_blocks():
     ir = _recipe().ir
     assert is_valid(default_config(ir), ir) and default_config(ir).tile[2] == 128
     assert scale_tma(default_config(ir), ir) == (True, False)  # 128 scales of A per tile: TMA; B's one: cp.async
     problems = violations(KernelConfig(tile=(128, 128, 64)), ir)
     assert any("tile K = 64: must equal the block scales' K granularity 128" in p for p in problems)
-    assert any("block-scaled kernels are built unswapped" in p
-               for p in violations(KernelConfig(tile=(128, 128, 128), swap_ab=True), ir))
-    assert any("tile N = 64: must be a multiple of the block scales' N granularity 128" in p
+    assert any("tile N = 64: must be a multiple of the block scales' granularity 128 along the kernel's N" in p
                for p in violations(KernelConfig(tile=(64, 64, 128), schedule=Schedule.PINGPONG), ir))
+    # swapped, the kernel's M is the weight's N: whole 128-row blocks need tile M 128 or 256
+    assert any("tile M = 64: must be a multiple of the block scales' granularity 128 along the kernel's M "
+               "(swapped: the kernel's M is the recipe's N)" in p
+               for p in violations(KernelConfig(tile=(64, 16, 128), schedule=Schedule.PINGPONG, swap_ab=True), ir))
+    swapped = KernelConfig(tile=(128, 64, 128), swap_ab=True)
+    assert is_valid(swapped, ir) and scale_tma(swapped, ir.transposed()) == (False, True)  # the tokens' scales: TMA
     with pytest.raises(gg.ConfigError, match="tile K = 64"):
-        ir_recipe = _recipe(config=KernelConfig(tile=(128, 128, 64)))  # noqa: F841
-    for m in (1, 7, 64, 65, 1000, 16384):  # the heuristic finds an unswapped config at every M
+        _recipe(config=KernelConfig(tile=(128, 128, 64)))
+    for m in (1, 7, 64, 65, 1000, 16384):  # the heuristic finds a valid config at every M, swapped for small M
         for n, k in ((4096, 7168), (576, 7168), (7168, 2048)):
             cfg = choose(ir, m, n, k).config
-            assert is_valid(cfg, ir) and not cfg.swap_ab, (m, n, k, cfg)
+            assert is_valid(cfg, ir) and cfg.swap_ab == (m <= 64), (m, n, k, cfg)
+    over_m = _recipe(epilogue=lambda acc: {"d": acc, "s": gg.sum(acc, dim=0)}, aux={"s": gg.f32}).ir
+    assert default_config(over_m).swap_ab and is_valid(default_config(over_m), over_m)
 
 
 @pytest.mark.parametrize("m, n, k, batch", [(1, 1, 1, None), (37, 300, 1000, None), (129, 256, 384, 2),
@@ -176,3 +182,65 @@ def test_scales_are_checked_before_launch():
     shared = random_block_scale(gg.OperandKind.SCALE_A, batched.gemm, 64, 256, 512)
     with pytest.raises(gg.LayoutMismatch, match=r"scale_a: batch stride 0 must be a non-zero multiple of 4"):
         _call(batched, scale_a=shared.expand(2, 64, 4))
+
+
+def _dequantized(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    full = scale.double().repeat_interleave(block[0], -2).repeat_interleave(block[1], -1)
+    return q.double() * full[..., :q.shape[-2], :q.shape[-1]]
+
+
+@pytest.mark.parametrize("activation, bias", [("silu", True), (None, False), ("gelu", True)])
+def test_block_scaled_linear_is_the_quantized_layer(activation, bias):
+    """BlockScaledLinear.from_linear: the weight in e4m3 128 x 128 blocks, the input quantized per
+    token and 128 features, then x @ W^T + b and the activation: against that math in float64 (on
+    the CPU the op runs the recipe's reference), and within fp8's precision of the bf16 layer."""
+    gen = _gen()
+    linear = nn.Linear(272, 300, bias=bias)  # in: a partial last K block; out: a partial last N block
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(300, 272, generator=gen) * 0.05)
+    layer = gg.nn.BlockScaledLinear.from_linear(linear, activation=activation)
+    assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight_scale.shape == (3, 3)
+    assert layer.weight_scale.t().stride(-1) == 1  # the kernel's scale_b is N-contiguous
+    x = torch.randn(2, 7, 272, generator=gen)
+    y = layer(x)
+    assert y.shape == (2, 7, 300) and y.dtype == torch.bfloat16
+    q, s = gg.quantize_blockwise(x.reshape(14, 272), (1, 128))
+    pre = _dequantized(q, s, (1, 128)) @ _dequantized(layer.weight, layer.weight_scale, (128, 128)).t()
+    if bias:
+        pre = pre + layer.bias.double()
+    act = {None: lambda v: v, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[activation]
+    want = act(pre).reshape(2, 7, 300)
+    assert want.abs().max() > 0
+    torch.testing.assert_close(y.double(), want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
+    exact = act(linear(x).detach().double())
+    assert float((y.double() - exact).norm() / exact.norm()) < 0.06  # e4m3: 3 mantissa bits per operand
+    again = gg.nn.BlockScaledLinear.from_quantized(layer.weight, layer.weight_scale, layer.bias, activation)
+    assert torch.equal(again(x), y)
+    copied = copy.deepcopy(layer)
+    assert torch.equal(copied(x), y)
+    fresh = gg.nn.BlockScaledLinear(272, 300, bias=bias, activation=activation)
+    fresh.load_state_dict(layer.state_dict())
+    assert torch.equal(fresh(x), y) and fresh.weight_scale.t().stride(-1) == 1
+
+
+def test_block_scaled_linear_traces_without_graph_breaks():
+    layer = gg.nn.BlockScaledLinear(256, 384, activation="silu")
+    x = torch.randn(5, 256)
+    explained = torch._dynamo.explain(layer)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch.testing.assert_close(torch.compile(layer, fullgraph=True, backend="eager")(x), layer(x))
+
+
+def test_block_scaled_linear_refuses_what_it_cannot_run():
+    with pytest.raises(gg.InvalidArgument, match="in_features 264 is not a multiple of 16"):
+        gg.nn.BlockScaledLinear(264, 128)
+    w = torch.randn(128, 256).to(torch.float8_e4m3fn)
+    with pytest.raises(gg.InvalidArgument, match=r"weight_scale: expected an fp32 tensor of shape \(1, 2\)"):
+        gg.nn.BlockScaledLinear.from_quantized(w, torch.ones(2, 2))
+    with pytest.raises(gg.InvalidArgument, match=r"weight: expected torch\.float8_e4m3fn"):
+        gg.nn.BlockScaledLinear.from_quantized(w.float(), torch.ones(1, 2))
+    with pytest.raises(gg.InvalidArgument, match=r"dtype: expected torch\.bfloat16 or torch\.float16"):
+        gg.nn.BlockScaledLinear(256, 128, dtype=torch.float32)
+    layer = gg.nn.BlockScaledLinear(256, 128)
+    with pytest.raises(gg.InvalidArgument, match=r"input: expected a tensor of shape \(\.\.\., 256\)"):
+        layer(torch.randn(3, 128))

@@ -417,6 +417,39 @@ def test_the_op_copies_tensors_only_their_layout_keeps_from_tma(gen):
     torch.testing.assert_close(got.float(), want.float(), rtol=TOL[torch.bfloat16], atol=TOL[torch.bfloat16])
 
 
+def test_block_scaled_linear_eager_and_graph(gen):
+    """BlockScaledLinear (e4m3 weight in 128 x 128 blocks, input quantized per call) on the GPU
+    against the same layer on the CPU, where the op evaluates the recipe's reference on the same
+    quantized input: eager at a decode step and at 300 tokens, then replayed in a CUDA graph with
+    new input values."""
+    import copy
+
+    from .data.gpu_matrix import BLOCK_LINEAR_PROBLEMS
+
+    linear = torch.nn.Linear(512, 384, device="cuda")
+    layer = gg.nn.BlockScaledLinear.from_linear(linear, activation="silu")
+    on_cpu = copy.deepcopy(layer).cpu()
+
+    def check(got, x):
+        want = on_cpu(x.cpu()).float()
+        assert want.abs().max() > 0
+        torch.testing.assert_close(got.cpu().float(), want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
+
+    for tokens, _, _ in BLOCK_LINEAR_PROBLEMS:
+        x = torch.randn(tokens, 512, device="cuda", generator=gen)
+        check(layer(x), x)
+    static = torch.randn(300, 512, device="cuda", generator=gen)
+    layer(static)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(static)
+    static.copy_(torch.randn(300, 512, device="cuda", generator=gen))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(out, static)
+
+
 def test_direct_call_matches_the_op(gen):
     """FusedLinear's eager fast path (kernel called directly) gives the op's result, bit for bit."""
     layer = gg.nn.FusedLinear(256, 264, activation="silu", device="cuda")

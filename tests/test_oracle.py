@@ -126,7 +126,7 @@ def _extents_aligned(kernel, p: Problem) -> bool:
 def kernel_problem(kernel, *shape, **hardware) -> Problem:
     """A problem of the recipe as declared, in the kernel's terms (transposed for a swapped kernel)."""
     p = make_problem(kernel.recipe, *shape, **hardware)
-    return p.transposed() if kernel.config.swap_ab else p
+    return p.transposed(kernel.recipe.gemm.block_scale is not None) if kernel.config.swap_ab else p
 
 
 WORKSPACE = 0x7E00_0000_0000  # where the workspace of a kernel with vector reductions is

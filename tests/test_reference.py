@@ -80,6 +80,9 @@ def _independent(name, acc, ops):
         return ((x * torch.sigmoid(1.702 * x)).half(),)
     if name == "fp8_block_scaled":
         return (acc.bfloat16(),)
+    if name == "block_scaled_swapped":
+        y = acc + f["bias"]
+        return y.bfloat16(), y.sum(dim=-2)
     if name == "scaled_mm_fp8":
         return ((acc * f["scale_a"][:, None] * f["scale_b"] + f["bias"]).bfloat16(),)
     if name == "every_op":

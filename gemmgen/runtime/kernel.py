@@ -265,7 +265,7 @@ class Kernel:
         problem = Problem(call.m, call.n, call.k, call.l, call.a, call.b, placeholder, call.operands,
                           {o.name: placeholder for o in self._ir.epilogue.outputs[1:]}, max(device_index, 0), sm_count,
                           clusters)
-        return problem.transposed() if self._swap else problem
+        return problem.transposed(self._ir.gemm.block_scale is not None) if self._swap else problem
 
     def _outputs(self, plan: _Plan, out: Any) -> tuple[tuple[torch.Tensor, ...], tuple[OutputArg, ...]]:
         tensors: list[torch.Tensor] = []

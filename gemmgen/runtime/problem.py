@@ -37,14 +37,17 @@ class Problem(NamedTuple):
     sm_count: int = 132
     max_active_clusters: int = 0
 
-    def transposed(self) -> Problem:
+    def transposed(self, block_scales: bool = False) -> Problem:
         """The same launch as D^T = B^T A^T, what a swapped kernel computes (RecipeIR.transposed).
 
         B's (N, K, L) strides are those of A^T as the kernel's (M, K, L) operand, and A's are
         B^T's; every M x N tensor is the transpose of the same memory. Vectors (no strides) and
-        scalars are unchanged: only the kernel's name for their dimension changes. (Block-scaled
-        kernels are never swapped: `config.block_scale_violations`.)"""
+        scalars are unchanged: only the kernel's name for their dimension changes. With
+        `block_scales`, scale_a and scale_b trade names (the kernel's A is B^T) and keep their
+        (blocks, K blocks, L) strides: A's M-major scales are the swapped kernel's N-major ones."""
         ops = {k: v.transposed() if isinstance(v, TensorArg) else v for k, v in self.operands.items()}
+        if block_scales:
+            ops["scale_a"], ops["scale_b"] = self.operands["scale_b"], self.operands["scale_a"]
         return Problem(self.n, self.m, self.k, self.l, self.b, self.a, self.d.transposed(), ops,
                        {k: v.transposed() for k, v in self.aux.items()}, self.device_id, self.sm_count,
                        self.max_active_clusters)

@@ -79,3 +79,24 @@ column_stats = gg.Recipe(
     aux={"col_sum": gg.f32, "col_amax": gg.f32, "amax": gg.f32},
     config=gg.KernelConfig(tile=(64, 128, 64), schedule=gg.Schedule.PINGPONG, swap_ab=True),
 )
+
+
+# fp8 with DeepSeek-V3 block scales in a swapped kernel (what decode-sized M gets, and what a
+# reduction over M needs): the kernel's A is the weight, whose 128 x 128 scales it reads with
+# cp.async, and its B the tokens, whose per-token scales it loads with TMA; e4m3 x e5m2, batched,
+# a bias and each column's sum.
+def _block_scaled_swapped(acc, bias):
+    y = acc + bias
+    return {"d": y, "col_sum": gg.sum(y, dim=0)}
+
+
+block_scaled_swapped = gg.Recipe(
+    "block_scaled_swapped",
+    _block_scaled_swapped,
+    a=gg.e4m3, b=gg.e5m2, d=gg.bf16,
+    batched=True,
+    block_scale=gg.DEEPSEEK_BLOCK_SCALE,
+    operands={"bias": gg.RowVector(gg.bf16)},
+    aux={"col_sum": gg.f32},
+    config=gg.KernelConfig(tile=(128, 64, 128), swap_ab=True),
+)

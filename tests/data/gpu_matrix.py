@@ -25,6 +25,8 @@ MODULE_PROBLEMS = ((300, 1024, 512), (300, 264, 1024), (77, 264, 256), (64, 64, 
 #: (M, N, K) of the FusedLinear calls tests/test_gpu.py makes with gradients wanted (the kernels
 #: that also store the pre-activation).
 TRAINING_PROBLEMS = ((300, 1024, 512), (300, 264, 1024))
+#: (M, N, K) of tests/test_gpu.py's BlockScaledLinear calls (silu, bias): a decode step and 300 tokens.
+BLOCK_LINEAR_PROBLEMS = ((8, 384, 512), (300, 384, 512))
 #: The swapped kernel each example recipe also runs under: the heuristic's pick for a decode step.
 DECODE_PROBLEM = (8, 4096, 4096)
 #: scripts/gpu_bench.py: bias_gelu at these (M, N, K) under the heuristic's config; where that is a
@@ -103,8 +105,7 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         out.append((recipe, next(c for c in (gg.KernelConfig(tile=(tm, 128, tile_k(recipe.ir)), schedule=other)
                                               for tm in (128, 64)) if gg.config.is_valid(c, recipe.ir))))
         decode = choose(recipe.ir, *DECODE_PROBLEM).config
-        # swapped, unless it reduces over N (swapped, that would be over M) or is block-scaled (built unswapped)
-        assert decode.swap_ab or any(o.dim == 1 for o in recipe.outputs) or recipe.gemm.block_scale, decode
+        assert decode.swap_ab or any(o.dim == 1 for o in recipe.outputs), decode  # swapped, it would reduce over M
 
         out.append((recipe, decode))
         if recipe.name == "bias_silu_residual":
@@ -119,8 +120,12 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
             out += [(recipe, c) for shape in FP8_BENCH_SHAPES for c in bench_configs(recipe, *shape)]
     columns = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["column_stats"]  # reductions over M
     out += [(columns, columns.default_config()), (columns, gg.KernelConfig(swap_ab=True))]
+    swapped_blocks = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["block_scaled_swapped"]
+    out.append((swapped_blocks, swapped_blocks.default_config()))
     out.append((fp8_out_recipe(), fp8_out_recipe().default_config()))
     out.append((moe_fp8_recipe(), moe_fp8_recipe().default_config()))
+    fp8_linear = gg.nn.block_scaled_linear_recipe("silu", True, torch.bfloat16)  # test_gpu's BlockScaledLinear
+    out += [(fp8_linear, choose(fp8_linear.ir, m, n, k).config) for m, n, k in BLOCK_LINEAR_PROBLEMS]
     experts = gg.nn.grouped_linear_recipe("silu", True, torch.bfloat16)  # tests/test_grouped.py's GroupedLinear
     out.append((experts, experts.default_config()))
     return list(dict.fromkeys(out))
