@@ -168,7 +168,7 @@ def test_scales_are_checked_before_launch():
     with pytest.raises(gg.InvalidArgument, match=r"scale_b: expected dtype torch.float32"):
         _call(r, scale_b=torch.ones(4, 2, dtype=torch.bfloat16))
     with pytest.raises(gg.LayoutMismatch, match=r"scale_a: the kernel reads block scales M-major .* pass "
-                                                r"scale_a.t\(\).contiguous\(\).t\(\)"):
+                                                r"scale_a.mT.contiguous\(\).mT"):
         _call(r, scale_a=torch.ones(64, 4))  # row-major: K-major
     with pytest.raises(gg.LayoutMismatch, match=r"scale_b: the kernel reads block scales N-major"):
         _call(r, scale_b=torch.ones(2, 4).t())

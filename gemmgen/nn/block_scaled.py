@@ -24,7 +24,7 @@ from ..errors import InvalidArgument
 from ..integrations.ops import caller
 from ..quantize import quantize_blockwise
 from ..types import DType, Layout, as_dtype
-from .linear import COMPUTE_DTYPES, activation_fn
+from .linear import COMPUTE_DTYPES, RecipeModule, activation_fn
 
 _BLOCK = DEEPSEEK_BLOCK_SCALE[1]  # the weight's blocks are square: 128 x 128
 
@@ -42,10 +42,7 @@ def block_scaled_linear_recipe(activation: str | None, bias: bool, dtype: torch.
     return Recipe(name, lambda acc: act(acc), **kw)
 
 
-_DERIVED = ("recipe", "_op")
-
-
-class BlockScaledLinear(nn.Module):
+class BlockScaledLinear(RecipeModule):
     """A Linear layer for inference with an e4m3 weight in 128 x 128 blocks and inputs quantized per
     token and 128 features on each call (DeepSeek-V3's fp8 linear); bias and activation fused.
 
@@ -114,22 +111,11 @@ class BlockScaledLinear(nn.Module):
         # stored with rows contiguous: its transpose, the kernel's scale_b (K blocks x N blocks), is N-contiguous
         self.register_buffer("weight_scale", scale.t().contiguous().t())
         self.register_buffer("bias", bias.to(dtype).contiguous() if bias is not None else None)
-        self._set_recipe()
+        self._set_recipes()
 
-    def _set_recipe(self) -> None:
-        """The recipe and its caller, resolved once (forward stays traceable by torch.compile)."""
+    def _set_recipes(self) -> None:
         self.recipe = block_scaled_linear_recipe(self.activation, self.bias is not None, self.dtype)
         self._op = caller(self.recipe)
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        for derived in _DERIVED:
-            state.pop(derived, None)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
-        self._set_recipe()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.in_features:

@@ -24,7 +24,7 @@ from .. import dsl
 from ..dsl import Recipe
 from ..errors import InvalidArgument
 from ..types import as_dtype
-from .linear import activation_fn, unsupported
+from .linear import RecipeModule, activation_fn, unsupported
 
 
 @functools.cache
@@ -40,7 +40,7 @@ def grouped_linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype
     return Recipe(name, lambda acc: act(acc), **kw)
 
 
-class GroupedLinear(nn.Module):
+class GroupedLinear(RecipeModule):
     """`num_experts` nn.Linear layers (plus activation) applied to the rows of their own experts in
     one grouped kernel: `weight` is (num_experts, out_features, in_features), each expert's as
     nn.Linear stores it, and `bias` (num_experts, out_features). It computes in the parameters'
@@ -58,31 +58,20 @@ class GroupedLinear(nn.Module):
         reason = unsupported(in_features, dtype)
         if reason:
             raise InvalidArgument(f"GroupedLinear: {reason}")
+        activation_fn(activation)  # a bad name is refused before anything is allocated
         self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
-        self.activation = activation
-        self._set_recipe(activation, bias, dtype)
+        self.activation, self.compute_dtype = activation, dtype
         self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.empty(num_experts, out_features, dtype=dtype, device=device)) if bias else None
+        self._set_recipes()
         self.reset_parameters()
 
-    def _set_recipe(self, activation: str | None, bias: bool, dtype: torch.dtype) -> None:
-        """The recipe and its op, resolved once, so that forward stays traceable by torch.compile."""
+    def _set_recipes(self) -> None:
+        """The recipe and its op (the grouped op itself: its Autograd kernel is the backward)."""
         from ..integrations.ops import op
 
-        self.compute_dtype = dtype
-        self.recipe = grouped_linear_recipe(activation, bias, dtype)
+        self.recipe = grouped_linear_recipe(self.activation, self.bias is not None, self.compute_dtype)
         self._op = op(self.recipe).default
-
-    def __getstate__(self) -> dict:
-        """Pickled without the recipe and the op (the recipe holds its epilogue's lambda)."""
-        state = self.__dict__.copy()
-        for derived in ("recipe", "_op"):
-            state.pop(derived, None)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
-        self._set_recipe(self.activation, self.bias is not None, self.compute_dtype)
 
     def reset_parameters(self) -> None:
         """Each expert initialised as nn.Linear initialises itself."""

@@ -129,10 +129,28 @@ def _require_supported(in_features: int, dtype: torch.dtype) -> None:
         raise InvalidArgument(f"FusedLinear: {reason}; keep nn.Linear for this layer")
 
 
-_DERIVED = ("recipe", "training_recipe", "_op", "_op_saving_pre")  # rebuilt by FusedLinear._set_recipes
+class RecipeModule(nn.Module):
+    """A module whose recipes and op callers derive from its fields (`_set_recipes`, resolved once so
+    that forward stays traceable by torch.compile). Pickled without them, as a recipe holds its
+    epilogue's lambda: `torch.save(model)`, deepcopy and multiprocessing rebuild them."""
+
+    _derived: tuple[str, ...] = ("recipe", "_op")
+
+    def _set_recipes(self) -> None:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for derived in self._derived:
+            state.pop(derived, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._set_recipes()
 
 
-class FusedLinear(nn.Module):
+class FusedLinear(RecipeModule):
     """nn.Linear plus activation as one gemmgen kernel. It computes in `compute_dtype` (bf16 or
     f16): the parameters' dtype unless `from_linear` was given another, in which case parameters
     (fp32 master weights, say) are cast to it on every call, as autocast casts nn.Linear's. Like
@@ -141,15 +159,18 @@ class FusedLinear(nn.Module):
 
     weight: torch.Tensor  # as nn.Linear declares them: from_linear shares the Linear's
     bias: torch.Tensor | None
+    _derived = ("recipe", "training_recipe", "_op", "_op_saving_pre")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None) -> None:
         super().__init__()
         _require_supported(in_features, dtype)
+        activation_fn(activation)  # a bad name is refused before anything is allocated
         self.in_features, self.out_features, self.activation = in_features, out_features, activation
-        self._set_recipes(activation, bias, dtype)
+        self.compute_dtype = dtype
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
+        self._set_recipes()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -172,31 +193,19 @@ class FusedLinear(nn.Module):
         fused = cls.__new__(cls)
         nn.Module.__init__(fused)
         fused.in_features, fused.out_features, fused.activation = linear.in_features, linear.out_features, activation
-        fused._set_recipes(activation, linear.bias is not None, dtype)
+        fused.compute_dtype = dtype
         fused.weight = linear.weight
         fused.bias = linear.bias
+        fused._set_recipes()
         return fused
 
-    def _set_recipes(self, activation: str | None, bias: bool, dtype: torch.dtype) -> None:
-        """The inference recipe and, with an activation, the training one that also stores `pre`;
-        their callers are resolved once, so forward stays traceable by torch.compile."""
-        self.compute_dtype = dtype
+    def _set_recipes(self) -> None:
+        """The inference recipe and, with an activation, the training one that also stores `pre`."""
+        activation, bias, dtype = self.activation, self.bias is not None, self.compute_dtype
         self.recipe = linear_recipe(activation, bias, dtype)
         self.training_recipe = linear_recipe(activation, bias, dtype, save_pre_activation=True) if activation else None
         self._op = caller(self.recipe)
         self._op_saving_pre = caller(self.training_recipe) if self.training_recipe is not None else None
-
-    def __getstate__(self) -> dict:
-        """Pickled without the recipes and op callers (recipes hold their epilogue's lambda):
-        `torch.save(model)`, deepcopy and multiprocessing rebuild them from the layer's fields."""
-        state = self.__dict__.copy()
-        for derived in _DERIVED:
-            state.pop(derived, None)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
-        self._set_recipes(self.activation, self.bias is not None, self.compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype, w, bias = self.compute_dtype, self.weight, self.bias

@@ -243,9 +243,9 @@ def block_scale_extents(o: Operand, gemm: GemmSpec, m: int, n: int, k: int, l: i
 def _block_scale(o: Operand, value: object, problem: tuple[int, int, int, int], gemm: GemmSpec) -> TensorArg:
     """A block scale: fp32, A's (L, M blocks, K blocks) with M contiguous, B's (L, K blocks, N
     blocks) with N contiguous (both M/N-major, as the kernel reads them). Its TensorArg holds the
-    (M or N blocks, K blocks, L) mode strides. The kernel indexes it in 32 bits, and loads A's
-    scales with TMA when a tile reads at least 32 of them per K step, with 16-byte aligned strides
-    (the address is 16-byte aligned for either)."""
+    (M or N blocks, K blocks, L) mode strides. The kernel indexes it in 32 bits, and loads an
+    operand's scales with TMA when a tile reads at least 32 of them per K step: then its strides
+    must be 16-byte multiples (its address is 16-byte aligned either way)."""
     from ..config import SCALE_TMA_THRESHOLD
 
     m, n, k, l = problem  # noqa: E741
@@ -262,7 +262,7 @@ def _block_scale(o: Operand, value: object, problem: tuple[int, int, int, int], 
     mn_dim, k_dim = (t.dim() - 2, t.dim() - 1) if is_a else (t.dim() - 1, t.dim() - 2)
     what = "M" if is_a else "N"
     if blocks > 1 and t.stride(mn_dim) != 1:
-        fix = f"{o.name}.t().contiguous().t()" if is_a else f"{o.name}.contiguous()"
+        fix = f"{o.name}.mT.contiguous().mT" if is_a else f"{o.name}.contiguous()"
         raise LayoutMismatch(o.name, f"{o.name}: the kernel reads block scales {what}-major (dim {mn_dim} "
                              f"contiguous), got strides {tuple(t.stride())}; pass {fix}")
     # whether a kernel loads them with TMA depends on its tile (config.scale_tma): required here
@@ -272,9 +272,9 @@ def _block_scale(o: Operand, value: object, problem: tuple[int, int, int, int], 
     k_stride = t.stride(k_dim) if k_blocks > 1 else (-(-blocks // 4) * 4)
     batch_stride = t.stride(0) if gemm.batched and l > 1 else 0
     if k_blocks > 1 and (k_stride < blocks or (k_stride * 4) % align):
-        raise LayoutMismatch(o.name, f"{o.name}: stride {k_stride} between K blocks must be >= {blocks} and a "
-                             f"multiple of {align // 4} (the kernel loads these scales with "
-                             f"{'TMA' if tma else 'cp.async'}); pad the {what} blocks to a multiple of 4")
+        multiple = f" and a multiple of {align // 4} (the kernel loads these scales with TMA)" if tma else ""
+        raise LayoutMismatch(o.name, f"{o.name}: stride {k_stride} between K blocks must be >= {blocks}{multiple}; "
+                             f"pad the {what} blocks{' to a multiple of 4' if tma else ''}")
     if gemm.batched and l > 1 and ((batch_stride * 4) % align or (tma and batch_stride == 0)):
         raise LayoutMismatch(o.name, f"{o.name}: batch stride {batch_stride} must be a non-zero multiple of "
                              f"{align // 4} (TMA); pass {o.name}.contiguous()" if tma else
