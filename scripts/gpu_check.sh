@@ -5,7 +5,7 @@
 # a missing one fails at once, naming it, instead of spending device minutes compiling).
 # Prints a compact summary and keeps each step's whole output in $OUT (the device tool brings that
 # folder back; /tmp/gpu_check elsewhere), so a failure's traceback needs no second run. Exits
-# non-zero if any test failed. The step timeouts add up to 555 s, under the device tool's 600 s
+# non-zero if any test failed. The step timeouts add up to 585 s, under the device tool's 600 s
 # per command, so a hung step still leaves the others' output.
 set -uo pipefail
 cd "$(dirname "$0")/.."
