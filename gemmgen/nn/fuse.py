@@ -10,7 +10,9 @@ neither has hooks (a replacement would drop them). An activation module is recog
 computes (its own trace is one relu, gelu or silu call), so wrappers such as Hugging Face's
 GELUActivation count, not just nn.ReLU/GELU/SiLU.
 
-Other Linears stay as they are, unless `unpaired=True` swaps them too. A forward fx cannot trace
+Other Linears stay as they are, unless `unpaired=True` swaps them too. With
+`quantize="fp8_block"` the replacements are BlockScaledLinear layers instead (e4m3 weights in
+128 x 128 blocks, inputs quantized per call: an fp8 inference model). A forward fx cannot trace
 (Python control flow on tensor values, say) keeps its activations separate, and the report says
 why when it owns an activation module. fuse assumes, as torch.fx users do, that a module is
 called from its parent's forward: it checks what it can see (calls and registrations) and cannot
@@ -27,7 +29,44 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from ..errors import InvalidArgument
+from .block_scaled import BlockScaledLinear
 from .linear import FusedLinear, check_compute_dtype, unsupported
+
+QUANTIZE = ("fp8_block",)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What fuse turns a Linear into: a FusedLinear computing in `compute_dtype` (default: the
+    weights' dtype), or with `quantize="fp8_block"` a BlockScaledLinear (output in `compute_dtype`,
+    default the weights' dtype if bf16/f16, else bf16)."""
+
+    compute_dtype: torch.dtype | None
+    quantize: str | None
+
+    def kept_because(self, linear: nn.Module) -> str | None:
+        """Why this nn.Linear cannot be replaced, or None if it can."""
+        if type(linear) is not nn.Linear:
+            return f"{type(linear).__name__} subclasses nn.Linear; its forward may differ"
+        if _hooked(linear):
+            return "it has hooks, which a replacement would drop"
+        if self.quantize is not None:
+            return None if linear.in_features % 16 == 0 else \
+                f"in_features {linear.in_features} is not a multiple of 16 (TMA reads fp8 inputs in 16-byte rows)"
+        reason = unsupported(linear.in_features, self.compute_dtype or linear.weight.dtype)
+        if reason:
+            return reason
+        w = linear.weight
+        cast = self.compute_dtype not in (None, w.dtype)  # then a fresh aligned copy is used
+        if not cast and w.device.type != "meta" and (
+                w.data_ptr() % 16 or w.stride(1) != 1 or (w.stride(0) * w.element_size()) % 16):
+            return "weight: not in 16-byte aligned rows (a view into other memory?); the op would copy it every call"
+        return None
+
+    def replace(self, linear: nn.Linear, activation: str | None) -> nn.Module:
+        if self.quantize is not None:
+            return BlockScaledLinear.from_linear(linear, activation, self.compute_dtype)
+        return FusedLinear.from_linear(linear, activation, self.compute_dtype)
 
 
 class _ChildrenAsLeaves(fx.Tracer):
@@ -86,15 +125,17 @@ def _qualified(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype | None = None
-         ) -> tuple[nn.Module, list[str]]:
+def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype | None = None,
+         quantize: str | None = None) -> tuple[nn.Module, list[str]]:
     """Replace each nn.Linear (bf16/f16 weights) whose output only an activation module consumes
     by a FusedLinear that computes both (see the module docstring for the rules). `unpaired=True`
     also swaps the other such Linears for FusedLinear without activation: the same math launched
     by gemmgen instead of cuBLAS, at the cost of compiling their kernels too. `compute_dtype`
     (bf16/f16) is what the FusedLinears compute in: by default their weights' dtype, so fp32
     Linears are kept; with it, their weights are cast per call, as under autocast (mixed-precision
-    training with fp32 master weights).
+    training with fp32 master weights). `quantize="fp8_block"` makes the replacements
+    BlockScaledLinear layers (fp8 inference: no gradients), their output in `compute_dtype`; with
+    `unpaired=True` every Linear of the model is quantized.
 
     Returns the model (changed in place; a bare nn.Linear with `unpaired` comes back as a new
     FusedLinear) and a report: a line per fused pair, per swapped Linear, per Linear kept for its
@@ -103,8 +144,11 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     if not isinstance(model, nn.Module):
         raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     check_compute_dtype(compute_dtype)
+    if quantize not in (None, *QUANTIZE):
+        raise InvalidArgument(f"quantize: expected None or one of {list(QUANTIZE)}, got {quantize!r}")
+    target = _Target(compute_dtype, quantize)
     modules = list(model.named_modules())
-    pairs, notes, untraced = _find_pairs(model, modules, compute_dtype)
+    pairs, notes, untraced = _find_pairs(model, modules, target)
     report: list[str] = []
     replacement: dict[int, nn.Module] = {}
     for qualified, m in modules:
@@ -113,7 +157,7 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
             report.append(untraced[qualified])
         if not isinstance(m, nn.Linear):
             continue
-        why_kept = _kept_because(m, compute_dtype)
+        why_kept = target.kept_because(m)
         if why_kept:
             if unpaired or id(m) in notes:  # only where fuse would have changed it
                 report.append(f"{name}: kept ({why_kept})")
@@ -122,12 +166,12 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
         if pair is None:
             note = f"not fused ({notes[id(m)]})" if id(m) in notes else ""
             if unpaired:
-                fused = replacement[id(m)] = FusedLinear.from_linear(m, compute_dtype=compute_dtype)
+                fused = replacement[id(m)] = target.replace(m, None)
                 report.append(f"{name}: {note + '; ' if note else ''}Linear -> {_described(fused)}")
             elif note:
                 report.append(f"{name}: {note}")
             continue
-        fused = replacement[id(m)] = FusedLinear.from_linear(m, pair.activation, compute_dtype)
+        fused = replacement[id(m)] = target.replace(m, pair.activation)
         replacement.setdefault(id(pair.act), nn.Identity())
         report.append(f"{name}: Linear + {type(pair.act).__name__} -> {_described(fused)}"
                       + f" ({pair.act_name} is now Identity)")
@@ -135,7 +179,7 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     return replacement.get(id(model), model), report
 
 
-def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]], compute_dtype: torch.dtype | None
+def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]], target: _Target
                 ) -> tuple[dict[int, _Pair], dict[int, str], dict[str, str]]:
     """The pairs safe to fuse (by id of the Linear), why other Linears followed by an activation
     are not (by id), and the report line of each owner whose forward fx could not trace (by name)."""
@@ -162,7 +206,7 @@ def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]], compute_
             if node.op == "call_module":
                 calls[id(owner.get_submodule(node.target))] += 1
         for node in graph.nodes:
-            _pair_from(node, owner_name, owner, compute_dtype, pairs, notes)
+            _pair_from(node, owner_name, owner, target, pairs, notes)
     while True:  # refusing one pair can leave a shared activation with a run that is not fused
         pairs_per_act = Counter(id(p.act) for p in pairs.values())
         refused = {lin_id: problem for lin_id, pair in pairs.items()
@@ -174,30 +218,15 @@ def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]], compute_
             del pairs[lin_id]
 
 
-def _described(fused: FusedLinear) -> str:
-    cast = f", {fused.weight.dtype} weights cast per call" if fused.weight.dtype != fused.compute_dtype else ""
-    return f"FusedLinear({fused.recipe.name}{cast})"
+def _described(module: nn.Module) -> str:
+    if isinstance(module, BlockScaledLinear):
+        return f"BlockScaledLinear({module.recipe.name})"
+    assert isinstance(module, FusedLinear)
+    cast = f", {module.weight.dtype} weights cast per call" if module.weight.dtype != module.compute_dtype else ""
+    return f"FusedLinear({module.recipe.name}{cast})"
 
 
-def _kept_because(linear: nn.Module, compute_dtype: torch.dtype | None) -> str | None:
-    """Why this nn.Linear cannot become a FusedLinear computing in `compute_dtype` (default: its
-    weights' dtype), or None if it can."""
-    if type(linear) is not nn.Linear:
-        return f"{type(linear).__name__} subclasses nn.Linear; its forward may differ"
-    if _hooked(linear):
-        return "it has hooks, which a replacement would drop"
-    reason = unsupported(linear.in_features, compute_dtype or linear.weight.dtype)
-    if reason:
-        return reason
-    w = linear.weight
-    cast = compute_dtype not in (None, w.dtype)  # then a fresh aligned copy is used
-    if not cast and w.device.type != "meta" and (
-            w.data_ptr() % 16 or w.stride(1) != 1 or (w.stride(0) * w.element_size()) % 16):
-        return "weight: not in 16-byte aligned rows (a view into other memory?); the op would copy it every call"
-    return None
-
-
-def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, compute_dtype: torch.dtype | None,
+def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, target: _Target,
                pairs: dict[int, _Pair], notes: dict[int, str]) -> None:
     """Record the pair (or why there is none) if `node` calls a Linear child of `owner` whose
     output goes to an activation."""
@@ -212,7 +241,7 @@ def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, compute_dtype: 
         act = owner.get_submodule(str(user.target))
         activation = activation_of(act)
         if activation is not None:
-            if why_kept := _kept_because(linear, compute_dtype):
+            if why_kept := target.kept_because(linear):
                 notes[id(linear)] = why_kept
             elif user.args != (node,) or user.kwargs:
                 notes[id(linear)] = f"{_qualified(owner_name, str(user.target))} is called with further arguments"
