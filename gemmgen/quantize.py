@@ -28,7 +28,7 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int], dtype: DType | s
     16 bytes (TMA). An all-zero block gets scale 1."""
     import torch
 
-    from .reference import FP8_MAX, expand_block_scale, round_to
+    from .reference import FP8_MAX, round_to
 
     dt = as_dtype(dtype, "dtype")
     if dt not in FP8_MAX:
@@ -41,13 +41,15 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int], dtype: DType | s
     br, bc = block
     rows, cols = x.shape[-2], x.shape[-1]
     nr, nc = -(-rows // br), -(-cols // bc)
-    padded = torch.zeros(*x.shape[:-2], nr * br, nc * bc, dtype=torch.float32, device=x.device)
-    padded[..., :rows, :cols] = x.to(torch.float32)
-    blocks = padded.unflatten(-1, (nc, bc)).unflatten(-3, (nr, br)).abs()  # (..., nr, br, nc, bc)
-    amax = blocks.amax(dim=(-3, -1))
+    values = x.to(torch.float32)
+    if (nr * br, nc * bc) != (rows, cols):  # partial blocks: zeros leave their amax as it is
+        values = torch.nn.functional.pad(values, (0, nc * bc - cols, 0, nr * br - rows))
+    blocks = values.unflatten(-1, (nc, bc)).unflatten(-3, (nr, br))  # (..., nr, br, nc, bc): views
+    amax = blocks.abs().amax(dim=(-3, -1))
     scale = torch.where(amax > 0, amax / FP8_MAX[dt], torch.ones_like(amax))
+    scaled = (blocks / scale[..., :, None, :, None]).flatten(-2).flatten(-3, -2)[..., :rows, :cols]
     q = torch.empty_like(x, dtype=dt.torch)
-    q.copy_(round_to(x.to(torch.float32) / expand_block_scale(scale, br, bc, x.shape), dt))
+    q.copy_(round_to(scaled, dt))
     return q, _in_layout(scale, layout)
 
 

@@ -117,6 +117,28 @@ def test_reference_is_the_per_k_block_sum_of_scaled_products(m, n, k, batch):
     assert d.dtype == torch.bfloat16 and d.shape == (*lead, m, n)
 
 
+@pytest.mark.parametrize("shape, block", [((2, 256, 384), (1, 128)), ((130, 300), (128, 128)), ((5, 16), (2, 8)),
+                                          ((1, 1), (1, 128))])
+def test_quantize_blockwise_is_the_per_block_loop(shape, block):
+    """Bit for bit what a loop over the blocks computes: each block's amax over the fp8 maximum (1
+    for an all-zero block), its values divided by that and rounded with saturation; for a
+    transposed view (B as W.t()) too."""
+    gen = _gen()
+    x = torch.randn(shape, generator=gen) * 10
+    x.view(-1)[: x.numel() // 3] = 0  # some all-zero blocks
+    for view in (x, x.mT.contiguous().mT):
+        q, scale = gg.quantize_blockwise(view, block)
+        br, bc = block
+        for index in torch.cartesian_prod(*(torch.arange(n) for n in scale.shape)).reshape(-1, scale.dim()):
+            *lead, i, j = index.tolist()
+            where = (*lead, slice(i * br, (i + 1) * br), slice(j * bc, (j + 1) * bc))
+            part = view[where]
+            amax = part.abs().max()
+            want = amax / FP8_MAX[gg.e4m3] if amax > 0 else torch.tensor(1.0)
+            assert scale[tuple(index.tolist())] == want
+            assert torch.equal(q[where], (part / want).clamp(-448, 448).to(torch.float8_e4m3fn))
+
+
 def test_quantize_blockwise_round_trips_within_fp8_precision():
     gen = _gen()
     x = torch.randn(3, 200, 300, generator=gen) * torch.rand(3, 200, 1, generator=gen) * 100
