@@ -106,8 +106,8 @@ class ArgumentBuilder:
             v[f"{prefix}.batch_stride"] = (p.n if kind == "row_reduction" else p.m) if p.l > 1 else 0
         for name, prefix, gran, gk, _ in self.block_scales:  # the scales' layout: extents and strides
             strides = p.operands[name].strides  # type: ignore[union-attr]
-            v.update({f"{prefix}.blocks": -(-(p.m if name == "scale_a" else p.n) // gran),
-                      f"{prefix}.k_blocks": -(-p.k // gk), f"{prefix}.l": p.l,
+            blocks, k_blocks = _scale_blocks(p, name, gran, gk)
+            v.update({f"{prefix}.blocks": blocks, f"{prefix}.k_blocks": k_blocks, f"{prefix}.l": p.l,
                       f"{prefix}.k_stride": strides[1], f"{prefix}.batch_stride": strides[2]})
         v.update({"hw_info.device_id": p.device_id, "hw_info.sm_count": p.sm_count,
                   "hw_info.max_active_clusters": p.max_active_clusters})
@@ -152,8 +152,8 @@ class ArgumentBuilder:
             operand = name[-1]
             v[f"mainloop.ptr_sf{operand}"] = scale.ptr
             if template is not None:
-                blocks = -(-(p.m if operand == "a" else p.n) // gran)
-                v[f"mainloop.tma_sf{operand}"] = encode(template.operand(scale.ptr, blocks, -(-p.k // gk), p.l,
+                blocks, k_blocks = _scale_blocks(p, name, gran, gk)
+                v[f"mainloop.tma_sf{operand}"] = encode(template.operand(scale.ptr, blocks, k_blocks, p.l,
                                                                          scale.strides))
         for field, name in self.vectors:
             v[field] = p.operands[name].ptr  # type: ignore[union-attr]
@@ -169,6 +169,11 @@ class ArgumentBuilder:
         if template is None:
             return field, t.ptr.to_bytes(8, "little")
         return field, encode(template.matrix(t.ptr, p.m, p.n, p.l, t.strides))
+
+
+def _scale_blocks(p: Problem, name: str, gran: int, gran_k: int) -> tuple[int, int]:
+    """(blocks along the kernel's M or N, blocks along K) of block scale `name` in the kernel's terms."""
+    return -(-(p.m if name == "scale_a" else p.n) // gran), -(-p.k // gran_k)
 
 
 def _round(nbytes: int) -> int:

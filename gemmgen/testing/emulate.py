@@ -19,6 +19,7 @@ from typing import Protocol
 import torch
 
 from ..build import CompiledKernel
+from ..reference import expand_block_scale
 from ..runtime.arguments import ParamsLayout
 from ..runtime.grouped import SETUP
 from ..runtime.tma import EncodeArgs
@@ -161,8 +162,7 @@ def _block_scales(view: _ParamsBytes, operand: str, gran: int, gran_k: int, shap
                 mapped.stride()[:2] != (field["batch_stride"], 1) or mapped.stride(2) != field["k_stride"]:
             raise AssertionError(f"scale_{operand}: its tensor map addresses {tuple(mapped.shape)} at "
                                  f"{mapped.data_ptr():#x} strides {mapped.stride()}, its pointer and layout {field}")
-    full = scales.transpose(1, 2).repeat_interleave(gran, dim=1).repeat_interleave(gran_k, dim=2)
-    return full[:, :mn, :k]
+    return expand_block_scale(scales.transpose(1, 2), gran, gran_k, (mn, k))
 
 
 def emulate_grouped(compiled: CompiledKernel, setup: bytes, params: bytes, encoder: MapReader,

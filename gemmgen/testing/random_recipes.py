@@ -18,8 +18,7 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
     of the two per recipe), A/B/D types (fp8 A and B a third of the time, half of those with block
     scales of a random granularity) and layouts, batched or not. Divisions and exponentials take
     bounded arguments, so that fp32 stays far from overflow. Raises RecipeError for the draws the
-    DSL refuses (an output that folds to a constant, a reduction over M with block scales); draw
-    again."""
+    DSL refuses (an output that folds to a constant); draw again."""
     decls: dict[str, object] = {}
     for i in range(rng.randint(0, 4)):
         kind = rng.choice(["scalar", "constant", "row", "col", "matrix"])
