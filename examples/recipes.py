@@ -112,3 +112,17 @@ moe_up = gg.Recipe(
     grouped=True,
     operands={"bias": gg.RowVector(gg.bf16), "weight": gg.ColVector(gg.f32)},
 )
+
+
+# DeepSeek-V3's fp8 experts in one grouped kernel: e4m3 tokens sorted by expert, each with one fp32
+# scale per 128 values of K (scale_a: rows x K/128), e4m3 expert weights with one scale per 128 x 128
+# block (scale_b: G x K/128 x N/128), both K-major; D = (A_g @ B_g, block-scaled) * routing weight,
+# as the experts' down projection ends
+moe_fp8_block = gg.Recipe(
+    "moe_fp8_block",
+    lambda acc, weight: acc * weight,
+    a=gg.e4m3, b=gg.e4m3, d=gg.bf16,
+    grouped=True,
+    block_scale=gg.DEEPSEEK_BLOCK_SCALE,
+    operands={"weight": gg.ColVector(gg.f32)},
+)

@@ -249,7 +249,10 @@ SCALE_TMA_THRESHOLD = 32
 
 def scale_tma(cfg: KernelConfig, recipe: RecipeIR) -> tuple[bool, bool]:
     """Whether the kernel loads A's and B's block scales with TMA (IsTmaLoadSFA/SFB; both are
-    M/N-major in gemmgen's kernels)."""
+    M/N-major in gemmgen's one-GEMM kernels). A grouped kernel's main loop reads them with cp.async
+    only, as each group's scales start at its own first row."""
+    if recipe.gemm.grouped:
+        return False, False
     ms, ns = scales_per_tile(cfg, recipe)
     t = SCALE_TMA_THRESHOLD
     return ms >= t and ns < t, ns >= t and ms < t

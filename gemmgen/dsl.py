@@ -444,9 +444,10 @@ def _check_block_scale(value: Any, fp8: bool, grouped: bool) -> tuple[int, int, 
                           "once per K tile, and an fp8 K tile is 128)")
     if not fp8:
         raise RecipeError("block_scale: block scaling is for fp8 A and B (e4m3/e5m2); bf16/f16 need no scales")
-    if grouped:
-        raise RecipeError("block_scale: grouped GEMMs with block scales are not supported yet; scale each "
-                          "group's rows in the epilogue (a column vector) or call one GEMM per group")
+    if grouped and m != 1:
+        raise RecipeError(f"block_scale: M granularity {m} in a grouped GEMM: its groups start at any row of A, so "
+                          "its activations' scales must be per row (M granularity 1, as DeepSeek-V3's "
+                          "(1, 128, 128)); quantize the tokens per row and 128 values of K")
     return (m, n, k)
 
 
@@ -497,7 +498,8 @@ class Recipe:
         block_scale: (M, N, K) granularity of fp8 block scaling, e.g. (1, 128, 128) as DeepSeek-V3
             (gg.DEEPSEEK_BLOCK_SCALE): the call then takes `scale_a`, fp32 (ceil(M/M_g), ceil(K/128)),
             and `scale_b`, fp32 (ceil(K/128), ceil(N/N_g)), first among its operands, and
-            acc = sum over K blocks of (A_kb @ B_kb) * scale_a * scale_b.
+            acc = sum over K blocks of (A_kb @ B_kb) * scale_a * scale_b. Grouped: M_g is 1,
+            `scale_a` is (T, ceil(K/128)) and `scale_b` (G, ceil(K/128), ceil(N/N_g)), both K-major.
         config: the default KernelConfig for this recipe.
     """
 

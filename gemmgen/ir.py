@@ -145,7 +145,8 @@ class GemmSpec:
     A's values are scaled by one fp32 per `M` rows and `K` columns, B's by one per `K` rows and `N`
     columns, and the main loop adds each K block's partial product into the fp32 accumulator times
     its two scales (CUTLASS's blockwise fp8 main loop): acc = sum over K blocks of (A_kb @ B_kb) *
-    scale_a * scale_b. The scales are the call's first operands (`RecipeIR.operands`).
+    scale_a * scale_b. The scales are the call's first operands (`RecipeIR.operands`). A grouped
+    GEMM's are per row of A (M granularity 1) and per group's B, both K-major (`scale_layouts`).
     """
 
     a: DType
@@ -163,6 +164,15 @@ class GemmSpec:
     def fp8(self) -> bool:
         """A and B are fp8: CUTLASS's fp8 mainloop (partial sums promoted into fp32), QGMMA."""
         return self.a.bits == 8
+
+    @property
+    def scale_layouts(self) -> tuple[Layout, Layout]:
+        """The memory order the kernel reads the block scales in: `scale_a` (M blocks x K blocks)
+        and `scale_b` (K blocks x N blocks, per group when grouped). M/N-major for one GEMM, where
+        CUTLASS may load them with TMA; K-major for a grouped one, whose main loop reads each
+        group's scales as a compact K-major block from the group's first row (a slice of the
+        caller's tensor only in that order)."""
+        return (Layout.ROW, Layout.COL) if self.grouped else (Layout.COL, Layout.ROW)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,11 @@
     b_q, scale_b = gg.quantize_blockwise(w.t(), (128, 128), scale_layout=gg.RowMajor)  # B: K x N
     d = kernel(a_q, b_q, scale_a, scale_b)
 
+A grouped kernel reads both K-major and unpadded (`GemmSpec.scale_layouts`):
+
+    x_q, scale_a = gg.quantize_blockwise(x, (1, 128), compact=True)                   # tokens: T x K
+    w_q, scale_b = gg.quantize_blockwise(w.mT, (128, 128), scale_layout=gg.ColMajor, compact=True)  # G x K x N
+
 Each block's scale is its largest magnitude over the fp8 type's largest value, so the block's values
 span the fp8 range; x is approximately q * scale, block by block.
 """
@@ -22,10 +27,12 @@ if TYPE_CHECKING:
 
 
 def quantize_blockwise(x: torch.Tensor, block: tuple[int, int], dtype: DType | str = DType.E4M3,
-                       scale_layout: Layout | str = Layout.ROW) -> tuple[torch.Tensor, torch.Tensor]:
+                       scale_layout: Layout | str = Layout.ROW, compact: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, scale) for `x` (..., R, C): q in `dtype` with x's shape and memory order, scale fp32
     (..., ceil(R / block[0]), ceil(C / block[1])) in `scale_layout`, its leading dimension padded to
-    16 bytes (TMA). An all-zero block gets scale 1."""
+    16 bytes (TMA), or not with `compact` (as grouped kernels read scales). An all-zero block gets
+    scale 1."""
     import torch
 
     from .reference import FP8_MAX, round_to
@@ -50,30 +57,33 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int], dtype: DType | s
     scaled = (blocks / scale[..., :, None, :, None]).flatten(-2).flatten(-3, -2)[..., :rows, :cols]
     q = torch.empty_like(x, dtype=dt.torch)
     q.copy_(round_to(scaled, dt))
-    return q, _in_layout(scale, layout)
+    return q, _in_layout(scale, layout, 1 if compact else 4)
 
 
-def _in_layout(scale: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """`scale` copied into `layout`, the contiguous dimension's stride rounded up to 4 (16 bytes)."""
+def _in_layout(scale: torch.Tensor, layout: Layout, pad_to: int = 4) -> torch.Tensor:
+    """`scale` copied into `layout`, the contiguous dimension's stride rounded up to `pad_to`
+    elements (4: 16 bytes, for TMA)."""
     rows, cols = scale.shape[-2], scale.shape[-1]
     if layout is Layout.ROW:
-        buf = scale.new_empty(*scale.shape[:-1], -(-cols // 4) * 4)[..., :cols]
+        buf = scale.new_empty(*scale.shape[:-1], -(-cols // pad_to) * pad_to)[..., :cols]
     else:
-        buf = scale.new_empty(*scale.shape[:-2], cols, -(-rows // 4) * 4)[..., :rows].transpose(-1, -2)
+        buf = scale.new_empty(*scale.shape[:-2], cols, -(-rows // pad_to) * pad_to)[..., :rows].transpose(-1, -2)
     return buf.copy_(scale)
 
 
 def random_block_scale(kind: OperandKind, gemm: GemmSpec, m: int, n: int, k: int, lead: tuple[int, ...] = (),
                        device: torch.device | str = "cpu") -> torch.Tensor:
     """Random scales between 0.5 and 2 for a block-scaled GEMM's `scale_a` or `scale_b`, in the
-    shape and layout its kernel reads (inputs for tests, tuning and benchmarks)."""
+    shape and layout its kernel reads (inputs for tests, tuning and benchmarks; a grouped GEMM's
+    `m` is its rows of A, and `lead` holds scale_b's groups)."""
     import torch
 
     assert gemm.block_scale is not None and kind.block_scale
     gm, gn, gk = gemm.block_scale
     k_blocks = -(-k // gk)
+    layout_a, layout_b = gemm.scale_layouts
     if kind is OperandKind.SCALE_A:
-        shape, layout = (-(-m // gm), k_blocks), Layout.COL
+        shape, layout = (-(-m // gm), k_blocks), layout_a
     else:
-        shape, layout = (k_blocks, -(-n // gn)), Layout.ROW
-    return _in_layout(torch.rand(*lead, *shape, device=device) * 1.5 + 0.5, layout)
+        shape, layout = (k_blocks, -(-n // gn)), layout_b
+    return _in_layout(torch.rand(*lead, *shape, device=device) * 1.5 + 0.5, layout, 1 if gemm.grouped else 4)

@@ -164,8 +164,8 @@ def group_bounds(offsets: list[int], rows: int) -> list[tuple[int, int]]:
 
 def _grouped_reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor | float],
                        offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Each group's rows through its own B and its own row vectors; rows after the last group's end
-    are not written by the kernel, and are NaN here."""
+    """Each group's rows through its own B and its own row vectors (and block scales: its rows' and
+    its B's); rows after the last group's end are not written by the kernel, and are NaN here."""
     ir = recipe.epilogue
     rows = a.shape[0]
     n = b.shape[-1]
@@ -174,8 +174,13 @@ def _grouped_reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, opera
     for g, (start, end) in enumerate(group_bounds(offsets.tolist(), rows)):
         if start == end:
             continue
-        acc = a[start:end].to(torch.float32) @ b[g].to(torch.float32)
+        scales = {}
+        if recipe.gemm.block_scale is not None:  # the group's rows' scales and its B's
+            scale_a, scale_b = operands["scale_a"], operands["scale_b"]
+            assert isinstance(scale_a, torch.Tensor) and isinstance(scale_b, torch.Tensor)
+            scales = {"scale_a": scale_a[start:end], "scale_b": scale_b[g]}
+        acc = accumulate(recipe.gemm, a[start:end], b[g], scales)
         ops = {k: v if not isinstance(v, torch.Tensor) or kinds[k] == "scalar" else
-               v[g] if kinds[k] == "row" else v[start:end] for k, v in operands.items()}
+               v[g] if kinds[k] == "row" else v[start:end] for k, v in operands.items() if k in kinds}
         d[start:end] = evaluate_epilogue(ir, acc, ops, round_outputs=False)[0]
     return (round_to(d, ir.outputs[0].dtype),)

@@ -23,6 +23,11 @@ The grouped (MoE) expert GEMM with a per-expert bias, SiLU and each token's rout
 (`moe_up`) against `torch._grouped_mm` (torch's grouped GEMM, with the same offsets) followed by the
 same epilogue in torch, and `torch._grouped_mm` alone.
 
+The grouped fp8 experts with DeepSeek-V3's block scales and the routing weight (`moe_fp8_block`)
+against the same layer in bf16 (`torch._grouped_mm` on the dequantized values, what fp8 replaces)
+and `torch._scaled_grouped_mm` with rowwise scales (no torch op takes block scales in a grouped
+GEMM: a coarser recipe of similar cost); "vs bf16" divides the first by gemmgen's time.
+
 Buffers rotate through more than L2; each number is the median over CUDA-graph replays timed with
 CUDA events (device time only). "vs best" divides the fastest torch way to compute the same
 layer (the first three) by gemmgen's time. Each shape runs under the config the runtime picks for
@@ -211,6 +216,69 @@ def _grouped_table(recipe, shapes, reps: int) -> None:
         torch.cuda.empty_cache()
 
 
+def _block_grouped_sets(groups: int, rows: int, n: int, k: int) -> list[tuple]:
+    """moe_fp8_block's inputs (tokens spread evenly, quantized as grouped kernels read them), each
+    set with the same layer dequantized to bf16 and rowwise-scaled fp8 inputs for torch's baselines:
+    (a, b, offsets, scale_a, scale_b, weight, a16, b16, row scales of a, of b, out)."""
+    from gemmgen.quantize import quantize_blockwise
+
+    per_set = rows * k + groups * k * n + rows * n * 2
+    sets = []
+    for _ in range(max(2, -(-L2_BYTES // per_set) + 1)):
+        a, scale_a = quantize_blockwise(torch.randn(rows, k, device="cuda"), (1, 128), compact=True)
+        b, scale_b = quantize_blockwise(torch.randn(groups, n, k, device="cuda").mT, (128, 128), scale_layout="col",
+                                        compact=True)
+        offsets = torch.linspace(rows / groups, rows, groups, device="cuda").round().int()
+        weight = torch.rand(rows, device="cuda")
+        a16 = (a.float() * scale_a.repeat_interleave(128, 1)[:, :k]).bfloat16()
+        b16 = (b.float() * scale_b.repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :k, :n]).bfloat16()
+        rows_a, rows_b = torch.rand(rows, device="cuda") + 0.5, torch.rand(groups, n, device="cuda") + 0.5
+        sets.append((a, b, offsets, scale_a, scale_b, weight, a16, b16, rows_a, rows_b,
+                     torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)))
+    return sets
+
+
+def _bf16_grouped_mm(a, b, offsets, scale_a, scale_b, weight, a16, b16, rows_a, rows_b) -> torch.Tensor:
+    return torch._grouped_mm(a16, b16, offs=offsets) * weight[:, None]
+
+
+def _scaled_grouped_mm_rowwise(a, b, offsets, scale_a, scale_b, weight, a16, b16, rows_a, rows_b) -> torch.Tensor:
+    return torch._scaled_grouped_mm(a, b, rows_a, rows_b, offs=offsets, out_dtype=torch.bfloat16) * weight[:, None]
+
+
+#: No torch op takes block scales in a grouped GEMM: the layer in bf16 (what fp8 replaces), and
+#: torch's fp8 grouped GEMM with coarser rowwise scales (a different recipe of similar cost).
+BLOCK_GROUPED_BASELINES = {"bf16 _grouped_mm * weight": _bf16_grouped_mm,
+                           "_scaled_grouped_mm rowwise * weight": _scaled_grouped_mm_rowwise}
+
+
+def _block_grouped_table(recipe, shapes, reps: int) -> None:
+    """moe_fp8_block under its GPU-matrix configs, each checked against the dequantized layer first."""
+    from gemmgen.tuning import device_ms
+    from tests.data.gpu_matrix import BLOCK_GROUPED_CONFIGS
+
+    names = list(BLOCK_GROUPED_BASELINES)
+    print(f"| G x rows x N x K | config | gemmgen ms | {' ms | '.join(names)} ms | gemmgen TFLOP/s | vs bf16 |")
+    print("|---" * (5 + len(names)) + "|")
+    for groups, rows, n, k in shapes:
+        sets = _block_grouped_sets(groups, rows, n, k)
+        theirs = {name: _timed(fn, sets, reps) for name, fn in BLOCK_GROUPED_BASELINES.items()}
+        bf16 = theirs[names[0]]
+        for config in BLOCK_GROUPED_CONFIGS:
+            kernel = recipe.compile(config)
+            a, b, offsets, scale_a, scale_b, weight, a16, b16, *_ = sets[0]
+            got = kernel(a, b, offsets, scale_a, scale_b, weight).float()
+            want = torch.bmm(a16.float().reshape(groups, rows // groups, k), b16.float()).reshape(rows, n) * \
+                weight[:, None]
+            torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
+            ours = device_ms([functools.partial(kernel, *inputs[:6], out=out) for *inputs, out in sets], reps)
+            vs = f"{bf16 / ours:.2f}x" if bf16 else "n/a"
+            print(f"| {groups}x{rows}x{n}x{k} | {config.name} | {ours:.3f} | {' | '.join(map(_ms, theirs.values()))} "
+                  f"| {2 * rows * n * k / ours / 1e9:.0f} | {vs} |", flush=True)
+        del sets
+        torch.cuda.empty_cache()
+
+
 def _timed(fn, sets, reps: int) -> float | None:
     """device_ms of `fn` over the buffer sets (each ends with its output); None where torch refuses."""
     from gemmgen.tuning import device_ms
@@ -321,6 +389,8 @@ def main() -> int:
     _stats_table(recipes["residual_norm_stats"], STATS_BENCH_SHAPES, args.reps)
     print("# moe_up (grouped bf16: per-expert bias, SiLU, routing weight; tokens spread evenly)")
     _grouped_table(recipes["moe_up"], GROUPED_BENCH_SHAPES, args.reps)
+    print("# moe_fp8_block (grouped e4m3 -> bf16, DeepSeek-V3 block scales, routing weight; tokens spread evenly)")
+    _block_grouped_table(recipes["moe_fp8_block"], GROUPED_BENCH_SHAPES, args.reps)
     return 0
 
 

@@ -43,7 +43,8 @@ def _gen() -> torch.Generator:
     ({"block_scale": (1, 256, 128)}, r"block_scale: N granularity 256 must be a power of two from 1 to 128"),
     ({"block_scale": (1, 128, 64)}, r"block_scale: K granularity 64 must be 128"),
     ({"block_scale": DEEPSEEK, "a": gg.bf16, "b": gg.bf16}, r"block_scale: block scaling is for fp8 A and B"),
-    ({"block_scale": DEEPSEEK, "grouped": True}, r"block_scale: grouped GEMMs with block scales are not supported"),
+    ({"block_scale": (4, 128, 128), "grouped": True}, r"block_scale: M granularity 4 in a grouped GEMM: its groups "
+                                                      r"start at any row of A"),
     ({"block_scale": DEEPSEEK, "epilogue": lambda acc, scale_a: acc * scale_a,
       "operands": {"scale_a": gg.ColVector(gg.f32)}},
      r"operand 'scale_a': a block-scaled recipe's call takes scale_a and scale_b"),

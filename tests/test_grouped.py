@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from gemmgen.runtime.grouped import SETUP, BufferLayout, GroupedKernel
 from gemmgen.testing.emulate import emulate_grouped, fill_groups
 from gemmgen.testing.recording import RecordingEncoder
 
-from .data.gpu_matrix import GROUPED_CONFIGS, moe_fp8_recipe
+from .data.gpu_matrix import BLOCK_GROUPED_CONFIGS, GROUPED_CONFIGS, moe_fp8_recipe
 
 MOE = dict(epilogue=lambda acc, bias, weight: gg.silu(acc + bias) * weight,
            operands={"bias": gg.RowVector(gg.bf16), "weight": gg.ColVector(gg.f32)})
@@ -640,3 +641,297 @@ def test_grouped_linear_on_gpu():
     y.float().sum().backward()
     assert x.grad is not None and layer.weight.grad is not None and layer.bias is not None
     assert layer.bias.grad is not None and x.grad.abs().max() > 0
+
+
+# ---- fp8 block-scaled experts (DeepSeek-V3)
+
+
+def _block_inputs(rows=37, k=304, n=136, groups=4, offsets=(5, 5, 20, 30), gen=None):
+    """moe_fp8_block's: tokens and expert weights quantized as DeepSeek-V3 does (per token and 128 of
+    K; per 128 x 128 block), scales K-major and unpadded as grouped kernels read them, and routing
+    weights. Also the unquantized tokens and weights (float32)."""
+    gen = gen or _gen()
+    x = torch.randn(rows, k, generator=gen) * (torch.rand(rows, 1, generator=gen) * 4 + 0.1)
+    w = torch.randn(groups, n, k, generator=gen) * (torch.rand(groups, 1, 1, generator=gen) + 0.1)
+    a, scale_a = gg.quantize_blockwise(x, (1, 128), compact=True)
+    b, scale_b = gg.quantize_blockwise(w.mT, (128, 128), scale_layout=gg.ColMajor, compact=True)
+    ops = {"scale_a": scale_a, "scale_b": scale_b, "weight": torch.rand(rows, generator=gen) + 0.5}
+    return a, b, torch.tensor(offsets, dtype=torch.int32), ops, x, w
+
+
+def _gen() -> torch.Generator:
+    seed = int.from_bytes(os.urandom(4), "little")  # fresh inputs each run
+    print(f"seed {seed}")
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(scope="module")
+def block_kernel(session_cache, examples):
+    """The example moe_fp8_block (compiled with the examples; from the bundle on the GPU)."""
+    return examples["moe_fp8_block"].build(cache=session_cache)
+
+
+def test_block_scaled_reference_is_each_groups_scaled_k_blocks(examples):
+    """Group g's rows: the sum over K blocks of (A_g,kb @ B_g,kb) times each row's scale of that K
+    block and each 128 x 128 block's scale of B_g, in float64 by explicit loops; the K tail's block
+    partial; rows in no group NaN."""
+    r = examples["moe_fp8_block"]
+    a, b, offsets, ops, _, _ = _block_inputs()
+    d = r.reference(a, b, offsets, **ops).double()
+    sa, sb = ops["scale_a"].double(), ops["scale_b"].double()
+    for g, (start, end) in enumerate(group_bounds(offsets.tolist(), 37)):
+        want = torch.zeros(end - start, 136, dtype=torch.float64)
+        for kb in range(3):  # K = 304: blocks of 128, 128 and 48
+            ks = slice(128 * kb, 128 * (kb + 1))
+            for nb in range(2):  # N = 136: 128 and 8
+                ns = slice(128 * nb, 128 * (nb + 1))
+                part = a[start:end, ks].double() @ b[g, ks, ns].double()
+                want[:, ns] += part * sa[start:end, kb, None] * sb[g, kb, nb]
+        want *= ops["weight"][start:end, None].double()
+        assert want.abs().sum() > 0 or start == end
+        torch.testing.assert_close(d[start:end], want, rtol=1.6e-2, atol=1e-2)
+    assert d[30:].isnan().all()
+    with pytest.raises(RecipeError, match=r"block_scale: M granularity 128 in a grouped GEMM"):
+        gg.Recipe("g", a=gg.e4m3, b=gg.e4m3, grouped=True, block_scale=(128, 128, 128))
+
+
+def test_block_scaled_groups_are_hopper_code(block_kernel):
+    """CUTLASS's grouped blockwise main loop with K-major scales: QGMMA, TMA for A and B (the scales
+    by cp.async), no spills, and gemmgen's shared memory bound."""
+    src, r = block_kernel.source, block_kernel.report
+    assert "MainloopSm90ArrayTmaGmmaWarpSpecializedBlockwise<" in src
+    assert "KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise" in src
+    assert "Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K, cute::GMMA::Major::K>" in src
+    assert r.sass["QGMMA"] > 0 and r.sass["HGMMA"] == 0 and r.sass["UTMALDG"] == 2
+    assert r.local_bytes == 0 and r.stack_bytes == 0
+    assert 0 <= gg.config.smem_need(block_kernel.config, block_kernel.recipe.ir) - block_kernel.info.smem_bytes <= 1024
+
+
+def test_grouped_blockwise_main_loop_reads_no_scale_layouts():
+    """gemmgen passes null for layout_SFA/SFB (param_fields): CUTLASS's grouped blockwise main loop
+    lays out each group's scales from its shape. Should a CUTLASS update read them on the device,
+    this fails first: they may appear only in its Arguments, Params and their copy."""
+    from gemmgen.compile.toolchain import toolchain
+
+    header = next(d / "cutlass/gemm/collective/sm90_mma_array_tma_gmma_ss_warpspecialized_fp8_blockwise_scaling.hpp"
+                  for d in map(Path, toolchain().include_dirs) if (d / "cutlass").is_dir())
+    uses = [line.strip() for line in header.read_text().splitlines() if "layout_SF" in line]
+    assert uses == ["LayoutSFA layout_SFA;", "LayoutSFB layout_SFB;"] * 2 + ["args.layout_SFA,", "args.layout_SFB"]
+
+
+def test_block_scales_of_groups_are_checked(block_kernel):
+    k = _cpu(block_kernel)
+    a, b, offsets, ops, _, _ = _block_inputs()
+    p = k.prepare(a, b, offsets, **ops)
+    fields = SETUP.unpack(p.setup)
+    assert fields[7] == 9  # A, B, their scales, D and weight; the strides of A, B and D
+    _, table = _filled(p.setup, offsets.tolist())
+    for g, (start, _end) in enumerate(group_bounds(offsets.tolist(), 37)):
+        assert table[g][2:4] == [ops["scale_a"][start].data_ptr(), ops["scale_b"][g].data_ptr()]
+    with pytest.raises(InvalidArgument, match=r"scale_a: missing operand; pass scale_a=\.\.\. \(fp32 \(rows, "
+                                              r"ceil\(K/128\)\), K contiguous"):
+        k.prepare(a, b, offsets, scale_b=ops["scale_b"], weight=ops["weight"])
+    with pytest.raises(InvalidArgument, match=r"scale_b: expected shape \(4, 3, 2\)"):
+        k.prepare(a, b, offsets, **{**ops, "scale_b": ops["scale_b"][:, :, :1]})
+    padded = gg.quantize_blockwise(a.float(), (1, 128))[1]  # rows 4 apart (16 bytes): not compact
+    with pytest.raises(gg.LayoutMismatch, match=r"scale_a: a grouped kernel reads each group's block scales as a "
+                                                r"compact K-major block .* got strides \(4, 1\); pass "
+                                                r"scale_a.contiguous\(\)"):
+        k.prepare(a, b, offsets, **{**ops, "scale_a": padded})
+    with pytest.raises(gg.LayoutMismatch, match=r"scale_b: .* pass scale_b.mT.contiguous\(\).mT"):
+        k.prepare(a, b, offsets, **{**ops, "scale_b": ops["scale_b"].contiguous()})
+    odd = torch.empty(2 + 37 * 3)[2:].view(37, 3).copy_(ops["scale_a"])  # 8-byte offset: fine for 4-byte loads
+    assert k.prepare(a, b, offsets, **{**ops, "scale_a": odd}).params is not None
+
+
+@pytest.mark.parametrize("shape, offsets", [
+    ((37, 304, 136, 4), (5, 5, 20, 30)),  # an empty group, rows after the last; K and N tails
+    ((37, 304, 136, 4), (40, 3, 50, 60)),  # out of range and decreasing: clamped
+    ((300, 528, 264, 3), (1, 129, 300)),  # M = 1, groups over several tiles
+])
+def test_emulated_block_scaled_groups_compute_the_recipe(block_kernel, shape, offsets):
+    """Both kernels emulated from the Params (the group arrays as the setup kernel fills them; per
+    group A, B and both scales through their pointer arrays, laid out as CUTLASS's main loop lays
+    them out from the group's shape), against the reference; rows in no group stay NaN. And the
+    result against the unquantized layer: within fp8's precision."""
+    rows, k, n, groups = shape
+    a, b, offs, ops, x, w = _block_inputs(rows, k, n, groups, offsets)
+    enc = RecordingEncoder()
+    kernel = GroupedKernel(block_kernel, encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
+    out = torch.full((rows, n), float("nan")).bfloat16()
+    p = kernel.prepare(a, b, offs, **ops, out=out)
+    assert p.setup is not None and p.params is not None and p.buffer is not None
+    emulate_grouped(block_kernel, p.setup, p.params, enc, [a, b, offs, *ops.values(), out, p.buffer])
+    want = block_kernel.recipe.reference(a, b, offs, **ops).float()
+    assert want.nan_to_num().abs().sum() > 0
+    torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+    for g, (start, end) in enumerate(group_bounds(list(offsets), rows)):
+        if start < end:
+            exact = (x[start:end].double() @ w[g].double().T) * ops["weight"][start:end, None].double()
+            assert (out[start:end].double() - exact).norm() / exact.norm() < 0.06  # e4m3: 3 mantissa bits
+
+
+@pytest.mark.oracle
+def test_block_scaled_arguments_match_cutlass(block_kernel, tmp_path):
+    """Every Params field and tensor map against CUTLASS's host code given the same arrays."""
+    from gemmgen.testing.oracle import OracleProgram
+
+    k = _cpu(block_kernel, 114, 0)
+    enc = k._encode
+    a, b, offsets, ops, _, _ = _block_inputs(1000, 272, 136, 8, range(100, 900, 100))
+    p = k.prepare(a, b, offsets, **ops)
+    layout = {f.name: (offset, f) for f, offset, _ in block_kernel.params_layout.fields}
+
+    def field(name):
+        offset, f = layout[name]
+        return int.from_bytes(p.params[offset:offset + f.size], "little", signed=f.kind in ("i32", "i64")) \
+            & (2**64 - 1)
+
+    oracle = OracleProgram(block_kernel.generated, tmp_path)
+    values = {"groups": 8, "shapes": field("problem.shapes"), "workspace": field("workspace"),
+              "a.array": field("mainloop.ptr_a"), "a.strides": field("mainloop.stride_a"),
+              "b.array": field("mainloop.ptr_b"), "b.strides": field("mainloop.stride_b"),
+              "sfa.array": field("mainloop.ptr_sfa"), "sfa.layouts": 0,
+              "sfb.array": field("mainloop.ptr_sfb"), "sfb.layouts": 0,
+              "d.array": field("epilogue.ptr_d"), "d.strides": field("epilogue.stride_d"),
+              "operand.weight.ptr": field("epilogue.col.weight.ptr"),
+              "hw.device_id": 0, "hw.sm_count": 114, "hw.max_active_clusters": 0}
+    expected = oracle.run_argv(oracle.grouped_argv(values))
+    assert expected.can_implement
+    assert {c.addr: c.as_dict() for c in enc.calls} == \
+        {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
+    for f, _, _ in block_kernel.params_layout.fields:
+        if f.kind != "desc":
+            assert field(f.name) == expected.fields[f.name]["bits"], f.name
+    assert "mainloop.mma_promotion_interval" not in layout  # the blockwise main loop promotes per K tile
+    assert list(p.grid) == expected.launch["grid"]
+    assert expected.launch["smem"] == block_kernel.info.smem_bytes
+
+
+def test_block_scaled_op_realigns_scales_and_refuses_their_gradients(examples):
+    """The op (CPU: the reference) copies scales in any layout into the one the kernel reads, traces
+    with fake tensors, and differentiates the routing weights through the dequantized accumulator."""
+    r = examples["moe_fp8_block"]
+    op = gg.op(r)
+    a, b, offsets, ops, _, _ = _block_inputs(offsets=(5, 5, 20, 37))
+    want = r.reference(a, b, offsets, **ops)
+    other = {**ops, "scale_a": ops["scale_a"].mT.contiguous().mT, "scale_b": ops["scale_b"].contiguous()}
+    torch.testing.assert_close(op(a, b, offsets, *other.values()), want)
+    # all but test_schema, whose check for mutated inputs cannot compare fp8 tensors on the CPU
+    torch.library.opcheck(op.default, (a, b, offsets, *ops.values()),
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    weight = ops["weight"].clone().requires_grad_(True)
+    grad = torch.randn(37, 136)
+    op(a, b, offsets, ops["scale_a"], ops["scale_b"], weight).float().backward(grad)
+    acc = r.reference(a, b, offsets, **{**ops, "weight": torch.ones(37)}).double()
+    want = (acc * grad.double()).sum(1)  # within 1% in norm, as _assert_gradients: the op recomputes in bf16
+    assert weight.grad is not None and (weight.grad.double() - want).norm() / want.norm() < 1e-2
+    with pytest.raises(InvalidArgument, match="scale_a: gemmgen has no gradient for block scales"):
+        op(a, b, offsets, ops["scale_a"].requires_grad_(True), ops["scale_b"], ops["weight"]).sum().backward()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("index", range(len(BLOCK_GROUPED_CONFIGS)), ids=[c.name for c in BLOCK_GROUPED_CONFIGS])
+@pytest.mark.parametrize("shape, offsets", [
+    ((37, 304, 136, 4), (5, 5, 20, 30)),  # an empty group, rows after the last; K and N tails
+    ((1000, 528, 264, 8), (90, 90, 333, 334, 600, 700, 999, 1000)),  # tiles per group, M = 1
+], ids=["gaps", "large"])
+def test_block_scaled_groups_on_gpu(examples, index, shape, offsets):
+    """moe_fp8_block on the GPU against the reference (fp32 on the CPU), output pre-filled with NaN,
+    then a CUDA graph of the call replayed after the offsets changed on the GPU."""
+    recipe = examples["moe_fp8_block"]
+    kernel = recipe.compile(BLOCK_GROUPED_CONFIGS[index])
+    rows, k, n, groups = shape
+    a, b, offs, ops, _, _ = _block_inputs(rows, k, n, groups, offsets)
+    a, b, offs = a.cuda(), b.cuda(), offs.cuda()
+    ops = {name: v.cuda() for name, v in ops.items()}
+    want = recipe.reference(a, b, offs, **ops).float()
+    assert want.nan_to_num().abs().sum() > 0
+    out = torch.full((rows, n), float("nan"), device="cuda").bfloat16()
+    kernel(a, b, offs, **ops, out=out)
+    torch.testing.assert_close(out.float().cpu(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+    graph = torch.cuda.CUDAGraph()
+    again = torch.full_like(out, float("nan"))
+    with torch.cuda.graph(graph):
+        kernel(a, b, offs, **ops, out=again)
+    new = sorted(torch.randint(0, rows + 1, (groups,)).tolist())
+    offs.copy_(torch.tensor(new, dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = recipe.reference(a, b, offs, **ops).float()
+    torch.testing.assert_close(again[:new[-1]].float().cpu(), want[:new[-1]], rtol=1.6e-2, atol=1e-2,
+                               msg=f"replay with offsets {new}")
+
+
+@pytest.mark.parametrize("activation, bias", [("silu", True), (None, False)])
+def test_block_scaled_grouped_linear_is_the_quantized_experts(activation, bias):
+    """fp8 experts (CPU: the op's reference) against the quantized math in float64 (tokens quantized
+    per row and 128 features, each expert's weight per 128 x 128 block), and within fp8's precision
+    of the bf16 experts' Linears; from_quantized and pickling give the same layer."""
+    gen = _gen()
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    linears = [torch.nn.Linear(272, 136, bias=bias).bfloat16() for _ in range(3)]
+    layer = gg.nn.BlockScaledGroupedLinear.from_linears(linears, activation=activation)
+    assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight_scale.shape == (3, 2, 3)
+    x = torch.randn(50, 272, generator=gen).bfloat16()
+    offsets = torch.tensor([9, 9, 44], dtype=torch.int32)
+    y = layer(x, offsets)
+    assert y.shape == (50, 136) and y.dtype == torch.bfloat16
+    xq, sx = gg.quantize_blockwise(x, (1, 128), compact=True)
+    act = {None: lambda t: t, "silu": torch.nn.functional.silu}[activation]
+    for e, (start, end) in enumerate(group_bounds(offsets.tolist(), 50)):
+        if start == end:
+            continue
+        xs = xq[start:end].double() * sx[start:end].double().repeat_interleave(128, 1)[:, :272]
+        ws = layer.weight[e].double() * layer.weight_scale[e].double().repeat_interleave(128, 0).repeat_interleave(
+            128, 1)[:136, :272]
+        acc = xs @ ws.T + (layer.bias[e].double() if layer.bias is not None else 0)
+        torch.testing.assert_close(y[start:end].double(), act(acc), rtol=1.6e-2, atol=1e-2)
+        unquantized = act(linears[e].double()(x[start:end].double()))
+        assert (y[start:end].double() - unquantized).norm() / unquantized.norm() < 0.06
+    again = gg.nn.BlockScaledGroupedLinear.from_quantized(layer.weight, layer.weight_scale, layer.bias, activation)
+    assert torch.equal(again(x, offsets)[:44], y[:44])
+    copied = copy.deepcopy(layer)
+    assert torch.equal(copied(x, offsets)[:44], y[:44])
+    assert gg.nn.model_launches(torch.nn.Sequential(layer), tokens=(1, 64)) == [layer.launches()]
+    assert layer.launches()[0].gemm.block_scale == gg.DEEPSEEK_BLOCK_SCALE
+
+
+def test_block_scaled_grouped_linear_mistakes_and_trace():
+    layer = gg.nn.BlockScaledGroupedLinear.from_linears([torch.nn.Linear(256, 128) for _ in range(2)])
+    x, offsets = torch.randn(20, 256), torch.tensor([7, 20], dtype=torch.int32)
+    explained = torch._dynamo.explain(lambda a, o: layer(a, o).relu())(x, offsets)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    with pytest.raises(InvalidArgument, match=r"input: expected \(tokens, 256\) rows sorted by expert"):
+        layer(x[None], offsets)
+    with pytest.raises(InvalidArgument, match=r"in_features 24 is not a multiple of 16"):
+        gg.nn.BlockScaledGroupedLinear.from_linears([torch.nn.Linear(24, 128)])
+    with pytest.raises(InvalidArgument, match=r"out_features 12 is not a multiple of 8"):
+        gg.nn.BlockScaledGroupedLinear.from_linears([torch.nn.Linear(256, 12)])
+    with pytest.raises(InvalidArgument, match=r"weight_scale: expected an fp32 tensor of shape \(2, 1, 2\)"):
+        gg.nn.BlockScaledGroupedLinear.from_quantized(layer.weight, layer.weight_scale[:, :, :1])
+    with pytest.raises(InvalidArgument, match=r"weight: expected torch.float8_e4m3fn"):
+        gg.nn.BlockScaledGroupedLinear.from_quantized(layer.weight.float(), layer.weight_scale)
+    assert "num_experts=2, in_features=256, out_features=128, bias=True" in repr(layer)
+
+
+@pytest.mark.gpu
+def test_block_scaled_grouped_linear_on_gpu():
+    """The fp8 experts on CUDA (the kernel) against the same layer on the CPU (the op's reference on
+    the same quantized values), eager and replayed in a CUDA graph."""
+    linears = [torch.nn.Linear(512, 256, dtype=torch.bfloat16) for _ in range(4)]
+    cpu = gg.nn.BlockScaledGroupedLinear.from_linears(linears, activation="silu")
+    layer = copy.deepcopy(cpu).cuda()
+    x = torch.randn(300, 512).bfloat16()
+    offsets = torch.tensor([40, 40, 200, 300], dtype=torch.int32)
+    want = cpu(x, offsets).float()
+    assert want.abs().sum() > 0
+    xc, oc = x.cuda(), offsets.cuda()
+    torch.testing.assert_close(layer(xc, oc).float().cpu(), want, rtol=1.6e-2, atol=1e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = layer(xc, oc)
+    xc.copy_(torch.randn(300, 512).bfloat16())
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y.float().cpu(), cpu(xc.cpu(), offsets).float(), rtol=1.6e-2, atol=1e-2)

@@ -177,7 +177,9 @@ def test_amax_output_through_the_op(gen):
     bias_ = bias.clone().requires_grad_()
     op(r)(a, b, bias_)[1].sum().backward()
     ref = bias.float().requires_grad_()
-    (a.float() @ b.float() + ref).abs().amax(dim=(1, 2)).sum().backward()
+    # the unfused bf16 model's gradient: its accumulator is the bf16 matmul (which the op recomputes),
+    # so where two entries of the fp32 product are within bf16 rounding, the max picks as it does
+    ((a @ b).float() + ref).abs().amax(dim=(1, 2)).sum().backward()
     assert ref.grad is not None and bias_.grad is not None and ref.grad.abs().max() > 0
     torch.testing.assert_close(bias_.grad.float(), ref.grad)
 

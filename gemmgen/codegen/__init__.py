@@ -10,7 +10,7 @@ import jinja2
 
 from .. import __version__
 from ..config import KernelConfig, Schedule, kernel_recipe, scales_per_tile, validate
-from ..ir import RecipeIR, content_key
+from ..ir import GemmSpec, RecipeIR, content_key
 from ..types import DType
 from .evt import EpilogueCode, build_epilogue
 from .params import ParamField, param_fields
@@ -91,7 +91,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         epilogue_schedule=config.schedule.epilogue(g.grouped), stage_count=stage_count,
         mainloop_stages=_mainloop_stages(config, recipe, stage_count),
         block_scale_decls=scale_decls, layout_pair_a=layout_pair_a, layout_pair_b=layout_pair_b,
-        stride_a=_stride_pair("A", g.block_scale is not None), stride_b=_stride_pair("B", g.block_scale is not None),
+        stride_a=_stride_pair("A", g), stride_b=_stride_pair("B", g),
         # a grouped kernel's strides are per-group arrays: its smem atoms come from the stride type
         stride_c="cute::remove_pointer_t<StrideC>" if g.grouped else "StrideC",
         stride_d="cute::remove_pointer_t<StrideD>" if g.grouped else "StrideD",
@@ -108,32 +108,39 @@ def _mainloop_policy(recipe: RecipeIR) -> str:
     a separate fp32 accumulator every few MMAs (Hopper's fp8 WGMMA accumulates with fewer bits),
     block-scaled fp8 the one that adds them once per K tile times the tile's scales; a grouped
     kernel's mainloop rewrites its tensor maps per group."""
-    if recipe.gemm.block_scale is not None:
-        return "cutlass::gemm::MainloopSm90TmaGmmaWarpSpecializedBlockwiseFP8"
     array = "Array" if recipe.gemm.grouped else ""
+    if recipe.gemm.block_scale is not None:
+        return f"cutlass::gemm::MainloopSm90{array}TmaGmmaWarpSpecializedBlockwise" + ("" if array else "FP8")
     return f"cutlass::gemm::MainloopSm90{array}TmaGmmaWarpSpecialized" + ("FP8" if recipe.gemm.fp8 else "")
 
 
 def _block_scale_types(recipe: RecipeIR) -> tuple[list[tuple[str, str]], tuple[str, str]]:
     """The scale layouts' declarations, and the main loop's (layout, scale layout) of A and B as the
-    blockwise builder takes them (each operand's layout alone without block scales). Scales of both
-    operands are M/N-major, as CUTLASS's sm90 examples use them."""
-    g = recipe.gemm.block_scale
+    blockwise builder takes them (each operand's layout alone without block scales). The scales'
+    majorness is `GemmSpec.scale_layouts`'; a grouped kernel names its scale layouts as pointers,
+    one per group, as its strides."""
+    gemm = recipe.gemm
+    g = gemm.block_scale
     if g is None:
         return [], ("LayoutA", "LayoutB")
-    decls = [("ScaleConfig", f"cutlass::detail::Sm90BlockwiseScaleConfig<{g[0]}, {g[1]}, {g[2]}>"),
+    config = f"{g[0]}, {g[1]}, {g[2]}"
+    if gemm.grouped:  # GemmSpec.scale_layouts: both K-major
+        config += ", cute::GMMA::Major::K, cute::GMMA::Major::K"
+    decls = [("ScaleConfig", f"cutlass::detail::Sm90BlockwiseScaleConfig<{config}>"),
              ("LayoutSFA", "decltype(ScaleConfig::deduce_layoutSFA())"),
              ("LayoutSFB", "decltype(ScaleConfig::deduce_layoutSFB())")]
-    return decls, ("cute::tuple<LayoutA, LayoutSFA>", "cute::tuple<LayoutB, LayoutSFB>")
+    per_group = " *" if gemm.grouped else ""
+    return decls, (f"cute::tuple<LayoutA, LayoutSFA{per_group}>", f"cute::tuple<LayoutB, LayoutSFB{per_group}>")
 
 
-def _stride_pair(operand: str, block_scaled: bool) -> str:
+def _stride_pair(operand: str, gemm: GemmSpec) -> str:
     """The main loop's stride type of A or B, paired with its scales' layout when block-scaled (as
     the blockwise builder maps GmemLayoutA/B)."""
     stride = f"cutlass::detail::TagToStride{operand}_t<Layout{operand}>"
-    if not block_scaled:
+    if gemm.block_scale is None:
         return stride
-    return f"cute::tuple<{stride}, cutlass::detail::TagToStride{operand}_t<LayoutSF{operand}>>"
+    per_group = " *" if gemm.grouped else ""
+    return f"cute::tuple<{stride}, cutlass::detail::TagToStride{operand}_t<LayoutSF{operand}{per_group}>>"
 
 
 def _mainloop_stages(config: KernelConfig, recipe: RecipeIR, stage_count: str) -> str:

@@ -76,15 +76,27 @@ def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[
     from ..reference import evaluate_epilogue
 
     a, b, offsets, *rest = inputs
-    if recipe.ir.gemm.fp8 and (needed[0] or needed[1]):
+    gemm = recipe.ir.gemm
+    if gemm.fp8 and (needed[0] or needed[1]):
         raise InvalidArgument(f"{'a' if needed[0] else 'b'}: gemmgen has no gradient for fp8 A or B (fp8 training "
                               "scales its gradients, which a plain derivative cannot know); detach them")
-    mm_dtype = torch.bfloat16 if recipe.ir.gemm.fp8 else a.dtype  # e4m3 and e5m2 values are exact in bf16
+    scales = [o.name for o, need in zip(recipe.operands, needed[3:], strict=True) if need and o.kind.block_scale]
+    if scales:
+        raise InvalidArgument(f"{scales[0]}: gemmgen has no gradient for block scales (they come from quantizing "
+                              "A and B, which is not differentiated either); detach them")
+    mm_dtype = torch.bfloat16 if gemm.fp8 else a.dtype  # e4m3 and e5m2 values are exact in bf16
     if a.is_cuda and mm_dtype != torch.bfloat16:
         raise InvalidArgument(f"a: gradients of a grouped recipe use torch._grouped_mm, which takes bf16 on the GPU, "
                               f"not {a.dtype}; declare the recipe with a=gg.bf16, b=gg.bf16, or detach the inputs")
     names = [o.name for o in recipe.operands]
     ops = dict(zip(names, rest, strict=True))
+    a_mm, b_mm = a.detach().to(mm_dtype), b.detach().to(mm_dtype)
+    if gemm.block_scale is not None:  # dequantized, as the unfused model would multiply them
+        from ..reference import expand_block_scale
+
+        _, gn, gk = gemm.block_scale
+        a_mm = (a.float() * expand_block_scale(ops.pop("scale_a"), 1, gk, a.shape)).to(mm_dtype)
+        b_mm = (b.float() * expand_block_scale(ops.pop("scale_b"), gk, gn, b.shape)).to(mm_dtype)
     rows, groups = a.shape[0], b.shape[0]
     if rows == 0 or groups == 0:
         return (torch.zeros_like(a) if needed[0] else None, torch.zeros_like(b) if needed[1] else None, None,
@@ -93,9 +105,10 @@ def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[
     ends, group, covered = row_groups(offsets, rows, groups)
     covered = covered.unsqueeze(1)
     with torch.enable_grad():
-        acc = torch._grouped_mm(a.detach().to(mm_dtype), b.detach().to(mm_dtype), offs=ends).float()
+        acc = torch._grouped_mm(a_mm, b_mm, offs=ends).float()
         acc = torch.where(covered, acc, 0.0).requires_grad_(True)  # rows in no group: not computed
-        leaves = {k: v.detach().float().requires_grad_(True) for (k, v), need in zip(ops.items(), needed[3:],
+        epilogue_needs = needed[3 + len(names) - len(ops):]  # the scales (never differentiated) come first
+        leaves = {k: v.detach().float().requires_grad_(True) for (k, v), need in zip(ops.items(), epilogue_needs,
                   strict=True) if need and isinstance(v, torch.Tensor)}
         per_row = operands_per_row(recipe.ir, {**ops, **leaves}, group)
         out = evaluate_epilogue(vectors_as_matrices(recipe.ir), acc, per_row, round_outputs=False)[0]
@@ -113,4 +126,4 @@ def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[
         if needed[1]:
             gb = torch._grouped_mm(a.t(), g_acc, offs=ends).to(b.dtype)
     grads = [None if g_leaf.get(k) is None else g_leaf[k].to(v.dtype) for k, v in ops.items()]
-    return (ga, gb, None, *grads)
+    return (ga, gb, None, *[None] * (len(rest) - len(ops)), *grads)

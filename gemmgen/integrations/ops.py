@@ -27,7 +27,7 @@ import torch
 from .. import tuning
 from ..errors import InvalidArgument, LayoutMismatch
 from ..runtime import driver
-from ..runtime.checks import check_call, check_problem_size, tma_readable
+from ..runtime.checks import check_call, check_problem_size, compact, tma_readable
 from ..runtime.kernel import allocate_output, put_bounded
 from ..types import Layout, OperandKind
 
@@ -176,9 +176,12 @@ def _realigned(recipe: Recipe, refused: LayoutMismatch, a: torch.Tensor, b: torc
     if refused.argument not in names:
         raise refused
     i = names.index(refused.argument)
-    # A's block scales are read M-major (column-major); every other operand row-major
-    layout = Layout.COL if refused.argument == "scale_a" and g.block_scale else Layout.ROW
-    return a, b, (*args[:i], tma_readable(args[i], layout), *args[i + 1:])
+    if refused.argument in ("scale_a", "scale_b") and g.block_scale:
+        layout = g.scale_layouts[refused.argument == "scale_b"]
+        copy = compact(args[i], layout) if g.grouped else tma_readable(args[i], layout)
+    else:  # every other operand row-major
+        copy = tma_readable(args[i], Layout.ROW)
+    return a, b, (*args[:i], copy, *args[i + 1:])
 
 
 def define(op_schema: str, backends: dict[str, Any], fake: Any, backward: Any, setup_context: Any) -> Any:

@@ -1,18 +1,26 @@
 """Drop-in modules: `FusedLinear` (one fused gemmgen kernel per forward), `GroupedLinear` (a
-mixture-of-experts layer's expert Linears as one grouped kernel), `BlockScaledLinear` (an fp8
-inference Linear with DeepSeek-V3's block scales) and `fuse(model)`.
+mixture-of-experts layer's expert Linears as one grouped kernel), `BlockScaledLinear` and
+`BlockScaledGroupedLinear` (an fp8 inference Linear, and fp8 experts, with DeepSeek-V3's block
+scales) and `fuse(model)`.
 
     layer = gemmgen.nn.FusedLinear(4096, 14336, activation="silu", dtype=torch.bfloat16)
     experts = gemmgen.nn.GroupedLinear(8, 4096, 14336, activation="silu")   # experts(x, offsets)
     fp8 = gemmgen.nn.BlockScaledLinear.from_linear(linear)                  # e4m3, 128 x 128 blocks
+    fp8_experts = gemmgen.nn.BlockScaledGroupedLinear.from_linears(experts)  # experts(x, offsets)
     model, report = gemmgen.nn.fuse(model)   # Linear + activation pairs -> FusedLinear
     gemmgen.warmup(gemmgen.nn.model_launches(model, tokens=(1, 16, 4096)))   # build ahead of time
 """
 
-from .block_scaled import BlockScaledLinear, block_scaled_linear_recipe
+from .block_scaled import (
+           BlockScaledGroupedLinear,
+           BlockScaledLinear,
+           block_scaled_grouped_recipe,
+           block_scaled_linear_recipe,
+)
 from .fuse import activation_of, fuse
 from .grouped import GroupedLinear, grouped_linear_recipe
 from .linear import ACTIVATIONS, FusedLinear, linear_recipe, model_launches
 
-__all__ = ["ACTIVATIONS", "BlockScaledLinear", "FusedLinear", "GroupedLinear", "activation_of",
-           "block_scaled_linear_recipe", "fuse", "grouped_linear_recipe", "linear_recipe", "model_launches"]
+__all__ = ["ACTIVATIONS", "BlockScaledGroupedLinear", "BlockScaledLinear", "FusedLinear", "GroupedLinear",
+           "activation_of", "block_scaled_grouped_recipe", "block_scaled_linear_recipe", "fuse",
+           "grouped_linear_recipe", "linear_recipe", "model_launches"]

@@ -1,13 +1,17 @@
-"""`BlockScaledLinear`: an inference Linear in fp8 with DeepSeek-V3's block scales.
+"""`BlockScaledLinear` and `BlockScaledGroupedLinear`: inference Linears (and MoE experts) in fp8
+with DeepSeek-V3's block scales.
 
     layer = gemmgen.nn.BlockScaledLinear.from_linear(linear, activation="silu")   # quantizes W
     layer = gemmgen.nn.BlockScaledLinear.from_quantized(w_fp8, w_scale_inv)       # a checkpoint's
     y = layer(x)                                                                 # x: bf16 (..., in)
+    experts = gemmgen.nn.BlockScaledGroupedLinear.from_quantized(w_fp8, w_scale_inv)  # (E, out, in)
+    y = experts(x, offsets)                              # x: (tokens, in) sorted by expert
 
 The weight is e4m3 with one fp32 scale per 128 x 128 block (`weight_scale`, (ceil(out/128),
-ceil(in/128)), a checkpoint's `weight_scale_inv`); each call quantizes its input per token and 128
-features (`gg.quantize_blockwise`, torch ops), then runs one block-scaled gemmgen kernel with the
-bias and activation in its epilogue. No gradients: the fp8 values are not differentiated.
+ceil(in/128)), a checkpoint's `weight_scale_inv`; per expert for the grouped layer); each call
+quantizes its input per token and 128 features (`gg.quantize_blockwise`, torch ops), then runs one
+block-scaled gemmgen kernel with the bias and activation in its epilogue. No gradients: the fp8
+values are not differentiated.
 """
 
 from __future__ import annotations
@@ -41,6 +45,60 @@ def block_scaled_linear_recipe(activation: str | None, bias: bool, dtype: torch.
     if bias:
         return Recipe(name, lambda acc, bias: act(acc + bias), operands={"bias": dsl.RowVector(d)}, **kw)
     return Recipe(name, lambda acc: act(acc), **kw)
+
+
+@functools.cache
+def block_scaled_grouped_recipe(activation: str | None, bias: bool, dtype: torch.dtype) -> Recipe:
+    """Each expert's x_e @ W_e^T (+ b_e), then the activation, from e4m3 tokens and weights with
+    DeepSeek-V3's block scales, as one grouped kernel; the output (and the bias) in `dtype`."""
+    act = activation_fn(activation)
+    d = as_dtype(dtype, "dtype")
+    name = f"fp8_block_grouped_{activation or 'none'}{'_bias' if bias else ''}_{d.value}"
+    kw: dict[str, Any] = {"a": DType.E4M3, "b": DType.E4M3, "d": d, "grouped": True,
+                          "block_scale": DEEPSEEK_BLOCK_SCALE}
+    if bias:
+        return Recipe(name, lambda acc, bias: act(acc + bias), operands={"bias": dsl.RowVector(d)}, **kw)
+    return Recipe(name, lambda acc: act(acc), **kw)
+
+
+def _check_output_dtype(dtype: torch.dtype) -> None:
+    if dtype not in COMPUTE_DTYPES:
+        raise InvalidArgument(f"dtype: expected torch.bfloat16 or torch.float16 (the output's), got {dtype!r}")
+
+
+def _check_in_features(in_features: int) -> None:
+    if in_features % 16:
+        raise InvalidArgument(f"in_features {in_features} is not a multiple of 16 (TMA reads the fp8 input and "
+                              "weight in 16-byte rows); keep the layer unquantized")
+
+
+def _block_quantized(weight: Any, scale: Any, dims: str, unquantized: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The e4m3 weight (..., out, in) and its scales per 128 x 128 block (..., ceil(out/128),
+    ceil(in/128)): `weight` quantized here when `scale` is None, else both checked. `dims` names the
+    weight's dimensions, `unquantized` the constructor that quantizes."""
+    rank = dims.count(",") + 1
+    if not isinstance(weight, torch.Tensor) or weight.dim() != rank:
+        raise InvalidArgument(f"weight: expected a {rank}-D {dims} tensor, got {weight!r:.60}")
+    *lead, out_features, in_features = weight.shape
+    _check_in_features(in_features)
+    if scale is None:
+        return quantize_blockwise(weight, (_BLOCK, _BLOCK), compact=True)
+    blocks = (*lead, -(-out_features // _BLOCK), -(-in_features // _BLOCK))
+    if weight.dtype != torch.float8_e4m3fn:
+        raise InvalidArgument(f"weight: expected torch.float8_e4m3fn, got {weight.dtype}; pass the unquantized "
+                              f"weights to {unquantized} instead")
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or tuple(scale.shape) != blocks:
+        raise InvalidArgument(f"weight_scale: expected an fp32 tensor of shape {blocks} (one scale per 128 x 128 "
+                              f"block of the weight), got {scale!r:.80}")
+    return weight, scale
+
+
+def _check_input(x: Any, in_features: int, what: str) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != in_features:
+        raise InvalidArgument(f"input: expected {what} (in_features = {in_features}), got "
+                              f"{getattr(x, 'shape', type(x).__name__)}")
+    if not x.is_floating_point() or x.dtype.itemsize == 1:
+        raise InvalidArgument(f"input: expected a bf16, f16 or f32 tensor (quantized per call), got {x.dtype}")
 
 
 class BlockScaledLinear(RecipeModule):
@@ -88,23 +146,9 @@ class BlockScaledLinear(RecipeModule):
 
     def _take(self, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
               activation: str | None, dtype: torch.dtype) -> None:
-        if dtype not in COMPUTE_DTYPES:
-            raise InvalidArgument(f"dtype: expected torch.bfloat16 or torch.float16 (the output's), got {dtype!r}")
-        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-            raise InvalidArgument(f"weight: expected a 2-D (out_features, in_features) tensor, got {weight!r:.60}")
+        _check_output_dtype(dtype)
+        weight, scale = _block_quantized(weight, scale, "(out_features, in_features)", "from_linear")
         out_features, in_features = weight.shape
-        if in_features % 16:
-            raise InvalidArgument(f"in_features {in_features} is not a multiple of 16 (TMA reads the fp8 input and "
-                                  "weight in 16-byte rows); keep nn.Linear for this layer")
-        blocks = (-(-out_features // _BLOCK), -(-in_features // _BLOCK))
-        if scale is None:
-            weight, scale = quantize_blockwise(weight, (_BLOCK, _BLOCK), scale_layout=Layout.COL)
-        elif weight.dtype != torch.float8_e4m3fn:
-            raise InvalidArgument(f"weight: expected torch.float8_e4m3fn, got {weight.dtype}; pass an unquantized "
-                                  "weight to from_linear instead")
-        elif not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or tuple(scale.shape) != blocks:
-            raise InvalidArgument(f"weight_scale: expected an fp32 tensor of shape {blocks} (one scale per 128 x 128 "
-                                  f"block of the weight), got {scale!r:.80}")
         if bias is not None and tuple(bias.shape) != (out_features,):
             raise InvalidArgument(f"bias: expected shape ({out_features},), got {tuple(bias.shape)}")
         self.in_features, self.out_features, self.activation, self.dtype = in_features, out_features, activation, dtype
@@ -119,11 +163,7 @@ class BlockScaledLinear(RecipeModule):
         self._op = caller(self.recipe)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.in_features:
-            raise InvalidArgument(f"input: expected a tensor of shape (..., {self.in_features}) (in_features), "
-                                  f"got {getattr(x, 'shape', type(x).__name__)}")
-        if not x.is_floating_point() or x.dtype.itemsize == 1:
-            raise InvalidArgument(f"input: expected a bf16, f16 or f32 tensor (quantized per call), got {x.dtype}")
+        _check_input(x, self.in_features, f"a tensor of shape (..., {self.in_features})")
         lead = x.shape[:-1]
         q, scale_a = quantize_blockwise(x.reshape(-1, self.in_features), (1, _BLOCK), scale_layout=Layout.COL)
         args = (q, self.weight.t(), scale_a, self.weight_scale.t())
@@ -141,3 +181,98 @@ class BlockScaledLinear(RecipeModule):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"activation={self.activation!r}, dtype={self.dtype}, weight=e4m3 in 128 x 128 blocks")
+
+
+class BlockScaledGroupedLinear(RecipeModule):
+    """A mixture-of-experts layer's expert Linears for inference in fp8 with DeepSeek-V3's block
+    scales, as one grouped kernel: each expert's e4m3 weight in 128 x 128 blocks, the tokens (sorted
+    by expert) quantized per token and 128 features on each call; bias and activation fused.
+
+    Buffers: `weight` (num_experts, out, in) e4m3, `weight_scale` (num_experts, ceil(out/128),
+    ceil(in/128)) fp32 (the experts' `weight_scale_inv`, contiguous: the kernel reads each expert's
+    transpose, K-major), and `bias` (num_experts, out) in `dtype`."""
+
+    weight: torch.Tensor
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
+
+    @classmethod
+    def from_linears(cls, linears: Any, activation: str | None = None,
+                     dtype: torch.dtype | None = None) -> BlockScaledGroupedLinear:
+        """The experts' weights quantized to e4m3 in 128 x 128 blocks (copies): a sequence of
+        nn.Linear or a GroupedLinear (whose activation is kept unless another is given); output in
+        `dtype` (default: the weights', if bf16 or f16, else bf16)."""
+        from .grouped import GroupedLinear
+
+        if isinstance(linears, GroupedLinear):
+            w, b = linears.weight.detach(), linears.bias
+            bias = b.detach() if b is not None else None
+            activation = activation if activation is not None else linears.activation
+        else:
+            if not linears or not all(isinstance(m, nn.Linear) for m in linears):
+                raise InvalidArgument("linears: expected a GroupedLinear or a non-empty sequence of torch.nn.Linear")
+            shapes = {(m.in_features, m.out_features, m.bias is not None) for m in linears}
+            if len(shapes) != 1:
+                raise InvalidArgument(f"linears: the experts differ in (in_features, out_features, bias): "
+                                      f"{sorted(shapes)}; a grouped kernel needs them alike")
+            w = torch.stack([m.weight.detach() for m in linears])
+            bias = torch.stack([m.bias.detach() for m in linears]) if linears[0].bias is not None else None
+        out = dtype or (w.dtype if w.dtype in COMPUTE_DTYPES else torch.bfloat16)
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._take(w, None, bias, activation, out)
+        return layer
+
+    @classmethod
+    def from_quantized(cls, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
+                       activation: str | None = None, dtype: torch.dtype = torch.bfloat16
+                       ) -> BlockScaledGroupedLinear:
+        """Experts from a checkpoint's e4m3 weights (num_experts, out, in) and their fp32 scales per
+        128 x 128 block (num_experts, ceil(out/128), ceil(in/128)), stacked."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._take(weight, weight_scale, bias, activation, dtype)
+        return layer
+
+    def _take(self, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+              activation: str | None, dtype: torch.dtype) -> None:
+        _check_output_dtype(dtype)
+        activation_fn(activation)
+        weight, scale = _block_quantized(weight, scale, "(num_experts, out_features, in_features)", "from_linears")
+        experts, out_features, in_features = weight.shape
+        if out_features % 8:
+            raise InvalidArgument(f"out_features {out_features} is not a multiple of 8 (each expert's bias and "
+                                  "output rows are read and written in 16-byte vectors)")
+        if bias is not None and tuple(bias.shape) != (experts, out_features):
+            raise InvalidArgument(f"bias: expected shape ({experts}, {out_features}), got {tuple(bias.shape)}")
+        self.num_experts, self.in_features, self.out_features = experts, in_features, out_features
+        self.activation, self.dtype = activation, dtype
+        self.register_buffer("weight", weight.contiguous())
+        self.register_buffer("weight_scale", scale.contiguous())
+        self.register_buffer("bias", bias.to(dtype).contiguous() if bias is not None else None)
+        self._set_recipes()
+
+    def _set_recipes(self) -> None:
+        from ..integrations.ops import op
+
+        self.recipe = block_scaled_grouped_recipe(self.activation, self.bias is not None, self.dtype)
+        self._op = op(self.recipe).default
+
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        _check_input(x, self.in_features, f"(tokens, {self.in_features}) rows sorted by expert")
+        if x.dim() != 2:
+            raise InvalidArgument(f"input: expected (tokens, {self.in_features}) rows sorted by expert, got shape "
+                                  f"{tuple(x.shape)}")
+        q, scale_a = quantize_blockwise(x, (1, _BLOCK), compact=True)
+        args = (q, self.weight.mT, offsets, scale_a, self.weight_scale.mT)
+        return self._op(*args) if self.bias is None else self._op(*args, self.bias)
+
+    def launches(self) -> tuple[Recipe, KernelConfig]:
+        """(recipe, config) of the kernel forward launches, for any split of the tokens: what to build
+        ahead of time (`gg.warmup([experts.launches()])`)."""
+        return self.recipe, self.recipe.default_config()
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}, activation={self.activation!r}, "
+                f"dtype={self.dtype}, weight=e4m3 in 128 x 128 blocks")

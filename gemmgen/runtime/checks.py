@@ -111,6 +111,14 @@ def tma_readable(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     return buf.copy_(t)
 
 
+def compact(t: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """A fresh copy of `t` with no padding, its last two dimensions in `layout` (as grouped kernels
+    read block scales)."""
+    if layout is Layout.ROW:
+        return t.clone(memory_format=torch.contiguous_format)
+    return t.mT.clone(memory_format=torch.contiguous_format).mT
+
+
 def _shape(name: str, t: torch.Tensor, batched: bool) -> tuple[int, ...]:
     want = 3 if batched else 2
     if t.dim() != want:
@@ -421,17 +429,18 @@ def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, 
     device = a.device
     if require_cuda and device.type != "cuda":
         raise InvalidArgument(f"a: expected a CUDA tensor, got one on {device}; move it with a.cuda()")
-    names = {o.name for o in recipe.epilogue.operands}
+    names = {o.name for o in recipe.operands}
     unknown = sorted(set(operands) - names)
     if unknown:
         raise InvalidArgument(f"{unknown[0]}: not an operand of this recipe; it takes {sorted(names) or 'none'}")
     named: list[tuple[str, torch.Tensor]] = [("a", a), ("b", b), ("offsets", offsets)]
     checked: dict[str, TensorArg | float] = {}
-    for o in recipe.epilogue.operands:
+    for o in recipe.operands:
         if o.name not in operands:
-            raise InvalidArgument(f"{o.name}: missing operand; pass {o.name}=... ({_describe_grouped(o)})")
+            raise InvalidArgument(f"{o.name}: missing operand; pass {o.name}=... ({_describe_grouped(o, g)})")
         value = operands[o.name]
-        checked[o.name] = _grouped_operand(o, value, rows, n, groups)
+        checked[o.name] = _grouped_block_scale(o, value, (rows, n, k, groups), g) if o.kind.block_scale else \
+            _grouped_operand(o, value, rows, n, groups)
         if isinstance(value, torch.Tensor):
             named.append((o.name, value))
     for name, t in named:
@@ -441,9 +450,11 @@ def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, 
     bk, bn, bl = _matrix("b", b, k, n, g.layout_b, True, groups)
     tb = TensorArg(_aligned_ptr("b", b), (bn, bk, bl))
     extents = [_bytes(ta, g.a.nbytes, (rows, k, 1)), _bytes(tb, g.b.nbytes, (n, k, groups)), 4 * groups]
-    for o in recipe.epilogue.operands:
+    for o in recipe.operands:
         v = checked[o.name]
-        if o.kind is OperandKind.MATRIX:
+        if o.kind.block_scale:
+            extents.append(_bytes(v, 4, grouped_scale_extents(o, g, rows, n, k, groups)))  # type: ignore[arg-type]
+        elif o.kind is OperandKind.MATRIX:
             extents.append(_bytes(v, o.dtype.nbytes, (rows, n, 1)))  # type: ignore[arg-type]
         elif o.kind is OperandKind.ROW:
             extents.append(_bytes(v, o.dtype.nbytes, (1, n, groups)))  # type: ignore[arg-type]
@@ -458,10 +469,64 @@ def grouped_input_spans(call: GroupedCall) -> tuple[tuple[int, int], ...]:
     return tuple((p, p + e) for p, e in zip(ptrs, call.extents, strict=True) if e)
 
 
-def _describe_grouped(o: Operand) -> str:
+def _describe_grouped(o: Operand, gemm: GemmSpec) -> str:
+    if o.kind.block_scale:
+        assert gemm.block_scale is not None
+        _, gn, gk = gemm.block_scale
+        if o.kind is OperandKind.SCALE_A:
+            return f"fp32 (rows, ceil(K/{gk})), K contiguous: one scale per row of a and {gk} values of K"
+        return (f"fp32 (groups, ceil(K/{gk}), ceil(N/{gn})), K contiguous: one scale per {gk} x {gn} block of each "
+                "group's B")
     return {OperandKind.SCALAR: "a Python number", OperandKind.ROW: f"a (groups, N) {o.dtype.value} tensor",
             OperandKind.COL: f"a {o.dtype.value} vector with one entry per row of a",
             OperandKind.MATRIX: f"a (rows, N) {o.dtype.value} matrix"}[o.kind]
+
+
+def grouped_scale_extents(o: Operand, gemm: GemmSpec, rows: int, n: int, k: int, groups: int
+                          ) -> tuple[int, int, int]:
+    """(rows or N blocks, K blocks, groups) of a grouped block scale: the modes of its TensorArg."""
+    assert gemm.block_scale is not None
+    _, gn, gk = gemm.block_scale
+    if o.kind is OperandKind.SCALE_A:
+        return rows, -(-k // gk), 1
+    return -(-n // gn), -(-k // gk), groups
+
+
+def _grouped_block_scale(o: Operand, value: object, problem: tuple[int, int, int, int], gemm: GemmSpec
+                         ) -> TensorArg:
+    """A grouped block scale, as CUTLASS's grouped blockwise main loop reads it: group g's scales are
+    a compact K-major block at its own address (`scale_a` from the group's first row, `scale_b` at
+    the group's index), laid out from the group's shape alone. So K blocks are contiguous and the
+    rows (N blocks) exactly ceil(K/128) apart; only scale_b's group stride is free. The loads are
+    4-byte cp.async: no 16-byte alignment. TensorArg strides: (rows or N blocks, K blocks, group)."""
+    rows, n, k, groups = problem
+    t = _need_tensor(o.name, value)
+    _dtype(o.name, t, DType.F32)
+    blocks, k_blocks, _ = grouped_scale_extents(o, gemm, rows, n, k, groups)
+    is_a = o.kind is OperandKind.SCALE_A
+    want = (blocks, k_blocks) if is_a else (groups, k_blocks, blocks)
+    if tuple(t.shape) != want:
+        raise InvalidArgument(f"{o.name}: expected shape {want} ({_describe_grouped(o, gemm)}), got "
+                              f"{tuple(t.shape)}")
+    if t.numel() == 0:
+        return TensorArg(0, (k_blocks, 1, 0))
+    k_dim, mn_dim = t.dim() - (1 if is_a else 2), t.dim() - (2 if is_a else 1)
+    if (k_blocks > 1 and t.stride(k_dim) != 1) or (blocks > 1 and t.stride(mn_dim) != k_blocks):
+        fix = f"{o.name}.contiguous()" if is_a else f"{o.name}.mT.contiguous().mT"
+        raise LayoutMismatch(o.name, f"{o.name}: a grouped kernel reads each group's block scales as a compact "
+                             f"K-major block (strides {k_blocks} and 1 for its {'rows' if is_a else 'N blocks'} and "
+                             f"K blocks), got strides {tuple(t.stride())}; pass {fix}")
+    group_stride = t.stride(0) if not is_a and groups > 1 else 0
+    return TensorArg(_natural_ptr(o.name, t), (k_blocks, 1, group_stride))
+
+
+def _natural_ptr(name: str, t: torch.Tensor) -> int:
+    """The address of a tensor read element by element: aligned to its elements."""
+    ptr = t.data_ptr()
+    if ptr % t.element_size():
+        raise LayoutMismatch(name, f"{name}: data pointer {ptr:#x} is not aligned to its {t.element_size()}-byte "
+                             f"elements; use {name}.clone()")
+    return ptr
 
 
 def _grouped_operand(o: Operand, value: object, rows: int, n: int, groups: int) -> TensorArg | float:

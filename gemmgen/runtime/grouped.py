@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..build import CompiledKernel
 
 MODE_GROUPED = 4  # cutlass::gemm::GemmUniversalMode::kGrouped
-MAX_COLUMNS = 16  # gemmgen::grouped::MaxColumns
+MAX_COLUMNS = 18  # gemmgen::grouped::MaxColumns
 SETUP = struct.Struct(f"<QQQiiiii4x{MAX_COLUMNS}q{MAX_COLUMNS}q{MAX_COLUMNS}q")  # gemmgen::grouped::Setup
 SETUP_BLOCK = 128  # threads per block of the setup kernel: one per group
 _MAP_BYTES = 128  # sizeof(cute::TmaDescriptor)
@@ -102,6 +102,11 @@ class GroupedArguments:
         ia, ib, idd = self.items
         cols = [Column("mainloop.ptr_a", call.a.ptr, call.a.strides[0] * ia, 0),
                 Column("mainloop.ptr_b", call.b.ptr, 0, call.b.strides[2] * ib)]
+        if self.recipe.gemm.block_scale is not None:  # fp32: scale_a from the group's first row, scale_b per group
+            sa, sb = call.operands["scale_a"], call.operands["scale_b"]
+            assert isinstance(sa, TensorArg) and isinstance(sb, TensorArg)
+            cols += [Column("mainloop.ptr_sfa", sa.ptr, 4 * sa.strides[0], 0),
+                     Column("mainloop.ptr_sfb", sb.ptr, 0, 4 * sb.strides[2])]
         c = call.operands[self.source.name] if self.source else None
         if isinstance(c, TensorArg):
             cols.append(Column("epilogue.ptr_c", c.ptr, c.strides[0] * self.source.dtype.nbytes, 0))  # type: ignore[union-attr]
@@ -145,6 +150,8 @@ class GroupedArguments:
         if self.c is not None:
             v["epilogue.tma_c"] = encode(_rank2(self.c.matrix(int(v["epilogue.ptr_c"]) & ~15, tm, tn, 1, (0, 0, 0))))
         v["epilogue.tma_d"] = encode(_rank2(self.d.matrix(int(v["epilogue.ptr_d"]) & ~15, tm, tn, 1, (0, 0, 0))))
+        if self.recipe.gemm.block_scale is not None:  # never read on the device (param_fields)
+            v["mainloop.layout_sfa"] = v["mainloop.layout_sfb"] = 0
         v["epilogue.tensormaps"] = buffer + layout.epilogue_maps
         v["mainloop.tensormaps"] = buffer + layout.mainloop_maps
         v["workspace"] = buffer
@@ -204,7 +211,7 @@ class GroupedKernel:
         self.recipe = compiled.recipe
         self._ir = compiled.recipe.ir
         self._config = compiled.config
-        self._names = tuple(o.name for o in self._ir.epilogue.operands)
+        self._names = tuple(o.name for o in self._ir.operands)
         self._writer = ParamsWriter(compiled.params_layout)
         self._args = GroupedArguments(compiled.generated.kernel_recipe, self._config)
         self._on_driver = encoder is None
@@ -305,7 +312,9 @@ class GroupedKernel:
 
         _, group, covered = row_groups(offsets, call.rows, call.groups)
         acc = torch.zeros((call.rows, call.n), dtype=torch.float32, device=d.device)
-        value = evaluate_epilogue(vectors_as_matrices(self._ir), acc, operands_per_row(self._ir, operands, group))[0]
+        epilogue_operands = {o.name: operands[o.name] for o in self._ir.epilogue.operands}
+        value = evaluate_epilogue(vectors_as_matrices(self._ir), acc,
+                                  operands_per_row(self._ir, epilogue_operands, group))[0]
         d.copy_(torch.where(covered.reshape(-1, 1), value, d))
 
     def _device_hardware(self, device_index: int) -> tuple[int, int]:

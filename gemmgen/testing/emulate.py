@@ -21,7 +21,7 @@ import torch
 from ..build import CompiledKernel
 from ..reference import expand_block_scale
 from ..runtime.arguments import ParamsLayout
-from ..runtime.grouped import SETUP
+from ..runtime.grouped import MAX_COLUMNS, SETUP
 from ..runtime.tma import EncodeArgs
 from .visitors import EpilogueInterpreter
 
@@ -134,12 +134,35 @@ def emulate(compiled: CompiledKernel, params: bytes, encoder: MapReader, tensors
     if a.shape[::2] != b.shape[::2]:
         raise AssertionError(f"A's tensor map addresses {tuple(a.shape)} (L, M, K), B's {tuple(b.shape)} (L, N, K)")
     a32, b32 = a.float(), b.float()
-    granularity = re.search(r"Sm90BlockwiseScaleConfig<(\d+), (\d+), (\d+)>", compiled.generated.source)
+    granularity = _scale_config(compiled.generated.source)
     if granularity is not None:
-        gm, gn, gk = map(int, granularity.groups())
+        gm, gn, gk, _, _ = granularity
         a32 = a32 * _block_scales(view, "a", gm, gk, a.shape)
         b32 = b32 * _block_scales(view, "b", gn, gk, b.shape)
     kernel.run(torch.matmul(a32, b32.transpose(1, 2)), view)
+
+
+def _scale_config(source: str) -> tuple[int, int, int, bool, bool] | None:
+    """The kernel's block scale granularity (M, N, K) and whether A's and B's scales are K-major,
+    from its Sm90BlockwiseScaleConfig (M/N-major unless it says otherwise); None without one."""
+    found = re.search(r"Sm90BlockwiseScaleConfig<(\d+), (\d+), (\d+)(?:, cute::GMMA::Major::(\w+), "
+                      r"cute::GMMA::Major::(\w+))?>", source)
+    if found is None:
+        return None
+    gm, gn, gk = map(int, found.groups()[:3])
+    return gm, gn, gk, found.group(4) == "K", found.group(5) == "K"
+
+
+def _group_scales(view: _ParamsBytes, operand: str, gran: int, gran_k: int, k_major: bool, mn: int, k: int
+                  ) -> torch.Tensor:
+    """The current group's scales of A or B as the grouped blockwise main loop reads them: at the
+    group's entry of the pointer array, laid out compactly from the group's shape alone (CUTLASS's
+    ScaleConfig::tile_atom_to_shape_SF*), each repeated over its block: (M or N, K)."""
+    blocks, k_blocks = -(-mn // gran), -(-k // gran_k)
+    strides = (k_blocks, 1) if k_major else (1, blocks)
+    ptr = view.lvalue[f"mainloop.ptr_sf{operand}"]
+    scales = view.at(view.entry(ptr), torch.float32, (blocks, k_blocks), strides, ptr)
+    return expand_block_scale(scales, gran, gran_k, (mn, k))
 
 
 def _block_scales(view: _ParamsBytes, operand: str, gran: int, gran_k: int, shape: torch.Size) -> torch.Tensor:
@@ -182,6 +205,7 @@ def emulate_grouped(compiled: CompiledKernel, setup: bytes, params: bytes, encod
         view.at(table_at, torch.int64, (len(table[0]), groups), (groups, 1), "setup.table").copy_(
             torch.tensor(table).t())
     lv = view.lvalue
+    scale_config = _scale_config(compiled.generated.source)
     if int.from_bytes(view.raw(lv["problem.groups"]), "little") != groups:
         raise AssertionError("Params and the setup block disagree on the number of groups")
     problem_shapes = int.from_bytes(view.raw(lv["problem.shapes"]), "little")
@@ -195,7 +219,12 @@ def emulate_grouped(compiled: CompiledKernel, setup: bytes, params: bytes, encod
         ldb = view.entry(lv["mainloop.stride_b"])
         b = view.at(view.entry(lv["mainloop.ptr_b"]), kernel.element_b, (n, k),
                     (ldb, 1) if kernel.column_major["LayoutB"] else (1, ldb), "mainloop.ptr_b")  # (N, K)
-        kernel.run(torch.matmul(a.float(), b.float().t()).reshape(1, m, n), view)
+        a32, b32 = a.float(), b.float()
+        if scale_config is not None:
+            gm, gn, gk, a_k_major, b_k_major = scale_config
+            a32 = a32 * _group_scales(view, "a", gm, gk, a_k_major, m, k)
+            b32 = b32 * _group_scales(view, "b", gn, gk, b_k_major, n, k)
+        kernel.run(torch.matmul(a32, b32.t()).reshape(1, m, n), view)
 
 
 def fill_groups(setup: tuple, offsets: list[int]) -> tuple[list[list[int]], list[list[int]]]:
@@ -205,7 +234,8 @@ def fill_groups(setup: tuple, offsets: list[int]) -> tuple[list[list[int]], list
     from ..reference import group_bounds
 
     groups, rows, n, k, columns = setup[3:8]
-    base, per_row, per_group = setup[8:24], setup[24:40], setup[40:56]
+    c = MAX_COLUMNS
+    base, per_row, per_group = setup[8:8 + c], setup[8 + c:8 + 2 * c], setup[8 + 2 * c:8 + 3 * c]
     bounds = group_bounds(offsets[:groups], rows)
     shapes = [[end - start, n, k] for start, end in bounds]
     table = [[base[c] + per_row[c] * start + per_group[c] * g for c in range(columns)]

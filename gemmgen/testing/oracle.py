@@ -132,8 +132,13 @@ class OracleProgram:
         groups = self.slots.add("groups")
         shapes = array("shapes", "typename GemmKernel::ProblemShape::UnderlyingProblemShape*")
         problem = f"{{int(V[{groups}]), {shapes}, nullptr}}"
-        mainloop = (f"{{{array('a.array', 'ElementA const**')}, {array('a.strides', 'typename GemmKernel::StrideA')}, "
-                    f"{array('b.array', 'ElementB const**')}, {array('b.strides', 'typename GemmKernel::StrideB')}}}")
+        mainloop = (f"{array('a.array', 'ElementA const**')}, {array('a.strides', 'typename GemmKernel::StrideA')}, "
+                    f"{array('b.array', 'ElementB const**')}, {array('b.strides', 'typename GemmKernel::StrideB')}")
+        if kernel.kernel_recipe.gemm.block_scale is not None:  # per-group scale pointers and layouts
+            scales = "typename CollectiveMainloop::ElementBlockScale const**"
+            mainloop += (f", {array('sfa.array', scales)}, {array('sfa.layouts', 'LayoutSFA*')}, "
+                         f"{array('sfb.array', scales)}, {array('sfb.layouts', 'LayoutSFB*')}")
+        mainloop = f"{{{mainloop}}}"
         thread = self._arguments(epi.arguments)
         if epi.source is not None:
             c = (f"{array('c.array', 'ElementC const**')}, "

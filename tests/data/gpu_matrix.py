@@ -73,6 +73,10 @@ def moe_fp8_recipe() -> gg.Recipe:
 #: The grouped example's kernels on the GPU and against CUTLASS's host code (tests/test_grouped.py):
 #: the default (cooperative, no cluster) and a pingpong kernel with a 2 x 1 cluster.
 GROUPED_CONFIGS = (gg.KernelConfig(), gg.KernelConfig(cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG))
+#: ...and the block-scaled grouped example's (tile K 128, the scales' K): its default, and a pingpong
+#: kernel with a 2 x 1 cluster (tests/test_grouped.py's GPU test).
+BLOCK_GROUPED_CONFIGS = (gg.KernelConfig(tile=(128, 128, 128)),
+                         gg.KernelConfig(tile=(64, 128, 128), cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG))
 #: scripts/gpu_bench.py's grouped shapes (groups, rows, N, K): Mixtral 8x7B's up projection for 4096
 #: tokens (512 per expert), and 64 small experts with 128 tokens each (DeepSeek-V2-Lite's sizes).
 GROUPED_BENCH_SHAPES = ((8, 4096, 14336, 4096), (64, 8192, 1408, 2048))
@@ -97,7 +101,7 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         out += [(training, choose(training.ir, m, n, k).config) for m, n, k in TRAINING_PROBLEMS]
     for recipe in load_recipes(ROOT / "examples" / "recipes.py").values():
         if recipe.ir.gemm.grouped:  # tests/test_grouped.py's GPU test: no swapped kernel for groups
-            out += [(recipe, c) for c in GROUPED_CONFIGS]
+            out += [(recipe, c) for c in (BLOCK_GROUPED_CONFIGS if recipe.ir.gemm.block_scale else GROUPED_CONFIGS)]
             continue
         default = recipe.default_config()
         other = gg.Schedule.PINGPONG if default.schedule is gg.Schedule.COOPERATIVE else gg.Schedule.COOPERATIVE
@@ -128,6 +132,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     out += [(fp8_linear, choose(fp8_linear.ir, m, n, k).config) for m, n, k in BLOCK_LINEAR_PROBLEMS]
     experts = gg.nn.grouped_linear_recipe("silu", True, torch.bfloat16)  # tests/test_grouped.py's GroupedLinear
     out.append((experts, experts.default_config()))
+    fp8_experts = gg.nn.block_scaled_grouped_recipe("silu", True, torch.bfloat16)  # ...and its fp8 form
+    out.append((fp8_experts, fp8_experts.default_config()))
     return list(dict.fromkeys(out))
 
 

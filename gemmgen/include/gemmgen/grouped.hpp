@@ -6,7 +6,7 @@
 
 namespace gemmgen::grouped {
 
-constexpr int MaxColumns = 16;
+constexpr int MaxColumns = 18;
 
 // Group g's rows of A are [first, end): it ends at offsets[g] and starts where the groups before
 // it end, each clamped to [0, rows] (reference.group_bounds). Whatever the offsets hold, no row is
