@@ -740,6 +740,12 @@ def test_block_scales_of_groups_are_checked(block_kernel):
         k.prepare(a, b, offsets, **{**ops, "scale_a": padded})
     with pytest.raises(gg.LayoutMismatch, match=r"scale_b: .* pass scale_b.mT.contiguous\(\).mT"):
         k.prepare(a, b, offsets, **{**ops, "scale_b": ops["scale_b"].contiguous()})
+    many = torch.ones(1).expand(2**29, 5)  # no memory behind it: 2^29 rows of 5 scales pass 2^31 - 1
+    with pytest.raises(InvalidArgument, match=r"scale_a: 536870912 x 5 scales, and the kernel indexes a group's "
+                                              r"block scales in 32 bits"):
+        fp8 = torch.zeros(1, dtype=torch.float8_e4m3fn)
+        k.prepare(fp8.expand(2**29, 544), fp8.expand(4, 544, 136), offsets, scale_a=many,
+                  scale_b=ops["scale_b"][:, :1].expand(4, 5, 2), weight=ops["weight"][:1].expand(2**29))
     odd = torch.empty(2 + 37 * 3)[2:].view(37, 3).copy_(ops["scale_a"])  # 8-byte offset: fine for 4-byte loads
     assert k.prepare(a, b, offsets, **{**ops, "scale_a": odd}).params is not None
 

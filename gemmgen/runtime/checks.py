@@ -510,6 +510,9 @@ def _grouped_block_scale(o: Operand, value: object, problem: tuple[int, int, int
                               f"{tuple(t.shape)}")
     if t.numel() == 0:
         return TensorArg(0, (k_blocks, 1, 0))
+    if blocks * k_blocks - 1 > INT32_MAX:  # one group could span them all
+        raise InvalidArgument(f"{o.name}: {blocks} x {k_blocks} scales, and the kernel indexes a group's block "
+                              "scales in 32 bits; split the call")
     k_dim, mn_dim = t.dim() - (1 if is_a else 2), t.dim() - (2 if is_a else 1)
     if (k_blocks > 1 and t.stride(k_dim) != 1) or (blocks > 1 and t.stride(mn_dim) != k_blocks):
         fix = f"{o.name}.contiguous()" if is_a else f"{o.name}.mT.contiguous().mT"
