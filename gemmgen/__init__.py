@@ -26,6 +26,8 @@ from .dsl import (
     maximum,
     min,
     minimum,
+    reduce_max,
+    reduce_min,
     relu,
     sigmoid,
     silu,
@@ -54,7 +56,7 @@ __all__ = [
     "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler", "ToolchainError",
     "Value", "__version__", "abs", "add_bundle", "amax", "add_tuning", "autotune", "bf16", "cast", "clamp", "e4m3",
     "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum", "min",
-    "minimum", "quantize_blockwise", "relu", "sigmoid", "silu", "sum", "tanh", "warmup",
+    "minimum", "quantize_blockwise", "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum", "tanh", "warmup",
 ]
 
 

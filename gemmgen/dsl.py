@@ -186,7 +186,8 @@ class Value:
 
 
 class Reduced:
-    """`gg.amax(x)`, `gg.amax(x, dim)`, `gg.sum(x, dim)`: an output holding a reduction of x in
+    """`gg.amax(x)`, `gg.amax(x, dim)`, `gg.sum(x, dim)`, `gg.reduce_max(x, dim)`,
+    `gg.reduce_min(x, dim)`: an output holding a reduction of x in
     fp32, per batch: over M and N (one value), over M (`dim=0`: one value per column of D) or over
     N (`dim=1`: one value per row). Returned from the epilogue under an aux name declared
     `gg.f32`; it is not a value to compute with."""
@@ -204,12 +205,14 @@ class Reduced:
 
     def __repr__(self) -> str:
         dim = "" if self.dim is None else f", dim={self.dim}"
-        return f"gemmgen.{self.reduce.value}({self.value!r}{dim})"
+        name = {Reduction.MAX: "reduce_max", Reduction.MIN: "reduce_min"}.get(self.reduce, self.reduce.value)
+        return f"gemmgen.{name}({self.value!r}{dim})"
 
 
 def _reduced_misuse() -> RecipeError:
-    return RecipeError("gg.amax(...) and gg.sum(...) are outputs, not values to compute with: return them from the "
-                       "epilogue, e.g. {'d': y, 'amax_y': gg.amax(y)}, declared with aux={'amax_y': gg.f32}")
+    return RecipeError("gg.amax(...), gg.sum(...) and gg.reduce_max/min(...) are outputs, not values to compute "
+                       "with: return them from the epilogue, e.g. {'d': y, 'amax_y': gg.amax(y)}, declared with "
+                       "aux={'amax_y': gg.f32}")
 
 
 def _lift(x: Any, op_name: str) -> Value:
@@ -342,6 +345,19 @@ def sum(x: Any, dim: int) -> Reduced:  # noqa: A001
     return Reduced(_reduced_value(x, "sum"), Reduction.SUM, _reduce_dim(dim, "sum", optional=False))
 
 
+def reduce_max(x: Any, dim: int) -> Reduced:
+    """An output of the largest value of x over M (`dim=0`: one per column of D) or over N (`dim=1`:
+    one per row, e.g. a row's max logit), NaNs skipped, -inf where a row or column has no value.
+    (`gg.max(x, y)` is the elementwise maximum.) See `Reduced`."""
+    return Reduced(_reduced_value(x, "reduce_max"), Reduction.MAX, _reduce_dim(dim, "reduce_max", optional=False))
+
+
+def reduce_min(x: Any, dim: int) -> Reduced:
+    """An output of the smallest value of x over M (`dim=0`) or over N (`dim=1`), NaNs skipped,
+    +inf where a row or column has no value. (`gg.min(x, y)` is the elementwise minimum.)"""
+    return Reduced(_reduced_value(x, "reduce_min"), Reduction.MIN, _reduce_dim(dim, "reduce_min", optional=False))
+
+
 def _reduced_value(x: Any, op_name: str) -> Value:
     a = _lift(x, op_name)
     _same_trace([a], op_name)
@@ -360,7 +376,7 @@ def _reduce_dim(dim: Any, op_name: str, optional: bool) -> int | None:
 
 
 OPS = ("+", "-", "*", "/", "unary -", "min", "max", "clamp", "abs", "exp", "tanh", "sigmoid", "relu", "gelu",
-       "gelu_tanh", "silu", "leaky_relu", "cast", "amax", "sum")
+       "gelu_tanh", "silu", "leaky_relu", "cast", "amax", "sum", "reduce_max", "reduce_min")
 
 
 # ----------------------------------------------------------------------------- the recipe
@@ -494,7 +510,8 @@ class Recipe:
             Row vectors are per group (G x N); column vectors and matrices are per row of A.
         operands: name -> gg.Scalar / gg.RowVector / gg.ColVector / gg.Matrix declaration.
         aux: name -> dtype of each auxiliary output: an M x N tensor, or gg.f32 for a reduction
-            (`gg.amax(x)`, `gg.amax(x, dim)`, `gg.sum(x, dim)`).
+            (`gg.amax(x)`, `gg.amax(x, dim)`, `gg.sum(x, dim)`, `gg.reduce_max(x, dim)`,
+            `gg.reduce_min(x, dim)`).
         block_scale: (M, N, K) granularity of fp8 block scaling, e.g. (1, 128, 128) as DeepSeek-V3
             (gg.DEEPSEEK_BLOCK_SCALE): the call then takes `scale_a`, fp32 (ceil(M/M_g), ceil(K/128)),
             and `scale_b`, fp32 (ceil(K/128), ceil(N/N_g)), first among its operands, and

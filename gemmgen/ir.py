@@ -101,6 +101,13 @@ class Reduction(enum.Enum):
 
     AMAX = "amax"  # the largest absolute value (NaNs skipped), for fp8 scaling
     SUM = "sum"
+    MAX = "max"  # the largest value (NaNs skipped; -inf when there is none)
+    MIN = "min"  # the smallest value (NaNs skipped; +inf when there is none)
+
+    @property
+    def identity(self) -> float:
+        """The value a reduction starts from, and gives where there is nothing to reduce."""
+        return {Reduction.MAX: -math.inf, Reduction.MIN: math.inf}.get(self, 0.0)
 
 
 @dataclass(frozen=True)

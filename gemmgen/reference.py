@@ -106,17 +106,18 @@ def round_to(x: torch.Tensor, dtype: DType) -> torch.Tensor:
 
 def _reduced(v: torch.Tensor, reduce: Reduction | None, dim: int | None, magnitude: bool = False) -> torch.Tensor:
     """An output's value: the M x N tensor, or its reduction per batch over M and N (`dim` None),
-    over M (0) or over N (1). An empty reduction gives the identity, 0."""
+    over M (0) or over N (1). An empty reduction gives the identity (`Reduction.identity`)."""
     if reduce is None:
         return v
     dims = (-2, -1) if dim is None else (dim - 2,)
     if reduce is Reduction.SUM:
         return (v.abs() if magnitude else v).sum(dim=dims)
-    assert reduce is Reduction.AMAX
-    mag = torch.where(torch.isnan(v), 0.0, v.abs())  # the kernel's max skips NaN, as CUTLASS's maximum does
+    # the kernel's max and min skip NaN, as CUTLASS's maximum<float> and minimum<float> (fmaxf, fminf) do
+    identity = reduce.identity
+    skipped = torch.where(torch.isnan(v), identity, v.abs() if reduce is Reduction.AMAX else v)
     if any(v.shape[d] == 0 for d in dims):
-        return mag.sum(dim=dims)  # zeros of the reduced shape
-    return mag.amax(dim=dims)
+        return skipped.sum(dim=dims).fill_(identity)  # the reduced shape
+    return skipped.amin(dim=dims) if reduce is Reduction.MIN else skipped.amax(dim=dims)
 
 
 def reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor | float],

@@ -248,7 +248,11 @@ def test_reductions_record_their_dim_as_torch_numbers_a_matrix():
     (lambda: gg.Recipe("r", lambda acc: {"d": acc, "r": gg.sum(acc, 1)}, aux={"r": gg.bf16}),
      r"aux output 'r': a reduction \(gemmgen.sum\(.*dim=1\)\) is fp32; declare aux=\{'r': gg.f32\}"),
     (lambda: gg.Recipe("r", lambda acc: gg.sum(acc, 1)), r"output 'd': D is the M x N result; return gg.sum"),
-    (lambda: gg.Recipe("r", lambda acc: acc + gg.sum(acc, 1)), r"gg.amax\(...\) and gg.sum\(...\) are outputs"),
+    (lambda: gg.Recipe("r", lambda acc: acc + gg.sum(acc, 1)), r"gg.amax\(...\), gg.sum\(...\) and "
+                                                               r"gg.reduce_max/min\(...\) are outputs"),
+    (lambda: _reducing(lambda x: gg.reduce_max(x, dim=None)), r"reduce_max: dim=None; expected 0 \(over M"),  # type: ignore[arg-type]
+    (lambda: gg.Recipe("r", lambda acc: {"d": acc, "m": gg.reduce_min(acc, 1)}, aux={"m": gg.bf16}),
+     r"aux output 'm': a reduction \(gemmgen.reduce_min\(.*dim=1\)\) is fp32"),
     (lambda: gg.Recipe("r", lambda acc: gg.relu(gg.amax(acc, 1))), r"are outputs, not values to compute with"),
     (lambda: gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 0), "t": gg.amax(acc, 1)},
                        aux={"s": gg.f32, "t": gg.f32}),

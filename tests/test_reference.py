@@ -102,6 +102,9 @@ def _independent(name, acc, ops):
         y = acc * f["row_scale"][:, None]
         quantized = y.clamp(-448, 448).to(torch.float8_e4m3fn).half()
         return quantized, y.sum(dim=-2), y.abs().amax(dim=-2), y.abs().flatten(-2).max(dim=-1).values
+    if name == "row_extrema":
+        y = acc + f["bias"]
+        return y.bfloat16(), y.amax(dim=-1), y.amin(dim=-1)
     raise KeyError(name)
 
 
@@ -200,6 +203,33 @@ def test_reductions_per_row_and_column(gen):
     empty = r.reference(torch.empty(2, 5, 16).bfloat16(), torch.empty(2, 16, 0).bfloat16())
     assert [tuple(t.shape) for t in empty] == [(2, 5, 0), (2, 5), (2, 5), (2,)]
     assert not any(t.any() for t in empty[1:])
+
+
+def test_max_and_min_reductions(gen):
+    """gg.reduce_max and gg.reduce_min over N and over M, per batch: signed, NaN skipped (as CUTLASS's
+    maximum<float> and minimum<float>, fmaxf and fminf, skip it), -inf and +inf where nothing is
+    left (a row of NaNs, an empty dimension)."""
+    r = gg.Recipe("r", lambda acc: {"d": acc, "hi": gg.reduce_max(acc, 1), "lo": gg.reduce_min(acc, -1)},
+                  aux={"hi": gg.f32, "lo": gg.f32}, batched=True)
+    c = gg.Recipe("c", lambda acc: {"d": acc, "hi": gg.reduce_max(acc - 100.0, 0)}, aux={"hi": gg.f32})
+    a = torch.randn(2, 5, 16, generator=gen).bfloat16()
+    b = torch.randn(2, 16, 7, generator=gen).bfloat16()
+    acc = a.float() @ b.float()
+    _, hi, lo = r.reference(a, b)
+    assert hi.shape == lo.shape == (2, 5) and (hi > lo).all()
+    torch.testing.assert_close(hi, acc.amax(-1))
+    torch.testing.assert_close(lo, acc.amin(-1))
+    _, column = c.reference(a[0], b[0])
+    assert (column < -90).all()  # signed: not the largest magnitude
+    torch.testing.assert_close(column, (acc[0] - 100.0).amax(-2))
+    a[0, 3, 0] = float("nan")
+    _, hi, lo = r.reference(a, b)
+    assert hi[0, 3] == -torch.inf and lo[0, 3] == torch.inf and not hi.isnan().any()
+    torch.testing.assert_close(hi[1], acc[1].amax(-1))
+    empty = r.reference(torch.empty(2, 5, 16).bfloat16(), torch.empty(2, 16, 0).bfloat16())
+    assert [tuple(t.shape) for t in empty] == [(2, 5, 0), (2, 5), (2, 5)]
+    assert (empty[1] == -torch.inf).all() and (empty[2] == torch.inf).all()
+    assert gg.ir.Reduction.MAX.identity == -gg.ir.Reduction.MIN.identity == -torch.inf
 
 
 def test_sums_are_held_to_the_bound_of_their_summation():

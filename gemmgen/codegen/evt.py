@@ -252,6 +252,8 @@ REDUCTION_KIND = {0: "row_reduction", 1: "col_reduction"}
 _VECTOR_REDUCE_FN = {
     Reduction.SUM: ("cutlass::plus", "cutlass::plus", "cutlass::plus"),
     Reduction.AMAX: ("cutlass::maximum_absolute_value_reduction", "cutlass::maximum", "cutlass::maximum"),
+    Reduction.MAX: ("cutlass::maximum", "cutlass::maximum", "cutlass::maximum"),
+    Reduction.MIN: ("cutlass::minimum", "cutlass::minimum", "cutlass::minimum"),
 }
 
 

@@ -67,6 +67,9 @@ class ArgumentBuilder:
         # vector reductions: (visitor kind, Params field prefix, output name), in the outputs' order
         kinds = {o.name: REDUCTION_KIND[o.dim] for o in epi.outputs[1:] if o.dim is not None}
         self.vector_reductions = [(kind, f"epilogue.{kind}.{name}", name) for name, kind in kinds.items()]
+        # where each starts: its Reduction's identity (0 but for max and min)
+        self.identities = [(f"epilogue.{REDUCTION_KIND[o.dim]}.{o.name}.identity", o.reduce.identity)
+                           for o in epi.outputs[1:] if o.dim is not None and o.reduce is not None]
         self.kernel_workspace = config.schedule is Schedule.COOPERATIVE  # only its Params keep the pointer
         self.d = ("epilogue.tma_d", "d", tma.epilogue_template(recipe, config, recipe.gemm.d))
         # per output index (0 is D): the field written per call and the tensor map's template, or
@@ -104,6 +107,7 @@ class ArgumentBuilder:
             v[f"{field}.batch_stride"] = 1 if p.l > 1 else 0
         for kind, prefix, _ in self.vector_reductions:  # one vector per batch, contiguous
             v[f"{prefix}.batch_stride"] = (p.n if kind == "row_reduction" else p.m) if p.l > 1 else 0
+        v.update(self.identities)
         for name, prefix, gran, gk, _ in self.block_scales:  # the scales' layout: extents and strides
             strides = p.operands[name].strides  # type: ignore[union-attr]
             blocks, k_blocks = _scale_blocks(p, name, gran, gk)

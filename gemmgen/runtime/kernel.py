@@ -76,8 +76,9 @@ class _Plan:
 
 #: An output gemmgen allocates: (shape, dtype, torch strides, (M, N, L) mode strides, reduced), with
 #: `reduced` one of: an M x N output; a reduction the launch writes whole (per row or column); a
-#: reduction that starts from its identity, 0 (an atomic max over M and N, or nothing to reduce).
-MATRIX, REDUCED, REDUCED_FROM_ZERO = 0, 1, 2
+#: reduction that starts from its identity (`Reduction.identity`: an atomic max over M and N, or
+#: nothing to reduce).
+MATRIX, REDUCED, REDUCED_FROM_IDENTITY = 0, 1, 2
 _FreshOutput = tuple[tuple[int, ...], torch.dtype, tuple[int, ...], tuple[int, int, int], int]
 
 
@@ -116,6 +117,7 @@ class Kernel:
         self._block = compiled.info.max_threads
         self._smem = compiled.info.smem_bytes
         self._names = tuple(o.name for o in self._ir.operands)
+        self._identities = tuple(o.reduce.identity if o.reduce is not None else 0.0 for o in self._ir.epilogue.outputs)
         self._writer = ParamsWriter(compiled.params_layout)
         self._builder = ArgumentBuilder(compiled.generated.kernel_recipe, self._config)
         self._swap = self._config.swap_ab  # the kernel computes D^T = B^T A^T on the same memory
@@ -272,20 +274,21 @@ class Kernel:
         targs: list[OutputArg] = []
         if out is None:  # fresh memory: right by construction, cannot alias an input (a plain loop: hot path)
             device = plan.device
-            for shape, dtype, strides, modes, reduced in plan.fresh:
+            for identity, (shape, dtype, strides, modes, reduced) in zip(self._identities, plan.fresh, strict=True):
                 tensor = torch.empty_strided(shape, strides, dtype=dtype, device=device)
-                if reduced == REDUCED_FROM_ZERO:
-                    tensor.zero_()
+                if reduced == REDUCED_FROM_IDENTITY:
+                    tensor.fill_(identity)
                 tensors.append(tensor)
                 targs.append((tensor.data_ptr(), modes))  # a TensorArg's fields (building one costs 0.3 us)
             return tuple(tensors), tuple(targs)
         given: list[tuple[str, tuple[int, int] | None]] = []
         for o, t, (shape, dtype, strides, modes, reduced) in zip(
                 self._ir.epilogue.outputs, _given_outputs(out, len(plan.fresh)), plan.fresh, strict=True):
+            identity = o.reduce.identity if o.reduce is not None else 0.0
             if t is None:
                 t = torch.empty_strided(shape, strides, dtype=dtype, device=plan.device)
-                if reduced == REDUCED_FROM_ZERO:
-                    t.zero_()
+                if reduced == REDUCED_FROM_IDENTITY:
+                    t.fill_(identity)
                 targs.append((t.data_ptr(), modes))
             else:  # checked once per (layout, output signature); the alias check follows the inputs
                 name = "out" if o.name == "d" else f"out[{o.name}]"
@@ -304,8 +307,8 @@ class Kernel:
                 check_no_alias(name, hit[1], plan.input_spans)
                 given.append((name, hit[1]))
                 targs.append(hit[0])
-                if reduced == REDUCED_FROM_ZERO:  # zeroed on the stream before every launch
-                    t.zero_()
+                if reduced == REDUCED_FROM_IDENTITY:  # filled on the stream before every launch
+                    t.fill_(identity)
             tensors.append(t)
         if len(given) > 1:
             check_outputs_disjoint(given)
@@ -325,7 +328,7 @@ class Kernel:
                 modes = (vector[0], vector[1], vector[2] if l > 1 else 0)
                 zero = o.dim is None or 0 in shape  # an atomic max over M and N, or nothing to reduce
                 strides = (rshape[-1], 1) if len(rshape) == 2 else (1,) * len(rshape)
-                layouts.append((rshape, o.dtype.torch, strides, modes, REDUCED_FROM_ZERO if zero else REDUCED))
+                layouts.append((rshape, o.dtype.torch, strides, modes, REDUCED_FROM_IDENTITY if zero else REDUCED))
                 continue
             strides = padded_strides(shape, o.dtype.torch)
             layouts.append((shape, o.dtype.torch, strides,

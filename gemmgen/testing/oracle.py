@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import struct
@@ -172,7 +173,12 @@ class OracleProgram:
         if b.kind in ("row_reduction", "col_reduction"):
             ptr, batch_stride = (self.slots.add(f"aux.{b.name}.{part}") for part in ("ptr", "s2"))
             modes = "cute::_0{}, cute::_1{}" if b.kind == "row_reduction" else "cute::_1{}, cute::_0{}"
-            return f"{{reinterpret_cast<void*>(V[{ptr}]), 0.f, {{{modes}, static_cast<int64_t>(V[{batch_stride}])}}}}"
+            reduce = next(o.reduce for o in self.kernel.kernel_recipe.epilogue.outputs if o.name == b.name)
+            assert reduce is not None
+            inf = "std::numeric_limits<float>::infinity()"
+            identity = {math.inf: inf, -math.inf: f"-{inf}"}.get(reduce.identity, f"{reduce.identity}f")
+            return (f"{{reinterpret_cast<void*>(V[{ptr}]), {identity}, "
+                    f"{{{modes}, static_cast<int64_t>(V[{batch_stride}])}}}}")
         if b.kind == "amax":
             ptr, batch_stride = (self.slots.add(f"aux.{b.name}.{part}") for part in ("ptr", "s2"))
             return (f"{{reinterpret_cast<{e}*>(V[{ptr}]), 0.f, "

@@ -166,6 +166,8 @@ class ParamsView(Protocol):
 _VECTOR_REDUCTIONS = {
     ("cutlass::plus", "cutlass::plus", "cutlass::plus"): "sum",
     ("cutlass::maximum_absolute_value_reduction", "cutlass::maximum", "cutlass::maximum"): "amax",
+    ("cutlass::maximum", "cutlass::maximum", "cutlass::maximum"): "max",
+    ("cutlass::minimum", "cutlass::minimum", "cutlass::minimum"): "min",
 }
 
 
@@ -376,8 +378,12 @@ class EpilogueInterpreter:
             if identity != 0:  # each thread starts from the identity, so it would be added many times
                 raise AssertionError(f"{lvalue}: a sum's reduction_identity is {float(identity)}, not 0")
             value = x.sum(dim=dims)
-        else:  # maximum<float> (fmaxf) skips NaN; the running value starts at the identity
+        elif op == "amax":  # maximum<float> (fmaxf) skips NaN; the running value starts at the identity
             value = torch.maximum(torch.where(torch.isnan(x), 0.0, x.abs()).amax(dim=dims), identity)
+        elif op == "max":  # fmaxf from the identity: NaN skipped, the identity where nothing is left
+            value = torch.maximum(torch.where(torch.isnan(x), identity, x).amax(dim=dims), identity)
+        else:  # fminf likewise
+            value = torch.minimum(torch.where(torch.isnan(x), identity, x).amin(dim=dims), identity)
         target = ptr.as_strided((l_ if batch_stride else 1, length), (batch_stride, 1))
         target.copy_(_convert(value.reshape(target.shape), element))
         return inputs[0]

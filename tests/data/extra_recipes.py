@@ -1,7 +1,7 @@
 """Coverage kernels for the tests: every epilogue functor, a second matrix input (Sm90AuxLoad),
 constants on either side of an op, a cast, a compile-time scalar, fp8 (e4m3) D, a batched recipe,
-MN-major A and B multicast across a 2x2 cluster, a swapped kernel (D^T = B^T A^T), an amax and
-reductions over M."""
+MN-major A and B multicast across a 2x2 cluster, a swapped kernel (D^T = B^T A^T), an amax,
+reductions over M, and signed max and min reductions."""
 
 import gemmgen as gg
 
@@ -78,6 +78,23 @@ column_stats = gg.Recipe(
     operands={"row_scale": gg.ColVector(gg.f32)},
     aux={"col_sum": gg.f32, "col_amax": gg.f32, "amax": gg.f32},
     config=gg.KernelConfig(tile=(64, 128, 64), schedule=gg.Schedule.PINGPONG, swap_ab=True),
+)
+
+
+# Each row's largest and smallest value (an LM head's max logit for a stable softmax, a per-token
+# range): signed max and min reductions over N, whose identities (-inf, +inf) the runtime writes
+# into the Params; batched, a bias, D in bf16.
+def _row_extrema(acc, bias):
+    y = acc + bias
+    return {"d": y, "row_max": gg.reduce_max(y, dim=1), "row_min": gg.reduce_min(y, dim=1)}
+
+
+row_extrema = gg.Recipe(
+    "row_extrema",
+    _row_extrema,
+    batched=True,
+    operands={"bias": gg.RowVector(gg.bf16)},
+    aux={"row_max": gg.f32, "row_min": gg.f32},
 )
 
 

@@ -126,6 +126,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     out += [(columns, columns.default_config()), (columns, gg.KernelConfig(swap_ab=True))]
     swapped_blocks = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["block_scaled_swapped"]
     out.append((swapped_blocks, swapped_blocks.default_config()))
+    extrema = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["row_extrema"]  # max and min over N
+    out.append((extrema, extrema.default_config()))
     out.append((fp8_out_recipe(), fp8_out_recipe().default_config()))
     out.append((moe_fp8_recipe(), moe_fp8_recipe().default_config()))
     fp8_linear = gg.nn.block_scaled_linear_recipe("silu", True, torch.bfloat16)  # test_gpu's BlockScaledLinear
