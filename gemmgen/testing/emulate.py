@@ -192,8 +192,9 @@ def emulate_grouped(compiled: CompiledKernel, setup: bytes, params: bytes, encod
                     tensors: list[torch.Tensor]) -> None:
     """`emulate` for a grouped kernel: first what its setup kernel does with `setup` (grouped.hpp's
     `fill`, as `fill_groups` computes it, written into the call's buffer, one of `tensors`), then per
-    group what the GEMM does with `params`: it reads the group's shape, A and B through the pointer
-    and stride arrays, and runs the epilogue the source declares on A_g @ B_g."""
+    group what the GEMM does with `params`: it reads the group's shape, A and B (and a block-scaled
+    kernel's scales) through the pointer and stride arrays, and runs the epilogue the source
+    declares on A_g @ B_g."""
     kernel = _interpreter(compiled.generated.source)
     view = _ParamsBytes(compiled.params_layout, params, encoder, tensors)
     fields = SETUP.unpack(setup)
