@@ -750,6 +750,21 @@ def test_block_scales_of_groups_are_checked(block_kernel):
     assert k.prepare(a, b, offsets, **{**ops, "scale_a": odd}).params is not None
 
 
+def test_block_scaled_groups_empty_and_zero_k(block_kernel):
+    """No rows: nothing launched. K = 0 (scales with no K blocks): each covered row is the epilogue
+    of a zero accumulator, as torch's matmul over an empty K; rows after the last group untouched."""
+    k = _cpu(block_kernel)
+    fp8 = torch.float8_e4m3fn
+    b = torch.zeros(2, 16, 128, dtype=fp8).mT
+    p = k.prepare(torch.zeros(0, 128, dtype=fp8), b, torch.zeros(2, dtype=torch.int32), torch.ones(0, 1),
+                  torch.ones(2, 1, 1), torch.rand(0))
+    assert p.params is None and p.output.shape == (0, 16)
+    out = torch.full((5, 16), float("nan")).bfloat16()
+    p = k.prepare(torch.zeros(5, 0, dtype=fp8), b[:, :0], torch.tensor([2, 4], dtype=torch.int32),
+                  torch.ones(5, 0), torch.ones(2, 0, 1), torch.rand(5), out=out)
+    assert p.params is None and (out[:4] == 0).all() and out[4:].isnan().all()
+
+
 @pytest.mark.parametrize("shape, offsets", [
     ((37, 304, 136, 4), (5, 5, 20, 30)),  # an empty group, rows after the last; K and N tails
     ((37, 304, 136, 4), (40, 3, 50, 60)),  # out of range and decreasing: clamped
