@@ -16,6 +16,9 @@ forces that).
 On a GPU: a raw cuLaunchKernelEx of prepared arguments, then Kernel.__call__, the eager path
 modules use (OpCaller: kernel called directly) and the op, each as host microseconds per call over
 a loop of 2000 launches of a 64x64x64 problem; the overheads are over the raw launch.
+
+Both then time the grouped example (moe_up, 8 groups) the same way: its two raw launches (the
+setup kernel, then the GEMM) against GroupedKernel.__call__ and the grouped op.
 """
 
 from __future__ import annotations
@@ -131,6 +134,61 @@ def cpu_overheads() -> None:
         print(f"{name:45s} {us:6.1f} us{over}")
     dispatcher = rows["op through the dispatcher"] - rows["op body called directly"]
     print(f"{'dispatcher (op minus its body)':45s} {dispatcher:6.1f} us")
+    if stub is not None:
+        grouped_cpu_overheads()
+
+
+def _grouped_inputs(device: str) -> tuple:
+    """moe_up's arguments for 8 groups of 8 rows, 64 x 64 (a, b, offsets, bias, weight)."""
+    a = torch.randn(64, 64, device=device).bfloat16()
+    b = torch.randn(8, 64, 64, device=device).bfloat16().transpose(1, 2)
+    offsets = torch.arange(1, 9, dtype=torch.int32, device=device) * 8
+    return a, b, offsets, torch.randn(8, 64, device=device).bfloat16(), torch.rand(64, device=device)
+
+
+def _grouped_launches(kernel, args: tuple, stream: int):
+    """Both launches of a grouped call with prepared arguments: what a raw caller would issue."""
+    from gemmgen.runtime import driver
+    from gemmgen.runtime.grouped import SETUP_BLOCK
+
+    prep = kernel.prepare(*args)
+    gemm, setup = kernel._function(prep.device_index)
+    info, cluster = kernel.compiled.info, kernel.compiled.config.cluster
+
+    def raw() -> None:
+        driver.launch_function(setup, prep.setup, prep.setup_grid, SETUP_BLOCK, 0, stream)
+        driver.launch(gemm, prep.params, prep.grid, info.max_threads, cluster, info.smem_bytes, stream)
+
+    return raw, prep
+
+
+def grouped_cpu_overheads() -> None:
+    """The grouped example (moe_up) the same way: its two raw launches, GroupedKernel.__call__, and
+    a probe op whose CPU kernel is the grouped op's CUDA body (`call_realigning` of the kernel)."""
+    from gemmgen.runtime.grouped import GroupedKernel
+
+    recipe = load_recipes(ROOT / "examples" / "recipes.py")["moe_up"]
+    kernel = GroupedKernel(recipe.build(), require_cuda=False)
+    args = _grouped_inputs("cpu")
+    raw, prep = _grouped_launches(kernel, args, STREAM)
+    out = prep.output
+
+    def body(a: torch.Tensor, b: torch.Tensor, *rest: object) -> torch.Tensor:
+        return ops.call_realigning(recipe, kernel, a, b, rest)
+
+    probe = ops.define("grouped_overhead_probe(Tensor a, Tensor b, Tensor offsets, Tensor bias, Tensor weight) "
+                       "-> Tensor", {"CPU": body}, lambda a, b, *rest: a.new_empty(a.shape[0], b.shape[-1]),
+                       lambda ctx, g: (None,) * 5, None).default
+    rows = {"raw setup + GEMM launches (prepared arguments)": _us(raw),
+            "GroupedKernel.__call__, out given": _us(lambda: kernel(*args, out=out)),
+            "GroupedKernel.__call__, D allocated": _us(lambda: kernel(*args)),
+            "grouped op body called directly": _us(lambda: body(*args)),
+            "grouped op through the dispatcher": _us(lambda: probe(*args))}
+    base = rows["raw setup + GEMM launches (prepared arguments)"]
+    print(f"# {recipe.name} ({kernel.compiled.config.name}, 8 groups of 8 rows, 64 x 64): two launches per call")
+    for name, us in rows.items():
+        over = f"   over raw: {us - base:5.1f} us" if not name.startswith("raw") else ""
+        print(f"{name:45s} {us:6.1f} us{over}")
 
 
 def main() -> None:
@@ -182,6 +240,19 @@ def gpu_overheads() -> None:
     base = timings["raw cuLaunchKernelEx (prepared arguments)"]
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, host us per call, median of 7x2000 calls")
     for name, us in timings.items():
+        print(f"{name:45s} {us:6.1f} us   over raw: {us - base:5.1f} us")
+    grouped = load_recipes(ROOT / "examples" / "recipes.py")["moe_up"]
+    op, args = ops.op(grouped).default, _grouped_inputs("cuda")
+    op(*args)  # loads the op's kernel (from the bundle on the GPU machine)
+    kernel = grouped.compile()
+    raw, _ = _grouped_launches(kernel, args, driver.current_stream(args[0].device.index or 0))
+    rows = {"raw setup + GEMM launches (prepared arguments)": _host_us(raw)}
+    with torch.no_grad():
+        rows["GroupedKernel.__call__"] = _host_us(lambda: kernel(*args))
+        rows["torch.ops.gemmgen grouped op, no_grad"] = _host_us(lambda: op(*args))
+    base = rows["raw setup + GEMM launches (prepared arguments)"]
+    print(f"# {grouped.name}, 8 groups of 8 rows, 64 x 64: two launches per call")
+    for name, us in rows.items():
         print(f"{name:45s} {us:6.1f} us   over raw: {us - base:5.1f} us")
 
 

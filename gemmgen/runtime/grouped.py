@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 MODE_GROUPED = 4  # cutlass::gemm::GemmUniversalMode::kGrouped
 MAX_COLUMNS = 18  # gemmgen::grouped::MaxColumns
 SETUP = struct.Struct(f"<QQQiiiii4x{MAX_COLUMNS}q{MAX_COLUMNS}q{MAX_COLUMNS}q")  # gemmgen::grouped::Setup
+SETUP_BASES = struct.calcsize("<QQQiiiii4x")  # where Setup::base starts
 SETUP_BLOCK = 128  # threads per block of the setup kernel: one per group
 _MAP_BYTES = 128  # sizeof(cute::TmaDescriptor)
 _MAP_ALIGN = 64  # MinTensorMapWorkspaceAlignment
@@ -199,6 +200,7 @@ class _GroupedPlan:
     grid: tuple[int, int, int] = (0, 0, 0)
     setup_grid: tuple[int, int, int] = (0, 0, 0)
     params: dict[int, bytes] = field(default_factory=dict)  # by buffer address
+    setups: dict[int, bytes] = field(default_factory=dict)  # by buffer address, D's base 0
 
 
 class GroupedKernel:
@@ -228,20 +230,28 @@ class GroupedKernel:
                  **operands: Any) -> torch.Tensor:
         p = self.prepare(a, b, offsets, *args, out=out, **operands)
         if p.params is not None:
-            with torch.cuda.device(p.device_index):
-                gemm, setup = self._function(p.device_index)
-                stream = driver.current_stream(p.device_index)
-                driver.launch_function(setup, p.setup, p.setup_grid, SETUP_BLOCK, 0, stream)  # type: ignore[arg-type]
-                driver.launch(gemm, p.params, p.grid, self.compiled.info.max_threads, self._config.cluster,
-                              self.compiled.info.smem_bytes, stream)
+            if driver.current_device() == p.device_index:
+                self._launch(p)
+            else:  # tensors on another GPU than the current one
+                with torch.cuda.device(p.device_index):
+                    self._launch(p)
         return p.output
+
+    def _launch(self, p: PreparedGroupedCall) -> None:
+        """Both kernels on the current stream of the tensors' device, the current device (the
+        module was loaded into its context): the setup kernel, then the GEMM."""
+        gemm, setup = self._function(p.device_index)
+        stream = driver.current_stream(p.device_index)
+        driver.launch_function(setup, p.setup, p.setup_grid, SETUP_BLOCK, 0, stream)  # type: ignore[arg-type]
+        driver.launch(gemm, p.params, p.grid, self.compiled.info.max_threads, self._config.cluster,  # type: ignore[arg-type]
+                      self.compiled.info.smem_bytes, stream)
 
     def prepare(self, a: Any, b: Any, offsets: Any, *args: Any, out: Any = None, **operands: Any
                 ) -> PreparedGroupedCall:
         """Check, allocate and build both launches (everything but the driver calls). The checks
         and the columns are kept per call signature (every argument's address, shape, strides,
-        dtype and device, and every scalar), and Params per buffer address: a repeated call only
-        allocates D and the buffer, and packs the setup block."""
+        dtype and device, and every scalar), and Params and the setup block per buffer address: a
+        repeated call only allocates D and the buffer, and writes D's address into the setup block."""
         if args:
             if operands or len(args) != len(self._names):
                 raise InvalidArgument(f"operands: pass all {len(self._names)} of {list(self._names)} positionally in "
@@ -277,9 +287,12 @@ class GroupedKernel:
                                           max(plan.device_index, 0), self._encode)
             params = bytes(self._writer.write(values))
             put_bounded(plan.params, addr, params)
-        columns = plan.columns.copy()
-        columns[plan.d_column] = columns[plan.d_column]._replace(base=d.data_ptr())
-        setup = self._args.setup(call, columns, addr, plan.layout)
+        setup = plan.setups.get(addr)
+        if setup is None:  # D's column with base 0, patched per call: D is allocated per call
+            setup = self._args.setup(call, plan.columns, addr, plan.layout)
+            put_bounded(plan.setups, addr, setup)
+        at = SETUP_BASES + 8 * plan.d_column
+        setup = setup[:at] + d.data_ptr().to_bytes(8, "little") + setup[at + 8:]
         return PreparedGroupedCall(d, buffer, setup, plan.setup_grid, params, plan.grid, plan.device_index)
 
     def _plan(self, a: Any, b: Any, offsets: Any, operands: dict, out: Any) -> _GroupedPlan:
