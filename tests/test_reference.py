@@ -220,7 +220,7 @@ def test_max_and_min_reductions(gen):
     torch.testing.assert_close(hi, acc.amax(-1))
     torch.testing.assert_close(lo, acc.amin(-1))
     _, column = c.reference(a[0], b[0])
-    assert (column < -90).all()  # signed: not the largest magnitude
+    assert (column < 0).all()  # signed: not the largest magnitude (acc is far below 100)
     torch.testing.assert_close(column, (acc[0] - 100.0).amax(-2))
     a[0, 3, 0] = float("nan")
     _, hi, lo = r.reference(a, b)
