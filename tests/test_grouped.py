@@ -593,6 +593,34 @@ def test_grouped_linear_is_the_experts_linears(activation, bias):
         assert error < 1e-2, (name, float(error))
 
 
+def test_grouped_linear_pads_odd_bias_rows_itself(monkeypatch):
+    """out_features 12 (24-byte bias rows): the module hands the op 16-byte aligned rows, so the op
+    never refuses the layout and copies after the fact; gradients reach the bias, and the input's
+    and weight's are computed (torch._grouped_mm wants 16-byte strides: the op pads dD's rows)."""
+    from gemmgen.integrations import ops
+
+    def refused(*args, **kw):
+        raise AssertionError("the op had to realign an argument")
+
+    monkeypatch.setattr(ops, "_realigned", refused)
+    layer = gg.nn.GroupedLinear(2, 16, 12)
+    x, offsets = torch.randn(10, 16).bfloat16(), torch.tensor([4, 10], dtype=torch.int32)
+    y = layer(x, offsets)
+    b = layer.bias
+    assert b is not None
+    w, bf = layer.weight.detach().float(), b.detach().float()
+    want = torch.cat([x[:4].float() @ w[0].T + bf[0], x[4:].float() @ w[1].T + bf[1]])
+    torch.testing.assert_close(y.float(), want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
+    xs = x.clone().requires_grad_(True)
+    layer(xs, offsets).float().sum().backward()
+    assert b.grad is not None and xs.grad is not None and layer.weight.grad is not None
+    torch.testing.assert_close(b.grad.float(), torch.tensor([[4.0] * 12, [6.0] * 12]))
+    torch.testing.assert_close(xs.grad.float(), torch.cat([w[0].sum(0).expand(4, 16), w[1].sum(0).expand(6, 16)]),
+                               rtol=1.6e-2, atol=1e-2)
+    want_w = torch.stack([x[:4].float().sum(0).expand(12, 16), x[4:].float().sum(0).expand(12, 16)])
+    torch.testing.assert_close(layer.weight.grad.float(), want_w, rtol=1.6e-2, atol=1e-2)
+
+
 def test_grouped_linear_mistakes_and_trace():
     """Wrong inputs raise InvalidArgument naming them; the offsets are checked by the op; the layer
     traces without graph breaks; `launches` names the one kernel any split of the tokens uses."""

@@ -121,9 +121,18 @@ def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[
             g_acc = a.new_zeros(rows, b.shape[-1])
         else:
             g_acc = torch.where(covered, got[0], 0.0).to(a.dtype)
+        g_acc = _rows_16_bytes_apart(g_acc)  # torch._grouped_mm wants 16-byte strides (N odd: padded)
         if needed[0]:
             ga = torch.where(covered, torch._grouped_mm(g_acc, b.transpose(-1, -2), offs=ends), 0.0).to(a.dtype)
         if needed[1]:
             gb = torch._grouped_mm(a.t(), g_acc, offs=ends).to(b.dtype)
     grads = [None if g_leaf.get(k) is None else g_leaf[k].to(v.dtype) for k, v in ops.items()]
     return (ga, gb, None, *[None] * (len(rest) - len(ops)), *grads)
+
+
+def _rows_16_bytes_apart(t: torch.Tensor) -> torch.Tensor:
+    """`t` (rows, N), or a copy of it whose rows are padded to a multiple of 16 bytes."""
+    per = 16 // t.element_size()
+    if t.shape[1] % per == 0:
+        return t
+    return t.new_zeros(t.shape[0], t.shape[1] + (-t.shape[1] % per))[:, :t.shape[1]].copy_(t)

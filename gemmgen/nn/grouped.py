@@ -27,6 +27,14 @@ from ..types import as_dtype
 from .linear import RecipeModule, activation_fn, unsupported
 
 
+def _rows_aligned(bias: torch.Tensor) -> torch.Tensor:
+    """The experts' biases with each row 16-byte aligned, as the kernel reads them in 16-byte
+    vectors: a padded copy (differentiable, traceable) where out_features is not a multiple of 8
+    (bf16/f16), in place of the op's copy after its check refuses the layout."""
+    pad = -bias.shape[1] % (16 // bias.element_size())
+    return torch.nn.functional.pad(bias, (0, pad))[:, :bias.shape[1]] if pad else bias
+
+
 @functools.cache
 def grouped_linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype) -> Recipe:
     """The recipe of a group of expert Linears (x_e @ W_e^T, the weights stacked as E x out x in)
@@ -110,7 +118,7 @@ class GroupedLinear(RecipeModule):
                                       f"(input.to({dtype})) or run under torch.autocast, as for nn.Linear")
             x = x.to(dtype)
         w = self.weight.transpose(1, 2)
-        return self._op(x, w, offsets) if self.bias is None else self._op(x, w, offsets, self.bias)
+        return self._op(x, w, offsets) if self.bias is None else self._op(x, w, offsets, _rows_aligned(self.bias))
 
     def launches(self) -> tuple[Recipe, Any]:
         """(recipe, config) of the kernel forward launches, for any split of the tokens: what to build
