@@ -36,6 +36,7 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int], dtype: DType | s
     import torch
 
     from .reference import FP8_MAX, round_to
+    from .runtime.checks import copy_in_layout
 
     dt = as_dtype(dtype, "dtype")
     if dt not in FP8_MAX:
@@ -57,18 +58,7 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int], dtype: DType | s
     scaled = (blocks / scale[..., :, None, :, None]).flatten(-2).flatten(-3, -2)[..., :rows, :cols]
     q = torch.empty_like(x, dtype=dt.torch)
     q.copy_(round_to(scaled, dt))
-    return q, _in_layout(scale, layout, 1 if compact else 4)
-
-
-def _in_layout(scale: torch.Tensor, layout: Layout, pad_to: int = 4) -> torch.Tensor:
-    """`scale` copied into `layout`, the contiguous dimension's stride rounded up to `pad_to`
-    elements (4: 16 bytes, for TMA)."""
-    rows, cols = scale.shape[-2], scale.shape[-1]
-    if layout is Layout.ROW:
-        buf = scale.new_empty(*scale.shape[:-1], -(-cols // pad_to) * pad_to)[..., :cols]
-    else:
-        buf = scale.new_empty(*scale.shape[:-2], cols, -(-rows // pad_to) * pad_to)[..., :rows].transpose(-1, -2)
-    return buf.copy_(scale)
+    return q, copy_in_layout(scale, layout, 1 if compact else 4)  # 4 fp32: 16 bytes, for TMA
 
 
 def random_block_scale(kind: OperandKind, gemm: GemmSpec, m: int, n: int, k: int, lead: tuple[int, ...] = (),
@@ -78,6 +68,8 @@ def random_block_scale(kind: OperandKind, gemm: GemmSpec, m: int, n: int, k: int
     `m` is its rows of A, and `lead` holds scale_b's groups)."""
     import torch
 
+    from .runtime.checks import copy_in_layout
+
     assert gemm.block_scale is not None and kind.block_scale
     gm, gn, gk = gemm.block_scale
     k_blocks = -(-k // gk)
@@ -86,4 +78,4 @@ def random_block_scale(kind: OperandKind, gemm: GemmSpec, m: int, n: int, k: int
         shape, layout = (-(-m // gm), k_blocks), layout_a
     else:
         shape, layout = (k_blocks, -(-n // gn)), layout_b
-    return _in_layout(torch.rand(*lead, *shape, device=device) * 1.5 + 0.5, layout, 1 if gemm.grouped else 4)
+    return copy_in_layout(torch.rand(*lead, *shape, device=device) * 1.5 + 0.5, layout, 1 if gemm.grouped else 4)

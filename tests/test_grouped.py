@@ -53,6 +53,27 @@ def _cpu(kernel, sm_count=132, clusters=0):
                          require_cuda=False)
 
 
+def _params_field(compiled, params: bytes):
+    """A Params field's value by name, as the oracle prints it (sign-extended to 64 bits)."""
+    layout = {f.name: (offset, f) for f, offset, _ in compiled.params_layout.fields}
+
+    def field(name: str) -> int:
+        offset, f = layout[name]
+        return int.from_bytes(params[offset:offset + f.size], "little", signed=f.kind in ("i32", "i64")) \
+            & (2**64 - 1)
+
+    return field
+
+
+def _oracle_values(field, groups: int, sm_count: int, clusters: int) -> dict[str, int]:
+    """The Arguments every grouped kernel's oracle takes: the group arrays, the workspace, hardware."""
+    return {"groups": groups, "shapes": field("problem.shapes"), "workspace": field("workspace"),
+            "a.array": field("mainloop.ptr_a"), "a.strides": field("mainloop.stride_a"),
+            "b.array": field("mainloop.ptr_b"), "b.strides": field("mainloop.stride_b"),
+            "d.array": field("epilogue.ptr_d"), "d.strides": field("epilogue.stride_d"),
+            "hw.device_id": 0, "hw.sm_count": sm_count, "hw.max_active_clusters": clusters}
+
+
 def _inputs(rows=37, k=64, n=48, groups=4, offsets=(5, 5, 20, 30)):
     a = torch.randn(rows, k).bfloat16()
     b = torch.randn(groups, n, k).bfloat16().transpose(1, 2)  # per group K x N, stored N x K (K-major)
@@ -240,19 +261,8 @@ def test_fp8_groups(fp8_kernel, tmp_path):
     assert want.abs().sum() > 0
     torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2)
     oracle = OracleProgram(fp8_kernel.generated, tmp_path)
-    layout = {f.name: (offset, f) for f, offset, _ in fp8_kernel.params_layout.fields}
-    params = p.params
-
-    def field(name):
-        offset, f = layout[name]
-        return int.from_bytes(params[offset:offset + f.size], "little", signed=f.kind in ("i32", "i64")) \
-            & (2**64 - 1)
-
-    values = {"groups": 3, "shapes": field("problem.shapes"), "workspace": field("workspace"),
-              "a.array": field("mainloop.ptr_a"), "a.strides": field("mainloop.stride_a"),
-              "b.array": field("mainloop.ptr_b"), "b.strides": field("mainloop.stride_b"),
-              "d.array": field("epilogue.ptr_d"), "d.strides": field("epilogue.stride_d"),
-              "hw.device_id": 0, "hw.sm_count": 132, "hw.max_active_clusters": 0,
+    field = _params_field(fp8_kernel, p.params)
+    values = {**_oracle_values(field, 3, 132, 0),
               **{f"operand.{o}.ptr": field(f"epilogue.{kind}.{o}.ptr")
                  for o, kind in (("scale_a", "col"), ("scale_b", "row"), ("bias", "row"))}}
     expected = oracle.run_argv(oracle.grouped_argv(values))
@@ -301,20 +311,9 @@ def test_arguments_match_cutlass(grouped_kernels, grouped_oracles, index, sm_cou
     a, b, offsets, bias, weight = _inputs(rows=1000, k=264, n=136, groups=8, offsets=range(100, 900, 100))
     p = k.prepare(a, b, offsets, bias=bias, weight=weight)
     layout = k.compiled.params_layout
-    mine = {f.name: (offset, f) for f, offset, _ in layout.fields}
-
-    def field(name):
-        offset, f = mine[name]
-        return int.from_bytes(p.params[offset:offset + f.size], "little", signed=f.kind in ("i32", "i64")) \
-            & (2**64 - 1)
-
-    values = {"groups": 8, "shapes": field("problem.shapes"), "workspace": field("workspace"),
-              "a.array": field("mainloop.ptr_a"), "a.strides": field("mainloop.stride_a"),
-              "b.array": field("mainloop.ptr_b"), "b.strides": field("mainloop.stride_b"),
-              "d.array": field("epilogue.ptr_d"), "d.strides": field("epilogue.stride_d"),
-              "operand.bias.ptr": field("epilogue.row.bias.ptr"),
-              "operand.weight.ptr": field("epilogue.col.weight.ptr"),
-              "hw.device_id": 0, "hw.sm_count": sm_count, "hw.max_active_clusters": clusters}
+    field = _params_field(k.compiled, p.params)
+    values = {**_oracle_values(field, 8, sm_count, clusters), "operand.bias.ptr": field("epilogue.row.bias.ptr"),
+              "operand.weight.ptr": field("epilogue.col.weight.ptr")}
     expected = oracle.run_argv(oracle.grouped_argv(values))
     assert expected.can_implement
     by_addr = {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
@@ -829,22 +828,11 @@ def test_block_scaled_arguments_match_cutlass(block_kernel, tmp_path):
     enc = k._encode
     a, b, offsets, ops, _, _ = _block_inputs(1000, 272, 136, 8, range(100, 900, 100))
     p = k.prepare(a, b, offsets, **ops)
-    layout = {f.name: (offset, f) for f, offset, _ in block_kernel.params_layout.fields}
-
-    def field(name):
-        offset, f = layout[name]
-        return int.from_bytes(p.params[offset:offset + f.size], "little", signed=f.kind in ("i32", "i64")) \
-            & (2**64 - 1)
-
+    field = _params_field(block_kernel, p.params)
     oracle = OracleProgram(block_kernel.generated, tmp_path)
-    values = {"groups": 8, "shapes": field("problem.shapes"), "workspace": field("workspace"),
-              "a.array": field("mainloop.ptr_a"), "a.strides": field("mainloop.stride_a"),
-              "b.array": field("mainloop.ptr_b"), "b.strides": field("mainloop.stride_b"),
-              "sfa.array": field("mainloop.ptr_sfa"), "sfa.layouts": 0,
+    values = {**_oracle_values(field, 8, 114, 0), "sfa.array": field("mainloop.ptr_sfa"), "sfa.layouts": 0,
               "sfb.array": field("mainloop.ptr_sfb"), "sfb.layouts": 0,
-              "d.array": field("epilogue.ptr_d"), "d.strides": field("epilogue.stride_d"),
-              "operand.weight.ptr": field("epilogue.col.weight.ptr"),
-              "hw.device_id": 0, "hw.sm_count": 114, "hw.max_active_clusters": 0}
+              "operand.weight.ptr": field("epilogue.col.weight.ptr")}
     expected = oracle.run_argv(oracle.grouped_argv(values))
     assert expected.can_implement
     assert {c.addr: c.as_dict() for c in enc.calls} == \
@@ -852,7 +840,7 @@ def test_block_scaled_arguments_match_cutlass(block_kernel, tmp_path):
     for f, _, _ in block_kernel.params_layout.fields:
         if f.kind != "desc":
             assert field(f.name) == expected.fields[f.name]["bits"], f.name
-    assert "mainloop.mma_promotion_interval" not in layout  # the blockwise main loop promotes per K tile
+    assert "mainloop.mma_promotion_interval" not in {f.name for f, _, _ in block_kernel.params_layout.fields}
     assert list(p.grid) == expected.launch["grid"]
     assert expected.launch["smem"] == block_kernel.info.smem_bytes
 

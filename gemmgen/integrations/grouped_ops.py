@@ -89,27 +89,28 @@ def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[
         raise InvalidArgument(f"a: gradients of a grouped recipe use torch._grouped_mm, which takes bf16 on the GPU, "
                               f"not {a.dtype}; declare the recipe with a=gg.bf16, b=gg.bf16, or detach the inputs")
     names = [o.name for o in recipe.operands]
-    ops = dict(zip(names, rest, strict=True))
-    a_mm, b_mm = a.detach().to(mm_dtype), b.detach().to(mm_dtype)
-    if gemm.block_scale is not None:  # dequantized, as the unfused model would multiply them
-        from ..reference import expand_block_scale
-
-        _, gn, gk = gemm.block_scale
-        a_mm = (a.float() * expand_block_scale(ops.pop("scale_a"), 1, gk, a.shape)).to(mm_dtype)
-        b_mm = (b.float() * expand_block_scale(ops.pop("scale_b"), gk, gn, b.shape)).to(mm_dtype)
     rows, groups = a.shape[0], b.shape[0]
     if rows == 0 or groups == 0:
         return (torch.zeros_like(a) if needed[0] else None, torch.zeros_like(b) if needed[1] else None, None,
                 *[torch.zeros_like(v) if isinstance(v, torch.Tensor) and need else None
                   for v, need in zip(rest, needed[3:], strict=True)])
+    ops = {o.name: v for o, v in zip(recipe.operands, rest, strict=True) if not o.kind.block_scale}
+    needs = dict(zip(names, needed[3:], strict=True))
+    a_mm, b_mm = a.detach().to(mm_dtype), b.detach().to(mm_dtype)
+    if gemm.block_scale is not None:  # dequantized, as the unfused model would multiply them
+        from ..reference import expand_block_scale
+
+        _, gn, gk = gemm.block_scale
+        scale_a, scale_b = rest[:2]  # the first operands (RecipeIR.operands)
+        a_mm = (a.float() * expand_block_scale(scale_a, 1, gk, a.shape)).to(mm_dtype)
+        b_mm = (b.float() * expand_block_scale(scale_b, gk, gn, b.shape)).to(mm_dtype)
     ends, group, covered = row_groups(offsets, rows, groups)
     covered = covered.unsqueeze(1)
     with torch.enable_grad():
         acc = torch._grouped_mm(a_mm, b_mm, offs=ends).float()
         acc = torch.where(covered, acc, 0.0).requires_grad_(True)  # rows in no group: not computed
-        epilogue_needs = needed[3 + len(names) - len(ops):]  # the scales (never differentiated) come first
-        leaves = {k: v.detach().float().requires_grad_(True) for (k, v), need in zip(ops.items(), epilogue_needs,
-                  strict=True) if need and isinstance(v, torch.Tensor)}
+        leaves = {k: v.detach().float().requires_grad_(True) for k, v in ops.items()
+                  if needs[k] and isinstance(v, torch.Tensor)}
         per_row = operands_per_row(recipe.ir, {**ops, **leaves}, group)
         out = evaluate_epilogue(vectors_as_matrices(recipe.ir), acc, per_row, round_outputs=False)[0]
         got = torch.autograd.grad(out, [acc, *leaves.values()], torch.where(covered, grad.float(), 0.0),
@@ -126,8 +127,8 @@ def grouped_vjp(recipe: Recipe, inputs: list, grad: torch.Tensor, needed: tuple[
             ga = torch.where(covered, torch._grouped_mm(g_acc, b.transpose(-1, -2), offs=ends), 0.0).to(a.dtype)
         if needed[1]:
             gb = torch._grouped_mm(a.t(), g_acc, offs=ends).to(b.dtype)
-    grads = [None if g_leaf.get(k) is None else g_leaf[k].to(v.dtype) for k, v in ops.items()]
-    return (ga, gb, None, *[None] * (len(rest) - len(ops)), *grads)
+    grads = {k: g_leaf[k].to(v.dtype) for k, v in ops.items() if g_leaf.get(k) is not None}
+    return (ga, gb, None, *[grads.get(name) for name in names])
 
 
 def _rows_16_bytes_apart(t: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 from .. import tuning
 from ..errors import InvalidArgument, LayoutMismatch
 from ..runtime import driver
-from ..runtime.checks import check_call, check_problem_size, compact, tma_readable
+from ..runtime.checks import check_call, check_problem_size, copy_in_layout, tma_readable
 from ..runtime.kernel import allocate_output, put_bounded
 from ..types import Layout, OperandKind
 
@@ -178,7 +178,7 @@ def _realigned(recipe: Recipe, refused: LayoutMismatch, a: torch.Tensor, b: torc
     i = names.index(refused.argument)
     if refused.argument in ("scale_a", "scale_b") and g.block_scale:
         layout = g.scale_layouts[refused.argument == "scale_b"]
-        copy = compact(args[i], layout) if g.grouped else tma_readable(args[i], layout)
+        copy = copy_in_layout(args[i], layout, 1) if g.grouped else tma_readable(args[i], layout)  # unpadded
     else:  # every other operand row-major
         copy = tma_readable(args[i], Layout.ROW)
     return a, b, (*args[:i], copy, *args[i + 1:])

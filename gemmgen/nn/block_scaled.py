@@ -101,7 +101,25 @@ def _check_input(x: Any, in_features: int, what: str) -> None:
         raise InvalidArgument(f"input: expected a bf16, f16 or f32 tensor (quantized per call), got {x.dtype}")
 
 
-class BlockScaledLinear(RecipeModule):
+class _BlockScaledModule(RecipeModule):
+    """What the block-scaled layers share: built from weights (quantized or not) by `_take`."""
+
+    def _take(self, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+              activation: str | None, dtype: torch.dtype) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def _of(cls, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+            activation: str | None, dtype: torch.dtype) -> Any:
+        """A layer holding `weight` (quantized here when `scale` is None), without __init__'s
+        random initialisation."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._take(weight, scale, bias, activation, dtype)
+        return layer
+
+
+class BlockScaledLinear(_BlockScaledModule):
     """A Linear layer for inference with an e4m3 weight in 128 x 128 blocks and inputs quantized per
     token and 128 features on each call (DeepSeek-V3's fp8 linear); bias and activation fused.
 
@@ -129,20 +147,14 @@ class BlockScaledLinear(RecipeModule):
             raise InvalidArgument(f"linear: expected a torch.nn.Linear, got {type(linear).__name__}")
         w = linear.weight.detach()
         out = dtype or (w.dtype if w.dtype in COMPUTE_DTYPES else torch.bfloat16)
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer._take(w, None, linear.bias.detach() if linear.bias is not None else None, activation, out)
-        return layer
+        return cls._of(w, None, linear.bias.detach() if linear.bias is not None else None, activation, out)
 
     @classmethod
     def from_quantized(cls, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
                        activation: str | None = None, dtype: torch.dtype = torch.bfloat16) -> BlockScaledLinear:
         """A layer from a checkpoint's e4m3 weight (out, in) and its fp32 scales per 128 x 128 block
         (ceil(out/128), ceil(in/128)): the weight's values are `weight * weight_scale`, block by block."""
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer._take(weight, weight_scale, bias, activation, dtype)
-        return layer
+        return cls._of(weight, weight_scale, bias, activation, dtype)
 
     def _take(self, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
               activation: str | None, dtype: torch.dtype) -> None:
@@ -183,7 +195,7 @@ class BlockScaledLinear(RecipeModule):
                 f"activation={self.activation!r}, dtype={self.dtype}, weight=e4m3 in 128 x 128 blocks")
 
 
-class BlockScaledGroupedLinear(RecipeModule):
+class BlockScaledGroupedLinear(_BlockScaledModule):
     """A mixture-of-experts layer's expert Linears for inference in fp8 with DeepSeek-V3's block
     scales, as one grouped kernel: each expert's e4m3 weight in 128 x 128 blocks, the tokens (sorted
     by expert) quantized per token and 128 features on each call; bias and activation fused.
@@ -218,10 +230,7 @@ class BlockScaledGroupedLinear(RecipeModule):
             w = torch.stack([m.weight.detach() for m in linears])
             bias = torch.stack([m.bias.detach() for m in linears]) if linears[0].bias is not None else None
         out = dtype or (w.dtype if w.dtype in COMPUTE_DTYPES else torch.bfloat16)
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer._take(w, None, bias, activation, out)
-        return layer
+        return cls._of(w, None, bias, activation, out)
 
     @classmethod
     def from_quantized(cls, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
@@ -229,10 +238,7 @@ class BlockScaledGroupedLinear(RecipeModule):
                        ) -> BlockScaledGroupedLinear:
         """Experts from a checkpoint's e4m3 weights (num_experts, out, in) and their fp32 scales per
         128 x 128 block (num_experts, ceil(out/128), ceil(in/128)), stacked."""
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer._take(weight, weight_scale, bias, activation, dtype)
-        return layer
+        return cls._of(weight, weight_scale, bias, activation, dtype)
 
     def _take(self, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
               activation: str | None, dtype: torch.dtype) -> None:

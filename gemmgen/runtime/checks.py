@@ -102,21 +102,18 @@ def tma_readable(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     contiguous. What torch ops do for a tensor a kernel refuses only for its layout."""
     if t.dim() < 2:
         return t.clone(memory_format=torch.contiguous_format)
-    per = TMA_ALIGN // t.element_size()
+    return copy_in_layout(t, layout, TMA_ALIGN // t.element_size())
+
+
+def copy_in_layout(t: torch.Tensor, layout: Layout, pad_to: int) -> torch.Tensor:
+    """A fresh copy of `t` (..., rows, cols), its last two dimensions in `layout`, the contiguous
+    dimension's extent rounded up to a multiple of `pad_to` elements in memory (1: no padding)."""
     rows, cols = t.shape[-2], t.shape[-1]
     if layout is Layout.ROW:
-        buf = t.new_empty(*t.shape[:-1], -(-cols // per) * per)[..., :cols]
+        buf = t.new_empty(*t.shape[:-1], -(-cols // pad_to) * pad_to)[..., :cols]
     else:
-        buf = t.new_empty(*t.shape[:-2], cols, -(-rows // per) * per)[..., :rows].transpose(-1, -2)
+        buf = t.new_empty(*t.shape[:-2], cols, -(-rows // pad_to) * pad_to)[..., :rows].transpose(-1, -2)
     return buf.copy_(t)
-
-
-def compact(t: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """A fresh copy of `t` with no padding, its last two dimensions in `layout` (as grouped kernels
-    read block scales)."""
-    if layout is Layout.ROW:
-        return t.clone(memory_format=torch.contiguous_format)
-    return t.mT.clone(memory_format=torch.contiguous_format).mT
 
 
 def _shape(name: str, t: torch.Tensor, batched: bool) -> tuple[int, ...]:

@@ -282,9 +282,9 @@ class Kernel:
                 targs.append((tensor.data_ptr(), modes))  # a TensorArg's fields (building one costs 0.3 us)
             return tuple(tensors), tuple(targs)
         given: list[tuple[str, tuple[int, int] | None]] = []
-        for o, t, (shape, dtype, strides, modes, reduced) in zip(
-                self._ir.epilogue.outputs, _given_outputs(out, len(plan.fresh)), plan.fresh, strict=True):
-            identity = o.reduce.identity if o.reduce is not None else 0.0
+        for o, identity, t, (shape, dtype, strides, modes, reduced) in zip(
+                self._ir.epilogue.outputs, self._identities, _given_outputs(out, len(plan.fresh)), plan.fresh,
+                strict=True):
             if t is None:
                 t = torch.empty_strided(shape, strides, dtype=dtype, device=plan.device)
                 if reduced == REDUCED_FROM_IDENTITY:
