@@ -64,10 +64,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    m, n, k, _ = problem_shape(args.shape, "--shape")
+    m, n, k, l = problem_shape(args.shape, "--shape")  # noqa: E741
     for recipe in load_recipes(args.recipes).values():
         if args.recipe in (None, recipe.name):
-            print(f"{recipe.name}: {choose(recipe.ir, m, n, k, sm_count=args.sm_count).why}")
+            g = recipe.ir.gemm  # L: the batch of a batched recipe, the groups of a grouped one
+            choice = choose(recipe.ir, m, n, k, l if g.batched or g.grouped else 1, sm_count=args.sm_count)
+            print(f"{recipe.name}: {choice.why}")
     return 0
 
 
@@ -110,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             sp.add_argument("-j", "--jobs", type=int, default=None, help="compile workers")
             continue
         if name == "explain":
-            sp.add_argument("--shape", type=int, nargs=3, required=True, metavar=("M", "N", "K"))
+            sp.add_argument("--shape", type=int, nargs="+", required=True, metavar="M N K [L]",
+                            help="the problem: M N K, and L (a batched recipe's batch, a grouped one's groups)")
             sp.add_argument("--recipe", default=None, help="only this recipe (by name)")
             sp.add_argument("--sm-count", type=int, default=132)
             continue

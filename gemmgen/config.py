@@ -320,14 +320,6 @@ def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
-def grouped_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """A grouped kernel is not swapped: its groups split M (the rows of A), which a swap would make N."""
-    if recipe.gemm.grouped and cfg.swap_ab:
-        return ["swap_ab: a grouped GEMM's groups split the rows of A, so its kernel cannot be swapped; "
-                "use swap_ab=False"]
-    return []
-
-
 def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """Vector reductions are built over the kernel's N only (CUTLASS's Sm90ColReduction). Its
     Sm90RowReduction, over the kernel's M, kept 480-688 bytes of its state on the stack, with
@@ -370,7 +362,7 @@ def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 
 CONSTRAINTS = (tile_violations, schedule_violations, cluster_violations, register_violations, smem_violations,
-               grouped_violations, reduction_violations, block_scale_violations)
+               reduction_violations, block_scale_violations)
 
 
 def violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:

@@ -11,6 +11,11 @@ For a small M (at most SWAP_MAX_M, decode-sized batches) the swapped kernels joi
 they compute D^T = B^T A^T, so M becomes the tile's N, which can be 16 or 32 wide, where an
 unswapped tile is at least 64 rows of mostly zero padding. They are scored on that transposed
 problem, by the same terms.
+
+A grouped (MoE) kernel serves every split of its rows, which only the GPU knows; the host knows
+the rows and the groups. When the groups average at most GROUPED_SWAP_MAX_ROWS rows (decode: a few
+tokens per expert), `choose` gives GROUPED_SWAP_CONFIG, swapped, each group's rows along the tile's
+N; otherwise gemmgen's default. So a grouped recipe needs at most two kernels.
 """
 
 from __future__ import annotations
@@ -45,6 +50,11 @@ SWAP_CANDIDATES: tuple[KernelConfig, ...] = tuple(
     for c in ((2, 1, 1), (1, 1, 1))
 )
 SWAP_MAX_M = 64  # swapped kernels are considered up to this M
+
+#: The grouped kernel for groups of few rows: 128 rows of the weights by 32 of a group's rows per
+#: tile, where an unswapped tile spans at least 64 of a group's rows. (Tile K: `tile_k`.)
+GROUPED_SWAP_CONFIG = KernelConfig(tile=(128, 32, 64), swap_ab=True)
+GROUPED_SWAP_MAX_ROWS = 32  # groups averaging at most this many rows get GROUPED_SWAP_CONFIG
 
 #: Upper bounds of the M buckets; beyond the last, M is rounded up to a multiple of it. The
 #: buckets under 64 exist for the swapped kernels, whose tile N follows M.
@@ -113,12 +123,12 @@ def ranked(recipe: RecipeIR, m: int, n: int, l: int = 1, sm_count: int = 132  # 
 
 
 def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int = 132) -> Choice:  # noqa: E741
-    """The config for a problem (M rounded up to its bucket), with the reasons."""
+    """The config for a problem (M rounded up to its bucket), with the reasons. For a grouped
+    recipe, M is the rows of A and L the number of groups (`grouped_choice`)."""
     del k  # K does not change the ranking: every candidate tiles K the same way
-    mb = m_bucket(max(m, 1))
     if recipe.gemm.grouped:
-        return Choice(default_config(recipe), mb, 0.0, f"grouped: {default_config(recipe).name}, gemmgen's default: "
-                      "a grouped kernel serves every split of its rows (the groups' sizes are on the GPU)")
+        return grouped_choice(recipe, m, l)
+    mb = m_bucket(max(m, 1))
     order = ranked(recipe, m, n, l, sm_count)
     score, cfg, why = order[0]
     listed = candidate_configs(recipe, mb)
@@ -126,6 +136,28 @@ def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int =
     swapped = "; a reduction over M: swapped kernels only (config.reduction_violations)" if needs_swap(recipe) else ""
     return Choice(cfg, mb, score, f"M={m} -> bucket {mb}{swapped}; chose {why}\n  considered:\n    "
                   + "\n    ".join(lines))
+
+
+def few_rows_per_group(rows: int, groups: int) -> bool:
+    """Whether `groups` groups of `rows` rows in all average at most GROUPED_SWAP_MAX_ROWS rows:
+    the swapped grouped kernel's case (cheap: the grouped op asks on every call)."""
+    return -(-max(rows, 0) // max(groups, 1)) <= GROUPED_SWAP_MAX_ROWS
+
+
+def grouped_choice(recipe: RecipeIR, rows: int, groups: int) -> Choice:
+    """A grouped kernel's config from the rows of A and the number of groups (not how the rows
+    split, which only the GPU knows): swapped when the groups average at most
+    GROUPED_SWAP_MAX_ROWS rows, else gemmgen's default."""
+    average = -(-max(rows, 0) // max(groups, 1))
+    head = f"grouped: {rows} rows in {groups} groups, {average} per group on average"
+    if not few_rows_per_group(rows, groups):
+        default = default_config(recipe)
+        return Choice(default, m_bucket(max(rows, 1)), 0.0,
+                      f"{head} > {GROUPED_SWAP_MAX_ROWS}; chose {default.name}, gemmgen's default")
+    swapped = replace(GROUPED_SWAP_CONFIG, tile=(*GROUPED_SWAP_CONFIG.tile[:2], tile_k(recipe)))
+    return Choice(swapped, m_bucket(max(rows, 1)), 0.0,
+                  f"{head} <= {GROUPED_SWAP_MAX_ROWS}; chose {swapped.name}: swapped (D_g^T = B_g^T A_g^T), "
+                  f"a group's rows along the tile's N ({swapped.tile[1]} wide)")
 
 
 def problem_shape(shape: Any, where: str) -> tuple[int, int, int, int]:

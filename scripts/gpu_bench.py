@@ -21,7 +21,8 @@ reductions in torch, and `torch.matmul` alone.
 
 The grouped (MoE) expert GEMM with a per-expert bias, SiLU and each token's routing weight
 (`moe_up`) against `torch._grouped_mm` (torch's grouped GEMM, with the same offsets) followed by the
-same epilogue in torch, and `torch._grouped_mm` alone.
+same epilogue in torch, and `torch._grouped_mm` alone, under each of its GPU-tested configs (the
+swapped one for groups of few rows among them; `*` marks the op's pick), prefill and decode shapes.
 
 The grouped fp8 experts with DeepSeek-V3's block scales and the routing weight (`moe_fp8_block`)
 against the same layer in bf16 (`torch._grouped_mm` on the dequantized values, what fp8 replaces)
@@ -188,7 +189,9 @@ def _grouped_sets(groups: int, rows: int, n: int, k: int) -> list[tuple]:
 
 
 def _grouped_table(recipe, shapes, reps: int) -> None:
-    """`_table` for the grouped recipe: each kernel checked against a per-group fp32 evaluation first."""
+    """`_table` for the grouped recipe: each kernel checked against a per-group fp32 evaluation first;
+    `*` marks the config the op picks for the shape (`select.grouped_choice`)."""
+    from gemmgen.select import grouped_choice
     from gemmgen.tuning import device_ms
     from tests.data.gpu_matrix import GROUPED_CONFIGS
 
@@ -210,8 +213,9 @@ def _grouped_table(recipe, shapes, reps: int) -> None:
             ours = device_ms([functools.partial(kernel, a, b, offsets, bias=bias, weight=weight, out=out)
                               for a, b, offsets, bias, weight, _, out in sets], reps)
             vs = f"{unfused / ours:.2f}x" if unfused else "n/a"
-            print(f"| {groups}x{rows}x{n}x{k} | {config.name} | {ours:.3f} | {' | '.join(map(_ms, theirs.values()))} "
-                  f"| {2 * rows * n * k / ours / 1e9:.0f} | {vs} |", flush=True)
+            chosen = "*" if config == grouped_choice(recipe.ir, rows, groups).config else ""
+            print(f"| {groups}x{rows}x{n}x{k} | {config.name}{chosen} | {ours:.3f} | "
+                  f"{' | '.join(map(_ms, theirs.values()))} | {2 * rows * n * k / ours / 1e9:.0f} | {vs} |", flush=True)
         del sets
         torch.cuda.empty_cache()
 
@@ -253,7 +257,9 @@ BLOCK_GROUPED_BASELINES = {"bf16 _grouped_mm * weight": _bf16_grouped_mm,
 
 
 def _block_grouped_table(recipe, shapes, reps: int) -> None:
-    """moe_fp8_block under its GPU-matrix configs, each checked against the dequantized layer first."""
+    """moe_fp8_block under its GPU-matrix configs, each checked against the dequantized layer first;
+    `*` marks the op's pick."""
+    from gemmgen.select import grouped_choice
     from gemmgen.tuning import device_ms
     from tests.data.gpu_matrix import BLOCK_GROUPED_CONFIGS
 
@@ -273,8 +279,9 @@ def _block_grouped_table(recipe, shapes, reps: int) -> None:
             torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
             ours = device_ms([functools.partial(kernel, *inputs[:6], out=out) for *inputs, out in sets], reps)
             vs = f"{bf16 / ours:.2f}x" if bf16 else "n/a"
-            print(f"| {groups}x{rows}x{n}x{k} | {config.name} | {ours:.3f} | {' | '.join(map(_ms, theirs.values()))} "
-                  f"| {2 * rows * n * k / ours / 1e9:.0f} | {vs} |", flush=True)
+            chosen = "*" if config == grouped_choice(recipe.ir, rows, groups).config else ""
+            print(f"| {groups}x{rows}x{n}x{k} | {config.name}{chosen} | {ours:.3f} | "
+                  f"{' | '.join(map(_ms, theirs.values()))} | {2 * rows * n * k / ours / 1e9:.0f} | {vs} |", flush=True)
         del sets
         torch.cuda.empty_cache()
 

@@ -211,6 +211,7 @@ def _host_us(fn, calls: int = 2000, rounds: int = 7) -> float:
 
 
 def gpu_overheads() -> None:
+    from gemmgen.integrations.grouped_ops import grouped_config
     from gemmgen.integrations.ops import caller, kernel_for
     from gemmgen.nn import linear_recipe
     from gemmgen.runtime import driver
@@ -244,14 +245,14 @@ def gpu_overheads() -> None:
     grouped = load_recipes(ROOT / "examples" / "recipes.py")["moe_up"]
     op, args = ops.op(grouped).default, _grouped_inputs("cuda")
     op(*args)  # loads the op's kernel (from the bundle on the GPU machine)
-    kernel = grouped.compile()
+    kernel = grouped.compile(grouped_config(grouped, 64, 8))  # the op's: swapped, 8 rows per group
     raw, _ = _grouped_launches(kernel, args, driver.current_stream(args[0].device.index or 0))
     rows = {"raw setup + GEMM launches (prepared arguments)": _host_us(raw)}
     with torch.no_grad():
         rows["GroupedKernel.__call__"] = _host_us(lambda: kernel(*args))
         rows["torch.ops.gemmgen grouped op, no_grad"] = _host_us(lambda: op(*args))
     base = rows["raw setup + GEMM launches (prepared arguments)"]
-    print(f"# {grouped.name}, 8 groups of 8 rows, 64 x 64: two launches per call")
+    print(f"# {grouped.name} ({kernel.compiled.config.name}), 8 groups of 8 rows, 64 x 64: two launches per call")
     for name, us in rows.items():
         print(f"{name:45s} {us:6.1f} us   over raw: {us - base:5.1f} us")
 

@@ -15,11 +15,12 @@ import torch
 import gemmgen as gg
 from gemmgen.errors import InvalidArgument, RecipeError
 from gemmgen.reference import group_bounds
-from gemmgen.runtime.grouped import SETUP, BufferLayout, GroupedKernel
+from gemmgen.runtime.grouped import MAX_COLUMNS, SETUP, BufferLayout, GroupedKernel
+from gemmgen.select import choose
 from gemmgen.testing.emulate import emulate_grouped, fill_groups
 from gemmgen.testing.recording import RecordingEncoder
 
-from .data.gpu_matrix import BLOCK_GROUPED_CONFIGS, GROUPED_CONFIGS, moe_fp8_recipe
+from .data.gpu_matrix import BLOCK_GROUPED_CONFIGS, FP8_GROUPED_CONFIGS, GROUPED_CONFIGS, moe_fp8_recipe
 
 MOE = dict(epilogue=lambda acc, bias, weight: gg.silu(acc + bias) * weight,
            operands={"bias": gg.RowVector(gg.bf16), "weight": gg.ColVector(gg.f32)})
@@ -74,6 +75,13 @@ def _oracle_values(field, groups: int, sm_count: int, clusters: int) -> dict[str
             "hw.device_id": 0, "hw.sm_count": sm_count, "hw.max_active_clusters": clusters}
 
 
+def _vector_values(compiled, field) -> dict[str, int]:
+    """The oracle's vector pointers: each operand's Params field as the kernel binds it (a swapped
+    kernel's row vectors are the caller's column vectors)."""
+    return {f"operand.{b.name}.ptr": field(f"epilogue.{b.kind}.{b.name}.ptr")
+            for b in compiled.generated.epilogue.bindings if b.kind in ("row", "col")}
+
+
 def _inputs(rows=37, k=64, n=48, groups=4, offsets=(5, 5, 20, 30)):
     a = torch.randn(rows, k).bfloat16()
     b = torch.randn(groups, n, k).bfloat16().transpose(1, 2)  # per group K x N, stored N x K (K-major)
@@ -90,9 +98,10 @@ def _fp8_inputs(rows=37, k=128, n=48, groups=4, offsets=(5, 5, 20, 30)):
 
 
 @pytest.fixture(scope="module")
-def fp8_kernel(session_cache):
-    """moe_fp8 (NVRTC, about 30 s; from the bundle on the GPU)."""
-    return moe_fp8_recipe().build(cache=session_cache)
+def fp8_kernels(session_cache):
+    """moe_fp8 under FP8_GROUPED_CONFIGS, its default and swapped (NVRTC, about 25 s each; from the
+    bundle on the GPU)."""
+    return [moe_fp8_recipe().build(config, cache=session_cache) for config in FP8_GROUPED_CONFIGS]
 
 
 # ---- semantics
@@ -129,8 +138,11 @@ def test_grouped_recipe_mistakes():
     with pytest.raises(RecipeError, match="at most one"):
         gg.Recipe("g", lambda acc, x, y: acc + x + y, grouped=True,
                   operands={"x": gg.Matrix(gg.bf16), "y": gg.Matrix(gg.bf16)})
-    with pytest.raises(gg.ConfigError, match="swap_ab"):
-        moe_recipe(config=gg.KernelConfig(tile=(128, 64, 64), swap_ab=True))
+    with pytest.raises(gg.ConfigError, match=r"tile M = 64: must be a multiple of the block scales' granularity "
+                                            r"128 along the kernel's M \(swapped: the kernel's M is the recipe's N\)"):
+        gg.Recipe("g", lambda acc: acc, a=gg.e4m3, b=gg.e4m3, d=gg.bf16, grouped=True,
+                  block_scale=gg.DEEPSEEK_BLOCK_SCALE,
+                  config=gg.KernelConfig(tile=(64, 32, 128), schedule=gg.Schedule.PINGPONG, swap_ab=True))
 
 
 # ---- the kernel
@@ -181,22 +193,40 @@ def _filled(setup: bytes, offsets: list[int]) -> tuple[list[list[int]], list[lis
     return fill_groups(SETUP.unpack(setup), offsets)
 
 
-def test_group_arrays_address_each_groups_rows(grouped_kernel):
-    """Every per-group pointer and stride, against torch's own addressing of the same elements:
-    group g's first row of A, D and the routing weights, its B and its bias row."""
-    k = _cpu(grouped_kernel)
+@pytest.mark.parametrize("index", range(len(GROUPED_CONFIGS)), ids=[c.name for c in GROUPED_CONFIGS])
+def test_group_arrays_address_each_groups_rows(grouped_kernels, index):
+    """Every per-group pointer and stride the kernel's Params point it at, against torch's own
+    addressing of the same elements: group g's first row of A, D and the routing weights, its B
+    and its bias row. A swapped kernel (D_g^T = B_g^T A_g^T) reads the caller's B as its A, A as
+    its B, the weights as its row vector and the bias as its column vector; its problem is (N, M_g, K)."""
+    k = _cpu(grouped_kernels[index])
+    swapped = k.compiled.config.swap_ab
     a, b, offsets, bias, weight = _inputs(rows=61, k=72, n=40, groups=5, offsets=(7, 7, 30, 44, 60))
     a = torch.randn(61, 96).bfloat16()[:, :72]  # padded rows: lda 96
     bias = torch.randn(5, 64).bfloat16()[:, :40]  # padded group rows: 64 elements apart
     p = k.prepare(a, b, offsets, bias=bias, weight=weight)
     shapes, table = _filled(p.setup, offsets.tolist())
+    field = _params_field(k.compiled, p.params)
+    layout = BufferLayout.of(5, 8, 132, False)
+    arrays = field("problem.shapes") - layout.shapes + layout.table  # the buffer's column arrays
+
+    def column(name: str, g: int) -> int:
+        at = field(name) - arrays
+        assert at % (8 * 5) == 0, name
+        return table[g][at // (8 * 5)]
+
+    kernel_a, kernel_b, weight_kind, bias_kind = ("b", "a", "row", "col") if swapped else ("a", "b", "col", "row")
     d = p.output
     for g, (start, end) in enumerate(group_bounds(offsets.tolist(), 61)):
-        assert shapes[g] == [end - start, 40, 72]
-        ptr_a, ptr_b, ptr_d, ptr_bias, ptr_weight, lda, ldb, ldd = table[g]
-        assert (ptr_a, ptr_b, ptr_d) == (a[start].data_ptr(), b[g].data_ptr(), d[start].data_ptr())
-        assert (ptr_bias, ptr_weight) == (bias[g].data_ptr(), weight[start].data_ptr())
-        assert (lda, ldb, ldd) == (96, 72, d.stride(0))  # B per group is N x K, K contiguous: ld K
+        assert shapes[g] == ([40, end - start, 72] if swapped else [end - start, 40, 72])
+        assert column(f"mainloop.ptr_{kernel_a}", g) == a[start].data_ptr()
+        assert column(f"mainloop.ptr_{kernel_b}", g) == b[g].data_ptr()
+        assert column("epilogue.ptr_d", g) == d[start].data_ptr()
+        assert column(f"epilogue.{bias_kind}.bias.ptr", g) == bias[g].data_ptr()
+        assert column(f"epilogue.{weight_kind}.weight.ptr", g) == weight[start].data_ptr()
+        # B per group is N x K, K contiguous: ld K
+        assert column(f"mainloop.stride_{kernel_a}", g) == 96 and column(f"mainloop.stride_{kernel_b}", g) == 72
+        assert column("epilogue.stride_d", g) == d.stride(0)
 
 
 def test_repeated_calls_follow_every_address(grouped_kernel):
@@ -231,6 +261,7 @@ def test_emulated_groups_compute_the_recipe(grouped_kernels, index, shape, offse
     k = GroupedKernel(ck, encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
     rows, depth, n, groups = shape
     a, b, offs, bias, weight = _inputs(rows, depth, n, groups, offsets)
+    a = torch.randn(rows, depth + 8).bfloat16()[:, :depth]  # rows 8 apart from K: A's and B's strides differ
     out = torch.full((rows, n), float("nan")).bfloat16()
     p = k.prepare(a, b, offs, bias=bias, weight=weight, out=out)
     assert p.setup is not None and p.params is not None and p.buffer is not None
@@ -241,15 +272,19 @@ def test_emulated_groups_compute_the_recipe(grouped_kernels, index, shape, offse
 
 
 @pytest.mark.oracle
-def test_fp8_groups(fp8_kernel, tmp_path):
+@pytest.mark.parametrize("index", range(len(FP8_GROUPED_CONFIGS)), ids=[c.name for c in FP8_GROUPED_CONFIGS])
+def test_fp8_groups(fp8_kernels, index, tmp_path):
     """fp8 experts: QGMMA through the fp8 mainloop's promotion into fp32; Params against CUTLASS's
-    host code; the emulation against the reference (scales per token and per expert channel)."""
+    host code; the emulation against the reference (scales per token and per expert channel),
+    unswapped and swapped."""
     from gemmgen.testing.oracle import OracleProgram
 
+    fp8_kernel = fp8_kernels[index]
     r = fp8_kernel.report
     assert "MainloopSm90ArrayTmaGmmaWarpSpecializedFP8" in fp8_kernel.source
     assert r.sass["QGMMA"] > 0 and r.sass["HGMMA"] == 0 and r.local_bytes == 0 and r.stack_bytes == 0
-    assert 0 <= gg.config.smem_need(fp8_kernel.config, fp8_kernel.recipe.ir) - fp8_kernel.info.smem_bytes <= 1024
+    assert 0 <= gg.config.smem_need(fp8_kernel.config, fp8_kernel.generated.kernel_recipe) - \
+        fp8_kernel.info.smem_bytes <= 1024
     enc = RecordingEncoder()
     k = GroupedKernel(fp8_kernel, encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
     a, b, offsets, ops = _fp8_inputs(rows=300, k=144, n=136, groups=3, offsets=(1, 129, 300))
@@ -262,9 +297,8 @@ def test_fp8_groups(fp8_kernel, tmp_path):
     torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2)
     oracle = OracleProgram(fp8_kernel.generated, tmp_path)
     field = _params_field(fp8_kernel, p.params)
-    values = {**_oracle_values(field, 3, 132, 0),
-              **{f"operand.{o}.ptr": field(f"epilogue.{kind}.{o}.ptr")
-                 for o, kind in (("scale_a", "col"), ("scale_b", "row"), ("bias", "row"))}}
+    values = {**_oracle_values(field, 3, 132, 0), **_vector_values(fp8_kernel, field)}
+    assert set(values) >= {"operand.scale_a.ptr", "operand.scale_b.ptr", "operand.bias.ptr"}
     expected = oracle.run_argv(oracle.grouped_argv(values))
     assert expected.can_implement
     assert {c.addr: c.as_dict() for c in enc.calls} == \
@@ -312,8 +346,8 @@ def test_arguments_match_cutlass(grouped_kernels, grouped_oracles, index, sm_cou
     p = k.prepare(a, b, offsets, bias=bias, weight=weight)
     layout = k.compiled.params_layout
     field = _params_field(k.compiled, p.params)
-    values = {**_oracle_values(field, 8, sm_count, clusters), "operand.bias.ptr": field("epilogue.row.bias.ptr"),
-              "operand.weight.ptr": field("epilogue.col.weight.ptr")}
+    values = {**_oracle_values(field, 8, sm_count, clusters), **_vector_values(grouped_kernel, field)}
+    assert set(values) >= {"operand.bias.ptr", "operand.weight.ptr"}
     expected = oracle.run_argv(oracle.grouped_argv(values))
     assert expected.can_implement
     by_addr = {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
@@ -336,7 +370,8 @@ def test_arguments_match_cutlass(grouped_kernels, grouped_oracles, index, sm_cou
 @pytest.mark.oracle
 def test_setup_kernel_arithmetic_on_the_host(tmp_path):
     """gemmgen/include/gemmgen/grouped.hpp's `fill`, compiled for the host by nvcc, against
-    group_bounds and the column formula, for offsets that are sorted, decreasing and out of range."""
+    group_bounds and the column formula, for offsets that are sorted, decreasing and out of range,
+    unswapped and swapped (the problem (N, M_g, K))."""
     from gemmgen.compile.toolchain import toolchain
     from gemmgen.testing.oracle import nvcc_path
 
@@ -347,11 +382,11 @@ def test_setup_kernel_arithmetic_on_the_host(tmp_path):
 #include <cutlass/cutlass.h>
 #include <gemmgen/grouped.hpp>
 int main(int argc, char** argv) {
-  int groups = argc - 2, offsets[64], shapes[3 * 64];
+  int groups = argc - 3, offsets[64], shapes[3 * 64];
   long long table[3 * 64];
-  for (int g = 0; g < groups; ++g) offsets[g] = std::atoi(argv[g + 2]);
-  gemmgen::grouped::Setup s{offsets, shapes, table, groups, std::atoi(argv[1]), 48, 64, 3, {1000, 7, 5}, {24, 0, 0},
-                            {0, 1 << 20, 0}};
+  for (int g = 0; g < groups; ++g) offsets[g] = std::atoi(argv[g + 3]);
+  gemmgen::grouped::Setup s{offsets, shapes, table, groups, std::atoi(argv[2]), 48, 64, 3, std::atoi(argv[1]),
+                            {1000, 7, 5}, {24, 0, 0}, {0, 1 << 20, 0}};
   for (int g = 0; g < groups; ++g) gemmgen::grouped::fill(s, g);
   for (int g = 0; g < groups; ++g)
     std::printf("%d %d %d %lld %lld %lld\n", shapes[3 * g], shapes[3 * g + 1], shapes[3 * g + 2], table[g],
@@ -363,11 +398,17 @@ int main(int argc, char** argv) {
     subprocess.run([str(nvcc_path()), "-std=c++17", "-w", *(f"-I{d}" for d in tc.include_dirs),
                     f"-L{nvcc_path().parent.parent / 'lib'}", "-o", str(exe), str(src)],
                    check=True, capture_output=True)
-    for rows, offsets in ((37, [5, 5, 20, 30]), (37, [10, 4, 12]), (37, [-3, 50, 60]), (1, [1]), (9, [0, 0, 9])):
-        out = subprocess.run([str(exe), str(rows), *map(str, offsets)], check=True, capture_output=True,
-                             text=True).stdout.split("\n")
-        for g, (start, end) in enumerate(group_bounds(offsets, rows)):
-            assert list(map(int, out[g].split())) == [end - start, 48, 64, 1000 + 24 * start, 7 + (1 << 20) * g, 5]
+    for swapped in (0, 1):
+        for rows, offsets in ((37, [5, 5, 20, 30]), (37, [10, 4, 12]), (37, [-3, 50, 60]), (1, [1]), (9, [0, 0, 9])):
+            out = subprocess.run([str(exe), str(swapped), str(rows), *map(str, offsets)], check=True,
+                                 capture_output=True, text=True).stdout.split("\n")
+            pad = [0] * (MAX_COLUMNS - 3)  # ...and emulate.fill_groups, which the emulation runs, agrees
+            shapes, table = fill_groups((0, 0, 0, len(offsets), rows, 48, 64, 3, swapped, 1000, 7, 5, *pad,
+                                         24, 0, 0, *pad, 0, 1 << 20, 0, *pad), offsets)
+            for g, (start, end) in enumerate(group_bounds(offsets, rows)):
+                shape = [48, end - start, 64] if swapped else [end - start, 48, 64]
+                columns = [1000 + 24 * start, 7 + (1 << 20) * g, 5]
+                assert list(map(int, out[g].split())) == [*shape, *columns] == [*shapes[g], *table[g]]
 
 
 # ---- on the GPU
@@ -407,10 +448,11 @@ def test_grouped_on_gpu(grouped_kernels, index, shape, offsets):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("index", range(len(FP8_GROUPED_CONFIGS)), ids=[c.name for c in FP8_GROUPED_CONFIGS])
 @pytest.mark.parametrize("shape, offsets", [((37, 128, 48, 4), (5, 5, 20, 30)),
                                             ((1000, 272, 136, 8), (90, 90, 333, 334, 600, 700, 999, 1000))])
-def test_fp8_groups_on_gpu(fp8_kernel, shape, offsets):
-    """moe_fp8 against the reference on the GPU, output pre-filled with NaN."""
+def test_fp8_groups_on_gpu(fp8_kernels, index, shape, offsets):
+    """moe_fp8 against the reference on the GPU, output pre-filled with NaN, unswapped and swapped."""
     rows, k, n, groups = shape
     a, b, offs, ops = _fp8_inputs(rows, k, n, groups, offsets)
     a, b, offs = a.cuda(), b.cuda(), offs.cuda()
@@ -418,15 +460,20 @@ def test_fp8_groups_on_gpu(fp8_kernel, shape, offsets):
     want = moe_fp8_recipe().reference(a, b, offs, **ops).float()
     assert want.nan_to_num().abs().sum() > 0
     out = torch.full((rows, n), float("nan"), device="cuda").bfloat16()
-    GroupedKernel(fp8_kernel)(a, b, offs, out=out, **ops)
+    GroupedKernel(fp8_kernels[index])(a, b, offs, out=out, **ops)
     torch.testing.assert_close(out.float().cpu(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
 
 
 @pytest.mark.gpu
 def test_grouped_op_on_gpu(grouped_kernel):
-    """The op on CUDA tensors (the kernel), its gradients (torch._grouped_mm) and torch.compile."""
+    """The op on CUDA tensors (the kernel: swapped for 37 rows in 4 groups, the default for 37 in
+    one), its gradients (torch._grouped_mm) and torch.compile."""
     op = gg.op(moe_recipe())
+    one = [t.cuda() for t in _inputs(groups=1, offsets=(37,))]
+    assert not choose(moe_recipe().ir, 37, 48, 64, 1).config.swap_ab
+    torch.testing.assert_close(op(*one).double().cpu(), _unfused(*(t.cpu() for t in one)), rtol=1.6e-2, atol=1e-2)
     a, b, offsets, bias, weight = (t.cuda() for t in _inputs(offsets=(5, 5, 20, 37)))
+    assert choose(moe_recipe().ir, 37, 48, 64, 4).config.swap_ab
     want = _unfused(a.cpu(), b.cpu(), offsets.cpu(), bias.cpu(), weight.cpu())
     torch.testing.assert_close(op(a, b, offsets, bias, weight).double().cpu(), want, rtol=1.6e-2, atol=1e-2)
     compiled = torch.compile(lambda *x: op(*x), fullgraph=True)
@@ -622,7 +669,8 @@ def test_grouped_linear_pads_odd_bias_rows_itself(monkeypatch):
 
 def test_grouped_linear_mistakes_and_trace():
     """Wrong inputs raise InvalidArgument naming them; the offsets are checked by the op; the layer
-    traces without graph breaks; `launches` names the one kernel any split of the tokens uses."""
+    traces without graph breaks; `launches` names the kernel a number of rows uses, whatever their
+    split, and model_launches both of the layer's."""
     layer = gg.nn.GroupedLinear(3, 16, 24, activation="silu")
     x, offsets = torch.randn(10, 16).bfloat16(), torch.tensor([3, 3, 10], dtype=torch.int32)
     with pytest.raises(InvalidArgument, match=r"input: expected \(tokens, 16\) rows sorted by expert, got \(10, 8\)"):
@@ -645,7 +693,10 @@ def test_grouped_linear_mistakes_and_trace():
     assert explained.graph_break_count == 0 and explained.graph_count == 1
     recipe, config = layer.launches()
     assert recipe.gemm.grouped and recipe is gg.nn.grouped_linear_recipe("silu", True, torch.bfloat16)
-    assert config == recipe.default_config()
+    assert config == recipe.default_config() == layer.launches(3 * 33)[1]
+    decode = layer.launches(3 * 32)
+    assert decode == (recipe, choose(recipe.ir, 96, 24, 16, 3).config) and decode[1].swap_ab
+    assert gg.nn.model_launches(torch.nn.Sequential(layer), tokens=(1,)) == [(recipe, config), decode]
     assert "num_experts=3, in_features=16, out_features=24, bias=True, activation='silu'" in repr(layer)
     again = copy.deepcopy(layer)  # pickles without the recipe's lambda, rebuilt on load
     torch.testing.assert_close(again(x, offsets)[:10], layer(x, offsets)[:10])
@@ -668,6 +719,11 @@ def test_grouped_linear_on_gpu():
     y.float().sum().backward()
     assert x.grad is not None and layer.weight.grad is not None and layer.bias is not None
     assert layer.bias.grad is not None and x.grad.abs().max() > 0
+    x, offsets = x[:12].detach(), torch.tensor([3, 3, 10, 12], dtype=torch.int32, device="cuda")  # decode: swapped
+    assert layer.launches(12)[1].swap_ab
+    want = _experts_loop([m.cpu() for m in linears], x.cpu(), offsets.cpu(), "silu")
+    torch.testing.assert_close(layer(x, offsets).double().cpu(), want, rtol=1.6e-2,
+                               atol=1.6e-2 * float(want.abs().max()))
 
 
 # ---- fp8 block-scaled experts (DeepSeek-V3)
@@ -693,9 +749,19 @@ def _gen() -> torch.Generator:
 
 
 @pytest.fixture(scope="module")
-def block_kernel(session_cache, examples):
-    """The example moe_fp8_block (compiled with the examples; from the bundle on the GPU)."""
-    return examples["moe_fp8_block"].build(cache=session_cache)
+def block_kernels(session_cache, examples):
+    """The example moe_fp8_block under BLOCK_GROUPED_CONFIGS: its default (compiled with the
+    examples) and the others, swapped among them (NVRTC, about 25 s each; from the bundle on the GPU)."""
+    return [examples["moe_fp8_block"].build(config, cache=session_cache) for config in BLOCK_GROUPED_CONFIGS]
+
+
+@pytest.fixture(scope="module")
+def block_kernel(block_kernels):
+    return block_kernels[0]
+
+
+BLOCK_INDEX = pytest.mark.parametrize("index", range(len(BLOCK_GROUPED_CONFIGS)),
+                                      ids=[c.name for c in BLOCK_GROUPED_CONFIGS])
 
 
 def test_block_scaled_reference_is_each_groups_scaled_k_blocks(examples):
@@ -722,16 +788,20 @@ def test_block_scaled_reference_is_each_groups_scaled_k_blocks(examples):
         gg.Recipe("g", a=gg.e4m3, b=gg.e4m3, grouped=True, block_scale=(128, 128, 128))
 
 
-def test_block_scaled_groups_are_hopper_code(block_kernel):
+@BLOCK_INDEX
+def test_block_scaled_groups_are_hopper_code(block_kernels, index):
     """CUTLASS's grouped blockwise main loop with K-major scales: QGMMA, TMA for A and B (the scales
-    by cp.async), no spills, and gemmgen's shared memory bound."""
-    src, r = block_kernel.source, block_kernel.report
+    by cp.async), no spills, and gemmgen's shared memory bound. Swapped, the weights' 128 x 128
+    blocks are the kernel's A scales and the tokens' the kernel's B scales, one per column."""
+    kernel = block_kernels[index]
+    src, r = kernel.source, kernel.report
+    granularity = "128, 1, 128" if kernel.config.swap_ab else "1, 128, 128"
     assert "MainloopSm90ArrayTmaGmmaWarpSpecializedBlockwise<" in src
-    assert "KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise" in src
-    assert "Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K, cute::GMMA::Major::K>" in src
+    assert f"KernelPtrArrayTmaWarpSpecialized{kernel.config.schedule.value.title()}FP8Blockwise" in src
+    assert f"Sm90BlockwiseScaleConfig<{granularity}, cute::GMMA::Major::K, cute::GMMA::Major::K>" in src
     assert r.sass["QGMMA"] > 0 and r.sass["HGMMA"] == 0 and r.sass["UTMALDG"] == 2
     assert r.local_bytes == 0 and r.stack_bytes == 0
-    assert 0 <= gg.config.smem_need(block_kernel.config, block_kernel.recipe.ir) - block_kernel.info.smem_bytes <= 1024
+    assert 0 <= gg.config.smem_need(kernel.config, kernel.generated.kernel_recipe) - kernel.info.smem_bytes <= 1024
 
 
 def test_grouped_blockwise_main_loop_reads_no_scale_layouts():
@@ -797,11 +867,13 @@ def test_block_scaled_groups_empty_and_zero_k(block_kernel):
     ((37, 304, 136, 4), (40, 3, 50, 60)),  # out of range and decreasing: clamped
     ((300, 528, 264, 3), (1, 129, 300)),  # M = 1, groups over several tiles
 ])
-def test_emulated_block_scaled_groups_compute_the_recipe(block_kernel, shape, offsets):
+@BLOCK_INDEX
+def test_emulated_block_scaled_groups_compute_the_recipe(block_kernels, index, shape, offsets):
     """Both kernels emulated from the Params (the group arrays as the setup kernel fills them; per
     group A, B and both scales through their pointer arrays, laid out as CUTLASS's main loop lays
     them out from the group's shape), against the reference; rows in no group stay NaN. And the
     result against the unquantized layer: within fp8's precision."""
+    block_kernel = block_kernels[index]
     rows, k, n, groups = shape
     a, b, offs, ops, x, w = _block_inputs(rows, k, n, groups, offsets)
     enc = RecordingEncoder()
@@ -820,10 +892,12 @@ def test_emulated_block_scaled_groups_compute_the_recipe(block_kernel, shape, of
 
 
 @pytest.mark.oracle
-def test_block_scaled_arguments_match_cutlass(block_kernel, tmp_path):
+@BLOCK_INDEX
+def test_block_scaled_arguments_match_cutlass(block_kernels, index, tmp_path):
     """Every Params field and tensor map against CUTLASS's host code given the same arrays."""
     from gemmgen.testing.oracle import OracleProgram
 
+    block_kernel = block_kernels[index]
     k = _cpu(block_kernel, 114, 0)
     enc = k._encode
     a, b, offsets, ops, _, _ = _block_inputs(1000, 272, 136, 8, range(100, 900, 100))
@@ -831,8 +905,8 @@ def test_block_scaled_arguments_match_cutlass(block_kernel, tmp_path):
     field = _params_field(block_kernel, p.params)
     oracle = OracleProgram(block_kernel.generated, tmp_path)
     values = {**_oracle_values(field, 8, 114, 0), "sfa.array": field("mainloop.ptr_sfa"), "sfa.layouts": 0,
-              "sfb.array": field("mainloop.ptr_sfb"), "sfb.layouts": 0,
-              "operand.weight.ptr": field("epilogue.col.weight.ptr")}
+              "sfb.array": field("mainloop.ptr_sfb"), "sfb.layouts": 0, **_vector_values(block_kernel, field)}
+    assert "operand.weight.ptr" in values
     expected = oracle.run_argv(oracle.grouped_argv(values))
     assert expected.can_implement
     assert {c.addr: c.as_dict() for c in enc.calls} == \
@@ -930,8 +1004,8 @@ def test_block_scaled_grouped_linear_is_the_quantized_experts(activation, bias):
     assert torch.equal(again(x, offsets)[:44], y[:44])
     copied = copy.deepcopy(layer)
     assert torch.equal(copied(x, offsets)[:44], y[:44])
-    assert gg.nn.model_launches(torch.nn.Sequential(layer), tokens=(1, 64)) == [layer.launches()]
-    assert layer.launches()[0].gemm.block_scale == gg.DEEPSEEK_BLOCK_SCALE
+    assert gg.nn.model_launches(torch.nn.Sequential(layer), tokens=(1, 64)) == [layer.launches(), layer.launches(8)]
+    assert layer.launches()[0].gemm.block_scale == gg.DEEPSEEK_BLOCK_SCALE and layer.launches(8)[1].swap_ab
 
 
 def test_block_scaled_grouped_linear_mistakes_and_trace():
@@ -955,7 +1029,7 @@ def test_block_scaled_grouped_linear_mistakes_and_trace():
 @pytest.mark.gpu
 def test_block_scaled_grouped_linear_on_gpu():
     """The fp8 experts on CUDA (the kernel) against the same layer on the CPU (the op's reference on
-    the same quantized values), eager and replayed in a CUDA graph."""
+    the same quantized values), eager and replayed in a CUDA graph; and a decode step (swapped)."""
     linears = [torch.nn.Linear(512, 256, dtype=torch.bfloat16) for _ in range(4)]
     cpu = gg.nn.BlockScaledGroupedLinear.from_linears(linears, activation="silu")
     layer = copy.deepcopy(cpu).cuda()
@@ -972,3 +1046,7 @@ def test_block_scaled_grouped_linear_on_gpu():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(y.float().cpu(), cpu(xc.cpu(), offsets).float(), rtol=1.6e-2, atol=1e-2)
+    x, offsets = x[:12], torch.tensor([3, 3, 10, 12], dtype=torch.int32)  # a decode step: the swapped kernel
+    assert layer.launches(12)[1].swap_ab
+    torch.testing.assert_close(layer(x.cuda(), offsets.cuda()).float().cpu(), cpu(x, offsets).float(), rtol=1.6e-2,
+                               atol=1e-2)

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 import gemmgen as gg
 from gemmgen.cli import main as cli_main
 from gemmgen.config import default_config, tile_k, validate
-from gemmgen.select import M_BUCKETS, SWAP_MAX_M, choose, configs_for_shapes, load_shapes, m_bucket
+from gemmgen.select import (
+    GROUPED_SWAP_CONFIG,
+    GROUPED_SWAP_MAX_ROWS,
+    M_BUCKETS,
+    SWAP_MAX_M,
+    choose,
+    configs_for_shapes,
+    load_shapes,
+    m_bucket,
+)
 
 from .conftest import EXAMPLES, ROOT, dense
 
@@ -45,7 +55,7 @@ def test_choices_are_deterministic_and_bounded_per_weight(examples):
 
 def test_small_m_swaps_a_and_b_for_a_narrow_tile(examples):
     """D^T = B^T A^T puts M in the tile's N, which can be 16 wide instead of 64 rows of padding
-    (not for a grouped GEMM, whose groups split M)."""
+    (for a grouped GEMM: test_grouped_choice_follows_the_rows_per_group)."""
     for recipe in dense(examples).values():
         for n, k in WEIGHTS[:5]:
             c = choose(recipe.ir, 8, n, k)
@@ -55,6 +65,27 @@ def test_small_m_swaps_a_and_b_for_a_narrow_tile(examples):
             assert c.config.swap_ab and c.config.tile[1] == 16, (recipe.name, n, k, c.why)
             assert "_swapab" in c.why.splitlines()[0]
     assert not choose(examples["gemm_bf16"].ir, 4096, 4096, 4096).config.swap_ab
+
+
+def test_grouped_choice_follows_the_rows_per_group(examples):
+    """A grouped recipe's kernel follows the rows per group on average (rows / groups, all the host
+    knows): swapped at most GROUPED_SWAP_MAX_ROWS, the default above. Two kernels per recipe, each
+    valid."""
+    grouped = {name: r for name, r in examples.items() if r.ir.gemm.grouped}
+    assert {"moe_up", "moe_fp8_block"} <= set(grouped)
+    for name, recipe in grouped.items():
+        picked = set()
+        for rows in (1, 7, 64, 256, 1000, 4096, 16384):
+            for groups in (1, 8, 64, 256):
+                c = choose(recipe.ir, rows, 1408, 2048, groups)
+                validate(c.config, recipe.ir)
+                few = -(-rows // groups) <= GROUPED_SWAP_MAX_ROWS
+                assert c.config.swap_ab == few, (name, rows, groups, c.why)
+                assert c.config == (replace(GROUPED_SWAP_CONFIG, tile=(128, 32, tile_k(recipe.ir))) if
+                                    c.config.swap_ab else default_config(recipe.ir))
+                assert f"{rows} rows in {groups} groups" in c.why and c.config.name in c.why
+                picked.add(c.config)
+        assert len(picked) == 2, name
 
 
 def test_reductions_over_m_get_swapped_kernels_at_every_m(extra):
@@ -95,6 +126,9 @@ def test_explain_cli(capsys):
     assert cli_main(["explain", str(EXAMPLES), "--shape", "1000", "4096", "4096", "--recipe", "bias_gelu"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("bias_gelu: M=1000 -> bucket 1024; chose ") and "considered:" in out
+    assert cli_main(["explain", str(EXAMPLES), "--shape", "64", "14336", "4096", "8", "--recipe", "moe_up"]) == 0
+    assert capsys.readouterr().out.startswith("moe_up: grouped: 64 rows in 8 groups, 8 per group on average <= 32; "
+                                              "chose 128x32x64_c1x1x1_cooperative_auto_swapab")
 
 
 @pytest.mark.parametrize("content, message", [
@@ -120,5 +154,7 @@ def test_bad_shapes_files_are_named_errors(tmp_path, capsys, content, message):
 def test_explain_refuses_shapes_that_are_not_positive(capsys):
     assert cli_main(["explain", str(EXAMPLES), "--shape", "-1", "16", "16"]) == 2
     assert "--shape: shape [-1, 16, 16]; expected" in capsys.readouterr().err
+    assert cli_main(["explain", str(EXAMPLES), "--shape", "16", "16"]) == 2
+    assert "--shape: shape [16, 16]; expected [M, N, K] or [M, N, K, L]" in capsys.readouterr().err
     with pytest.raises(gg.GemmgenError, match=r"shapes\['bias_gelu'\]: shape \[1, 2\]"):
         configs_for_shapes({"r": gg.Recipe("bias_gelu", lambda acc: acc)}, {"bias_gelu": [[1, 2]]})

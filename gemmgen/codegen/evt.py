@@ -117,7 +117,7 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
                     OperandKind.MATRIX: "aux_load"}[operand.kind]
             binding = None if n.name == source else ParamBinding(kind, operand.name, operand.dtype)
             v = _VNode(f"in_{n.name}", _load_type(operand.kind, operand.dtype, n.name == source, aux_stride,
-                                                  recipe.gemm.grouped), binding=binding)
+                                                  _grouping(recipe)), binding=binding)
         else:
             fn, args = _functor(n, ir.nodes)
             out = n.dtype.cutlass if n.op is Op.CAST else COMPUTE  # type: ignore[union-attr]
@@ -216,17 +216,29 @@ def _bindings(vnodes: list[_VNode], paths: dict[int, tuple[tuple[int, int], ...]
                  for i, v in enumerate(vnodes) if v.binding is not None)
 
 
-def _load_type(kind: OperandKind, dtype: DType, is_source: bool, aux_stride: str, grouped: bool = False) -> str:
-    """A grouped kernel's vectors are arrays of per-group pointers (CUTLASS's `Element*` form)."""
+def _grouping(recipe: RecipeIR) -> str | None:
+    """Which of the kernel's modes a grouped kernel's groups split: its M (the rows of A), or its
+    N when swapped (D_g^T = B_g^T A_g^T: D column-major in the kernel's terms); None ungrouped."""
+    if not recipe.gemm.grouped:
+        return None
+    return "N" if recipe.gemm.layout_d is Layout.COL else "M"
+
+
+def _load_type(kind: OperandKind, dtype: DType, is_source: bool, aux_stride: str, grouping: str | None = None
+               ) -> str:
+    """A grouped kernel's vectors are arrays of per-group pointers (CUTLASS's `Element*` form). The
+    vector along the grouped mode starts at the group's first row of A, any element: it is read
+    element by element (Alignment 1), not in 16-byte vectors."""
     e = dtype.cutlass
-    v = f"{e}*" if grouped else e
+    v = f"{e}*" if grouping else e
     if kind is OperandKind.SCALAR:
         return f"{FUSION}::Sm90ScalarBroadcast<{e}, cute::Stride<cute::_0, cute::_0, int64_t>>"
     if kind is OperandKind.ROW:
-        return f"{FUSION}::Sm90RowBroadcast<0, TileShape, {v}, {COMPUTE}, cute::Stride<cute::_0, cute::_1, cute::_0>>"
+        align = ", 1" if grouping == "N" else ""
+        return (f"{FUSION}::Sm90RowBroadcast<0, TileShape, {v}, {COMPUTE}, cute::Stride<cute::_0, cute::_1, "
+                f"cute::_0>{align}>")
     if kind is OperandKind.COL:
-        # a group's column starts at any row: read it element by element (Alignment 1), not in 16-byte vectors
-        align = ", 1" if grouped else ""
+        align = ", 1" if grouping else ""
         stride = "cute::Stride<cute::_1, cute::_0, cute::_0>"
         return f"{FUSION}::Sm90ColBroadcast<0, TileShape, {v}, {COMPUTE}, {stride}{align}>"
     if is_source:

@@ -1,10 +1,11 @@
 """A grouped (MoE) recipe as a `torch.library` op: `op(a, b, offsets, *operands) -> d`.
 
 The same contract as ops.py's ops: a fake implementation with D's exact shape and strides (traced
-by torch.compile without graph breaks), a CUDA implementation that launches the kernel (one per
-device: a grouped kernel's config does not depend on the groups' sizes, which only the GPU knows),
-a CPU implementation that evaluates the reference, and gradients. Rows of D after the last group's
-end are not written (unspecified), as with `torch._grouped_mm`.
+by torch.compile without graph breaks), a CUDA implementation that launches the kernel (per device,
+the recipe's config, else `select.grouped_choice`'s from the rows and groups, never from the groups'
+sizes, which only the GPU knows: at most two kernels), a CPU implementation that evaluates the
+reference, and gradients. Rows of D after the last group's end are not written (unspecified), as
+with `torch._grouped_mm`.
 
 Gradients follow the unfused model with torch's own grouped GEMM (`torch._grouped_mm`, which takes
 the same offsets), so backward never reads the offsets on the host either: the accumulator is
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..config import KernelConfig
 from ..errors import InvalidArgument
 from ..runtime.checks import check_grouped_call
 from ..runtime.grouped import operands_per_row, row_groups, vectors_as_matrices
@@ -35,19 +37,29 @@ def grouped_schema(name: str, recipe: Recipe) -> str:
     return f"{name}({', '.join(args)}) -> Tensor"
 
 
+def grouped_config(recipe: Recipe, rows: int, groups: int) -> KernelConfig:
+    """The config a call of `rows` rows in `groups` groups launches: the recipe's own, else the
+    heuristic's (`select.grouped_choice`)."""
+    from ..select import grouped_choice
+
+    return recipe.config if recipe.config is not None else grouped_choice(recipe.ir, rows, groups).config
+
+
 def grouped_backends(recipe: Recipe) -> tuple[dict[str, Any], Any, Any, Any]:
     """(backends, fake, backward, setup_context) for `ops.define`."""
+    from ..select import few_rows_per_group
     from .ops import call_realigning, save_inputs, saved_inputs
 
     names = [o.name for o in recipe.operands]
-    kernels: dict[int, Any] = {}
+    kernels: dict[tuple[int, bool], Any] = {}  # by (device, few rows per group): at most two configs
 
     def launch(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *args: Any) -> torch.Tensor:
-        index = a.device.index or 0
-        kernel = kernels.get(index)
+        rows, groups = a.shape[0], b.shape[0]
+        key = (a.device.index or 0, few_rows_per_group(rows, groups))
+        kernel = kernels.get(key)
         if kernel is None:
             check_grouped_call(recipe.ir, a, b, offsets, dict(zip(names, args, strict=True)))  # before compiling
-            kernel = kernels.setdefault(index, recipe.compile())
+            kernel = kernels.setdefault(key, recipe.compile(grouped_config(recipe, rows, groups)))
         return kernel(a, b, offsets, *args)
 
     def cuda_impl(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *args: Any) -> torch.Tensor:

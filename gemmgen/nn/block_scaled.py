@@ -273,10 +273,16 @@ class BlockScaledGroupedLinear(_BlockScaledModule):
         args = (q, self.weight.mT, offsets, scale_a, self.weight_scale.mT)
         return self._op(*args) if self.bias is None else self._op(*args, self.bias)
 
-    def launches(self) -> tuple[Recipe, KernelConfig]:
-        """(recipe, config) of the kernel forward launches, for any split of the tokens: what to build
-        ahead of time (`gg.warmup([experts.launches()])`)."""
-        return self.recipe, self.recipe.default_config()
+    def launches(self, rows: int | None = None) -> tuple[Recipe, KernelConfig]:
+        """(recipe, config) of the kernel forward launches for `rows` rows of tokens (all experts'
+        together; None: the kernel for groups of many rows): what to build ahead of time, e.g.
+        `gg.warmup([experts.launches(), experts.launches(decode_rows)])`. The kernel depends on the
+        rows per expert on average (`gemmgen.select.grouped_choice`), never on how they split."""
+        from ..integrations.grouped_ops import grouped_config
+
+        if rows is None:
+            return self.recipe, self.recipe.default_config()
+        return self.recipe, grouped_config(self.recipe, rows, self.num_experts)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "

@@ -120,10 +120,16 @@ class GroupedLinear(RecipeModule):
         w = self.weight.transpose(1, 2)
         return self._op(x, w, offsets) if self.bias is None else self._op(x, w, offsets, _rows_aligned(self.bias))
 
-    def launches(self) -> tuple[Recipe, Any]:
-        """(recipe, config) of the kernel forward launches, for any split of the tokens: what to build
-        ahead of time (`gg.warmup([experts.launches()])`)."""
-        return self.recipe, self.recipe.default_config()
+    def launches(self, rows: int | None = None) -> tuple[Recipe, Any]:
+        """(recipe, config) of the kernel forward launches for `rows` rows of tokens (all experts'
+        together; None: the kernel for groups of many rows): what to build ahead of time, e.g.
+        `gg.warmup([experts.launches(), experts.launches(decode_rows)])`. The kernel depends on the
+        rows per expert on average (`gemmgen.select.grouped_choice`), never on how they split."""
+        from ..integrations.grouped_ops import grouped_config
+
+        if rows is None:
+            return self.recipe, self.recipe.default_config()
+        return self.recipe, grouped_config(self.recipe, rows, self.num_experts)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "

@@ -263,9 +263,11 @@ def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Ite
                    sm_count: int = 132) -> list[tuple[Recipe, KernelConfig]]:
     """(recipe, config) of every kernel the gemmgen layers of `model` launch (each once): forward
     for inputs of each of `tokens` rows, and forward with gradients wanted (the FusedLinear kernels
-    that also store the pre-activation) for each of `training_tokens`; a grouped layer's one kernel
-    whatever the tokens. What to build ahead of time, e.g. `gg.warmup(model_launches(model, (1, 16,
-    4096), training_tokens=(4096,)))`, when no autotune table applies (the heuristic's choices)."""
+    that also store the pre-activation) for each of `training_tokens`; both of a grouped layer's
+    kernels (for few rows per expert, and for many) whatever the tokens, as its rows are the
+    tokens routed to it, which the model's top-k decides. What to build ahead of time, e.g.
+    `gg.warmup(model_launches(model, (1, 16, 4096), training_tokens=(4096,)))`, when no autotune
+    table applies (the heuristic's choices)."""
     if not isinstance(model, nn.Module):
         raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     from .block_scaled import BlockScaledGroupedLinear, BlockScaledLinear
@@ -275,5 +277,6 @@ def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Ite
     tokens, training_tokens = tuple(tokens), tuple(training_tokens)
     found = [m.launches(t, sm_count=sm_count) for m in layers for t in tokens]
     found += [m.launches(t, training=True, sm_count=sm_count) for m in layers for t in training_tokens]
-    found += [m.launches() for m in model.modules() if isinstance(m, GroupedLinear | BlockScaledGroupedLinear)]
+    grouped = [m for m in model.modules() if isinstance(m, GroupedLinear | BlockScaledGroupedLinear)]
+    found += [m.launches(rows) for m in grouped for rows in (None, m.num_experts)]
     return list(dict.fromkeys(found))

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 
 MODE_GROUPED = 4  # cutlass::gemm::GemmUniversalMode::kGrouped
 MAX_COLUMNS = 18  # gemmgen::grouped::MaxColumns
-SETUP = struct.Struct(f"<QQQiiiii4x{MAX_COLUMNS}q{MAX_COLUMNS}q{MAX_COLUMNS}q")  # gemmgen::grouped::Setup
-SETUP_BASES = struct.calcsize("<QQQiiiii4x")  # where Setup::base starts
+SETUP = struct.Struct(f"<QQQiiiiii{MAX_COLUMNS}q{MAX_COLUMNS}q{MAX_COLUMNS}q")  # gemmgen::grouped::Setup
+SETUP_BASES = struct.calcsize("<QQQiiiiii")  # where Setup::base starts
 SETUP_BLOCK = 128  # threads per block of the setup kernel: one per group
 _MAP_BYTES = 128  # sizeof(cute::TmaDescriptor)
 _MAP_ALIGN = 64  # MinTensorMapWorkspaceAlignment
@@ -81,17 +81,23 @@ class Column(NamedTuple):
 class GroupedArguments:
     """The setup kernel's `Setup` and the GEMM's Params for one call, from the checked call, D and
     the buffer's address. Values follow CUTLASS's host code for grouped kernels (checked field by
-    field by tests/test_oracle.py)."""
+    field by tests/test_oracle.py).
+
+    `recipe` is the kernel's view (`GeneratedKernel.kernel_recipe`). A swapped kernel computes each
+    group as D_g^T = B_g^T A_g^T on the same memory: its A is the caller's B, its B the caller's A,
+    its problem (N, M_g, K), and its row vectors are the caller's column vectors (per row of A)."""
 
     def __init__(self, recipe: RecipeIR, config: KernelConfig) -> None:
         g = recipe.gemm
         self.recipe, self.tile, self.cluster = recipe, config.tile, config.cluster
+        self.swapped = config.swap_ab
         epi = recipe.epilogue
         matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX]
         self.source = matrices[0] if matrices else None
         self.scalars = [o.name for o in epi.operands if o.kind is OperandKind.SCALAR]
         self.vectors = [o for o in epi.operands if o.kind in (OperandKind.ROW, OperandKind.COL)]
-        self.items = (g.a.nbytes, g.b.nbytes, g.d.nbytes)
+        # the caller's A and B element sizes, and D's
+        self.items = (g.b.nbytes, g.a.nbytes, g.d.nbytes) if self.swapped else (g.a.nbytes, g.b.nbytes, g.d.nbytes)
         # the tensor maps the kernel starts from: any shape, as it rewrites them per group before use
         self.a = tma.mainloop_template(recipe, config, "a")
         self.b = tma.mainloop_template(recipe, config, "b")
@@ -99,29 +105,35 @@ class GroupedArguments:
         self.d = tma.epilogue_template(recipe, config, g.d)
 
     def columns(self, call: GroupedCall, d: TensorArg) -> list[Column]:
-        """Pointers first (A, B, C, D, the vectors), then the strides (one int64 per group each)."""
+        """Pointers first (A, B, C, D, the vectors), then the strides (one int64 per group each):
+        each pointer at the group's first row of A (A, C, D, column vectors) or at the group (B,
+        row vectors), whichever of the kernel's operands the tensor is."""
         ia, ib, idd = self.items
-        cols = [Column("mainloop.ptr_a", call.a.ptr, call.a.strides[0] * ia, 0),
-                Column("mainloop.ptr_b", call.b.ptr, 0, call.b.strides[2] * ib)]
+        kernel_a, kernel_b = ("b", "a") if self.swapped else ("a", "b")
+        cols = [Column(f"mainloop.ptr_{kernel_a}", call.a.ptr, call.a.strides[0] * ia, 0),
+                Column(f"mainloop.ptr_{kernel_b}", call.b.ptr, 0, call.b.strides[2] * ib)]
         if self.recipe.gemm.block_scale is not None:  # fp32: scale_a from the group's first row, scale_b per group
             sa, sb = call.operands["scale_a"], call.operands["scale_b"]
             assert isinstance(sa, TensorArg) and isinstance(sb, TensorArg)
-            cols += [Column("mainloop.ptr_sfa", sa.ptr, 4 * sa.strides[0], 0),
-                     Column("mainloop.ptr_sfb", sb.ptr, 0, 4 * sb.strides[2])]
+            cols += [Column(f"mainloop.ptr_sf{kernel_a}", sa.ptr, 4 * sa.strides[0], 0),
+                     Column(f"mainloop.ptr_sf{kernel_b}", sb.ptr, 0, 4 * sb.strides[2])]
         c = call.operands[self.source.name] if self.source else None
         if isinstance(c, TensorArg):
             cols.append(Column("epilogue.ptr_c", c.ptr, c.strides[0] * self.source.dtype.nbytes, 0))  # type: ignore[union-attr]
         cols.append(Column("epilogue.ptr_d", d.ptr, d.strides[0] * idd, 0))
+        per_row_kind = OperandKind.ROW if self.swapped else OperandKind.COL  # the caller's column vectors
         for o in self.vectors:
             v = call.operands[o.name]
             assert isinstance(v, TensorArg)
-            if o.kind is OperandKind.ROW:
-                cols.append(Column(f"epilogue.row.{o.name}.ptr", v.ptr, 0, v.strides[2] * o.dtype.nbytes))
+            field = f"epilogue.{'row' if o.kind is OperandKind.ROW else 'col'}.{o.name}.ptr"
+            if o.kind is per_row_kind:
+                cols.append(Column(field, v.ptr, o.dtype.nbytes, 0))
             else:
-                cols.append(Column(f"epilogue.col.{o.name}.ptr", v.ptr, o.dtype.nbytes, 0))
+                cols.append(Column(field, v.ptr, 0, v.strides[2] * o.dtype.nbytes))
         # the one dynamic stride of each operand, in elements: A's and B's K-major or N-major leading dim
         b_ld = call.b.strides[0] if call.b.strides[1] == 1 else call.b.strides[1]
-        cols += [Column("mainloop.stride_a", call.a.strides[0], 0, 0), Column("mainloop.stride_b", b_ld, 0, 0)]
+        cols += [Column(f"mainloop.stride_{kernel_a}", call.a.strides[0], 0, 0),
+                 Column(f"mainloop.stride_{kernel_b}", b_ld, 0, 0)]
         if isinstance(c, TensorArg):
             cols.append(Column("epilogue.stride_c", c.strides[0], 0, 0))
         cols.append(Column("epilogue.stride_d", d.strides[0], 0, 0))
@@ -130,7 +142,7 @@ class GroupedArguments:
     def setup(self, call: GroupedCall, columns: list[Column], buffer: int, layout: BufferLayout) -> bytes:
         pad = [0] * (MAX_COLUMNS - len(columns))
         return SETUP.pack(call.offsets, buffer + layout.shapes, buffer + layout.table, call.groups, call.rows,
-                          call.n, call.k, len(columns), *[c.base for c in columns], *pad,
+                          call.n, call.k, len(columns), int(self.swapped), *[c.base for c in columns], *pad,
                           *[c.per_row for c in columns], *pad, *[c.per_group for c in columns], *pad)
 
     def values(self, call: GroupedCall, columns: list[Column], buffer: int, layout: BufferLayout, sm_count: int,

@@ -93,9 +93,11 @@ class _ParamsBytes:
             return None
         return self.at(self.entry(lvalue), dtype, (length,), (1,), lvalue)
 
-    def group_matrix(self, pointers: str, strides: str, dtype: torch.dtype, acc: torch.Tensor) -> torch.Tensor:
+    def group_matrix(self, pointers: str, strides: str, dtype: torch.dtype, acc: torch.Tensor, column_major: bool
+                     ) -> torch.Tensor:
         _, m, n = acc.shape
-        return self.at(self.entry(pointers), dtype, (1, m, n), (0, self.entry(strides), 1), pointers)
+        ld = self.entry(strides)
+        return self.at(self.entry(pointers), dtype, (1, m, n), (0, 1, ld) if column_major else (0, ld, 1), pointers)
 
     def mapped(self, lvalue: str, dtype: torch.dtype, rows_contiguous: bool) -> torch.Tensor:
         args = self._encoder.of(self.raw(lvalue))
@@ -213,11 +215,11 @@ def emulate_grouped(compiled: CompiledKernel, setup: bytes, params: bytes, encod
     for g in range(groups):
         view.group = g
         m, n, k = view.at(problem_shapes + 12 * g, torch.int32, (3,), (1,), "problem.shapes").tolist()
-        if m == 0:
+        if m == 0 or n == 0:
             continue
-        lda = view.entry(lv["mainloop.stride_a"])
-        a = view.at(view.entry(lv["mainloop.ptr_a"]), kernel.element_a, (m, k), (lda, 1), "mainloop.ptr_a")
-        ldb = view.entry(lv["mainloop.stride_b"])
+        lda, ldb = view.entry(lv["mainloop.stride_a"]), view.entry(lv["mainloop.stride_b"])
+        a = view.at(view.entry(lv["mainloop.ptr_a"]), kernel.element_a, (m, k),
+                    (1, lda) if kernel.column_major["LayoutA"] else (lda, 1), "mainloop.ptr_a")  # (M, K)
         b = view.at(view.entry(lv["mainloop.ptr_b"]), kernel.element_b, (n, k),
                     (ldb, 1) if kernel.column_major["LayoutB"] else (1, ldb), "mainloop.ptr_b")  # (N, K)
         a32, b32 = a.float(), b.float()
@@ -234,11 +236,11 @@ def fill_groups(setup: tuple, offsets: list[int]) -> tuple[list[list[int]], list
     (tests/test_grouped.py runs the C++ on the host against this)."""
     from ..reference import group_bounds
 
-    groups, rows, n, k, columns = setup[3:8]
+    groups, rows, n, k, columns, swapped = setup[3:9]
     c = MAX_COLUMNS
-    base, per_row, per_group = setup[8:8 + c], setup[8 + c:8 + 2 * c], setup[8 + 2 * c:8 + 3 * c]
+    base, per_row, per_group = setup[9:9 + c], setup[9 + c:9 + 2 * c], setup[9 + 2 * c:9 + 3 * c]
     bounds = group_bounds(offsets[:groups], rows)
-    shapes = [[end - start, n, k] for start, end in bounds]
+    shapes = [[n, end - start, k] if swapped else [end - start, n, k] for start, end in bounds]
     table = [[base[c] + per_row[c] * start + per_group[c] * g for c in range(columns)]
              for g, (start, _) in enumerate(bounds)]
     return shapes, table

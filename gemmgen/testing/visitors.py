@@ -155,10 +155,11 @@ class ParamsView(Protocol):
         entry of the pointer array at `lvalue` holds; None for a null array."""
         ...
 
-    def group_matrix(self, pointers: str, strides: str, dtype: torch.dtype, acc: torch.Tensor) -> torch.Tensor:
-        """A grouped kernel's row-major M x N matrix of the current group (shaped like `acc`, (1, M, N)):
-        its address and row stride from the current group's entries of the arrays at `pointers`
-        and `strides`."""
+    def group_matrix(self, pointers: str, strides: str, dtype: torch.dtype, acc: torch.Tensor, column_major: bool
+                     ) -> torch.Tensor:
+        """A grouped kernel's M x N matrix of the current group (shaped like `acc`, (1, M, N)): its
+        address and leading dimension (between rows, or columns when `column_major`) from the
+        current group's entries of the arrays at `pointers` and `strides`."""
         ...
 
 
@@ -304,7 +305,8 @@ class EpilogueInterpreter:
         if d.dtype != self.element_d:
             raise EpilogueSourceError(f"the callbacks give {d.dtype}, ElementD is {self.element_d}")
         if self.grouped:  # the current group's D, through the kernel's pointer and stride arrays
-            target = params.group_matrix("{p}.epilogue.ptr_D", "{p}.epilogue.dD", self.element_d, acc)
+            target = params.group_matrix("{p}.epilogue.ptr_D", "{p}.epilogue.dD", self.element_d, acc,
+                                         self.column_major["LayoutD"])
         else:
             target = _matrix(params, "(*{p}.epilogue.tma_store_d.get_tma_descriptor())", self.element_d,
                              self.column_major["LayoutD"], acc)
@@ -406,7 +408,8 @@ class EpilogueInterpreter:
             if element != self.element_c:
                 raise EpilogueSourceError(f"Sm90SrcFetch<{element}> with ElementC {self.element_c}")
             if self.grouped:
-                return params.group_matrix("{p}.epilogue.ptr_C", "{p}.epilogue.dC", element, acc)
+                return params.group_matrix("{p}.epilogue.ptr_C", "{p}.epilogue.dC", element, acc,
+                                           self.column_major["LayoutC"])
             return _matrix(params, "(*{p}.epilogue.tma_load_c.get_tma_descriptor())", element,
                            self.column_major["LayoutC"], acc)
         if kind in ("Sm90RowBroadcast", "Sm90ColBroadcast"):

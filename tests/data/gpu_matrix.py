@@ -13,6 +13,7 @@ from pathlib import Path
 
 import gemmgen as gg
 from gemmgen.recipes_file import load_recipes
+from gemmgen.select import GROUPED_SWAP_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,15 +72,22 @@ def moe_fp8_recipe() -> gg.Recipe:
 
 
 #: The grouped example's kernels on the GPU and against CUTLASS's host code (tests/test_grouped.py):
-#: the default (cooperative, no cluster) and a pingpong kernel with a 2 x 1 cluster.
-GROUPED_CONFIGS = (gg.KernelConfig(), gg.KernelConfig(cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG))
-#: ...and the block-scaled grouped example's (tile K 128, the scales' K): its default, and a pingpong
-#: kernel with a 2 x 1 cluster (tests/test_grouped.py's GPU test).
+#: the default (cooperative, no cluster), a pingpong kernel with a 2 x 1 cluster, and the swapped
+#: kernel for groups of few rows (select.GROUPED_SWAP_CONFIG).
+GROUPED_CONFIGS = (gg.KernelConfig(), gg.KernelConfig(cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG),
+                   GROUPED_SWAP_CONFIG)
+#: tests/test_grouped.py's fp8 experts (moe_fp8_recipe): the default, and swapped (tile K 128).
+FP8_GROUPED_CONFIGS = (gg.KernelConfig(tile=(128, 128, 128)), gg.KernelConfig(tile=(128, 32, 128), swap_ab=True))
+#: ...and the block-scaled grouped example's (tile K 128, the scales' K): its default, a pingpong
+#: kernel with a 2 x 1 cluster, and swapped (tests/test_grouped.py).
 BLOCK_GROUPED_CONFIGS = (gg.KernelConfig(tile=(128, 128, 128)),
-                         gg.KernelConfig(tile=(64, 128, 128), cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG))
+                         gg.KernelConfig(tile=(64, 128, 128), cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG),
+                         gg.KernelConfig(tile=(128, 32, 128), swap_ab=True))
 #: scripts/gpu_bench.py's grouped shapes (groups, rows, N, K): Mixtral 8x7B's up projection for 4096
-#: tokens (512 per expert), and 64 small experts with 128 tokens each (DeepSeek-V2-Lite's sizes).
-GROUPED_BENCH_SHAPES = ((8, 4096, 14336, 4096), (64, 8192, 1408, 2048))
+#: tokens (512 per expert), and 64 small experts with 128 tokens each (DeepSeek-V2-Lite's sizes);
+#: then decode steps, 8 rows per expert, where `select.grouped_choice` swaps.
+GROUPED_BENCH_SHAPES = ((8, 4096, 14336, 4096), (64, 8192, 1408, 2048),
+                        (8, 64, 14336, 4096), (64, 512, 1408, 2048))
 
 
 def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
@@ -87,7 +95,7 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
 
     from gemmgen.config import tile_k
     from gemmgen.nn import linear_recipe
-    from gemmgen.select import choose
+    from gemmgen.select import choose, grouped_choice
     from gemmgen.tuning import candidates
 
     out = [(linear_recipe(act, True, torch.bfloat16), gg.KernelConfig()) for act in MLP_ACTIVATIONS]
@@ -100,7 +108,7 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         training = linear_recipe(act, True, torch.bfloat16, save_pre_activation=True)
         out += [(training, choose(training.ir, m, n, k).config) for m, n, k in TRAINING_PROBLEMS]
     for recipe in load_recipes(ROOT / "examples" / "recipes.py").values():
-        if recipe.ir.gemm.grouped:  # tests/test_grouped.py's GPU test: no swapped kernel for groups
+        if recipe.ir.gemm.grouped:  # tests/test_grouped.py's GPU tests
             out += [(recipe, c) for c in (BLOCK_GROUPED_CONFIGS if recipe.ir.gemm.block_scale else GROUPED_CONFIGS)]
             continue
         default = recipe.default_config()
@@ -129,13 +137,13 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     extrema = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["row_extrema"]  # max and min over N
     out.append((extrema, extrema.default_config()))
     out.append((fp8_out_recipe(), fp8_out_recipe().default_config()))
-    out.append((moe_fp8_recipe(), moe_fp8_recipe().default_config()))
+    out += [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS]
     fp8_linear = gg.nn.block_scaled_linear_recipe("silu", True, torch.bfloat16)  # test_gpu's BlockScaledLinear
     out += [(fp8_linear, choose(fp8_linear.ir, m, n, k).config) for m, n, k in BLOCK_LINEAR_PROBLEMS]
     experts = gg.nn.grouped_linear_recipe("silu", True, torch.bfloat16)  # tests/test_grouped.py's GroupedLinear
-    out.append((experts, experts.default_config()))
+    out += [(experts, experts.default_config()), (experts, grouped_choice(experts.ir, 1, 1).config)]
     fp8_experts = gg.nn.block_scaled_grouped_recipe("silu", True, torch.bfloat16)  # ...and its fp8 form
-    out.append((fp8_experts, fp8_experts.default_config()))
+    out += [(fp8_experts, fp8_experts.default_config()), (fp8_experts, grouped_choice(fp8_experts.ir, 1, 1).config)]
     return list(dict.fromkeys(out))
 
 

@@ -20,6 +20,7 @@ struct Setup {
   int n;
   int k;
   int columns;
+  int swapped;         // nonzero: the kernel computes D_g^T = B_g^T A_g^T, its problem is (N, M_g, K)
   // column c of group g: base[c] + per_row[c] * (group's first row) + per_group[c] * g
   long long base[MaxColumns];
   long long per_row[MaxColumns];
@@ -37,8 +38,8 @@ CUTLASS_HOST_DEVICE void fill(Setup const& s, int g) {
     first = clamp_row(s.offsets[i], first, s.rows);
   }
   int const end = clamp_row(s.offsets[g], first, s.rows);
-  s.shapes[3 * g + 0] = end - first;
-  s.shapes[3 * g + 1] = s.n;
+  s.shapes[3 * g + 0] = s.swapped ? s.n : end - first;
+  s.shapes[3 * g + 1] = s.swapped ? end - first : s.n;
   s.shapes[3 * g + 2] = s.k;
   for (int c = 0; c < s.columns; ++c) {
     s.table[c * s.groups + g] = s.base[c] + s.per_row[c] * first + s.per_group[c] * g;
