@@ -55,7 +55,7 @@ def grouped_backends(recipe: Recipe) -> tuple[dict[str, Any], Any, Any, Any]:
 
     def launch(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *args: Any) -> torch.Tensor:
         rows, groups = a.shape[0], b.shape[0]
-        key = (a.device.index or 0, few_rows_per_group(rows, groups))
+        key = (a.device.index or 0, recipe.config is None and few_rows_per_group(rows, groups))
         kernel = kernels.get(key)
         if kernel is None:
             check_grouped_call(recipe.ir, a, b, offsets, dict(zip(names, args, strict=True)))  # before compiling
