@@ -29,6 +29,7 @@ from ..errors import InvalidArgument
 from ..integrations.ops import caller
 from ..quantize import quantize_blockwise
 from ..types import DType, Layout, as_dtype
+from .grouped import GroupedLaunches
 from .linear import COMPUTE_DTYPES, RecipeModule, activation_fn
 
 _BLOCK = DEEPSEEK_BLOCK_SCALE[1]  # the weight's blocks are square: 128 x 128
@@ -195,7 +196,7 @@ class BlockScaledLinear(_BlockScaledModule):
                 f"activation={self.activation!r}, dtype={self.dtype}, weight=e4m3 in 128 x 128 blocks")
 
 
-class BlockScaledGroupedLinear(_BlockScaledModule):
+class BlockScaledGroupedLinear(GroupedLaunches, _BlockScaledModule):
     """A mixture-of-experts layer's expert Linears for inference in fp8 with DeepSeek-V3's block
     scales, as one grouped kernel: each expert's e4m3 weight in 128 x 128 blocks, the tokens (sorted
     by expert) quantized per token and 128 features on each call; bias and activation fused.
@@ -272,17 +273,6 @@ class BlockScaledGroupedLinear(_BlockScaledModule):
         q, scale_a = quantize_blockwise(x, (1, _BLOCK), compact=True)
         args = (q, self.weight.mT, offsets, scale_a, self.weight_scale.mT)
         return self._op(*args) if self.bias is None else self._op(*args, self.bias)
-
-    def launches(self, rows: int | None = None) -> tuple[Recipe, KernelConfig]:
-        """(recipe, config) of the kernel forward launches for `rows` rows of tokens (all experts'
-        together; None: the kernel for groups of many rows): what to build ahead of time, e.g.
-        `gg.warmup([experts.launches(), experts.launches(decode_rows)])`. The kernel depends on the
-        rows per expert on average (`gemmgen.select.grouped_choice`), never on how they split."""
-        from ..integrations.grouped_ops import grouped_config
-
-        if rows is None:
-            return self.recipe, self.recipe.default_config()
-        return self.recipe, grouped_config(self.recipe, rows, self.num_experts)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "

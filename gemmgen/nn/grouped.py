@@ -48,7 +48,25 @@ def grouped_linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype
     return Recipe(name, lambda acc: act(acc), **kw)
 
 
-class GroupedLinear(RecipeModule):
+class GroupedLaunches:
+    """`launches` of a layer of `num_experts` experts run by one grouped recipe (`self.recipe`)."""
+
+    recipe: Recipe
+    num_experts: int
+
+    def launches(self, rows: int | None = None) -> tuple[Recipe, Any]:
+        """(recipe, config) of the kernel forward launches for `rows` rows of tokens (all experts'
+        together; None: the kernel for groups of many rows): what to build ahead of time, e.g.
+        `gg.warmup([experts.launches(), experts.launches(decode_rows)])`. The kernel depends on the
+        rows per expert on average (`gemmgen.select.grouped_choice`), never on how they split."""
+        from ..integrations.grouped_ops import grouped_config
+
+        if rows is None:
+            return self.recipe, self.recipe.default_config()
+        return self.recipe, grouped_config(self.recipe, rows, self.num_experts)
+
+
+class GroupedLinear(GroupedLaunches, RecipeModule):
     """`num_experts` nn.Linear layers (plus activation) applied to the rows of their own experts in
     one grouped kernel: `weight` is (num_experts, out_features, in_features), each expert's as
     nn.Linear stores it, and `bias` (num_experts, out_features). It computes in the parameters'
@@ -119,17 +137,6 @@ class GroupedLinear(RecipeModule):
             x = x.to(dtype)
         w = self.weight.transpose(1, 2)
         return self._op(x, w, offsets) if self.bias is None else self._op(x, w, offsets, _rows_aligned(self.bias))
-
-    def launches(self, rows: int | None = None) -> tuple[Recipe, Any]:
-        """(recipe, config) of the kernel forward launches for `rows` rows of tokens (all experts'
-        together; None: the kernel for groups of many rows): what to build ahead of time, e.g.
-        `gg.warmup([experts.launches(), experts.launches(decode_rows)])`. The kernel depends on the
-        rows per expert on average (`gemmgen.select.grouped_choice`), never on how they split."""
-        from ..integrations.grouped_ops import grouped_config
-
-        if rows is None:
-            return self.recipe, self.recipe.default_config()
-        return self.recipe, grouped_config(self.recipe, rows, self.num_experts)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "
