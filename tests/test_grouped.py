@@ -174,6 +174,25 @@ def test_call_checks_arguments(grouped_kernel):
         k.prepare(huge, b, offsets, bias=bias, weight=weight[:1].expand(2**31))
 
 
+def test_a_refused_layout_is_refused_again_without_rechecking(grouped_kernel):
+    """A call signature the checks refused for a layout (here A at an odd address) raises the same
+    LayoutMismatch at once the next time, without rechecking: the torch op copies A then."""
+    from unittest import mock
+
+    from gemmgen.errors import LayoutMismatch
+
+    k = _cpu(grouped_kernel)
+    a, b, offsets, bias, weight = _inputs()
+    odd = torch.empty(37 * 64 + 1).bfloat16()[1:].view(37, 64).copy_(a)
+    with pytest.raises(LayoutMismatch) as refused:
+        k.prepare(odd, b, offsets, bias=bias, weight=weight)
+    with mock.patch("gemmgen.runtime.grouped.check_grouped_call", side_effect=AssertionError("checked again")), \
+            pytest.raises(LayoutMismatch) as again:
+        k.prepare(odd, b, offsets, bias=bias, weight=weight)
+    assert again.value.argument == refused.value.argument == "a" and str(again.value) == str(refused.value)
+    assert k.prepare(a, b, offsets, bias=bias, weight=weight).params is not None
+
+
 def test_prepare_builds_setup_and_params(grouped_kernel):
     k = _cpu(grouped_kernel)
     a, b, offsets, bias, weight = _inputs()

@@ -7,6 +7,7 @@ tensor maps go through a recording stand-in and the hardware facts are given.
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -157,9 +158,10 @@ _FIXED_BY_A_COPY = {"layout": "a", "misaligned pointer": "a", "misaligned ld": "
 
 @pytest.mark.parametrize("case", [c for c in _bad_cases() if set(c[1]) == {"a", "b", "bias"}], ids=lambda c: c[0])
 def test_torch_ops_copy_what_only_the_layout_refuses(kernels, case):
-    """Kernels raise LayoutMismatch, naming the argument, exactly where a copy would do; the torch
-    op's path (call_realigning) then copies that tensor into a TMA-readable layout and the call goes
-    through on the same values. Any other mistake still raises, unchanged."""
+    """Kernels raise LayoutMismatch, naming the argument, exactly where a copy would do (again at
+    once for the same call signature, without rechecking); the torch op's path (call_realigning)
+    then copies that tensor into a TMA-readable layout and the call goes through on the same
+    values. Any other mistake still raises, unchanged."""
     name, kw, match = case
     kernel = kernels["bias_gelu"]
     a, b, bias = kw["a"], kw["b"], kw["bias"]
@@ -173,6 +175,10 @@ def test_torch_ops_copy_what_only_the_layout_refuses(kernels, case):
         with pytest.raises(LayoutMismatch, match=match) as refused:
             kernel.prepare(a, b, bias)
         assert refused.value.argument == _FIXED_BY_A_COPY[name]
+        with mock.patch("gemmgen.runtime.kernel.check_call", side_effect=AssertionError("checked again")), \
+                pytest.raises(LayoutMismatch, match=match) as again:  # the same signature: the same verdict, kept
+            kernel.prepare(a, b, bias)
+        assert again.value.argument == refused.value.argument and again.value is not refused.value
         prep = call_realigning(kernel.recipe, call, a, b, (bias,))
         assert prep.outputs[0].shape == (64, 64) and len(seen) == 2
         for given, used in zip((a, b, bias), seen[-1], strict=True):

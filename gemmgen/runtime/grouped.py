@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from ..config import KernelConfig
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, LayoutMismatch
 from ..ir import EpilogueIR, Operand, RecipeIR
 from ..types import OperandKind
 from . import driver, scheduler, tma
@@ -234,6 +234,7 @@ class GroupedKernel:
         self._require_cuda = require_cuda
         self._loaded: dict[int, tuple[driver.LoadedFunction, Any]] = {}
         self._plans: dict[tuple, _GroupedPlan] = {}
+        self._refused: dict[tuple, LayoutMismatch] = {}  # signatures the checks refused for a layout
 
     def __repr__(self) -> str:
         return f"<gemmgen.GroupedKernel {self.compiled.entry} ({self._config.name})>"
@@ -281,9 +282,7 @@ class GroupedKernel:
             key = None
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
-            plan = self._plan(a, b, offsets, operands, out)
-            if key is not None:
-                put_bounded(self._plans, key, plan)
+            plan = self._new_plan(key, a, b, offsets, operands, out)
         call = plan.call
         d = out if out is not None else torch.empty_strided(plan.d_shape, plan.d_strides, dtype=plan.d_dtype,
                                                             device=call.device)
@@ -306,6 +305,23 @@ class GroupedKernel:
         at = SETUP_BASES + 8 * plan.d_column
         setup = setup[:at] + d.data_ptr().to_bytes(8, "little") + setup[at + 8:]
         return PreparedGroupedCall(d, buffer, setup, plan.setup_grid, params, plan.grid, plan.device_index)
+
+    def _new_plan(self, key: tuple | None, a: Any, b: Any, offsets: Any, operands: dict, out: Any
+                  ) -> _GroupedPlan:
+        """The plan for a call signature not seen (or no longer cached). A signature the checks
+        refused for a layout is refused again at once: the torch op copies the tensor and retries."""
+        if key is None:
+            return self._plan(a, b, offsets, operands, out)
+        refused = self._refused.get(key)
+        if refused is not None:
+            raise LayoutMismatch(refused.argument, str(refused))
+        try:
+            plan = self._plan(a, b, offsets, operands, out)
+        except LayoutMismatch as e:
+            put_bounded(self._refused, key, e)
+            raise
+        put_bounded(self._plans, key, plan)
+        return plan
 
     def _plan(self, a: Any, b: Any, offsets: Any, operands: dict, out: Any) -> _GroupedPlan:
         """Check every argument and work out what does not depend on D's or the buffer's address."""

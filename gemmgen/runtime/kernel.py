@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, LayoutMismatch
 from . import driver
 from .arguments import ArgumentBuilder, ParamsWriter, TensorMapEncoder
 from .checks import (
@@ -126,6 +126,7 @@ class Kernel:
         self._hardware = hardware or self._device_hardware
         self._require_cuda = require_cuda
         self._plans: dict[tuple, _Plan] = {}  # by every argument's signature, addresses included
+        self._refused: dict[tuple, LayoutMismatch] = {}  # signatures the checks refused for a layout
         self._layouts: dict[tuple, _Plan] = {}  # the latest plan per signature without addresses
         self._loaded: dict[int, driver.LoadedFunction] = {}  # per device index
 
@@ -222,10 +223,17 @@ class Kernel:
         same layout (the signature without addresses) if there is one, else built from scratch."""
         if key is None:
             return self._plan(a, b, operands)
+        refused = self._refused.get(key)
+        if refused is not None:  # the same signature gets the same verdict: raised again, not rechecked
+            raise LayoutMismatch(refused.argument, str(refused))
         layout = tuple(sig[1] for sig in key)
         same = self._layouts.get(layout)
-        plan = self._rebind(same, a, b, operands) if same is not None and same.base is not None else \
-            self._plan(a, b, operands)
+        try:
+            plan = self._rebind(same, a, b, operands) if same is not None and same.base is not None else \
+                self._plan(a, b, operands)
+        except LayoutMismatch as e:  # the torch op copies the tensor and calls again: keep the verdict
+            put_bounded(self._refused, key, e)
+            raise
         put_bounded(self._plans, key, plan)
         put_bounded(self._layouts, layout, plan)
         return plan
