@@ -141,7 +141,7 @@ def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int =
 def few_rows_per_group(rows: int, groups: int) -> bool:
     """Whether `groups` groups of `rows` rows in all average at most GROUPED_SWAP_MAX_ROWS rows:
     the swapped grouped kernel's case (cheap: the grouped op asks on every call)."""
-    return -(-max(rows, 0) // max(groups, 1)) <= GROUPED_SWAP_MAX_ROWS
+    return rows <= GROUPED_SWAP_MAX_ROWS * max(groups, 1)  # ceil(rows / groups) <= GROUPED_SWAP_MAX_ROWS
 
 
 def grouped_choice(recipe: RecipeIR, rows: int, groups: int) -> Choice:

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import torch
@@ -164,17 +165,23 @@ def _grouped_launches(kernel, args: tuple, stream: int):
 
 def grouped_cpu_overheads() -> None:
     """The grouped example (moe_up) the same way: its two raw launches, GroupedKernel.__call__, and
-    a probe op whose CPU kernel is the grouped op's CUDA body (`call_realigning` of the kernel)."""
+    a probe op whose CPU kernel is the grouped op's CUDA body (`call_realigning` of its kernel
+    lookup and call)."""
+    from gemmgen.integrations.grouped_ops import grouped_config, kernel_key
     from gemmgen.runtime.grouped import GroupedKernel
 
     recipe = load_recipes(ROOT / "examples" / "recipes.py")["moe_up"]
-    kernel = GroupedKernel(recipe.build(), require_cuda=False)
     args = _grouped_inputs("cpu")
+    kernel = GroupedKernel(recipe.build(grouped_config(recipe, 64, 8)), require_cuda=False)  # the op's: swapped
+    kernels = {kernel_key(recipe, args[0], args[1]): kernel}
     raw, prep = _grouped_launches(kernel, args, STREAM)
     out = prep.output
 
+    def launch(a: torch.Tensor, b: torch.Tensor, *rest: Any) -> torch.Tensor:  # grouped_backends' `launch`
+        return kernels[kernel_key(recipe, a, b)](a, b, *rest)
+
     def body(a: torch.Tensor, b: torch.Tensor, *rest: object) -> torch.Tensor:
-        return ops.call_realigning(recipe, kernel, a, b, rest)
+        return ops.call_realigning(recipe, launch, a, b, rest)
 
     probe = ops.define("grouped_overhead_probe(Tensor a, Tensor b, Tensor offsets, Tensor bias, Tensor weight) "
                        "-> Tensor", {"CPU": body}, lambda a, b, *rest: a.new_empty(a.shape[0], b.shape[-1]),
@@ -182,12 +189,13 @@ def grouped_cpu_overheads() -> None:
     rows = {"raw setup + GEMM launches (prepared arguments)": _us(raw),
             "GroupedKernel.__call__, out given": _us(lambda: kernel(*args, out=out)),
             "GroupedKernel.__call__, D allocated": _us(lambda: kernel(*args)),
+            "kernel_key (the op's kernel lookup)": _us(lambda: kernel_key(recipe, args[0], args[1])),
             "grouped op body called directly": _us(lambda: body(*args)),
             "grouped op through the dispatcher": _us(lambda: probe(*args))}
     base = rows["raw setup + GEMM launches (prepared arguments)"]
     print(f"# {recipe.name} ({kernel.compiled.config.name}, 8 groups of 8 rows, 64 x 64): two launches per call")
     for name, us in rows.items():
-        over = f"   over raw: {us - base:5.1f} us" if not name.startswith("raw") else ""
+        over = f"   over raw: {us - base:5.1f} us" if name.startswith(("Grouped", "grouped")) else ""
         print(f"{name:45s} {us:6.1f} us{over}")
 
 

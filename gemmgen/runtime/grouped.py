@@ -205,14 +205,13 @@ class _GroupedPlan:
     d_strides: tuple[int, ...]
     d_dtype: torch.dtype
     columns: list[Column] | None = None  # None: nothing to launch (an empty dimension, or K = 0)
-    d_column: int = 0  # D's column: its base is D's address, set per call
+    d_at: int = 0  # where D's column's base (D's address, set per call) sits in the setup block
     layout: BufferLayout = BufferLayout(0, 0, 0, 0, 0)
     sm_count: int = 0
     clusters: int = 0
     grid: tuple[int, int, int] = (0, 0, 0)
     setup_grid: tuple[int, int, int] = (0, 0, 0)
-    params: dict[int, bytes] = field(default_factory=dict)  # by buffer address
-    setups: dict[int, bytes] = field(default_factory=dict)  # by buffer address, D's base 0
+    blocks: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)  # (Params, setup) by buffer address
 
 
 class GroupedKernel:
@@ -241,22 +240,23 @@ class GroupedKernel:
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *args: Any, out: Any = None,
                  **operands: Any) -> torch.Tensor:
-        p = self.prepare(a, b, offsets, *args, out=out, **operands)
-        if p.params is not None:
-            if driver.current_device() == p.device_index:
-                self._launch(p)
+        d, _buffer, setup, setup_grid, params, grid, device_index = self._prepare(a, b, offsets, args, out, operands)
+        if params is not None:  # _buffer: alive until both launches are queued
+            if driver.current_device() == device_index:
+                self._launch(setup, setup_grid, params, grid, device_index)
             else:  # tensors on another GPU than the current one
-                with torch.cuda.device(p.device_index):
-                    self._launch(p)
-        return p.output
+                with torch.cuda.device(device_index):
+                    self._launch(setup, setup_grid, params, grid, device_index)
+        return d
 
-    def _launch(self, p: PreparedGroupedCall) -> None:
+    def _launch(self, setup: bytes, setup_grid: tuple[int, int, int], params: bytes, grid: tuple[int, int, int],
+                device_index: int) -> None:
         """Both kernels on the current stream of the tensors' device, the current device (the
         module was loaded into its context): the setup kernel, then the GEMM."""
-        gemm, setup = self._function(p.device_index)
-        stream = driver.current_stream(p.device_index)
-        driver.launch_function(setup, p.setup, p.setup_grid, SETUP_BLOCK, 0, stream)  # type: ignore[arg-type]
-        driver.launch(gemm, p.params, p.grid, self.compiled.info.max_threads, self._config.cluster,  # type: ignore[arg-type]
+        gemm, setup_function = self._function(device_index)
+        stream = driver.current_stream(device_index)
+        driver.launch_function(setup_function, setup, setup_grid, SETUP_BLOCK, 0, stream)
+        driver.launch(gemm, params, grid, self.compiled.info.max_threads, self._config.cluster,
                       self.compiled.info.smem_bytes, stream)
 
     def prepare(self, a: Any, b: Any, offsets: Any, *args: Any, out: Any = None, **operands: Any
@@ -265,46 +265,45 @@ class GroupedKernel:
         and the columns are kept per call signature (every argument's address, shape, strides,
         dtype and device, and every scalar), and Params and the setup block per buffer address: a
         repeated call only allocates D and the buffer, and writes D's address into the setup block."""
-        if args:
-            if operands or len(args) != len(self._names):
-                raise InvalidArgument(f"operands: pass all {len(self._names)} of {list(self._names)} positionally in "
-                                      f"this order, or all by name; got {len(args)} positional and "
-                                      f"{sorted(operands)} by name")
-            operands = dict(zip(self._names, args, strict=True))
+        return PreparedGroupedCall(*self._prepare(a, b, offsets, args, out, operands))
+
+    def _prepare(self, a: Any, b: Any, offsets: Any, args: tuple, out: Any, operands: dict) -> tuple:
+        """`prepare` as a plain tuple, with the operands as passed (the call path's hot loop)."""
+        names = self._names
+        if args and (operands or len(args) != len(names)):
+            raise InvalidArgument(f"operands: pass all {len(names)} of {list(names)} positionally in this order, "
+                                  f"or all by name; got {len(args)} positional and {sorted(operands)} by name")
         if self._on_driver and isinstance(a, torch.Tensor) and a.is_cuda and not driver.THREAD.has_context:
             with torch.cuda.device(a.device):
                 driver.bind_context(a.device.index or 0)
         try:
             key: tuple | None = (argument_signature(a), argument_signature(b), argument_signature(offsets),
-                                 *(argument_signature(operands.get(n)) for n in self._names),
+                                 *map(argument_signature, args if args else (operands.get(n) for n in names)),
                                  None if out is None else argument_signature(out))
         except (TypeError, RuntimeError):  # not a number or a strided tensor: the checks say what
             key = None
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
-            plan = self._new_plan(key, a, b, offsets, operands, out)
+            plan = self._new_plan(key, a, b, offsets, dict(zip(names, args, strict=True)) if args else operands, out)
         call = plan.call
         d = out if out is not None else torch.empty_strided(plan.d_shape, plan.d_strides, dtype=plan.d_dtype,
                                                             device=call.device)
         if plan.columns is None:
             if call.k == 0 and 0 not in (call.rows, call.n, call.groups):
-                self._epilogue_of_zero(d, call, operands, offsets)
-            return PreparedGroupedCall(d, None, None, (0, 0, 0), None, (0, 0, 0), plan.device_index)
+                self._epilogue_of_zero(d, call, dict(zip(names, args, strict=True)) if args else operands, offsets)
+            return d, None, None, (0, 0, 0), None, (0, 0, 0), plan.device_index
         buffer = torch.empty(plan.layout.size, dtype=torch.uint8, device=call.device)
         addr = buffer.data_ptr()
-        params = plan.params.get(addr)
-        if params is None:
+        blocks = plan.blocks.get(addr)
+        if blocks is None:  # the setup block with D's base 0, patched per call: D is allocated per call
             values = self._args.values(call, plan.columns, addr, plan.layout, plan.sm_count, plan.clusters,
-                                          max(plan.device_index, 0), self._encode)
-            params = bytes(self._writer.write(values))
-            put_bounded(plan.params, addr, params)
-        setup = plan.setups.get(addr)
-        if setup is None:  # D's column with base 0, patched per call: D is allocated per call
-            setup = self._args.setup(call, plan.columns, addr, plan.layout)
-            put_bounded(plan.setups, addr, setup)
-        at = SETUP_BASES + 8 * plan.d_column
+                                       max(plan.device_index, 0), self._encode)
+            blocks = (bytes(self._writer.write(values)), self._args.setup(call, plan.columns, addr, plan.layout))
+            put_bounded(plan.blocks, addr, blocks)
+        params, setup = blocks
+        at = plan.d_at
         setup = setup[:at] + d.data_ptr().to_bytes(8, "little") + setup[at + 8:]
-        return PreparedGroupedCall(d, buffer, setup, plan.setup_grid, params, plan.grid, plan.device_index)
+        return d, buffer, setup, plan.setup_grid, params, plan.grid, plan.device_index
 
     def _new_plan(self, key: tuple | None, a: Any, b: Any, offsets: Any, operands: dict, out: Any
                   ) -> _GroupedPlan:
@@ -340,7 +339,7 @@ class GroupedKernel:
             return plan
         plan.sm_count, plan.clusters = self._hardware(device_index)
         plan.columns = self._args.columns(call, TensorArg(0, (strides[0], 1, 0)))
-        plan.d_column = next(i for i, c in enumerate(plan.columns) if c.field == "epilogue.ptr_d")
+        plan.d_at = SETUP_BASES + 8 * next(i for i, c in enumerate(plan.columns) if c.field == "epilogue.ptr_d")
         plan.layout = BufferLayout.of(call.groups, len(plan.columns), plan.sm_count, self._args.source is not None)
         plan.grid = scheduler.group_plan(self._config.tile, self._config.cluster, plan.sm_count, plan.clusters).grid
         plan.setup_grid = (-(-call.groups // SETUP_BLOCK), 1, 1)
