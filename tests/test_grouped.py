@@ -49,6 +49,23 @@ def test_the_example_is_the_recipe_tested_here(examples):
     assert examples["moe_up"].key == moe_recipe().key
 
 
+def test_the_gpu_bundle_holds_every_grouped_kernel_the_gpu_checks_launch(examples):
+    """The GPU run loads every kernel from the bundle (GEMMGEN_JIT=0: a missing one fails there, after
+    the device minutes are spent): each grouped kernel the GPU tests pick by shape is in the matrix."""
+    from .data.gpu_matrix import gpu_matrix
+
+    matrix = {(r.key, c) for r, c in gpu_matrix()}
+    experts = gg.nn.GroupedLinear(4, 64, 128, activation="silu", device="meta")
+    fp8_experts = gg.nn.BlockScaledGroupedLinear.from_linears([torch.nn.Linear(512, 256) for _ in range(2)],
+                                                              activation="silu")
+    wanted = [(moe_recipe(), choose(moe_recipe().ir, 37, 48, 64, groups).config) for groups in (1, 4)]
+    wanted += [experts.launches(rows) for rows in (12, 300)] + [fp8_experts.launches(rows) for rows in (12, 300)]
+    wanted += [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS]
+    wanted += [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS] + [(moe_recipe(), c) for c in GROUPED_CONFIGS]
+    missing = [(r.name, c.name) for r, c in wanted if (r.key, c) not in matrix]
+    assert not missing and {c.swap_ab for _, c in wanted} == {True, False}, missing
+
+
 def _cpu(kernel, sm_count=132, clusters=0):
     return GroupedKernel(kernel, encoder=RecordingEncoder(), hardware=lambda i: (sm_count, clusters),
                          require_cuda=False)
