@@ -284,13 +284,13 @@ class GroupedKernel:
             key = None
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
-            plan = self._new_plan(key, a, b, offsets, dict(zip(names, args, strict=True)) if args else operands, out)
+            plan = self._new_plan(key, a, b, offsets, self._named(args, operands), out)
         call = plan.call
         d = out if out is not None else torch.empty_strided(plan.d_shape, plan.d_strides, dtype=plan.d_dtype,
                                                             device=call.device)
         if plan.columns is None:
             if call.k == 0 and 0 not in (call.rows, call.n, call.groups):
-                self._epilogue_of_zero(d, call, dict(zip(names, args, strict=True)) if args else operands, offsets)
+                self._epilogue_of_zero(d, call, self._named(args, operands), offsets)
             return d, None, None, (0, 0, 0), None, (0, 0, 0), plan.device_index
         buffer = torch.empty(plan.layout.size, dtype=torch.uint8, device=call.device)
         addr = buffer.data_ptr()
@@ -301,9 +301,12 @@ class GroupedKernel:
             blocks = (bytes(self._writer.write(values)), self._args.setup(call, plan.columns, addr, plan.layout))
             put_bounded(plan.blocks, addr, blocks)
         params, setup = blocks
-        at = plan.d_at
-        setup = setup[:at] + d.data_ptr().to_bytes(8, "little") + setup[at + 8:]
+        setup = setup[:plan.d_at] + d.data_ptr().to_bytes(8, "little") + setup[plan.d_at + 8:]
         return d, buffer, setup, plan.setup_grid, params, plan.grid, plan.device_index
+
+    def _named(self, args: tuple, operands: dict) -> dict[str, Any]:
+        """The operands by name, however they were passed (built off the hot path only)."""
+        return dict(zip(self._names, args, strict=True)) if args else operands
 
     def _new_plan(self, key: tuple | None, a: Any, b: Any, offsets: Any, operands: dict, out: Any
                   ) -> _GroupedPlan:
