@@ -44,11 +44,25 @@ class Schedule(enum.Enum):
 
 
 class TileScheduler(enum.Enum):
+    """How a persistent kernel's CTAs share out the output tiles.
+
+    PERSISTENT: each CTA computes whole tiles in turn (data-parallel). STREAM_K: CUTLASS's stream-K
+    scheduler; per problem, the host picks data-parallel work when the tiles fill whole waves (or K
+    is short), else splits the K loop of the last two waves' tiles over one wave of CTAs (split-K,
+    or stream-K when the CTAs do not divide evenly among the tiles), which reduce their fp32
+    partial sums in a workspace in a fixed order. It fills the GPU when there are fewer tiles than
+    SMs (decode: a few tokens, large N and K) and evens out a last wave that is mostly empty.
+    """
+
     PERSISTENT = "persistent"
+    STREAM_K = "stream_k"
 
     def cutlass(self, grouped: bool = False) -> str:
         """A grouped kernel's persistent scheduler walks the tiles of every group in turn."""
-        return "cutlass::gemm::GroupScheduler" if grouped else "cutlass::gemm::PersistentScheduler"
+        if grouped:
+            return "cutlass::gemm::GroupScheduler"
+        return {TileScheduler.PERSISTENT: "cutlass::gemm::PersistentScheduler",
+                TileScheduler.STREAM_K: "cutlass::gemm::StreamKScheduler"}[self]
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,8 @@ class KernelConfig:
             raise ConfigError(f"schedule: expected a gemmgen.Schedule, got {self.schedule!r}")
         if self.stages is not None and (not isinstance(self.stages, int) or self.stages < 1):
             raise ConfigError(f"stages: expected None (auto) or a positive int, got {self.stages!r}")
+        if not isinstance(self.tile_scheduler, TileScheduler):
+            raise ConfigError(f"tile_scheduler: expected a gemmgen.TileScheduler, got {self.tile_scheduler!r}")
         if not isinstance(self.swap_ab, bool):
             raise ConfigError(f"swap_ab: expected True or False, got {self.swap_ab!r}")
 
@@ -86,7 +102,8 @@ class KernelConfig:
         cm, cn, ck = self.cluster
         stages = "auto" if self.stages is None else f"s{self.stages}"
         swap = "_swapab" if self.swap_ab else ""
-        return f"{tm}x{tn}x{tk}_c{cm}x{cn}x{ck}_{self.schedule.value}_{stages}{swap}"
+        stream_k = "_streamk" if self.tile_scheduler is TileScheduler.STREAM_K else ""
+        return f"{tm}x{tn}x{tk}_c{cm}x{cn}x{ck}_{self.schedule.value}_{stages}{swap}{stream_k}"
 
     def canonical(self) -> list:
         """A JSON-able form. `swap_ab` enters only when set, so configs from before it keep their keys."""
@@ -156,6 +173,20 @@ def schedule_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
                 "use Schedule.PINGPONG for tile M = 64"]
     if cfg.schedule is Schedule.PINGPONG and tm not in (64, 128):
         return [f"schedule pingpong: tile M = {tm} must be 64 or 128 (each consumer warpgroup owns a tile)"]
+    return []
+
+
+def tile_scheduler_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """CUTLASS's stream-K scheduler runs in its cooperative kernel only (the pingpong kernel
+    static_asserts against it), and a grouped kernel has its own scheduler."""
+    if cfg.tile_scheduler is not TileScheduler.STREAM_K:
+        return []
+    if recipe.gemm.grouped:
+        return ["tile scheduler stream_k: a grouped kernel walks its groups with CUTLASS's group scheduler; "
+                "use TileScheduler.PERSISTENT"]
+    if cfg.schedule is not Schedule.COOPERATIVE:
+        return [f"tile scheduler stream_k: needs the cooperative schedule (CUTLASS's {cfg.schedule.value} kernel "
+                "does not support stream-K); use Schedule.COOPERATIVE or TileScheduler.PERSISTENT"]
     return []
 
 
@@ -361,8 +392,8 @@ def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return out
 
 
-CONSTRAINTS = (tile_violations, schedule_violations, cluster_violations, register_violations, smem_violations,
-               reduction_violations, block_scale_violations)
+CONSTRAINTS = (tile_violations, schedule_violations, tile_scheduler_violations, cluster_violations,
+               register_violations, smem_violations, reduction_violations, block_scale_violations)
 
 
 def violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:

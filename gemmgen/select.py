@@ -12,6 +12,12 @@ they compute D^T = B^T A^T, so M becomes the tile's N, which can be 16 or 32 wid
 unswapped tile is at least 64 rows of mostly zero padding. They are scored on that transposed
 problem, by the same terms.
 
+Every cooperative candidate also has a stream-K twin (TileScheduler.STREAM_K), listed after the
+others so that ties keep the persistent kernel. Its wave term is the balance of the work as
+CUTLASS's stream-K scheduler would share it out for this problem (`runtime.scheduler.decompose`):
+where the tiles fill whole waves it is the same; where they leave a wave mostly idle (a few tokens
+against large weights) the K iterations spread over every SM, less a cost per split tile.
+
 A grouped (MoE) kernel serves every split of its rows, which only the GPU knows; the host knows
 the rows and the groups. When the groups average at most GROUPED_SWAP_MAX_ROWS rows (decode: a few
 tokens per expert), `choose` gives GROUPED_SWAP_CONFIG, swapped, each group's rows along the tile's
@@ -27,9 +33,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .config import KernelConfig, Schedule, default_config, is_valid, needs_swap, tile_k
+from .config import KernelConfig, Schedule, TileScheduler, default_config, is_valid, needs_swap, tile_k
 from .errors import GemmgenError
 from .ir import RecipeIR
+from .runtime.scheduler import decompose
 
 COOP, PING = Schedule.COOPERATIVE, Schedule.PINGPONG
 
@@ -76,7 +83,13 @@ class Choice:
     why: str
 
 
-def _score(cfg: KernelConfig, m: int, n: int, l: int, sm_count: int) -> tuple[float, str]:  # noqa: E741
+#: What a split tile costs the stream-K scheduler, in K tiles of work: its partial sums (fp32, the
+#: whole tile) are written to the workspace and read back through L2 by the next peer, about the
+#: bytes of two or four K tiles of A and B. A model constant, not a measurement.
+STREAM_K_FIXUP_K_TILES = 2
+
+
+def _score(cfg: KernelConfig, m: int, n: int, k: int, l: int, sm_count: int) -> tuple[float, str]:  # noqa: E741
     if cfg.swap_ab:  # the kernel's problem is N x M
         m, n = n, m
     tm, tn, _ = cfg.tile
@@ -87,11 +100,34 @@ def _score(cfg: KernelConfig, m: int, n: int, l: int, sm_count: int) -> tuple[fl
     padding = (m * n) / (tiles_m * tm * tiles_n * tn)
     waves = tiles / sm_count
     quantization = waves / math.ceil(waves)
+    how = f"{tiles} tiles = {waves:.2f} waves on {sm_count} SMs"
+    if cfg.tile_scheduler is TileScheduler.STREAM_K:
+        quantization, how = _stream_k_balance(m, n, k, l, cfg, sm_count)
     reuse = (tm * tn / (tm + tn)) / (256 * 128 / (256 + 128))
     score = padding * quantization * reuse
-    why = (f"{cfg.name}: {tiles} tiles = {waves:.2f} waves on {sm_count} SMs (quantization {quantization:.2f}), "
-           f"useful fraction {padding:.2f}, reuse {reuse:.2f} -> {score:.3f}")
+    why = (f"{cfg.name}: {how} (quantization {quantization:.2f}), useful fraction {padding:.2f}, "
+           f"reuse {reuse:.2f} -> {score:.3f}")
     return score, why
+
+
+def _stream_k_balance(m: int, n: int, k: int, l: int, cfg: KernelConfig, sm_count: int  # noqa: E741
+                      ) -> tuple[float, str]:
+    """(useful fraction of the CTAs' time, description) under the decomposition CUTLASS's stream-K
+    scheduler picks for the problem (`runtime.scheduler.decompose`): data-parallel waves of whole
+    tiles, then the split tiles' K iterations shared over one wave, each share paying
+    STREAM_K_FIXUP_K_TILES."""
+    d = decompose(m, n, -(-k // cfg.tile[2]), l, cfg.tile, cfg.cluster, sm_count)
+    if d.splits > 1:  # every tile in `splits` parts
+        time = -(-d.output_tiles * d.splits // d.ctas_per_wave) * (-(-d.k_tiles // d.splits) + STREAM_K_FIXUP_K_TILES)
+    else:
+        time = -(-(d.output_tiles - d.sk_tiles) // d.ctas_per_wave) * d.k_tiles
+        if d.sk_tiles:
+            time += -(-d.sk_tiles * d.k_tiles // d.sk_units) + STREAM_K_FIXUP_K_TILES
+    balance = d.output_tiles * d.k_tiles / (d.ctas_per_wave * time)
+    how = f"{d.output_tiles} tiles x {d.k_tiles} K tiles, {d.kind}"
+    if d.sk_tiles:
+        how += f" ({d.sk_tiles} tiles over {d.sk_units} CTAs)"
+    return balance, how
 
 
 def candidate_configs(recipe: RecipeIR, m_bucket: int) -> tuple[KernelConfig, ...]:
@@ -108,14 +144,15 @@ def _candidates(small_m: bool, swapped_only: bool, k: int) -> tuple[KernelConfig
                                swap_ab=True) for c in CANDIDATES)
     if small_m:
         listed += SWAP_CANDIDATES
+    listed += tuple(replace(c, tile_scheduler=TileScheduler.STREAM_K) for c in listed if c.schedule is COOP)
     return tuple(replace(c, tile=(c.tile[0], c.tile[1], k)) for c in listed)
 
 
-def ranked(recipe: RecipeIR, m: int, n: int, l: int = 1, sm_count: int = 132  # noqa: E741
+def ranked(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int = 132  # noqa: E741
            ) -> list[tuple[float, KernelConfig, str]]:
     """Every valid candidate for the M bucket of `m`, best first (stable: ties keep candidate order)."""
     mb = m_bucket(max(m, 1))
-    scored = [(*_score(cfg, mb, max(n, 1), max(l, 1), sm_count), i, cfg)
+    scored = [(*_score(cfg, mb, max(n, 1), max(k, 1), max(l, 1), sm_count), i, cfg)
               for i, cfg in enumerate(candidate_configs(recipe, mb)) if is_valid(cfg, recipe)]
     assert scored, "no candidate config is valid"
     scored.sort(key=lambda t: (-round(t[0], 9), t[2]))
@@ -125,11 +162,10 @@ def ranked(recipe: RecipeIR, m: int, n: int, l: int = 1, sm_count: int = 132  # 
 def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int = 132) -> Choice:  # noqa: E741
     """The config for a problem (M rounded up to its bucket), with the reasons. For a grouped
     recipe, M is the rows of A and L the number of groups (`grouped_choice`)."""
-    del k  # K does not change the ranking: every candidate tiles K the same way
     if recipe.gemm.grouped:
         return grouped_choice(recipe, m, l)
     mb = m_bucket(max(m, 1))
-    order = ranked(recipe, m, n, l, sm_count)
+    order = ranked(recipe, m, n, k, l, sm_count)
     score, cfg, why = order[0]
     listed = candidate_configs(recipe, mb)
     lines = [w for _, _, w in sorted(order, key=lambda t: listed.index(t[1]))]

@@ -171,10 +171,10 @@ def config_for(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1,  # noqa: E7
     return tuned or choose(recipe, m, n, k, l, sm_count).config
 
 
-def candidates(recipe: RecipeIR, m: int, n: int, l: int = 1, sm_count: int = 132,  # noqa: E741
+def candidates(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int = 132,  # noqa: E741
                limit: int = DEFAULT_CANDIDATES) -> list[KernelConfig]:
     """The configs autotune times for a bucket: the heuristic's `limit` best."""
-    return [cfg for _, cfg, _ in ranked(recipe, m, n, l, sm_count)[:limit]]
+    return [cfg for _, cfg, _ in ranked(recipe, m, n, k, l, sm_count)[:limit]]
 
 
 def example_inputs(recipe: Recipe, m: int, n: int, k: int, l: int = 1, device: str = "cuda",  # noqa: E741
@@ -281,7 +281,7 @@ def autotune(recipe: Recipe, shapes: Iterable[tuple[int, ...]], *, limit: int = 
     problems = [problem_shape(p, "autotune") for p in shapes]
     if not isinstance(limit, int) or limit < 1:
         raise GemmgenError(f"autotune: limit={limit!r}; expected the number of candidates to time per bucket (>= 1)")
-    plan = {bucket(*p): (p, candidates(recipe.ir, p[0], p[1], p[3], sm_count or 132, limit)) for p in problems}
+    plan = {bucket(*p): (p, candidates(recipe.ir, *p, sm_count or 132, limit)) for p in problems}
     warmup(list(dict.fromkeys((recipe, c) for _, cands in plan.values() for c in cands)), jobs=jobs, quiet=True)
     for shape_bucket, (problem, cands) in plan.items():
         timings = {c.name: timer(recipe, c, problem) for c in cands}

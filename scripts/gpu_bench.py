@@ -32,7 +32,8 @@ GEMM: a coarser recipe of similar cost); "vs bf16" divides the first by gemmgen'
 Buffers rotate through more than L2; each number is the median over CUDA-graph replays timed with
 CUDA events (device time only). "vs best" divides the fastest torch way to compute the same
 layer (the first three) by gemmgen's time. Each shape runs under the config the runtime picks for
-it; where that is a swapped kernel (small M), a second row runs the best unswapped one.
+it; where that is a stream-K kernel, another row runs the same tile under the persistent scheduler,
+and where it is a swapped kernel (small M), another runs the best unswapped config.
 
     python scripts/gpu_bench.py [--reps N]
 """

@@ -39,6 +39,8 @@ def recipe():
     (KernelConfig(cluster=(4, 4, 1)), r"at most 8 CTAs per cluster"),
     (KernelConfig(stages=9), r"shared memory: 9 stages .* more than the 232448"),
     (KernelConfig(tile=(256, 256, 128)), r"leaves room for 1 mainloop stage\(s\), need at least 2"),
+    (KernelConfig(tile=(64, 128, 64), schedule=PING, tile_scheduler=gg.TileScheduler.STREAM_K),
+     r"tile scheduler stream_k: needs the cooperative schedule.*use Schedule.COOPERATIVE or TileScheduler.PERSISTENT"),
 ])
 def test_invalid_configs_are_named(recipe, cfg, match):
     assert not is_valid(cfg, recipe)
@@ -51,6 +53,7 @@ def test_invalid_configs_are_named(recipe, cfg, match):
     (dict(cluster=(0, 1, 1)), "cluster: expected a tuple of three positive ints"),
     (dict(schedule="coop"), "schedule: expected a gemmgen.Schedule"),
     (dict(stages=0), "stages: expected None"),
+    (dict(tile_scheduler="stream_k"), "tile_scheduler: expected a gemmgen.TileScheduler"),
 ])
 def test_malformed_configs(kwargs, match):
     with pytest.raises(gg.ConfigError, match=match):
@@ -148,6 +151,8 @@ def test_vector_reductions_are_over_the_kernels_n():
 def test_config_names_are_stable():
     assert KernelConfig().name == "128x128x64_c1x1x1_cooperative_auto"
     assert KernelConfig(tile=(64, 256, 64), schedule=PING, stages=4).name == "64x256x64_c1x1x1_pingpong_s4"
+    assert KernelConfig(tile_scheduler=gg.TileScheduler.STREAM_K, swap_ab=True).name == \
+        "128x128x64_c1x1x1_cooperative_auto_swapab_streamk"
 
 
 def test_swap_ab_is_a_config_of_the_transposed_recipe(recipe):
@@ -166,7 +171,8 @@ def test_swap_ab_is_a_config_of_the_transposed_recipe(recipe):
 
 
 def test_canonical_round_trips_and_keeps_old_keys():
-    for cfg in (KernelConfig(), KernelConfig(tile=(64, 32, 64), schedule=PING, stages=5, swap_ab=True)):
+    for cfg in (KernelConfig(), KernelConfig(tile=(64, 32, 64), schedule=PING, stages=5, swap_ab=True),
+                KernelConfig(tile_scheduler=gg.TileScheduler.STREAM_K)):
         assert KernelConfig.from_canonical(cfg.canonical()) == cfg
     assert KernelConfig().canonical() == [[128, 128, 64], [1, 1, 1], "cooperative", None, "persistent"]
     with pytest.raises(ValueError, match="trailing"):

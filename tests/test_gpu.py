@@ -272,6 +272,27 @@ def test_fp8_outputs_saturate(kernels, gen):
     torch.testing.assert_close(amax.cpu(), want_amax, rtol=1e-5, atol=0)
 
 
+def test_stream_k_decompositions(kernels, gen):
+    """The stream-K kernel under the decompositions its scheduler picks on this GPU (data-parallel,
+    split-K, stream-K) against the reference, outputs pre-filled with NaN, and run again bitwise
+    equal (split tiles' partial sums are reduced in a fixed order)."""
+    from gemmgen.runtime.scheduler import decompose
+
+    recipe, config, kernel = next(x for x in kernels if x[0].name == "stream_k")
+    sm_count, clusters = kernel._hardware(torch.cuda.current_device())
+    kinds = []
+    for m, n, k in ((1000, 2048, 128), (256, 256, 8192), (129, 1000, 4097), (7, 129, 1000), (200, 100, 40000)):
+        kinds.append(decompose(m, n, -(-k // config.tile[2]), 3, config.tile, config.cluster, sm_count,
+                               clusters).kind)
+        a, b, ops = _inputs(recipe, m, n, k, gen, exact=False)
+        first = _as_tuple(kernel(a, b, out=_nan_outputs(recipe, m, n), **ops))
+        again = _as_tuple(kernel(a, b, **ops))
+        torch.cuda.synchronize()
+        _compare(recipe, first, a, b, ops, exact=False)
+        assert all(torch.equal(x, y) for x, y in zip(first, again, strict=True)), (m, n, k, kinds[-1])
+    assert {"data-parallel", "split-K", "stream-K"} <= set(kinds), kinds
+
+
 def test_k_zero_and_empty(kernels):
     for recipe, _config, kernel in kernels:
         g = recipe.ir.gemm

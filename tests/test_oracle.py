@@ -145,7 +145,7 @@ def _check(kernel, oracle, problem):
         with pytest.raises(gg.InvalidArgument, match=r"partial values for the reduction, past the 2\^31"):
             builder.workspace(problem)
         return
-    assert builder.workspace(problem)[0] == expected.workspace_size
+    assert builder.workspace(problem).size == expected.workspace_size
     enc = RecordingEncoder()
     values, grid = field_values(kernel.generated.kernel_recipe, kernel.config, problem, enc, workspace=WORKSPACE)
     params = pack(kernel.params_layout, values)
@@ -200,3 +200,32 @@ def test_grid_follows_hardware_info(compiled, oracles, sm_count, max_active_clus
         kernel = compiled[name]
         _check(kernel, oracles[name], kernel_problem(kernel, 4096, 2048, 512, 2, 0, sm_count=sm_count,
                                                      max_active_clusters=max_active_clusters))
+
+
+#: Problems (M, N, K, L) for which CUTLASS's stream-K heuristic picks each decomposition on each
+#: of the hardware settings below, stream-K units in several groups on some (the test checks both).
+STREAM_K_PROBLEMS = [(256, 1408, 4096, 1), (256, 256, 8192, 1), (200, 100, 40000, 1), (129, 1000, 4097, 3),
+                     (4096, 2048, 512, 2), (300, 4096, 8192, 1), (1, 7, 129, 1), (2000, 2000, 1000, 2),
+                     (1100, 2000, 4096, 1), (640, 4096, 4096, 1)]
+
+
+@pytest.mark.parametrize("sm_count, max_active_clusters", [(132, 0), (114, 0), (132, 66), (16, 0)])
+def test_stream_k_decompositions_match_cutlass(compiled, oracles, sm_count, max_active_clusters):
+    """The stream-K scheduler's Params (data-parallel, split-K and stream-K), its one-wave grid, and
+    its workspace after the row sum's, against CUTLASS's host code."""
+    from gemmgen.runtime.scheduler import decompose
+
+    from gemmgen.runtime.scheduler import stream_k_plan
+
+    kernel = compiled["stream_k"]
+    kinds, groups = set(), set()
+    for m, n, k, l in STREAM_K_PROBLEMS:  # noqa: E741
+        shape = (m, n, -(-k // kernel.config.tile[2]), l, kernel.config.tile, kernel.config.cluster, sm_count,
+                 max_active_clusters)
+        kinds.add(decompose(*shape).kind)
+        groups.add(stream_k_plan(*shape).fields.get("scheduler.sk_groups.divisor"))
+        _check(kernel, oracles["stream_k"], kernel_problem(kernel, m, n, k, l, 0, sm_count=sm_count,
+                                                           max_active_clusters=max_active_clusters))
+    assert kinds == {"data-parallel", "split-K", "stream-K"}
+    if sm_count > 16:  # 16 SMs: too few tiles along the rasterized dimension to group
+        assert max(groups) > 1, groups

@@ -105,6 +105,9 @@ def _independent(name, acc, ops):
     if name == "row_extrema":
         y = acc + f["bias"]
         return y.bfloat16(), y.amax(dim=-1), y.amin(dim=-1)
+    if name == "stream_k":
+        y = F.silu(acc + f["bias"])
+        return y.bfloat16(), y.sum(dim=-1)
     raise KeyError(name)
 
 

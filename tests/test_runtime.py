@@ -537,7 +537,9 @@ def test_vector_reductions_outputs_and_workspace(compiled):
         want = [o.shape((*lead, m, n)) for o in ck.recipe.outputs]
         assert [tuple(t.shape) for t in prep.outputs] == want and all(t.is_contiguous() for t in prep.outputs)
         builder = ArgumentBuilder(ck.generated.kernel_recipe, ck.config)
-        size, slots = builder.workspace(k._plans[next(reversed(k._plans))].problem)
+        workspace = builder.workspace(k._plans[next(reversed(k._plans))].problem)
+        size, slots = workspace.size, workspace.pointers
+        assert workspace.zeroed == ((0, size),)
         assert prep.workspace is not None and prep.workspace.numel() == size > 0 and not prep.workspace.any()
         at = {f.name: offset for f, offset, _ in ck.params_layout.fields}
         for call in (prep, k.prepare(a, b, **ops)):  # each call its own workspace, its pointers patched in
@@ -557,6 +559,37 @@ def test_vector_reductions_outputs_and_workspace(compiled):
             outs[vector] = bad
             with pytest.raises(gg.InvalidArgument, match=rf"out\[{label}\]: {match}"):
                 k.prepare(a, b, out=tuple(outs), **ops)
+
+
+def test_stream_k_workspace_and_grid(compiled):
+    """A stream-K kernel launches one full wave whatever the problem; when the scheduler splits
+    tiles, its partial sums and tile barriers follow the row sum's workspace, the barriers (and
+    the row sum's counters) zeroed per launch, the partials not (the first peer of a tile stores
+    them); Params point at this call's workspace."""
+    from gemmgen.runtime.arguments import ArgumentBuilder
+    from gemmgen.runtime.scheduler import decompose
+
+    ck = compiled["stream_k"]
+    k = _cpu_kernel(ck)
+    builder = ArgumentBuilder(ck.generated.kernel_recipe, ck.config)
+    at = {f.name: offset for f, offset, _ in ck.params_layout.fields}
+    for (m, n, kk), kind in (((256, 256, 8192), "split-K"), ((129, 1000, 4097), "stream-K"),
+                             ((1000, 2048, 128), "data-parallel")):
+        assert decompose(m, n, -(-kk // 64), 2, ck.config.tile, ck.config.cluster, 132).kind == kind
+        a, b, ops = _fresh_args(ck.recipe, m, n, kk, (2,))
+        prep = k.prepare(a, b, **ops)
+        assert prep.grid[0] * prep.grid[1] * prep.grid[2] == 132, kind  # not truncated to the tiles
+        ws = builder.workspace(k._plans[next(reversed(k._plans))].problem)
+        rows = ws.zeroed[0][1]  # the row sum's partials and counters, zeroed whole
+        assert dict(ws.pointers)["scheduler.reduction_workspace"] == rows > 0  # the scheduler's part follows
+        if kind == "data-parallel":
+            assert ws.size == rows and ws.zeroed == ((0, rows),)
+        else:  # the barriers after the partial sums
+            ((_, rows_end), (start, end)) = ws.zeroed
+            assert rows_end == rows < start < end == ws.size
+        assert prep.workspace.numel() == ws.size and all(not prep.workspace[s:e].any() for s, e in ws.zeroed)
+        pointer = int.from_bytes(prep.params[at["scheduler.reduction_workspace"]:][:8], "little")
+        assert pointer == prep.workspace.data_ptr() + rows
 
 
 def test_vector_reductions_of_empty_problems_behave_like_torch(compiled):

@@ -15,6 +15,7 @@ from gemmgen.select import (
     GROUPED_SWAP_MAX_ROWS,
     M_BUCKETS,
     SWAP_MAX_M,
+    candidate_configs,
     choose,
     configs_for_shapes,
     load_shapes,
@@ -98,6 +99,23 @@ def test_reductions_over_m_get_swapped_kernels_at_every_m(extra):
         assert c.config.swap_ab and "a reduction over M: swapped kernels only" in c.why, c.why
     big = choose(r, 8192, 8192, 8192).config
     assert big.tile[0] * big.tile[1] >= 128 * 256, big.name
+
+
+def test_stream_k_where_the_persistent_kernel_leaves_sms_idle(examples):
+    """The stream-K twin wins where CUTLASS's stream-K scheduler would spread K over the SMs the
+    persistent kernel leaves idle (a decode step's 32 tiles on 132 SMs, a last wave of 64 tiles),
+    and loses its tie where the tiles fill the waves or K is short (it would run data-parallel);
+    the explanation names the decomposition."""
+    r = examples["bias_gelu"].ir
+    decode = choose(r, 16, 4096, 4096)
+    assert decode.config.tile_scheduler is gg.TileScheduler.STREAM_K and decode.config.swap_ab, decode.why
+    assert "stream-K (32 tiles over 132 CTAs)" in decode.why.splitlines()[0], decode.why
+    assert choose(r, 300, 4096, 4096).config.tile_scheduler is gg.TileScheduler.STREAM_K
+    for shape in ((4096, 4096, 4096), (1000, 4096, 4096), (16, 4096, 256)):  # whole waves; 4 K tiles
+        assert choose(r, *shape).config.tile_scheduler is gg.TileScheduler.PERSISTENT, shape
+    twins = [c for c in candidate_configs(r, 16) if c.tile_scheduler is gg.TileScheduler.STREAM_K]
+    assert twins and all(c.schedule is gg.Schedule.COOPERATIVE for c in twins)
+    assert all(replace(c, tile_scheduler=gg.TileScheduler.PERSISTENT) in candidate_configs(r, 16) for c in twins)
 
 
 def test_buckets():

@@ -57,7 +57,7 @@ def test_autotune_times_a_bounded_candidate_set_and_keeps_the_fastest(tmp_path):
 def test_the_runtime_prefers_the_tuned_config_on_the_device_it_was_measured_on():
     recipe = _recipe()
     heuristic = choose(recipe.ir, 300, 4096, 4096).config
-    slow_for_all_but = tuning.candidates(recipe.ir, 300, 4096)[-1]
+    slow_for_all_but = tuning.candidates(recipe.ir, 300, 4096, 4096)[-1]
     assert slow_for_all_but != heuristic
 
     def timer(recipe, config, problem):

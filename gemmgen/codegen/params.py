@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import KernelConfig, Schedule, scale_tma
+from ..config import KernelConfig, Schedule, TileScheduler, scale_tma
 from ..ir import RecipeIR
 from ..types import DType
 from .evt import EpilogueCode, ParamBinding
@@ -117,7 +117,8 @@ def _block_scale_fields(recipe: RecipeIR, config: KernelConfig) -> list[ParamFie
 
 
 def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode) -> tuple[ParamField, ...]:
-    """Every Params field of a GemmUniversal sm90 TMA warp-specialized kernel with a persistent scheduler."""
+    """Every Params field of a GemmUniversal sm90 TMA warp-specialized kernel with a persistent or
+    stream-K scheduler."""
     schedule = config.schedule
     if recipe.gemm.grouped:
         return _grouped_fields(recipe, epilogue)
@@ -139,8 +140,16 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
     f += [ParamField("epilogue.tma_d", _desc("{p}.epilogue.tma_store_d"), "desc"),
           ParamField("epilogue.tma_transaction_bytes", "{p}.epilogue.tma_transaction_bytes", "u32")]
     f += _hw_info()
+    f += _stream_k_fields() if config.tile_scheduler is TileScheduler.STREAM_K else _persistent_fields()
+    if schedule is Schedule.COOPERATIVE:  # the pingpong kernel's Params has no workspace member
+        f.append(ParamField("workspace", "{p}.workspace", "ptr"))
+    return tuple(f)
+
+
+def _persistent_fields() -> list[ParamField]:
+    """PersistentTileSchedulerSm90Params."""
     s = "{p}.scheduler"
-    f += _divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
+    f = _divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
     f += _divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
     f += _divmod_u64("scheduler.batch", f"{s}.divmod_batch_")
     f += _divmod_u64("scheduler.cluster_blk_major", f"{s}.divmod_cluster_blk_major_")
@@ -149,9 +158,32 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
           ParamField("scheduler.raster_order", f"{s}.raster_order_", "i32")]
     f += [ParamField(f"scheduler.{n}", f"{s}.{n}_", "u32") for n in (
         "problem_tiles_m", "problem_tiles_n", "problem_tiles_l", "cluster_shape_m", "cluster_shape_n")]
-    if schedule is Schedule.COOPERATIVE:  # the pingpong kernel's Params has no workspace member
-        f.append(ParamField("workspace", "{p}.workspace", "ptr"))
-    return tuple(f)
+    return f
+
+
+def _divmod_32(name: str, expr: str) -> list[ParamField]:
+    return [ParamField(f"{name}.divisor", f"{expr}.divisor", "i32"),
+            ParamField(f"{name}.multiplier", f"{expr}.multiplier", "u32"),
+            ParamField(f"{name}.shift_right", f"{expr}.shift_right", "u32")]
+
+
+def _stream_k_fields() -> list[ParamField]:
+    """PersistentTileSchedulerSm90StreamKParams (runtime.scheduler.stream_k_plan fills them)."""
+    s = "{p}.scheduler"
+    f = _divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
+    f += _divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
+    for name in ("batch", "cluster_blk_major", "clusters_mnl", "sk_groups", "sk_units_per_group", "epilogue_subtile"):
+        f += _divmod_u64(f"scheduler.{name}", f"{s}.divmod_{name}_")
+    for name in ("tiles_per_output_tile", "splits", "k_tiles_per_sk_unit", "k_tiles_per_sk_big_unit"):
+        f += _divmod_32(f"scheduler.{name}", f"{s}.divmod_{name}_")
+    f += [ParamField("scheduler.units_per_problem", f"{s}.units_per_problem_", "u64"),
+          ParamField("scheduler.log_swizzle_size", f"{s}.log_swizzle_size_", "i32"),
+          ParamField("scheduler.raster_order", f"{s}.raster_order_", "i32"),
+          ParamField("scheduler.reduction_mode", f"{s}.reduction_mode_", "i32"),
+          ParamField("scheduler.reduction_workspace", f"{s}.reduction_workspace_", "ptr")]
+    f += [ParamField(f"scheduler.{n}", f"{s}.{n}_", "u32") for n in (
+        "big_units", "big_groups", "sk_tiles", "sk_units", "separate_reduction_units", "ktile_start_alignment_count")]
+    return f
 
 
 def _group_problem(name: str, expr: str) -> list[ParamField]:

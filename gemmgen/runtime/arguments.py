@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..codegen.evt import REDUCTION_KIND
 from ..codegen.params import ParamField
-from ..config import KernelConfig, Schedule, scale_tma, scales_per_tile
+from ..config import KernelConfig, Schedule, TileScheduler, scale_tma, scales_per_tile
 from ..errors import InvalidArgument
 from ..ir import RecipeIR
 from ..types import OperandKind
@@ -27,6 +27,16 @@ _INT32_MAX = 2**31 - 1
 
 #: Turns encode arguments into a 128-byte CUtensorMap.
 TensorMapEncoder = Callable[[tma.EncodeArgs], bytes]
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The memory a launch's Params point into: its size, where each pointer field points (an
+    offset into it) and the byte ranges that must be zero at launch."""
+
+    size: int
+    pointers: tuple[tuple[str, int], ...] = ()
+    zeroed: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,7 @@ class ArgumentBuilder:
         self.identities = [(f"epilogue.{REDUCTION_KIND[o.dim]}.{o.name}.identity", o.reduce.identity)
                            for o in epi.outputs[1:] if o.dim is not None and o.reduce is not None]
         self.kernel_workspace = config.schedule is Schedule.COOPERATIVE  # only its Params keep the pointer
+        self.stream_k = config.tile_scheduler is TileScheduler.STREAM_K
         self.d = ("epilogue.tma_d", "d", tma.epilogue_template(recipe, config, recipe.gemm.d))
         # per output index (0 is D): the field written per call and the tensor map's template, or
         # None for a reduction's pointer
@@ -93,7 +104,7 @@ class ArgumentBuilder:
                 v[f"{field}.ptr"] = p.aux[name].ptr
             for _, prefix, name in self.vector_reductions:
                 v[f"{prefix}.ptr"] = p.aux[name].ptr
-            v.update({field: workspace + offset for field, offset in self.workspace(p)[1]})
+            v.update({field: workspace + offset for field, offset in self.workspace(p).pointers})
             v[self.d[0]] = encode(self.d[2].matrix(p.d.ptr, p.m, p.n, p.l, p.d.strides))
         return v, grid
 
@@ -115,22 +126,42 @@ class ArgumentBuilder:
                       f"{prefix}.k_stride": strides[1], f"{prefix}.batch_stride": strides[2]})
         v.update({"hw_info.device_id": p.device_id, "hw_info.sm_count": p.sm_count,
                   "hw_info.max_active_clusters": p.max_active_clusters})
-        plan = scheduler.plan(p.m, p.n, p.l, self.tile, self.cluster, p.sm_count, p.max_active_clusters)
+        plan = self._scheduler(p)
         v.update(plan.fields)
         return v, plan.grid
 
-    def workspace(self, p: Problem) -> tuple[int, tuple[tuple[str, int], ...]]:
-        """(bytes, (field, offset into the workspace) per pointer field) of the workspace a launch
-        needs, as CUTLASS's `to_underlying_arguments` lays it out: the epilogue's first, each vector
-        reduction's partials per tile (rounded to 16 bytes) then its tile counters. CUTLASS orders the
-        reductions as its host compiler evaluates a pack expansion's arguments (unspecified in C++);
-        the device reads only the pointers, so here they follow the recipe's outputs. Every counter
-        must be 0 at launch (the runtime zeroes the whole workspace)."""
-        if not self.vector_reductions:
-            return 0, ()
+    def _scheduler(self, p: Problem) -> scheduler.SchedulerPlan:
+        if self.stream_k:
+            return scheduler.stream_k_plan(p.m, p.n, -(-p.k // self.tile[2]), p.l, self.tile, self.cluster,
+                                           p.sm_count, p.max_active_clusters)
+        return scheduler.plan(p.m, p.n, p.l, self.tile, self.cluster, p.sm_count, p.max_active_clusters)
+
+    def workspace(self, p: Problem) -> Workspace:
+        """The workspace a launch needs, as CUTLASS's `to_underlying_arguments` lays it out: the
+        epilogue's first, each vector reduction's partials per tile (rounded to 16 bytes) then its
+        tile counters; then the stream-K scheduler's partial accumulators and tile barriers. CUTLASS
+        orders the reductions as its host compiler evaluates a pack expansion's arguments
+        (unspecified in C++); the device reads only the pointers, so here they follow the recipe's
+        outputs. Counters and barriers must be 0 at launch; the partials need not be."""
+        fields: list[tuple[str, int]] = []
+        zeroed: list[tuple[int, int]] = []
+        at = self._reduction_workspace(p, fields)
+        if at:
+            zeroed.append((0, at))
+        if self.stream_k:
+            plan = self._scheduler(p)
+            fields.append(("scheduler.reduction_workspace", at))
+            if plan.barrier_bytes:
+                zeroed.append((at + plan.reduction_bytes, at + plan.reduction_bytes + plan.barrier_bytes))
+            at += plan.reduction_bytes + plan.barrier_bytes
+        if (at or self.stream_k) and self.kernel_workspace:  # CUTLASS keeps the pointer it is given
+            fields.append(("workspace", 0))
+        return Workspace(at, tuple(fields), tuple(zeroed))
+
+    def _reduction_workspace(self, p: Problem, fields: list[tuple[str, int]]) -> int:
+        """Bytes of the vector reductions' workspace; appends their pointer fields' offsets."""
         tm, tn = self.tile[0], self.tile[1]
         tiles_m, tiles_n = -(-p.m // tm), -(-p.n // tn)
-        fields: list[tuple[str, int]] = [("workspace", 0)] if self.kernel_workspace else []
         at = 0
         for kind, prefix, name in self.vector_reductions:
             over_m = kind == "row_reduction"  # partials per tile of a row (N) or of a column (M) vector
@@ -143,7 +174,7 @@ class ArgumentBuilder:
             counters = (tiles_n if over_m else tiles_m) * 4
             fields += [(f"{prefix}.buffer", at), (f"{prefix}.counters", at + partials)]
             at += _round(partials + counters)
-        return at, tuple(fields)
+        return at
 
     def input_values(self, p: Problem, encode: TensorMapEncoder) -> dict[str, int | float | bytes]:
         """The fields that depend on input addresses: A's and B's tensor maps, vector pointers, C and

@@ -5,8 +5,9 @@
 
 A call checks its arguments (raising gemmgen.InvalidArgument before any launch), allocates the
 outputs, builds the Params block in Python and launches on torch's current stream: no host
-synchronisation and nothing allocated besides the outputs (and the zeroed workspace of row and
-column reductions), all from torch's caching allocator, so it can be captured in a CUDA graph.
+synchronisation and nothing allocated besides the outputs (and the workspace of row and column
+reductions and of stream-K kernels), all from torch's caching allocator, so it can be captured in a
+CUDA graph.
 
 The host path is cached at two levels. Per call signature (every tensor's address, shape,
 strides, dtype and device, and every scalar) a repeated call reuses the checked problem, the input
@@ -70,7 +71,8 @@ class _Plan:
     out_checked: dict[tuple, tuple] = field(default_factory=dict)  # (output, signature) -> (TensorArg, span)
     input_spans: tuple[tuple[int, int], ...] | None = None  # per plan, computed when an output is first given
     last: tuple[tuple[OutputArg, ...], int, bytes] | None = None  # the last call's outputs, workspace, Params
-    workspace: int = 0  # bytes of workspace a launch needs (vector reductions' partials and tile counters)
+    workspace: int = 0  # bytes of workspace a launch needs (vector reductions, stream-K partial sums)
+    workspace_zeroed: tuple[tuple[int, int], ...] = ()  # byte ranges of it that must be 0 (counters, barriers)
     workspace_slots: tuple[tuple[int, int], ...] = ()  # (Params offset, offset into the workspace) per pointer
 
 
@@ -84,7 +86,7 @@ _FreshOutput = tuple[tuple[int, ...], torch.dtype, tuple[int, ...], tuple[int, i
 
 class PreparedCall(NamedTuple):
     """Everything a launch needs; `params is None` when there is nothing to launch (empty problem).
-    `workspace` is the zeroed memory the Params point into (vector reductions), kept alive until
+    `workspace` is the memory the Params point into (vector reductions, stream-K), kept alive until
     the launch is enqueued."""
 
     outputs: tuple[torch.Tensor, ...]
@@ -186,8 +188,10 @@ class Kernel:
             return outputs, None, (0, 0, 0), plan.device_index, None
         if not plan.workspace:
             return outputs, self._params(plan, targs, 0), plan.grid, plan.device_index, None
-        # from torch's caching allocator, on the current stream; its tile counters must start at 0
-        workspace = torch.zeros(plan.workspace, dtype=torch.uint8, device=plan.device)
+        # from torch's caching allocator, on the current stream; its counters and barriers must start at 0
+        workspace = torch.empty(plan.workspace, dtype=torch.uint8, device=plan.device)
+        for start, end in plan.workspace_zeroed:
+            workspace[start:end].zero_()
         return outputs, self._params(plan, targs, workspace.data_ptr()), plan.grid, plan.device_index, workspace
 
     def _named(self, args: tuple, operands: dict) -> dict[str, Any]:
@@ -253,9 +257,10 @@ class Kernel:
         check_problem_size(call, self._config.tile, self._config.cluster, self._swap)
         problem = self._problem(call, device_index, *self._hardware(device_index))
         values, grid = self._builder.values(problem, self._encode, outputs=False)
-        workspace, slots = self._builder.workspace(problem)
+        workspace = self._builder.workspace(problem)
         return _Plan(shape, call.device, device_index, call, self._writer.write(values), grid, problem, fresh,
-                     workspace=workspace, workspace_slots=tuple((self._writer.slots[f][0], o) for f, o in slots))
+                     workspace=workspace.size, workspace_zeroed=workspace.zeroed,
+                     workspace_slots=tuple((self._writer.slots[f][0], o) for f, o in workspace.pointers))
 
     def _rebind(self, same: _Plan, a: Any, b: Any, operands: dict) -> _Plan:
         """The plan of a call whose arguments differ from `same`'s only in their addresses: the
@@ -266,7 +271,7 @@ class Kernel:
         base = self._writer.write(self._builder.input_values(problem, self._encode), into=bytearray(same.base))  # type: ignore[arg-type]
         return _Plan(same.shape, same.device, same.device_index, call, base, same.grid, problem, same.fresh,
                      out_maps=same.out_maps, out_checked=same.out_checked, workspace=same.workspace,
-                     workspace_slots=same.workspace_slots)
+                     workspace_zeroed=same.workspace_zeroed, workspace_slots=same.workspace_slots)
 
     def _problem(self, call: CheckedCall, device_index: int, sm_count: int, clusters: int) -> Problem:
         """The checked call in the kernel's terms (transposed for a swapped kernel); the outputs'

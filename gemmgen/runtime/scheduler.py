@@ -1,5 +1,8 @@
-"""The persistent tile scheduler's Params and launch grid, ported from CUTLASS 4.2
-(PersistentTileSchedulerSm90Params in cutlass/gemm/kernel/tile_scheduler_params.h).
+"""The tile schedulers' Params, launch grid and workspace, ported from CUTLASS 4.2
+(cutlass/gemm/kernel/tile_scheduler_params.h): the persistent scheduler
+(PersistentTileSchedulerSm90Params), the stream-K one (PersistentTileSchedulerSm90StreamKParams,
+with CUTLASS's default arguments: its heuristic picks data-parallel, split-K or stream-K work per
+problem) and the grouped one (PersistentTileSchedulerSm90GroupParams).
 
 Checked field by field against CUTLASS's own host code by the oracle tests.
 """
@@ -49,10 +52,21 @@ def _log_swizzle(ctas_m: int, ctas_n: int, max_swizzle: int) -> int:
     return 0
 
 
+def fast_divmod(divisor: int) -> dict[str, int]:
+    """cutlass::FastDivmod(divisor), the 32-bit one."""
+    if divisor == 1:
+        return {"divisor": 1, "multiplier": 0, "shift_right": 0}
+    log2 = (divisor - 1).bit_length()  # find_log2: rounded up
+    p = 31 + log2
+    return {"divisor": divisor, "multiplier": ((1 << p) + divisor - 1) // divisor & 0xFFFFFFFF, "shift_right": p - 32}
+
+
 @dataclass(frozen=True)
 class SchedulerPlan:
     fields: dict[str, int]  # scheduler.* Params fields by gemmgen name
     grid: tuple[int, int, int]
+    reduction_bytes: int = 0  # stream-K: the partial accumulators the workspace holds...
+    barrier_bytes: int = 0  # ...then the tile barriers, which must be 0 at launch
 
 
 @functools.lru_cache(maxsize=1024)
@@ -85,25 +99,166 @@ def plan(m: int, n: int, l: int, tile: tuple[int, int, int], cluster: tuple[int,
 
 
 def _grid(total: int, raster: int, cm: int, cn: int, sm_count: int, max_active_clusters: int,
-          truncate_clusters: bool = True) -> tuple[int, int, int]:
-    """PersistentTileSchedulerSm90Params::get_grid_shape with truncate_by_problem_size (and the
-    group scheduler's, which does not truncate the grid it sizes by max active clusters)."""
+          truncate_clusters: bool = True, truncate: bool = True) -> tuple[int, int, int]:
+    """PersistentTileSchedulerSm90Params::get_grid_shape: with truncate_by_problem_size, or without
+    it (`truncate=False`, the stream-K scheduler's: one full wave whatever the problem); the group
+    scheduler's does not truncate the grid it sizes by max active clusters (`truncate_clusters`)."""
+    def cap(x: int, y: int) -> int:
+        return min(x, y) if truncate else x
+
     size = cm * cn
     if size == 1:
-        ctas = min(sm_count, total)
+        ctas = cap(sm_count, total)
         return (1, ctas, 1) if raster == RASTER_ALONG_N else (ctas, 1, 1)
     if max_active_clusters and max_active_clusters * size <= sm_count:
         along_n, along_m = max_active_clusters * cn, max_active_clusters * cm
         if truncate_clusters:
-            along_n, along_m = min(along_n, total // cm), min(along_m, total // cn)
+            along_n, along_m = cap(along_n, total // cm), cap(along_m, total // cn)
         return (cm, along_n, 1) if raster == RASTER_ALONG_N else (along_m, cn, 1)
     min_gpcs = 1 if sm_count < MAX_SM_PER_GPC else sm_count // MAX_SM_PER_GPC
     per_gpc = MAX_SM_PER_GPC - MAX_SM_PER_GPC % size
     residual = 0 if sm_count < MAX_SM_PER_GPC else sm_count % MAX_SM_PER_GPC
     per_device = min(sm_count, min_gpcs * per_gpc + residual - residual % size)
     if raster == RASTER_ALONG_N:
-        return cm, min(per_device // cm, total // cm), 1
-    return min(per_device // cn, total // cn), cn, 1
+        return cm, cap(per_device // cm, total // cm), 1
+    return cap(per_device // cn, total // cn), cn, 1
+
+
+MIN_ITERS_PER_SK_UNIT = 8  # the stream-K scheduler's floor on K tiles per stream-K unit
+MAX_SK_GROUPS = 8
+MMA_WARP_GROUPS = 2  # the cooperative kernel's (stream-K requires it): one tile barrier each
+_L2_LINE = 128  # the stream-K workspace's parts are rounded to this
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """How the stream-K scheduler shares out a problem's work (its heuristic's outcome): the
+    first `output_tiles - sk_tiles` tiles data-parallel; the K iterations of the last `sk_tiles`
+    over `sk_units` CTAs, as `splits` equal parts per tile (split-K) or unevenly (stream-K,
+    splits == 1). No stream-K tiles: data-parallel."""
+
+    output_tiles: int
+    k_tiles: int
+    ctas_per_wave: int
+    sk_tiles: int
+    sk_units: int
+    splits: int
+
+    @property
+    def kind(self) -> str:
+        return "data-parallel" if self.sk_tiles == 0 else "split-K" if self.splits > 1 else "stream-K"
+
+
+@functools.lru_cache(maxsize=1024)
+def decompose(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, int],  # noqa: E741
+              cluster: tuple[int, int, int], sm_count: int, max_active_clusters: int = 0) -> Decomposition:
+    """PersistentTileSchedulerSm90StreamKParams::select_decomposition_mode under CUTLASS's default
+    arguments (one split, max swizzle 1, heuristic decomposition): a problem that fills whole
+    waves, or whose tiles have at most MIN_ITERS_PER_SK_UNIT K tiles, runs data-parallel; one whose
+    last wave is less than half full spreads the K iterations of up to its last two waves' tiles
+    over one wave of CTAs, as split-K when the CTAs divide evenly among those tiles."""
+    f = plan(m, n, l, tile, cluster, sm_count, max_active_clusters).fields
+    cm, cn = cluster[0], cluster[1]
+    output_tiles = f["scheduler.problem_tiles_m"] * cm * f["scheduler.problem_tiles_n"] * cn * l
+    grid = _grid(output_tiles, f["scheduler.raster_order"], cm, cn, sm_count, max_active_clusters, truncate=False)
+    ctas_per_wave = grid[0] * grid[1]
+    cluster_size = cm * cn
+    sk_tiles = _sk_tiles(output_tiles, ctas_per_wave, cluster_size, k_tiles)
+    ctas_full = ctas_per_wave // cluster_size * cluster_size
+    sk_units = min(ctas_full, k_tiles * sk_tiles // MIN_ITERS_PER_SK_UNIT // cluster_size * cluster_size)
+    if sk_tiles == 0 or sk_units == 0:
+        return Decomposition(output_tiles, k_tiles, ctas_per_wave, 0, 0, 1)
+    splits = sk_units // sk_tiles if sk_tiles < sk_units and sk_units % sk_tiles == 0 else 1
+    return Decomposition(output_tiles, k_tiles, ctas_per_wave, sk_tiles, sk_units, splits)
+
+
+@functools.lru_cache(maxsize=1024)
+def stream_k_plan(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, int],  # noqa: E741
+                  cluster: tuple[int, int, int], sm_count: int, max_active_clusters: int = 0) -> SchedulerPlan:
+    """The stream-K scheduler's Params, grid (one full wave, whatever the problem) and workspace
+    for `decompose`'s decomposition. Ported from PersistentTileSchedulerSm90StreamKParams
+    (initialize, set_params_basic, set_params_stream_k, get_workspace_component_sizes)."""
+    base = plan(m, n, l, tile, cluster, sm_count, max_active_clusters)
+    f = base.fields
+    cm, cn = cluster[0], cluster[1]
+    cluster_size = cm * cn
+    blocks_mn = f["scheduler.problem_tiles_m"] * cm * f["scheduler.problem_tiles_n"] * cn
+    d = decompose(m, n, k_tiles, l, tile, cluster, sm_count, max_active_clusters)
+    grid = _grid(d.output_tiles, f["scheduler.raster_order"], cm, cn, sm_count, max_active_clusters, truncate=False)
+    fields = {k: v for k, v in f.items() if k.split(".")[1] in ("cluster_shape_major", "cluster_shape_minor",
+                                                                 "cluster_blk_major", "log_swizzle_size",
+                                                                 "raster_order")}
+
+    def put(prefix: str, dm: dict[str, int]) -> None:
+        fields.update({f"scheduler.{prefix}.{k}": v for k, v in dm.items()})
+
+    put("batch", fast_divmod_u64(blocks_mn))
+    put("tiles_per_output_tile", fast_divmod(k_tiles))
+    if d.kind != "stream-K":  # set_params_basic
+        put("sk_groups", fast_divmod_u64(1))
+        put("sk_units_per_group", fast_divmod_u64(1))
+        put("clusters_mnl", fast_divmod_u64(d.output_tiles // cluster_size))
+        put("splits", fast_divmod(d.splits))
+        put("k_tiles_per_sk_unit", fast_divmod(k_tiles // d.splits))
+        put("k_tiles_per_sk_big_unit", fast_divmod(k_tiles // d.splits + 1))
+        fields.update({"scheduler.units_per_problem": d.output_tiles, "scheduler.big_units": k_tiles % d.splits,
+                       "scheduler.sk_tiles": 0, "scheduler.sk_units": 0})
+        workspace_tiles = d.output_tiles if d.splits > 1 else d.sk_tiles
+    else:  # set_params_stream_k
+        groups = _sk_groups(f["scheduler.raster_order"], f["scheduler.problem_tiles_m"],
+                            f["scheduler.problem_tiles_n"], cluster_size, d.sk_tiles, d.sk_units, k_tiles)
+        k_tiles_per_group = k_tiles * (d.sk_tiles // cluster_size // groups * cluster_size)
+        k_tiles_per_sk_unit = k_tiles_per_group // (d.sk_units // groups)
+        put("sk_groups", fast_divmod_u64(groups))
+        put("sk_units_per_group", fast_divmod_u64(d.sk_units // groups))
+        put("clusters_mnl", fast_divmod_u64(d.sk_units // cluster_size))
+        put("splits", fast_divmod(1))
+        put("k_tiles_per_sk_unit", fast_divmod(k_tiles_per_sk_unit))
+        put("k_tiles_per_sk_big_unit", fast_divmod(k_tiles_per_sk_unit + 1))
+        put("epilogue_subtile", fast_divmod_u64(1))
+        fields.update({"scheduler.units_per_problem": d.output_tiles - d.sk_tiles + d.sk_units,
+                       "scheduler.big_units": k_tiles_per_group % d.sk_units // cluster_size,
+                       "scheduler.big_groups": d.sk_tiles // cluster_size % groups, "scheduler.sk_tiles": d.sk_tiles,
+                       "scheduler.sk_units": d.sk_units})
+        workspace_tiles = d.sk_tiles
+    fields.update({"scheduler.reduction_mode": 0, "scheduler.separate_reduction_units": 0,
+                   "scheduler.ktile_start_alignment_count": 1})
+    reduction = _round_up(workspace_tiles * tile[0] * tile[1] * 4, _L2_LINE)  # fp32 accumulators
+    barriers = _round_up(workspace_tiles * MMA_WARP_GROUPS * 4, _L2_LINE)  # one int per warpgroup
+    return SchedulerPlan(fields, grid, reduction, barriers)
+
+
+def _sk_tiles(output_tiles: int, ctas_per_wave: int, cluster_size: int, k_tiles: int) -> int:
+    """get_num_sk_tiles under the heuristic decomposition: the tiles of the last two waves when the
+    last is less than half full and a tile has more than MIN_ITERS_PER_SK_UNIT K tiles."""
+    full_waves = output_tiles // ctas_per_wave
+    total_waves = -(-output_tiles // ctas_per_wave)
+    dp_waves = full_waves - 1 if full_waves > 1 else 0
+    if full_waves == total_waves or k_tiles <= MIN_ITERS_PER_SK_UNIT:
+        return 0
+    if 2 * (output_tiles - full_waves * ctas_per_wave) >= ctas_per_wave:
+        return 0
+    return (output_tiles - dp_waves * ctas_per_wave) // cluster_size * cluster_size
+
+
+def _sk_groups(raster: int, cluster_tiles_m: int, cluster_tiles_n: int, cluster_size: int, sk_tiles: int,
+               sk_units: int, k_tiles: int) -> int:
+    """calculate_groups: the most groups of stream-K units (at most MAX_SK_GROUPS, at most the
+    clusters along the rasterized dimension) that divide the units and tiles evenly and leave each
+    unit at least MIN_ITERS_PER_SK_UNIT K tiles; else the largest that divides the units."""
+    groups = min(cluster_tiles_m if raster == RASTER_ALONG_M else cluster_tiles_n, MAX_SK_GROUPS)
+    sk_cluster_tiles, sk_cluster_units = sk_tiles // cluster_size, sk_units // cluster_size
+
+    def too_small(g: int) -> bool:
+        return (sk_cluster_tiles // g) * cluster_size * k_tiles // (sk_units // g) < MIN_ITERS_PER_SK_UNIT
+
+    fallback = 0
+    while groups > 1 and not (sk_cluster_units % groups == 0 and sk_cluster_tiles % groups == 0
+                              and not too_small(groups)):
+        if fallback == 0 and sk_cluster_units % groups == 0 and not too_small(groups):
+            fallback = groups
+        groups -= 1
+    return fallback if groups == 1 and fallback > 0 else groups
 
 
 @functools.lru_cache(maxsize=256)

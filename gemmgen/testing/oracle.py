@@ -22,6 +22,7 @@ from typing import Any
 from ..codegen import GeneratedKernel, _environment, type_context
 from ..codegen.evt import ParamBinding
 from ..compile.toolchain import toolchain
+from ..config import TileScheduler
 from ..errors import ToolchainError
 from ..runtime.problem import Problem, TensorArg
 
@@ -104,9 +105,11 @@ class OracleProgram:
                  ("epilogue.tma_d", "p.epilogue.tma_store_d.aux_params_")]
         mode = ("int(V[3]) > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : "
                 "cutlass::gemm::GemmUniversalMode::kGemm")
-        # vector reductions keep their partials and tile counters in the workspace
+        # vector reductions keep their partials and tile counters in the workspace, a stream-K
+        # scheduler its partial sums and tile barriers
         reductions = any(b.kind in ("row_reduction", "col_reduction") for b in epi.bindings)
-        workspace = f"reinterpret_cast<void*>(V[{self.slots.add('workspace')}])" if reductions else "nullptr"
+        uses_workspace = reductions or kernel.config.tile_scheduler is TileScheduler.STREAM_K
+        workspace = f"reinterpret_cast<void*>(V[{self.slots.add('workspace')}])" if uses_workspace else "nullptr"
         self._render(kernel, build_dir, mode, "{int(V[0]), int(V[1]), int(V[2]), int(V[3])}", mainloop, epilogue,
                      workspace, hw, atoms)
 

@@ -1,7 +1,7 @@
 """Coverage kernels for the tests: every epilogue functor, a second matrix input (Sm90AuxLoad),
 constants on either side of an op, a cast, a compile-time scalar, fp8 (e4m3) D, a batched recipe,
 MN-major A and B multicast across a 2x2 cluster, a swapped kernel (D^T = B^T A^T), an amax,
-reductions over M, and signed max and min reductions."""
+reductions over M, signed max and min reductions, and the stream-K scheduler."""
 
 import gemmgen as gg
 
@@ -116,4 +116,22 @@ block_scaled_swapped = gg.Recipe(
     operands={"bias": gg.RowVector(gg.bf16)},
     aux={"col_sum": gg.f32},
     config=gg.KernelConfig(tile=(128, 64, 128), swap_ab=True),
+)
+
+
+# CUTLASS's stream-K scheduler (per problem: data-parallel, split-K or stream-K, the fp32 partial
+# sums of split tiles reduced in a fixed order in the workspace), batched, across a 2x1 cluster,
+# with each row's sum (its workspace comes first, then the scheduler's).
+def _stream_k(acc, bias):
+    y = gg.silu(acc + bias)
+    return {"d": y, "row_sum": gg.sum(y, dim=1)}
+
+
+stream_k = gg.Recipe(
+    "stream_k",
+    _stream_k,
+    batched=True,
+    operands={"bias": gg.RowVector(gg.bf16)},
+    aux={"row_sum": gg.f32},
+    config=gg.KernelConfig(tile=(128, 128, 64), cluster=(2, 1, 1), tile_scheduler=gg.TileScheduler.STREAM_K),
 )

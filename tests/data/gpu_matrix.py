@@ -1,5 +1,6 @@
 """The kernels the GPU checks run: every example recipe under both schedules and swapped (but a
-recipe reducing over N, which no swapped kernel computes), and the reductions over M.
+recipe reducing over N, which no swapped kernel computes), the reductions over M, and the
+stream-K scheduler.
 
 Shared by tests/test_gpu.py and scripts/prepare_gpu_check.sh, which compiles them on the CPU
 machine and ships them as one gemmgen bundle, so the GPU machine only loads cubins.
@@ -31,7 +32,8 @@ BLOCK_LINEAR_PROBLEMS = ((8, 384, 512), (300, 384, 512))
 #: The swapped kernel each example recipe also runs under: the heuristic's pick for a decode step.
 DECODE_PROBLEM = (8, 4096, 4096)
 #: scripts/gpu_bench.py: bias_gelu at these (M, N, K) under the heuristic's config; where that is a
-#: swapped kernel, also under the best unswapped one, to show what the swap buys.
+#: stream-K kernel, also under the persistent scheduler, and where it is swapped, also under the best
+#: unswapped config, to show what each buys.
 BENCH_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336), (8, 4096, 4096), (64, 4096, 14336))
 #: scripts/gpu_bench.py: residual_norm_stats at these (M, N, K): an output projection of 4096 tokens
 #: and an MLP's down projection of 16384 (Llama-3 8B's sizes).
@@ -41,13 +43,19 @@ FP8_BENCH_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (16, 4096, 4096))
 
 
 def bench_configs(recipe: gg.Recipe, m: int, n: int, k: int) -> list[gg.KernelConfig]:
-    """The heuristic's config, then (for a swapped pick) the best unswapped one."""
+    """The heuristic's config; for a stream-K pick the same tile under the persistent scheduler;
+    for a swapped pick the best unswapped config."""
+    from dataclasses import replace
+
     from gemmgen.select import choose, ranked
 
     chosen = choose(recipe.ir, m, n, k).config
-    if not chosen.swap_ab:
-        return [chosen]
-    return [chosen, next(c for _, c, _ in ranked(recipe.ir, m, n) if not c.swap_ab)]
+    out = [chosen]
+    if chosen.tile_scheduler is gg.TileScheduler.STREAM_K:
+        out.append(replace(chosen, tile_scheduler=gg.TileScheduler.PERSISTENT))
+    if chosen.swap_ab:
+        out.append(next(c for _, c, _ in ranked(recipe.ir, m, n, k) if not c.swap_ab))
+    return out
 #: tests/test_gpu.py's layout-copy test: bias_silu_residual at this (M, N, K), odd N and an
 #: unpadded residual (the runtime picks the config by shape).
 LAYOUT_PROBLEM = (77, 9, 64)
@@ -123,8 +131,7 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         if recipe.name == "bias_silu_residual":
             out.append((recipe, choose(recipe.ir, *LAYOUT_PROBLEM).config))
         if recipe.name == "bias_gelu":
-            m, n, _ = TUNE_PROBLEM
-            out += [(recipe, c) for c in candidates(recipe.ir, m, n, limit=TUNE_CANDIDATES)]
+            out += [(recipe, c) for c in candidates(recipe.ir, *TUNE_PROBLEM, limit=TUNE_CANDIDATES)]
             out += [(recipe, c) for shape in BENCH_SHAPES for c in bench_configs(recipe, *shape)]
         if recipe.name == "residual_norm_stats":
             out += [(recipe, c) for shape in STATS_BENCH_SHAPES for c in bench_configs(recipe, *shape)]
@@ -136,6 +143,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     out.append((swapped_blocks, swapped_blocks.default_config()))
     extrema = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["row_extrema"]  # max and min over N
     out.append((extrema, extrema.default_config()))
+    stream_k = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["stream_k"]  # split-K and stream-K
+    out.append((stream_k, stream_k.default_config()))
     out.append((fp8_out_recipe(), fp8_out_recipe().default_config()))
     out += [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS]
     fp8_linear = gg.nn.block_scaled_linear_recipe("silu", True, torch.bfloat16)  # test_gpu's BlockScaledLinear
