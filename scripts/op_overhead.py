@@ -250,6 +250,7 @@ def gpu_overheads() -> None:
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, host us per call, median of 7x2000 calls")
     for name, us in timings.items():
         print(f"{name:45s} {us:6.1f} us   over raw: {us - base:5.1f} us")
+    _stream_k_workspace_cost()
     grouped = load_recipes(ROOT / "examples" / "recipes.py")["moe_up"]
     op, args = ops.op(grouped).default, _grouped_inputs("cuda")
     op(*args)  # loads the op's kernel (from the bundle on the GPU machine)
@@ -263,6 +264,31 @@ def gpu_overheads() -> None:
     print(f"# {grouped.name} ({kernel.compiled.config.name}), 8 groups of 8 rows, 64 x 64: two launches per call")
     for name, us in rows.items():
         print(f"{name:45s} {us:6.1f} us   over raw: {us - base:5.1f} us")
+
+
+def _stream_k_workspace_cost() -> None:
+    """A decode step's stream-K kernel against the same tile under the persistent scheduler: the
+    difference is the per-call workspace (allocated, its barriers zeroed on the stream). No raw
+    launch here: a stream-K launch on a workspace whose barriers are not zeroed would wait forever."""
+    from dataclasses import replace
+
+    from gemmgen.select import choose
+    from tests.data.gpu_matrix import DECODE_PROBLEM
+
+    recipe = load_recipes(ROOT / "examples" / "recipes.py")["bias_gelu"]
+    m, n, k = DECODE_PROBLEM
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    stream_k = choose(recipe.ir, m, n, k).config
+    rows = {}
+    for config in (stream_k, replace(stream_k, tile_scheduler=gg.TileScheduler.PERSISTENT)):
+        kernel = recipe.compile(config)
+        out = kernel(a, w, bias=bias)
+        rows[f"Kernel.__call__, {config.name}"] = _host_us(lambda kernel=kernel, out=out: kernel(a, w, bias, out=out))
+    print(f"# {recipe.name} at {m} x {n} x {k}: the stream-K kernel's workspace per call")
+    for name, us in rows.items():
+        print(f"{name:60s} {us:6.1f} us")
 
 
 if __name__ == "__main__":

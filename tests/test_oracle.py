@@ -213,9 +213,7 @@ STREAM_K_PROBLEMS = [(256, 1408, 4096, 1), (256, 256, 8192, 1), (200, 100, 40000
 def test_stream_k_decompositions_match_cutlass(compiled, oracles, sm_count, max_active_clusters):
     """The stream-K scheduler's Params (data-parallel, split-K and stream-K), its one-wave grid, and
     its workspace after the row sum's, against CUTLASS's host code."""
-    from gemmgen.runtime.scheduler import decompose
-
-    from gemmgen.runtime.scheduler import stream_k_plan
+    from gemmgen.runtime.scheduler import decompose, stream_k_plan
 
     kernel = compiled["stream_k"]
     kinds, groups = set(), set()
@@ -223,7 +221,7 @@ def test_stream_k_decompositions_match_cutlass(compiled, oracles, sm_count, max_
         shape = (m, n, -(-k // kernel.config.tile[2]), l, kernel.config.tile, kernel.config.cluster, sm_count,
                  max_active_clusters)
         kinds.add(decompose(*shape).kind)
-        groups.add(stream_k_plan(*shape).fields.get("scheduler.sk_groups.divisor"))
+        groups.add(stream_k_plan(*shape).fields["scheduler.sk_groups.divisor"])
         _check(kernel, oracles["stream_k"], kernel_problem(kernel, m, n, k, l, 0, sm_count=sm_count,
                                                            max_active_clusters=max_active_clusters))
     assert kinds == {"data-parallel", "split-K", "stream-K"}
