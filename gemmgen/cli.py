@@ -21,13 +21,28 @@ def _cache(args: argparse.Namespace) -> KernelCache:
     return KernelCache(args.cache_dir) if args.cache_dir else KernelCache()
 
 
+def _recipes(args: argparse.Namespace) -> dict:
+    """The file's recipes, or only the one `--recipe NAME` names (an unknown name is an error)."""
+    recipes = load_recipes(args.recipes)
+    if args.recipe is None:
+        return recipes
+    chosen = {key: r for key, r in recipes.items() if r.name == args.recipe}
+    if not chosen:
+        raise GemmgenError(f"--recipe {args.recipe!r}: {args.recipes} declares no recipe of that name; its recipes "
+                           f"are {sorted(r.name for r in recipes.values())}")
+    return chosen
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     if args.arch != ARCH:
         raise GemmgenError(f"--arch {args.arch}: gemmgen emits {ARCH} kernels only")
     cache = _cache(args)
-    recipes = load_recipes(args.recipes)
+    recipes = _recipes(args)
     if args.shapes:
-        chosen = configs_for_shapes(recipes, load_shapes(args.shapes))
+        shapes = load_shapes(args.shapes)
+        if args.recipe is not None:
+            shapes = {name: rows for name, rows in shapes.items() if name == args.recipe}
+        chosen = configs_for_shapes(recipes, shapes)
         by_name = {r.name: r for r in recipes.values()}
         pairs = list(dict.fromkeys((by_name[n], c.config) for n, rows in chosen.items() for _, c in rows))
     else:
@@ -49,7 +64,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     shapes = load_shapes(args.shapes)
-    by_name = {r.name: r for r in load_recipes(args.recipes).values()}
+    by_name = {r.name: r for r in _recipes(args).values()}
     table = TuningTable.load(args.out) if Path(args.out).is_file() else TuningTable()
     for name, problems in shapes.items():
         if name.startswith("_") or (args.recipe and name != args.recipe):
@@ -65,17 +80,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     m, n, k, l = problem_shape(args.shape, "--shape")  # noqa: E741
-    for recipe in load_recipes(args.recipes).values():
-        if args.recipe in (None, recipe.name):
-            g = recipe.ir.gemm  # L: the batch of a batched recipe, the groups of a grouped one
-            choice = choose(recipe.ir, m, n, k, l if g.batched or g.grouped else 1, sm_count=args.sm_count)
-            print(f"{recipe.name}: {choice.why}")
+    for recipe in _recipes(args).values():
+        g = recipe.ir.gemm  # L: the batch of a batched recipe, the groups of a grouped one
+        choice = choose(recipe.ir, m, n, k, l if g.batched or g.grouped else 1, sm_count=args.sm_count)
+        print(f"{recipe.name}: {choice.why}")
     return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    reports = [k.report for k in build_many(load_recipes(args.recipes).values(), _cache(args), args.jobs,
-                                              quiet=args.json)]
+    reports = [k.report for k in build_many(_recipes(args).values(), _cache(args), args.jobs, quiet=args.json)]
     print(reports_json(reports) if args.json else report_table(reports))
     return 0
 
@@ -83,7 +96,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for recipe in load_recipes(args.recipes).values():
+    for recipe in _recipes(args).values():
         path = out / f"{recipe.name}.cu"
         path.write_text(recipe.source())
         print(path)
@@ -100,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                             ("tune", cmd_tune, "time candidate configs per shape bucket on this GPU, save winners")):
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("recipes", help="a Python file declaring module-level gemmgen.Recipe objects")
+        sp.add_argument("--recipe", default=None, help="only this recipe of the file (by name)")
         sp.set_defaults(fn=fn)
         if name == "generate":
             sp.add_argument("--out", required=True, help="folder for the .cu files")
@@ -107,14 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         if name == "tune":
             sp.add_argument("--shapes", required=True, help="JSON {recipe name: [[M, N, K] or [M, N, K, L], ...]}")
             sp.add_argument("--out", required=True, help="tuning JSON file (updated if it exists)")
-            sp.add_argument("--recipe", default=None, help="only this recipe (by name)")
             sp.add_argument("--candidates", type=int, default=DEFAULT_CANDIDATES, help="configs timed per bucket")
             sp.add_argument("-j", "--jobs", type=int, default=None, help="compile workers")
             continue
         if name == "explain":
             sp.add_argument("--shape", type=int, nargs="+", required=True, metavar="M N K [L]",
                             help="the problem: M N K, and L (a batched recipe's batch, a grouped one's groups)")
-            sp.add_argument("--recipe", default=None, help="only this recipe (by name)")
             sp.add_argument("--sm-count", type=int, default=132)
             continue
         sp.add_argument("-j", "--jobs", type=int, default=None, help="worker processes (default: fit cores and memory)")

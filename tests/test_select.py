@@ -149,6 +149,19 @@ def test_explain_cli(capsys):
                                               "chose 128x32x64_c1x1x1_cooperative_auto_swapab")
 
 
+def test_every_command_takes_one_recipe_by_name(tmp_path, capsys):
+    """`--recipe NAME` narrows any command to one recipe of the file; a name the file does not
+    declare is an error that lists the ones it does (explain printed nothing for it)."""
+    assert cli_main(["generate", str(EXAMPLES), "--recipe", "bias_gelu", "--out", str(tmp_path)]) == 0
+    assert [p.name for p in tmp_path.glob("*.cu")] == ["bias_gelu.cu"]
+    for command in (["explain", str(EXAMPLES), "--shape", "8", "64", "64"], ["generate", str(EXAMPLES), "--out",
+                    str(tmp_path)], ["inspect", str(EXAMPLES)], ["build", str(EXAMPLES)]):
+        capsys.readouterr()
+        assert cli_main([*command, "--recipe", "bias_gelU"]) == 2, command
+        err = capsys.readouterr().err
+        assert "--recipe 'bias_gelU': " in err and "declares no recipe of that name" in err and "'bias_gelu'" in err
+
+
 @pytest.mark.parametrize("content, message", [
     (None, r"shapes file '.*missing\.json' does not exist"),
     ("{not json", r"is not valid JSON"),
