@@ -12,11 +12,11 @@ they compute D^T = B^T A^T, so M becomes the tile's N, which can be 16 or 32 wid
 unswapped tile is at least 64 rows of mostly zero padding. They are scored on that transposed
 problem, by the same terms.
 
-Every cooperative candidate also has a stream-K twin (TileScheduler.STREAM_K), listed after the
-others so that ties keep the persistent kernel. Its wave term is the balance of the work as
-CUTLASS's stream-K scheduler would share it out for this problem (`runtime.scheduler.decompose`):
-where the tiles fill whole waves it is the same; where they leave a wave mostly idle (a few tokens
-against large weights) the K iterations spread over every SM, less a cost per split tile.
+Every cooperative candidate also has a stream-K twin (TileScheduler.STREAM_K). Its wave term is
+the balance of the work as CUTLASS's stream-K scheduler would share it out for this problem
+(`runtime.scheduler.decompose`), less a cost per split tile and a margin (STREAM_K_MARGIN): where
+the tiles fill whole waves the persistent kernel wins; where they leave a wave mostly idle (a few
+tokens against large weights) the K iterations spread over every SM and the twin wins.
 
 A grouped (MoE) kernel serves every split of its rows, which only the GPU knows; the host knows
 the rows and the groups. When the groups average at most GROUPED_SWAP_MAX_ROWS rows (decode: a few
@@ -87,6 +87,10 @@ class Choice:
 #: whole tile) are written to the workspace and read back through L2 by the next peer, about the
 #: bytes of two or four K tiles of A and B. A model constant, not a measurement.
 STREAM_K_FIXUP_K_TILES = 2
+#: The share of a stream-K kernel's score it gives up for what the model leaves out (a workspace
+#: allocated and its barriers zeroed per call, fixups waiting on their peers), so that it replaces
+#: the persistent kernel only where it balances the work clearly better, never on a near tie.
+STREAM_K_MARGIN = 0.03
 
 
 def _score(cfg: KernelConfig, m: int, n: int, k: int, l: int, sm_count: int) -> tuple[float, str]:  # noqa: E741
@@ -115,7 +119,7 @@ def _stream_k_balance(m: int, n: int, k: int, l: int, cfg: KernelConfig, sm_coun
     """(useful fraction of the CTAs' time, description) under the decomposition CUTLASS's stream-K
     scheduler picks for the problem (`runtime.scheduler.decompose`): data-parallel waves of whole
     tiles, then the split tiles' K iterations shared over one wave, each share paying
-    STREAM_K_FIXUP_K_TILES."""
+    STREAM_K_FIXUP_K_TILES; less STREAM_K_MARGIN."""
     d = decompose(m, n, -(-k // cfg.tile[2]), l, cfg.tile, cfg.cluster, sm_count)
     if d.splits > 1:  # every tile in `splits` parts
         time = -(-d.output_tiles * d.splits // d.ctas_per_wave) * (-(-d.k_tiles // d.splits) + STREAM_K_FIXUP_K_TILES)
@@ -123,7 +127,7 @@ def _stream_k_balance(m: int, n: int, k: int, l: int, cfg: KernelConfig, sm_coun
         time = -(-(d.output_tiles - d.sk_tiles) // d.ctas_per_wave) * d.k_tiles
         if d.sk_tiles:
             time += -(-d.sk_tiles * d.k_tiles // d.sk_units) + STREAM_K_FIXUP_K_TILES
-    balance = d.output_tiles * d.k_tiles / (d.ctas_per_wave * time)
+    balance = d.output_tiles * d.k_tiles / (d.ctas_per_wave * time) * (1 - STREAM_K_MARGIN)
     how = f"{d.output_tiles} tiles x {d.k_tiles} K tiles, {d.kind}"
     if d.sk_tiles:
         how += f" ({d.sk_tiles} tiles over {d.sk_units} CTAs)"
