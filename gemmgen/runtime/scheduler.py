@@ -178,8 +178,7 @@ def stream_k_plan(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, in
     """The stream-K scheduler's Params, grid (one full wave, whatever the problem) and workspace
     for `decompose`'s decomposition. Ported from PersistentTileSchedulerSm90StreamKParams
     (initialize, set_params_basic, set_params_stream_k, get_workspace_component_sizes)."""
-    base = plan(m, n, l, tile, cluster, sm_count, max_active_clusters)
-    f = base.fields
+    f = plan(m, n, l, tile, cluster, sm_count, max_active_clusters).fields  # the underlying scheduler's
     cm, cn = cluster[0], cluster[1]
     cluster_size = cm * cn
     blocks_mn = f["scheduler.problem_tiles_m"] * cm * f["scheduler.problem_tiles_n"] * cn
@@ -203,7 +202,7 @@ def stream_k_plan(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, in
         put("k_tiles_per_sk_big_unit", fast_divmod(k_tiles // d.splits + 1))
         fields.update({"scheduler.units_per_problem": d.output_tiles, "scheduler.big_units": k_tiles % d.splits,
                        "scheduler.sk_tiles": 0, "scheduler.sk_units": 0})
-        workspace_tiles = d.output_tiles if d.splits > 1 else d.sk_tiles
+        workspace_tiles = d.output_tiles if d.splits > 1 else 0  # split-K: every tile; data-parallel: none
     else:  # set_params_stream_k
         groups = _sk_groups(f["scheduler.raster_order"], f["scheduler.problem_tiles_m"],
                             f["scheduler.problem_tiles_n"], cluster_size, d.sk_tiles, d.sk_units, k_tiles)
