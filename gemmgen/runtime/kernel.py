@@ -189,9 +189,12 @@ class Kernel:
         if not plan.workspace:
             return outputs, self._params(plan, targs, 0), plan.grid, plan.device_index, None
         # from torch's caching allocator, on the current stream; its counters and barriers must start at 0
-        workspace = torch.empty(plan.workspace, dtype=torch.uint8, device=plan.device)
-        for start, end in plan.workspace_zeroed:
-            workspace[start:end].zero_()
+        if plan.workspace_zeroed == ((0, plan.workspace),):  # vector reductions only: one fill, no views
+            workspace = torch.zeros(plan.workspace, dtype=torch.uint8, device=plan.device)
+        else:
+            workspace = torch.empty(plan.workspace, dtype=torch.uint8, device=plan.device)
+            for start, end in plan.workspace_zeroed:
+                workspace[start:end].zero_()
         return outputs, self._params(plan, targs, workspace.data_ptr()), plan.grid, plan.device_index, workspace
 
     def _named(self, args: tuple, operands: dict) -> dict[str, Any]:

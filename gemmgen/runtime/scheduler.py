@@ -139,10 +139,14 @@ class Decomposition:
 
     output_tiles: int
     k_tiles: int
-    ctas_per_wave: int
+    grid: tuple[int, int, int]  # one full wave, whatever the problem
     sk_tiles: int
     sk_units: int
     splits: int
+
+    @property
+    def ctas_per_wave(self) -> int:
+        return self.grid[0] * self.grid[1]
 
     @property
     def kind(self) -> str:
@@ -167,9 +171,9 @@ def decompose(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, int], 
     ctas_full = ctas_per_wave // cluster_size * cluster_size
     sk_units = min(ctas_full, k_tiles * sk_tiles // MIN_ITERS_PER_SK_UNIT // cluster_size * cluster_size)
     if sk_tiles == 0 or sk_units == 0:
-        return Decomposition(output_tiles, k_tiles, ctas_per_wave, 0, 0, 1)
+        return Decomposition(output_tiles, k_tiles, grid, 0, 0, 1)
     splits = sk_units // sk_tiles if sk_tiles < sk_units and sk_units % sk_tiles == 0 else 1
-    return Decomposition(output_tiles, k_tiles, ctas_per_wave, sk_tiles, sk_units, splits)
+    return Decomposition(output_tiles, k_tiles, grid, sk_tiles, sk_units, splits)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -183,7 +187,6 @@ def stream_k_plan(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, in
     cluster_size = cm * cn
     blocks_mn = f["scheduler.problem_tiles_m"] * cm * f["scheduler.problem_tiles_n"] * cn
     d = decompose(m, n, k_tiles, l, tile, cluster, sm_count, max_active_clusters)
-    grid = _grid(d.output_tiles, f["scheduler.raster_order"], cm, cn, sm_count, max_active_clusters, truncate=False)
     fields = {k: v for k, v in f.items() if k.split(".")[1] in ("cluster_shape_major", "cluster_shape_minor",
                                                                  "cluster_blk_major", "log_swizzle_size",
                                                                  "raster_order")}
@@ -224,7 +227,7 @@ def stream_k_plan(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, in
                    "scheduler.ktile_start_alignment_count": 1})
     reduction = _round_up(workspace_tiles * tile[0] * tile[1] * 4, _L2_LINE)  # fp32 accumulators
     barriers = _round_up(workspace_tiles * MMA_WARP_GROUPS * 4, _L2_LINE)  # one int per warpgroup
-    return SchedulerPlan(fields, grid, reduction, barriers)
+    return SchedulerPlan(fields, d.grid, reduction, barriers)
 
 
 def _sk_tiles(output_tiles: int, ctas_per_wave: int, cluster_size: int, k_tiles: int) -> int:
