@@ -21,7 +21,8 @@ tokens against large weights) the K iterations spread over every SM and the twin
 A grouped (MoE) kernel serves every split of its rows, which only the GPU knows; the host knows
 the rows and the groups. When the groups average at most GROUPED_SWAP_MAX_ROWS rows (decode: a few
 tokens per expert), `choose` gives GROUPED_SWAP_CONFIG, swapped, each group's rows along the tile's
-N; otherwise gemmgen's default. So a grouped recipe needs at most two kernels.
+N; otherwise gemmgen's default. So a grouped recipe needs at most two kernels, unless autotune
+(`grouped_candidates`) found others faster.
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ SWAP_MAX_M = 64  # swapped kernels are considered up to this M
 #: tile, where an unswapped tile spans at least 64 of a group's rows. (Tile K: `tile_k`.)
 GROUPED_SWAP_CONFIG = KernelConfig(tile=(128, 32, 64), swap_ab=True)
 GROUPED_SWAP_MAX_ROWS = 32  # groups averaging at most this many rows get GROUPED_SWAP_CONFIG
+#: What autotune times for a grouped recipe besides `grouped_choice`'s two picks: wider and narrower
+#: tiles either way round, pingpong, a 2 x 1 cluster (`grouped_candidates` orders them).
+GROUPED_CANDIDATES: tuple[KernelConfig, ...] = (
+    KernelConfig(tile=(128, 256, 64)), KernelConfig(tile=(64, 128, 64), cluster=(2, 1, 1), schedule=PING),
+    KernelConfig(tile=(128, 128, 64), cluster=(2, 1, 1)), KernelConfig(tile=(128, 16, 64), swap_ab=True),
+    KernelConfig(tile=(128, 64, 64), swap_ab=True), KernelConfig(tile=(64, 32, 64), schedule=PING, swap_ab=True),
+)
 
 #: Upper bounds of the M buckets; beyond the last, M is rounded up to a multiple of it. The
 #: buckets under 64 exist for the swapped kernels, whose tile N follows M.
@@ -198,6 +206,20 @@ def grouped_choice(recipe: RecipeIR, rows: int, groups: int) -> Choice:
     return Choice(swapped, m_bucket(max(rows, 1)), 0.0,
                   f"{head} <= {GROUPED_SWAP_MAX_ROWS}; chose {swapped.name}: swapped (D_g^T = B_g^T A_g^T), "
                   f"a group's rows along the tile's N ({swapped.tile[1]} wide)")
+
+
+def grouped_candidates(recipe: RecipeIR, rows: int, groups: int) -> list[KernelConfig]:
+    """The configs autotune times for a grouped problem, most promising first: `grouped_choice`'s,
+    the one it makes on the other side of GROUPED_SWAP_MAX_ROWS (so timing two settles which side
+    wins), then GROUPED_CANDIDATES of the choice's kind (swapped or not), then the others; each
+    valid for the recipe, tile K as `tile_k`'s."""
+    few = few_rows_per_group(rows, groups)
+    first = grouped_choice(recipe, rows, groups).config
+    other = grouped_choice(recipe, 1 if not few else GROUPED_SWAP_MAX_ROWS * max(groups, 1) + 1, groups).config
+    k = tile_k(recipe)
+    rest = sorted((replace(c, tile=(*c.tile[:2], k)) for c in GROUPED_CANDIDATES), key=lambda c: c.swap_ab != few)
+    listed = dict.fromkeys([first, other, *rest])
+    return [c for c in listed if is_valid(c, recipe)]
 
 
 def problem_shape(shape: Any, where: str) -> tuple[int, int, int, int]:

@@ -1,12 +1,14 @@
 """Autotuning: time a bounded set of candidate configs per shape bucket on the GPU, keep the winner.
 
 Results are a JSON table keyed by GPU name, driver version, gemmgen version, recipe key and shape
-bucket (M bucket, N, K, L), so a result is only used where it was measured. The runtime consults
-every registered table before the heuristic (gemmgen.select): tables come from
-GEMMGEN_TUNING_PATH (files separated by os.pathsep), `gemmgen.add_tuning(path)`, and a bundle's
-`tuning.json` (`gemmgen build --tuning FILE` ships one).
+bucket (M bucket, N, K, L; for a grouped recipe the bucket of its rows per group on average, N, K
+and the groups), so a result is only used where it was measured. The runtime consults every
+registered table first, then (the grouped op: the recipe's own config, then) the heuristic
+(gemmgen.select). Tables come from GEMMGEN_TUNING_PATH (files separated by os.pathsep),
+`gemmgen.add_tuning(path)`, and a bundle's `tuning.json` (`gemmgen build --tuning FILE` ships one).
 
     table = gemmgen.autotune(recipe, [(4096, 4096, 4096), (1, 14336, 4096)], out="tuning.json")
+    table = gemmgen.autotune(moe, [(64, 14336, 4096, 8), (4096, 14336, 4096, 8)])  # rows, N, K, groups
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .config import KernelConfig, is_valid
 from .errors import GemmgenError
-from .select import m_bucket, problem_shape, ranked
+from .select import grouped_candidates, m_bucket, problem_shape, ranked
 
 if TYPE_CHECKING:
     from .dsl import Recipe
@@ -57,6 +59,18 @@ class Device:
 
 def bucket(m: int, n: int, k: int, l: int = 1) -> tuple[int, int, int, int]:  # noqa: E741
     return (m_bucket(max(m, 1)), n, k, l)
+
+
+def grouped_bucket(rows: int, n: int, k: int, groups: int) -> tuple[int, int, int, int]:
+    """A grouped problem's bucket: the rows per group on average, bucketed as M is (all the host
+    knows of how the rows split, and what `select.grouped_choice` follows), N, K and the groups."""
+    return (m_bucket(max(-(-rows // max(groups, 1)), 1)), n, k, groups)
+
+
+def problem_bucket(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1) -> tuple[int, int, int, int]:  # noqa: E741
+    """The bucket tuning results are kept by: `bucket`, or for a grouped recipe (M the rows of A,
+    L the groups) `grouped_bucket`."""
+    return grouped_bucket(m, n, k, l) if recipe.gemm.grouped else bucket(m, n, k, l)
 
 
 def entry_key(device: Device, recipe_key: str, shape_bucket: tuple[int, int, int, int]) -> str:
@@ -154,7 +168,7 @@ def _tables() -> list[TuningTable]:
 def tuned_config(recipe: RecipeIR, device: Device, m: int, n: int, k: int, l: int = 1  # noqa: E741
                  ) -> KernelConfig | None:
     """The registered autotune winner for this problem's bucket on this device, if any."""
-    key = entry_key(device, recipe.key, bucket(m, n, k, l))
+    key = entry_key(device, recipe.key, problem_bucket(recipe, m, n, k, l))
     for table in _tables():
         config = table.get(key)
         if config is not None and is_valid(config, recipe):
@@ -164,7 +178,8 @@ def tuned_config(recipe: RecipeIR, device: Device, m: int, n: int, k: int, l: in
 
 def config_for(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1,  # noqa: E741
                device: Device | None = None, sm_count: int = 132) -> KernelConfig:
-    """What the runtime launches for a problem: the autotune winner for this device, else the heuristic's choice."""
+    """What the runtime launches for a problem: the autotune winner for this device, else the
+    heuristic's choice (for a grouped recipe, M is the rows of A and L the groups)."""
     from .select import choose
 
     tuned = tuned_config(recipe, device, m, n, k, l) if device is not None else None
@@ -173,43 +188,53 @@ def config_for(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1,  # noqa: E7
 
 def candidates(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int = 132,  # noqa: E741
                limit: int = DEFAULT_CANDIDATES) -> list[KernelConfig]:
-    """The configs autotune times for a bucket: the heuristic's `limit` best."""
+    """The configs autotune times for a bucket: the heuristic's `limit` best (for a grouped recipe,
+    M the rows of A and L the groups: `select.grouped_candidates`)."""
+    if recipe.gemm.grouped:
+        return grouped_candidates(recipe, m, l)[:limit]
     return [cfg for _, cfg, _ in ranked(recipe, m, n, k, l, sm_count)[:limit]]
 
 
-def example_inputs(recipe: Recipe, m: int, n: int, k: int, l: int = 1, device: str = "cuda",  # noqa: E741
-                   seed: int | None = None) -> tuple[Any, Any, dict[str, Any]]:
-    """Random A, B and operands of the recipe's dtypes and layouts for one problem."""
+def example_call(recipe: Recipe, m: int, n: int, k: int, l: int = 1, device: str = "cuda",  # noqa: E741
+                 seed: int | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Random arguments of one call of the recipe's kernel, in its dtypes and layouts: (A, B) and
+    the operands; for a grouped recipe (A, B, offsets), its `m` rows split as evenly as they go
+    over `l` groups, B and row vectors per group."""
     import torch
 
     from .quantize import random_block_scale
+    from .runtime.checks import tma_readable
     from .types import Layout, OperandKind
 
     g = torch.Generator(device=device)
     g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
-    lead = (l,) if recipe.ir.gemm.batched else ()
-
-    def matrix(rows: int, cols: int, dtype: Any, layout: Layout) -> Any:
-        if layout is Layout.ROW:
-            return torch.randn(*lead, rows, cols, generator=g, device=device).to(dtype)
-        return torch.randn(*lead, cols, rows, generator=g, device=device).to(dtype).transpose(-1, -2)
-
     gemm = recipe.ir.gemm
-    a = matrix(m, k, gemm.a.torch, gemm.layout_a)
-    b = matrix(k, n, gemm.b.torch, gemm.layout_b)
+    lead = (l,) if gemm.batched else ()  # of every matrix and scale of a batched recipe
+    groups = (l,) if gemm.grouped else ()  # of a grouped recipe's B, its scales and its row vectors
+
+    def matrix(lead: tuple[int, ...], rows: int, cols: int, dtype: Any, layout: Layout) -> Any:
+        """In `layout`, its rows or columns 16 bytes apart (padded where the extent is odd), as TMA reads them."""
+        return tma_readable(torch.randn(*lead, rows, cols, generator=g, device=device).to(dtype), layout)
+
+    args: tuple[Any, ...] = (matrix(lead, m, k, gemm.a.torch, gemm.layout_a),
+                             matrix(groups or lead, k, n, gemm.b.torch, gemm.layout_b))
+    if gemm.grouped:
+        ends = [m * (i + 1) // l for i in range(l)]
+        args += (torch.tensor(ends, dtype=torch.int32, device=device),)
     ops: dict[str, Any] = {}
     for o in recipe.operands:
         if o.kind.block_scale:
-            ops[o.name] = random_block_scale(o.kind, gemm, m, n, k, lead, device)
+            ops[o.name] = random_block_scale(o.kind, gemm, m, n, k,
+                                             (groups if o.kind is OperandKind.SCALE_B else ()) or lead, device)
         elif o.kind is OperandKind.SCALAR:
             ops[o.name] = 1.0
         elif o.kind is OperandKind.ROW:
-            ops[o.name] = torch.randn(n, generator=g, device=device).to(o.dtype.torch)
+            ops[o.name] = torch.randn(*groups, n, generator=g, device=device).to(o.dtype.torch)
         elif o.kind is OperandKind.COL:
             ops[o.name] = torch.randn(m, generator=g, device=device).to(o.dtype.torch)
         else:
-            ops[o.name] = matrix(m, n, o.dtype.torch, Layout.ROW)
-    return a, b, ops
+            ops[o.name] = matrix(lead, m, n, o.dtype.torch, Layout.ROW)
+    return args, ops
 
 
 def cuda_event_timer(reps: int = 30, buffers: int = 4) -> Timer:
@@ -218,8 +243,8 @@ def cuda_event_timer(reps: int = 30, buffers: int = 4) -> Timer:
 
     def time_us(recipe: Recipe, config: KernelConfig, problem: tuple[int, int, int, int]) -> float:
         kernel = recipe.compile(config)
-        sets = [example_inputs(recipe, *problem) for _ in range(buffers)]
-        return device_ms([functools.partial(kernel, a, b, **ops) for a, b, ops in sets], reps) * 1e3
+        sets = [example_call(recipe, *problem) for _ in range(buffers)]
+        return device_ms([functools.partial(kernel, *args, **ops) for args, ops in sets], reps) * 1e3
 
     return time_us
 
@@ -254,13 +279,12 @@ def autotune(recipe: Recipe, shapes: Iterable[tuple[int, ...]], *, limit: int = 
              table: TuningTable | None = None, out: str | Path | None = None, timer: Timer | None = None,
              device: Device | None = None, sm_count: int | None = None, jobs: int | None = None,
              register: bool = True) -> TuningTable:
-    """Time the heuristic's `limit` best configs for each shape's bucket, record the fastest.
+    """Time the heuristic's `limit` best configs for each shape's bucket, record the fastest. A
+    grouped recipe's shapes are (rows of A, N, K, groups), timed with the rows split evenly, and
+    kept by the rows per group on average (`grouped_bucket`), as the op chooses its kernel.
 
     Needs a CUDA GPU (timings from anywhere else would be meaningless); `timer` and `device`
     replace the GPU in tests. Candidates are compiled first, in parallel (gemmgen.warmup)."""
-    if recipe.gemm.grouped:
-        raise GemmgenError(f"autotune: {recipe.name!r} is grouped; its kernel serves every split of its rows, so "
-                           "there is no shape bucket to tune: give the recipe a config (config=) instead")
     if timer is None:
         import torch
 
@@ -281,7 +305,7 @@ def autotune(recipe: Recipe, shapes: Iterable[tuple[int, ...]], *, limit: int = 
     problems = [problem_shape(p, "autotune") for p in shapes]
     if not isinstance(limit, int) or limit < 1:
         raise GemmgenError(f"autotune: limit={limit!r}; expected the number of candidates to time per bucket (>= 1)")
-    plan = {bucket(*p): (p, candidates(recipe.ir, *p, sm_count or 132, limit)) for p in problems}
+    plan = {problem_bucket(recipe.ir, *p): (p, candidates(recipe.ir, *p, sm_count or 132, limit)) for p in problems}
     warmup(list(dict.fromkeys((recipe, c) for _, cands in plan.values() for c in cands)), jobs=jobs, quiet=True)
     for shape_bucket, (problem, cands) in plan.items():
         timings = {c.name: timer(recipe, c, problem) for c in cands}

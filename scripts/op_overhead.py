@@ -172,13 +172,13 @@ def grouped_cpu_overheads() -> None:
 
     recipe = load_recipes(ROOT / "examples" / "recipes.py")["moe_up"]
     args = _grouped_inputs("cpu")
-    kernel = GroupedKernel(recipe.build(grouped_config(recipe, 64, 8)), require_cuda=False)  # the op's: swapped
-    kernels = {kernel_key(recipe, args[0], args[1]): kernel}
+    kernel = GroupedKernel(recipe.build(grouped_config(recipe, 64, 64, 64, 8)), require_cuda=False)  # the op's: swapped
+    kernels = {kernel_key(args[0], args[1]): kernel}
     raw, prep = _grouped_launches(kernel, args, STREAM)
     out = prep.output
 
     def launch(a: torch.Tensor, b: torch.Tensor, *rest: Any) -> torch.Tensor:  # grouped_backends' `launch`
-        return kernels[kernel_key(recipe, a, b)](a, b, *rest)
+        return kernels[kernel_key(a, b)](a, b, *rest)
 
     def body(a: torch.Tensor, b: torch.Tensor, *rest: object) -> torch.Tensor:
         return ops.call_realigning(recipe, launch, a, b, rest)
@@ -189,7 +189,7 @@ def grouped_cpu_overheads() -> None:
     rows = {"raw setup + GEMM launches (prepared arguments)": _us(raw),
             "GroupedKernel.__call__, out given": _us(lambda: kernel(*args, out=out)),
             "GroupedKernel.__call__, D allocated": _us(lambda: kernel(*args)),
-            "kernel_key (the op's kernel lookup)": _us(lambda: kernel_key(recipe, args[0], args[1])),
+            "kernel_key (the op's kernel lookup)": _us(lambda: kernel_key(args[0], args[1])),
             "grouped op body called directly": _us(lambda: body(*args)),
             "grouped op through the dispatcher": _us(lambda: probe(*args))}
     base = rows["raw setup + GEMM launches (prepared arguments)"]
@@ -254,7 +254,7 @@ def gpu_overheads() -> None:
     grouped = load_recipes(ROOT / "examples" / "recipes.py")["moe_up"]
     op, args = ops.op(grouped).default, _grouped_inputs("cuda")
     op(*args)  # loads the op's kernel (from the bundle on the GPU machine)
-    kernel = grouped.compile(grouped_config(grouped, 64, 8))  # the op's: swapped, 8 rows per group
+    kernel = grouped.compile(grouped_config(grouped, 64, 64, 64, 8))  # the op's: swapped, 8 rows per group
     raw, _ = _grouped_launches(kernel, args, driver.current_stream(args[0].device.index or 0))
     rows = {"raw setup + GEMM launches (prepared arguments)": _host_us(raw)}
     with torch.no_grad():

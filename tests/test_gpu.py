@@ -496,7 +496,7 @@ def test_autotune_times_candidates_and_the_runtime_uses_the_winner(tmp_path, mon
     m, n, k = TUNE_PROBLEM
     device = tuning.Device.current()
     assert tuning.config_for(recipe.ir, m, n, k, 1, device).name == entry["name"]
-    a, b, ops = tuning.example_inputs(recipe, m, n, k)
+    (a, b), ops = tuning.example_call(recipe, m, n, k)
     with torch.no_grad():
         got = caller(recipe)(a, b, *ops.values())
     _compare(recipe, _as_tuple(got), a, b, ops, exact=False)

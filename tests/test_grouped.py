@@ -20,7 +20,14 @@ from gemmgen.select import choose
 from gemmgen.testing.emulate import emulate_grouped, fill_groups
 from gemmgen.testing.recording import RecordingEncoder
 
-from .data.gpu_matrix import BLOCK_GROUPED_CONFIGS, FP8_GROUPED_CONFIGS, GROUPED_CONFIGS, moe_fp8_recipe
+from .data.gpu_matrix import (
+    BLOCK_GROUPED_CONFIGS,
+    FP8_GROUPED_CONFIGS,
+    GROUPED_CONFIGS,
+    GROUPED_TUNE_PROBLEM,
+    TUNE_CANDIDATES,
+    moe_fp8_recipe,
+)
 
 MOE = dict(epilogue=lambda acc, bias, weight: gg.silu(acc + bias) * weight,
            operands={"bias": gg.RowVector(gg.bf16), "weight": gg.ColVector(gg.f32)})
@@ -62,6 +69,8 @@ def test_the_gpu_bundle_holds_every_grouped_kernel_the_gpu_checks_launch(example
     wanted += [experts.launches(rows) for rows in (12, 300)] + [fp8_experts.launches(rows) for rows in (12, 300)]
     wanted += [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS]
     wanted += [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS] + [(moe_recipe(), c) for c in GROUPED_CONFIGS]
+    wanted += [(moe_recipe(), c) for c in gg.tuning.candidates(moe_recipe().ir, *GROUPED_TUNE_PROBLEM,
+                                                               limit=TUNE_CANDIDATES)]
     missing = [(r.name, c.name) for r, c in wanted if (r.key, c) not in matrix]
     assert not missing and {c.swap_ab for _, c in wanted} == {True, False}, missing
 
@@ -520,6 +529,27 @@ def test_grouped_op_on_gpu(grouped_kernel):
     ref = [t.detach().cpu().double().requires_grad_(True) for t in (a, b, bias, weight)]
     _unfused(ref[0], ref[1], offsets.cpu(), ref[2], ref[3]).backward(grad.cpu().double())
     _assert_gradients(leaves, ref)
+
+
+@pytest.mark.gpu
+def test_grouped_autotune_on_gpu(tmp_path, monkeypatch):
+    """A grouped autotune on the GPU: the swapped kernel and the default timed at a decode step;
+    then the op launches the winner, which computes the layer (output checked against fp64)."""
+    from gemmgen import tuning
+    from gemmgen.integrations.grouped_ops import grouped_config
+
+    monkeypatch.setattr(tuning, "_TABLES", [])
+    recipe = moe_recipe()
+    table = gg.autotune(recipe, [GROUPED_TUNE_PROBLEM], limit=TUNE_CANDIDATES, out=tmp_path / "t.json")
+    (entry,) = table.entries.values()
+    assert len(entry["timings_us"]) == TUNE_CANDIDATES and all(t > 0 for t in entry["timings_us"].values())
+    rows, n, k, groups = GROUPED_TUNE_PROBLEM
+    assert grouped_config(recipe, rows, n, k, groups, tuning.Device.current()).name == entry["name"]
+    a, b, offsets, bias, weight = (t.cuda() for t in _inputs(rows, k, n, groups, (3, 20, 20, 30, 41, 50, 60, 64)))
+    want = _unfused(a.cpu(), b.cpu(), offsets.cpu(), bias.cpu(), weight.cpu())
+    assert want.abs().sum() > 0
+    torch.testing.assert_close(gg.op(recipe)(a, b, offsets, bias, weight).double().cpu(), want, rtol=1.6e-2,
+                               atol=1e-2)
 
 
 # ---- the torch op

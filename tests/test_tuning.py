@@ -54,6 +54,72 @@ def test_autotune_times_a_bounded_candidate_set_and_keeps_the_fastest(tmp_path):
     assert not list(tmp_path.glob(".tuning-*"))  # written through a temporary file and renamed
 
 
+def _moe(**kw):
+    return gg.Recipe("tune_moe", lambda acc, bias, weight: gg.silu(acc + bias) * weight, grouped=True,
+                     operands={"bias": gg.RowVector(gg.bf16), "weight": gg.ColVector(gg.f32)}, **kw)
+
+
+def test_grouped_autotune_keys_results_by_rows_per_group_and_the_op_launches_them():
+    """A grouped recipe's shapes are (rows, N, K, groups), kept by the rows per group on average,
+    as the op chooses: the heuristic's pick is timed against its pick on the other side of the swap
+    threshold, and a winner is used on its device, for its bucket, before the recipe's own config."""
+    from gemmgen.integrations.grouped_ops import grouped_config
+    from gemmgen.select import grouped_choice
+
+    recipe, seen = _moe(), list[tuple]()
+
+    def last_is_fastest(recipe, config, problem):  # never the heuristic's pick (timed first)
+        seen.append((config, problem))
+        return 100.0 - len(seen)
+
+    # 8 and 13 rows per expert share the bucket of 16; 512 rows per expert are another bucket
+    problems = [(64, 4096, 2048, 8), (100, 4096, 2048, 8), (4096, 4096, 2048, 8)]
+    table = gg.autotune(recipe, problems, limit=3, timer=last_is_fastest, device=H200)
+    assert sorted(key.split("|")[4] for key in table.entries) == ["16x4096x2048x8", "512x4096x2048x8"]
+    assert len(seen) == 6 and all(gg.config.is_valid(c, recipe.ir) for c, _ in seen)
+    for rows in (64, 4096):
+        timed = [c for c, p in seen if tuning.grouped_bucket(*p) == tuning.grouped_bucket(rows, 4096, 2048, 8)]
+        heuristic = grouped_choice(recipe.ir, rows, 8).config
+        assert timed[0] == heuristic and timed[1].swap_ab != heuristic.swap_ab and len(set(timed)) == 3
+    h100 = tuning.Device("NVIDIA H100", "13.0")
+    own = gg.KernelConfig(tile=(128, 128, 64), cluster=(2, 1, 1))
+    for rows in (64, 100, 4096):
+        winner = table.get(tuning.entry_key(H200, recipe.ir.key, tuning.grouped_bucket(rows, 4096, 2048, 8)))
+        heuristic = grouped_choice(recipe.ir, rows, 8).config
+        assert winner is not None and winner != heuristic
+        assert grouped_config(recipe, rows, 4096, 2048, 8, H200) == winner
+        assert grouped_config(recipe, rows, 4096, 2048, 8, h100) == heuristic
+        assert grouped_config(recipe, rows, 4096, 1024, 8, H200) == heuristic  # no result for this K
+        assert grouped_config(recipe, rows, 4096, 2048, 8) == heuristic  # no device: the heuristic
+        assert grouped_config(_moe(config=own), rows, 4096, 2048, 8, H200) == winner
+        assert grouped_config(_moe(config=own), rows, 4096, 2048, 8, h100) == own
+
+
+def test_example_calls_are_what_each_kernel_accepts(examples, extra):
+    """The arguments autotune times each candidate with (dense, batched, grouped, fp8, block-scaled)
+    pass the kernel's own checks and give a finite, non-zero reference: a timer on the GPU never
+    meets a refusal after the candidates are compiled."""
+    from gemmgen.runtime.checks import check_call, check_grouped_call
+
+    kinds = set()
+    for recipe in [*examples.values(), *extra.values()]:
+        g = recipe.ir.gemm
+        args, ops = tuning.example_call(recipe, 37, 48, 256, 3, device="cpu")
+        if g.grouped:
+            a, b, offsets = args
+            assert offsets.tolist() == [12, 24, 37] and b.shape == (3, 256, 48)
+            check_grouped_call(recipe.ir, a, b, offsets, ops, require_cuda=False)
+        else:
+            check_call(recipe.ir, args[0], args[1], ops, require_cuda=False)
+            assert args[0].shape == ((3,) if g.batched else ()) + (37, 256)
+        out = recipe.reference(*args, **ops)
+        d = (out if isinstance(out, torch.Tensor) else out[0]).float()
+        assert d.isfinite().all() and d.abs().sum() > 0, recipe.name
+        kinds.add("grouped" if g.grouped else "batched" if g.batched else "dense")
+        kinds.add("block-scaled" if g.block_scale else "fp8" if g.a.bits == 8 else "16-bit")
+    assert kinds == {"grouped", "batched", "dense", "block-scaled", "fp8", "16-bit"}
+
+
 def test_the_runtime_prefers_the_tuned_config_on_the_device_it_was_measured_on():
     recipe = _recipe()
     heuristic = choose(recipe.ir, 300, 4096, 4096).config

@@ -1,11 +1,11 @@
 """A grouped (MoE) recipe as a `torch.library` op: `op(a, b, offsets, *operands) -> d`.
 
 The same contract as ops.py's ops: a fake implementation with D's exact shape and strides (traced
-by torch.compile without graph breaks), a CUDA implementation that launches the kernel (per device,
-the recipe's config, else `select.grouped_choice`'s from the rows and groups, never from the groups'
-sizes, which only the GPU knows: at most two kernels), a CPU implementation that evaluates the
-reference, and gradients. Rows of D after the last group's end are not written (unspecified), as
-with `torch._grouped_mm`.
+by torch.compile without graph breaks), a CUDA implementation that launches the kernel (per device:
+an autotune result for the rows per group on average if one is registered, else the recipe's
+config, else `select.grouped_choice`'s from the rows and groups; never from the groups' sizes,
+which only the GPU knows), a CPU implementation that evaluates the reference, and gradients.
+Rows of D after the last group's end are not written (unspecified), as with `torch._grouped_mm`.
 
 Gradients follow the unfused model with torch's own grouped GEMM (`torch._grouped_mm`, which takes
 the same offsets), so backward never reads the offsets on the host either: the accumulator is
@@ -16,20 +16,25 @@ B_g^T) and to B (per group, A_g^T dacc).
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import tuning
 from ..config import KernelConfig
 from ..errors import InvalidArgument
 from ..runtime.checks import check_grouped_call
 from ..runtime.grouped import operands_per_row, row_groups, vectors_as_matrices
-from ..runtime.kernel import allocate_output
-from ..select import few_rows_per_group, grouped_choice
+from ..runtime.kernel import allocate_output, put_bounded
+from ..select import grouped_choice
 from ..types import OperandKind
 
 if TYPE_CHECKING:
     from ..dsl import Recipe
+
+_LOCK = threading.Lock()
+_MAX_SHAPES = 1024  # exact shapes remembered per op (each maps to its bucket's kernel)
 
 
 def grouped_schema(name: str, recipe: Recipe) -> str:
@@ -38,32 +43,44 @@ def grouped_schema(name: str, recipe: Recipe) -> str:
     return f"{name}({', '.join(args)}) -> Tensor"
 
 
-def grouped_config(recipe: Recipe, rows: int, groups: int) -> KernelConfig:
-    """The config a call of `rows` rows in `groups` groups launches: the recipe's own, else the
-    heuristic's (`select.grouped_choice`)."""
+def grouped_config(recipe: Recipe, rows: int, n: int, k: int, groups: int, device: tuning.Device | None = None
+                   ) -> KernelConfig:
+    """The config a call of `rows` rows in `groups` groups (of K x N weights) launches: an autotune
+    result for `device` and the rows per group on average (`tuning.grouped_bucket`) if one is
+    registered, else the recipe's own config, else the heuristic's (`select.grouped_choice`)."""
+    tuned = tuning.tuned_config(recipe.ir, device, rows, n, k, groups) if device is not None else None
+    if tuned is not None:
+        return tuned
     return recipe.config if recipe.config is not None else grouped_choice(recipe.ir, rows, groups).config
 
 
-def kernel_key(recipe: Recipe, a: torch.Tensor, b: torch.Tensor) -> tuple[int, bool]:
-    """What the op's kernel for a call depends on: the device, and whether its groups average few
-    rows (`grouped_config`; always False for a recipe that names its config). Asked on every call
-    (0.5 us on the CPU machine)."""
-    return a.get_device(), recipe.config is None and few_rows_per_group(a.shape[0], b.shape[0])
+def kernel_key(a: torch.Tensor, b: torch.Tensor) -> tuple:
+    """What the op's kernel for a call depends on, as exact shapes: A's rows, B's shape (groups,
+    K, N), the device and the tuning generation (`grouped_config` buckets them). Asked on every
+    call (0.3 us on the CPU machine: scripts/op_overhead.py, 2026-12-01)."""
+    return a.shape[0], b.shape, a.get_device(), tuning.generation()
 
 
 def grouped_backends(recipe: Recipe) -> tuple[dict[str, Any], Any, Any, Any]:
     """(backends, fake, backward, setup_context) for `ops.define`."""
-    from .ops import call_realigning, save_inputs, saved_inputs
+    from .ops import call_realigning, device_and_sms, save_inputs, saved_inputs
 
     names = [o.name for o in recipe.operands]
-    kernels: dict[tuple[int, bool], Any] = {}  # by `kernel_key`: at most two configs per device
+    kernels: dict[tuple, Any] = {}  # `kernel_key` -> kernel (bounded)
+    by_config: dict[tuple[int, KernelConfig], Any] = {}  # (device index, config) -> kernel, compiled once
 
     def launch(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *args: Any) -> torch.Tensor:
-        key = kernel_key(recipe, a, b)
+        key = kernel_key(a, b)
         kernel = kernels.get(key)
         if kernel is None:
             check_grouped_call(recipe.ir, a, b, offsets, dict(zip(names, args, strict=True)))  # before compiling
-            kernel = kernels.setdefault(key, recipe.compile(grouped_config(recipe, a.shape[0], b.shape[0])))
+            with _LOCK:
+                device, _ = device_and_sms(key[2])
+                config = grouped_config(recipe, a.shape[0], b.shape[-1], b.shape[-2], b.shape[0], device)
+                kernel = by_config.get((key[2], config))
+                if kernel is None:
+                    kernel = by_config[key[2], config] = recipe.compile(config)
+                put_bounded(kernels, key, kernel, _MAX_SHAPES)
         return kernel(a, b, offsets, *args)
 
     def cuda_impl(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *args: Any) -> torch.Tensor:

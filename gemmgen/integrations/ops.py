@@ -294,13 +294,7 @@ def _kernel_for_bucket(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, args: t
     key = (recipe.key, index, tuning.bucket(m, n, k, l), tuning.generation())
     kernel = _BY_BUCKET.get(key)
     if kernel is None:
-        if index not in _DEVICES:
-            if index >= 0:
-                sms = driver.require_sm90(index)  # before compiling anything for a GPU that cannot run it
-                _DEVICES[index] = (tuning.Device.current(index), sms)
-            else:
-                _DEVICES[index] = (None, 132)
-        device, sms = _DEVICES[index]
+        device, sms = device_and_sms(index)
         config = tuning.config_for(recipe.ir, m, n, k, l, device, sms)
         if args is not None:  # the kernel's own checks, before compiling it
             names = [o.name for o in recipe.ir.operands]
@@ -308,6 +302,20 @@ def _kernel_for_bucket(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, args: t
             check_problem_size(call, config.tile, config.cluster, config.swap_ab)
         kernel = _BY_BUCKET[key] = recipe.compile(config)
     return kernel
+
+
+def device_and_sms(index: int) -> tuple[tuning.Device | None, int]:
+    """(the device tuning results are keyed by, its SM count) for a CUDA device index, checked to
+    be an sm_90 GPU before anything is compiled for it; (None, 132) for the CPU (index -1)."""
+    facts = _DEVICES.get(index)
+    if facts is None:
+        if index >= 0:
+            sms = driver.require_sm90(index)
+            facts = (tuning.Device.current(index), sms)
+        else:
+            facts = (None, 132)
+        _DEVICES[index] = facts
+    return facts
 
 
 def direct_call_allowed(args: tuple, device_type: str = "cuda") -> bool:

@@ -53,6 +53,8 @@ class GroupedLaunches:
 
     recipe: Recipe
     num_experts: int
+    in_features: int
+    out_features: int
 
     def launches(self, rows: int | None = None) -> tuple[Recipe, Any]:
         """(recipe, config) of the kernel forward launches for `rows` rows of tokens (all experts'
@@ -63,7 +65,7 @@ class GroupedLaunches:
 
         if rows is None:
             return self.recipe, self.recipe.default_config()
-        return self.recipe, grouped_config(self.recipe, rows, self.num_experts)
+        return self.recipe, grouped_config(self.recipe, rows, self.out_features, self.in_features, self.num_experts)
 
 
 class GroupedLinear(GroupedLaunches, RecipeModule):

@@ -61,6 +61,9 @@ def bench_configs(recipe: gg.Recipe, m: int, n: int, k: int) -> list[gg.KernelCo
 LAYOUT_PROBLEM = (77, 9, 64)
 #: The autotune GPU test: bias_gelu at this problem, over the heuristic's best TUNE_CANDIDATES configs.
 TUNE_PROBLEM, TUNE_CANDIDATES = (2048, 4096, 1024), 2
+#: ...and tests/test_grouped.py's: moe_up at (rows, N, K, groups), a decode step of 8 rows per
+#: expert, over its best TUNE_CANDIDATES (the swapped kernel and the default).
+GROUPED_TUNE_PROBLEM = (64, 48, 64, 8)
 
 
 def fp8_out_recipe(d: gg.DType = gg.e4m3) -> gg.Recipe:
@@ -118,6 +121,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     for recipe in load_recipes(ROOT / "examples" / "recipes.py").values():
         if recipe.ir.gemm.grouped:  # tests/test_grouped.py's GPU tests
             out += [(recipe, c) for c in (BLOCK_GROUPED_CONFIGS if recipe.ir.gemm.block_scale else GROUPED_CONFIGS)]
+            if recipe.name == "moe_up":
+                out += [(recipe, c) for c in candidates(recipe.ir, *GROUPED_TUNE_PROBLEM, limit=TUNE_CANDIDATES)]
             continue
         default = recipe.default_config()
         other = gg.Schedule.PINGPONG if default.schedule is gg.Schedule.COOPERATIVE else gg.Schedule.COOPERATIVE
