@@ -176,6 +176,22 @@ def tuned_config(recipe: RecipeIR, device: Device, m: int, n: int, k: int, l: in
     return None
 
 
+def tuned_configs(recipe: RecipeIR, device: Device, n: int, k: int, l: int = 1) -> list[KernelConfig]:  # noqa: E741
+    """Every registered autotune winner for the recipe on `device` at this N, K and L, whatever the
+    M bucket: what a layer of these sizes may launch there besides the heuristic's picks (for a
+    grouped layer, whose rows per expert only the routing decides)."""
+    head = entry_key(device, recipe.key, (0, n, k, l)).rsplit("|", 1)[0]
+    found = []
+    for table in _tables():
+        for key in table.entries:
+            where, _, shape = key.rpartition("|")
+            if where == head and shape.split("x")[1:] == [str(n), str(k), str(l)]:
+                config = table.get(key)
+                if config is not None and is_valid(config, recipe):
+                    found.append(config)
+    return list(dict.fromkeys(found))
+
+
 def config_for(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1,  # noqa: E741
                device: Device | None = None, sm_count: int = 132) -> KernelConfig:
     """What the runtime launches for a problem: the autotune winner for this device, else the

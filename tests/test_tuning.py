@@ -120,6 +120,34 @@ def test_example_calls_are_what_each_kernel_accepts(examples, extra):
     assert kinds == {"grouped", "batched", "dense", "block-scaled", "fp8", "16-bit"}
 
 
+def test_model_launches_on_a_device_list_what_its_tuning_results_make_the_runtime_launch():
+    """What to warm up at model load where autotune results are registered: with the device, a
+    dense layer's tuned winner replaces the heuristic's pick for its bucket, and a grouped layer
+    adds every winner for its sizes (its rows per expert are the routing's); without it, the
+    heuristic's picks as before. Otherwise the first call in serving would compile a kernel."""
+    from gemmgen.select import grouped_candidates
+
+    dense = gg.nn.FusedLinear(256, 512, activation="silu", device="meta")
+    experts = gg.nn.GroupedLinear(8, 256, 512, activation="silu", device="meta")
+    model = torch.nn.ModuleDict({"mlp": dense, "experts": experts})
+    heuristic = gg.nn.model_launches(model, (300,))
+    dense_tuned = tuning.candidates(dense.recipe.ir, 300, 512, 256)[-1]
+    experts_tuned = grouped_candidates(experts.recipe.ir, 4096, 8)[-1]
+    table = tuning.TuningTable()
+    table.put(tuning.entry_key(H200, dense.recipe.ir.key, tuning.bucket(300, 512, 256)), dense_tuned, {})
+    table.put(tuning.entry_key(H200, experts.recipe.ir.key, tuning.grouped_bucket(4096, 512, 256, 8)),
+              experts_tuned, {})
+    other = tuning.entry_key(H200, experts.recipe.ir.key, tuning.grouped_bucket(4096, 512, 128, 8))  # another K
+    table.put(other, gg.KernelConfig(tile=(128, 16, 64), swap_ab=True), {})
+    gg.add_tuning(table)
+    assert (dense.recipe, dense_tuned) not in heuristic and (experts.recipe, experts_tuned) not in heuristic
+    assert gg.nn.model_launches(model, (300,)) == heuristic
+    got = gg.nn.model_launches(model, (300,), device=H200)
+    assert got == [(dense.recipe, dense_tuned), *heuristic[1:], (experts.recipe, experts_tuned)]
+    assert dense.launches(300, device=H200) == (dense.recipe, dense_tuned)
+    assert gg.nn.model_launches(model, (300,), device=tuning.Device("NVIDIA H100", "13.0")) == heuristic
+
+
 def test_the_runtime_prefers_the_tuned_config_on_the_device_it_was_measured_on():
     recipe = _recipe()
     heuristic = choose(recipe.ir, 300, 4096, 4096).config

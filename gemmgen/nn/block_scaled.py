@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import dsl
+from .. import dsl, tuning
 from ..config import KernelConfig
 from ..dsl import DEEPSEEK_BLOCK_SCALE, Recipe
 from ..errors import InvalidArgument
@@ -183,13 +183,13 @@ class BlockScaledLinear(_BlockScaledModule):
         y = self._op(*args) if self.bias is None else self._op(*args, self.bias)
         return y.reshape(*lead, self.out_features)
 
-    def launches(self, tokens: int, training: bool = False, sm_count: int = 132) -> tuple[Recipe, KernelConfig]:
-        """(recipe, config) of the kernel forward launches for an input of `tokens` rows when no
-        autotune table applies (the heuristic's choice): what to build ahead of time. `training`
-        is accepted for model_launches and changes nothing (the layer has no gradients)."""
-        from ..select import choose
-
-        return self.recipe, choose(self.recipe.ir, tokens, self.out_features, self.in_features, 1, sm_count).config
+    def launches(self, tokens: int, training: bool = False, sm_count: int = 132,
+                 device: tuning.Device | None = None) -> tuple[Recipe, KernelConfig]:
+        """(recipe, config) of the kernel forward launches for an input of `tokens` rows, as
+        FusedLinear.launches: what to build ahead of time. `training` is accepted for
+        model_launches and changes nothing (the layer has no gradients)."""
+        return self.recipe, tuning.config_for(self.recipe.ir, tokens, self.out_features, self.in_features, 1, device,
+                                              sm_count)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

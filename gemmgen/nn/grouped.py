@@ -56,16 +56,18 @@ class GroupedLaunches:
     in_features: int
     out_features: int
 
-    def launches(self, rows: int | None = None) -> tuple[Recipe, Any]:
+    def launches(self, rows: int | None = None, device: Any = None) -> tuple[Recipe, Any]:
         """(recipe, config) of the kernel forward launches for `rows` rows of tokens (all experts'
         together; None: the kernel for groups of many rows): what to build ahead of time, e.g.
         `gg.warmup([experts.launches(), experts.launches(decode_rows)])`. The kernel depends on the
-        rows per expert on average (`gemmgen.select.grouped_choice`), never on how they split."""
+        rows per expert on average (`gemmgen.select.grouped_choice`), never on how they split; with
+        `device` (a gemmgen.tuning.Device), on an autotune result registered for it first."""
         from ..integrations.grouped_ops import grouped_config
 
         if rows is None:
             return self.recipe, self.recipe.default_config()
-        return self.recipe, grouped_config(self.recipe, rows, self.out_features, self.in_features, self.num_experts)
+        return self.recipe, grouped_config(self.recipe, rows, self.out_features, self.in_features, self.num_experts,
+                                           device)
 
 
 class GroupedLinear(GroupedLaunches, RecipeModule):

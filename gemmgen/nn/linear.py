@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import dsl
+from .. import dsl, tuning
 from ..config import KernelConfig
 from ..dsl import Recipe
 from ..errors import InvalidArgument, RecipeError
@@ -239,18 +239,19 @@ class FusedLinear(RecipeModule):
         return InvalidArgument(f"input: expected a dense tensor of shape (..., {self.in_features}) (in_features), "
                                f"got {x.layout} {tuple(x.shape)}")
 
-    def launches(self, tokens: int, training: bool = False, sm_count: int = 132) -> tuple[Recipe, KernelConfig]:
-        """(recipe, config) of the kernel forward launches for an input of `tokens` rows when no
-        autotune table applies (the heuristic's choice); `training`: with gradients wanted, when
-        the kernel also stores the pre-activation. What to build ahead of time, e.g.
+    def launches(self, tokens: int, training: bool = False, sm_count: int = 132,
+                 device: tuning.Device | None = None) -> tuple[Recipe, KernelConfig]:
+        """(recipe, config) of the kernel forward launches for an input of `tokens` rows: the
+        heuristic's choice, or with `device` (`gemmgen.tuning.Device.current()` on the GPU that
+        will run the model) an autotune result registered for it, as the runtime picks; `training`:
+        with gradients wanted, when the kernel also stores the pre-activation. What to build ahead
+        of time, e.g.
         `gg.warmup([layer.launches(t) for t in (1, 512, 4096)] + [layer.launches(4096, training=True)])`."""
-        from ..select import choose
-
         recipe = self.training_recipe if training and self.training_recipe is not None else self.recipe
-        return recipe, choose(recipe.ir, tokens, self.out_features, self.in_features, 1, sm_count).config
+        return recipe, tuning.config_for(recipe.ir, tokens, self.out_features, self.in_features, 1, device, sm_count)
 
     def config_for(self, tokens: int, sm_count: int = 132) -> KernelConfig:
-        """The config of `launches(tokens)` (inference)."""
+        """The config of `launches(tokens)` (inference, the heuristic's)."""
         return self.launches(tokens, sm_count=sm_count)[1]
 
     def extra_repr(self) -> str:
@@ -260,14 +261,17 @@ class FusedLinear(RecipeModule):
 
 
 def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Iterable[int] = (),
-                   sm_count: int = 132) -> list[tuple[Recipe, KernelConfig]]:
+                   sm_count: int = 132, device: tuning.Device | None = None) -> list[tuple[Recipe, KernelConfig]]:
     """(recipe, config) of every kernel the gemmgen layers of `model` launch (each once): forward
     for inputs of each of `tokens` rows, and forward with gradients wanted (the FusedLinear kernels
     that also store the pre-activation) for each of `training_tokens`; both of a grouped layer's
-    kernels (for few rows per expert, and for many) whatever the tokens, as its rows are the
-    tokens routed to it, which the model's top-k decides. What to build ahead of time, e.g.
-    `gg.warmup(model_launches(model, (1, 16, 4096), training_tokens=(4096,)))`, when no autotune
-    table applies (the heuristic's choices)."""
+    heuristic kernels (for few rows per expert, and for many) whatever the tokens, as its rows are
+    the tokens routed to it, which the model's top-k decides. What to build ahead of time, e.g.
+    `gg.warmup(model_launches(model, (1, 16, 4096), training_tokens=(4096,)))`.
+
+    The heuristic's choices; with `device` (`gemmgen.tuning.Device.current()` where the model will
+    run), the runtime's: an autotune result registered for that device replaces the heuristic's
+    pick where it applies, and a grouped layer adds every winner registered for its sizes."""
     if not isinstance(model, nn.Module):
         raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     from .block_scaled import BlockScaledGroupedLinear, BlockScaledLinear
@@ -275,8 +279,11 @@ def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Ite
 
     layers = [m for m in model.modules() if isinstance(m, FusedLinear | BlockScaledLinear)]
     tokens, training_tokens = tuple(tokens), tuple(training_tokens)
-    found = [m.launches(t, sm_count=sm_count) for m in layers for t in tokens]
-    found += [m.launches(t, training=True, sm_count=sm_count) for m in layers for t in training_tokens]
+    found = [m.launches(t, sm_count=sm_count, device=device) for m in layers for t in tokens]
+    found += [m.launches(t, training=True, sm_count=sm_count, device=device) for m in layers for t in training_tokens]
     grouped = [m for m in model.modules() if isinstance(m, GroupedLinear | BlockScaledGroupedLinear)]
     found += [m.launches(rows) for m in grouped for rows in (None, m.num_experts)]
+    if device is not None:
+        found += [(m.recipe, c) for m in grouped
+                  for c in tuning.tuned_configs(m.recipe.ir, device, m.out_features, m.in_features, m.num_experts)]
     return list(dict.fromkeys(found))
