@@ -95,6 +95,27 @@ def test_grouped_autotune_keys_results_by_rows_per_group_and_the_op_launches_the
         assert grouped_config(_moe(config=own), rows, 4096, 2048, 8, h100) == own
 
 
+def test_the_tune_command_takes_a_grouped_recipes_shapes(tmp_path, monkeypatch):
+    """`gemmgen tune` with [rows, N, K, groups] for a grouped recipe (a timer favouring the
+    unswapped kernel stands in for the GPU): one entry, by rows per expert, the unswapped winner."""
+    from gemmgen import cli
+
+    from .conftest import EXAMPLES
+
+    real = cli.autotune
+
+    def on_a_stand_in_gpu(recipe, shapes, **kw):
+        return real(recipe, shapes, timer=lambda r, c, p: 1.0 + c.swap_ab, device=H200, **kw)
+
+    monkeypatch.setattr(cli, "autotune", on_a_stand_in_gpu)
+    (tmp_path / "shapes.json").write_text(json.dumps({"moe_up": [[64, 14336, 4096, 8]]}))
+    out = tmp_path / "t.json"
+    assert cli.main(["tune", str(EXAMPLES), "--shapes", str(tmp_path / "shapes.json"), "--out", str(out),
+                     "--recipe", "moe_up", "--candidates", "2"]) == 0
+    ((key, entry),) = tuning.TuningTable.load(out).entries.items()
+    assert key.endswith("|16x14336x4096x8") and len(entry["timings_us"]) == 2 and "swapab" not in entry["name"]
+
+
 def test_example_calls_are_what_each_kernel_accepts(examples, extra):
     """The arguments autotune times each candidate with (dense, batched, grouped, fp8, block-scaled)
     pass the kernel's own checks and give a finite, non-zero reference: a timer on the GPU never
