@@ -45,7 +45,7 @@ from .errors import (
     ToolchainError,
 )
 from .errors import UnknownOpError as _UnknownOpError
-from .parallel import warmup
+from .parallel import build_bundle, warmup
 from .quantize import quantize_blockwise
 from .tuning import add_tuning, autotune
 from .types import ColMajor, DType, Layout, OperandKind, RowMajor, bf16, e4m3, e5m2, f16, f32, fp16, fp32
@@ -54,9 +54,10 @@ __all__ = [
     "DEEPSEEK_BLOCK_SCALE", "OPS", "ColMajor", "ColVector", "CompileError", "ConfigError", "DType", "GemmgenError",
     "InvalidArgument", "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "OperandKind",
     "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler", "ToolchainError",
-    "Value", "__version__", "abs", "add_bundle", "amax", "add_tuning", "autotune", "bf16", "cast", "clamp", "e4m3",
-    "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum", "min",
-    "minimum", "quantize_blockwise", "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum", "tanh", "warmup",
+    "Value", "__version__", "abs", "add_bundle", "amax", "add_tuning", "autotune", "bf16", "build_bundle", "cast",
+    "clamp", "e4m3", "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "max",
+    "maximum", "min", "minimum", "quantize_blockwise", "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum",
+    "tanh", "warmup",
 ]
 
 

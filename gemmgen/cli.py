@@ -11,7 +11,7 @@ from .bundle import write_bundle
 from .compile.cache import KernelCache
 from .compile.toolchain import ARCH
 from .errors import GemmgenError
-from .parallel import build_many
+from .parallel import build_many, with_tuned_winners
 from .recipes_file import load_recipes
 from .select import choose, configs_for_shapes, load_shapes, problem_shape
 from .tuning import DEFAULT_CANDIDATES, TuningTable, autotune
@@ -48,8 +48,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     else:
         chosen, pairs = {}, [(r, r.default_config()) for r in recipes.values()]
     tuning = TuningTable.load(args.tuning) if args.tuning else None
-    if tuning is not None:  # every config the tuning results name, so the bundle holds each winner
-        pairs = list(dict.fromkeys([*pairs, *((r, c) for r in recipes.values() for c in tuning.configs(r.key))]))
+    pairs = with_tuned_winners(pairs, tuning, recipes.values())  # the bundle holds every winner of the file's recipes
     kernels = build_many(pairs, cache, jobs=args.jobs)
     reports = [k.report for k in kernels]
     if args.out:

@@ -24,6 +24,7 @@ from .errors import InvalidArgument
 
 if TYPE_CHECKING:
     from .dsl import Recipe
+    from .tuning import TuningTable
 
 NVRTC_PEAK_BYTES = 3_600_000_000  # one NVRTC compile of a CUTLASS sm90 kernel peaks near 3.4 GB
 
@@ -148,4 +149,36 @@ def warmup(items: Iterable[Recipe | tuple[Recipe, KernelConfig]], shapes: dict |
     kernels = build_many(items, cache, jobs, quiet)
     if not quiet:
         print(report_table([k.report for k in kernels]), file=sys.stderr, flush=True)
+    return kernels
+
+
+def with_tuned_winners(pairs: list[tuple[Recipe, KernelConfig]], tuning: TuningTable | None,
+                       recipes: Iterable[Recipe] | None = None) -> list[tuple[Recipe, KernelConfig]]:
+    """`pairs` plus every config `tuning` records as a winner (on any device) for one of `recipes`
+    (default: the pairs' recipes), each once: what a bundle shipping those results must hold."""
+    if tuning is None:
+        return pairs
+    recipes = list(dict.fromkeys(recipes if recipes is not None else (r for r, _ in pairs)))
+    return list(dict.fromkeys([*pairs, *((r, c) for r in recipes for c in tuning.configs(r.key))]))
+
+
+def build_bundle(items: Iterable[Recipe | tuple[Recipe, KernelConfig]], out: str | Path,
+                 tuning: str | Path | TuningTable | None = None, jobs: int | None = None,
+                 cache: KernelCache | None = None, quiet: bool = False) -> list[CompiledKernel]:
+    """Build `items` (recipes, or (recipe, config) pairs) and write them to `out` as a bundle: the
+    ahead-of-time path for a model's kernels, as `gemmgen build --out` is for a recipes file, e.g.
+    `gemmgen.build_bundle(gemmgen.nn.model_launches(model, (1, 16, 4096)), "dist/gemmgen")`.
+    `tuning` (autotune results: a file or a table) ships in the bundle, with every winner it
+    records for the items' recipes built in."""
+    from .bundle import write_bundle
+    from .tuning import TuningTable
+
+    table = TuningTable.load(tuning) if isinstance(tuning, str | Path) else tuning
+    cache = cache or default_cache()
+    kernels = build_many(with_tuned_winners(_pairs(items), table), cache, jobs, quiet)
+    where = write_bundle(kernels, out, cache, tuning=table)
+    if not quiet:
+        print(report_table([k.report for k in kernels]), file=sys.stderr)
+        print(f"gemmgen: wrote a bundle of {len(kernels)} kernel(s) to {where}; use it with "
+              f"GEMMGEN_BUNDLE_PATH={where} or gemmgen.add_bundle()", file=sys.stderr, flush=True)
     return kernels

@@ -170,6 +170,32 @@ def test_a_lazy_compile_says_what_it_compiles_and_how_long_it_took(tmp_path, mon
     assert capsys.readouterr().err == ""
 
 
+def test_build_bundle_ships_kernels_named_in_python_with_their_tuning(compiled, session_cache, examples, tmp_path):
+    """gemmgen.build_bundle, the ahead-of-time path for kernels a program names (a model's
+    `model_launches`): the items, plus the tuning winners of their recipes and of no other, in a
+    bundle that ships the table. (Nothing compiles here: every kernel it should build is cached.)"""
+    from gemmgen import tuning
+    from gemmgen.parallel import with_tuned_winners
+
+    h200 = tuning.Device("NVIDIA H200", "13.0")
+    bias_gelu, gemm, moe = examples["bias_gelu"], examples["gemm_bf16"], examples["moe_up"]
+    other = gg.KernelConfig(tile=(64, 128, 64), schedule=gg.Schedule.PINGPONG)
+    table = tuning.TuningTable()
+    table.put(tuning.entry_key(h200, bias_gelu.key, (512, 4096, 4096, 1)), gemm.default_config(), {})
+    table.put(tuning.entry_key(h200, moe.key, (16, 4096, 4096, 8)), other, {})
+    pairs = [(bias_gelu, bias_gelu.default_config()), (gemm, gemm.default_config())]
+    assert with_tuned_winners(pairs, table) == [*pairs, (bias_gelu, gemm.default_config())]
+    assert with_tuned_winners(pairs, table, [moe]) == [*pairs, (moe, other)]
+    assert with_tuned_winners(pairs, None) == pairs
+    table.entries.pop(next(iter(table.entries)))  # bias_gelu's winner: compiled for gemm_bf16 only
+    out = tmp_path / "bundle"
+    gg.build_bundle([bias_gelu, (gemm, gemm.default_config())], out, tuning=table, cache=session_cache, quiet=True)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(e["recipe"], e["config"]) for e in manifest["kernels"]] == [(r.name, r.default_config().name)
+                                                                         for r in (bias_gelu, gemm)]
+    assert tuning.TuningTable.load(out / "tuning.json").entries == table.entries
+
+
 def test_bundle_for_another_arch_is_refused(tmp_path):
     from gemmgen.bundle import Bundle
 
