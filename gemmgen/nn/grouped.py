@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import dsl
+from .. import dsl, tuning
 from ..dsl import Recipe
 from ..errors import InvalidArgument
 from ..types import as_dtype
@@ -56,12 +56,12 @@ class GroupedLaunches:
     in_features: int
     out_features: int
 
-    def launches(self, rows: int | None = None, device: Any = None) -> tuple[Recipe, Any]:
+    def launches(self, rows: int | None = None, device: tuning.Device | None = None) -> tuple[Recipe, Any]:
         """(recipe, config) of the kernel forward launches for `rows` rows of tokens (all experts'
         together; None: the kernel for groups of many rows): what to build ahead of time, e.g.
         `gg.warmup([experts.launches(), experts.launches(decode_rows)])`. The kernel depends on the
         rows per expert on average (`gemmgen.select.grouped_choice`), never on how they split; with
-        `device` (a gemmgen.tuning.Device), on an autotune result registered for it first."""
+        `device`, on an autotune result registered for it first."""
         from ..integrations.grouped_ops import grouped_config
 
         if rows is None:
