@@ -109,7 +109,7 @@ def _compile_artifact(kernel: GeneratedKernel, key: str) -> Artifact:
     probe = read_layout_probe(result.ptx, kernel.entry, len(kernel.fields))
     check_layout(kernel.entry, kernel.fields, probe, info["params_size"])
     meta: dict[str, Any] = {
-        "entry": kernel.entry, "recipe": kernel.recipe.name, "config": kernel.config.name, "info": info,
+        "entry": kernel.entry, "recipe": kernel.recipe.name, "config": kernel.config.binary().name, "info": info,
         "compile_seconds": round(result.wall_seconds, 3), "phases": {k: round(v, 3) for k, v in result.phases.items()},
         "layout": [[f.name, offset, default] for f, (offset, default) in zip(kernel.fields, probe, strict=True)],
         "epilogue": kernel.epilogue.layout, "registers": None, "local_bytes": None, "stack_bytes": None,

@@ -105,16 +105,19 @@ def write_bundle(kernels: list[CompiledKernel], out: Path | str, cache: KernelCa
     if tuning is not None:
         tuning.save(out / TUNING)
     store = KernelCache(out, ARCH)
-    entries = []
+    entries: dict[str, dict] = {}  # by kernel key: configs differing only in launch arguments share one
     for k in kernels:
         art = cache.get(k.cache_key) if k.origin != "bundle" else find(k.cache_key)
         if art is None:
             raise GemmgenError(f"{k.entry}: not in the cache it was built with; build it again")
         key = source_key(k.generated)
+        if key in entries:
+            continue
         store.put(key, art)
-        entries.append({"recipe": k.recipe.name, "recipe_key": k.recipe.key, "config": k.config.name,
-                        "kernel_key": key, "entry": k.entry})
-    manifest = {"format": _FORMAT, "arch": ARCH, "gemmgen": __version__, "kernels": entries, "shapes": shapes or {}}
+        entries[key] = {"recipe": k.recipe.name, "recipe_key": k.recipe.key, "config": k.config.binary().name,
+                        "kernel_key": key, "entry": k.entry}
+    manifest = {"format": _FORMAT, "arch": ARCH, "gemmgen": __version__, "kernels": list(entries.values()),
+                "shapes": shapes or {}}
     tmp = out / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     os.replace(tmp, out / MANIFEST)

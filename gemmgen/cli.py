@@ -55,7 +55,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         shape_map = {n: [{"shape": list(s), "m_bucket": c.m_bucket, "config": c.config.name} for s, c in rows]
                      for n, rows in chosen.items()}
         out = write_bundle(kernels, args.out, cache, shapes=shape_map, tuning=tuning)
-        print(f"gemmgen: wrote a bundle of {len(kernels)} kernel(s) to {out}; use it with "
+        print(f"gemmgen: wrote a bundle of {len({k.cache_key for k in kernels})} kernel(s) to {out}; use it with "
               f"GEMMGEN_BUNDLE_PATH={out} or gemmgen.add_bundle()", file=sys.stderr)
     print(reports_json(reports) if args.json else report_table(reports))
     return 0

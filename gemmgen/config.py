@@ -8,7 +8,7 @@ prune candidates (`is_valid`).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import ConfigError
 from .ir import RecipeIR
@@ -73,6 +73,11 @@ class KernelConfig:
     and schedule then apply to that problem, whose M is the recipe's N. A small M (decode, a
     few tokens) becomes the tile's N, which WGMMA can make as narrow as 16, instead of a
     64-row tile mostly padded with zeros.
+
+    `splits` (stream-K only) is CUTLASS's split count: above 1, every output tile's K loop is
+    split into that many parts (a split-K decomposition, fewer where K has fewer tiles); 1 lets
+    CUTLASS's heuristic decompose each problem. It is a launch argument, not code: configs that
+    differ only in it share one binary (`binary`).
     """
 
     tile: tuple[int, int, int] = (128, 128, 64)
@@ -81,6 +86,7 @@ class KernelConfig:
     stages: int | None = None
     tile_scheduler: TileScheduler = field(default=TileScheduler.PERSISTENT)
     swap_ab: bool = False
+    splits: int = 1
 
     def __post_init__(self) -> None:
         for what, t in (("tile", self.tile), ("cluster", self.cluster)):
@@ -94,6 +100,9 @@ class KernelConfig:
             raise ConfigError(f"tile_scheduler: expected a gemmgen.TileScheduler, got {self.tile_scheduler!r}")
         if not isinstance(self.swap_ab, bool):
             raise ConfigError(f"swap_ab: expected True or False, got {self.swap_ab!r}")
+        if not isinstance(self.splits, int) or isinstance(self.splits, bool) or self.splits < 1:
+            raise ConfigError(f"splits: expected a positive int (1: CUTLASS's heuristic decomposition), "
+                              f"got {self.splits!r}")
 
     @property
     def name(self) -> str:
@@ -103,21 +112,32 @@ class KernelConfig:
         stages = "auto" if self.stages is None else f"s{self.stages}"
         swap = "_swapab" if self.swap_ab else ""
         stream_k = "_streamk" if self.tile_scheduler is TileScheduler.STREAM_K else ""
-        return f"{tm}x{tn}x{tk}_c{cm}x{cn}x{ck}_{self.schedule.value}_{stages}{swap}{stream_k}"
+        splits = f"_splits{self.splits}" if self.splits > 1 else ""
+        return f"{tm}x{tn}x{tk}_c{cm}x{cn}x{ck}_{self.schedule.value}_{stages}{swap}{stream_k}{splits}"
+
+    def binary(self) -> KernelConfig:
+        """The part of the config the kernel's code depends on (all but `splits`): what is rendered,
+        compiled, cached and bundled."""
+        return replace(self, splits=1) if self.splits > 1 else self
 
     def canonical(self) -> list:
-        """A JSON-able form. `swap_ab` enters only when set, so configs from before it keep their keys."""
+        """A JSON-able form. `swap_ab` and `splits` enter only when set, so configs from before them
+        keep their keys."""
         out = [list(self.tile), list(self.cluster), self.schedule.value, self.stages, self.tile_scheduler.value]
+        if self.splits > 1:
+            return [*out, self.swap_ab, self.splits]
         return [*out, True] if self.swap_ab else out
 
     @classmethod
     def from_canonical(cls, raw: list) -> KernelConfig:
         """The inverse of `canonical`; raises ConfigError (via the constructor) or ValueError/TypeError."""
         tile, cluster, schedule, stages, scheduler, *rest = raw
-        if len(rest) > 1 or rest not in ([], [True]):
+        if not (rest in ([], [True]) or (len(rest) == 2 and isinstance(rest[0], bool) and isinstance(rest[1], int)
+                                         and not isinstance(rest[1], bool) and rest[1] > 1)):
             raise ValueError(f"unexpected trailing fields {rest!r}")
         return cls(tile=tuple(tile), cluster=tuple(cluster), schedule=Schedule(schedule), stages=stages,
-                   tile_scheduler=TileScheduler(scheduler), swap_ab=bool(rest))
+                   tile_scheduler=TileScheduler(scheduler), swap_ab=bool(rest and rest[0]),
+                   splits=rest[1] if len(rest) == 2 else 1)
 
 
 def tile_k(recipe: RecipeIR) -> int:
@@ -178,9 +198,11 @@ def schedule_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 def tile_scheduler_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """CUTLASS's stream-K scheduler runs in its cooperative kernel only (the pingpong kernel
-    static_asserts against it), and a grouped kernel has its own scheduler."""
+    static_asserts against it), and a grouped kernel has its own scheduler; a split count is the
+    stream-K scheduler's argument."""
     if cfg.tile_scheduler is not TileScheduler.STREAM_K:
-        return []
+        return [f"splits {cfg.splits}: a split count is the stream-K scheduler's; use "
+                "tile_scheduler=TileScheduler.STREAM_K, or splits=1"] if cfg.splits > 1 else []
     if recipe.gemm.grouped:
         return ["tile scheduler stream_k: a grouped kernel walks its groups with CUTLASS's group scheduler; "
                 "use TileScheduler.PERSISTENT"]

@@ -154,12 +154,13 @@ def warmup(items: Iterable[Recipe | tuple[Recipe, KernelConfig]], shapes: dict |
 
 def with_tuned_winners(pairs: list[tuple[Recipe, KernelConfig]], tuning: TuningTable | None,
                        recipes: Iterable[Recipe] | None = None) -> list[tuple[Recipe, KernelConfig]]:
-    """`pairs` plus every config `tuning` records as a winner (on any device) for one of `recipes`
-    (default: the pairs' recipes), each once: what a bundle shipping those results must hold."""
+    """`pairs` plus the binary of every config `tuning` records as a winner (on any device) for one
+    of `recipes` (default: the pairs' recipes), each once: what a bundle shipping those results
+    must hold."""
     if tuning is None:
         return pairs
     recipes = list(dict.fromkeys(recipes if recipes is not None else (r for r, _ in pairs)))
-    return list(dict.fromkeys([*pairs, *((r, c) for r in recipes for c in tuning.configs(r.key))]))
+    return list(dict.fromkeys([*pairs, *((r, c.binary()) for r in recipes for c in tuning.configs(r.key))]))
 
 
 def build_bundle(items: Iterable[Recipe | tuple[Recipe, KernelConfig]], out: str | Path,
@@ -179,6 +180,6 @@ def build_bundle(items: Iterable[Recipe | tuple[Recipe, KernelConfig]], out: str
     where = write_bundle(kernels, out, cache, tuning=table)
     if not quiet:
         print(report_table([k.report for k in kernels]), file=sys.stderr)
-        print(f"gemmgen: wrote a bundle of {len(kernels)} kernel(s) to {where}; use it with "
+        print(f"gemmgen: wrote a bundle of {len({k.cache_key for k in kernels})} kernel(s) to {where}; use it with "
               f"GEMMGEN_BUNDLE_PATH={where} or gemmgen.add_bundle()", file=sys.stderr, flush=True)
     return kernels

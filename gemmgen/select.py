@@ -142,6 +142,29 @@ def _stream_k_balance(m: int, n: int, k: int, l: int, cfg: KernelConfig, sm_coun
     return balance, how
 
 
+#: Split counts autotune also times for a stream-K candidate whose tiles fill less than one wave
+#: (`split_variants`): the same binary with another launch argument, so a timing each, no compile.
+SPLITS_TIMED = (2, 4, 8)
+
+
+def split_variants(configs: list[KernelConfig], m: int, n: int, k: int, l: int = 1,  # noqa: E741
+                   sm_count: int = 132) -> list[KernelConfig]:
+    """For each stream-K config among `configs` whose tiles leave SMs idle on this problem (fewer
+    output tiles than CTAs in a wave: a decode step against large weights), the same config with
+    each of SPLITS_TIMED that K's tiles allow, but the count CUTLASS's heuristic already picks:
+    split-K choices the heuristic does not make, for autotune to time."""
+    out = []
+    for c in configs:
+        if c.tile_scheduler is not TileScheduler.STREAM_K or c.splits > 1:
+            continue
+        mm, nn = (n, m) if c.swap_ab else (m, n)
+        k_tiles = -(-max(k, 1) // c.tile[2])
+        d = decompose(max(mm, 1), max(nn, 1), k_tiles, max(l, 1), c.tile, c.cluster, sm_count)
+        if d.output_tiles < d.ctas_per_wave:
+            out += [replace(c, splits=s) for s in SPLITS_TIMED if s <= k_tiles and s != d.splits]
+    return list(dict.fromkeys(out))
+
+
 def candidate_configs(recipe: RecipeIR, m_bucket: int) -> tuple[KernelConfig, ...]:
     """The configs considered for an M bucket, most preferred first, with K steps of 128 bytes. A
     recipe that only a swapped kernel computes (`config.needs_swap`) gets every tile swapped."""

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .config import KernelConfig, is_valid
 from .errors import GemmgenError
-from .select import grouped_candidates, m_bucket, problem_shape, ranked
+from .select import grouped_candidates, m_bucket, problem_shape, ranked, split_variants
 
 if TYPE_CHECKING:
     from .dsl import Recipe
@@ -204,11 +204,13 @@ def config_for(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1,  # noqa: E7
 
 def candidates(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int = 132,  # noqa: E741
                limit: int = DEFAULT_CANDIDATES) -> list[KernelConfig]:
-    """The configs autotune times for a bucket: the heuristic's `limit` best (for a grouped recipe,
-    M the rows of A and L the groups: `select.grouped_candidates`)."""
+    """The configs autotune times for a bucket: the heuristic's `limit` best, then split counts of
+    their stream-K kernels where the tiles leave SMs idle (`select.split_variants`: no more to
+    compile); for a grouped recipe, M the rows of A and L the groups, `select.grouped_candidates`."""
     if recipe.gemm.grouped:
         return grouped_candidates(recipe, m, l)[:limit]
-    return [cfg for _, cfg, _ in ranked(recipe, m, n, k, l, sm_count)[:limit]]
+    best = [cfg for _, cfg, _ in ranked(recipe, m, n, k, l, sm_count)[:limit]]
+    return best + split_variants(best, m, n, k, l, sm_count)
 
 
 def example_call(recipe: Recipe, m: int, n: int, k: int, l: int = 1, device: str = "cuda",  # noqa: E741

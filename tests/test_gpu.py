@@ -293,6 +293,24 @@ def test_stream_k_decompositions(kernels, gen):
     assert {"data-parallel", "split-K", "stream-K"} <= set(kinds), kinds
 
 
+def test_stream_k_split_counts(kernels, gen):
+    """The same binary launched with split counts (KernelConfig.splits: CUTLASS's split-K with
+    that many parts per tile, fewer where K has fewer tiles) against the reference, outputs
+    pre-filled with NaN, and bitwise equal from run to run."""
+    from dataclasses import replace
+
+    recipe, config, _ = next(x for x in kernels if x[0].name == "stream_k")
+    for splits in (2, 5, 64):
+        kernel = recipe.compile(replace(config, splits=splits))  # from the bundle: the heuristic kernel's binary
+        for m, n, k in ((7, 129, 1000), (256, 256, 8192), (300, 1000, 64)):
+            a, b, ops = _inputs(recipe, m, n, k, gen, exact=False)
+            first = _as_tuple(kernel(a, b, out=_nan_outputs(recipe, m, n), **ops))
+            again = _as_tuple(kernel(a, b, **ops))
+            torch.cuda.synchronize()
+            _compare(recipe, first, a, b, ops, exact=False)
+            assert all(torch.equal(x, y) for x, y in zip(first, again, strict=True)), (m, n, k, splits)
+
+
 def test_k_zero_and_empty(kernels):
     for recipe, _config, kernel in kernels:
         g = recipe.ir.gemm

@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -170,7 +171,8 @@ def test_a_lazy_compile_says_what_it_compiles_and_how_long_it_took(tmp_path, mon
     assert capsys.readouterr().err == ""
 
 
-def test_build_bundle_ships_kernels_named_in_python_with_their_tuning(compiled, session_cache, examples, tmp_path):
+def test_build_bundle_ships_kernels_named_in_python_with_their_tuning(compiled, session_cache, examples, extra,
+                                                                     tmp_path):
     """gemmgen.build_bundle, the ahead-of-time path for kernels a program names (a model's
     `model_launches`): the items, plus the tuning winners of their recipes and of no other, in a
     bundle that ships the table. (Nothing compiles here: every kernel it should build is cached.)"""
@@ -189,10 +191,13 @@ def test_build_bundle_ships_kernels_named_in_python_with_their_tuning(compiled, 
     assert with_tuned_winners(pairs, None) == pairs
     table.entries.pop(next(iter(table.entries)))  # bias_gelu's winner: compiled for gemm_bf16 only
     out = tmp_path / "bundle"
-    gg.build_bundle([bias_gelu, (gemm, gemm.default_config())], out, tuning=table, cache=session_cache, quiet=True)
+    stream_k = extra["stream_k"]  # with a split count: the same binary, bundled once
+    split = replace(stream_k.default_config(), splits=4)
+    gg.build_bundle([bias_gelu, (gemm, gemm.default_config()), stream_k, (stream_k, split)], out, tuning=table,
+                    cache=session_cache, quiet=True)
     manifest = json.loads((out / "manifest.json").read_text())
     assert [(e["recipe"], e["config"]) for e in manifest["kernels"]] == [(r.name, r.default_config().name)
-                                                                         for r in (bias_gelu, gemm)]
+                                                                         for r in (bias_gelu, gemm, stream_k)]
     assert tuning.TuningTable.load(out / "tuning.json").entries == table.entries
 
 

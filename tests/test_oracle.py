@@ -227,3 +227,31 @@ def test_stream_k_decompositions_match_cutlass(compiled, oracles, sm_count, max_
     assert kinds == {"data-parallel", "split-K", "stream-K"}
     if sm_count > 16:  # 16 SMs: too few tiles along the rasterized dimension to group
         assert max(groups) > 1, groups
+
+
+@pytest.mark.parametrize("splits", [2, 3, 8, 1000])
+def test_stream_k_split_counts_match_cutlass(compiled, oracles, extra, session_cache, splits):
+    """A split count (KernelConfig.splits, CUTLASS's `splits` argument): the same binary as the
+    heuristic's kernel, and split-K Params, grid and workspace against CUTLASS's host code given
+    that count, including counts it lowers (past the K tiles, past the SMs: 1000) and problems of
+    a single K tile (no split: data-parallel)."""
+    from dataclasses import replace
+
+    from gemmgen.build import build_kernel
+    from gemmgen.runtime.scheduler import decompose
+
+    base = compiled["stream_k"]
+    kernel = build_kernel(extra["stream_k"], replace(base.config, splits=splits), session_cache)
+    assert kernel.cache_key == base.cache_key and kernel.entry == base.entry and kernel.config.splits == splits
+    oracle = OracleProgram(kernel.generated, oracles["stream_k"].exe.parent)
+    assert oracle.exe == oracles["stream_k"].exe  # one oracle serves every split count: an argument
+    tk = kernel.config.tile[2]
+    for sm_count in (132, 16):
+        counts = set()
+        for m, n, k, l in [*STREAM_K_PROBLEMS, (64, 64, 64, 1)]:  # noqa: E741
+            d = decompose(m, n, -(-k // tk), l, kernel.config.tile, kernel.config.cluster, sm_count, 0, splits)
+            assert d.splits == min(splits, sm_count, -(-k // tk))
+            assert d.kind == ("split-K" if d.splits > 1 else "data-parallel")
+            counts.add(d.splits)
+            _check(kernel, oracle, kernel_problem(kernel, m, n, k, l, 0, sm_count=sm_count))
+        assert 1 in counts and min(splits, sm_count) in counts, counts

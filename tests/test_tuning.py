@@ -14,7 +14,7 @@ import torch
 import gemmgen as gg
 from gemmgen import tuning
 from gemmgen.bundle import Bundle
-from gemmgen.select import choose
+from gemmgen.select import choose, split_variants
 
 H200 = tuning.Device("NVIDIA H200", "13.0")
 
@@ -43,13 +43,17 @@ def test_autotune_times_a_bounded_candidate_set_and_keeps_the_fastest(tmp_path):
     table = gg.autotune(recipe, [(300, 4096, 4096), (500, 4096, 4096), (8192, 4096, 4096)], limit=3,
                         timer=_random_timer(seen), device=H200, out=out)
     assert len(table.entries) == 2  # M 300 and 500 share the 512 bucket
-    assert len(seen) == 6 and all(gg.config.is_valid(c, recipe.ir) for c, _ in seen)
+    assert all(gg.config.is_valid(c, recipe.ir) for c, _ in seen)
+    for m in (500, 8192):  # three binaries each (and at M 500 split counts of its stream-K ones)
+        timed = [c for c, p in seen if p[0] == m]
+        assert len({c.binary() for c in timed}) == 3 and len(timed) == len(set(timed))
+        assert timed[3:] == split_variants(timed[:3], m, 4096, 4096)
     for key, entry in table.entries.items():
         gpu, driver, version, recipe_key, shape = key.split("|")
         assert (gpu, driver, version, recipe_key) == (H200.name, H200.driver, gg.__version__, recipe.ir.key)
         assert shape in ("512x4096x4096x1", "8192x4096x4096x1")
         assert entry["name"] == min(entry["timings_us"], key=entry["timings_us"].get)
-        assert len(entry["timings_us"]) == 3
+        assert len(entry["timings_us"]) == len([c for c, p in seen if p[0] == (500 if shape[0] == "5" else 8192)])
     assert json.loads(out.read_text())["entries"] == table.entries
     assert not list(tmp_path.glob(".tuning-*"))  # written through a temporary file and renamed
 
@@ -184,6 +188,38 @@ def test_the_runtime_prefers_the_tuned_config_on_the_device_it_was_measured_on()
     assert tuning.config_for(recipe.ir, 400, 4096, 4096, 1, H200) == slow_for_all_but
     assert tuning.config_for(recipe.ir, 400, 4096, 4096, 1, tuning.Device("NVIDIA H100", "13.0")) == heuristic
     assert tuning.config_for(recipe.ir, 4000, 4096, 4096, 1, H200) == choose(recipe.ir, 4000, 4096, 4096).config
+
+
+def test_autotune_times_split_counts_of_its_stream_k_candidates_at_no_compile(tmp_path):
+    """Where the tiles leave SMs idle (a decode step), each stream-K candidate is also timed with
+    split counts (the same binary: warm-up builds no more kernels); a split count that wins is
+    kept through the JSON file and launched by the runtime. A large problem times no split count."""
+    from gemmgen.select import SPLITS_TIMED
+
+    recipe, seen, warmed = _recipe(), list[tuple](), []
+
+    def split_wins(recipe, config, problem):
+        seen.append((config, problem))
+        return 1.0 if config.splits == 4 else 10.0
+
+    def warmup(items, **kw):
+        warmed.extend(items)
+        return []
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("gemmgen.parallel.warmup", warmup)
+        gg.autotune(recipe, [(16, 4096, 4096), (4096, 4096, 4096)], limit=4, timer=split_wins, device=H200,
+                    out=tmp_path / "t.json")
+    decode = [c for c, p in seen if p[0] == 16]
+    splits = [c for c in decode if c.splits > 1]
+    stream_k = [c for c in decode[:4] if c.tile_scheduler is gg.TileScheduler.STREAM_K]
+    assert stream_k and {c.binary() for c in splits} == set(stream_k)
+    assert {c.splits for c in splits} == set(SPLITS_TIMED)
+    assert {c.binary() for _, c in warmed} == set(decode[:4]) | {c for c, p in seen if p[0] == 4096}
+    assert not [c for c, p in seen if p[0] == 4096 and c.splits > 1]
+    tuning.add_tuning(tmp_path / "t.json")  # the file, as a bundle or GEMMGEN_TUNING_PATH gives it
+    winner = tuning.config_for(recipe.ir, 16, 4096, 4096, 1, H200)
+    assert winner.splits == 4 and winner.binary() in stream_k
 
 
 def test_autotune_rejects_bad_shapes_and_limits_before_timing_anything():

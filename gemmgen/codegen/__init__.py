@@ -179,19 +179,22 @@ def _tma_load(cluster_extent: int) -> str:
 
 
 def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "resolved") -> GeneratedKernel:
+    """The kernel's source for `config`; configs that differ only in launch arguments (`splits`)
+    render the same source, so they share one binary. The GeneratedKernel keeps `config` whole."""
     validate(config, recipe)
-    view = kernel_recipe(config, recipe)
+    code = config.binary()
+    view = kernel_recipe(code, recipe)
     epi = build_epilogue(view)
-    fields = param_fields(view, config, epi)
-    entry = f"gemmgen_{recipe.name}_{kernel_id(recipe, config)}"
+    fields = param_fields(view, code, epi)
+    entry = f"gemmgen_{recipe.name}_{kernel_id(recipe, code)}"
     source = _environment().get_template("kernel.cu.j2").render(
-        version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=config.name, entry=entry,
+        version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=code.name, entry=entry,
         epilogue_layout=epi.layout, info_fields=INFO_FIELDS,
         # a grouped kernel's module also holds the kernel that fills its per-group arrays
         extra_headers=["gemmgen/grouped.hpp"] if recipe.gemm.grouped else [],
         setup_entries=[f"{entry}_groups"] if recipe.gemm.grouped else [],
         param_fields=tuple((f.name, f.lvalue("p"), f.lvalue("d")) for f in fields),
-        **type_context(view, config, epi, collectives))
+        **type_context(view, code, epi, collectives))
     return GeneratedKernel(recipe, config, view, entry, source, epi, fields)
 
 

@@ -1,8 +1,9 @@
 """The tile schedulers' Params, launch grid and workspace, ported from CUTLASS 4.2
 (cutlass/gemm/kernel/tile_scheduler_params.h): the persistent scheduler
 (PersistentTileSchedulerSm90Params), the stream-K one (PersistentTileSchedulerSm90StreamKParams,
-with CUTLASS's default arguments: its heuristic picks data-parallel, split-K or stream-K work per
-problem) and the grouped one (PersistentTileSchedulerSm90GroupParams).
+with CUTLASS's default arguments but the split count: its heuristic picks data-parallel, split-K or
+stream-K work per problem, or a split count above one forces split-K) and the grouped one
+(PersistentTileSchedulerSm90GroupParams).
 
 Checked field by field against CUTLASS's own host code by the oracle tests.
 """
@@ -155,16 +156,23 @@ class Decomposition:
 
 @functools.lru_cache(maxsize=1024)
 def decompose(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, int],  # noqa: E741
-              cluster: tuple[int, int, int], sm_count: int, max_active_clusters: int = 0) -> Decomposition:
+              cluster: tuple[int, int, int], sm_count: int, max_active_clusters: int = 0,
+              splits: int = 1) -> Decomposition:
     """PersistentTileSchedulerSm90StreamKParams::select_decomposition_mode under CUTLASS's default
-    arguments (one split, max swizzle 1, heuristic decomposition): a problem that fills whole
-    waves, or whose tiles have at most MIN_ITERS_PER_SK_UNIT K tiles, runs data-parallel; one whose
-    last wave is less than half full spreads the K iterations of up to its last two waves' tiles
-    over one wave of CTAs, as split-K when the CTAs divide evenly among those tiles."""
+    arguments (max swizzle 1, heuristic decomposition) and the split count `splits`. Above one,
+    every tile is split into that many parts (`adjust_split_count`: at most the SMs and the K
+    tiles). Otherwise CUTLASS's heuristic: a problem that fills whole waves, or whose tiles have at
+    most MIN_ITERS_PER_SK_UNIT K tiles, runs data-parallel; one whose last wave is less than half
+    full spreads the K iterations of up to its last two waves' tiles over one wave of CTAs, as
+    split-K when the CTAs divide evenly among those tiles."""
     f = plan(m, n, l, tile, cluster, sm_count, max_active_clusters).fields
     cm, cn = cluster[0], cluster[1]
     output_tiles = f["scheduler.problem_tiles_m"] * cm * f["scheduler.problem_tiles_n"] * cn * l
     grid = _grid(output_tiles, f["scheduler.raster_order"], cm, cn, sm_count, max_active_clusters, truncate=False)
+    if splits > 1:
+        splits = min(splits, sm_count, k_tiles)
+        return Decomposition(output_tiles, k_tiles, grid, output_tiles if splits > 1 else 0,
+                             output_tiles * splits if splits > 1 else 0, splits)
     ctas_per_wave = grid[0] * grid[1]
     cluster_size = cm * cn
     sk_tiles = _sk_tiles(output_tiles, ctas_per_wave, cluster_size, k_tiles)
@@ -178,7 +186,8 @@ def decompose(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, int], 
 
 @functools.lru_cache(maxsize=1024)
 def stream_k_plan(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, int],  # noqa: E741
-                  cluster: tuple[int, int, int], sm_count: int, max_active_clusters: int = 0) -> SchedulerPlan:
+                  cluster: tuple[int, int, int], sm_count: int, max_active_clusters: int = 0,
+                  splits: int = 1) -> SchedulerPlan:
     """The stream-K scheduler's Params, grid (one full wave, whatever the problem) and workspace
     for `decompose`'s decomposition. Ported from PersistentTileSchedulerSm90StreamKParams
     (initialize, set_params_basic, set_params_stream_k, get_workspace_component_sizes)."""
@@ -186,7 +195,7 @@ def stream_k_plan(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, in
     cm, cn = cluster[0], cluster[1]
     cluster_size = cm * cn
     blocks_mn = f["scheduler.problem_tiles_m"] * cm * f["scheduler.problem_tiles_n"] * cn
-    d = decompose(m, n, k_tiles, l, tile, cluster, sm_count, max_active_clusters)
+    d = decompose(m, n, k_tiles, l, tile, cluster, sm_count, max_active_clusters, splits)
     fields = {k: v for k, v in f.items() if k.split(".")[1] in ("cluster_shape_major", "cluster_shape_minor",
                                                                  "cluster_blk_major", "log_swizzle_size",
                                                                  "raster_order")}

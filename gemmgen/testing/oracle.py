@@ -108,19 +108,24 @@ class OracleProgram:
         # vector reductions keep their partials and tile counters in the workspace, a stream-K
         # scheduler its partial sums and tile barriers
         reductions = any(b.kind in ("row_reduction", "col_reduction") for b in epi.bindings)
-        uses_workspace = reductions or kernel.config.tile_scheduler is TileScheduler.STREAM_K
-        workspace = f"reinterpret_cast<void*>(V[{self.slots.add('workspace')}])" if uses_workspace else "nullptr"
+        stream_k = kernel.config.tile_scheduler is TileScheduler.STREAM_K
+        workspace = f"reinterpret_cast<void*>(V[{self.slots.add('workspace')}])" if reductions or stream_k \
+            else "nullptr"
+        # the stream-K scheduler's split count, an argument (one oracle serves every count)
+        scheduler = [f"args.scheduler.splits = int(V[{self.slots.add('scheduler.splits')}]);"] if stream_k else []
         self._render(kernel, build_dir, mode, "{int(V[0]), int(V[1]), int(V[2]), int(V[3])}", mainloop, epilogue,
-                     workspace, hw, atoms)
+                     workspace, hw, atoms, scheduler)
 
     def _render(self, kernel: GeneratedKernel, build_dir: Path, mode: str, problem: str, mainloop: str,
-                epilogue: str, workspace: str, hw: dict[str, int], atoms: list[tuple[str, str]]) -> None:
+                epilogue: str, workspace: str, hw: dict[str, int], atoms: list[tuple[str, str]],
+                scheduler: list[str] | None = None) -> None:
+        code = kernel.config.binary()
         self.source = _environment().get_template("oracle_host.cu.j2").render(
-            recipe_name=kernel.recipe.name, config_name=kernel.config.name,
+            recipe_name=kernel.recipe.name, config_name=code.name,
             n_slots=len(self.slots.names), n_args=len(self.slots.names) + 1, slot=hw, mode=mode,
             problem_args=problem, mainloop_args=mainloop, epilogue_args=epilogue, workspace=workspace,
-            fields=[(f.name, f.lvalue("p")) for f in kernel.fields], aux_sizes=atoms,
-            **type_context(kernel.kernel_recipe, kernel.config, kernel.epilogue))
+            scheduler_args=scheduler or [], fields=[(f.name, f.lvalue("p")) for f in kernel.fields], aux_sizes=atoms,
+            **type_context(kernel.kernel_recipe, code, kernel.epilogue))
         digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
         self.exe = build_dir / f"oracle-{kernel.recipe.name}-{digest}"
         self._build_dir = build_dir
@@ -213,7 +218,8 @@ class OracleProgram:
     def argv(self, problem: Problem, workspace: int = 0) -> list[str]:
         values: dict[str, int] = {"m": problem.m, "n": problem.n, "k": problem.k, "l": problem.l,
                                   "hw.device_id": problem.device_id, "hw.sm_count": problem.sm_count,
-                                  "hw.max_active_clusters": problem.max_active_clusters, "workspace": workspace}
+                                  "hw.max_active_clusters": problem.max_active_clusters, "workspace": workspace,
+                                  "scheduler.splits": self.kernel.config.splits}
 
         def put(prefix: str, t: TensorArg) -> None:
             values[f"{prefix}.ptr"] = t.ptr

@@ -43,19 +43,23 @@ FP8_BENCH_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (16, 4096, 4096))
 
 
 def bench_configs(recipe: gg.Recipe, m: int, n: int, k: int) -> list[gg.KernelConfig]:
-    """The heuristic's config; for a stream-K pick the same tile under the persistent scheduler;
-    for a swapped pick the best unswapped config."""
+    """The heuristic's config; for a stream-K pick the same tile under the persistent scheduler and
+    the split counts autotune would time (the same binary); for a swapped pick the best unswapped
+    config."""
     from dataclasses import replace
 
-    from gemmgen.select import choose, ranked
+    from gemmgen.select import choose, ranked, split_variants
 
     chosen = choose(recipe.ir, m, n, k).config
     out = [chosen]
     if chosen.tile_scheduler is gg.TileScheduler.STREAM_K:
         out.append(replace(chosen, tile_scheduler=gg.TileScheduler.PERSISTENT))
+        out += split_variants([chosen], m, n, k)
     if chosen.swap_ab:
         out.append(next(c for _, c, _ in ranked(recipe.ir, m, n, k) if not c.swap_ab))
     return out
+
+
 #: tests/test_gpu.py's layout-copy test: bias_silu_residual at this (M, N, K), odd N and an
 #: unpadded residual (the runtime picks the config by shape).
 LAYOUT_PROBLEM = (77, 9, 64)
