@@ -191,7 +191,7 @@ def build_all(jobs: int = 2, bundle: Path | None = None) -> None:
 
         kernels = [recipe.build(config) for recipe, config in gpu_matrix()]
         write_bundle(kernels, bundle, default_cache())
-        print(f"bundle: {len(kernels)} kernels in {bundle}")
+        print(f"bundle: {len({k.cache_key for k in kernels})} kernels in {bundle}")
 
 
 def _build_one(i: int) -> str:
