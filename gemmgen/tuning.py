@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .config import KernelConfig, is_valid
-from .errors import GemmgenError
+from .errors import GemmgenError, InvalidArgument
 from .select import grouped_candidates, m_bucket, problem_shape, ranked, split_variants
 
 if TYPE_CHECKING:
@@ -165,9 +165,16 @@ def _tables() -> list[TuningTable]:
     return _TABLES
 
 
+def _check_device(device: Any) -> None:
+    if not isinstance(device, Device):
+        raise InvalidArgument(f"device: expected a gemmgen.tuning.Device (gemmgen.tuning.Device.current() on the "
+                              f"GPU that will run the kernels), got {device!r}")
+
+
 def tuned_config(recipe: RecipeIR, device: Device, m: int, n: int, k: int, l: int = 1  # noqa: E741
                  ) -> KernelConfig | None:
     """The registered autotune winner for this problem's bucket on this device, if any."""
+    _check_device(device)
     key = entry_key(device, recipe.key, problem_bucket(recipe, m, n, k, l))
     for table in _tables():
         config = table.get(key)
@@ -180,6 +187,7 @@ def tuned_configs(recipe: RecipeIR, device: Device, n: int, k: int, l: int = 1) 
     """Every registered autotune winner for the recipe on `device` at this N, K and L, whatever the
     M bucket: what a layer of these sizes may launch there besides the heuristic's picks (for a
     grouped layer, whose rows per expert only the routing decides)."""
+    _check_device(device)
     head = entry_key(device, recipe.key, (0, n, k, l)).rsplit("|", 1)[0]
     found = []
     for table in _tables():

@@ -171,6 +171,9 @@ def test_model_launches_on_a_device_list_what_its_tuning_results_make_the_runtim
     assert got == [(dense.recipe, dense_tuned), *heuristic[1:], (experts.recipe, experts_tuned)]
     assert dense.launches(300, device=H200) == (dense.recipe, dense_tuned)
     assert gg.nn.model_launches(model, (300,), device=tuning.Device("NVIDIA H100", "13.0")) == heuristic
+    for call in (lambda: gg.nn.model_launches(model, (300,), device="cuda"), lambda: experts.launches(64, "cuda")):
+        with pytest.raises(gg.InvalidArgument, match=r"device: expected a gemmgen.tuning.Device .*got 'cuda'"):
+            call()
 
 
 def test_the_runtime_prefers_the_tuned_config_on_the_device_it_was_measured_on():

@@ -133,10 +133,10 @@ _L2_LINE = 128  # the stream-K workspace's parts are rounded to this
 
 @dataclass(frozen=True)
 class Decomposition:
-    """How the stream-K scheduler shares out a problem's work (its heuristic's outcome): the
-    first `output_tiles - sk_tiles` tiles data-parallel; the K iterations of the last `sk_tiles`
-    over `sk_units` CTAs, as `splits` equal parts per tile (split-K) or unevenly (stream-K,
-    splits == 1). No stream-K tiles: data-parallel."""
+    """How the stream-K scheduler shares out a problem's work (its heuristic's outcome, or the
+    split count it was given): the first `output_tiles - sk_tiles` tiles data-parallel; the K
+    iterations of the last `sk_tiles` over `sk_units` CTAs, as `splits` equal parts per tile
+    (split-K) or unevenly (stream-K, splits == 1). No stream-K tiles: data-parallel."""
 
     output_tiles: int
     k_tiles: int
@@ -169,10 +169,9 @@ def decompose(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, int], 
     cm, cn = cluster[0], cluster[1]
     output_tiles = f["scheduler.problem_tiles_m"] * cm * f["scheduler.problem_tiles_n"] * cn * l
     grid = _grid(output_tiles, f["scheduler.raster_order"], cm, cn, sm_count, max_active_clusters, truncate=False)
+    splits = min(splits, sm_count, k_tiles)  # adjust_split_count; lowered to 1 (one K tile or SM): data-parallel
     if splits > 1:
-        splits = min(splits, sm_count, k_tiles)
-        return Decomposition(output_tiles, k_tiles, grid, output_tiles if splits > 1 else 0,
-                             output_tiles * splits if splits > 1 else 0, splits)
+        return Decomposition(output_tiles, k_tiles, grid, output_tiles, output_tiles * splits, splits)
     ctas_per_wave = grid[0] * grid[1]
     cluster_size = cm * cn
     sk_tiles = _sk_tiles(output_tiles, ctas_per_wave, cluster_size, k_tiles)
