@@ -41,6 +41,7 @@ from .errors import (
     InvalidArgument,
     KernelNotAvailable,
     LayoutMismatch,
+    NotDeterministic,
     RecipeError,
     ToolchainError,
 )
@@ -52,12 +53,12 @@ from .types import ColMajor, DType, Layout, OperandKind, RowMajor, bf16, e4m3, e
 
 __all__ = [
     "DEEPSEEK_BLOCK_SCALE", "OPS", "ColMajor", "ColVector", "CompileError", "ConfigError", "DType", "GemmgenError",
-    "InvalidArgument", "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "OperandKind",
-    "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler", "ToolchainError",
-    "Value", "__version__", "abs", "add_bundle", "amax", "add_tuning", "autotune", "bf16", "build_bundle", "cast",
-    "clamp", "e4m3", "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "max",
-    "maximum", "min", "minimum", "quantize_blockwise", "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum",
-    "tanh", "warmup",
+    "InvalidArgument", "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "NotDeterministic",
+    "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler",
+    "ToolchainError", "Value", "__version__", "abs", "add_bundle", "amax", "add_tuning", "autotune", "bf16",
+    "build_bundle", "cast", "clamp", "e4m3", "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh",
+    "leaky_relu", "max", "maximum", "min", "minimum", "quantize_blockwise", "reduce_max", "reduce_min", "relu",
+    "sigmoid", "silu", "sum", "tanh", "warmup",
 ]
 
 

@@ -50,8 +50,9 @@ class TileScheduler(enum.Enum):
     scheduler; per problem, the host picks data-parallel work when the tiles fill whole waves (or K
     is short), else splits the K loop of the last two waves' tiles over one wave of CTAs (split-K,
     or stream-K when the CTAs do not divide evenly among the tiles), which reduce their fp32
-    partial sums in a workspace in a fixed order. It fills the GPU when there are fewer tiles than
-    SMs (decode: a few tokens, large N and K) and evens out a last wave that is mostly empty.
+    partial sums in a workspace, in a fixed order unless the config says `deterministic=False`.
+    It fills the GPU when there are fewer tiles than SMs (decode: a few tokens, large N and K) and
+    evens out a last wave that is mostly empty.
     """
 
     PERSISTENT = "persistent"
@@ -76,8 +77,11 @@ class KernelConfig:
 
     `splits` (stream-K only) is CUTLASS's split count: above 1, every output tile's K loop is
     split into that many parts (a split-K decomposition, fewer where K has fewer tiles); 1 lets
-    CUTLASS's heuristic decompose each problem. It is a launch argument, not code: configs that
-    differ only in it share one binary (`binary`).
+    CUTLASS's heuristic decompose each problem. `deterministic=False` (stream-K only) lets the CTAs
+    that share a tile add their partial sums into the workspace in whatever order they finish
+    (CUTLASS's ReductionMode::Nondeterministic): no CTA waits for the split before it, but the
+    rounding, so the output's low bits, can change from run to run. Both are launch arguments, not
+    code: configs that differ only in them share one binary (`binary`).
     """
 
     tile: tuple[int, int, int] = (128, 128, 64)
@@ -87,6 +91,7 @@ class KernelConfig:
     tile_scheduler: TileScheduler = field(default=TileScheduler.PERSISTENT)
     swap_ab: bool = False
     splits: int = 1
+    deterministic: bool = True
 
     def __post_init__(self) -> None:
         for what, t in (("tile", self.tile), ("cluster", self.cluster)):
@@ -103,6 +108,8 @@ class KernelConfig:
         if not isinstance(self.splits, int) or isinstance(self.splits, bool) or self.splits < 1:
             raise ConfigError(f"splits: expected a positive int (1: CUTLASS's heuristic decomposition), "
                               f"got {self.splits!r}")
+        if not isinstance(self.deterministic, bool):
+            raise ConfigError(f"deterministic: expected True or False, got {self.deterministic!r}")
 
     @property
     def name(self) -> str:
@@ -113,31 +120,41 @@ class KernelConfig:
         swap = "_swapab" if self.swap_ab else ""
         stream_k = "_streamk" if self.tile_scheduler is TileScheduler.STREAM_K else ""
         splits = f"_splits{self.splits}" if self.splits > 1 else ""
-        return f"{tm}x{tn}x{tk}_c{cm}x{cn}x{ck}_{self.schedule.value}_{stages}{swap}{stream_k}{splits}"
+        nondeterministic = "" if self.deterministic else "_nondet"
+        return (f"{tm}x{tn}x{tk}_c{cm}x{cn}x{ck}_{self.schedule.value}_{stages}{swap}{stream_k}{splits}"
+                f"{nondeterministic}")
 
     def binary(self) -> KernelConfig:
-        """The part of the config the kernel's code depends on (all but `splits`): what is rendered,
-        compiled, cached and bundled."""
-        return replace(self, splits=1) if self.splits > 1 else self
+        """The part of the config the kernel's code depends on (all but the launch arguments `splits`
+        and `deterministic`): what is rendered, compiled, cached and bundled."""
+        launch_only = self.splits > 1 or not self.deterministic
+        return replace(self, splits=1, deterministic=True) if launch_only else self
 
     def canonical(self) -> list:
-        """A JSON-able form. `swap_ab` and `splits` enter only when set, so configs from before them
-        keep their keys."""
+        """A JSON-able form: the code's fields, then `swap_ab`, `splits` and `deterministic` up to the
+        last that is not its default, so configs from before a field keep their keys."""
         out = [list(self.tile), list(self.cluster), self.schedule.value, self.stages, self.tile_scheduler.value]
-        if self.splits > 1:
-            return [*out, self.swap_ab, self.splits]
-        return [*out, True] if self.swap_ab else out
+        optional = [self.swap_ab, self.splits, self.deterministic]
+        while optional and optional[-1] == _OPTIONAL_DEFAULTS[len(optional) - 1]:
+            optional.pop()
+        return [*out, *optional]
 
     @classmethod
     def from_canonical(cls, raw: list) -> KernelConfig:
         """The inverse of `canonical`; raises ConfigError (via the constructor) or ValueError/TypeError."""
         tile, cluster, schedule, stages, scheduler, *rest = raw
-        if not (rest in ([], [True]) or (len(rest) == 2 and isinstance(rest[0], bool) and isinstance(rest[1], int)
-                                         and not isinstance(rest[1], bool) and rest[1] > 1)):
-            raise ValueError(f"unexpected trailing fields {rest!r}")
+        if len(rest) > len(_OPTIONAL_DEFAULTS) or (rest and rest[-1] == _OPTIONAL_DEFAULTS[len(rest) - 1]) or \
+                any(type(x) is not type(d) for x, d in zip(rest, _OPTIONAL_DEFAULTS, strict=False)):
+            raise ValueError(f"unexpected trailing fields {rest!r}: expected up to [swap_ab, splits, deterministic], "
+                             "the last not its default")
+        fields: list = [*rest, *_OPTIONAL_DEFAULTS[len(rest):]]
         return cls(tile=tuple(tile), cluster=tuple(cluster), schedule=Schedule(schedule), stages=stages,
-                   tile_scheduler=TileScheduler(scheduler), swap_ab=bool(rest and rest[0]),
-                   splits=rest[1] if len(rest) == 2 else 1)
+                   tile_scheduler=TileScheduler(scheduler), swap_ab=fields[0], splits=fields[1],
+                   deterministic=fields[2])
+
+
+#: The defaults of KernelConfig's trailing canonical fields: swap_ab, splits, deterministic.
+_OPTIONAL_DEFAULTS = (False, 1, True)
 
 
 def tile_k(recipe: RecipeIR) -> int:
@@ -199,10 +216,14 @@ def schedule_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 def tile_scheduler_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """CUTLASS's stream-K scheduler runs in its cooperative kernel only (the pingpong kernel
     static_asserts against it), and a grouped kernel has its own scheduler; a split count is the
-    stream-K scheduler's argument."""
+    stream-K scheduler's argument, and so is its reduction order."""
     if cfg.tile_scheduler is not TileScheduler.STREAM_K:
-        return [f"splits {cfg.splits}: a split count is the stream-K scheduler's; use "
-                "tile_scheduler=TileScheduler.STREAM_K, or splits=1"] if cfg.splits > 1 else []
+        out = [f"splits {cfg.splits}: a split count is the stream-K scheduler's; use "
+               "tile_scheduler=TileScheduler.STREAM_K, or splits=1"] if cfg.splits > 1 else []
+        if not cfg.deterministic:
+            out.append("deterministic False: only the stream-K scheduler reduces partial sums; use "
+                       "tile_scheduler=TileScheduler.STREAM_K, or deterministic=True")
+        return out
     if recipe.gemm.grouped:
         return ["tile scheduler stream_k: a grouped kernel walks its groups with CUTLASS's group scheduler; "
                 "use TileScheduler.PERSISTENT"]

@@ -40,5 +40,10 @@ class LayoutMismatch(InvalidArgument):
         self.argument = argument
 
 
+class NotDeterministic(GemmgenError, RuntimeError):
+    """A kernel whose output can change from run to run (`KernelConfig(deterministic=False)`) was
+    called while torch.use_deterministic_algorithms(True) is set, as torch's own such ops raise."""
+
+
 class KernelNotAvailable(GemmgenError, RuntimeError):
     """A kernel is in no bundle and not in the cache, and compiling is disabled (GEMMGEN_JIT=0)."""

@@ -44,6 +44,8 @@ def recipe():
      r"tile scheduler stream_k: needs the cooperative schedule.*use Schedule.COOPERATIVE or TileScheduler.PERSISTENT"),
     (KernelConfig(splits=4), r"splits 4: a split count is the stream-K scheduler's; use "
                              r"tile_scheduler=TileScheduler.STREAM_K, or splits=1"),
+    (KernelConfig(deterministic=False), r"deterministic False: only the stream-K scheduler reduces partial sums; "
+                                        r"use tile_scheduler=TileScheduler.STREAM_K, or deterministic=True"),
 ])
 def test_invalid_configs_are_named(recipe, cfg, match):
     assert not is_valid(cfg, recipe)
@@ -59,6 +61,7 @@ def test_invalid_configs_are_named(recipe, cfg, match):
     (dict(tile_scheduler="stream_k"), "tile_scheduler: expected a gemmgen.TileScheduler"),
     (dict(splits=0), r"splits: expected a positive int \(1: CUTLASS's heuristic decomposition\), got 0"),
     (dict(splits=True), "splits: expected a positive int"),
+    (dict(deterministic=0), "deterministic: expected True or False, got 0"),
 ])
 def test_malformed_configs(kwargs, match):
     with pytest.raises(gg.ConfigError, match=match):
@@ -160,6 +163,8 @@ def test_config_names_are_stable():
         "128x128x64_c1x1x1_cooperative_auto_swapab_streamk"
     assert KernelConfig(tile_scheduler=gg.TileScheduler.STREAM_K, splits=4).name == \
         "128x128x64_c1x1x1_cooperative_auto_streamk_splits4"
+    assert KernelConfig(tile_scheduler=gg.TileScheduler.STREAM_K, deterministic=False).name == \
+        "128x128x64_c1x1x1_cooperative_auto_streamk_nondet"
 
 
 def test_swap_ab_is_a_config_of_the_transposed_recipe(recipe):
@@ -180,24 +185,30 @@ def test_swap_ab_is_a_config_of_the_transposed_recipe(recipe):
 def test_canonical_round_trips_and_keeps_old_keys():
     stream_k = KernelConfig(tile_scheduler=gg.TileScheduler.STREAM_K)
     for cfg in (KernelConfig(), KernelConfig(tile=(64, 32, 64), schedule=PING, stages=5, swap_ab=True),
-                stream_k, replace(stream_k, splits=3), replace(stream_k, splits=2, swap_ab=True)):
+                stream_k, replace(stream_k, splits=3), replace(stream_k, splits=2, swap_ab=True),
+                replace(stream_k, deterministic=False), replace(stream_k, splits=4, deterministic=False)):
         assert KernelConfig.from_canonical(cfg.canonical()) == cfg
     assert KernelConfig().canonical() == [[128, 128, 64], [1, 1, 1], "cooperative", None, "persistent"]
     assert replace(stream_k, swap_ab=True).canonical()[5:] == [True]
-    for rest in (["x"], [True, 1], [False, True], [True, 4, 1]):
+    assert replace(stream_k, splits=3).canonical()[5:] == [False, 3]  # as before `deterministic`
+    assert replace(stream_k, deterministic=False).canonical()[5:] == [False, 1, False]
+    for rest in (["x"], [True, 1], [False, True], [True, 4, 1], [False, 2, True], [False, 1, 0],
+                 [False, 2, False, 1]):
         with pytest.raises(ValueError, match="trailing"):
             KernelConfig.from_canonical([[128, 128, 64], [1, 1, 1], "cooperative", None, "stream_k", *rest])
 
 
 def test_a_split_count_is_a_launch_argument_not_a_new_binary(recipe):
-    """Configs that differ only in `splits` render the same source (same entry, same cache key):
-    one compile serves every split count; the GeneratedKernel keeps the count for the launch."""
+    """Configs that differ only in `splits` or `deterministic` render the same source (same entry,
+    same cache key): one compile serves every split count and reduction order; the GeneratedKernel
+    keeps them for the launch."""
     from gemmgen.build import cache_key
     from gemmgen.codegen import render_kernel
 
     heuristic = KernelConfig(tile_scheduler=gg.TileScheduler.STREAM_K)
-    split = replace(heuristic, splits=4)
+    split = replace(heuristic, splits=4, deterministic=False)
     assert split.binary() == heuristic and heuristic.binary() is heuristic
+    assert replace(heuristic, deterministic=False).binary() == heuristic
     one, four = render_kernel(recipe, heuristic), render_kernel(recipe, split)
     assert (four.source, four.entry, cache_key(four)) == (one.source, one.entry, cache_key(one))
     assert four.config == split

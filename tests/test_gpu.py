@@ -311,6 +311,30 @@ def test_stream_k_split_counts(kernels, gen):
             assert all(torch.equal(x, y) for x, y in zip(first, again, strict=True)), (m, n, k, splits)
 
 
+
+def test_stream_k_nondeterministic_reduction(kernels, gen):
+    """`deterministic=False` (the same binary, CUTLASS's Nondeterministic reduction: split tiles' CTAs
+    add their partial sums atomically, in the order they finish) under the heuristic's stream-K and
+    split-K decompositions and a split count, against the reference, outputs pre-filled with NaN;
+    refused under torch.use_deterministic_algorithms(True)."""
+    from dataclasses import replace
+
+    recipe, config, _ = next(x for x in kernels if x[0].name == "stream_k")
+    for splits in (1, 5):
+        kernel = recipe.compile(replace(config, splits=splits, deterministic=False))
+        for m, n, k in ((256, 256, 8192), (129, 1000, 4097), (200, 100, 40000)):
+            a, b, ops = _inputs(recipe, m, n, k, gen, exact=False)
+            got = _as_tuple(kernel(a, b, out=_nan_outputs(recipe, m, n), **ops))
+            torch.cuda.synchronize()
+            _compare(recipe, got, a, b, ops, exact=False)
+        mode = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+        try:
+            torch.use_deterministic_algorithms(True)
+            with pytest.raises(gg.NotDeterministic):
+                kernel(a, b, **ops)
+        finally:
+            torch.use_deterministic_algorithms(mode[0], warn_only=mode[1])
+
 def test_k_zero_and_empty(kernels):
     for recipe, _config, kernel in kernels:
         g = recipe.ir.gemm

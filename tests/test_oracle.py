@@ -255,3 +255,28 @@ def test_stream_k_split_counts_match_cutlass(compiled, oracles, extra, session_c
             counts.add(d.splits)
             _check(kernel, oracle, kernel_problem(kernel, m, n, k, l, 0, sm_count=sm_count))
         assert 1 in counts and min(splits, sm_count) in counts, counts
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_nondeterministic_reduction_matches_cutlass(compiled, oracles, extra, session_cache, splits):
+    """`deterministic=False` (CUTLASS's ReductionMode::Nondeterministic, a launch argument): the same
+    binary, and Params, grid and workspace against CUTLASS's host code given that mode, under the
+    heuristic's decompositions and a split count; the mode is the only field that changes."""
+    from dataclasses import replace
+
+    from gemmgen.build import build_kernel
+    from gemmgen.runtime.scheduler import stream_k_plan
+
+    base = compiled["stream_k"]
+    kernel = build_kernel(extra["stream_k"], replace(base.config, splits=splits, deterministic=False), session_cache)
+    assert kernel.cache_key == base.cache_key and not kernel.config.deterministic
+    oracle = OracleProgram(kernel.generated, oracles["stream_k"].exe.parent)
+    assert oracle.exe == oracles["stream_k"].exe
+    for m, n, k, l in STREAM_K_PROBLEMS:  # noqa: E741
+        shape = (m, n, -(-k // kernel.config.tile[2]), l, kernel.config.tile, kernel.config.cluster, 132, 0, splits)
+        nondeterministic, deterministic = stream_k_plan(*shape, deterministic=False), stream_k_plan(*shape)
+        assert nondeterministic.fields["scheduler.reduction_mode"] == 1
+        assert deterministic.fields["scheduler.reduction_mode"] == 0
+        assert nondeterministic.grid == deterministic.grid
+        assert {**nondeterministic.fields, "scheduler.reduction_mode": 0} == deterministic.fields
+        _check(kernel, oracle, kernel_problem(kernel, m, n, k, l, 0))

@@ -592,6 +592,44 @@ def test_stream_k_workspace_and_grid(compiled):
         assert pointer == prep.workspace.data_ptr() + rows
 
 
+
+def test_a_nondeterministic_reduction_is_a_launch_argument_torch_determinism_refuses(compiled, extra, session_cache):
+    """`deterministic=False`: the same binary, CUTLASS's Nondeterministic mode in the Params (the only
+    byte that changes); under torch.use_deterministic_algorithms(True) the call raises before any
+    launch (or warns, with warn_only=True), as torch's own nondeterministic ops do."""
+    from dataclasses import replace
+
+    from gemmgen.build import build_kernel
+    from gemmgen.codegen.params import KIND_SIZE
+
+    ck = compiled["stream_k"]
+    nondeterministic = build_kernel(extra["stream_k"], replace(ck.config, deterministic=False), session_cache)
+    assert nondeterministic.cache_key == ck.cache_key
+    fields = {f.name: (offset, offset + KIND_SIZE[f.kind]) for f, offset, _ in ck.params_layout.fields}
+    a, b, ops = _fresh_args(ck.recipe, 256, 256, 8192, (2,))  # split-K: every tile's partials reduced
+    k, nk = _cpu_kernel(ck), _cpu_kernel(nondeterministic)
+    mine = k.prepare(a, b, **ops)
+    theirs = nk.prepare(a, b, out=tuple(mine.outputs), **ops)  # the same outputs: their maps and pointers
+    differ = {name for name, (start, end) in fields.items() if mine.params[start:end] != theirs.params[start:end]}
+    at = fields["scheduler.reduction_mode"][0]
+    assert (mine.params[at], theirs.params[at]) == (0, 1)
+    workspace = {name for name, (start, end) in fields.items()  # this call's workspace pointers
+                 if 0 <= int.from_bytes(theirs.params[start:end], "little") - theirs.workspace.data_ptr()
+                 < theirs.workspace.numel()}
+    assert differ - workspace == {"scheduler.reduction_mode"}, differ
+    deterministic_mode = torch.are_deterministic_algorithms_enabled(), \
+        torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert k.prepare(a, b, **ops).params[at] == 0  # a deterministic kernel runs as before
+        with pytest.raises(gg.NotDeterministic, match=r"_nondet.*deterministic=True \(the default\)"):
+            nk.prepare(a, b, **ops)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match=r"in no fixed order"):
+            assert nk.prepare(a, b, **ops).params[at] == 1
+    finally:
+        torch.use_deterministic_algorithms(deterministic_mode[0], warn_only=deterministic_mode[1])
+
 def test_vector_reductions_of_empty_problems_behave_like_torch(compiled):
     """Nothing to reduce gives the identity, 0 (torch's sum; its amax refuses, the fp8 recipes'
     convention is 0); K = 0 reduces the epilogue of a zero accumulator."""

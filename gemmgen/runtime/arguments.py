@@ -82,7 +82,8 @@ class ArgumentBuilder:
                            for o in epi.outputs[1:] if o.dim is not None and o.reduce is not None]
         self.kernel_workspace = config.schedule is Schedule.COOPERATIVE  # only its Params keep the pointer
         self.stream_k = config.tile_scheduler is TileScheduler.STREAM_K
-        self.splits = config.splits  # the stream-K scheduler's split count: a launch argument
+        self.splits = config.splits  # the stream-K scheduler's split count and reduction order:
+        self.deterministic = config.deterministic  # launch arguments
         self.d = ("epilogue.tma_d", "d", tma.epilogue_template(recipe, config, recipe.gemm.d))
         # per output index (0 is D): the field written per call and the tensor map's template, or
         # None for a reduction's pointer
@@ -134,7 +135,7 @@ class ArgumentBuilder:
     def _scheduler(self, p: Problem) -> scheduler.SchedulerPlan:
         if self.stream_k:
             return scheduler.stream_k_plan(p.m, p.n, -(-p.k // self.tile[2]), p.l, self.tile, self.cluster,
-                                           p.sm_count, p.max_active_clusters, self.splits)
+                                           p.sm_count, p.max_active_clusters, self.splits, self.deterministic)
         return scheduler.plan(p.m, p.n, p.l, self.tile, self.cluster, p.sm_count, p.max_active_clusters)
 
     def workspace(self, p: Problem) -> Workspace:

@@ -21,13 +21,14 @@ holds everything the values cached under it derive from, so a hit cannot serve s
 from __future__ import annotations
 
 import struct
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from ..errors import InvalidArgument, LayoutMismatch
+from ..errors import InvalidArgument, LayoutMismatch, NotDeterministic
 from . import driver
 from .arguments import ArgumentBuilder, ParamsWriter, TensorMapEncoder
 from .checks import (
@@ -123,6 +124,7 @@ class Kernel:
         self._writer = ParamsWriter(compiled.params_layout)
         self._builder = ArgumentBuilder(compiled.generated.kernel_recipe, self._config)
         self._swap = self._config.swap_ab  # the kernel computes D^T = B^T A^T on the same memory
+        self._nondeterministic = not self._config.deterministic
         self._on_driver = encoder is None  # the driver encodes, so the thread needs a context
         self._encode = encoder or MemoEncoder(driver.encode_tensor_map)
         self._hardware = hardware or self._device_hardware
@@ -161,6 +163,8 @@ class Kernel:
 
     def _prepare(self, a: Any, b: Any, args: tuple, out: Any, operands: dict) -> tuple:
         """`prepare` as a plain tuple, with the operands as passed (the call path's hot loop)."""
+        if self._nondeterministic and torch.are_deterministic_algorithms_enabled():
+            self._alert_nondeterministic()
         if self._on_driver and not driver.THREAD.has_context:
             self._bind_context(a)
         names = self._names
@@ -196,6 +200,17 @@ class Kernel:
             for start, end in plan.workspace_zeroed:
                 workspace[start:end].zero_()
         return outputs, self._params(plan, targs, workspace.data_ptr()), plan.grid, plan.device_index, workspace
+
+    def _alert_nondeterministic(self) -> None:
+        """As torch's nondeterministic ops do under torch.use_deterministic_algorithms(True): raise,
+        or warn with warn_only=True."""
+        message = (f"{self!r} adds split tiles' partial sums in no fixed order (deterministic=False), so its "
+                   "output can change from run to run, and torch.use_deterministic_algorithms(True) is set; "
+                   "use a config with deterministic=True (the default), or turn deterministic algorithms off")
+        if torch.is_deterministic_algorithms_warn_only_enabled():
+            warnings.warn(message, stacklevel=4)
+        else:
+            raise NotDeterministic(message)
 
     def _named(self, args: tuple, operands: dict) -> dict[str, Any]:
         """The operands by name, however they were passed."""

@@ -1,8 +1,9 @@
 """The tile schedulers' Params, launch grid and workspace, ported from CUTLASS 4.2
 (cutlass/gemm/kernel/tile_scheduler_params.h): the persistent scheduler
 (PersistentTileSchedulerSm90Params), the stream-K one (PersistentTileSchedulerSm90StreamKParams,
-with CUTLASS's default arguments but the split count: its heuristic picks data-parallel, split-K or
-stream-K work per problem, or a split count above one forces split-K) and the grouped one
+with CUTLASS's default arguments but the split count and the reduction mode: its heuristic picks
+data-parallel, split-K or stream-K work per problem, or a split count above one forces split-K)
+and the grouped one
 (PersistentTileSchedulerSm90GroupParams).
 
 Checked field by field against CUTLASS's own host code by the oracle tests.
@@ -186,9 +187,10 @@ def decompose(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, int], 
 @functools.lru_cache(maxsize=1024)
 def stream_k_plan(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, int],  # noqa: E741
                   cluster: tuple[int, int, int], sm_count: int, max_active_clusters: int = 0,
-                  splits: int = 1) -> SchedulerPlan:
+                  splits: int = 1, deterministic: bool = True) -> SchedulerPlan:
     """The stream-K scheduler's Params, grid (one full wave, whatever the problem) and workspace
-    for `decompose`'s decomposition. Ported from PersistentTileSchedulerSm90StreamKParams
+    for `decompose`'s decomposition; `deterministic=False` is ReductionMode::Nondeterministic, which
+    changes no other field. Ported from PersistentTileSchedulerSm90StreamKParams
     (initialize, set_params_basic, set_params_stream_k, get_workspace_component_sizes)."""
     f = plan(m, n, l, tile, cluster, sm_count, max_active_clusters).fields  # the underlying scheduler's
     cm, cn = cluster[0], cluster[1]
@@ -231,7 +233,7 @@ def stream_k_plan(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, in
                        "scheduler.big_groups": d.sk_tiles // cluster_size % groups, "scheduler.sk_tiles": d.sk_tiles,
                        "scheduler.sk_units": d.sk_units})
         workspace_tiles = d.sk_tiles
-    fields.update({"scheduler.reduction_mode": 0, "scheduler.separate_reduction_units": 0,
+    fields.update({"scheduler.reduction_mode": int(not deterministic), "scheduler.separate_reduction_units": 0,
                    "scheduler.ktile_start_alignment_count": 1})
     reduction = _round_up(workspace_tiles * tile[0] * tile[1] * 4, _L2_LINE)  # fp32 accumulators
     barriers = _round_up(workspace_tiles * MMA_WARP_GROUPS * 4, _L2_LINE)  # one int per warpgroup

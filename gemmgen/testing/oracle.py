@@ -111,8 +111,10 @@ class OracleProgram:
         stream_k = kernel.config.tile_scheduler is TileScheduler.STREAM_K
         workspace = f"reinterpret_cast<void*>(V[{self.slots.add('workspace')}])" if reductions or stream_k \
             else "nullptr"
-        # the stream-K scheduler's split count, an argument (one oracle serves every count)
-        scheduler = [f"args.scheduler.splits = int(V[{self.slots.add('scheduler.splits')}]);"] if stream_k else []
+        # the stream-K scheduler's split count and reduction mode, arguments (one oracle serves all)
+        scheduler = [f"args.scheduler.splits = int(V[{self.slots.add('scheduler.splits')}]);",
+                     "args.scheduler.reduction_mode = decltype(args.scheduler.reduction_mode)("
+                     f"int(V[{self.slots.add('scheduler.reduction_mode')}]));"] if stream_k else []
         self._render(kernel, build_dir, mode, "{int(V[0]), int(V[1]), int(V[2]), int(V[3])}", mainloop, epilogue,
                      workspace, hw, atoms, scheduler)
 
@@ -219,7 +221,8 @@ class OracleProgram:
         values: dict[str, int] = {"m": problem.m, "n": problem.n, "k": problem.k, "l": problem.l,
                                   "hw.device_id": problem.device_id, "hw.sm_count": problem.sm_count,
                                   "hw.max_active_clusters": problem.max_active_clusters, "workspace": workspace,
-                                  "scheduler.splits": self.kernel.config.splits}
+                                  "scheduler.splits": self.kernel.config.splits,
+                                  "scheduler.reduction_mode": int(not self.kernel.config.deterministic)}
 
         def put(prefix: str, t: TensorArg) -> None:
             values[f"{prefix}.ptr"] = t.ptr

@@ -43,9 +43,9 @@ FP8_BENCH_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (16, 4096, 4096))
 
 
 def bench_configs(recipe: gg.Recipe, m: int, n: int, k: int) -> list[gg.KernelConfig]:
-    """The heuristic's config; for a stream-K pick the same tile under the persistent scheduler and
-    the split counts autotune would time (the same binary); for a swapped pick the best unswapped
-    config."""
+    """The heuristic's config; for a stream-K pick the same tile under the persistent scheduler, the
+    split counts autotune would time and each of these stream-K configs with the nondeterministic
+    reduction (all the same binary); for a swapped pick the best unswapped config."""
     from dataclasses import replace
 
     from gemmgen.select import choose, ranked, split_variants
@@ -54,7 +54,8 @@ def bench_configs(recipe: gg.Recipe, m: int, n: int, k: int) -> list[gg.KernelCo
     out = [chosen]
     if chosen.tile_scheduler is gg.TileScheduler.STREAM_K:
         out.append(replace(chosen, tile_scheduler=gg.TileScheduler.PERSISTENT))
-        out += split_variants([chosen], m, n, k)
+        stream_k = [chosen, *split_variants([chosen], m, n, k)]
+        out += stream_k[1:] + [replace(c, deterministic=False) for c in stream_k]
     if chosen.swap_ab:
         out.append(next(c for _, c, _ in ranked(recipe.ir, m, n, k) if not c.swap_ab))
     return out
