@@ -311,7 +311,6 @@ def test_stream_k_split_counts(kernels, gen):
             assert all(torch.equal(x, y) for x, y in zip(first, again, strict=True)), (m, n, k, splits)
 
 
-
 def test_stream_k_nondeterministic_reduction(kernels, gen):
     """`deterministic=False` (the same binary, CUTLASS's Nondeterministic reduction: split tiles' CTAs
     add their partial sums atomically, in the order they finish) under the heuristic's stream-K and
@@ -334,6 +333,7 @@ def test_stream_k_nondeterministic_reduction(kernels, gen):
                 kernel(a, b, **ops)
         finally:
             torch.use_deterministic_algorithms(mode[0], warn_only=mode[1])
+
 
 def test_k_zero_and_empty(kernels):
     for recipe, _config, kernel in kernels:

@@ -179,8 +179,9 @@ def _tma_load(cluster_extent: int) -> str:
 
 
 def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "resolved") -> GeneratedKernel:
-    """The kernel's source for `config`; configs that differ only in launch arguments (`splits`)
-    render the same source, so they share one binary. The GeneratedKernel keeps `config` whole."""
+    """The kernel's source for `config`; configs that differ only in launch arguments (`splits`,
+    `deterministic`) render the same source, so they share one binary. The GeneratedKernel keeps
+    `config` whole."""
     validate(config, recipe)
     code = config.binary()
     view = kernel_recipe(code, recipe)

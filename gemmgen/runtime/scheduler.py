@@ -3,8 +3,7 @@
 (PersistentTileSchedulerSm90Params), the stream-K one (PersistentTileSchedulerSm90StreamKParams,
 with CUTLASS's default arguments but the split count and the reduction mode: its heuristic picks
 data-parallel, split-K or stream-K work per problem, or a split count above one forces split-K)
-and the grouped one
-(PersistentTileSchedulerSm90GroupParams).
+and the grouped one (PersistentTileSchedulerSm90GroupParams).
 
 Checked field by field against CUTLASS's own host code by the oracle tests.
 """
