@@ -1,9 +1,19 @@
-"""gemmgen: fused GEMM kernels for Hopper, declared in Python, emitted as CUTLASS 3.x, compiled by NVRTC."""
+"""gemmgen: fused GEMM kernels for Hopper, declared in Python, emitted as CUTLASS 3.x, compiled by NVRTC.
 
-from typing import Any
+The layers, bottom up: `ir` (the epilogue IR and its op table), `config` (kernel configs),
+`codegen` (per architecture), `compile` (NVRTC, cache, bundles), `runtime` (calling kernels from
+torch), `dsl` (`Recipe`), `tuning` (which config a call launches), `aot` (warm-up, bundles),
+and the integrations: `integrations` (torch ops), `nn` (modules), `cli`.
+
+Importing gemmgen imports no torch: the torch integration (`gemmgen.op`, `gemmgen.nn`,
+`gemmgen.quantize_blockwise`) loads when first used.
+"""
+
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .bundle import add_bundle
+from .aot import add_bundle, build_bundle, warmup
+from .compile import CompiledKernel
 from .config import KernelConfig, Schedule, TileScheduler
 from .dsl import (
     DEEPSEEK_BLOCK_SCALE,
@@ -46,33 +56,40 @@ from .errors import (
     ToolchainError,
 )
 from .errors import UnknownOpError as _UnknownOpError
-from .parallel import build_bundle, warmup
-from .quantize import quantize_blockwise
 from .tuning import add_tuning, autotune
 from .types import ColMajor, DType, Layout, OperandKind, RowMajor, bf16, e4m3, e5m2, f16, f32, fp16, fp32
 
+if TYPE_CHECKING:  # loaded on first use by __getattr__: they import torch
+    from . import nn
+    from .integrations.ops import op
+    from .runtime.grouped import GroupedKernel
+    from .runtime.kernel import Kernel
+    from .runtime.quantize import quantize_blockwise
+
 __all__ = [
-    "DEEPSEEK_BLOCK_SCALE", "OPS", "ColMajor", "ColVector", "CompileError", "ConfigError", "DType", "GemmgenError",
-    "InvalidArgument", "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "NotDeterministic",
-    "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler",
-    "ToolchainError", "Value", "__version__", "abs", "add_bundle", "amax", "add_tuning", "autotune", "bf16",
-    "build_bundle", "cast", "clamp", "e4m3", "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh",
-    "leaky_relu", "max", "maximum", "min", "minimum", "quantize_blockwise", "reduce_max", "reduce_min", "relu",
-    "sigmoid", "silu", "sum", "tanh", "warmup",
+    "DEEPSEEK_BLOCK_SCALE", "OPS", "ColMajor", "ColVector", "CompileError", "CompiledKernel", "ConfigError", "DType",
+    "GemmgenError", "GroupedKernel", "InvalidArgument", "Kernel", "KernelConfig", "KernelNotAvailable", "Layout",
+    "LayoutMismatch", "Matrix", "NotDeterministic", "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector",
+    "Scalar", "Schedule", "TileScheduler", "ToolchainError", "Value", "__version__", "abs", "add_bundle",
+    "add_tuning", "amax", "autotune", "bf16", "build_bundle", "cast", "clamp", "e4m3", "e5m2", "exp", "f16", "f32",
+    "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum", "min", "minimum", "nn", "op",
+    "quantize_blockwise", "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum", "tanh", "warmup",
 ]
+
+_LAZY = {"nn": ("gemmgen.nn", None), "op": ("gemmgen.integrations.ops", "op"),
+         "Kernel": ("gemmgen.runtime.kernel", "Kernel"), "GroupedKernel": ("gemmgen.runtime.grouped", "GroupedKernel"),
+         "quantize_blockwise": ("gemmgen.runtime.quantize", "quantize_blockwise")}
 
 
 def __getattr__(name: str) -> Any:
-    """`gemmgen.nn` and `gemmgen.op` load torch integration lazily; `gg.softplus` and friends name
-    the op that does not exist and list the ones that do."""
-    if name == "nn":
+    """The torch integration, loaded lazily; `gg.softplus` and friends name the op that does not
+    exist and list the ones that do."""
+    if name in _LAZY:
         import importlib
 
-        return importlib.import_module(".nn", __name__)
-    if name == "op":
-        from .integrations.ops import op
-
-        return op
+        module, attr = _LAZY[name]
+        loaded = importlib.import_module(module)
+        return loaded if attr is None else getattr(loaded, attr)
     if name.startswith("_"):
         raise AttributeError(name)
     raise _UnknownOpError(f"gemmgen has no op or name {name!r}; epilogue ops are: {', '.join(OPS)}")

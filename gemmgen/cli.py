@@ -6,15 +6,19 @@ import argparse
 import sys
 from pathlib import Path
 
-from .build import report_table, reports_json
-from .bundle import write_bundle
-from .compile.cache import KernelCache
-from .compile.toolchain import ARCH
+from .aot import build, load_recipes, pairs_of, with_tuned_winners, write_bundle
+from .compile import KernelCache, report_table, reports_json
+from .config import ARCH
 from .errors import GemmgenError
-from .parallel import build_many, with_tuned_winners
-from .recipes_file import load_recipes
-from .select import choose, configs_for_shapes, load_shapes, problem_shape
-from .tuning import DEFAULT_CANDIDATES, TuningTable, autotune
+from .tuning import (
+    DEFAULT_CANDIDATES,
+    TuningTable,
+    autotune,
+    choose_launch,
+    launches_for_shapes,
+    load_shapes,
+    problem_shape,
+)
 
 
 def _cache(args: argparse.Namespace) -> KernelCache:
@@ -42,18 +46,18 @@ def cmd_build(args: argparse.Namespace) -> int:
         shapes = load_shapes(args.shapes)
         if args.recipe is not None:
             shapes = {name: rows for name, rows in shapes.items() if name == args.recipe}
-        chosen = configs_for_shapes(recipes, shapes)
+        chosen = launches_for_shapes(recipes, shapes)
         by_name = {r.name: r for r in recipes.values()}
-        pairs = list(dict.fromkeys((by_name[n], c.config) for n, rows in chosen.items() for _, c in rows))
+        pairs = list(dict.fromkeys((by_name[n], launch.config) for n, rows in chosen.items() for _, launch in rows))
     else:
-        chosen, pairs = {}, [(r, r.default_config()) for r in recipes.values()]
+        chosen, pairs = {}, pairs_of(recipes.values())
     tuning = TuningTable.load(args.tuning) if args.tuning else None
     pairs = with_tuned_winners(pairs, tuning, recipes.values())  # the bundle holds every winner of the file's recipes
-    kernels = build_many(pairs, cache, jobs=args.jobs)
+    kernels = build(pairs, cache, jobs=args.jobs)
     reports = [k.report for k in kernels]
     if args.out:
-        shape_map = {n: [{"shape": list(s), "m_bucket": c.m_bucket, "config": c.config.name} for s, c in rows]
-                     for n, rows in chosen.items()}
+        shape_map = {n: [{"shape": list(s), "m_bucket": launch.bucket[0], "config": launch.config.name}
+                         for s, launch in rows] for n, rows in chosen.items()}
         out = write_bundle(kernels, args.out, cache, shapes=shape_map, tuning=tuning)
         print(f"gemmgen: wrote a bundle of {len({k.cache_key for k in kernels})} kernel(s) to {out}; use it with "
               f"GEMMGEN_BUNDLE_PATH={out} or gemmgen.add_bundle()", file=sys.stderr)
@@ -81,13 +85,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     m, n, k, l = problem_shape(args.shape, "--shape")  # noqa: E741
     for recipe in _recipes(args).values():
         g = recipe.ir.gemm  # L: the batch of a batched recipe, the groups of a grouped one
-        choice = choose(recipe.ir, m, n, k, l if g.batched or g.grouped else 1, sm_count=args.sm_count)
-        print(f"{recipe.name}: {choice.why}")
+        launch = choose_launch(recipe, m, n, k, l if g.batched or g.grouped else 1, sm_count=args.sm_count)
+        print(f"{recipe.name}: {launch.config.name} ({launch.source.value}): {launch.why}")
     return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    reports = [k.report for k in build_many(_recipes(args).values(), _cache(args), args.jobs, quiet=args.json)]
+    reports = [k.report for k in build(pairs_of(_recipes(args).values()), _cache(args), args.jobs, quiet=args.json)]
     print(reports_json(reports) if args.json else report_table(reports))
     return 0
 

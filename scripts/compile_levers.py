@@ -25,11 +25,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gemmgen.aot import load_recipes
 from gemmgen.codegen import render_kernel
 from gemmgen.compile.cubin import SASS_MARKERS, resource_usage, sass_counts
 from gemmgen.compile.nvrtc import compile_cubin
-from gemmgen.compile.toolchain import ARCH, toolchain
-from gemmgen.recipes_file import load_recipes
+from gemmgen.compile.toolchain import toolchain
+from gemmgen.config import ARCH
 
 ROOT = Path(__file__).resolve().parent.parent
 

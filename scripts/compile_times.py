@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 from gemmgen import __version__
-from gemmgen.build import build_kernel, cache_key
+from gemmgen.aot import load_recipes
 from gemmgen.codegen import render_kernel
+from gemmgen.compile import build_kernel, cache_key
 from gemmgen.compile.cache import KernelCache
 from gemmgen.compile.toolchain import toolchain
-from gemmgen.recipes_file import load_recipes
 
 
 def _median_ms(fn, n: int = 20) -> float:
@@ -53,7 +53,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         for recipe in recipes.values():
             cfg = recipe.default_config()
-            rep = build_kernel(recipe, cfg, KernelCache(root)).report
+            rep = build_kernel(recipe.ir, cfg, KernelCache(root)).report
             key = cache_key(render_kernel(recipe.ir, cfg))
             disk = _median_ms(lambda: KernelCache(root).get(key))  # noqa: B023
             mem_cache = KernelCache(root)

@@ -123,7 +123,7 @@ STATS_BASELINES = {"matmul+add+row stats": _matmul_then_stats, "matmul alone": _
 def _stats_table(recipe, shapes, reps: int) -> None:
     """`_table` for a recipe with row reductions: every output checked (a sum within the bound of its
     summation order), then timed with its three outputs given."""
-    from gemmgen.reference import evaluate_epilogue
+    from gemmgen.ir.reference import evaluate_epilogue
     from gemmgen.testing.tensors import assert_output_close
     from gemmgen.tuning import device_ms
     from tests.data.gpu_matrix import bench_configs
@@ -192,8 +192,8 @@ def _grouped_sets(groups: int, rows: int, n: int, k: int) -> list[tuple]:
 def _grouped_table(recipe, shapes, reps: int) -> None:
     """`_table` for the grouped recipe: each kernel checked against a per-group fp32 evaluation first;
     `*` marks the config the op picks for the shape (`select.grouped_choice`)."""
-    from gemmgen.select import grouped_choice
     from gemmgen.tuning import device_ms
+    from gemmgen.tuning.heuristic import grouped_choice
     from tests.data.gpu_matrix import GROUPED_CONFIGS
 
     names = list(GROUPED_BASELINES)
@@ -225,7 +225,7 @@ def _block_grouped_sets(groups: int, rows: int, n: int, k: int) -> list[tuple]:
     """moe_fp8_block's inputs (tokens spread evenly, quantized as grouped kernels read them), each
     set with the same layer dequantized to bf16 and rowwise-scaled fp8 inputs for torch's baselines:
     (a, b, offsets, scale_a, scale_b, weight, a16, b16, row scales of a, of b, out)."""
-    from gemmgen.quantize import quantize_blockwise
+    from gemmgen.runtime.quantize import quantize_blockwise
 
     per_set = rows * k + groups * k * n + rows * n * 2
     sets = []
@@ -260,8 +260,8 @@ BLOCK_GROUPED_BASELINES = {"bf16 _grouped_mm * weight": _bf16_grouped_mm,
 def _block_grouped_table(recipe, shapes, reps: int) -> None:
     """moe_fp8_block under its GPU-matrix configs, each checked against the dequantized layer first;
     `*` marks the op's pick."""
-    from gemmgen.select import grouped_choice
     from gemmgen.tuning import device_ms
+    from gemmgen.tuning.heuristic import grouped_choice
     from tests.data.gpu_matrix import BLOCK_GROUPED_CONFIGS
 
     names = list(BLOCK_GROUPED_BASELINES)
@@ -301,7 +301,7 @@ def _timed(fn, sets, reps: int) -> float | None:
 def _check(recipe, kernel, inputs) -> None:
     """One launch against the recipe's semantics before timing (a fast wrong kernel is no result),
     evaluated on the GPU in fp32: the CPU would take seconds per shape here."""
-    from gemmgen.reference import accumulate, evaluate_epilogue
+    from gemmgen.ir.reference import accumulate, evaluate_epilogue
 
     a, b, *ops = inputs
     got = kernel(a, b, *ops).float()
@@ -335,7 +335,7 @@ def _fp8_sets(m: int, n: int, k: int) -> list[tuple]:
 
 
 def _block_scaled_sets(m: int, n: int, k: int) -> list[tuple]:
-    from gemmgen.quantize import quantize_blockwise
+    from gemmgen.runtime.quantize import quantize_blockwise
 
     per_set = m * k + k * n + m * n * 2
     sets = []
@@ -380,7 +380,7 @@ def main() -> int:
         print("gpu_bench: no CUDA device here; nothing measured")
         return 0
     sys.path.insert(0, str(ROOT))
-    from gemmgen.recipes_file import load_recipes
+    from gemmgen.aot import load_recipes
     from tests.data.gpu_matrix import BENCH_SHAPES, FP8_BENCH_SHAPES, GROUPED_BENCH_SHAPES, STATS_BENCH_SHAPES
 
     recipes = load_recipes(ROOT / "examples" / "recipes.py")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from gemmgen.recipes_file import load_recipes
+from gemmgen.aot import load_recipes
 from gemmgen.runtime.grouped import GroupedKernel
 from gemmgen.runtime.kernel import Kernel
 from gemmgen.testing.recording import RecordingEncoder

@@ -7,7 +7,7 @@ registration (`gemmgen.integrations.ops.define`), with the driver's calls going 
 cuda.bindings and ctypes into the stub libcuda (gemmgen/testing/stub_driver.py; needs a C
 compiler), which does no work of its own (on a GPU machine, the real driver's calls are left out
 here instead). A probe op whose CPU kernel is the CUDA kernel's body
-(`call_realigning` of `Launcher(recipe)(...)`: kernel lookup, checks, Params, launch) is timed
+(`call_realigning` of `launcher_for(recipe)(...)`: kernel lookup, checks, Params, launch) is timed
 against a raw `cuLaunchKernelEx` of prepared arguments and against its steps called directly. The driver's own
 work per launch is the same with or without gemmgen, so "over raw" is the overhead the issue's
 bar is about, on this CPU. Without a C compiler the driver calls are left out (`--no-stub`
@@ -29,14 +29,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from unittest import mock
 
 import torch
 
 import gemmgen as gg
+from gemmgen.aot import load_recipes
 from gemmgen.integrations import ops
-from gemmgen.recipes_file import load_recipes
 from gemmgen.runtime.kernel import Kernel
 from gemmgen.testing.recording import RecordingEncoder
 from gemmgen.testing.timing import median_us
@@ -76,13 +76,13 @@ def cpu_overheads() -> None:
         ops.kernel_for(recipe, a, b)  # the runtime's kernel cache now serves this kernel for the bucket
 
     def prepare(a: torch.Tensor, b: torch.Tensor, *args: object) -> torch.Tensor:
-        return ops.kernel_for(recipe, a, b).prepare(a, b, *args).outputs[0]
+        return cast(Kernel, ops.kernel_for(recipe, a, b)).prepare(a, b, *args).outputs[0]
 
-    call = ops.Launcher(recipe) if stub is not None else prepare  # the op's: kernel lookup, then the call
+    call = ops.launcher_for(recipe) if stub is not None else prepare  # the op's: kernel lookup, then the call
 
     def body(a: torch.Tensor, b: torch.Tensor, *args: object) -> torch.Tensor:
-        """The op's CUDA kernel: `call_realigning` of `Launcher(recipe)(a, b, *args)`."""
-        return ops.call_realigning(recipe, call, a, b, args)
+        """The op's CUDA kernel: `call_realigning` of `launcher_for(recipe)(a, b, *args)`."""
+        return ops.call_realigning(recipe.ir, call, a, b, args)
 
     t0 = time.perf_counter()
     probe = ops.define("overhead_probe(Tensor a, Tensor b, Tensor bias) -> Tensor", {"CPU": body},
@@ -153,7 +153,7 @@ def _grouped_launches(kernel, args: tuple, stream: int):
     from gemmgen.runtime.grouped import SETUP_BLOCK
 
     prep = kernel.prepare(*args)
-    gemm, setup = kernel._function(prep.device_index)
+    gemm, setup = kernel._functions(prep.device_index)
     info, cluster = kernel.compiled.info, kernel.compiled.config.cluster
 
     def raw() -> None:
@@ -167,12 +167,14 @@ def grouped_cpu_overheads() -> None:
     """The grouped example (moe_up) the same way: its two raw launches, GroupedKernel.__call__, and
     a probe op whose CPU kernel is the grouped op's CUDA body (`call_realigning` of its kernel
     lookup and call)."""
-    from gemmgen.integrations.grouped_ops import grouped_config, kernel_key
+    from gemmgen.integrations.grouped import GroupedOp
     from gemmgen.runtime.grouped import GroupedKernel
+    from gemmgen.tuning import config_for
 
     recipe = load_recipes(ROOT / "examples" / "recipes.py")["moe_up"]
     args = _grouped_inputs("cpu")
-    kernel = GroupedKernel(recipe.build(grouped_config(recipe, 64, 64, 64, 8)), require_cuda=False)  # the op's: swapped
+    kernel = GroupedKernel(recipe.build(config_for(recipe, 64, 64, 64, 8)), require_cuda=False)  # the op's: swapped
+    kernel_key = GroupedOp(recipe).key
     kernels = {kernel_key(args[0], args[1]): kernel}
     raw, prep = _grouped_launches(kernel, args, STREAM)
     out = prep.output
@@ -181,7 +183,7 @@ def grouped_cpu_overheads() -> None:
         return kernels[kernel_key(a, b)](a, b, *rest)
 
     def body(a: torch.Tensor, b: torch.Tensor, *rest: object) -> torch.Tensor:
-        return ops.call_realigning(recipe, launch, a, b, rest)
+        return ops.call_realigning(recipe.ir, launch, a, b, rest)
 
     probe = ops.define("grouped_overhead_probe(Tensor a, Tensor b, Tensor offsets, Tensor bias, Tensor weight) "
                        "-> Tensor", {"CPU": body}, lambda a, b, *rest: a.new_empty(a.shape[0], b.shape[-1]),
@@ -219,24 +221,26 @@ def _host_us(fn, calls: int = 2000, rounds: int = 7) -> float:
 
 
 def gpu_overheads() -> None:
-    from gemmgen.integrations.grouped_ops import grouped_config
     from gemmgen.integrations.ops import caller, kernel_for
     from gemmgen.nn import linear_recipe
     from gemmgen.runtime import driver
+    from gemmgen.tuning import config_for
 
     recipe = linear_recipe("silu", True, torch.bfloat16)
     a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16).t()
     bias = torch.randn(64, device="cuda", dtype=torch.bfloat16)
-    call, k = caller(recipe), kernel_for(recipe, a, w)
+    call, k = caller(recipe), cast(Kernel, kernel_for(recipe, a, w))
     out = k(a, w, bias=bias)
     prep = k.prepare(a, w, bias=bias, out=out)
     fn = k._function(prep.device_index)
     stream = driver.current_stream(prep.device_index)
     info, cluster = k.compiled.info, k.compiled.config.cluster
+    params = prep.params
+    assert params is not None, "a non-empty problem has arguments to launch"
 
     def raw() -> None:
-        driver.launch(fn, prep.params, prep.grid, info.max_threads, cluster, info.smem_bytes, stream)
+        driver.launch(fn, params, prep.grid, info.max_threads, cluster, info.smem_bytes, stream)
 
     timings = {"raw cuLaunchKernelEx (prepared arguments)": _host_us(raw)}
     with torch.no_grad():
@@ -254,7 +258,7 @@ def gpu_overheads() -> None:
     grouped = load_recipes(ROOT / "examples" / "recipes.py")["moe_up"]
     op, args = ops.op(grouped).default, _grouped_inputs("cuda")
     op(*args)  # loads the op's kernel (from the bundle on the GPU machine)
-    kernel = grouped.compile(grouped_config(grouped, 64, 64, 64, 8))  # the op's: swapped, 8 rows per group
+    kernel = grouped.compile(config_for(grouped, 64, 64, 64, 8))  # the op's: swapped, 8 rows per group
     raw, _ = _grouped_launches(kernel, args, driver.current_stream(args[0].device.index or 0))
     rows = {"raw setup + GEMM launches (prepared arguments)": _host_us(raw)}
     with torch.no_grad():
@@ -272,7 +276,7 @@ def _stream_k_workspace_cost() -> None:
     launch here: a stream-K launch on a workspace whose barriers are not zeroed would wait forever."""
     from dataclasses import replace
 
-    from gemmgen.select import choose
+    from gemmgen.tuning.heuristic import choose
     from tests.data.gpu_matrix import DECODE_PROBLEM
 
     recipe = load_recipes(ROOT / "examples" / "recipes.py")["bias_gelu"]

@@ -27,11 +27,12 @@ def check(seed: int, index: int, cache_dir: str) -> str:
     import torch
 
     import gemmgen as gg
-    from gemmgen.build import build_kernel
+    from gemmgen.compile import build_kernel
     from gemmgen.compile.cache import KernelCache
-    from gemmgen.select import SWAP_MAX_M, candidate_configs
+    from gemmgen.testing.calls import EMULATED, args_with_nonzero_reference
+    from gemmgen.testing.checks import assert_computes
     from gemmgen.testing.random_recipes import random_recipe
-    from tests.test_epilogue_source import EMULATED, _args_with_nonzero_reference, _assert_computes
+    from gemmgen.tuning.heuristic import SWAP_MAX_M, candidate_configs
 
     rng = random.Random(seed)
     made: list[gg.Recipe] = []
@@ -42,10 +43,10 @@ def check(seed: int, index: int, cache_dir: str) -> str:
             continue
     recipe = made[index]
     config = rng.choice([c for c in candidate_configs(recipe.ir, SWAP_MAX_M)
-                         if c.swap_ab == bool(index % 2) and gg.config.is_valid(c, recipe.ir)])
+                         if c.swap_ab == bool(index % 2) and gg.codegen.is_valid(c, recipe.ir)])
     start = time.perf_counter()
     try:
-        kernel = build_kernel(recipe, config, KernelCache(cache_dir))
+        kernel = build_kernel(recipe.ir, config, KernelCache(cache_dir))
     except Exception as e:  # a compile error is the finding
         return f"{recipe.name} {config.name}: COMPILE FAILED {str(e)[:1000]}"
     seconds = time.perf_counter() - start
@@ -54,11 +55,11 @@ def check(seed: int, index: int, cache_dir: str) -> str:
     for shape in EMULATED:
         m, n, k, batch = shape
         try:
-            drawn = _args_with_nonzero_reference(recipe, m, n, k, (batch,) if recipe.ir.gemm.batched else ())
+            drawn = args_with_nonzero_reference(recipe, m, n, k, (batch,) if recipe.ir.gemm.batched else ())
         except AssertionError:  # an output that is zero here for any input checks nothing
             continue
         try:
-            _assert_computes(kernel, shape, "compiled", drawn, through_casts=True)
+            assert_computes(kernel, shape, "compiled", drawn, through_casts=True)
         except AssertionError as e:
             return f"{recipe.name} {config.name}: EMULATION FAILED {str(e)[:1000]}"
         shapes += 1

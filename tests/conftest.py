@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples" / "recipes.py"
-EXTRA = Path(__file__).resolve().parent / "data" / "extra_recipes.py"
+from tests.data import EXAMPLES, EXTRA
 
 
 def pytest_collection_modifyitems(config, items):
@@ -30,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def session_cache(tmp_path_factory):
-    from gemmgen.compile.cache import KernelCache
+    from gemmgen.compile import KernelCache
 
     root = os.environ.get("GEMMGEN_TEST_CACHE_DIR") or tmp_path_factory.mktemp("gemmgen-cache")
     return KernelCache(root)
@@ -38,35 +35,71 @@ def session_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def examples():
-    from gemmgen.recipes_file import load_recipes
+    from gemmgen.aot import load_recipes
 
     return load_recipes(EXAMPLES)
 
 
 @pytest.fixture(scope="session")
 def extra():
-    from gemmgen.recipes_file import load_recipes
+    from gemmgen.aot import load_recipes
 
     return load_recipes(EXTRA)
-
-
-def dense(items: dict) -> dict:
-    """Recipes or compiled kernels by name, but the grouped ones: tests/test_grouped.py covers those
-    (they take offsets, and their groups' shapes live on the GPU)."""
-    return {name: x for name, x in items.items() if not getattr(x, "recipe", x).gemm.grouped}
 
 
 @pytest.fixture(scope="session")
 def compiled(session_cache, examples, extra):
     """Every example kernel plus the extra-coverage kernels, compiled once (2 workers)."""
-    from gemmgen.build import build_kernel
-    from gemmgen.parallel import build_file
+    from gemmgen.aot import build_file
+    from gemmgen.compile import build_kernel
 
     for path in (EXAMPLES, EXTRA):
         build_file(path, session_cache, jobs=2, quiet=False)
     out = {}
     for recipes in (examples, extra):
         for r in recipes.values():
-            out[r.name] = build_kernel(r, r.default_config(), session_cache)
+            out[r.name] = build_kernel(r.ir, r.default_config(), session_cache)
     print(file=sys.stderr)
     return out
+
+
+# ---- grouped kernels (tests of several layers use them)
+
+
+@pytest.fixture(scope="session")
+def grouped_kernels(session_cache):
+    """`moe_recipe()` under GROUPED_CONFIGS (the default config is compiled with the examples, of
+    which it is moe_up; the pingpong one here, NVRTC, about 30 s; from the bundle on the GPU)."""
+    from gemmgen.testing.grouped import moe_recipe
+    from tests.data.gpu_matrix import GROUPED_CONFIGS
+
+    recipe = moe_recipe()
+    return [recipe.build(config, cache=session_cache) for config in GROUPED_CONFIGS]
+
+
+@pytest.fixture(scope="session")
+def grouped_kernel(grouped_kernels):
+    return grouped_kernels[0]
+
+
+@pytest.fixture(scope="session")
+def fp8_kernels(session_cache):
+    """moe_fp8 under FP8_GROUPED_CONFIGS, its default and swapped (NVRTC, about 25 s each; from the
+    bundle on the GPU)."""
+    from tests.data.gpu_matrix import FP8_GROUPED_CONFIGS, moe_fp8_recipe
+
+    return [moe_fp8_recipe().build(config, cache=session_cache) for config in FP8_GROUPED_CONFIGS]
+
+
+@pytest.fixture(scope="session")
+def block_kernels(session_cache, examples):
+    """The example moe_fp8_block under BLOCK_GROUPED_CONFIGS: its default (compiled with the
+    examples) and the others, swapped among them (NVRTC, about 25 s each; from the bundle on the GPU)."""
+    from tests.data.gpu_matrix import BLOCK_GROUPED_CONFIGS
+
+    return [examples["moe_fp8_block"].build(config, cache=session_cache) for config in BLOCK_GROUPED_CONFIGS]
+
+
+@pytest.fixture(scope="session")
+def block_kernel(block_kernels):
+    return block_kernels[0]

@@ -1,4 +1,10 @@
-"""IR + KernelConfig -> CUTLASS 3.x sm90 C++ source. Templates bind types and constants only."""
+"""IR + KernelConfig -> CUTLASS 3.x C++ source, per architecture. Templates bind types and constants only.
+
+`evt` lowers the epilogue IR to CUTLASS's visitor tree (shared by every architecture: sm100 reuses
+the sm90 visitors); each architecture's package (`sm90`) holds what its kernels instantiate, the
+Params fields the host writes, and its constraints on configs, which `validate` and `is_valid`
+apply before anything is rendered or compiled.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,15 @@ from pathlib import Path
 
 import jinja2
 
-from .. import __version__
-from ..config import KernelConfig, Schedule, kernel_recipe, scales_per_tile, validate
-from ..ir import GemmSpec, RecipeIR, content_key
-from ..types import DType
+from .._version import __version__
+from ..config import KernelConfig, kernel_id, kernel_recipe
+from ..ir import RecipeIR
 from .evt import EpilogueCode, build_epilogue
-from .params import ParamField, param_fields
+from .fields import ParamField, ParamsLayout
+from .sm90 import is_valid, param_fields, type_context, validate, violations
+
+__all__ = ["INFO_FIELDS", "EpilogueCode", "GeneratedKernel", "ParamField", "ParamsLayout", "is_valid", "kernel_id",
+           "render_kernel", "template_environment", "validate", "violations"]
 
 #: Fields of the `<entry>_info` array every kernel exports (see templates/kernel.cu.j2).
 INFO_FIELDS: tuple[tuple[str, str], ...] = (
@@ -26,18 +35,13 @@ INFO_FIELDS: tuple[tuple[str, str], ...] = (
 )
 
 
-def templates_dir() -> Path:
-    """Templates ship inside the wheel as gemmgen/templates; a source checkout has them at the top."""
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here / "templates", here.parent / "templates"):
-        if (candidate / "kernel.cu.j2").is_file():
-            return candidate
-    raise FileNotFoundError("gemmgen templates not found (expected gemmgen/templates or ../templates)")
+#: The templates: kernel.cu.j2 (the entry points, shared), sm90/ (the types an sm90 kernel instantiates).
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 @functools.cache
-def _environment() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
+def template_environment() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
 
 
@@ -49,133 +53,11 @@ class GeneratedKernel:
     entry: str  # the extern "C" kernel symbol
     source: str
     epilogue: EpilogueCode
-    fields: tuple[ParamField, ...]  # the Params fields the host writes (see params.py)
+    fields: tuple[ParamField, ...]  # the Params fields the host writes (codegen.fields)
 
     @property
     def info_symbol(self) -> str:
         return f"{self.entry}_info"
-
-
-def kernel_id(recipe: RecipeIR, config: KernelConfig) -> str:
-    """A short content id for (math, config): part of the kernel symbol."""
-    return content_key([recipe.key, config.canonical()])[:12]
-
-
-#: How the kernel names its mainloop and epilogue collectives: "resolved" spells out the types
-#: CUTLASS's CollectiveBuilders resolve to (what gemmgen emits: it compiles faster); "builder" names
-#: the builders (the naive spelling, for measurements and for the test that the two agree).
-COLLECTIVES = {"resolved": "collectives_resolved.inc.j2", "builder": "collectives_builder.inc.j2"}
-
-
-def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, collectives: str = "resolved") -> dict:
-    """What templates/gemm_types.inc.j2 binds: the kernel's CUTLASS types and constants.
-    `recipe` is the kernel-side view (`GeneratedKernel.kernel_recipe`)."""
-    g = recipe.gemm
-    c_bits = DType.F32.bits if epi.element_c == "void" else _bits_of(epi.element_c)
-    stage_count = ("cutlass::gemm::collective::StageCountAutoCarveout<"
-                   "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"
-                   if config.stages is None else f"cutlass::gemm::collective::StageCount<{config.stages}>")
-    scale_decls, (layout_pair_a, layout_pair_b) = _block_scale_types(recipe)
-    # a grouped kernel names its layouts as pointers: CUTLASS's tag for a stride per group
-    per_group = " *" if g.grouped else ""
-    return dict(
-        namespace=f"gemmgen_{kernel_id(recipe, config)}",
-        element_a=g.a.cutlass, element_b=g.b.cutlass, element_c=epi.element_c, element_d=g.d.cutlass,
-        layout_a=g.layout_a.cutlass + per_group, layout_b=g.layout_b.cutlass + per_group,
-        layout_d=g.layout_d.cutlass + per_group,
-        alignment_a=128 // g.a.bits, alignment_b=128 // g.b.bits, alignment_c=128 // c_bits,
-        alignment_d=128 // g.d.bits,
-        tile=config.tile, cluster=config.cluster,
-        kernel_schedule=config.schedule.kernel(g.grouped, block_scaled=g.block_scale is not None),
-        mainloop_policy=_mainloop_policy(recipe), problem_shape=_problem_shape(recipe),
-        epilogue_schedule=config.schedule.epilogue(g.grouped), stage_count=stage_count,
-        mainloop_stages=_mainloop_stages(config, recipe, stage_count),
-        block_scale_decls=scale_decls, layout_pair_a=layout_pair_a, layout_pair_b=layout_pair_b,
-        stride_a=_stride_pair("A", g), stride_b=_stride_pair("B", g),
-        # a grouped kernel's strides are per-group arrays: its smem atoms come from the stride type
-        stride_c="cute::remove_pointer_t<StrideC>" if g.grouped else "StrideC",
-        stride_d="cute::remove_pointer_t<StrideD>" if g.grouped else "StrideD",
-        tile_scheduler=config.tile_scheduler.cutlass(g.grouped), epilogue_decls=epi.decls, callbacks=epi.callbacks,
-        collectives=COLLECTIVES[collectives],
-        # the builder's choices: two consumer warp groups side by side in M for the cooperative
-        # schedule; TMA multicast for an operand when the cluster spans the other dimension
-        mma_atoms_m=2 if config.schedule is Schedule.COOPERATIVE else 1,
-        tma_load_a=_tma_load(config.cluster[1]), tma_load_b=_tma_load(config.cluster[0]))
-
-
-def _mainloop_policy(recipe: RecipeIR) -> str:
-    """The builder's dispatch policy: fp8 A/B get the mainloop that adds WGMMA's partial sums into
-    a separate fp32 accumulator every few MMAs (Hopper's fp8 WGMMA accumulates with fewer bits),
-    block-scaled fp8 the one that adds them once per K tile times the tile's scales; a grouped
-    kernel's mainloop rewrites its tensor maps per group."""
-    array = "Array" if recipe.gemm.grouped else ""
-    if recipe.gemm.block_scale is not None:
-        return f"cutlass::gemm::MainloopSm90{array}TmaGmmaWarpSpecializedBlockwise" + ("" if array else "FP8")
-    return f"cutlass::gemm::MainloopSm90{array}TmaGmmaWarpSpecialized" + ("FP8" if recipe.gemm.fp8 else "")
-
-
-def _block_scale_types(recipe: RecipeIR) -> tuple[list[tuple[str, str]], tuple[str, str]]:
-    """The scale layouts' declarations, and the main loop's (layout, scale layout) of A and B as the
-    blockwise builder takes them (each operand's layout alone without block scales). The scales'
-    majorness is `GemmSpec.scale_layouts`'; a grouped kernel names its scale layouts as pointers,
-    one per group, as its strides."""
-    gemm = recipe.gemm
-    g = gemm.block_scale
-    if g is None:
-        return [], ("LayoutA", "LayoutB")
-    config = f"{g[0]}, {g[1]}, {g[2]}"
-    if gemm.grouped:  # GemmSpec.scale_layouts: both K-major
-        config += ", cute::GMMA::Major::K, cute::GMMA::Major::K"
-    decls = [("ScaleConfig", f"cutlass::detail::Sm90BlockwiseScaleConfig<{config}>"),
-             ("LayoutSFA", "decltype(ScaleConfig::deduce_layoutSFA())"),
-             ("LayoutSFB", "decltype(ScaleConfig::deduce_layoutSFB())")]
-    per_group = " *" if gemm.grouped else ""
-    return decls, (f"cute::tuple<LayoutA, LayoutSFA{per_group}>", f"cute::tuple<LayoutB, LayoutSFB{per_group}>")
-
-
-def _stride_pair(operand: str, gemm: GemmSpec) -> str:
-    """The main loop's stride type of A or B, paired with its scales' layout when block-scaled (as
-    the blockwise builder maps GmemLayoutA/B)."""
-    stride = f"cutlass::detail::TagToStride{operand}_t<Layout{operand}>"
-    if gemm.block_scale is None:
-        return stride
-    per_group = " *" if gemm.grouped else ""
-    return f"cute::tuple<{stride}, cutlass::detail::TagToStride{operand}_t<LayoutSF{operand}{per_group}>>"
-
-
-def _mainloop_stages(config: KernelConfig, recipe: RecipeIR, stage_count: str) -> str:
-    """The builder's stage count: what fits beside the epilogue (config.stage_count models it).
-    The blockwise builder counts the scales too, and takes no explicit count: one is spelled out."""
-    capacity = _smem_capacity(recipe.gemm.grouped)
-    if recipe.gemm.block_scale is None:
-        return (f"cutlass::gemm::collective::detail::compute_stage_count_or_override<\n    {capacity}, ElementA, "
-                f"ElementB, TileShape>({stage_count}{{}})")
-    if config.stages is not None:
-        return str(config.stages)
-    ms, ns = scales_per_tile(config, recipe)
-    return (f"cutlass::gemm::collective::detail::compute_stage_count_with_blockwise_scale<\n    {capacity}, "
-            f"ElementA, ElementB, ElementAccumulator, TileShape, {ms}, {ns}>({stage_count}{{}})")
-
-
-def _problem_shape(recipe: RecipeIR) -> str:
-    """(M, N, K, L) per launch, or (M, N, K) per group read from device memory."""
-    if recipe.gemm.grouped:
-        return "cutlass::gemm::GroupProblemShape<Shape<int, int, int>>"
-    return "Shape<int, int, int, int>"
-
-
-def _smem_capacity(grouped: bool) -> str:
-    """The shared memory the mainloop's stages may fill: a grouped mainloop leaves out A's and B's
-    tensor maps and the group scheduler's pipeline (the builder's KernelSmemCarveout)."""
-    capacity = "cutlass::gemm::collective::detail::sm90_smem_capacity_bytes"
-    if not grouped:
-        return capacity
-    return (f"{capacity} - static_cast<int>(2 * sizeof(cute::TmaDescriptor) + "
-            "sizeof(cutlass::PipelineDetail::PipelineAsyncSharedStorage<8>))")
-
-
-def _tma_load(cluster_extent: int) -> str:
-    return "SM90_TMA_LOAD" if cluster_extent == 1 else "SM90_TMA_LOAD_MULTICAST"
 
 
 def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "resolved") -> GeneratedKernel:
@@ -188,7 +70,7 @@ def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "re
     epi = build_epilogue(view)
     fields = param_fields(view, code, epi)
     entry = f"gemmgen_{recipe.name}_{kernel_id(recipe, code)}"
-    source = _environment().get_template("kernel.cu.j2").render(
+    source = template_environment().get_template("kernel.cu.j2").render(
         version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=code.name, entry=entry,
         epilogue_layout=epi.layout, info_fields=INFO_FIELDS,
         # a grouped kernel's module also holds the kernel that fills its per-group arrays
@@ -197,7 +79,3 @@ def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "re
         param_fields=tuple((f.name, f.lvalue("p"), f.lvalue("d")) for f in fields),
         **type_context(view, code, epi, collectives))
     return GeneratedKernel(recipe, config, view, entry, source, epi, fields)
-
-
-def _bits_of(cutlass_type: str) -> int:
-    return next(d.bits for d in DType if d.cutlass == cutlass_type)

@@ -9,18 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir import Node, Op, RecipeIR, Reduction, f32_bits, post_order
+from ..ir import Node, Op, Param, RecipeIR, Reduction, f32_bits, post_order
 from ..types import DType, Layout, OperandKind
 
 FUSION = "cutlass::epilogue::fusion"
 ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
 COMPUTE = "float"
 
-_SCALAR_FN = {
-    Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.MIN: "Min", Op.MAX: "Max",
-    Op.NEG: "Neg", Op.ABS: "Abs", Op.EXP: "Exp", Op.TANH: "Tanh", Op.SIGMOID: "Sigmoid", Op.RELU: "Relu",
-    Op.GELU: "Gelu", Op.GELU_TANH: "GeluTanh", Op.SILU: "Silu", Op.CAST: "Identity",
-}
+EPI = "gemmgen::epi"  # gemmgen/include/gemmgen/epilogue.hpp: each op's functor (`ir.Op.functor`)
 
 
 @dataclass
@@ -75,11 +71,12 @@ class EpilogueCode:
 
 
 def _functor(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
-    """The Map<...>::Fn functor for a compute node and the args that remain visitor children."""
-    ns = "gemmgen::epi"
-    if node.op is Op.LEAKY_RELU:
-        return f"{ns}::Map<{ns}::LeakyRelu<{f32_bits(node.attr):#010x}u>>::Fn", list(node.args)  # type: ignore[arg-type]
-    base = f"{ns}::{_SCALAR_FN[node.op]}"
+    """The Map<...>::Fn functor for a compute node and the args that remain visitor children: a
+    compile-time parameter (leaky_relu's slope) and a constant operand are template arguments."""
+    ns = EPI
+    if node.op.param is Param.SLOPE:
+        return f"{ns}::Map<{ns}::{node.op.functor}<{f32_bits(node.attr):#010x}u>>::Fn", list(node.args)  # type: ignore[arg-type]
+    base = f"{ns}::{node.op.functor}"
     if len(node.args) == 2:
         lhs, rhs = (nodes[a] for a in node.args)
         if rhs.op is Op.CONST:
@@ -121,7 +118,7 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
         else:
             fn, args = _functor(n, ir.nodes)
             out = n.dtype.cutlass if n.op is Op.CAST else COMPUTE  # type: ignore[union-attr]
-            v = _VNode(f"{n.op.value}{i}", children=[of_ir[a] for a in args], fn=fn, out=out)
+            v = _VNode(f"{n.op.key}{i}", children=[of_ir[a] for a in args], fn=fn, out=out)
         of_ir[i] = len(vnodes)
         vnodes.append(v)
 
@@ -150,7 +147,7 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
             consumers[c] += 1
     if not (vnodes[root].is_compute and vnodes[root].out == COMPUTE and consumers[root] == 0):
         # D's value is shared, stored, cast or loaded: give D a node of its own that converts.
-        vnodes.append(_VNode("to_d", children=[root], fn="gemmgen::epi::Map<gemmgen::epi::Identity>::Fn"))
+        vnodes.append(_VNode("to_d", children=[root], fn=f"{EPI}::Map<{EPI}::Identity>::Fn"))
         consumers.append(0)
         consumers[root] += 1
         root = len(vnodes) - 1

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import env
+from ..config import ARCH
 from ..errors import GemmgenError
 
 META = "meta.json"
@@ -43,11 +45,7 @@ class Artifact:
 
 
 def default_root() -> Path:
-    env = os.environ.get("GEMMGEN_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gemmgen"
+    return env.cache_dir()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -61,7 +59,7 @@ def _fsync_dir(path: Path) -> None:
 class KernelCache:
     """A disk cache of build artifacts for one arch, with an in-memory layer in front."""
 
-    def __init__(self, root: Path | str | None = None, arch: str = "sm_90a", read_only: bool = False) -> None:
+    def __init__(self, root: Path | str | None = None, arch: str = ARCH, read_only: bool = False) -> None:
         """`read_only` serves a folder nobody writes (a bundle, maybe inside a wheel): no lock files."""
         self.root = Path(root) if root is not None else default_root()
         self.arch = arch

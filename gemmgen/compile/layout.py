@@ -1,4 +1,4 @@
-"""Reading the layout probe (templates/kernel.cu.j2, `<entry>_layout`) out of NVRTC's PTX.
+"""Reading the layout probe (codegen/templates/kernel.cu.j2, `<entry>_layout`) out of NVRTC's PTX.
 
 The probe stores, for field i, its byte offset to out[2i] and its default value to out[2i+1].
 NVRTC folds both to immediates, so the PTX is a list of `mov.u64 %rdN, IMM;` and
@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from ..codegen.fields import ParamField
 from ..errors import CompileError
-
-if TYPE_CHECKING:
-    from ..codegen.params import ParamField
 
 _MOV = re.compile(r"mov\.[ubs](?:16|32|64)\s+(%\w+),\s*(-?\d+|0[xX][0-9a-fA-F]+);")
 # Element-typed defaults such as `Element(0)` arrive as an int->float or widening conversion.

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import env
 from ..errors import CompileError, ToolchainError
 
 BASE_OPTIONS: tuple[str, ...] = ("-std=c++17", "-default-device", "-DNDEBUG")
@@ -146,7 +146,7 @@ def parse_time_report(text: str) -> dict[str, float]:
 
 def write_debug_source(source: str, name: str) -> Path:
     """Where a failing kernel's source is kept for the user to read."""
-    d = Path(os.environ.get("GEMMGEN_DEBUG_DIR", tempfile.gettempdir())) / "gemmgen-failed"
+    d = env.debug_dir() / "gemmgen-failed"
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{name}.cu"
     path.write_text(source)

@@ -12,8 +12,6 @@ from pathlib import Path
 
 from ..errors import ToolchainError
 
-ARCH = "sm_90a"
-
 # The wheels whose headers kernels include. Other wheels install headers into the same folders
 # (a CUDA build of torch adds cuBLAS, cuDNN, NVTX... to nvidia/cu13/include, the test extras nvcc's)
 # and no kernel includes theirs: hashing them would make an unrelated upgrade miss the whole cache,

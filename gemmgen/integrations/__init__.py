@@ -1,1 +1,2 @@
-"""PyTorch integration: custom ops (torch.library) and drop-in modules."""
+"""PyTorch integration: each recipe as a torch.library op (`ops`), with what differs between dense
+and grouped recipes in `dense` and `grouped`. The modules built on it are `gemmgen.nn`."""

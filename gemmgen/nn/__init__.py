@@ -11,15 +11,17 @@ scales) and `fuse(model)`.
     gemmgen.warmup(gemmgen.nn.model_launches(model, tokens=(1, 16, 4096)))   # build ahead of time
 """
 
+from .base import ACTIVATIONS
 from .block_scaled import (
-           BlockScaledGroupedLinear,
-           BlockScaledLinear,
-           block_scaled_grouped_recipe,
-           block_scaled_linear_recipe,
+    BlockScaledGroupedLinear,
+    BlockScaledLinear,
+    block_scaled_grouped_recipe,
+    block_scaled_linear_recipe,
 )
 from .fuse import activation_of, fuse
 from .grouped import GroupedLinear, grouped_linear_recipe
-from .linear import ACTIVATIONS, FusedLinear, linear_recipe, model_launches
+from .launches import model_launches
+from .linear import FusedLinear, linear_recipe
 
 __all__ = ["ACTIVATIONS", "BlockScaledGroupedLinear", "BlockScaledLinear", "FusedLinear", "GroupedLinear",
            "activation_of", "block_scaled_grouped_recipe", "block_scaled_linear_recipe", "fuse",

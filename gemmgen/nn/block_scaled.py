@@ -22,15 +22,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import dsl, tuning
+from .. import tuning
 from ..config import KernelConfig
-from ..dsl import DEEPSEEK_BLOCK_SCALE, Recipe
+from ..dsl import DEEPSEEK_BLOCK_SCALE, Recipe, RowVector
 from ..errors import InvalidArgument
-from ..integrations.ops import caller
-from ..quantize import quantize_blockwise
+from ..integrations.ops import caller, op
+from ..runtime.quantize import quantize_blockwise
 from ..types import DType, Layout, as_dtype
-from .grouped import GroupedLaunches
-from .linear import COMPUTE_DTYPES, RecipeModule, activation_fn
+from .base import COMPUTE_DTYPES, RecipeModule, activation_fn
+from .grouped import GroupedLaunches, GroupedLinear
 
 _BLOCK = DEEPSEEK_BLOCK_SCALE[1]  # the weight's blocks are square: 128 x 128
 
@@ -44,7 +44,7 @@ def block_scaled_linear_recipe(activation: str | None, bias: bool, dtype: torch.
     name = f"fp8_block_linear_{activation or 'none'}{'_bias' if bias else ''}_{d.value}"
     kw: dict[str, Any] = {"a": DType.E4M3, "b": DType.E4M3, "d": d, "block_scale": DEEPSEEK_BLOCK_SCALE}
     if bias:
-        return Recipe(name, lambda acc, bias: act(acc + bias), operands={"bias": dsl.RowVector(d)}, **kw)
+        return Recipe(name, lambda acc, bias: act(acc + bias), operands={"bias": RowVector(d)}, **kw)
     return Recipe(name, lambda acc: act(acc), **kw)
 
 
@@ -58,7 +58,7 @@ def block_scaled_grouped_recipe(activation: str | None, bias: bool, dtype: torch
     kw: dict[str, Any] = {"a": DType.E4M3, "b": DType.E4M3, "d": d, "grouped": True,
                           "block_scale": DEEPSEEK_BLOCK_SCALE}
     if bias:
-        return Recipe(name, lambda acc, bias: act(acc + bias), operands={"bias": dsl.RowVector(d)}, **kw)
+        return Recipe(name, lambda acc, bias: act(acc + bias), operands={"bias": RowVector(d)}, **kw)
     return Recipe(name, lambda acc: act(acc), **kw)
 
 
@@ -188,7 +188,7 @@ class BlockScaledLinear(_BlockScaledModule):
         """(recipe, config) of the kernel forward launches for an input of `tokens` rows, as
         FusedLinear.launches: what to build ahead of time. `training` is accepted for
         model_launches and changes nothing (the layer has no gradients)."""
-        return self.recipe, tuning.config_for(self.recipe.ir, tokens, self.out_features, self.in_features, 1, device,
+        return self.recipe, tuning.config_for(self.recipe, tokens, self.out_features, self.in_features, 1, device,
                                               sm_count)
 
     def extra_repr(self) -> str:
@@ -215,8 +215,6 @@ class BlockScaledGroupedLinear(GroupedLaunches, _BlockScaledModule):
         """The experts' weights quantized to e4m3 in 128 x 128 blocks (copies): a sequence of
         nn.Linear or a GroupedLinear (whose activation is kept unless another is given); output in
         `dtype` (default: the weights', if bf16 or f16, else bf16)."""
-        from .grouped import GroupedLinear
-
         if isinstance(linears, GroupedLinear):
             w, b = linears.weight.detach(), linears.bias
             bias = b.detach() if b is not None else None
@@ -260,8 +258,6 @@ class BlockScaledGroupedLinear(GroupedLaunches, _BlockScaledModule):
         self._set_recipes()
 
     def _set_recipes(self) -> None:
-        from ..integrations.ops import op
-
         self.recipe = block_scaled_grouped_recipe(self.activation, self.bias is not None, self.dtype)
         self._op = op(self.recipe).default
 

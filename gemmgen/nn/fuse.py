@@ -29,8 +29,9 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from ..errors import InvalidArgument
+from .base import check_compute_dtype, unsupported
 from .block_scaled import BlockScaledLinear
-from .linear import FusedLinear, check_compute_dtype, unsupported
+from .linear import FusedLinear
 
 QUANTIZE = ("fp8_block",)
 

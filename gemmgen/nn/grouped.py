@@ -20,11 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import dsl, tuning
-from ..dsl import Recipe
+from .. import tuning
+from ..dsl import Recipe, RowVector
 from ..errors import InvalidArgument
+from ..integrations.ops import op
 from ..types import as_dtype
-from .linear import RecipeModule, activation_fn, unsupported
+from .base import RecipeModule, activation_fn, unsupported
 
 
 def _rows_aligned(bias: torch.Tensor) -> torch.Tensor:
@@ -44,7 +45,7 @@ def grouped_linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype
     name = f"grouped_linear_{activation or 'none'}{'_bias' if bias else ''}_{d.value}"
     kw: dict[str, Any] = {"a": d, "b": d, "d": d, "grouped": True}
     if bias:
-        return Recipe(name, lambda acc, bias: act(acc + bias), operands={"bias": dsl.RowVector(d)}, **kw)
+        return Recipe(name, lambda acc, bias: act(acc + bias), operands={"bias": RowVector(d)}, **kw)
     return Recipe(name, lambda acc: act(acc), **kw)
 
 
@@ -60,14 +61,12 @@ class GroupedLaunches:
         """(recipe, config) of the kernel forward launches for `rows` rows of tokens (all experts'
         together; None: the kernel for groups of many rows): what to build ahead of time, e.g.
         `gg.warmup([experts.launches(), experts.launches(decode_rows)])`. The kernel depends on the
-        rows per expert on average (`gemmgen.select.grouped_choice`), never on how they split; with
-        `device`, on an autotune result registered for it first."""
-        from ..integrations.grouped_ops import grouped_config
-
+        rows per expert on average (`gemmgen.tuning.grouped_choice`), never on how they split; with
+        `device`, on an autotune result registered for it first (`tuning.choose_launch`)."""
         if rows is None:
             return self.recipe, self.recipe.default_config()
-        return self.recipe, grouped_config(self.recipe, rows, self.out_features, self.in_features, self.num_experts,
-                                           device)
+        return self.recipe, tuning.config_for(self.recipe, rows, self.out_features, self.in_features,
+                                              self.num_experts, device)
 
 
 class GroupedLinear(GroupedLaunches, RecipeModule):
@@ -98,8 +97,6 @@ class GroupedLinear(GroupedLaunches, RecipeModule):
 
     def _set_recipes(self) -> None:
         """The recipe and its op (the grouped op itself: its Autograd kernel is the backward)."""
-        from ..integrations.ops import op
-
         self.recipe = grouped_linear_recipe(self.activation, self.bias is not None, self.compute_dtype)
         self._op = op(self.recipe).default
 

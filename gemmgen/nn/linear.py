@@ -12,36 +12,18 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from .. import dsl, tuning
+from .. import tuning
 from ..config import KernelConfig
-from ..dsl import Recipe
-from ..errors import InvalidArgument, RecipeError
+from ..dsl import Recipe, RowVector
+from ..errors import InvalidArgument
 from ..integrations.ops import caller
 from ..types import as_dtype
-
-COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
-
-ACTIVATIONS = {
-    None: lambda x: x,
-    "relu": dsl.relu,
-    "gelu": dsl.gelu,
-    "gelu_tanh": dsl.gelu_tanh,
-    "silu": dsl.silu,
-}
-
-
-def activation_fn(activation: str | None) -> Callable[[Any], Any]:
-    """The epilogue function of an activation name (None: identity); RecipeError for another name."""
-    if activation not in ACTIVATIONS:
-        raise RecipeError(f"activation: expected one of {sorted(k for k in ACTIVATIONS if k)} or None, "
-                          f"got {activation!r}")
-    return ACTIVATIONS[activation]
+from .base import RecipeModule, activation_fn, check_compute_dtype, unsupported
 
 
 @functools.cache
@@ -56,7 +38,7 @@ def linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype, save_p
     if save_pre_activation:
         kw["aux"] = {"pre": d}
     if bias:
-        kw["operands"] = {"bias": dsl.RowVector(d)}
+        kw["operands"] = {"bias": RowVector(d)}
         if save_pre_activation:
             return Recipe(name, lambda acc, bias: {"d": act(acc + bias), "pre": acc + bias}, **kw)
         return Recipe(name, lambda acc, bias: act(acc + bias), **kw)
@@ -105,49 +87,10 @@ class _LinearFunction(torch.autograd.Function):
         return None, gx, gw, gb
 
 
-def unsupported(in_features: int, dtype: torch.dtype) -> str | None:
-    """Why gemmgen cannot run a Linear of this width in this compute dtype, or None if it can (for
-    FusedLinear's errors and fuse's report)."""
-    if dtype not in COMPUTE_DTYPES:
-        return f"weights are {dtype}; gemmgen computes in bf16/f16 (compute_dtype= casts them per call)"
-    per = 16 // torch.empty((), dtype=dtype).element_size()
-    if in_features % per:
-        return f"in_features {in_features} is not a multiple of {per} (TMA reads x and W in 16-byte rows)"
-    return None
-
-
-def check_compute_dtype(compute_dtype: torch.dtype | None) -> None:
-    """`compute_dtype` as from_linear and fuse take it: None (the weights' dtype), bf16 or f16."""
-    if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
-        raise InvalidArgument(f"compute_dtype: expected torch.bfloat16, torch.float16 or None (the weights' "
-                              f"dtype), got {compute_dtype!r}")
-
-
 def _require_supported(in_features: int, dtype: torch.dtype) -> None:
     reason = unsupported(in_features, dtype)
     if reason:
         raise InvalidArgument(f"FusedLinear: {reason}; keep nn.Linear for this layer")
-
-
-class RecipeModule(nn.Module):
-    """A module whose recipes and op callers derive from its fields (`_set_recipes`, resolved once so
-    that forward stays traceable by torch.compile). Pickled without them, as a recipe holds its
-    epilogue's lambda: `torch.save(model)`, deepcopy and multiprocessing rebuild them."""
-
-    _derived: tuple[str, ...] = ("recipe", "_op")
-
-    def _set_recipes(self) -> None:
-        raise NotImplementedError
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        for derived in self._derived:
-            state.pop(derived, None)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
-        self._set_recipes()
 
 
 class FusedLinear(RecipeModule):
@@ -241,49 +184,20 @@ class FusedLinear(RecipeModule):
 
     def launches(self, tokens: int, training: bool = False, sm_count: int = 132,
                  device: tuning.Device | None = None) -> tuple[Recipe, KernelConfig]:
-        """(recipe, config) of the kernel forward launches for an input of `tokens` rows: the
-        heuristic's choice, or with `device` (`gemmgen.tuning.Device.current()` on the GPU that
-        will run the model) an autotune result registered for it, as the runtime picks; `training`:
+        """(recipe, config) of the kernel forward launches for an input of `tokens` rows, as the launch
+        policy decides (`tuning.choose_launch`): with `device` (`gemmgen.tuning.Device.current()` on
+        the GPU that will run the model) an autotune result registered for it first; `training`:
         with gradients wanted, when the kernel also stores the pre-activation. What to build ahead
         of time, e.g.
         `gg.warmup([layer.launches(t) for t in (1, 512, 4096)] + [layer.launches(4096, training=True)])`."""
         recipe = self.training_recipe if training and self.training_recipe is not None else self.recipe
-        return recipe, tuning.config_for(recipe.ir, tokens, self.out_features, self.in_features, 1, device, sm_count)
+        return recipe, tuning.config_for(recipe, tokens, self.out_features, self.in_features, 1, device, sm_count)
 
     def config_for(self, tokens: int, sm_count: int = 132) -> KernelConfig:
-        """The config of `launches(tokens)` (inference, the heuristic's)."""
+        """The config of `launches(tokens)` (inference, no device)."""
         return self.launches(tokens, sm_count=sm_count)[1]
 
     def extra_repr(self) -> str:
         cast = f", compute_dtype={self.compute_dtype}" if self.weight.dtype != self.compute_dtype else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"activation={self.activation!r}{cast}")
-
-
-def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Iterable[int] = (),
-                   sm_count: int = 132, device: tuning.Device | None = None) -> list[tuple[Recipe, KernelConfig]]:
-    """(recipe, config) of every kernel the gemmgen layers of `model` launch (each once): forward
-    for inputs of each of `tokens` rows, and forward with gradients wanted (the FusedLinear kernels
-    that also store the pre-activation) for each of `training_tokens`; both of a grouped layer's
-    heuristic kernels (for few rows per expert, and for many) whatever the tokens, as its rows are
-    the tokens routed to it, which the model's top-k decides. What to build ahead of time, e.g.
-    `gg.warmup(model_launches(model, (1, 16, 4096), training_tokens=(4096,)))`.
-
-    The heuristic's choices; with `device` (`gemmgen.tuning.Device.current()` where the model will
-    run), the runtime's: an autotune result registered for that device replaces the heuristic's
-    pick where it applies, and a grouped layer adds every winner registered for its sizes."""
-    if not isinstance(model, nn.Module):
-        raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    from .block_scaled import BlockScaledGroupedLinear, BlockScaledLinear
-    from .grouped import GroupedLinear
-
-    layers = [m for m in model.modules() if isinstance(m, FusedLinear | BlockScaledLinear)]
-    tokens, training_tokens = tuple(tokens), tuple(training_tokens)
-    found = [m.launches(t, sm_count=sm_count, device=device) for m in layers for t in tokens]
-    found += [m.launches(t, training=True, sm_count=sm_count, device=device) for m in layers for t in training_tokens]
-    grouped = [m for m in model.modules() if isinstance(m, GroupedLinear | BlockScaledGroupedLinear)]
-    found += [m.launches(rows) for m in grouped for rows in (None, m.num_experts)]
-    if device is not None:
-        found += [(m.recipe, c) for m in grouped
-                  for c in tuning.tuned_configs(m.recipe.ir, device, m.out_features, m.in_features, m.num_experts)]
-    return list(dict.fromkeys(found))

@@ -2,7 +2,7 @@
 
 Values come from ports of CUTLASS's host logic (tma.py, scheduler.py) and the problem; offsets
 and the defaults of constant fields come from the layout probe compiled into the kernel itself
-(codegen/params.py). Nothing here needs a host compiler or the CUDA driver: descriptors are
+(codegen.fields, codegen.sm90.params). Nothing here needs a host compiler or the CUDA driver: descriptors are
 produced by a `TensorMapEncoder`, the driver at run time or a recording stand-in in tests.
 """
 
@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..codegen.evt import REDUCTION_KIND
-from ..codegen.params import ParamField
-from ..config import KernelConfig, Schedule, TileScheduler, scale_tma, scales_per_tile
+from ..codegen.fields import ParamsLayout
+from ..codegen.sm90.geometry import scale_tma, scales_per_tile
+from ..config import KernelConfig, Schedule, TileScheduler
 from ..errors import InvalidArgument
 from ..ir import RecipeIR
 from ..types import OperandKind
@@ -37,14 +38,6 @@ class Workspace:
     size: int
     pointers: tuple[tuple[str, int], ...] = ()
     zeroed: tuple[tuple[int, int], ...] = ()
-
-
-@dataclass(frozen=True)
-class ParamsLayout:
-    """Where each field sits in Params under NVRTC, and its default value (from the layout probe)."""
-
-    size: int
-    fields: tuple[tuple[ParamField, int, int], ...]  # (field, offset, default bits)
 
 
 class ArgumentBuilder:

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..codegen.sm90.geometry import SCALE_TMA_THRESHOLD
 from ..errors import InvalidArgument, LayoutMismatch
 from ..ir import GemmSpec, Operand, RecipeIR, f32
 from ..types import DType, Layout, OperandKind
@@ -251,8 +252,6 @@ def _block_scale(o: Operand, value: object, problem: tuple[int, int, int, int], 
     (M or N blocks, K blocks, L) mode strides. The kernel indexes it in 32 bits, and loads an
     operand's scales with TMA when a tile reads at least 32 of them per K step: then its strides
     must be 16-byte multiples (its address is 16-byte aligned either way)."""
-    from ..config import SCALE_TMA_THRESHOLD
-
     m, n, k, l = problem  # noqa: E741
     t = _need_tensor(o.name, value)
     _dtype(o.name, t, DType.F32)

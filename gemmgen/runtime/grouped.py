@@ -17,24 +17,24 @@ call's stream, so calls on different streams never share one.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from ..config import KernelConfig
-from ..errors import InvalidArgument, LayoutMismatch
+from ..errors import InvalidArgument
 from ..ir import EpilogueIR, Operand, RecipeIR
+from ..ir.reference import evaluate_epilogue
 from ..types import OperandKind
 from . import driver, scheduler, tma
-from .arguments import ParamsWriter, TensorMapEncoder
+from .arguments import TensorMapEncoder
+from .base import Hardware, KernelBase, argument_signature, padded_strides, put_bounded
 from .checks import GroupedCall, check_grouped_call, check_no_alias, check_output, grouped_input_spans, output_span
-from .kernel import MemoEncoder, argument_signature, padded_strides, put_bounded
 from .problem import TensorArg
 
 if TYPE_CHECKING:
-    from ..build import CompiledKernel
+    from ..compile import CompiledKernel
 
 MODE_GROUPED = 4  # cutlass::gemm::GemmUniversalMode::kGrouped
 MAX_COLUMNS = 18  # gemmgen::grouped::MaxColumns
@@ -203,7 +203,8 @@ class _GroupedPlan:
     device_index: int
     d_shape: tuple[int, int]
     d_strides: tuple[int, ...]
-    d_dtype: torch.dtype
+    d_template: torch.Tensor  # empty, D's dtype, on the call's device: D is its new_empty_strided
+    bytes_template: torch.Tensor  # empty, uint8, on the call's device: the buffer is its new_empty
     columns: list[Column] | None = None  # None: nothing to launch (an empty dimension, or K = 0)
     d_at: int = 0  # where D's column's base (D's address, set per call) sits in the setup block
     layout: BufferLayout = BufferLayout(0, 0, 0, 0, 0)
@@ -214,130 +215,100 @@ class _GroupedPlan:
     blocks: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)  # (Params, setup) by buffer address
 
 
-class GroupedKernel:
-    """A compiled grouped recipe, callable on torch tensors (see the module docstring)."""
+class GroupedKernel(KernelBase):
+    """A compiled grouped recipe, callable on torch tensors: `kernel(a, b, offsets, *operands)` (see
+    the module docstring)."""
 
     def __init__(self, compiled: CompiledKernel, *, encoder: TensorMapEncoder | None = None,
-                 hardware: Callable[[int], tuple[int, int]] | None = None, require_cuda: bool = True) -> None:
-        """`encoder`, `hardware` and `require_cuda=False` replace the driver for CPU tests."""
-        self.compiled = compiled
-        self.recipe = compiled.recipe
-        self._ir = compiled.recipe.ir
-        self._config = compiled.config
-        self._names = tuple(o.name for o in self._ir.operands)
-        self._writer = ParamsWriter(compiled.params_layout)
+                 hardware: Hardware | None = None, require_cuda: bool = True) -> None:
+        super().__init__(compiled, encoder=encoder, hardware=hardware, require_cuda=require_cuda)
         self._args = GroupedArguments(compiled.generated.kernel_recipe, self._config)
-        self._on_driver = encoder is None
-        self._encode = encoder or MemoEncoder(driver.encode_tensor_map)
-        self._hardware = hardware or self._device_hardware
-        self._require_cuda = require_cuda
-        self._loaded: dict[int, tuple[driver.LoadedFunction, Any]] = {}
-        self._plans: dict[tuple, _GroupedPlan] = {}
-        self._refused: dict[tuple, LayoutMismatch] = {}  # signatures the checks refused for a layout
+        self._loaded_pairs: dict[int, tuple[driver.LoadedFunction, Any]] = {}  # (GEMM, setup kernel) per device
 
-    def __repr__(self) -> str:
-        return f"<gemmgen.GroupedKernel {self.compiled.entry} ({self._config.name})>"
-
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *args: Any, out: Any = None,
-                 **operands: Any) -> torch.Tensor:
-        d, _buffer, setup, setup_grid, params, grid, device_index = self._prepare(a, b, offsets, args, out, operands)
-        if params is not None:  # _buffer: alive until both launches are queued
-            if driver.current_device() == device_index:
-                self._launch(setup, setup_grid, params, grid, device_index)
-            else:  # tensors on another GPU than the current one
-                with torch.cuda.device(device_index):
-                    self._launch(setup, setup_grid, params, grid, device_index)
-        return d
-
-    def _launch(self, setup: bytes, setup_grid: tuple[int, int, int], params: bytes, grid: tuple[int, int, int],
-                device_index: int) -> None:
-        """Both kernels on the current stream of the tensors' device, the current device (the
-        module was loaded into its context): the setup kernel, then the GEMM."""
-        gemm, setup_function = self._function(device_index)
+    def _launch(self, device_index: int, launch: tuple) -> None:
+        """Both kernels: the setup kernel, then the GEMM. (buffer, setup block, setup grid, Params,
+        grid): the buffer is what both read, kept alive until both launches are enqueued."""
+        _buffer, setup, setup_grid, params, grid = launch
+        gemm, setup_function = self._loaded_pairs.get(device_index) or self._functions(device_index)
         stream = driver.current_stream(device_index)
         driver.launch_function(setup_function, setup, setup_grid, SETUP_BLOCK, 0, stream)
         driver.launch(gemm, params, grid, self.compiled.info.max_threads, self._config.cluster,
                       self.compiled.info.smem_bytes, stream)
 
-    def prepare(self, a: Any, b: Any, offsets: Any, *args: Any, out: Any = None, **operands: Any
-                ) -> PreparedGroupedCall:
-        """Check, allocate and build both launches (everything but the driver calls). The checks
-        and the columns are kept per call signature (every argument's address, shape, strides,
-        dtype and device, and every scalar), and Params and the setup block per buffer address: a
-        repeated call only allocates D and the buffer, and writes D's address into the setup block."""
-        return PreparedGroupedCall(*self._prepare(a, b, offsets, args, out, operands))
+    def _functions(self, device_index: int) -> tuple[driver.LoadedFunction, Any]:
+        """The GEMM and the setup kernel of the module loaded for the device (once)."""
+        pair = self._loaded_pairs.get(device_index)
+        if pair is None:
+            gemm = self._function(device_index)
+            setup = driver.module_function(gemm, f"{self.compiled.entry}_groups")
+            pair = self._loaded_pairs[device_index] = (gemm, setup)
+        return pair
 
-    def _prepare(self, a: Any, b: Any, offsets: Any, args: tuple, out: Any, operands: dict) -> tuple:
-        """`prepare` as a plain tuple, with the operands as passed (the call path's hot loop)."""
-        names = self._names
-        if args and (operands or len(args) != len(names)):
-            raise InvalidArgument(f"operands: pass all {len(names)} of {list(names)} positionally in this order, "
-                                  f"or all by name; got {len(args)} positional and {sorted(operands)} by name")
-        if self._on_driver and isinstance(a, torch.Tensor) and a.is_cuda and not driver.THREAD.has_context:
-            with torch.cuda.device(a.device):
-                driver.bind_context(a.device.index or 0)
+    def prepare(self, a: Any, b: Any, *args: Any, out: Any = None, **operands: Any) -> PreparedGroupedCall:
+        """Check, allocate and build both launches (everything but the driver calls). The checks
+        and the columns are kept per call signature, and Params and the setup block per buffer
+        address: a repeated call only allocates D and the buffer, and writes D's address into the
+        setup block."""
+        (d,), launch, index = self._prepare(a, b, args, out, operands)
+        if launch is None:
+            return PreparedGroupedCall(d, None, None, (0, 0, 0), None, (0, 0, 0), index)
+        buffer, setup, setup_grid, params, grid = launch
+        return PreparedGroupedCall(d, buffer, setup, setup_grid, params, grid, index)
+
+    def _prepare(self, a: Any, b: Any, args: tuple, out: Any, operands: dict
+                 ) -> tuple[tuple[torch.Tensor, ...], tuple | None, int]:
+        if args:
+            offsets, args = args[0], args[1:]
+        elif "offsets" in operands:
+            operands = dict(operands)
+            offsets = operands.pop("offsets")
+        else:
+            raise InvalidArgument("offsets: missing; a grouped kernel takes (a, b, offsets, *operands), offsets an "
+                                  "int32 tensor of one entry per group of b: where its rows of a end")
+        if self._on_driver and not driver.THREAD.has_context:
+            self._bind_context(a)
+        values = self._operand_values(args, operands)
         try:
             key: tuple | None = (argument_signature(a), argument_signature(b), argument_signature(offsets),
-                                 *map(argument_signature, args if args else (operands.get(n) for n in names)),
-                                 None if out is None else argument_signature(out))
+                                 *map(argument_signature, values), None if out is None else argument_signature(out)) \
+                if values is not None else None
         except (TypeError, RuntimeError):  # not a number or a strided tensor: the checks say what
             key = None
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
-            plan = self._new_plan(key, a, b, offsets, self._named(args, operands), out)
+            named = self._named(args, operands)
+            plan = self._remember(key, lambda: self._plan(a, b, offsets, named, out))
         call = plan.call
-        d = out if out is not None else torch.empty_strided(plan.d_shape, plan.d_strides, dtype=plan.d_dtype,
-                                                            device=call.device)
+        d = out if out is not None else plan.d_template.new_empty_strided(plan.d_shape, plan.d_strides)
         if plan.columns is None:
             if call.k == 0 and 0 not in (call.rows, call.n, call.groups):
                 self._epilogue_of_zero(d, call, self._named(args, operands), offsets)
-            return d, None, None, (0, 0, 0), None, (0, 0, 0), plan.device_index
-        buffer = torch.empty(plan.layout.size, dtype=torch.uint8, device=call.device)
+            return (d,), None, plan.device_index
+        buffer = plan.bytes_template.new_empty(plan.layout.size)
         addr = buffer.data_ptr()
         blocks = plan.blocks.get(addr)
         if blocks is None:  # the setup block with D's base 0, patched per call: D is allocated per call
-            values = self._args.values(call, plan.columns, addr, plan.layout, plan.sm_count, plan.clusters,
+            fields = self._args.values(call, plan.columns, addr, plan.layout, plan.sm_count, plan.clusters,
                                        max(plan.device_index, 0), self._encode)
-            blocks = (bytes(self._writer.write(values)), self._args.setup(call, plan.columns, addr, plan.layout))
+            blocks = (bytes(self._writer.write(fields)), self._args.setup(call, plan.columns, addr, plan.layout))
             put_bounded(plan.blocks, addr, blocks)
         params, setup = blocks
         setup = setup[:plan.d_at] + d.data_ptr().to_bytes(8, "little") + setup[plan.d_at + 8:]
-        return d, buffer, setup, plan.setup_grid, params, plan.grid, plan.device_index
-
-    def _named(self, args: tuple, operands: dict) -> dict[str, Any]:
-        """The operands by name, however they were passed (built off the hot path only)."""
-        return dict(zip(self._names, args, strict=True)) if args else operands
-
-    def _new_plan(self, key: tuple | None, a: Any, b: Any, offsets: Any, operands: dict, out: Any
-                  ) -> _GroupedPlan:
-        """The plan for a call signature not seen (or no longer cached). A signature the checks
-        refused for a layout is refused again at once: the torch op copies the tensor and retries."""
-        if key is None:
-            return self._plan(a, b, offsets, operands, out)
-        refused = self._refused.get(key)
-        if refused is not None:
-            raise LayoutMismatch(refused.argument, str(refused))
-        try:
-            plan = self._plan(a, b, offsets, operands, out)
-        except LayoutMismatch as e:
-            put_bounded(self._refused, key, e)
-            raise
-        put_bounded(self._plans, key, plan)
-        return plan
+        return (d,), (buffer, setup, plan.setup_grid, params, plan.grid), plan.device_index
 
     def _plan(self, a: Any, b: Any, offsets: Any, operands: dict, out: Any) -> _GroupedPlan:
         """Check every argument and work out what does not depend on D's or the buffer's address."""
         call = check_grouped_call(self._ir, a, b, offsets, operands, require_cuda=self._require_cuda)
-        device_index = (call.device.index or 0) if call.device.type == "cuda" else -1
-        if self._require_cuda:
-            driver.require_sm90(device_index)
+        device_index = self._device_index(call.device)
         shape = (call.rows, call.n)
         strides = padded_strides(shape, self._ir.gemm.d.torch)
         if out is not None:
             check_output("out", out, self._ir.gemm.d, shape, call.device, False, 1)
             check_no_alias("out", output_span(out), grouped_input_spans(call))
             strides = tuple(out.stride())
-        plan = _GroupedPlan(call, device_index, shape, strides, self._ir.gemm.d.torch)
+        plan = _GroupedPlan(call, device_index, shape, strides, torch.empty(0, dtype=self._ir.gemm.d.torch,
+                                                                            device=call.device),
+                            torch.empty(0, dtype=torch.uint8, device=call.device))
         if 0 in (call.rows, call.n, call.groups, call.k):
             return plan
         plan.sm_count, plan.clusters = self._hardware(device_index)
@@ -351,26 +322,12 @@ class GroupedKernel:
     def _epilogue_of_zero(self, d: torch.Tensor, call: GroupedCall, operands: dict, offsets: torch.Tensor) -> None:
         """K = 0: each group's epilogue applied to a zero accumulator, by torch ops on the stream (no
         sync); rows after the last group's end are left as they are, as the kernel leaves them."""
-        from ..reference import evaluate_epilogue
-
         _, group, covered = row_groups(offsets, call.rows, call.groups)
         acc = torch.zeros((call.rows, call.n), dtype=torch.float32, device=d.device)
         epilogue_operands = {o.name: operands[o.name] for o in self._ir.epilogue.operands}
         value = evaluate_epilogue(vectors_as_matrices(self._ir), acc,
                                   operands_per_row(self._ir, epilogue_operands, group))[0]
         d.copy_(torch.where(covered.reshape(-1, 1), value, d))
-
-    def _device_hardware(self, device_index: int) -> tuple[int, int]:
-        return driver.require_sm90(device_index), self._function(device_index)[0].max_active_clusters
-
-    def _function(self, device_index: int) -> tuple[driver.LoadedFunction, Any]:
-        hit = self._loaded.get(device_index)
-        if hit is None:
-            info = self.compiled.info
-            gemm = driver.load(self.compiled.entry, self.compiled.cubin, device_index, info.smem_bytes,
-                               info.max_threads, self._config.cluster)
-            hit = self._loaded[device_index] = (gemm, driver.module_function(gemm, f"{self.compiled.entry}_groups"))
-        return hit
 
 
 def vectors_as_matrices(ir: RecipeIR) -> EpilogueIR:

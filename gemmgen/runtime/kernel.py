@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import struct
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from ..errors import InvalidArgument, LayoutMismatch, NotDeterministic
+from ..errors import InvalidArgument, NotDeterministic
+from ..ir.reference import evaluate_epilogue
 from . import driver
-from .arguments import ArgumentBuilder, ParamsWriter, TensorMapEncoder
+from .arguments import ArgumentBuilder, TensorMapEncoder
+from .base import Hardware, KernelBase, argument_signature, padded_strides, put_bounded
 from .checks import (
-    TMA_ALIGN,
     CheckedCall,
     check_call,
     check_no_alias,
@@ -44,13 +44,12 @@ from .checks import (
     output_span,
     rebind,
 )
+from .grouped import GroupedKernel
 from .problem import Problem, TensorArg
-from .tma import EncodeArgs
 
 if TYPE_CHECKING:
-    from ..build import CompiledKernel
+    from ..compile import CompiledKernel
 
-_MAX_ENTRIES = 256  # per cache: plans and layouts per kernel, output maps and checks per layout
 OutputArg = tuple[int, tuple[int, int, int]]  # an output's (address, strides): a TensorArg's fields, or one
 
 
@@ -77,12 +76,13 @@ class _Plan:
     workspace_slots: tuple[tuple[int, int], ...] = ()  # (Params offset, offset into the workspace) per pointer
 
 
-#: An output gemmgen allocates: (shape, dtype, torch strides, (M, N, L) mode strides, reduced), with
-#: `reduced` one of: an M x N output; a reduction the launch writes whole (per row or column); a
-#: reduction that starts from its identity (`Reduction.identity`: an atomic max over M and N, or
-#: nothing to reduce).
+#: An output gemmgen allocates: (shape, template, torch strides, (M, N, L) mode strides, reduced),
+#: the template an empty tensor of its dtype on the call's device (`new_empty_strided` of it costs
+#: less than `torch.empty_strided`), `reduced` one of: an M x N output; a reduction the launch writes
+#: whole (per row or column); a reduction that starts from its identity (`Reduction.identity`: an
+#: atomic max over M and N, or nothing to reduce).
 MATRIX, REDUCED, REDUCED_FROM_IDENTITY = 0, 1, 2
-_FreshOutput = tuple[tuple[int, ...], torch.dtype, tuple[int, ...], tuple[int, int, int], int]
+_FreshOutput = tuple[tuple[int, ...], torch.Tensor, tuple[int, ...], tuple[int, int, int], int]
 
 
 class PreparedCall(NamedTuple):
@@ -97,61 +97,24 @@ class PreparedCall(NamedTuple):
     workspace: torch.Tensor | None = None
 
 
-_MISSING = object()
+class Kernel(KernelBase):
+    """A compiled dense (or batched) recipe, callable on torch tensors: `kernel(a, b, *operands)`."""
 
-
-def argument_signature(t: Any) -> tuple[int, tuple]:
-    """(address, everything else the checks read) of one argument; a scalar has no address."""
-    if isinstance(t, torch.Tensor):
-        return t.data_ptr(), (t.shape, t.stride(), t.dtype, t.device)
-    if isinstance(t, float | int) and not isinstance(t, bool):
-        return 0, (type(t), t)
-    raise TypeError  # not cacheable: let the checks report it
-
-
-class Kernel:
     def __init__(self, compiled: CompiledKernel, *, encoder: TensorMapEncoder | None = None,
-                 hardware: Callable[[int], tuple[int, int]] | None = None, require_cuda: bool = True) -> None:
-        """`encoder`, `hardware` and `require_cuda=False` replace the driver for CPU tests and benchmarks."""
-        self.compiled = compiled
-        self.recipe = compiled.recipe
-        self._ir = compiled.recipe.ir
-        self._config = compiled.config
+                 hardware: Hardware | None = None, require_cuda: bool = True) -> None:
+        super().__init__(compiled, encoder=encoder, hardware=hardware, require_cuda=require_cuda)
         self._block = compiled.info.max_threads
         self._smem = compiled.info.smem_bytes
-        self._names = tuple(o.name for o in self._ir.operands)
         self._identities = tuple(o.reduce.identity if o.reduce is not None else 0.0 for o in self._ir.epilogue.outputs)
-        self._writer = ParamsWriter(compiled.params_layout)
         self._builder = ArgumentBuilder(compiled.generated.kernel_recipe, self._config)
         self._swap = self._config.swap_ab  # the kernel computes D^T = B^T A^T on the same memory
         self._nondeterministic = not self._config.deterministic
-        self._on_driver = encoder is None  # the driver encodes, so the thread needs a context
-        self._encode = encoder or MemoEncoder(driver.encode_tensor_map)
-        self._hardware = hardware or self._device_hardware
-        self._require_cuda = require_cuda
-        self._plans: dict[tuple, _Plan] = {}  # by every argument's signature, addresses included
-        self._refused: dict[tuple, LayoutMismatch] = {}  # signatures the checks refused for a layout
         self._layouts: dict[tuple, _Plan] = {}  # the latest plan per signature without addresses
-        self._loaded: dict[int, driver.LoadedFunction] = {}  # per device index
 
-    def __repr__(self) -> str:
-        return f"<gemmgen.Kernel {self.compiled.entry} ({self._config.name})>"
-
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, *args: Any, out: Any = None, **operands: Any) -> Any:
-        """Operands by name, or all of them positionally in the recipe's declaration order (as the
-        op takes them)."""
-        outputs, params, grid, index, _workspace = self._prepare(a, b, args, out, operands)
-        if params is not None:
-            if driver.current_device() == index:
-                self._launch(params, grid, index)
-            else:  # tensors on another GPU than the current one (one process driving several GPUs)
-                with torch.cuda.device(index):
-                    self._launch(params, grid, index)
-        return outputs[0] if len(outputs) == 1 else outputs
-
-    def _launch(self, params: bytes, grid: tuple[int, int, int], index: int) -> None:
-        """On the current stream of the tensors' device, which must be the current device: the
-        module was loaded into that device's context."""
+    def _launch(self, index: int, launch: tuple) -> None:
+        """(Params, grid, workspace): the workspace is the memory the Params point into, kept alive
+        until the launch is enqueued."""
+        params, grid, _workspace = launch
         driver.launch(self._function(index), params, grid, self._block, self._config.cluster, self._smem,
                       driver.current_stream(index))
 
@@ -159,24 +122,18 @@ class Kernel:
 
     def prepare(self, a: torch.Tensor, b: torch.Tensor, *args: Any, out: Any = None, **operands: Any) -> PreparedCall:
         """Check, allocate and build the launch (everything but the driver call)."""
-        return PreparedCall(*self._prepare(a, b, args, out, operands))
+        outputs, launch, index = self._prepare(a, b, args, out, operands)
+        if launch is None:
+            return PreparedCall(outputs, None, (0, 0, 0), index, None)
+        return PreparedCall(outputs, launch[0], launch[1], index, launch[2])
 
-    def _prepare(self, a: Any, b: Any, args: tuple, out: Any, operands: dict) -> tuple:
-        """`prepare` as a plain tuple, with the operands as passed (the call path's hot loop)."""
+    def _prepare(self, a: Any, b: Any, args: tuple, out: Any, operands: dict
+                 ) -> tuple[tuple[torch.Tensor, ...], tuple | None, int]:
         if self._nondeterministic and torch.are_deterministic_algorithms_enabled():
             self._alert_nondeterministic()
         if self._on_driver and not driver.THREAD.has_context:
             self._bind_context(a)
-        names = self._names
-        if args:
-            if operands or len(args) != len(names):
-                raise InvalidArgument(f"operands: pass all {len(names)} of {list(names)} positionally in this order, "
-                                      f"or all by name; got {len(args)} positional and {sorted(operands)} by name")
-            values: tuple | None = args
-        elif len(operands) == len(names):
-            values = tuple(operands.get(name, _MISSING) for name in names)
-        else:
-            values = None  # the checks report what is missing
+        values = self._operand_values(args, operands)
         try:
             key = (argument_signature(a), argument_signature(b), *map(argument_signature, values)) \
                 if values is not None else None
@@ -189,9 +146,9 @@ class Kernel:
         if plan.base is None:
             if plan.zero_k:
                 self._epilogue_of_zero(outputs, plan.shape, self._named(args, operands), plan.device)
-            return outputs, None, (0, 0, 0), plan.device_index, None
+            return outputs, None, plan.device_index
         if not plan.workspace:
-            return outputs, self._params(plan, targs, 0), plan.grid, plan.device_index, None
+            return outputs, (self._params(plan, targs, 0), plan.grid, None), plan.device_index
         # from torch's caching allocator, on the current stream; its counters and barriers must start at 0
         if plan.workspace_zeroed == ((0, plan.workspace),):  # vector reductions only: one fill, no views
             workspace = torch.zeros(plan.workspace, dtype=torch.uint8, device=plan.device)
@@ -199,7 +156,7 @@ class Kernel:
             workspace = torch.empty(plan.workspace, dtype=torch.uint8, device=plan.device)
             for start, end in plan.workspace_zeroed:
                 workspace[start:end].zero_()
-        return outputs, self._params(plan, targs, workspace.data_ptr()), plan.grid, plan.device_index, workspace
+        return outputs, (self._params(plan, targs, workspace.data_ptr()), plan.grid, workspace), plan.device_index
 
     def _alert_nondeterministic(self) -> None:
         """As torch's nondeterministic ops do under torch.use_deterministic_algorithms(True): raise,
@@ -211,10 +168,6 @@ class Kernel:
             warnings.warn(message, stacklevel=4)
         else:
             raise NotDeterministic(message)
-
-    def _named(self, args: tuple, operands: dict) -> dict[str, Any]:
-        """The operands by name, however they were passed."""
-        return dict(zip(self._names, args, strict=True)) if args else operands
 
     def _params(self, plan: _Plan, targs: tuple[OutputArg, ...], workspace: int) -> bytes:
         """The plan's Params with the output tensor maps for `targs` and the workspace pointers
@@ -245,18 +198,10 @@ class Kernel:
         same layout (the signature without addresses) if there is one, else built from scratch."""
         if key is None:
             return self._plan(a, b, operands)
-        refused = self._refused.get(key)
-        if refused is not None:  # the same signature gets the same verdict: raised again, not rechecked
-            raise LayoutMismatch(refused.argument, str(refused))
         layout = tuple(sig[1] for sig in key)
         same = self._layouts.get(layout)
-        try:
-            plan = self._rebind(same, a, b, operands) if same is not None and same.base is not None else \
-                self._plan(a, b, operands)
-        except LayoutMismatch as e:  # the torch op copies the tensor and calls again: keep the verdict
-            put_bounded(self._refused, key, e)
-            raise
-        put_bounded(self._plans, key, plan)
+        plan = self._remember(key, lambda: self._rebind(same, a, b, operands) if same is not None and
+                              same.base is not None else self._plan(a, b, operands))
         put_bounded(self._layouts, layout, plan)
         return plan
 
@@ -264,11 +209,9 @@ class Kernel:
         """Check every argument and build the input side of the Params from scratch."""
         ir = self._ir
         call = check_call(ir, a, b, operands, require_cuda=self._require_cuda)
-        device_index = (call.device.index or 0) if call.device.type == "cuda" else -1
-        if self._require_cuda:
-            driver.require_sm90(device_index)
+        device_index = self._device_index(call.device)
         shape = (call.l, call.m, call.n) if ir.gemm.batched else (call.m, call.n)
-        fresh = self._fresh_outputs(shape, call.l)
+        fresh = self._fresh_outputs(shape, call.l, call.device)
         if 0 in (call.m, call.n, call.l, call.k):
             zero_k = call.k == 0 and 0 not in (call.m, call.n, call.l)
             return _Plan(shape, call.device, device_index, call, None, (0, 0, 0), None, fresh, zero_k)
@@ -304,20 +247,19 @@ class Kernel:
         tensors: list[torch.Tensor] = []
         targs: list[OutputArg] = []
         if out is None:  # fresh memory: right by construction, cannot alias an input (a plain loop: hot path)
-            device = plan.device
-            for identity, (shape, dtype, strides, modes, reduced) in zip(self._identities, plan.fresh, strict=True):
-                tensor = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+            for identity, (shape, template, strides, modes, reduced) in zip(self._identities, plan.fresh, strict=True):
+                tensor = template.new_empty_strided(shape, strides)
                 if reduced == REDUCED_FROM_IDENTITY:
                     tensor.fill_(identity)
                 tensors.append(tensor)
                 targs.append((tensor.data_ptr(), modes))  # a TensorArg's fields (building one costs 0.3 us)
             return tuple(tensors), tuple(targs)
         given: list[tuple[str, tuple[int, int] | None]] = []
-        for o, identity, t, (shape, dtype, strides, modes, reduced) in zip(
+        for o, identity, t, (shape, template, strides, modes, reduced) in zip(
                 self._ir.epilogue.outputs, self._identities, _given_outputs(out, len(plan.fresh)), plan.fresh,
                 strict=True):
             if t is None:
-                t = torch.empty_strided(shape, strides, dtype=dtype, device=plan.device)
+                t = template.new_empty_strided(shape, strides)
                 if reduced == REDUCED_FROM_IDENTITY:
                     t.fill_(identity)
                 targs.append((t.data_ptr(), modes))
@@ -345,8 +287,9 @@ class Kernel:
             check_outputs_disjoint(given)
         return tuple(tensors), tuple(targs)
 
-    def _fresh_outputs(self, shape: tuple[int, ...], l: int) -> tuple[_FreshOutput, ...]:  # noqa: E741
-        """(shape, dtype, torch strides, (M, N, L) mode strides, reduced) of each output gemmgen
+    def _fresh_outputs(self, shape: tuple[int, ...], l: int, device: torch.device  # noqa: E741
+                       ) -> tuple[_FreshOutput, ...]:
+        """(shape, template, torch strides, (M, N, L) mode strides, reduced) of each output gemmgen
         allocates for an M x N `shape`: row-major, rows padded to 16 bytes if needed; a
         reduction's contiguous per batch: (L,) or () over M and N, (L, M) or (M,) per row, (L, N) or
         (N,) per column (`checks.check_reduction_output`)."""
@@ -359,71 +302,21 @@ class Kernel:
                 modes = (vector[0], vector[1], vector[2] if l > 1 else 0)
                 zero = o.dim is None or 0 in shape  # an atomic max over M and N, or nothing to reduce
                 strides = (rshape[-1], 1) if len(rshape) == 2 else (1,) * len(rshape)
-                layouts.append((rshape, o.dtype.torch, strides, modes, REDUCED_FROM_IDENTITY if zero else REDUCED))
+                template = torch.empty(0, dtype=o.dtype.torch, device=device)
+                layouts.append((rshape, template, strides, modes, REDUCED_FROM_IDENTITY if zero else REDUCED))
                 continue
             strides = padded_strides(shape, o.dtype.torch)
-            layouts.append((shape, o.dtype.torch, strides,
+            layouts.append((shape, torch.empty(0, dtype=o.dtype.torch, device=device), strides,
                             (strides[-2], 1, strides[0] if len(shape) == 3 and l > 1 else 0), MATRIX))
         return tuple(layouts)
-
-    # ---- helpers
-
-    def _bind_context(self, a: Any) -> None:
-        """A thread's first call: make a context current before any driver call (`driver.bind_context`),
-        the primary context of the device the call's tensors are on."""
-        if isinstance(a, torch.Tensor) and (a.is_cuda or not self._require_cuda):  # else the checks refuse it
-            index = (a.device.index or 0) if a.is_cuda else 0  # a CPU tensor stands in for device 0's
-            with torch.cuda.device(index):
-                driver.bind_context(index)
-
-    def _device_hardware(self, device_index: int) -> tuple[int, int]:
-        return driver.require_sm90(device_index), self._function(device_index).max_active_clusters
-
-    def _function(self, device_index: int) -> driver.LoadedFunction:
-        fn = self._loaded.get(device_index)
-        if fn is None:
-            info = self.compiled.info
-            fn = self._loaded[device_index] = driver.load(self.compiled.entry, self.compiled.cubin, device_index,
-                                                          info.smem_bytes, self._block, self._config.cluster)
-        return fn
 
     def _epilogue_of_zero(self, outputs: tuple[torch.Tensor, ...], shape: tuple[int, ...], operands: dict,
                           device: torch.device) -> None:
         """K = 0: the epilogue applied to a zero accumulator, like torch's matmul over an empty K."""
-        from ..reference import evaluate_epilogue
-
         acc = torch.zeros(shape, dtype=torch.float32, device=device)
         for dst, src in zip(outputs, evaluate_epilogue(self._ir.epilogue, acc, operands),
                             strict=True):
             dst.copy_(src)
-
-
-class MemoEncoder:
-    """An encoder memoized by its arguments, which determine the map: when activations move, a
-    weight's map is not encoded again (a driver call of a few microseconds per map)."""
-
-    def __init__(self, encode: TensorMapEncoder) -> None:
-        self._encode = encode
-        self._maps: dict[EncodeArgs, bytes] = {}
-
-    def __call__(self, args: EncodeArgs) -> bytes:
-        desc = self._maps.get(args)
-        if desc is None:
-            desc = self._encode(args)
-            put_bounded(self._maps, args, desc, 4 * _MAX_ENTRIES)
-        return desc
-
-
-def put_bounded(cache: dict, key: Any, value: Any, limit: int = _MAX_ENTRIES) -> None:
-    """Insert into a cache of at most `limit` entries, dropping the oldest entry when full. Threads
-    may share a kernel: if another one changes the cache while the oldest entry is looked up, the
-    eviction is skipped (the bound is approximate), never the insert."""
-    if len(cache) >= limit:
-        try:
-            del cache[next(iter(cache))]
-        except (RuntimeError, KeyError, StopIteration):
-            pass
-    cache[key] = value
 
 
 def _given_outputs(out: Any, n: int) -> list[torch.Tensor | None]:
@@ -437,19 +330,9 @@ def _given_outputs(out: Any, n: int) -> list[torch.Tensor | None]:
                           f"got {type(out).__name__}")
 
 
-def padded_strides(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, ...]:
-    """Row-major strides, rows padded to 16 bytes when N is not a multiple (TMA needs it, N = 1
-    included: a 2-byte row stride is as unreadable to TMA as any other)."""
-    n = shape[-1]
-    per = TMA_ALIGN // _ITEMSIZE[dtype]
-    ld = -(-n // per) * per
-    return (ld, 1) if len(shape) == 2 else (shape[-2] * ld, ld, 1)
-
-
-def allocate_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An output tensor gemmgen can write: row-major, rows padded to 16 bytes if needed."""
-    return torch.empty_strided(shape, padded_strides(shape, dtype), dtype=dtype, device=device)
-
-
 _POINTER = struct.Struct("<Q")
-_ITEMSIZE = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4, torch.float8_e4m3fn: 1, torch.float8_e5m2: 1}
+
+
+def kernel_for_compiled(compiled: CompiledKernel) -> KernelBase:
+    """The callable for a compiled kernel: a GroupedKernel for a grouped recipe, else a Kernel."""
+    return GroupedKernel(compiled) if compiled.recipe.gemm.grouped else Kernel(compiled)

@@ -11,7 +11,8 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..config import KernelConfig, epilogue_tile, swizzle_span
+from ..codegen.sm90.geometry import epilogue_tile, swizzle_span
+from ..config import KernelConfig
 from ..ir import RecipeIR
 from ..types import DType, Layout
 

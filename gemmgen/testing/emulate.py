@@ -18,9 +18,9 @@ from typing import Protocol
 
 import torch
 
-from ..build import CompiledKernel
-from ..reference import expand_block_scale
-from ..runtime.arguments import ParamsLayout
+from ..codegen.fields import ParamsLayout
+from ..compile import CompiledKernel
+from ..ir.reference import expand_block_scale, group_bounds
 from ..runtime.grouped import MAX_COLUMNS, SETUP
 from ..runtime.tma import EncodeArgs
 from .visitors import EpilogueInterpreter
@@ -234,8 +234,6 @@ def fill_groups(setup: tuple, offsets: list[int]) -> tuple[list[list[int]], list
     """What gemmgen/include/gemmgen/grouped.hpp's `fill` writes for a Setup block (its fields, as
     runtime.grouped.SETUP unpacks them): each group's (M, N, K) and its column values
     (tests/test_grouped.py runs the C++ on the host against this)."""
-    from ..reference import group_bounds
-
     groups, rows, n, k, columns, swapped = setup[3:9]
     c = MAX_COLUMNS
     base, per_row, per_group = setup[9:9 + c], setup[9 + c:9 + 2 * c], setup[9 + 2 * c:9 + 3 * c]

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..codegen import GeneratedKernel, _environment, type_context
+from ..codegen import GeneratedKernel, template_environment
 from ..codegen.evt import ParamBinding
+from ..codegen.sm90 import type_context
 from ..compile.toolchain import toolchain
 from ..config import TileScheduler
 from ..errors import ToolchainError
@@ -122,7 +123,7 @@ class OracleProgram:
                 epilogue: str, workspace: str, hw: dict[str, int], atoms: list[tuple[str, str]],
                 scheduler: list[str] | None = None) -> None:
         code = kernel.config.binary()
-        self.source = _environment().get_template("oracle_host.cu.j2").render(
+        self.source = template_environment().get_template("oracle_host.cu.j2").render(
             recipe_name=kernel.recipe.name, config_name=code.name,
             n_slots=len(self.slots.names), n_args=len(self.slots.names) + 1, slot=hw, mode=mode,
             problem_args=problem, mainloop_args=mainloop, epilogue_args=epilogue, workspace=workspace,

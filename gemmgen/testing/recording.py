@@ -6,7 +6,7 @@ test fails where the driver would answer CUDA_ERROR_INVALID_VALUE on the GPU.
 
 from __future__ import annotations
 
-from ..config import SM90_SMEM_CAPACITY
+from ..codegen.sm90 import SM90_SMEM_CAPACITY
 from ..runtime.tma import EncodeArgs, Swizzle, TmaDataType
 
 _ITEMSIZE = {TmaDataType.UINT8: 1, TmaDataType.UINT16: 2, TmaDataType.UINT32: 4, TmaDataType.FLOAT16: 2,

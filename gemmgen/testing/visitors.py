@@ -33,6 +33,8 @@ from typing import Protocol
 
 import torch
 
+from ..ir import Op, Param
+
 _FUSION = "cutlass::epilogue::fusion::"
 _EPI = "gemmgen::epi::"
 _ELEMENT = {"cutlass::bfloat16_t": torch.bfloat16, "cutlass::half_t": torch.float16, "float": torch.float32,
@@ -176,24 +178,18 @@ def _f32(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
-#: epilogue.hpp's scalar functors (by name, without namespace), on fp32 tensors.
-_SCALAR_FNS: dict[str, Callable[..., torch.Tensor]] = {
-    "Identity": lambda x: x,
-    "Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y, "Div": lambda x, y: x / y,
-    "Min": torch.minimum, "Max": torch.maximum,  # both propagate NaN, as nan_or does
-    "Neg": lambda x: -x, "Abs": torch.abs, "Exp": torch.exp, "Tanh": torch.tanh,
-    "Sigmoid": lambda x: 1.0 / (1.0 + torch.exp(-x)),
-    "Relu": lambda x: torch.where(x < 0, torch.zeros_like(x), x),
-    "Silu": lambda x: x / (1.0 + torch.exp(-x)),
-    "Gelu": lambda x: 0.5 * x * (1.0 + torch.erf(x * 0.70710678118654752)),
-    "GeluTanh": lambda x: 0.5 * x * (1.0 + torch.tanh(0.79788456080286536 * (x + 0.044715 * x * x * x))),
-}
+#: The ops by the functor a kernel's source names (`ir.Op.functor`; Identity: D's own conversion node).
+_BY_FUNCTOR = {op.functor: op for op in Op if op.functor is not None and op.functor != "Identity"}
 
 
-def _scalar_fn(name: str) -> Callable[..., torch.Tensor]:
-    if name not in _SCALAR_FNS:
+def scalar_function(name: str) -> Callable[..., torch.Tensor]:
+    """What `gemmgen::epi::<name>` computes: its op's formula in the op table."""
+    if name == "Identity":
+        return lambda x: x
+    op = _BY_FUNCTOR.get(name)
+    if op is None or op.param is not Param.NONE:
         raise EpilogueSourceError(f"unknown functor gemmgen::epi::{name}")
-    return _SCALAR_FNS[name]
+    return lambda *args: op.apply(args)
 
 
 def _functor(t: CppType) -> Callable[..., torch.Tensor]:
@@ -203,14 +199,15 @@ def _functor(t: CppType) -> Callable[..., torch.Tensor]:
     f = t.args[0]
     base = f.name.removeprefix(_EPI)
     if base in ("WithRhs", "WithLhs"):
-        op, constant = _scalar_fn(f.args[0].name.removeprefix(_EPI)), _constant(f.args[1])
+        fn, constant = scalar_function(f.args[0].name.removeprefix(_EPI)), _constant(f.args[1])
         if base == "WithRhs":
-            return lambda x: op(x, constant)
-        return lambda x: op(constant, x)
-    if base == "LeakyRelu":
-        slope = _constant(f.args[0])
-        return lambda x: torch.where(x < 0, x * slope, x)
-    return _scalar_fn(base)
+            return lambda x: fn(x, constant)
+        return lambda x: fn(constant, x)
+    op = _BY_FUNCTOR.get(base)
+    if op is not None and op.param is Param.SLOPE:
+        slope = float(_constant(f.args[0]))
+        return lambda x: op.apply((x,), slope)
+    return scalar_function(base)
 
 
 def _constant(t: CppType) -> torch.Tensor:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import gemmgen as gg
-from gemmgen.recipes_file import load_recipes
-from gemmgen.select import GROUPED_SWAP_CONFIG
+from gemmgen.aot import load_recipes
+from gemmgen.tuning.heuristic import GROUPED_SWAP_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,7 @@ def bench_configs(recipe: gg.Recipe, m: int, n: int, k: int) -> list[gg.KernelCo
     reduction (all the same binary); for a swapped pick the best unswapped config."""
     from dataclasses import replace
 
-    from gemmgen.select import choose, ranked, split_variants
+    from gemmgen.tuning.heuristic import choose, ranked, split_variants
 
     chosen = choose(recipe.ir, m, n, k).config
     out = [chosen]
@@ -111,8 +111,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
 
     from gemmgen.config import tile_k
     from gemmgen.nn import linear_recipe
-    from gemmgen.select import choose, grouped_choice
-    from gemmgen.tuning import candidates
+    from gemmgen.tuning import candidates, config_for
+    from gemmgen.tuning.heuristic import choose
 
     out = [(linear_recipe(act, True, torch.bfloat16), gg.KernelConfig()) for act in MLP_ACTIVATIONS]
     mlp = _load(ROOT / "examples" / "mlp.py")  # examples/mlp.py runs in scripts/gpu_check.sh
@@ -120,9 +120,9 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
                                 training_tokens=mlp.TOKENS[:1])
     for act in MLP_ACTIVATIONS:
         recipe = linear_recipe(act, True, torch.bfloat16)
-        out += [(recipe, choose(recipe.ir, m, n, k).config) for m, n, k in MODULE_PROBLEMS]
+        out += [(recipe, config_for(recipe, m, n, k)) for m, n, k in MODULE_PROBLEMS]  # what the runtime launches
         training = linear_recipe(act, True, torch.bfloat16, save_pre_activation=True)
-        out += [(training, choose(training.ir, m, n, k).config) for m, n, k in TRAINING_PROBLEMS]
+        out += [(training, config_for(training, m, n, k)) for m, n, k in TRAINING_PROBLEMS]
     for recipe in load_recipes(ROOT / "examples" / "recipes.py").values():
         if recipe.ir.gemm.grouped:  # tests/test_grouped.py's GPU tests
             out += [(recipe, c) for c in (BLOCK_GROUPED_CONFIGS if recipe.ir.gemm.block_scale else GROUPED_CONFIGS)]
@@ -133,15 +133,16 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         other = gg.Schedule.PINGPONG if default.schedule is gg.Schedule.COOPERATIVE else gg.Schedule.COOPERATIVE
         out.append((recipe, default))
         out.append((recipe, next(c for c in (gg.KernelConfig(tile=(tm, 128, tile_k(recipe.ir)), schedule=other)
-                                              for tm in (128, 64)) if gg.config.is_valid(c, recipe.ir))))
+                                              for tm in (128, 64)) if gg.codegen.is_valid(c, recipe.ir))))
         decode = choose(recipe.ir, *DECODE_PROBLEM).config
         assert decode.swap_ab or any(o.dim == 1 for o in recipe.outputs), decode  # swapped, it would reduce over M
 
         out.append((recipe, decode))
         if recipe.name == "bias_silu_residual":
-            out.append((recipe, choose(recipe.ir, *LAYOUT_PROBLEM).config))
+            out.append((recipe, config_for(recipe, *LAYOUT_PROBLEM)))
         if recipe.name == "bias_gelu":
-            out += [(recipe, c) for c in candidates(recipe.ir, *TUNE_PROBLEM, limit=TUNE_CANDIDATES)]
+            out += [(recipe, c) for c in candidates(recipe.ir, *TUNE_PROBLEM, limit=TUNE_CANDIDATES,
+                                                    declared=recipe.config)]
             out += [(recipe, c) for shape in BENCH_SHAPES for c in bench_configs(recipe, *shape)]
         if recipe.name == "residual_norm_stats":
             out += [(recipe, c) for shape in STATS_BENCH_SHAPES for c in bench_configs(recipe, *shape)]
@@ -158,11 +159,11 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     out.append((fp8_out_recipe(), fp8_out_recipe().default_config()))
     out += [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS]
     fp8_linear = gg.nn.block_scaled_linear_recipe("silu", True, torch.bfloat16)  # test_gpu's BlockScaledLinear
-    out += [(fp8_linear, choose(fp8_linear.ir, m, n, k).config) for m, n, k in BLOCK_LINEAR_PROBLEMS]
+    out += [(fp8_linear, config_for(fp8_linear, m, n, k)) for m, n, k in BLOCK_LINEAR_PROBLEMS]
     experts = gg.nn.grouped_linear_recipe("silu", True, torch.bfloat16)  # tests/test_grouped.py's GroupedLinear
-    out += [(experts, experts.default_config()), (experts, grouped_choice(experts.ir, 1, 1).config)]
+    out += [(experts, experts.default_config()), (experts, config_for(experts, 1, 128, 64, 1))]
     fp8_experts = gg.nn.block_scaled_grouped_recipe("silu", True, torch.bfloat16)  # ...and its fp8 form
-    out += [(fp8_experts, fp8_experts.default_config()), (fp8_experts, grouped_choice(fp8_experts.ir, 1, 1).config)]
+    out += [(fp8_experts, fp8_experts.default_config()), (fp8_experts, config_for(fp8_experts, 1, 256, 512, 1))]
     return list(dict.fromkeys(out))
 
 
@@ -187,8 +188,8 @@ def build_all(jobs: int = 2, bundle: Path | None = None) -> None:
         for f in cf.as_completed(futures):
             print(f.result(), flush=True)
     if bundle is not None:
-        from gemmgen.build import default_cache
-        from gemmgen.bundle import write_bundle
+        from gemmgen.aot import write_bundle
+        from gemmgen.compile import default_cache
 
         kernels = [recipe.build(config) for recipe, config in gpu_matrix()]
         write_bundle(kernels, bundle, default_cache())

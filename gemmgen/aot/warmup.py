@@ -1,0 +1,97 @@
+"""Building ahead of time: warm-up at model load, a recipes file, a bundle of the kernels a program names.
+
+Each takes recipes, or (recipe, config) pairs such as `gemmgen.nn.model_launches` lists, and
+compiles what no bundle or cache holds in worker processes (`compile.build_many`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..compile import CompiledKernel, KernelCache, KernelReport, build_many, default_cache, report_table
+from ..config import KernelConfig
+from ..dsl import Recipe
+from ..errors import InvalidArgument
+from ..tuning import TuningTable, launches_for_shapes
+from .bundle import write_bundle
+from .recipes_file import load_recipes
+
+Items = Iterable[Recipe | tuple[Recipe, KernelConfig]]
+
+
+def pairs_of(items: Items) -> list[tuple[Recipe, KernelConfig]]:
+    """(recipe, config) pairs: a recipe alone stands for its default config."""
+    out = []
+    for item in items:
+        recipe, config = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
+        if not isinstance(recipe, Recipe):
+            raise InvalidArgument(f"items: expected gemmgen.Recipe objects or (Recipe, KernelConfig) pairs, "
+                                  f"got {item!r}")
+        out.append((recipe, config or recipe.default_config()))
+    return out
+
+
+def build(pairs: Iterable[tuple[Recipe, KernelConfig]], cache: KernelCache | None = None, jobs: int | None = None,
+          quiet: bool = False) -> list[CompiledKernel]:
+    """`compile.build_many` for DSL recipes."""
+    return build_many([(r.ir, c) for r, c in pairs], cache, jobs, quiet)
+
+
+def build_file(recipes_path: str | Path, cache: KernelCache, jobs: int | None = None,
+               quiet: bool = False) -> list[KernelReport]:
+    """Build every recipe of a file in parallel; return reports in the file's order."""
+    return [k.report for k in build(pairs_of(load_recipes(recipes_path).values()), cache, jobs, quiet)]
+
+
+def warmup(items: Items, shapes: dict | None = None, jobs: int | None = None, cache: KernelCache | None = None,
+           quiet: bool = False) -> list[CompiledKernel]:
+    """Make every kernel loadable before the first call (at model load): compile what no bundle or
+    cache holds, in parallel, and print a table of what was compiled and what was found.
+
+    `shapes` ({recipe name: [[M, N, K], ...]}) builds, per recipe, the config each of those problems
+    launches (`tuning.choose_launch`, ahead of time) instead of each recipe's default config."""
+    items = list(items)
+    if shapes is not None:
+        if not isinstance(shapes, dict):
+            raise InvalidArgument(f"shapes: expected {{recipe name: [[M, N, K], ...]}}, got {type(shapes).__name__}")
+        recipes = {r.name: r for r in items if isinstance(r, Recipe)}
+        chosen = launches_for_shapes(recipes, shapes)
+        pairs = list(dict.fromkeys((recipes[n], launch.config) for n, rows in chosen.items() for _, launch in rows))
+    else:
+        pairs = pairs_of(items)
+    kernels = build(pairs, cache, jobs, quiet)
+    if not quiet:
+        print(report_table([k.report for k in kernels]), file=sys.stderr, flush=True)
+    return kernels
+
+
+def with_tuned_winners(pairs: list[tuple[Recipe, KernelConfig]], tuning: TuningTable | None,
+                       recipes: Iterable[Recipe] | None = None) -> list[tuple[Recipe, KernelConfig]]:
+    """`pairs` plus the binary of every config `tuning` records as a winner (on any device) for one
+    of `recipes` (default: the pairs' recipes), each once: what a bundle shipping those results
+    must hold."""
+    if tuning is None:
+        return pairs
+    recipes = list(dict.fromkeys(recipes if recipes is not None else (r for r, _ in pairs)))
+    return list(dict.fromkeys([*pairs, *((r, c.binary()) for r in recipes for c in tuning.configs(r.key))]))
+
+
+def build_bundle(items: Items, out: str | Path, tuning: str | Path | TuningTable | None = None,
+                 jobs: int | None = None, cache: KernelCache | None = None, quiet: bool = False
+                 ) -> list[CompiledKernel]:
+    """Build `items` (recipes, or (recipe, config) pairs) and write them to `out` as a bundle: the
+    ahead-of-time path for a model's kernels, as `gemmgen build --out` is for a recipes file, e.g.
+    `gemmgen.build_bundle(gemmgen.nn.model_launches(model, (1, 16, 4096)), "dist/gemmgen")`.
+    `tuning` (autotune results: a file or a table) ships in the bundle, with every winner it
+    records for the items' recipes built in."""
+    table = TuningTable.load(tuning) if isinstance(tuning, str | Path) else tuning
+    cache = cache or default_cache()
+    kernels = build(with_tuned_winners(pairs_of(items), table), cache, jobs, quiet)
+    where = write_bundle(kernels, out, cache, tuning=table)
+    if not quiet:
+        print(report_table([k.report for k in kernels]), file=sys.stderr)
+        print(f"gemmgen: wrote a bundle of {len({k.cache_key for k in kernels})} kernel(s) to {where}; use it with "
+              f"GEMMGEN_BUNDLE_PATH={where} or gemmgen.add_bundle()", file=sys.stderr, flush=True)
+    return kernels

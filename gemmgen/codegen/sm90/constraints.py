@@ -1,0 +1,162 @@
+"""sm90 constraints: one function per rule, each returning what a config breaks (human-readable,
+naming the fix). `validate` raises them as one ConfigError before anything is compiled; a config
+search prunes its candidates with the same functions (`is_valid`).
+
+Each rule takes the kernel-side recipe (`config.kernel_recipe`: transposed under swap_ab);
+`violations` applies the view.
+"""
+
+from __future__ import annotations
+
+from ...config import KernelConfig, Schedule, TileScheduler, kernel_recipe
+from ...errors import ConfigError
+from ...ir import RecipeIR
+from .geometry import MAX_ACCUMULATORS_PER_THREAD, accumulators_per_thread
+from .smem import SM90_SMEM_CAPACITY, smem_need, stage_count
+
+
+def tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """WGMMA and TMA shape rules for A/B of the recipe's element width."""
+    tm, tn, tk = cfg.tile
+    bits = recipe.gemm.a.bits
+    out = []
+    if tm not in (64, 128, 256):
+        out.append(f"tile M = {tm}: must be 64, 128 or 256 (multiples of the 64-row WGMMA atom)")
+    if tn % 16 or not 16 <= tn <= 256:
+        out.append(f"tile N = {tn}: must be a multiple of 16 between 16 and 256 (WGMMA N)")
+    k_atom = 256 // bits  # WGMMA K is 32 bytes
+    swizzle_k = 1024 // bits  # 128-byte swizzle span in elements
+    if tk % k_atom or tk < k_atom:
+        out.append(f"tile K = {tk}: must be a multiple of {k_atom} for {recipe.gemm.a.value} (WGMMA K)")
+    elif tk % swizzle_k and swizzle_k % tk:
+        out.append(f"tile K = {tk}: must divide or be a multiple of {swizzle_k} (128-byte TMA swizzle)")
+    return out
+
+
+def schedule_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    tm = cfg.tile[0]
+    if cfg.schedule is Schedule.COOPERATIVE and tm % 128:
+        return [f"schedule cooperative: tile M = {tm} must be 128 or 256 (two consumer warpgroups split M); "
+                "use Schedule.PINGPONG for tile M = 64"]
+    if cfg.schedule is Schedule.PINGPONG and tm not in (64, 128):
+        return [f"schedule pingpong: tile M = {tm} must be 64 or 128 (each consumer warpgroup owns a tile)"]
+    return []
+
+
+def tile_scheduler_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """CUTLASS's stream-K scheduler runs in its cooperative kernel only (the pingpong kernel
+    static_asserts against it), and a grouped kernel has its own scheduler; a split count is the
+    stream-K scheduler's argument, and so is its reduction order."""
+    if cfg.tile_scheduler is not TileScheduler.STREAM_K:
+        out = [f"splits {cfg.splits}: a split count is the stream-K scheduler's; use "
+               "tile_scheduler=TileScheduler.STREAM_K, or splits=1"] if cfg.splits > 1 else []
+        if not cfg.deterministic:
+            out.append("deterministic False: only the stream-K scheduler reduces partial sums; use "
+                       "tile_scheduler=TileScheduler.STREAM_K, or deterministic=True")
+        return out
+    if recipe.gemm.grouped:
+        return ["tile scheduler stream_k: a grouped kernel walks its groups with CUTLASS's group scheduler; "
+                "use TileScheduler.PERSISTENT"]
+    if cfg.schedule is not Schedule.COOPERATIVE:
+        return [f"tile scheduler stream_k: needs the cooperative schedule (CUTLASS's {cfg.schedule.value} kernel "
+                "does not support stream-K); use Schedule.COOPERATIVE or TileScheduler.PERSISTENT"]
+    return []
+
+
+def cluster_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    cm, cn, ck = cfg.cluster
+    out = []
+    if ck != 1:
+        out.append(f"cluster K = {ck}: must be 1")
+    for what, c in (("M", cm), ("N", cn)):
+        if c not in (1, 2, 4):
+            out.append(f"cluster {what} = {c}: must be 1, 2 or 4 (TMA multicast)")
+    if cm * cn > 8:
+        out.append(f"cluster {cm}x{cn}: at most 8 CTAs per cluster (portable cluster size)")
+    return out
+
+
+def register_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    n = accumulators_per_thread(cfg, recipe)
+    if n <= MAX_ACCUMULATORS_PER_THREAD:
+        return []
+    fp8 = " (fp8 keeps two copies)" if recipe.gemm.fp8 else ""
+    return [f"registers: tile {cfg.tile[0]}x{cfg.tile[1]} under the {cfg.schedule.value} schedule keeps {n} fp32 "
+            f"accumulators per consumer thread{fp8}, over the {MAX_ACCUMULATORS_PER_THREAD} that fit without "
+            "spilling; use a smaller tile M or N"
+            + (", or the cooperative schedule" if cfg.schedule is Schedule.PINGPONG else "")]
+
+
+def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    stages = stage_count(cfg, recipe)
+    need = smem_need(cfg, recipe)
+    if stages < 2:
+        return [f"shared memory: tile {cfg.tile} leaves room for {stages} mainloop stage(s), need at least 2; "
+                "use a smaller tile K or N"]
+    if need > SM90_SMEM_CAPACITY:
+        return [f"shared memory: {stages} stages of tile {cfg.tile} plus the epilogue need up to {need} bytes, "
+                f"more than the {SM90_SMEM_CAPACITY} an sm_90 block can use; lower stages or the tile"]
+    return []
+
+
+def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """Vector reductions are built over the kernel's N only (CUTLASS's Sm90ColReduction). Its
+    Sm90RowReduction, over the kernel's M, kept 480-688 bytes of its state on the stack, with
+    226-541 local loads and stores in the SASS, in five of the six configs compiled with it
+    (cooperative and pingpong, tile M 64 to 256, bf16 and e4m3 D; only pingpong 64 x 256 with an
+    e4m3 D stayed in registers), where the column form kept it in registers in every config
+    (NVRTC 13.0.88, CUTLASS 4.2.0, 2026-11-30). A
+    reduction over the recipe's M (dim=0) is therefore computed by a swapped kernel, in which it
+    is a reduction over the kernel's N."""
+    over_m = [o.name for o in recipe.epilogue.outputs if o.dim == 0]
+    if over_m:
+        dim, swap = (1, "False") if cfg.swap_ab else (0, "True")
+        return [f"aux output {over_m[0]!r}: its reduction (dim={dim}) is over the kernel's M, and gemmgen builds "
+                f"reductions over the kernel's N only (CUTLASS's reduction over M spills to local memory); "
+                f"use swap_ab={swap}"]
+    return []
+
+
+def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """CUTLASS's blockwise fp8 main loop rescales once per K tile, so the tile's K is the scales' K
+    granularity, and each tile covers whole scale blocks along the kernel's M and N (a swapped
+    kernel's M is the caller's N: DeepSeek-V3's 128 x 128 weight blocks then need a tile M of 128
+    or 256)."""
+    g = recipe.gemm.block_scale
+    if g is None:
+        return []
+    gm, gn, gk = g
+    tm, tn, tk = cfg.tile
+    out = []
+    if tk != gk:
+        out.append(f"tile K = {tk}: must equal the block scales' K granularity {gk} (the main loop rescales once "
+                   "per K tile)")
+    for what, t, gran in (("M", tm, gm), ("N", tn, gn)):
+        if t % gran:
+            swapped = " (swapped: the kernel's M is the recipe's N)" if cfg.swap_ab and what == "M" else \
+                " (swapped: the kernel's N is the recipe's M)" if cfg.swap_ab else ""
+            out.append(f"tile {what} = {t}: must be a multiple of the block scales' granularity {gran} along the "
+                       f"kernel's {what}{swapped}")
+    return out
+
+
+CONSTRAINTS = (tile_violations, schedule_violations, tile_scheduler_violations, cluster_violations,
+               register_violations, smem_violations, reduction_violations, block_scale_violations)
+
+
+def violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """Every constraint `cfg` breaks for the recipe as declared."""
+    view = kernel_recipe(cfg, recipe)
+    return [v for check in CONSTRAINTS for v in check(cfg, view)]
+
+
+def is_valid(cfg: KernelConfig, recipe: RecipeIR) -> bool:
+    return not violations(cfg, recipe)
+
+
+def validate(cfg: KernelConfig, recipe: RecipeIR) -> None:
+    if not isinstance(cfg, KernelConfig):
+        raise ConfigError(f"config: expected a gemmgen.KernelConfig, got {cfg!r}")
+    problems = violations(cfg, recipe)
+    if problems:
+        raise ConfigError(f"config {cfg.name} is invalid for recipe {recipe.name!r}:\n  - " + "\n  - ".join(problems))

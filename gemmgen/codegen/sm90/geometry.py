@@ -1,0 +1,74 @@
+"""What CUTLASS's sm90 builders derive from a config: the epilogue tile, TMA swizzles, accumulator
+registers, block-scale loads. Pure functions of (config, kernel-side recipe), shared by the
+constraints, the storage model, the emitted types and the argument builder."""
+
+from __future__ import annotations
+
+from ...config import KernelConfig, Schedule
+from ...ir import RecipeIR
+
+#: fp32 accumulators a consumer thread can hold without spilling: it has 240 registers (setmaxnreg),
+#: and the mainloop's addressing and the epilogue need the rest. Measured with NVRTC 13.0 (CUTLASS
+#: 4.2): 128 never spilled in gemmgen's kernels; bf16 pingpong 128x192 (192) spills 8 bytes, fp8
+#: cooperative 128x256 (2 x 128) 256 bytes.
+MAX_ACCUMULATORS_PER_THREAD = 128
+
+
+def accumulators_per_thread(cfg: KernelConfig, recipe: RecipeIR) -> int:
+    """fp32 accumulator registers per consumer thread: its warpgroup's part of the tile (half of it
+    under the cooperative schedule, all of it under pingpong) over 128 threads, twice for fp8 A/B,
+    whose mainloop keeps WGMMA's partial sums apart from the promoted fp32 sums."""
+    tm, tn, _ = cfg.tile
+    per_warpgroup = tm * tn // (2 if cfg.schedule is Schedule.COOPERATIVE else 1)
+    return per_warpgroup // 128 * (2 if recipe.gemm.fp8 else 1)
+
+
+def epilogue_tile(cfg: KernelConfig, recipe: RecipeIR) -> tuple[int, int]:
+    """CUTLASS's EpilogueTileAuto (sm90_compute_tile_shape_or_override)."""
+    tm, tn, _ = cfg.tile
+    if cfg.schedule is Schedule.COOPERATIVE:
+        n = min(32, tn)
+        return min(128, tm), _gcd(n, tn)
+    n = 64 if recipe.gemm.d.bits == 8 and tn % 64 == 0 else 32
+    return min(64, tm), _gcd(min(n, tn), tn)
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def swizzle_span(extent: int, bits: int) -> int:
+    """The widest TMA swizzle span (128, 64 or 32 bytes; 0 for none) whose atom width in elements
+    divides a tile's contiguous `extent` (ss_smem_selector, and the epilogue's smem atoms)."""
+    for span in (128, 64, 32):
+        if extent % (span * 8 // bits) == 0:
+            return span
+    return 0
+
+
+def scales_per_tile(cfg: KernelConfig, recipe: RecipeIR) -> tuple[int, int]:
+    """Block scales of A and of B one tile reads per K step (CUTLASS's ScaleMsPerTile and
+    ScaleNsPerTile); (0, 0) without block scaling."""
+    g = recipe.gemm.block_scale
+    if g is None:
+        return 0, 0
+    return cfg.tile[0] // g[0], cfg.tile[1] // g[1]
+
+
+#: CUTLASS's blockwise main loop loads the scales of A (of B) with TMA when a tile reads at least this
+#: many of them per K step and fewer than this many of the other's (its ScaleTmaThreshold), else with
+#: cp.async by the producer warp.
+SCALE_TMA_THRESHOLD = 32
+
+
+def scale_tma(cfg: KernelConfig, recipe: RecipeIR) -> tuple[bool, bool]:
+    """Whether the kernel loads A's and B's block scales with TMA (IsTmaLoadSFA/SFB; both are
+    M/N-major in gemmgen's one-GEMM kernels). A grouped kernel's main loop reads them with cp.async
+    only, as each group's scales start at its own first row."""
+    if recipe.gemm.grouped:
+        return False, False
+    ms, ns = scales_per_tile(cfg, recipe)
+    t = SCALE_TMA_THRESHOLD
+    return ms >= t and ns < t, ns >= t and ms < t

@@ -1,0 +1,121 @@
+"""Recipe IR + config -> a compiled, cached, inspected kernel (CompiledKernel).
+
+Binaries come from, in order: the bundles (`bundles.find`, by a key that needs no toolchain), the
+local cache (by a key over everything that can change the binary), or NVRTC, whose result the
+cache stores.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .. import env
+from .._version import __version__
+from ..codegen import INFO_FIELDS, GeneratedKernel, render_kernel
+from ..config import ARCH, KernelConfig
+from ..errors import CompileError, KernelNotAvailable, ToolchainError
+from ..ir import RecipeIR, content_key
+from . import bundles
+from .artifact import CompiledKernel, compiled_kernel
+from .cache import Artifact, KernelCache
+from .cubin import read_u64_array, resource_usage, sass_counts
+from .layout import check_layout, read_layout_probe
+from .nvrtc import BASE_OPTIONS, compile_cubin, write_debug_source
+from .toolchain import toolchain
+
+EXTRA_OPTIONS = ("-diag-suppress=177",)  # CuTe's TMA code declares an unused variable
+
+
+def key_material(kernel: GeneratedKernel) -> dict[str, Any]:
+    """Everything that can change the binary: source, header contents, compiler, options, arch, gemmgen.
+
+    No paths and no mtimes: a cache (or a machine) moved elsewhere computes the same keys.
+    """
+    tc = toolchain()
+    return {"source": kernel.source, "headers": tc.header_digest, "nvrtc": tc.nvrtc_build,
+            "options": [*BASE_OPTIONS, *EXTRA_OPTIONS], "arch": ARCH, "gemmgen": __version__}
+
+
+def cache_key(kernel: GeneratedKernel) -> str:
+    return content_key(key_material(kernel))
+
+
+@functools.cache
+def default_cache() -> KernelCache:
+    return KernelCache(arch=ARCH)
+
+
+def compile_artifact(kernel: GeneratedKernel) -> Artifact:
+    """NVRTC, then what gemmgen records of the binary: its exported facts, the probed Params layout,
+    registers and local memory, and SASS counts."""
+    tc = toolchain()
+    try:
+        result = compile_cubin(kernel.source, kernel.entry, ARCH, tc.include_dirs, extra_options=EXTRA_OPTIONS)
+    except CompileError as e:
+        path = write_debug_source(kernel.source, kernel.entry)
+        raise CompileError(f"{e}\ngenerated source: {path}") from None
+    info = dict(zip((f for f, _ in INFO_FIELDS), read_u64_array(result.cubin, kernel.info_symbol), strict=True))
+    probe = read_layout_probe(result.ptx, kernel.entry, len(kernel.fields))
+    check_layout(kernel.entry, kernel.fields, probe, info["params_size"])
+    meta: dict[str, Any] = {
+        "entry": kernel.entry, "recipe": kernel.recipe.name, "config": kernel.config.binary().name, "info": info,
+        "compile_seconds": round(result.wall_seconds, 3), "phases": {k: round(v, 3) for k, v in result.phases.items()},
+        "layout": [[f.name, offset, default] for f, (offset, default) in zip(kernel.fields, probe, strict=True)],
+        "epilogue": kernel.epilogue.layout, "registers": None, "local_bytes": None, "stack_bytes": None,
+        "static_smem_bytes": None, "sass": None,
+    }
+    if tc.cuobjdump is not None:
+        with tempfile.TemporaryDirectory(prefix="gemmgen-sass-") as tmp:
+            path = Path(tmp) / "kernel.cubin"
+            path.write_bytes(result.cubin)
+            res = resource_usage(tc.cuobjdump, path, kernel.entry)
+            meta.update(registers=res.registers, local_bytes=res.local_bytes, stack_bytes=res.stack_bytes,
+                        static_smem_bytes=res.static_smem_bytes, sass=sass_counts(tc.cuobjdump, path))
+    return Artifact({"kernel.cubin": result.cubin, "kernel.cu": kernel.source.encode()}, meta)
+
+
+def build_kernel(recipe: RecipeIR, config: KernelConfig, cache: KernelCache | None = None) -> CompiledKernel:
+    """Render, then load from a bundle, the cache, or compile with NVRTC (in that order).
+
+    Config errors are raised before anything is compiled; with GEMMGEN_JIT=0 a kernel found
+    in neither a bundle nor the cache raises KernelNotAvailable instead of compiling.
+    """
+    kernel = render_kernel(recipe, config)
+    skey = bundles.source_key(kernel)
+    art = bundles.find(skey)
+    if art is not None:
+        return compiled_kernel(recipe, config, kernel, art, skey, "bundle")
+    cache = cache or default_cache()
+    if not env.jit_enabled():
+        try:
+            key = cache_key(kernel)
+            art = cache.get(key)
+        except ToolchainError:
+            art = None
+        if art is None:
+            raise KernelNotAvailable(
+                f"kernel for recipe {recipe.name!r} with config {config.name} is in no bundle and not in the cache "
+                f"({cache.root}), and GEMMGEN_JIT=0 forbids compiling it. Build it ahead of time with "
+                f"`gemmgen build RECIPES.py --out DIR` and set GEMMGEN_BUNDLE_PATH=DIR, or unset GEMMGEN_JIT")
+        return compiled_kernel(recipe, config, kernel, art, key, "cache")
+    key = cache_key(kernel)
+
+    def waiting() -> None:
+        print(f"gemmgen: waiting for another process compiling {kernel.entry} ({key[:12]})", file=sys.stderr)
+
+    def compile_now() -> Artifact:
+        """A lazy first call compiles here: say so, as a silent stall of half a minute per kernel
+        looks like a hang."""
+        print(f"gemmgen: compiling {recipe.name} ({config.name}) with NVRTC, about 30-45 s; gemmgen.warmup() "
+              f"or `gemmgen build` compiles ahead of time, in parallel", file=sys.stderr, flush=True)
+        art = compile_artifact(kernel)
+        print(f"gemmgen: compiled {recipe.name} ({config.name}) in {art.meta['compile_seconds']:.1f} s",
+              file=sys.stderr, flush=True)
+        return art
+
+    art, built = cache.get_or_build(key, compile_now, on_wait=waiting)
+    return compiled_kernel(recipe, config, kernel, art, key, "compiled" if built else "cache")

@@ -1,0 +1,89 @@
+"""Ahead-of-time bundles, read side: compiled kernels shipped with a model, found before the cache.
+
+A bundle is a folder (relocatable: nothing in it names a path) holding a manifest and, per
+kernel, its cubin, generated source and metadata, laid out like a cache for one arch and keyed
+by the kernel's *source key*: a digest of the generated source, the arch and gemmgen's version.
+Computing that key needs no NVRTC and no headers, so a bundle hit compiles nothing and loads
+nothing but the cubin. Bundles are found in $GEMMGEN_BUNDLE_PATH (os.pathsep-separated) and in
+folders given to `add_bundle`. A bundle may ship autotune results (`TUNING`), which
+`gemmgen.tuning` registers. `gemmgen.aot.bundle` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from .. import env
+from .._version import __version__
+from ..codegen import GeneratedKernel
+from ..config import ARCH
+from ..errors import GemmgenError
+from ..ir import content_key
+from .cache import Artifact, KernelCache
+
+MANIFEST = "manifest.json"
+TUNING = "tuning.json"  # autotune results shipped with the kernels (gemmgen.tuning)
+FORMAT = 1
+
+
+def source_key(kernel: GeneratedKernel, arch: str = ARCH) -> str:
+    """What identifies a kernel binary without a toolchain: source, arch, gemmgen version."""
+    return content_key({"source": kernel.source, "arch": arch, "gemmgen": __version__})
+
+
+class Bundle:
+    def __init__(self, path: Path | str, arch: str = ARCH) -> None:
+        self.path = Path(path)
+        try:
+            self.manifest = json.loads((self.path / MANIFEST).read_text())
+        except (OSError, ValueError) as e:
+            raise GemmgenError(f"{self.path} is not a gemmgen bundle (no readable {MANIFEST}): {e}") from None
+        built_for = self.manifest.get("arch")
+        if built_for != arch:
+            raise GemmgenError(f"bundle {self.path} was built for {built_for}; this process runs {arch} kernels. "
+                               f"Rebuild it with `gemmgen build RECIPES.py --arch {arch} --out DIR`")
+        self._store = KernelCache(self.path, arch, read_only=True)
+
+    @property
+    def tuning(self) -> Path | None:
+        """The autotune results the bundle ships, if any."""
+        path = self.path / TUNING
+        return path if path.is_file() else None
+
+    def get(self, key: str) -> Artifact | None:
+        return self._store.get(key)
+
+    def __len__(self) -> int:
+        return len(self.manifest.get("kernels", []))
+
+
+_LOCK = threading.Lock()
+_ADDED: list[Bundle] = []
+_FROM_ENV: dict[str, list[Bundle]] = {}
+
+
+def add_bundle(path: Path | str) -> Bundle:
+    """Search this bundle (before the cache) for every kernel this process builds."""
+    bundle = Bundle(path)
+    with _LOCK:
+        _ADDED.append(bundle)
+    return bundle
+
+
+def bundles() -> list[Bundle]:
+    """Every bundle this process searches: those added, then $GEMMGEN_BUNDLE_PATH's."""
+    setting = env.bundle_path_setting()
+    with _LOCK:
+        if setting not in _FROM_ENV:
+            _FROM_ENV[setting] = [Bundle(p) for p in env.bundle_paths()]
+        return [*_ADDED, *_FROM_ENV[setting]]
+
+
+def find(key: str) -> Artifact | None:
+    for b in bundles():
+        art = b.get(key)
+        if art is not None:
+            return art
+    return None

@@ -1,0 +1,32 @@
+"""What a user writes: operand declarations, traced epilogue values and ops, and `Recipe`."""
+
+from .operands import ColVector, Matrix, OperandDecl, RowVector, Scalar
+from .recipe import DEEPSEEK_BLOCK_SCALE, Recipe
+from .values import (
+    OPS,
+    Reduced,
+    Value,
+    abs,
+    amax,
+    cast,
+    clamp,
+    exp,
+    gelu,
+    gelu_tanh,
+    leaky_relu,
+    max,
+    maximum,
+    min,
+    minimum,
+    reduce_max,
+    reduce_min,
+    relu,
+    sigmoid,
+    silu,
+    sum,
+    tanh,
+)
+
+__all__ = ["DEEPSEEK_BLOCK_SCALE", "OPS", "ColVector", "Matrix", "OperandDecl", "Recipe", "Reduced", "RowVector",
+           "Scalar", "Value", "abs", "amax", "cast", "clamp", "exp", "gelu", "gelu_tanh", "leaky_relu", "max",
+           "maximum", "min", "minimum", "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum", "tanh"]

@@ -1,0 +1,322 @@
+"""`Recipe`: a GEMM declaration plus an epilogue traced from a plain Python function.
+
+    bias_gelu = gg.Recipe("bias_gelu", lambda acc, bias: gg.gelu(acc + bias),
+                          a=gg.bf16, b=gg.bf16, operands={"bias": gg.RowVector(gg.bf16)})
+
+The epilogue function is called once with symbolic values (`values.Value`); `ir.normalize` turns
+the recorded graph into the IR. Nothing is parsed from source. Mistakes raise RecipeError here, at
+declaration, naming the operand or op and the fix.
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..codegen import render_kernel, validate
+from ..compile import CompiledKernel, KernelCache, build_kernel
+from ..config import KernelConfig, default_config
+from ..errors import RecipeError
+from ..ir import BLOCK_SCALE_OPERANDS, EpilogueIR, GemmSpec, Node, Op, Operand, Output, RecipeIR, normalize
+from ..types import DType, Layout, OperandKind, as_dtype, as_layout
+from .operands import OperandDecl, check_operand
+from .values import OUTPUT_DTYPES, Reduced, Trace, Value, tracing
+
+if TYPE_CHECKING:  # the runtime and the reference import torch: loaded when first used
+    import torch
+
+    from ..runtime.base import KernelBase
+
+_AB_16BIT = (DType.BF16, DType.F16)
+_AB_FP8 = (DType.E4M3, DType.E5M2)
+
+
+def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: bool, grouped: bool,
+                block_scale: Any = None) -> GemmSpec:
+    da, db = as_dtype(a, "a (dtype of A)"), as_dtype(b, "b (dtype of B)")
+    la, lb = as_layout(layout_a, "layout_a"), as_layout(layout_b, "layout_b")
+    for what, dt in (("a", da), ("b", db)):
+        if dt not in _AB_16BIT + _AB_FP8:
+            raise RecipeError(f"{what}: A and B may be bf16, f16, e4m3 or e5m2, not {dt.value}")
+    fp8 = da in _AB_FP8
+    if fp8 != (db in _AB_FP8) or (not fp8 and da is not db):
+        raise RecipeError(f"a/b: mixed input types ({da.value} x {db.value}) are not supported; give A and B the "
+                          "same 16-bit dtype, or make both fp8 (e4m3 and e5m2 may be mixed)")
+    if fp8 and (la, lb) != (Layout.ROW, Layout.COL):
+        raise RecipeError(f"layout_a/layout_b: fp8 WGMMA reads A and B K-major only, so an fp8 GEMM needs "
+                          f"layout_a=RowMajor and layout_b=ColMajor (got {la.value}/{lb.value}); store the "
+                          "operand transposed (e.g. the weight as N x K, passed as its .t())")
+    # an fp8 D is asked for, not a default: it needs a scale in the epilogue to be useful
+    dd = as_dtype(d if d is not None else (DType.BF16 if fp8 else da), "d (dtype of D)")
+    if dd not in OUTPUT_DTYPES:
+        raise RecipeError(f"d: D may be bf16, f16, f32, e4m3 or e5m2, not {dd.value}")
+    if not isinstance(batched, bool):
+        raise RecipeError(f"batched: expected True or False, got {batched!r}")
+    if not isinstance(grouped, bool):
+        raise RecipeError(f"grouped: expected True or False, got {grouped!r}")
+    if grouped and batched:
+        raise RecipeError("grouped/batched: a grouped GEMM's groups take the place of the batch; declare one of them")
+    if grouped and la is not Layout.ROW:
+        raise RecipeError("layout_a: a grouped GEMM's A holds each group's rows one after another (T x K), so "
+                          f"it must be RowMajor, not {la.value}")
+    scale = _check_block_scale(block_scale, fp8, grouped)
+    return GemmSpec(da, db, dd, la, lb, batched, grouped=grouped, block_scale=scale)
+
+
+#: DeepSeek-V3's fp8 block scaling: activations per row and 128 K, weights per 128 x 128 block.
+DEEPSEEK_BLOCK_SCALE = (1, 128, 128)
+
+
+def _check_block_scale(value: Any, fp8: bool, grouped: bool) -> tuple[int, int, int] | None:
+    """`block_scale=(M, N, K)`: powers of two, M and N up to 128 (they must divide the tile), K a
+    multiple of 128 (the main loop rescales once per K tile, and an fp8 K tile is 128)."""
+    if value is None:
+        return None
+    if not (isinstance(value, tuple | list) and len(value) == 3
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in value)):
+        raise RecipeError(f"block_scale: expected (M, N, K) granularity ints such as {DEEPSEEK_BLOCK_SCALE}, "
+                          f"got {value!r}")
+    m, n, k = value
+    for what, x in (("M", m), ("N", n)):
+        if x < 1 or x > 128 or x & (x - 1):
+            raise RecipeError(f"block_scale: {what} granularity {x} must be a power of two from 1 to 128 (it "
+                              "must divide the kernel's tile)")
+    if k != 128:
+        raise RecipeError(f"block_scale: K granularity {k} must be 128 (CUTLASS's blockwise main loop rescales "
+                          "once per K tile, and an fp8 K tile is 128)")
+    if not fp8:
+        raise RecipeError("block_scale: block scaling is for fp8 A and B (e4m3/e5m2); bf16/f16 need no scales")
+    if grouped and m != 1:
+        raise RecipeError(f"block_scale: M granularity {m} in a grouped GEMM: its groups start at any row of A, so "
+                          "its activations' scales must be per row (M granularity 1, as DeepSeek-V3's "
+                          "(1, 128, 128)); quantize the tokens per row and 128 values of K")
+    return (m, n, k)
+
+
+def _check_grouped_epilogue(ir: EpilogueIR) -> None:
+    """What a grouped kernel's epilogue can read and write: CUTLASS's grouped (pointer-array)
+    epilogue addresses C, D and the broadcast vectors per group, but not the extra tensor maps of
+    auxiliary loads and stores."""
+    matrices = [o.name for o in ir.operands if o.kind is OperandKind.MATRIX]
+    if len(matrices) > 1:
+        raise RecipeError(f"operands {matrices}: a grouped GEMM's epilogue reads at most one M x N matrix "
+                          "(it is loaded as C); combine the others before the GEMM")
+    vectors = [o.name for o in ir.operands if o.kind in (OperandKind.ROW, OperandKind.COL)]
+    if len(vectors) > 8:  # each is a per-group pointer array the setup kernel fills (grouped.hpp's MaxColumns)
+        raise RecipeError(f"operands {vectors}: a grouped GEMM's epilogue reads at most 8 row or column vectors; "
+                          "combine some before the GEMM")
+    extra = [o.name for o in ir.outputs[1:]]
+    if extra:
+        raise RecipeError(f"aux output {extra[0]!r}: a grouped GEMM writes D only (auxiliary outputs and "
+                          "reductions are not supported there yet); return D's value alone")
+
+
+def _check_reductions(ir: EpilogueIR) -> None:
+    """Reductions over M (dim=0) and over N (dim=1) cannot share a kernel: gemmgen builds vector
+    reductions over the kernel's N only, so one over M needs a swapped kernel, whose N is M
+    (`config.reduction_violations`)."""
+    over = {o.dim: o.name for o in ir.outputs if o.dim is not None}
+    if len(over) == 2:
+        raise RecipeError(f"aux outputs {over[0]!r} (dim=0) and {over[1]!r} (dim=1): a kernel reduces over M or "
+                          "over N, not both; split them into two recipes")
+
+
+class Recipe:
+    """A fused GEMM: D = epilogue(A @ B, operands...), plus optional auxiliary outputs.
+
+    Args:
+        name: a C identifier naming the kernel.
+        epilogue: `f(acc, **operands)` returning D's value, or a dict `{"d": ..., "<aux>": ...}`.
+            Defaults to `lambda acc: acc`.
+        a, b, d: element types of A, B and D (D defaults to A's type, and to bf16 for fp8 A and B).
+        layout_a, layout_b: gg.RowMajor or gg.ColMajor (A is M x K, B is K x N).
+        batched: whether tensors carry a leading batch dimension L.
+        grouped: a grouped (MoE) GEMM: A is T x K with the rows of G groups one after another, B is
+            G x K x N, and the kernel takes `offsets` (int32, G): where each group's rows end.
+            Row vectors are per group (G x N); column vectors and matrices are per row of A.
+        operands: name -> gg.Scalar / gg.RowVector / gg.ColVector / gg.Matrix declaration.
+        aux: name -> dtype of each auxiliary output: an M x N tensor, or gg.f32 for a reduction
+            (`gg.amax(x)`, `gg.amax(x, dim)`, `gg.sum(x, dim)`, `gg.reduce_max(x, dim)`,
+            `gg.reduce_min(x, dim)`).
+        block_scale: (M, N, K) granularity of fp8 block scaling, e.g. (1, 128, 128) as DeepSeek-V3
+            (gg.DEEPSEEK_BLOCK_SCALE): the call then takes `scale_a`, fp32 (ceil(M/M_g), ceil(K/128)),
+            and `scale_b`, fp32 (ceil(K/128), ceil(N/N_g)), first among its operands, and
+            acc = sum over K blocks of (A_kb @ B_kb) * scale_a * scale_b. Grouped: M_g is 1,
+            `scale_a` is (T, ceil(K/128)) and `scale_b` (G, ceil(K/128), ceil(N/N_g)), both K-major.
+        config: the default KernelConfig for this recipe.
+    """
+
+    def __init__(self, name: str, epilogue: Callable[..., Any] | None = None, *, a: Any = DType.BF16,
+                 b: Any = DType.BF16, d: Any = None, layout_a: Any = Layout.ROW, layout_b: Any = Layout.COL,
+                 batched: bool = False, grouped: bool = False, operands: Mapping[str, OperandDecl] | None = None,
+                 aux: Mapping[str, Any] | None = None, block_scale: Any = None,
+                 config: KernelConfig | None = None) -> None:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise RecipeError(f"name: expected a C identifier such as 'bias_gelu', got {name!r}")
+        self.name = name
+        self.gemm = _check_gemm(a, b, d, layout_a, layout_b, batched, grouped, block_scale)
+        self._fn = epilogue if epilogue is not None else (lambda acc: acc)
+        self._decls = dict(operands or {})
+        if self.gemm.block_scale:
+            taken = sorted({o.name for o in BLOCK_SCALE_OPERANDS} & set(self._decls))
+            if taken:
+                raise RecipeError(f"operand {taken[0]!r}: a block-scaled recipe's call takes scale_a and scale_b "
+                                  "for its main loop; give the epilogue operand another name")
+        self._aux = {k: as_dtype(v, f"aux output {k!r} dtype") for k, v in (aux or {}).items()}
+        for k, v in self._aux.items():
+            if not k.isidentifier() or k == "d":
+                raise RecipeError(f"aux output {k!r}: names must be Python identifiers other than 'd'")
+            if v not in OUTPUT_DTYPES:
+                raise RecipeError(f"aux output {k!r}: may be bf16, f16, f32, e4m3 or e5m2, not {v.value}")
+        self.ir = RecipeIR(name, self.gemm, self._trace())
+        _check_reductions(self.ir.epilogue)
+        if grouped:
+            _check_grouped_epilogue(self.ir.epilogue)
+        if config is not None:
+            validate(config, self.ir)
+        self.config = config
+
+    # ---- tracing
+
+    def _trace(self) -> EpilogueIR:
+        checked = {k: check_operand(k, v) for k, v in self._decls.items()}
+        params = self._epilogue_params()
+        missing = [p for p in params[1:] if p not in checked]
+        if missing:
+            raise RecipeError(f"epilogue parameter {missing[0]!r} has no declaration; add it to operands=, e.g. "
+                              f"operands={{{missing[0]!r}: gg.RowVector(gg.bf16)}}")
+        unused = [k for k in checked if k not in params[1:]]
+        if unused:
+            raise RecipeError(f"operand {unused[0]!r} is declared but is not a parameter of the epilogue; "
+                              "add it to the function's parameters or remove the declaration")
+        trace = Trace()
+        acc = trace.add(Node(Op.ACC))
+        args: dict[str, Value] = {}
+        for k, v in checked.items():
+            args[k] = trace.add(Node(Op.CONST, attr=v)) if isinstance(v, float) else trace.add(
+                Node(Op.INPUT, name=k, dtype=v.dtype))
+        with tracing(trace):
+            result = self._fn(acc, **{p: args[p] for p in params[1:]})
+        outputs = self._outputs(trace, result)
+        operands = tuple(v for v in checked.values() if isinstance(v, Operand))
+        ir = normalize(trace.nodes, outputs, operands)
+        for o in ir.outputs:
+            if ir.nodes[o.node].op is Op.CONST:
+                raise RecipeError(f"output {o.name!r} is a constant; an output must depend on the accumulator "
+                                  "or an operand")
+        for decl in operands:
+            if decl not in ir.operands:
+                raise RecipeError(f"operand {decl.name!r} is declared but no output depends on it; "
+                                  "use it or remove it")
+        return ir
+
+    def _epilogue_params(self) -> list[str]:
+        try:
+            sig = inspect.signature(self._fn)
+        except (TypeError, ValueError) as e:
+            raise RecipeError(f"epilogue: expected a Python function f(acc, ...), got {self._fn!r}") from e
+        params = list(sig.parameters.values())
+        if not params or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+            raise RecipeError("epilogue: expected a function with named parameters f(acc, op1, op2, ...), "
+                              "the first being the accumulator")
+        return [p.name for p in params]
+
+    def _outputs(self, trace: Trace, result: Any) -> list[Output]:
+        if isinstance(result, Mapping):
+            values = dict(result)
+        else:
+            values = {"d": result}
+        if "d" not in values:
+            raise RecipeError("epilogue: the returned dict has no 'd' entry; D must always be written")
+        extra = [k for k in values if k != "d" and k not in self._aux]
+        if extra:
+            raise RecipeError(f"epilogue returned output {extra[0]!r} that is not declared; declare it with "
+                              f"aux={{{extra[0]!r}: gg.bf16}}")
+        never = [k for k in self._aux if k not in values]
+        if never:
+            raise RecipeError(f"aux output {never[0]!r} is declared but never written; return it from the "
+                              f"epilogue as {{'d': ..., {never[0]!r}: ...}}")
+        outs = []
+        for name in ["d", *self._aux]:
+            v = values[name]
+            reduce, dim = None, None
+            if isinstance(v, Reduced):
+                if name == "d":
+                    raise RecipeError(f"output 'd': D is the M x N result; return gg.{v.reduce.value}(...) under an "
+                                      f"aux name, e.g. {{'d': y, 'r': gg.{v.reduce.value}(y, ...)}} with "
+                                      "aux={'r': gg.f32}")
+                if self._aux[name] is not DType.F32:
+                    raise RecipeError(f"aux output {name!r}: a reduction ({v!r}) is fp32; declare "
+                                      f"aux={{{name!r}: gg.f32}}")
+                v, reduce, dim = v.value, v.reduce, v.dim
+            if isinstance(v, numbers.Real) and not isinstance(v, bool):
+                raise RecipeError(f"output {name!r} is a constant; an output must depend on the accumulator "
+                                  "or an operand")
+            if not isinstance(v, Value) or v._trace is not trace:
+                raise RecipeError(f"output {name!r}: expected a traced value, got {type(v).__name__}")
+            outs.append(Output(name, v._index, self.gemm.d if name == "d" else self._aux[name], reduce, dim))
+        return outs
+
+    # ---- what other layers read
+
+    @property
+    def key(self) -> str:
+        return self.ir.key
+
+    @property
+    def operands(self) -> tuple[Operand, ...]:
+        """What a call takes after A and B, in order (`RecipeIR.operands`)."""
+        return self.ir.operands
+
+    @property
+    def outputs(self) -> tuple[Output, ...]:
+        return self.ir.epilogue.outputs
+
+    def reference(self, a: torch.Tensor, b: torch.Tensor, *args: Any, **operands: Any) -> Any:
+        """The fused op in fp32 on the CPU. Returns D, or (D, aux...) when the recipe has aux outputs.
+        A grouped recipe takes `reference(a, b, offsets, **operands)`."""
+        from ..ir.reference import reference
+
+        offsets = None
+        if self.gemm.grouped:
+            if len(args) != 1:
+                raise RecipeError("reference: a grouped recipe takes (a, b, offsets, **operands), offsets an int "
+                                  "tensor of G entries: where each group's rows of A end")
+            offsets = args[0]
+        elif args:
+            raise RecipeError("reference: operands are passed by name, e.g. reference(a, b, bias=bias)")
+
+        names = {o.name for o in self.operands}
+        unknown = set(operands) - names
+        if unknown:
+            raise RecipeError(f"reference: unknown operand(s) {sorted(unknown)}; this recipe takes {sorted(names)}")
+        if names - set(operands):
+            raise RecipeError(f"reference: missing operand(s) {sorted(names - set(operands))}")
+        outs = reference(self.ir, a, b, operands, offsets)
+        return outs[0] if len(outs) == 1 else outs
+
+    def default_config(self) -> KernelConfig:
+        """The recipe's own `config=`, else gemmgen's default for its math (`config.default_config`)."""
+        return self.config if self.config is not None else default_config(self.ir)
+
+    def source(self, config: KernelConfig | None = None) -> str:
+        """The generated CUTLASS C++ for this recipe under `config`."""
+        return render_kernel(self.ir, config or self.default_config()).source
+
+    def compile(self, config: KernelConfig | None = None, *, cache: KernelCache | None = None) -> KernelBase:
+        """The kernel as a callable on torch tensors (a gemmgen.Kernel, or a GroupedKernel for a grouped
+        recipe); compiles or loads from cache."""
+        from ..runtime.kernel import kernel_for_compiled
+
+        return kernel_for_compiled(self.build(config, cache=cache))
+
+    def build(self, config: KernelConfig | None = None, *, cache: KernelCache | None = None) -> CompiledKernel:
+        """Compile (or load from a bundle or the cache) the kernel for `config`."""
+        return build_kernel(self.ir, config or self.default_config(), cache=cache)
+
+    def __repr__(self) -> str:
+        g = self.gemm
+        return (f"Recipe({self.name!r}, {g.a.value}x{g.b.value}->{g.d.value}, "
+                f"{g.layout_a.value}/{g.layout_b.value}, outputs={[o.name for o in self.outputs]})")

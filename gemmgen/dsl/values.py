@@ -1,0 +1,310 @@
+"""Tracing: the epilogue function is called once with symbolic `Value`s, whose operators and the
+`gemmgen.<op>` functions record the graph that `ir.normalize` turns into the IR.
+
+The functions are the op table's DSL spellings (`ir.Op.dsl`), one line each; `OPS` lists them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..errors import RecipeError, UnknownOpError
+from ..ir import Node, Op, Reduction, f32
+from ..types import DType, as_dtype
+from .operands import constant
+
+#: What D, aux outputs and casts may be.
+OUTPUT_DTYPES = (DType.BF16, DType.F16, DType.F32, DType.E4M3, DType.E5M2)
+
+class Trace:
+    """The nodes one epilogue function records, in the order it computes them."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+
+    def add(self, node: Node) -> Value:
+        self.nodes.append(node)
+        return Value(self, len(self.nodes) - 1)
+
+
+_ACTIVE: list[Trace] = []
+
+
+@contextlib.contextmanager
+def tracing(trace: Trace) -> Iterator[Trace]:
+    """Record into `trace` while the epilogue function runs (Python numbers become its constants)."""
+    _ACTIVE.append(trace)
+    try:
+        yield trace
+    finally:
+        _ACTIVE.pop()
+
+
+class Value:
+    """A symbolic epilogue value (fp32 in the kernel). Supports + - * /, unary -, abs()."""
+
+    __slots__ = ("_index", "_trace")
+
+    def __init__(self, trace: Trace, index: int) -> None:
+        self._trace = trace
+        self._index = index
+
+    def __add__(self, o: Any) -> Value:
+        return _binary(Op.ADD, self, o, "+")
+
+    def __radd__(self, o: Any) -> Value:
+        return _binary(Op.ADD, o, self, "+")
+
+    def __sub__(self, o: Any) -> Value:
+        return _binary(Op.SUB, self, o, "-")
+
+    def __rsub__(self, o: Any) -> Value:
+        return _binary(Op.SUB, o, self, "-")
+
+    def __mul__(self, o: Any) -> Value:
+        return _binary(Op.MUL, self, o, "*")
+
+    def __rmul__(self, o: Any) -> Value:
+        return _binary(Op.MUL, o, self, "*")
+
+    def __truediv__(self, o: Any) -> Value:
+        return _binary(Op.DIV, self, o, "/")
+
+    def __rtruediv__(self, o: Any) -> Value:
+        return _binary(Op.DIV, o, self, "/")
+
+    def __neg__(self) -> Value:
+        return _unary(Op.NEG, self, "-")
+
+    def __pos__(self) -> Value:
+        return self
+
+    def __abs__(self) -> Value:
+        return _unary(Op.ABS, self, "abs")
+
+    def _unsupported(self, what: str, hint: str) -> RecipeError:
+        return RecipeError(f"epilogue: {what} is not supported on traced values; {hint}")
+
+    def __pow__(self, o: Any) -> Value:
+        raise self._unsupported("operator '**'", "write the product out (x * x)")
+
+    __rpow__ = __pow__
+
+    def __matmul__(self, o: Any) -> Value:
+        raise self._unsupported("operator '@'", "the GEMM is the recipe itself; the epilogue is elementwise")
+
+    def __floordiv__(self, o: Any) -> Value:
+        raise self._unsupported("operator '//'", "use '/'")
+
+    def __mod__(self, o: Any) -> Value:
+        raise self._unsupported("operator '%'", "use gemmgen ops (gg.min, gg.max, gg.clamp, ...)")
+
+    def _compare(self, o: Any) -> Value:
+        raise self._unsupported("comparison", "use gg.max / gg.min / gg.clamp / gg.relu instead of branches")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _compare
+
+    def __eq__(self, o: object) -> bool:
+        raise self._unsupported("comparison", "use gg.max / gg.min / gg.clamp / gg.relu instead of branches")
+
+    __ne__ = __eq__
+    __hash__ = object.__hash__
+
+    def __bool__(self) -> bool:
+        raise self._unsupported("a truth test (if/and/or)", "the epilogue must be branch-free; use gg.max / gg.min")
+
+    def __float__(self) -> float:
+        raise self._unsupported("float() / math.* functions", "use gemmgen ops (gg.exp, gg.tanh, ...)")
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", str(func))
+        raise RecipeError(f"epilogue: torch.{name} is not traceable; use the gemmgen op of the same meaning "
+                          f"(gg.{name} if it exists; see gemmgen.OPS)")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise UnknownOpError(f"epilogue: traced values have no method {name!r}; use the gemmgen op "
+                             f"(gg.{name}(x)) if it exists. Available ops: {', '.join(OPS)}")
+
+    def __repr__(self) -> str:
+        return f"<gemmgen traced value #{self._index}>"
+
+
+class Reduced:
+    """`gg.amax(x)`, `gg.amax(x, dim)`, `gg.sum(x, dim)`, `gg.reduce_max(x, dim)`,
+    `gg.reduce_min(x, dim)`: an output holding a reduction of x in
+    fp32, per batch: over M and N (one value), over M (`dim=0`: one value per column of D) or over
+    N (`dim=1`: one value per row). Returned from the epilogue under an aux name declared
+    `gg.f32`; it is not a value to compute with."""
+
+    __slots__ = ("dim", "reduce", "value")
+
+    def __init__(self, value: Value, reduce: Reduction, dim: int | None) -> None:
+        self.value, self.reduce, self.dim = value, reduce, dim
+
+    def _misuse(self, *args: Any) -> Any:
+        raise _reduced_misuse()
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _misuse
+    __truediv__ = __rtruediv__ = __neg__ = __pos__ = __abs__ = __pow__ = _misuse
+
+    def __repr__(self) -> str:
+        dim = "" if self.dim is None else f", dim={self.dim}"
+        name = {Reduction.MAX: "reduce_max", Reduction.MIN: "reduce_min"}.get(self.reduce, self.reduce.value)
+        return f"gemmgen.{name}({self.value!r}{dim})"
+
+
+def _reduced_misuse() -> RecipeError:
+    return RecipeError("gg.amax(...), gg.sum(...) and gg.reduce_max/min(...) are outputs, not values to compute "
+                       "with: return them from the epilogue, e.g. {'d': y, 'amax_y': gg.amax(y)}, declared with "
+                       "aux={'amax_y': gg.f32}")
+
+
+def _lift(x: Any, op_name: str) -> Value:
+    """Turn a Python number into a constant of the current trace; reject anything else."""
+    if isinstance(x, Value):
+        return x
+    if isinstance(x, Reduced):
+        raise _reduced_misuse()
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        if not _ACTIVE:
+            raise RecipeError(f"{op_name}: gemmgen ops can only be used inside an epilogue being traced")
+        return _ACTIVE[-1].add(Node(Op.CONST, attr=f32(x)))
+    raise RecipeError(f"epilogue op '{op_name}': expected a traced value or a Python number, got {type(x).__name__} "
+                      f"({x!r}); tensors are passed at call time, not captured by the epilogue")
+
+
+def _same_trace(values: list[Value], op_name: str) -> Trace:
+    traces = {id(v._trace): v._trace for v in values}
+    if len(traces) != 1 or not _ACTIVE or _ACTIVE[-1] is not values[0]._trace:
+        raise RecipeError(f"epilogue op '{op_name}': a value from another (or finished) trace was used; "
+                          "build every value inside the epilogue function")
+    return values[0]._trace
+
+
+def _binary(op: Op, x: Any, y: Any, op_name: str) -> Value:
+    if not isinstance(x, Value) and not isinstance(y, Value):
+        _lift(x, op_name)  # raises for non-numbers
+    a, b = _lift(x, op_name), _lift(y, op_name)
+    return _same_trace([a, b], op_name).add(Node(op, (a._index, b._index)))
+
+
+def _unary(op: Op, x: Any, op_name: str, attr: float | None = None, dtype: DType | None = None) -> Value:
+    a = _lift(x, op_name)
+    return _same_trace([a], op_name).add(Node(op, (a._index,), attr=attr, dtype=dtype))
+
+
+# ----------------------------------------------------------------------------- ops: the op table's DSL spellings
+
+
+def _elementwise(op: Op, doc: str) -> Callable[..., Value]:
+    """The `gemmgen.<op.dsl>` function of a table row: records `op` on its inputs."""
+    name = op.dsl
+    assert name is not None
+
+    def binary(x: Any, y: Any) -> Value:
+        return _binary(op, x, y, name)
+
+    def unary(x: Any) -> Value:
+        return _unary(op, x, name)
+
+    fn = binary if op.arity == 2 else unary
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    return fn
+
+
+minimum = _elementwise(Op.MIN, "Elementwise minimum (NaN-propagating, like torch.minimum).")
+maximum = _elementwise(Op.MAX, "Elementwise maximum (NaN-propagating, like torch.maximum).")
+min = minimum  # noqa: A001
+max = maximum  # noqa: A001
+abs = _elementwise(Op.ABS, "|x|.")  # noqa: A001
+exp = _elementwise(Op.EXP, "e^x.")
+tanh = _elementwise(Op.TANH, "tanh(x).")
+sigmoid = _elementwise(Op.SIGMOID, "1 / (1 + e^-x).")
+relu = _elementwise(Op.RELU, "max(x, 0).")
+gelu = _elementwise(Op.GELU, "GELU with the exact erf form (torch's approximate='none').")
+gelu_tanh = _elementwise(Op.GELU_TANH, "GELU with the tanh approximation (torch's approximate='tanh').")
+silu = _elementwise(Op.SILU, "x * sigmoid(x).")
+
+
+def leaky_relu(x: Any, slope: float = 0.01) -> Value:
+    """x where x >= 0, else x * slope (a compile-time constant)."""
+    return _unary(Op.LEAKY_RELU, x, "leaky_relu", attr=constant(slope, "leaky_relu slope"))
+
+
+def cast(x: Any, dtype: Any) -> Value:
+    """Round to `dtype` (then computation continues in fp32), as storing and reloading would; to
+    fp8 saturating at its largest finite value (NaN stays NaN), as the kernel converts (PTX
+    cvt.rn.satfinite): a quantize-dequantize inside the epilogue."""
+    d = as_dtype(dtype, "cast dtype")
+    if d not in OUTPUT_DTYPES:
+        raise RecipeError(f"epilogue op 'cast': cannot cast to {d.value}; supported: bf16, f16, f32, e4m3, e5m2")
+    return _unary(Op.CAST, x, "cast", dtype=d)
+
+
+def clamp(x: Any, lo: Any = None, hi: Any = None) -> Value:
+    """max(x, lo), then min(., hi): either bound may be left out."""
+    if lo is None and hi is None:
+        raise RecipeError("epilogue op 'clamp': give at least one of lo, hi")
+    v = _lift(x, "clamp")
+    if lo is not None:
+        v = maximum(v, lo)
+    if hi is not None:
+        v = minimum(v, hi)
+    return v
+
+
+def amax(x: Any, dim: int | None = None) -> Reduced:
+    """An output of max |x| (NaNs skipped): over M and N per batch, which fp8 scaling needs for its
+    next scale; or per column (`dim=0`) or per row (`dim=1`, a per-token scale). See `Reduced`."""
+    return Reduced(_reduced_value(x, "amax"), Reduction.AMAX, _reduce_dim(dim, "amax", optional=True))
+
+
+def sum(x: Any, dim: int) -> Reduced:  # noqa: A001
+    """An output of the sum of x over M (`dim=0`: one value per column of D, e.g. a bias gradient)
+    or over N (`dim=1`: one value per row, e.g. a norm's statistics). Summed in fp32 in a fixed
+    order, so the result is the same from run to run. See `Reduced`."""
+    return Reduced(_reduced_value(x, "sum"), Reduction.SUM, _reduce_dim(dim, "sum", optional=False))
+
+
+def reduce_max(x: Any, dim: int) -> Reduced:
+    """An output of the largest value of x over M (`dim=0`: one per column of D) or over N (`dim=1`:
+    one per row, e.g. a row's max logit), NaNs skipped, -inf where a row or column has no value.
+    (`gg.max(x, y)` is the elementwise maximum.) See `Reduced`."""
+    return Reduced(_reduced_value(x, "reduce_max"), Reduction.MAX, _reduce_dim(dim, "reduce_max", optional=False))
+
+
+def reduce_min(x: Any, dim: int) -> Reduced:
+    """An output of the smallest value of x over M (`dim=0`) or over N (`dim=1`), NaNs skipped,
+    +inf where a row or column has no value. (`gg.min(x, y)` is the elementwise minimum.)"""
+    return Reduced(_reduced_value(x, "reduce_min"), Reduction.MIN, _reduce_dim(dim, "reduce_min", optional=False))
+
+
+def _reduced_value(x: Any, op_name: str) -> Value:
+    a = _lift(x, op_name)
+    _same_trace([a], op_name)
+    return a
+
+
+def _reduce_dim(dim: Any, op_name: str, optional: bool) -> int | None:
+    """0 (over M) or 1 (over N) of the M x N value, as torch numbers the dims of a matrix."""
+    if dim is None and optional:
+        return None
+    if isinstance(dim, int) and not isinstance(dim, bool) and dim in (0, 1, -1, -2):
+        return dim % 2
+    over_all = " or None (over M and N)" if optional else ""
+    raise RecipeError(f"{op_name}: dim={dim!r}; expected 0 (over M: one value per column of D), 1 or -1 "
+                      f"(over N: one value per row){over_all}")
+
+
+#: Every way an epilogue can compute: the table's operators and functions, `clamp` (min and max), and the
+#: reductions.
+OPS: tuple[str, ...] = (*(op.symbol for op in Op if op.symbol), *(op.dsl for op in Op if op.dsl), "clamp",
+                        "amax", "sum", "reduce_max", "reduce_min")
+

@@ -1,0 +1,79 @@
+"""Every `GEMMGEN_*` environment variable gemmgen reads, read here and nowhere else.
+
+Each is read when it is used, not at import, so a process (or a test) that sets one later is
+heard. `VARIABLES` documents them; docs/deployment.md's table and the CLI's help list it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    default: str  # how the default reads in the docs
+    meaning: str
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("GEMMGEN_CACHE_DIR", "$XDG_CACHE_HOME/gemmgen or ~/.cache/gemmgen",
+             "the kernel cache's root (one folder per arch inside)"),
+    Variable("GEMMGEN_BUNDLE_PATH", "(none)",
+             "ahead-of-time bundles to search before the cache, separated by ':'"),
+    Variable("GEMMGEN_TUNING_PATH", "(none)",
+             "autotune tables (`gemmgen tune` output) to register, separated by ':'"),
+    Variable("GEMMGEN_JIT", "1",
+             "0 (or false, no, off) forbids compiling at run time: a kernel in no bundle and not in the cache "
+             "raises gemmgen.KernelNotAvailable"),
+    Variable("GEMMGEN_DEBUG_DIR", "the system's temporary folder",
+             "where the source of a kernel NVRTC rejected is written (under gemmgen-failed/)"),
+)
+
+
+def _get(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value else None
+
+
+def _paths(name: str) -> list[str]:
+    return [p for p in (_get(name) or "").split(os.pathsep) if p]
+
+
+def cache_dir() -> Path:
+    """GEMMGEN_CACHE_DIR, else the user's cache folder."""
+    explicit = _get("GEMMGEN_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = _get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gemmgen"
+
+
+def bundle_path_setting() -> str:
+    """GEMMGEN_BUNDLE_PATH as set (bundles are cached by this string)."""
+    return _get("GEMMGEN_BUNDLE_PATH") or ""
+
+
+def bundle_paths() -> list[str]:
+    return _paths("GEMMGEN_BUNDLE_PATH")
+
+
+def tuning_paths() -> list[str]:
+    return _paths("GEMMGEN_TUNING_PATH")
+
+
+def jit_enabled() -> bool:
+    """GEMMGEN_JIT=0 forbids compiling: every kernel must come from a bundle or the cache."""
+    return (_get("GEMMGEN_JIT") or "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def debug_dir() -> Path:
+    return Path(_get("GEMMGEN_DEBUG_DIR") or _tempdir())
+
+
+def _tempdir() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()

@@ -1,0 +1,72 @@
+"""The op of a dense (or batched) recipe: `op(a, b, *operands) -> D` or `(D, aux...)`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import tuning
+from ..config import KernelConfig
+from ..ir.reference import accumulate, evaluate_epilogue
+from ..runtime.base import allocate_output
+from ..runtime.checks import check_call, check_problem_size
+from .kinds import OpKind
+
+
+class DenseOp(OpKind):
+    def outputs(self, a: torch.Tensor, b: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
+        gemm = self.recipe.ir.gemm
+        shape = (*((a.shape[0],) if gemm.batched else ()), a.shape[-2], b.shape[-1])
+        return [allocate_output(shape, o.dtype.torch, device) if o.reduce is None
+                else torch.zeros(o.shape(shape), dtype=o.dtype.torch, device=device) for o in self.recipe.outputs]
+
+    def check(self, a: Any, b: Any, args: tuple, require_cuda: bool, config: KernelConfig | None = None) -> None:
+        call = check_call(self.recipe.ir, a, b, dict(zip(self.names, args, strict=False)), require_cuda=require_cuda)
+        if config is not None:
+            check_problem_size(call, config.tile, config.cluster, config.swap_ab)
+
+    def key(self, a: torch.Tensor, b: torch.Tensor) -> tuple:
+        return a.shape, b.shape[-1], a.device, tuning.generation()
+
+    def problem(self, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, int]:
+        l = a.shape[0] if self.recipe.ir.gemm.batched and a.dim() == 3 else 1  # noqa: E741
+        return a.shape[-2], b.shape[-1], a.shape[-1], l
+
+    def reference(self, a: torch.Tensor, b: torch.Tensor, args: tuple) -> tuple[torch.Tensor, ...]:
+        ref = self.recipe.reference(a, b, **dict(zip(self.names, args, strict=True)))
+        return ref if isinstance(ref, tuple) else (ref,)
+
+    def vjp(self, inputs: list, grads: tuple, needed: tuple[bool, ...]) -> tuple:
+        """Gradients of the fused op, the way torch differentiates the unfused layers: the accumulator
+        is recomputed by a GEMM in the operands' precision (what the unfused model would have saved),
+        the epilogue is differentiated in fp32 with autograd, and dacc maps back to A and B through
+        GEMMs in the operands' precision (fp32 accumulation), like nn.Linear's backward; fp32 GEMMs
+        would be far slower on a GPU and gain nothing over the unfused model's gradients. `needed`
+        (per input, autograd's needs_input_grad) skips what nobody asked for: a frozen weight costs
+        no weight-gradient GEMM."""
+        recipe = self.recipe
+        self.refuse_undifferentiable(needed)
+        a, b, *rest = inputs
+        ops = dict(zip(self.names, rest, strict=True))
+        fp8 = recipe.ir.gemm.fp8
+        with torch.enable_grad():
+            # torch has no plain fp8 GEMM; the fp8 values are exact in fp32, as the kernel reads them
+            acc = (accumulate(recipe.ir.gemm, a.detach(), b.detach(), ops) if fp8
+                   else torch.matmul(a.detach(), b.detach()).float()).requires_grad_(True)
+            leaves = {k: v.detach().float().requires_grad_(True)
+                      for (k, v), need in zip(ops.items(), needed[2:], strict=True)
+                      if need and isinstance(v, torch.Tensor) and v.is_floating_point()}
+            outs = evaluate_epilogue(recipe.ir.epilogue, acc, {**ops, **leaves}, round_outputs=False)
+            pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
+            wrt = [acc, *leaves.values()]
+            got = torch.autograd.grad([o for o, _ in pairs], wrt, [g.float() for _, g in pairs], allow_unused=True)
+        g_leaf = dict(zip(leaves, got[1:], strict=True))
+        ga = gb = None
+        if needed[0] or needed[1]:
+            g_acc = (got[0] if got[0] is not None else torch.zeros_like(acc)).to(a.dtype)
+            ga = torch.matmul(g_acc, b.transpose(-1, -2)) if needed[0] else None
+            gb = torch.matmul(a.transpose(-1, -2), g_acc) if needed[1] else None
+        # autograd already summed broadcast operands (row/col vectors) back to their own shapes
+        rest = [None if g_leaf.get(k) is None else g_leaf[k].to(v.dtype) for k, v in ops.items()]
+        return (ga, gb, *rest)

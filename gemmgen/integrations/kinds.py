@@ -1,0 +1,60 @@
+"""What the op definition (`ops`) needs to know of a recipe's kind: dense (`dense.DenseOp`) or
+grouped (`grouped.GroupedOp`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..config import KernelConfig
+from ..dsl import Recipe
+from ..errors import InvalidArgument
+
+
+class OpKind:
+    """The op's inputs after A and B, its outputs' shapes, its checks, the problem the launch policy
+    sees, its reference and its backward, for one recipe."""
+
+    #: Schema inputs between B and the operands.
+    extra_inputs: tuple[str, ...] = ()
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+        self.names = [o.name for o in recipe.operands]
+
+    def outputs(self, a: torch.Tensor, b: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
+        """Fresh outputs with the kernel's shapes, dtypes and strides (the fake implementation's)."""
+        raise NotImplementedError
+
+    def check(self, a: Any, b: Any, args: tuple, require_cuda: bool, config: KernelConfig | None = None) -> None:
+        """Refuse what the kernel (under `config`, when given) would refuse, before compiling it."""
+        raise NotImplementedError
+
+    def key(self, a: torch.Tensor, b: torch.Tensor) -> tuple:
+        """What the kernel a call launches depends on, as exact shapes (asked on every call)."""
+        raise NotImplementedError
+
+    def problem(self, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, int]:
+        """(M, N, K, L) as the launch policy takes it."""
+        raise NotImplementedError
+
+    def reference(self, a: torch.Tensor, b: torch.Tensor, args: tuple) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def vjp(self, inputs: list, grads: tuple, needed: tuple[bool, ...]) -> tuple:
+        """Gradients of every input, None where `needed` (autograd's needs_input_grad) says no."""
+        raise NotImplementedError
+
+    def refuse_undifferentiable(self, needed: tuple[bool, ...]) -> None:
+        """fp8 A and B and block scales have no gradient gemmgen could compute: say so."""
+        if self.recipe.ir.gemm.fp8 and (needed[0] or needed[1]):
+            raise InvalidArgument(f"{'a' if needed[0] else 'b'}: gemmgen has no gradient for fp8 A or B (fp8 "
+                                  "training scales its gradients, which a plain derivative cannot know); detach "
+                                  "them, or differentiate a bf16 copy")
+        offset = len(needed) - len(self.recipe.operands)  # the operands come last
+        scales = [o.name for o, need in zip(self.recipe.operands, needed[offset:], strict=True)
+                  if need and o.kind.block_scale]
+        if scales:
+            raise InvalidArgument(f"{scales[0]}: gemmgen has no gradient for block scales (they come from "
+                                  "quantizing A and B, which is not differentiated either); detach them")

@@ -1,0 +1,21 @@
+"""The epilogue IR (`graph`), its op table (`ops`) and its meaning in torch (`reference`)."""
+
+from .graph import (
+    BLOCK_SCALE_OPERANDS,
+    EpilogueIR,
+    GemmSpec,
+    Node,
+    Operand,
+    Output,
+    RecipeIR,
+    Reduction,
+    content_key,
+    f32,
+    f32_bits,
+    normalize,
+    post_order,
+)
+from .ops import BINARY_OPS, UNARY_OPS, Op, Param
+
+__all__ = ["BINARY_OPS", "BLOCK_SCALE_OPERANDS", "UNARY_OPS", "EpilogueIR", "GemmSpec", "Node", "Op", "Operand",
+           "Output", "Param", "RecipeIR", "Reduction", "content_key", "f32", "f32_bits", "normalize", "post_order"]

@@ -1,0 +1,300 @@
+"""The epilogue IR: a normalized, frozen, hashable DAG with a stable content key.
+
+Tracing (gemmgen.dsl) builds nodes in any order; `normalize` rebuilds them canonically:
+constants folded, commutative operands ordered, common subexpressions merged, dead nodes
+dropped, and nodes numbered in a fixed post-order from the outputs. The same math therefore
+gives the same IR and the same key, whatever order the user wrote it in.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import json
+import math
+import numbers
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..types import DType, Layout, OperandKind
+from .ops import Op
+
+
+def f32(value: numbers.Real | float) -> float:
+    """Round a Python number to the nearest fp32, as the kernel will hold it: +-inf past fp32's
+    range (an int past a double's included), as torch rounds it for the reference."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", float(value)))[0]
+    except OverflowError:
+        return -math.inf if value < 0 else math.inf
+
+
+def f32_bits(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", f32(value)))[0]
+
+
+@dataclass(frozen=True)
+class Node:
+    """One value in the epilogue. `args` index earlier nodes of the same IR."""
+
+    op: Op
+    args: tuple[int, ...] = ()
+    name: str | None = None  # INPUT: operand name
+    attr: float | None = None  # CONST: value; LEAKY_RELU: slope (fp32-rounded)
+    dtype: DType | None = None  # INPUT: element type; CAST: target type
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A declared epilogue input."""
+
+    name: str
+    kind: OperandKind
+    dtype: DType
+
+
+class Reduction(enum.Enum):
+    """How an output reduces its value instead of storing it."""
+
+    AMAX = "amax"  # the largest absolute value (NaNs skipped), for fp8 scaling
+    SUM = "sum"
+    MAX = "max"  # the largest value (NaNs skipped; -inf when there is none)
+    MIN = "min"  # the smallest value (NaNs skipped; +inf when there is none)
+
+    @property
+    def identity(self) -> float:
+        """The value a reduction starts from, and gives where there is nothing to reduce."""
+        return {Reduction.MAX: -math.inf, Reduction.MIN: math.inf}.get(self, 0.0)
+
+
+@dataclass(frozen=True)
+class Output:
+    """An epilogue output: `d` is the GEMM's D; others are auxiliary M x N outputs, or with
+    `reduce` fp32 reductions of a value, per batch: over M and N when `dim` is None (one value,
+    shape (L,) or ()), over M when `dim` is 0 (one value per column: (L, N) or (N,)), over N when
+    `dim` is 1 (one value per row: (L, M) or (M,))."""
+
+    name: str
+    node: int
+    dtype: DType
+    reduce: Reduction | None = None
+    dim: int | None = None
+
+    def shape(self, problem: tuple[int, ...]) -> tuple[int, ...]:
+        """This output's shape for a problem whose D is `problem`, (L, M, N) or (M, N)."""
+        if self.reduce is None:
+            return problem
+        extent = () if self.dim is None else (problem[-2],) if self.dim == 1 else (problem[-1],)
+        return (*problem[:-2], *extent)
+
+    @property
+    def transposed(self) -> Output:
+        """The same output of the transposed problem: a reduction over M becomes one over N."""
+        return Output(self.name, self.node, self.dtype, self.reduce, None if self.dim is None else 1 - self.dim)
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """The main loop's problem: D[l] = epilogue(A[l] @ B[l]) with fp32 accumulation.
+
+    `grouped` is the MoE form: A (T x K) holds the rows of G groups one after another (group g's
+    rows end at offsets[g]), B is G x K x N (one matrix per group), and D (T x N) gets each row
+    from its own group's B.
+
+    `layout_d` is the memory order of D and of every M x N epilogue tensor (C, aux loads and
+    stores). Recipes declare row-major outputs; a column-major one arises only as the kernel-side
+    view of a swapped kernel (`RecipeIR.transposed`).
+
+    `block_scale` (M, N, K) is the granularity of fp8 block scaling (DeepSeek-V3's (1, 128, 128)):
+    A's values are scaled by one fp32 per `M` rows and `K` columns, B's by one per `K` rows and `N`
+    columns, and the main loop adds each K block's partial product into the fp32 accumulator times
+    its two scales (CUTLASS's blockwise fp8 main loop): acc = sum over K blocks of (A_kb @ B_kb) *
+    scale_a * scale_b. The scales are the call's first operands (`RecipeIR.operands`). A grouped
+    GEMM's are per row of A (M granularity 1) and per group's B, both K-major (`scale_layouts`).
+    """
+
+    a: DType
+    b: DType
+    d: DType
+    layout_a: Layout
+    layout_b: Layout
+    batched: bool = False
+    accumulator: DType = DType.F32
+    layout_d: Layout = Layout.ROW
+    grouped: bool = False
+    block_scale: tuple[int, int, int] | None = None
+
+    @property
+    def fp8(self) -> bool:
+        """A and B are fp8: CUTLASS's fp8 mainloop (partial sums promoted into fp32), QGMMA."""
+        return self.a.bits == 8
+
+    @property
+    def scale_layouts(self) -> tuple[Layout, Layout]:
+        """The memory order the kernel reads the block scales in: `scale_a` (M blocks x K blocks)
+        and `scale_b` (K blocks x N blocks, per group when grouped). M/N-major for one GEMM, where
+        CUTLASS may load them with TMA; K-major for a grouped one, whose main loop reads each
+        group's scales as a compact K-major block from the group's first row (a slice of the
+        caller's tensor only in that order)."""
+        return (Layout.ROW, Layout.COL) if self.grouped else (Layout.COL, Layout.ROW)
+
+
+@dataclass(frozen=True)
+class EpilogueIR:
+    nodes: tuple[Node, ...]
+    outputs: tuple[Output, ...]  # `d` first, then aux outputs in declaration order
+    operands: tuple[Operand, ...]  # operands the outputs actually read, in declaration order
+
+    def users(self) -> list[list[int]]:
+        users: list[list[int]] = [[] for _ in self.nodes]
+        for i, n in enumerate(self.nodes):
+            for a in n.args:
+                users[a].append(i)
+        return users
+
+    def operand(self, name: str) -> Operand:
+        return next(o for o in self.operands if o.name == name)
+
+
+#: The block scales' operands, first among a block-scaled recipe's operands.
+BLOCK_SCALE_OPERANDS = (Operand("scale_a", OperandKind.SCALE_A, DType.F32),
+                        Operand("scale_b", OperandKind.SCALE_B, DType.F32))
+
+
+@dataclass(frozen=True)
+class RecipeIR:
+    """Everything that determines a kernel's math; `key` is its content address."""
+
+    name: str
+    gemm: GemmSpec
+    epilogue: EpilogueIR
+
+    @property
+    def operands(self) -> tuple[Operand, ...]:
+        """What a call passes after A and B, in order: the block scales (when the GEMM is
+        block-scaled), then the epilogue's operands."""
+        scales = BLOCK_SCALE_OPERANDS if self.gemm.block_scale else ()
+        return scales + self.epilogue.operands
+
+    @property
+    def outputs(self) -> tuple[Output, ...]:
+        """D, then the aux outputs (`EpilogueIR.outputs`)."""
+        return self.epilogue.outputs
+
+    @functools.cached_property
+    def key(self) -> str:
+        """Computed once per IR (a JSON dump and a SHA-256: ~10 us, and read on every op call)."""
+        return content_key(self.canonical())
+
+    def transposed(self) -> RecipeIR:
+        """The same math over transposed operands: D^T = epilogue(B^T @ A^T).
+
+        A swapped kernel computes this recipe on the caller's tensors reinterpreted in place: A and
+        B trade places with flipped layouts, D and every M x N tensor become column-major views of
+        the same memory, row vectors (one value per column of D) become column vectors of D^T, and
+        a reduction over M (one value per column) becomes one over N. Block scales trade places
+        with their operands: the swapped kernel's A is the caller's B.
+        """
+        g = self.gemm
+        scale = None if g.block_scale is None else (g.block_scale[1], g.block_scale[0], g.block_scale[2])
+        gemm = GemmSpec(a=g.b, b=g.a, d=g.d, layout_a=g.layout_b.transposed, layout_b=g.layout_a.transposed,
+                        batched=g.batched, accumulator=g.accumulator, layout_d=g.layout_d.transposed,
+                        grouped=g.grouped, block_scale=scale)
+        operands = tuple(Operand(o.name, o.kind.transposed, o.dtype) for o in self.epilogue.operands)
+        outputs = tuple(o.transposed for o in self.epilogue.outputs)
+        return RecipeIR(self.name, gemm, EpilogueIR(self.epilogue.nodes, outputs, operands))
+
+    def canonical(self) -> dict:
+        """A JSON-able form with no names that do not change the math (the recipe name is left out).
+        A field added later enters only when it differs from its default, so existing keys stay."""
+        g = self.gemm
+        layout_d = [] if g.layout_d is Layout.ROW else [g.layout_d.value]
+        grouped = [["grouped", True]] if g.grouped else []
+        block_scale = [["block_scale", list(g.block_scale)]] if g.block_scale else []
+        return {
+            "gemm": [g.a.value, g.b.value, g.d.value, g.layout_a.value, g.layout_b.value, g.batched,
+                     g.accumulator.value, *layout_d, *grouped, *block_scale],
+            "nodes": [[n.op.key, list(n.args), n.name, n.attr, n.dtype.value if n.dtype else None]
+                      for n in self.epilogue.nodes],
+            "outputs": [[o.name, o.node, o.dtype.value, *([o.reduce.value] if o.reduce else []),
+                         *([o.dim] if o.dim is not None else [])] for o in self.epilogue.outputs],
+            "operands": [[o.name, o.kind.value, o.dtype.value] for o in self.epilogue.operands],
+        }
+
+
+def content_key(obj: object) -> str:
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def fold_constant(op: Op, values: tuple[float, ...], attr: float | None, dtype: DType | None) -> float:
+    """Evaluate `op` on fp32 constants with the reference's own semantics (so folding changes nothing)."""
+    import torch
+
+    return float(op.apply(tuple(torch.tensor(v, dtype=torch.float32) for v in values), attr, dtype))
+
+
+def post_order(roots: list[int], args_of: Callable[[int], tuple[int, ...]]) -> list[int]:
+    """The nodes reachable from `roots`, each once, arguments before their users, in the order a
+    depth-first walk from each root in turn (arguments left to right) finishes them. An explicit
+    stack: an epilogue of any depth, no recursion limit."""
+    order: list[int] = []
+    seen: set[int] = set()
+    stack = [(r, False) for r in reversed(roots)]
+    while stack:
+        i, finished = stack.pop()
+        if finished:
+            order.append(i)
+        elif i not in seen:
+            seen.add(i)
+            stack.append((i, True))
+            stack.extend((a, False) for a in reversed(args_of(i)))
+    return order
+
+
+def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand, ...]) -> EpilogueIR:
+    """Fold, order, merge and renumber a traced graph (see module docstring)."""
+    canon: dict[Node, int] = {}
+    new_nodes: list[Node] = []
+    structure: list[str] = []  # per new node: a structural digest, used to order commutative args
+    memo: dict[int, int] = {}
+
+    def intern(node: Node, digest: str) -> int:
+        if node in canon:
+            return canon[node]
+        canon[node] = len(new_nodes)
+        new_nodes.append(node)
+        structure.append(digest)
+        return canon[node]
+
+    def digest_of(node: Node, child_digests: list[str]) -> str:
+        head = json.dumps([node.op.key, node.name, node.attr, node.dtype.value if node.dtype else None])
+        return hashlib.sha256((head + "|" + ",".join(child_digests)).encode()).hexdigest()
+
+    def rebuild(node: Node) -> int:
+        args = [memo[a] for a in node.args]
+        if node.op.commutative:
+            args.sort(key=lambda a: structure[a])
+        argn = [new_nodes[a] for a in args]
+        if args and all(a.op is Op.CONST for a in argn):
+            value = fold_constant(node.op, tuple(a.attr for a in argn), node.attr, node.dtype)  # type: ignore[misc]
+            folded = Node(Op.CONST, attr=value)
+            r = intern(folded, digest_of(folded, []))
+        else:
+            new = Node(node.op, tuple(args), node.name, node.attr, node.dtype)
+            r = intern(new, digest_of(new, [structure[a] for a in args]))
+        return r
+
+    # Visit in output order so numbering is canonical; then renumber to a compact post-order.
+    for i in post_order([o.node for o in outputs], lambda i: nodes[i].args):
+        memo[i] = rebuild(nodes[i])
+    roots = [memo[o.node] for o in outputs]
+    order = post_order(roots, lambda i: new_nodes[i].args)
+    remap = {old: new for new, old in enumerate(order)}
+    final = tuple(Node(new_nodes[o].op, tuple(remap[a] for a in new_nodes[o].args), new_nodes[o].name,
+                       new_nodes[o].attr, new_nodes[o].dtype) for o in order)
+    outs = tuple(Output(o.name, remap[r], o.dtype, o.reduce, o.dim) for o, r in zip(outputs, roots, strict=True))
+    used = {n.name for n in final if n.op is Op.INPUT}
+    return EpilogueIR(final, outs, tuple(o for o in operands if o.name in used))

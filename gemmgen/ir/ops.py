@@ -1,0 +1,125 @@
+"""The op table: every epilogue op declared once.
+
+A row gives the op's stable key (it enters IR keys and generated names), its arity, its meaning
+as an fp32 formula on torch tensors (what the reference evaluates, what constant folding and the
+CPU emulation compute), the `gemmgen::epi` functor that implements the same formula on the GPU
+(gemmgen/include/gemmgen/epilogue.hpp; a test runs each functor on the host against the formula),
+and how the DSL spells it: a Python operator, or the `gemmgen.<name>` function. Adding an op is a
+row here, its functor in epilogue.hpp and its one-line DSL export.
+
+Formulas use tensor methods only, so this module imports no torch.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..types import DType
+
+if TYPE_CHECKING:
+    import torch
+
+#: The largest finite fp8 values: conversions to fp8 saturate there (PTX cvt.rn.satfinite, as CUTLASS
+#: converts on sm_90), where torch's cast to e5m2 gives inf (its e4m3 cast saturates already, in 2.13).
+FP8_MAX = {DType.E4M3: 448.0, DType.E5M2: 57344.0}
+
+
+def round_to(x: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """An fp32 value stored as `dtype`: round to nearest even, fp8 saturating (NaN stays NaN)."""
+    limit = FP8_MAX.get(dtype)
+    return (x if limit is None else x.clamp(-limit, limit)).to(dtype.torch)
+
+
+_SQRT_HALF = 1.0 / math.sqrt(2.0)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+class Param(enum.Enum):
+    """A compile-time parameter an op takes besides its inputs (held by the IR node)."""
+
+    NONE = "none"
+    SLOPE = "slope"  # Node.attr: an fp32 constant (leaky_relu's negative slope), a functor template argument
+    DTYPE = "dtype"  # Node.dtype: the target type (cast), the compute node's output element
+
+
+class Op(enum.Enum):
+    """An epilogue IR op: one row of the op table (see the module docstring).
+
+    Row: (key, arity, functor, formula, dsl name, Python operator, commutative, param).
+    """
+
+    key: str
+    arity: int
+    functor: str | None
+    formula: Callable[..., Any] | None
+    dsl: str | None
+    symbol: str | None
+    commutative: bool
+    param: Param
+
+    # leaves: the accumulator, an operand, a constant
+    ACC = ("acc", 0)
+    INPUT = ("input", 0)
+    CONST = ("const", 0)
+    # binary
+    ADD = ("add", 2, "Add", lambda x, y: x + y, None, "+", True)
+    SUB = ("sub", 2, "Sub", lambda x, y: x - y, None, "-")
+    MUL = ("mul", 2, "Mul", lambda x, y: x * y, None, "*", True)
+    DIV = ("div", 2, "Div", lambda x, y: x / y, None, "/")
+    MIN = ("min", 2, "Min", lambda x, y: x.minimum(y), "min", None, True)  # NaN-propagating, as torch.minimum
+    MAX = ("max", 2, "Max", lambda x, y: x.maximum(y), "max", None, True)
+    # unary
+    NEG = ("neg", 1, "Neg", lambda x: -x, None, "unary -")
+    ABS = ("abs", 1, "Abs", lambda x: x.abs(), "abs")
+    EXP = ("exp", 1, "Exp", lambda x: x.exp(), "exp")
+    TANH = ("tanh", 1, "Tanh", lambda x: x.tanh(), "tanh")
+    SIGMOID = ("sigmoid", 1, "Sigmoid", lambda x: x.sigmoid(), "sigmoid")
+    RELU = ("relu", 1, "Relu", lambda x: x.relu(), "relu")
+    GELU = ("gelu", 1, "Gelu", lambda x: 0.5 * x * (1.0 + (x * _SQRT_HALF).erf()), "gelu")  # erf form
+    GELU_TANH = ("gelu_tanh", 1, "GeluTanh",
+                 lambda x: 0.5 * x * (1.0 + (_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh()), "gelu_tanh")
+    SILU = ("silu", 1, "Silu", lambda x: x * x.sigmoid(), "silu")
+    LEAKY_RELU = ("leaky_relu", 1, "LeakyRelu", lambda x, slope: (x * slope).where(x < 0, x), "leaky_relu", None,
+                  False, Param.SLOPE)
+    # rounds and continues in fp32; the conversion is the compute node's output type
+    CAST = ("cast", 1, "Identity", lambda x, dtype: round_to(x, dtype).float(), "cast", None, False, Param.DTYPE)
+
+    def __init__(self, key: str, arity: int, functor: str | None = None, formula: Callable[..., Any] | None = None,
+                 dsl: str | None = None, symbol: str | None = None, commutative: bool = False,
+                 param: Param = Param.NONE) -> None:
+        self.key, self.arity, self.functor, self.formula = key, arity, functor, formula
+        self.dsl, self.symbol, self.commutative, self.param = dsl, symbol, commutative, param
+
+    @classmethod
+    def by_key(cls, key: str) -> Op:
+        """The op whose stable key this is (what IR canonical forms hold)."""
+        return _BY_KEY[key]
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        """Pickled by name (the value holds the formula), as the compile workers receive IRs."""
+        return getattr, (Op, self.name)
+
+    def __repr__(self) -> str:
+        return f"<Op.{self.name}>"
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.arity == 0
+
+    def apply(self, args: tuple[torch.Tensor, ...], attr: float | None = None, dtype: DType | None = None
+              ) -> torch.Tensor:
+        """The formula on fp32 tensors, with the node's parameter."""
+        assert self.formula is not None, f"{self} is a leaf"
+        if self.param is Param.SLOPE:
+            return self.formula(*args, attr)
+        if self.param is Param.DTYPE:
+            return self.formula(*args, dtype)
+        return self.formula(*args)
+
+
+_BY_KEY = {op.key: op for op in Op}
+BINARY_OPS = frozenset(o for o in Op if o.arity == 2)
+UNARY_OPS = frozenset(o for o in Op if o.arity == 1)

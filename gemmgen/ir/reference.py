@@ -1,0 +1,139 @@
+"""The recipe's own semantics, evaluated with torch in fp32.
+
+What each op means is its formula in the op table (`ops.Op`); this module applies them to a
+GEMM's accumulator and operands, and rounds and reduces the outputs as the kernel does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+
+from .graph import EpilogueIR, GemmSpec, RecipeIR, Reduction
+from .ops import FP8_MAX, Op, round_to
+
+__all__ = ["FP8_MAX", "accumulate", "evaluate_epilogue", "expand_block_scale", "group_bounds", "reference",
+           "round_to"]
+
+
+def _broadcast(t: torch.Tensor, kind: str) -> torch.Tensor:
+    """Shape an operand so it broadcasts against the (L, M, N) / (M, N) output."""
+    t = t.to(torch.float32)
+    if kind == "row":  # (N,) -> (1, N)
+        return t.reshape(1, -1)
+    if kind == "col":  # (M,) -> (M, 1)
+        return t.reshape(-1, 1)
+    if kind == "scalar":
+        return t.reshape(())
+    return t
+
+
+def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor | float],
+                      round_outputs: bool = True, magnitudes: bool = False) -> tuple[torch.Tensor, ...]:
+    """Evaluate the epilogue on an fp32 accumulator; return the outputs rounded to their dtypes
+    (or kept in fp32 with `round_outputs=False`, for differentiation). With `magnitudes` a sum's
+    output is the sum of the absolute values of its terms instead, the scale of its rounding error
+    (`testing.tensors.assert_output_close`)."""
+    values: list[torch.Tensor] = []
+    for node in ir.nodes:
+        if node.op is Op.ACC:
+            v = acc
+        elif node.op is Op.CONST:
+            v = torch.tensor(node.attr, dtype=torch.float32)
+        elif node.op is Op.INPUT:
+            raw = operands[node.name]  # type: ignore[index]
+            t = raw if isinstance(raw, torch.Tensor) else torch.tensor(float(raw))
+            v = _broadcast(t, ir.operand(node.name).kind.value)  # type: ignore[arg-type]
+        else:
+            v = node.op.apply(tuple(values[a] for a in node.args), node.attr, node.dtype)
+        values.append(v.to(torch.float32))
+    shape = acc.shape
+    outs = tuple(_reduced(values[o.node].expand(shape), o.reduce, o.dim, magnitudes) for o in ir.outputs)
+    if not round_outputs:
+        return outs
+    return tuple(round_to(v, o.dtype) for v, o in zip(outs, ir.outputs, strict=True))
+
+
+def _reduced(v: torch.Tensor, reduce: Reduction | None, dim: int | None, magnitude: bool = False) -> torch.Tensor:
+    """An output's value: the M x N tensor, or its reduction per batch over M and N (`dim` None),
+    over M (0) or over N (1). An empty reduction gives the identity (`Reduction.identity`)."""
+    if reduce is None:
+        return v
+    dims = (-2, -1) if dim is None else (dim - 2,)
+    if reduce is Reduction.SUM:
+        return (v.abs() if magnitude else v).sum(dim=dims)
+    # the kernel's max and min skip NaN, as CUTLASS's maximum<float> and minimum<float> (fmaxf, fminf) do
+    identity = reduce.identity
+    skipped = torch.where(torch.isnan(v), identity, v.abs() if reduce is Reduction.AMAX else v)
+    if any(v.shape[d] == 0 for d in dims):
+        return skipped.sum(dim=dims).fill_(identity)  # the reduced shape
+    return skipped.amin(dim=dims) if reduce is Reduction.MIN else skipped.amax(dim=dims)
+
+
+def reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor | float],
+              offsets: torch.Tensor | None = None, magnitudes: bool = False) -> tuple[torch.Tensor, ...]:
+    """fp32 GEMM on the CPU followed by the epilogue; one tensor per output (`d` first). With
+    `magnitudes`, sums are of their terms' absolute values (see `evaluate_epilogue`)."""
+    ops = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in operands.items()}
+    if recipe.gemm.grouped:
+        assert offsets is not None
+        return _grouped_reference(recipe, a.detach().cpu(), b.detach().cpu(), ops, offsets.detach().cpu())
+    acc = accumulate(recipe.gemm, a.detach().cpu(), b.detach().cpu(), ops)
+    return evaluate_epilogue(recipe.epilogue, acc, ops, magnitudes=magnitudes)
+
+
+def accumulate(gemm: GemmSpec, a: torch.Tensor, b: torch.Tensor, operands: dict) -> torch.Tensor:
+    """The fp32 accumulator A @ B; with block scales, each of A's and B's values times its block's
+    scale (the same sum as the kernel's per-K-block rescaling, up to rounding)."""
+    a32, b32 = a.to(torch.float32), b.to(torch.float32)
+    if gemm.block_scale is not None:
+        gm, gn, gk = gemm.block_scale
+        a32 = a32 * expand_block_scale(operands["scale_a"], gm, gk, a.shape[-2:])
+        b32 = b32 * expand_block_scale(operands["scale_b"], gk, gn, b.shape[-2:])
+    return torch.matmul(a32, b32)
+
+
+def expand_block_scale(scale: torch.Tensor, rows: int, cols: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """One scale per `rows` x `cols` block, repeated over its block and cut to `shape` (the last
+    block of each dimension may be partial)."""
+    s = scale.to(torch.float32).repeat_interleave(rows, dim=-2).repeat_interleave(cols, dim=-1)
+    return s[..., :shape[-2], :shape[-1]]
+
+
+def group_bounds(offsets: list[int], rows: int) -> list[tuple[int, int]]:
+    """(first row, end row) of each group of a grouped GEMM with `rows` rows of A: group g ends at
+    offsets[g] and starts where the groups before it end. Offsets are clamped to [0, rows] and a
+    group that would end before it starts is empty, so no row is outside A and no row is in two
+    groups whatever the offsets hold (gemmgen/include/gemmgen/grouped.hpp does the same on the GPU)."""
+    bounds, start = [], 0
+    for off in offsets:
+        end = min(max(int(off), start), rows)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def _grouped_reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor | float],
+                       offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each group's rows through its own B and its own row vectors (and block scales: its rows' and
+    its B's); rows after the last group's end are not written by the kernel, and are NaN here."""
+    ir = recipe.epilogue
+    rows = a.shape[0]
+    n = b.shape[-1]
+    d = torch.full((rows, n), math.nan, dtype=torch.float32)
+    kinds = {o.name: o.kind.value for o in ir.operands}
+    for g, (start, end) in enumerate(group_bounds(offsets.tolist(), rows)):
+        if start == end:
+            continue
+        scales = {}
+        if recipe.gemm.block_scale is not None:  # the group's rows' scales and its B's
+            scale_a, scale_b = operands["scale_a"], operands["scale_b"]
+            assert isinstance(scale_a, torch.Tensor) and isinstance(scale_b, torch.Tensor)
+            scales = {"scale_a": scale_a[start:end], "scale_b": scale_b[g]}
+        acc = accumulate(recipe.gemm, a[start:end], b[g], scales)
+        ops = {k: v if not isinstance(v, torch.Tensor) or kinds[k] == "scalar" else
+               v[g] if kinds[k] == "row" else v[start:end] for k, v in operands.items() if k in kinds}
+        d[start:end] = evaluate_epilogue(ir, acc, ops, round_outputs=False)[0]
+    return (round_to(d, ir.outputs[0].dtype),)

@@ -1,0 +1,70 @@
+"""What gemmgen's modules share: the activations they fuse, the dtypes they compute in, and
+`RecipeModule`, whose recipes and op callers derive from its fields."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import dsl
+from ..errors import InvalidArgument, RecipeError
+
+COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
+
+ACTIVATIONS = {
+    None: lambda x: x,
+    "relu": dsl.relu,
+    "gelu": dsl.gelu,
+    "gelu_tanh": dsl.gelu_tanh,
+    "silu": dsl.silu,
+}
+
+
+def activation_fn(activation: str | None) -> Callable[[Any], Any]:
+    """The epilogue function of an activation name (None: identity); RecipeError for another name."""
+    if activation not in ACTIVATIONS:
+        raise RecipeError(f"activation: expected one of {sorted(k for k in ACTIVATIONS if k)} or None, "
+                          f"got {activation!r}")
+    return ACTIVATIONS[activation]
+
+
+def unsupported(in_features: int, dtype: torch.dtype) -> str | None:
+    """Why gemmgen cannot run a Linear of this width in this compute dtype, or None if it can (for
+    FusedLinear's errors and fuse's report)."""
+    if dtype not in COMPUTE_DTYPES:
+        return f"weights are {dtype}; gemmgen computes in bf16/f16 (compute_dtype= casts them per call)"
+    per = 16 // torch.empty((), dtype=dtype).element_size()
+    if in_features % per:
+        return f"in_features {in_features} is not a multiple of {per} (TMA reads x and W in 16-byte rows)"
+    return None
+
+
+def check_compute_dtype(compute_dtype: torch.dtype | None) -> None:
+    """`compute_dtype` as from_linear and fuse take it: None (the weights' dtype), bf16 or f16."""
+    if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
+        raise InvalidArgument(f"compute_dtype: expected torch.bfloat16, torch.float16 or None (the weights' "
+                              f"dtype), got {compute_dtype!r}")
+
+
+class RecipeModule(nn.Module):
+    """A module whose recipes and op callers derive from its fields (`_set_recipes`, resolved once so
+    that forward stays traceable by torch.compile). Pickled without them, as a recipe holds its
+    epilogue's lambda: `torch.save(model)`, deepcopy and multiprocessing rebuild them."""
+
+    _derived: tuple[str, ...] = ("recipe", "_op")
+
+    def _set_recipes(self) -> None:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for derived in self._derived:
+            state.pop(derived, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._set_recipes()

@@ -1,0 +1,41 @@
+"""What a model's gemmgen layers launch: the (recipe, config) pairs to build ahead of time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torch import nn
+
+from .. import tuning
+from ..config import KernelConfig
+from ..dsl import Recipe
+from ..errors import InvalidArgument
+from .block_scaled import BlockScaledGroupedLinear, BlockScaledLinear
+from .grouped import GroupedLinear
+from .linear import FusedLinear
+
+
+def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Iterable[int] = (),
+                   sm_count: int = 132, device: tuning.Device | None = None) -> list[tuple[Recipe, KernelConfig]]:
+    """(recipe, config) of every kernel the gemmgen layers of `model` launch (each once): forward
+    for inputs of each of `tokens` rows, and forward with gradients wanted (the FusedLinear kernels
+    that also store the pre-activation) for each of `training_tokens`; both of a grouped layer's
+    heuristic kernels (for few rows per expert, and for many) whatever the tokens, as its rows are
+    the tokens routed to it, which the model's top-k decides. What to build ahead of time, e.g.
+    `gg.warmup(model_launches(model, (1, 16, 4096), training_tokens=(4096,)))`.
+
+    The heuristic's choices; with `device` (`gemmgen.tuning.Device.current()` where the model will
+    run), the runtime's: an autotune result registered for that device replaces the heuristic's
+    pick where it applies, and a grouped layer adds every winner registered for its sizes."""
+    if not isinstance(model, nn.Module):
+        raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    layers = [m for m in model.modules() if isinstance(m, FusedLinear | BlockScaledLinear)]
+    tokens, training_tokens = tuple(tokens), tuple(training_tokens)
+    found = [m.launches(t, sm_count=sm_count, device=device) for m in layers for t in tokens]
+    found += [m.launches(t, training=True, sm_count=sm_count, device=device) for m in layers for t in training_tokens]
+    grouped = [m for m in model.modules() if isinstance(m, GroupedLinear | BlockScaledGroupedLinear)]
+    found += [m.launches(rows) for m in grouped for rows in (None, m.num_experts)]
+    if device is not None:
+        found += [(m.recipe, c) for m in grouped
+                  for c in tuning.tuned_configs(m.recipe.ir, device, m.out_features, m.in_features, m.num_experts)]
+    return list(dict.fromkeys(found))

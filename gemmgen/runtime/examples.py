@@ -1,0 +1,49 @@
+"""Random arguments of one call of a recipe's kernel, in the dtypes and layouts it reads: what
+autotune times, and what tests and benchmarks feed."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from ..ir import RecipeIR
+from ..types import Layout, OperandKind
+from .checks import tma_readable
+from .quantize import random_block_scale
+
+
+def example_call(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, device: str = "cuda",  # noqa: E741
+                 seed: int | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(A, B) and the operands by name; for a grouped recipe (A, B, offsets), its `m` rows split as
+    evenly as they go over `l` groups, B and row vectors per group."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+    gemm = recipe.gemm
+    lead = (l,) if gemm.batched else ()  # of every matrix and scale of a batched recipe
+    groups = (l,) if gemm.grouped else ()  # of a grouped recipe's B, its scales and its row vectors
+
+    def matrix(lead: tuple[int, ...], rows: int, cols: int, dtype: Any, layout: Layout) -> Any:
+        """In `layout`, its rows or columns 16 bytes apart (padded where the extent is odd), as TMA reads them."""
+        return tma_readable(torch.randn(*lead, rows, cols, generator=g, device=device).to(dtype), layout)
+
+    args: tuple[Any, ...] = (matrix(lead, m, k, gemm.a.torch, gemm.layout_a),
+                             matrix(groups or lead, k, n, gemm.b.torch, gemm.layout_b))
+    if gemm.grouped:
+        ends = [m * (i + 1) // l for i in range(l)]
+        args += (torch.tensor(ends, dtype=torch.int32, device=device),)
+    ops: dict[str, Any] = {}
+    for o in recipe.operands:
+        if o.kind.block_scale:
+            ops[o.name] = random_block_scale(o.kind, gemm, m, n, k,
+                                             (groups if o.kind is OperandKind.SCALE_B else ()) or lead, device)
+        elif o.kind is OperandKind.SCALAR:
+            ops[o.name] = 1.0
+        elif o.kind is OperandKind.ROW:
+            ops[o.name] = torch.randn(*groups, n, generator=g, device=device).to(o.dtype.torch)
+        elif o.kind is OperandKind.COL:
+            ops[o.name] = torch.randn(m, generator=g, device=device).to(o.dtype.torch)
+        else:
+            ops[o.name] = matrix(lead, m, n, o.dtype.torch, Layout.ROW)
+    return args, ops

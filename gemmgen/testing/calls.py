@@ -1,0 +1,100 @@
+"""Arguments of kernel calls for CPU tests: kernels with the driver replaced, random inputs in
+padded layouts, outputs as callers give them, and the problem shapes every emulation covers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..compile import CompiledKernel
+from ..dsl import Recipe
+from ..ir import RecipeIR
+from ..ir.reference import reference
+from ..runtime.kernel import Kernel
+from ..runtime.quantize import random_block_scale
+from ..types import Layout, OperandKind
+from .recording import RecordingEncoder
+from .tensors import strided_matrix
+
+#: (M, N, K, L): M = 1, odd N and K with K tails, a tile-straddling M, N = 1 (one output column, a
+#: row of 2 or 4 bytes) and a 1 x 1 output; L is used by batched recipes.
+EMULATED = [(1, 24, 16, 2), (7, 40, 129, 3), (130, 9, 72, 2), (5, 1, 24, 2), (1, 1, 8, 3)]
+#: Relative tolerance of an output of each dtype against the fp32 reference (fp8: one unit in the last place).
+TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-4,
+             torch.float8_e4m3fn: 2**-3, torch.float8_e5m2: 2**-2}
+
+
+AnyRecipe = Recipe | RecipeIR  # the helpers take a recipe or its IR (what a CompiledKernel holds)
+
+
+def ir_of(recipe: AnyRecipe) -> RecipeIR:
+    return recipe if isinstance(recipe, RecipeIR) else recipe.ir
+
+
+def dense(items: dict) -> dict:
+    """Recipes or compiled kernels by name, but the grouped ones (they take offsets, and their
+    groups' shapes live on the GPU: tested apart)."""
+    return {name: x for name, x in items.items() if not getattr(x, "recipe", x).gemm.grouped}
+
+
+def cpu_kernel(compiled: CompiledKernel, encoder: Any = None) -> Any:
+    """The kernel with the driver replaced: recording tensor maps, an H100's SM count. (Typed Any:
+    tests read the optional fields of its prepared calls, and its recording encoder, directly.)"""
+    return Kernel(compiled, encoder=encoder or RecordingEncoder(), hardware=lambda i: (132, 0), require_cuda=False)
+
+
+def padded(rows: int, cols: int, dtype: torch.dtype, row_major: bool, lead: tuple[int, ...],
+           fill: float | None = None) -> torch.Tensor:
+    """A (lead,) rows x cols tensor whose leading dimension is padded one 16-byte step past aligned."""
+    make = torch.randn if fill is None else (lambda *shape: torch.full(shape, fill))
+    return strided_matrix(make, rows, cols, dtype, Layout.ROW if row_major else Layout.COL, lead,
+                          pad=16 // torch.empty((), dtype=dtype).element_size())
+
+
+def given_outputs(recipe: AnyRecipe, m: int, n: int, lead: tuple[int, ...], fill: float | None = float("nan")
+                  ) -> tuple[torch.Tensor, ...]:
+    """Outputs as a caller gives them (NaN-filled by default): M x N with padded rows, or a
+    reduction's contiguous fp32 values per batch."""
+    return tuple(torch.full(o.shape((*lead, m, n)), fill if fill is not None else 1.0) if o.reduce is not None
+                 else padded(m, n, o.dtype.torch, True, lead, fill=fill) for o in ir_of(recipe).epilogue.outputs)
+
+
+def unwritten(recipe: AnyRecipe, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Fresh outputs made NaN where the kernel is to write them; an amax over M and N keeps the 0
+    the runtime gave it, which the kernel max-combines into."""
+    return tuple(t if o.reduce is not None and o.dim is None else t.fill_(float("nan"))
+                 for o, t in zip(ir_of(recipe).epilogue.outputs, outputs, strict=True))
+
+
+def fresh_args(recipe: AnyRecipe, m: int, n: int, k: int, lead: tuple[int, ...], scalar: float | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """New random A, B and operands (padded leading dimensions) for the recipe at (M, N, K); scalars
+    are `scalar`, or random when it is None."""
+    ir = ir_of(recipe)
+    g = ir.gemm
+    a = padded(m, k, g.a.torch, g.layout_a is Layout.ROW, lead)
+    b = padded(k, n, g.b.torch, g.layout_b is Layout.ROW, lead)
+    ops: dict[str, Any] = {}
+    for o in ir.operands:
+        if o.kind.block_scale:
+            ops[o.name] = random_block_scale(o.kind, g, m, n, k, lead)
+        elif o.kind is OperandKind.SCALAR:
+            ops[o.name] = float(torch.randn(())) if scalar is None else scalar
+        elif o.kind is OperandKind.MATRIX:
+            ops[o.name] = padded(m, n, o.dtype.torch, True, lead)
+        else:
+            ops[o.name] = torch.randn(n if o.kind is OperandKind.ROW else m).to(o.dtype.torch)
+    return a, b, ops
+
+
+def args_with_nonzero_reference(recipe: AnyRecipe, m: int, n: int, k: int, lead: tuple[int, ...]
+                                ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any], tuple[torch.Tensor, ...]]:
+    """`fresh_args` and the reference's outputs, redrawn while an output is all zeros: a 1 x 1 erf
+    GELU of a value below about -5.9 is exactly 0, and a zero reference checks nothing."""
+    for _ in range(20):
+        a, b, ops = fresh_args(recipe, m, n, k, lead)
+        want = reference(ir_of(recipe), a, b, ops)
+        if all(w.float().abs().sum() > 0 for w in want):
+            return a, b, ops, want
+    raise AssertionError(f"{recipe.name}: 20 draws of inputs at {(m, n, k)} all gave a zero reference")

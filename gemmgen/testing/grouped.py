@@ -1,0 +1,123 @@
+"""Grouped (MoE) test recipes, inputs and CPU kernels, shared by the grouped tests of every layer."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..compile import CompiledKernel
+from ..dsl import ColVector, Recipe, RowVector, silu
+from ..ir.reference import group_bounds
+from ..runtime.grouped import GroupedKernel
+from ..runtime.quantize import quantize_blockwise
+from ..types import ColMajor, bf16, f32
+from .recording import RecordingEncoder
+
+#: examples/recipes.py's moe_up: an MoE expert layer with a per-expert bias, SiLU, then each token's
+#: routing weight.
+MOE: dict[str, Any] = dict(epilogue=lambda acc, bias, weight: silu(acc + bias) * weight,
+                           operands={"bias": RowVector(bf16), "weight": ColVector(f32)})
+
+
+def moe_recipe(**kw: Any) -> Recipe:
+    """moe_up, with any of its declaration replaced."""
+    args = {**MOE, **kw}
+    return Recipe("moe_up", args.pop("epilogue"), grouped=True, **args)
+
+
+def cpu_grouped_kernel(kernel: CompiledKernel, sm_count: int = 132, clusters: int = 0) -> Any:
+    """The kernel with the driver replaced: recording tensor maps, the given hardware. (Typed Any:
+    tests read the optional fields of its prepared calls, and its recording encoder, directly.)"""
+    return GroupedKernel(kernel, encoder=RecordingEncoder(), hardware=lambda i: (sm_count, clusters),
+                         require_cuda=False)
+
+
+def params_field(compiled: CompiledKernel, params: bytes) -> Callable[[str], int]:
+    """A Params field's value by name, as the oracle prints it (sign-extended to 64 bits)."""
+    layout = {f.name: (offset, f) for f, offset, _ in compiled.params_layout.fields}
+
+    def field(name: str) -> int:
+        offset, f = layout[name]
+        return int.from_bytes(params[offset:offset + f.size], "little", signed=f.kind in ("i32", "i64")) \
+            & (2**64 - 1)
+
+    return field
+
+
+def grouped_inputs(rows: int = 37, k: int = 64, n: int = 48, groups: int = 4,
+                   offsets: Sequence[int] = (5, 5, 20, 30)) -> tuple[torch.Tensor, ...]:
+    """moe_up's: bf16 tokens and expert weights, offsets, each expert's bias, each token's routing weight."""
+    a = torch.randn(rows, k).bfloat16()
+    b = torch.randn(groups, n, k).bfloat16().transpose(1, 2)  # per group K x N, stored N x K (K-major)
+    return a, b, torch.tensor(offsets, dtype=torch.int32), torch.randn(groups, n).bfloat16(), torch.rand(rows)
+
+
+def fp8_grouped_inputs(rows: int = 37, k: int = 128, n: int = 48, groups: int = 4,
+                       offsets: Sequence[int] = (5, 5, 20, 30)
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """moe_fp8's: e4m3 tokens and expert weights, each token's scale, each expert's channel scales and bias."""
+    a = torch.randn(rows, k).to(torch.float8_e4m3fn)
+    b = torch.randn(groups, n, k).to(torch.float8_e4m3fn).transpose(1, 2)
+    return (a, b, torch.tensor(offsets, dtype=torch.int32),
+            {"scale_a": torch.rand(rows) + 0.5, "scale_b": torch.rand(groups, n) + 0.5,
+             "bias": torch.randn(groups, n).bfloat16()})
+
+
+def unfused_grouped(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor,
+                    weight: torch.Tensor) -> torch.Tensor:
+    """The MoE layer in plain torch, one group at a time (float64)."""
+    out = []
+    for g, (start, end) in enumerate(group_bounds(offsets.tolist(), a.shape[0])):
+        acc = a[start:end].double() @ b[g].double()
+        out.append(torch.nn.functional.silu(acc + bias[g].double()) * weight[start:end, None].double())
+    return torch.cat(out)
+
+
+def assert_gradients(mine: list[torch.Tensor], ref: list[torch.Tensor]) -> None:
+    """Each gradient within 1% of the fp64 unfused layer's, relative to its norm: the op recomputes
+    the accumulator in bf16 (as the unfused bf16 layer would have saved it) and returns bf16
+    gradients for bf16 inputs, so each element carries bf16 rounding (about 0.3% here)."""
+    for name, m, r in zip(("a", "b", "bias", "weight"), mine, ref, strict=True):
+        assert m.grad is not None and r.grad is not None and r.grad.norm() > 0, name
+        error = (m.grad.double().cpu() - r.grad).norm() / r.grad.norm()
+        assert error < 1e-2, (name, float(error))
+
+
+def experts_loop(linears: Sequence[torch.nn.Linear], x: torch.Tensor, offsets: torch.Tensor,
+                 activation: str | None) -> torch.Tensor:
+    """The experts as a model without gemmgen runs them: each expert's nn.Linear (in float64) on its
+    own rows, then the activation."""
+    act: Callable[[torch.Tensor], torch.Tensor] = {None: lambda t: t, "relu": torch.relu,
+                                                   "silu": torch.nn.functional.silu}[activation]
+    out = []
+    for e, (start, end) in enumerate(group_bounds(offsets.tolist(), x.shape[0])):
+        out.append(act(linears[e].double()(x[start:end].double())))
+    return torch.cat(out)
+
+
+def block_grouped_inputs(rows: int = 37, k: int = 304, n: int = 136, groups: int = 4,
+                         offsets: Sequence[int] = (5, 5, 20, 30), gen: torch.Generator | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor,
+                                    torch.Tensor]:
+    """moe_fp8_block's: tokens and expert weights quantized as DeepSeek-V3 does (per token and 128 of
+    K; per 128 x 128 block), scales K-major and unpadded as grouped kernels read them, and routing
+    weights. Also the unquantized tokens and weights (float32)."""
+    gen = gen or generator()
+    x = torch.randn(rows, k, generator=gen) * (torch.rand(rows, 1, generator=gen) * 4 + 0.1)
+    w = torch.randn(groups, n, k, generator=gen) * (torch.rand(groups, 1, 1, generator=gen) + 0.1)
+    a, scale_a = quantize_blockwise(x, (1, 128), compact=True)
+    b, scale_b = quantize_blockwise(w.mT, (128, 128), scale_layout=ColMajor, compact=True)
+    ops = {"scale_a": scale_a, "scale_b": scale_b, "weight": torch.rand(rows, generator=gen) + 0.5}
+    return a, b, torch.tensor(offsets, dtype=torch.int32), ops, x, w
+
+
+def generator() -> torch.Generator:
+    """A generator of fresh inputs each run (its seed printed, to rerun a failure)."""
+    seed = int.from_bytes(os.urandom(4), "little")  # fresh inputs each run
+    print(f"seed {seed}")
+    return torch.Generator().manual_seed(seed)
+
+

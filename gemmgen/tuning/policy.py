@@ -1,0 +1,81 @@
+"""Which config a call launches: one policy, for every path that needs the answer.
+
+The torch op (dense and grouped), the modules' `launches`, `gemmgen.nn.model_launches`, warm-up
+by shapes, bundles' shape maps and `gemmgen explain` all ask `choose_launch`, which decides, for
+a recipe and a problem (M, N, K, L; a grouped recipe's M is the rows of A and L its groups):
+
+1. an autotune result registered for the device and the problem's bucket (`table.tuned_config`);
+   autotune times the recipe's own config among its candidates, so a result is never slower than
+   the config the recipe declares;
+2. else the recipe's own `config=`, at every shape: the user said which kernel they want;
+3. else the heuristic's choice for the problem (`heuristic.choose`).
+
+Without a device (ahead of time, on a machine without the GPU) step 1 is skipped.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ..config import KernelConfig
+from ..dsl import Recipe
+from ..errors import GemmgenError
+from .heuristic import choose
+from .shapes import problem_shape
+from .table import Device, problem_bucket, tuned_config
+
+
+class Source(enum.Enum):
+    """Where a launch's config came from, in the policy's order."""
+
+    TUNED = "tuned"
+    RECIPE = "recipe"
+    HEURISTIC = "heuristic"
+
+
+@dataclass(frozen=True)
+class Launch:
+    config: KernelConfig
+    source: Source
+    bucket: tuple[int, int, int, int]  # the tuning bucket of the problem (`table.problem_bucket`)
+    why: str
+
+
+def choose_launch(recipe: Recipe, m: int, n: int, k: int, l: int = 1, device: Device | None = None,  # noqa: E741
+                  sm_count: int = 132) -> Launch:
+    """The config a call of this problem launches, and why (see the module docstring)."""
+    bucket = problem_bucket(recipe.ir, m, n, k, l)
+    tuned = tuned_config(recipe.ir, device, m, n, k, l) if device is not None else None
+    if tuned is not None:
+        assert device is not None
+        return Launch(tuned, Source.TUNED, bucket, f"tuned on {device.name} (driver {device.driver}) for bucket "
+                                                   f"{'x'.join(map(str, bucket))}: {tuned.name}")
+    if recipe.config is not None:
+        return Launch(recipe.config, Source.RECIPE, bucket,
+                      f"the recipe declares config={recipe.config.name}: used at every shape no autotune result "
+                      "covers")
+    choice = choose(recipe.ir, m, n, k, l, sm_count)
+    return Launch(choice.config, Source.HEURISTIC, bucket, choice.why)
+
+
+def config_for(recipe: Recipe, m: int, n: int, k: int, l: int = 1, device: Device | None = None,  # noqa: E741
+               sm_count: int = 132) -> KernelConfig:
+    """`choose_launch(...).config`."""
+    return choose_launch(recipe, m, n, k, l, device, sm_count).config
+
+
+def launches_for_shapes(recipes: dict[str, Recipe], shapes: dict, sm_count: int = 132
+                        ) -> dict[str, list[tuple[tuple[int, ...], Launch]]]:
+    """{recipe name: [(shape, launch), ...]} for a shapes file's {name: [[M, N, K] or [M, N, K, L], ...]}
+    (keys starting with '_' are comments), ahead of time: no device."""
+    by_name = {r.name: r for r in recipes.values()}
+    out: dict[str, list[tuple[tuple[int, ...], Launch]]] = {}
+    for name, problems in shapes.items():
+        if name.startswith("_"):
+            continue
+        if name not in by_name:
+            raise GemmgenError(f"shapes: no recipe named {name!r}; recipes are {sorted(by_name)}")
+        out[name] = [(tuple(p), choose_launch(by_name[name], *problem_shape(p, f"shapes[{name!r}]"),
+                                              sm_count=sm_count)) for p in problems]
+    return out

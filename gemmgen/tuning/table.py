@@ -1,0 +1,200 @@
+"""Autotune results: a JSON table of winning configs, and the tables this process has registered.
+
+Entries are keyed by GPU name, driver version, gemmgen version, recipe key and shape bucket (M
+bucket, N, K, L; for a grouped recipe the bucket of its rows per group on average, N, K and the
+groups), so a result is only used where it was measured. Tables come from GEMMGEN_TUNING_PATH,
+`gemmgen.add_tuning(path)`, and the `tuning.json` a bundle ships (`gemmgen build --tuning FILE`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import env
+from .._version import __version__
+from ..codegen import is_valid
+from ..compile import bundles
+from ..config import KernelConfig
+from ..errors import GemmgenError, InvalidArgument
+from ..ir import RecipeIR
+from .heuristic import m_bucket
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where timings hold: the GPU's name and the driver version."""
+
+    name: str
+    driver: str
+
+    @staticmethod
+    def current(index: int | None = None) -> Device:
+        import torch
+        from cuda.bindings import driver
+
+        err, version = driver.cuDriverGetVersion()
+        ok = err == driver.CUresult.CUDA_SUCCESS
+        return Device(torch.cuda.get_device_name(index), f"{version // 1000}.{version % 1000 // 10}" if ok else "?")
+
+
+def bucket(m: int, n: int, k: int, l: int = 1) -> tuple[int, int, int, int]:  # noqa: E741
+    return (m_bucket(max(m, 1)), n, k, l)
+
+
+def grouped_bucket(rows: int, n: int, k: int, groups: int) -> tuple[int, int, int, int]:
+    """A grouped problem's bucket: the rows per group on average, bucketed as M is (all the host
+    knows of how the rows split, and what `select.grouped_choice` follows), N, K and the groups."""
+    return (m_bucket(max(-(-rows // max(groups, 1)), 1)), n, k, groups)
+
+
+def problem_bucket(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1) -> tuple[int, int, int, int]:  # noqa: E741
+    """The bucket tuning results are kept by: `bucket`, or for a grouped recipe (M the rows of A,
+    L the groups) `grouped_bucket`."""
+    return grouped_bucket(m, n, k, l) if recipe.gemm.grouped else bucket(m, n, k, l)
+
+
+def entry_key(device: Device, recipe_key: str, shape_bucket: tuple[int, int, int, int]) -> str:
+    return "|".join((device.name, device.driver, __version__, recipe_key, "x".join(map(str, shape_bucket))))
+
+
+def recipe_key_of(key: str) -> str:
+    """The recipe key part of an `entry_key`."""
+    return key.split("|")[3]
+
+
+def _config_from_json(raw: Any, where: str) -> KernelConfig:
+    try:
+        return KernelConfig.from_canonical(raw)
+    except (TypeError, ValueError) as e:
+        raise GemmgenError(f"{where}: not a kernel config ({raw!r}): {e}") from e
+
+
+class TuningTable:
+    """Autotune results: entry key -> winning config and the timings that chose it."""
+
+    def __init__(self, entries: dict[str, dict] | None = None) -> None:
+        self.entries: dict[str, dict] = dict(entries or {})
+
+    def get(self, key: str) -> KernelConfig | None:
+        entry = self.entries.get(key)
+        return None if entry is None else _config_from_json(entry["config"], f"tuning entry {key!r}")
+
+    def put(self, key: str, config: KernelConfig, timings_us: dict[str, float]) -> None:
+        self.entries[key] = {"config": config.canonical(), "name": config.name,
+                             "timings_us": {k: round(v, 3) for k, v in timings_us.items()}}
+
+    def configs(self, recipe_key: str) -> list[KernelConfig]:
+        """Every winning config recorded for a recipe (on any device): what a bundle must hold."""
+        return [c for k in self.entries if recipe_key_of(k) == recipe_key if (c := self.get(k)) is not None]
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "entries": self.entries}, indent=1, sort_keys=True)
+
+    @staticmethod
+    def load(path: str | Path) -> TuningTable:
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise GemmgenError(f"tuning file {path}: cannot be read as JSON ({e}); re-run `gemmgen tune`") from e
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT or not isinstance(raw.get("entries"), dict):
+            raise GemmgenError(f"tuning file {path}: expected {{'format': {FORMAT}, 'entries': {{...}}}}; "
+                               "it was written by another gemmgen version: re-run `gemmgen tune`")
+        for key, entry in raw["entries"].items():
+            _config_from_json(entry.get("config") if isinstance(entry, dict) else None, f"{path}: entry {key!r}")
+        return TuningTable(raw["entries"])
+
+    def save(self, path: str | Path) -> None:
+        """Written whole to a temporary file and renamed: readers never see a partial table."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.to_json())
+        os.replace(tmp, path)
+
+
+_LOCK = threading.Lock()
+_TABLES: list[TuningTable] = []
+_ENV_LOADED = False
+_FROM_BUNDLES: set[Path] = set()  # the bundles' tuning files registered
+_GENERATION = 0  # bumped by every add_tuning: callers that memoise a choice key it with generation()
+
+
+def generation() -> int:
+    """Changes whenever a table is registered: what memoised choices are keyed by."""
+    return _GENERATION
+
+
+def add_tuning(source: str | Path | TuningTable) -> TuningTable:
+    """Register autotune results (a file or a table); later registrations take precedence."""
+    global _GENERATION
+    table = source if isinstance(source, TuningTable) else TuningTable.load(source)
+    with _LOCK:
+        _TABLES.insert(0, table)
+        _GENERATION += 1
+    return table
+
+
+def registered(table: TuningTable) -> bool:
+    return any(t is table for t in _TABLES)
+
+
+def _tables() -> list[TuningTable]:
+    """Every registered table, most recent first; GEMMGEN_TUNING_PATH's (read once) after those, and
+    the tuning files of the bundles searched (`compile.bundles`) as they are first seen."""
+    global _ENV_LOADED
+    if not _ENV_LOADED:
+        with _LOCK:
+            if not _ENV_LOADED:
+                _TABLES.extend(TuningTable.load(p) for p in env.tuning_paths())
+                _ENV_LOADED = True
+    for bundle in bundles.bundles():
+        path = bundle.tuning
+        if path is not None and path not in _FROM_BUNDLES:
+            _FROM_BUNDLES.add(path)
+            add_tuning(path)
+    return _TABLES
+
+
+def _check_device(device: Any) -> None:
+    if not isinstance(device, Device):
+        raise InvalidArgument(f"device: expected a gemmgen.tuning.Device (gemmgen.tuning.Device.current() on the "
+                              f"GPU that will run the kernels), got {device!r}")
+
+
+def tuned_config(recipe: RecipeIR, device: Device, m: int, n: int, k: int, l: int = 1  # noqa: E741
+                 ) -> KernelConfig | None:
+    """The registered autotune winner for this problem's bucket on this device, if any."""
+    _check_device(device)
+    key = entry_key(device, recipe.key, problem_bucket(recipe, m, n, k, l))
+    for table in _tables():
+        config = table.get(key)
+        if config is not None and is_valid(config, recipe):
+            return config
+    return None
+
+
+def tuned_configs(recipe: RecipeIR, device: Device, n: int, k: int, l: int = 1) -> list[KernelConfig]:  # noqa: E741
+    """Every registered autotune winner for the recipe on `device` at this N, K and L, whatever the
+    M bucket: what a layer of these sizes may launch there besides the heuristic's picks (for a
+    grouped layer, whose rows per expert only the routing decides)."""
+    _check_device(device)
+    head = entry_key(device, recipe.key, (0, n, k, l)).rsplit("|", 1)[0]
+    found = []
+    for table in _tables():
+        for key in table.entries:
+            where, _, shape = key.rpartition("|")
+            if where == head and shape.split("x")[1:] == [str(n), str(k), str(l)]:
+                config = table.get(key)
+                if config is not None and is_valid(config, recipe):
+                    found.append(config)
+    return list(dict.fromkeys(found))

@@ -1,0 +1,226 @@
+"""Grouped kernels, their op and modules on an sm_90 GPU (skipped elsewhere, with the reason), and
+the check that the GPU bundle holds every grouped kernel these tests launch."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import gemmgen as gg
+from gemmgen.runtime.grouped import GroupedKernel
+from gemmgen.testing.grouped import (
+    assert_gradients,
+    block_grouped_inputs,
+    experts_loop,
+    fp8_grouped_inputs,
+    grouped_inputs,
+    moe_recipe,
+    unfused_grouped,
+)
+from gemmgen.tuning.heuristic import choose
+from tests.data.gpu_matrix import (
+    BLOCK_GROUPED_CONFIGS,
+    FP8_GROUPED_CONFIGS,
+    GROUPED_CONFIGS,
+    GROUPED_TUNE_PROBLEM,
+    TUNE_CANDIDATES,
+    moe_fp8_recipe,
+)
+
+
+def test_the_gpu_bundle_holds_every_grouped_kernel_the_gpu_checks_launch(examples):
+    """The GPU run loads every kernel from the bundle (GEMMGEN_JIT=0: a missing one fails there, after
+    the device minutes are spent): each grouped kernel the GPU tests pick by shape is in the matrix."""
+    from tests.data.gpu_matrix import gpu_matrix
+
+    matrix = {(r.key, c) for r, c in gpu_matrix()}
+    experts = gg.nn.GroupedLinear(4, 64, 128, activation="silu", device="meta")
+    fp8_experts = gg.nn.BlockScaledGroupedLinear.from_linears([torch.nn.Linear(512, 256) for _ in range(2)],
+                                                              activation="silu")
+    wanted = [(moe_recipe(), choose(moe_recipe().ir, 37, 48, 64, groups).config) for groups in (1, 4)]
+    wanted += [experts.launches(rows) for rows in (12, 300)] + [fp8_experts.launches(rows) for rows in (12, 300)]
+    wanted += [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS]
+    wanted += [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS] + [(moe_recipe(), c) for c in GROUPED_CONFIGS]
+    wanted += [(moe_recipe(), c) for c in gg.tuning.candidates(moe_recipe().ir, *GROUPED_TUNE_PROBLEM,
+                                                               limit=TUNE_CANDIDATES)]
+    missing = [(r.name, c.name) for r, c in wanted if (r.key, c) not in matrix]
+    assert not missing and {c.swap_ab for _, c in wanted} == {True, False}, missing
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("index", range(len(GROUPED_CONFIGS)), ids=[c.name for c in GROUPED_CONFIGS])
+@pytest.mark.parametrize("shape, offsets", [
+    ((37, 64, 48, 4), (5, 5, 20, 30)),  # an empty group, rows after the last group
+    ((37, 64, 48, 4), (0, 37, 37, 37)),  # all rows in one group
+    ((37, 64, 48, 4), (40, 3, 50, 60)),  # out of range and decreasing: clamped
+    ((1000, 264, 136, 8), (90, 90, 333, 334, 600, 700, 999, 1000)),  # tiles per group, K and N tails, M = 1
+], ids=["gaps", "one", "bad", "large"])
+def test_grouped_on_gpu(grouped_kernels, index, shape, offsets):
+    """Against the reference (fp32 on the CPU), output pre-filled with NaN: rows after the last group
+    stay NaN; then a CUDA graph of the call replayed after the offsets changed on the GPU."""
+    kernel = GroupedKernel(grouped_kernels[index])
+    rows, k, n, groups = shape
+    a, b, offs, bias, weight = (t.cuda() for t in grouped_inputs(rows, k, n, groups, offsets))
+    want = moe_recipe().reference(a, b, offs, bias=bias, weight=weight).float()
+    assert want.nan_to_num().abs().sum() > 0
+    out = torch.full((rows, n), float("nan"), device="cuda").bfloat16()
+    kernel(a, b, offs, bias=bias, weight=weight, out=out)
+    torch.testing.assert_close(out.float().cpu(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+    graph = torch.cuda.CUDAGraph()
+    again = torch.full_like(out, float("nan"))
+    with torch.cuda.graph(graph):
+        kernel(a, b, offs, bias=bias, weight=weight, out=again)
+    new = sorted(torch.randint(0, rows + 1, (groups,)).tolist())
+    offs.copy_(torch.tensor(new, dtype=torch.int32))  # the replay reads the offsets on the GPU
+    graph.replay()
+    torch.cuda.synchronize()
+    want = moe_recipe().reference(a, b, offs, bias=bias, weight=weight).float()
+    covered = new[-1]
+    torch.testing.assert_close(again[:covered].float().cpu(), want[:covered], rtol=1.6e-2, atol=1e-2,
+                               msg=f"replay with offsets {new}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("index", range(len(FP8_GROUPED_CONFIGS)), ids=[c.name for c in FP8_GROUPED_CONFIGS])
+@pytest.mark.parametrize("shape, offsets", [((37, 128, 48, 4), (5, 5, 20, 30)),
+                                            ((1000, 272, 136, 8), (90, 90, 333, 334, 600, 700, 999, 1000))])
+def test_fp8_groups_on_gpu(fp8_kernels, index, shape, offsets):
+    """moe_fp8 against the reference on the GPU, output pre-filled with NaN, unswapped and swapped."""
+    rows, k, n, groups = shape
+    a, b, offs, ops = fp8_grouped_inputs(rows, k, n, groups, offsets)
+    a, b, offs = a.cuda(), b.cuda(), offs.cuda()
+    ops = {name: v.cuda() for name, v in ops.items()}
+    want = moe_fp8_recipe().reference(a, b, offs, **ops).float()
+    assert want.nan_to_num().abs().sum() > 0
+    out = torch.full((rows, n), float("nan"), device="cuda").bfloat16()
+    GroupedKernel(fp8_kernels[index])(a, b, offs, out=out, **ops)
+    torch.testing.assert_close(out.float().cpu(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+
+
+@pytest.mark.gpu
+def test_grouped_op_on_gpu(grouped_kernel):
+    """The op on CUDA tensors (the kernel: swapped for 37 rows in 4 groups, the default for 37 in
+    one), its gradients (torch._grouped_mm) and torch.compile."""
+    op = gg.op(moe_recipe())
+    one = [t.cuda() for t in grouped_inputs(groups=1, offsets=(37,))]
+    assert not choose(moe_recipe().ir, 37, 48, 64, 1).config.swap_ab
+    torch.testing.assert_close(op(*one).double().cpu(), unfused_grouped(*(t.cpu() for t in one)), rtol=1.6e-2,
+                               atol=1e-2)
+    a, b, offsets, bias, weight = (t.cuda() for t in grouped_inputs(offsets=(5, 5, 20, 37)))
+    assert choose(moe_recipe().ir, 37, 48, 64, 4).config.swap_ab
+    want = unfused_grouped(a.cpu(), b.cpu(), offsets.cpu(), bias.cpu(), weight.cpu())
+    torch.testing.assert_close(op(a, b, offsets, bias, weight).double().cpu(), want, rtol=1.6e-2, atol=1e-2)
+    compiled = torch.compile(lambda *x: op(*x), fullgraph=True)
+    torch.testing.assert_close(compiled(a, b, offsets, bias, weight).double().cpu(), want, rtol=1.6e-2, atol=1e-2)
+    leaves = [t.clone().requires_grad_(True) for t in (a, b, bias, weight)]
+    grad = torch.randn(37, 48, device="cuda")
+    op(leaves[0], leaves[1], offsets, leaves[2], leaves[3]).float().backward(grad)
+    ref = [t.detach().cpu().double().requires_grad_(True) for t in (a, b, bias, weight)]
+    unfused_grouped(ref[0], ref[1], offsets.cpu(), ref[2], ref[3]).backward(grad.cpu().double())
+    assert_gradients(leaves, ref)
+
+
+@pytest.mark.gpu
+def test_grouped_autotune_on_gpu(tmp_path, monkeypatch):
+    """A grouped autotune on the GPU: the swapped kernel and the default timed at a decode step;
+    then the op launches the winner, which computes the layer (output checked against fp64)."""
+    from gemmgen import tuning
+
+    monkeypatch.setattr("gemmgen.tuning.table._TABLES", [])
+    recipe = moe_recipe()
+    table = gg.autotune(recipe, [GROUPED_TUNE_PROBLEM], limit=TUNE_CANDIDATES, out=tmp_path / "t.json")
+    (entry,) = table.entries.values()
+    assert len(entry["timings_us"]) == TUNE_CANDIDATES and all(t > 0 for t in entry["timings_us"].values())
+    rows, n, k, groups = GROUPED_TUNE_PROBLEM
+    assert tuning.config_for(recipe, rows, n, k, groups, tuning.Device.current()).name == entry["name"]
+    ends = (3, 20, 20, 30, 41, 50, 60, 64)
+    a, b, offsets, bias, weight = (t.cuda() for t in grouped_inputs(rows, k, n, groups, ends))
+    want = unfused_grouped(a.cpu(), b.cpu(), offsets.cpu(), bias.cpu(), weight.cpu())
+    assert want.abs().sum() > 0
+    torch.testing.assert_close(gg.op(recipe)(a, b, offsets, bias, weight).double().cpu(), want, rtol=1.6e-2,
+                               atol=1e-2)
+
+
+@pytest.mark.gpu
+def test_grouped_linear_on_gpu():
+    """The module on CUDA (the grouped kernel), forward and gradients against the experts' Linears in
+    float64, eager and under torch.compile."""
+    linears = [torch.nn.Linear(64, 128, dtype=torch.bfloat16, device="cuda") for _ in range(4)]
+    layer = gg.nn.GroupedLinear.from_linears(linears, activation="silu")
+    x = torch.randn(300, 64, device="cuda").bfloat16().requires_grad_(True)
+    offsets = torch.tensor([40, 40, 200, 300], dtype=torch.int32, device="cuda")
+    want = experts_loop([m.cpu() for m in linears], x.detach().cpu(), offsets.cpu(), "silu")
+    y = layer(x, offsets)
+    torch.testing.assert_close(y.double().cpu(), want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
+    compiled = torch.compile(layer, fullgraph=True)
+    torch.testing.assert_close(compiled(x, offsets).double().cpu(), want, rtol=1.6e-2,
+                               atol=1.6e-2 * float(want.abs().max()))
+    y.float().sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None and layer.bias is not None
+    assert layer.bias.grad is not None and x.grad.abs().max() > 0
+    x, offsets = x[:12].detach(), torch.tensor([3, 3, 10, 12], dtype=torch.int32, device="cuda")  # decode: swapped
+    assert layer.launches(12)[1].swap_ab
+    want = experts_loop([m.cpu() for m in linears], x.cpu(), offsets.cpu(), "silu")
+    torch.testing.assert_close(layer(x, offsets).double().cpu(), want, rtol=1.6e-2,
+                               atol=1.6e-2 * float(want.abs().max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("index", range(len(BLOCK_GROUPED_CONFIGS)), ids=[c.name for c in BLOCK_GROUPED_CONFIGS])
+@pytest.mark.parametrize("shape, offsets", [
+    ((37, 304, 136, 4), (5, 5, 20, 30)),  # an empty group, rows after the last; K and N tails
+    ((1000, 528, 264, 8), (90, 90, 333, 334, 600, 700, 999, 1000)),  # tiles per group, M = 1
+], ids=["gaps", "large"])
+def test_block_scaled_groups_on_gpu(examples, index, shape, offsets):
+    """moe_fp8_block on the GPU against the reference (fp32 on the CPU), output pre-filled with NaN,
+    then a CUDA graph of the call replayed after the offsets changed on the GPU."""
+    recipe = examples["moe_fp8_block"]
+    kernel = recipe.compile(BLOCK_GROUPED_CONFIGS[index])
+    rows, k, n, groups = shape
+    a, b, offs, ops, _, _ = block_grouped_inputs(rows, k, n, groups, offsets)
+    a, b, offs = a.cuda(), b.cuda(), offs.cuda()
+    ops = {name: v.cuda() for name, v in ops.items()}
+    want = recipe.reference(a, b, offs, **ops).float()
+    assert want.nan_to_num().abs().sum() > 0
+    out = torch.full((rows, n), float("nan"), device="cuda").bfloat16()
+    kernel(a, b, offs, **ops, out=out)
+    torch.testing.assert_close(out.float().cpu(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+    graph = torch.cuda.CUDAGraph()
+    again = torch.full_like(out, float("nan"))
+    with torch.cuda.graph(graph):
+        kernel(a, b, offs, **ops, out=again)
+    new = sorted(torch.randint(0, rows + 1, (groups,)).tolist())
+    offs.copy_(torch.tensor(new, dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = recipe.reference(a, b, offs, **ops).float()
+    torch.testing.assert_close(again[:new[-1]].float().cpu(), want[:new[-1]], rtol=1.6e-2, atol=1e-2,
+                               msg=f"replay with offsets {new}")
+
+
+@pytest.mark.gpu
+def test_block_scaled_grouped_linear_on_gpu():
+    """The fp8 experts on CUDA (the kernel) against the same layer on the CPU (the op's reference on
+    the same quantized values), eager and replayed in a CUDA graph; and a decode step (swapped)."""
+    linears = [torch.nn.Linear(512, 256, dtype=torch.bfloat16) for _ in range(4)]
+    cpu = gg.nn.BlockScaledGroupedLinear.from_linears(linears, activation="silu")
+    layer = copy.deepcopy(cpu).cuda()
+    x = torch.randn(300, 512).bfloat16()
+    offsets = torch.tensor([40, 40, 200, 300], dtype=torch.int32)
+    want = cpu(x, offsets).float()
+    assert want.abs().sum() > 0
+    xc, oc = x.cuda(), offsets.cuda()
+    torch.testing.assert_close(layer(xc, oc).float().cpu(), want, rtol=1.6e-2, atol=1e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = layer(xc, oc)
+    xc.copy_(torch.randn(300, 512).bfloat16())
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y.float().cpu(), cpu(xc.cpu(), offsets).float(), rtol=1.6e-2, atol=1e-2)
+    x, offsets = x[:12], torch.tensor([3, 3, 10, 12], dtype=torch.int32)  # a decode step: the swapped kernel
+    assert layer.launches(12)[1].swap_ab
+    torch.testing.assert_close(layer(x.cuda(), offsets.cuda()).float().cpu(), cpu(x, offsets).float(), rtol=1.6e-2,
+                               atol=1e-2)

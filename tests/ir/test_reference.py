@@ -1,0 +1,248 @@
+"""The traced reference (the recipe's own semantics) against independently written torch code."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gemmgen as gg
+from gemmgen.ir.reference import reference
+from gemmgen.runtime.quantize import random_block_scale
+from gemmgen.testing.calls import dense
+from gemmgen.testing.tensors import assert_output_close
+
+# One ulp of the output type: the two sides differ only in fp32 rounding order before the final cast.
+TOL = {torch.bfloat16: (2**-7, 2**-7), torch.float16: (2**-10, 2**-10), torch.float32: (1e-5, 1e-5),
+       torch.float8_e4m3fn: (2**-3, 2**-9), torch.float8_e5m2: (2**-2, 2**-16)}
+SHAPES = [(1, 8, 16), (7, 129, 64), (129, 1000, 65), (256, 24, 4097)]
+
+
+@pytest.fixture
+def gen():
+    seed = int.from_bytes(os.urandom(4), "little")  # fresh inputs each run; printed on failure
+    return torch.Generator().manual_seed(seed)
+
+
+def _operands_for(recipe, m, n, gen, batch=None, k=None):
+    out: dict[str, torch.Tensor | float] = {}
+    lead = (batch,) if batch else ()
+    for o in recipe.operands:
+        dt = o.dtype.torch
+        if o.kind.block_scale:
+            out[o.name] = random_block_scale(o.kind, recipe.gemm, m, n, k, lead)
+        elif o.kind is gg.OperandKind.SCALAR:
+            out[o.name] = float(torch.randn((), generator=gen))
+        elif o.kind is gg.OperandKind.ROW:
+            out[o.name] = torch.randn(n, generator=gen).to(dt)
+        elif o.kind is gg.OperandKind.COL:
+            out[o.name] = torch.randn(m, generator=gen).to(dt)
+        else:
+            out[o.name] = torch.randn(*lead, m, n, generator=gen).to(dt)
+    return out
+
+
+def _accumulator(recipe, a, b, ops):
+    """A @ B in fp32; with block scales, each 128-wide K block's product times its scales, summed."""
+    if recipe.gemm.block_scale is None:
+        return a.float() @ b.float()
+    gm, gn, gk = recipe.gemm.block_scale
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    acc = torch.zeros(*a.shape[:-2], m, n, dtype=torch.float64)
+    for kb in range(-(-k // gk)):
+        part = a[..., kb * gk:(kb + 1) * gk].double() @ b[..., kb * gk:(kb + 1) * gk, :].double()
+        rows = ops["scale_a"][..., :, kb].double().repeat_interleave(gm, dim=-1)[..., :m]
+        cols = ops["scale_b"][..., kb, :].double().repeat_interleave(gn, dim=-1)[..., :n]
+        acc += part * rows.unsqueeze(-1) * cols.unsqueeze(-2)
+    return acc.float()
+
+
+def _independent(name, acc, ops):
+    """The same math as examples/recipes.py and tests/data/extra_recipes.py, written with torch directly."""
+    f = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in ops.items()}
+    if name == "gemm_bf16":
+        return (acc.bfloat16(),)
+    if name == "bias_gelu":
+        return (F.gelu(acc + f["bias"]).bfloat16(),)
+    if name == "bias_silu_residual":
+        return ((F.silu(acc + f["bias"]) + f["residual"]).bfloat16(),)
+    if name in ("linear_combination", "linear_combination_swapped"):
+        return (f["alpha"] * acc + f["beta"] * f["c"],)
+    if name == "bias_gelu_aux":
+        pre = acc + f["bias"]
+        d = F.gelu(pre, approximate="tanh")
+        return d.bfloat16(), pre.bfloat16(), d.abs().flatten(-2).max(dim=-1).values
+    if name == "quick_gelu_scaled":
+        x = f["scale"][:, None] * acc + f["bias"]
+        return ((x * torch.sigmoid(1.702 * x)).half(),)
+    if name == "fp8_block_scaled":
+        return (acc.bfloat16(),)
+    if name == "block_scaled_swapped":
+        y = acc + f["bias"]
+        return y.bfloat16(), y.sum(dim=-2)
+    if name == "scaled_mm_fp8":
+        return ((acc * f["scale_a"][:, None] * f["scale_b"] + f["bias"]).bfloat16(),)
+    if name == "every_op":
+        x = 0.5 * acc + f["c"]
+        y = torch.clamp(F.leaky_relu(x, 0.2), -4.0, 4.0)
+        z = (y.abs() / (1.0 + torch.exp(-y))).bfloat16().float()
+        w = torch.tanh(z) - torch.sigmoid(f["r2"]) * (2.0 - f["bias"])
+        return (torch.maximum(torch.minimum(w, f["scale"][:, None]), F.relu(-w) + F.gelu(w, approximate="tanh")),)
+    if name == "swapped":
+        pre = acc * f["scale"][:, None] + f["bias"]
+        d = F.silu(pre) + f["c"] * f["r2"]
+        return d.bfloat16(), pre.bfloat16(), d.abs().flatten(-2).max(dim=-1).values
+    if name == "residual_norm_stats":
+        h = acc + f["residual"]
+        return h.bfloat16(), (h * h).sum(dim=-1), h.abs().amax(dim=-1)
+    if name == "column_stats":
+        y = acc * f["row_scale"][:, None]
+        quantized = y.clamp(-448, 448).to(torch.float8_e4m3fn).half()
+        return quantized, y.sum(dim=-2), y.abs().amax(dim=-2), y.abs().flatten(-2).max(dim=-1).values
+    if name == "row_extrema":
+        y = acc + f["bias"]
+        return y.bfloat16(), y.amax(dim=-1), y.amin(dim=-1)
+    if name == "stream_k":
+        y = F.silu(acc + f["bias"])
+        return y.bfloat16(), y.sum(dim=-1)
+    raise KeyError(name)
+
+
+def _all_recipes(examples, extra):
+    return list(dense(examples).values()) + list(extra.values())  # grouped: tests/test_grouped.py
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_reference_matches_independent_torch(examples, extra, shape, gen):
+    m, n, k = shape
+    for recipe in _all_recipes(examples, extra):
+        batch = 3 if recipe.gemm.batched else None
+        lead = (batch,) if batch else ()
+        dt = recipe.gemm.a.torch
+        a = torch.randn(*lead, m, k, generator=gen).to(dt)
+        b = torch.randn(*lead, k, n, generator=gen).to(dt)
+        ops = _operands_for(recipe, m, n, gen, batch, k)
+        got = recipe.reference(a, b, **ops)
+        got = got if isinstance(got, tuple) else (got,)
+        scale = reference(recipe.ir, a, b, ops, magnitudes=True)
+        acc = _accumulator(recipe, a, b, ops)
+        want = _independent(recipe.name, acc, ops)
+        assert len(got) == len(want) == len(recipe.outputs)
+        for o, g, w, mag in zip(recipe.outputs, got, want, scale, strict=True):
+            assert g.dtype == o.dtype.torch, (recipe.name, o.name)
+            assert g.shape == o.shape((*lead, m, n))
+            assert w.abs().max() > 0, "reference must not be all zeros"
+            rtol, atol = TOL[g.dtype]
+            assert_output_close(o, g, w, mag, (m, n), rtol, atol, f"{recipe.name}.{o.name} seed={gen.initial_seed()}")
+
+
+def test_reference_k_zero_is_epilogue_of_zero(examples, gen):
+    r = examples["bias_gelu"]
+    a, b = torch.empty(5, 0, dtype=torch.bfloat16), torch.empty(0, 9, dtype=torch.bfloat16)
+    bias = torch.randn(9, generator=gen).bfloat16()
+    torch.testing.assert_close(r.reference(a, b, bias=bias), F.gelu(bias.float()).expand(5, 9).bfloat16())
+
+
+def test_reference_empty_m(examples):
+    r = examples["gemm_bf16"]
+    out = r.reference(torch.empty(0, 8, dtype=torch.bfloat16), torch.empty(8, 3, dtype=torch.bfloat16))
+    assert out.shape == (0, 3) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("shape", SHAPES[:3], ids=lambda s: "x".join(map(str, s)))
+def test_transposed_recipe_is_the_transposed_math(examples, extra, shape, gen):
+    """What a swapped kernel computes: the transposed recipe on B^T, A^T (the same operand tensors,
+    row and column vectors trading places, matrices transposed) is D^T, for every recipe."""
+    m, n, k = shape
+    for recipe in _all_recipes(examples, extra):
+        batch = 3 if recipe.gemm.batched else None
+        lead = (batch,) if batch else ()
+        a = torch.randn(*lead, m, k, generator=gen).to(recipe.gemm.a.torch)
+        b = torch.randn(*lead, k, n, generator=gen).to(recipe.gemm.b.torch)
+        ops = _operands_for(recipe, m, n, gen, batch, k)
+        t = recipe.ir.transposed()
+        assert t.transposed() == recipe.ir and t.key != recipe.ir.key
+        t_ops = {name: v.mT if isinstance(v, torch.Tensor) and v.dim() >= 2 else v for name, v in ops.items()}
+        if recipe.gemm.block_scale:  # the transposed problem's A is B^T: the scales trade places too
+            t_ops["scale_a"], t_ops["scale_b"] = t_ops["scale_b"], t_ops["scale_a"]
+        want = recipe.reference(a, b, **ops)
+        want = want if isinstance(want, tuple) else (want,)
+        scale = reference(recipe.ir, a, b, ops, magnitudes=True)
+        got = reference(t, b.mT, a.mT, t_ops)
+        for o, g, w, mag in zip(recipe.outputs, got, want, scale, strict=True):
+            assert w.float().abs().max() > 0
+            rtol, atol = TOL[g.dtype]
+            assert_output_close(o, g.mT if o.reduce is None else g, w, mag, (m, n), rtol, atol,
+                                f"{recipe.name}.{o.name} seed={gen.initial_seed()}")
+            assert t.epilogue.outputs[recipe.outputs.index(o)].dim == (None if o.dim is None else 1 - o.dim)
+
+
+def test_reductions_per_row_and_column(gen):
+    """gg.sum and gg.amax over N (dim=1) and over M (dim=0), per batch: NaN propagates through a
+    sum and is skipped by an amax (as CUTLASS's maximum skips it); nothing to reduce gives 0."""
+    r = gg.Recipe("r", lambda acc: {"d": acc, "s1": gg.sum(acc, 1), "a1": gg.amax(acc, 1), "a": gg.amax(acc)},
+                  aux={"s1": gg.f32, "a1": gg.f32, "a": gg.f32}, batched=True)
+    c = gg.Recipe("c", lambda acc: {"d": acc, "s0": gg.sum(acc * acc, 0), "a0": gg.amax(acc, -2)},
+                  aux={"s0": gg.f32, "a0": gg.f32}, batched=True)
+    a = torch.randn(2, 5, 16, generator=gen).bfloat16()
+    b = torch.randn(2, 16, 7, generator=gen).bfloat16()
+    acc = a.float() @ b.float()
+    d, s1, a1, amax = r.reference(a, b)
+    assert s1.shape == a1.shape == (2, 5) and amax.shape == (2,)
+    torch.testing.assert_close(d, acc.bfloat16())
+    torch.testing.assert_close(s1, acc.sum(-1))
+    torch.testing.assert_close(a1, acc.abs().amax(-1))
+    _, s0, a0 = c.reference(a, b)
+    assert s0.shape == a0.shape == (2, 7)
+    torch.testing.assert_close(s0, (acc * acc).sum(-2))
+    torch.testing.assert_close(a0, acc.abs().amax(-2))
+    a[0, 3, 0] = float("nan")
+    _, s1, a1, _ = r.reference(a, b)
+    assert s1[0, 3].isnan() and not s1[0, :3].isnan().any() and not a1.isnan().any()
+    torch.testing.assert_close(a1[0, 3], torch.tensor(0.0))  # every value of the row is NaN: the identity
+    empty = r.reference(torch.empty(2, 5, 16).bfloat16(), torch.empty(2, 16, 0).bfloat16())
+    assert [tuple(t.shape) for t in empty] == [(2, 5, 0), (2, 5), (2, 5), (2,)]
+    assert not any(t.any() for t in empty[1:])
+
+
+def test_max_and_min_reductions(gen):
+    """gg.reduce_max and gg.reduce_min over N and over M, per batch: signed, NaN skipped (as CUTLASS's
+    maximum<float> and minimum<float>, fmaxf and fminf, skip it), -inf and +inf where nothing is
+    left (a row of NaNs, an empty dimension)."""
+    r = gg.Recipe("r", lambda acc: {"d": acc, "hi": gg.reduce_max(acc, 1), "lo": gg.reduce_min(acc, -1)},
+                  aux={"hi": gg.f32, "lo": gg.f32}, batched=True)
+    c = gg.Recipe("c", lambda acc: {"d": acc, "hi": gg.reduce_max(acc - 100.0, 0)}, aux={"hi": gg.f32})
+    a = torch.randn(2, 5, 16, generator=gen).bfloat16()
+    b = torch.randn(2, 16, 7, generator=gen).bfloat16()
+    acc = a.float() @ b.float()
+    _, hi, lo = r.reference(a, b)
+    assert hi.shape == lo.shape == (2, 5) and (hi > lo).all()
+    torch.testing.assert_close(hi, acc.amax(-1))
+    torch.testing.assert_close(lo, acc.amin(-1))
+    _, column = c.reference(a[0], b[0])
+    assert (column < 0).all()  # signed: not the largest magnitude (acc is far below 100)
+    torch.testing.assert_close(column, (acc[0] - 100.0).amax(-2))
+    a[0, 3, 0] = float("nan")
+    _, hi, lo = r.reference(a, b)
+    assert hi[0, 3] == -torch.inf and lo[0, 3] == torch.inf and not hi.isnan().any()
+    torch.testing.assert_close(hi[1], acc[1].amax(-1))
+    empty = r.reference(torch.empty(2, 5, 16).bfloat16(), torch.empty(2, 16, 0).bfloat16())
+    assert [tuple(t.shape) for t in empty] == [(2, 5, 0), (2, 5), (2, 5)]
+    assert (empty[1] == -torch.inf).all() and (empty[2] == torch.inf).all()
+    assert gg.ir.Reduction.MAX.identity == -gg.ir.Reduction.MIN.identity == -torch.inf
+
+
+def test_sums_are_held_to_the_bound_of_their_summation():
+    """assert_output_close: a sum within (rtol + terms * 2^-24) * sum |terms| passes, one past it
+    fails, however small the sum itself is after cancellation; NaN only where the reference has it."""
+    r = gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 1)}, aux={"s": gg.f32})
+    o = r.outputs[1]
+    want, magnitude = torch.tensor([1e-3, 5.0, float("nan")]), torch.tensor([1e4, 5.0, 1.0])
+    bound = (1e-5 + 100 * 2.0**-24) * magnitude
+    assert_output_close(o, want + 0.9 * bound.nan_to_num(), want, magnitude, (3, 100), 1e-5, 0.0)
+    with pytest.raises(AssertionError, match=r"sum 's' of 100 terms: 1 of 3 values off"):
+        assert_output_close(o, want + torch.tensor([1.1, 0, 0]) * bound, want, magnitude, (3, 100), 1e-5, 0.0)
+    with pytest.raises(AssertionError, match=r"1 of 3 values off"):
+        assert_output_close(o, torch.tensor([1e-3, 5.0, 0.0]), want, magnitude, (3, 100), 1e-5, 0.0)

@@ -1,0 +1,191 @@
+"""GroupedLinear and BlockScaledGroupedLinear against the experts' nn.Linears."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+import gemmgen as gg
+from gemmgen.errors import InvalidArgument, RecipeError
+from gemmgen.ir.reference import group_bounds
+from gemmgen.testing.grouped import experts_loop, generator
+from gemmgen.tuning.heuristic import choose
+
+
+def _absolute(linear: torch.nn.Linear) -> torch.nn.Linear:
+    """The Linear with |W| and |b|: applied to |x|, the scale of its output's rounding errors."""
+    out = copy.deepcopy(linear)
+    with torch.no_grad():
+        out.weight.abs_()
+        if out.bias is not None:
+            out.bias.abs_()
+    return out
+
+
+@pytest.mark.parametrize("activation, bias", [("silu", True), (None, False), ("relu", True)])
+def test_grouped_linear_is_the_experts_linears(activation, bias):
+    """Forward and gradients (input, weights, biases) of GroupedLinear against the experts'
+    nn.Linear layers run one by one in float64, an empty expert and odd sizes included; rows after
+    the last expert's end are not part of the output's contract."""
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    linears = [torch.nn.Linear(24, 40, bias=bias, dtype=torch.bfloat16) for _ in range(4)]
+    layer = gg.nn.GroupedLinear.from_linears(linears, activation=activation)
+    assert layer.weight.shape == (4, 40, 24) and (layer.bias is not None) == bias
+    x = torch.randn(37, 24).bfloat16()
+    offsets = torch.tensor([5, 5, 20, 33], dtype=torch.int32)
+    xs = x.clone().requires_grad_(True)
+    y = layer(xs, offsets)
+    assert y.shape == (37, 40) and y.dtype == torch.bfloat16
+    ref_linears = [torch.nn.Linear(24, 40, bias=bias, dtype=torch.float64) for _ in range(4)]
+    with torch.no_grad():
+        for mine, ref in zip(linears, ref_linears, strict=True):
+            ref.weight.copy_(mine.weight)
+            if bias:
+                ref.bias.copy_(mine.bias)
+    xr = x.double().requires_grad_(True)
+    want = experts_loop(ref_linears, xr, offsets, activation)
+    assert want.abs().max() > 0
+    torch.testing.assert_close(y[:33].double(), want, rtol=1.6e-2, atol=1.6e-2 * float(want.detach().abs().max()))
+    grad = torch.randn(33, 40)
+    if activation == "relu":
+        # ReLU's derivative jumps at 0, and the op recomputes the pre-activation from a bf16
+        # accumulator (as the unfused bf16 layer would have saved it): where the exact one is
+        # within that rounding (2^-9 of |x| |W|^T, doubled) of 0, either side is right. No
+        # gradient flows from those elements on either side, so the check stays exact elsewhere.
+        magnitude = experts_loop([_absolute(m) for m in ref_linears], x.double().abs(), offsets, None)
+        pre = experts_loop(ref_linears, x.double(), offsets, None)
+        grad[(pre.abs() <= 2.0**-8 * magnitude)] = 0.0
+    y[:33].float().backward(grad)
+    want.backward(grad.double())
+
+    def grad_of(t: torch.Tensor | None) -> torch.Tensor:
+        assert t is not None and t.grad is not None
+        return t.grad
+
+    got = {"input": grad_of(xs), "weight": grad_of(layer.weight)}
+    ref_grads = {"input": grad_of(xr), "weight": torch.stack([grad_of(m.weight) for m in ref_linears])}
+    if bias:
+        got["bias"] = grad_of(layer.bias)
+        ref_grads["bias"] = torch.stack([grad_of(m.bias) for m in ref_linears])
+    for name, want_grad in ref_grads.items():
+        assert want_grad.norm() > 0, name
+        error = (got[name].double() - want_grad).norm() / want_grad.norm()
+        assert error < 1e-2, (name, float(error))
+
+
+def test_grouped_linear_pads_odd_bias_rows_itself(monkeypatch):
+    """out_features 12 (24-byte bias rows): the module hands the op 16-byte aligned rows, so the op
+    never refuses the layout and copies after the fact; gradients reach the bias, and the input's
+    and weight's are computed (torch._grouped_mm wants 16-byte strides: the op pads dD's rows)."""
+    from gemmgen.integrations import ops
+
+    def refused(*args, **kw):
+        raise AssertionError("the op had to realign an argument")
+
+    monkeypatch.setattr(ops, "_realigned", refused)
+    layer = gg.nn.GroupedLinear(2, 16, 12)
+    x, offsets = torch.randn(10, 16).bfloat16(), torch.tensor([4, 10], dtype=torch.int32)
+    y = layer(x, offsets)
+    b = layer.bias
+    assert b is not None
+    w, bf = layer.weight.detach().float(), b.detach().float()
+    want = torch.cat([x[:4].float() @ w[0].T + bf[0], x[4:].float() @ w[1].T + bf[1]])
+    torch.testing.assert_close(y.float(), want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
+    xs = x.clone().requires_grad_(True)
+    layer(xs, offsets).float().sum().backward()
+    assert b.grad is not None and xs.grad is not None and layer.weight.grad is not None
+    torch.testing.assert_close(b.grad.float(), torch.tensor([[4.0] * 12, [6.0] * 12]))
+    torch.testing.assert_close(xs.grad.float(), torch.cat([w[0].sum(0).expand(4, 16), w[1].sum(0).expand(6, 16)]),
+                               rtol=1.6e-2, atol=1e-2)
+    want_w = torch.stack([x[:4].float().sum(0).expand(12, 16), x[4:].float().sum(0).expand(12, 16)])
+    torch.testing.assert_close(layer.weight.grad.float(), want_w, rtol=1.6e-2, atol=1e-2)
+
+
+def test_grouped_linear_mistakes_and_trace():
+    """Wrong inputs raise InvalidArgument naming them; the offsets are checked by the op; the layer
+    traces without graph breaks; `launches` names the kernel a number of rows uses, whatever their
+    split, and model_launches both of the layer's."""
+    layer = gg.nn.GroupedLinear(3, 16, 24, activation="silu")
+    x, offsets = torch.randn(10, 16).bfloat16(), torch.tensor([3, 3, 10], dtype=torch.int32)
+    with pytest.raises(InvalidArgument, match=r"input: expected \(tokens, 16\) rows sorted by expert, got \(10, 8\)"):
+        layer(torch.randn(10, 8).bfloat16(), offsets)
+    with pytest.raises(InvalidArgument, match=r"input: dtype torch.float32, but this layer computes in torch.bfloat16"):
+        layer(x.float(), offsets)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(x.float(), offsets).dtype == torch.bfloat16
+    with pytest.raises(InvalidArgument, match=r"offsets"):
+        layer(x, offsets.long())
+    with pytest.raises(InvalidArgument, match=r"num_experts: expected a positive int, got 0"):
+        gg.nn.GroupedLinear(0, 16, 24)
+    with pytest.raises(InvalidArgument, match=r"in_features 12 is not a multiple of 8"):
+        gg.nn.GroupedLinear(2, 12, 24)
+    with pytest.raises(InvalidArgument, match=r"the experts differ"):
+        gg.nn.GroupedLinear.from_linears([torch.nn.Linear(16, 24), torch.nn.Linear(16, 32)])
+    with pytest.raises(RecipeError, match=r"activation: expected one of"):
+        gg.nn.GroupedLinear(2, 16, 24, activation="tanh")
+    explained = torch._dynamo.explain(lambda a, o: layer(a, o).relu())(x, offsets)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    recipe, config = layer.launches()
+    assert recipe.gemm.grouped and recipe is gg.nn.grouped_linear_recipe("silu", True, torch.bfloat16)
+    assert config == recipe.default_config() == layer.launches(3 * 33)[1]
+    decode = layer.launches(3 * 32)
+    assert decode == (recipe, choose(recipe.ir, 96, 24, 16, 3).config) and decode[1].swap_ab
+    assert gg.nn.model_launches(torch.nn.Sequential(layer), tokens=(1,)) == [(recipe, config), decode]
+    assert "num_experts=3, in_features=16, out_features=24, bias=True, activation='silu'" in repr(layer)
+    again = copy.deepcopy(layer)  # pickles without the recipe's lambda, rebuilt on load
+    torch.testing.assert_close(again(x, offsets)[:10], layer(x, offsets)[:10])
+
+
+@pytest.mark.parametrize("activation, bias", [("silu", True), (None, False)])
+def test_block_scaled_grouped_linear_is_the_quantized_experts(activation, bias):
+    """fp8 experts (CPU: the op's reference) against the quantized math in float64 (tokens quantized
+    per row and 128 features, each expert's weight per 128 x 128 block), and within fp8's precision
+    of the bf16 experts' Linears; from_quantized and pickling give the same layer."""
+    gen = generator()
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    linears = [torch.nn.Linear(272, 136, bias=bias).bfloat16() for _ in range(3)]
+    layer = gg.nn.BlockScaledGroupedLinear.from_linears(linears, activation=activation)
+    assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight_scale.shape == (3, 2, 3)
+    x = torch.randn(50, 272, generator=gen).bfloat16()
+    offsets = torch.tensor([9, 9, 44], dtype=torch.int32)
+    y = layer(x, offsets)
+    assert y.shape == (50, 136) and y.dtype == torch.bfloat16
+    xq, sx = gg.quantize_blockwise(x, (1, 128), compact=True)
+    act = {None: lambda t: t, "silu": torch.nn.functional.silu}[activation]
+    for e, (start, end) in enumerate(group_bounds(offsets.tolist(), 50)):
+        if start == end:
+            continue
+        xs = xq[start:end].double() * sx[start:end].double().repeat_interleave(128, 1)[:, :272]
+        ws = layer.weight[e].double() * layer.weight_scale[e].double().repeat_interleave(128, 0).repeat_interleave(
+            128, 1)[:136, :272]
+        acc = xs @ ws.T + (layer.bias[e].double() if layer.bias is not None else 0)
+        torch.testing.assert_close(y[start:end].double(), act(acc), rtol=1.6e-2, atol=1e-2)
+        unquantized = act(linears[e].double()(x[start:end].double()))
+        assert (y[start:end].double() - unquantized).norm() / unquantized.norm() < 0.06
+    again = gg.nn.BlockScaledGroupedLinear.from_quantized(layer.weight, layer.weight_scale, layer.bias, activation)
+    assert torch.equal(again(x, offsets)[:44], y[:44])
+    copied = copy.deepcopy(layer)
+    assert torch.equal(copied(x, offsets)[:44], y[:44])
+    assert gg.nn.model_launches(torch.nn.Sequential(layer), tokens=(1, 64)) == [layer.launches(), layer.launches(8)]
+    assert layer.launches()[0].gemm.block_scale == gg.DEEPSEEK_BLOCK_SCALE and layer.launches(8)[1].swap_ab
+
+
+def test_block_scaled_grouped_linear_mistakes_and_trace():
+    layer = gg.nn.BlockScaledGroupedLinear.from_linears([torch.nn.Linear(256, 128) for _ in range(2)])
+    x, offsets = torch.randn(20, 256), torch.tensor([7, 20], dtype=torch.int32)
+    explained = torch._dynamo.explain(lambda a, o: layer(a, o).relu())(x, offsets)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    with pytest.raises(InvalidArgument, match=r"input: expected \(tokens, 256\) rows sorted by expert"):
+        layer(x[None], offsets)
+    with pytest.raises(InvalidArgument, match=r"in_features 24 is not a multiple of 16"):
+        gg.nn.BlockScaledGroupedLinear.from_linears([torch.nn.Linear(24, 128)])
+    with pytest.raises(InvalidArgument, match=r"out_features 12 is not a multiple of 8"):
+        gg.nn.BlockScaledGroupedLinear.from_linears([torch.nn.Linear(256, 12)])
+    with pytest.raises(InvalidArgument, match=r"weight_scale: expected an fp32 tensor of shape \(2, 1, 2\)"):
+        gg.nn.BlockScaledGroupedLinear.from_quantized(layer.weight, layer.weight_scale[:, :, :1])
+    with pytest.raises(InvalidArgument, match=r"weight: expected torch.float8_e4m3fn"):
+        gg.nn.BlockScaledGroupedLinear.from_quantized(layer.weight.float(), layer.weight_scale)
+    assert "num_experts=2, in_features=256, out_features=128, bias=True" in repr(layer)

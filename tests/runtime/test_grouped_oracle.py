@@ -1,0 +1,199 @@
+"""Grouped kernels' Params and tensor maps against CUTLASS's own host code (built by nvcc), and the
+setup kernel's arithmetic run on the host from the very header the GPU compiles."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+
+import gemmgen as gg
+from gemmgen.ir.reference import group_bounds
+from gemmgen.runtime.grouped import MAX_COLUMNS, BufferLayout, GroupedKernel
+from gemmgen.testing.emulate import emulate_grouped, fill_groups
+from gemmgen.testing.grouped import (
+    block_grouped_inputs,
+    cpu_grouped_kernel,
+    fp8_grouped_inputs,
+    grouped_inputs,
+    params_field,
+)
+from gemmgen.testing.recording import RecordingEncoder
+from tests.data.gpu_matrix import (
+    BLOCK_GROUPED_CONFIGS,
+    FP8_GROUPED_CONFIGS,
+    GROUPED_CONFIGS,
+    moe_fp8_recipe,
+)
+
+BLOCK_INDEX = pytest.mark.parametrize("index", range(len(BLOCK_GROUPED_CONFIGS)),
+                                      ids=[c.name for c in BLOCK_GROUPED_CONFIGS])
+
+
+def _oracle_values(field, groups: int, sm_count: int, clusters: int) -> dict[str, int]:
+    """The Arguments every grouped kernel's oracle takes: the group arrays, the workspace, hardware."""
+    return {"groups": groups, "shapes": field("problem.shapes"), "workspace": field("workspace"),
+            "a.array": field("mainloop.ptr_a"), "a.strides": field("mainloop.stride_a"),
+            "b.array": field("mainloop.ptr_b"), "b.strides": field("mainloop.stride_b"),
+            "d.array": field("epilogue.ptr_d"), "d.strides": field("epilogue.stride_d"),
+            "hw.device_id": 0, "hw.sm_count": sm_count, "hw.max_active_clusters": clusters}
+
+
+def _vector_values(compiled, field) -> dict[str, int]:
+    """The oracle's vector pointers: each operand's Params field as the kernel binds it (a swapped
+    kernel's row vectors are the caller's column vectors)."""
+    return {f"operand.{b.name}.ptr": field(f"epilogue.{b.kind}.{b.name}.ptr")
+            for b in compiled.generated.epilogue.bindings if b.kind in ("row", "col")}
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("index", range(len(FP8_GROUPED_CONFIGS)), ids=[c.name for c in FP8_GROUPED_CONFIGS])
+def test_fp8_groups(fp8_kernels, index, tmp_path):
+    """fp8 experts: QGMMA through the fp8 mainloop's promotion into fp32; Params against CUTLASS's
+    host code; the emulation against the reference (scales per token and per expert channel),
+    unswapped and swapped."""
+    from gemmgen.testing.oracle import OracleProgram
+
+    fp8_kernel = fp8_kernels[index]
+    r = fp8_kernel.report
+    assert "MainloopSm90ArrayTmaGmmaWarpSpecializedFP8" in fp8_kernel.source
+    assert r.sass["QGMMA"] > 0 and r.sass["HGMMA"] == 0 and r.local_bytes == 0 and r.stack_bytes == 0
+    assert 0 <= gg.codegen.sm90.smem_need(fp8_kernel.config, fp8_kernel.generated.kernel_recipe) - \
+        fp8_kernel.info.smem_bytes <= 1024
+    enc = RecordingEncoder()
+    k = GroupedKernel(fp8_kernel, encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
+    a, b, offsets, ops = fp8_grouped_inputs(rows=300, k=144, n=136, groups=3, offsets=(1, 129, 300))
+    out = torch.full((300, 136), float("nan")).bfloat16()
+    p = k.prepare(a, b, offsets, out=out, **ops)
+    assert p.setup is not None and p.params is not None and p.buffer is not None
+    emulate_grouped(fp8_kernel, p.setup, p.params, enc, [a, b, offsets, *ops.values(), out, p.buffer])
+    want = moe_fp8_recipe().reference(a, b, offsets, **ops).float()
+    assert want.abs().sum() > 0
+    torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2)
+    oracle = OracleProgram(fp8_kernel.generated, tmp_path)
+    field = params_field(fp8_kernel, p.params)
+    values = {**_oracle_values(field, 3, 132, 0), **_vector_values(fp8_kernel, field)}
+    assert set(values) >= {"operand.scale_a.ptr", "operand.scale_b.ptr", "operand.bias.ptr"}
+    expected = oracle.run_argv(oracle.grouped_argv(values))
+    assert expected.can_implement
+    assert {c.addr: c.as_dict() for c in enc.calls} == \
+        {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
+    for f, _, _ in fp8_kernel.params_layout.fields:
+        if f.kind != "desc":
+            assert field(f.name) == expected.fields[f.name]["bits"], f.name
+    assert field("mainloop.mma_promotion_interval") == 4
+    assert list(p.grid) == expected.launch["grid"]
+
+
+@pytest.fixture(scope="module")
+def grouped_oracles(grouped_kernels, tmp_path_factory):
+    """CUTLASS's host code for each grouped kernel (nvcc, about 25 s each)."""
+    from gemmgen.testing.oracle import OracleProgram
+
+    build = tmp_path_factory.mktemp("grouped-oracle")
+    return [OracleProgram(k.generated, build) for k in grouped_kernels]
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("index", range(len(GROUPED_CONFIGS)), ids=[c.name for c in GROUPED_CONFIGS])
+@pytest.mark.parametrize("sm_count, clusters", [(132, 0), (114, 0), (16, 0), (132, 66), (132, 33)])
+def test_arguments_match_cutlass(grouped_kernels, grouped_oracles, index, sm_count, clusters):
+    grouped_kernel, oracle = grouped_kernels[index], grouped_oracles[index]
+    k = cpu_grouped_kernel(grouped_kernel, sm_count, clusters)
+    enc = k._encode
+    a, b, offsets, bias, weight = grouped_inputs(rows=1000, k=264, n=136, groups=8, offsets=range(100, 900, 100))
+    p = k.prepare(a, b, offsets, bias=bias, weight=weight)
+    layout = k.compiled.params_layout
+    field = params_field(k.compiled, p.params)
+    values = {**_oracle_values(field, 8, sm_count, clusters), **_vector_values(grouped_kernel, field)}
+    assert set(values) >= {"operand.bias.ptr", "operand.weight.ptr"}
+    expected = oracle.run_argv(oracle.grouped_argv(values))
+    assert expected.can_implement
+    by_addr = {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
+    assert {c.addr: c.as_dict() for c in enc.calls} == by_addr
+    for f, offset, _ in layout.fields:
+        want = expected.fields[f.name]
+        if f.kind == "desc":
+            ours = enc.of(p.params[offset:offset + 128])
+            theirs = expected.encodes[want["desc"] - 1] if want["desc"] else None
+            assert (ours.addr if ours else None) == (theirs["addr"] if theirs else None), f.name
+        else:
+            assert field(f.name) == want["bits"], f.name
+    assert list(p.grid) == expected.launch["grid"]
+    assert expected.launch["smem"] == grouped_kernel.info.smem_bytes
+    # the buffer's workspace (tensor maps per SM) holds what CUTLASS asks for, before the group arrays
+    layout = BufferLayout.of(8, 8, sm_count, False)
+    assert field("problem.shapes") - field("workspace") == layout.shapes >= expected.workspace_size > 0
+
+
+@pytest.mark.oracle
+def test_setup_kernel_arithmetic_on_the_host(tmp_path):
+    """gemmgen/include/gemmgen/grouped.hpp's `fill`, compiled for the host by nvcc, against
+    group_bounds and the column formula, for offsets that are sorted, decreasing and out of range,
+    unswapped and swapped (the problem (N, M_g, K))."""
+    from gemmgen.compile.toolchain import toolchain
+    from gemmgen.testing.oracle import nvcc_path
+
+    src = tmp_path / "fill.cu"
+    src.write_text(r'''
+#include <cstdio>
+#include <cstdlib>
+#include <cutlass/cutlass.h>
+#include <gemmgen/grouped.hpp>
+int main(int argc, char** argv) {
+  int groups = argc - 3, offsets[64], shapes[3 * 64];
+  long long table[3 * 64];
+  for (int g = 0; g < groups; ++g) offsets[g] = std::atoi(argv[g + 3]);
+  gemmgen::grouped::Setup s{offsets, shapes, table, groups, std::atoi(argv[2]), 48, 64, 3, std::atoi(argv[1]),
+                            {1000, 7, 5}, {24, 0, 0}, {0, 1 << 20, 0}};
+  for (int g = 0; g < groups; ++g) gemmgen::grouped::fill(s, g);
+  for (int g = 0; g < groups; ++g)
+    std::printf("%d %d %d %lld %lld %lld\n", shapes[3 * g], shapes[3 * g + 1], shapes[3 * g + 2], table[g],
+                table[groups + g], table[2 * groups + g]);
+}
+''')
+    exe = tmp_path / "fill"
+    tc = toolchain()
+    subprocess.run([str(nvcc_path()), "-std=c++17", "-w", *(f"-I{d}" for d in tc.include_dirs),
+                    f"-L{nvcc_path().parent.parent / 'lib'}", "-o", str(exe), str(src)],
+                   check=True, capture_output=True)
+    for swapped in (0, 1):
+        for rows, offsets in ((37, [5, 5, 20, 30]), (37, [10, 4, 12]), (37, [-3, 50, 60]), (1, [1]), (9, [0, 0, 9])):
+            out = subprocess.run([str(exe), str(swapped), str(rows), *map(str, offsets)], check=True,
+                                 capture_output=True, text=True).stdout.split("\n")
+            pad = [0] * (MAX_COLUMNS - 3)  # ...and emulate.fill_groups, which the emulation runs, agrees
+            shapes, table = fill_groups((0, 0, 0, len(offsets), rows, 48, 64, 3, swapped, 1000, 7, 5, *pad,
+                                         24, 0, 0, *pad, 0, 1 << 20, 0, *pad), offsets)
+            for g, (start, end) in enumerate(group_bounds(offsets, rows)):
+                shape = [48, end - start, 64] if swapped else [end - start, 48, 64]
+                columns = [1000 + 24 * start, 7 + (1 << 20) * g, 5]
+                assert list(map(int, out[g].split())) == [*shape, *columns] == [*shapes[g], *table[g]]
+
+
+@pytest.mark.oracle
+@BLOCK_INDEX
+def test_block_scaled_arguments_match_cutlass(block_kernels, index, tmp_path):
+    """Every Params field and tensor map against CUTLASS's host code given the same arrays."""
+    from gemmgen.testing.oracle import OracleProgram
+
+    block_kernel = block_kernels[index]
+    k = cpu_grouped_kernel(block_kernel, 114, 0)
+    enc = k._encode
+    a, b, offsets, ops, _, _ = block_grouped_inputs(1000, 272, 136, 8, range(100, 900, 100))
+    p = k.prepare(a, b, offsets, **ops)
+    field = params_field(block_kernel, p.params)
+    oracle = OracleProgram(block_kernel.generated, tmp_path)
+    values = {**_oracle_values(field, 8, 114, 0), "sfa.array": field("mainloop.ptr_sfa"), "sfa.layouts": 0,
+              "sfb.array": field("mainloop.ptr_sfb"), "sfb.layouts": 0, **_vector_values(block_kernel, field)}
+    assert "operand.weight.ptr" in values
+    expected = oracle.run_argv(oracle.grouped_argv(values))
+    assert expected.can_implement
+    assert {c.addr: c.as_dict() for c in enc.calls} == \
+        {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
+    for f, _, _ in block_kernel.params_layout.fields:
+        if f.kind != "desc":
+            assert field(f.name) == expected.fields[f.name]["bits"], f.name
+    assert "mainloop.mma_promotion_interval" not in {f.name for f, _, _ in block_kernel.params_layout.fields}
+    assert list(p.grid) == expected.launch["grid"]
+    assert expected.launch["smem"] == block_kernel.info.smem_bytes

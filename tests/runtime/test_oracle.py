@@ -1,0 +1,281 @@
+"""gemmgen's argument block against CUTLASS's own host code (nvcc-built oracle with a recording
+cuTensorMapEncodeTiled), for every kernel family and a spread of problems. CPU only."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import gemmgen as gg
+from gemmgen.codegen.fields import KIND_SIZE
+from gemmgen.codegen.sm90 import scale_tma
+from gemmgen.runtime.arguments import ArgumentBuilder, field_values, pack
+from gemmgen.runtime.problem import Problem, TensorArg
+from gemmgen.testing.calls import dense
+from gemmgen.testing.oracle import OracleProgram
+from gemmgen.testing.recording import RecordingEncoder
+from gemmgen.types import Layout, OperandKind
+
+pytestmark = pytest.mark.oracle
+
+# (M, N, K, L, extra padding of leading dimensions in elements; twice as many for fp8 A/B, to keep 16 bytes)
+PROBLEMS = [
+    (4096, 4096, 4096, 1, 0),  # tile multiples; every tensor far over 128 KiB
+    (64, 64, 64, 1, 0),  # every tensor under 128 KiB
+    (1, 7, 129, 1, 0),  # M = 1, odd N and K (leading dimensions rounded up to 16 bytes)
+    (129, 1000, 4097, 3, 0),  # odd sizes, K tail, batch
+    (1000, 129, 7, 3, 24),  # padded leading dimensions, batch
+    (7, 4097, 1000, 1, 8),
+    (1_000_003, 16_384, 64, 1, 0),  # 7.8 M x 64 output tiles; D alone 32 GB
+    (70_001, 4_104, 264, 512, 0),  # 512 batches of 548 x 17 tiles
+    # Near the limits of CUTLASS's 32-bit tile arithmetic (runtime.checks.check_problem_size
+    # refuses what lies past them; past them CUTLASS's own host code wraps around):
+    (2**31 - 1024, 16, 16, 1, 0),
+    (16, 2**31 - 1024, 16, 1, 0),
+    (16, 16, 2**31 - 1024, 1, 0),
+    (8, 8, 8, 2**28, 0),
+]
+
+
+def _up(x: int, m: int = 8) -> int:
+    return -(-x // m) * m
+
+
+def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -> Problem:  # noqa: E741
+    g = recipe.gemm
+    addr = iter(0x7F00_0000_0000 + i * (1 << 34) for i in range(64))
+    fp8 = g.a.nbytes == 1  # A/B leading dimensions stay multiples of 16 bytes: 16 fp8 elements
+    per_ab, pad_ab = (16, 2 * pad) if fp8 else (8, pad)
+
+    def batch(rows: int, ld: int) -> int:
+        return rows * ld if l > 1 else 0
+
+    if g.layout_a is Layout.ROW:
+        lda = _up(k, per_ab) + pad_ab
+        a = TensorArg(next(addr), (lda, 1, batch(m, lda)))
+    else:
+        lda = _up(m, per_ab) + pad_ab
+        a = TensorArg(next(addr), (1, lda, batch(k, lda)))
+    if g.layout_b is Layout.COL:  # K contiguous: B as (N, K) row-major
+        ldb = _up(k, per_ab) + pad_ab
+        b = TensorArg(next(addr), (ldb, 1, batch(n, ldb)))
+    else:
+        ldb = _up(n, per_ab) + pad_ab
+        b = TensorArg(next(addr), (1, ldb, batch(k, ldb)))
+
+    def mn(dtype) -> TensorArg:
+        per, extra = (16, 2 * pad) if dtype.nbytes == 1 else (8, pad)  # fp8 rows: 16-byte multiples too
+        ld = _up(n, per) + extra
+        return TensorArg(next(addr), (ld, 1, batch(m, ld)))
+
+    operands: dict[str, TensorArg | float] = {}
+    for o in recipe.operands:
+        if o.kind.block_scale:  # M/N-major, the K-block stride padded to 4 (and by `pad`)
+            gran = g.block_scale[0] if o.kind is OperandKind.SCALE_A else g.block_scale[1]
+            blocks, k_blocks = -(-(m if o.kind is OperandKind.SCALE_A else n) // gran), -(-k // g.block_scale[2])
+            ld = _up(blocks, 4) + 4 * pad
+            operands[o.name] = TensorArg(next(addr), (1, ld, ld * k_blocks if l > 1 else 0))
+        elif o.kind is OperandKind.SCALAR:
+            operands[o.name] = 0.75 if o.name != "beta" else -1.5
+        elif o.kind is OperandKind.MATRIX:
+            operands[o.name] = mn(o.dtype)
+        else:
+            operands[o.name] = TensorArg(next(addr))
+    def reduced(o) -> TensorArg:  # contiguous per batch: one value, a value per row (dim 1) or per column (0)
+        modes = {None: (0, 0, 1), 1: (1, 0, m), 0: (0, 1, n)}[o.dim]
+        return TensorArg(next(addr), (*modes[:2], modes[2] if l > 1 else 0))
+
+    aux = {o.name: mn(o.dtype) if o.reduce is None else reduced(o) for o in recipe.outputs[1:]}
+    return Problem(m, n, k, l, a, b, mn(g.d), operands, aux, 0, sm_count, max_active_clusters)
+
+
+@pytest.fixture(scope="session")
+def oracles(compiled, tmp_path_factory):
+    """One nvcc-built oracle per compiled kernel (about 30 s each, two at a time)."""
+    build = tmp_path_factory.mktemp("oracle")
+    programs = {name: OracleProgram(k.generated, build) for name, k in dense(compiled).items()}
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda p: p.build(), programs.values()))
+    return programs
+
+
+def _decode(data: bytes, offset: int, kind: str) -> int:
+    raw = data[offset:offset + KIND_SIZE[kind]]
+    if kind in ("i32", "i64"):
+        return int.from_bytes(raw, "little", signed=True) & (2**64 - 1)
+    return int.from_bytes(raw, "little")
+
+
+def _extents_aligned(kernel, p: Problem) -> bool:
+    """CUTLASS's can_implement also wants contiguous *extents* in multiples of 16 bytes; TMA itself
+    needs only 16-byte strides (gemmgen's rule). Where both hold, CUTLASS must accept the problem."""
+    g = kernel.generated.kernel_recipe.gemm
+    a_contig = p.k if g.layout_a is Layout.ROW else p.m
+    b_contig = p.k if g.layout_b is Layout.COL else p.n
+    d_contig = p.n if g.layout_d is Layout.ROW else p.m
+    scales = True  # block scales loaded with TMA: their contiguous extent (blocks along M or N) too
+    for template_loaded, extent, gran in zip(scale_tma(kernel.config, kernel.generated.kernel_recipe), (p.m, p.n),
+                                             g.block_scale[:2] if g.block_scale else (), strict=False):
+        scales = scales and not (template_loaded and -(-extent // gran) % 4)
+    return a_contig % (16 // g.a.nbytes) == 0 and b_contig % (16 // g.b.nbytes) == 0 and \
+        d_contig % max(8, 16 // g.d.nbytes) == 0 and scales
+
+
+def kernel_problem(kernel, *shape, **hardware) -> Problem:
+    """A problem of the recipe as declared, in the kernel's terms (transposed for a swapped kernel)."""
+    p = make_problem(kernel.recipe, *shape, **hardware)
+    return p.transposed(kernel.recipe.gemm.block_scale is not None) if kernel.config.swap_ab else p
+
+
+WORKSPACE = 0x7E00_0000_0000  # where the workspace of a kernel with vector reductions is
+
+
+def _check(kernel, oracle, problem):
+    expected = oracle.run(problem, WORKSPACE)
+    if _extents_aligned(kernel, problem):
+        assert expected.can_implement
+    builder = ArgumentBuilder(kernel.generated.kernel_recipe, kernel.config)
+    tm, tn, _ = kernel.config.tile
+    tiles = -(-problem.m // tm) * -(-problem.n // tn) * problem.l
+    partials = max((tiles * (tm if kind == "col_reduction" else tn) for kind, _, _ in builder.vector_reductions),
+                   default=0)
+    if partials >= 2**31:  # CUTLASS's int arithmetic wraps (its size too)
+        with pytest.raises(gg.InvalidArgument, match=r"partial values for the reduction, past the 2\^31"):
+            builder.workspace(problem)
+        return
+    assert builder.workspace(problem).size == expected.workspace_size
+    enc = RecordingEncoder()
+    values, grid = field_values(kernel.generated.kernel_recipe, kernel.config, problem, enc, workspace=WORKSPACE)
+    params = pack(kernel.params_layout, values)
+    assert len(params) == kernel.info.params_size
+    by_addr = {c["addr"]: {k: v for k, v in c.items() if k != "encode"} for c in expected.encodes}
+    mine = {c.addr: c.as_dict() for c in enc.calls}
+    assert mine == by_addr
+    regions: dict[str, dict[str, int]] = {"ours": {}, "theirs": {}}
+    for field, offset, _ in kernel.params_layout.fields:
+        want = expected.fields[field.name]
+        if field.kind == "desc":
+            ours = enc.of(params[offset:offset + 128])
+            theirs = expected.encodes[want["desc"] - 1] if want["desc"] else None
+            assert (ours.addr if ours else None) == (theirs["addr"] if theirs else None), field.name
+        elif field.name.endswith((".buffer", ".counters")):
+            reduction, part = field.name.rsplit(".", 1)
+            for side, bits in (("ours", _decode(params, offset, field.kind)), ("theirs", want["bits"])):
+                regions[side][f"{reduction}.{part}"] = bits
+        else:
+            assert _decode(params, offset, field.kind) == want["bits"], field.name
+    _check_workspace_regions(regions["ours"], regions["theirs"])
+    assert list(grid) == expected.launch["grid"]
+    assert expected.launch["block"] == [kernel.info.max_threads, 1, 1]
+    assert expected.launch["cluster"] == list(kernel.config.cluster)
+    assert expected.launch["smem"] == kernel.info.smem_bytes
+    assert all(v == 1 for v in expected.aux_params_bytes.values()), "TMA atoms carry runtime aux params"
+
+
+def _check_workspace_regions(ours: dict[str, int], theirs: dict[str, int]) -> None:
+    """Each vector reduction's partials and tile counters: CUTLASS places the reductions' regions in
+    the order its host compiler evaluates the arguments of a pack expansion (`transform_apply` in
+    Sm90VisitorImpl: unspecified in C++, right to left under g++), which the device never sees; so
+    each reduction's counters must sit where CUTLASS puts them relative to its partials, and the
+    regions must be CUTLASS's up to their order."""
+    names = {k.rsplit(".", 1)[0] for k in ours}
+    assert names == {k.rsplit(".", 1)[0] for k in theirs}
+    for name in names:
+        counters, buffer = f"{name}.counters", f"{name}.buffer"
+        assert ours[counters] - ours[buffer] == theirs[counters] - theirs[buffer]
+    assert sorted(ours.values()) == sorted(theirs.values())
+
+
+@pytest.mark.parametrize("shape", PROBLEMS, ids=lambda s: "x".join(map(str, s)))
+def test_arguments_match_cutlass(compiled, oracles, shape):
+    for name, kernel in dense(compiled).items():
+        _check(kernel, oracles[name], kernel_problem(kernel, *shape))
+
+
+@pytest.mark.parametrize("sm_count, max_active_clusters", [(132, 0), (114, 0), (132, 66), (16, 0)])
+def test_grid_follows_hardware_info(compiled, oracles, sm_count, max_active_clusters):
+    for name in ("bias_gelu", "gemm_bf16", "swapped"):  # a 2x1 cluster, no cluster, a swapped kernel
+        kernel = compiled[name]
+        _check(kernel, oracles[name], kernel_problem(kernel, 4096, 2048, 512, 2, 0, sm_count=sm_count,
+                                                     max_active_clusters=max_active_clusters))
+
+
+#: Problems (M, N, K, L) for which CUTLASS's stream-K heuristic picks each decomposition on each
+#: of the hardware settings below, stream-K units in several groups on some (the test checks both).
+STREAM_K_PROBLEMS = [(256, 1408, 4096, 1), (256, 256, 8192, 1), (200, 100, 40000, 1), (129, 1000, 4097, 3),
+                     (4096, 2048, 512, 2), (300, 4096, 8192, 1), (1, 7, 129, 1), (2000, 2000, 1000, 2),
+                     (1100, 2000, 4096, 1), (640, 4096, 4096, 1)]
+
+
+@pytest.mark.parametrize("sm_count, max_active_clusters", [(132, 0), (114, 0), (132, 66), (16, 0)])
+def test_stream_k_decompositions_match_cutlass(compiled, oracles, sm_count, max_active_clusters):
+    """The stream-K scheduler's Params (data-parallel, split-K and stream-K), its one-wave grid, and
+    its workspace after the row sum's, against CUTLASS's host code."""
+    from gemmgen.runtime.scheduler import decompose, stream_k_plan
+
+    kernel = compiled["stream_k"]
+    kinds, groups = set(), set()
+    for m, n, k, l in STREAM_K_PROBLEMS:  # noqa: E741
+        shape = (m, n, -(-k // kernel.config.tile[2]), l, kernel.config.tile, kernel.config.cluster, sm_count,
+                 max_active_clusters)
+        kinds.add(decompose(*shape).kind)
+        groups.add(stream_k_plan(*shape).fields["scheduler.sk_groups.divisor"])
+        _check(kernel, oracles["stream_k"], kernel_problem(kernel, m, n, k, l, 0, sm_count=sm_count,
+                                                           max_active_clusters=max_active_clusters))
+    assert kinds == {"data-parallel", "split-K", "stream-K"}
+    if sm_count > 16:  # 16 SMs: too few tiles along the rasterized dimension to group
+        assert max(groups) > 1, groups
+
+
+@pytest.mark.parametrize("splits", [2, 3, 8, 1000])
+def test_stream_k_split_counts_match_cutlass(compiled, oracles, extra, session_cache, splits):
+    """A split count (KernelConfig.splits, CUTLASS's `splits` argument): the same binary as the
+    heuristic's kernel, and split-K Params, grid and workspace against CUTLASS's host code given
+    that count, including counts it lowers (past the K tiles, past the SMs: 1000) and problems of
+    a single K tile (no split: data-parallel)."""
+    from dataclasses import replace
+
+    from gemmgen.compile import build_kernel
+    from gemmgen.runtime.scheduler import decompose
+
+    base = compiled["stream_k"]
+    kernel = build_kernel(extra["stream_k"].ir, replace(base.config, splits=splits), session_cache)
+    assert kernel.cache_key == base.cache_key and kernel.entry == base.entry and kernel.config.splits == splits
+    oracle = OracleProgram(kernel.generated, oracles["stream_k"].exe.parent)
+    assert oracle.exe == oracles["stream_k"].exe  # one oracle serves every split count: an argument
+    tk = kernel.config.tile[2]
+    for sm_count in (132, 16):
+        counts = set()
+        for m, n, k, l in [*STREAM_K_PROBLEMS, (64, 64, 64, 1)]:  # noqa: E741
+            d = decompose(m, n, -(-k // tk), l, kernel.config.tile, kernel.config.cluster, sm_count, 0, splits)
+            assert d.splits == min(splits, sm_count, -(-k // tk))
+            assert d.kind == ("split-K" if d.splits > 1 else "data-parallel")
+            counts.add(d.splits)
+            _check(kernel, oracle, kernel_problem(kernel, m, n, k, l, 0, sm_count=sm_count))
+        assert 1 in counts and min(splits, sm_count) in counts, counts
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_nondeterministic_reduction_matches_cutlass(compiled, oracles, extra, session_cache, splits):
+    """`deterministic=False` (CUTLASS's ReductionMode::Nondeterministic, a launch argument): the same
+    binary, and Params, grid and workspace against CUTLASS's host code given that mode, under the
+    heuristic's decompositions and a split count; the mode is the only field that changes."""
+    from dataclasses import replace
+
+    from gemmgen.compile import build_kernel
+    from gemmgen.runtime.scheduler import stream_k_plan
+
+    base = compiled["stream_k"]
+    kernel = build_kernel(extra["stream_k"].ir, replace(base.config, splits=splits, deterministic=False), session_cache)
+    assert kernel.cache_key == base.cache_key and not kernel.config.deterministic
+    oracle = OracleProgram(kernel.generated, oracles["stream_k"].exe.parent)
+    assert oracle.exe == oracles["stream_k"].exe
+    for m, n, k, l in STREAM_K_PROBLEMS:  # noqa: E741
+        shape = (m, n, -(-k // kernel.config.tile[2]), l, kernel.config.tile, kernel.config.cluster, 132, 0, splits)
+        nondeterministic, deterministic = stream_k_plan(*shape, deterministic=False), stream_k_plan(*shape)
+        assert nondeterministic.fields["scheduler.reduction_mode"] == 1
+        assert deterministic.fields["scheduler.reduction_mode"] == 0
+        assert nondeterministic.grid == deterministic.grid
+        assert {**nondeterministic.fields, "scheduler.reduction_mode": 0} == deterministic.fields
+        _check(kernel, oracle, kernel_problem(kernel, m, n, k, l, 0))
