@@ -9,6 +9,8 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .errors import RecipeError
+
 if TYPE_CHECKING:
     import torch
 
@@ -121,8 +123,6 @@ class OperandKind(enum.Enum):
 
 def as_dtype(value: object, what: str) -> DType:
     """Accept a DType, its string value, or a torch dtype; raise RecipeError naming `what` otherwise."""
-    from .errors import RecipeError
-
     if isinstance(value, DType):
         return value
     if isinstance(value, str):
@@ -139,8 +139,6 @@ def as_dtype(value: object, what: str) -> DType:
 
 
 def as_layout(value: object, what: str) -> Layout:
-    from .errors import RecipeError
-
     if isinstance(value, Layout):
         return value
     if isinstance(value, str) and value.lower() in ("row", "col", "column", "r", "c"):

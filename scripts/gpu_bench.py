@@ -191,7 +191,7 @@ def _grouped_sets(groups: int, rows: int, n: int, k: int) -> list[tuple]:
 
 def _grouped_table(recipe, shapes, reps: int) -> None:
     """`_table` for the grouped recipe: each kernel checked against a per-group fp32 evaluation first;
-    `*` marks the config the op picks for the shape (`select.grouped_choice`)."""
+    `*` marks the config the op picks for the shape (`tuning.grouped_choice`)."""
     from gemmgen.tuning import device_ms
     from gemmgen.tuning.heuristic import grouped_choice
     from tests.data.gpu_matrix import GROUPED_CONFIGS

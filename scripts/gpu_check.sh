@@ -24,8 +24,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || 
 LOGS=${OUT:-/tmp/gpu_check}
 mkdir -p "$LOGS"
 start=$(date +%s)
-timeout 300 "${PYTHON:-python3}" -m pytest -p no:cacheprovider -m gpu -v -rfEs --durations=5 tests/test_gpu.py \
-  tests/test_grouped.py 2>&1 \
+timeout 300 "${PYTHON:-python3}" -m pytest -p no:cacheprovider -m gpu -v -rfEs --durations=5 tests/gpu 2>&1 \
   | tee "$LOGS/gpu_tests.log" | tail -25
 rc=${PIPESTATUS[0]}
 echo "gpu tests: rc=$rc in $(( $(date +%s) - start )) s (whole output: gpu_tests.log)"

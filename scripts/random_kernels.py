@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/random_kernels.py [N] [--seed S] [--cache-dir DIR] [-j 2]
 
-tests/test_epilogue_source.py checks random recipes on rendered kernels (no compile) and has NVRTC
+tests/codegen/test_epilogue_source.py checks random recipes on rendered kernels (no compile) and has NVRTC
 accept their types; this goes further for N of them (about 35 s and 3.4 GB of NVRTC each): a
 full compile under a random candidate config (every other one swapped), the report (registers,
 spills, WGMMA count), then the emulation of the compiled source on the Params laid out as NVRTC's

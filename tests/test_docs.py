@@ -1,26 +1,110 @@
-"""The README's example runs as written."""
+"""The README and every page of docs/ do what they say.
+
+- A ```python block runs, in order with the page's other python blocks (one namespace per page),
+  with the session's compiled kernels as the cache and compiling forbidden (GEMMGEN_JIT=0: a doc
+  that needs a kernel no test compiles fails here rather than stalling CI).
+- A ```bash block's `gemmgen ...` commands run through the CLI, from a copy of the repository's
+  examples, and must exit 0; its other commands name scripts that must exist.
+- Every link to a page of docs/ (and an anchor in it) resolves.
+- Blocks in other fences (```text, plain ```) are output, not code.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import shlex
+import shutil
+from pathlib import Path
 
 import pytest
 
 from tests.data import ROOT
 
-pytestmark = pytest.mark.nvrtc
+pytestmark = pytest.mark.nvrtc  # the README's example loads a compiled kernel
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 
-def test_readme_example_runs(compiled, session_cache, monkeypatch):
+def _blocks(page: Path, language: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(page.read_text()) if lang == language]
+
+
+@pytest.fixture
+def doc_env(compiled, session_cache, monkeypatch):
+    """The session's kernels as the cache, compiling forbidden, the caches' memo cleared around it."""
     import gemmgen.compile.build
 
-    monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(session_cache.root))  # the session's compiled bias_gelu
+    monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(session_cache.root))
+    monkeypatch.setenv("GEMMGEN_JIT", "0")
     gemmgen.compile.build.default_cache.cache_clear()
-    found = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert found, "README.md has a python example"
-    block = found.group(1)
+    yield
+    gemmgen.compile.build.default_cache.cache_clear()
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_python_blocks_run(page, doc_env):
+    scope: dict = {"__name__": f"doc_{page.stem}"}
+    for i, block in enumerate(_blocks(page, "python")):
+        exec(compile(block, f"{page.name} block {i + 1}", "exec"), scope)
+
+
+def test_the_readme_example_loads_its_kernel_from_the_cache(doc_env):
     scope: dict = {}
-    exec(compile(block, "README.md", "exec"), scope)
-    gemmgen.compile.build.default_cache.cache_clear()
-    assert scope["built"].report.cached
-    assert scope["ref"].shape == (7, 16)
+    exec(compile(_blocks(ROOT / "README.md", "python")[0], "README.md", "exec"), scope)
+    assert scope["built"].report.cached and scope["ref"].shape == (7, 16)
+
+
+def _commands(page: Path) -> list[list[str]]:
+    out = []
+    for block in _blocks(page, "bash"):
+        for line in block.splitlines():
+            line = line.split(" #", 1)[0].strip()
+            for part in (p.strip() for p in line.split("&&")):
+                if part:
+                    out.append(shlex.split(part))
+    return out
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if _commands(p)], ids=lambda p: p.name)
+def test_bash_blocks_run_or_name_what_exists(page, doc_env, tmp_path, monkeypatch, capsys):
+    from gemmgen.cli import main
+
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
+    for argv in _commands(page):
+        while "=" in argv[0]:  # VAR=value before the command
+            argv = argv[1:]
+        if argv[0] in ("gemmgen", ".venv/bin/gemmgen"):
+            assert main(argv[1:]) == 0, f"{page.name}: {shlex.join(argv)}\n{capsys.readouterr().err}"
+        elif argv[0] in ("bash", "python", ".venv/bin/python", "python3") and argv[1] == "-m":
+            assert importlib.util.find_spec(argv[2]) is not None, f"{page.name}: no module {argv[2]}"
+        elif argv[0] in ("bash", "python", ".venv/bin/python", "python3"):
+            script = next(a for a in argv[1:] if not a.startswith("-"))
+            assert (ROOT / script).is_file(), f"{page.name}: {shlex.join(argv)} names no file"
+        else:
+            raise AssertionError(f"{page.name}: a command the docs test does not know how to check: {argv}")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_links_to_the_docs_resolve(page):
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+        if "://" in target:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        assert file.is_file(), f"{page.name}: {target} names no file"
+        if anchor and file.suffix == ".md":
+            assert anchor in _anchors(file), f"{page.name}: {target}: no heading with that anchor"
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    text = FENCE.sub("", page.read_text())
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def test_the_readme_stays_under_10_kb():
+    assert len((ROOT / "README.md").read_bytes()) <= 10 * 1024

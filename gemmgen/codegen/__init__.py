@@ -24,7 +24,7 @@ from .sm90 import is_valid, param_fields, type_context, validate, violations
 __all__ = ["INFO_FIELDS", "EpilogueCode", "GeneratedKernel", "ParamField", "ParamsLayout", "is_valid", "kernel_id",
            "render_kernel", "template_environment", "validate", "violations"]
 
-#: Fields of the `<entry>_info` array every kernel exports (see templates/kernel.cu.j2).
+#: Fields of the `<entry>_info` array every kernel exports (see gemmgen/codegen/templates/kernel.cu.j2).
 INFO_FIELDS: tuple[tuple[str, str], ...] = (
     ("params_size", "sizeof(Params)"),
     ("params_align", "alignof(Params)"),

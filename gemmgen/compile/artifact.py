@@ -15,7 +15,7 @@ from .cubin import SASS_MARKERS
 
 @dataclass(frozen=True)
 class KernelInfo:
-    """Facts about the instantiation, exported by the kernel itself (see templates/kernel.cu.j2)."""
+    """Facts about the instantiation, exported by the kernel itself (see gemmgen/codegen/templates/kernel.cu.j2)."""
 
     params_size: int
     params_align: int

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ToolchainError
+from .nvrtc import nvrtc_build, nvrtc_version
 
 # The wheels whose headers kernels include. Other wheels install headers into the same folders
 # (a CUDA build of torch adds cuBLAS, cuDNN, NVTX... to nvidia/cu13/include, the test extras nvcc's)
@@ -63,8 +64,6 @@ def toolchain() -> Toolchain:
         raise ToolchainError("CCCL headers not found; `pip install nvidia-cuda-cccl==13.0.85`")
     if not (cuda / "include" / "crt" / "mma.h").is_file():
         raise ToolchainError("crt headers not found; `pip install nvidia-cuda-crt==13.0.88`")
-    from .nvrtc import nvrtc_build, nvrtc_version
-
     cuobjdump = cuda / "bin" / "cuobjdump"
     return Toolchain(
         include_dirs=(gemmgen_include_dir(), cutlass, cuda / "include" / "cccl", cuda / "include"),

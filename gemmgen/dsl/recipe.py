@@ -116,7 +116,7 @@ def _check_grouped_epilogue(ir: EpilogueIR) -> None:
 def _check_reductions(ir: EpilogueIR) -> None:
     """Reductions over M (dim=0) and over N (dim=1) cannot share a kernel: gemmgen builds vector
     reductions over the kernel's N only, so one over M needs a swapped kernel, whose N is M
-    (`config.reduction_violations`)."""
+    (`codegen.sm90.constraints.reduction_violations`)."""
     over = {o.dim: o.name for o in ir.outputs if o.dim is not None}
     if len(over) == 2:
         raise RecipeError(f"aux outputs {over[0]!r} (dim=0) and {over[1]!r} (dim=1): a kernel reduces over M or "

@@ -159,7 +159,7 @@ class Launcher:
             kernel = self._by_bucket.get(bucket)
             if kernel is None:
                 device, sms = device_and_sms(index)
-                config = tuning.config_for(self.recipe, m, n, k, l, device, sms)
+                config = tuning.config_for(self.recipe, m, n, k, l, device=device, sm_count=sms)
                 if args is not None:  # the kernel's own checks, before compiling it
                     self._kind.check(a, b, args, require_cuda=index >= 0, config=config)
                 kernel = self._by_config.get((index, config))

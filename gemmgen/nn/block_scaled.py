@@ -188,8 +188,8 @@ class BlockScaledLinear(_BlockScaledModule):
         """(recipe, config) of the kernel forward launches for an input of `tokens` rows, as
         FusedLinear.launches: what to build ahead of time. `training` is accepted for
         model_launches and changes nothing (the layer has no gradients)."""
-        return self.recipe, tuning.config_for(self.recipe, tokens, self.out_features, self.in_features, 1, device,
-                                              sm_count)
+        return self.recipe, tuning.config_for(self.recipe, tokens, self.out_features, self.in_features, 1,
+                                              device=device, sm_count=sm_count)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

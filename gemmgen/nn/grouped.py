@@ -66,7 +66,7 @@ class GroupedLaunches:
         if rows is None:
             return self.recipe, self.recipe.default_config()
         return self.recipe, tuning.config_for(self.recipe, rows, self.out_features, self.in_features,
-                                              self.num_experts, device)
+                                              self.num_experts, device=device)
 
 
 class GroupedLinear(GroupedLaunches, RecipeModule):

@@ -191,7 +191,8 @@ class FusedLinear(RecipeModule):
         of time, e.g.
         `gg.warmup([layer.launches(t) for t in (1, 512, 4096)] + [layer.launches(4096, training=True)])`."""
         recipe = self.training_recipe if training and self.training_recipe is not None else self.recipe
-        return recipe, tuning.config_for(recipe, tokens, self.out_features, self.in_features, 1, device, sm_count)
+        return recipe, tuning.config_for(recipe, tokens, self.out_features, self.in_features, 1, device=device,
+                                         sm_count=sm_count)
 
     def config_for(self, tokens: int, sm_count: int = 132) -> KernelConfig:
         """The config of `launches(tokens)` (inference, no device)."""

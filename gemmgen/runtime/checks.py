@@ -186,7 +186,7 @@ def check_problem_size(call: CheckedCall, tile: tuple[int, int, int], cluster: t
                        swapped: bool) -> None:
     """CUTLASS's host and device code count rows, columns, K and output tiles in 32-bit ints: a
     problem past that would get wrapped-around scheduler values (checked against CUTLASS's host
-    code by tests/test_oracle.py), so it is refused. `tile` and `cluster` are the kernel's; a
+    code by tests/runtime/test_oracle.py), so it is refused. `tile` and `cluster` are the kernel's; a
     swapped kernel's M is the caller's N."""
     (m, m_name), (n, n_name) = ((call.n, "N"), (call.m, "M")) if swapped else ((call.m, "M"), (call.n, "N"))
     for extent, name, step in ((m, m_name, tile[0] * cluster[0]), (n, n_name, tile[1] * cluster[1]),
@@ -269,7 +269,7 @@ def _block_scale(o: Operand, value: object, problem: tuple[int, int, int, int], 
         fix = f"{o.name}.mT.contiguous().mT" if is_a else f"{o.name}.contiguous()"
         raise LayoutMismatch(o.name, f"{o.name}: the kernel reads block scales {what}-major (dim {mn_dim} "
                              f"contiguous), got strides {tuple(t.stride())}; pass {fix}")
-    # whether a kernel loads them with TMA depends on its tile (config.scale_tma): required here
+    # whether a kernel loads them with TMA depends on its tile (codegen.sm90.geometry.scale_tma): required here
     # whenever a tile (up to 256 rows or columns) could read enough of them per K step
     tma = 256 // gemm.block_scale[0 if is_a else 1] >= SCALE_TMA_THRESHOLD  # type: ignore[index]
     align = TMA_ALIGN if tma else 4

@@ -81,7 +81,7 @@ class Column(NamedTuple):
 class GroupedArguments:
     """The setup kernel's `Setup` and the GEMM's Params for one call, from the checked call, D and
     the buffer's address. Values follow CUTLASS's host code for grouped kernels (checked field by
-    field by tests/test_oracle.py).
+    field by tests/runtime/test_oracle.py).
 
     `recipe` is the kernel's view (`GeneratedKernel.kernel_recipe`). A swapped kernel computes each
     group as D_g^T = B_g^T A_g^T on the same memory: its A is the caller's B, its B the caller's A,

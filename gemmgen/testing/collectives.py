@@ -30,7 +30,7 @@ def collectives_check_source(kernels: Sequence[GeneratedKernel]) -> str:
             parts.append(f"static_assert(cute::is_same_v<k{i}_resolved::{t}, k{i}_builder::{t}>, "
                          f'"{k.entry}: {t} differs from the builder\'s");')
         parts.append(f"static_assert(k{i}_resolved::CollectiveMainloop::DispatchPolicy::Stages == "
-                     f'{stage_count(k.config, k.kernel_recipe)}, "{k.entry}: config.stage_count differs");')
+                     f'{stage_count(k.config, k.kernel_recipe)}, "{k.entry}: smem.stage_count differs");')
         parts.append(f"static_assert(sizeof(k{i}_resolved::CollectiveEpilogue::SharedStorage) == "
                      f'{epilogue_smem_bytes(k.config, k.kernel_recipe)}, "{k.entry}: epilogue_smem_bytes differs");')
         parts.append(f"static_assert(sizeof(k{i}_resolved::GemmKernel::SharedStorage) <= {SM90_SMEM_CAPACITY}, "

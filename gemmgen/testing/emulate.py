@@ -233,7 +233,7 @@ def emulate_grouped(compiled: CompiledKernel, setup: bytes, params: bytes, encod
 def fill_groups(setup: tuple, offsets: list[int]) -> tuple[list[list[int]], list[list[int]]]:
     """What gemmgen/include/gemmgen/grouped.hpp's `fill` writes for a Setup block (its fields, as
     runtime.grouped.SETUP unpacks them): each group's (M, N, K) and its column values
-    (tests/test_grouped.py runs the C++ on the host against this)."""
+    (tests/runtime/test_grouped_oracle.py runs the C++ on the host against this)."""
     groups, rows, n, k, columns, swapped = setup[3:9]
     c = MAX_COLUMNS
     base, per_row, per_group = setup[9:9 + c], setup[9 + c:9 + 2 * c], setup[9 + 2 * c:9 + 3 * c]

@@ -1,6 +1,6 @@
 """CUTLASS's own host code as an oracle for gemmgen's argument building (needs nvcc; tests only).
 
-For a generated kernel, `OracleProgram` renders templates/oracle_host.cu.j2 (the kernel's very
+For a generated kernel, `OracleProgram` renders gemmgen/codegen/templates/oracle_host.cu.j2 (the kernel's very
 types plus a main()), compiles it once with the pip wheel's nvcc, and runs it per problem. The
 program swaps cuTensorMapEncodeTiled for a recording stand-in, so no GPU or driver is needed, and
 prints every encode call, every named Params field and the launch shape as JSON lines.

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 from ..compile.toolchain import toolchain
 from ..errors import GemmgenError
+from ..runtime import driver
 from ..runtime.tma import EncodeArgs
 
 SOURCE = Path(__file__).with_name("stub_libcuda.c")
@@ -170,8 +171,6 @@ def stand_in_device(stream: int, sm_count: int = 132) -> None:
     device and stream lookups, which a CPU build of torch lacks, are replaced, and launches go to the
     raw stream handle `stream`."""
     import torch
-
-    from ..runtime import driver
 
     torch.cuda.device = lambda index: contextlib.nullcontext()  # type: ignore[misc, assignment, return-value]
     torch.cuda.current_stream = lambda *args: None  # type: ignore[assignment]

@@ -42,8 +42,8 @@ class Launch:
     why: str
 
 
-def choose_launch(recipe: Recipe, m: int, n: int, k: int, l: int = 1, device: Device | None = None,  # noqa: E741
-                  sm_count: int = 132) -> Launch:
+def choose_launch(recipe: Recipe, m: int, n: int, k: int, l: int = 1, *,  # noqa: E741
+                  device: Device | None = None, sm_count: int = 132) -> Launch:
     """The config a call of this problem launches, and why (see the module docstring)."""
     bucket = problem_bucket(recipe.ir, m, n, k, l)
     tuned = tuned_config(recipe.ir, device, m, n, k, l) if device is not None else None
@@ -59,10 +59,10 @@ def choose_launch(recipe: Recipe, m: int, n: int, k: int, l: int = 1, device: De
     return Launch(choice.config, Source.HEURISTIC, bucket, choice.why)
 
 
-def config_for(recipe: Recipe, m: int, n: int, k: int, l: int = 1, device: Device | None = None,  # noqa: E741
-               sm_count: int = 132) -> KernelConfig:
+def config_for(recipe: Recipe, m: int, n: int, k: int, l: int = 1, *,  # noqa: E741
+               device: Device | None = None, sm_count: int = 132) -> KernelConfig:
     """`choose_launch(...).config`."""
-    return choose_launch(recipe, m, n, k, l, device, sm_count).config
+    return choose_launch(recipe, m, n, k, l, device=device, sm_count=sm_count).config
 
 
 def launches_for_shapes(recipes: dict[str, Recipe], shapes: dict, sm_count: int = 132

@@ -51,7 +51,7 @@ def bucket(m: int, n: int, k: int, l: int = 1) -> tuple[int, int, int, int]:  # 
 
 def grouped_bucket(rows: int, n: int, k: int, groups: int) -> tuple[int, int, int, int]:
     """A grouped problem's bucket: the rows per group on average, bucketed as M is (all the host
-    knows of how the rows split, and what `select.grouped_choice` follows), N, K and the groups."""
+    knows of how the rows split, and what `tuning.grouped_choice` follows), N, K and the groups."""
     return (m_bucket(max(-(-rows // max(groups, 1)), 1)), n, k, groups)
 
 

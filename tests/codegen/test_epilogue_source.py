@@ -1,7 +1,7 @@
 """The epilogue each generated kernel declares computes its recipe: the visitor types in the C++
 source, run by `gemmgen.testing.visitors` on the Params the runtime builds, against the recipe's
 reference. No NVRTC: these kernels are rendered, not compiled, so every recipe and config is cheap
-(tests/test_runtime.py runs the compiled kernels the same way, on their probed Params layout)."""
+(tests/runtime/test_runtime.py runs the compiled kernels the same way, on their probed Params layout)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_every_recipe_under_plain_and_swapped_kernels(examples, extra):
     """Every example and coverage recipe, under its default config, a pingpong and a swapped kernel
     (the epilogue of D^T, rows and columns exchanged), over the emulation shapes."""
     count = 0
-    for recipe in [*dense(examples).values(), *extra.values()]:  # grouped: tests/test_grouped.py
+    for recipe in [*dense(examples).values(), *extra.values()]:  # grouped: tests/runtime/test_grouped_kernel.py
         for config in _configs(recipe):
             ck = uncompiled(recipe, config)
             for shape in EMULATED:

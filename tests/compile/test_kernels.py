@@ -48,7 +48,7 @@ def test_every_kernel_is_on_the_hopper_path(compiled):
 
 def test_fp8_kernels_promote_into_fp32_every_four_mmas(compiled):
     """The fp8 mainloop's Params field is written by the host like every other (from the list in
-    codegen/params.py: a field left out would be packed as 0); its value is NVRTC's default."""
+    codegen/sm90/params.py: a field left out would be packed as 0); its value is NVRTC's default."""
     fp8 = [k for k in compiled.values() if k.recipe.gemm.fp8 and not k.recipe.gemm.block_scale]
     assert fp8
     for k in fp8:

@@ -132,7 +132,7 @@ def test_auto_stages_fill_shared_memory(recipe):
 
 
 def test_vector_reductions_are_over_the_kernels_n():
-    """CUTLASS's reduction over a kernel's M spills (config.reduction_violations): a reduction over
+    """CUTLASS's reduction over a kernel's M spills (codegen.sm90.constraints.reduction_violations): a reduction over
     the recipe's M needs a swapped kernel and one over N an unswapped one; the default follows."""
     over_m = gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 0)}, aux={"s": gg.f32}).ir
     over_n = gg.Recipe("r", lambda acc: {"d": acc, "s": gg.amax(acc, 1)}, aux={"s": gg.f32}).ir

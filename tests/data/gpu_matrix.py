@@ -2,7 +2,7 @@
 recipe reducing over N, which no swapped kernel computes), the reductions over M, and the
 stream-K scheduler.
 
-Shared by tests/test_gpu.py and scripts/prepare_gpu_check.sh, which compiles them on the CPU
+Shared by tests/gpu/test_gpu.py and scripts/prepare_gpu_check.sh, which compiles them on the CPU
 machine and ships them as one gemmgen bundle, so the GPU machine only loads cubins.
 
     python tests/data/gpu_matrix.py [--bundle DIR]
@@ -19,15 +19,15 @@ from gemmgen.tuning.heuristic import GROUPED_SWAP_CONFIG
 ROOT = Path(__file__).resolve().parents[2]
 
 
-MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # the FusedLinear layers tests/test_gpu.py runs
-#: (M, N, K) of the FusedLinear calls in tests/test_gpu.py and scripts/op_overhead.py: the runtime
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # the FusedLinear layers tests/gpu/test_gpu.py runs
+#: (M, N, K) of the FusedLinear calls in tests/gpu/test_gpu.py and scripts/op_overhead.py: the runtime
 #: picks each one's config by shape, so those configs are compiled here too.
 MODULE_PROBLEMS = ((300, 1024, 512), (300, 264, 1024), (77, 264, 256), (64, 64, 64), (8, 1024, 512),
                    (8, 264, 1024))
-#: (M, N, K) of the FusedLinear calls tests/test_gpu.py makes with gradients wanted (the kernels
+#: (M, N, K) of the FusedLinear calls tests/gpu/test_gpu.py makes with gradients wanted (the kernels
 #: that also store the pre-activation).
 TRAINING_PROBLEMS = ((300, 1024, 512), (300, 264, 1024))
-#: (M, N, K) of tests/test_gpu.py's BlockScaledLinear calls (silu, bias): a decode step and 300 tokens.
+#: (M, N, K) of tests/gpu/test_gpu.py's BlockScaledLinear calls (silu, bias): a decode step and 300 tokens.
 BLOCK_LINEAR_PROBLEMS = ((8, 384, 512), (300, 384, 512))
 #: The swapped kernel each example recipe also runs under: the heuristic's pick for a decode step.
 DECODE_PROBLEM = (8, 4096, 4096)
@@ -61,47 +61,47 @@ def bench_configs(recipe: gg.Recipe, m: int, n: int, k: int) -> list[gg.KernelCo
     return out
 
 
-#: tests/test_gpu.py's layout-copy test: bias_silu_residual at this (M, N, K), odd N and an
+#: tests/gpu/test_gpu.py's layout-copy test: bias_silu_residual at this (M, N, K), odd N and an
 #: unpadded residual (the runtime picks the config by shape).
 LAYOUT_PROBLEM = (77, 9, 64)
 #: The autotune GPU test: bias_gelu at this problem, over the heuristic's best TUNE_CANDIDATES configs.
 TUNE_PROBLEM, TUNE_CANDIDATES = (2048, 4096, 1024), 2
-#: ...and tests/test_grouped.py's: moe_up at (rows, N, K, groups), a decode step of 8 rows per
+#: ...and the grouped tests': moe_up at (rows, N, K, groups), a decode step of 8 rows per
 #: expert, over its best TUNE_CANDIDATES (the swapped kernel and the default).
 GROUPED_TUNE_PROBLEM = (64, 48, 64, 8)
 
 
 def fp8_out_recipe(d: gg.DType = gg.e4m3) -> gg.Recipe:
     """fp8 in and out, as a layer feeding another fp8 GEMM: D = fp8(acc * scale), saturating, and
-    D's amax (tests/test_gpu.py runs the e4m3 one)."""
+    D's amax (tests/gpu/test_gpu.py runs the e4m3 one)."""
     return gg.Recipe(f"fp8_out_{d.value}", lambda acc, scale: {"d": acc * scale, "amax_d": gg.amax(acc * scale)},
                      a=gg.e4m3, b=gg.e4m3, d=d, operands={"scale": gg.Scalar()}, aux={"amax_d": gg.f32})
 
 
 def moe_fp8_recipe() -> gg.Recipe:
     """fp8 experts, as fp8 MoE serving runs them: e4m3 tokens and weights, each token's scale, each
-    expert's channel scales and bias, bf16 out (tests/test_grouped.py)."""
+    expert's channel scales and bias, bf16 out (the grouped tests)."""
     return gg.Recipe("moe_fp8", lambda acc, scale_a, scale_b, bias: acc * scale_a * scale_b + bias, grouped=True,
                      a=gg.e4m3, b=gg.e4m3, d=gg.bf16,
                      operands={"scale_a": gg.ColVector(gg.f32), "scale_b": gg.RowVector(gg.f32),
                                "bias": gg.RowVector(gg.bf16)})
 
 
-#: The grouped example's kernels on the GPU and against CUTLASS's host code (tests/test_grouped.py):
+#: The grouped example's kernels on the GPU and against CUTLASS's host code (the grouped tests):
 #: the default (cooperative, no cluster), a pingpong kernel with a 2 x 1 cluster, and the swapped
-#: kernel for groups of few rows (select.GROUPED_SWAP_CONFIG).
+#: kernel for groups of few rows (tuning.heuristic.GROUPED_SWAP_CONFIG).
 GROUPED_CONFIGS = (gg.KernelConfig(), gg.KernelConfig(cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG),
                    GROUPED_SWAP_CONFIG)
-#: tests/test_grouped.py's fp8 experts (moe_fp8_recipe): the default, and swapped (tile K 128).
+#: the grouped tests' fp8 experts (moe_fp8_recipe): the default, and swapped (tile K 128).
 FP8_GROUPED_CONFIGS = (gg.KernelConfig(tile=(128, 128, 128)), gg.KernelConfig(tile=(128, 32, 128), swap_ab=True))
 #: ...and the block-scaled grouped example's (tile K 128, the scales' K): its default, a pingpong
-#: kernel with a 2 x 1 cluster, and swapped (tests/test_grouped.py).
+#: kernel with a 2 x 1 cluster, and swapped (the grouped tests).
 BLOCK_GROUPED_CONFIGS = (gg.KernelConfig(tile=(128, 128, 128)),
                          gg.KernelConfig(tile=(64, 128, 128), cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG),
                          gg.KernelConfig(tile=(128, 32, 128), swap_ab=True))
 #: scripts/gpu_bench.py's grouped shapes (groups, rows, N, K): Mixtral 8x7B's up projection for 4096
 #: tokens (512 per expert), and 64 small experts with 128 tokens each (DeepSeek-V2-Lite's sizes);
-#: then decode steps, 8 rows per expert, where `select.grouped_choice` swaps.
+#: then decode steps, 8 rows per expert, where `tuning.grouped_choice` swaps.
 GROUPED_BENCH_SHAPES = ((8, 4096, 14336, 4096), (64, 8192, 1408, 2048),
                         (8, 64, 14336, 4096), (64, 512, 1408, 2048))
 
@@ -124,7 +124,7 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         training = linear_recipe(act, True, torch.bfloat16, save_pre_activation=True)
         out += [(training, config_for(training, m, n, k)) for m, n, k in TRAINING_PROBLEMS]
     for recipe in load_recipes(ROOT / "examples" / "recipes.py").values():
-        if recipe.ir.gemm.grouped:  # tests/test_grouped.py's GPU tests
+        if recipe.ir.gemm.grouped:  # tests/gpu/test_grouped_gpu.py
             out += [(recipe, c) for c in (BLOCK_GROUPED_CONFIGS if recipe.ir.gemm.block_scale else GROUPED_CONFIGS)]
             if recipe.name == "moe_up":
                 out += [(recipe, c) for c in candidates(recipe.ir, *GROUPED_TUNE_PROBLEM, limit=TUNE_CANDIDATES)]
@@ -160,7 +160,7 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     out += [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS]
     fp8_linear = gg.nn.block_scaled_linear_recipe("silu", True, torch.bfloat16)  # test_gpu's BlockScaledLinear
     out += [(fp8_linear, config_for(fp8_linear, m, n, k)) for m, n, k in BLOCK_LINEAR_PROBLEMS]
-    experts = gg.nn.grouped_linear_recipe("silu", True, torch.bfloat16)  # tests/test_grouped.py's GroupedLinear
+    experts = gg.nn.grouped_linear_recipe("silu", True, torch.bfloat16)  # tests/gpu/test_grouped_gpu.py's GroupedLinear
     out += [(experts, experts.default_config()), (experts, config_for(experts, 1, 128, 64, 1))]
     fp8_experts = gg.nn.block_scaled_grouped_recipe("silu", True, torch.bfloat16)  # ...and its fp8 form
     out += [(fp8_experts, fp8_experts.default_config()), (fp8_experts, config_for(fp8_experts, 1, 256, 512, 1))]

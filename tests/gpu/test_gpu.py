@@ -38,7 +38,7 @@ EXACT_OPS = {Op.ACC, Op.INPUT, Op.CONST, Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS,
 def kernels():
     """The example recipes under both schedules (the FusedLinear recipes are tested through modules)."""
     return [(recipe, config, recipe.compile(config)) for recipe, config in gpu_matrix()
-            if not recipe.name.startswith("linear_") and not recipe.ir.gemm.grouped]  # grouped: test_grouped.py
+            if not recipe.name.startswith("linear_") and not recipe.ir.gemm.grouped]  # grouped: test_grouped_gpu.py
 
 
 @pytest.fixture
@@ -537,7 +537,7 @@ def test_autotune_times_candidates_and_the_runtime_uses_the_winner(tmp_path, mon
     assert len(entry["timings_us"]) == len(timed) and all(t > 0 for t in entry["timings_us"].values())
     m, n, k = TUNE_PROBLEM
     device = tuning.Device.current()
-    assert tuning.config_for(recipe, m, n, k, 1, device).name == entry["name"]
+    assert tuning.config_for(recipe, m, n, k, 1, device=device).name == entry["name"]
     (a, b), ops = example_call(recipe.ir, m, n, k)
     with torch.no_grad():
         got = caller(recipe)(a, b, *ops.values())

@@ -134,7 +134,7 @@ def test_grouped_autotune_on_gpu(tmp_path, monkeypatch):
     (entry,) = table.entries.values()
     assert len(entry["timings_us"]) == TUNE_CANDIDATES and all(t > 0 for t in entry["timings_us"].values())
     rows, n, k, groups = GROUPED_TUNE_PROBLEM
-    assert tuning.config_for(recipe, rows, n, k, groups, tuning.Device.current()).name == entry["name"]
+    assert tuning.config_for(recipe, rows, n, k, groups, device=tuning.Device.current()).name == entry["name"]
     ends = (3, 20, 20, 30, 41, 50, 60, 64)
     a, b, offsets, bias, weight = (t.cuda() for t in grouped_inputs(rows, k, n, groups, ends))
     want = unfused_grouped(a.cpu(), b.cpu(), offsets.cpu(), bias.cpu(), weight.cpu())

@@ -1,6 +1,6 @@
 """PyTorch integration on the CPU: custom ops with fake implementations, torch.compile without
-graph breaks, autograd, FusedLinear and fused models. (fuse() itself: tests/test_fuse.py; GPU runs:
-tests/test_gpu.py.)"""
+graph breaks, autograd, FusedLinear and fused models. (fuse() itself: tests/nn/test_fuse.py; GPU runs:
+tests/gpu/test_gpu.py.)"""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_schema_and_cpu_impl_match_the_reference(gen):
 def test_op_takes_any_layout_like_a_torch_op(gen):
     """The op accepts what torch ops accept (here: an unpadded odd-width residual, as torch.compile
     materialises intermediates, a row-major B for a column-major recipe, A sliced at an odd
-    offset); the kernel itself would refuse each (tests/test_runtime.py), so the op copies them."""
+    offset); the kernel itself would refuse each (tests/runtime/test_runtime.py), so the op copies them."""
     a, b, bias, _, s = _args(gen)
     res = torch.randn(7, 9, generator=gen).half()
     a_odd = torch.randn(7 * 32 + 1, generator=gen).half()[1:].view(7, 32)
@@ -467,7 +467,7 @@ def test_fused_linear_rejects_unknown_activation():
 
 def test_direct_kernel_call_only_where_torch_would_not_notice():
     """Modules skip the dispatcher only in plain eager code; the decision is checked here on the
-    CPU by asking it about CPU tensors (the direct path itself is exercised in tests/test_gpu.py)."""
+    CPU by asking it about CPU tensors (the direct path itself is exercised in tests/gpu/test_gpu.py)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from gemmgen.integrations.ops import direct_call_allowed

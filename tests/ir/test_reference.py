@@ -111,7 +111,7 @@ def _independent(name, acc, ops):
 
 
 def _all_recipes(examples, extra):
-    return list(dense(examples).values()) + list(extra.values())  # grouped: tests/test_grouped.py
+    return list(dense(examples).values()) + list(extra.values())  # grouped: tests/ir/test_grouped_reference.py
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))

@@ -1,8 +1,8 @@
 """Cases that run gemmgen's driver layer against the stub libcuda (gemmgen/testing/stub_driver.py).
 
-Run by tests/test_stub_driver.py in a child process, since a process keeps the driver it loads:
+Run by tests/runtime/test_stub_driver.py in a child process, since a process keeps the driver it loads:
 
-    python tests/stub_driver_cases.py STUB_LIB CACHE_DIR RESULTS_JSON
+    python tests/runtime/stub_driver_cases.py STUB_LIB CACHE_DIR RESULTS_JSON
 
 Each case reports "ok" or its traceback in RESULTS_JSON. Nothing here needs a GPU: CPU tensors stand
 for a GPU's (`stand_in_device`), and every call from gemmgen to the driver goes through the real

@@ -2,9 +2,9 @@
 reference against a per-K-block sum, `quantize_blockwise`, and the call's checks of the scales.
 
 The kernel itself (CUTLASS's blockwise main loop, compiled with NVRTC) is covered with every
-example kernel: its Params against CUTLASS's host code (test_oracle.py), its reads of A, B and the
+example kernel: its Params against CUTLASS's host code (tests/runtime/test_oracle.py), its reads of A, B and the
 scales through those Params (test_runtime.py's emulation), its SASS (test_kernels.py), and on a
-GPU by tests/test_gpu.py.
+GPU by tests/gpu/test_gpu.py.
 """
 
 from __future__ import annotations

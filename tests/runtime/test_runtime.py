@@ -325,7 +325,7 @@ def _has_libcuda() -> bool:
 @pytest.mark.skipif(_has_libcuda(), reason="a CUDA driver is present: the GPU tests cover the real calls")
 def test_driver_calls_are_well_typed_up_to_the_driver():
     """Without a driver the bindings fail at dlopen, after checking the launch's arguments' types (the
-    encode fails at once: it looks the driver's function up first). tests/test_stub_driver.py
+    encode fails at once: it looks the driver's function up first). tests/runtime/test_stub_driver.py
     follows every call into a stand-in driver."""
     from cuda.bindings import driver as cu
 
@@ -776,7 +776,7 @@ def _meta_args(recipe, m, n, k, lead):
 
 def test_problems_past_the_kernels_32_bit_tile_arithmetic_are_refused(compiled):
     """CUTLASS counts rows, columns, K and output tiles in 32-bit ints; past that its scheduler values
-    wrap around (tests/test_oracle.py shows where), so such calls raise before any launch, naming
+    wrap around (tests/runtime/test_oracle.py shows where), so such calls raise before any launch, naming
     the dimension in the caller's terms (a swapped kernel's M is the caller's N)."""
     for name in ("bias_gelu", "swapped"):
         ck = compiled[name]

@@ -1,6 +1,6 @@
 """gemmgen's driver layer end to end on the CPU, against a stand-in libcuda (gemmgen/testing/stub_driver.py).
 
-The cases (tests/stub_driver_cases.py) run in one child process, which loads the stub as its
+The cases (tests/runtime/stub_driver_cases.py) run in one child process, which loads the stub as its
 libcuda.so.1: every encode, load and launch goes through the real cuda.bindings or ctypes calls, and
 the tests check what arrived in C. This is what no other CPU test reaches: without a driver the
 bindings fail at dlopen.

@@ -1,6 +1,6 @@
 """Autotune bookkeeping on the CPU: candidates, the winner, the JSON table, where it is found.
 
-The timings themselves need a GPU (tests/test_gpu.py runs a real autotune); here a timer with
+The timings themselves need a GPU (tests/gpu/test_gpu.py runs a real autotune); here a timer with
 made-up numbers stands in for CUDA events, so what is checked is everything around them."""
 
 from __future__ import annotations
@@ -94,12 +94,12 @@ def test_grouped_autotune_keys_results_by_rows_per_group_and_the_op_launches_the
         winner = table.get(tuning.entry_key(H200, recipe.ir.key, tuning.grouped_bucket(rows, 4096, 2048, 8)))
         heuristic = grouped_choice(recipe.ir, rows, 8).config
         assert winner is not None and winner != heuristic
-        assert tuning.config_for(recipe, rows, 4096, 2048, 8, H200) == winner
-        assert tuning.config_for(recipe, rows, 4096, 2048, 8, h100) == heuristic
-        assert tuning.config_for(recipe, rows, 4096, 1024, 8, H200) == heuristic  # no result for this K
+        assert tuning.config_for(recipe, rows, 4096, 2048, 8, device=H200) == winner
+        assert tuning.config_for(recipe, rows, 4096, 2048, 8, device=h100) == heuristic
+        assert tuning.config_for(recipe, rows, 4096, 1024, 8, device=H200) == heuristic  # no result for this K
         assert tuning.config_for(recipe, rows, 4096, 2048, 8) == heuristic  # no device: the heuristic
-        assert tuning.config_for(_moe(config=own), rows, 4096, 2048, 8, H200) == winner
-        assert tuning.config_for(_moe(config=own), rows, 4096, 2048, 8, h100) == own
+        assert tuning.config_for(_moe(config=own), rows, 4096, 2048, 8, device=H200) == winner
+        assert tuning.config_for(_moe(config=own), rows, 4096, 2048, 8, device=h100) == own
 
 
 def test_the_tune_command_takes_a_grouped_recipes_shapes(tmp_path, monkeypatch):
@@ -191,9 +191,9 @@ def test_the_runtime_prefers_the_tuned_config_on_the_device_it_was_measured_on()
     before = tuning.generation()
     gg.autotune(recipe, [(300, 4096, 4096)], timer=timer, device=H200)
     assert tuning.generation() > before  # memoised choices (ops.kernel_for) are keyed by it
-    assert tuning.config_for(recipe, 400, 4096, 4096, 1, H200) == slow_for_all_but
-    assert tuning.config_for(recipe, 400, 4096, 4096, 1, tuning.Device("NVIDIA H100", "13.0")) == heuristic
-    assert tuning.config_for(recipe, 4000, 4096, 4096, 1, H200) == choose(recipe.ir, 4000, 4096, 4096).config
+    assert tuning.config_for(recipe, 400, 4096, 4096, 1, device=H200) == slow_for_all_but
+    assert tuning.config_for(recipe, 400, 4096, 4096, 1, device=tuning.Device("NVIDIA H100", "13.0")) == heuristic
+    assert tuning.config_for(recipe, 4000, 4096, 4096, 1, device=H200) == choose(recipe.ir, 4000, 4096, 4096).config
 
 
 def test_autotune_times_split_counts_of_its_stream_k_candidates_at_no_compile(tmp_path):
@@ -224,7 +224,7 @@ def test_autotune_times_split_counts_of_its_stream_k_candidates_at_no_compile(tm
     assert {c.binary() for _, c in warmed} == set(decode[:4]) | {c for c, p in seen if p[0] == 4096}
     assert not [c for c, p in seen if p[0] == 4096 and c.splits > 1]
     tuning.add_tuning(tmp_path / "t.json")  # the file, as a bundle or GEMMGEN_TUNING_PATH gives it
-    winner = tuning.config_for(recipe, 16, 4096, 4096, 1, H200)
+    winner = tuning.config_for(recipe, 16, 4096, 4096, 1, device=H200)
     assert winner.splits == 4 and winner.binary() in stream_k
 
 
@@ -264,14 +264,14 @@ def test_a_bundle_ships_its_tuning_results(tmp_path, monkeypatch, how):
     table.put(tuning.entry_key(H200, recipe.ir.key, tuning.bucket(100, 4096, 4096)), config, {config.name: 3.0})
     table.save(tmp_path / "tuning.json")
     (tmp_path / "manifest.json").write_text(json.dumps({"arch": "sm_90a", "kernels": []}))
-    assert tuning.config_for(recipe, 100, 4096, 4096, 1, H200) != config
+    assert tuning.config_for(recipe, 100, 4096, 4096, 1, device=H200) != config
     before = tuning.generation()
     if how == "add_bundle":
         gg.add_bundle(tmp_path)
         assert tuning.generation() > before  # registered at once: memoised choices see it
     else:
         monkeypatch.setenv("GEMMGEN_BUNDLE_PATH", str(tmp_path))
-    assert tuning.config_for(recipe, 100, 4096, 4096, 1, H200) == config
+    assert tuning.config_for(recipe, 100, 4096, 4096, 1, device=H200) == config
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where there is no GPU")
@@ -282,7 +282,7 @@ def test_autotune_without_a_gpu_says_what_to_do_instead():
 
 def test_device_ms_times_graph_replays_per_call(monkeypatch):
     """What device_ms orchestrates, with a stand-in CUDA graph and events on a virtual clock (the
-    real ones need a GPU; test_gpu.py's autotune and scripts/gpu_bench.py use them): each call runs
+    real ones need a GPU; tests/gpu/test_gpu.py's autotune and scripts/gpu_bench.py use them): each call runs
     once eagerly and once under capture, then only replays are timed, per call."""
     clock, log = [0.0], []
 

@@ -100,13 +100,10 @@ def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 
 def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """Vector reductions are built over the kernel's N only (CUTLASS's Sm90ColReduction). Its
-    Sm90RowReduction, over the kernel's M, kept 480-688 bytes of its state on the stack, with
-    226-541 local loads and stores in the SASS, in five of the six configs compiled with it
-    (cooperative and pingpong, tile M 64 to 256, bf16 and e4m3 D; only pingpong 64 x 256 with an
-    e4m3 D stayed in registers), where the column form kept it in registers in every config
-    (NVRTC 13.0.88, CUTLASS 4.2.0, 2026-11-30). A
-    reduction over the recipe's M (dim=0) is therefore computed by a swapped kernel, in which it
+    """Vector reductions are built over the kernel's N only (CUTLASS's Sm90ColReduction): its
+    Sm90RowReduction, over the kernel's M, spilled its state to local memory in most configs
+    compiled with it, where the column form never did (docs/measurements.md, "Reductions over M").
+    A reduction over the recipe's M (dim=0) is therefore computed by a swapped kernel, in which it
     is a reduction over the kernel's N."""
     over_m = [o.name for o in recipe.epilogue.outputs if o.dim == 0]
     if over_m:

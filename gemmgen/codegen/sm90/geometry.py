@@ -8,9 +8,8 @@ from ...config import KernelConfig, Schedule
 from ...ir import RecipeIR
 
 #: fp32 accumulators a consumer thread can hold without spilling: it has 240 registers (setmaxnreg),
-#: and the mainloop's addressing and the epilogue need the rest. Measured with NVRTC 13.0 (CUTLASS
-#: 4.2): 128 never spilled in gemmgen's kernels; bf16 pingpong 128x192 (192) spills 8 bytes, fp8
-#: cooperative 128x256 (2 x 128) 256 bytes.
+#: and the mainloop's addressing and the epilogue need the rest. 128 never spilled in gemmgen's
+#: kernels, more did (docs/measurements.md, "Accumulator registers").
 MAX_ACCUMULATORS_PER_THREAD = 128
 
 

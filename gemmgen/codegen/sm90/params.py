@@ -76,7 +76,7 @@ def _binding_fields(b: ParamBinding) -> list[ParamField]:
 def _block_scale_fields(recipe: RecipeIR, config: KernelConfig) -> list[ParamField]:
     """The blockwise fp8 main loop's scales: pointers, the layouts' dynamic extents and strides
     (int32: blocks along M or N, along K, and L; the K-block and batch strides), and the tensor
-    map of the scales it loads with TMA (`config.scale_tma`)."""
+    map of the scales it loads with TMA (`geometry.scale_tma`)."""
     f = []
     for operand, tma in zip("ab", scale_tma(config, recipe), strict=True):
         sf = f"SF{operand.upper()}"

@@ -11,8 +11,8 @@ visitor tuple is rounded up to its alignment. The model follows the C++ types:
 
 where the visitors' storage nests like their Params (a tree's children then its node; a
 graph's ops in order) in cute::tuples, which leave out empty visitors. NVRTC checks the model
-against `sizeof` for every example, coverage and random recipe (tests/test_codegen.py,
-tests/test_epilogue_source.py).
+against `sizeof` for every example, coverage and random recipe (tests/codegen/test_codegen.py,
+tests/codegen/test_epilogue_source.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ _STAGE_ALIGN = 128  # compute_stage_count_or_override rounds stage and carveout 
 #: pipeline barriers (the builder's KernelSmemCarveout)...
 _GROUPED_CARVEOUT = 2 * 128 + 16 * 8
 #: ...and the grouped kernel's shared storage adds those and the epilogue's tensor maps: at most this
-#: much over the stages and the epilogue storage (measured: 928 bytes for a 128 x 128 tile).
+#: much over the stages and the epilogue storage (docs/measurements.md, "Grouped shared storage").
 _GROUPED_KERNEL_EXTRA = 1024
 
 
@@ -214,7 +214,7 @@ def _stages(cfg: KernelConfig, recipe: RecipeIR, epilogue_bytes: int) -> int:
 def smem_need(cfg: KernelConfig, recipe: RecipeIR) -> int:
     """The kernel's shared memory: its stages (tiles and barriers) and the epilogue's storage. An
     upper bound on GemmKernel::SharedStorageSize, at most 1 KB over (NVRTC checks both for every
-    kernel of tests/test_codegen.py's translation unit).
+    kernel of tests/codegen/test_codegen.py's translation unit).
 
     Block scales are stored apart from the tiles, one 128-byte aligned array per operand for all
     stages, and they leave the kernel's tensors off the 512- or 1024-byte alignment the epilogue's

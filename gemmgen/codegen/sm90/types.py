@@ -2,7 +2,7 @@
 
 Collective builders' choices are spelled out (`collectives_resolved.inc.j2`: the types CUTLASS's
 CollectiveBuilders resolve to, which compiles faster), checked type for type against the builders
-(tests/test_codegen.py).
+(tests/codegen/test_codegen.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ TYPES_TEMPLATE = "sm90/gemm_types.inc.j2"
 
 
 def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, collectives: str = "resolved") -> dict:
-    """What templates/gemm_types.inc.j2 binds: the kernel's CUTLASS types and constants.
+    """What codegen/templates/sm90/gemm_types.inc.j2 binds: the kernel's CUTLASS types and constants.
     `recipe` is the kernel-side view (`GeneratedKernel.kernel_recipe`)."""
     g = recipe.gemm
     c_bits = DType.F32.bits if epi.element_c == "void" else _bits_of(epi.element_c)
@@ -99,7 +99,7 @@ def _stride_pair(operand: str, gemm: GemmSpec) -> str:
 
 
 def _mainloop_stages(config: KernelConfig, recipe: RecipeIR, stage_count: str) -> str:
-    """The builder's stage count: what fits beside the epilogue (config.stage_count models it).
+    """The builder's stage count: what fits beside the epilogue (`smem.stage_count` models it).
     The blockwise builder counts the scales too, and takes no explicit count: one is spelled out."""
     capacity = _smem_capacity(recipe.gemm.grouped)
     if recipe.gemm.block_scale is None:

@@ -1,6 +1,7 @@
 // gemmgen: the elementwise functors that epilogue compute nodes (Sm90Compute) apply.
 //
-// Each scalar functor implements exactly the formula of gemmgen/reference.py in fp32.
+// Each scalar functor implements the fp32 formula of its op's row in the op table
+// (gemmgen/ir/ops.py, `Op.functor` names it); tests/ir/test_ops.py runs each on the host against it.
 // Map<F>::Fn<T> adapts a scalar functor to the `template <class> class ComputeFn` that
 // Sm90Compute instantiates with cutlass::Array<float, N>. Compile-time constants are carried
 // as the bit pattern of their fp32 value (C++17 has no float template arguments).
