@@ -48,6 +48,7 @@ from .errors import (
     CompileError,
     ConfigError,
     GemmgenError,
+    GemmgenWarning,
     InvalidArgument,
     KernelNotAvailable,
     LayoutMismatch,
@@ -68,12 +69,13 @@ if TYPE_CHECKING:  # loaded on first use by __getattr__: they import torch
 
 __all__ = [
     "DEEPSEEK_BLOCK_SCALE", "OPS", "ColMajor", "ColVector", "CompileError", "CompiledKernel", "ConfigError", "DType",
-    "GemmgenError", "GroupedKernel", "InvalidArgument", "Kernel", "KernelConfig", "KernelNotAvailable", "Layout",
-    "LayoutMismatch", "Matrix", "NotDeterministic", "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector",
-    "Scalar", "Schedule", "TileScheduler", "ToolchainError", "Value", "__version__", "abs", "add_bundle",
-    "add_tuning", "amax", "autotune", "bf16", "build_bundle", "cast", "clamp", "e4m3", "e5m2", "exp", "f16", "f32",
-    "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum", "min", "minimum", "nn", "op",
-    "quantize_blockwise", "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum", "tanh", "warmup",
+    "GemmgenError", "GemmgenWarning", "GroupedKernel", "InvalidArgument", "Kernel", "KernelConfig",
+    "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "NotDeterministic", "OperandKind", "Recipe",
+    "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler", "ToolchainError", "Value",
+    "__version__", "abs", "add_bundle", "add_tuning", "amax", "autotune", "bf16", "build_bundle", "cast", "clamp",
+    "e4m3", "e5m2", "exp", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum", "min",
+    "minimum", "nn", "op", "quantize_blockwise", "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum", "tanh",
+    "warmup",
 ]
 
 _LAZY = {"nn": ("gemmgen.nn", None), "op": ("gemmgen.integrations.ops", "op"),

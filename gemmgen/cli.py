@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
+from . import env
+from ._version import __version__
 from .aot import build, load_recipes, pairs_of, with_tuned_winners, write_bundle
 from .compile import KernelCache, report_table, reports_json
 from .config import ARCH
@@ -53,7 +56,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         chosen, pairs = {}, pairs_of(recipes.values())
     tuning = TuningTable.load(args.tuning) if args.tuning else None
     pairs = with_tuned_winners(pairs, tuning, recipes.values())  # the bundle holds every winner of the file's recipes
-    kernels = build(pairs, cache, jobs=args.jobs)
+    kernels = build(pairs, cache, jobs=args.jobs, allow_compile=True)
     reports = [k.report for k in kernels]
     if args.out:
         shape_map = {n: [{"shape": list(s), "m_bucket": launch.bucket[0], "config": launch.config.name}
@@ -91,64 +94,104 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    reports = [k.report for k in build(pairs_of(_recipes(args).values()), _cache(args), args.jobs, quiet=args.json)]
+    reports = [k.report for k in build(pairs_of(_recipes(args).values()), _cache(args), args.jobs, quiet=args.json,
+                                       allow_compile=True)]
     print(reports_json(reports) if args.json else report_table(reports))
     return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for recipe in _recipes(args).values():
-        path = out / f"{recipe.name}.cu"
-        path.write_text(recipe.source())
-        print(path)
+    if out.exists() and not out.is_dir():
+        raise GemmgenError(f"--out {args.out}: a file is in the way; --out names a folder for the .cu files")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for recipe in _recipes(args).values():
+            path = out / f"{recipe.name}.cu"
+            path.write_text(recipe.source())
+            print(path)
+    except OSError as e:
+        raise GemmgenError(f"--out {args.out}: cannot write there ({e.strerror}); choose a writable folder") from None
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gemmgen", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer (>= 1)")
+    return value
+
+
+def _environment_epilog() -> str:
+    lines = ["environment variables (docs/deployment.md):"]
+    for v in env.VARIABLES:
+        lines += textwrap.wrap(f"{v.meaning} (default: {v.default})", 100, initial_indent=f"  {v.name:<22}",
+                               subsequent_indent=" " * 24, break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gemmgen", description=__doc__, epilog=_environment_epilog(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"gemmgen {__version__} ({ARCH})")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, fn, help_ in (("build", cmd_build, "compile every recipe of a file in parallel and print the report"),
                             ("inspect", cmd_inspect, "print the kernel report (compiles what is not cached)"),
                             ("generate", cmd_generate, "write the generated CUTLASS sources"),
-                            ("explain", cmd_explain, "which config the heuristic picks for a shape, and why"),
+                            ("explain", cmd_explain, "which config a call of a shape launches, and why"),
                             ("tune", cmd_tune, "time candidate configs per shape bucket on this GPU, save winners")):
-        sp = sub.add_parser(name, help=help_)
+        sp = sub.add_parser(name, help=help_, description=help_, epilog=_environment_epilog(),
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
         sp.add_argument("recipes", help="a Python file declaring module-level gemmgen.Recipe objects")
         sp.add_argument("--recipe", default=None, help="only this recipe of the file (by name)")
         sp.set_defaults(fn=fn)
         if name == "generate":
-            sp.add_argument("--out", required=True, help="folder for the .cu files")
+            sp.add_argument("--out", required=True, help="folder for the .cu files (created if missing)")
             continue
         if name == "tune":
             sp.add_argument("--shapes", required=True, help="JSON {recipe name: [[M, N, K] or [M, N, K, L], ...]}")
             sp.add_argument("--out", required=True, help="tuning JSON file (updated if it exists)")
-            sp.add_argument("--candidates", type=int, default=DEFAULT_CANDIDATES, help="configs timed per bucket")
-            sp.add_argument("-j", "--jobs", type=int, default=None, help="compile workers")
+            sp.add_argument("--candidates", type=_positive, default=DEFAULT_CANDIDATES,
+                            help=f"configs timed per bucket (default {DEFAULT_CANDIDATES})")
+            sp.add_argument("-j", "--jobs", type=_positive, default=None,
+                            help="compile workers (default: fit cores and memory)")
             continue
         if name == "explain":
-            sp.add_argument("--shape", type=int, nargs="+", required=True, metavar="M N K [L]",
+            sp.add_argument("--shape", type=_positive, nargs="+", required=True, metavar="M N K [L]",
                             help="the problem: M N K, and L (a batched recipe's batch, a grouped one's groups)")
-            sp.add_argument("--sm-count", type=int, default=132)
+            sp.add_argument("--sm-count", type=_positive, default=132,
+                            help="SMs of the target GPU, for the heuristic's wave count (default 132: H100/H200 SXM)")
             continue
-        sp.add_argument("-j", "--jobs", type=int, default=None, help="worker processes (default: fit cores and memory)")
+        sp.add_argument("-j", "--jobs", type=_positive, default=None,
+                        help="compile workers (default: fit cores and memory)")
         sp.add_argument("--json", action="store_true", help="print one JSON object per kernel")
         sp.add_argument("--cache-dir", default=None,
                         help="cache root (default: $GEMMGEN_CACHE_DIR or ~/.cache/gemmgen)")
         if name == "build":
-            sp.add_argument("--out", default=None, help="also write the kernels as a relocatable bundle here")
+            sp.add_argument("--out", default=None,
+                            help="also write the kernels as a relocatable bundle to this folder (replaced whole)")
             sp.add_argument("--arch", default=ARCH, help=f"target architecture (only {ARCH})")
             sp.add_argument("--shapes", default=None,
-                            help="JSON {recipe name: [[M, N, K], ...]}: build the config the heuristic picks per shape")
+                            help="JSON {recipe name: [[M, N, K], ...]}: build the config each shape launches")
             sp.add_argument("--tuning", default=None,
                             help="autotune results (`gemmgen tune`): build each winner, ship the file in the bundle")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         return args.fn(args)
     except GemmgenError as e:
         print(f"gemmgen: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("gemmgen: interrupted (what was compiled is cached)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

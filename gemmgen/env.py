@@ -20,14 +20,16 @@ class Variable:
 
 VARIABLES: tuple[Variable, ...] = (
     Variable("GEMMGEN_CACHE_DIR", "$XDG_CACHE_HOME/gemmgen or ~/.cache/gemmgen",
-             "the kernel cache's root (one folder per arch inside)"),
+             "the kernel cache's root (one folder per arch inside); if it cannot be written to, what it holds "
+             "is served and new kernels go to $TMPDIR/gemmgen-cache-UID"),
     Variable("GEMMGEN_BUNDLE_PATH", "(none)",
              "ahead-of-time bundles to search before the cache, separated by ':'"),
     Variable("GEMMGEN_TUNING_PATH", "(none)",
              "autotune tables (`gemmgen tune` output) to register, separated by ':'"),
     Variable("GEMMGEN_JIT", "1",
-             "0 (or false, no, off) forbids compiling at run time: a kernel in no bundle and not in the cache "
-             "raises gemmgen.KernelNotAvailable"),
+             "0 (or false, no, off) forbids compiling at run time (lazy first calls, warm-up, autotune): a kernel "
+             "in no bundle and not in the cache raises gemmgen.KernelNotAvailable; `gemmgen build` and "
+             "gemmgen.build_bundle compile regardless"),
     Variable("GEMMGEN_DEBUG_DIR", "the system's temporary folder",
              "where the source of a kernel NVRTC rejected is written (under gemmgen-failed/)"),
 )
@@ -49,6 +51,12 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = _get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "gemmgen"
+
+
+def fallback_cache_dir() -> Path:
+    """Where a cache that cannot be written to stores what it compiles: a per-user folder under the
+    system's temporary folder (TMPDIR)."""
+    return Path(_tempdir()) / f"gemmgen-cache-{os.getuid()}"
 
 
 def bundle_path_setting() -> str:

@@ -47,3 +47,8 @@ class NotDeterministic(GemmgenError, RuntimeError):
 
 class KernelNotAvailable(GemmgenError, RuntimeError):
     """A kernel is in no bundle and not in the cache, and compiling is disabled (GEMMGEN_JIT=0)."""
+
+
+class GemmgenWarning(UserWarning):
+    """Something gemmgen worked around and an operator should know of: a damaged cache or bundle
+    entry not served, a read-only cache written elsewhere, a kernel kept only in memory."""

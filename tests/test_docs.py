@@ -108,3 +108,14 @@ def _anchors(page: Path) -> set[str]:
 
 def test_the_readme_stays_under_10_kb():
     assert len((ROOT / "README.md").read_bytes()) <= 10 * 1024
+
+
+def test_the_faults_table_names_tests_that_exist():
+    """docs/faults.md names, per fault, the test that shows it: each must be a test function."""
+    text = (ROOT / "docs" / "faults.md").read_text()
+    named = re.findall(r"`((?:tests/[\w/]+/)?test_\w+\.py)::(test_\w+)`", text)
+    bare = re.findall(r"\| `(test_\w+)` \|$", text, re.M)  # the calls table: test_messages.py's
+    assert len(named) + len(bare) >= 40
+    for path, name in [*named, *(("test_messages.py", n) for n in bare)]:
+        file = ROOT / path if path.startswith("tests/") else ROOT / "tests" / "faults" / path
+        assert re.search(rf"^def {name}\(", file.read_text(), re.M), f"docs/faults.md names {path}::{name}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from .._version import __version__
@@ -28,17 +29,53 @@ def write_bundle(kernels: list[CompiledKernel], out: Path | str, cache: KernelCa
                  shapes: dict | None = None, tuning: TuningTable | None = None) -> Path:
     """Write `kernels` (already built through `cache`) as a bundle in `out`; `shapes` records
     which config serves which problem shape, per recipe; `tuning` (a gemmgen.tuning.TuningTable)
-    ships autotune results, registered whenever the bundle is."""
+    ships autotune results, registered whenever the bundle is.
+
+    The bundle is written beside `out` and renamed into place, replacing a bundle (or an empty
+    folder) there: a failure (a full disk) leaves no partial bundle and raises a GemmgenError."""
     out = Path(out)
+    _check_replaceable(out)
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        why = "a file is in the way" if out.exists() else e.strerror
-        raise GemmgenError(f"bundle folder {out}: cannot create it ({why}); write the bundle to a writable "
-                           "folder (gemmgen build --out DIR)") from None
+        raise GemmgenError(f"bundle folder {out}: cannot create {out.parent} ({e.strerror}); write the bundle to a "
+                           "writable folder (gemmgen build --out DIR)") from None
+    staged = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    try:
+        shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir()
+        _write_into(staged, kernels, cache, shapes, tuning)
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.rename(out, old)
+            os.rename(staged, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(staged, out)
+    except OSError as e:
+        shutil.rmtree(staged, ignore_errors=True)
+        where = f" ({e.filename})" if e.filename else ""
+        raise GemmgenError(f"bundle {out}: cannot write it: {e.strerror or e}{where}; nothing was written. Free "
+                           "space there or write the bundle elsewhere (gemmgen build --out DIR)") from None
+    return out
+
+
+def _check_replaceable(out: Path) -> None:
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise GemmgenError(f"bundle folder {out}: cannot create it (a file is in the way); write the bundle to a "
+                           "folder (gemmgen build --out DIR)")
+    if any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise GemmgenError(f"bundle folder {out} holds files but no bundle ({MANIFEST}); a bundle replaces its "
+                           "folder whole, so name a new or empty folder, or an earlier bundle")
+
+
+def _write_into(folder: Path, kernels: list[CompiledKernel], cache: KernelCache, shapes: dict | None,
+                tuning: TuningTable | None) -> None:
     if tuning is not None:
-        tuning.save(out / TUNING)
-    store = KernelCache(out, ARCH)
+        tuning.save(folder / TUNING)
+    store = KernelCache(folder, ARCH, label="bundle")
     entries: dict[str, dict] = {}  # by kernel key: configs differing only in launch arguments share one
     for k in kernels:
         art = cache.get(k.cache_key) if k.origin != "bundle" else find(k.cache_key)
@@ -52,10 +89,7 @@ def write_bundle(kernels: list[CompiledKernel], out: Path | str, cache: KernelCa
                         "kernel_key": key, "entry": k.entry}
     manifest = {"format": FORMAT, "arch": ARCH, "gemmgen": __version__, "kernels": list(entries.values()),
                 "shapes": shapes or {}}
-    tmp = out / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, out / MANIFEST)
-    for lock in (out / ARCH / "locks").glob("*.lock"):  # a bundle is read-only: no lock files ship
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    for lock in (folder / ARCH / "locks").glob("*.lock"):  # a bundle is read-only: no lock files ship
         lock.unlink()
-    (out / ARCH / "locks").rmdir()
-    return out
+    (folder / ARCH / "locks").rmdir()

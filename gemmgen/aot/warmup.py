@@ -34,21 +34,24 @@ def pairs_of(items: Items) -> list[tuple[Recipe, KernelConfig]]:
 
 
 def build(pairs: Iterable[tuple[Recipe, KernelConfig]], cache: KernelCache | None = None, jobs: int | None = None,
-          quiet: bool = False) -> list[CompiledKernel]:
-    """`compile.build_many` for DSL recipes."""
-    return build_many([(r.ir, c) for r, c in pairs], cache, jobs, quiet)
+          quiet: bool = False, allow_compile: bool | None = None) -> list[CompiledKernel]:
+    """`compile.build_many` for DSL recipes (`allow_compile=None`: as GEMMGEN_JIT says)."""
+    return build_many([(r.ir, c) for r, c in pairs], cache, jobs, quiet, allow_compile)
 
 
 def build_file(recipes_path: str | Path, cache: KernelCache, jobs: int | None = None,
                quiet: bool = False) -> list[KernelReport]:
     """Build every recipe of a file in parallel; return reports in the file's order."""
-    return [k.report for k in build(pairs_of(load_recipes(recipes_path).values()), cache, jobs, quiet)]
+    return [k.report for k in build(pairs_of(load_recipes(recipes_path).values()), cache, jobs, quiet,
+                                    allow_compile=True)]
 
 
 def warmup(items: Items, shapes: dict | None = None, jobs: int | None = None, cache: KernelCache | None = None,
            quiet: bool = False) -> list[CompiledKernel]:
     """Make every kernel loadable before the first call (at model load): compile what no bundle or
-    cache holds, in parallel, and print a table of what was compiled and what was found.
+    cache holds, in parallel, and print a table of what was compiled and what was found. Under
+    GEMMGEN_JIT=0 it compiles nothing: a kernel missing from the bundles and the cache raises
+    KernelNotAvailable naming every missing kernel and the command that builds them.
 
     `shapes` ({recipe name: [[M, N, K], ...]}) builds, per recipe, the config each of those problems
     launches (`tuning.choose_launch`, ahead of time) instead of each recipe's default config."""
@@ -85,10 +88,11 @@ def build_bundle(items: Items, out: str | Path, tuning: str | Path | TuningTable
     ahead-of-time path for a model's kernels, as `gemmgen build --out` is for a recipes file, e.g.
     `gemmgen.build_bundle(gemmgen.nn.model_launches(model, (1, 16, 4096)), "dist/gemmgen")`.
     `tuning` (autotune results: a file or a table) ships in the bundle, with every winner it
-    records for the items' recipes built in."""
+    records for the items' recipes built in. It compiles even under GEMMGEN_JIT=0, which governs
+    run time, not the build step."""
     table = TuningTable.load(tuning) if isinstance(tuning, str | Path) else tuning
     cache = cache or default_cache()
-    kernels = build(with_tuned_winners(pairs_of(items), table), cache, jobs, quiet)
+    kernels = build(with_tuned_winners(pairs_of(items), table), cache, jobs, quiet, allow_compile=True)
     where = write_bundle(kernels, out, cache, tuning=table)
     if not quiet:
         print(report_table([k.report for k in kernels]), file=sys.stderr)

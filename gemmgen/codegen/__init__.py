@@ -59,6 +59,10 @@ class GeneratedKernel:
     def info_symbol(self) -> str:
         return f"{self.entry}_info"
 
+    def __repr__(self) -> str:  # not the ~100 KB source
+        return f"GeneratedKernel({self.recipe.name!r}, {self.config.name}, entry={self.entry}, " \
+               f"{len(self.source)} characters of source)"
+
 
 def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "resolved") -> GeneratedKernel:
     """The kernel's source for `config`; configs that differ only in launch arguments (`splits`,

@@ -61,6 +61,10 @@ class CompiledKernel:
     params_layout: ParamsLayout  # Params fields as NVRTC laid them out (from the layout probe)
     origin: str  # "compiled", "cache" or "bundle"
 
+    def __repr__(self) -> str:  # not the cubin and the source (megabytes)
+        return f"CompiledKernel({self.recipe.name!r}, {self.config.name}, entry={self.entry}, " \
+               f"{len(self.cubin)} bytes of cubin, from {self.origin})"
+
 
 def compiled_kernel(recipe: RecipeIR, config: KernelConfig, kernel: GeneratedKernel, art: Artifact, key: str,
                     origin: str) -> CompiledKernel:

@@ -8,8 +8,11 @@ cache stores.
 from __future__ import annotations
 
 import functools
+import itertools
+import json
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +24,12 @@ from ..errors import CompileError, KernelNotAvailable, ToolchainError
 from ..ir import RecipeIR, content_key
 from . import bundles
 from .artifact import CompiledKernel, compiled_kernel
-from .cache import Artifact, KernelCache
+from .cache import Artifact, Check, KernelCache
 from .cubin import read_u64_array, resource_usage, sass_counts
 from .layout import check_layout, read_layout_probe
 from .nvrtc import BASE_OPTIONS, compile_cubin, write_debug_source
 from .toolchain import toolchain
+from .validate import kernel_problem
 
 EXTRA_OPTIONS = ("-diag-suppress=177",)  # CuTe's TMA code declares an unused variable
 
@@ -75,7 +79,15 @@ def compile_artifact(kernel: GeneratedKernel) -> Artifact:
             res = resource_usage(tc.cuobjdump, path, kernel.entry)
             meta.update(registers=res.registers, local_bytes=res.local_bytes, stack_bytes=res.stack_bytes,
                         static_smem_bytes=res.static_smem_bytes, sass=sass_counts(tc.cuobjdump, path))
-    return Artifact({"kernel.cubin": result.cubin, "kernel.cu": kernel.source.encode()}, meta)
+    art = Artifact({"kernel.cubin": result.cubin, "kernel.cu": kernel.source.encode()}, meta)
+    if problem := kernel_problem(art.files, art.meta, kernel, ARCH):
+        raise CompileError(f"{kernel.entry}: the binary NVRTC produced fails gemmgen's check: {problem}")
+    return art
+
+
+def kernel_check(kernel: GeneratedKernel) -> Check:
+    """The validation every binary for `kernel` passes before it is loaded, from any store."""
+    return lambda art: kernel_problem(art.files, art.meta, kernel, ARCH)
 
 
 def build_kernel(recipe: RecipeIR, config: KernelConfig, cache: KernelCache | None = None) -> CompiledKernel:
@@ -85,22 +97,23 @@ def build_kernel(recipe: RecipeIR, config: KernelConfig, cache: KernelCache | No
     in neither a bundle nor the cache raises KernelNotAvailable instead of compiling.
     """
     kernel = render_kernel(recipe, config)
+    check = kernel_check(kernel)
     skey = bundles.source_key(kernel)
-    art = bundles.find(skey)
+    art = bundles.find(skey, check)
     if art is not None:
         return compiled_kernel(recipe, config, kernel, art, skey, "bundle")
     cache = cache or default_cache()
     if not env.jit_enabled():
+        key = None
         try:
             key = cache_key(kernel)
-            art = cache.get(key)
+            art = cache.get(key, check)
         except ToolchainError:
             art = None
         if art is None:
-            raise KernelNotAvailable(
-                f"kernel for recipe {recipe.name!r} with config {config.name} is in no bundle and not in the cache "
-                f"({cache.root}), and GEMMGEN_JIT=0 forbids compiling it. Build it ahead of time with "
-                f"`gemmgen build RECIPES.py --out DIR` and set GEMMGEN_BUNDLE_PATH=DIR, or unset GEMMGEN_JIT")
+            raise not_available([(recipe, config)], cache, [*bundles.damaged(skey),
+                                                            *([cache.damaged[key]] if key in cache.damaged else [])])
+        assert key is not None
         return compiled_kernel(recipe, config, kernel, art, key, "cache")
     key = cache_key(kernel)
 
@@ -110,12 +123,45 @@ def build_kernel(recipe: RecipeIR, config: KernelConfig, cache: KernelCache | No
     def compile_now() -> Artifact:
         """A lazy first call compiles here: say so, as a silent stall of half a minute per kernel
         looks like a hang."""
-        print(f"gemmgen: compiling {recipe.name} ({config.name}) with NVRTC, about 30-45 s; gemmgen.warmup() "
-              f"or `gemmgen build` compiles ahead of time, in parallel", file=sys.stderr, flush=True)
+        print(f"gemmgen: compiling {recipe.name} ({config.name}) with NVRTC, {compile_estimate(cache)}; "
+              "gemmgen.warmup() or `gemmgen build` compiles ahead of time, in parallel", file=sys.stderr, flush=True)
         art = compile_artifact(kernel)
         print(f"gemmgen: compiled {recipe.name} ({config.name}) in {art.meta['compile_seconds']:.1f} s",
               file=sys.stderr, flush=True)
         return art
 
-    art, built = cache.get_or_build(key, compile_now, on_wait=waiting)
+    art, built = cache.get_or_build(key, compile_now, on_wait=waiting, check=check)
     return compiled_kernel(recipe, config, kernel, art, key, "compiled" if built else "cache")
+
+
+def not_available(missing: list[tuple[RecipeIR, KernelConfig]], cache: KernelCache,
+                  damaged: Sequence[str] = ()) -> KernelNotAvailable:
+    """The error for kernels GEMMGEN_JIT=0 forbids compiling: each one, what was damaged, the fix."""
+    seen = "".join(f"; a damaged copy was not served ({d})" for d in damaged)
+    fix = "`gemmgen build RECIPES.py --out DIR` (or gemmgen.build_bundle(...)) and set GEMMGEN_BUNDLE_PATH=DIR, or " \
+          "unset GEMMGEN_JIT"
+    where = f"in no bundle and not in the cache ({cache.root})"
+    if len(missing) == 1:
+        (r, c), = missing
+        return KernelNotAvailable(f"the kernel for recipe {r.name!r} with config {c.name} is {where}, and "
+                                  f"GEMMGEN_JIT=0 forbids compiling it{seen}. Build it ahead of time with {fix}")
+    names = "; ".join(f"recipe {r.name!r} with config {c.name}" for r, c in missing)
+    return KernelNotAvailable(f"{len(missing)} kernels are {where}, and GEMMGEN_JIT=0 forbids compiling them: "
+                              f"{names}{seen}. Build them ahead of time with {fix}")
+
+
+def compile_estimate(cache: KernelCache, sample: int = 32) -> str:
+    """How long a compile takes here, from the compiles this cache holds; no number without them."""
+    seconds = []
+    for path in itertools.islice(cache.dir.glob("*/*/meta.json"), sample):
+        try:
+            value = json.loads(path.read_text())["meta"]["compile_seconds"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(value, int | float) and value > 0:
+            seconds.append(float(value))
+    if len(seconds) < 2:
+        return "which takes tens of seconds or more"
+    seconds.sort()
+    return f"about {seconds[len(seconds) // 10]:.0f}-{seconds[-1 - len(seconds) // 10]:.0f} s on this machine " \
+           f"(past {len(seconds)} compiles)"

@@ -3,6 +3,10 @@
 Workers receive generated kernels (plain data) and compile them into the shared cache under its
 per-key locks, so concurrent warm-ups in several processes compile each kernel once between
 them, and an interrupted warm-up resumes where it stopped (what is cached is not compiled again).
+A kernel a worker could not store (a full disk) comes back to this process and is kept in memory.
+
+`allow_compile=None` follows GEMMGEN_JIT (warm-up at model load, autotune); the explicit
+ahead-of-time builds (`gemmgen build`, `gemmgen.build_bundle`) pass True: building is what they are.
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
+from .. import env
 from ..codegen import GeneratedKernel, render_kernel
 from ..config import KernelConfig
 from ..ir import RecipeIR
 from . import build, bundles
 from .artifact import CompiledKernel
-from .build import build_kernel, cache_key, default_cache
-from .cache import KernelCache
+from .build import build_kernel, cache_key, default_cache, kernel_check, not_available
+from .cache import Artifact, KernelCache
 
 NVRTC_PEAK_BYTES = 3_600_000_000  # one NVRTC compile of a CUTLASS sm90 kernel peaks near 3.4 GB
 
@@ -38,28 +43,36 @@ def default_jobs() -> int:
     return max(1, min(cores, by_memory))
 
 
-def _compile_in_worker(kernel: GeneratedKernel, key: str, root: str, arch: str) -> bool:
+def _compile_in_worker(kernel: GeneratedKernel, key: str, root: str, arch: str) -> tuple[bool, Artifact | None]:
+    """(built here, the artifact if it could not be stored)."""
     def waiting() -> None:
         print(f"gemmgen: waiting for another process compiling {kernel.entry} ({key[:12]})", file=sys.stderr,
               flush=True)
 
+    cache = KernelCache(root, arch)
     # build.compile_artifact is looked up per call: tests stand in for NVRTC there
-    _, built = KernelCache(root, arch).get_or_build(key, lambda: build.compile_artifact(kernel), on_wait=waiting)
-    return built
+    art, built = cache.get_or_build(key, lambda: build.compile_artifact(kernel), on_wait=waiting,
+                                    check=kernel_check(kernel))
+    return built, (art if key in cache.unstored else None)
 
 
 def build_many(pairs: Iterable[tuple[RecipeIR, KernelConfig]], cache: KernelCache | None = None,
-               jobs: int | None = None, quiet: bool = False) -> list[CompiledKernel]:
+               jobs: int | None = None, quiet: bool = False, allow_compile: bool | None = None
+               ) -> list[CompiledKernel]:
     """Build (recipe, config) pairs, compiling in parallel what no bundle or the cache holds."""
     cache = cache or default_cache()
     pairs = list(pairs)
     rendered = [render_kernel(r, c) for r, c in pairs]  # every config error before any compile
     todo: dict[str, tuple[int, GeneratedKernel]] = {}
     for i, k in enumerate(rendered):
-        if bundles.find(bundles.source_key(k)) is None:
+        if bundles.find(bundles.source_key(k), kernel_check(k)) is None:
             key = cache_key(k)
-            if key not in todo and cache.get(key) is None:
+            if key not in todo and cache.get(key, kernel_check(k)) is None:
                 todo[key] = (i, k)
+    if todo and not (env.jit_enabled() if allow_compile is None else allow_compile):
+        damaged = [d for _, k in todo.values() for d in bundles.damaged(bundles.source_key(k))]
+        damaged += [cache.damaged[key] for key in todo if key in cache.damaged]
+        raise not_available([pairs[i] for i, _ in todo.values()], cache, damaged)
     compiled_here: set[str] = set()
     if todo:
         jobs = max(1, min(jobs or default_jobs(), len(todo)))
@@ -68,9 +81,12 @@ def build_many(pairs: Iterable[tuple[RecipeIR, KernelConfig]], cache: KernelCach
             print(f"gemmgen: compiling {len(todo)} of {len(pairs)} kernel(s) with {jobs} worker(s)",
                   file=sys.stderr, flush=True)
 
-        def progress(n: int, key: str, built: bool) -> None:
+        def progress(n: int, key: str, result: tuple[bool, Artifact | None]) -> None:
+            built, unstored = result
             if built:
                 compiled_here.add(key)
+            if unstored is not None:
+                cache.keep(key, unstored)
             if not quiet:
                 i, k = todo[key]
                 elapsed = time.perf_counter() - start

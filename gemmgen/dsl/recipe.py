@@ -276,7 +276,8 @@ class Recipe:
 
     def reference(self, a: torch.Tensor, b: torch.Tensor, *args: Any, **operands: Any) -> Any:
         """The fused op in fp32 on the CPU. Returns D, or (D, aux...) when the recipe has aux outputs.
-        A grouped recipe takes `reference(a, b, offsets, **operands)`."""
+        A grouped recipe takes `reference(a, b, offsets, **operands)`. The operands are checked as
+        the kernel checks them (dtypes, shapes), in any layout."""
         from ..ir.reference import reference
 
         offsets = None
@@ -294,6 +295,9 @@ class Recipe:
             raise RecipeError(f"reference: unknown operand(s) {sorted(unknown)}; this recipe takes {sorted(names)}")
         if names - set(operands):
             raise RecipeError(f"reference: missing operand(s) {sorted(names - set(operands))}")
+        from ..runtime.value_checks import check_values
+
+        check_values(self.ir, a, b, operands, offsets)  # the kernel's rules: no silent broadcast
         outs = reference(self.ir, a, b, operands, offsets)
         return outs[0] if len(outs) == 1 else outs
 

@@ -10,7 +10,7 @@ from .. import tuning
 from ..config import KernelConfig
 from ..ir.reference import accumulate, evaluate_epilogue
 from ..runtime.base import allocate_output
-from ..runtime.checks import check_call, check_problem_size
+from ..runtime.checks import check_call, problem_size_check
 from .kinds import OpKind
 
 
@@ -22,9 +22,9 @@ class DenseOp(OpKind):
                 else torch.zeros(o.shape(shape), dtype=o.dtype.torch, device=device) for o in self.recipe.outputs]
 
     def check(self, a: Any, b: Any, args: tuple, require_cuda: bool, config: KernelConfig | None = None) -> None:
-        call = check_call(self.recipe.ir, a, b, dict(zip(self.names, args, strict=False)), require_cuda=require_cuda)
-        if config is not None:
-            check_problem_size(call, config.tile, config.cluster, config.swap_ab)
+        sized = problem_size_check(config.tile, config.cluster, config.swap_ab) if config is not None else None
+        check_call(self.recipe.ir, a, b, dict(zip(self.names, args, strict=False)), require_cuda=require_cuda,
+                   size_check=sized)
 
     def key(self, a: torch.Tensor, b: torch.Tensor) -> tuple:
         return a.shape, b.shape[-1], a.device, tuning.generation()

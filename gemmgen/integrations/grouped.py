@@ -22,8 +22,8 @@ from ..config import KernelConfig
 from ..errors import InvalidArgument
 from ..ir.reference import evaluate_epilogue, expand_block_scale
 from ..runtime.base import allocate_output
-from ..runtime.checks import check_grouped_call
 from ..runtime.grouped import operands_per_row, row_groups, vectors_as_matrices
+from ..runtime.grouped_checks import check_grouped_call
 from .kinds import OpKind
 
 

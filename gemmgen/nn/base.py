@@ -42,6 +42,24 @@ def unsupported(in_features: int, dtype: torch.dtype) -> str | None:
     return None
 
 
+def check_layer_dtype(dtype: object) -> torch.dtype:
+    """A layer's `dtype=` as its constructor takes it: torch.bfloat16 or torch.float16, as nn.Linear's
+    `dtype` is a torch.dtype (not 'bf16' or gemmgen.bf16)."""
+    if dtype not in COMPUTE_DTYPES or not isinstance(dtype, torch.dtype):
+        got = f"{dtype!r} (a {type(dtype).__name__})" if not isinstance(dtype, torch.dtype) else str(dtype)
+        raise InvalidArgument(f"dtype: expected torch.bfloat16 or torch.float16 (gemmgen's layers compute in "
+                              f"bf16 or f16), got {got}; pass dtype=torch.bfloat16")
+    return dtype
+
+
+def check_parameter(name: str, t: torch.Tensor, shape: tuple[int, ...], meaning: str) -> None:
+    """A parameter a caller may have replaced (`layer.weight = nn.Parameter(...)`) still fits the
+    layer, reported in the layer's terms rather than the kernel's."""
+    if t.shape != shape:
+        raise InvalidArgument(f"{name}: expected shape {shape} = {meaning}, got {tuple(t.shape)}; a replaced "
+                              f"{name} must keep the layer's shape (make a new layer for another)")
+
+
 def check_compute_dtype(compute_dtype: torch.dtype | None) -> None:
     """`compute_dtype` as from_linear and fuse take it: None (the weights' dtype), bf16 or f16."""
     if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:

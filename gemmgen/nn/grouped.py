@@ -25,7 +25,7 @@ from ..dsl import Recipe, RowVector
 from ..errors import InvalidArgument
 from ..integrations.ops import op
 from ..types import as_dtype
-from .base import RecipeModule, activation_fn, unsupported
+from .base import RecipeModule, activation_fn, check_layer_dtype, check_parameter, unsupported
 
 
 def _rows_aligned(bias: torch.Tensor) -> torch.Tensor:
@@ -84,7 +84,7 @@ class GroupedLinear(GroupedLaunches, RecipeModule):
         super().__init__()
         if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts < 1:
             raise InvalidArgument(f"num_experts: expected a positive int, got {num_experts!r}")
-        reason = unsupported(in_features, dtype)
+        reason = unsupported(in_features, check_layer_dtype(dtype))
         if reason:
             raise InvalidArgument(f"GroupedLinear: {reason}")
         activation_fn(activation)  # a bad name is refused before anything is allocated
@@ -136,6 +136,8 @@ class GroupedLinear(GroupedLaunches, RecipeModule):
                 raise InvalidArgument(f"input: dtype {x.dtype}, but this layer computes in {dtype}; cast the input "
                                       f"(input.to({dtype})) or run under torch.autocast, as for nn.Linear")
             x = x.to(dtype)
+        check_parameter("weight", self.weight, (self.num_experts, self.out_features, self.in_features),
+                        "(num_experts, out_features, in_features)")
         w = self.weight.transpose(1, 2)
         return self._op(x, w, offsets) if self.bias is None else self._op(x, w, offsets, _rows_aligned(self.bias))
 

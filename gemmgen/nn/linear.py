@@ -23,7 +23,7 @@ from ..dsl import Recipe, RowVector
 from ..errors import InvalidArgument
 from ..integrations.ops import caller
 from ..types import as_dtype
-from .base import RecipeModule, activation_fn, check_compute_dtype, unsupported
+from .base import RecipeModule, activation_fn, check_compute_dtype, check_layer_dtype, check_parameter, unsupported
 
 
 @functools.cache
@@ -107,7 +107,7 @@ class FusedLinear(RecipeModule):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None) -> None:
         super().__init__()
-        _require_supported(in_features, dtype)
+        _require_supported(in_features, check_layer_dtype(dtype))
         activation_fn(activation)  # a bad name is refused before anything is allocated
         self.in_features, self.out_features, self.activation = in_features, out_features, activation
         self.compute_dtype = dtype
@@ -152,6 +152,12 @@ class FusedLinear(RecipeModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype, w, bias = self.compute_dtype, self.weight, self.bias
+        if not isinstance(x, torch.Tensor):
+            raise InvalidArgument(f"input: expected a torch.Tensor of shape (..., {self.in_features}), got "
+                                  f"{type(x).__name__}")
+        check_parameter("weight", w, (self.out_features, self.in_features), "(out_features, in_features)")
+        if bias is not None:
+            check_parameter("bias", bias, (self.out_features,), "(out_features,)")
         if w.dtype != dtype:
             w = w.to(dtype)
             bias = bias.to(dtype) if bias is not None else None

@@ -9,6 +9,7 @@ contiguous one; extents are free (out-of-bounds reads are zero-filled and stores
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -47,8 +48,8 @@ def _need_tensor(name: str, t: object) -> torch.Tensor:
 
 def _dtype(name: str, t: torch.Tensor, want: DType) -> None:
     if t.dtype != want.torch:
-        raise InvalidArgument(f"{name}: expected dtype {want.torch}, got {t.dtype}; convert it with "
-                              f"{name}.to({want.torch}) or declare the recipe with {want.value}")
+        raise InvalidArgument(f"{name}: expected dtype {want.torch} (the recipe declares {want.value}), got {t.dtype}; "
+                              f"convert it with {name}.to({want.torch})")
 
 
 def _aligned_ptr(name: str, t: torch.Tensor) -> int:
@@ -59,41 +60,80 @@ def _aligned_ptr(name: str, t: torch.Tensor) -> int:
     return ptr
 
 
-def _stride(name: str, t: torch.Tensor, dim: int, extent_min: int, itemsize: int, what: str) -> int:
-    """A non-contiguous stride (in elements): at least the contiguous extent and 16-byte aligned."""
+def _stride(name: str, t: torch.Tensor, dim: int, extent_min: int, itemsize: int, what: str, extent: str,
+            fix: str) -> int:
+    """A non-contiguous stride (in elements): at least the contiguous extent (`extent`, by name) and
+    16-byte aligned; `fix` is the copy that makes it so."""
     size, stride = t.shape[dim], t.stride(dim)
+    align = TMA_ALIGN // itemsize
     if size == 1:  # any stride is legal for a size-1 dim; pick one TMA accepts
         return max(1, -(-extent_min * itemsize // TMA_ALIGN)) * TMA_ALIGN // itemsize
-    if stride < extent_min or (stride * itemsize) % TMA_ALIGN:
-        raise LayoutMismatch(name, f"{name}: {what} stride {stride} must be >= {extent_min} and a multiple of "
-                             f"{TMA_ALIGN // itemsize} elements (16 bytes, for TMA); pad the tensor or "
-                             f"call {name}.contiguous() on a padded copy")
+    if stride < extent_min:
+        raise LayoutMismatch(name, f"{name}: {what} stride {stride} is less than {extent} = {extent_min}, so its "
+                             f"{what}s overlap (an expanded or strided view); pass a copy: {fix}")
+    if (stride * itemsize) % TMA_ALIGN:
+        cause = (f"with {extent} = {extent_min}, a contiguous {name}'s {what}s are {stride * itemsize} bytes"
+                 if stride == extent_min else f"its {what}s are {stride * itemsize} bytes apart")
+        or_extent = f"; or make {extent} a multiple of {align}" if (extent_min * itemsize) % TMA_ALIGN else ""
+        raise LayoutMismatch(name, f"{name}: {what} stride {stride} must be a multiple of {align} elements (16 bytes: "
+                             f"TMA reads {what}s at 16-byte aligned addresses), but {cause}. Pass a copy in padded "
+                             f"storage: {fix}{or_extent}")
     return stride
 
 
-def _matrix(name: str, t: torch.Tensor, rows: int, cols: int, layout: Layout, batched: bool, l: int  # noqa: E741
-            ) -> tuple[int, int, int]:
-    """(row stride, col stride, batch stride) of a (L,) rows x cols tensor in the declared layout."""
+def _padded_copy(name: str, t: torch.Tensor, layout: Layout, itemsize: int) -> str:
+    """Python that copies `t` into storage whose leading dimension is 16-byte aligned (what
+    `copy_in_layout` does for torch ops), as a message's fix."""
+    *lead, rows, cols = t.shape
+    align = TMA_ALIGN // itemsize
+    if layout is Layout.ROW:
+        padded = -(-cols // align) * align
+        shape = ", ".join(map(str, (*lead, rows, padded)))
+        return f"p = {name}.new_empty({shape}); p[..., :{cols}] = {name}; {name} = p[..., :{cols}]"
+    padded = -(-rows // align) * align
+    shape = ", ".join(map(str, (*lead, cols, padded)))
+    return f"p = {name}.new_empty({shape}).mT; p[..., :{rows}, :] = {name}; {name} = p[..., :{rows}, :]"
+
+
+def _new_output(name: str, t: torch.Tensor, cols: int) -> str:
+    """Python for a fresh row-major tensor shaped like `t` with `cols` columns."""
+    shape = ", ".join(map(str, (*t.shape[:-1], cols)))
+    return f"{name} = torch.empty({shape}, dtype={t.dtype}, device={str(t.device)!r})"
+
+
+def _matrix(name: str, t: torch.Tensor, rows: int, cols: int, layout: Layout, batched: bool, l: int,  # noqa: E741
+            dims: tuple[str, str], output: bool = False) -> tuple[int, int, int]:
+    """(row stride, col stride, batch stride) of a (L,) rows x cols tensor in the declared layout;
+    `dims` names rows and cols ("M", "K"), `output` says it is written (no copy can stand in for it)."""
     if t.numel() == 0:  # nothing is read or written: no stride to check
         return 0, 0, 0
     item = t.element_size()
     r, c = t.dim() - 2, t.dim() - 1
+    if output and t.shape[c] > 1 and t.stride(c) != 1:
+        raise LayoutMismatch(name, f"{name}: gemmgen writes outputs row-major (last dim contiguous), got strides "
+                             f"{tuple(t.stride())}; a copy would not land in your tensor, so pass a row-major one "
+                             f"({_new_output(name, t, t.shape[c])}) or omit {name}= to get a new one")
+    if output:
+        padded = -(-cols * item // TMA_ALIGN) * TMA_ALIGN // item
+        fix = f"{_new_output(name, t, padded)}[..., :{cols}], or omit {name}= to get a new one"
+    else:
+        fix = _padded_copy(name, t, layout, item)
     if layout is Layout.ROW:
         if t.shape[c] > 1 and t.stride(c) != 1:
             raise LayoutMismatch(name, f"{name}: expected a row-major tensor (last dim contiguous), got strides "
                                  f"{tuple(t.stride())}; call {name}.contiguous() or declare it ColMajor")
-        rs, cs = _stride(name, t, r, cols, item, "row"), 1
+        rs, cs = _stride(name, t, r, cols, item, "row", dims[1], fix), 1
     else:
         if t.shape[r] > 1 and t.stride(r) != 1:
             raise LayoutMismatch(name, f"{name}: expected a column-major tensor (dim -2 contiguous), got strides "
-                                 f"{tuple(t.stride())}; pass {name}.t().contiguous().t() or declare it RowMajor")
-        rs, cs = 1, _stride(name, t, c, rows, item, "column")
+                                 f"{tuple(t.stride())}; pass {name}.mT.contiguous().mT or declare it RowMajor")
+        rs, cs = 1, _stride(name, t, c, rows, item, "column", dims[0], fix)
     bs = 0
     if batched and l > 1:
         bs = t.stride(0)
         if bs == 0 or (bs * item) % TMA_ALIGN:
             raise LayoutMismatch(name, f"{name}: batch stride {bs} must be a non-zero multiple of {TMA_ALIGN // item} "
-                                 "elements (16 bytes); materialize the batch with .contiguous()")
+                                 f"elements (16 bytes); materialize the batch with {name}.contiguous()")
     return rs, cs, bs
 
 
@@ -125,8 +165,11 @@ def _shape(name: str, t: torch.Tensor, batched: bool) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
+SizeCheck = Callable[[int, int, int, int], None]  # (M, N, K, L): raises for a problem a kernel cannot take
+
+
 def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, object],
-               require_cuda: bool = True) -> CheckedCall:
+               require_cuda: bool = True, size_check: SizeCheck | None = None) -> CheckedCall:
     g = recipe.gemm
     a = _need_tensor("a", a)
     b = _need_tensor("b", b)
@@ -140,6 +183,8 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
     if sb[-2] != k:
         raise InvalidArgument(f"b: expected {k} rows (K of a, shape {tuple(sa)}), got shape {tuple(sb)}")
     n = sb[-1]
+    if size_check is not None:
+        size_check(m, n, k, l)
     device = a.device
     if require_cuda and device.type != "cuda":
         raise InvalidArgument(f"a: expected a CUDA tensor, got one on {device}; move it with a.cuda()")
@@ -163,9 +208,9 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
         if t.device != device:
             raise InvalidArgument(f"{name}: on {t.device} but a is on {device}; put all tensors on one device")
     a_ptr, b_ptr = _aligned_ptr("a", a), _aligned_ptr("b", b)
-    am, ak, al = _matrix("a", a, m, k, g.layout_a, g.batched, l)
+    am, ak, al = _matrix("a", a, m, k, g.layout_a, g.batched, l, ("M", "K"))
     # B is K x N in torch terms and (N, K, L) in CUTLASS's: swap the per-mode strides.
-    bk, bn, bl = _matrix("b", b, k, n, g.layout_b, g.batched, l)
+    bk, bn, bl = _matrix("b", b, k, n, g.layout_b, g.batched, l, ("K", "N"))
     ta, tb = TensorArg(a_ptr, (am, ak, al)), TensorArg(b_ptr, (bn, bk, bl))
     extents = [_bytes(ta, g.a.nbytes, (m, k, l)), _bytes(tb, g.b.nbytes, (n, k, l))]
     for o in recipe.operands:
@@ -182,22 +227,27 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
 INT32_MAX = 2**31 - 1
 
 
-def check_problem_size(call: CheckedCall, tile: tuple[int, int, int], cluster: tuple[int, int, int],
-                       swapped: bool) -> None:
+def problem_size_check(tile: tuple[int, int, int], cluster: tuple[int, int, int], swapped: bool) -> SizeCheck:
     """CUTLASS's host and device code count rows, columns, K and output tiles in 32-bit ints: a
     problem past that would get wrapped-around scheduler values (checked against CUTLASS's host
     code by tests/runtime/test_oracle.py), so it is refused. `tile` and `cluster` are the kernel's; a
-    swapped kernel's M is the caller's N."""
-    (m, m_name), (n, n_name) = ((call.n, "N"), (call.m, "M")) if swapped else ((call.m, "M"), (call.n, "N"))
-    for extent, name, step in ((m, m_name, tile[0] * cluster[0]), (n, n_name, tile[1] * cluster[1]),
-                               (call.k, "K", tile[2])):
-        if extent + step - 1 > INT32_MAX:
-            raise InvalidArgument(f"{name} = {extent}: too large for the kernel's 32-bit tile arithmetic "
-                                  f"({name} + {step - 1} must stay below 2^31); split the problem along {name}")
-    tiles = -(-m // (tile[0] * cluster[0])) * cluster[0] * -(-n // (tile[1] * cluster[1])) * cluster[1] * call.l
-    if tiles > INT32_MAX:
-        raise InvalidArgument(f"M = {call.m}, N = {call.n}, batch {call.l}: {tiles} output tiles, more than the "
-                              "kernel's 32-bit tile count holds (2^31 - 1); split the batch")
+    swapped kernel's M is the caller's N. `check_call` runs it before any layout check, so a torch
+    op refuses a problem that is too large before it would copy an input to realign it."""
+    def check(m_caller: int, n_caller: int, k: int, l: int) -> None:  # noqa: E741
+        if 0 in (m_caller, n_caller, k, l):
+            return
+        (m, m_name), (n, n_name) = ((n_caller, "N"), (m_caller, "M")) if swapped else \
+            ((m_caller, "M"), (n_caller, "N"))
+        for extent, name, step in ((m, m_name, tile[0] * cluster[0]), (n, n_name, tile[1] * cluster[1]),
+                                   (k, "K", tile[2])):
+            if extent + step - 1 > INT32_MAX:
+                raise InvalidArgument(f"{name} = {extent}: too large for the kernel's 32-bit tile arithmetic "
+                                      f"({name} + {step - 1} must stay below 2^31); split the problem along {name}")
+        tiles = -(-m // (tile[0] * cluster[0])) * cluster[0] * -(-n // (tile[1] * cluster[1])) * cluster[1] * l
+        if tiles > INT32_MAX:
+            raise InvalidArgument(f"M = {m_caller}, N = {n_caller}, batch {l}: {tiles} output tiles, more than the "
+                                  "kernel's 32-bit tile count holds (2^31 - 1); split the batch")
+    return check
 
 
 def rebind(call: CheckedCall, a: torch.Tensor, b: torch.Tensor, operands: dict[str, object]) -> CheckedCall:
@@ -212,10 +262,14 @@ def rebind(call: CheckedCall, a: torch.Tensor, b: torch.Tensor, operands: dict[s
                        TensorArg(_aligned_ptr("b", b), call.b.strides), ops, call.extents)
 
 
-def input_spans(call: CheckedCall) -> tuple[tuple[int, int], ...]:
-    """[first, last byte) of the memory each non-empty input is read from (for alias checks)."""
-    ptrs = (call.a.ptr, call.b.ptr, *(v.ptr for v in call.operands.values() if isinstance(v, TensorArg)))
-    return tuple((p, p + e) for p, e in zip(ptrs, call.extents, strict=True) if e)
+Span = tuple[str, int, int]  # an input's name and the [first, last byte) it is read from
+
+
+def input_spans(call: CheckedCall) -> tuple[Span, ...]:
+    """The memory each non-empty input is read from, by name (for alias checks)."""
+    ptrs = (("a", call.a.ptr), ("b", call.b.ptr),
+            *((k, v.ptr) for k, v in call.operands.items() if isinstance(v, TensorArg)))
+    return tuple((name, p, p + e) for (name, p), e in zip(ptrs, call.extents, strict=True) if e)
 
 
 def _bytes(t: TensorArg, itemsize: int, extents: tuple[int, int, int]) -> int:
@@ -311,7 +365,7 @@ def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool) -
     want = (l, m, n) if batched else (m, n)
     if shape != want:
         raise InvalidArgument(f"{o.name}: expected shape {want} (the output's), got {shape}")
-    return TensorArg(_aligned_ptr(o.name, t), _matrix(o.name, t, m, n, Layout.ROW, batched, l))
+    return TensorArg(_aligned_ptr(o.name, t), _matrix(o.name, t, m, n, Layout.ROW, batched, l, ("M", "N")))
 
 
 def check_output(name: str, t: object, dtype: DType, shape: tuple[int, ...], device: torch.device,
@@ -324,7 +378,7 @@ def check_output(name: str, t: object, dtype: DType, shape: tuple[int, ...], dev
     if t.device != device:
         raise InvalidArgument(f"{name}: on {t.device} but the inputs are on {device}")
     m, n = shape[-2], shape[-1]
-    return TensorArg(_aligned_ptr(name, t), _matrix(name, t, m, n, Layout.ROW, batched, l))
+    return TensorArg(_aligned_ptr(name, t), _matrix(name, t, m, n, Layout.ROW, batched, l, ("M", "N"), output=True))
 
 
 def check_reduction_output(name: str, t: object, shape: tuple[int, ...], device: torch.device,
@@ -347,15 +401,16 @@ def check_reduction_output(name: str, t: object, shape: tuple[int, ...], device:
     return TensorArg(t.data_ptr(), modes)
 
 
-def check_no_alias(name: str, span: tuple[int, int] | None, inputs: tuple[tuple[int, int], ...]) -> None:
+def check_no_alias(name: str, span: tuple[int, int] | None, inputs: tuple[Span, ...]) -> None:
     """An output's bytes (`span`, None if empty) must not overlap any input's (`input_spans`)."""
     if span is None:
         return
     lo, hi = span
-    for i, (x_lo, x_hi) in enumerate(inputs):
+    for x_name, x_lo, x_hi in inputs:
         if lo < x_hi and x_lo < hi:
-            raise InvalidArgument(f"{name}: shares memory with input #{i}; gemmgen does not write in place, "
-                                  "pass a separate output tensor")
+            raise InvalidArgument(f"{name}: shares memory with input {x_name}; gemmgen does not write in place "
+                                  f"(the kernel would read {x_name} after writing over it): pass a separate output "
+                                  f"tensor, or omit {name}= to get a new one")
 
 
 def check_outputs_disjoint(spans: list[tuple[str, tuple[int, int] | None]]) -> None:
@@ -376,174 +431,3 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     """[first, last byte) a non-empty strided tensor can touch."""
     lo = t.data_ptr()
     return lo, lo + t.element_size() * (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)))
-
-
-class GroupedCall(NamedTuple):
-    """A grouped call's arguments, checked: A is rows x K, B is G x (K x N), offsets has G entries."""
-
-    rows: int
-    n: int
-    k: int
-    groups: int
-    device: torch.device
-    a: TensorArg  # (row stride, 1, 0)
-    b: TensorArg  # (N, K, group) strides, as check_call's B
-    offsets: int  # address of the int32 offsets
-    operands: dict[str, TensorArg | float]  # row vectors: (0, 0, group stride); columns: contiguous; C: (ld, 1, 0)
-    extents: tuple[int, ...]  # bytes each input spans (alias checks): a, b, offsets, tensor operands
-
-
-def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, operands: dict[str, object],
-                       require_cuda: bool = True) -> GroupedCall:
-    """`check_call` for a grouped recipe. The offsets stay on the GPU (reading them would
-    synchronize): their values cannot be checked here, and need not be, as the kernel clamps them
-    (reference.group_bounds)."""
-    g = recipe.gemm
-    a, b = _need_tensor("a", a), _need_tensor("b", b)
-    _dtype("a", a, g.a)
-    _dtype("b", b, g.b)
-    if a.dim() != 2:
-        raise InvalidArgument(f"a: expected a 2-D (rows, K) tensor holding every group's rows, got shape "
-                              f"{tuple(a.shape)}")
-    if b.dim() != 3:
-        raise InvalidArgument(f"b: expected a 3-D (groups, K, N) tensor, one K x N matrix per group, got shape "
-                              f"{tuple(b.shape)}")
-    rows, k = a.shape
-    groups, n = b.shape[0], b.shape[2]
-    for extent, name in ((rows, "rows of a"), (n, "N"), (k, "K"), (groups, "groups")):
-        if extent > INT32_MAX - 256:  # the kernel's per-group shapes and the setup's offsets are 32-bit
-            raise InvalidArgument(f"{name} = {extent}: too large for the grouped kernel's 32-bit shapes; split "
-                                  "the call")
-    if b.shape[1] != k:
-        raise InvalidArgument(f"b: expected (groups, {k}, N) (K of a, shape {tuple(a.shape)}), got {tuple(b.shape)}")
-    offsets = _need_tensor("offsets", offsets)
-    if offsets.dtype != torch.int32 or offsets.dim() != 1 or offsets.shape[0] != groups:
-        raise InvalidArgument(f"offsets: expected an int32 tensor of {groups} entries (one per group of b: where "
-                              f"its rows of a end), got {offsets.dtype} of shape {tuple(offsets.shape)}")
-    if groups > 1 and offsets.stride(0) != 1:
-        raise LayoutMismatch("offsets", "offsets: expected a contiguous tensor; use offsets.contiguous()")
-    device = a.device
-    if require_cuda and device.type != "cuda":
-        raise InvalidArgument(f"a: expected a CUDA tensor, got one on {device}; move it with a.cuda()")
-    names = {o.name for o in recipe.operands}
-    unknown = sorted(set(operands) - names)
-    if unknown:
-        raise InvalidArgument(f"{unknown[0]}: not an operand of this recipe; it takes {sorted(names) or 'none'}")
-    named: list[tuple[str, torch.Tensor]] = [("a", a), ("b", b), ("offsets", offsets)]
-    checked: dict[str, TensorArg | float] = {}
-    for o in recipe.operands:
-        if o.name not in operands:
-            raise InvalidArgument(f"{o.name}: missing operand; pass {o.name}=... ({_describe_grouped(o, g)})")
-        value = operands[o.name]
-        checked[o.name] = _grouped_block_scale(o, value, (rows, n, k, groups), g) if o.kind.block_scale else \
-            _grouped_operand(o, value, rows, n, groups)
-        if isinstance(value, torch.Tensor):
-            named.append((o.name, value))
-    for name, t in named:
-        if t.device != device:
-            raise InvalidArgument(f"{name}: on {t.device} but a is on {device}; put all tensors on one device")
-    ta = TensorArg(_aligned_ptr("a", a), _matrix("a", a, rows, k, Layout.ROW, False, 1))
-    bk, bn, bl = _matrix("b", b, k, n, g.layout_b, True, groups)
-    tb = TensorArg(_aligned_ptr("b", b), (bn, bk, bl))
-    extents = [_bytes(ta, g.a.nbytes, (rows, k, 1)), _bytes(tb, g.b.nbytes, (n, k, groups)), 4 * groups]
-    for o in recipe.operands:
-        v = checked[o.name]
-        if o.kind.block_scale:
-            extents.append(_bytes(v, 4, grouped_scale_extents(o, g, rows, n, k, groups)))  # type: ignore[arg-type]
-        elif o.kind is OperandKind.MATRIX:
-            extents.append(_bytes(v, o.dtype.nbytes, (rows, n, 1)))  # type: ignore[arg-type]
-        elif o.kind is OperandKind.ROW:
-            extents.append(_bytes(v, o.dtype.nbytes, (1, n, groups)))  # type: ignore[arg-type]
-        elif o.kind is OperandKind.COL:
-            extents.append(rows * o.dtype.nbytes)
-    return GroupedCall(rows, n, k, groups, device, ta, tb, offsets.data_ptr(), checked, tuple(extents))
-
-
-def grouped_input_spans(call: GroupedCall) -> tuple[tuple[int, int], ...]:
-    """`input_spans` of a grouped call (the offsets included)."""
-    ptrs = (call.a.ptr, call.b.ptr, call.offsets, *(v.ptr for v in call.operands.values() if isinstance(v, TensorArg)))
-    return tuple((p, p + e) for p, e in zip(ptrs, call.extents, strict=True) if e)
-
-
-def _describe_grouped(o: Operand, gemm: GemmSpec) -> str:
-    if o.kind.block_scale:
-        assert gemm.block_scale is not None
-        _, gn, gk = gemm.block_scale
-        if o.kind is OperandKind.SCALE_A:
-            return f"fp32 (rows, ceil(K/{gk})), K contiguous: one scale per row of a and {gk} values of K"
-        return (f"fp32 (groups, ceil(K/{gk}), ceil(N/{gn})), K contiguous: one scale per {gk} x {gn} block of each "
-                "group's B")
-    return {OperandKind.SCALAR: "a Python number", OperandKind.ROW: f"a (groups, N) {o.dtype.value} tensor",
-            OperandKind.COL: f"a {o.dtype.value} vector with one entry per row of a",
-            OperandKind.MATRIX: f"a (rows, N) {o.dtype.value} matrix"}[o.kind]
-
-
-def grouped_scale_extents(o: Operand, gemm: GemmSpec, rows: int, n: int, k: int, groups: int
-                          ) -> tuple[int, int, int]:
-    """(rows or N blocks, K blocks, groups) of a grouped block scale: the modes of its TensorArg."""
-    assert gemm.block_scale is not None
-    _, gn, gk = gemm.block_scale
-    if o.kind is OperandKind.SCALE_A:
-        return rows, -(-k // gk), 1
-    return -(-n // gn), -(-k // gk), groups
-
-
-def _grouped_block_scale(o: Operand, value: object, problem: tuple[int, int, int, int], gemm: GemmSpec
-                         ) -> TensorArg:
-    """A grouped block scale, as CUTLASS's grouped blockwise main loop reads it: group g's scales are
-    a compact K-major block at its own address (`scale_a` from the group's first row, `scale_b` at
-    the group's index), laid out from the group's shape alone. So K blocks are contiguous and the
-    rows (N blocks) exactly ceil(K/128) apart; only scale_b's group stride is free. The loads are
-    4-byte cp.async: no 16-byte alignment. TensorArg strides: (rows or N blocks, K blocks, group)."""
-    rows, n, k, groups = problem
-    t = _need_tensor(o.name, value)
-    _dtype(o.name, t, DType.F32)
-    blocks, k_blocks, _ = grouped_scale_extents(o, gemm, rows, n, k, groups)
-    is_a = o.kind is OperandKind.SCALE_A
-    want = (blocks, k_blocks) if is_a else (groups, k_blocks, blocks)
-    if tuple(t.shape) != want:
-        raise InvalidArgument(f"{o.name}: expected shape {want} ({_describe_grouped(o, gemm)}), got "
-                              f"{tuple(t.shape)}")
-    if t.numel() == 0:
-        return TensorArg(0, (k_blocks, 1, 0))
-    if blocks * k_blocks - 1 > INT32_MAX:  # one group could span them all
-        raise InvalidArgument(f"{o.name}: {blocks} x {k_blocks} scales, and the kernel indexes a group's block "
-                              "scales in 32 bits; split the call")
-    k_dim, mn_dim = t.dim() - (1 if is_a else 2), t.dim() - (2 if is_a else 1)
-    if (k_blocks > 1 and t.stride(k_dim) != 1) or (blocks > 1 and t.stride(mn_dim) != k_blocks):
-        fix = f"{o.name}.contiguous()" if is_a else f"{o.name}.mT.contiguous().mT"
-        raise LayoutMismatch(o.name, f"{o.name}: a grouped kernel reads each group's block scales as a compact "
-                             f"K-major block (strides {k_blocks} and 1 for its {'rows' if is_a else 'N blocks'} and "
-                             f"K blocks), got strides {tuple(t.stride())}; pass {fix}")
-    group_stride = t.stride(0) if not is_a and groups > 1 else 0
-    return TensorArg(_natural_ptr(o.name, t), (k_blocks, 1, group_stride))
-
-
-def _natural_ptr(name: str, t: torch.Tensor) -> int:
-    """The address of a tensor read element by element: aligned to its elements."""
-    ptr = t.data_ptr()
-    if ptr % t.element_size():
-        raise LayoutMismatch(name, f"{name}: data pointer {ptr:#x} is not aligned to its {t.element_size()}-byte "
-                             f"elements; use {name}.clone()")
-    return ptr
-
-
-def _grouped_operand(o: Operand, value: object, rows: int, n: int, groups: int) -> TensorArg | float:
-    """A grouped recipe's operand: row vectors are per group (groups, N), each group's row 16-byte
-    aligned (the kernel reads it in 16-byte vectors); the rest are per row of A, as check_call's."""
-    if o.kind is not OperandKind.ROW:
-        return _operand(o, value, rows, n, 1, False)
-    t = _need_tensor(o.name, value)
-    _dtype(o.name, t, o.dtype)
-    if t.dim() != 2 or tuple(t.shape) != (groups, n):
-        raise InvalidArgument(f"{o.name}: expected a (groups, N) = ({groups}, {n}) tensor, one row per group, got "
-                              f"shape {tuple(t.shape)}")
-    if n > 1 and t.stride(1) != 1:
-        raise LayoutMismatch(o.name, f"{o.name}: expected contiguous rows, got strides {tuple(t.stride())}; use "
-                             f"{o.name}.contiguous()")
-    step = t.stride(0) if groups > 1 else 0
-    if (step * t.element_size()) % TMA_ALIGN:
-        raise LayoutMismatch(o.name, f"{o.name}: row stride {step} must be a multiple of "
-                             f"{TMA_ALIGN // t.element_size()} elements (16 bytes: each group's row is read in "
-                             f"16-byte vectors); pad N or copy it into a padded buffer")
-    return TensorArg(_aligned_ptr(o.name, t), (0, 0, step))

@@ -34,14 +34,15 @@ from .arguments import ArgumentBuilder, TensorMapEncoder
 from .base import Hardware, KernelBase, argument_signature, padded_strides, put_bounded
 from .checks import (
     CheckedCall,
+    Span,
     check_call,
     check_no_alias,
     check_output,
     check_outputs_disjoint,
-    check_problem_size,
     check_reduction_output,
     input_spans,
     output_span,
+    problem_size_check,
     rebind,
 )
 from .grouped import GroupedKernel
@@ -69,7 +70,7 @@ class _Plan:
     # Shared by the plans of one layout (signature without addresses), as they depend on nothing else:
     out_maps: dict[tuple, tuple[int, bytes]] = field(default_factory=dict)  # (output, addr, strides) -> (offset, map)
     out_checked: dict[tuple, tuple] = field(default_factory=dict)  # (output, signature) -> (TensorArg, span)
-    input_spans: tuple[tuple[int, int], ...] | None = None  # per plan, computed when an output is first given
+    input_spans: tuple[Span, ...] | None = None  # per plan, computed when an output is first given
     last: tuple[tuple[OutputArg, ...], int, bytes] | None = None  # the last call's outputs, workspace, Params
     workspace: int = 0  # bytes of workspace a launch needs (vector reductions, stream-K partial sums)
     workspace_zeroed: tuple[tuple[int, int], ...] = ()  # byte ranges of it that must be 0 (counters, barriers)
@@ -108,6 +109,7 @@ class Kernel(KernelBase):
         self._identities = tuple(o.reduce.identity if o.reduce is not None else 0.0 for o in self._ir.epilogue.outputs)
         self._builder = ArgumentBuilder(compiled.generated.kernel_recipe, self._config)
         self._swap = self._config.swap_ab  # the kernel computes D^T = B^T A^T on the same memory
+        self._size_check = problem_size_check(self._config.tile, self._config.cluster, self._swap)
         self._nondeterministic = not self._config.deterministic
         self._layouts: dict[tuple, _Plan] = {}  # the latest plan per signature without addresses
 
@@ -208,14 +210,13 @@ class Kernel(KernelBase):
     def _plan(self, a: Any, b: Any, operands: dict) -> _Plan:
         """Check every argument and build the input side of the Params from scratch."""
         ir = self._ir
-        call = check_call(ir, a, b, operands, require_cuda=self._require_cuda)
+        call = check_call(ir, a, b, operands, require_cuda=self._require_cuda, size_check=self._size_check)
         device_index = self._device_index(call.device)
         shape = (call.l, call.m, call.n) if ir.gemm.batched else (call.m, call.n)
         fresh = self._fresh_outputs(shape, call.l, call.device)
         if 0 in (call.m, call.n, call.l, call.k):
             zero_k = call.k == 0 and 0 not in (call.m, call.n, call.l)
             return _Plan(shape, call.device, device_index, call, None, (0, 0, 0), None, fresh, zero_k)
-        check_problem_size(call, self._config.tile, self._config.cluster, self._swap)
         problem = self._problem(call, device_index, *self._hardware(device_index))
         values, grid = self._builder.values(problem, self._encode, outputs=False)
         workspace = self._builder.workspace(problem)

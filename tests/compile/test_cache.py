@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gemmgen.compile.cache import Artifact, KernelCache
+from gemmgen.errors import GemmgenWarning
 
 KEY = "ab" + "0" * 62
 
@@ -100,9 +101,11 @@ def test_damaged_entries_are_rebuilt(tmp_path, damage):
         meta["key"] = "cd" + "0" * 62
         (d / "meta.json").write_text(json.dumps(meta))
     cache = KernelCache(root)
-    assert cache.get(KEY) is None
-    fresh = Artifact({"kernel.cubin": b"rebuilt"}, {"x": 2})
-    art, built = cache.get_or_build(KEY, lambda: fresh)
+    with pytest.warns(GemmgenWarning, match=rf"kernel cache entry {d}: .*; not served") as seen:
+        assert cache.get(KEY) is None
+        fresh = Artifact({"kernel.cubin": b"rebuilt"}, {"x": 2})
+        art, built = cache.get_or_build(KEY, lambda: fresh)
+    assert len(seen) == 1  # reported once, though read twice (before and under the lock)
     assert built and art.files["kernel.cubin"] == b"rebuilt"
     again = KernelCache(root).get(KEY)
     assert again is not None and again.files["kernel.cubin"] == b"rebuilt"

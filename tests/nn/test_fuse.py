@@ -281,7 +281,8 @@ def test_a_fused_custom_module_compiles_without_graph_breaks(gen):
 def test_layers_gemmgen_cannot_run_are_refused_or_kept_with_the_reason():
     with pytest.raises(gg.InvalidArgument, match=r"FusedLinear: in_features 12 is not a multiple of 8 .*nn\.Linear"):
         gg.nn.FusedLinear(12, 16)
-    with pytest.raises(gg.InvalidArgument, match=r"FusedLinear: weights are torch\.float32; gemmgen computes in"):
+    with pytest.raises(gg.InvalidArgument,
+                       match=r"dtype: expected torch\.bfloat16 or torch\.float16 .*got torch\.float32"):
         gg.nn.FusedLinear(16, 16, dtype=torch.float32)
     wrong: tuple[Any, ...] = (torch.float32, "bf16")
     for bad in wrong:

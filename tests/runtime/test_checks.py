@@ -13,7 +13,7 @@ from gemmgen.types import Layout
 def _refused(t: torch.Tensor, layout: Layout, batched: bool) -> bool:
     try:
         _aligned_ptr("t", t)
-        _matrix("t", t, t.shape[-2], t.shape[-1], layout, batched, t.shape[0] if batched else 1)
+        _matrix("t", t, t.shape[-2], t.shape[-1], layout, batched, t.shape[0] if batched else 1, ("M", "K"))
     except LayoutMismatch:
         return True
     return False

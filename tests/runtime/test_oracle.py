@@ -29,7 +29,7 @@ PROBLEMS = [
     (7, 4097, 1000, 1, 8),
     (1_000_003, 16_384, 64, 1, 0),  # 7.8 M x 64 output tiles; D alone 32 GB
     (70_001, 4_104, 264, 512, 0),  # 512 batches of 548 x 17 tiles
-    # Near the limits of CUTLASS's 32-bit tile arithmetic (runtime.checks.check_problem_size
+    # Near the limits of CUTLASS's 32-bit tile arithmetic (runtime.checks.problem_size_check
     # refuses what lies past them; past them CUTLASS's own host code wraps around):
     (2**31 - 1024, 16, 16, 1, 0),
     (16, 2**31 - 1024, 16, 1, 0),

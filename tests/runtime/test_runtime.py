@@ -131,14 +131,15 @@ def _bad_cases():
     bias = torch.randn(64).to(bf)
     mis = torch.randn(64 * 64 + 1).to(bf)[1:].view(64, 64)  # data pointer off by 2 bytes
     return [
-        ("dtype", dict(a=a.half(), b=b, bias=bias), r"a: expected dtype torch.bfloat16, got torch.float16.*\.to\("),
+        ("dtype", dict(a=a.half(), b=b, bias=bias),
+         r"a: expected dtype torch.bfloat16 \(the recipe declares bf16\), got torch.float16.*a\.to\(torch.bfloat16\)"),
         ("not a tensor", dict(a=[1, 2], b=b, bias=bias), r"a: expected a torch.Tensor, got list"),
         ("rank", dict(a=a[None], b=b, bias=bias), r"a: expected a 2-D"),
         ("K mismatch", dict(a=a[:, :32], b=b, bias=bias), r"b: expected 32 rows \(K of a"),
         ("layout", dict(a=a.t().contiguous().t(), b=b, bias=bias), r"a: expected a row-major tensor.*contiguous"),
         ("misaligned pointer", dict(a=mis, b=b, bias=bias), r"a: data pointer .* not 16-byte aligned.*clone"),
         ("misaligned ld", dict(a=torch.randn(64, 70).to(bf)[:, :64], b=b, bias=bias),
-         r"a: row stride 70 must be >= 64 and a multiple of 8 elements"),
+         r"a: row stride 70 must be a multiple of 8 elements .* its rows are 140 bytes apart"),
         ("row vector length", dict(a=a, b=b, bias=torch.randn(63).to(bf)),
          r"bias: expected a 1-D tensor of length 64 = N"),
         ("row vector dtype", dict(a=a, b=b, bias=torch.randn(64)), r"bias: expected dtype torch.bfloat16"),
@@ -208,9 +209,10 @@ def test_out_checks(kernels):
     bias = torch.randn(64).bfloat16()
     with pytest.raises(gg.InvalidArgument, match=r"out: expected shape \(64, 64\), got \(64, 32\)"):
         _prep(k, a, b, bias=bias, out=torch.empty(64, 32, dtype=torch.bfloat16))
-    with pytest.raises(gg.InvalidArgument, match=r"out: expected dtype torch.bfloat16, got torch.float32"):
+    with pytest.raises(gg.InvalidArgument,
+                       match=r"out: expected dtype torch.bfloat16 \(the recipe declares bf16\), got torch.float32"):
         _prep(k, a, b, bias=bias, out=torch.empty(64, 64))
-    with pytest.raises(gg.InvalidArgument, match=r"out: shares memory with input #0"):
+    with pytest.raises(gg.InvalidArgument, match=r"out: shares memory with input a; "):
         _prep(k, a, b, bias=bias, out=a)
     with pytest.raises(gg.InvalidArgument, match=r"out: expected a tensor for D or a tuple of 1"):
         _prep(k, a, b, bias=bias, out=(a, b))

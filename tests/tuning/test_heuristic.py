@@ -192,8 +192,9 @@ def test_bad_shapes_files_are_named_errors(tmp_path, capsys, content, message):
 
 
 def test_explain_refuses_shapes_that_are_not_positive(capsys):
-    assert cli_main(["explain", str(EXAMPLES), "--shape", "-1", "16", "16"]) == 2
-    assert "--shape: shape [-1, 16, 16]; expected" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):  # argparse's usage error
+        cli_main(["explain", str(EXAMPLES), "--shape", "-1", "16", "16"])
+    assert "argument --shape: -1 is not a positive integer" in capsys.readouterr().err
     assert cli_main(["explain", str(EXAMPLES), "--shape", "16", "16"]) == 2
     assert "--shape: shape [16, 16]; expected [M, N, K] or [M, N, K, L]" in capsys.readouterr().err
     with pytest.raises(gg.GemmgenError, match=r"shapes\['bias_gelu'\]: shape \[1, 2\]"):

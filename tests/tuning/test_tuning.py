@@ -126,7 +126,8 @@ def test_example_calls_are_what_each_kernel_accepts(examples, extra):
     """The arguments autotune times each candidate with (dense, batched, grouped, fp8, block-scaled)
     pass the kernel's own checks and give a finite, non-zero reference: a timer on the GPU never
     meets a refusal after the candidates are compiled."""
-    from gemmgen.runtime.checks import check_call, check_grouped_call
+    from gemmgen.runtime.checks import check_call
+    from gemmgen.runtime.grouped_checks import check_grouped_call
 
     kinds = set()
     for recipe in [*examples.values(), *extra.values()]:

@@ -1,0 +1,196 @@
+"""Checking a grouped (MoE) call's tensors: `checks.check_call`'s rules for rows of A split into
+groups by offsets, one B per group (see docs/arguments.md, grouped GEMMs)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..errors import InvalidArgument, LayoutMismatch
+from ..ir import GemmSpec, Operand, RecipeIR
+from ..types import DType, Layout, OperandKind
+from .checks import (
+    INT32_MAX,
+    TMA_ALIGN,
+    Span,
+    _aligned_ptr,
+    _bytes,
+    _dtype,
+    _matrix,
+    _need_tensor,
+    _operand,
+)
+from .problem import TensorArg
+
+
+class GroupedCall(NamedTuple):
+    """A grouped call's arguments, checked: A is rows x K, B is G x (K x N), offsets has G entries."""
+
+    rows: int
+    n: int
+    k: int
+    groups: int
+    device: torch.device
+    a: TensorArg  # (row stride, 1, 0)
+    b: TensorArg  # (N, K, group) strides, as check_call's B
+    offsets: int  # address of the int32 offsets
+    operands: dict[str, TensorArg | float]  # row vectors: (0, 0, group stride); columns: contiguous; C: (ld, 1, 0)
+    extents: tuple[int, ...]  # bytes each input spans (alias checks): a, b, offsets, tensor operands
+
+
+def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, operands: dict[str, object],
+                       require_cuda: bool = True) -> GroupedCall:
+    """`check_call` for a grouped recipe. The offsets stay on the GPU (reading them would
+    synchronize): their values cannot be checked here, and need not be, as the kernel clamps them
+    (reference.group_bounds)."""
+    g = recipe.gemm
+    a, b = _need_tensor("a", a), _need_tensor("b", b)
+    _dtype("a", a, g.a)
+    _dtype("b", b, g.b)
+    if a.dim() != 2:
+        raise InvalidArgument(f"a: expected a 2-D (rows, K) tensor holding every group's rows, got shape "
+                              f"{tuple(a.shape)}")
+    if b.dim() != 3:
+        raise InvalidArgument(f"b: expected a 3-D (groups, K, N) tensor, one K x N matrix per group, got shape "
+                              f"{tuple(b.shape)}")
+    rows, k = a.shape
+    groups, n = b.shape[0], b.shape[2]
+    for extent, name in ((rows, "rows of a"), (n, "N"), (k, "K"), (groups, "groups")):
+        if extent > INT32_MAX - 256:  # the kernel's per-group shapes and the setup's offsets are 32-bit
+            raise InvalidArgument(f"{name} = {extent}: too large for the grouped kernel's 32-bit shapes; split "
+                                  "the call")
+    if b.shape[1] != k:
+        raise InvalidArgument(f"b: expected (groups, {k}, N) (K of a, shape {tuple(a.shape)}), got {tuple(b.shape)}")
+    offsets = _need_tensor("offsets", offsets)
+    if offsets.dtype != torch.int32 or offsets.dim() != 1 or offsets.shape[0] != groups:
+        raise InvalidArgument(f"offsets: expected an int32 tensor of {groups} entries (one per group of b: where "
+                              f"its rows of a end), got {offsets.dtype} of shape {tuple(offsets.shape)}")
+    if groups > 1 and offsets.stride(0) != 1:
+        raise LayoutMismatch("offsets", "offsets: expected a contiguous tensor; use offsets.contiguous()")
+    device = a.device
+    if require_cuda and device.type != "cuda":
+        raise InvalidArgument(f"a: expected a CUDA tensor, got one on {device}; move it with a.cuda()")
+    names = {o.name for o in recipe.operands}
+    unknown = sorted(set(operands) - names)
+    if unknown:
+        raise InvalidArgument(f"{unknown[0]}: not an operand of this recipe; it takes {sorted(names) or 'none'}")
+    named: list[tuple[str, torch.Tensor]] = [("a", a), ("b", b), ("offsets", offsets)]
+    checked: dict[str, TensorArg | float] = {}
+    for o in recipe.operands:
+        if o.name not in operands:
+            raise InvalidArgument(f"{o.name}: missing operand; pass {o.name}=... ({_describe_grouped(o, g)})")
+        value = operands[o.name]
+        checked[o.name] = _grouped_block_scale(o, value, (rows, n, k, groups), g) if o.kind.block_scale else \
+            _grouped_operand(o, value, rows, n, groups)
+        if isinstance(value, torch.Tensor):
+            named.append((o.name, value))
+    for name, t in named:
+        if t.device != device:
+            raise InvalidArgument(f"{name}: on {t.device} but a is on {device}; put all tensors on one device")
+    ta = TensorArg(_aligned_ptr("a", a), _matrix("a", a, rows, k, Layout.ROW, False, 1, ("rows", "K")))
+    bk, bn, bl = _matrix("b", b, k, n, g.layout_b, True, groups, ("K", "N"))
+    tb = TensorArg(_aligned_ptr("b", b), (bn, bk, bl))
+    extents = [_bytes(ta, g.a.nbytes, (rows, k, 1)), _bytes(tb, g.b.nbytes, (n, k, groups)), 4 * groups]
+    for o in recipe.operands:
+        v = checked[o.name]
+        if o.kind.block_scale:
+            extents.append(_bytes(v, 4, grouped_scale_extents(o, g, rows, n, k, groups)))  # type: ignore[arg-type]
+        elif o.kind is OperandKind.MATRIX:
+            extents.append(_bytes(v, o.dtype.nbytes, (rows, n, 1)))  # type: ignore[arg-type]
+        elif o.kind is OperandKind.ROW:
+            extents.append(_bytes(v, o.dtype.nbytes, (1, n, groups)))  # type: ignore[arg-type]
+        elif o.kind is OperandKind.COL:
+            extents.append(rows * o.dtype.nbytes)
+    return GroupedCall(rows, n, k, groups, device, ta, tb, offsets.data_ptr(), checked, tuple(extents))
+
+
+def grouped_input_spans(call: GroupedCall) -> tuple[Span, ...]:
+    """`input_spans` of a grouped call (the offsets included)."""
+    ptrs = (("a", call.a.ptr), ("b", call.b.ptr), ("offsets", call.offsets),
+            *((k, v.ptr) for k, v in call.operands.items() if isinstance(v, TensorArg)))
+    return tuple((name, p, p + e) for (name, p), e in zip(ptrs, call.extents, strict=True) if e)
+
+
+def _describe_grouped(o: Operand, gemm: GemmSpec) -> str:
+    if o.kind.block_scale:
+        assert gemm.block_scale is not None
+        _, gn, gk = gemm.block_scale
+        if o.kind is OperandKind.SCALE_A:
+            return f"fp32 (rows, ceil(K/{gk})), K contiguous: one scale per row of a and {gk} values of K"
+        return (f"fp32 (groups, ceil(K/{gk}), ceil(N/{gn})), K contiguous: one scale per {gk} x {gn} block of each "
+                "group's B")
+    return {OperandKind.SCALAR: "a Python number", OperandKind.ROW: f"a (groups, N) {o.dtype.value} tensor",
+            OperandKind.COL: f"a {o.dtype.value} vector with one entry per row of a",
+            OperandKind.MATRIX: f"a (rows, N) {o.dtype.value} matrix"}[o.kind]
+
+
+def grouped_scale_extents(o: Operand, gemm: GemmSpec, rows: int, n: int, k: int, groups: int
+                          ) -> tuple[int, int, int]:
+    """(rows or N blocks, K blocks, groups) of a grouped block scale: the modes of its TensorArg."""
+    assert gemm.block_scale is not None
+    _, gn, gk = gemm.block_scale
+    if o.kind is OperandKind.SCALE_A:
+        return rows, -(-k // gk), 1
+    return -(-n // gn), -(-k // gk), groups
+
+
+def _grouped_block_scale(o: Operand, value: object, problem: tuple[int, int, int, int], gemm: GemmSpec
+                         ) -> TensorArg:
+    """A grouped block scale, as CUTLASS's grouped blockwise main loop reads it: group g's scales are
+    a compact K-major block at its own address (`scale_a` from the group's first row, `scale_b` at
+    the group's index), laid out from the group's shape alone. So K blocks are contiguous and the
+    rows (N blocks) exactly ceil(K/128) apart; only scale_b's group stride is free. The loads are
+    4-byte cp.async: no 16-byte alignment. TensorArg strides: (rows or N blocks, K blocks, group)."""
+    rows, n, k, groups = problem
+    t = _need_tensor(o.name, value)
+    _dtype(o.name, t, DType.F32)
+    blocks, k_blocks, _ = grouped_scale_extents(o, gemm, rows, n, k, groups)
+    is_a = o.kind is OperandKind.SCALE_A
+    want = (blocks, k_blocks) if is_a else (groups, k_blocks, blocks)
+    if tuple(t.shape) != want:
+        raise InvalidArgument(f"{o.name}: expected shape {want} ({_describe_grouped(o, gemm)}), got "
+                              f"{tuple(t.shape)}")
+    if t.numel() == 0:
+        return TensorArg(0, (k_blocks, 1, 0))
+    if blocks * k_blocks - 1 > INT32_MAX:  # one group could span them all
+        raise InvalidArgument(f"{o.name}: {blocks} x {k_blocks} scales, and the kernel indexes a group's block "
+                              "scales in 32 bits; split the call")
+    k_dim, mn_dim = t.dim() - (1 if is_a else 2), t.dim() - (2 if is_a else 1)
+    if (k_blocks > 1 and t.stride(k_dim) != 1) or (blocks > 1 and t.stride(mn_dim) != k_blocks):
+        fix = f"{o.name}.contiguous()" if is_a else f"{o.name}.mT.contiguous().mT"
+        raise LayoutMismatch(o.name, f"{o.name}: a grouped kernel reads each group's block scales as a compact "
+                             f"K-major block (strides {k_blocks} and 1 for its {'rows' if is_a else 'N blocks'} and "
+                             f"K blocks), got strides {tuple(t.stride())}; pass {fix}")
+    group_stride = t.stride(0) if not is_a and groups > 1 else 0
+    return TensorArg(_natural_ptr(o.name, t), (k_blocks, 1, group_stride))
+
+
+def _natural_ptr(name: str, t: torch.Tensor) -> int:
+    """The address of a tensor read element by element: aligned to its elements."""
+    ptr = t.data_ptr()
+    if ptr % t.element_size():
+        raise LayoutMismatch(name, f"{name}: data pointer {ptr:#x} is not aligned to its {t.element_size()}-byte "
+                             f"elements; use {name}.clone()")
+    return ptr
+
+
+def _grouped_operand(o: Operand, value: object, rows: int, n: int, groups: int) -> TensorArg | float:
+    """A grouped recipe's operand: row vectors are per group (groups, N), each group's row 16-byte
+    aligned (the kernel reads it in 16-byte vectors); the rest are per row of A, as check_call's."""
+    if o.kind is not OperandKind.ROW:
+        return _operand(o, value, rows, n, 1, False)
+    t = _need_tensor(o.name, value)
+    _dtype(o.name, t, o.dtype)
+    if t.dim() != 2 or tuple(t.shape) != (groups, n):
+        raise InvalidArgument(f"{o.name}: expected a (groups, N) = ({groups}, {n}) tensor, one row per group, got "
+                              f"shape {tuple(t.shape)}")
+    if n > 1 and t.stride(1) != 1:
+        raise LayoutMismatch(o.name, f"{o.name}: expected contiguous rows, got strides {tuple(t.stride())}; use "
+                             f"{o.name}.contiguous()")
+    step = t.stride(0) if groups > 1 else 0
+    if (step * t.element_size()) % TMA_ALIGN:
+        raise LayoutMismatch(o.name, f"{o.name}: row stride {step} must be a multiple of "
+                             f"{TMA_ALIGN // t.element_size()} elements (16 bytes: each group's row is read in "
+                             f"16-byte vectors); pad N or copy it into a padded buffer")
+    return TensorArg(_aligned_ptr(o.name, t), (0, 0, step))
