@@ -28,8 +28,8 @@ VARIABLES: tuple[Variable, ...] = (
              "autotune tables (`gemmgen tune` output) to register, separated by ':'"),
     Variable("GEMMGEN_JIT", "1",
              "0 (or false, no, off) forbids compiling at run time (lazy first calls, warm-up, autotune): a kernel "
-             "in no bundle and not in the cache raises gemmgen.KernelNotAvailable; `gemmgen build` and "
-             "gemmgen.build_bundle compile regardless"),
+             "in no bundle and not in the cache raises gemmgen.KernelNotAvailable; `gemmgen build`, "
+             "`gemmgen inspect` and gemmgen.build_bundle compile regardless"),
     Variable("GEMMGEN_DEBUG_DIR", "the system's temporary folder",
              "where the source of a kernel NVRTC rejected is written (under gemmgen-failed/)"),
 )
