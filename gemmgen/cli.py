@@ -71,7 +71,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     shapes = load_shapes(args.shapes)
     by_name = {r.name: r for r in _recipes(args).values()}
-    table = TuningTable.load(args.out) if Path(args.out).is_file() else TuningTable()
+    table = TuningTable.load(args.out) if TuningTable.exists(args.out) else TuningTable()
     for name, problems in shapes.items():
         if name.startswith("_") or (args.recipe and name != args.recipe):
             continue
@@ -154,7 +154,8 @@ def parser() -> argparse.ArgumentParser:
             continue
         if name == "tune":
             sp.add_argument("--shapes", required=True, help="JSON {recipe name: [[M, N, K] or [M, N, K, L], ...]}")
-            sp.add_argument("--out", required=True, help="tuning JSON file (updated if it exists)")
+            sp.add_argument("--out", required=True, help="tuning JSON file, or remote:NAME for a table in the "
+                            "remote cache tier (GEMMGEN_REMOTE_CACHE); updated if it exists")
             sp.add_argument("--candidates", type=_positive, default=DEFAULT_CANDIDATES,
                             help=f"configs timed per bucket (default {DEFAULT_CANDIDATES})")
             sp.add_argument("-j", "--jobs", type=_positive, default=None,

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import InvalidArgument
+
 
 @dataclass(frozen=True)
 class Variable:
@@ -25,11 +27,25 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("GEMMGEN_BUNDLE_PATH", "(none)",
              "ahead-of-time bundles to search before the cache, separated by ':'"),
     Variable("GEMMGEN_TUNING_PATH", "(none)",
-             "autotune tables (`gemmgen tune` output) to register, separated by ':'"),
+             "autotune tables (`gemmgen tune` output) to register, separated by ':'; remote:NAME is a table "
+             "in the remote cache tier"),
     Variable("GEMMGEN_JIT", "1",
              "0 (or false, no, off) forbids compiling at run time (lazy first calls, warm-up, autotune): a kernel "
              "in no bundle and not in the cache raises gemmgen.KernelNotAvailable; `gemmgen build`, "
              "`gemmgen inspect` and gemmgen.build_bundle compile regardless"),
+    Variable("GEMMGEN_REMOTE_CACHE", "(none)",
+             "a remote cache tier between the local cache and compiling: redis://HOST:PORT/DB (rediss:// for TLS) "
+             "or an fsspec URL (file:///shared/gemmgen, s3://bucket/prefix, ...); hits are validated, misses "
+             "compiled and stored there"),
+    Variable("GEMMGEN_REMOTE_CACHE_TTL", "(none: values are kept)",
+             "seconds a kernel stored in a Redis tier lives (refreshed by each store)"),
+    Variable("GEMMGEN_REMOTE_CACHE_TIMEOUT", "5",
+             "seconds one remote-cache request may take before the tier is treated as down for a minute"),
+    Variable("GEMMGEN_DISTRIBUTED", "1",
+             "0 (or false, no, off) makes gemmgen.warmup ignore an initialised torch.distributed default group "
+             "(each process then compiles what it lacks itself)"),
+    Variable("GEMMGEN_WARMUP_TIMEOUT", "3600",
+             "seconds a distributed warm-up waits for the slowest rank (its compiles included) before failing"),
     Variable("GEMMGEN_DEBUG_DIR", "the system's temporary folder",
              "where the source of a kernel NVRTC rejected is written (under gemmgen-failed/)"),
 )
@@ -69,12 +85,61 @@ def bundle_paths() -> list[str]:
 
 
 def tuning_paths() -> list[str]:
-    return _paths("GEMMGEN_TUNING_PATH")
+    """The entries of GEMMGEN_TUNING_PATH; `remote:NAME` (a table in the remote tier) is one entry
+    although ':' separates them."""
+    parts, out = _paths("GEMMGEN_TUNING_PATH"), []
+    while parts:
+        part = parts.pop(0)
+        out.append(f"{part}:{parts.pop(0)}" if part == "remote" and parts else part)
+    return out
 
 
 def jit_enabled() -> bool:
     """GEMMGEN_JIT=0 forbids compiling: every kernel must come from a bundle or the cache."""
-    return (_get("GEMMGEN_JIT") or "1").strip().lower() not in ("0", "false", "no", "off")
+    return _flag("GEMMGEN_JIT")
+
+
+def remote_cache_url() -> str | None:
+    return _get("GEMMGEN_REMOTE_CACHE")
+
+
+def remote_cache_ttl() -> int | None:
+    value = _seconds("GEMMGEN_REMOTE_CACHE_TTL", None)
+    return None if value is None else max(1, round(value))
+
+
+def remote_cache_timeout() -> float:
+    value = _seconds("GEMMGEN_REMOTE_CACHE_TIMEOUT", 5.0)
+    assert value is not None
+    return value
+
+
+def distributed_enabled() -> bool:
+    return _flag("GEMMGEN_DISTRIBUTED")
+
+
+def warmup_timeout() -> float:
+    value = _seconds("GEMMGEN_WARMUP_TIMEOUT", 3600.0)
+    assert value is not None
+    return value
+
+
+def _flag(name: str) -> bool:
+    return (_get(name) or "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _seconds(name: str, default: float | None) -> float | None:
+    value = _get(name)
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise InvalidArgument(f"{name}={value!r}: expected a positive number of seconds, e.g. {name}=30; "
+                              f"unset it for the default")
+    return seconds
 
 
 def debug_dir() -> Path:

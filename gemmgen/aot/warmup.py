@@ -1,7 +1,8 @@
 """Building ahead of time: warm-up at model load, a recipes file, a bundle of the kernels a program names.
 
 Each takes recipes, or (recipe, config) pairs such as `gemmgen.nn.model_launches` lists, and
-compiles what no bundle or cache holds in worker processes (`compile.build_many`).
+compiles what no bundle, cache or remote tier holds in worker processes (`compile.build_many`);
+a warm-up in a torch.distributed job splits those compiles across ranks (`distributed`).
 """
 
 from __future__ import annotations
@@ -9,13 +10,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from ..compile import CompiledKernel, KernelCache, KernelReport, build_many, default_cache, report_table
+from ..compile.parallel import with_origin
 from ..config import KernelConfig
 from ..dsl import Recipe
 from ..errors import InvalidArgument
 from ..tuning import TuningTable, launches_for_shapes
 from .bundle import write_bundle
+from .distributed import process_group, share_kernels
 from .recipes_file import load_recipes
 
 Items = Iterable[Recipe | tuple[Recipe, KernelConfig]]
@@ -47,14 +51,19 @@ def build_file(recipes_path: str | Path, cache: KernelCache, jobs: int | None = 
 
 
 def warmup(items: Items, shapes: dict | None = None, jobs: int | None = None, cache: KernelCache | None = None,
-           quiet: bool = False) -> list[CompiledKernel]:
-    """Make every kernel loadable before the first call (at model load): compile what no bundle or
-    cache holds, in parallel, and print a table of what was compiled and what was found. Under
-    GEMMGEN_JIT=0 it compiles nothing: a kernel missing from the bundles and the cache raises
+           quiet: bool = False, group: Any = None, distributed: bool | None = None) -> list[CompiledKernel]:
+    """Make every kernel loadable before the first call (at model load): compile what no bundle,
+    cache or remote tier holds, in parallel, and print a table of what was compiled and what was
+    found. Under GEMMGEN_JIT=0 it compiles nothing: a kernel missing from all of them raises
     KernelNotAvailable naming every missing kernel and the command that builds them.
 
     `shapes` ({recipe name: [[M, N, K], ...]}) builds, per recipe, the config each of those problems
-    launches (`tuning.choose_launch`, ahead of time) instead of each recipe's default config."""
+    launches (`tuning.choose_launch`, ahead of time) instead of each recipe's default config.
+
+    In a torch.distributed job (`group`, else the default group once initialised) every rank must
+    call it: the kernels no rank has are compiled once in the job, split across ranks, and sent to
+    the ranks that lack them (`aot.distributed`). `distributed=False` (or GEMMGEN_DISTRIBUTED=0)
+    warms up each process alone."""
     items = list(items)
     if shapes is not None:
         if not isinstance(shapes, dict):
@@ -64,9 +73,18 @@ def warmup(items: Items, shapes: dict | None = None, jobs: int | None = None, ca
         pairs = list(dict.fromkeys((recipes[n], launch.config) for n, rows in chosen.items() for _, launch in rows))
     else:
         pairs = pairs_of(items)
-    kernels = build(pairs, cache, jobs, quiet)
-    if not quiet:
-        print(report_table([k.report for k in kernels]), file=sys.stderr, flush=True)
+    cache = cache or default_cache()
+    pg = process_group(group, distributed)
+    if pg is None:
+        kernels = build(pairs, cache, jobs, quiet)
+        if not quiet:
+            print(report_table([k.report for k in kernels]), file=sys.stderr, flush=True)
+        return kernels
+    share = share_kernels([(r.ir, c) for r, c in pairs], pg, cache, jobs, quiet)
+    kernels = [with_origin(k, share.origin(k.cache_key, k.origin)) for k in build(pairs, cache, jobs, quiet)]
+    if not quiet and share.rank == 0:
+        print(report_table([k.report for k in kernels]), file=sys.stderr)
+        print(share.summary(), file=sys.stderr, flush=True)
     return kernels
 
 

@@ -41,7 +41,7 @@ class KernelReport:
     phases: dict[str, float]  # front_end / nvvm / ptx seconds (NVRTC --time)
     epilogue: str  # "tree" or "dag"
     cached: bool = False  # not compiled by this call (from the cache or a bundle)
-    origin: str = "compiled"  # "compiled", "cache" or "bundle"
+    origin: str = "compiled"  # "compiled", "cache", "bundle", "remote" (the remote tier) or "peer" (another rank)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,7 +59,7 @@ class CompiledKernel:
     report: KernelReport
     generated: GeneratedKernel
     params_layout: ParamsLayout  # Params fields as NVRTC laid them out (from the layout probe)
-    origin: str  # "compiled", "cache" or "bundle"
+    origin: str  # as KernelReport.origin
 
     def __repr__(self) -> str:  # not the cubin and the source (megabytes)
         return f"CompiledKernel({self.recipe.name!r}, {self.config.name}, entry={self.entry}, " \

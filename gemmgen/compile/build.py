@@ -1,8 +1,8 @@
 """Recipe IR + config -> a compiled, cached, inspected kernel (CompiledKernel).
 
 Binaries come from, in order: the bundles (`bundles.find`, by a key that needs no toolchain), the
-local cache (by a key over everything that can change the binary), or NVRTC, whose result the
-cache stores.
+local cache (by a key over everything that can change the binary), the remote tier if one is
+configured (`remote`, by the same key), or NVRTC, whose result the cache and the tier store.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from .cache import Artifact, Check, KernelCache
 from .cubin import read_u64_array, resource_usage, sass_counts
 from .layout import check_layout, read_layout_probe
 from .nvrtc import BASE_OPTIONS, compile_cubin, write_debug_source
+from .remote import Filling, remote_tier
 from .toolchain import toolchain
 from .validate import kernel_problem
 
@@ -105,16 +106,19 @@ def build_kernel(recipe: RecipeIR, config: KernelConfig, cache: KernelCache | No
     cache = cache or default_cache()
     if not env.jit_enabled():
         key = None
+        origin = "cache"
         try:
             key = cache_key(kernel)
             art = cache.get(key, check)
+            if art is None:
+                art, origin = fetch_remote(cache, key, check), "remote"
         except ToolchainError:
             art = None
         if art is None:
             raise not_available([(recipe, config)], cache, [*bundles.damaged(skey),
                                                             *([cache.damaged[key]] if key in cache.damaged else [])])
         assert key is not None
-        return compiled_kernel(recipe, config, kernel, art, key, "cache")
+        return compiled_kernel(recipe, config, kernel, art, key, origin)
     key = cache_key(kernel)
 
     def waiting() -> None:
@@ -130,8 +134,20 @@ def build_kernel(recipe: RecipeIR, config: KernelConfig, cache: KernelCache | No
               file=sys.stderr, flush=True)
         return art
 
-    art, built = cache.get_or_build(key, compile_now, on_wait=waiting, check=check)
-    return compiled_kernel(recipe, config, kernel, art, key, "compiled" if built else "cache")
+    fill = Filling(remote_tier(cache.arch), key, compile_now, check)
+    art, built = cache.get_or_build(key, fill, on_wait=waiting, check=check)
+    origin = "remote" if fill.fetched else "compiled" if built else "cache"
+    return compiled_kernel(recipe, config, kernel, art, key, origin)
+
+
+def fetch_remote(cache: KernelCache, key: str, check: Check) -> Artifact | None:
+    """The remote tier's valid copy of `key` (no compile: GEMMGEN_JIT=0 allows it), stored in the
+    local cache too, with the cache's own handling of read-only folders and full disks."""
+    tier = remote_tier(cache.arch)
+    art = tier.fetch(key, check) if tier is not None else None
+    if art is not None:
+        cache.get_or_build(key, lambda: art, check=check)
+    return art
 
 
 def not_available(missing: list[tuple[RecipeIR, KernelConfig]], cache: KernelCache,

@@ -4,6 +4,11 @@ Entries are keyed by GPU name, driver version, gemmgen version, recipe key and s
 bucket, N, K, L; for a grouped recipe the bucket of its rows per group on average, N, K and the
 groups), so a result is only used where it was measured. Tables come from GEMMGEN_TUNING_PATH,
 `gemmgen.add_tuning(path)`, and the `tuning.json` a bundle ships (`gemmgen build --tuning FILE`).
+
+A table named `remote:NAME` lives in the remote cache tier (GEMMGEN_REMOTE_CACHE), so one
+`gemmgen tune --out remote:NAME` serves every machine of a cluster; a table is small and mutable,
+the last writer wins. Read from GEMMGEN_TUNING_PATH, a remote table that cannot be had is a
+warning (the heuristic decides meanwhile); named explicitly, an error.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import json
 import os
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +26,14 @@ from .. import env
 from .._version import __version__
 from ..codegen import is_valid
 from ..compile import bundles
-from ..config import KernelConfig
-from ..errors import GemmgenError, InvalidArgument
+from ..compile.remote import RemoteTier, remote_tier
+from ..config import ARCH, KernelConfig
+from ..errors import GemmgenError, GemmgenWarning, InvalidArgument
 from ..ir import RecipeIR
 from .heuristic import m_bucket
 
 FORMAT = 1
+REMOTE = "remote:"  # prefix of a table kept in the remote cache tier
 
 
 @dataclass(frozen=True)
@@ -100,26 +108,89 @@ class TuningTable:
 
     @staticmethod
     def load(path: str | Path) -> TuningTable:
+        """A table from a JSON file, or from the remote tier (`remote:NAME`)."""
+        if isinstance(path, str) and path.startswith(REMOTE):
+            data = _remote_get(path)
+            if data is None:
+                raise GemmgenError(f"tuning table {path}: not in the remote cache {env.remote_cache_url()} (or it "
+                                   f"could not be read: see the warning); write it with `gemmgen tune --out {path}`")
+            return TuningTable._parse(data.decode(errors="replace"), path)
         path = Path(path)
         try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
+            text = path.read_text()
+        except OSError as e:
             raise GemmgenError(f"tuning file {path}: cannot be read as JSON ({e}); re-run `gemmgen tune`") from e
+        return TuningTable._parse(text, str(path))
+
+    @staticmethod
+    def exists(path: str | Path) -> bool:
+        if isinstance(path, str) and path.startswith(REMOTE):
+            return _remote_get(path) is not None
+        return Path(path).is_file()
+
+    @staticmethod
+    def _parse(text: str, where: str) -> TuningTable:
+        try:
+            raw = json.loads(text)
+        except ValueError as e:
+            raise GemmgenError(f"tuning file {where}: cannot be read as JSON ({e}); re-run `gemmgen tune`") from e
         if not isinstance(raw, dict) or raw.get("format") != FORMAT or not isinstance(raw.get("entries"), dict):
-            raise GemmgenError(f"tuning file {path}: expected {{'format': {FORMAT}, 'entries': {{...}}}}; "
+            raise GemmgenError(f"tuning file {where}: expected {{'format': {FORMAT}, 'entries': {{...}}}}; "
                                "it was written by another gemmgen version: re-run `gemmgen tune`")
         for key, entry in raw["entries"].items():
-            _config_from_json(entry.get("config") if isinstance(entry, dict) else None, f"{path}: entry {key!r}")
+            _config_from_json(entry.get("config") if isinstance(entry, dict) else None, f"{where}: entry {key!r}")
         return TuningTable(raw["entries"])
 
     def save(self, path: str | Path) -> None:
-        """Written whole to a temporary file and renamed: readers never see a partial table."""
+        """Written whole to a temporary file and renamed: readers never see a partial table. A
+        `remote:NAME` table is one value of the remote tier."""
+        if isinstance(path, str) and path.startswith(REMOTE):
+            if not _remote_put(path, self.to_json().encode()):
+                raise GemmgenError(f"tuning table {path}: could not be stored in the remote cache "
+                                   f"{env.remote_cache_url()} (see the warning); save it to a file instead")
+            return
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
         with os.fdopen(fd, "w") as f:
             f.write(self.to_json())
         os.replace(tmp, path)
+
+
+def _remote_name(path: str) -> str:
+    name = path[len(REMOTE):]
+    if not name or "/" in name or name.startswith("."):
+        raise InvalidArgument(f"tuning table {path!r}: expected remote:NAME with a plain NAME, e.g. remote:h200-prod")
+    return f"tuning/{name}"
+
+
+def _remote_get(path: str) -> bytes | None:
+    name = _remote_name(path)
+    return _remote_tier_for(path).get_bytes(name)
+
+
+def _remote_put(path: str, data: bytes) -> bool:
+    name = _remote_name(path)
+    return _remote_tier_for(path).put_bytes(name, data)
+
+
+def _remote_tier_for(path: str) -> RemoteTier:
+    tier = remote_tier(ARCH)
+    if tier is None:
+        raise InvalidArgument(f"tuning table {path!r}: a remote table needs GEMMGEN_REMOTE_CACHE set (e.g. "
+                              "GEMMGEN_REMOTE_CACHE=redis://HOST:6379/0)")
+    return tier
+
+
+def _env_table(path: str) -> TuningTable | None:
+    """A GEMMGEN_TUNING_PATH entry: a remote table that cannot be had is a warning, not a failure."""
+    if not path.startswith(REMOTE):
+        return TuningTable.load(path)
+    try:
+        return TuningTable.load(path)
+    except GemmgenError as e:
+        warnings.warn(f"gemmgen: GEMMGEN_TUNING_PATH: {e}; going on without it", GemmgenWarning, stacklevel=4)
+        return None
 
 
 _LOCK = threading.Lock()
@@ -155,7 +226,7 @@ def _tables() -> list[TuningTable]:
     if not _ENV_LOADED:
         with _LOCK:
             if not _ENV_LOADED:
-                _TABLES.extend(TuningTable.load(p) for p in env.tuning_paths())
+                _TABLES.extend(t for p in env.tuning_paths() if (t := _env_table(p)) is not None)
                 _ENV_LOADED = True
     for bundle in bundles.bundles():
         path = bundle.tuning
