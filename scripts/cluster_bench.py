@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -67,8 +68,8 @@ RANK = textwrap.dedent("""
 def remote_vs_disk(source: KernelCache, repeats: int) -> None:
     recipes = load_recipes(EXAMPLES)
     kernels = [render_kernel(r.ir, r.default_config()) for r in recipes.values()]
-    found = [(k, cache_key(k)) for k in kernels]
-    found = [(k, key, art) for k, key in found if (art := source.get(key)) is not None]
+    keyed = [(k, cache_key(k)) for k in kernels]
+    found = [(k, key, art) for k, key in keyed if (art := source.get(key)) is not None]
     if not found:
         sys.exit(f"no example kernel is in {source.root}: run `gemmgen build examples/recipes.py` first")
     size = statistics.median(len(a.files["kernel.cubin"]) + len(a.files["kernel.cu"]) for _, _, a in found)
@@ -91,7 +92,7 @@ def remote_vs_disk(source: KernelCache, repeats: int) -> None:
                 local = KernelCache(Path(tmp) / f"local{i}", source.arch)
                 t = time.perf_counter()
                 assert tier.fetch(key, check) is not None
-                local.get_or_build(key, lambda a=art: a, check=check)
+                local.get_or_build(key, functools.partial(lambda a: a, art), check=check)
                 fetch_store.append(time.perf_counter() - t)
     ms = {name: statistics.median(v) * 1e3 for name, v in
           (("disk hit", disk), ("remote hit", fetch), ("remote hit + local store", fetch_store))}
@@ -117,8 +118,8 @@ def warmup_over_ranks(source: KernelCache, ranks: list[int], count: int) -> None
         gather = max(o["seconds"]["gather"] for o in out)
         exchange = max(o["seconds"]["exchange"] for o in out)
         print(f"  {world} rank(s): compiled per rank {counts} (total {sum(counts)}), received per rank "
-              f"{[o['received'] for o in out]}; prepare {prepare:.2f} s, gather {gather:.2f} s, exchange {exchange:.2f} s "
-              f"(slowest rank), whole share {max(o['total'] for o in out):.2f} s")
+              f"{[o['received'] for o in out]}; prepare {prepare:.2f} s, gather {gather:.2f} s, "
+              f"exchange {exchange:.2f} s (slowest rank), whole share {max(o['total'] for o in out):.2f} s")
 
 
 def main() -> None:

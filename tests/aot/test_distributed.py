@@ -59,6 +59,7 @@ RANK = textwrap.dedent("""
                             timeout=datetime.timedelta(seconds=cfg["timeout"]))
     recipes = load_recipes({examples!r})
     items = [recipes[n] for n in cfg["names"]]
+    items[0] = (items[0], items[0].default_config())  # a (recipe, config) pair, as gemmgen.nn.model_launches lists
     try:
         kernels = gemmgen.warmup(items, jobs=1, cache=KernelCache(cfg["caches"][rank]), quiet=rank != 0)
         print(json.dumps({{"ok": [[k.cache_key, k.origin] for k in kernels]}}))

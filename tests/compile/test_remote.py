@@ -48,6 +48,15 @@ def backend_url(request, tmp_path):
 
 
 @pytest.fixture
+def redis_folder(tmp_path):
+    """A folder for a redis-server of the test's own (skips, saying why, where none can start)."""
+    if why := why_no_redis():
+        pytest.skip(why)
+    (tmp_path / "redis").mkdir()
+    return tmp_path / "redis"
+
+
+@pytest.fixture
 def compiles(monkeypatch, kernel):
     """Stands in for NVRTC with the session's artifact; counts the calls."""
     calls = []
@@ -117,13 +126,10 @@ def test_a_corrupt_value_is_refused_recompiled_and_replaced(kernel, backend_url,
     assert tier.fetch(key, kernel_check(gen)) == art  # replaced by the good one
 
 
-def test_a_server_killed_mid_run_degrades_to_a_local_compile_with_one_warning(kernel, tmp_path, monkeypatch,
-                                                                             compiles):
-    if why := why_no_redis():
-        pytest.skip(why)
+def test_a_server_killed_mid_run_degrades_to_a_local_compile_with_one_warning(kernel, tmp_path, monkeypatch, compiles,
+                                                                             redis_folder):
     r, _, art, key = kernel
-    (tmp_path / "redis").mkdir()
-    with redis_server(tmp_path / "redis") as server:
+    with redis_server(redis_folder) as server:
         monkeypatch.setenv("GEMMGEN_REMOTE_CACHE", server.url)
         monkeypatch.setenv("GEMMGEN_REMOTE_CACHE_TIMEOUT", "2")
         _tier(server.url).store(key, art)
@@ -157,12 +163,9 @@ def test_a_server_that_never_answers_times_out_within_the_stated_time(kernel, tm
     silent.close()
 
 
-def test_a_full_server_fails_the_store_not_the_call(kernel, tmp_path, monkeypatch, compiles):
-    if why := why_no_redis():
-        pytest.skip(why)
+def test_a_full_server_fails_the_store_not_the_call(kernel, tmp_path, monkeypatch, compiles, redis_folder):
     r, gen, art, key = kernel
-    (tmp_path / "redis").mkdir()
-    with redis_server(tmp_path / "redis", maxmemory="1mb") as server:
+    with redis_server(redis_folder, maxmemory="1mb") as server:
         monkeypatch.setenv("GEMMGEN_REMOTE_CACHE", server.url)
         with pytest.warns(gg.GemmgenWarning, match=r"failed storing .*OutOfMemory.*local cache only"):
             built = build_kernel(r.ir, r.default_config(), KernelCache(tmp_path / "local"))
@@ -171,12 +174,9 @@ def test_a_full_server_fails_the_store_not_the_call(kernel, tmp_path, monkeypatc
         assert KernelCache(tmp_path / "local").get(key, kernel_check(gen)) == art
 
 
-def test_the_ttl_is_set_on_every_stored_kernel(kernel, tmp_path, monkeypatch, compiles):
-    if why := why_no_redis():
-        pytest.skip(why)
+def test_the_ttl_is_set_on_every_stored_kernel(kernel, tmp_path, monkeypatch, compiles, redis_folder):
     r, _, _, key = kernel
-    (tmp_path / "redis").mkdir()
-    with redis_server(tmp_path / "redis") as server:
+    with redis_server(redis_folder) as server:
         monkeypatch.setenv("GEMMGEN_REMOTE_CACHE", server.url)
         monkeypatch.setenv("GEMMGEN_REMOTE_CACHE_TTL", "120")
         build_kernel(r.ir, r.default_config(), KernelCache(tmp_path / "local"))
@@ -258,3 +258,13 @@ def test_autotune_tables_are_shared_through_the_tier(backend_url, monkeypatch):
         tables.TuningTable.load("remote:h200")
     with pytest.raises(gg.InvalidArgument, match="plain NAME"):
         tables.TuningTable.load("remote:a/b")
+
+
+def test_an_fsspec_tier_that_cannot_be_used_degrades_the_same_way(kernel, tmp_path, monkeypatch, compiles):
+    r, _, _, _ = kernel
+    (tmp_path / "file").write_text("a file where the tier's folder should be")
+    monkeypatch.setenv("GEMMGEN_REMOTE_CACHE", f"file://{tmp_path / 'file'}")
+    with pytest.warns(gg.GemmgenWarning, match=r"remote cache file://.* failed reading .*compiling locally") as w:
+        built = build_kernel(r.ir, r.default_config(), KernelCache(tmp_path / "local"))
+    assert built.origin == "compiled" and len(compiles) == 1
+    assert len([x for x in w if "remote cache" in str(x.message)]) == 1  # the store was not tried: the tier is off
