@@ -19,8 +19,9 @@ rank can desynchronise the job:
 
 The collectives run over a gloo group (CPU, with GEMMGEN_WARMUP_TIMEOUT as its timeout) made from
 the default group, as the default group may be NCCL, whose watchdog is shorter than a compile; a
-group passed explicitly is used as it is. A rank that dies makes the others' next collective fail
-(gloo notices a closed connection at once); a rank that hangs, after the timeout.
+group passed explicitly must be a gloo group, and is used as it is (with its own timeout). A rank
+that dies makes the others' next collective fail (gloo notices a closed connection at once); a
+rank that hangs, after the timeout.
 """
 
 from __future__ import annotations
@@ -142,7 +143,13 @@ def process_group(group: Any = None, distributed: bool | None = None) -> Any:
     assert dist is not None
     if (dist.get_world_size(group) if group is not None else dist.get_world_size()) == 1:
         return None
-    return _gloo_world(env.warmup_timeout()) if group is None or group is dist.group.WORLD else group
+    if group is None or group is dist.group.WORLD:
+        return _gloo_world(env.warmup_timeout())
+    if dist.get_backend(group) != "gloo":
+        raise InvalidArgument(f"group: expected a gloo group, got a {dist.get_backend(group)} one: the warm-up sends "
+                              "bytes on the CPU and waits through compiles, longer than an NCCL watchdog allows; pass "
+                              "torch.distributed.new_group(ranks, backend='gloo'), or no group to use the default one")
+    return group
 
 
 _GLOO_GROUPS: dict[float, Any] = {}

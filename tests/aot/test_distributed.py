@@ -60,8 +60,14 @@ RANK = textwrap.dedent("""
     recipes = load_recipes({examples!r})
     items = [recipes[n] for n in cfg["names"]]
     items[0] = (items[0], items[0].default_config())  # a (recipe, config) pair, as gemmgen.nn.model_launches lists
+    group = None
+    if cfg.get("group"):  # a group passed explicitly ("nccl": one that reports another backend)
+        group = dist.new_group(backend="gloo")
+        if cfg["group"] == "nccl":
+            real = dist.get_backend
+            dist.get_backend = lambda g=None: "nccl" if g is group else real(g)
     try:
-        kernels = gemmgen.warmup(items, jobs=1, cache=KernelCache(cfg["caches"][rank]), quiet=rank != 0)
+        kernels = gemmgen.warmup(items, jobs=1, cache=KernelCache(cfg["caches"][rank]), quiet=rank != 0, group=group)
         print(json.dumps({{"ok": [[k.cache_key, k.origin] for k in kernels]}}))
     except gemmgen.GemmgenError as e:
         print(json.dumps({{"error": type(e).__name__ + ": " + str(e)}}))
@@ -135,6 +141,18 @@ def test_ranks_sharing_a_cache_folder_write_it_once_and_end_with_every_kernel(co
     assert all(r["rc"] == 0 for r in results), results
     assert len(log) == len(NAMES)
     _all_cached([tmp_path / "node0", tmp_path / "node1"], compiled)
+
+
+def test_an_explicit_gloo_group_is_used_and_another_backend_is_refused_before_any_collective(compiled,
+                                                                                            session_cache, tmp_path):
+    results, log, _ = _run(tmp_path, session_cache, group="gloo")
+    assert all(r["rc"] == 0 for r in results), results
+    assert len(log) == len(NAMES)
+    _all_cached([tmp_path / f"cache{r}" for r in range(WORLD)], compiled)
+    (tmp_path / "again").mkdir()
+    results, log, _ = _run(tmp_path / "again", session_cache, group="nccl")
+    assert log == [] and all(r["rc"] == 3 for r in results), results
+    assert all(r["error"].startswith("InvalidArgument: group: expected a gloo group, got a nccl one") for r in results)
 
 
 def test_a_rank_killed_during_the_warm_up_makes_the_others_fail_fast(compiled, session_cache, tmp_path):
