@@ -77,6 +77,13 @@ def _functor(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
     if node.op.param is Param.SLOPE:
         return f"{ns}::Map<{ns}::{node.op.functor}<{f32_bits(node.attr):#010x}u>>::Fn", list(node.args)  # type: ignore[arg-type]
     base = f"{ns}::{node.op.functor}"
+    if node.op is Op.WHERE:  # constant branches built in (a constant condition was folded by the IR)
+        _, x, y = (nodes[a] for a in node.args)
+        bits = [f"{f32_bits(v.attr):#010x}u" for v in (x, y) if v.op is Op.CONST]  # type: ignore[arg-type]
+        which = "X" * (x.op is Op.CONST) + "Y" * (y.op is Op.CONST)
+        if which:
+            kept = [a for a in node.args if nodes[a].op is not Op.CONST]
+            return f"{ns}::Map<{ns}::SelectConst{which}<{', '.join(bits)}>>::Fn", kept
     if len(node.args) == 2:
         lhs, rhs = (nodes[a] for a in node.args)
         if rhs.op is Op.CONST:

@@ -102,19 +102,29 @@ class Value:
     def __mod__(self, o: Any) -> Value:
         raise self._unsupported("operator '%'", "use gemmgen ops (gg.min, gg.max, gg.clamp, ...)")
 
-    def _compare(self, o: Any) -> Value:
-        raise self._unsupported("comparison", "use gg.max / gg.min / gg.clamp / gg.relu instead of branches")
+    # Comparisons are values (1.0 or 0.0) for gg.where; `==` and `!=` keep their Python meaning
+    # (traced values are hashed), so equality is gg.eq / gg.ne.
+    def __lt__(self, o: Any) -> Value:
+        return _binary(Op.LT, self, o, "<")
 
-    __lt__ = __le__ = __gt__ = __ge__ = _compare
+    def __le__(self, o: Any) -> Value:
+        return _binary(Op.LE, self, o, "<=")
+
+    def __gt__(self, o: Any) -> Value:
+        return _binary(Op.GT, self, o, ">")
+
+    def __ge__(self, o: Any) -> Value:
+        return _binary(Op.GE, self, o, ">=")
 
     def __eq__(self, o: object) -> bool:
-        raise self._unsupported("comparison", "use gg.max / gg.min / gg.clamp / gg.relu instead of branches")
+        raise self._unsupported("'==' / '!='", "use gg.eq(x, y) / gg.ne(x, y), which give 1.0 or 0.0 for gg.where")
 
     __ne__ = __eq__
     __hash__ = object.__hash__
 
     def __bool__(self) -> bool:
-        raise self._unsupported("a truth test (if/and/or)", "the epilogue must be branch-free; use gg.max / gg.min")
+        raise self._unsupported("a truth test (if/and/or)", "the epilogue must be branch-free; use "
+                                "gg.where(cond, x, y) (cond such as acc > 0), gg.max or gg.min")
 
     def __float__(self) -> float:
         raise self._unsupported("float() / math.* functions", "use gemmgen ops (gg.exp, gg.tanh, ...)")
@@ -194,6 +204,13 @@ def _binary(op: Op, x: Any, y: Any, op_name: str) -> Value:
     return _same_trace([a, b], op_name).add(Node(op, (a._index, b._index)))
 
 
+def _ternary(op: Op, x: Any, y: Any, z: Any, op_name: str) -> Value:
+    if not any(isinstance(v, Value) for v in (x, y, z)):
+        _lift(x, op_name)  # raises for non-numbers
+    a, b, c = _lift(x, op_name), _lift(y, op_name), _lift(z, op_name)
+    return _same_trace([a, b, c], op_name).add(Node(op, (a._index, b._index, c._index)))
+
+
 def _unary(op: Op, x: Any, op_name: str, attr: float | None = None, dtype: DType | None = None) -> Value:
     a = _lift(x, op_name)
     return _same_trace([a], op_name).add(Node(op, (a._index,), attr=attr, dtype=dtype))
@@ -225,6 +242,21 @@ min = minimum  # noqa: A001
 max = maximum  # noqa: A001
 abs = _elementwise(Op.ABS, "|x|.")  # noqa: A001
 exp = _elementwise(Op.EXP, "e^x.")
+erf = _elementwise(Op.ERF, "The error function, as torch.erf.")
+sin = _elementwise(Op.SIN, "sin(x), x in radians (accurate sinf, not the fast-math approximation).")
+cos = _elementwise(Op.COS, "cos(x), x in radians (accurate cosf).")
+lt = _elementwise(Op.LT, "1.0 where x < y, else 0.0 (also spelt x < y).")
+le = _elementwise(Op.LE, "1.0 where x <= y, else 0.0 (also spelt x <= y).")
+gt = _elementwise(Op.GT, "1.0 where x > y, else 0.0 (also spelt x > y).")
+ge = _elementwise(Op.GE, "1.0 where x >= y, else 0.0 (also spelt x >= y).")
+eq = _elementwise(Op.EQ, "1.0 where x == y, else 0.0 (NaN equals nothing).")
+ne = _elementwise(Op.NE, "1.0 where x != y, else 0.0 (NaN differs from everything).")
+
+
+def where(cond: Any, x: Any, y: Any) -> Value:
+    """x where cond is non-zero (a comparison: acc > 0, gg.eq(...)), else y, as torch.where; the
+    side not taken never reaches the result, so a NaN or inf there is harmless."""
+    return _ternary(Op.WHERE, cond, x, y, "where")
 tanh = _elementwise(Op.TANH, "tanh(x).")
 sigmoid = _elementwise(Op.SIGMOID, "1 / (1 + e^-x).")
 relu = _elementwise(Op.RELU, "max(x, 0).")

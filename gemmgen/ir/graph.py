@@ -278,6 +278,8 @@ def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand,
         if node.op.commutative:
             args.sort(key=lambda a: structure[a])
         argn = [new_nodes[a] for a in args]
+        if node.op is Op.WHERE and argn[0].op is Op.CONST:  # a constant condition picks its side
+            return args[1] if argn[0].attr != 0 else args[2]  # NaN is true, as Op.WHERE's formula says
         if args and all(a.op is Op.CONST for a in argn):
             value = fold_constant(node.op, tuple(a.attr for a in argn), node.attr, node.dtype)  # type: ignore[misc]
             folded = Node(Op.CONST, attr=value)

@@ -71,10 +71,22 @@ class Op(enum.Enum):
     DIV = ("div", 2, "Div", lambda x, y: x / y, None, "/")
     MIN = ("min", 2, "Min", lambda x, y: x.minimum(y), "min", None, True)  # NaN-propagating, as torch.minimum
     MAX = ("max", 2, "Max", lambda x, y: x.maximum(y), "max", None, True)
+    # comparisons: 1.0 where true, else 0.0 (false against NaN, as in torch; `ne` true)
+    LT = ("lt", 2, "Less", lambda x, y: (x < y).float(), "lt", "<")
+    LE = ("le", 2, "LessEqual", lambda x, y: (x <= y).float(), "le", "<=")
+    GT = ("gt", 2, "Greater", lambda x, y: (x > y).float(), "gt", ">")
+    GE = ("ge", 2, "GreaterEqual", lambda x, y: (x >= y).float(), "ge", ">=")
+    EQ = ("eq", 2, "Equal", lambda x, y: (x == y).float(), "eq", None, True)
+    NE = ("ne", 2, "NotEqual", lambda x, y: (x != y).float(), "ne", None, True)
+    # ternary: x where cond is non-zero (a comparison's 1.0; NaN counts as true, as bool(nan) in torch), else y
+    WHERE = ("where", 3, "Select", lambda c, x, y: x.where(c != 0, y), "where")
     # unary
     NEG = ("neg", 1, "Neg", lambda x: -x, None, "unary -")
     ABS = ("abs", 1, "Abs", lambda x: x.abs(), "abs")
     EXP = ("exp", 1, "Exp", lambda x: x.exp(), "exp")
+    ERF = ("erf", 1, "Erf", lambda x: x.erf(), "erf")
+    SIN = ("sin", 1, "Sin", lambda x: x.sin(), "sin")
+    COS = ("cos", 1, "Cos", lambda x: x.cos(), "cos")
     TANH = ("tanh", 1, "Tanh", lambda x: x.tanh(), "tanh")
     SIGMOID = ("sigmoid", 1, "Sigmoid", lambda x: x.sigmoid(), "sigmoid")
     RELU = ("relu", 1, "Relu", lambda x: x.relu(), "relu")
@@ -122,4 +134,5 @@ class Op(enum.Enum):
 
 _BY_KEY = {op.key: op for op in Op}
 BINARY_OPS = frozenset(o for o in Op if o.arity == 2)
+TERNARY_OPS = frozenset(o for o in Op if o.arity == 3)
 UNARY_OPS = frozenset(o for o in Op if o.arity == 1)

@@ -203,6 +203,14 @@ def _functor(t: CppType) -> Callable[..., torch.Tensor]:
         if base == "WithRhs":
             return lambda x: fn(x, constant)
         return lambda x: fn(constant, x)
+    if base.startswith("SelectConst"):  # where() with constant branches: SelectConst{X,Y,XY}<bits...>
+        which, consts = base.removeprefix("SelectConst"), [_constant(a) for a in f.args]
+        select = scalar_function("Select")
+        if which == "X":
+            return lambda c, y: select(c, consts[0], y)
+        if which == "Y":
+            return lambda c, x: select(c, x, consts[0])
+        return lambda c: select(c, consts[0], consts[1])
     op = _BY_FUNCTOR.get(base)
     if op is not None and op.param is Param.SLOPE:
         slope = float(_constant(f.args[0]))

@@ -1,7 +1,7 @@
 """Coverage kernels for the tests: every epilogue functor, a second matrix input (Sm90AuxLoad),
 constants on either side of an op, a cast, a compile-time scalar, fp8 (e4m3) D, a batched recipe,
 MN-major A and B multicast across a 2x2 cluster, a swapped kernel (D^T = B^T A^T), an amax,
-reductions over M, signed max and min reductions, and the stream-K scheduler."""
+reductions over M, signed max and min reductions, the stream-K scheduler, and where() with comparisons."""
 
 import gemmgen as gg
 
@@ -135,3 +135,19 @@ stream_k = gg.Recipe(
     aux={"row_sum": gg.f32},
     config=gg.KernelConfig(tile=(128, 128, 64), cluster=(2, 1, 1), tile_scheduler=gg.TileScheduler.STREAM_K),
 )
+
+
+# where() and comparisons, with values and with constants on either branch (gemmgen::epi::Select,
+# SelectConstX / Y / XY), erf, sin and cos. Each where() is continuous where its condition flips, so
+# the emulation's and the reference's accumulators, which differ in their last bits, agree at ties;
+# the step function's conditions (never true on finite inputs) leave it at 0 (its functor's both
+# sides are checked on the host, tests/ir/test_ops.py).
+def _select_ops(acc, bias):
+    a = gg.where(acc > bias, gg.erf(acc - bias), gg.sin(acc - bias) * gg.cos(acc))
+    b = gg.where(acc <= 0.5, 0.5, acc)
+    c = gg.where(gg.ge(acc, -1.0), acc, -1.0)
+    e = gg.where(gg.lt(acc, -1e30) + gg.eq(acc, 3e38) + gg.ne(acc, acc), 1.0, 0.0)
+    return a + b * c - e
+
+
+select_ops = gg.Recipe("select_ops", _select_ops, operands={"bias": gg.RowVector(gg.bf16)})

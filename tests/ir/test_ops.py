@@ -20,7 +20,7 @@ from gemmgen.testing.visitors import scalar_function
 
 EPILOGUE_HPP = gemmgen_include_dir() / "gemmgen" / "epilogue.hpp"
 #: epilogue.hpp's structs that are no op's: the identity (D's own conversion node) and the adaptors.
-HELPERS = {"Identity", "WithRhs", "WithLhs", "Map"}
+HELPERS = {"Identity", "WithRhs", "WithLhs", "Map", "SelectConstX", "SelectConstY", "SelectConstXY"}
 
 
 def _functors_in_header() -> set[str]:
@@ -39,6 +39,7 @@ def test_each_op_is_one_complete_row():
             assert op.formula is not None and op.functor is not None, op
             assert op.dsl is not None or op.symbol is not None, f"{op}: the DSL has no spelling of it"
             assert op.commutative <= (op.arity == 2)
+            assert op.arity <= 3
 
 
 def test_every_functor_the_table_names_is_in_epilogue_hpp_and_no_other():
@@ -59,9 +60,17 @@ def test_the_dsl_spells_every_op_and_lists_it():
         fn = getattr(gg, op.dsl)
         assert fn is getattr(gg.dsl, op.dsl)
         extra = {Param.SLOPE: (0.2,), Param.DTYPE: (gg.bf16,)}.get(op.param, ())
-        recipe = gg.Recipe("t", _binary_epilogue(fn), operands={"s": gg.Scalar()}) if op.arity == 2 else \
-            gg.Recipe("t", _unary_epilogue(fn, extra))
+        if op.arity == 3:
+            recipe = gg.Recipe("t", _ternary_epilogue(fn), operands={"s": gg.Scalar()})
+        elif op.arity == 2:
+            recipe = gg.Recipe("t", _binary_epilogue(fn), operands={"s": gg.Scalar()})
+        else:
+            recipe = gg.Recipe("t", _unary_epilogue(fn, extra))
         assert op in [n.op for n in recipe.ir.epilogue.nodes], op
+
+
+def _ternary_epilogue(fn):
+    return lambda acc, s: fn(acc, s, acc * s)
 
 
 def _binary_epilogue(fn):
@@ -78,8 +87,9 @@ def test_the_visitors_evaluate_each_functor_by_the_tables_formula():
     for op in Op:
         if op.functor is None or op.param is not Param.NONE:
             continue
-        got = scalar_function(op.functor)(*([x, x.flip(0)] if op.arity == 2 else [x]))
-        torch.testing.assert_close(got, op.apply((x, x.flip(0))[:op.arity]), rtol=0, atol=0, equal_nan=True)
+        args = (x, x.flip(0), x * 0.5)[:op.arity]
+        got = scalar_function(op.functor)(*args)
+        torch.testing.assert_close(got, op.apply(args), rtol=0, atol=0, equal_nan=True)
 
 
 def test_constants_fold_by_the_formula():
@@ -106,22 +116,29 @@ def test_cpp_functors_compute_the_tables_formulas(tmp_path):
             continue
         functor = f"{EPI}::{op.functor}<{f32_bits(slope)}u>" if op.param is Param.SLOPE else f"{EPI}::{op.functor}"
         for x in xs:
-            for y in ys if op.arity == 2 else (0.0,):
-                call = f"{_cpp(x)}, {_cpp(y)}" if op.arity == 2 else _cpp(x)
-                lines.append(f"  p({functor}{{}}({call}));")
-                cases.append((op, x, y))
-    for x in xs:  # a constant operand on either side
+            for y in [*ys, x] if op.arity >= 2 else [0.0]:  # y = x: the comparisons' ties
+                args = (x, y, -7.0)[:op.arity]
+                lines.append(f"  p({functor}{{}}({', '.join(map(_cpp, args))}));")
+                cases.append((op, args))
+    for x in xs:  # a constant operand on either side; where's constant branches
         lines.append(f"  p({EPI}::WithLhs<{EPI}::Sub, {f32_bits(2.0)}u>{{}}({_cpp(x)}));")
-        cases.append((Op.SUB, 2.0, x))
+        cases.append((Op.SUB, (2.0, x)))
         lines.append(f"  p({EPI}::WithRhs<{EPI}::Div, {f32_bits(3.0)}u>{{}}({_cpp(x)}));")
-        cases.append((Op.DIV, x, 3.0))
+        cases.append((Op.DIV, (x, 3.0)))
+        lines.append(f"  p({EPI}::SelectConstX<{f32_bits(2.0)}u>{{}}({_cpp(x)}, -1.0f));")
+        cases.append((Op.WHERE, (x, 2.0, -1.0)))
+        lines.append(f"  p({EPI}::SelectConstY<{f32_bits(2.0)}u>{{}}({_cpp(x)}, -1.0f));")
+        cases.append((Op.WHERE, (x, -1.0, 2.0)))
+        lines.append(f"  p({EPI}::SelectConstXY<{f32_bits(2.0)}u, {f32_bits(-3.0)}u>{{}}({_cpp(x)}));")
+        cases.append((Op.WHERE, (x, 2.0, -3.0)))
     # Host stand-ins for the two CUTLASS headers epilogue.hpp includes (only macros and a declaration).
     stub = tmp_path / "stub" / "cutlass"
     stub.mkdir(parents=True)
     (stub / "cutlass.h").write_text(
         "#pragma once\n#include <cstdint>\n#include <cstring>\n#include <cmath>\n#define CUTLASS_DEVICE inline\n"
         "#define CUTLASS_PRAGMA_UNROLL\n"
-        "inline float __uint_as_float(uint32_t b) { float f; std::memcpy(&f, &b, 4); return f; }\n")
+        "inline float __uint_as_float(uint32_t b) { float f; std::memcpy(&f, &b, 4); return f; }\n"
+        "inline uint32_t __float_as_uint(float f) { uint32_t b; std::memcpy(&b, &f, 4); return b; }\n")
     (stub / "array.h").write_text(
         "#pragma once\nnamespace cutlass { template <class T, int N, bool R> struct Array; }\n")
     prog = tmp_path / "f.cpp"
@@ -134,12 +151,11 @@ def test_cpp_functors_compute_the_tables_formulas(tmp_path):
                     "-o", str(exe), str(prog)], check=True, capture_output=True)
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
     assert len(out) == len(cases) > 100
-    for (op, x, y), got in zip(cases, out, strict=True):
-        args = (torch.tensor(x), torch.tensor(y))[:op.arity]
-        want = op.apply(args, slope).float()
-        ulps = 2**-22 * max(1.0, abs(x), abs(y))
+    for (op, args), got in zip(cases, out, strict=True):
+        want = op.apply(tuple(torch.tensor(a) for a in args), slope).float()
+        ulps = 2**-22 * max([1.0, *(abs(a) for a in args if a == a)])
         torch.testing.assert_close(torch.tensor(float(got)), want, rtol=2e-6, atol=ulps, equal_nan=True,
-                                   msg=_prefix(f"{op.functor}({x}, {y})"))
+                                   msg=_prefix(f"{op.functor}{args}"))
 
 
 def _prefix(where: str):
@@ -148,3 +164,73 @@ def _prefix(where: str):
 
 def _cpp(x: float) -> str:
     return "std::numeric_limits<float>::quiet_NaN()" if x != x else f"{x}f"
+
+
+def test_comparisons_and_where_trace_fold_and_mean_what_torch_means():
+    """`<` `<=` `>` `>=` are traced (`==` stays Python's); where() picks a side without touching the
+    other (NaN and inf there stay out), a constant condition folds to its side, NaN counts as true."""
+    recipe = gg.Recipe("t", lambda acc, s: gg.where(acc > s, gg.erf(acc), gg.sin(acc) / gg.cos(acc))
+                       + gg.where(gg.ne(acc, acc), -1.0, gg.where(acc <= 0.0, 0.5, acc)),
+                       operands={"s": gg.Scalar()})
+    keys = [n.op.key for n in recipe.ir.epilogue.nodes]
+    for key in ("gt", "le", "ne", "where", "erf", "sin", "cos"):
+        assert key in keys
+    acc = torch.tensor([[-2.0, 0.0, 1.5707964, 3.0], [float("nan"), 0.25, -0.0, 1e30]])
+    s = torch.tensor(0.5)
+    want = torch.where(acc > s, torch.erf(acc), torch.sin(acc) / torch.cos(acc)) + \
+        torch.where(acc != acc, torch.tensor(-1.0), torch.where(acc <= 0, torch.tensor(0.5), acc))
+    from gemmgen.ir.reference import evaluate_epilogue
+
+    got, = evaluate_epilogue(recipe.ir.epilogue, acc, {"s": s}, round_outputs=False)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    folded = gg.Recipe("t", lambda acc: gg.where(gg.lt(1.0, 2.0), acc, gg.exp(acc)) +
+                       gg.where(float("nan"), acc, 0.0))
+    assert [n.op.key for n in folded.ir.epilogue.nodes] == ["acc", "add"]  # both conditions folded away
+    with pytest.raises(gg.RecipeError, match=r"gg.eq\(x, y\)"):
+        gg.Recipe("t", lambda acc: acc == 0.0)
+    with pytest.raises(gg.RecipeError, match=r"gg.where\(cond, x, y\)"):
+        gg.Recipe("t", lambda acc: acc if acc > 0 else -acc)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to run the epilogue functors on the host")
+def test_sin_and_cos_are_within_an_ulp_over_the_whole_float_range(tmp_path):
+    """gemmgen::epi::Sin/Cos reduce their argument in registers (trig.hpp) rather than CUDA's slow
+    path in local memory; against float64 torch on random bit patterns of every exponent and on
+    the floats nearest k pi/2 (the hardest reductions), each result is within one fp32 ulp."""
+    gen = torch.Generator().manual_seed(7)
+    bits = torch.randint(0, 2**31 - 2**23, (40000,), generator=gen, dtype=torch.int64)  # finite, both signs below
+    xs = bits.to(torch.int32).view(torch.float32)
+    xs = torch.cat([xs, -xs[:20000]])
+    k = torch.cat([torch.arange(1, 5000, dtype=torch.float64), torch.randint(1, 2**40, (5000,), generator=gen)
+                   .double()])
+    near = (k * torch.pi / 2).float()
+    xs = torch.cat([xs, near, torch.nextafter(near, torch.tensor(float("inf"))),
+                    torch.tensor([0.0, -0.0, 1e-40, 3.4028235e38, -3.4028235e38, 105615.0, 105616.0,
+                                  4.2166e8, 4.2168e8])])
+    (tmp_path / "in.txt").write_text("\n".join(str(int(b) & 0xFFFFFFFF) for b in xs.view(torch.int32).tolist()))
+    stub = tmp_path / "stub" / "cutlass"
+    stub.mkdir(parents=True)
+    (stub / "cutlass.h").write_text(
+        "#pragma once\n#include <cstdint>\n#include <cstring>\n#include <cmath>\n#define CUTLASS_DEVICE inline\n"
+        "inline uint32_t __float_as_uint(float f) { uint32_t b; std::memcpy(&b, &f, 4); return b; }\n")
+    prog = tmp_path / "t.cpp"
+    trig = "gemmgen::epi::trig::sin_or_cos"
+    prog.write_text("#include <cstdio>\n#include <cutlass/cutlass.h>\n#include <gemmgen/trig.hpp>\n"
+                    "int main() {\n  unsigned b;\n  while (std::scanf(\"%u\", &b) == 1) {\n"
+                    f"    float x, s, c;\n    std::memcpy(&x, &b, 4);\n    s = {trig}(x, false), c = {trig}(x, true);\n"
+                    "    unsigned sb, cb;\n    std::memcpy(&sb, &s, 4), std::memcpy(&cb, &c, 4);\n"
+                    "    std::printf(\"%u %u\\n\", sb, cb);\n  }\n}\n")
+    exe = tmp_path / "t"
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{tmp_path / 'stub'}", f"-I{gemmgen_include_dir()}", "-o",
+                    str(exe), str(prog)], check=True, capture_output=True)
+    out = subprocess.run([str(exe)], input=(tmp_path / "in.txt").read_text(), check=True, capture_output=True,
+                         text=True).stdout.split()
+    got = torch.tensor([int(v) for v in out], dtype=torch.int64).to(torch.int32).view(torch.float32).view(-1, 2)
+    for column, fn in ((0, torch.sin), (1, torch.cos)):
+        want = fn(xs.double())
+        ulp = (torch.nextafter(want.float().abs(), torch.tensor(float("inf"))) - want.float().abs()).double()
+        err = (got[:, column].double() - want).abs() / ulp
+        worst = int(err.argmax())
+        assert float(err.max()) <= 1.0, f"{fn.__name__}({float(xs[worst])!r}): {float(got[worst, column])!r}, " \
+                                        f"want {float(want[worst])!r} ({float(err.max()):.2f} ulp)"
+        assert torch.equal(got[:, column].signbit()[want != 0], want.signbit()[want != 0])

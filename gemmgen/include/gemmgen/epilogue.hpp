@@ -10,6 +10,8 @@
 #include <cutlass/array.h>
 #include <cutlass/cutlass.h>
 
+#include <gemmgen/trig.hpp>
+
 namespace gemmgen::epi {
 
 CUTLASS_DEVICE float from_bits(uint32_t bits) { return __uint_as_float(bits); }
@@ -23,9 +25,26 @@ struct Mul { CUTLASS_DEVICE float operator()(float x, float y) const { return x 
 struct Div { CUTLASS_DEVICE float operator()(float x, float y) const { return x / y; } };
 struct Min { CUTLASS_DEVICE float operator()(float x, float y) const { return nan_or(x, y, fminf(x, y)); } };
 struct Max { CUTLASS_DEVICE float operator()(float x, float y) const { return nan_or(x, y, fmaxf(x, y)); } };
+// Comparisons give 1.0 or 0.0; every comparison with NaN is false but !=, as in C++ and torch.
+struct Less { CUTLASS_DEVICE float operator()(float x, float y) const { return x < y ? 1.0f : 0.0f; } };
+struct LessEqual { CUTLASS_DEVICE float operator()(float x, float y) const { return x <= y ? 1.0f : 0.0f; } };
+struct Greater { CUTLASS_DEVICE float operator()(float x, float y) const { return x > y ? 1.0f : 0.0f; } };
+struct GreaterEqual { CUTLASS_DEVICE float operator()(float x, float y) const { return x >= y ? 1.0f : 0.0f; } };
+struct Equal { CUTLASS_DEVICE float operator()(float x, float y) const { return x == y ? 1.0f : 0.0f; } };
+struct NotEqual { CUTLASS_DEVICE float operator()(float x, float y) const { return x != y ? 1.0f : 0.0f; } };
+
+// where(c, x, y): x where c is non-zero (NaN included), else y; the untaken side never reaches the
+// result (no NaN * 0). SelectConst*: the same with the branches the IR holds as constants built in.
+struct Select {
+  CUTLASS_DEVICE float operator()(float c, float x, float y) const { return c != 0.0f ? x : y; }
+};
+
 struct Neg { CUTLASS_DEVICE float operator()(float x) const { return -x; } };
 struct Abs { CUTLASS_DEVICE float operator()(float x) const { return fabsf(x); } };
 struct Exp { CUTLASS_DEVICE float operator()(float x) const { return expf(x); } };
+struct Erf { CUTLASS_DEVICE float operator()(float x) const { return erff(x); } };
+struct Sin { CUTLASS_DEVICE float operator()(float x) const { return trig::sin_or_cos(x, false); } };  // trig.hpp
+struct Cos { CUTLASS_DEVICE float operator()(float x) const { return trig::sin_or_cos(x, true); } };
 struct Tanh { CUTLASS_DEVICE float operator()(float x) const { return tanhf(x); } };
 struct Sigmoid { CUTLASS_DEVICE float operator()(float x) const { return 1.0f / (1.0f + expf(-x)); } };
 struct Relu { CUTLASS_DEVICE float operator()(float x) const { return x < 0.0f ? 0.0f : x; } };
@@ -53,6 +72,21 @@ struct WithRhs { CUTLASS_DEVICE float operator()(float x) const { return Op{}(x,
 // c op x
 template <class Op, uint32_t Bits>
 struct WithLhs { CUTLASS_DEVICE float operator()(float x) const { return Op{}(from_bits(Bits), x); } };
+
+template <uint32_t XBits>
+struct SelectConstX {
+  CUTLASS_DEVICE float operator()(float c, float y) const { return Select{}(c, from_bits(XBits), y); }
+};
+
+template <uint32_t YBits>
+struct SelectConstY {
+  CUTLASS_DEVICE float operator()(float c, float x) const { return Select{}(c, x, from_bits(YBits)); }
+};
+
+template <uint32_t XBits, uint32_t YBits>
+struct SelectConstXY {
+  CUTLASS_DEVICE float operator()(float c) const { return Select{}(c, from_bits(XBits), from_bits(YBits)); }
+};
 
 template <class ScalarFn>
 struct Map {
