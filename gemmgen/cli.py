@@ -71,7 +71,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     shapes = load_shapes(args.shapes)
     by_name = {r.name: r for r in _recipes(args).values()}
-    table = TuningTable.load(args.out) if TuningTable.exists(args.out) else TuningTable()
+    table = TuningTable.load_or_new(args.out)
     for name, problems in shapes.items():
         if name.startswith("_") or (args.recipe and name != args.recipe):
             continue

@@ -104,14 +104,13 @@ def remote_cache_url() -> str | None:
 
 
 def remote_cache_ttl() -> int | None:
-    value = _seconds("GEMMGEN_REMOTE_CACHE_TTL", None)
-    return None if value is None else max(1, round(value))
+    if _get("GEMMGEN_REMOTE_CACHE_TTL") is None:
+        return None
+    return max(1, round(_seconds("GEMMGEN_REMOTE_CACHE_TTL", 0.0)))
 
 
 def remote_cache_timeout() -> float:
-    value = _seconds("GEMMGEN_REMOTE_CACHE_TIMEOUT", 5.0)
-    assert value is not None
-    return value
+    return _seconds("GEMMGEN_REMOTE_CACHE_TIMEOUT", 5.0)
 
 
 def distributed_enabled() -> bool:
@@ -119,16 +118,14 @@ def distributed_enabled() -> bool:
 
 
 def warmup_timeout() -> float:
-    value = _seconds("GEMMGEN_WARMUP_TIMEOUT", 3600.0)
-    assert value is not None
-    return value
+    return _seconds("GEMMGEN_WARMUP_TIMEOUT", 3600.0)
 
 
 def _flag(name: str) -> bool:
     return (_get(name) or "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _seconds(name: str, default: float | None) -> float | None:
+def _seconds(name: str, default: float) -> float:
     value = _get(name)
     if value is None:
         return default

@@ -42,6 +42,7 @@ from ..compile.blob import pack, unpack
 from ..compile.build import cache_key, fetch_remote, kernel_check
 from ..compile.cache import Artifact
 from ..compile.parallel import compile_kernels, default_jobs, expected_compile_seconds, missing_kernels
+from ..compile.validate import report_damaged
 from ..config import KernelConfig
 from ..errors import GemmgenError, InvalidArgument, KernelNotAvailable
 from ..ir import RecipeIR
@@ -254,14 +255,15 @@ def _prepare(rank: int, pairs: Sequence[tuple[RecipeIR, KernelConfig]], cache: K
     host = socket.gethostname()
     try:
         rendered = [render_kernel(r, c) for r, c in pairs]
+        keys = [cache_key(k) for k in rendered]
         todo, _ = missing_kernels(rendered, cache)
-        kernels = {cache_key(k): (k, "local") for k in rendered}
+        kernels = {key: (k, "local") for key, k in zip(keys, rendered, strict=True)}
         for key, k in todo.items():
             fetched = fetch_remote(cache, key, kernel_check(k)) is not None
             kernels[key] = (k, "remote" if fetched else "")
         state = RankState(rank, host, str(cache.root.resolve()),
                           {key: (f"{r.name} ({c.name})", expected_compile_seconds(k))
-                           for (r, c), k in zip(pairs, rendered, strict=True) for key in [cache_key(k)]},
+                           for (r, c), k, key in zip(pairs, rendered, keys, strict=True)},
                           frozenset(key for key, (_, where) in kernels.items() if where), env.jit_enabled())
         return state, kernels
     except GemmgenError as e:  # every rank still takes part in the gather, and raises with the others
@@ -283,15 +285,19 @@ def _payload(t: Transfer, kernels: dict[str, tuple[GeneratedKernel, str]], cache
 
 def _receive(t: Transfer, data: bytes, kernel: GeneratedKernel, cache: KernelCache, writer: bool) -> None:
     """Validate what the source sent; the cache folder's writer stores it, the others keep it in memory.
-    A value that fails is dropped: the build after the exchange compiles it here (or raises)."""
+    A value that fails is reported and dropped: the build after the exchange compiles it here (or raises)."""
     check = kernel_check(kernel)
-    art, _ = unpack(data, t.key)
-    if art is not None and check(art) is None:
-        received: Artifact = art
-        if writer:
-            cache.get_or_build(t.key, lambda: received, check=check)
-        else:
-            cache.keep(t.key, received)
+    art, problem = unpack(data, t.key)
+    if art is not None:
+        problem = check(art)
+    if problem is not None or art is None:
+        report_damaged(f"distributed warm-up: {t.label} from rank {t.source}", str(problem), "not used")
+        return
+    received: Artifact = art
+    if writer:
+        cache.get_or_build(t.key, lambda: received, check=check)
+    else:
+        cache.keep(t.key, received)
 
 
 def _none_may_compile(missing: Iterable[Transfer]) -> KernelNotAvailable:

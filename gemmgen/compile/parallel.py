@@ -156,8 +156,7 @@ def build_many(pairs: Iterable[tuple[RecipeIR, KernelConfig]], cache: KernelCach
     for recipe, config in pairs:
         built = build_kernel(recipe, config, cache)
         how = origins.get(built.cache_key)
-        out.append(with_origin(built, "compiled" if how == COMPILED else "remote") if how in (COMPILED, FETCHED)
-                   else built)
+        out.append(with_origin(built, how) if how in (COMPILED, FETCHED) else built)  # ELSEWHERE: as found
     return out
 
 

@@ -150,13 +150,7 @@ class RemoteTier:
 
     def fetch(self, key: str, check: Check | None = None) -> Artifact | None:
         """The valid kernel stored for `key`, else None (a miss, a refused value, or the tier down)."""
-        if not self.available():
-            return None
-        try:
-            data = self.backend.get(self.name(key))
-        except RemoteError as e:
-            self._failed("reading", e, "compiling locally instead")
-            return None
+        data = self._get(self.name(key), "compiling locally instead")
         if data is None:
             return None
         art, problem = unpack(data, key)
@@ -171,37 +165,39 @@ class RemoteTier:
 
     def store(self, key: str, art: Artifact) -> None:
         """Put `art` under `key`; a failure warns (once per outage) and never fails the caller."""
-        if not self.available():
-            return
-        try:
-            self.backend.put(self.name(key), pack(key, art))
-        except RemoteError as e:
-            self._failed("storing", e, "the kernel is kept in the local cache only")
+        self._put(self.name(key), pack(key, art), "the kernel is kept in the local cache only")
 
     def get_bytes(self, name: str) -> bytes | None:
         """A value other than a kernel (an autotune table) stored under `gemmgen/NAME`."""
+        return self._get(f"gemmgen/{name}", "going on without it")
+
+    def put_bytes(self, name: str, data: bytes) -> bool:
+        return self._put(f"gemmgen/{name}", data, "it is not shared")
+
+    def _get(self, name: str, instead: str) -> bytes | None:
+        """The backend's value, or None on a miss, while the tier is off, or on a failure (warned)."""
         if not self.available():
             return None
         try:
-            return self.backend.get(f"gemmgen/{name}")
+            return self.backend.get(name)
         except RemoteError as e:
-            self._failed("reading", e, "going on without it")
+            self._failed("reading", e, instead)
             return None
 
-    def put_bytes(self, name: str, data: bytes) -> bool:
+    def _put(self, name: str, data: bytes, instead: str) -> bool:
         if not self.available():
             return False
         try:
-            self.backend.put(f"gemmgen/{name}", data)
+            self.backend.put(name, data)
             return True
         except RemoteError as e:
-            self._failed("storing", e, "it is not shared")
+            self._failed("storing", e, instead)
             return False
 
     def _failed(self, doing: str, error: RemoteError, instead: str) -> None:
         self._off_until = time.monotonic() + RETRY_SECONDS
         warnings.warn(f"gemmgen: remote cache {self.backend.url} failed {doing} ({error}); {instead}, and the tier "
-                      f"is off for {RETRY_SECONDS:.0f} s", GemmgenWarning, stacklevel=3)
+                      f"is off for {RETRY_SECONDS:.0f} s", GemmgenWarning, stacklevel=4)
 
 
 def remote_tier(arch: str) -> RemoteTier | None:

@@ -123,10 +123,12 @@ class TuningTable:
         return TuningTable._parse(text, str(path))
 
     @staticmethod
-    def exists(path: str | Path) -> bool:
+    def load_or_new(path: str | Path) -> TuningTable:
+        """The table at `path` (a file or `remote:NAME`), or an empty one if there is none yet."""
         if isinstance(path, str) and path.startswith(REMOTE):
-            return _remote_get(path) is not None
-        return Path(path).is_file()
+            data = _remote_get(path)
+            return TuningTable() if data is None else TuningTable._parse(data.decode(errors="replace"), path)
+        return TuningTable.load(path) if Path(path).is_file() else TuningTable()
 
     @staticmethod
     def _parse(text: str, where: str) -> TuningTable:

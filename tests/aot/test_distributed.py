@@ -135,7 +135,7 @@ def test_a_rank_with_a_warm_cache_serves_the_others_and_nothing_compiles(compile
     _all_cached([tmp_path / f"cache{r}" for r in range(WORLD)], compiled)
 
 
-def test_ranks_sharing_a_cache_folder_write_it_once_and_end_with_every_kernel(compiled, session_cache, tmp_path):
+def test_ranks_sharing_a_cache_folder_end_with_every_kernel_each_compiled_once(compiled, session_cache, tmp_path):
     caches = [tmp_path / "node0", tmp_path / "node0", tmp_path / "node1", tmp_path / "node1"]
     results, log, _ = _run(tmp_path, session_cache, caches=caches)
     assert all(r["rc"] == 0 for r in results), results
@@ -216,6 +216,37 @@ def test_a_cold_remote_tier_is_filled_by_the_ranks_that_compile(compiled, sessio
         for name in NAMES:
             k = compiled[name]
             assert tier.fetch(k.cache_key, kernel_check(k.generated)) is not None, name
+
+
+# ---- no processes: bad arguments, a damaged transfer, the plan
+
+
+def test_a_group_without_torch_distributed_initialised_is_named_before_anything_compiles(examples, monkeypatch):
+    import torch.distributed as dist
+
+    import gemmgen as gg
+
+    assert not dist.is_initialized()
+    monkeypatch.setattr("gemmgen.compile.build.compile_artifact", lambda k: pytest.fail("compiled"))
+    with pytest.raises(gg.InvalidArgument, match=r"distributed=True: .*init_process_group"):
+        gg.warmup([examples["gemm_bf16"]], distributed=True, quiet=True)
+    with pytest.raises(gg.InvalidArgument, match=r"group: torch.distributed is not initialised"):
+        gg.warmup([examples["gemm_bf16"]], group=object(), quiet=True)
+
+
+def test_a_transfer_that_fails_validation_is_reported_and_not_used(compiled, session_cache, tmp_path):
+    import gemmgen as gg
+    from gemmgen.aot.distributed import Transfer, _receive
+    from gemmgen.compile.blob import pack
+
+    k = compiled["gemm_bf16"]
+    art = session_cache.get(k.cache_key)
+    damaged = type(art)({**art.files, "kernel.cubin": art.files["kernel.cubin"][:4096]}, art.meta)
+    t = Transfer(k.cache_key, "gemm_bf16 (cfg)", 1, True, (0,), (0,))
+    local = KernelCache(tmp_path / "local")
+    with pytest.warns(gg.GemmgenWarning, match=r"gemm_bf16 \(cfg\) from rank 1: .*not used"):
+        _receive(t, pack(k.cache_key, damaged), k.generated, local, writer=True)
+    assert local.get(k.cache_key) is None
 
 
 # ---- the plan alone (pure; no processes)

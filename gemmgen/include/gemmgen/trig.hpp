@@ -27,7 +27,7 @@ CUTLASS_DEVICE int reduce(float x, uint32_t bits, double& r) {
     r = (ax - fn * 1.57079631090164184570e+00) - fn * 1.58932547735281966916e-08;
     return int(int64_t(fn) & 3);
   }
-  int e = int((bits >> 23) & 0xffu) - 150;  // |x| = m 2^e, e >= 6 here
+  int e = int((bits >> 23) & 0xffu) - 150;  // |x| = m 2^e, e >= 5 here
   uint64_t m = (bits & 0x7fffffu) | 0x800000u;
   int j0 = (e - 2) / 32 + 1;  // the first word whose product is not a multiple of 4
   uint64_t p3 = m * two_over_pi(j0 + 3);
