@@ -18,8 +18,10 @@ from .config import KernelConfig, Schedule, TileScheduler
 from .dsl import (
     DEEPSEEK_BLOCK_SCALE,
     OPS,
+    Backward,
     ColVector,
     Matrix,
+    OperandGradient,
     Recipe,
     RowVector,
     Scalar,
@@ -78,14 +80,14 @@ if TYPE_CHECKING:  # loaded on first use by __getattr__: they import torch
     from .runtime.quantize import quantize_blockwise
 
 __all__ = [
-    "DEEPSEEK_BLOCK_SCALE", "OPS", "ColMajor", "ColVector", "CompileError", "CompiledKernel", "ConfigError", "DType",
-    "GemmgenError", "GemmgenWarning", "GroupedKernel", "InvalidArgument", "Kernel", "KernelConfig",
-    "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "NotDeterministic", "OperandKind", "Recipe",
-    "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler", "ToolchainError", "Value",
-    "__version__", "abs", "add_bundle", "add_tuning", "amax", "autotune", "bf16", "build_bundle", "cast", "clamp",
-    "e4m3", "e5m2", "cos", "eq", "erf", "exp", "ge", "gt", "le", "lt", "ne", "sin", "where", "f16", "f32", "fp16",
-    "fp32", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum", "min", "minimum", "nn", "op", "quantize_blockwise",
-    "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum", "tanh", "warmup"
+    "DEEPSEEK_BLOCK_SCALE", "OPS", "Backward", "ColMajor", "ColVector", "CompileError", "CompiledKernel",
+    "ConfigError", "DType", "GemmgenError", "GemmgenWarning", "GroupedKernel", "InvalidArgument", "Kernel",
+    "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "NotDeterministic", "OperandGradient",
+    "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler",
+    "ToolchainError", "Value", "__version__", "abs", "add_bundle", "add_tuning", "amax", "autotune", "bf16",
+    "build_bundle", "cast", "clamp", "e4m3", "e5m2", "cos", "eq", "erf", "exp", "ge", "gt", "le", "lt", "ne", "sin",
+    "where", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum", "min", "minimum", "nn",
+    "op", "quantize_blockwise", "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum", "tanh", "warmup"
 ]
 
 _LAZY = {"nn": ("gemmgen.nn", None), "op": ("gemmgen.integrations.ops", "op"),

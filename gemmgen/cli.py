@@ -12,7 +12,8 @@ from ._version import __version__
 from .aot import build, load_recipes, pairs_of, with_tuned_winners, write_bundle
 from .compile import KernelCache, report_table, reports_json
 from .config import ARCH
-from .errors import GemmgenError
+from .dsl import Recipe
+from .errors import GemmgenError, RecipeError
 from .tuning import (
     DEFAULT_CANDIDATES,
     TuningTable,
@@ -86,10 +87,25 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     m, n, k, l = problem_shape(args.shape, "--shape")  # noqa: E741
-    for recipe in _recipes(args).values():
+
+    def explain(recipe: Recipe) -> str:
         g = recipe.ir.gemm  # L: the batch of a batched recipe, the groups of a grouped one
         launch = choose_launch(recipe, m, n, k, l if g.batched or g.grouped else 1, sm_count=args.sm_count)
-        print(f"{recipe.name}: {launch.config.name} ({launch.source.value}): {launch.why}")
+        return f"{recipe.name}: {launch.config.name} ({launch.source.value}): {launch.why}"
+
+    for recipe in _recipes(args).values():
+        print(explain(recipe))
+        if not args.backward:
+            continue
+        try:
+            backward = recipe.backward()
+        except RecipeError as e:
+            print(f"  no backward: {e}")
+            continue
+        print(textwrap.indent(backward.describe(), "  "))
+        for derived in (backward.forward, backward.kernel):
+            if derived is not recipe:
+                print(textwrap.indent(explain(derived), "  "))
     return 0
 
 
@@ -166,6 +182,10 @@ def parser() -> argparse.ArgumentParser:
                             help="the problem: M N K, and L (a batched recipe's batch, a grouped one's groups)")
             sp.add_argument("--sm-count", type=_positive, default=132,
                             help="SMs of the target GPU, for the heuristic's wave count (default 132: H100/H200 SXM)")
+            sp.add_argument("--backward", action="store_true",
+                            help="also derive each recipe's backward (Recipe.backward): what its kernel computes, "
+                            "and which configs it and the forward that saves for it launch (the backward GEMM at "
+                            "the same M N K)")
             continue
         sp.add_argument("-j", "--jobs", type=_positive, default=None,
                         help="compile workers (default: fit cores and memory)")

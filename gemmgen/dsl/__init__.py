@@ -1,5 +1,6 @@
 """What a user writes: operand declarations, traced epilogue values and ops, and `Recipe`."""
 
+from .backward import Backward, OperandGradient
 from .operands import ColVector, Matrix, OperandDecl, RowVector, Scalar
 from .recipe import DEEPSEEK_BLOCK_SCALE, Recipe
 from .values import (
@@ -37,7 +38,7 @@ from .values import (
     where,
 )
 
-__all__ = ["DEEPSEEK_BLOCK_SCALE", "OPS", "ColVector", "Matrix", "OperandDecl", "Recipe", "Reduced", "RowVector",
-           "Scalar", "Value", "abs", "amax", "cast", "clamp", "cos", "eq", "erf", "exp", "ge", "gt", "le", "lt", "ne",
-           "sin", "where", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum", "min", "minimum", "reduce_max",
-           "reduce_min", "relu", "sigmoid", "silu", "sum", "tanh"]
+__all__ = ["DEEPSEEK_BLOCK_SCALE", "OPS", "Backward", "ColVector", "Matrix", "OperandDecl", "OperandGradient",
+           "Recipe", "Reduced", "RowVector", "Scalar", "Value", "abs", "amax", "cast", "clamp", "cos", "eq", "erf",
+           "exp", "ge", "gt", "le", "lt", "ne", "sin", "where", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum",
+           "min", "minimum", "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum", "tanh"]

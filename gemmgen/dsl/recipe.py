@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..codegen import render_kernel, validate
@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the runtime and the reference import torch: loaded when fir
     import torch
 
     from ..runtime.base import KernelBase
+    from .backward import Backward
 
 _AB_16BIT = (DType.BF16, DType.F16)
 _AB_FP8 = (DType.E4M3, DType.E5M2)
@@ -300,6 +301,36 @@ class Recipe:
         check_values(self.ir, a, b, operands, offsets)  # the kernel's rules: no silent broadcast
         outs = reference(self.ir, a, b, operands, offsets)
         return outs[0] if len(outs) == 1 else outs
+
+    def backward(self, *, a: Any = None, b: Any = None, layout_a: Any = None, layout_b: Any = None,
+                 d: Any = None, saved: Any = None, wrt: Sequence[str] | None = None,
+                 grad_outputs: Sequence[str] = ("d",), recompute: bool = False, recompute_d: bool = False
+                 ) -> Backward:
+        """The recipes a training step runs for this one (`dsl.backward`, docs/training.md): the
+        forward, saving its accumulator where the backward needs it, and the backward GEMM's
+        epilogue, derived from this recipe's IR: its D is dL/dacc, its aux outputs the operands'
+        gradients (`Backward.gradients`).
+
+        Args:
+            a, b, layout_a, layout_b: the backward GEMM's A and B, whose product is dL/dD (dL/dY
+                and the next layer's weight, K x N with N this recipe's N: row-major for a weight
+                stored out x in). Default: this recipe's A type (bf16 for fp8), both row-major.
+            d: the type of dL/dacc (default: as a). saved: the type the forward saves its
+                accumulator in, or with `recompute` the type of dL/dD (default: as d).
+            wrt: the operands whose gradients to compute (default: all of the epilogue's).
+            grad_outputs: the outputs a gradient flows into: D, and M x N aux outputs, each then
+                read from the operand `grad_<name>`.
+            recompute: the backward kernel is this recipe's own GEMM again, reading dL/dD as the
+                operand `grad_d`, instead of a GEMM whose product is dL/dD reading the saved
+                accumulator: one more GEMM, nothing kept from the forward. Always so for a
+                grouped GEMM (its forward writes D only).
+            recompute_d: also write the forward's D (aux `fwd_d`), for a next layer's weight
+                gradient, instead of keeping it from the forward.
+        """
+        from .backward import derive_backward
+
+        return derive_backward(self, a=a, b=b, layout_a=layout_a, layout_b=layout_b, d=d, saved=saved, wrt=wrt,
+                               grad_outputs=grad_outputs, recompute=recompute, recompute_d=recompute_d)
 
     def default_config(self) -> KernelConfig:
         """The recipe's own `config=`, else gemmgen's default for its math (`config.default_config`)."""

@@ -1,16 +1,26 @@
-"""The op of a dense (or batched) recipe: `op(a, b, *operands) -> D` or `(D, aux...)`."""
+"""The op of a dense (or batched) recipe: `op(a, b, *operands) -> D` or `(D, aux...)`.
+
+Its backward launches the recipe's derived backward kernel (`Recipe.backward(recompute=True)`:
+the forward's GEMM again, whose epilogue turns dL/dD into dL/dacc and the operands' gradients),
+then the dgrad and wgrad GEMMs; where a recipe has no such kernel, or a gradient flows into an aux
+output too, the epilogue is differentiated with torch autograd instead (`DenseOp.vjp`).
+"""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
 from .. import tuning
 from ..config import KernelConfig
+from ..dsl import Backward
+from ..errors import RecipeError
 from ..ir.reference import accumulate, evaluate_epilogue
 from ..runtime.base import allocate_output
 from ..runtime.checks import check_call, problem_size_check
+from ..types import DType, OperandKind
 from .kinds import OpKind
 
 
@@ -37,7 +47,66 @@ class DenseOp(OpKind):
         ref = self.recipe.reference(a, b, **dict(zip(self.names, args, strict=True)))
         return ref if isinstance(ref, tuple) else (ref,)
 
+    @functools.cached_property
+    def derived(self) -> Backward | None:
+        """The backward kernel `vjp` launches: this recipe's GEMM again, reading dL/dD (in D's type,
+        bf16 for an fp8 D) and writing dL/dacc in A's type (bf16 for fp8) and every tensor
+        operand's gradient; None where the recipe has none (D does not depend differentiably on
+        the accumulator)."""
+        g = self.recipe.ir.gemm
+        wrt = [o.name for o in self.recipe.ir.epilogue.operands if o.kind is not OperandKind.SCALAR]
+        try:
+            return self.recipe.backward(recompute=True, saved=g.d if g.d.bits >= 16 else DType.BF16, wrt=wrt)
+        except RecipeError:
+            return None
+
     def vjp(self, inputs: list, grads: tuple, needed: tuple[bool, ...]) -> tuple:
+        """Gradients of every input: through the derived backward kernel (`derived`) when only D
+        receives a gradient, else with torch autograd (`torch_vjp`)."""
+        self.refuse_undifferentiable(needed)
+        if self.derived is not None and grads[0] is not None and all(g is None for g in grads[1:]):
+            return self.fused_vjp(self.derived, inputs, grads[0], needed)
+        return self.torch_vjp(inputs, grads, needed)
+
+    def fused_vjp(self, derived: Backward, inputs: list, grad: torch.Tensor, needed: tuple[bool, ...]) -> tuple:
+        """One launch of the backward kernel (dL/dacc and the fused operand gradients, from the
+        recomputed accumulator and dL/dD), then dA = dL/dacc B^T and dB = A^T dL/dacc in the
+        operands' precision; gradients the kernel cannot compute (`Backward.rest`) with torch from
+        the accumulator, recomputed by a GEMM as `torch_vjp` does."""
+        from .ops import caller
+
+        a, b, *rest = inputs
+        ops = dict(zip(self.names, rest, strict=True))
+        kernel = derived.kernel
+        incoming = next(o.dtype for o in kernel.operands if o.name == "grad_d").torch
+        ops_in = {**ops, "grad_d": grad.to(incoming)}
+        outs = caller(kernel)(a.detach(), b.detach(), *[ops_in[o.name] for o in kernel.operands])
+        by_name = dict(zip([o.name for o in kernel.outputs], outs if isinstance(outs, tuple) else (outs,),
+                           strict=True))
+        g_acc = by_name["d"]
+        ga = torch.matmul(g_acc, b.transpose(-1, -2)) if needed[0] else None
+        gb = torch.matmul(a.transpose(-1, -2), g_acc) if needed[1] else None
+        wanted = dict(zip(self.names, needed[2:], strict=True))
+        unfused = [g for g in derived.gradients if g.reason and wanted[g.operand]]
+        in_torch = {}
+        if unfused:
+            acc = accumulate(self.recipe.ir.gemm, a.detach(), b.detach(), ops)
+            in_torch = derived.rest_gradients(acc, ops_in)
+        out: dict[str, torch.Tensor | None] = {}
+        for g in derived.gradients:
+            v = ops[g.operand]
+            if not wanted[g.operand] or not isinstance(v, torch.Tensor):
+                continue
+            if g.output is None:  # no gradient reaches it
+                out[g.operand] = torch.zeros_like(v)
+            elif g.reason:
+                out[g.operand] = in_torch[g.operand].to(v.dtype)
+            else:
+                value = by_name[g.output]
+                out[g.operand] = (value.sum(g.sum_dims) if g.sum_dims else value).to(v.dtype)
+        return (ga, gb, *[out.get(k) for k in self.names])
+
+    def torch_vjp(self, inputs: list, grads: tuple, needed: tuple[bool, ...]) -> tuple:
         """Gradients of the fused op, the way torch differentiates the unfused layers: the accumulator
         is recomputed by a GEMM in the operands' precision (what the unfused model would have saved),
         the epilogue is differentiated in fp32 with autograd, and dacc maps back to A and B through
@@ -46,7 +115,6 @@ class DenseOp(OpKind):
         (per input, autograd's needs_input_grad) skips what nobody asked for: a frozen weight costs
         no weight-gradient GEMM."""
         recipe = self.recipe
-        self.refuse_undifferentiable(needed)
         a, b, *rest = inputs
         ops = dict(zip(self.names, rest, strict=True))
         fp8 = recipe.ir.gemm.fp8

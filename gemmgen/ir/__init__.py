@@ -1,4 +1,5 @@
-"""The epilogue IR (`graph`), its op table (`ops`) and its meaning in torch (`reference`)."""
+"""The epilogue IR (`graph`), its op table (`ops`), its meaning in torch (`reference`) and its
+derivative (`autodiff`)."""
 
 from .graph import (
     BLOCK_SCALE_OPERANDS,

@@ -131,6 +131,82 @@ class Op(enum.Enum):
             return self.formula(*args, dtype)
         return self.formula(*args)
 
+    @property
+    def derivative(self) -> Callable[..., tuple[Any, ...]] | None:
+        """The op's reverse-mode rule (`_DERIVATIVES`); None for leaves."""
+        return _DERIVATIVES.get(self)
+
+
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def _d_min(g: Any, y: Any, a: Any, b: Any) -> tuple[Any, Any]:
+    """torch.minimum's rule, half to each side on a tie; against a constant, torch.clamp's (the
+    bound is inclusive: the whole gradient where x <= hi)."""
+    if b.is_const or a.is_const:
+        x, c = (a, b) if b.is_const else (b, a)
+        gx = x.le(c).select(g, 0.0)
+        return (gx, None) if b.is_const else (None, gx)
+    tie = a.eq(b)
+    return tie.select(g * 0.5, a.gt(b).select(0.0, g)), tie.select(g * 0.5, a.lt(b).select(0.0, g))
+
+
+def _d_max(g: Any, y: Any, a: Any, b: Any) -> tuple[Any, Any]:
+    """torch.maximum's rule, half to each side on a tie; against a constant, torch.clamp's."""
+    if b.is_const or a.is_const:
+        x, c = (a, b) if b.is_const else (b, a)
+        gx = x.ge(c).select(g, 0.0)
+        return (gx, None) if b.is_const else (None, gx)
+    tie = a.eq(b)
+    return tie.select(g * 0.5, a.lt(b).select(0.0, g)), tie.select(g * 0.5, a.gt(b).select(0.0, g))
+
+
+def _d_gelu_tanh(g: Any, y: Any, x: Any) -> tuple[Any]:
+    """torch's gelu_backward(approximate='tanh'), term by term."""
+    t = (_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh()
+    inner = _SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x)
+    return (g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * inner),)
+
+
+def _d_cast(g: Any, y: Any, x: Any, dtype: DType) -> tuple[Any]:
+    """Straight through, the gradient rounded to the cast's type, as torch's autograd of `.to()`
+    rounds it (each element's: every epilogue value is per element of D); an fp8 cast saturates,
+    so no gradient passes where it clamped."""
+    limit = FP8_MAX.get(dtype)
+    rounded = g.cast(dtype)
+    return (rounded if limit is None else x.abs().le(limit).select(rounded, 0.0),)
+
+
+#: Reverse mode, one rule per op: rule(g, y, *xs[, param]) gives the adjoint of each argument
+#: (None where no gradient flows) from the output's adjoint g, the output y and the arguments,
+#: with torch's derivative at every point (tools/autograd/derivatives.yaml: ties, 0 and NaN
+#: included). The values are `ir.autodiff`'s symbolic ones: + - * / and the methods used here.
+_DERIVATIVES: dict[Op, Callable[..., tuple[Any, ...]]] = {
+    Op.ADD: lambda g, y, a, b: (g, g),
+    Op.SUB: lambda g, y, a, b: (g, -g),
+    Op.MUL: lambda g, y, a, b: (g * b, g * a),
+    Op.DIV: lambda g, y, a, b: (g / b, -g * a / (b * b)),
+    Op.MIN: _d_min,
+    Op.MAX: _d_max,
+    **{op: (lambda g, y, a, b: (None, None)) for op in (Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE)},
+    Op.WHERE: lambda g, y, c, a, b: (None, c.select(g, 0.0), c.select(0.0, g)),
+    Op.NEG: lambda g, y, x: (-g,),
+    Op.ABS: lambda g, y, x: (g * (x.gt(0.0) - x.lt(0.0)),),  # sign(x): 0 at 0
+    Op.EXP: lambda g, y, x: (g * y,),
+    Op.ERF: lambda g, y, x: (g * _TWO_OVER_SQRT_PI * (-(x * x)).exp(),),
+    Op.SIN: lambda g, y, x: (g * x.cos(),),
+    Op.COS: lambda g, y, x: (-(g * x.sin()),),
+    Op.TANH: lambda g, y, x: (g * (1.0 - y * y),),
+    Op.SIGMOID: lambda g, y, x: (g * (1.0 - y) * y,),
+    Op.RELU: lambda g, y, x: (y.gt(0.0).select(g, 0.0),),  # threshold_backward: none at 0
+    Op.GELU: lambda g, y, x: (g * (0.5 * (1.0 + (x * _SQRT_HALF).erf()) + x * (-0.5 * x * x).exp() * _INV_SQRT_2PI),),
+    Op.GELU_TANH: _d_gelu_tanh,
+    Op.SILU: lambda g, y, x: (g * x.sigmoid() * (1.0 + x * (1.0 - x.sigmoid())),),
+    Op.LEAKY_RELU: lambda g, y, x, slope: (x.gt(0.0).select(g, g * slope),),  # the slope at 0, as torch
+    Op.CAST: _d_cast,
+}
+
 
 _BY_KEY = {op.key: op for op in Op}
 BINARY_OPS = frozenset(o for o in Op if o.arity == 2)

@@ -151,3 +151,11 @@ def _select_ops(acc, bias):
 
 
 select_ops = gg.Recipe("select_ops", _select_ops, operands={"bias": gg.RowVector(gg.bf16)})
+
+
+# A derived backward (Recipe.backward): the epilogue of the GEMM whose accumulator is dL/dD for the
+# forward D = gelu(acc + bias): D = dL/dacc = g * gelu'(saved_acc + bias) (erf and exp), the saved
+# accumulator read as C, and the bias gradient as a sum over M (so a swapped kernel); its B is the
+# next layer's weight, row-major.
+bias_gelu_bwd = gg.Recipe("bias_gelu", lambda acc, bias: gg.gelu(acc + bias),
+                          operands={"bias": gg.RowVector(gg.bf16)}).backward().kernel

@@ -4,6 +4,7 @@ tests/gpu/test_gpu.py.)"""
 
 from __future__ import annotations
 
+import collections
 import copy
 import os
 import shutil
@@ -92,15 +93,22 @@ def test_autograd_matches_torch(gen):
 
 def test_backward_computes_only_the_gradients_asked_for(gen):
     """A frozen weight costs no weight-gradient GEMM (nor a frozen input its data-gradient GEMM):
-    the backward runs one GEMM to recompute the accumulator and one per operand needing a gradient."""
-    f = op(_recipe())
+    the backward launches the recipe's derived backward kernel (the accumulator recomputed, dL/dacc
+    and the bias and residual gradients from it in one launch) and one GEMM per operand needing a
+    gradient, and no elementwise or reduction kernel (torch's autograd of the epilogue ran 11)."""
+    recipe = _recipe()
+    f = op(recipe)
+    backward = op(recipe.backward(recompute=True, saved=gg.f16, wrt=["bias", "res"]).kernel)
     a, b, bias, res, s = _args(gen)
-    for wants, gemms in (((True, True), 3), ((True, False), 2), ((False, True), 2)):
+    bias.requires_grad_()
+    for wants, gemms in (((True, True), 2), ((True, False), 1), ((False, True), 1)):
         a_, b_ = a.clone().requires_grad_(wants[0]), b.clone().requires_grad_(wants[1])
+        bias.grad = None
         out = f(a_, b_, bias, res, s)
         with _Counting() as counted:
-            out.float().sum().backward()
+            out.backward(torch.ones_like(out))
         assert counted.matmuls == gemms, wants
+        assert counted.compute() == {backward.default: 1, torch.ops.aten.mm.default: gemms}, counted.ops
         assert (a_.grad is not None, b_.grad is not None) == wants
 
 
@@ -228,14 +236,27 @@ def test_vector_reductions_through_the_op(gen):
 
 
 class _Counting(TorchDispatchMode):
+    """The ops a region dispatches (each at least one kernel on a GPU), and its matmuls."""
+
     def __init__(self) -> None:
         super().__init__()
         self.matmuls = 0
+        self.ops: collections.Counter = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm):
             self.matmuls += 1
+        self.ops[func] += 1
         return func(*args, **(kwargs or {}))
+
+    #: What moves or converts data without computing: views, allocations, copies and casts.
+    PLUMBING = frozenset(getattr(torch.ops.aten, n) for n in ("detach", "transpose", "t", "view", "expand",
+                                                              "new_empty_strided", "copy_", "_to_copy", "ones_like",
+                                                              "zeros_like", "empty_like", "lift_fresh"))
+
+    def compute(self) -> dict:
+        """The ops that compute: kernels doing math on a GPU."""
+        return {f: n for f, n in self.ops.items() if f.overloadpacket not in self.PLUMBING}
 
 
 def _mlp(dtype=torch.bfloat16):
@@ -442,7 +463,9 @@ def test_ops_without_the_autograd_shortcut(gen, monkeypatch):
     a_ = a.clone().requires_grad_()
     with _Counting() as counted:
         f(a_, b, bias).float().sum().backward()
-    assert counted.matmuls == 2  # the recomputed accumulator and dA; no dB
+    assert counted.matmuls == 1  # dA; no dB
+    gemmgen_ops = sum(n for f_, n in counted.compute().items() if f_.namespace == "gemmgen")
+    assert gemmgen_ops == 2  # the forward and the derived backward kernel
     ref = a.float().requires_grad_()
     F.silu(ref @ b.float() + bias.float()).sum().backward()
     assert ref.grad.abs().max() > 0

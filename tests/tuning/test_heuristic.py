@@ -158,6 +158,21 @@ def test_explain_cli(capsys):
                                               "chose 128x32x64_c1x1x1_cooperative_auto_swapab")
 
 
+
+def test_explain_backward_shows_the_derived_recipes_and_their_launches(capsys):
+    """`--backward`: what the derived backward kernel computes, and the launches of it and of the
+    forward that saves for it (a swapped kernel: the bias gradient is a sum over M)."""
+    assert cli_main(["explain", str(EXAMPLES), "--shape", "4096", "4096", "4096", "--recipe", "bias_gelu",
+                     "--backward"]) == 0
+    out = capsys.readouterr().out
+    assert "\n  bias_gelu_bwd: bf16 x bf16 -> bf16, reads saved_acc, bias\n" in out
+    assert "\n    grad_bias: dL/dbias (sum over M)\n" in out
+    assert "\n  bias_gelu_train: 128x256x64_c2x1x1_cooperative_auto (recipe)" in out
+    assert "\n  bias_gelu_bwd: " in out and "_swapab (heuristic)" in out
+    assert cli_main(["explain", str(EXAMPLES), "--shape", "64", "64", "64", "--backward"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("_bwd: ") == 2 * 11 and "no backward" not in out  # every example has one
+
 def test_every_command_takes_one_recipe_by_name(tmp_path, capsys):
     """`--recipe NAME` narrows any command to one recipe of the file; a name the file does not
     declare is an error that lists the ones it does (explain printed nothing for it)."""
