@@ -35,7 +35,11 @@ layer (the first three) by gemmgen's time. Each shape runs under the config the 
 it; where that is a stream-K kernel, another row runs the same tile under the persistent scheduler,
 and where it is a swapped kernel (small M), another runs the best unswapped config.
 
-    python scripts/gpu_bench.py [--reps N]
+The training-step table (`--training`): an MLP block of 4096 tokens, 4096 -> 14336 -> 4096 with
+GELU (bf16), forward and backward, in torch eager, torch.compile and gemmgen's FusedMLP (its
+accumulator saved, and recomputed), each step timed whole with CUDA events.
+
+    python scripts/gpu_bench.py [--reps N] [--training]
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import argparse
 import functools
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -287,6 +292,64 @@ def _block_grouped_table(recipe, shapes, reps: int) -> None:
         torch.cuda.empty_cache()
 
 
+def _training_table(shape: tuple[int, int, int, int], reps: int) -> None:
+    """One MLP block's training step (forward + backward, gradients of the input and every
+    parameter): torch eager, torch.compile (inductor) of the same model, and gemmgen's FusedMLP
+    with its accumulator saved and recomputed; median of `reps` CUDA-event timings of whole steps,
+    inputs rotated through more than L2, each gemmgen model's gradients checked first."""
+    import copy
+
+    from torch import nn
+
+    import gemmgen as gg
+
+    tokens, n_in, hidden, n_out = shape
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(n_in, hidden), nn.GELU(), nn.Linear(hidden, n_out)).to("cuda", torch.bfloat16)
+    compiled = torch.compile(copy.deepcopy(eager))
+    first, second = eager[0], eager[2]
+    assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+    fused = {recompute: gg.nn.FusedMLP.from_linears(copy.deepcopy(first), "gelu", copy.deepcopy(second),
+                                                     recompute=recompute) for recompute in (False, True)}
+    per_set = tokens * (n_in + n_out) * 2
+    sets = [(torch.randn(tokens, n_in, device="cuda", dtype=torch.bfloat16).requires_grad_(),
+             torch.randn(tokens, n_out, device="cuda", dtype=torch.bfloat16))
+            for _ in range(max(2, -(-L2_BYTES // per_set)))]
+
+    def step(model: Any, x: torch.Tensor, g: torch.Tensor) -> None:
+        model.zero_grad(set_to_none=True)  # as a training loop does: no accumulation into earlier steps
+        x.grad = None
+        model(x).backward(g)
+
+    x, g = sets[0]
+    for model in fused.values():  # each gemmgen model's gradients against eager's, before timing it
+        got = [*torch.autograd.grad(model(x), [x, *model.parameters()], g)]
+        want = [*torch.autograd.grad(eager(x), [x, *eager.parameters()], g)]
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-2 * float(b.abs().max()))
+
+    def timed(model: Any) -> float:
+        for x, g in sets[:2]:
+            step(model, x, g)  # warm-up (and inductor's compile)
+        times = []
+        for i in range(reps):
+            x, g = sets[i % len(sets)]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step(model, x, g)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
+
+    t_eager, t_compiled = timed(eager), timed(compiled)
+    t_saved, t_recompute = timed(fused[False]), timed(fused[True])
+    print("tokens,in,hidden,out | eager ms | compile ms | gemmgen ms | gemmgen recompute ms | eager/gemmgen | "
+          "compile/gemmgen")
+    print(f"{tokens},{n_in},{hidden},{n_out} | {t_eager:.3f} | {t_compiled:.3f} | {t_saved:.3f} | {t_recompute:.3f} | "
+          f"{t_eager / t_saved:.2f} | {t_compiled / t_saved:.2f}")
+
+
 def _timed(fn, sets, reps: int) -> float | None:
     """device_ms of `fn` over the buffer sets (each ends with its output); None where torch refuses."""
     from gemmgen.tuning import device_ms
@@ -375,6 +438,8 @@ def _ms(x: float | None) -> str:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--training", action="store_true", help="only the training-step table (an MLP block, "
+                   "forward + backward: eager, torch.compile, FusedMLP)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("gpu_bench: no CUDA device here; nothing measured")
@@ -383,6 +448,13 @@ def main() -> int:
     from gemmgen.aot import load_recipes
     from tests.data.gpu_matrix import BENCH_SHAPES, FP8_BENCH_SHAPES, GROUPED_BENCH_SHAPES, STATS_BENCH_SHAPES
 
+    if args.training:
+        from tests.data.gpu_matrix import TRAINING_BENCH_MLP
+
+        print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; MLP training step (gelu, bf16), "
+              f"median of {args.reps} steps timed with CUDA events, inputs rotated")
+        _training_table(TRAINING_BENCH_MLP, args.reps)
+        return 0
     recipes = load_recipes(ROOT / "examples" / "recipes.py")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; median of {args.reps} CUDA-graph "
           "replays timed with CUDA events, buffers rotated; each kernel checked against its reference first")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, in one command on the H200 machine (prepared by scripts/prepare_gpu_check.sh):
 # installs the carried wheels, unpacks the carried kernel bundle, runs the GPU tests, the speed
-# check, the MLP example and the overhead table. Every kernel comes from the bundle (GEMMGEN_JIT=0:
+# check, the training-step table, the MLP example and the overhead table. Every kernel comes from the bundle (GEMMGEN_JIT=0:
 # a missing one fails at once, naming it, instead of spending device minutes compiling).
 # Prints a compact summary and keeps each step's whole output in $OUT (the device tool brings that
 # folder back; /tmp/gpu_check elsewhere), so a failure's traceback needs no second run. Exits
@@ -24,11 +24,12 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || 
 LOGS=${OUT:-/tmp/gpu_check}
 mkdir -p "$LOGS"
 start=$(date +%s)
-timeout 300 "${PYTHON:-python3}" -m pytest -p no:cacheprovider -m gpu -v -rfEs --durations=5 tests/gpu 2>&1 \
+timeout 270 "${PYTHON:-python3}" -m pytest -p no:cacheprovider -m gpu -v -rfEs --durations=5 tests/gpu 2>&1 \
   | tee "$LOGS/gpu_tests.log" | tail -25
 rc=${PIPESTATUS[0]}
 echo "gpu tests: rc=$rc in $(( $(date +%s) - start )) s (whole output: gpu_tests.log)"
-timeout 150 "${PYTHON:-python3}" scripts/gpu_bench.py --reps 30 2>&1 | tee "$LOGS/bench.log" | tail -50
+timeout 120 "${PYTHON:-python3}" scripts/gpu_bench.py --reps 30 2>&1 | tee "$LOGS/bench.log" | tail -50
+timeout 60 "${PYTHON:-python3}" scripts/gpu_bench.py --training --reps 20 2>&1 | tee "$LOGS/training.log" | tail -4
 timeout 75 "${PYTHON:-python3}" examples/mlp.py 2>&1 | tee "$LOGS/mlp.log" | tail -4
 timeout 60 "${PYTHON:-python3}" scripts/op_overhead.py 2>&1 | tee "$LOGS/op_overhead.log" | tail -20
 exit "$rc"

@@ -1,8 +1,8 @@
 """What a user writes: operand declarations, traced epilogue values and ops, and `Recipe`."""
 
-from .backward import Backward, OperandGradient
+from .backward import OperandGradient
 from .operands import ColVector, Matrix, OperandDecl, RowVector, Scalar
-from .recipe import DEEPSEEK_BLOCK_SCALE, Recipe
+from .recipe import DEEPSEEK_BLOCK_SCALE, Backward, Recipe
 from .values import (
     OPS,
     Reduced,

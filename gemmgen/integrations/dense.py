@@ -9,13 +9,14 @@ output too, the epilogue is differentiated with torch autograd instead (`DenseOp
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .. import tuning
 from ..config import KernelConfig
-from ..dsl import Backward
+from ..dsl import Backward, Recipe
 from ..errors import RecipeError
 from ..ir.reference import accumulate, evaluate_epilogue
 from ..runtime.base import allocate_output
@@ -60,27 +61,26 @@ class DenseOp(OpKind):
         except RecipeError:
             return None
 
-    def vjp(self, inputs: list, grads: tuple, needed: tuple[bool, ...]) -> tuple:
+    def vjp(self, inputs: list, grads: tuple, needed: tuple[bool, ...], call: Callable[[Recipe], Any]) -> tuple:
         """Gradients of every input: through the derived backward kernel (`derived`) when only D
         receives a gradient, else with torch autograd (`torch_vjp`)."""
         self.refuse_undifferentiable(needed)
         if self.derived is not None and grads[0] is not None and all(g is None for g in grads[1:]):
-            return self.fused_vjp(self.derived, inputs, grads[0], needed)
+            return self.fused_vjp(self.derived, inputs, grads[0], needed, call)
         return self.torch_vjp(inputs, grads, needed)
 
-    def fused_vjp(self, derived: Backward, inputs: list, grad: torch.Tensor, needed: tuple[bool, ...]) -> tuple:
+    def fused_vjp(self, derived: Backward, inputs: list, grad: torch.Tensor, needed: tuple[bool, ...],
+                  call: Callable[[Recipe], Any]) -> tuple:
         """One launch of the backward kernel (dL/dacc and the fused operand gradients, from the
         recomputed accumulator and dL/dD), then dA = dL/dacc B^T and dB = A^T dL/dacc in the
         operands' precision; gradients the kernel cannot compute (`Backward.rest`) with torch from
         the accumulator, recomputed by a GEMM as `torch_vjp` does."""
-        from .ops import caller
-
         a, b, *rest = inputs
         ops = dict(zip(self.names, rest, strict=True))
         kernel = derived.kernel
         incoming = next(o.dtype for o in kernel.operands if o.name == "grad_d").torch
         ops_in = {**ops, "grad_d": grad.to(incoming)}
-        outs = caller(kernel)(a.detach(), b.detach(), *[ops_in[o.name] for o in kernel.operands])
+        outs = call(kernel)(a.detach(), b.detach(), *[ops_in[o.name] for o in kernel.operands])
         by_name = dict(zip([o.name for o in kernel.outputs], outs if isinstance(outs, tuple) else (outs,),
                            strict=True))
         g_acc = by_name["d"]

@@ -13,12 +13,14 @@ B_g^T) and to B (per group, A_g^T dacc).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .. import tuning
 from ..config import KernelConfig
+from ..dsl import Recipe
 from ..errors import InvalidArgument
 from ..ir.reference import evaluate_epilogue, expand_block_scale
 from ..runtime.base import allocate_output
@@ -51,7 +53,7 @@ class GroupedOp(OpKind):
         offsets, *operands = args
         return (self.recipe.reference(a, b, offsets, **dict(zip(self.names, operands, strict=True))),)
 
-    def vjp(self, inputs: list, grads: tuple, needed: tuple[bool, ...]) -> tuple:
+    def vjp(self, inputs: list, grads: tuple, needed: tuple[bool, ...], call: Callable[[Recipe], Any]) -> tuple:
         recipe, (grad,) = self.recipe, grads
         self.refuse_undifferentiable(needed)
         a, b, offsets, *rest = inputs

@@ -3,6 +3,7 @@ grouped (`grouped.GroupedOp`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,8 +43,10 @@ class OpKind:
     def reference(self, a: torch.Tensor, b: torch.Tensor, args: tuple) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
-    def vjp(self, inputs: list, grads: tuple, needed: tuple[bool, ...]) -> tuple:
-        """Gradients of every input, None where `needed` (autograd's needs_input_grad) says no."""
+    def vjp(self, inputs: list, grads: tuple, needed: tuple[bool, ...], call: Callable[[Recipe], Any]) -> tuple:
+        """Gradients of every input, None where `needed` (autograd's needs_input_grad) says no;
+        `call(recipe)` is how another recipe's kernel is launched (`ops.caller`: a derived
+        backward kernel)."""
         raise NotImplementedError
 
     def refuse_undifferentiable(self, needed: tuple[bool, ...]) -> None:

@@ -106,7 +106,7 @@ def _define_op(recipe: Recipe) -> Any:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def backward(ctx: Any, *grads: Any) -> tuple:
-        return kind.vjp(saved_inputs(ctx), grads, ctx.needs_input_grad)
+        return kind.vjp(saved_inputs(ctx), grads, ctx.needs_input_grad, caller)
 
     return define(schema(recipe), {"CUDA": cuda_impl, "CPU": cpu_impl}, fake_impl, backward, save_inputs)
 

@@ -1,9 +1,11 @@
-"""Drop-in modules: `FusedLinear` (one fused gemmgen kernel per forward), `GroupedLinear` (a
+"""Drop-in modules: `FusedLinear` (one fused gemmgen kernel per forward), `FusedMLP` (two
+layers whose backward fuses the first one's activation derivative into the second's dgrad GEMM), `GroupedLinear` (a
 mixture-of-experts layer's expert Linears as one grouped kernel), `BlockScaledLinear` and
 `BlockScaledGroupedLinear` (an fp8 inference Linear, and fp8 experts, with DeepSeek-V3's block
 scales) and `fuse(model)`.
 
     layer = gemmgen.nn.FusedLinear(4096, 14336, activation="silu", dtype=torch.bfloat16)
+    mlp = gemmgen.nn.FusedMLP(4096, 14336, 4096, activation="gelu")  # backward fused at the boundary
     experts = gemmgen.nn.GroupedLinear(8, 4096, 14336, activation="silu")   # experts(x, offsets)
     fp8 = gemmgen.nn.BlockScaledLinear.from_linear(linear)                  # e4m3, 128 x 128 blocks
     fp8_experts = gemmgen.nn.BlockScaledGroupedLinear.from_linears(experts)  # experts(x, offsets)
@@ -19,10 +21,12 @@ from .block_scaled import (
     block_scaled_linear_recipe,
 )
 from .fuse import activation_of, fuse
+from .grads import weight_grad_recipe
 from .grouped import GroupedLinear, grouped_linear_recipe
 from .launches import model_launches
 from .linear import FusedLinear, linear_recipe
+from .mlp import FusedMLP, mlp_backward
 
-__all__ = ["ACTIVATIONS", "BlockScaledGroupedLinear", "BlockScaledLinear", "FusedLinear", "GroupedLinear",
+__all__ = ["ACTIVATIONS", "BlockScaledGroupedLinear", "BlockScaledLinear", "FusedLinear", "FusedMLP", "GroupedLinear",
            "activation_of", "block_scaled_grouped_recipe", "block_scaled_linear_recipe", "fuse",
-           "grouped_linear_recipe", "linear_recipe", "model_launches"]
+           "grouped_linear_recipe", "linear_recipe", "mlp_backward", "model_launches", "weight_grad_recipe"]

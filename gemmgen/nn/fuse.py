@@ -32,6 +32,7 @@ from ..errors import InvalidArgument
 from .base import check_compute_dtype, unsupported
 from .block_scaled import BlockScaledLinear
 from .linear import FusedLinear
+from .mlp import FusedMLP
 
 QUANTIZE = ("fp8_block",)
 
@@ -120,6 +121,7 @@ class _Pair:
     act_name: str  # qualified, as model.named_modules() names it
     act: nn.Module
     activation: str
+    then: tuple[str, nn.Linear] | None = None  # (qualified name, Linear) alone consuming the activation's output
 
 
 def _qualified(prefix: str, key: str) -> str:
@@ -127,7 +129,7 @@ def _qualified(prefix: str, key: str) -> str:
 
 
 def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype | None = None,
-         quantize: str | None = None) -> tuple[nn.Module, list[str]]:
+         quantize: str | None = None, mlp: bool = False) -> tuple[nn.Module, list[str]]:
     """Replace each nn.Linear (bf16/f16 weights) whose output only an activation module consumes
     by a FusedLinear that computes both (see the module docstring for the rules). `unpaired=True`
     also swaps the other such Linears for FusedLinear without activation: the same math launched
@@ -136,7 +138,11 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     Linears are kept; with it, their weights are cast per call, as under autocast (mixed-precision
     training with fp32 master weights). `quantize="fp8_block"` makes the replacements
     BlockScaledLinear layers (fp8 inference: no gradients), their output in `compute_dtype`; with
-    `unpaired=True` every Linear of the model is quantized.
+    `unpaired=True` every Linear of the model is quantized. `mlp=True` makes each fused pair whose
+    activation's output only a further Linear consumes (Linear -> activation -> Linear) one
+    FusedMLP, trained with the first layer's backward fused into the second's dgrad GEMM: the
+    FusedMLP takes the first Linear's place and the activation and second Linear become Identity,
+    so those parameters move under its `fc1` and `fc2` (the report says so).
 
     Returns the model (changed in place; a bare nn.Linear with `unpaired` comes back as a new
     FusedLinear) and a report: a line per fused pair, per swapped Linear, per Linear kept for its
@@ -147,9 +153,15 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     check_compute_dtype(compute_dtype)
     if quantize not in (None, *QUANTIZE):
         raise InvalidArgument(f"quantize: expected None or one of {list(QUANTIZE)}, got {quantize!r}")
+    if not isinstance(mlp, bool):
+        raise InvalidArgument(f"mlp: expected True or False, got {mlp!r}")
+    if mlp and quantize is not None:
+        raise InvalidArgument("mlp: FusedMLP trains bf16/f16 layers; quantize='fp8_block' makes inference layers, "
+                              "so give one of mlp=True and quantize=")
     target = _Target(compute_dtype, quantize)
     modules = list(model.named_modules())
-    pairs, notes, untraced = _find_pairs(model, modules, target)
+    pairs, notes, untraced, calls = _find_pairs(model, modules, target)
+    seconds = _mlp_seconds(model, pairs, target, calls) if mlp else {}
     report: list[str] = []
     replacement: dict[int, nn.Module] = {}
     for qualified, m in modules:
@@ -172,6 +184,15 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
             elif note:
                 report.append(f"{name}: {note}")
             continue
+        second = seconds.get(id(m))
+        if second is not None:
+            fc2_name, fc2 = second
+            fused_mlp = replacement[id(m)] = FusedMLP.from_linears(m, pair.activation, fc2, compute_dtype)
+            replacement[id(pair.act)] = replacement[id(fc2)] = nn.Identity()
+            report.append(f"{name}: Linear + {type(pair.act).__name__} + Linear ({fc2_name}) -> FusedMLP("
+                          f"{fused_mlp.fc1.recipe.name}, {fused_mlp.fc2.recipe.name}) ({pair.act_name} and {fc2_name} "
+                          f"are now Identity; parameters {name}.fc1.*, {name}.fc2.*)")
+            continue
         fused = replacement[id(m)] = target.replace(m, pair.activation)
         replacement.setdefault(id(pair.act), nn.Identity())
         report.append(f"{name}: Linear + {type(pair.act).__name__} -> {_described(fused)}"
@@ -181,9 +202,10 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
 
 
 def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]], target: _Target
-                ) -> tuple[dict[int, _Pair], dict[int, str], dict[str, str]]:
+                ) -> tuple[dict[int, _Pair], dict[int, str], dict[str, str], Counter[int]]:
     """The pairs safe to fuse (by id of the Linear), why other Linears followed by an activation
-    are not (by id), and the report line of each owner whose forward fx could not trace (by name)."""
+    are not (by id), the report line of each owner whose forward fx could not trace (by name), and
+    how often each module is called in the traced forwards (by id)."""
     registered = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
     calls: Counter[int] = Counter()
     pairs: dict[int, _Pair] = {}
@@ -213,10 +235,31 @@ def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]], target: 
         refused = {lin_id: problem for lin_id, pair in pairs.items()
                    if (problem := _unsafe(pair, lin_id, calls, registered, pairs_per_act))}
         if not refused:
-            return pairs, notes, untraced
+            return pairs, notes, untraced, calls
         notes.update(refused)
         for lin_id in refused:
             del pairs[lin_id]
+
+
+def _mlp_seconds(model: nn.Module, pairs: dict[int, _Pair], target: _Target, calls: Counter[int]
+                 ) -> dict[int, tuple[str, nn.Linear]]:
+    """For each fusable pair followed by a Linear that can join it as a FusedMLP's second layer (a
+    plain, unhooked Linear registered and called once, that no other pair starts, of the first
+    one's compute dtype and bias), that Linear, by the id of the first."""
+    registered = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
+    starts = {lin_id for lin_id in pairs}
+    out = {}
+    for lin_id, pair in pairs.items():
+        if pair.then is None:
+            continue
+        name, fc2 = pair.then
+        first = next(m for m in model.modules() if id(m) == lin_id)
+        assert isinstance(first, nn.Linear)
+        if (target.kept_because(fc2) is None and id(fc2) not in starts and registered[id(fc2)] == 1
+                and calls[id(fc2)] == 1 and (first.bias is None) == (fc2.bias is None)
+                and (target.compute_dtype or first.weight.dtype) == (target.compute_dtype or fc2.weight.dtype)):
+            out[lin_id] = (name, fc2)
+    return out
 
 
 def _described(module: nn.Module) -> str:
@@ -247,7 +290,8 @@ def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, target: _Target
             elif user.args != (node,) or user.kwargs:
                 notes[id(linear)] = f"{_qualified(owner_name, str(user.target))} is called with further arguments"
             else:
-                pairs[id(linear)] = _Pair(_qualified(owner_name, str(user.target)), act, activation)
+                pairs[id(linear)] = _Pair(_qualified(owner_name, str(user.target)), act, activation,
+                                          _next_linear(user, owner_name, owner))
             return
     for u in users:
         if u.args and u.args[0] is node and _activation_of_call(u) is not None:
@@ -258,6 +302,19 @@ def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, target: _Target
     if len(users) > 1 and any(u.op == "call_module" and activation_of(owner.get_submodule(str(u.target)))
                               for u in users if "." not in str(u.target)):
         notes[id(linear)] = "its output also feeds other ops than the activation"
+
+
+def _next_linear(act: fx.Node, owner_name: str, owner: nn.Module) -> tuple[str, nn.Linear] | None:
+    """The Linear child of `owner` that alone consumes the activation node's output, as its only
+    argument (a FusedMLP's second layer), or None."""
+    users = list(act.users)
+    if len(users) != 1 or users[0].op != "call_module" or "." in str(users[0].target):
+        return None
+    nxt = users[0]
+    linear = owner.get_submodule(str(nxt.target))
+    if type(linear) is not nn.Linear or nxt.args != (act,) or nxt.kwargs:
+        return None
+    return _qualified(owner_name, str(nxt.target)), linear
 
 
 def _unsafe(pair: _Pair, lin_id: int, calls: Counter[int], registered: Counter[int],

@@ -13,13 +13,15 @@ from ..errors import InvalidArgument
 from .block_scaled import BlockScaledGroupedLinear, BlockScaledLinear
 from .grouped import GroupedLinear
 from .linear import FusedLinear
+from .mlp import FusedMLP
 
 
 def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Iterable[int] = (),
                    sm_count: int = 132, device: tuning.Device | None = None) -> list[tuple[Recipe, KernelConfig]]:
     """(recipe, config) of every kernel the gemmgen layers of `model` launch (each once): forward
-    for inputs of each of `tokens` rows, and forward with gradients wanted (the FusedLinear kernels
-    that also store the pre-activation) for each of `training_tokens`; both of a grouped layer's
+    for inputs of each of `tokens` rows, and a training step (forward with gradients wanted: the
+    kernels that also store the pre-activation or the accumulator; and the backward's own kernels,
+    derived or accumulating weight gradients) for each of `training_tokens`; both of a grouped layer's
     heuristic kernels (for few rows per expert, and for many) whatever the tokens, as its rows are
     the tokens routed to it, which the model's top-k decides. What to build ahead of time, e.g.
     `gg.warmup(model_launches(model, (1, 16, 4096), training_tokens=(4096,)))`.
@@ -29,10 +31,18 @@ def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Ite
     pick where it applies, and a grouped layer adds every winner registered for its sizes."""
     if not isinstance(model, nn.Module):
         raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    layers = [m for m in model.modules() if isinstance(m, FusedLinear | BlockScaledLinear)]
+    mlps = [m for m in model.modules() if isinstance(m, FusedMLP)]
+    inside = {id(layer) for mlp in mlps for layer in (mlp.fc1, mlp.fc2)}  # launched as the MLP launches them
+    layers = [m for m in model.modules() if isinstance(m, FusedLinear | BlockScaledLinear) and id(m) not in inside]
     tokens, training_tokens = tuple(tokens), tuple(training_tokens)
     found = [m.launches(t, sm_count=sm_count, device=device) for m in layers for t in tokens]
     found += [m.launches(t, training=True, sm_count=sm_count, device=device) for m in layers for t in training_tokens]
+    found += [k for m in layers if isinstance(m, FusedLinear) for t in training_tokens
+              for k in m.backward_launches(t, sm_count=sm_count, device=device)]
+    found += [k for m in mlps for t in tokens for k in m.launches(t, sm_count=sm_count, device=device)]
+    found += [k for m in mlps for t in training_tokens
+              for k in (*m.launches(t, training=True, sm_count=sm_count, device=device),
+                        *m.backward_launches(t, sm_count=sm_count, device=device))]
     grouped = [m for m in model.modules() if isinstance(m, GroupedLinear | BlockScaledGroupedLinear)]
     found += [m.launches(rows) for m in grouped for rows in (None, m.num_experts)]
     if device is not None:

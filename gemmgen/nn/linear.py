@@ -5,7 +5,10 @@
 Forward is `activation(x @ W^T + b)` as one gemmgen op (torch.ops.gemmgen.*): the GPU launches
 the fused kernel; elsewhere the op evaluates the recipe's reference. Backward (`_LinearFunction`)
 is the unfused layers' own: the activation's aten backward on the stored pre-activation, then the
-dgrad/wgrad GEMMs in the parameters' dtype.
+dgrad/wgrad GEMMs in the parameters' dtype; with `recompute=True` nothing but the inputs is kept,
+and backward launches the recipe's derived kernel (the GEMM again, dL/dpre and the bias gradient
+in one launch) instead; with `accumulate_grad=True` the weight gradient is added in fp32 into
+`weight.main_grad` (`grads.weight_grad`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ..errors import InvalidArgument
 from ..integrations.ops import caller
 from ..types import as_dtype
 from .base import RecipeModule, activation_fn, check_compute_dtype, check_layer_dtype, check_parameter, unsupported
+from .grads import weight_grad, weight_grad_recipe
 
 
 @functools.cache
@@ -61,30 +65,59 @@ class _LinearFunction(torch.autograd.Function):
     """Forward: the fused kernel (with `pre` stored when the activation needs it for backward).
     Backward: as nn.Linear + activation would run it (the activation's aten backward on `pre`, then
     dgrad/wgrad GEMMs and the bias sum in the parameters' dtype), skipping what nobody asked for.
-    No GEMM is recomputed: the op's own autograd formula (for direct op users) recomputes A @ B."""
+    With `recompute`, nothing but the inputs is saved, and backward launches the recipe's derived
+    kernel (`Recipe.backward(recompute=True)`: the GEMM again, turning dL/dy into dL/dpre and the
+    bias gradient in one launch) before the dgrad and wgrad GEMMs."""
 
     @staticmethod
     def forward(ctx: Any, layer: FusedLinear, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
                 ) -> torch.Tensor:
         args = (x, w) if bias is None else (x, w, bias)
-        if layer.activation is None:
+        if layer.activation is None or layer.recompute:
             y, pre = layer._op(*args), None
         else:
             assert layer._op_saving_pre is not None, "a layer with an activation has a training recipe"
             y, pre = layer._op_saving_pre(*args)
-        ctx.activation, ctx.has_bias = layer.activation, bias is not None
-        ctx.save_for_backward(x, w, pre)
+        ctx.layer, ctx.has_bias = layer, bias is not None
+        ctx.save_for_backward(x, w, bias if layer.recompute else None, pre)
         return y
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
-        x, w, pre = ctx.saved_tensors
-        g_pre = g if ctx.activation is None else _activation_backward(ctx.activation, g, pre)
+        layer: FusedLinear = ctx.layer
+        x, w, bias, pre = ctx.saved_tensors
         _, need_x, need_w, need_b = ctx.needs_input_grad
+        gb = None
+        if layer.activation is None:
+            g_pre = g
+        elif layer._bwd is not None:  # recompute: the derived kernel
+            kernel = layer._bwd.recipe
+            inputs = {"bias": bias, "grad_d": g.contiguous()}
+            got = layer._bwd(x, w, *[inputs[o.name] for o in kernel.operands])
+            outs = dict(zip([o.name for o in kernel.outputs], got if isinstance(got, tuple) else (got,), strict=True))
+            g_pre = outs["d"]
+            gb = outs["grad_bias"].to(bias.dtype) if ctx.has_bias and need_b else None
+        else:
+            g_pre = _activation_backward(layer.activation, g, pre)
         gx = g_pre @ w.t() if need_x else None
-        gw = x.t() @ g_pre if need_w else None
-        gb = g_pre.sum(0) if ctx.has_bias and need_b else None
+        gw = weight_grad(layer.weight, g_pre, x, layer.accumulate_grad) if need_w else None
+        if gb is None and ctx.has_bias and need_b:
+            gb = g_pre.sum(0)
         return None, gx, gw, gb
+
+
+@functools.cache
+def linear_backward(activation: str, bias: bool, dtype: torch.dtype) -> Recipe:
+    """The derived kernel a recomputing layer's backward launches: its GEMM again, reading dL/dy
+    (`grad_d`) and writing dL/dpre and the bias gradient (`Recipe.backward(recompute=True)`)."""
+    return linear_recipe(activation, bias, dtype).backward(recompute=True).kernel
+
+
+def _training_flags(recompute: object, accumulate_grad: object) -> tuple[bool, bool]:
+    for name, value in (("recompute", recompute), ("accumulate_grad", accumulate_grad)):
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"{name}: expected True or False, got {value!r}")
+    return bool(recompute), bool(accumulate_grad)
 
 
 def _require_supported(in_features: int, dtype: torch.dtype) -> None:
@@ -102,15 +135,17 @@ class FusedLinear(RecipeModule):
 
     weight: torch.Tensor  # as nn.Linear declares them: from_linear shares the Linear's
     bias: torch.Tensor | None
-    _derived = ("recipe", "training_recipe", "_op", "_op_saving_pre")
+    _derived = ("recipe", "training_recipe", "_op", "_op_saving_pre", "_bwd")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
-                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None) -> None:
+                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None,
+                 recompute: bool = False, accumulate_grad: bool = False) -> None:
         super().__init__()
         _require_supported(in_features, check_layer_dtype(dtype))
         activation_fn(activation)  # a bad name is refused before anything is allocated
         self.in_features, self.out_features, self.activation = in_features, out_features, activation
         self.compute_dtype = dtype
+        self.recompute, self.accumulate_grad = _training_flags(recompute, accumulate_grad)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
         self._set_recipes()
@@ -125,7 +160,8 @@ class FusedLinear(RecipeModule):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, activation: str | None = None,
-                    compute_dtype: torch.dtype | None = None) -> FusedLinear:
+                    compute_dtype: torch.dtype | None = None, recompute: bool = False,
+                    accumulate_grad: bool = False) -> FusedLinear:
         """A FusedLinear sharing `linear`'s parameters (no copy), computing in `compute_dtype`
         (default: the weights' dtype)."""
         if not isinstance(linear, nn.Linear):
@@ -137,6 +173,7 @@ class FusedLinear(RecipeModule):
         nn.Module.__init__(fused)
         fused.in_features, fused.out_features, fused.activation = linear.in_features, linear.out_features, activation
         fused.compute_dtype = dtype
+        fused.recompute, fused.accumulate_grad = _training_flags(recompute, accumulate_grad)
         fused.weight = linear.weight
         fused.bias = linear.bias
         fused._set_recipes()
@@ -149,20 +186,28 @@ class FusedLinear(RecipeModule):
         self.training_recipe = linear_recipe(activation, bias, dtype, save_pre_activation=True) if activation else None
         self._op = caller(self.recipe)
         self._op_saving_pre = caller(self.training_recipe) if self.training_recipe is not None else None
+        self._bwd = caller(linear_backward(activation, bias, dtype)) if activation and self.recompute else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype, w, bias = self.compute_dtype, self.weight, self.bias
+        x2, w, bias, lead = self.inputs(x)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x2, w, bias)):
+            y = _LinearFunction.apply(self, x2, w, bias)
+        else:
+            y = self._op(x2, w) if bias is None else self._op(x2, w, bias)
+        return y.reshape(*lead, self.out_features)
+
+    def inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Size]:
+        """What the kernel takes for an input x (..., in_features): x as rows (M, in_features), the
+        weight as B (W^T, a column-major view) and the bias in the compute dtype
+        (`kernel_parameters`), x cast as nn.Linear's input under autocast would be, and x's
+        leading dims, to reshape the output with."""
         if not isinstance(x, torch.Tensor):
             raise InvalidArgument(f"input: expected a torch.Tensor of shape (..., {self.in_features}), got "
                                   f"{type(x).__name__}")
-        check_parameter("weight", w, (self.out_features, self.in_features), "(out_features, in_features)")
-        if bias is not None:
-            check_parameter("bias", bias, (self.out_features,), "(out_features,)")
-        if w.dtype != dtype:
-            w = w.to(dtype)
-            bias = bias.to(dtype) if bias is not None else None
+        w, bias = self.kernel_parameters()
+        dtype = self.compute_dtype
         if x.dtype != dtype:
-            if w is not self.weight or torch.is_autocast_enabled(x.device.type):
+            if self.weight.dtype != dtype or torch.is_autocast_enabled(x.device.type):  # parameters cast anyway
                 x = x.to(dtype)
             else:
                 raise InvalidArgument(f"input: dtype {x.dtype}, but this layer computes in {dtype}; cast the "
@@ -177,12 +222,19 @@ class FusedLinear(RecipeModule):
             raise self._wrong_input(x) from None
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
-        w = w.t()
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x2, w, bias)):
-            y = _LinearFunction.apply(self, x2, w, bias)
-        else:
-            y = self._op(x2, w) if bias is None else self._op(x2, w, bias)
-        return y.reshape(*lead, self.out_features)
+        return x2, w, bias, lead
+
+    def kernel_parameters(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The weight as the kernel's B (W^T, a column-major view) and the bias, checked against
+        the layer's shape and cast to the compute dtype (per call, as autocast casts nn.Linear's)."""
+        w, bias = self.weight, self.bias
+        check_parameter("weight", w, (self.out_features, self.in_features), "(out_features, in_features)")
+        if bias is not None:
+            check_parameter("bias", bias, (self.out_features,), "(out_features,)")
+        if w.dtype != self.compute_dtype:
+            w = w.to(self.compute_dtype)
+            bias = bias.to(self.compute_dtype) if bias is not None else None
+        return w.t(), bias
 
     def _wrong_input(self, x: torch.Tensor) -> InvalidArgument:
         return InvalidArgument(f"input: expected a dense tensor of shape (..., {self.in_features}) (in_features), "
@@ -196,9 +248,21 @@ class FusedLinear(RecipeModule):
         with gradients wanted, when the kernel also stores the pre-activation. What to build ahead
         of time, e.g.
         `gg.warmup([layer.launches(t) for t in (1, 512, 4096)] + [layer.launches(4096, training=True)])`."""
-        recipe = self.training_recipe if training and self.training_recipe is not None else self.recipe
+        saving = training and self.training_recipe is not None and not self.recompute
+        recipe = self.training_recipe if saving and self.training_recipe is not None else self.recipe
         return recipe, tuning.config_for(recipe, tokens, self.out_features, self.in_features, 1, device=device,
                                          sm_count=sm_count)
+
+    def backward_launches(self, tokens: int, sm_count: int = 132, device: tuning.Device | None = None
+                          ) -> list[tuple[Recipe, KernelConfig]]:
+        """(recipe, config) of the gemmgen kernels a backward of `tokens` rows launches: the derived
+        kernel with `recompute`, the fp32 weight-gradient GEMM with `accumulate_grad`."""
+        out = []
+        if self._bwd is not None:
+            out.append((self._bwd.recipe, (tokens, self.out_features, self.in_features)))
+        if self.accumulate_grad:
+            out.append((weight_grad_recipe(self.compute_dtype), (self.out_features, self.in_features, tokens)))
+        return [(r, tuning.config_for(r, *shape, 1, device=device, sm_count=sm_count)) for r, shape in out]
 
     def config_for(self, tokens: int, sm_count: int = 132) -> KernelConfig:
         """The config of `launches(tokens)` (inference, no device)."""
@@ -206,5 +270,6 @@ class FusedLinear(RecipeModule):
 
     def extra_repr(self) -> str:
         cast = f", compute_dtype={self.compute_dtype}" if self.weight.dtype != self.compute_dtype else ""
+        training = "".join(f", {k}=True" for k in ("recompute", "accumulate_grad") if getattr(self, k))
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"activation={self.activation!r}{cast}")
+                f"activation={self.activation!r}{cast}{training}")

@@ -27,6 +27,14 @@ MODULE_PROBLEMS = ((300, 1024, 512), (300, 264, 1024), (77, 264, 256), (64, 64, 
 #: (M, N, K) of the FusedLinear calls tests/gpu/test_gpu.py makes with gradients wanted (the kernels
 #: that also store the pre-activation).
 TRAINING_PROBLEMS = ((300, 1024, 512), (300, 264, 1024))
+#: tests/gpu/test_training_gpu.py's FusedMLP (tokens, in, hidden, out), and its (activation,
+#: recompute, accumulate_grad) cases; the op's backward test at (M, N, K).
+TRAINING_MLP = (300, 512, 1024, 264)
+TRAINING_MLP_CASES = (("gelu", False, False), ("gelu", True, False), ("silu", False, True))
+OP_BACKWARD_PROBLEM = (77, 264, 256)
+#: scripts/gpu_bench.py's training-step table (tokens, in, hidden, out): an MLP block of 4096 tokens,
+#: Llama-3 8B's sizes, with gelu, its activation saved or recomputed.
+TRAINING_BENCH_MLP = (4096, 4096, 14336, 4096)
 #: (M, N, K) of tests/gpu/test_gpu.py's BlockScaledLinear calls (silu, bias): a decode step and 300 tokens.
 BLOCK_LINEAR_PROBLEMS = ((8, 384, 512), (300, 384, 512))
 #: The swapped kernel each example recipe also runs under: the heuristic's pick for a decode step.
@@ -156,6 +164,7 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     out.append((extrema, extrema.default_config()))
     stream_k = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["stream_k"]  # split-K and stream-K
     out.append((stream_k, stream_k.default_config()))
+    out += training_launches()
     out.append((fp8_out_recipe(), fp8_out_recipe().default_config()))
     out += [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS]
     fp8_linear = gg.nn.block_scaled_linear_recipe("silu", True, torch.bfloat16)  # test_gpu's BlockScaledLinear
@@ -165,6 +174,32 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     fp8_experts = gg.nn.block_scaled_grouped_recipe("silu", True, torch.bfloat16)  # ...and its fp8 form
     out += [(fp8_experts, fp8_experts.default_config()), (fp8_experts, config_for(fp8_experts, 1, 256, 512, 1))]
     return list(dict.fromkeys(out))
+
+
+def training_launches() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
+    """What tests/gpu/test_training_gpu.py and the training-step table launch: FusedMLP forward
+    and backward (derived and weight-gradient kernels), the op's derived backward kernel, the
+    saved-accumulator coverage kernel."""
+    from gemmgen.integrations.dense import DenseOp
+    from gemmgen.tuning import config_for
+
+    tokens, n_in, hidden, n_out = TRAINING_MLP
+    out = []
+    for activation, recompute, accumulate in TRAINING_MLP_CASES:
+        mlp = gg.nn.FusedMLP(n_in, hidden, n_out, activation, recompute=recompute, accumulate_grad=accumulate,
+                             device="meta")
+        out += gg.nn.model_launches(mlp, tokens=(tokens,), training_tokens=(tokens,))
+    tokens, n_in, hidden, n_out = TRAINING_BENCH_MLP
+    for recompute in (False, True):
+        mlp = gg.nn.FusedMLP(n_in, hidden, n_out, "gelu", recompute=recompute, device="meta")
+        out += gg.nn.model_launches(mlp, tokens=(), training_tokens=(tokens,))
+    residual = load_recipes(ROOT / "examples" / "recipes.py")["bias_silu_residual"]
+    derived = DenseOp(residual).derived
+    assert derived is not None
+    out.append((derived.kernel, config_for(derived.kernel, *OP_BACKWARD_PROBLEM)))
+    saved = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["bias_gelu_bwd"]
+    out.append((saved, saved.default_config()))
+    return out
 
 
 def _load(path: Path):

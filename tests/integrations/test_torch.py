@@ -112,6 +112,32 @@ def test_backward_computes_only_the_gradients_asked_for(gen):
         assert (a_.grad is not None, b_.grad is not None) == wants
 
 
+
+def test_batched_op_gradients_through_the_derived_kernel(gen):
+    """A batched recipe with a row vector shared by the batch (its gradient summed over M in the
+    kernel, then over the batch), a column vector (its gradient left to torch: the kernel sums over
+    M) and a matrix: every gradient against float64 autograd, the derived kernel launched once."""
+    recipe = gg.Recipe("torch_batched_bwd", lambda acc, bias, scale, res: gg.gelu(acc * scale + bias) + res,
+                       batched=True, operands={"bias": gg.RowVector(gg.bf16), "scale": gg.ColVector(gg.f32),
+                                               "res": gg.Matrix(gg.bf16)})
+    a = torch.randn(3, 9, 40, generator=gen).bfloat16()
+    b = torch.randn(40, 24, generator=gen).bfloat16().t().contiguous().t().expand(3, 40, 24).contiguous()
+    bias, scale = torch.randn(24, generator=gen).bfloat16(), torch.rand(9, generator=gen) + 0.5
+    res = torch.randn(3, 9, 24, generator=gen).bfloat16()
+    leaves = [t.clone().requires_grad_() for t in (a, b, bias, scale, res)]
+    y = op(recipe)(*leaves)
+    g = torch.randn(y.shape, generator=gen).bfloat16()
+    with _Counting() as counted:
+        y.backward(g)
+    assert sum(n for f_, n in counted.compute().items() if f_.namespace == "gemmgen") == 1
+    ref = [t.double().requires_grad_() for t in (a, b, bias, scale, res)]
+    (F.gelu(ref[0] @ ref[1] * ref[3][:, None] + ref[2]) + ref[4]).backward(g.double())
+    for name, mine, theirs in zip(("a", "b", "bias", "scale", "res"), leaves, ref, strict=True):
+        assert theirs.grad is not None and mine.grad is not None and mine.grad.shape == theirs.grad.shape, name
+        assert theirs.grad.abs().max() > 0
+        torch.testing.assert_close(mine.grad.double(), theirs.grad, rtol=0, atol=2e-2 * theirs.grad.abs().max(),
+                                   msg=name)
+
 def _fp8_args(gen, m=7, n=24, k=48):
     a = torch.randn(m, k, generator=gen).to(torch.float8_e4m3fn)
     b = torch.randn(n, k, generator=gen).to(torch.float8_e5m2).t()  # N x K weight: B column-major

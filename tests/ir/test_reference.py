@@ -113,6 +113,9 @@ def _independent(name, acc, ops):
         second = torch.clamp(acc, min=0.5) * torch.clamp(acc, min=-1.0)  # where(acc <= 0.5, 0.5, acc) ...
         step = torch.where((acc < -1e30) | (acc == 3e38) | (acc != acc), one, torch.tensor(0.0))
         return ((first + second - step).bfloat16(),)
+    if name == "bias_gelu_bwd":  # torch's own gelu_backward from the saved accumulator, and its column sums
+        d_pre = torch.ops.aten.gelu_backward(acc, f["saved_acc"] + f["bias"])
+        return d_pre.bfloat16(), d_pre.sum(dim=-2)
     raise KeyError(name)
 
 

@@ -113,6 +113,43 @@ def test_sequential_pairs_fuse_and_positions_stay(gen):
     assert report[-1] == "6: Linear -> FusedLinear(linear_none_bias_f16)"
 
 
+
+def test_mlp_fuses_linear_activation_linear_into_one_fused_mlp(gen):
+    """`mlp=True`: Linear -> GELU -> Linear becomes one FusedMLP in the first Linear's place (the
+    others Identity, the parameters under it, as the report says); a second Linear that starts a
+    pair of its own, or is used twice, stays a layer of its own."""
+    model = nn.Sequential(_linear(64, 128), nn.GELU(), _linear(128, 32), nn.Linear(32, 8).bfloat16())
+    fused, report = _fuse(copy.deepcopy(model), mlp=True)
+    assert [type(m).__name__ for m in fused] == ["FusedMLP", "Identity", "Identity", "Linear"]
+    assert report == ["0: Linear + GELU + Linear (2) -> FusedMLP(linear_gelu_bias_bf16, linear_none_bias_bf16) (1 "
+                      "and 2 are now Identity; parameters 0.fc1.*, 0.fc2.*)"]
+    assert list(fused.state_dict()) == ["0.fc1.weight", "0.fc1.bias", "0.fc2.weight", "0.fc2.bias", "3.weight",
+                                        "3.bias"]
+    x = torch.randn(5, 64, generator=gen).bfloat16().requires_grad_()
+    want = model(x)
+    assert want.float().abs().max() > 0
+    torch.testing.assert_close(fused(x), want, **BF16_TOL)
+    chained = nn.Sequential(_linear(64, 128), nn.GELU(), _linear(128, 32), nn.SiLU())
+    fused, report = _fuse(chained, mlp=True)
+    assert [type(m).__name__ for m in fused] == ["FusedLinear", "Identity", "FusedLinear", "Identity"]
+    twice = _TwiceSecond()
+    fused, report = _fuse(twice, mlp=True)
+    assert isinstance(fused.fc1, gg.nn.FusedLinear) and isinstance(fused.fc2, nn.Linear), report
+    with pytest.raises(gg.InvalidArgument, match="give one of mlp=True and quantize="):
+        gg.nn.fuse(nn.Sequential(_linear(64, 64)), mlp=True, quantize="fp8_block")
+
+
+class _TwiceSecond(nn.Module):
+    """Linear -> GELU -> Linear, the second Linear run once more: it cannot become Identity."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = _linear(64, 32), nn.GELU(), _linear(32, 32)
+
+    def forward(self, x):
+        return self.fc2(self.fc2(self.act(self.fc1(x))))
+
+
 class _Functional(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -1,0 +1,105 @@
+"""Training on an sm_90 GPU (marker `gpu`; skipped with a reason elsewhere): the derived backward
+kernels (`Recipe.backward`) as FusedMLP, FusedLinear and the op launch them, against the unfused
+model in float64 on the CPU; fp32 weight-gradient accumulation (`main_grad`). Every kernel comes
+from the prepared bundle (tests/data/gpu_matrix.py: TRAINING_MLP, OP_BACKWARD_PROBLEM)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import gemmgen as gg
+from tests.data.gpu_matrix import OP_BACKWARD_PROBLEM, TRAINING_MLP
+
+pytestmark = pytest.mark.gpu
+
+_ACTIVATIONS = {"gelu": nn.GELU, "silu": nn.SiLU}
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    want = want.double().cpu()
+    assert want.abs().max() > 0
+    return ((got.double().cpu() - want).abs().max() / want.abs().max()).item()
+
+
+def _grads(model: nn.Module, x: torch.Tensor, g: torch.Tensor) -> list[torch.Tensor]:
+    x = x.clone().requires_grad_()
+    model(x).backward(g)
+    assert x.grad is not None
+    return [x.grad, *[p.grad if p.grad is not None else p.main_grad for p in model.parameters()]]  # type: ignore
+
+
+@pytest.mark.parametrize(("activation", "recompute", "accumulate_grad"),
+                         [("gelu", False, False), ("gelu", True, False), ("silu", False, True)])
+def test_fused_mlp_trains_like_the_unfused_model(activation, recompute, accumulate_grad):
+    """Forward and every gradient against the unfused model in float64 (CPU), no further from it
+    than the unfused bf16 model on the GPU is, plus a bf16 rounding; 300 tokens (not a tile
+    multiple)."""
+    tokens, n_in, hidden, n_out = TRAINING_MLP
+    torch.manual_seed(0)
+    unfused = nn.Sequential(nn.Linear(n_in, hidden), _ACTIVATIONS[activation](), nn.Linear(hidden, n_out))
+    unfused = unfused.to("cuda", torch.bfloat16)
+    first, second = unfused[0], unfused[2]
+    assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+    fused = gg.nn.FusedMLP.from_linears(copy.deepcopy(first), activation, copy.deepcopy(second), recompute=recompute,
+                                        accumulate_grad=accumulate_grad)
+    x = torch.randn(tokens, n_in, device="cuda").bfloat16()
+    g = torch.randn(tokens, n_out, device="cuda").bfloat16()
+    exact = copy.deepcopy(unfused).cpu().double()
+    want = _grads(exact, x.cpu().double(), g.cpu().double())
+    for got, base, ref in zip(_grads(fused, x, g), _grads(unfused, x, g), want, strict=True):
+        assert not got.isnan().any()
+        assert _relative(got, ref) <= 2 * _relative(base, ref) + 2**-8
+    with torch.no_grad():
+        want_y = exact(x.cpu().double())
+        assert _relative(fused(x), want_y) <= 2 * _relative(unfused(x), want_y) + 2**-8
+
+
+def test_the_ops_backward_launches_its_derived_kernel():
+    """gg.op(recipe) with gradients wanted: the recomputing backward kernel (dL/dacc, the bias and
+    residual gradients in one launch), then the dgrad and wgrad GEMMs; against float64 autograd."""
+    from gemmgen.aot import load_recipes
+    from tests.data import EXAMPLES
+
+    recipe = load_recipes(EXAMPLES)["bias_silu_residual"]
+    m, n, k = OP_BACKWARD_PROBLEM
+    a = torch.randn(m, k, device="cuda").bfloat16()
+    b = torch.randn(k, n, device="cuda").bfloat16()  # B row-major, as the recipe declares
+    bias, residual = torch.randn(n, device="cuda").bfloat16(), torch.randn(m, n, device="cuda").bfloat16()
+    leaves = [t.clone().requires_grad_() for t in (a, b, bias, residual)]
+    y = gg.op(recipe)(*leaves)
+    g = torch.randn_like(y)
+    y.backward(g)
+    ref = [t.cpu().double().requires_grad_() for t in (a, b, bias, residual)]
+    (torch.nn.functional.silu(ref[0] @ ref[1] + ref[2]) + ref[3]).backward(g.cpu().double())
+    for mine, theirs in zip(leaves, ref, strict=True):
+        assert mine.grad is not None and theirs.grad is not None
+        assert _relative(mine.grad, theirs.grad) <= 2**-6
+
+
+def test_a_saved_accumulator_backward_kernel_matches_its_reference():
+    """The derived kernel for the next layer's dgrad GEMM (the coverage kernel `bias_gelu_bwd`:
+    dL/dacc from the saved accumulator and the bias gradient as a sum over M, swapped) on the GPU
+    against its own fp32 reference, NaN-prefilled outputs, odd sizes."""
+    from gemmgen.aot import load_recipes
+    from gemmgen.testing.tensors import assert_output_close
+    from tests.data import EXTRA
+
+    recipe = load_recipes(EXTRA)["bias_gelu_bwd"]
+    kernel = recipe.compile()
+    m, n, k = 300, 264, 1000
+    dy, w = torch.randn(m, k, device="cuda").bfloat16(), torch.randn(k, n, device="cuda").bfloat16()
+    saved, bias = torch.randn(m, n, device="cuda").bfloat16(), torch.randn(n, device="cuda").bfloat16()
+    d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    grad_bias = torch.zeros(n, device="cuda")
+    kernel(dy, w, saved_acc=saved, bias=bias, out=(d, grad_bias))
+    want = recipe.reference(dy.cpu(), w.cpu(), saved_acc=saved.cpu(), bias=bias.cpu())
+    from gemmgen.ir.reference import reference
+
+    scale = reference(recipe.ir, dy.cpu(), w.cpu(), {"saved_acc": saved.cpu(), "bias": bias.cpu()}, magnitudes=True)
+    for o, got, ref, mag in zip(recipe.outputs, (d, grad_bias), want, scale, strict=True):
+        assert not got.isnan().any()
+        assert_output_close(o, got.cpu(), ref, mag, (m, n), 1.6e-2, 1.6e-2, "bias_gelu_bwd")
