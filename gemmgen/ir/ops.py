@@ -141,25 +141,21 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
-def _d_min(g: Any, y: Any, a: Any, b: Any) -> tuple[Any, Any]:
-    """torch.minimum's rule, half to each side on a tie; against a constant, torch.clamp's (the
-    bound is inclusive: the whole gradient where x <= hi)."""
-    if b.is_const or a.is_const:
-        x, c = (a, b) if b.is_const else (b, a)
-        gx = x.le(c).select(g, 0.0)
-        return (gx, None) if b.is_const else (None, gx)
-    tie = a.eq(b)
-    return tie.select(g * 0.5, a.gt(b).select(0.0, g)), tie.select(g * 0.5, a.lt(b).select(0.0, g))
+def _d_extremum(smallest: bool) -> Callable[..., tuple[Any, Any]]:
+    """torch.minimum's rule (`smallest`) or torch.maximum's: the gradient goes to the side taken,
+    half to each on a tie; against a constant, torch.clamp's (the bound inclusive: the whole
+    gradient where x <= hi for a min, x >= lo for a max)."""
 
+    def rule(g: Any, y: Any, a: Any, b: Any) -> tuple[Any, Any]:
+        if b.is_const or a.is_const:
+            x, c = (a, b) if b.is_const else (b, a)
+            gx = (x.le(c) if smallest else x.ge(c)).select(g, 0.0)
+            return (gx, None) if b.is_const else (None, gx)
+        tie = a.eq(b)
+        loses_a, loses_b = (a.gt(b), a.lt(b)) if smallest else (a.lt(b), a.gt(b))
+        return tie.select(g * 0.5, loses_a.select(0.0, g)), tie.select(g * 0.5, loses_b.select(0.0, g))
 
-def _d_max(g: Any, y: Any, a: Any, b: Any) -> tuple[Any, Any]:
-    """torch.maximum's rule, half to each side on a tie; against a constant, torch.clamp's."""
-    if b.is_const or a.is_const:
-        x, c = (a, b) if b.is_const else (b, a)
-        gx = x.ge(c).select(g, 0.0)
-        return (gx, None) if b.is_const else (None, gx)
-    tie = a.eq(b)
-    return tie.select(g * 0.5, a.lt(b).select(0.0, g)), tie.select(g * 0.5, a.gt(b).select(0.0, g))
+    return rule
 
 
 def _d_gelu_tanh(g: Any, y: Any, x: Any) -> tuple[Any]:
@@ -187,8 +183,8 @@ _DERIVATIVES: dict[Op, Callable[..., tuple[Any, ...]]] = {
     Op.SUB: lambda g, y, a, b: (g, -g),
     Op.MUL: lambda g, y, a, b: (g * b, g * a),
     Op.DIV: lambda g, y, a, b: (g / b, -g * a / (b * b)),
-    Op.MIN: _d_min,
-    Op.MAX: _d_max,
+    Op.MIN: _d_extremum(smallest=True),
+    Op.MAX: _d_extremum(smallest=False),
     **{op: (lambda g, y, a, b: (None, None)) for op in (Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE)},
     Op.WHERE: lambda g, y, c, a, b: (None, c.select(g, 0.0), c.select(0.0, g)),
     Op.NEG: lambda g, y, x: (-g,),
