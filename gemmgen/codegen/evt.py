@@ -104,8 +104,7 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
     ir = recipe.epilogue
     d = recipe.gemm.d
     aux_stride = _aux_stride(recipe.gemm.layout_d)
-    matrices = [o.name for o in ir.operands if o.kind is OperandKind.MATRIX]
-    source = matrices[0] if matrices else None
+    source = ir.source
     element_c = ir.operand(source).dtype.cutlass if source else "void"
 
     vnodes: list[_VNode] = []

@@ -157,6 +157,11 @@ class EpilogueIR:
     def operand(self, name: str) -> Operand:
         return next(o for o in self.operands if o.name == name)
 
+    @property
+    def source(self) -> str | None:
+        """The M x N operand the kernel loads as C (CUTLASS's source): the first matrix operand."""
+        return next((o.name for o in self.operands if o.kind is OperandKind.MATRIX), None)
+
 
 #: The block scales' operands, first among a block-scaled recipe's operands.
 BLOCK_SCALE_OPERANDS = (Operand("scale_a", OperandKind.SCALE_A, DType.F32),

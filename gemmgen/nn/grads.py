@@ -8,14 +8,14 @@ import torch
 
 from ..dsl import Matrix, Recipe
 from ..errors import InvalidArgument
-from ..integrations.ops import caller
+from ..integrations.ops import caller, direct_call_allowed, kernel_for
 from ..types import DType, Layout, as_dtype
 
 
 @functools.cache
 def weight_grad_recipe(dtype: torch.dtype) -> Recipe:
     """main_grad + dL/dY^T @ X in fp32, as one GEMM whose C is main_grad (A = dL/dY^T, a
-    column-major view of dL/dY; B = X, row-major)."""
+    column-major view of dL/dY; B = X, row-major), on the GPU written over main_grad itself."""
     d = as_dtype(dtype, "dtype")
     return Recipe(f"weight_grad_accumulate_{d.value}", lambda acc, main_grad: acc + main_grad, a=d, b=d,
                   d=DType.F32, layout_a=Layout.COL, layout_b=Layout.ROW, operands={"main_grad": Matrix(DType.F32)})
@@ -38,5 +38,9 @@ def weight_grad(weight: torch.Tensor, grad_out: torch.Tensor, x: torch.Tensor, a
         raise InvalidArgument(f"main_grad: expected an fp32 tensor of the weight's shape {tuple(weight.shape)}, got "
                               f"{getattr(main_grad, 'dtype', type(main_grad).__name__)} "
                               f"{tuple(getattr(main_grad, 'shape', ()))}; delete it to have gemmgen create one")
-    main_grad.copy_(caller(weight_grad_recipe(grad_out.dtype))(grad_out.t(), x, main_grad))
+    recipe, a = weight_grad_recipe(grad_out.dtype), grad_out.t()
+    if main_grad.is_cuda and direct_call_allowed((a, x, main_grad)):  # D written over C: beta = 1 in place
+        kernel_for(recipe, a, x, (main_grad,))(a, x, main_grad, out=main_grad)
+    else:  # the op (tracing, a dispatch mode, the CPU): a new tensor, copied back
+        main_grad.copy_(caller(recipe)(a, x, main_grad))
     return None

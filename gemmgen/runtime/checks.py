@@ -401,15 +401,21 @@ def check_reduction_output(name: str, t: object, shape: tuple[int, ...], device:
     return TensorArg(t.data_ptr(), modes)
 
 
-def check_no_alias(name: str, span: tuple[int, int] | None, inputs: tuple[Span, ...]) -> None:
-    """An output's bytes (`span`, None if empty) must not overlap any input's (`input_spans`)."""
+def check_no_alias(name: str, span: tuple[int, int] | None, inputs: tuple[Span, ...], same_as: str | None = None
+                   ) -> None:
+    """An output's bytes (`span`, None if empty) must not overlap any input's (`input_spans`),
+    except the input `same_as`: C when D is the very same tensor (address, strides and type), which
+    each element's thread reads before it writes it (beta = 1 in place, as cuBLAS allows)."""
     if span is None:
         return
     lo, hi = span
     for x_name, x_lo, x_hi in inputs:
+        if x_name == same_as:
+            continue
         if lo < x_hi and x_lo < hi:
-            raise InvalidArgument(f"{name}: shares memory with input {x_name}; gemmgen does not write in place "
-                                  f"(the kernel would read {x_name} after writing over it): pass a separate output "
+            raise InvalidArgument(f"{name}: shares memory with input {x_name}; gemmgen writes in place only D over "
+                                  f"the very tensor it reads as C (the same address, strides and type; elsewhere "
+                                  f"the kernel would read {x_name} after writing over it): pass a separate output "
                                   f"tensor, or omit {name}= to get a new one")
 
 

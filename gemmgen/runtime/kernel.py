@@ -109,6 +109,8 @@ class Kernel(KernelBase):
         self._identities = tuple(o.reduce.identity if o.reduce is not None else 0.0 for o in self._ir.epilogue.outputs)
         self._builder = ArgumentBuilder(compiled.generated.kernel_recipe, self._config)
         self._swap = self._config.swap_ab  # the kernel computes D^T = B^T A^T on the same memory
+        source = self._ir.epilogue.source  # D may be written over C, the very same tensor: beta = 1 in place
+        self._in_place = source if source and self._ir.epilogue.operand(source).dtype is self._ir.gemm.d else ""
         self._size_check = problem_size_check(self._config.tile, self._config.cluster, self._swap)
         self._nondeterministic = not self._config.deterministic
         self._layouts: dict[tuple, _Plan] = {}  # the latest plan per signature without addresses
@@ -278,7 +280,8 @@ class Kernel(KernelBase):
                     put_bounded(plan.out_checked, okey, hit)
                 if plan.input_spans is None:
                     plan.input_spans = input_spans(plan.call)
-                check_no_alias(name, hit[1], plan.input_spans)
+                over_c = o.name == "d" and plan.call.operands.get(self._in_place) == hit[0]
+                check_no_alias(name, hit[1], plan.input_spans, same_as=self._in_place if over_c else None)
                 given.append((name, hit[1]))
                 targs.append(hit[0])
                 if reduced == REDUCED_FROM_IDENTITY:  # filled on the stream before every launch

@@ -436,9 +436,43 @@ def test_new_addresses_of_a_known_layout_redo_only_the_address_work(compiled):
         bad = storage.as_strided(a2.shape, a2.stride(), storage_offset=1)  # a2's layout, 2 bytes off
         with pytest.raises(gg.InvalidArgument, match=r"a: data pointer .* not 16-byte aligned"):
             k.prepare(bad, b2, out=out, **ops2)
-        if "c" in ops2:
-            with pytest.raises(gg.InvalidArgument, match=r"out: shares memory with input"):
-                k.prepare(a2, b2, out=(ops2["c"], *outs[1:]), **ops2)
+
+
+def test_d_may_be_written_over_its_own_c(compiled):
+    """beta = 1 in place: D given as the very tensor read as C (same address, strides and type) is
+    accepted, the Params point D's map at C's memory, and the emulated kernel computes the recipe
+    there; any other overlap with C (a view at another offset, C of another type) is refused.
+    (The `swapped` kernel: batched, swapped, C bf16 like D; and an aux load beside it.)"""
+    from gemmgen.testing.emulate import emulate
+
+    ck = compiled["swapped"]
+    recipe = ck.recipe
+    assert recipe.epilogue.source == "c"
+    enc = RecordingEncoder()
+    k = cpu_kernel(ck, enc)
+    a, b, ops, want = args_with_nonzero_reference(recipe, 40, 24, 72, (2,))
+    c = ops["c"]
+    outs = given_outputs(recipe, 40, 24, (2,))
+    prep = k.prepare(a, b, out=(c, *outs[1:]), **ops)
+    tensors = [a, b, c, *outs[1:], *(v for v in ops.values() if isinstance(v, torch.Tensor) and v is not c)]
+    emulate(ck, prep.params, enc, tensors + ([prep.workspace] if prep.workspace is not None else []))
+    scale = reference(recipe, a, b, {**ops, "c": want[0]}, magnitudes=True)  # magnitudes: any bf16 matrix will do
+    for o, got, ref, mag in zip(recipe.outputs, (c, *outs[1:]), want, scale, strict=True):
+        assert_output_close(o, got, ref, mag, (40, 24), TOLERANCE[got.dtype], TOLERANCE[got.dtype], "in place")
+    storage = torch.empty(c.numel() + 64, dtype=c.dtype)
+    shifted = storage[8:8 + c.numel()].view(c.shape)  # 16 bytes further: still aligned, not C itself
+    shifted_c = storage[:c.numel()].view(c.shape)
+    with pytest.raises(gg.InvalidArgument, match=r"out: shares memory with input c; gemmgen writes in place only D"):
+        k.prepare(a, b, out=(shifted, *outs[1:]), **{**ops, "c": shifted_c})
+    r2 = c.view(torch.float16)  # an aux load over C's memory: D over C would also be written over it
+    with pytest.raises(gg.InvalidArgument, match=r"out: shares memory with input r2"):
+        k.prepare(a, b, out=(c, *outs[1:]), **{**ops, "r2": r2})
+    combination = compiled["linear_combination"]  # C f16, D f32: the same element strides, other bytes
+    a, b, ops = fresh_args(combination.recipe, 40, 24, 72, (), scalar=0.5)
+    storage = torch.zeros(40 * 24 * 2, dtype=torch.float16)
+    over = storage.view(torch.float32)[:40 * 24].view(40, 24)  # f32 D at C's address, C's element strides
+    with pytest.raises(gg.InvalidArgument, match=r"out: shares memory with input c"):
+        cpu_kernel(combination).prepare(a, b, out=over, **{**ops, "c": storage[:40 * 24].view(40, 24)})
 
 
 def _decoded(ck, params, enc):
