@@ -6,6 +6,9 @@
 The epilogue function is called once with symbolic values (`values.Value`); `ir.normalize` turns
 the recorded graph into the IR. Nothing is parsed from source. Mistakes raise RecipeError here, at
 declaration, naming the operand or op and the fix.
+
+`recipe.backward()` derives the recipes a training step runs (`Backward`, `ir.autodiff`): the
+forward saving what the backward reads, and the backward GEMM's epilogue (docs/training.md).
 """
 
 from __future__ import annotations

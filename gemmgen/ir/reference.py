@@ -31,11 +31,66 @@ def _broadcast(t: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor | float],
-                      round_outputs: bool = True, magnitudes: bool = False) -> tuple[torch.Tensor, ...]:
+                      round_outputs: bool = True, magnitudes: bool = False,
+                      acc_magnitude: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Evaluate the epilogue on an fp32 accumulator; return the outputs rounded to their dtypes
     (or kept in fp32 with `round_outputs=False`, for differentiation). With `magnitudes` a sum's
-    output is the sum of the absolute values of its terms instead, the scale of its rounding error
+    output is instead the sum of its terms' magnitudes (`_magnitudes`; the accumulator's is
+    `acc_magnitude`, |A| @ |B|, else |acc|), the scale of its rounding error
     (`testing.tensors.assert_output_close`)."""
+    values = _values(ir, acc, operands)
+    scales = _magnitudes(ir, values, acc_magnitude) if magnitudes else values
+    shape = acc.shape
+    outs = tuple(_reduced((scales if o.reduce is Reduction.SUM else values)[o.node].expand(shape), o.reduce, o.dim,
+                          magnitudes) for o in ir.outputs)
+    if not round_outputs:
+        return outs
+    return tuple(round_to(v, o.dtype) for v, o in zip(outs, ir.outputs, strict=True))
+
+
+#: The largest |f'| of the unary ops whose derivative is bounded (sin, cos, erf: at most 2/sqrt(pi)).
+_LIPSCHITZ = 1.2
+
+
+def _magnitudes(ir: EpilogueIR, values: list[torch.Tensor], acc_magnitude: torch.Tensor | None
+                ) -> list[torch.Tensor]:
+    """Per node, the scale of its rounding error: what a value computed from rounded inputs can be
+    off by, relative to. A sum or difference is off relative to its operands' magnitudes, not to
+    its result (acc + bias can cancel to almost nothing); a product scales with both; an op of
+    bounded derivative passes its input's magnitude on (times the bound), exp and division scale
+    it by their value; min, max and where take the larger side."""
+    out: list[torch.Tensor] = []
+    for node, v in zip(ir.nodes, values, strict=True):
+        args = [out[a] for a in node.args]
+        op = node.op
+        if op is Op.ACC and acc_magnitude is not None:
+            m = acc_magnitude
+        elif op.is_leaf:
+            m = v.abs()
+        elif op in (Op.ADD, Op.SUB):
+            m = args[0] + args[1]
+        elif op is Op.MUL:
+            m = args[0] * args[1]
+        elif op is Op.DIV:
+            m = (args[0] + v.abs() * args[1]) / values[node.args[1]].abs()
+        elif op in (Op.NEG, Op.ABS, Op.CAST):
+            m = args[0]
+        elif op is Op.EXP:
+            m = v.abs() * (1.0 + args[0])
+        elif op in (Op.MIN, Op.MAX):
+            m = args[0].maximum(args[1])
+        elif op is Op.WHERE:
+            m = args[1].maximum(args[2])
+        elif op.arity == 1:
+            m = v.abs() + _LIPSCHITZ * args[0]
+        else:  # comparisons: 0 or 1
+            m = v.abs()
+        out.append(m.to(torch.float32))
+    return out
+
+
+def _values(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor | float]) -> list[torch.Tensor]:
+    """Every node's fp32 value (the op table's formulas)."""
     values: list[torch.Tensor] = []
     for node in ir.nodes:
         if node.op is Op.ACC:
@@ -49,11 +104,7 @@ def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, tor
         else:
             v = node.op.apply(tuple(values[a] for a in node.args), node.attr, node.dtype)
         values.append(v.to(torch.float32))
-    shape = acc.shape
-    outs = tuple(_reduced(values[o.node].expand(shape), o.reduce, o.dim, magnitudes) for o in ir.outputs)
-    if not round_outputs:
-        return outs
-    return tuple(round_to(v, o.dtype) for v, o in zip(outs, ir.outputs, strict=True))
+    return values
 
 
 def _reduced(v: torch.Tensor, reduce: Reduction | None, dim: int | None, magnitude: bool = False) -> torch.Tensor:
@@ -80,8 +131,13 @@ def reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: Mapp
     if recipe.gemm.grouped:
         assert offsets is not None
         return _grouped_reference(recipe, a.detach().cpu(), b.detach().cpu(), ops, offsets.detach().cpu())
-    acc = accumulate(recipe.gemm, a.detach().cpu(), b.detach().cpu(), ops)
-    return evaluate_epilogue(recipe.epilogue, acc, ops, magnitudes=magnitudes)
+    a, b = a.detach().cpu(), b.detach().cpu()
+    acc = accumulate(recipe.gemm, a, b, ops)
+    if not magnitudes:
+        return evaluate_epilogue(recipe.epilogue, acc, ops)
+    scales = {k: v.abs() for k, v in ops.items() if k in ("scale_a", "scale_b") and isinstance(v, torch.Tensor)}
+    acc_magnitude = accumulate(recipe.gemm, a.float().abs(), b.float().abs(), {**ops, **scales})
+    return evaluate_epilogue(recipe.epilogue, acc, ops, magnitudes=True, acc_magnitude=acc_magnitude)
 
 
 def accumulate(gemm: GemmSpec, a: torch.Tensor, b: torch.Tensor, operands: dict) -> torch.Tensor:

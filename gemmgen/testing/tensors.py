@@ -29,8 +29,9 @@ def assert_output_close(o: Output, got: torch.Tensor, want: torch.Tensor, magnit
     """`got` against the reference `want` of output `o` of an (M, N) `problem`, NaN where NaN.
 
     A sum is held to the bound of recursive summation: two evaluations whose terms differ by `rtol`
-    of each term, summing `terms` of them in any order, differ by at most (rtol + terms * 2^-24)
-    times the sum of the terms' absolute values (`magnitude`, `reference(..., magnitudes=True)`).
+    of each term's magnitude, summing `terms` of them in any order, differ by at most
+    (rtol + terms * 2^-24) times the sum of the terms' magnitudes (`magnitude`,
+    `reference(..., magnitudes=True)`: a term acc + bias has the magnitude |A| @ |B| + |bias|).
     The error of a sum scales with what was summed, not with the result, which cancellation can
     make as small as anything. Every other output: torch.testing.assert_close with rtol, atol."""
     if o.reduce is not Reduction.SUM:
