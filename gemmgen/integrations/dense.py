@@ -80,9 +80,7 @@ class DenseOp(OpKind):
         kernel = derived.kernel
         incoming = next(o.dtype for o in kernel.operands if o.name == "grad_d").torch
         ops_in = {**ops, "grad_d": grad.to(incoming)}
-        outs = call(kernel)(a.detach(), b.detach(), *[ops_in[o.name] for o in kernel.operands])
-        by_name = dict(zip([o.name for o in kernel.outputs], outs if isinstance(outs, tuple) else (outs,),
-                           strict=True))
+        by_name = call(kernel).by_name(a.detach(), b.detach(), ops_in)
         g_acc = by_name["d"]
         ga = torch.matmul(g_acc, b.transpose(-1, -2)) if needed[0] else None
         gb = torch.matmul(a.transpose(-1, -2), g_acc) if needed[1] else None

@@ -91,10 +91,7 @@ class _LinearFunction(torch.autograd.Function):
         if layer.activation is None:
             g_pre = g
         elif layer._bwd is not None:  # recompute: the derived kernel
-            kernel = layer._bwd.recipe
-            inputs = {"bias": bias, "grad_d": g.contiguous()}
-            got = layer._bwd(x, w, *[inputs[o.name] for o in kernel.operands])
-            outs = dict(zip([o.name for o in kernel.outputs], got if isinstance(got, tuple) else (got,), strict=True))
+            outs = layer._bwd.by_name(x, w, {"bias": bias, "grad_d": g.contiguous()})
             g_pre = outs["d"]
             gb = outs["grad_bias"].to(bias.dtype) if ctx.has_bias and need_b else None
         else:

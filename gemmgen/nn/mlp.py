@@ -68,15 +68,13 @@ class _MLPFunction(torch.autograd.Function):
         x, w1, b1, w2, saved, h = ctx.saved_tensors
         _, need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad
         g = g.contiguous()
-        kernel = mlp._backward.kernel
         w2_rows = w2.t()  # W2 as stored (out x hidden): the dgrad GEMM's B, row-major
         if mlp.recompute:
             inputs = {"bias": b1, "grad_d": torch.matmul(g, w2_rows)}
             a, b = x, w1
         else:
             inputs, a, b = {"saved_acc": saved, "bias": b1}, g, w2_rows
-        got = mlp._bwd(a, b, *[inputs[o.name] for o in kernel.operands])
-        outs = dict(zip([o.name for o in kernel.outputs], got if isinstance(got, tuple) else (got,), strict=True))
+        outs = mlp._bwd.by_name(a, b, inputs)
         g_acc1 = outs["d"]
         if mlp.recompute:
             h = outs["fwd_d"]
