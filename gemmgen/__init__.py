@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .aot import add_bundle, build_bundle, warmup
 from .compile import CompiledKernel
-from .config import KernelConfig, Schedule, TileScheduler
+from .config import Arch, KernelConfig, Schedule, TileScheduler
 from .dsl import (
     DEEPSEEK_BLOCK_SCALE,
     OPS,
@@ -80,7 +80,7 @@ if TYPE_CHECKING:  # loaded on first use by __getattr__: they import torch
     from .runtime.quantize import quantize_blockwise
 
 __all__ = [
-    "DEEPSEEK_BLOCK_SCALE", "OPS", "Backward", "ColMajor", "ColVector", "CompileError", "CompiledKernel",
+    "DEEPSEEK_BLOCK_SCALE", "OPS", "Arch", "Backward", "ColMajor", "ColVector", "CompileError", "CompiledKernel",
     "ConfigError", "DType", "GemmgenError", "GemmgenWarning", "GroupedKernel", "InvalidArgument", "Kernel",
     "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "NotDeterministic", "OperandGradient",
     "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler",

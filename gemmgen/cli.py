@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from collections.abc import Iterable
 from pathlib import Path
 
 from . import env
 from ._version import __version__
-from .aot import build, load_recipes, pairs_of, with_tuned_winners, write_bundle
+from .aot import build, load_recipes, with_tuned_winners, write_bundle
+from .codegen import violations
 from .compile import KernelCache, report_table, reports_json
-from .config import ARCH
+from .config import DEFAULT_ARCH, Arch, KernelConfig
 from .dsl import Recipe
-from .errors import GemmgenError, RecipeError
+from .errors import ConfigError, GemmgenError, RecipeError
 from .tuning import (
     DEFAULT_CANDIDATES,
     TuningTable,
@@ -41,27 +43,51 @@ def _recipes(args: argparse.Namespace) -> dict:
     return chosen
 
 
+def _arches(args: argparse.Namespace) -> list[Arch]:
+    """The `--arch` values, each once, in order (default: sm_90a)."""
+    return list(dict.fromkeys(args.arch or [DEFAULT_ARCH]))
+
+
+def _pairs(args: argparse.Namespace, recipes: Iterable[Recipe], arch: Arch) -> list[tuple[Recipe, KernelConfig]]:
+    """Each recipe with its default config on `arch`. Over a whole file, a recipe whose family the
+    arch's emitter does not build yet (a grouped recipe on sm_100a) is left out with a line saying
+    why; a recipe named by --recipe, or whose own config is broken, is an error."""
+    out = []
+    for recipe in recipes:
+        config = recipe.default_config(arch)
+        problems = violations(config, recipe.ir)
+        if problems and args.recipe is None and config is not recipe.config:
+            print(f"gemmgen: {recipe.name}: not built for {arch.value}: {problems[0]}", file=sys.stderr)
+            continue
+        out.append((recipe, config))
+    return out
+
+
 def cmd_build(args: argparse.Namespace) -> int:
-    if args.arch != ARCH:
-        raise GemmgenError(f"--arch {args.arch}: gemmgen emits {ARCH} kernels only")
     cache = _cache(args)
     recipes = _recipes(args)
-    if args.shapes:
-        shapes = load_shapes(args.shapes)
-        if args.recipe is not None:
-            shapes = {name: rows for name, rows in shapes.items() if name == args.recipe}
-        chosen = launches_for_shapes(recipes, shapes)
-        by_name = {r.name: r for r in recipes.values()}
-        pairs = list(dict.fromkeys((by_name[n], launch.config) for n, rows in chosen.items() for _, launch in rows))
-    else:
-        chosen, pairs = {}, pairs_of(recipes.values())
+    chosen: dict = {}
+    pairs = []
+    for arch in _arches(args):
+        if args.shapes:
+            shapes = load_shapes(args.shapes)
+            if args.recipe is not None:
+                shapes = {name: rows for name, rows in shapes.items() if name == args.recipe}
+            launches = launches_for_shapes(recipes, shapes, arch=arch)
+            by_name = {r.name: r for r in recipes.values()}
+            pairs += [(by_name[n], launch.config) for n, rows in launches.items() for _, launch in rows]
+            for n, rows in launches.items():
+                chosen.setdefault(n, []).extend(rows)
+        else:
+            pairs += _pairs(args, recipes.values(), arch)
+    pairs = list(dict.fromkeys(pairs))
     tuning = TuningTable.load(args.tuning) if args.tuning else None
     pairs = with_tuned_winners(pairs, tuning, recipes.values())  # the bundle holds every winner of the file's recipes
     kernels = build(pairs, cache, jobs=args.jobs, allow_compile=True)
     reports = [k.report for k in kernels]
     if args.out:
-        shape_map = {n: [{"shape": list(s), "m_bucket": launch.bucket[0], "config": launch.config.name}
-                         for s, launch in rows] for n, rows in chosen.items()}
+        shape_map = {n: [{"shape": list(s), "m_bucket": launch.bucket[0], "config": launch.config.name,
+                          "arch": launch.config.arch.value} for s, launch in rows] for n, rows in chosen.items()}
         out = write_bundle(kernels, args.out, cache, shapes=shape_map, tuning=tuning)
         print(f"gemmgen: wrote a bundle of {len({k.cache_key for k in kernels})} kernel(s) to {out}; use it with "
               f"GEMMGEN_BUNDLE_PATH={out} or gemmgen.add_bundle()", file=sys.stderr)
@@ -88,13 +114,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     m, n, k, l = problem_shape(args.shape, "--shape")  # noqa: E741
 
-    def explain(recipe: Recipe) -> str:
+    arches = _arches(args)
+
+    def explain(recipe: Recipe, arch: Arch) -> str:
         g = recipe.ir.gemm  # L: the batch of a batched recipe, the groups of a grouped one
-        launch = choose_launch(recipe, m, n, k, l if g.batched or g.grouped else 1, sm_count=args.sm_count)
-        return f"{recipe.name}: {launch.config.name} ({launch.source.value}): {launch.why}"
+        launch = choose_launch(recipe, m, n, k, l if g.batched or g.grouped else 1, sm_count=args.sm_count,
+                               arch=arch)
+        on = f" on {arch.value} ({args.sm_count or arch.sm_count} SMs)" if len(arches) > 1 else ""
+        return f"{recipe.name}{on}: {launch.config.name} ({launch.source.value}): {launch.why}"
 
     for recipe in _recipes(args).values():
-        print(explain(recipe))
+        for arch in arches:
+            print(explain(recipe, arch))
         if not args.backward:
             continue
         try:
@@ -105,13 +136,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(textwrap.indent(backward.describe(), "  "))
         for derived in (backward.forward, backward.kernel):
             if derived is not recipe:
-                print(textwrap.indent(explain(derived), "  "))
+                for arch in arches:
+                    print(textwrap.indent(explain(derived, arch), "  "))
     return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    reports = [k.report for k in build(pairs_of(_recipes(args).values()), _cache(args), args.jobs, quiet=args.json,
-                                       allow_compile=True)]
+    recipes = _recipes(args).values()
+    pairs = [pair for arch in _arches(args) for pair in _pairs(args, recipes, arch)]
+    reports = [k.report for k in build(pairs, _cache(args), args.jobs, quiet=args.json, allow_compile=True)]
     print(reports_json(reports) if args.json else report_table(reports))
     return 0
 
@@ -123,9 +156,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         out.mkdir(parents=True, exist_ok=True)
         for recipe in _recipes(args).values():
-            path = out / f"{recipe.name}.cu"
-            path.write_text(recipe.source())
-            print(path)
+            for r, config in (p for arch in _arches(args) for p in _pairs(args, [recipe], arch)):
+                # sm_90a's as NAME.cu, another arch's as NAME.sm_100a.cu
+                path = out / (f"{r.name}.cu" if config.arch is DEFAULT_ARCH else f"{r.name}.{config.arch.value}.cu")
+                path.write_text(r.source(config))
+                print(path)
     except OSError as e:
         raise GemmgenError(f"--out {args.out}: cannot write there ({e.strerror}); choose a writable folder") from None
     return 0
@@ -142,6 +177,20 @@ def _positive(text: str) -> int:
     return value
 
 
+def _arch(text: str) -> Arch:
+    """argparse type: an architecture gemmgen builds for."""
+    try:
+        return Arch.parse(text, "--arch")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _add_arch(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--arch", type=_arch, action="append", default=None, metavar="ARCH",
+                    help=f"target architecture, repeatable: {', '.join(a.value for a in Arch)} (default "
+                    f"{DEFAULT_ARCH.value})")
+
+
 def _environment_epilog() -> str:
     lines = ["environment variables (docs/deployment.md):"]
     for v in env.VARIABLES:
@@ -153,7 +202,8 @@ def _environment_epilog() -> str:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gemmgen", description=__doc__, epilog=_environment_epilog(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"gemmgen {__version__} ({ARCH})")
+    p.add_argument("--version", action="version",
+                   version=f"gemmgen {__version__} ({', '.join(a.value for a in Arch)})")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, fn, help_ in (("build", cmd_build, "compile every recipe of a file in parallel and print the report"),
                             ("inspect", cmd_inspect, "print the kernel report (compiles what is not cached)"),
@@ -165,6 +215,8 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("recipes", help="a Python file declaring module-level gemmgen.Recipe objects")
         sp.add_argument("--recipe", default=None, help="only this recipe of the file (by name)")
         sp.set_defaults(fn=fn)
+        if name != "tune":
+            _add_arch(sp)
         if name == "generate":
             sp.add_argument("--out", required=True, help="folder for the .cu files (created if missing)")
             continue
@@ -180,8 +232,9 @@ def parser() -> argparse.ArgumentParser:
         if name == "explain":
             sp.add_argument("--shape", type=_positive, nargs="+", required=True, metavar="M N K [L]",
                             help="the problem: M N K, and L (a batched recipe's batch, a grouped one's groups)")
-            sp.add_argument("--sm-count", type=_positive, default=132,
-                            help="SMs of the target GPU, for the heuristic's wave count (default 132: H100/H200 SXM)")
+            sp.add_argument("--sm-count", type=_positive, default=None,
+                            help="SMs of the target GPU, for the heuristic's wave count (default: the arch's "
+                            "reference GPU, 132 for sm_90a (H100/H200 SXM), 148 for sm_100a (B200))")
             sp.add_argument("--backward", action="store_true",
                             help="also derive each recipe's backward (Recipe.backward): what its kernel computes, "
                             "and which configs it and the forward that saves for it launch (the backward GEMM at "
@@ -195,7 +248,6 @@ def parser() -> argparse.ArgumentParser:
         if name == "build":
             sp.add_argument("--out", default=None,
                             help="also write the kernels as a relocatable bundle to this folder (replaced whole)")
-            sp.add_argument("--arch", default=ARCH, help=f"target architecture (only {ARCH})")
             sp.add_argument("--shapes", default=None,
                             help="JSON {recipe name: [[M, N, K], ...]}: build the config each shape launches")
             sp.add_argument("--tuning", default=None,

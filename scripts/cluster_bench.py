@@ -75,7 +75,7 @@ def remote_vs_disk(source: KernelCache, repeats: int) -> None:
     size = statistics.median(len(a.files["kernel.cubin"]) + len(a.files["kernel.cu"]) for _, _, a in found)
     print(f"{len(found)} kernels from {source.root} (median {size / 1e6:.2f} MB of cubin and source)")
     with tempfile.TemporaryDirectory() as tmp, redis_server(Path(tmp)) as server:
-        tier = RemoteTier(backend_for(server.url, timeout=5.0), source.arch)
+        tier = RemoteTier(backend_for(server.url, timeout=5.0), source.arch.value)
         for _, key, art in found:
             tier.store(key, art)
         disk, fetch, fetch_store = [], [], []

@@ -27,10 +27,11 @@ from pathlib import Path
 
 from gemmgen.aot import load_recipes
 from gemmgen.codegen import render_kernel
-from gemmgen.compile.cubin import SASS_MARKERS, resource_usage, sass_counts
+from gemmgen.codegen.sm90 import SASS_MARKERS
+from gemmgen.compile.cubin import resource_usage, sass_counts
 from gemmgen.compile.nvrtc import compile_cubin
 from gemmgen.compile.toolchain import toolchain
-from gemmgen.config import ARCH
+from gemmgen.config import DEFAULT_ARCH
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,7 +102,7 @@ def main() -> None:
             text = transform(kernel.source)
             if text is None:
                 continue
-            result = compile_cubin(text, f"{name}_{variant}", ARCH, tc.include_dirs, options)
+            result = compile_cubin(text, f"{name}_{variant}", DEFAULT_ARCH.value, tc.include_dirs, options)
             p = result.phases
             regs: int | str = "-"
             local: int | str = "-"
@@ -111,7 +112,7 @@ def main() -> None:
                     path = Path(tmp) / "k.cubin"
                     path.write_bytes(result.cubin)
                     res = resource_usage(tc.cuobjdump, path, entry)
-                    counts = sass_counts(tc.cuobjdump, path)
+                    counts = sass_counts(tc.cuobjdump, path, SASS_MARKERS)
                 regs, local = res.registers, res.local_bytes
                 missing = " ".join(m for m in SASS_MARKERS if m != "QGMMA" and not counts.get(m)) or "none"
             print(f"| {name} | {variant} | {result.wall_seconds:.1f} | {p['front_end']:.1f} | {p['nvvm']:.1f} | "

@@ -63,6 +63,17 @@ def compiled(session_cache, examples, extra):
     return out
 
 
+@pytest.fixture(scope="session")
+def sm100_kernels(session_cache, examples):
+    """tests/data/sm100.py's sm_100a kernels, compiled once (2 workers, about a minute)."""
+    from gemmgen.aot import build
+    from gemmgen.config import Arch
+    from tests.data.sm100 import SM100_KERNELS
+
+    pairs = [(examples[n], c or examples[n].default_config(Arch.SM100A)) for n, c in SM100_KERNELS.items()]
+    return dict(zip(SM100_KERNELS, build(pairs, session_cache, jobs=2, allow_compile=True), strict=True))
+
+
 # ---- grouped kernels (tests of several layers use them)
 
 

@@ -32,7 +32,7 @@ def _blocks(page: Path, language: str) -> list[str]:
 
 
 @pytest.fixture
-def doc_env(compiled, session_cache, monkeypatch):
+def doc_env(compiled, sm100_kernels, session_cache, monkeypatch):
     """The session's kernels as the cache, compiling forbidden, the caches' memo cleared around it."""
     import gemmgen.compile.build
 

@@ -11,7 +11,6 @@ from .._version import __version__
 from ..compile import CompiledKernel, KernelCache
 from ..compile.bundles import FORMAT, MANIFEST, TUNING, Bundle, find, source_key
 from ..compile.bundles import add_bundle as _search_bundle
-from ..config import ARCH
 from ..errors import GemmgenError
 from ..tuning import TuningTable, add_tuning
 
@@ -75,21 +74,25 @@ def _write_into(folder: Path, kernels: list[CompiledKernel], cache: KernelCache,
                 tuning: TuningTable | None) -> None:
     if tuning is not None:
         tuning.save(folder / TUNING)
-    store = KernelCache(folder, ARCH, label="bundle")
+    store = KernelCache(folder, label="bundle")  # a folder per arch (`for_arch`)
     entries: dict[str, dict] = {}  # by kernel key: configs differing only in launch arguments share one
     for k in kernels:
-        art = cache.get(k.cache_key) if k.origin != "bundle" else find(k.cache_key)
+        arch = k.config.arch
+        art = cache.for_arch(arch).get(k.cache_key) if k.origin != "bundle" else find(k.cache_key, arch)
         if art is None:
             raise GemmgenError(f"{k.entry}: not in the cache it was built with; build it again")
         key = source_key(k.generated)
         if key in entries:
             continue
-        store.put(key, art)
+        store.for_arch(arch).put(key, art)
         entries[key] = {"recipe": k.recipe.name, "recipe_key": k.recipe.key, "config": k.config.binary().name,
-                        "kernel_key": key, "entry": k.entry}
-    manifest = {"format": FORMAT, "arch": ARCH, "gemmgen": __version__, "kernels": list(entries.values()),
+                        "arch": arch.value, "kernel_key": key, "entry": k.entry}
+    arches = sorted({e["arch"] for e in entries.values()})
+    manifest = {"format": FORMAT, "arches": arches, "gemmgen": __version__, "kernels": list(entries.values()),
                 "shapes": shapes or {}}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    for lock in (folder / ARCH / "locks").glob("*.lock"):  # a bundle is read-only: no lock files ship
-        lock.unlink()
-    (folder / ARCH / "locks").rmdir()
+    for arch in arches:  # a bundle is read-only: no lock files ship
+        locks = folder / arch / "locks"
+        for lock in locks.glob("*.lock"):
+            lock.unlink()
+        locks.rmdir()

@@ -277,7 +277,8 @@ def _payload(t: Transfer, kernels: dict[str, tuple[GeneratedKernel, str]], cache
         return "error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     kernel = kernels[t.key][0]
     check = kernel_check(kernel)
-    art = cache.get(t.key, check) or bundle_store.find(bundle_store.source_key(kernel), check)
+    art = cache.for_arch(kernel.arch).get(t.key, check) or \
+        bundle_store.find(bundle_store.source_key(kernel), kernel.arch, check)
     if art is None:
         return "error", "its binary was not found after it was built (see this rank's warnings)"
     return "kernel", pack(t.key, art)

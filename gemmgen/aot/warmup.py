@@ -14,9 +14,10 @@ from typing import Any
 
 from ..compile import CompiledKernel, KernelCache, KernelReport, build_many, default_cache, report_table
 from ..compile.parallel import with_origin
-from ..config import KernelConfig
+from ..config import DEFAULT_ARCH, Arch, KernelConfig
 from ..dsl import Recipe
 from ..errors import InvalidArgument
+from ..runtime.driver import current_arch
 from ..tuning import TuningTable, launches_for_shapes
 from .bundle import write_bundle
 from .distributed import process_group, share_kernels
@@ -25,15 +26,15 @@ from .recipes_file import load_recipes
 Items = Iterable[Recipe | tuple[Recipe, KernelConfig]]
 
 
-def pairs_of(items: Items) -> list[tuple[Recipe, KernelConfig]]:
-    """(recipe, config) pairs: a recipe alone stands for its default config."""
+def pairs_of(items: Items, arch: Arch = DEFAULT_ARCH) -> list[tuple[Recipe, KernelConfig]]:
+    """(recipe, config) pairs: a recipe alone stands for its default config on `arch`."""
     out = []
     for item in items:
         recipe, config = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
         if not isinstance(recipe, Recipe):
             raise InvalidArgument(f"items: expected gemmgen.Recipe objects or (Recipe, KernelConfig) pairs, "
                                   f"got {item!r}")
-        out.append((recipe, config or recipe.default_config()))
+        out.append((recipe, config or recipe.default_config(arch)))
     return out
 
 
@@ -51,7 +52,8 @@ def build_file(recipes_path: str | Path, cache: KernelCache, jobs: int | None = 
 
 
 def warmup(items: Items, shapes: dict | None = None, jobs: int | None = None, cache: KernelCache | None = None,
-           quiet: bool = False, group: Any = None, distributed: bool | None = None) -> list[CompiledKernel]:
+           quiet: bool = False, group: Any = None, distributed: bool | None = None,
+           arch: Arch | str | None = None) -> list[CompiledKernel]:
     """Make every kernel loadable before the first call (at model load): compile what no bundle,
     cache or remote tier holds, in parallel, and print a table of what was compiled and what was
     found. Under GEMMGEN_JIT=0 it compiles nothing: a kernel missing from all of them raises
@@ -63,16 +65,20 @@ def warmup(items: Items, shapes: dict | None = None, jobs: int | None = None, ca
     In a torch.distributed job (`group`, else the default group once initialised) every rank must
     call it: the kernels no rank has are compiled once in the job, split across ranks, and sent to
     the ranks that lack them (`aot.distributed`). `distributed=False` (or GEMMGEN_DISTRIBUTED=0)
-    warms up each process alone."""
+    warms up each process alone.
+
+    The kernels are `arch`'s: by default the current CUDA device's (`Arch.of_device`), sm_90a
+    without one. A recipe's own config serves its arch only; on another, gemmgen's default does."""
     items = list(items)
+    target = Arch.parse(arch) if arch is not None else current_arch()
     if shapes is not None:
         if not isinstance(shapes, dict):
             raise InvalidArgument(f"shapes: expected {{recipe name: [[M, N, K], ...]}}, got {type(shapes).__name__}")
         recipes = {r.name: r for r in items if isinstance(r, Recipe)}
-        chosen = launches_for_shapes(recipes, shapes)
+        chosen = launches_for_shapes(recipes, shapes, arch=target)
         pairs = list(dict.fromkeys((recipes[n], launch.config) for n, rows in chosen.items() for _, launch in rows))
     else:
-        pairs = pairs_of(items)
+        pairs = pairs_of(items, target)
     cache = cache or default_cache()
     pg = process_group(group, distributed)
     if pg is None:
@@ -100,17 +106,22 @@ def with_tuned_winners(pairs: list[tuple[Recipe, KernelConfig]], tuning: TuningT
 
 
 def build_bundle(items: Items, out: str | Path, tuning: str | Path | TuningTable | None = None,
-                 jobs: int | None = None, cache: KernelCache | None = None, quiet: bool = False
-                 ) -> list[CompiledKernel]:
+                 jobs: int | None = None, cache: KernelCache | None = None, quiet: bool = False,
+                 arches: Iterable[Arch | str] = (DEFAULT_ARCH,)) -> list[CompiledKernel]:
     """Build `items` (recipes, or (recipe, config) pairs) and write them to `out` as a bundle: the
     ahead-of-time path for a model's kernels, as `gemmgen build --out` is for a recipes file, e.g.
     `gemmgen.build_bundle(gemmgen.nn.model_launches(model, (1, 16, 4096)), "dist/gemmgen")`.
     `tuning` (autotune results: a file or a table) ships in the bundle, with every winner it
     records for the items' recipes built in. It compiles even under GEMMGEN_JIT=0, which governs
-    run time, not the build step."""
+    run time, not the build step. `arches` are the architectures it holds kernels for (one bundle
+    serves H100s and B200s with `arches=("sm_90a", "sm_100a")`): a recipe alone stands for its
+    default config on each, a (recipe, config) pair for that config only."""
     table = TuningTable.load(tuning) if isinstance(tuning, str | Path) else tuning
     cache = cache or default_cache()
-    kernels = build(with_tuned_winners(pairs_of(items), table), cache, jobs, quiet, allow_compile=True)
+    items = list(items)
+    pairs = list(dict.fromkeys(p for a in dict.fromkeys(Arch.parse(a, "arches") for a in arches)
+                               for p in pairs_of(items, a)))
+    kernels = build(with_tuned_winners(pairs, table), cache, jobs, quiet, allow_compile=True)
     where = write_bundle(kernels, out, cache, tuning=table)
     if not quiet:
         print(report_table([k.report for k in kernels]), file=sys.stderr)

@@ -1,9 +1,10 @@
 """IR + KernelConfig -> CUTLASS 3.x C++ source, per architecture. Templates bind types and constants only.
 
 `evt` lowers the epilogue IR to CUTLASS's visitor tree (shared by every architecture: sm100 reuses
-the sm90 visitors); each architecture's package (`sm90`) holds what its kernels instantiate, the
-Params fields the host writes, and its constraints on configs, which `validate` and `is_valid`
-apply before anything is rendered or compiled.
+the sm90 visitors); each architecture's package (`sm90`, `sm100`) holds what its kernels
+instantiate, the Params fields the host writes, the SASS that proves its path and its constraints
+on configs (its `Emitter`), which `validate` and `is_valid` apply before anything is rendered or
+compiled. The config's `arch` picks the emitter.
 """
 
 from __future__ import annotations
@@ -15,14 +16,40 @@ from pathlib import Path
 import jinja2
 
 from .._version import __version__
-from ..config import KernelConfig, kernel_id, kernel_recipe
+from ..config import Arch, KernelConfig, kernel_id, kernel_recipe
+from ..errors import ConfigError
 from ..ir import RecipeIR
+from . import rules, sm90, sm100
+from .emitter import Emitter, SassRequirement
 from .evt import EpilogueCode, build_epilogue
 from .fields import ParamField, ParamsLayout
-from .sm90 import is_valid, param_fields, type_context, validate, violations
 
-__all__ = ["INFO_FIELDS", "EpilogueCode", "GeneratedKernel", "ParamField", "ParamsLayout", "is_valid", "kernel_id",
-           "render_kernel", "template_environment", "validate", "violations"]
+__all__ = ["EMITTERS", "INFO_FIELDS", "Emitter", "EpilogueCode", "GeneratedKernel", "ParamField", "ParamsLayout",
+           "SassRequirement", "emitter", "is_valid", "kernel_id", "render_kernel", "template_environment", "validate",
+           "violations"]
+
+#: The code generator of each architecture.
+EMITTERS: dict[Arch, Emitter] = {Arch.SM90A: sm90.EMITTER, Arch.SM100A: sm100.EMITTER}
+
+
+def emitter(arch: Arch) -> Emitter:
+    return EMITTERS[arch]
+
+
+def violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """Every constraint of its architecture that `cfg` breaks for the recipe as declared."""
+    return rules.violations(emitter(cfg.arch).rules, cfg, recipe)
+
+
+def is_valid(cfg: KernelConfig, recipe: RecipeIR) -> bool:
+    return not violations(cfg, recipe)
+
+
+def validate(cfg: KernelConfig, recipe: RecipeIR) -> None:
+    """Raise one ConfigError naming every broken constraint (before anything is compiled)."""
+    if not isinstance(cfg, KernelConfig):
+        raise ConfigError(f"config: expected a gemmgen.KernelConfig, got {cfg!r}")
+    rules.raise_violations(violations(cfg, recipe), cfg, recipe)
 
 #: Fields of the `<entry>_info` array every kernel exports (see gemmgen/codegen/templates/kernel.cu.j2).
 INFO_FIELDS: tuple[tuple[str, str], ...] = (
@@ -35,7 +62,8 @@ INFO_FIELDS: tuple[tuple[str, str], ...] = (
 )
 
 
-#: The templates: kernel.cu.j2 (the entry points, shared), sm90/ (the types an sm90 kernel instantiates).
+#: The templates: kernel.cu.j2 (the entry points, shared), sm90/ and sm100/ (the types each arch's kernel
+#: instantiates).
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
@@ -54,6 +82,11 @@ class GeneratedKernel:
     source: str
     epilogue: EpilogueCode
     fields: tuple[ParamField, ...]  # the Params fields the host writes (codegen.fields)
+    required_sass: SassRequirement  # what its SASS must show (`Emitter.required_sass`)
+
+    @property
+    def arch(self) -> Arch:
+        return self.config.arch
 
     @property
     def info_symbol(self) -> str:
@@ -71,15 +104,16 @@ def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "re
     validate(config, recipe)
     code = config.binary()
     view = kernel_recipe(code, recipe)
-    epi = build_epilogue(view)
-    fields = param_fields(view, code, epi)
+    emit = emitter(config.arch)
+    epi = build_epilogue(view, config.arch)
+    fields = emit.param_fields(view, code, epi)
     entry = f"gemmgen_{recipe.name}_{kernel_id(recipe, code)}"
     source = template_environment().get_template("kernel.cu.j2").render(
         version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=code.name, entry=entry,
         epilogue_layout=epi.layout, info_fields=INFO_FIELDS,
         # a grouped kernel's module also holds the kernel that fills its per-group arrays
-        extra_headers=["gemmgen/grouped.hpp"] if recipe.gemm.grouped else [],
+        extra_headers=[*emit.headers, *(["gemmgen/grouped.hpp"] if recipe.gemm.grouped else [])],
         setup_entries=[f"{entry}_groups"] if recipe.gemm.grouped else [],
         param_fields=tuple((f.name, f.lvalue("p"), f.lvalue("d")) for f in fields),
-        **type_context(view, code, epi, collectives))
-    return GeneratedKernel(recipe, config, view, entry, source, epi, fields)
+        **emit.type_context(view, code, epi, collectives))
+    return GeneratedKernel(recipe, config, view, entry, source, epi, fields, emit.required_sass(code, view))

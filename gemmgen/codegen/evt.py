@@ -3,12 +3,17 @@
 The result is a list of `using Name = Type;` declarations and the name of the callbacks type
 handed to the epilogue CollectiveBuilder. A tree (Sm90EVT) is emitted when every value has one
 consumer; a graph with shared values or side outputs becomes one Sm90TopologicalVisitor.
+
+sm100 kernels use the same visitors: `TileShape` is then the CTA's tile (half the MMA's under a
+2-SM schedule, what each SM's epilogue covers), and aux tensors take their shared-memory layout
+from the sm100 builder's descriptors (`AUX_DESCRIPTORS`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..config import Arch
 from ..ir import Node, Op, Param, RecipeIR, Reduction, f32_bits, post_order
 from ..types import DType, Layout, OperandKind
 
@@ -17,6 +22,15 @@ ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
 COMPUTE = "float"
 
 EPI = "gemmgen::epi"  # gemmgen/include/gemmgen/epilogue.hpp: each op's functor (`ir.Op.functor`)
+
+#: (load, store) descriptors of an aux tensor's epilogue tile, stages and smem layout, per arch;
+#: each takes the kernel's `EpilogueDescriptor` (declared by the arch's types template).
+AUX_DESCRIPTORS = {
+    Arch.SM90A: ("cutlass::epilogue::collective::detail::AuxLoadDescriptor",
+                 "cutlass::epilogue::collective::detail::AuxStoreDescriptor"),
+    Arch.SM100A: ("cutlass::epilogue::collective::detail::Sm100AuxLoadDescriptor",
+                  "cutlass::epilogue::collective::detail::Sm100AuxStoreDescriptor"),
+}
 
 
 @dataclass
@@ -100,8 +114,9 @@ def _aux_stride(layout: Layout) -> str:
     return "cute::Stride<cute::_1, int64_t, int64_t>"
 
 
-def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
+def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     ir = recipe.epilogue
+    load_desc, store_desc = AUX_DESCRIPTORS[arch]
     d = recipe.gemm.d
     aux_stride = _aux_stride(recipe.gemm.layout_d)
     source = ir.source
@@ -120,7 +135,7 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
                     OperandKind.MATRIX: "aux_load"}[operand.kind]
             binding = None if n.name == source else ParamBinding(kind, operand.name, operand.dtype)
             v = _VNode(f"in_{n.name}", _load_type(operand.kind, operand.dtype, n.name == source, aux_stride,
-                                                  _grouping(recipe)), binding=binding)
+                                                  load_desc, _grouping(recipe)), binding=binding)
         else:
             fn, args = _functor(n, ir.nodes)
             out = n.dtype.cutlass if n.op is Op.CAST else COMPUTE  # type: ignore[union-attr]
@@ -139,7 +154,7 @@ def build_epilogue(recipe: RecipeIR) -> EpilogueCode:
             store = _VNode(f"{o.reduce.value}_{o.name}", _vector_reduction_type(kind, o.reduce), [src],
                            binding=ParamBinding(kind, o.name, o.dtype))
         else:
-            store = _VNode(f"aux_{o.name}", _aux_store_type(o.dtype, aux_stride), [src],
+            store = _VNode(f"aux_{o.name}", _aux_store_type(o.dtype, aux_stride, store_desc), [src],
                            binding=ParamBinding("aux_store", o.name, o.dtype))
         vnodes.append(store)
         for v in vnodes[:-1]:
@@ -227,8 +242,8 @@ def _grouping(recipe: RecipeIR) -> str | None:
     return "N" if recipe.gemm.layout_d is Layout.COL else "M"
 
 
-def _load_type(kind: OperandKind, dtype: DType, is_source: bool, aux_stride: str, grouping: str | None = None
-               ) -> str:
+def _load_type(kind: OperandKind, dtype: DType, is_source: bool, aux_stride: str, descriptor: str,
+               grouping: str | None = None) -> str:
     """A grouped kernel's vectors are arrays of per-group pointers (CUTLASS's `Element*` form). The
     vector along the grouped mode starts at the group's first row of A, any element: it is read
     element by element (Alignment 1), not in 16-byte vectors."""
@@ -246,7 +261,7 @@ def _load_type(kind: OperandKind, dtype: DType, is_source: bool, aux_stride: str
         return f"{FUSION}::Sm90ColBroadcast<0, TileShape, {v}, {COMPUTE}, {stride}{align}>"
     if is_source:
         return f"{FUSION}::Sm90SrcFetch<{e}>"
-    desc = f"cutlass::epilogue::collective::detail::AuxLoadDescriptor<EpilogueDescriptor, {aux_stride}, {e}>"
+    desc = f"{descriptor}<EpilogueDescriptor, {aux_stride}, {e}>"
     return (f"{FUSION}::Sm90AuxLoad<{desc}::Stages, typename {desc}::EpilogueTile, {e}, {aux_stride}, "
             f"typename {desc}::SmemLayoutAtom, typename {desc}::CopyOpS2R>")
 
@@ -280,9 +295,9 @@ def _vector_reduction_type(kind: str, reduce: Reduction) -> str:
     return f"{FUSION}::{visitor}<{reg}, {shuffle}, {gmem}, 0, TileShape, float, {COMPUTE}, {ROUND}, {stride}>"
 
 
-def _aux_store_type(dtype: DType, aux_stride: str) -> str:
+def _aux_store_type(dtype: DType, aux_stride: str, descriptor: str) -> str:
     e = dtype.cutlass
-    desc = f"cutlass::epilogue::collective::detail::AuxStoreDescriptor<EpilogueDescriptor, {aux_stride}, {e}>"
+    desc = f"{descriptor}<EpilogueDescriptor, {aux_stride}, {e}>"
     return (f"{FUSION}::Sm90AuxStore<{desc}::Stages, typename {desc}::EpilogueTile, {e}, {ROUND}, {aux_stride}, "
             f"typename {desc}::SmemLayoutAtom, typename {desc}::CopyOpR2S>")
 

@@ -10,6 +10,12 @@ strings; `expr` is a C++ lvalue with `{p}` standing for the Params object.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..types import DType
+
+if TYPE_CHECKING:
+    from .evt import ParamBinding
 
 #: Bytes of each field kind. `desc` is a 128-byte TMA descriptor (CUtensorMap).
 KIND_SIZE = {"desc": 128, "u32": 4, "i32": 4, "u64": 8, "i64": 8, "f32": 4, "ptr": 8, "bool": 1, "e16": 2}
@@ -35,3 +41,74 @@ class ParamsLayout:
 
     size: int
     fields: tuple[tuple[ParamField, int, int], ...]  # (field, offset, default bits)
+
+
+def divmod_32(name: str, expr: str) -> list[ParamField]:
+    """cutlass::FastDivmod."""
+    return [ParamField(f"{name}.divisor", f"{expr}.divisor", "i32"),
+            ParamField(f"{name}.multiplier", f"{expr}.multiplier", "u32"),
+            ParamField(f"{name}.shift_right", f"{expr}.shift_right", "u32")]
+
+
+def desc(atom: str) -> str:
+    return f"(*{atom}.get_tma_descriptor())"
+
+
+def element_kind(dtype: DType) -> str:
+    return {1: "bool", 2: "e16", 4: "f32"}[dtype.nbytes]  # raw bits of the element type
+
+
+def divmod_u64(name: str, expr: str) -> list[ParamField]:
+    return [ParamField(f"{name}.divisor", f"{expr}.divisor", "u64"),
+            ParamField(f"{name}.multiplier", f"{expr}.multiplier", "u64"),
+            ParamField(f"{name}.shift_right", f"{expr}.shift_right", "u32"),
+            ParamField(f"{name}.round_up", f"{expr}.round_up", "u32")]
+
+
+def divmod_pow2(name: str, expr: str) -> list[ParamField]:
+    return [ParamField(f"{name}.divisor", f"{expr}.divisor", "u64"),
+            ParamField(f"{name}.shift_right", f"{expr}.shift_right", "u32")]
+
+
+def hw_info() -> list[ParamField]:
+    """KernelHardwareInfo, as every sm90 and sm100 kernel's Params holds it."""
+    f = [ParamField(f"hw_info.{n}", f"{{p}}.hw_info.{n}", "i32") for n in ("device_id", "sm_count",
+                                                                       "max_active_clusters")]
+    for shape in ("cluster_shape", "cluster_shape_fallback"):
+        f += [ParamField(f"hw_info.{shape}.{a}", f"{{p}}.hw_info.{shape}.{a}", "u32") for a in "xyz"]
+    return f
+
+
+def binding_fields(b: ParamBinding) -> list[ParamField]:
+    """The Params of an epilogue visitor the host writes (the same visitors on every arch)."""
+    node = b.member("{p}.epilogue.thread")
+    n = f"epilogue.{b.kind}.{b.name}"
+    if b.kind in ("row", "col"):
+        # Sm90RowBroadcast's Params keep null_default as the vector's element, Sm90ColBroadcast's
+        # convert it to ElementCompute (float).
+        return [ParamField(f"{n}.ptr", f"{node}.ptr_{b.kind}", "ptr"),
+                ParamField(f"{n}.null_default", f"{node}.null_default",
+                           element_kind(b.dtype) if b.kind == "row" else "f32")]
+    if b.kind == "scalar":
+        return [ParamField(f"{n}.value", f"{node}.scalars[0]", "f32"),
+                ParamField(f"{n}.ptr", f"{node}.scalar_ptrs[0]", "ptr"),
+                ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.dScalar[0])", "i64")]
+    if b.kind == "aux_load":
+        return [ParamField(f"{n}.tma", desc(f"{node}.tma_load_aux"), "desc"),
+                ParamField(f"{n}.null_default", f"{node}.null_default", element_kind(b.dtype)),
+                ParamField(f"{n}.use_default", f"{node}.use_default", "bool")]
+    if b.kind == "amax":
+        return [ParamField(f"{n}.ptr", f"{node}.ptr_scalar", "ptr"),
+                ParamField(f"{n}.identity", f"{node}.reduction_identity", "f32"),
+                ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.dScalar)", "i64")]
+    if b.kind in ("row_reduction", "col_reduction"):
+        vector = "Row" if b.kind == "row_reduction" else "Col"
+        return [ParamField(f"{n}.ptr", f"{node}.ptr_{vector.lower()}", "ptr"),
+                ParamField(f"{n}.identity", f"{node}.reduction_identity", "f32"),
+                ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.d{vector})", "i64"),
+                ParamField(f"{n}.buffer", f"{node}.reduction_buffer", "ptr"),
+                ParamField(f"{n}.counters", f"{node}.tile_counters", "ptr")]
+    if b.kind == "aux_store":
+        return [ParamField(f"{n}.tma", desc(f"{node}.tma_store_aux"), "desc"),
+                ParamField(f"{n}.is_nullptr", f"{node}.is_nullptr", "bool")]
+    raise AssertionError(b.kind)

@@ -6,11 +6,10 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..codegen import GeneratedKernel, ParamsLayout
+from ..codegen import EMITTERS, GeneratedKernel, ParamsLayout
 from ..config import KernelConfig
 from ..ir import RecipeIR
 from .cache import Artifact
-from .cubin import SASS_MARKERS
 
 
 @dataclass(frozen=True)
@@ -42,6 +41,7 @@ class KernelReport:
     epilogue: str  # "tree" or "dag"
     cached: bool = False  # not compiled by this call (from the cache or a bundle)
     origin: str = "compiled"  # "compiled", "cache", "bundle", "remote" (the remote tier) or "peer" (another rank)
+    arch: str = "sm_90a"  # the GPU architecture it is built for (`gemmgen.Arch` value)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,7 +76,7 @@ def compiled_kernel(recipe: RecipeIR, config: KernelConfig, kernel: GeneratedKer
         smem_bytes=info.smem_bytes, static_smem_bytes=meta["static_smem_bytes"], local_bytes=meta["local_bytes"],
         stack_bytes=meta.get("stack_bytes"),  # None in entries compiled before gemmgen recorded it
         sass=meta["sass"], compile_seconds=meta["compile_seconds"], phases=meta["phases"], epilogue=meta["epilogue"],
-        cached=origin != "compiled", origin=origin)
+        cached=origin != "compiled", origin=origin, arch=config.arch.value)
     by_name = {name: (offset, default) for name, offset, default in meta["layout"]}
     layout = ParamsLayout(info.params_size, tuple((f, *by_name[f.name]) for f in kernel.fields))
     return CompiledKernel(recipe, config, kernel.entry, key, art.files["kernel.cubin"], kernel.source, info, report,
@@ -84,8 +84,9 @@ def compiled_kernel(recipe: RecipeIR, config: KernelConfig, kernel: GeneratedKer
 
 
 def report_table(reports: list[KernelReport]) -> str:
-    """A fixed-width table of kernel reports."""
-    marks = list(SASS_MARKERS)
+    """A fixed-width table of kernel reports: the SASS markers of the arches among them."""
+    arches = {r.arch for r in reports} or {next(iter(EMITTERS)).value}
+    marks = list(dict.fromkeys(m for a, e in EMITTERS.items() if a.value in arches for m in e.sass_markers))
     head = ["kernel", "config", "regs", "smem", "local", "stack", *marks, "compile s", "fe/nvvm/ptx s", "status"]
     rows = []
     for r in reports:

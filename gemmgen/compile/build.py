@@ -18,8 +18,8 @@ from typing import Any
 
 from .. import env
 from .._version import __version__
-from ..codegen import INFO_FIELDS, GeneratedKernel, render_kernel
-from ..config import ARCH, KernelConfig
+from ..codegen import INFO_FIELDS, GeneratedKernel, emitter, render_kernel
+from ..config import DEFAULT_ARCH, Arch, KernelConfig
 from ..errors import CompileError, KernelNotAvailable, ToolchainError
 from ..ir import RecipeIR, content_key
 from . import bundles
@@ -29,6 +29,7 @@ from .cubin import read_u64_array, resource_usage, sass_counts
 from .layout import check_layout, read_layout_probe
 from .nvrtc import BASE_OPTIONS, compile_cubin, write_debug_source
 from .remote import Filling, remote_tier
+from .rtc_headers import generated_digest, generated_headers
 from .toolchain import toolchain
 from .validate import kernel_problem
 
@@ -41,8 +42,16 @@ def key_material(kernel: GeneratedKernel) -> dict[str, Any]:
     No paths and no mtimes: a cache (or a machine) moved elsewhere computes the same keys.
     """
     tc = toolchain()
-    return {"source": kernel.source, "headers": tc.header_digest, "nvrtc": tc.nvrtc_build,
-            "options": [*BASE_OPTIONS, *EXTRA_OPTIONS], "arch": ARCH, "gemmgen": __version__}
+    material = {"source": kernel.source, "headers": tc.header_digest, "nvrtc": tc.nvrtc_build,
+                "options": [*BASE_OPTIONS, *EXTRA_OPTIONS], "arch": kernel.config.arch.value, "gemmgen": __version__}
+    if _generated(kernel):  # (sm90 kernels include none: their keys are those from before sm100)
+        material["generated_headers"] = generated_digest(tc.cutlass_include)
+    return material
+
+
+def _generated(kernel: GeneratedKernel) -> tuple[tuple[str, str], ...]:
+    """The generated headers (`rtc_headers`) the kernel's module may include: sm100's."""
+    return generated_headers(toolchain().cutlass_include) if kernel.config.arch is Arch.SM100A else ()
 
 
 def cache_key(kernel: GeneratedKernel) -> str:
@@ -51,7 +60,8 @@ def cache_key(kernel: GeneratedKernel) -> str:
 
 @functools.cache
 def default_cache() -> KernelCache:
-    return KernelCache(arch=ARCH)
+    """The cache at GEMMGEN_CACHE_DIR (or the user's cache folder); `for_arch` gives each arch's."""
+    return KernelCache(arch=DEFAULT_ARCH)
 
 
 def compile_artifact(kernel: GeneratedKernel) -> Artifact:
@@ -59,7 +69,8 @@ def compile_artifact(kernel: GeneratedKernel) -> Artifact:
     registers and local memory, and SASS counts."""
     tc = toolchain()
     try:
-        result = compile_cubin(kernel.source, kernel.entry, ARCH, tc.include_dirs, extra_options=EXTRA_OPTIONS)
+        result = compile_cubin(kernel.source, kernel.entry, kernel.config.arch.value, tc.include_dirs,
+                               extra_options=EXTRA_OPTIONS, headers=_generated(kernel))
     except CompileError as e:
         path = write_debug_source(kernel.source, kernel.entry)
         raise CompileError(f"{e}\ngenerated source: {path}") from None
@@ -79,16 +90,17 @@ def compile_artifact(kernel: GeneratedKernel) -> Artifact:
             path.write_bytes(result.cubin)
             res = resource_usage(tc.cuobjdump, path, kernel.entry)
             meta.update(registers=res.registers, local_bytes=res.local_bytes, stack_bytes=res.stack_bytes,
-                        static_smem_bytes=res.static_smem_bytes, sass=sass_counts(tc.cuobjdump, path))
+                        static_smem_bytes=res.static_smem_bytes,
+                        sass=sass_counts(tc.cuobjdump, path, emitter(kernel.arch).sass_markers))
     art = Artifact({"kernel.cubin": result.cubin, "kernel.cu": kernel.source.encode()}, meta)
-    if problem := kernel_problem(art.files, art.meta, kernel, ARCH):
+    if problem := kernel_problem(art.files, art.meta, kernel):
         raise CompileError(f"{kernel.entry}: the binary NVRTC produced fails gemmgen's check: {problem}")
     return art
 
 
 def kernel_check(kernel: GeneratedKernel) -> Check:
     """The validation every binary for `kernel` passes before it is loaded, from any store."""
-    return lambda art: kernel_problem(art.files, art.meta, kernel, ARCH)
+    return lambda art: kernel_problem(art.files, art.meta, kernel)
 
 
 def build_kernel(recipe: RecipeIR, config: KernelConfig, cache: KernelCache | None = None) -> CompiledKernel:
@@ -100,10 +112,10 @@ def build_kernel(recipe: RecipeIR, config: KernelConfig, cache: KernelCache | No
     kernel = render_kernel(recipe, config)
     check = kernel_check(kernel)
     skey = bundles.source_key(kernel)
-    art = bundles.find(skey, check)
+    art = bundles.find(skey, config.arch, check)
     if art is not None:
         return compiled_kernel(recipe, config, kernel, art, skey, "bundle")
-    cache = cache or default_cache()
+    cache = (cache or default_cache()).for_arch(config.arch)
     if not env.jit_enabled():
         key = None
         origin = "cache"
@@ -134,7 +146,7 @@ def build_kernel(recipe: RecipeIR, config: KernelConfig, cache: KernelCache | No
               file=sys.stderr, flush=True)
         return art
 
-    fill = Filling(remote_tier(cache.arch), key, compile_now, check)
+    fill = Filling(remote_tier(cache.arch.value), key, compile_now, check)
     art, built = cache.get_or_build(key, fill, on_wait=waiting, check=check)
     origin = "remote" if fill.fetched else "compiled" if built else "cache"
     return compiled_kernel(recipe, config, kernel, art, key, origin)
@@ -143,7 +155,7 @@ def build_kernel(recipe: RecipeIR, config: KernelConfig, cache: KernelCache | No
 def fetch_remote(cache: KernelCache, key: str, check: Check) -> Artifact | None:
     """The remote tier's valid copy of `key` (no compile: GEMMGEN_JIT=0 allows it), stored in the
     local cache too, with the cache's own handling of read-only folders and full disks."""
-    tier = remote_tier(cache.arch)
+    tier = remote_tier(cache.arch.value)
     art = tier.fetch(key, check) if tier is not None else None
     if art is not None:
         cache.get_or_build(key, lambda: art, check=check)
@@ -154,8 +166,13 @@ def not_available(missing: list[tuple[RecipeIR, KernelConfig]], cache: KernelCac
                   damaged: Sequence[str] = ()) -> KernelNotAvailable:
     """The error for kernels GEMMGEN_JIT=0 forbids compiling: each one, what was damaged, the fix."""
     seen = "".join(f"; a damaged copy was not served ({d})" for d in damaged)
-    fix = "`gemmgen build RECIPES.py --out DIR` (or gemmgen.build_bundle(...)) and set GEMMGEN_BUNDLE_PATH=DIR, or " \
-          "unset GEMMGEN_JIT"
+    arches = sorted({c.arch for _, c in missing}, key=lambda a: a.sm)
+    flags = "" if arches == [DEFAULT_ARCH] else "".join(f" --arch {a.value}" for a in arches)
+    for a in arches:
+        for path, held in bundles.other_arches(a):
+            seen += f"; bundle {path} holds {'/'.join(h.value for h in held)} kernels only, none for {a.value}"
+    fix = f"`gemmgen build RECIPES.py{flags} --out DIR` (or gemmgen.build_bundle(...)) and set " \
+          "GEMMGEN_BUNDLE_PATH=DIR, or unset GEMMGEN_JIT"
     where = f"in no bundle and not in the cache ({cache.root})"
     if len(missing) == 1:
         (r, c), = missing

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import env
-from ..config import ARCH
+from ..config import DEFAULT_ARCH, Arch
 from ..errors import GemmgenError, GemmgenWarning
 from .validate import digest_problem, report_damaged
 
@@ -78,15 +78,16 @@ def _fsync_dir(path: Path) -> None:
 class KernelCache:
     """A disk cache of build artifacts for one arch, with an in-memory layer in front."""
 
-    def __init__(self, root: Path | str | None = None, arch: str = ARCH, read_only: bool = False,
+    def __init__(self, root: Path | str | None = None, arch: Arch | str = DEFAULT_ARCH, read_only: bool = False,
                  label: str = "kernel cache") -> None:
         """`read_only` serves a folder nobody writes (a bundle, maybe inside a wheel); `label` names
         the store in reports ("kernel cache", "bundle")."""
         self.root = Path(root) if root is not None else default_root()
-        self.arch = arch
+        self.arch = Arch.parse(arch)
         self.read_only = read_only
         self.label = label
-        self.dir = self.root / arch
+        self.dir = self.root / self.arch.value
+        self._siblings: dict[Arch, KernelCache] = {self.arch: self}
         self._memory: dict[str, Artifact] = {}
         self._mutex = threading.Lock()
         self._fallback: KernelCache | None = None  # set once the root proves unwritable
@@ -94,6 +95,16 @@ class KernelCache:
         self.damaged: dict[str, str] = {}
         #: keys built here that could not be stored: held in memory only
         self.unstored: set[str] = set()
+
+    def for_arch(self, arch: Arch) -> KernelCache:
+        """The cache of `arch`'s kernels under the same root (its own folder, `sm_100a/` beside
+        `sm_90a/`), with the same settings; one object per arch."""
+        with self._mutex:
+            if arch not in self._siblings:
+                sibling = KernelCache(self.root, arch, self.read_only, self.label)
+                sibling._siblings = self._siblings
+                self._siblings[arch] = sibling
+            return self._siblings[arch]
 
     # ---- paths
 
@@ -159,7 +170,7 @@ class KernelCache:
     def _existing_fallback(self) -> KernelCache | None:
         """The fallback folder, if an earlier process of this user stored kernels there."""
         path = env.fallback_cache_dir()
-        if self.read_only or path == self.root or not (path / self.arch).is_dir() or not _private(path):
+        if self.read_only or path == self.root or not (path / self.arch.value).is_dir() or not _private(path):
             return None
         return KernelCache(path, self.arch)
 

@@ -11,9 +11,6 @@ from pathlib import Path
 
 from ..errors import ToolchainError
 
-#: SASS mnemonic prefixes that prove the Hopper path (WGMMA, TMA, register reallocation, mbarriers).
-SASS_MARKERS: tuple[str, ...] = ("HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "SYNCS")
-
 
 def read_symbol(cubin: bytes, name: str) -> bytes:
     """The initial bytes of global `name` in an ELF64 cubin (e.g. the kernel's `_info` array)."""
@@ -68,10 +65,25 @@ def resource_usage(cuobjdump: Path, cubin_path: Path, entry: str) -> Resources:
                      int(fields.get("SHARED", 0)))
 
 
-def sass_counts(cuobjdump: Path, cubin_path: Path) -> dict[str, int]:
+def sass_counts(cuobjdump: Path, cubin_path: Path, markers: tuple[str, ...]) -> dict[str, int]:
+    """How many instructions match each marker: a mnemonic ("UTCHMMA"), or a mnemonic with
+    modifiers its instructions carry ("UTCHMMA.2CTA" counts UTCHMMA.2CTA.F16 too)."""
     text = _run_cuobjdump(cuobjdump, ["-sass"], cubin_path)
-    counts = dict.fromkeys(SASS_MARKERS, 0)
-    for mnemonic in re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)", text):
-        if mnemonic in counts:
-            counts[mnemonic] += 1
+    return count_markers(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*(?:\.[A-Z0-9_]+)*)", text),
+                         markers)
+
+
+def count_markers(opcodes: list[str], markers: tuple[str, ...]) -> dict[str, int]:
+    wanted = [(m, *_split(m)) for m in markers]
+    counts = dict.fromkeys(markers, 0)
+    for opcode in opcodes:
+        mnemonic, modifiers = _split(opcode)
+        for marker, m, mods in wanted:
+            if mnemonic == m and mods <= modifiers:
+                counts[marker] += 1
     return counts
+
+
+def _split(opcode: str) -> tuple[str, frozenset[str]]:
+    mnemonic, *modifiers = opcode.split(".")
+    return mnemonic, frozenset(modifiers)

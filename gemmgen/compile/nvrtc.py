@@ -1,4 +1,4 @@
-"""NVRTC through cuda.bindings: source -> sm_90a cubin, with the compile-time phase split."""
+"""NVRTC through cuda.bindings: source -> cubin (sm_90a, sm_100a), with the compile-time phase split."""
 
 from __future__ import annotations
 
@@ -73,14 +73,18 @@ class NvrtcResult:
 
 
 def compile_cubin(source: str, name: str, arch: str, include_dirs: tuple[Path, ...],
-                  extra_options: tuple[str, ...] = (), source_path: Path | None = None) -> NvrtcResult:
-    """Compile one translation unit; raise CompileError with the log on failure."""
+                  extra_options: tuple[str, ...] = (), source_path: Path | None = None,
+                  headers: tuple[tuple[str, str], ...] = ()) -> NvrtcResult:
+    """Compile one translation unit; raise CompileError with the log on failure. `headers` are
+    (include name, text) pairs NVRTC finds before the include folders."""
     nvrtc = _nvrtc()
     with tempfile.TemporaryDirectory(prefix="gemmgen-nvrtc-") as tmp:
         timing = Path(tmp) / "time.csv"
         options = [f"-arch={arch}", *BASE_OPTIONS, *extra_options, f"--time={timing}"]
         options += [f"-I{d}" for d in include_dirs]
-        err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
+        err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), len(headers),
+                                             [text.encode() for _, text in headers],
+                                             [include.encode() for include, _ in headers])
         _check(err, "nvrtcCreateProgram")
         try:
             start = time.perf_counter()

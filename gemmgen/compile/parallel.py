@@ -56,27 +56,27 @@ def expected_compile_seconds(kernel: GeneratedKernel) -> float:
 COMPILED, FETCHED, ELSEWHERE = "compiled", "remote", "compiled elsewhere"
 
 
-def _compile_in_worker(kernel: GeneratedKernel, key: str, root: str, arch: str) -> tuple[str, Artifact | None]:
-    """(how it came: COMPILED, FETCHED or ELSEWHERE, the artifact if it could not be stored)."""
+def _compile_in_worker(kernel: GeneratedKernel, key: str, root: str) -> tuple[str, Artifact | None]:
+    """(how it came: COMPILED, FETCHED or ELSEWHERE, the artifact if it could not be stored), in
+    the cache folder of the kernel's arch under `root`."""
     def waiting() -> None:
         print(f"gemmgen: waiting for another process compiling {kernel.entry} ({key[:12]})", file=sys.stderr,
               flush=True)
 
-    cache = KernelCache(root, arch)
+    cache = KernelCache(root, kernel.arch)
     # build.compile_artifact is looked up per call: tests stand in for NVRTC there
-    fill = Filling(remote_tier(arch), key, lambda: build.compile_artifact(kernel), kernel_check(kernel))
+    fill = Filling(remote_tier(kernel.arch.value), key, lambda: build.compile_artifact(kernel), kernel_check(kernel))
     art, built = cache.get_or_build(key, fill, on_wait=waiting, check=kernel_check(kernel))
     how = FETCHED if fill.fetched else COMPILED if built else ELSEWHERE
     return how, (art if key in cache.unstored else None)
 
 
-def _worker(kernel: GeneratedKernel, key: str, root: str, arch: str
-            ) -> tuple[str, Artifact | None, list[str]]:
+def _worker(kernel: GeneratedKernel, key: str, root: str) -> tuple[str, Artifact | None, list[str]]:
     """`_compile_in_worker` in a worker process, with its gemmgen warnings returned for the parent
     to show (once each, where the caller can see and filter them)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", GemmgenWarning)
-        how, unstored = _compile_in_worker(kernel, key, root, arch)
+        how, unstored = _compile_in_worker(kernel, key, root)
     return how, unstored, [str(w.message) for w in caught if issubclass(w.category, GemmgenWarning)]
 
 
@@ -84,7 +84,8 @@ def compile_kernels(todo: dict[str, GeneratedKernel], cache: KernelCache, jobs: 
                     quiet: bool = False, names: dict[str, str] | None = None
                     ) -> tuple[dict[str, str], dict[str, BaseException]]:
     """Compile (or fetch from the remote tier) each kernel of `todo` ({cache key: kernel}) into
-    `cache`, the costliest first, in worker processes. Returns ({key: how}, {key: the error})."""
+    `cache` (its arch's folder), the costliest first, in worker processes. Returns ({key: how},
+    {key: the error})."""
     done: dict[str, str] = {}
     failed: dict[str, BaseException] = {}
     if not todo:
@@ -98,7 +99,7 @@ def compile_kernels(todo: dict[str, GeneratedKernel], cache: KernelCache, jobs: 
     def progress(n: int, key: str, how: str, unstored: Artifact | None) -> None:
         done[key] = how
         if unstored is not None:
-            cache.keep(key, unstored)
+            cache.for_arch(todo[key].arch).keep(key, unstored)
         if not quiet:
             elapsed = time.perf_counter() - start
             bar = ("#" * (20 * n // len(todo))).ljust(20)
@@ -110,13 +111,13 @@ def compile_kernels(todo: dict[str, GeneratedKernel], cache: KernelCache, jobs: 
     if jobs == 1:  # in this process: no worker start-up
         for n, key in enumerate(order, 1):
             try:
-                progress(n, key, *_compile_in_worker(todo[key], key, str(cache.root), cache.arch))
+                progress(n, key, *_compile_in_worker(todo[key], key, str(cache.root)))
             except Exception as e:
                 failed[key] = e
         return done, failed
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold torch/CUDA state
     with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = {pool.submit(_worker, todo[key], key, str(cache.root), cache.arch): key for key in order}
+        futures = {pool.submit(_worker, todo[key], key, str(cache.root)): key for key in order}
         for n, fut in enumerate(cf.as_completed(futures), 1):
             key = futures[fut]
             try:
@@ -141,12 +142,15 @@ def build_many(pairs: Iterable[tuple[RecipeIR, KernelConfig]], cache: KernelCach
     todo, index = missing_kernels(rendered, cache)
     origins: dict[str, str] = {}
     if todo and not (env.jit_enabled() if allow_compile is None else allow_compile):
-        for key in [k for k in todo if fetch_remote(cache, k, kernel_check(todo[k])) is not None]:
+        fetched = [k for k, kernel in todo.items()
+                   if fetch_remote(cache.for_arch(kernel.arch), k, kernel_check(kernel)) is not None]
+        for key in fetched:
             origins[key] = FETCHED
             del todo[key]
         if todo:
             damaged = [d for k in todo.values() for d in bundles.damaged(bundles.source_key(k))]
-            damaged += [cache.damaged[key] for key in todo if key in cache.damaged]
+            damaged += [cache.for_arch(k.arch).damaged[key] for key, k in todo.items()
+                        if key in cache.for_arch(k.arch).damaged]
             raise not_available([pairs[index[key]] for key in todo], cache, damaged)
     done, failed = compile_kernels(todo, cache, jobs, quiet, {key: pairs[index[key]][0].name for key in todo})
     if failed:
@@ -166,9 +170,9 @@ def missing_kernels(rendered: list[GeneratedKernel], cache: KernelCache
     todo: dict[str, GeneratedKernel] = {}
     index: dict[str, int] = {}
     for i, k in enumerate(rendered):
-        if bundles.find(bundles.source_key(k), kernel_check(k)) is None:
+        if bundles.find(bundles.source_key(k), k.arch, kernel_check(k)) is None:
             key = cache_key(k)
-            if key not in todo and cache.get(key, kernel_check(k)) is None:
+            if key not in todo and cache.for_arch(k.arch).get(key, kernel_check(k)) is None:
                 todo[key], index[key] = k, i
     return todo, index
 

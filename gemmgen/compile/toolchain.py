@@ -46,6 +46,10 @@ class Toolchain:
     cuobjdump: Path | None
 
     @property
+    def cutlass_include(self) -> Path:
+        return self.include_dirs[1]
+
+    @property
     def header_digest(self) -> str:
         return _headers_digest(self.include_dirs)
 

@@ -2,7 +2,9 @@
 
 A store (cache, bundle) proves that its files are the ones written (`digest_problem`); this proves
 that what was written is the kernel asked for (`kernel_problem`): the metadata gemmgen reads, a
-CUDA ELF64 for this arch, and the entry point as a function symbol. A binary whose digests were
+CUDA ELF64 for the kernel's arch, the entry point as a function symbol, and, where cuobjdump
+read the SASS, the instructions that prove the arch's path (`GeneratedKernel.required_sass`:
+a plain-sm_100 build, a kernel of traps, has none) and no local memory. A binary whose digests were
 rewritten to match it still has to pass. Each returns None, or what is wrong, in words an
 operator can act on; the stores report it once (`report_damaged`) and never serve the binary.
 """
@@ -41,9 +43,8 @@ def digest_problem(digests: Mapping[str, str], files: Mapping[str, bytes]) -> st
     return None
 
 
-def kernel_problem(files: Mapping[str, bytes], meta: Mapping[str, Any], kernel: GeneratedKernel,
-                   arch: str) -> str | None:
-    """What makes an artifact's files and metadata unfit to be loaded as `kernel` on `arch`, or None."""
+def kernel_problem(files: Mapping[str, bytes], meta: Mapping[str, Any], kernel: GeneratedKernel) -> str | None:
+    """What makes an artifact's files and metadata unfit to be loaded as `kernel`, or None."""
     for name in (CUBIN, SOURCE):
         if name not in files:
             return f"the entry has no {name}"
@@ -59,7 +60,22 @@ def kernel_problem(files: Mapping[str, bytes], meta: Mapping[str, Any], kernel: 
         return f"its Params layout lacks {', '.join(missing)}"
     if files[SOURCE] != kernel.source.encode():
         return f"its {SOURCE} is not this kernel's generated source"
-    return elf_problem(files[CUBIN], arch, kernel.entry)
+    return elf_problem(files[CUBIN], kernel.arch.value, kernel.entry) or sass_problem(meta, kernel)
+
+
+def sass_problem(meta: Mapping[str, Any], kernel: GeneratedKernel) -> str | None:
+    """What the recorded SASS counts lack of the kernel's arch, or its local memory (None when
+    no cuobjdump read the binary: nothing recorded to check)."""
+    sass = meta["sass"]
+    if sass is None:
+        return None
+    for alternatives in kernel.required_sass:
+        if not any(isinstance(sass.get(m), int) and sass[m] > 0 for m in alternatives):
+            return (f"its SASS has no {' or '.join(alternatives)} instruction: not the {kernel.arch.value} path "
+                    "gemmgen generated (a plain-arch build compiles to traps)")
+    if meta["local_bytes"]:
+        return f"it uses {meta['local_bytes']} bytes of local memory (registers spilled): gemmgen never ships that"
+    return None
 
 
 def elf_problem(cubin: bytes, arch: str, entry: str) -> str | None:

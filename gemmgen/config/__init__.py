@@ -1,7 +1,7 @@
 """Kernel configurations: how a recipe maps onto the machine (plain data; see `kernel_config`)."""
 
+from .arch import DEFAULT_ARCH, Arch
 from .kernel_config import (
-    ARCH,
     KernelConfig,
     Schedule,
     TileScheduler,
@@ -12,5 +12,5 @@ from .kernel_config import (
     tile_k,
 )
 
-__all__ = ["ARCH", "KernelConfig", "Schedule", "TileScheduler", "default_config", "kernel_id", "kernel_recipe",
-           "needs_swap", "tile_k"]
+__all__ = ["DEFAULT_ARCH", "Arch", "KernelConfig", "Schedule", "TileScheduler", "default_config", "kernel_id",
+           "kernel_recipe", "needs_swap", "tile_k"]

@@ -1,8 +1,9 @@
 """What a kernel config is: the tile, cluster and schedules a recipe is mapped onto the machine with.
 
 A config is plain data. Which configs an architecture accepts, and what they cost in registers and
-shared memory, is that architecture's emitter's knowledge (`gemmgen.codegen.sm90.constraints`:
-one function per rule, used both to validate and to prune candidates).
+shared memory, is that architecture's emitter's knowledge (`gemmgen.codegen.sm90.constraints`,
+`gemmgen.codegen.sm100.constraints`: one function per rule, used both to validate and to prune
+candidates). `arch` (`config.arch.Arch`) says which emitter.
 """
 
 from __future__ import annotations
@@ -12,16 +13,20 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import ConfigError
 from ..ir import RecipeIR, content_key
-
-#: The architecture gemmgen emits kernels for.
-ARCH = "sm_90a"
+from .arch import DEFAULT_ARCH, Arch
 
 
 class Schedule(enum.Enum):
-    """Warp-specialized mainloop schedules of CUTLASS 3.x on sm_90."""
+    """Warp-specialized mainloop schedules of CUTLASS 3.x, each of one architecture (`arch`)."""
 
-    COOPERATIVE = "cooperative"  # two consumer warpgroups share one tile (tile M = 128 or 256)
-    PINGPONG = "pingpong"  # two consumer warpgroups alternate tiles (tile M = 64 or 128)
+    COOPERATIVE = "cooperative"  # sm_90a: two consumer warpgroups share one tile (tile M = 128 or 256)
+    PINGPONG = "pingpong"  # sm_90a: two consumer warpgroups alternate tiles (tile M = 64 or 128)
+    ONE_SM = "1sm"  # sm_100a: one SM's tcgen05 MMA computes the tile (tile M = 64 or 128)
+    TWO_SM = "2sm"  # sm_100a: a pair of SMs in the cluster computes one tile together (tile M = 128 or 256)
+
+    @property
+    def arch(self) -> Arch:
+        return Arch.SM100A if self in (Schedule.ONE_SM, Schedule.TWO_SM) else Arch.SM90A
 
 
 class TileScheduler(enum.Enum):
@@ -56,6 +61,10 @@ class KernelConfig:
     (CUTLASS's ReductionMode::Nondeterministic): no CTA waits for the split before it, but the
     rounding, so the output's low bits, can change from run to run. Both are launch arguments, not
     code: configs that differ only in them share one binary (`binary`).
+
+    `arch` is the GPU architecture the kernel is built for (`gemmgen.Arch`); the schedule must be
+    one of its own. On sm_100a `tile` is the MMA's tile: under `Schedule.TWO_SM` the pair of SMs
+    computes it, each an M/2 x N half (`cta_tile`).
     """
 
     tile: tuple[int, int, int] = (128, 128, 64)
@@ -66,6 +75,7 @@ class KernelConfig:
     swap_ab: bool = False
     splits: int = 1
     deterministic: bool = True
+    arch: Arch = DEFAULT_ARCH
 
     def __post_init__(self) -> None:
         for what, t in (("tile", self.tile), ("cluster", self.cluster)):
@@ -84,6 +94,13 @@ class KernelConfig:
                               f"got {self.splits!r}")
         if not isinstance(self.deterministic, bool):
             raise ConfigError(f"deterministic: expected True or False, got {self.deterministic!r}")
+        object.__setattr__(self, "arch", Arch.parse(self.arch, "arch"))  # "sm_100a" is accepted as Arch.SM100A
+
+    @property
+    def cta_tile(self) -> tuple[int, int, int]:
+        """The part of `tile` one CTA computes: half of it along M when two SMs share the MMA."""
+        tm, tn, tk = self.tile
+        return (tm // 2, tn, tk) if self.schedule is Schedule.TWO_SM else self.tile
 
     @property
     def name(self) -> str:
@@ -95,8 +112,9 @@ class KernelConfig:
         stream_k = "_streamk" if self.tile_scheduler is TileScheduler.STREAM_K else ""
         splits = f"_splits{self.splits}" if self.splits > 1 else ""
         nondeterministic = "" if self.deterministic else "_nondet"
+        arch = "" if self.arch is DEFAULT_ARCH else f"_{self.arch.value}"
         return (f"{tm}x{tn}x{tk}_c{cm}x{cn}x{ck}_{self.schedule.value}_{stages}{swap}{stream_k}{splits}"
-                f"{nondeterministic}")
+                f"{nondeterministic}{arch}")
 
     def binary(self) -> KernelConfig:
         """The part of the config the kernel's code depends on (all but the launch arguments `splits`
@@ -105,10 +123,10 @@ class KernelConfig:
         return replace(self, splits=1, deterministic=True) if launch_only else self
 
     def canonical(self) -> list:
-        """A JSON-able form: the code's fields, then `swap_ab`, `splits` and `deterministic` up to the
-        last that is not its default, so configs from before a field keep their keys."""
+        """A JSON-able form: the code's fields, then `swap_ab`, `splits`, `deterministic` and `arch` up
+        to the last that is not its default, so configs from before a field keep their keys."""
         out = [list(self.tile), list(self.cluster), self.schedule.value, self.stages, self.tile_scheduler.value]
-        optional = [self.swap_ab, self.splits, self.deterministic]
+        optional = [self.swap_ab, self.splits, self.deterministic, self.arch.value]
         while optional and optional[-1] == _OPTIONAL_DEFAULTS[len(optional) - 1]:
             optional.pop()
         return [*out, *optional]
@@ -119,16 +137,16 @@ class KernelConfig:
         tile, cluster, schedule, stages, scheduler, *rest = raw
         if len(rest) > len(_OPTIONAL_DEFAULTS) or (rest and rest[-1] == _OPTIONAL_DEFAULTS[len(rest) - 1]) or \
                 any(type(x) is not type(d) for x, d in zip(rest, _OPTIONAL_DEFAULTS, strict=False)):
-            raise ValueError(f"unexpected trailing fields {rest!r}: expected up to [swap_ab, splits, deterministic], "
-                             "the last not its default")
+            raise ValueError(f"unexpected trailing fields {rest!r}: expected up to [swap_ab, splits, deterministic, "
+                             "arch], the last not its default")
         fields: list = [*rest, *_OPTIONAL_DEFAULTS[len(rest):]]
         return cls(tile=tuple(tile), cluster=tuple(cluster), schedule=Schedule(schedule), stages=stages,
                    tile_scheduler=TileScheduler(scheduler), swap_ab=fields[0], splits=fields[1],
-                   deterministic=fields[2])
+                   deterministic=fields[2], arch=Arch.parse(fields[3]))
 
 
-#: The defaults of KernelConfig's trailing canonical fields: swap_ab, splits, deterministic.
-_OPTIONAL_DEFAULTS = (False, 1, True)
+#: The defaults of KernelConfig's trailing canonical fields: swap_ab, splits, deterministic, arch.
+_OPTIONAL_DEFAULTS = (False, 1, True, DEFAULT_ARCH.value)
 
 
 def tile_k(recipe: RecipeIR) -> int:
@@ -137,15 +155,16 @@ def tile_k(recipe: RecipeIR) -> int:
     return 1024 // recipe.gemm.a.bits
 
 
-def default_config(recipe: RecipeIR) -> KernelConfig:
-    """A recipe's config when it names none: 128 x 128 output tiles, cooperative, K steps of 128
-    bytes; swapped when the recipe reduces over M (`needs_swap`)."""
-    return KernelConfig(tile=(128, 128, tile_k(recipe)), swap_ab=needs_swap(recipe))
+def default_config(recipe: RecipeIR, arch: Arch = DEFAULT_ARCH) -> KernelConfig:
+    """A recipe's config when it names none: 128 x 128 output tiles, K steps of 128 bytes (sm_90a:
+    cooperative; sm_100a: one SM's MMA); swapped when the recipe reduces over M (`needs_swap`)."""
+    schedule = Schedule.ONE_SM if arch is Arch.SM100A else Schedule.COOPERATIVE
+    return KernelConfig(tile=(128, 128, tile_k(recipe)), schedule=schedule, swap_ab=needs_swap(recipe), arch=arch)
 
 
 def needs_swap(recipe: RecipeIR) -> bool:
     """Whether only a swapped kernel computes the recipe: it reduces over M, and gemmgen builds
-    vector reductions over the kernel's N only (`codegen.sm90.constraints.reduction_violations`)."""
+    vector reductions over the kernel's N only (`codegen.rules.reduction_violations`)."""
     return any(o.dim == 0 for o in recipe.epilogue.outputs)
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..codegen import render_kernel, validate
 from ..compile import CompiledKernel, KernelCache, build_kernel
-from ..config import KernelConfig, default_config
+from ..config import DEFAULT_ARCH, Arch, KernelConfig, default_config
 from ..errors import RecipeError
 from ..ir import BLOCK_SCALE_OPERANDS, EpilogueIR, GemmSpec, Node, Op, Operand, Output, RecipeIR, normalize
 from ..ir.autodiff import GRAD_PREFIX, RECOMPUTED_D, SAVED_ACC, NotDifferentiable, derive
@@ -122,7 +122,7 @@ def _check_grouped_epilogue(ir: EpilogueIR) -> None:
 def _check_reductions(ir: EpilogueIR) -> None:
     """Reductions over M (dim=0) and over N (dim=1) cannot share a kernel: gemmgen builds vector
     reductions over the kernel's N only, so one over M needs a swapped kernel, whose N is M
-    (`codegen.sm90.constraints.reduction_violations`)."""
+    (`codegen.rules.reduction_violations`)."""
     over = {o.dim: o.name for o in ir.outputs if o.dim is not None}
     if len(over) == 2:
         raise RecipeError(f"aux outputs {over[0]!r} (dim=0) and {over[1]!r} (dim=1): a kernel reduces over M or "
@@ -335,9 +335,12 @@ class Recipe:
         return _derive_backward(self, a=a, b=b, layout_a=layout_a, layout_b=layout_b, d=d, saved=saved, wrt=wrt,
                                grad_outputs=grad_outputs, recompute=recompute, recompute_d=recompute_d)
 
-    def default_config(self) -> KernelConfig:
-        """The recipe's own `config=`, else gemmgen's default for its math (`config.default_config`)."""
-        return self.config if self.config is not None else default_config(self.ir)
+    def default_config(self, arch: Arch = DEFAULT_ARCH) -> KernelConfig:
+        """The recipe's own `config=` (when it targets `arch`), else gemmgen's default for its math
+        on `arch` (`config.default_config`)."""
+        if self.config is not None and self.config.arch is arch:
+            return self.config
+        return default_config(self.ir, arch)
 
     def source(self, config: KernelConfig | None = None) -> str:
         """The generated CUTLASS C++ for this recipe under `config`."""
@@ -345,10 +348,12 @@ class Recipe:
 
     def compile(self, config: KernelConfig | None = None, *, cache: KernelCache | None = None) -> KernelBase:
         """The kernel as a callable on torch tensors (a gemmgen.Kernel, or a GroupedKernel for a grouped
-        recipe); compiles or loads from cache."""
+        recipe); compiles or loads from cache. Without `config`: the default config for the current
+        CUDA device's arch (sm_90a where torch sees no GPU)."""
+        from ..runtime.driver import current_arch
         from ..runtime.kernel import kernel_for_compiled
 
-        return kernel_for_compiled(self.build(config, cache=cache))
+        return kernel_for_compiled(self.build(config or self.default_config(current_arch()), cache=cache))
 
     def build(self, config: KernelConfig | None = None, *, cache: KernelCache | None = None) -> CompiledKernel:
         """Compile (or load from a bundle or the cache) the kernel for `config`."""

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from .. import tuning
-from ..config import KernelConfig
+from ..config import DEFAULT_ARCH, Arch, KernelConfig
 from ..dsl import Recipe
 from ..errors import InvalidArgument, LayoutMismatch
 from ..ir import RecipeIR
@@ -45,7 +45,7 @@ _LOCK = threading.Lock()
 _OPS: dict[str, Any] = {}
 _LAUNCHERS: dict[str, Launcher] = {}  # by recipe key: the op and the modules' direct calls share the kernels
 _MAX_SHAPES = 1024  # exact shapes remembered per recipe (each maps to its bucket's kernel)
-_DEVICES: dict[int, tuple[tuning.Device | None, int]] = {}  # device index -> (tuning.Device, SM count)
+_DEVICES: dict[int, tuple[tuning.Device | None, int, Arch]] = {}  # device index -> (tuning.Device, SM count, arch)
 
 
 def _library() -> torch.library.Library:
@@ -158,8 +158,8 @@ class Launcher:
             bucket = (index, tuning.problem_bucket(self.recipe.ir, m, n, k, l), tuning.generation())
             kernel = self._by_bucket.get(bucket)
             if kernel is None:
-                device, sms = device_and_sms(index)
-                config = tuning.config_for(self.recipe, m, n, k, l, device=device, sm_count=sms)
+                device, sms, arch = device_and_sms(index)
+                config = tuning.config_for(self.recipe, m, n, k, l, device=device, sm_count=sms, arch=arch)
                 if args is not None:  # the kernel's own checks, before compiling it
                     self._kind.check(a, b, args, require_cuda=index >= 0, config=config)
                 kernel = self._by_config.get((index, config))
@@ -183,16 +183,17 @@ def kernel_for(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, args: tuple | N
     return launcher_for(recipe).kernel_for(a, b, args)
 
 
-def device_and_sms(index: int) -> tuple[tuning.Device | None, int]:
-    """(the device tuning results are keyed by, its SM count) for a CUDA device index, checked to
-    be an sm_90 GPU before anything is compiled for it; (None, 132) for the CPU (index -1)."""
+def device_and_sms(index: int) -> tuple[tuning.Device | None, int, Arch]:
+    """(the device tuning results are keyed by, its SM count, its arch) for a CUDA device index,
+    checked to be a GPU gemmgen builds for before anything is compiled for it; for the CPU (index
+    -1, tests' stand-in) the default arch's reference GPU."""
     facts = _DEVICES.get(index)
     if facts is None:
         if index >= 0:
-            sms = driver.require_sm90(index)
-            facts = (tuning.Device.current(index), sms)
+            arch, sms = driver.device_arch(index)
+            facts = (tuning.Device.current(index), sms, arch)
         else:
-            facts = (None, 132)
+            facts = (None, DEFAULT_ARCH.sm_count, DEFAULT_ARCH)
         _DEVICES[index] = facts
     return facts
 

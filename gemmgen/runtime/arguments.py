@@ -2,8 +2,10 @@
 
 Values come from ports of CUTLASS's host logic (tma.py, scheduler.py) and the problem; offsets
 and the defaults of constant fields come from the layout probe compiled into the kernel itself
-(codegen.fields, codegen.sm90.params). Nothing here needs a host compiler or the CUDA driver: descriptors are
-produced by a `TensorMapEncoder`, the driver at run time or a recording stand-in in tests.
+(codegen.fields, each arch's params). Nothing here needs a host compiler or the CUDA driver:
+descriptors are produced by a `TensorMapEncoder`, the driver at run time or a recording stand-in
+in tests. sm100 kernels differ in their A/B maps (`tma`), the fallback pair of them, and their
+scheduler (`scheduler.sm100_plan`); the epilogue's fields are the same visitors'.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..codegen import sm100
 from ..codegen.evt import REDUCTION_KIND
 from ..codegen.fields import ParamsLayout
 from ..codegen.sm90.geometry import scale_tma, scales_per_tile
-from ..config import KernelConfig, Schedule, TileScheduler
+from ..config import Arch, KernelConfig, Schedule, TileScheduler
 from ..errors import InvalidArgument
 from ..ir import RecipeIR
 from ..types import OperandKind
@@ -28,7 +31,6 @@ _INT32_MAX = 2**31 - 1
 
 #: Turns encode arguments into a 128-byte CUtensorMap.
 TensorMapEncoder = Callable[[tma.EncodeArgs], bytes]
-
 
 @dataclass(frozen=True)
 class Workspace:
@@ -45,6 +47,9 @@ class ArgumentBuilder:
 
     def __init__(self, recipe: RecipeIR, config: KernelConfig) -> None:
         self.tile, self.cluster = config.tile, config.cluster
+        # sm100: a second pair of A/B maps for a fallback cluster (copies: the cluster is static)
+        self.sm100 = config.arch is Arch.SM100A
+        self.mma_ctas = sm100.geometry.mma_ctas(config) if self.sm100 else 1
         self.a = tma.mainloop_template(recipe, config, "a")
         self.b = tma.mainloop_template(recipe, config, "b")
         # block scales: (operand, Params prefix, granularity along M or N, granularity along K, TMA or None)
@@ -121,11 +126,15 @@ class ArgumentBuilder:
                       f"{prefix}.k_stride": strides[1], f"{prefix}.batch_stride": strides[2]})
         v.update({"hw_info.device_id": p.device_id, "hw_info.sm_count": p.sm_count,
                   "hw_info.max_active_clusters": p.max_active_clusters})
+        if self.sm100:
+            v.update({f"mainloop.cluster_shape_fallback.{a}": 0 for a in "xyz"})
         plan = self._scheduler(p)
         v.update(plan.fields)
         return v, plan.grid
 
     def _scheduler(self, p: Problem) -> scheduler.SchedulerPlan:
+        if self.sm100:
+            return scheduler.sm100_plan(p.m, p.n, p.l, self.tile, self.cluster, self.mma_ctas)
         if self.stream_k:
             return scheduler.stream_k_plan(p.m, p.n, -(-p.k // self.tile[2]), p.l, self.tile, self.cluster,
                                            p.sm_count, p.max_active_clusters, self.splits, self.deterministic)
@@ -154,8 +163,9 @@ class ArgumentBuilder:
         return Workspace(at, tuple(fields), tuple(zeroed))
 
     def _reduction_workspace(self, p: Problem, fields: list[tuple[str, int]]) -> int:
-        """Bytes of the vector reductions' workspace; appends their pointer fields' offsets."""
-        tm, tn = self.tile[0], self.tile[1]
+        """Bytes of the vector reductions' workspace; appends their pointer fields' offsets. Their
+        tiles are the CTAs' (half the MMA's along M under sm100's 2-SM schedule)."""
+        tm, tn = self.tile[0] // self.mma_ctas, self.tile[1]
         tiles_m, tiles_n = -(-p.m // tm), -(-p.n // tn)
         at = 0
         for kind, prefix, name in self.vector_reductions:
@@ -177,6 +187,8 @@ class ArgumentBuilder:
         v: dict[str, int | float | bytes] = {
             "mainloop.tma_a": encode(self.a.operand(p.a.ptr, p.m, p.k, p.l, p.a.strides)),
             "mainloop.tma_b": encode(self.b.operand(p.b.ptr, p.n, p.k, p.l, p.b.strides))}
+        if self.sm100:
+            v["mainloop.tma_a_fallback"], v["mainloop.tma_b_fallback"] = v["mainloop.tma_a"], v["mainloop.tma_b"]
         for name, _, gran, gk, template in self.block_scales:
             scale: TensorArg = p.operands[name]  # type: ignore[assignment]
             operand = name[-1]

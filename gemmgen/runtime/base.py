@@ -115,11 +115,23 @@ class KernelBase:
         return plan
 
     def _device_index(self, device: torch.device) -> int:
-        """The CUDA device index of a checked call, checked to be an sm_90 GPU; -1 for a CPU stand-in."""
+        """The CUDA device index of a checked call, checked to be a GPU of the kernel's arch; -1 for a
+        CPU stand-in."""
         index = (device.index or 0) if device.type == "cuda" else -1
         if self._require_cuda:
-            driver.require_sm90(index)
+            self._check_arch(index)
         return index
+
+    def _check_arch(self, device_index: int) -> int:
+        """The device's SM count, once it is known to run this kernel's arch."""
+        arch, sm_count = driver.device_arch(device_index)
+        built = self._config.arch
+        if arch is not built:
+            raise InvalidArgument(f"kernel {self.compiled.entry} is built for {built.value} ({built.gpus}); device "
+                                  f"cuda:{device_index} is {arch.value} ({arch.gpus}). Build it for the device: "
+                                  f"KernelConfig(arch=Arch.{arch.name}, ...), or call through the torch op, which "
+                                  "chooses the device's arch")
+        return sm_count
 
     def _bind_context(self, a: Any) -> None:
         """A thread's first call: make a context current before any driver call (`driver.bind_context`),
@@ -130,7 +142,7 @@ class KernelBase:
                 driver.bind_context(index)
 
     def _device_hardware(self, device_index: int) -> tuple[int, int]:
-        return driver.require_sm90(device_index), self._function(device_index).max_active_clusters
+        return self._check_arch(device_index), self._function(device_index).max_active_clusters
 
     def _function(self, device_index: int) -> driver.LoadedFunction:
         """The kernel's module, loaded once per device."""

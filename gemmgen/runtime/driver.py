@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import GemmgenError, InvalidArgument
+from ..config import DEFAULT_ARCH, Arch
+from ..errors import GemmgenError
 from .tma import EncodeArgs
 
 
@@ -282,9 +283,15 @@ def device_facts(device_index: int) -> tuple[int, tuple[int, int]]:
     return props.multi_processor_count, (props.major, props.minor)
 
 
-def require_sm90(device_index: int) -> int:
+def current_arch() -> Arch:
+    """The current CUDA device's arch (`device_arch`); sm_90a where torch sees no GPU (ahead of time)."""
+    import torch
+
+    return device_arch(torch.cuda.current_device())[0] if torch.cuda.is_available() else DEFAULT_ARCH
+
+
+def device_arch(device_index: int) -> tuple[Arch, int]:
+    """(the architecture whose kernels run on the device, its SM count); an InvalidArgument naming
+    the device for a GPU gemmgen builds no kernels for, before anything is compiled for it."""
     sm_count, cc = device_facts(device_index)
-    if cc != (9, 0):
-        raise InvalidArgument(f"device cuda:{device_index} is sm_{cc[0]}{cc[1]}; gemmgen kernels are built for "
-                              "sm_90a (H100/H200)")
-    return sm_count
+    return Arch.of_device(cc, f"cuda:{device_index}"), sm_count

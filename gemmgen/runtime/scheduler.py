@@ -3,7 +3,8 @@
 (PersistentTileSchedulerSm90Params), the stream-K one (PersistentTileSchedulerSm90StreamKParams,
 with CUTLASS's default arguments but the split count and the reduction mode: its heuristic picks
 data-parallel, split-K or stream-K work per problem, or a split count above one forces split-K)
-and the grouped one (PersistentTileSchedulerSm90GroupParams).
+and the grouped one (PersistentTileSchedulerSm90GroupParams); for sm100, the cluster-launch-control
+scheduler (PersistentTileSchedulerSm100Params, `sm100_plan`).
 
 Checked field by field against CUTLASS's own host code by the oracle tests.
 """
@@ -127,6 +128,33 @@ def _grid(total: int, raster: int, cm: int, cn: int, sm_count: int, max_active_c
 
 MIN_ITERS_PER_SK_UNIT = 8  # the stream-K scheduler's floor on K tiles per stream-K unit
 MAX_SK_GROUPS = 8
+_GRID_Y_MAX = (1 << 16) - 1
+
+
+@functools.lru_cache(maxsize=1024)
+def sm100_plan(m: int, n: int, l: int, tile: tuple[int, int, int], cluster: tuple[int, int, int],  # noqa: E741
+               mma_ctas: int) -> SchedulerPlan:
+    """The sm100 scheduler's Params and grid: every CTA of the tile grid is launched (rounded up to
+    whole clusters; a 2-SM MMA tile is `mma_ctas` CTAs along M), and the hardware's cluster launch
+    control hands the tiles out. CUTLASS's raster heuristic on cluster counts; along N the grid is
+    transposed (unless its Y would pass 65535); no swizzle (max_swizzle_size 1)."""
+    cm, cn, _ = cluster
+    ctas_m = _round_up(-(-m // tile[0]) * mma_ctas, cm)
+    ctas_n = _round_up(-(-n // tile[1]), cn)
+    clusters_m, clusters_n = ctas_m // cm, ctas_n // cn
+    raster = RASTER_ALONG_M if clusters_n > clusters_m else RASTER_ALONG_N
+    if raster == RASTER_ALONG_N and clusters_m * cn > _GRID_Y_MAX:
+        raster = RASTER_ALONG_M
+    fields = {"scheduler.problem_tiles_m": clusters_m, "scheduler.problem_tiles_n": clusters_n,
+              "scheduler.problem_tiles_l": l, "scheduler.raster_order": raster, "scheduler.log_swizzle_size": 0,
+              "scheduler.swizzle_size.divisor": 0, "scheduler.swizzle_size.multiplier": 0,
+              "scheduler.swizzle_size.shift_right": 0}
+    for name, c in (("m", cm), ("n", cn)):
+        fields.update({f"scheduler.cluster_shape_{name}.{k}": v for k, v in fast_divmod(c).items()})
+    grid = (clusters_n * cm, clusters_m * cn, l) if raster == RASTER_ALONG_N else (ctas_m, ctas_n, l)
+    return SchedulerPlan(fields, grid)
+
+
 MMA_WARP_GROUPS = 2  # the cooperative kernel's (stream-K requires it): one tile barrier each
 _L2_LINE = 128  # the stream-K workspace's parts are rounded to this
 

@@ -1,8 +1,12 @@
 """The arguments CUTLASS 4.2 passes to cuTensorMapEncodeTiled for each tensor of a kernel.
 
-A port of what CuTe's make_tma_copy derives for the smem layouts CUTLASS's sm90 builders pick
-(ss_smem_selector; sm90_get_epilogue_smem_swizzle_layout_atom), restricted to the layouts gemmgen
-emits. Checked call by call against CUTLASS's own host code by the oracle tests.
+A port of what CuTe's make_tma_copy derives for the smem layouts CUTLASS's sm90 and sm100 builders
+pick (ss_smem_selector / sm100_smem_selector; the epilogue's smem swizzle atoms), restricted to the
+layouts gemmgen emits. Checked call by call against CUTLASS's own host code by the oracle tests.
+
+sm100 differs in three ways: A and B are typed as their elements (sm90 loads raw words); each
+CTA of a pair loads half of A's rows and half of B's (the 2-SM MMA reads both halves); and the
+epilogue tile is sm100's (`codegen.sm100.geometry.epilogue_tile`).
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..codegen import sm100
 from ..codegen.sm90.geometry import epilogue_tile, swizzle_span
-from ..config import KernelConfig
+from ..config import Arch, KernelConfig
 from ..ir import RecipeIR
 from ..types import DType, Layout
 
@@ -66,8 +71,11 @@ def _storage_type(dtype: DType) -> TmaDataType:
             DType.E4M3: TmaDataType.UINT8, DType.E5M2: TmaDataType.UINT8}[dtype]
 
 
-def _mainloop_type(dtype: DType) -> TmaDataType:
-    """The mainloop loads A/B as raw unsigned words of the element's width (TmaInternalElementA/B)."""
+def _mainloop_type(dtype: DType, arch: Arch) -> TmaDataType:
+    """sm90's mainloop loads A/B as raw unsigned words of the element's width (TmaInternalElementA/B);
+    sm100's as the elements (fp8 as bytes)."""
+    if arch is Arch.SM100A:
+        return _storage_type(dtype)
     return {8: TmaDataType.UINT8, 16: TmaDataType.UINT16, 32: TmaDataType.UINT32}[dtype.bits]
 
 
@@ -118,22 +126,28 @@ class TmaTemplate:
 
 
 def mainloop_template(recipe: RecipeIR, config: KernelConfig, which: str) -> TmaTemplate:
-    """The TMA of A (which="a") or B (which="b"), as CUTLASS's sm90 builder sets it up."""
+    """The TMA of A (which="a") or B (which="b"), as CUTLASS's builder for the config's arch sets it
+    up: one CTA's part of the tile (a pair's CTA holds half of A's rows and half of B's), split
+    among the CTAs it is multicast to."""
     g = recipe.gemm
     dtype = g.a if which == "a" else g.b
     tile_mn = config.tile[0] if which == "a" else config.tile[1]
     tile_k = config.tile[2]
     # A row-major and B column-major are K-major ("T" and "N" in TN).
     k_major = (g.layout_a is Layout.ROW) if which == "a" else (g.layout_b is Layout.COL)
-    multicast = config.cluster[1] if which == "a" else config.cluster[0]
+    if config.arch is Arch.SM100A:
+        tile_mn //= sm100.geometry.mma_ctas(config)
+        multicast = sm100.geometry.multicast(config)[0 if which == "a" else 1]
+    else:
+        multicast = config.cluster[1] if which == "a" else config.cluster[0]
     if k_major:
         swizzle, width = _swizzle_atom(tile_k, dtype.bits)
         box = [min(width, tile_k), tile_mn, 1]
     else:
         swizzle, width = _swizzle_atom(tile_mn, dtype.bits)
         box = [min(width, tile_mn), tile_k, 1]
-    return TmaTemplate(int(_mainloop_type(dtype)), dtype.nbytes, tuple(_split_multicast(box, multicast)),  # type: ignore[arg-type]
-                       int(swizzle), not k_major)
+    return TmaTemplate(int(_mainloop_type(dtype, config.arch)), dtype.nbytes,
+                       tuple(_split_multicast(box, multicast)), int(swizzle), not k_major)  # type: ignore[arg-type]
 
 
 def block_scale_template(scales_per_tile: int) -> TmaTemplate:
@@ -145,7 +159,7 @@ def block_scale_template(scales_per_tile: int) -> TmaTemplate:
 def epilogue_template(recipe: RecipeIR, config: KernelConfig, dtype: DType) -> TmaTemplate:
     """The TMA of C, D or an aux tensor, tiled by the epilogue tile, in D's layout
     (sm90_get_epilogue_smem_swizzle_layout_atom: the swizzle spans the contiguous extent)."""
-    em, en = epilogue_tile(config, recipe)
+    em, en = (sm100.geometry.epilogue_copy_tile if config.arch is Arch.SM100A else epilogue_tile)(config, recipe)
     if recipe.gemm.layout_d is Layout.ROW:
         swizzle, _ = _swizzle_atom(en, dtype.bits)
         return TmaTemplate(int(_storage_type(dtype)), dtype.nbytes, (en, em, 1), int(swizzle), False)

@@ -1,9 +1,12 @@
 """CUTLASS's own host code as an oracle for gemmgen's argument building (needs nvcc; tests only).
 
-For a generated kernel, `OracleProgram` renders gemmgen/codegen/templates/oracle_host.cu.j2 (the kernel's very
-types plus a main()), compiles it once with the pip wheel's nvcc, and runs it per problem. The
-program swaps cuTensorMapEncodeTiled for a recording stand-in, so no GPU or driver is needed, and
-prints every encode call, every named Params field and the launch shape as JSON lines.
+For a generated kernel, `OracleProgram` renders its part of gemmgen/codegen/templates/oracle_host.cu.j2
+(the kernel's very types plus a function that runs CUTLASS's host code on argv), and runs it per
+problem. `build_oracles` compiles several kernels' parts of one arch into one program with the pip
+wheel's nvcc (CUTLASS's headers are parsed once: a program of eight kernels takes about as long as
+two of one); `OracleProgram.build` compiles one alone. The program swaps cuTensorMapEncodeTiled for a
+recording stand-in, so no GPU or driver is needed, and prints every encode call, every named Params
+field and the launch shape as JSON lines.
 """
 
 from __future__ import annotations
@@ -15,13 +18,13 @@ import os
 import shutil
 import struct
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..codegen import GeneratedKernel, template_environment
+from ..codegen import GeneratedKernel, emitter, template_environment
 from ..codegen.evt import ParamBinding
-from ..codegen.sm90 import type_context
 from ..compile.toolchain import toolchain
 from ..config import TileScheduler
 from ..errors import ToolchainError
@@ -123,15 +126,17 @@ class OracleProgram:
                 epilogue: str, workspace: str, hw: dict[str, int], atoms: list[tuple[str, str]],
                 scheduler: list[str] | None = None) -> None:
         code = kernel.config.binary()
-        self.source = template_environment().get_template("oracle_host.cu.j2").render(
-            recipe_name=kernel.recipe.name, config_name=code.name,
+        types = emitter(code.arch).type_context(kernel.kernel_recipe, code, kernel.epilogue)
+        self.context = dict(
+            recipe_name=kernel.recipe.name, config_name=code.name, namespace=types["namespace"],
+            types=template_environment().get_template(types["types_template"]).render(**types),
             n_slots=len(self.slots.names), n_args=len(self.slots.names) + 1, slot=hw, mode=mode,
             problem_args=problem, mainloop_args=mainloop, epilogue_args=epilogue, workspace=workspace,
-            scheduler_args=scheduler or [], fields=[(f.name, f.lvalue("p")) for f in kernel.fields], aux_sizes=atoms,
-            **type_context(kernel.kernel_recipe, code, kernel.epilogue))
-        digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
-        self.exe = build_dir / f"oracle-{kernel.recipe.name}-{digest}"
+            scheduler_args=scheduler or [], fields=[(f.name, f.lvalue("p")) for f in kernel.fields], aux_sizes=atoms)
         self._build_dir = build_dir
+        self.key = _digest([self])
+        # a program built with others serves every OracleProgram of the same kernel part
+        self.exe, self.index = _BUILT.get(self.key) or (build_dir / f"oracle-{kernel.recipe.name}-{self.key}", 0)
 
     def _init_grouped(self, kernel: GeneratedKernel, build_dir: Path) -> None:
         """A grouped kernel's Arguments: the group count, and device addresses of the per-group
@@ -202,20 +207,9 @@ class OracleProgram:
         return f"{{reinterpret_cast<{e}*>(V[{s[0]}]), {stride}}}"
 
     def build(self) -> Path:
-        if self.exe.is_file():
-            return self.exe
-        self._build_dir.mkdir(parents=True, exist_ok=True)
-        src = self.exe.with_suffix(".cu")
-        src.write_text(self.source)
-        tc = toolchain()
-        cmd = [str(nvcc_path()), "-std=c++17", "-arch=sm_90a", "-O0", "-w",
-               "-DCUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1",
-               *(f"-I{d}" for d in tc.include_dirs), f"-L{nvcc_path().parent.parent / 'lib'}",
-               "-o", str(self.exe) + ".tmp", str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise ToolchainError(f"nvcc failed to build the oracle {src}:\n{proc.stderr[-4000:]}")
-        os.replace(str(self.exe) + ".tmp", self.exe)
+        """This kernel's program (built alone unless `build_oracles` built it with others)."""
+        if not self.exe.is_file():
+            build_oracles([self], self._build_dir)
         return self.exe
 
     def argv(self, problem: Problem, workspace: int = 0) -> list[str]:
@@ -250,7 +244,7 @@ class OracleProgram:
         return [str(values[n] & (2**64 - 1)) for n in self.slots.names]
 
     def run_argv(self, argv: list[str]) -> OracleResult:
-        proc = subprocess.run([str(self.build()), *argv], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([str(self.build()), str(self.index), *argv], capture_output=True, text=True, timeout=60)
         if proc.returncode != 0:
             raise ToolchainError(f"oracle failed ({proc.returncode}): {proc.stderr[-2000:]}")
         encodes, fields, aux, launch, can, workspace = [], {}, {}, {}, False, -1
@@ -269,3 +263,53 @@ class OracleProgram:
             elif "workspace_size" in obj:
                 workspace = obj["workspace_size"]
         return OracleResult(encodes, fields, aux, launch, can, workspace)
+
+
+def _source(programs: list[OracleProgram]) -> str:
+    return template_environment().get_template("oracle_host.cu.j2").render(kernels=[p.context for p in programs])
+
+
+def _digest(programs: list[OracleProgram]) -> str:
+    return hashlib.sha256(_source(programs).encode()).hexdigest()[:16]
+
+
+#: kernel part's digest -> (program, index) of each kernel `build_oracles` compiled in this process
+_BUILT: dict[str, tuple[Path, int]] = {}
+
+
+def build_oracles(programs: list[OracleProgram], build_dir: Path) -> Path:
+    """Compile `programs` (kernels of one arch) into one executable in `build_dir`; each program
+    then runs it with its own index."""
+    arches = {p.kernel.arch for p in programs}
+    if len(arches) != 1:
+        raise ValueError(f"one oracle program builds kernels of one arch, got {sorted(a.value for a in arches)}")
+    name = programs[0].kernel.recipe.name if len(programs) == 1 else f"{len(programs)}-kernels"
+    exe = build_dir / f"oracle-{name}-{_digest(programs)}"
+    if not exe.is_file():
+        build_dir.mkdir(parents=True, exist_ok=True)
+        src = exe.with_suffix(".cu")
+        src.write_text(_source(programs))
+        tc = toolchain()
+        cmd = [str(nvcc_path()), "-std=c++17", f"-arch={arches.pop().value}", "-O0", "-w",
+               "-DCUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1",
+               *(f"-I{d}" for d in tc.include_dirs), f"-L{nvcc_path().parent.parent / 'lib'}",
+               "-o", str(exe) + ".tmp", str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ToolchainError(f"nvcc failed to build the oracle {src}:\n{proc.stderr[-4000:]}")
+        os.replace(str(exe) + ".tmp", exe)
+    for i, p in enumerate(programs):
+        p.exe, p.index = exe, i
+        _BUILT[p.key] = (exe, i)
+    return exe
+
+
+def build_all(programs: list[OracleProgram], build_dir: Path, workers: int = 2) -> None:
+    """Every program built, in `workers` nvcc processes at once, each compiling its share of the
+    kernels (per arch) as one program."""
+    by_arch: dict[str, list[OracleProgram]] = {}
+    for p in programs:
+        by_arch.setdefault(p.kernel.arch.value, []).append(p)
+    shares = [group[i::workers] for group in by_arch.values() for i in range(workers) if group[i::workers]]
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda share: build_oracles(share, build_dir), shares))

@@ -166,14 +166,15 @@ def _as_launch(raw: _Launch) -> Launch:
                   raw.num_attrs, bytes(raw.params[:raw.params_size]), raw.device, raw.param_count)
 
 
-def stand_in_device(stream: int, sm_count: int = 132) -> None:
-    """Make CPU tensors (device -1) stand for an sm_90 GPU's, for the rest of the process: torch's
-    device and stream lookups, which a CPU build of torch lacks, are replaced, and launches go to the
-    raw stream handle `stream`."""
+def stand_in_device(stream: int, sm_count: int = 132, capability: tuple[int, int] = (9, 0)) -> None:
+    """Make CPU tensors (device -1) stand for a GPU's of this compute capability (an sm_90 one
+    unless said), for the rest of the process (or until called again): torch's device and stream
+    lookups, which a CPU build of torch lacks, are replaced, and launches go to the raw stream
+    handle `stream`."""
     import torch
 
     torch.cuda.device = lambda index: contextlib.nullcontext()  # type: ignore[misc, assignment, return-value]
     torch.cuda.current_stream = lambda *args: None  # type: ignore[assignment]
-    driver.device_facts = lambda index: (sm_count, (9, 0))  # type: ignore[assignment]
+    driver.device_facts = lambda index: (sm_count, capability)  # type: ignore[assignment]
     driver.current_device = lambda: -1
     driver.current_stream = lambda device_index: stream

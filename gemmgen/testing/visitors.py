@@ -44,6 +44,10 @@ _ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
 _COLLECTIVE_EPILOGUE = "cutlass::epilogue::collective::CollectiveEpilogue"
 #: CollectiveEpilogue<DispatchPolicy, Tile, EpilogueTile, C, StrideC, D, StrideD, FusionCallbacks, ...>
 _CALLBACKS_ARG = 7
+_EPILOGUE_BUILDER = "typename cutlass::epilogue::collective::CollectiveBuilder"
+#: CollectiveBuilder<Arch, OpClass, MmaTile, Cluster, EpilogueTile, Acc, Compute, C, LayoutC, AlignC, D,
+#: LayoutD, AlignD, Schedule, FusionCallbacks>
+_BUILDER_CALLBACKS_ARG = 14
 _THREAD = "{p}.epilogue.thread"  # the callbacks' Params inside the kernel's Params
 
 
@@ -278,9 +282,15 @@ class EpilogueInterpreter:
     def __init__(self, source: str) -> None:
         self.decls = declarations(source)
         collective = next((v for v in self.decls.values() if v.startswith(_COLLECTIVE_EPILOGUE + "<")), None)
-        if collective is None:
+        built = self.decls.get("CollectiveEpilogue", "")
+        if collective is not None:
+            callbacks = split_arguments(collective)[_CALLBACKS_ARG]
+        elif built.startswith(_EPILOGUE_BUILDER + "<"):  # sm100: named through the builder
+            callbacks = split_arguments(built.removeprefix("typename ").removesuffix("::CollectiveOp"))[
+                _BUILDER_CALLBACKS_ARG]
+        else:
             raise EpilogueSourceError("no CollectiveEpilogue declaration in the source")
-        self.callbacks = self._resolve(parse_type(split_arguments(collective)[_CALLBACKS_ARG]))
+        self.callbacks = self._resolve(parse_type(callbacks))
         self.element_a = _element(parse_type(self.decls["ElementA"]))
         self.element_b = _element(parse_type(self.decls["ElementB"]))
         self.element_d = _element(parse_type(self.decls["ElementD"]))

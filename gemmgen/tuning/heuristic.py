@@ -18,6 +18,11 @@ the balance of the work as CUTLASS's stream-K scheduler would share it out for t
 the tiles fill whole waves the persistent kernel wins; where they leave a wave mostly idle (a few
 tokens against large weights) the K iterations spread over every SM and the twin wins.
 
+On sm_100a the candidates are tcgen05 tiles (`SM100_CANDIDATES`): a pair of SMs computing a 256-row
+tile (Schedule.TWO_SM) or one SM a 128-row one, swapped tiles for small M, no stream-K (CUTLASS's
+cluster-launch-control scheduler hands out the tiles). A pair's tile occupies two SMs of a wave;
+its reuse is the MMA tile's (each SM loads half of A and half of B for half of the output).
+
 A grouped (MoE) kernel serves every split of its rows, which only the GPU knows; the host knows
 the rows and the groups. When the groups average at most GROUPED_SWAP_MAX_ROWS rows (decode: a few
 tokens per expert), `choose` gives GROUPED_SWAP_CONFIG, swapped, each group's rows along the tile's
@@ -32,7 +37,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..codegen import is_valid
-from ..config import KernelConfig, Schedule, TileScheduler, default_config, needs_swap, tile_k
+from ..config import DEFAULT_ARCH, Arch, KernelConfig, Schedule, TileScheduler, default_config, needs_swap, tile_k
 from ..ir import RecipeIR
 from ..runtime.scheduler import decompose
 
@@ -55,6 +60,23 @@ SWAP_CANDIDATES: tuple[KernelConfig, ...] = tuple(
     for c in ((2, 1, 1), (1, 1, 1))
 )
 SWAP_MAX_M = 64  # swapped kernels are considered up to this M
+
+ONE, TWO = Schedule.ONE_SM, Schedule.TWO_SM
+#: sm_100a's (tile, cluster, schedule) candidates, most preferred first: pairs of SMs on 256-row
+#: tiles, then one SM's 128-row tiles (tile K as CANDIDATES').
+SM100_CANDIDATES: tuple[KernelConfig, ...] = tuple(
+    KernelConfig(tile=t, cluster=c, schedule=s, arch=Arch.SM100A)
+    for t, s, clusters in (((256, 256, 64), TWO, ((2, 1, 1),)), ((256, 128, 64), TWO, ((2, 1, 1), (4, 1, 1))),
+                           ((128, 256, 64), ONE, ((1, 1, 1), (2, 1, 1))), ((128, 128, 64), ONE, ((1, 1, 1), (2, 1, 1))),
+                           ((128, 64, 64), ONE, ((1, 1, 1),)), ((64, 128, 64), ONE, ((1, 1, 1),)))
+    for c in clusters
+)
+#: sm_100a's swapped candidates for small M: M along a narrow tile N.
+SM100_SWAP_CANDIDATES: tuple[KernelConfig, ...] = tuple(
+    KernelConfig(tile=t, cluster=c, schedule=s, swap_ab=True, arch=Arch.SM100A)
+    for t, s, c in (((128, 16, 64), ONE, (1, 1, 1)), ((128, 32, 64), ONE, (1, 1, 1)), ((128, 64, 64), ONE, (1, 1, 1)),
+                    ((256, 32, 64), TWO, (2, 1, 1)), ((256, 64, 64), TWO, (2, 1, 1)))
+)
 
 #: The grouped kernel for groups of few rows: 128 rows of the weights by 32 of a group's rows per
 #: tile, where an unswapped tile spans at least 64 of a group's rows. (Tile K: `tile_k`.)
@@ -107,7 +129,7 @@ def _score(cfg: KernelConfig, m: int, n: int, k: int, l: int, sm_count: int) -> 
     tiles_n = -(-n // (tn * cn)) * cn
     tiles = tiles_m * tiles_n * l
     padding = (m * n) / (tiles_m * tm * tiles_n * tn)
-    waves = tiles / sm_count
+    waves = tiles * (2 if cfg.schedule is Schedule.TWO_SM else 1) / sm_count  # a pair's tile takes two SMs
     quantization = waves / math.ceil(waves)
     how = f"{tiles} tiles = {waves:.2f} waves on {sm_count} SMs"
     if cfg.tile_scheduler is TileScheduler.STREAM_K:
@@ -145,7 +167,7 @@ SPLITS_TIMED = (2, 4, 8)
 
 
 def split_variants(configs: list[KernelConfig], m: int, n: int, k: int, l: int = 1,  # noqa: E741
-                   sm_count: int = 132) -> list[KernelConfig]:
+                   sm_count: int = DEFAULT_ARCH.sm_count) -> list[KernelConfig]:
     """For each stream-K config among `configs` whose tiles leave SMs idle on this problem (fewer
     output tiles than CTAs in a wave: a decode step against large weights), the same config with
     each of SPLITS_TIMED that K's tiles allow, but the count CUTLASS's heuristic already picks:
@@ -162,46 +184,52 @@ def split_variants(configs: list[KernelConfig], m: int, n: int, k: int, l: int =
     return list(dict.fromkeys(out))
 
 
-def candidate_configs(recipe: RecipeIR, m_bucket: int) -> tuple[KernelConfig, ...]:
-    """The configs considered for an M bucket, most preferred first, with K steps of 128 bytes. A
-    recipe that only a swapped kernel computes (`config.needs_swap`) gets every tile swapped."""
-    return _candidates(m_bucket <= SWAP_MAX_M, needs_swap(recipe), tile_k(recipe))
+def candidate_configs(recipe: RecipeIR, m_bucket: int, arch: Arch = DEFAULT_ARCH) -> tuple[KernelConfig, ...]:
+    """The configs considered for an M bucket on `arch`, most preferred first, with K steps of 128
+    bytes. A recipe that only a swapped kernel computes (`config.needs_swap`) gets every tile
+    swapped."""
+    return _candidates(m_bucket <= SWAP_MAX_M, needs_swap(recipe), tile_k(recipe), arch)
 
 
 @functools.cache
-def _candidates(small_m: bool, swapped_only: bool, k: int) -> tuple[KernelConfig, ...]:
-    listed = CANDIDATES
-    if swapped_only:  # each tile transposed: the kernel's N x M problem is tiled as the unswapped M x N would be
-        listed = tuple(replace(c, tile=(c.tile[1], c.tile[0], c.tile[2]), cluster=(c.cluster[1], c.cluster[0], 1),
-                               swap_ab=True) for c in CANDIDATES)
+def _candidates(small_m: bool, swapped_only: bool, k: int, arch: Arch) -> tuple[KernelConfig, ...]:
+    base, swapped = (SM100_CANDIDATES, SM100_SWAP_CANDIDATES) if arch is Arch.SM100A else (CANDIDATES, SWAP_CANDIDATES)
+    listed = base
+    if swapped_only:  # each tile as the unswapped problem would be tiled (a pair's M stays the pair's)
+        listed = tuple(replace(c, swap_ab=True) if c.schedule is TWO else
+                       replace(c, tile=(c.tile[1], c.tile[0], c.tile[2]), cluster=(c.cluster[1], c.cluster[0], 1),
+                               swap_ab=True) for c in base)
     if small_m:
-        listed += SWAP_CANDIDATES
+        listed += swapped
     listed += tuple(replace(c, tile_scheduler=TileScheduler.STREAM_K) for c in listed if c.schedule is COOP)
     return tuple(replace(c, tile=(c.tile[0], c.tile[1], k)) for c in listed)
 
 
-def ranked(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int = 132  # noqa: E741
-           ) -> list[tuple[float, KernelConfig, str]]:
-    """Every valid candidate for the M bucket of `m`, best first (stable: ties keep candidate order)."""
+def ranked(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int | None = None,  # noqa: E741
+           arch: Arch = DEFAULT_ARCH) -> list[tuple[float, KernelConfig, str]]:
+    """Every valid candidate on `arch` for the M bucket of `m`, best first (stable: ties keep
+    candidate order); `sm_count` defaults to the arch's reference GPU's."""
     mb = m_bucket(max(m, 1))
-    scored = [(*_score(cfg, mb, max(n, 1), max(k, 1), max(l, 1), sm_count), i, cfg)
-              for i, cfg in enumerate(candidate_configs(recipe, mb)) if is_valid(cfg, recipe)]
+    sms = sm_count or arch.sm_count
+    scored = [(*_score(cfg, mb, max(n, 1), max(k, 1), max(l, 1), sms), i, cfg)
+              for i, cfg in enumerate(candidate_configs(recipe, mb, arch)) if is_valid(cfg, recipe)]
     assert scored, "no candidate config is valid"
     scored.sort(key=lambda t: (-round(t[0], 9), t[2]))
     return [(score, cfg, why) for score, why, _, cfg in scored]
 
 
-def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int = 132) -> Choice:  # noqa: E741
-    """The config for a problem (M rounded up to its bucket), with the reasons. For a grouped
-    recipe, M is the rows of A and L the number of groups (`grouped_choice`)."""
+def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int | None = None,  # noqa: E741
+           arch: Arch = DEFAULT_ARCH) -> Choice:
+    """The config on `arch` for a problem (M rounded up to its bucket), with the reasons. For a
+    grouped recipe, M is the rows of A and L the number of groups (`grouped_choice`)."""
     if recipe.gemm.grouped:
-        return grouped_choice(recipe, m, l)
+        return grouped_choice(recipe, m, l, arch)
     mb = m_bucket(max(m, 1))
-    order = ranked(recipe, m, n, k, l, sm_count)
+    order = ranked(recipe, m, n, k, l, sm_count, arch)
     score, cfg, why = order[0]
-    listed = candidate_configs(recipe, mb)
+    listed = candidate_configs(recipe, mb, arch)
     lines = [w for _, _, w in sorted(order, key=lambda t: listed.index(t[1]))]
-    swapped = "; a reduction over M: swapped kernels only (codegen.sm90.constraints.reduction_violations)" \
+    swapped = "; a reduction over M: swapped kernels only (codegen.rules.reduction_violations)" \
         if needs_swap(recipe) else ""
     return Choice(cfg, mb, score, f"M={m} -> bucket {mb}{swapped}; chose {why}\n  considered:\n    "
                   + "\n    ".join(lines))
@@ -213,14 +241,14 @@ def few_rows_per_group(rows: int, groups: int) -> bool:
     return rows <= GROUPED_SWAP_MAX_ROWS * max(groups, 1)  # ceil(rows / groups) <= GROUPED_SWAP_MAX_ROWS
 
 
-def grouped_choice(recipe: RecipeIR, rows: int, groups: int) -> Choice:
+def grouped_choice(recipe: RecipeIR, rows: int, groups: int, arch: Arch = DEFAULT_ARCH) -> Choice:
     """A grouped kernel's config from the rows of A and the number of groups (not how the rows
     split, which only the GPU knows): swapped when the groups average at most
     GROUPED_SWAP_MAX_ROWS rows, else gemmgen's default."""
     average = -(-max(rows, 0) // max(groups, 1))
     head = f"grouped: {rows} rows in {groups} groups, {average} per group on average"
-    if not few_rows_per_group(rows, groups):
-        default = default_config(recipe)
+    if arch is Arch.SM100A or not few_rows_per_group(rows, groups):  # (sm100: its constraints refuse grouped)
+        default = default_config(recipe, arch)
         return Choice(default, m_bucket(max(rows, 1)), 0.0,
                       f"{head} > {GROUPED_SWAP_MAX_ROWS}; chose {default.name}, gemmgen's default")
     swapped = replace(GROUPED_SWAP_CONFIG, tile=(*GROUPED_SWAP_CONFIG.tile[:2], tile_k(recipe)))

@@ -7,8 +7,11 @@ a recipe and a problem (M, N, K, L; a grouped recipe's M is the rows of A and L 
 1. an autotune result registered for the device and the problem's bucket (`table.tuned_config`);
    autotune times the recipe's own config among its candidates, so a result is never slower than
    the config the recipe declares;
-2. else the recipe's own `config=`, at every shape: the user said which kernel they want;
+2. else the recipe's own `config=`, at every shape: the user said which kernel they want (on the
+   architecture it names; on another, step 3);
 3. else the heuristic's choice for the problem (`heuristic.choose`).
+
+The architecture is the device's (`Arch.of_device`), or the one a build names.
 
 Without a device (ahead of time, on a machine without the GPU) step 1 is skipped.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ..config import KernelConfig
+from ..config import DEFAULT_ARCH, Arch, KernelConfig
 from ..dsl import Recipe
 from ..errors import GemmgenError
 from .heuristic import choose
@@ -43,32 +46,34 @@ class Launch:
 
 
 def choose_launch(recipe: Recipe, m: int, n: int, k: int, l: int = 1, *,  # noqa: E741
-                  device: Device | None = None, sm_count: int = 132) -> Launch:
-    """The config a call of this problem launches, and why (see the module docstring)."""
+                  device: Device | None = None, sm_count: int | None = None, arch: Arch = DEFAULT_ARCH) -> Launch:
+    """The config a call of this problem launches on `arch`, and why (see the module docstring);
+    `sm_count` defaults to the arch's reference GPU's."""
     bucket = problem_bucket(recipe.ir, m, n, k, l)
     tuned = tuned_config(recipe.ir, device, m, n, k, l) if device is not None else None
-    if tuned is not None:
+    if tuned is not None and tuned.arch is arch:
         assert device is not None
         return Launch(tuned, Source.TUNED, bucket, f"tuned on {device.name} (driver {device.driver}) for bucket "
                                                    f"{'x'.join(map(str, bucket))}: {tuned.name}")
-    if recipe.config is not None:
+    if recipe.config is not None and recipe.config.arch is arch:
         return Launch(recipe.config, Source.RECIPE, bucket,
                       f"the recipe declares config={recipe.config.name}: used at every shape no autotune result "
                       "covers")
-    choice = choose(recipe.ir, m, n, k, l, sm_count)
+    choice = choose(recipe.ir, m, n, k, l, sm_count, arch)
     return Launch(choice.config, Source.HEURISTIC, bucket, choice.why)
 
 
 def config_for(recipe: Recipe, m: int, n: int, k: int, l: int = 1, *,  # noqa: E741
-               device: Device | None = None, sm_count: int = 132) -> KernelConfig:
+               device: Device | None = None, sm_count: int | None = None, arch: Arch = DEFAULT_ARCH
+               ) -> KernelConfig:
     """`choose_launch(...).config`."""
-    return choose_launch(recipe, m, n, k, l, device=device, sm_count=sm_count).config
+    return choose_launch(recipe, m, n, k, l, device=device, sm_count=sm_count, arch=arch).config
 
 
-def launches_for_shapes(recipes: dict[str, Recipe], shapes: dict, sm_count: int = 132
-                        ) -> dict[str, list[tuple[tuple[int, ...], Launch]]]:
+def launches_for_shapes(recipes: dict[str, Recipe], shapes: dict, sm_count: int | None = None,
+                        arch: Arch = DEFAULT_ARCH) -> dict[str, list[tuple[tuple[int, ...], Launch]]]:
     """{recipe name: [(shape, launch), ...]} for a shapes file's {name: [[M, N, K] or [M, N, K, L], ...]}
-    (keys starting with '_' are comments), ahead of time: no device."""
+    (keys starting with '_' are comments), ahead of time on `arch`: no device."""
     by_name = {r.name: r for r in recipes.values()}
     out: dict[str, list[tuple[tuple[int, ...], Launch]]] = {}
     for name, problems in shapes.items():
@@ -77,5 +82,5 @@ def launches_for_shapes(recipes: dict[str, Recipe], shapes: dict, sm_count: int 
         if name not in by_name:
             raise GemmgenError(f"shapes: no recipe named {name!r}; recipes are {sorted(by_name)}")
         out[name] = [(tuple(p), choose_launch(by_name[name], *problem_shape(p, f"shapes[{name!r}]"),
-                                              sm_count=sm_count)) for p in problems]
+                                              sm_count=sm_count, arch=arch)) for p in problems]
     return out

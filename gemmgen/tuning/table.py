@@ -27,7 +27,7 @@ from .._version import __version__
 from ..codegen import is_valid
 from ..compile import bundles
 from ..compile.remote import RemoteTier, remote_tier
-from ..config import ARCH, KernelConfig
+from ..config import DEFAULT_ARCH, KernelConfig
 from ..errors import GemmgenError, GemmgenWarning, InvalidArgument
 from ..ir import RecipeIR
 from .heuristic import m_bucket
@@ -177,7 +177,7 @@ def _remote_put(path: str, data: bytes) -> bool:
 
 
 def _remote_tier_for(path: str) -> RemoteTier:
-    tier = remote_tier(ARCH)
+    tier = remote_tier(DEFAULT_ARCH.value)  # tables name their devices: one namespace for every arch
     if tier is None:
         raise InvalidArgument(f"tuning table {path!r}: a remote table needs GEMMGEN_REMOTE_CACHE set (e.g. "
                               "GEMMGEN_REMOTE_CACHE=redis://HOST:6379/0)")

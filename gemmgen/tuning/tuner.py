@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compile import build_many
-from ..config import KernelConfig
+from ..config import DEFAULT_ARCH, Arch, KernelConfig
 from ..dsl import Recipe
 from ..errors import GemmgenError
 from ..ir import RecipeIR
@@ -31,17 +31,21 @@ DEFAULT_CANDIDATES = 4
 Timer = Callable[[Recipe, KernelConfig, tuple[int, int, int, int]], float]  # (recipe, config, (m, n, k, l)) -> us
 
 
-def candidates(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int = 132,  # noqa: E741
-               limit: int = DEFAULT_CANDIDATES, declared: KernelConfig | None = None) -> list[KernelConfig]:
+def candidates(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int | None = None,  # noqa: E741
+               limit: int = DEFAULT_CANDIDATES, declared: KernelConfig | None = None,
+               arch: Arch = DEFAULT_ARCH) -> list[KernelConfig]:
     """The configs autotune times for a bucket: the recipe's `declared` config, the heuristic's
     `limit` best, then split counts of their stream-K kernels where the tiles leave SMs idle
     (`heuristic.split_variants`: no more to compile); for a grouped recipe, M the rows of A and L
-    the groups, `heuristic.grouped_candidates`."""
-    first = [declared] if declared is not None else []
+    the groups, `heuristic.grouped_candidates`. Candidates are `arch`'s (a declared config of
+    another arch is left out)."""
+    first = [declared] if declared is not None and declared.arch is arch else []
     if recipe.gemm.grouped:
-        return list(dict.fromkeys([*first, *grouped_candidates(recipe, m, l)[:limit]]))
-    best = [cfg for _, cfg, _ in ranked(recipe, m, n, k, l, sm_count)[:limit]]
-    return list(dict.fromkeys([*first, *best, *split_variants(best, m, n, k, l, sm_count)]))
+        grouped = grouped_candidates(recipe, m, l) if arch is DEFAULT_ARCH else []
+        return list(dict.fromkeys([*first, *grouped[:limit]]))
+    sms = sm_count or arch.sm_count
+    best = [cfg for _, cfg, _ in ranked(recipe, m, n, k, l, sms, arch)[:limit]]
+    return list(dict.fromkeys([*first, *best, *split_variants(best, m, n, k, l, sms)]))
 
 
 def cuda_event_timer(reps: int = 30, buffers: int = 4) -> Timer:
@@ -86,32 +90,35 @@ def device_ms(calls: Sequence[Callable[[], Any]], reps: int) -> float:
 def autotune(recipe: Recipe, shapes: Iterable[tuple[int, ...]], *, limit: int = DEFAULT_CANDIDATES,
              table: TuningTable | None = None, out: str | Path | None = None, timer: Timer | None = None,
              device: Device | None = None, sm_count: int | None = None, jobs: int | None = None,
-             register: bool = True) -> TuningTable:
+             register: bool = True, arch: Arch | str | None = None) -> TuningTable:
     """Time the candidates of each shape's bucket (`candidates`), record the fastest. A grouped
     recipe's shapes are (rows of A, N, K, groups), timed with the rows split evenly, and kept by
     the rows per group on average (`table.grouped_bucket`), as the op chooses its kernel.
 
     Needs a CUDA GPU (timings from anywhere else would be meaningless); `timer` and `device`
-    replace the GPU in tests. Candidates are compiled first, in parallel."""
+    replace the GPU in tests (`arch` then names the kernels' arch; on a GPU it is the device's).
+    Candidates are compiled first, in parallel."""
     if timer is None:
         import torch
 
         if not torch.cuda.is_available():
             raise GemmgenError("autotune needs a CUDA GPU: it times kernels. Without one, use the heuristic "
                                "(`gemmgen explain`) or ship results tuned elsewhere (`gemmgen build --tuning`)")
-        from ..runtime.driver import require_sm90
+        from ..runtime.driver import device_arch
 
-        sms = require_sm90(torch.cuda.current_device())  # before compiling candidates it could not run
+        arch, sms = device_arch(torch.cuda.current_device())  # before compiling candidates it could not run
         timer = cuda_event_timer()
         device = device or Device.current()
         sm_count = sm_count if sm_count is not None else sms
+    else:
+        arch = DEFAULT_ARCH if arch is None else Arch.parse(arch)
     if device is None:
         raise GemmgenError("autotune: pass `device` (a gemmgen.tuning.Device) together with a custom `timer`")
     table = table if table is not None else TuningTable()
     problems = [problem_shape(p, "autotune") for p in shapes]
     if not isinstance(limit, int) or limit < 1:
         raise GemmgenError(f"autotune: limit={limit!r}; expected the number of candidates to time per bucket (>= 1)")
-    plan = {problem_bucket(recipe.ir, *p): (p, candidates(recipe.ir, *p, sm_count or 132, limit, recipe.config))
+    plan = {problem_bucket(recipe.ir, *p): (p, candidates(recipe.ir, *p, sm_count, limit, recipe.config, arch))
             for p in problems}
     build_many(dict.fromkeys((recipe.ir, c) for _, cands in plan.values() for c in cands), jobs=jobs, quiet=True)
     for shape_bucket, (problem, cands) in plan.items():

@@ -93,7 +93,7 @@ def test_resolved_collectives_are_the_builders_types(examples, extra):
     must be CUTLASS's, and the shared storage must fit an sm_90 block. One translation unit."""
     from gemmgen.compile.nvrtc import compile_cubin
     from gemmgen.compile.toolchain import toolchain
-    from gemmgen.config import ARCH
+    from gemmgen.config import DEFAULT_ARCH
     from gemmgen.tuning.heuristic import candidate_configs
 
     S = gg.Schedule
@@ -108,4 +108,4 @@ def test_resolved_collectives_are_the_builders_types(examples, extra):
     kernels += [render_kernel(r.ir, c or r.default_config()) for r in extra.values() for c in configs
                 if c is None or gg.codegen.is_valid(c, r.ir)]
     assert len(kernels) >= 200
-    compile_cubin(collectives_check_source(kernels), "collectives_check", ARCH, toolchain().include_dirs)
+    compile_cubin(collectives_check_source(kernels), "collectives_check", DEFAULT_ARCH.value, toolchain().include_dirs)

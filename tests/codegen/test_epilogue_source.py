@@ -112,7 +112,7 @@ def test_random_epilogues_are_valid_kernel_types():
     writes."""
     from gemmgen.compile.nvrtc import compile_cubin
     from gemmgen.compile.toolchain import toolchain
-    from gemmgen.config import ARCH
+    from gemmgen.config import DEFAULT_ARCH
     from gemmgen.testing.collectives import collectives_check_source
 
     seed = int(os.environ.get("GEMMGEN_TEST_SEED") or time.time_ns() % 2**32)
@@ -130,7 +130,8 @@ def test_random_epilogues_are_valid_kernel_types():
         swapped = [c for c in listed if c.swap_ab and gg.codegen.is_valid(c, r.ir)]
         kernels += [render_kernel(r.ir, rng.choice(options)) for options in (plain, swapped) if options]
     try:
-        compile_cubin(collectives_check_source(kernels), "collectives_check", ARCH, toolchain().include_dirs)
+        compile_cubin(collectives_check_source(kernels), "collectives_check", DEFAULT_ARCH.value,
+                      toolchain().include_dirs)
     except Exception as e:
         raise AssertionError(f"seed {seed}: {e}") from e
 

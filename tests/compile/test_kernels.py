@@ -17,7 +17,7 @@ from gemmgen.codegen.sm90 import smem_need
 from gemmgen.compile import build_kernel, cache_key, key_material
 from gemmgen.compile.nvrtc import compile_cubin
 from gemmgen.compile.toolchain import toolchain
-from gemmgen.config import ARCH
+from gemmgen.config import DEFAULT_ARCH
 from tests.data import EXAMPLES
 
 pytestmark = pytest.mark.nvrtc
@@ -111,7 +111,8 @@ def test_build_cli_writes_a_bundle_that_loads_anywhere_without_nvrtc(compiled, s
     assert proc.returncode == 0, proc.stderr
     assert "wrote a bundle of 11 kernel(s)" in proc.stderr and "bias_gelu_aux" in proc.stdout
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
-    assert manifest["arch"] == "sm_90a" and len(manifest["kernels"]) == 11
+    assert manifest["arches"] == ["sm_90a"] and len(manifest["kernels"]) == 11
+    assert {e["arch"] for e in manifest["kernels"]} == {"sm_90a"}
     assert not list((tmp_path / "bundle").rglob("*.lock"))
     assert str(tmp_path) not in (tmp_path / "bundle" / "manifest.json").read_text()
 
@@ -201,11 +202,19 @@ def test_build_bundle_ships_kernels_named_in_python_with_their_tuning(compiled, 
     assert tuning.TuningTable.load(out / "tuning.json").entries == table.entries
 
 
-def test_bundle_for_another_arch_is_refused(tmp_path):
+def test_a_bundle_holds_the_arches_its_manifest_names(tmp_path):
     from gemmgen.compile.bundles import Bundle
 
     (tmp_path / "manifest.json").write_text(json.dumps({"format": 1, "arch": "sm_100a", "kernels": []}))
-    with pytest.raises(gg.GemmgenError, match=r"built for sm_100a; this process runs sm_90a.*--arch sm_90a"):
+    assert Bundle(tmp_path).arches == [gg.Arch.SM100A]  # a format-1 manifest names one arch
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": 2, "arches": ["sm_90a", "sm_100a"], "kernels": []}))
+    assert Bundle(tmp_path).arches == [gg.Arch.SM90A, gg.Arch.SM100A]
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": 2, "arches": ["sm_120a"], "kernels": []}))
+    with pytest.raises(gg.GemmgenError, match=r"holds kernels for sm_120a, none of which this gemmgen builds "
+                                              r"\(sm_90a, sm_100a\).*--arch ARCH"):
+        Bundle(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": 2, "arches": "sm_90a", "kernels": []}))
+    with pytest.raises(gg.GemmgenError, match=r"not a gemmgen bundle .*its arches are 'sm_90a', not a list"):
         Bundle(tmp_path)
     with pytest.raises(gg.GemmgenError, match="not a gemmgen bundle"):
         Bundle(tmp_path / "nothing")
@@ -226,7 +235,7 @@ def test_compile_error_carries_log_and_source(tmp_path):
     path = tmp_path / "bad.cu"
     path.write_text(src)
     with pytest.raises(gg.CompileError) as e:
-        compile_cubin(src, "bad", ARCH, toolchain().include_dirs, source_path=path)
+        compile_cubin(src, "bad", DEFAULT_ARCH.value, toolchain().include_dirs, source_path=path)
     msg = str(e.value)
     assert "this_is_not_declared" in msg and "identifier" in msg and str(path) in msg
 

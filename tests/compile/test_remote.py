@@ -228,7 +228,7 @@ def test_a_worker_returns_its_warnings_for_the_parent_to_show(kernel, tmp_path, 
 
     _, gen, _, key = kernel
     monkeypatch.setenv("GEMMGEN_REMOTE_CACHE", "redis://127.0.0.1:1/0")  # nothing listens on port 1
-    how, unstored, notes = _worker(gen, key, str(tmp_path / "local"), "sm_90a")
+    how, unstored, notes = _worker(gen, key, str(tmp_path / "local"))
     assert how == "compiled" and unstored is None and len(compiles) == 1
     assert len(notes) == 1 and "failed reading" in notes[0] and "compiling locally" in notes[0]
 

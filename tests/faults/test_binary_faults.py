@@ -60,7 +60,7 @@ def _patched(cubin: bytes, offset: int, fmt: str, value: int) -> bytes:
 def test_a_real_kernel_passes_and_each_kind_of_damage_is_named(kernel, art):
     _, gen, _ = kernel
     cubin = art.files["kernel.cubin"]
-    assert kernel_problem(art.files, art.meta, gen, "sm_90a") is None
+    assert kernel_problem(art.files, art.meta, gen) is None
     flags, = struct.unpack_from("<I", cubin, 0x30)
     assert elf_problem(cubin, "sm_100a", gen.entry) == "kernel.cubin was compiled for sm_90, not sm_100a"
     assert elf_problem(b"MZ" + cubin[2:], "sm_90a", gen.entry) == "kernel.cubin is not an ELF file"
@@ -71,13 +71,13 @@ def test_a_real_kernel_passes_and_each_kind_of_damage_is_named(kernel, art):
     renamed = cubin.replace(gen.entry.encode() + b"\0", gen.entry[:-1].encode() + b"X\0")
     assert elf_problem(renamed, "sm_90a", gen.entry) == f"kernel.cubin defines no function {gen.entry!r}"
     meta = dict(art.meta, entry="other")
-    assert "holds entry 'other'" in str(kernel_problem(art.files, meta, gen, "sm_90a"))
+    assert "holds entry 'other'" in str(kernel_problem(art.files, meta, gen))
     meta = dict(art.meta, layout=art.meta["layout"][1:])
-    assert "Params layout lacks" in str(kernel_problem(art.files, meta, gen, "sm_90a"))
+    assert "Params layout lacks" in str(kernel_problem(art.files, meta, gen))
     meta = {k: v for k, v in art.meta.items() if k != "info"}
-    assert "no valid 'info'" in str(kernel_problem(art.files, meta, gen, "sm_90a"))
+    assert "no valid 'info'" in str(kernel_problem(art.files, meta, gen))
     files = {k: v for k, v in art.files.items() if k != "kernel.cu"}
-    assert kernel_problem(files, art.meta, gen, "sm_90a") == "the entry has no kernel.cu"
+    assert kernel_problem(files, art.meta, gen) == "the entry has no kernel.cu"
 
 
 def _rewrite_entry(cache: KernelCache, key: str, files: dict[str, bytes]) -> Path:
@@ -169,7 +169,7 @@ def test_a_stale_bundle_path_entry_is_a_warning_not_a_failure_of_other_loads(ker
         (bad / "README").write_text("x")
     elif stale == "other_arch":
         bad.mkdir()
-        (bad / "manifest.json").write_text(json.dumps({"format": 1, "arch": "sm_100a", "kernels": []}))
+        (bad / "manifest.json").write_text(json.dumps({"format": 2, "arches": ["sm_120a"], "kernels": []}))
     elif stale == "unreadable_manifest":
         bad.mkdir()
         (bad / "manifest.json").write_bytes(b"\xff\xfe")
@@ -198,7 +198,7 @@ def test_a_bundle_that_cannot_be_written_leaves_nothing_and_the_earlier_bundle_i
         with no_space_for("meta.json"), refused:
             write_bundle([kernel[2]], target, session_cache)
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before and bundles.Bundle(out).get(
-        bundles.source_key(kernel[1])) is not None
+        bundles.source_key(kernel[1]), gg.Arch.SM90A) is not None
     assert not (tmp_path / "new").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
 
 

@@ -572,7 +572,7 @@ def test_launches_is_what_forward_launches(monkeypatch):
     assert layer.launches(4096) == (layer.recipe, layer.config_for(4096))
 
 
-def test_a_gpu_other_than_sm90_is_refused_before_anything_compiles(monkeypatch):
+def test_a_gpu_gemmgen_builds_for_no_arch_is_refused_before_anything_compiles(monkeypatch):
     """On an A100 (say) the op and modules raise at once, naming the device, instead of compiling
     kernels (about 35 s each) that the first launch would then refuse."""
     from types import SimpleNamespace
@@ -589,7 +589,8 @@ def test_a_gpu_other_than_sm90_is_refused_before_anything_compiles(monkeypatch):
     cuda = torch.device("cuda", 0)
     a = SimpleNamespace(shape=torch.Size((64, 32)), device=cuda)
     b = SimpleNamespace(shape=torch.Size((32, 16)), device=cuda)
-    with pytest.raises(gg.InvalidArgument, match=r"cuda:0 is sm_80; gemmgen kernels are built for sm_90a"):
+    with pytest.raises(gg.InvalidArgument, match=r"device cuda:0 has compute capability 8.0; gemmgen builds kernels "
+                                                 r"for sm_90a"):
         ops.kernel_for(recipe, a, b)  # type: ignore[arg-type]  # stand-ins for CUDA tensors
     assert compiled == []
 

@@ -32,21 +32,27 @@ def _on_a_new_thread(fn, *args):
 
 
 def _kernels(cache_dir: str) -> dict:
-    """Every test kernel (examples + extra), loaded from the session's cache."""
+    """Every test kernel (examples + extra; the sm_100a ones as "NAME@sm_100a"), loaded from the
+    session's cache."""
     from gemmgen.aot import load_recipes
     from gemmgen.compile import build_kernel
     from gemmgen.compile.cache import KernelCache
+    from gemmgen.config import Arch
+    from tests.data.sm100 import SM100_KERNELS
 
     cache = KernelCache(cache_dir)
     out = {}
     for path in (ROOT / "examples" / "recipes.py", ROOT / "tests" / "data" / "extra_recipes.py"):
         for r in load_recipes(path).values():
             out[r.name] = build_kernel(r.ir, r.default_config(), cache)
+            if path.parent.name == "examples" and r.name in SM100_KERNELS:
+                config = SM100_KERNELS[r.name] or r.default_config(Arch.SM100A)
+                out[f"{r.name}@sm_100a"] = build_kernel(r.ir, config, cache)
     return out
 
 
-def _dense(kernels: dict) -> dict:
-    return {name: ck for name, ck in kernels.items() if not ck.recipe.gemm.grouped}
+def _dense(kernels: dict, arch: str = "sm_90a") -> dict:
+    return {name: ck for name, ck in kernels.items() if not ck.recipe.gemm.grouped and ck.config.arch.value == arch}
 
 
 def case_tensor_maps_reach_the_driver_as_encoded(stub, kernels):
@@ -159,6 +165,36 @@ def case_calls_launch_the_recipes_math(stub, kernels):
     the cubin declares, as the driver does); the launch has the kernel's block, cluster and shared
     memory on the current stream, within the driver's limits, and every map in it passes
     cuTensorMapEncodeTiled's documented rules."""
+    _launch_and_emulate(stub, _dense(kernels))
+
+
+def case_sm100_calls_on_a_b200_launch_the_recipes_math(stub, kernels):
+    """The same for the sm_100a kernels on a stand-in compute capability 10.0 device with 148 SMs:
+    the 2-SM kernels' clusters, the cluster-launch-control grid, the Params the oracle checks,
+    emulated; an sm_90a kernel on that device is refused, naming both arches."""
+    from gemmgen.errors import InvalidArgument
+    from gemmgen.runtime.kernel import Kernel
+    from gemmgen.testing.calls import fresh_args
+    from gemmgen.testing.stub_driver import stand_in_device
+
+    stand_in_device(STREAM, 148, (10, 0))
+    try:
+        sm100 = _dense(kernels, "sm_100a")
+        assert {ck.config.schedule.value for ck in sm100.values()} == {"1sm", "2sm"}
+        _launch_and_emulate(stub, sm100)
+        ck = kernels["bias_gelu"]
+        a, b, ops = fresh_args(ck.recipe, 40, 24, 72, ())
+        try:
+            Kernel(ck, require_cuda=False)(a, b, **ops)
+        except InvalidArgument as e:
+            assert "is built for sm_90a (H100/H200); device cuda:-1 is sm_100a (B200/GB200)" in str(e), str(e)
+        else:
+            raise AssertionError("an sm_90a kernel launched on a 10.0 device")
+    finally:
+        stand_in_device(STREAM)
+
+
+def _launch_and_emulate(stub, kernels: dict) -> None:
     from gemmgen.ir.reference import reference
     from gemmgen.runtime.kernel import Kernel
     from gemmgen.testing.calls import EMULATED, TOLERANCE, args_with_nonzero_reference, given_outputs, unwritten
@@ -166,7 +202,7 @@ def case_calls_launch_the_recipes_math(stub, kernels):
     from gemmgen.testing.recording import encode_violations, launch_violations
     from gemmgen.testing.tensors import assert_output_close
 
-    for name, ck in _dense(kernels).items():
+    for name, ck in kernels.items():
         kernel = Kernel(ck, require_cuda=False)  # the real driver path: encode, load and launch reach the stub
         prepared = _keeping_prepared(kernel)
         recipe = ck.recipe

@@ -49,7 +49,7 @@ def _vector_values(compiled, field) -> dict[str, int]:
 
 @pytest.mark.oracle
 @pytest.mark.parametrize("index", range(len(FP8_GROUPED_CONFIGS)), ids=[c.name for c in FP8_GROUPED_CONFIGS])
-def test_fp8_groups(fp8_kernels, index, tmp_path):
+def test_fp8_groups(fp8_kernels, fp8_and_block_oracles, index, tmp_path):
     """fp8 experts: QGMMA through the fp8 mainloop's promotion into fp32; Params against CUTLASS's
     host code; the emulation against the reference (scales per token and per expert channel),
     unswapped and swapped."""
@@ -87,12 +87,26 @@ def test_fp8_groups(fp8_kernels, index, tmp_path):
 
 
 @pytest.fixture(scope="module")
+def fp8_and_block_oracles(fp8_kernels, block_kernels, tmp_path_factory):
+    """CUTLASS's host code for the fp8 and block-scaled grouped kernels, built at once (two
+    programs); a test's own OracleProgram of one of them runs these."""
+    from gemmgen.testing.oracle import OracleProgram, build_all
+
+    build = tmp_path_factory.mktemp("fp8-grouped-oracle")
+    programs = [OracleProgram(k.generated, build) for k in (*fp8_kernels, *block_kernels)]
+    build_all(programs, build)
+    return programs
+
+
+@pytest.fixture(scope="module")
 def grouped_oracles(grouped_kernels, tmp_path_factory):
-    """CUTLASS's host code for each grouped kernel (nvcc, about 25 s each)."""
-    from gemmgen.testing.oracle import OracleProgram
+    """CUTLASS's host code for each grouped kernel (nvcc, about 25 s each, built at once)."""
+    from gemmgen.testing.oracle import OracleProgram, build_all
 
     build = tmp_path_factory.mktemp("grouped-oracle")
-    return [OracleProgram(k.generated, build) for k in grouped_kernels]
+    programs = [OracleProgram(k.generated, build) for k in grouped_kernels]
+    build_all(programs, build)
+    return programs
 
 
 @pytest.mark.oracle
@@ -173,7 +187,7 @@ int main(int argc, char** argv) {
 
 @pytest.mark.oracle
 @BLOCK_INDEX
-def test_block_scaled_arguments_match_cutlass(block_kernels, index, tmp_path):
+def test_block_scaled_arguments_match_cutlass(block_kernels, fp8_and_block_oracles, index, tmp_path):
     """Every Params field and tensor map against CUTLASS's host code given the same arrays."""
     from gemmgen.testing.oracle import OracleProgram
 

@@ -3,8 +3,6 @@ cuTensorMapEncodeTiled), for every kernel family and a spread of problems. CPU o
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 import gemmgen as gg
@@ -13,7 +11,7 @@ from gemmgen.codegen.sm90 import scale_tma
 from gemmgen.runtime.arguments import ArgumentBuilder, field_values, pack
 from gemmgen.runtime.problem import Problem, TensorArg
 from gemmgen.testing.calls import dense
-from gemmgen.testing.oracle import OracleProgram
+from gemmgen.testing.oracle import OracleProgram, build_all
 from gemmgen.testing.recording import RecordingEncoder
 from gemmgen.types import Layout, OperandKind
 
@@ -92,11 +90,11 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
 
 @pytest.fixture(scope="session")
 def oracles(compiled, tmp_path_factory):
-    """One nvcc-built oracle per compiled kernel (about 30 s each, two at a time)."""
+    """An nvcc-built oracle for every compiled kernel (two programs of half the kernels each, built
+    at once)."""
     build = tmp_path_factory.mktemp("oracle")
     programs = {name: OracleProgram(k.generated, build) for name, k in dense(compiled).items()}
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda p: p.build(), programs.values()))
+    build_all(list(programs.values()), build)
     return programs
 
 

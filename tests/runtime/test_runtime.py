@@ -252,12 +252,15 @@ def test_cuda_is_required_for_a_real_call(compiled):
         Kernel(compiled["bias_gelu"])(a, b, bias=torch.randn(16).bfloat16())
 
 
-def test_non_hopper_gpu_is_refused(monkeypatch):
+def test_a_gpu_gemmgen_builds_for_no_arch_is_refused(monkeypatch):
     from gemmgen.runtime import driver
 
     monkeypatch.setattr(driver, "device_facts", lambda i: (108, (8, 0)))
-    with pytest.raises(gg.InvalidArgument, match=r"cuda:0 is sm_80; gemmgen kernels are built for sm_90a"):
-        driver.require_sm90(0)
+    with pytest.raises(gg.InvalidArgument, match=r"device cuda:0 has compute capability 8.0; gemmgen builds kernels "
+                       r"for sm_90a \(H100/H200, compute capability 9.0\); sm_100a \(B200/GB200"):
+        driver.device_arch(0)
+    monkeypatch.setattr(driver, "device_facts", lambda i: (148, (10, 0)))
+    assert driver.device_arch(0) == (gg.Arch.SM100A, 148)
 
 
 def test_repeated_calls_reuse_the_plan_but_not_stale_outputs(compiled):

@@ -22,7 +22,7 @@ CASES_FILE = Path(__file__).with_name("stub_driver_cases.py")
 
 
 @pytest.fixture(scope="module")
-def stub_report(compiled, session_cache, tmp_path_factory):
+def stub_report(compiled, sm100_kernels, session_cache, tmp_path_factory):
     """Every case's outcome ("ok" or its traceback), from one child process."""
     from gemmgen.testing.stub_driver import build
 

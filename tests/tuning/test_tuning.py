@@ -338,6 +338,7 @@ def test_autotune_refuses_a_gpu_other_than_sm90_before_compiling(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(driver, "device_facts", lambda index: (108, (8, 0)))
-    with pytest.raises(gg.InvalidArgument, match=r"cuda:0 is sm_80; gemmgen kernels are built for sm_90a"):
+    with pytest.raises(gg.InvalidArgument, match=r"device cuda:0 has compute capability 8.0; gemmgen builds kernels "
+                                                 r"for sm_90a"):
         gg.autotune(_recipe(), [(64, 64, 64)])
     assert compiled == []

@@ -5,12 +5,27 @@ builders derive from one, `types` the CUTLASS types a kernel instantiates, `para
 of its Params the host writes.
 """
 
-from .constraints import CONSTRAINTS, is_valid, validate, violations
+from ...config import Arch, KernelConfig
+from ...ir import RecipeIR
+from ..emitter import Emitter, SassRequirement
+from .constraints import CONSTRAINTS
 from .geometry import epilogue_tile, scale_tma, scales_per_tile, swizzle_span
 from .params import param_fields
 from .smem import SM90_SMEM_CAPACITY, epilogue_smem_bytes, smem_need, stage_count
 from .types import TYPES_TEMPLATE, type_context
 
-__all__ = ["CONSTRAINTS", "SM90_SMEM_CAPACITY", "TYPES_TEMPLATE", "epilogue_smem_bytes", "epilogue_tile", "is_valid",
-           "param_fields", "scale_tma", "scales_per_tile", "smem_need", "stage_count", "swizzle_span", "type_context",
-           "validate", "violations"]
+#: WGMMA (16-bit, fp8), TMA loads and stores, register reallocation between warpgroups, mbarriers.
+SASS_MARKERS = ("HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "SYNCS")
+
+
+def required_sass(config: KernelConfig, recipe: RecipeIR) -> SassRequirement:
+    """Every sm90 kernel gemmgen emits multiplies with WGMMA, loads A and B and stores D with TMA
+    and hands registers between its producer and consumer warpgroups."""
+    return (("HGMMA", "QGMMA"), ("UTMALDG",), ("UTMASTG",), ("USETMAXREG",), ("SYNCS",))
+
+
+EMITTER = Emitter(Arch.SM90A, CONSTRAINTS, type_context, param_fields, SASS_MARKERS, required_sass)
+
+__all__ = ["CONSTRAINTS", "EMITTER", "SASS_MARKERS", "SM90_SMEM_CAPACITY", "TYPES_TEMPLATE", "epilogue_smem_bytes",
+           "epilogue_tile", "param_fields", "required_sass", "scale_tma", "scales_per_tile", "smem_need",
+           "stage_count", "swizzle_span", "type_context"]

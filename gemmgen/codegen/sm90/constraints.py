@@ -8,9 +8,9 @@ Each rule takes the kernel-side recipe (`config.kernel_recipe`: transposed under
 
 from __future__ import annotations
 
-from ...config import KernelConfig, Schedule, TileScheduler, kernel_recipe
-from ...errors import ConfigError
+from ...config import KernelConfig, Schedule, TileScheduler
 from ...ir import RecipeIR
+from ..rules import arch_schedule_violations, reduction_violations
 from .geometry import MAX_ACCUMULATORS_PER_THREAD, accumulators_per_thread
 from .smem import SM90_SMEM_CAPACITY, smem_need, stage_count
 
@@ -34,6 +34,8 @@ def tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 
 def schedule_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    if cfg.schedule.arch is not cfg.arch:
+        return arch_schedule_violations(cfg)
     tm = cfg.tile[0]
     if cfg.schedule is Schedule.COOPERATIVE and tm % 128:
         return [f"schedule cooperative: tile M = {tm} must be 128 or 256 (two consumer warpgroups split M); "
@@ -99,21 +101,6 @@ def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
-def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """Vector reductions are built over the kernel's N only (CUTLASS's Sm90ColReduction): its
-    Sm90RowReduction, over the kernel's M, spilled its state to local memory in most configs
-    compiled with it, where the column form never did (docs/measurements.md, "Reductions over M").
-    A reduction over the recipe's M (dim=0) is therefore computed by a swapped kernel, in which it
-    is a reduction over the kernel's N."""
-    over_m = [o.name for o in recipe.epilogue.outputs if o.dim == 0]
-    if over_m:
-        dim, swap = (1, "False") if cfg.swap_ab else (0, "True")
-        return [f"aux output {over_m[0]!r}: its reduction (dim={dim}) is over the kernel's M, and gemmgen builds "
-                f"reductions over the kernel's N only (CUTLASS's reduction over M spills to local memory); "
-                f"use swap_ab={swap}"]
-    return []
-
-
 def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """CUTLASS's blockwise fp8 main loop rescales once per K tile, so the tile's K is the scales' K
     granularity, and each tile covers whole scale blocks along the kernel's M and N (a swapped
@@ -139,21 +126,3 @@ def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 CONSTRAINTS = (tile_violations, schedule_violations, tile_scheduler_violations, cluster_violations,
                register_violations, smem_violations, reduction_violations, block_scale_violations)
-
-
-def violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """Every constraint `cfg` breaks for the recipe as declared."""
-    view = kernel_recipe(cfg, recipe)
-    return [v for check in CONSTRAINTS for v in check(cfg, view)]
-
-
-def is_valid(cfg: KernelConfig, recipe: RecipeIR) -> bool:
-    return not violations(cfg, recipe)
-
-
-def validate(cfg: KernelConfig, recipe: RecipeIR) -> None:
-    if not isinstance(cfg, KernelConfig):
-        raise ConfigError(f"config: expected a gemmgen.KernelConfig, got {cfg!r}")
-    problems = violations(cfg, recipe)
-    if problems:
-        raise ConfigError(f"config {cfg.name} is invalid for recipe {recipe.name!r}:\n  - " + "\n  - ".join(problems))

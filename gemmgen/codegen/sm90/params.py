@@ -4,73 +4,9 @@ from __future__ import annotations
 
 from ...config import KernelConfig, Schedule, TileScheduler
 from ...ir import RecipeIR
-from ...types import DType
-from ..evt import EpilogueCode, ParamBinding
-from ..fields import ParamField
+from ..evt import EpilogueCode
+from ..fields import ParamField, binding_fields, desc, divmod_32, divmod_pow2, divmod_u64, hw_info
 from .geometry import scale_tma
-
-
-def _desc(atom: str) -> str:
-    return f"(*{atom}.get_tma_descriptor())"
-
-
-def _element_kind(dtype: DType) -> str:
-    return {1: "bool", 2: "e16", 4: "f32"}[dtype.nbytes]  # raw bits of the element type
-
-
-def _divmod_u64(name: str, expr: str) -> list[ParamField]:
-    return [ParamField(f"{name}.divisor", f"{expr}.divisor", "u64"),
-            ParamField(f"{name}.multiplier", f"{expr}.multiplier", "u64"),
-            ParamField(f"{name}.shift_right", f"{expr}.shift_right", "u32"),
-            ParamField(f"{name}.round_up", f"{expr}.round_up", "u32")]
-
-
-def _divmod_pow2(name: str, expr: str) -> list[ParamField]:
-    return [ParamField(f"{name}.divisor", f"{expr}.divisor", "u64"),
-            ParamField(f"{name}.shift_right", f"{expr}.shift_right", "u32")]
-
-
-def _hw_info() -> list[ParamField]:
-    """KernelHardwareInfo, as every sm90 kernel's Params holds it."""
-    f = [ParamField(f"hw_info.{n}", f"{{p}}.hw_info.{n}", "i32") for n in ("device_id", "sm_count",
-                                                                       "max_active_clusters")]
-    for shape in ("cluster_shape", "cluster_shape_fallback"):
-        f += [ParamField(f"hw_info.{shape}.{a}", f"{{p}}.hw_info.{shape}.{a}", "u32") for a in "xyz"]
-    return f
-
-
-def _binding_fields(b: ParamBinding) -> list[ParamField]:
-    node = b.member("{p}.epilogue.thread")
-    n = f"epilogue.{b.kind}.{b.name}"
-    if b.kind in ("row", "col"):
-        # Sm90RowBroadcast's Params keep null_default as the vector's element, Sm90ColBroadcast's
-        # convert it to ElementCompute (float).
-        return [ParamField(f"{n}.ptr", f"{node}.ptr_{b.kind}", "ptr"),
-                ParamField(f"{n}.null_default", f"{node}.null_default",
-                           _element_kind(b.dtype) if b.kind == "row" else "f32")]
-    if b.kind == "scalar":
-        return [ParamField(f"{n}.value", f"{node}.scalars[0]", "f32"),
-                ParamField(f"{n}.ptr", f"{node}.scalar_ptrs[0]", "ptr"),
-                ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.dScalar[0])", "i64")]
-    if b.kind == "aux_load":
-        return [ParamField(f"{n}.tma", _desc(f"{node}.tma_load_aux"), "desc"),
-                ParamField(f"{n}.null_default", f"{node}.null_default", _element_kind(b.dtype)),
-                ParamField(f"{n}.use_default", f"{node}.use_default", "bool")]
-    if b.kind == "amax":
-        return [ParamField(f"{n}.ptr", f"{node}.ptr_scalar", "ptr"),
-                ParamField(f"{n}.identity", f"{node}.reduction_identity", "f32"),
-                ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.dScalar)", "i64")]
-    if b.kind in ("row_reduction", "col_reduction"):
-        vector = "Row" if b.kind == "row_reduction" else "Col"
-        return [ParamField(f"{n}.ptr", f"{node}.ptr_{vector.lower()}", "ptr"),
-                ParamField(f"{n}.identity", f"{node}.reduction_identity", "f32"),
-                ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.d{vector})", "i64"),
-                ParamField(f"{n}.buffer", f"{node}.reduction_buffer", "ptr"),
-                ParamField(f"{n}.counters", f"{node}.tile_counters", "ptr")]
-    if b.kind == "aux_store":
-        return [ParamField(f"{n}.tma", _desc(f"{node}.tma_store_aux"), "desc"),
-                ParamField(f"{n}.is_nullptr", f"{node}.is_nullptr", "bool")]
-    raise AssertionError(b.kind)
 
 
 def _block_scale_fields(recipe: RecipeIR, config: KernelConfig) -> list[ParamField]:
@@ -82,7 +18,7 @@ def _block_scale_fields(recipe: RecipeIR, config: KernelConfig) -> list[ParamFie
         sf = f"SF{operand.upper()}"
         m = "{p}.mainloop"
         if tma:
-            f.append(ParamField(f"mainloop.tma_sf{operand}", _desc(f"{m}.tma_load_sf{operand}"), "desc"))
+            f.append(ParamField(f"mainloop.tma_sf{operand}", desc(f"{m}.tma_load_sf{operand}"), "desc"))
         f += [ParamField(f"mainloop.ptr_sf{operand}", f"{m}.ptr_{sf}", "ptr"),
               ParamField(f"mainloop.layout_sf{operand}.blocks", f"{m}.layout_{sf}.shape<0, 1>()", "i32"),
               ParamField(f"mainloop.layout_sf{operand}.k_blocks", f"{m}.layout_{sf}.shape<1, 1>()", "i32"),
@@ -100,8 +36,8 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
         return _grouped_fields(recipe, epilogue)
     f = [ParamField("mode", "{p}.mode", "i32")]
     f += [ParamField(f"problem.{d}", f"cute::get<{i}>({{p}}.problem_shape)", "i32") for i, d in enumerate("mnkl")]
-    f += [ParamField("mainloop.tma_a", _desc("{p}.mainloop.tma_load_a"), "desc"),
-          ParamField("mainloop.tma_b", _desc("{p}.mainloop.tma_load_b"), "desc"),
+    f += [ParamField("mainloop.tma_a", desc("{p}.mainloop.tma_load_a"), "desc"),
+          ParamField("mainloop.tma_b", desc("{p}.mainloop.tma_load_b"), "desc"),
           ParamField("mainloop.tma_transaction_bytes", "{p}.mainloop.tma_transaction_bytes", "u32"),
           ParamField("mainloop.tma_transaction_bytes_mk", "{p}.mainloop.tma_transaction_bytes_mk", "u32"),
           ParamField("mainloop.tma_transaction_bytes_nk", "{p}.mainloop.tma_transaction_bytes_nk", "u32")]
@@ -110,12 +46,12 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
     elif recipe.gemm.fp8:  # the fp8 mainloop's promotion interval; the host keeps CUTLASS's default
         f.append(ParamField("mainloop.mma_promotion_interval", "{p}.mainloop.mma_promotion_interval", "u32"))
     for b in epilogue.bindings:
-        f += _binding_fields(b)
+        f += binding_fields(b)
     if epilogue.source is not None:
-        f.append(ParamField("epilogue.tma_c", _desc("{p}.epilogue.tma_load_c"), "desc"))
-    f += [ParamField("epilogue.tma_d", _desc("{p}.epilogue.tma_store_d"), "desc"),
+        f.append(ParamField("epilogue.tma_c", desc("{p}.epilogue.tma_load_c"), "desc"))
+    f += [ParamField("epilogue.tma_d", desc("{p}.epilogue.tma_store_d"), "desc"),
           ParamField("epilogue.tma_transaction_bytes", "{p}.epilogue.tma_transaction_bytes", "u32")]
-    f += _hw_info()
+    f += hw_info()
     f += _stream_k_fields() if config.tile_scheduler is TileScheduler.STREAM_K else _persistent_fields()
     if schedule is Schedule.COOPERATIVE:  # the pingpong kernel's Params has no workspace member
         f.append(ParamField("workspace", "{p}.workspace", "ptr"))
@@ -125,10 +61,10 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
 def _persistent_fields() -> list[ParamField]:
     """PersistentTileSchedulerSm90Params."""
     s = "{p}.scheduler"
-    f = _divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
-    f += _divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
-    f += _divmod_u64("scheduler.batch", f"{s}.divmod_batch_")
-    f += _divmod_u64("scheduler.cluster_blk_major", f"{s}.divmod_cluster_blk_major_")
+    f = divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
+    f += divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
+    f += divmod_u64("scheduler.batch", f"{s}.divmod_batch_")
+    f += divmod_u64("scheduler.cluster_blk_major", f"{s}.divmod_cluster_blk_major_")
     f += [ParamField("scheduler.blocks_per_problem", f"{s}.blocks_per_problem_", "u64"),
           ParamField("scheduler.log_swizzle_size", f"{s}.log_swizzle_size_", "i32"),
           ParamField("scheduler.raster_order", f"{s}.raster_order_", "i32")]
@@ -137,21 +73,15 @@ def _persistent_fields() -> list[ParamField]:
     return f
 
 
-def _divmod_32(name: str, expr: str) -> list[ParamField]:
-    return [ParamField(f"{name}.divisor", f"{expr}.divisor", "i32"),
-            ParamField(f"{name}.multiplier", f"{expr}.multiplier", "u32"),
-            ParamField(f"{name}.shift_right", f"{expr}.shift_right", "u32")]
-
-
 def _stream_k_fields() -> list[ParamField]:
     """PersistentTileSchedulerSm90StreamKParams (runtime.scheduler.stream_k_plan fills them)."""
     s = "{p}.scheduler"
-    f = _divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
-    f += _divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
+    f = divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
+    f += divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
     for name in ("batch", "cluster_blk_major", "clusters_mnl", "sk_groups", "sk_units_per_group", "epilogue_subtile"):
-        f += _divmod_u64(f"scheduler.{name}", f"{s}.divmod_{name}_")
+        f += divmod_u64(f"scheduler.{name}", f"{s}.divmod_{name}_")
     for name in ("tiles_per_output_tile", "splits", "k_tiles_per_sk_unit", "k_tiles_per_sk_big_unit"):
-        f += _divmod_32(f"scheduler.{name}", f"{s}.divmod_{name}_")
+        f += divmod_32(f"scheduler.{name}", f"{s}.divmod_{name}_")
     f += [ParamField("scheduler.units_per_problem", f"{s}.units_per_problem_", "u64"),
           ParamField("scheduler.log_swizzle_size", f"{s}.log_swizzle_size_", "i32"),
           ParamField("scheduler.raster_order", f"{s}.raster_order_", "i32"),
@@ -175,8 +105,8 @@ def _grouped_fields(recipe: RecipeIR, epilogue: EpilogueCode) -> tuple[ParamFiel
     f = [ParamField("mode", "{p}.mode", "i32")]
     f += _group_problem("problem", "{p}.problem_shape")
     m = "{p}.mainloop"
-    f += [ParamField("mainloop.tma_a", _desc(f"{m}.tma_load_a"), "desc"),
-          ParamField("mainloop.tma_b", _desc(f"{m}.tma_load_b"), "desc"),
+    f += [ParamField("mainloop.tma_a", desc(f"{m}.tma_load_a"), "desc"),
+          ParamField("mainloop.tma_b", desc(f"{m}.tma_load_b"), "desc"),
           ParamField("mainloop.tma_transaction_bytes", f"{m}.tma_transaction_bytes", "u32"),
           ParamField("mainloop.tensormaps", f"{m}.tensormaps", "ptr"),
           ParamField("mainloop.ptr_a", f"{m}.ptr_A", "ptr"), ParamField("mainloop.stride_a", f"{m}.dA", "ptr"),
@@ -189,21 +119,21 @@ def _grouped_fields(recipe: RecipeIR, epilogue: EpilogueCode) -> tuple[ParamFiel
     elif recipe.gemm.fp8:
         f.append(ParamField("mainloop.mma_promotion_interval", f"{m}.mma_promotion_interval", "u32"))
     for b in epilogue.bindings:
-        f += _binding_fields(b)
+        f += binding_fields(b)
     e = "{p}.epilogue"
     if epilogue.source is not None:
-        f += [ParamField("epilogue.tma_c", _desc(f"{e}.tma_load_c"), "desc"),
+        f += [ParamField("epilogue.tma_c", desc(f"{e}.tma_load_c"), "desc"),
               ParamField("epilogue.ptr_c", f"{e}.ptr_C", "ptr"), ParamField("epilogue.stride_c", f"{e}.dC", "ptr")]
-    f += [ParamField("epilogue.tma_d", _desc(f"{e}.tma_store_d"), "desc"),
+    f += [ParamField("epilogue.tma_d", desc(f"{e}.tma_store_d"), "desc"),
           ParamField("epilogue.tensormaps", f"{e}.tensormaps", "ptr"),
           ParamField("epilogue.ptr_d", f"{e}.ptr_D", "ptr"), ParamField("epilogue.stride_d", f"{e}.dD", "ptr"),
           ParamField("epilogue.tma_transaction_bytes", f"{e}.tma_transaction_bytes", "u32")]
-    f += _hw_info()
+    f += hw_info()
     s = "{p}.scheduler"
-    f += _divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
-    f += _divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
-    f += _divmod_u64("scheduler.cta_shape_m", f"{s}.divmod_cta_shape_m_")
-    f += _divmod_u64("scheduler.cta_shape_n", f"{s}.divmod_cta_shape_n_")
+    f += divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
+    f += divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
+    f += divmod_u64("scheduler.cta_shape_m", f"{s}.divmod_cta_shape_m_")
+    f += divmod_u64("scheduler.cta_shape_n", f"{s}.divmod_cta_shape_n_")
     f += [ParamField("scheduler.blocks_across_problem", f"{s}.blocks_across_problem_", "u64"),
           ParamField("scheduler.pre_processed_problem_shapes", f"{s}.pre_processed_problem_shapes", "bool"),
           ParamField("scheduler.log_swizzle_size", f"{s}.log_swizzle_size_", "i32"),

@@ -1,0 +1,34 @@
+"""Blackwell (sm_100a): CUTLASS 3.x kernels with tcgen05 MMA (one SM or a pair), the accumulator in
+tensor memory, TMA, cluster launch control and the same EVT epilogue as sm90.
+
+`constraints` says which configs this emitter accepts, `smem` what they keep on chip, `types` the
+CUTLASS types a kernel instantiates, `params` the fields of its Params the host writes.
+"""
+
+from ...config import Arch, KernelConfig, Schedule
+from ...ir import RecipeIR
+from ..emitter import Emitter, SassRequirement
+from . import geometry
+from .constraints import CONSTRAINTS
+from .params import param_fields
+from .smem import SM100_SMEM_CAPACITY, TMEM_COLUMNS, accumulator_stages, epilogue_smem_bytes, smem_need, stage_count
+from .types import HEADERS, TYPES_TEMPLATE, type_context
+
+#: tcgen05 MMA (16-bit, fp8), TMA loads and stores, tensor-memory loads (the epilogue's), the
+#: pair's MMA, cluster launch control, mbarriers.
+SASS_MARKERS = ("UTCHMMA", "UTCQMMA", "UTCHMMA.2CTA", "UTCQMMA.2CTA", "UTMALDG", "UTMASTG", "LDTM",
+                "UGETNEXTWORKID", "SYNCS")
+
+
+def required_sass(config: KernelConfig, recipe: RecipeIR) -> SassRequirement:
+    """tcgen05 MMA, issued for the pair under the 2-SM schedule; TMA loads of A and B; the
+    accumulator read from tensor memory. A kernel compiled for plain sm_100 has none of them."""
+    mma = ("UTCHMMA.2CTA", "UTCQMMA.2CTA") if config.schedule is Schedule.TWO_SM else ("UTCHMMA", "UTCQMMA")
+    return (mma, ("UTMALDG",), ("LDTM",))
+
+
+EMITTER = Emitter(Arch.SM100A, CONSTRAINTS, type_context, param_fields, SASS_MARKERS, required_sass, HEADERS)
+
+__all__ = ["CONSTRAINTS", "EMITTER", "SASS_MARKERS", "SM100_SMEM_CAPACITY", "TMEM_COLUMNS", "TYPES_TEMPLATE",
+           "accumulator_stages", "epilogue_smem_bytes", "geometry", "param_fields", "required_sass", "smem_need",
+           "stage_count", "type_context"]

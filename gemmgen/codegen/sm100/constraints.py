@@ -1,0 +1,96 @@
+"""sm100 constraints: one function per rule (see `codegen.rules`), each returning what a config
+breaks, naming the fix. The shapes are tcgen05.mma's (PTX ISA, "Matrix shape") as CUTLASS 4.2's
+sm100 builders accept them; shared memory and tensor memory are B200's.
+
+gemmgen's sm100 kernels so far: dense and batched GEMMs (16-bit or fp8 A and B) with any EVT
+epilogue, under CUTLASS's cluster-launch-control scheduler. Grouped, block-scaled and stream-K
+sm100 kernels are refused by name until gemmgen emits them.
+"""
+
+from __future__ import annotations
+
+from ...config import KernelConfig, Schedule, TileScheduler
+from ...ir import RecipeIR
+from ..rules import arch_schedule_violations, reduction_violations
+from .smem import SM100_SMEM_CAPACITY, smem_fit, stage_count
+
+
+def schedule_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    return arch_schedule_violations(cfg) if cfg.schedule.arch is not cfg.arch else []
+
+
+def tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """tcgen05.mma shapes: one SM (cta_group::1) M = 64 (N a multiple of 8) or 128 (of 16); a pair
+    (cta_group::2) M = 128 (N a multiple of 32) or 256 (of 16); N at most 256, which also keeps at
+    least two fp32 accumulator buffers in the SM's 512 tensor-memory columns (`smem.accumulator_stages`).
+    K steps of 32 bytes, dividing or filling the 128-byte TMA swizzle span."""
+    if cfg.schedule.arch is not cfg.arch:
+        return []
+    tm, tn, tk = cfg.tile
+    two = cfg.schedule is Schedule.TWO_SM
+    n_step = {(False, 64): 8, (False, 128): 16, (True, 128): 32, (True, 256): 16}.get((two, tm))
+    out = []
+    if n_step is None:
+        ms, other = ("128 or 256", "Schedule.ONE_SM for tile M = 64") if two else \
+            ("64 or 128", "Schedule.TWO_SM for tile M = 256")
+        out.append(f"tile M = {tm}: the {cfg.schedule.value} MMA computes M = {ms}; use one of those, or {other}")
+    elif tn % n_step or not n_step <= tn <= 256:
+        out.append(f"tile N = {tn}: the {cfg.schedule.value} MMA with M = {tm} needs N a multiple of {n_step} "
+                   f"from {n_step} to 256")
+    bits = recipe.gemm.a.bits
+    k_atom, swizzle_k = 256 // bits, 1024 // bits
+    if tk % k_atom or tk < k_atom:
+        out.append(f"tile K = {tk}: must be a multiple of {k_atom} for {recipe.gemm.a.value} (tcgen05.mma K)")
+    elif tk % swizzle_k and swizzle_k % tk:
+        out.append(f"tile K = {tk}: must divide or be a multiple of {swizzle_k} (128-byte TMA swizzle)")
+    return out
+
+
+def cluster_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """Cluster shapes CUTLASS's sm100 builders take: 1, 2 or 4 along M and N, at most 8 CTAs; a
+    2-SM MMA spans two CTAs along M, so the cluster's M is even."""
+    cm, cn, ck = cfg.cluster
+    out = []
+    if ck != 1:
+        out.append(f"cluster K = {ck}: must be 1")
+    for what, c in (("M", cm), ("N", cn)):
+        if c not in (1, 2, 4):
+            out.append(f"cluster {what} = {c}: must be 1, 2 or 4 (TMA multicast)")
+    if cm * cn > 8:
+        out.append(f"cluster {cm}x{cn}: at most 8 CTAs per cluster (portable cluster size)")
+    if cfg.schedule is Schedule.TWO_SM and cm % 2:
+        out.append(f"cluster M = {cm}: the 2sm schedule pairs two CTAs along M; use a cluster M of 2 or 4")
+    return out
+
+
+def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """At least two mainloop stages beside the epilogue; explicit `stages` that fit (auto stages
+    fill what is left, as CUTLASS's builder counts it)."""
+    stages = stage_count(cfg, recipe)
+    if stages < 2:
+        return [f"shared memory: tile {cfg.tile} leaves room for {stages} mainloop stage(s) per CTA, need at least 2; "
+                "use a smaller tile K or N"]
+    need = smem_fit(cfg, recipe)
+    if cfg.stages is not None and need > SM100_SMEM_CAPACITY:
+        return [f"shared memory: {stages} stages of tile {cfg.tile} plus the epilogue need up to {need} bytes per "
+                f"CTA, more than the {SM100_SMEM_CAPACITY} an sm_100 block can use; lower stages or the tile"]
+    return []
+
+
+def family_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """The recipe families gemmgen does not emit for sm_100a yet, and the scheduler it uses."""
+    g = recipe.gemm
+    out = []
+    if g.grouped:
+        out.append("grouped GEMM on sm_100a: not emitted yet (CUTLASS's ptr-array sm100 kernels); build it for "
+                   "sm_90a (arch=Arch.SM90A)")
+    if g.block_scale is not None:
+        out.append("block-scaled fp8 on sm_100a: not emitted yet; build it for sm_90a (arch=Arch.SM90A)")
+    if cfg.tile_scheduler is not TileScheduler.PERSISTENT or cfg.splits > 1 or not cfg.deterministic:
+        out.append("tile scheduler: sm_100a kernels use CUTLASS's cluster-launch-control scheduler; use "
+                   "TileScheduler.PERSISTENT, splits=1 and deterministic=True")
+    return out
+
+
+CONSTRAINTS = (schedule_violations, tile_violations, cluster_violations, smem_violations, reduction_violations,
+               family_violations)

@@ -1,0 +1,42 @@
+"""The CUTLASS sm100 types a kernel instantiates: what templates/sm100/gemm_types.inc.j2 binds.
+
+The mainloop and the epilogue come from CUTLASS's sm100 CollectiveBuilders, named with explicit
+1-SM or 2-SM schedules (`KernelTmaWarpSpecialized{1,2}SmSm100`, `TmaWarpSpecialized{1,2}Sm`);
+the epilogue is the same visitor tree as on sm90 (`codegen.evt`).
+"""
+
+from __future__ import annotations
+
+from ...config import KernelConfig, Schedule, kernel_id
+from ...ir import RecipeIR
+from ...types import DType
+from ..evt import EpilogueCode
+
+#: The template that declares the kernel's types (included by kernel.cu.j2).
+TYPES_TEMPLATE = "sm100/gemm_types.inc.j2"
+#: What an sm100 kernel's module includes besides every kernel's headers (gemmgen/include).
+HEADERS = ("gemmgen/sm100.hpp",)
+
+_SM = {Schedule.ONE_SM: "1Sm", Schedule.TWO_SM: "2Sm"}
+
+
+def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, collectives: str = "builder") -> dict:
+    """What codegen/templates/sm100/gemm_types.inc.j2 binds. `recipe` is the kernel-side view
+    (`GeneratedKernel.kernel_recipe`). sm100 kernels are spelled through the builders only
+    (`collectives` is accepted for the shared signature)."""
+    g = recipe.gemm
+    c_bits = DType.F32.bits if epi.element_c == "void" else next(d.bits for d in DType if d.cutlass == epi.element_c)
+    stage_count = ("cutlass::gemm::collective::StageCountAutoCarveout<"
+                   "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"
+                   if config.stages is None else f"cutlass::gemm::collective::StageCount<{config.stages}>")
+    sm = _SM[config.schedule]
+    return dict(
+        namespace=f"gemmgen_{kernel_id(recipe, config)}",
+        element_a=g.a.cutlass, element_b=g.b.cutlass, element_c=epi.element_c, element_d=g.d.cutlass,
+        layout_a=g.layout_a.cutlass, layout_b=g.layout_b.cutlass, layout_d=g.layout_d.cutlass,
+        alignment_a=128 // g.a.bits, alignment_b=128 // g.b.bits, alignment_c=128 // c_bits,
+        alignment_d=128 // g.d.bits,
+        tile=config.tile, cta_tile=config.cta_tile, cluster=config.cluster,
+        kernel_schedule=f"cutlass::gemm::KernelTmaWarpSpecialized{sm}Sm100",
+        epilogue_schedule=f"cutlass::epilogue::TmaWarpSpecialized{sm}",
+        stage_count=stage_count, epilogue_decls=epi.decls, callbacks=epi.callbacks, types_template=TYPES_TEMPLATE)

@@ -1,0 +1,162 @@
+"""sm_100a as a target, without compiling: the arch in every kernel's identity, its constraints,
+the source its emitter writes, the heuristic's choices for B200, and the refusals that come first."""
+
+from __future__ import annotations
+
+import pytest
+
+import gemmgen as gg
+from gemmgen.codegen import render_kernel, violations
+from gemmgen.codegen.sm100 import accumulator_stages, stage_count
+from gemmgen.config import Arch, KernelConfig, Schedule, default_config
+from gemmgen.tuning import choose_launch
+from gemmgen.tuning.heuristic import choose
+from tests.data.sm100 import SM100_KERNELS
+
+ONE, TWO = Schedule.ONE_SM, Schedule.TWO_SM
+SM100 = Arch.SM100A
+
+
+def sm100(**kw) -> KernelConfig:
+    return KernelConfig(**{"schedule": ONE, "arch": SM100, **kw})
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    return gg.Recipe("r", lambda acc, bias: gg.gelu(acc + bias), operands={"bias": gg.RowVector(gg.bf16)}).ir
+
+
+def test_arch_names_and_devices():
+    assert [a.value for a in Arch] == ["sm_90a", "sm_100a"]
+    assert Arch.parse("sm_100a") is SM100 and Arch.of_device((10, 0), "cuda:0") is SM100
+    assert (Arch.SM90A.sm, SM100.sm, SM100.sm_count) == (90, 100, 148)
+    with pytest.raises(gg.ConfigError, match=r"arch: 'sm_100' is the plain target.*kernel of traps\); use 'sm_100a'"):
+        Arch.parse("sm_100")
+    with pytest.raises(gg.ConfigError, match=r"arch: expected one of 'sm_90a', 'sm_100a', got 'sm_80'"):
+        KernelConfig(arch="sm_80")  # type: ignore[arg-type]
+    with pytest.raises(gg.InvalidArgument, match=r"device cuda:1 has compute capability 12.0; gemmgen builds"):
+        Arch.of_device((12, 0), "cuda:1")
+
+
+def test_the_arch_is_part_of_a_configs_identity_and_sm90_keys_stay(recipe):
+    two = sm100(tile=(256, 128, 64), cluster=(2, 1, 1), schedule=TWO)
+    assert two.name == "256x128x64_c2x1x1_2sm_auto_sm_100a"
+    assert two.canonical()[5:] == [False, 1, True, "sm_100a"]
+    assert KernelConfig.from_canonical(two.canonical()) == two
+    assert KernelConfig().canonical() == [[128, 128, 64], [1, 1, 1], "cooperative", None, "persistent"]
+    assert KernelConfig(arch="sm_100a", schedule=ONE).arch is SM100  # type: ignore[arg-type]
+    assert two.cta_tile == (128, 128, 64) and sm100().cta_tile == (128, 128, 64)
+    same_math = render_kernel(recipe, default_config(recipe)), render_kernel(recipe, default_config(recipe, SM100))
+    assert same_math[0].entry != same_math[1].entry and same_math[1].arch is SM100
+
+
+@pytest.mark.parametrize("cfg, match", [
+    (KernelConfig(arch=SM100), r"schedule cooperative: an sm_90a schedule, and the config targets sm_100a; use "
+                               r"Schedule.ONE_SM or Schedule.TWO_SM"),
+    (KernelConfig(schedule=TWO, tile=(256, 128, 64), cluster=(2, 1, 1)),
+     r"schedule 2sm: an sm_100a schedule, and the config targets sm_90a; use Schedule.COOPERATIVE or "
+     r"Schedule.PINGPONG"),
+    (sm100(tile=(256, 128, 64)), r"tile M = 256: the 1sm MMA computes M = 64 or 128; .*Schedule.TWO_SM"),
+    (sm100(tile=(64, 128, 64), schedule=TWO, cluster=(2, 1, 1)), r"tile M = 64: the 2sm MMA computes M = 128 or 256"),
+    (sm100(tile=(128, 72, 64)), r"tile N = 72: the 1sm MMA with M = 128 needs N a multiple of 16 from 16 to 256"),
+    (sm100(tile=(128, 48, 64), schedule=TWO, cluster=(2, 1, 1)), r"2sm MMA with M = 128 needs N a multiple of 32"),
+    (sm100(tile=(64, 512, 64)), r"tile N = 512: .* from 8 to 256"),
+    (sm100(tile=(128, 128, 40)), r"tile K = 40: must be a multiple of 16 for bf16 \(tcgen05.mma K\)"),
+    (sm100(tile=(256, 128, 64), schedule=TWO), r"cluster M = 1: the 2sm schedule pairs two CTAs along M"),
+    (sm100(cluster=(3, 1, 1)), r"cluster M = 3: must be 1, 2 or 4"),
+    (sm100(cluster=(4, 4, 1)), r"at most 8 CTAs per cluster"),
+    (sm100(stages=12), r"shared memory: 12 stages .* more than the 232448 an sm_100 block can use"),
+    (sm100(tile=(128, 256, 256)), r"tile \(128, 256, 256\) leaves room for 1 mainloop stage\(s\) per CTA, need at "
+                                  r"least 2"),
+    (sm100(tile_scheduler=gg.TileScheduler.STREAM_K), r"cluster-launch-control scheduler; use "
+                                                      r"TileScheduler.PERSISTENT"),
+])
+def test_sm100_constraints_name_the_fix(recipe, cfg, match):
+    with pytest.raises(gg.ConfigError, match=match):
+        render_kernel(recipe, cfg)
+
+
+def test_every_tcgen05_shape_the_rules_accept_is_one_cutlass_builds(recipe):
+    """The accepted (schedule, M, N) grid, against PTX's tcgen05.mma shape table."""
+    accepted = {(s, m, n) for s in (ONE, TWO) for m in (64, 128, 256) for n in range(8, 264, 8)
+                if not violations(sm100(tile=(m, n, 64), schedule=s, cluster=(2, 1, 1)), recipe)}
+    table = {(ONE, 64, n) for n in range(8, 257, 8)} | {(ONE, 128, n) for n in range(16, 257, 16)} | \
+        {(TWO, 128, n) for n in range(32, 257, 32)} | {(TWO, 256, n) for n in range(16, 257, 16)}
+    assert accepted == table
+    # N <= 256 leaves two accumulator buffers at least in the 512 tensor-memory columns
+    assert min(accumulator_stages(sm100(tile=(m, n, 64), schedule=s)) for s, m, n in table) == 2
+    assert stage_count(sm100(tile=(128, 256, 64)), recipe) >= 2
+
+
+def test_families_not_emitted_for_sm100_are_refused_by_name(examples):
+    moe, block = examples["moe_up"].ir, examples["fp8_block_scaled"].ir
+    assert any("grouped GEMM on sm_100a: not emitted yet" in v for v in violations(default_config(moe, SM100), moe))
+    assert any("block-scaled fp8 on sm_100a: not emitted yet" in v
+               for v in violations(default_config(block, SM100), block))
+
+
+def test_sm100_source_uses_the_sm100_builders_and_the_ctas_tile(examples):
+    cfg = SM100_KERNELS["bias_gelu_aux"]
+    assert cfg is not None
+    k = render_kernel(examples["bias_gelu_aux"].ir, cfg)
+    src = k.source
+    assert "#include <gemmgen/sm100.hpp>" in src
+    assert "using MmaTileShape = Shape<_256, _128, _64>;" in src and "using TileShape = Shape<_128, _128, _64>;" in src
+    assert "cutlass::gemm::KernelTmaWarpSpecialized2SmSm100" in src and "cutlass::arch::Sm100" in src
+    assert "Sm100AuxStoreDescriptor<EpilogueDescriptor" in src and "detail::AuxStoreDescriptor" not in src
+    assert "Sm90RowBroadcast<0, TileShape," in src  # the bias over the CTA's half of the MMA tile
+    assert k.required_sass == (("UTCHMMA.2CTA", "UTCQMMA.2CTA"), ("UTMALDG",), ("LDTM",))
+    names = [f.name for f in k.fields]
+    assert "mainloop.tma_a_fallback" in names and "scheduler.divmod_swizzle_size" not in names
+    assert "scheduler.swizzle_size.divisor" in names and "workspace" not in names
+    sm90 = render_kernel(examples["bias_gelu_aux"].ir, examples["bias_gelu_aux"].default_config())
+    assert "gemmgen/sm100.hpp" not in sm90.source and "detail::AuxStoreDescriptor<EpilogueDescriptor" in sm90.source
+
+
+def test_every_example_blackwell_supports_has_a_valid_default(examples):
+    supported = [r.name for r in examples.values() if not violations(r.default_config(SM100), r.ir)]
+    assert supported == [n for n in examples if n not in ("fp8_block_scaled", "moe_up", "moe_fp8_block")]
+    # a recipe's own sm_90a config does not carry over: the sm_100a default does
+    aux = examples["bias_gelu_aux"]
+    assert aux.config is not None and aux.default_config(SM100) == default_config(aux.ir, SM100)
+
+
+def test_the_heuristic_chooses_sm100_tiles_for_b200(examples):
+    r = examples["gemm_bf16"]
+    big = choose_launch(r, 8192, 8192, 8192, arch=SM100)
+    assert big.config.arch is SM100 and big.config.schedule is TWO and "on 148 SMs" in big.why
+    small = choose(r.ir, 8, 4096, 4096, arch=SM100)
+    assert small.config.swap_ab and small.config.arch is SM100
+    assert all(c.arch is SM100 for c in (choose(r.ir, m, 4096, 4096, arch=SM100).config for m in (1, 100, 3000)))
+    # a 2-SM tile takes two SMs of a wave
+    assert "128 tiles = 1.73 waves on 148 SMs" in choose(r.ir, 8192, 1024, 4096, arch=SM100).why
+    # the recipe's own config is for sm_90a: on sm_100a the heuristic decides
+    aux = examples["bias_gelu_aux"]
+    assert choose_launch(aux, 512, 512, 512).source.value == "recipe"
+    assert choose_launch(aux, 512, 512, 512, arch=SM100).source.value == "heuristic"
+
+
+def test_the_op_on_a_b200_chooses_an_sm100_kernel_before_compiling(examples, monkeypatch):
+    """A call on a compute capability 10.0 device asks the launch policy for sm_100a's config (the
+    heuristic on 148 SMs) and compiles that; an sm_90a kernel is never built for it."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from gemmgen import tuning
+    from gemmgen.integrations import ops
+    from gemmgen.runtime import driver
+
+    recipe = examples["gemm_bf16"]
+    compiled: list = []
+    monkeypatch.setattr(driver, "device_facts", lambda index: (148, (10, 0)))
+    monkeypatch.setattr(tuning.Device, "current", staticmethod(lambda index=0: tuning.Device("B200", "13.0")))
+    monkeypatch.setattr(type(recipe), "compile", lambda self, config=None, **kw: compiled.append(config))
+    monkeypatch.setattr(ops, "_LAUNCHERS", {})
+    monkeypatch.setattr(ops, "_DEVICES", {})
+    cuda = torch.device("cuda", 0)
+    a = SimpleNamespace(shape=torch.Size((8192, 4096)), device=cuda)
+    b = SimpleNamespace(shape=torch.Size((4096, 8192)), device=cuda)
+    ops.kernel_for(recipe, a, b)  # type: ignore[arg-type]  # stand-ins for CUDA tensors
+    assert [c.arch for c in compiled] == [SM100] and compiled[0] == choose(recipe.ir, 8192, 8192, 4096, arch=SM100,
+                                                                           sm_count=148).config

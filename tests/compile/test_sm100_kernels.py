@@ -1,0 +1,152 @@
+"""sm_100a kernels compiled with NVRTC on the CPU (tests/data/sm100.py): the SASS that proves the
+Blackwell path, no local memory, the Params layout probed, the cache and bundles keeping each arch
+apart, and the one validation refusing what is not the arch's kernel."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+import gemmgen as gg
+from gemmgen.aot import write_bundle
+from gemmgen.codegen.sm100 import smem_need
+from gemmgen.codegen.sm100.smem import KERNEL_PADDING
+from gemmgen.compile import KernelCache, bundles
+from gemmgen.compile.build import build_kernel
+from gemmgen.compile.validate import kernel_problem
+from tests.data import EXAMPLES
+from tests.data.sm100 import SM100_KERNELS
+
+SM100 = gg.Arch.SM100A
+
+
+def test_each_sm100_kernel_shows_tcgen05_tma_and_tensor_memory_in_its_sass(sm100_kernels):
+    for name, k in sm100_kernels.items():
+        r = k.report
+        two_sm = k.config.schedule is gg.Schedule.TWO_SM
+        mma = ("UTCQMMA" if k.recipe.gemm.fp8 else "UTCHMMA") + (".2CTA" if two_sm else "")
+        assert r.arch == "sm_100a" and r.sass is not None, name
+        assert r.sass[mma] > 0 and r.sass["UTMALDG"] > 0 and r.sass["LDTM"] > 0, (name, r.sass)
+        assert r.sass["UGETNEXTWORKID"] > 0, name  # cluster launch control hands out the tiles
+        assert (r.sass["UTCHMMA.2CTA"] + r.sass["UTCQMMA.2CTA"] > 0) == two_sm, name
+        assert r.local_bytes == 0 and r.stack_bytes == 0, (name, r.local_bytes, r.stack_bytes)
+        assert k.info.max_threads == 256 and k.info.cluster_size == k.config.cluster[0] * k.config.cluster[1]
+        need = smem_need(k.config, k.generated.kernel_recipe)  # the model: above it, within its padding
+        assert 0 <= need - r.smem_bytes <= KERNEL_PADDING, (name, need, r.smem_bytes)
+    assert {k.config.schedule for k in sm100_kernels.values()} == {gg.Schedule.ONE_SM, gg.Schedule.TWO_SM}
+
+
+def test_the_probed_params_layout_has_every_sm100_field(sm100_kernels):
+    for name, k in sm100_kernels.items():
+        layout = {f.name: (offset, f.size) for f, offset, _ in k.params_layout.fields}
+        assert set(layout) == {f.name for f in k.generated.fields}, name
+        maps = sorted(o for n, (o, size) in layout.items() if size == 128)
+        assert all(o % 64 == 0 for o in maps) and len(set(maps)) == len(maps), name
+        assert {"mainloop.tma_a", "mainloop.tma_b", "mainloop.tma_a_fallback", "mainloop.tma_b_fallback",
+                "epilogue.tma_d", "scheduler.problem_tiles_m", "hw_info.sm_count"} <= set(layout), name
+        end = max(o + size for o, size in layout.values())
+        assert end <= k.params_layout.size == k.info.params_size, name
+
+
+def test_each_arch_has_its_folder_in_one_cache(sm100_kernels, compiled, session_cache):
+    k = sm100_kernels["bias_gelu"]
+    assert session_cache.for_arch(SM100).entry_dir(k.cache_key).parent.parent.name == "sm_100a"
+    assert session_cache.for_arch(SM100).get(k.cache_key) is not None
+    assert session_cache.get(k.cache_key) is None  # not in sm_90a's folder
+    assert compiled["bias_gelu"].entry != k.entry and compiled["bias_gelu"].cache_key != k.cache_key
+
+
+def test_the_validation_refuses_what_is_not_the_arch_kernel(sm100_kernels, compiled, session_cache):
+    k = sm100_kernels["scaled_mm_fp8"]
+    art = session_cache.for_arch(SM100).get(k.cache_key)
+    assert art is not None and kernel_problem(art.files, art.meta, k.generated) is None
+    # what a plain-sm_100 build compiles to: no tcgen05 instruction (its MMA is a trap)
+    traps = {**art.meta, "sass": {**art.meta["sass"], "UTCQMMA.2CTA": 0}}
+    assert "its SASS has no UTCHMMA.2CTA or UTCQMMA.2CTA instruction: not the sm_100a path" in \
+        str(kernel_problem(art.files, traps, k.generated))
+    spilled = {**art.meta, "local_bytes": 16}
+    assert "16 bytes of local memory" in str(kernel_problem(art.files, spilled, k.generated))
+    # an sm_90a cubin offered for the sm_100a kernel
+    sm90 = session_cache.get(compiled["scaled_mm_fp8"].cache_key)
+    assert sm90 is not None
+    wrong = {**art.files, "kernel.cubin": sm90.files["kernel.cubin"]}
+    assert "kernel.cubin was compiled for sm_90, not sm_100a" in str(kernel_problem(wrong, art.meta, k.generated))
+
+
+def test_one_bundle_holds_both_arches_and_a_missing_arch_is_named(sm100_kernels, compiled, session_cache, tmp_path,
+                                                                  monkeypatch, examples):
+    monkeypatch.delenv("GEMMGEN_BUNDLE_PATH", raising=False)
+    bundles._FROM_ENV.clear()
+    both = tmp_path / "both"
+    write_bundle([compiled["bias_gelu"], sm100_kernels["bias_gelu"]], both, session_cache)
+    manifest = json.loads((both / "manifest.json").read_text())
+    assert manifest["arches"] == ["sm_100a", "sm_90a"] and [e["arch"] for e in manifest["kernels"]] == \
+        ["sm_90a", "sm_100a"]
+    assert (both / "sm_100a").is_dir() and (both / "sm_90a").is_dir() and not list(both.rglob("*.lock"))
+    r = examples["bias_gelu"]
+    monkeypatch.setenv("GEMMGEN_JIT", "0")
+    monkeypatch.setenv("GEMMGEN_BUNDLE_PATH", str(both))
+    try:
+        for config in (r.default_config(), r.default_config(SM100)):
+            assert build_kernel(r.ir, config, KernelCache(tmp_path / "empty")).origin == "bundle"
+        sm90_only = tmp_path / "sm90"
+        write_bundle([compiled["bias_gelu"]], sm90_only, session_cache)
+        monkeypatch.setenv("GEMMGEN_BUNDLE_PATH", str(sm90_only))
+        other = replace(r.default_config(SM100), tile=(128, 64, 64))
+        fix = r"`gemmgen build RECIPES.py --arch sm_100a --out DIR`"
+        with pytest.raises(gg.KernelNotAvailable, match=rf"bundle {sm90_only} holds sm_90a kernels only, none for "
+                                                        rf"sm_100a.*{fix}"):
+            build_kernel(r.ir, other, KernelCache(tmp_path / "empty"))
+    finally:
+        bundles._FROM_ENV.clear()
+
+
+def test_inspect_reports_sm100_kernels_and_build_leaves_out_what_sm100_lacks(sm100_kernels, session_cache, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "inspect", str(EXAMPLES), "--recipe", "bias_gelu",
+                           "--arch", "sm_100a", "--arch", "sm_90a", "--json", "--cache-dir", str(session_cache.root)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [(row["arch"], row["cached"]) for row in rows] == [("sm_100a", True), ("sm_90a", True)]
+    assert rows[0]["entry"] == sm100_kernels["bias_gelu"].entry
+    assert {"UTCHMMA", "UTCHMMA.2CTA", "UTMALDG", "LDTM"} <= set(rows[0]["sass"]) and "HGMMA" in rows[1]["sass"]
+    assert gg.KernelConfig.from_canonical(sm100_kernels["bias_gelu"].config.canonical()).arch is SM100
+    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "build", str(EXAMPLES), "--recipe", "moe_up", "--arch",
+                           "sm_100a", "--cache-dir", str(session_cache.root)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and "grouped GEMM on sm_100a: not emitted yet" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "generate", str(EXAMPLES), "--arch", "sm_100a",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    left_out = sorted(line.split(":")[1].strip() for line in proc.stderr.splitlines()
+                      if "not built for sm_100a" in line)
+    assert left_out == ["fp8_block_scaled", "moe_fp8_block", "moe_up"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}.sm_100a.cu" for n in (
+        "gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination", "bias_gelu_aux", "quick_gelu_scaled",
+        "scaled_mm_fp8", "residual_norm_stats"))
+    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "inspect", str(EXAMPLES), "--arch", "sm_100"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "'sm_100' is the plain target" in proc.stderr and "use 'sm_100a'" in proc.stderr
+
+
+def test_sm100_kernels_cover_the_declared_set(sm100_kernels):
+    assert list(sm100_kernels) == list(SM100_KERNELS)
+    assert all(k.config.arch is SM100 for k in sm100_kernels.values())
+
+
+def test_warmup_and_build_bundle_take_the_arch(sm100_kernels, compiled, session_cache, examples, tmp_path):
+    r = examples["bias_gelu"]
+    warmed = gg.warmup([r], cache=session_cache, quiet=True, arch="sm_100a", distributed=False)
+    assert [k.entry for k in warmed] == [sm100_kernels["bias_gelu"].entry] and warmed[0].origin == "cache"
+    here = gg.warmup([r], cache=session_cache, quiet=True, distributed=False)  # no GPU here: sm_90a
+    assert [k.entry for k in here] == [compiled["bias_gelu"].entry]
+    kernels = gg.build_bundle([r], tmp_path / "b", cache=session_cache, quiet=True, arches=("sm_90a", "sm_100a"))
+    assert [k.config.arch for k in kernels] == [gg.Arch.SM90A, SM100]
+    assert json.loads((tmp_path / "b" / "manifest.json").read_text())["arches"] == ["sm_100a", "sm_90a"]
+    with pytest.raises(gg.ConfigError, match=r"arches: 'sm_100' is the plain target"):
+        gg.build_bundle([r], tmp_path / "c", cache=session_cache, quiet=True, arches=("sm_100",))

@@ -1,0 +1,113 @@
+"""sm100 kernels' arguments against CUTLASS's own sm100 host code (the nvcc-built oracle, as for
+sm90: tests/runtime/test_oracle.py): tensor maps (each CTA's half of A and B under the 2-SM
+schedule, the fallback pair), the cluster-launch-control scheduler's Params and grid, the
+epilogue's maps and workspace, over the same problems and B200's SM count and others. CPU only."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+import gemmgen as gg
+from gemmgen.codegen import render_kernel
+from gemmgen.runtime import scheduler
+from gemmgen.runtime.arguments import ArgumentBuilder
+from gemmgen.testing.oracle import OracleProgram, build_all
+from gemmgen.testing.recording import RecordingEncoder
+from tests.runtime.test_oracle import PROBLEMS, WORKSPACE, _check, kernel_problem
+
+pytestmark = pytest.mark.oracle
+
+
+SM100 = gg.Arch.SM100A
+#: Configs checked by their values alone (no NVRTC compile: the oracle and gemmgen's builder only),
+#: each for a geometry the compiled kernels lack: a pair's 128-row MMA (2 x 2 tensor-memory warps,
+#: each epilogue copy half the tile's N) with A multicast; one SM's 128 x 256 tile with A and B
+#: multicast; a 64-row tile of column-major A with an aux output, multicast along N; C and fp32
+#: reductions over N on a pair (their workspace counts the CTAs' tiles) with B multicast.
+VALUE_CONFIGS = {
+    "pair_128": ("bias_gelu", gg.KernelConfig(tile=(128, 128, 64), cluster=(2, 2, 1), schedule=gg.Schedule.TWO_SM,
+                                              arch=SM100)),
+    "wide_multicast": ("bias_gelu", gg.KernelConfig(tile=(128, 256, 64), cluster=(2, 2, 1),
+                                                    schedule=gg.Schedule.ONE_SM, arch=SM100)),
+    "m64_aux": ("bias_gelu_aux", gg.KernelConfig(tile=(64, 64, 64), cluster=(1, 2, 1), schedule=gg.Schedule.ONE_SM,
+                                                 arch=SM100)),
+    "pair_reductions": ("residual_norm_stats", gg.KernelConfig(tile=(256, 128, 64), cluster=(4, 1, 1),
+                                                               schedule=gg.Schedule.TWO_SM, arch=SM100)),
+}
+
+
+@pytest.fixture(scope="session")
+def sm100_oracles(sm100_kernels, examples, tmp_path_factory):
+    """An nvcc-built oracle for every sm100 kernel and VALUE_CONFIGS (two programs, built at once)."""
+    build = tmp_path_factory.mktemp("oracle100")
+    programs = {name: OracleProgram(k.generated, build) for name, k in sm100_kernels.items()}
+    programs.update({name: OracleProgram(render_kernel(examples[recipe].ir, config), build)
+                     for name, (recipe, config) in VALUE_CONFIGS.items()})
+    build_all(list(programs.values()), build)
+    return programs
+
+
+@pytest.mark.parametrize("shape", PROBLEMS, ids=lambda s: "x".join(map(str, s)))
+def test_sm100_arguments_match_cutlass(sm100_kernels, sm100_oracles, shape):
+    for name, kernel in sm100_kernels.items():
+        _check(kernel, sm100_oracles[name], kernel_problem(kernel, *shape, sm_count=148))
+
+
+@pytest.mark.parametrize("sm_count, max_active_clusters", [(148, 0), (132, 0), (148, 74), (16, 0)])
+def test_sm100_hardware_info_passes_through_and_the_grid_is_every_cta(sm100_kernels, sm100_oracles, sm_count,
+                                                                      max_active_clusters):
+    for name in ("bias_gelu", "scaled_mm_fp8"):  # one SM, no cluster; a pair of SMs in a 2 x 1 cluster
+        kernel = sm100_kernels[name]
+        _check(kernel, sm100_oracles[name], kernel_problem(kernel, 4096, 2048, 512, 2, 0, sm_count=sm_count,
+                                                           max_active_clusters=max_active_clusters))
+
+
+def test_the_sm100_grid_follows_the_raster_order():
+    """Cluster launch control walks the grid along M: along N (CUTLASS's choice when there are at
+    least as many clusters along M) the grid is transposed, unless its Y would pass 65535."""
+    along_m = scheduler.sm100_plan(128, 4096, 1, (128, 128, 64), (1, 1, 1), 1)
+    assert along_m.fields["scheduler.raster_order"] == scheduler.RASTER_ALONG_M and along_m.grid == (1, 32, 1)
+    pair = scheduler.sm100_plan(4096, 512, 2, (256, 128, 64), (2, 1, 1), 2)  # 32 CTAs (16 clusters) x 4
+    assert pair.fields["scheduler.raster_order"] == scheduler.RASTER_ALONG_N and pair.grid == (8, 16, 2)
+    tall = scheduler.sm100_plan(128 * 70_000, 128, 1, (128, 128, 64), (1, 1, 1), 1)
+    assert tall.fields["scheduler.raster_order"] == scheduler.RASTER_ALONG_M and tall.grid == (70_000, 1, 1)
+
+
+def _bits(kind: str, value) -> int:
+    if kind == "f32":
+        return struct.unpack("<I", struct.pack("<f", value))[0]
+    return int(value) & (2**64 - 1)
+
+
+@pytest.mark.parametrize("name", VALUE_CONFIGS)
+def test_sm100_geometries_without_a_compiled_kernel_match_cutlass(sm100_oracles, name):
+    """Every field gemmgen writes, every encode call and the grid, against CUTLASS's host code
+    (values compared by name: with no compiled kernel there is no probed layout to pack into)."""
+    oracle = sm100_oracles[name]
+    kernel = oracle.kernel
+    kinds = {f.name: f.kind for f in kernel.fields}
+    for shape in PROBLEMS:
+        p = kernel_problem(kernel, *shape, sm_count=148)
+        builder = ArgumentBuilder(kernel.kernel_recipe, kernel.config)
+        if shape[3] == 2**28 and any(f.startswith("epilogue.col_reduction") for f in kinds):
+            continue  # past CUTLASS's 32-bit reduction arithmetic: gemmgen refuses it (test_oracle's case)
+        expected = oracle.run(p, WORKSPACE)
+        enc = RecordingEncoder()
+        values, grid = builder.values(p, enc, workspace=WORKSPACE)
+        where = f"{name} {shape}"
+        assert builder.workspace(p).size == expected.workspace_size, where
+        assert {c.addr: c.as_dict() for c in enc.calls} == \
+            {c["addr"]: {k: v for k, v in c.items() if k != "encode"} for c in expected.encodes}, where
+        compared = 0
+        for field, want in expected.fields.items():
+            if field not in values or field.endswith((".buffer", ".counters")):
+                continue  # a constant field (the probe's default), or a workspace region (test_oracle's rule)
+            if kinds[field] == "desc":
+                ours, theirs = enc.of(values[field]), expected.encodes[want["desc"] - 1]  # type: ignore[arg-type]
+                assert ours is not None and ours.addr == theirs["addr"], (where, field)
+            else:
+                assert _bits(kinds[field], values[field]) == want["bits"], (where, field)
+            compared += 1
+        assert compared >= 25 and list(grid) == expected.launch["grid"], where
