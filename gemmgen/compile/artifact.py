@@ -93,7 +93,8 @@ def report_table(reports: list[KernelReport]) -> str:
         sass = r.sass or {}
         phases = "/".join(f"{r.phases.get(k, 0.0):.1f}" for k in ("front_end", "nvvm", "ptx"))
         rows.append([r.name, r.config, _s(r.registers), str(r.smem_bytes), _s(r.local_bytes), _s(r.stack_bytes),
-                     *(_s(sass.get(m)) for m in marks), f"{r.compile_seconds:.1f}", phases,
+                     *(_s(sass.get(m)) if r.sass is None or m in sass else "-" for m in marks),  # "-": not its arch's
+                     f"{r.compile_seconds:.1f}", phases,
                      r.origin])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in [head, *rows]]

@@ -150,3 +150,14 @@ def test_warmup_and_build_bundle_take_the_arch(sm100_kernels, compiled, session_
     assert json.loads((tmp_path / "b" / "manifest.json").read_text())["arches"] == ["sm_100a", "sm_90a"]
     with pytest.raises(gg.ConfigError, match=r"arches: 'sm_100' is the plain target"):
         gg.build_bundle([r], tmp_path / "c", cache=session_cache, quiet=True, arches=("sm_100",))
+
+
+def test_one_report_table_shows_each_arch_with_its_own_markers(sm100_kernels, compiled):
+    from gemmgen.compile import report_table
+
+    lines = report_table([compiled["bias_gelu"].report, sm100_kernels["bias_gelu"].report]).splitlines()
+    head = lines[0].split()
+    sm90, sm100 = (dict(zip(head, line.split(), strict=False)) for line in lines[2:])
+    assert {"HGMMA", "USETMAXREG", "UTCHMMA", "LDTM", "UGETNEXTWORKID"} <= set(head)
+    assert sm90["HGMMA"] != "-" and sm90["LDTM"] == "-" and sm100["HGMMA"] == "-" and int(sm100["UTCHMMA"]) > 0
+    assert int(sm100["LDTM"]) > 0 and sm90["UTMALDG"] != "-" and sm100["UTMALDG"] != "-"
