@@ -82,10 +82,11 @@ def family_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     g = recipe.gemm
     out = []
     if g.grouped:
-        out.append("grouped GEMM on sm_100a: not emitted yet (CUTLASS's ptr-array sm100 kernels); build it for "
-                   "sm_90a (arch=Arch.SM90A)")
+        out.append("grouped GEMM on sm_100a: not emitted yet (CUTLASS's ptr-array sm100 kernels); gemmgen runs "
+                   "grouped recipes on sm_90a GPUs (H100/H200) so far: build them with arch=Arch.SM90A for those")
     if g.block_scale is not None:
-        out.append("block-scaled fp8 on sm_100a: not emitted yet; build it for sm_90a (arch=Arch.SM90A)")
+        out.append("block-scaled fp8 on sm_100a: not emitted yet; gemmgen runs block-scaled recipes on sm_90a GPUs "
+                   "(H100/H200) so far: build them with arch=Arch.SM90A for those")
     if cfg.tile_scheduler is not TileScheduler.PERSISTENT or cfg.splits > 1 or not cfg.deterministic:
         out.append("tile scheduler: sm_100a kernels use CUTLASS's cluster-launch-control scheduler; use "
                    "TileScheduler.PERSISTENT, splits=1 and deterministic=True")
