@@ -24,6 +24,33 @@ def arch_schedule_violations(cfg: KernelConfig) -> list[str]:
             f"{cfg.arch.value}; use {own}"]
 
 
+def tile_k_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """K steps of the MMA (WGMMA and tcgen05.mma alike: 32 bytes of A and B), dividing or filling the
+    128-byte TMA swizzle span."""
+    tk, bits = cfg.tile[2], recipe.gemm.a.bits
+    k_atom, swizzle_k = 256 // bits, 1024 // bits
+    if tk % k_atom or tk < k_atom:
+        return [f"tile K = {tk}: must be a multiple of {k_atom} for {recipe.gemm.a.value} (the MMA's 32-byte K step)"]
+    if tk % swizzle_k and swizzle_k % tk:
+        return [f"tile K = {tk}: must divide or be a multiple of {swizzle_k} (128-byte TMA swizzle)"]
+    return []
+
+
+def cluster_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """Cluster shapes of TMA multicast: 1, 2 or 4 CTAs along M and N, at most 8 in all (the
+    portable cluster size), none along K."""
+    cm, cn, ck = cfg.cluster
+    out = []
+    if ck != 1:
+        out.append(f"cluster K = {ck}: must be 1")
+    for what, c in (("M", cm), ("N", cn)):
+        if c not in (1, 2, 4):
+            out.append(f"cluster {what} = {c}: must be 1, 2 or 4 (TMA multicast)")
+    if cm * cn > 8:
+        out.append(f"cluster {cm}x{cn}: at most 8 CTAs per cluster (portable cluster size)")
+    return out
+
+
 def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """Vector reductions are built over the kernel's N only (CUTLASS's Sm90ColReduction, which the
     sm100 epilogue reuses): its Sm90RowReduction, over the kernel's M, spilled its state to local

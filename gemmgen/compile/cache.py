@@ -75,6 +75,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_SIBLINGS_LOCK = threading.Lock()
+
+
 class KernelCache:
     """A disk cache of build artifacts for one arch, with an in-memory layer in front."""
 
@@ -99,7 +102,7 @@ class KernelCache:
     def for_arch(self, arch: Arch) -> KernelCache:
         """The cache of `arch`'s kernels under the same root (its own folder, `sm_100a/` beside
         `sm_90a/`), with the same settings; one object per arch."""
-        with self._mutex:
+        with _SIBLINGS_LOCK:  # siblings share one dict; each has its own memory layer and mutex
             if arch not in self._siblings:
                 sibling = KernelCache(self.root, arch, self.read_only, self.label)
                 sibling._siblings = self._siblings

@@ -61,7 +61,7 @@ def test_the_arch_is_part_of_a_configs_identity_and_sm90_keys_stay(recipe):
     (sm100(tile=(128, 72, 64)), r"tile N = 72: the 1sm MMA with M = 128 needs N a multiple of 16 from 16 to 256"),
     (sm100(tile=(128, 48, 64), schedule=TWO, cluster=(2, 1, 1)), r"2sm MMA with M = 128 needs N a multiple of 32"),
     (sm100(tile=(64, 512, 64)), r"tile N = 512: .* from 8 to 256"),
-    (sm100(tile=(128, 128, 40)), r"tile K = 40: must be a multiple of 16 for bf16 \(tcgen05.mma K\)"),
+    (sm100(tile=(128, 128, 40)), r"tile K = 40: must be a multiple of 16 for bf16 \(the MMA\'s 32-byte K step\)"),
     (sm100(tile=(256, 128, 64), schedule=TWO), r"cluster M = 1: the 2sm schedule pairs two CTAs along M"),
     (sm100(cluster=(3, 1, 1)), r"cluster M = 3: must be 1, 2 or 4"),
     (sm100(cluster=(4, 4, 1)), r"at most 8 CTAs per cluster"),

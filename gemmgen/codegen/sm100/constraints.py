@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ...config import KernelConfig, Schedule, TileScheduler
 from ...ir import RecipeIR
-from ..rules import arch_schedule_violations, reduction_violations
+from ..rules import arch_schedule_violations, cluster_violations, reduction_violations, tile_k_violations
 from .smem import SM100_SMEM_CAPACITY, smem_fit, stage_count
 
 
@@ -23,10 +23,10 @@ def tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """tcgen05.mma shapes: one SM (cta_group::1) M = 64 (N a multiple of 8) or 128 (of 16); a pair
     (cta_group::2) M = 128 (N a multiple of 32) or 256 (of 16); N at most 256, which also keeps at
     least two fp32 accumulator buffers in the SM's 512 tensor-memory columns (`smem.accumulator_stages`).
-    K steps of 32 bytes, dividing or filling the 128-byte TMA swizzle span."""
+    (K: `rules.tile_k_violations`.)"""
     if cfg.schedule.arch is not cfg.arch:
         return []
-    tm, tn, tk = cfg.tile
+    tm, tn, _ = cfg.tile
     two = cfg.schedule is Schedule.TWO_SM
     n_step = {(False, 64): 8, (False, 128): 16, (True, 128): 32, (True, 256): 16}.get((two, tm))
     out = []
@@ -37,30 +37,15 @@ def tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     elif tn % n_step or not n_step <= tn <= 256:
         out.append(f"tile N = {tn}: the {cfg.schedule.value} MMA with M = {tm} needs N a multiple of {n_step} "
                    f"from {n_step} to 256")
-    bits = recipe.gemm.a.bits
-    k_atom, swizzle_k = 256 // bits, 1024 // bits
-    if tk % k_atom or tk < k_atom:
-        out.append(f"tile K = {tk}: must be a multiple of {k_atom} for {recipe.gemm.a.value} (tcgen05.mma K)")
-    elif tk % swizzle_k and swizzle_k % tk:
-        out.append(f"tile K = {tk}: must divide or be a multiple of {swizzle_k} (128-byte TMA swizzle)")
     return out
 
 
-def cluster_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """Cluster shapes CUTLASS's sm100 builders take: 1, 2 or 4 along M and N, at most 8 CTAs; a
-    2-SM MMA spans two CTAs along M, so the cluster's M is even."""
-    cm, cn, ck = cfg.cluster
-    out = []
-    if ck != 1:
-        out.append(f"cluster K = {ck}: must be 1")
-    for what, c in (("M", cm), ("N", cn)):
-        if c not in (1, 2, 4):
-            out.append(f"cluster {what} = {c}: must be 1, 2 or 4 (TMA multicast)")
-    if cm * cn > 8:
-        out.append(f"cluster {cm}x{cn}: at most 8 CTAs per cluster (portable cluster size)")
+def pair_cluster_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """A 2-SM MMA spans two CTAs along M, so the cluster's M is even (the rest: `rules.cluster_violations`)."""
+    cm = cfg.cluster[0]
     if cfg.schedule is Schedule.TWO_SM and cm % 2:
-        out.append(f"cluster M = {cm}: the 2sm schedule pairs two CTAs along M; use a cluster M of 2 or 4")
-    return out
+        return [f"cluster M = {cm}: the 2sm schedule pairs two CTAs along M; use a cluster M of 2 or 4"]
+    return []
 
 
 def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
@@ -93,5 +78,5 @@ def family_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return out
 
 
-CONSTRAINTS = (schedule_violations, tile_violations, cluster_violations, smem_violations, reduction_violations,
-               family_violations)
+CONSTRAINTS = (schedule_violations, tile_violations, tile_k_violations, cluster_violations, pair_cluster_violations,
+               smem_violations, reduction_violations, family_violations)

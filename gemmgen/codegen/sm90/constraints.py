@@ -10,26 +10,19 @@ from __future__ import annotations
 
 from ...config import KernelConfig, Schedule, TileScheduler
 from ...ir import RecipeIR
-from ..rules import arch_schedule_violations, reduction_violations
+from ..rules import arch_schedule_violations, cluster_violations, reduction_violations, tile_k_violations
 from .geometry import MAX_ACCUMULATORS_PER_THREAD, accumulators_per_thread
 from .smem import SM90_SMEM_CAPACITY, smem_need, stage_count
 
 
 def tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """WGMMA and TMA shape rules for A/B of the recipe's element width."""
-    tm, tn, tk = cfg.tile
-    bits = recipe.gemm.a.bits
+    """WGMMA's M and N (its K: `rules.tile_k_violations`)."""
+    tm, tn, _ = cfg.tile
     out = []
     if tm not in (64, 128, 256):
         out.append(f"tile M = {tm}: must be 64, 128 or 256 (multiples of the 64-row WGMMA atom)")
     if tn % 16 or not 16 <= tn <= 256:
         out.append(f"tile N = {tn}: must be a multiple of 16 between 16 and 256 (WGMMA N)")
-    k_atom = 256 // bits  # WGMMA K is 32 bytes
-    swizzle_k = 1024 // bits  # 128-byte swizzle span in elements
-    if tk % k_atom or tk < k_atom:
-        out.append(f"tile K = {tk}: must be a multiple of {k_atom} for {recipe.gemm.a.value} (WGMMA K)")
-    elif tk % swizzle_k and swizzle_k % tk:
-        out.append(f"tile K = {tk}: must divide or be a multiple of {swizzle_k} (128-byte TMA swizzle)")
     return out
 
 
@@ -63,19 +56,6 @@ def tile_scheduler_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
         return [f"tile scheduler stream_k: needs the cooperative schedule (CUTLASS's {cfg.schedule.value} kernel "
                 "does not support stream-K); use Schedule.COOPERATIVE or TileScheduler.PERSISTENT"]
     return []
-
-
-def cluster_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    cm, cn, ck = cfg.cluster
-    out = []
-    if ck != 1:
-        out.append(f"cluster K = {ck}: must be 1")
-    for what, c in (("M", cm), ("N", cn)):
-        if c not in (1, 2, 4):
-            out.append(f"cluster {what} = {c}: must be 1, 2 or 4 (TMA multicast)")
-    if cm * cn > 8:
-        out.append(f"cluster {cm}x{cn}: at most 8 CTAs per cluster (portable cluster size)")
-    return out
 
 
 def register_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
@@ -124,5 +104,5 @@ def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return out
 
 
-CONSTRAINTS = (tile_violations, schedule_violations, tile_scheduler_violations, cluster_violations,
+CONSTRAINTS = (tile_violations, tile_k_violations, schedule_violations, tile_scheduler_violations, cluster_violations,
                register_violations, smem_violations, reduction_violations, block_scale_violations)
