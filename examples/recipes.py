@@ -103,6 +103,17 @@ residual_norm_stats = gg.Recipe(
 )
 
 
+# A gated MLP's up projection (SwiGLU: Llama, Qwen, DeepSeek) in one GEMM: B's columns interleave
+# the gate's and the up projection's (gemmgen.nn.interleave_pairs), each pair of accumulator
+# columns gives one column of D = silu(gate) * up, half as wide as B
+def _swiglu(acc):
+    gate, up = gg.pairs(acc)
+    return gg.silu(gate) * up
+
+
+swiglu = gg.Recipe("swiglu", _swiglu)
+
+
 # A mixture-of-experts layer's expert GEMMs in one grouped kernel: the tokens (rows of A) sorted by
 # expert, one (N x K) weight per expert (B is G x K x N), `offsets` where each expert's tokens end;
 # D = silu(A_g @ B_g + bias_g) * routing weight of the token

@@ -38,6 +38,7 @@ from .dsl import (
     gelu,
     gelu_tanh,
     gt,
+    interleave,
     le,
     leaky_relu,
     lt,
@@ -46,6 +47,7 @@ from .dsl import (
     min,
     minimum,
     ne,
+    pairs,
     reduce_max,
     reduce_min,
     relu,
@@ -85,9 +87,10 @@ __all__ = [
     "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "NotDeterministic", "OperandGradient",
     "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler",
     "ToolchainError", "Value", "__version__", "abs", "add_bundle", "add_tuning", "amax", "autotune", "bf16",
-    "build_bundle", "cast", "clamp", "e4m3", "e5m2", "cos", "eq", "erf", "exp", "ge", "gt", "le", "lt", "ne", "sin",
-    "where", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum", "min", "minimum", "nn",
-    "op", "quantize_blockwise", "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum", "tanh", "warmup"
+    "build_bundle", "cast", "clamp", "e4m3", "e5m2", "cos", "eq", "erf", "exp", "ge", "gt", "interleave", "le",
+    "lt", "ne", "sin", "where", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum",
+    "min", "minimum", "nn", "op", "pairs", "quantize_blockwise", "reduce_max", "reduce_min", "relu", "sigmoid", "silu",
+    "sum", "tanh", "warmup"
 ]
 
 _LAZY = {"nn": ("gemmgen.nn", None), "op": ("gemmgen.integrations.ops", "op"),

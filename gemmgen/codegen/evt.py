@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import Arch
-from ..ir import Node, Op, Param, RecipeIR, Reduction, f32_bits, post_order
+from ..ir import Columns, Node, Op, Param, RecipeIR, Reduction, f32_bits, post_order
 from ..types import DType, Layout, OperandKind
 
 FUSION = "cutlass::epilogue::fusion"
@@ -61,6 +61,7 @@ class ParamBinding:
     Params: `path` holds (index, sibling count) per level of nested Sm90VisitorImplBase Params."""
 
     kind: str  # "row" | "col" | "scalar" | "aux_load" | "aux_store" | "amax" | "row_reduction" | "col_reduction"
+    #          | "pair_load" | "pair_store" (an N/2-column tensor: gemmgen/include/gemmgen/pairs.hpp)
     name: str  # operand or aux output name
     dtype: DType
     path: tuple[tuple[int, int], ...] = ()
@@ -82,12 +83,26 @@ class EpilogueCode:
     layout: str  # "tree" or "dag"
     bindings: tuple[ParamBinding, ...]  # nodes with runtime arguments, in declaration order
     arguments: tuple  # the callbacks' Arguments nesting: tuples of sub-trees, ParamBinding or None
+    element_d: str = ""  # the collective's D element: D's, or "void" where a PairStore writes D
+
+    @property
+    def stores_d(self) -> bool:
+        """Whether the collective stores D (with TMA); not when D has N/2 columns (`ir.columns`)."""
+        return self.element_d != "void"
 
 
 def _functor(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
     """The Map<...>::Fn functor for a compute node and the args that remain visitor children: a
     compile-time parameter (leaky_relu's slope) and a constant operand are template arguments."""
     ns = EPI
+    if node.op.pairs:  # a functor of the whole fragment (pairs.hpp); a constant side built in
+        consts = [nodes[a] for a in node.args if nodes[a].op is Op.CONST]
+        if consts:
+            const_even = nodes[node.args[0]].op is Op.CONST
+            kept = [a for a in node.args if nodes[a].op is not Op.CONST]
+            value = f32_bits(consts[0].attr)  # type: ignore[arg-type]
+            return f"{ns}::InterleaveConst<{value:#010x}u, {str(const_even).lower()}>::Fn", kept
+        return f"{ns}::{node.op.functor}", list(node.args)
     if node.op.param is Param.SLOPE:
         return f"{ns}::Map<{ns}::{node.op.functor}<{f32_bits(node.attr):#010x}u>>::Fn", list(node.args)  # type: ignore[arg-type]
     base = f"{ns}::{node.op.functor}"
@@ -105,6 +120,10 @@ def _functor(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
         if lhs.op is Op.CONST:
             return f"{ns}::Map<{ns}::WithLhs<{base}, {f32_bits(lhs.attr):#010x}u>>::Fn", [node.args[1]]  # type: ignore[arg-type]
     return f"{ns}::Map<{base}>::Fn", list(node.args)
+
+
+#: An N/2-column tensor's strides (pairs.hpp): rows, contiguous columns, batches.
+HALF_STRIDE = "cute::Stride<int64_t, cute::_1, int64_t>"
 
 
 def _aux_stride(layout: Layout) -> str:
@@ -133,9 +152,13 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             operand = ir.operand(n.name)  # type: ignore[arg-type]
             kind = {OperandKind.SCALAR: "scalar", OperandKind.ROW: "row", OperandKind.COL: "col",
                     OperandKind.MATRIX: "aux_load"}[operand.kind]
-            binding = None if n.name == source else ParamBinding(kind, operand.name, operand.dtype)
-            v = _VNode(f"in_{n.name}", _load_type(operand.kind, operand.dtype, n.name == source, aux_stride,
-                                                  load_desc, _grouping(recipe)), binding=binding)
+            if operand.columns is Columns.HALF:
+                v = _VNode(f"in_{n.name}", f"{EPI}::PairLoad<{operand.dtype.cutlass}, {HALF_STRIDE}>",
+                           binding=ParamBinding("pair_load", operand.name, operand.dtype))
+            else:
+                binding = None if n.name == source else ParamBinding(kind, operand.name, operand.dtype)
+                v = _VNode(f"in_{n.name}", _load_type(operand.kind, operand.dtype, n.name == source, aux_stride,
+                                                      load_desc, _grouping(recipe)), binding=binding)
         else:
             fn, args = _functor(n, ir.nodes)
             out = n.dtype.cutlass if n.op is Op.CAST else COMPUTE  # type: ignore[union-attr]
@@ -147,7 +170,18 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     # stored value read it from the last store in its chain.
     for o in ir.outputs[1:]:
         src = of_ir[o.node]
-        if o.reduce is not None and o.dim is None:
+        if o.columns is Columns.HALF and o.reduce is Reduction.SUM:
+            # a pair's half sits in both registers of its pair: sum it once, off the value's chain
+            mask = _VNode(f"once_{o.name}", children=[src], fn=f"{EPI}::PairSumMask")
+            vnodes.append(mask)
+            kind = REDUCTION_KIND[o.dim]  # type: ignore[index]  # a sum is over M or N (`Reduced`)
+            vnodes.append(_VNode(f"{o.reduce.value}_{o.name}", _vector_reduction_type(kind, o.reduce),
+                                 [len(vnodes) - 1], binding=ParamBinding(kind, o.name, o.dtype)))
+            continue
+        if o.reduce is None and o.columns is Columns.HALF:
+            store = _VNode(f"aux_{o.name}", f"{EPI}::PairStore<{o.dtype.cutlass}, {HALF_STRIDE}>", [src],
+                           binding=ParamBinding("pair_store", o.name, o.dtype))
+        elif o.reduce is not None and o.dim is None:
             store = _VNode(f"amax_{o.name}", _AMAX_TYPE, [src], binding=ParamBinding("amax", o.name, o.dtype))
         elif o.reduce is not None:
             kind = REDUCTION_KIND[o.dim]  # type: ignore[index]
@@ -162,17 +196,24 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
         of_ir[o.node] = len(vnodes) - 1
 
     root = of_ir[ir.outputs[0].node]
+    paired_d = ir.outputs[0].columns is Columns.HALF
+    if paired_d:  # D has N/2 columns: written by a PairStore at the root, not by the collective
+        vnodes.append(_VNode("pair_d", f"{EPI}::PairStore<{d.cutlass}, {HALF_STRIDE}>", [root],
+                             binding=ParamBinding("pair_store", "d", d)))
+        root = len(vnodes) - 1
     consumers = [0] * len(vnodes)
     for v in vnodes:
         for c in v.children:
             consumers[c] += 1
-    if not (vnodes[root].is_compute and vnodes[root].out == COMPUTE and consumers[root] == 0):
+    if not paired_d and not (vnodes[root].is_compute and vnodes[root].out == COMPUTE and consumers[root] == 0):
         # D's value is shared, stored, cast or loaded: give D a node of its own that converts.
         vnodes.append(_VNode("to_d", children=[root], fn=f"{EPI}::Map<{EPI}::Identity>::Fn"))
         consumers.append(0)
         consumers[root] += 1
         root = len(vnodes) - 1
-    vnodes[root].out = d.cutlass  # the root writes ElementD directly (no extra conversion pass)
+    if not paired_d:
+        vnodes[root].out = d.cutlass  # the root writes ElementD directly (no extra conversion pass)
+    element_d = "void" if paired_d else d.cutlass
 
     reachable = _reachable(vnodes, root)
     is_tree = all(consumers[i] == (0 if i == root else 1) for i in range(len(vnodes))) and \
@@ -191,8 +232,8 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             kids = ", ".join(evt_name[c] for c in v.children)
             decls.append((evt_name[i], f"{FUSION}::Sm90EVT<{names[i]}, {kids}>"))
         bindings = _bindings(vnodes, paths)
-        return EpilogueCode(tuple(decls), evt_name[root], element_c, source, "tree", bindings,
-                            _tree_arguments(vnodes, root, {b.path: b for b in bindings}, paths))
+        return EpilogueCode(tuple(decls), _callbacks(evt_name[root], d, paired_d), element_c, source, "tree",
+                            bindings, _tree_arguments(vnodes, root, {b.path: b for b in bindings}, paths), element_d)
 
     order = _topological(vnodes, root)
     pos = {n: k for k, n in enumerate(order)}
@@ -201,8 +242,13 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     decls.append(("EpilogueDag", f"{FUSION}::Sm90TopologicalVisitor<{COMPUTE}, cute::tuple<{edges}>, {ops}>"))
     bindings = _bindings(vnodes, {n: ((k, len(order)),) for k, n in enumerate(order)})
     by_path = {b.path: b for b in bindings}
-    return EpilogueCode(tuple(decls), "EpilogueDag", element_c, source, "dag", bindings,
-                        tuple(by_path.get(((k, len(order)),)) for k in range(len(order))))
+    return EpilogueCode(tuple(decls), _callbacks("EpilogueDag", d, paired_d), element_c, source, "dag", bindings,
+                        tuple(by_path.get(((k, len(order)),)) for k in range(len(order))), element_d)
+
+
+def _callbacks(root: str, d: DType, paired_d: bool) -> str:
+    """The collective's callbacks: the visitor, named with D's element where a PairStore writes D."""
+    return f"{EPI}::WithElementAux<{d.cutlass}, {root}>" if paired_d else root
 
 
 def _tree_arguments(vnodes: list[_VNode], root: int, by_path: dict, paths: dict) -> tuple:

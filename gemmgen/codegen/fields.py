@@ -108,6 +108,10 @@ def binding_fields(b: ParamBinding) -> list[ParamField]:
                 ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.d{vector})", "i64"),
                 ParamField(f"{n}.buffer", f"{node}.reduction_buffer", "ptr"),
                 ParamField(f"{n}.counters", f"{node}.tile_counters", "ptr")]
+    if b.kind in ("pair_load", "pair_store"):  # pairs.hpp's HalfTensor
+        return [ParamField(f"{n}.ptr", f"{node}.ptr", "ptr"),
+                ParamField(f"{n}.stride_m", f"cute::get<0>({node}.dHalf)", "i64"),
+                ParamField(f"{n}.stride_l", f"cute::get<2>({node}.dHalf)", "i64")]
     if b.kind == "aux_store":
         return [ParamField(f"{n}.tma", desc(f"{node}.tma_store_aux"), "desc"),
                 ParamField(f"{n}.is_nullptr", f"{node}.is_nullptr", "bool")]

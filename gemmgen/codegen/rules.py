@@ -66,6 +66,15 @@ def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
+def pairs_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """An epilogue over column pairs (`ir.columns`) pairs the accumulator's adjacent columns, which
+    are the recipe's only in an unswapped kernel (a swapped kernel's columns are the recipe's rows)."""
+    if recipe.epilogue.pairs and cfg.swap_ab:
+        return ["swap_ab=True: this recipe's epilogue works on adjacent column pairs (gg.pairs), which a swapped "
+                "kernel would take from rows; use swap_ab=False"]
+    return []
+
+
 def violations(rules: Sequence[Rule], cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """Every rule `cfg` breaks for the recipe as declared."""
     view = kernel_recipe(cfg, recipe)

@@ -19,6 +19,7 @@ from .values import (
     gelu,
     gelu_tanh,
     gt,
+    interleave,
     le,
     leaky_relu,
     lt,
@@ -27,6 +28,7 @@ from .values import (
     min,
     minimum,
     ne,
+    pairs,
     reduce_max,
     reduce_min,
     relu,
@@ -40,5 +42,6 @@ from .values import (
 
 __all__ = ["DEEPSEEK_BLOCK_SCALE", "OPS", "Backward", "ColVector", "Matrix", "OperandDecl", "OperandGradient",
            "Recipe", "Reduced", "RowVector", "Scalar", "Value", "abs", "amax", "cast", "clamp", "cos", "eq", "erf",
-           "exp", "ge", "gt", "le", "lt", "ne", "sin", "where", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum",
-           "min", "minimum", "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum", "tanh"]
+           "exp", "ge", "gt", "interleave", "le", "lt", "ne", "sin", "where", "gelu", "gelu_tanh", "leaky_relu",
+           "max", "maximum", "min", "minimum", "pairs", "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum",
+           "tanh"]

@@ -105,6 +105,10 @@ def _check_grouped_epilogue(ir: EpilogueIR) -> None:
     """What a grouped kernel's epilogue can read and write: CUTLASS's grouped (pointer-array)
     epilogue addresses C, D and the broadcast vectors per group, but not the extra tensor maps of
     auxiliary loads and stores."""
+    if ir.pairs:
+        raise RecipeError("epilogue: column pairs (gg.pairs) in a grouped GEMM are not supported yet (its "
+                          "pointer-array epilogue stores each group's D with TMA, at the accumulator's width); "
+                          "declare the recipe without grouped=True")
     matrices = [o.name for o in ir.operands if o.kind is OperandKind.MATRIX]
     if len(matrices) > 1:
         raise RecipeError(f"operands {matrices}: a grouped GEMM's epilogue reads at most one M x N matrix "
@@ -124,6 +128,11 @@ def _check_reductions(ir: EpilogueIR) -> None:
     reductions over the kernel's N only, so one over M needs a swapped kernel, whose N is M
     (`codegen.rules.reduction_violations`)."""
     over = {o.dim: o.name for o in ir.outputs if o.dim is not None}
+    if 0 in over and ir.pairs:
+        raise RecipeError(f"epilogue: output {over[0]!r} reduces over M, which gemmgen computes with a swapped "
+                          "kernel, and an epilogue over column pairs runs unswapped (the pairs are the "
+                          "accumulator's columns); reduce over N (dim=1) or the whole tile (gg.amax(x)) in a recipe "
+                          "with gg.pairs, or reduce over M in a recipe of its own")
     if len(over) == 2:
         raise RecipeError(f"aux outputs {over[0]!r} (dim=0) and {over[1]!r} (dim=1): a kernel reduces over M or "
                           "over N, not both; split them into two recipes")
@@ -180,6 +189,9 @@ class Recipe:
         _check_reductions(self.ir.epilogue)
         if grouped:
             _check_grouped_epilogue(self.ir.epilogue)
+        if self.ir.epilogue.pairs and self.gemm.block_scale is not None:
+            raise RecipeError("epilogue: column pairs (gg.pairs) with block_scale are not supported yet; scale the "
+                              "GEMM per row and column instead (gg.ColVector / gg.RowVector operands)")
         if config is not None:
             validate(config, self.ir)
         self.config = config
@@ -212,8 +224,9 @@ class Recipe:
             if ir.nodes[o.node].op is Op.CONST:
                 raise RecipeError(f"output {o.name!r} is a constant; an output must depend on the accumulator "
                                   "or an operand")
+        used = {o.name for o in ir.operands}
         for decl in operands:
-            if decl not in ir.operands:
+            if decl.name not in used:
                 raise RecipeError(f"operand {decl.name!r} is declared but no output depends on it; "
                                   "use it or remove it")
         return ir
@@ -328,7 +341,8 @@ class Recipe:
             recompute: the backward kernel is this recipe's own GEMM again, reading dL/dD as the
                 operand `grad_d`, instead of a GEMM whose product is dL/dD reading the saved
                 accumulator: one more GEMM, nothing kept from the forward. Always so for a
-                grouped GEMM (its forward writes D only).
+                grouped GEMM (its forward writes D only) and for an epilogue over column pairs
+                (`gemmgen.pairs`: the saved accumulator would be twice as wide as dL/dD).
             recompute_d: also write the forward's D (aux `fwd_d`), for a next layer's weight
                 gradient, instead of keeping it from the forward.
         """
@@ -467,10 +481,15 @@ def _derive_backward(recipe: Recipe, *, a: Any = None, b: Any = None, layout_a: 
             raise RecipeError(f"{where}: recompute_d=True asks a grouped GEMM for an aux output, and it writes D "
                               "only; keep the forward's D instead")
         recompute = True  # its forward cannot write the accumulator either
+    if recipe.ir.epilogue.pairs:
+        # a GEMM whose product is dL/dD (N/2 columns) would read the saved accumulator at twice its
+        # own width, which gemmgen does not emit: the backward kernel is this recipe's GEMM again
+        recompute = True
     given = [k for k, v in (("a", a), ("b", b), ("layout_a", layout_a), ("layout_b", layout_b)) if v is not None]
     if recompute and given:
         raise RecipeError(f"{where}: {given[0]}= describes the next layer's GEMM, but with recompute=True (always "
-                          "for a grouped GEMM) the backward kernel is this recipe's own GEMM again; leave it out")
+                          "for a grouped GEMM or one over column pairs) the backward kernel is this recipe's own GEMM "
+                          "again; leave it out")
     grad_default = gemm.a if gemm.a.bits == 16 else DType.BF16
     grad_dtype = as_dtype(d if d is not None else grad_default, "d (dtype of dL/dacc)")
     read_dtype = as_dtype(saved if saved is not None else grad_dtype,

@@ -265,6 +265,21 @@ gelu_tanh = _elementwise(Op.GELU_TANH, "GELU with the tanh approximation (torch'
 silu = _elementwise(Op.SILU, "x * sigmoid(x).")
 
 
+def pairs(x: Any) -> tuple[Value, Value]:
+    """(even, odd): x's columns 0, 2, 4, ... and 1, 3, 5, ..., each N/2 wide (`ir.columns`).
+
+    A gated activation reads its gate and up projection from adjacent accumulator columns, as
+    weights interleaved row by row put them (`gemmgen.nn.interleave_rows`), and writes N/2
+    columns: ``gate, up = gg.pairs(acc); return gg.silu(gate) * up`` (SwiGLU)."""
+    return _unary(Op.PAIR_EVEN, x, "pairs"), _unary(Op.PAIR_ODD, x, "pairs")
+
+
+def interleave(even: Any, odd: Any) -> Value:
+    """The pair put back: columns even0, odd0, even1, odd1, ... (N/2 + N/2 -> N), as
+    gg.pairs undoes; a rotary embedding rotates each pair and interleaves it."""
+    return _binary(Op.INTERLEAVE, even, odd, "interleave")
+
+
 def leaky_relu(x: Any, slope: float = 0.01) -> Value:
     """x where x >= 0, else x * slope (a compile-time constant)."""
     return _unary(Op.LEAKY_RELU, x, "leaky_relu", attr=constant(slope, "leaky_relu slope"))
@@ -337,6 +352,6 @@ def _reduce_dim(dim: Any, op_name: str, optional: bool) -> int | None:
 
 #: Every way an epilogue can compute: the table's operators and functions, `clamp` (min and max), and the
 #: reductions.
-OPS: tuple[str, ...] = (*(op.symbol for op in Op if op.symbol), *(op.dsl for op in Op if op.dsl), "clamp",
-                        "amax", "sum", "reduce_max", "reduce_min")
+OPS: tuple[str, ...] = (*(op.symbol for op in Op if op.symbol), *dict.fromkeys(op.dsl for op in Op if op.dsl),
+                        "clamp", "amax", "sum", "reduce_max", "reduce_min")
 

@@ -132,6 +132,16 @@ class Sym:
     def cast(self, dtype: DType) -> Sym:
         return self._op(Op.CAST, self, dtype=dtype)
 
+    def pair_even(self) -> Sym:
+        return self._op(Op.PAIR_EVEN, self)
+
+    def pair_odd(self) -> Sym:
+        return self._op(Op.PAIR_ODD, self)
+
+    def interleave(self, other: Sym | float, odd: bool = False) -> Sym:
+        """The pair with this value at the even columns and `other` at the odd (`odd`: the reverse)."""
+        return self._op(Op.INTERLEAVE, other, self) if odd else self._op(Op.INTERLEAVE, self, other)
+
 
 @dataclass(frozen=True)
 class Derivative:
@@ -219,8 +229,9 @@ def derive(ir: EpilogueIR, *, grad_dtype: DType, read_dtype: DType, wrt: Sequenc
 
     kinds = {o.name: o for o in ir.operands}
     wanted = [n for n in wrt if n in d_operand]
-    over_m = any(kinds[n].kind is OperandKind.ROW for n in wanted)
-    dim = 0 if over_m else 1  # a kernel reduces over M or over N, not both
+    # a kernel reduces over M or over N, not both; over M not at all over column pairs (never swapped)
+    over_m = not ir.pairs and any(kinds[n].kind is OperandKind.ROW for n in wanted)
+    dim = 0 if over_m else 1
     outputs = [Output("d", d_acc.index, grad_dtype)]
     rest: list[Output] = []
     unfused: dict[str, str] = {}
@@ -231,8 +242,11 @@ def derive(ir: EpilogueIR, *, grad_dtype: DType, read_dtype: DType, wrt: Sequenc
         else:
             over = {OperandKind.ROW: 0, OperandKind.COL: 1}.get(kind, dim)
             gradient = Output(grad_name, value.index, DType.F32, Reduction.SUM, over)
-        if d_only or gradient.dim == 1 - dim:
-            unfused[name] = d_only or ("a column vector's gradient is a sum over N, and the kernel sums the row "
+        over_m_in_pairs = ir.pairs and gradient.dim == 0
+        if d_only or gradient.dim == 1 - dim or over_m_in_pairs:
+            unfused[name] = d_only or ("a sum over M, which a kernel over column pairs does not run (it is never "
+                                       "swapped)" if over_m_in_pairs else
+                                       "a column vector's gradient is a sum over N, and the kernel sums the row "
                                        "vectors' over M: a kernel reduces over one of them")
             if kind is OperandKind.SCALAR:  # outside a kernel, over M and N at once
                 gradient = Output(grad_name, value.index, DType.F32, Reduction.SUM, None)

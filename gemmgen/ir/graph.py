@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..types import DType, Layout, OperandKind
+from .columns import Columns, annotate
 from .ops import Op
 
 
@@ -48,11 +49,13 @@ class Node:
 
 @dataclass(frozen=True)
 class Operand:
-    """A declared epilogue input."""
+    """A declared epilogue input. A matrix operand's `columns` is inferred from its use
+    (`ir.columns`): N, or N/2 where it meets the halves of column pairs."""
 
     name: str
     kind: OperandKind
     dtype: DType
+    columns: Columns = Columns.FULL
 
 
 class Reduction(enum.Enum):
@@ -81,18 +84,20 @@ class Output:
     dtype: DType
     reduce: Reduction | None = None
     dim: int | None = None
+    columns: Columns = Columns.FULL  # N/2 for a value of column pairs' halves (`ir.columns`)
 
     def shape(self, problem: tuple[int, ...]) -> tuple[int, ...]:
-        """This output's shape for a problem whose D is `problem`, (L, M, N) or (M, N)."""
+        """This output's shape for a problem whose accumulator is `problem`, (L, M, N) or (M, N)."""
         if self.reduce is None:
-            return problem
+            return (*problem[:-1], self.columns.extent(problem[-1]))
         extent = () if self.dim is None else (problem[-2],) if self.dim == 1 else (problem[-1],)
         return (*problem[:-2], *extent)
 
     @property
     def transposed(self) -> Output:
         """The same output of the transposed problem: a reduction over M becomes one over N."""
-        return Output(self.name, self.node, self.dtype, self.reduce, None if self.dim is None else 1 - self.dim)
+        return Output(self.name, self.node, self.dtype, self.reduce, None if self.dim is None else 1 - self.dim,
+                      self.columns)
 
 
 @dataclass(frozen=True)
@@ -159,8 +164,15 @@ class EpilogueIR:
 
     @property
     def source(self) -> str | None:
-        """The M x N operand the kernel loads as C (CUTLASS's source): the first matrix operand."""
-        return next((o.name for o in self.operands if o.kind is OperandKind.MATRIX), None)
+        """The M x N operand the kernel loads as C (CUTLASS's source): the first matrix operand as
+        wide as the accumulator."""
+        return next((o.name for o in self.operands if o.kind is OperandKind.MATRIX and o.columns is Columns.FULL),
+                    None)
+
+    @property
+    def pairs(self) -> bool:
+        """Whether the epilogue works on adjacent column pairs (`ir.columns`)."""
+        return any(n.op.pairs for n in self.nodes)
 
 
 #: The block scales' operands, first among a block-scaled recipe's operands.
@@ -224,9 +236,14 @@ class RecipeIR:
             "nodes": [[n.op.key, list(n.args), n.name, n.attr, n.dtype.value if n.dtype else None]
                       for n in self.epilogue.nodes],
             "outputs": [[o.name, o.node, o.dtype.value, *([o.reduce.value] if o.reduce else []),
-                         *([o.dim] if o.dim is not None else [])] for o in self.epilogue.outputs],
-            "operands": [[o.name, o.kind.value, o.dtype.value] for o in self.epilogue.operands],
+                         *([o.dim] if o.dim is not None else []), *_columns(o.columns)]
+                        for o in self.epilogue.outputs],
+            "operands": [[o.name, o.kind.value, o.dtype.value, *_columns(o.columns)] for o in self.epilogue.operands],
         }
+
+
+def _columns(columns: Columns) -> list[str]:
+    return [] if columns is Columns.FULL else [columns.value]
 
 
 def content_key(obj: object) -> str:
@@ -285,7 +302,7 @@ def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand,
         argn = [new_nodes[a] for a in args]
         if node.op is Op.WHERE and argn[0].op is Op.CONST:  # a constant condition picks its side
             return args[1] if argn[0].attr != 0 else args[2]  # NaN is true, as Op.WHERE's formula says
-        if args and all(a.op is Op.CONST for a in argn):
+        if args and all(a.op is Op.CONST for a in argn) and node.op is not Op.INTERLEAVE:  # constants alternate
             value = fold_constant(node.op, tuple(a.attr for a in argn), node.attr, node.dtype)  # type: ignore[misc]
             folded = Node(Op.CONST, attr=value)
             r = intern(folded, digest_of(folded, []))
@@ -304,4 +321,7 @@ def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand,
                        new_nodes[o].attr, new_nodes[o].dtype) for o in order)
     outs = tuple(Output(o.name, remap[r], o.dtype, o.reduce, o.dim) for o, r in zip(outputs, roots, strict=True))
     used = {n.name for n in final if n.op is Op.INPUT}
-    return EpilogueIR(final, outs, tuple(o for o in operands if o.name in used))
+    kept = tuple(Operand(o.name, o.kind, o.dtype) for o in operands if o.name in used)
+    if any(n.op.pairs for n in final):
+        outs, kept = annotate(final, outs, kept)
+    return EpilogueIR(final, outs, kept)

@@ -98,6 +98,12 @@ class Op(enum.Enum):
                   False, Param.SLOPE)
     # rounds and continues in fp32; the conversion is the compute node's output type
     CAST = ("cast", 1, "Identity", lambda x, dtype: round_to(x, dtype).float(), "cast", None, False, Param.DTYPE)
+    # adjacent column pairs (`ir.columns`): a value's even or odd columns (N -> N/2), and the pair
+    # (even, odd) put back side by side (N/2 -> N). Their functors act on a whole fragment
+    # (gemmgen/include/gemmgen/pair_functors.hpp); `gemmgen.pairs` gives both halves at once.
+    PAIR_EVEN = ("pair_even", 1, "PairEven", lambda x: _columns(x, 0), "pairs")
+    PAIR_ODD = ("pair_odd", 1, "PairOdd", lambda x: _columns(x, 1), "pairs")
+    INTERLEAVE = ("interleave", 2, "Interleave", lambda x, y: _interleave(x, y), "interleave")
 
     def __init__(self, key: str, arity: int, functor: str | None = None, formula: Callable[..., Any] | None = None,
                  dsl: str | None = None, symbol: str | None = None, commutative: bool = False,
@@ -132,9 +138,30 @@ class Op(enum.Enum):
         return self.formula(*args)
 
     @property
+    def pairs(self) -> bool:
+        """An op on adjacent column pairs: its functor takes the fragment (`ir.columns`)."""
+        return self in (Op.PAIR_EVEN, Op.PAIR_ODD, Op.INTERLEAVE)
+
+    @property
     def derivative(self) -> Callable[..., tuple[Any, ...]] | None:
         """The op's reverse-mode rule (`_DERIVATIVES`); None for leaves."""
         return _DERIVATIVES.get(self)
+
+
+def _columns(x: torch.Tensor, parity: int) -> torch.Tensor:
+    """Every other column of x from `parity` on; a value the same in every column (a scalar, a
+    column vector) is its own half."""
+    return x if x.dim() == 0 or x.shape[-1] == 1 else x[..., parity::2]
+
+
+def _interleave(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Columns x0 y0 x1 y1 ...: each a pair's even and odd element (`_columns` undone)."""
+    import torch
+
+    x, y = torch.broadcast_tensors(x, y)
+    if x.dim() == 0:
+        x, y = x.reshape(1), y.reshape(1)
+    return torch.stack((x, y), dim=-1).flatten(-2)
 
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -201,10 +228,13 @@ _DERIVATIVES: dict[Op, Callable[..., tuple[Any, ...]]] = {
     Op.SILU: lambda g, y, x: (g * x.sigmoid() * (1.0 + x * (1.0 - x.sigmoid())),),
     Op.LEAKY_RELU: lambda g, y, x, slope: (x.gt(0.0).select(g, g * slope),),  # the slope at 0, as torch
     Op.CAST: _d_cast,
+    Op.PAIR_EVEN: lambda g, y, x: (g.interleave(0.0),),
+    Op.PAIR_ODD: lambda g, y, x: (g.interleave(0.0, odd=True),),
+    Op.INTERLEAVE: lambda g, y, a, b: (g.pair_even(), g.pair_odd()),
 }
 
 
 _BY_KEY = {op.key: op for op in Op}
-BINARY_OPS = frozenset(o for o in Op if o.arity == 2)
+BINARY_OPS = frozenset(o for o in Op if o.arity == 2 and not o.pairs)
 TERNARY_OPS = frozenset(o for o in Op if o.arity == 3)
-UNARY_OPS = frozenset(o for o in Op if o.arity == 1)
+UNARY_OPS = frozenset(o for o in Op if o.arity == 1 and not o.pairs)

@@ -40,9 +40,9 @@ def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, tor
     (`testing.tensors.assert_output_close`)."""
     values = _values(ir, acc, operands)
     scales = _magnitudes(ir, values, acc_magnitude) if magnitudes else values
-    shape = acc.shape
-    outs = tuple(_reduced((scales if o.reduce is Reduction.SUM else values)[o.node].expand(shape), o.reduce, o.dim,
-                          magnitudes) for o in ir.outputs)
+    n = acc.shape[-1]
+    outs = tuple(_reduced((scales if o.reduce is Reduction.SUM else values)[o.node].expand(
+        *acc.shape[:-1], o.columns.extent(n)), o.reduce, o.dim, magnitudes) for o in ir.outputs)
     if not round_outputs:
         return outs
     return tuple(round_to(v, o.dtype) for v, o in zip(outs, ir.outputs, strict=True))
@@ -75,6 +75,8 @@ def _magnitudes(ir: EpilogueIR, values: list[torch.Tensor], acc_magnitude: torch
             m = (args[0] + v.abs() * args[1]) / values[node.args[1]].abs()
         elif op in (Op.NEG, Op.ABS, Op.CAST):
             m = args[0]
+        elif op.pairs:  # the magnitudes moved as the values are
+            m = op.apply(tuple(args))
         elif op is Op.EXP:
             m = v.abs() * (1.0 + args[0])
         elif op in (Op.MIN, Op.MAX):

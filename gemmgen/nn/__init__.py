@@ -9,6 +9,7 @@ scales) and `fuse(model)`.
     experts = gemmgen.nn.GroupedLinear(8, 4096, 14336, activation="silu")   # experts(x, offsets)
     fp8 = gemmgen.nn.BlockScaledLinear.from_linear(linear)                  # e4m3, 128 x 128 blocks
     fp8_experts = gemmgen.nn.BlockScaledGroupedLinear.from_linears(experts)  # experts(x, offsets)
+    w1 = gemmgen.nn.interleave_pairs(w_gate, w_up)  # B's columns for an epilogue over column pairs
     model, report = gemmgen.nn.fuse(model)   # Linear + activation pairs -> FusedLinear
     gemmgen.warmup(gemmgen.nn.model_launches(model, tokens=(1, 16, 4096)))   # build ahead of time
 """
@@ -26,7 +27,9 @@ from .grouped import GroupedLinear, grouped_linear_recipe
 from .launches import model_launches
 from .linear import FusedLinear, linear_recipe
 from .mlp import FusedMLP, mlp_backward
+from .pairs import interleave_pairs, split_pairs
 
 __all__ = ["ACTIVATIONS", "BlockScaledGroupedLinear", "BlockScaledLinear", "FusedLinear", "FusedMLP", "GroupedLinear",
            "activation_of", "block_scaled_grouped_recipe", "block_scaled_linear_recipe", "fuse",
-           "grouped_linear_recipe", "linear_recipe", "mlp_backward", "model_launches", "weight_grad_recipe"]
+           "grouped_linear_recipe", "interleave_pairs", "linear_recipe", "mlp_backward", "model_launches",
+           "split_pairs", "weight_grad_recipe"]

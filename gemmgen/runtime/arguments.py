@@ -20,7 +20,7 @@ from ..codegen.fields import ParamsLayout
 from ..codegen.sm90.geometry import scale_tma, scales_per_tile
 from ..config import Arch, KernelConfig, Schedule, TileScheduler
 from ..errors import InvalidArgument
-from ..ir import RecipeIR
+from ..ir import Columns, RecipeIR
 from ..types import OperandKind
 from . import scheduler, tma
 from .problem import Problem, TensorArg
@@ -61,7 +61,12 @@ class ArgumentBuilder:
                 template = tma.block_scale_template(per_tile[i]) if loaded else None
                 self.block_scales.append((f"scale_{operand}", f"mainloop.layout_sf{operand}", gran, gk, template))
         epi = recipe.epilogue
-        matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX]
+        matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX and o.columns is Columns.FULL]
+        # N/2-column tensors, read and written from the registers (pairs.hpp): a pointer and strides
+        self.half_loads = [(f"epilogue.pair_load.{o.name}", o.name) for o in epi.operands
+                           if o.kind is OperandKind.MATRIX and o.columns is Columns.HALF]
+        half_stores = {o.name: f"epilogue.pair_store.{o.name}" for o in epi.outputs
+                       if o.reduce is None and o.columns is Columns.HALF}
         self.scalars = [(f"epilogue.scalar.{o.name}.value", o.name) for o in epi.operands
                         if o.kind is OperandKind.SCALAR]
         self.vectors = [(f"epilogue.{o.kind.value}.{o.name}.ptr", o.name) for o in epi.operands
@@ -69,7 +74,7 @@ class ArgumentBuilder:
         self.loads = [("epilogue.tma_c" if i == 0 else f"epilogue.aux_load.{o.name}.tma", o.name,
                        tma.epilogue_template(recipe, config, o.dtype)) for i, o in enumerate(matrices)]
         self.stores = [(f"epilogue.aux_store.{o.name}.tma", o.name, tma.epilogue_template(recipe, config, o.dtype))
-                       for o in epi.outputs[1:] if o.reduce is None]
+                       for o in epi.outputs[1:] if o.reduce is None and o.name not in half_stores]
         self.reductions = [(f"epilogue.amax.{o.name}", o.name) for o in epi.outputs[1:]
                            if o.reduce is not None and o.dim is None]
         # vector reductions: (visitor kind, Params field prefix, output name), in the outputs' order
@@ -82,13 +87,17 @@ class ArgumentBuilder:
         self.stream_k = config.tile_scheduler is TileScheduler.STREAM_K
         self.splits = config.splits  # the stream-K scheduler's split count and reduction order:
         self.deterministic = config.deterministic  # launch arguments
-        self.d = ("epilogue.tma_d", "d", tma.epilogue_template(recipe, config, recipe.gemm.d))
-        # per output index (0 is D): the field written per call and the tensor map's template, or
-        # None for a reduction's pointer
-        maps = {name: (field, template) for field, name, template in (self.d, *self.stores)}
-        pointers = {name: (f"{field}.ptr", None) for field, name in self.reductions}
-        pointers.update({name: (f"{prefix}.ptr", None) for _, prefix, name in self.vector_reductions})
-        self.by_index: list[tuple[str, tma.TmaTemplate | None]] = [{**maps, **pointers}[o.name] for o in epi.outputs]
+        self.d = None if "d" in half_stores else ("epilogue.tma_d", "d",
+                                                  tma.epilogue_template(recipe, config, recipe.gemm.d))
+        # per output index (0 is D): the field prefix written per call and the tensor map's
+        # template, "ptr" for a reduction's pointer, "half" for a pointer and strides
+        maps: dict[str, tuple[str, tma.TmaTemplate | str]] = {
+            name: (field, template) for field, name, template in ((*([self.d] if self.d else []), *self.stores))}
+        maps.update({name: (field, "ptr") for field, name in self.reductions})
+        maps.update({name: (prefix, "ptr") for _, prefix, name in self.vector_reductions})
+        maps.update({name: (prefix, "half") for name, prefix in half_stores.items()})
+        self.by_index = [maps[o.name] for o in epi.outputs]
+        self.outputs = [o.name for o in epi.outputs]
 
     def values(self, p: Problem, encode: TensorMapEncoder, outputs: bool = True, workspace: int = 0
                ) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
@@ -98,14 +107,10 @@ class ArgumentBuilder:
         v, grid = self.shape_values(p)
         v.update(self.input_values(p, encode))
         if outputs:
-            for field, name, t in self.stores:
-                v[field] = encode(t.matrix(p.aux[name].ptr, p.m, p.n, p.l, p.aux[name].strides))
-            for field, name in self.reductions:
-                v[f"{field}.ptr"] = p.aux[name].ptr
-            for _, prefix, name in self.vector_reductions:
-                v[f"{prefix}.ptr"] = p.aux[name].ptr
             v.update({field: workspace + offset for field, offset in self.workspace(p).pointers})
-            v[self.d[0]] = encode(self.d[2].matrix(p.d.ptr, p.m, p.n, p.l, p.d.strides))
+            for i, o in enumerate(self.outputs):
+                for field, raw in self.output_map(i, p, p.aux.get(o, p.d), encode):
+                    v[field] = _unpacked(field, raw)
         return v, grid
 
     def shape_values(self, p: Problem) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
@@ -202,15 +207,32 @@ class ArgumentBuilder:
         for field, name, t in self.loads:
             arg = p.operands[name]
             v[field] = encode(t.matrix(arg.ptr, p.m, p.n, p.l, arg.strides))  # type: ignore[union-attr]
+        for prefix, name in self.half_loads:
+            v.update(_half_tensor(prefix, p.operands[name]))  # type: ignore[arg-type]
         return v
 
-    def output_map(self, index: int, p: Problem, t: TensorArg, encode: TensorMapEncoder) -> tuple[str, bytes]:
-        """(field, its bytes) of output `index` (0 is D, then the aux outputs) at `t`: a tensor map,
-        or a reduction's pointer."""
+    def output_map(self, index: int, p: Problem, t: TensorArg, encode: TensorMapEncoder
+                   ) -> tuple[tuple[str, bytes], ...]:
+        """The fields of output `index` (0 is D, then the aux outputs) at `t`, with their bytes: a
+        tensor map, a reduction's pointer, or an N/2-column tensor's pointer and strides."""
         field, template = self.by_index[index]
-        if template is None:
-            return field, t.ptr.to_bytes(8, "little")
-        return field, encode(template.matrix(t.ptr, p.m, p.n, p.l, t.strides))
+        if template == "ptr":
+            return ((f"{field}.ptr", t.ptr.to_bytes(8, "little")),)
+        if template == "half":
+            return tuple((f, struct.pack("<q", x)) for f, x in _half_tensor(field, t).items())
+        assert isinstance(template, tma.TmaTemplate)
+        return ((field, encode(template.matrix(t.ptr, p.m, p.n, p.l, t.strides))),)
+
+
+def _unpacked(field: str, raw: bytes) -> int | bytes:
+    """An output field's value as `values` gives it: a tensor map's bytes, an integer else."""
+    return raw if len(raw) == 128 else int.from_bytes(raw, "little", signed=not field.endswith(".ptr"))
+
+
+def _half_tensor(prefix: str, t: TensorArg) -> dict[str, int]:
+    """An N/2-column tensor's fields (pairs.hpp's HalfTensor): its address, row and batch strides
+    (columns are contiguous: `checks`)."""
+    return {f"{prefix}.ptr": t.ptr, f"{prefix}.stride_m": t.strides[0], f"{prefix}.stride_l": t.strides[2]}
 
 
 def _scale_blocks(p: Problem, name: str, gran: int, gran_k: int) -> tuple[int, int]:

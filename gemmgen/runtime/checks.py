@@ -183,6 +183,10 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
     if sb[-2] != k:
         raise InvalidArgument(f"b: expected {k} rows (K of a, shape {tuple(sa)}), got shape {tuple(sb)}")
     n = sb[-1]
+    if recipe.epilogue.pairs and n % 2:
+        raise InvalidArgument(f"b: {n} columns; this recipe's epilogue works on adjacent column pairs (gg.pairs), "
+                              f"so B needs an even number of columns (each pair's two interleaved): pass B with "
+                              f"{n + 1} or {n - 1} columns")
     if size_check is not None:
         size_check(m, n, k, l)
     device = a.device
@@ -201,7 +205,7 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
         if o.kind.block_scale:
             checked[o.name] = _block_scale(o, value, (m, n, k, l), g)
         else:
-            checked[o.name] = _operand(o, value, m, n, l, g.batched)
+            checked[o.name] = _operand(o, value, m, o.columns.extent(n), l, g.batched)
         if isinstance(value, torch.Tensor):
             named.append((o.name, value))
     for name, t in named:
@@ -218,7 +222,7 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
         if o.kind.block_scale:
             extents.append(_bytes(v, 4, block_scale_extents(o, g, m, n, k, l)))  # type: ignore[arg-type]
         elif o.kind is OperandKind.MATRIX:
-            extents.append(_bytes(v, o.dtype.nbytes, (m, n, l)))  # type: ignore[arg-type]
+            extents.append(_bytes(v, o.dtype.nbytes, (m, o.columns.extent(n), l)))  # type: ignore[arg-type]
         elif o.kind is not OperandKind.SCALAR:
             extents.append((n if o.kind is OperandKind.ROW else m) * o.dtype.nbytes)
     return CheckedCall(m, n, k, l, device, ta, tb, checked, tuple(extents))

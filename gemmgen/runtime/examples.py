@@ -44,6 +44,6 @@ def example_call(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, device: s
             ops[o.name] = torch.randn(*groups, n, generator=g, device=device).to(o.dtype.torch)
         elif o.kind is OperandKind.COL:
             ops[o.name] = torch.randn(m, generator=g, device=device).to(o.dtype.torch)
-        else:
-            ops[o.name] = matrix(lead, m, n, o.dtype.torch, Layout.ROW)
+        else:  # N/2 columns when it meets the halves of column pairs (`ir.columns`)
+            ops[o.name] = matrix(lead, m, o.columns.extent(n), o.dtype.torch, Layout.ROW)
     return args, ops

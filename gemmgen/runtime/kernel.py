@@ -68,7 +68,8 @@ class _Plan:
     fresh: tuple = ()  # what _fresh_outputs gives for this shape
     zero_k: bool = False  # K = 0 with a non-empty output: computed as the epilogue of zero
     # Shared by the plans of one layout (signature without addresses), as they depend on nothing else:
-    out_maps: dict[tuple, tuple[int, bytes]] = field(default_factory=dict)  # (output, addr, strides) -> (offset, map)
+    # (output, addr, strides) -> its fields' (offset, bytes): a tensor map, or a pointer and strides
+    out_maps: dict[tuple, tuple[tuple[int, bytes], ...]] = field(default_factory=dict)
     out_checked: dict[tuple, tuple] = field(default_factory=dict)  # (output, signature) -> (TensorArg, span)
     input_spans: tuple[Span, ...] | None = None  # per plan, computed when an output is first given
     last: tuple[tuple[OutputArg, ...], int, bytes] | None = None  # the last call's outputs, workspace, Params
@@ -188,11 +189,12 @@ class Kernel(KernelBase):
             hit = plan.out_maps.get(mkey)
             if hit is None:
                 t = TensorArg(ptr, strides)
-                field, desc = self._builder.output_map(i, plan.problem, t.transposed() if self._swap else t,  # type: ignore[arg-type]
-                                                       self._encode)
-                hit = self._writer.slots[field][0], desc
+                fields = self._builder.output_map(i, plan.problem, t.transposed() if self._swap else t,  # type: ignore[arg-type]
+                                                  self._encode)
+                hit = tuple((self._writer.slots[field][0], value) for field, value in fields)
                 put_bounded(plan.out_maps, mkey, hit)
-            buf[hit[0]:hit[0] + len(hit[1])] = hit[1]
+            for at, value in hit:
+                buf[at:at + len(value)] = value
         params = bytes(buf)
         plan.last = (targs, workspace, params)
         return params
@@ -309,8 +311,9 @@ class Kernel(KernelBase):
                 template = torch.empty(0, dtype=o.dtype.torch, device=device)
                 layouts.append((rshape, template, strides, modes, REDUCED_FROM_IDENTITY if zero else REDUCED))
                 continue
-            strides = padded_strides(shape, o.dtype.torch)
-            layouts.append((shape, torch.empty(0, dtype=o.dtype.torch, device=device), strides,
+            oshape = o.shape(shape)  # N/2 columns for a pair's half (`ir.columns`)
+            strides = padded_strides(oshape, o.dtype.torch)
+            layouts.append((oshape, torch.empty(0, dtype=o.dtype.torch, device=device), strides,
                             (strides[-2], 1, strides[0] if len(shape) == 3 and l > 1 else 0), MATRIX))
         return tuple(layouts)
 

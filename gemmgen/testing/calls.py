@@ -20,6 +20,12 @@ from .tensors import strided_matrix
 #: (M, N, K, L): M = 1, odd N and K with K tails, a tile-straddling M, N = 1 (one output column, a
 #: row of 2 or 4 bytes) and a 1 x 1 output; L is used by batched recipes.
 EMULATED = [(1, 24, 16, 2), (7, 40, 129, 3), (130, 9, 72, 2), (5, 1, 24, 2), (1, 1, 8, 3)]
+
+
+def emulated_shapes(recipe: Recipe | RecipeIR) -> list[tuple[int, int, int, int]]:
+    """EMULATED, each N made even for an epilogue over column pairs (which needs whole pairs)."""
+    ir = recipe if isinstance(recipe, RecipeIR) else recipe.ir
+    return [(m, n + n % 2, k, b) if ir.epilogue.pairs else (m, n, k, b) for m, n, k, b in EMULATED]
 #: Relative tolerance of an output of each dtype against the fp32 reference (fp8: one unit in the last place).
 TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-4,
              torch.float8_e4m3fn: 2**-3, torch.float8_e5m2: 2**-2}
@@ -57,7 +63,8 @@ def given_outputs(recipe: AnyRecipe, m: int, n: int, lead: tuple[int, ...], fill
     """Outputs as a caller gives them (NaN-filled by default): M x N with padded rows, or a
     reduction's contiguous fp32 values per batch."""
     return tuple(torch.full(o.shape((*lead, m, n)), fill if fill is not None else 1.0) if o.reduce is not None
-                 else padded(m, n, o.dtype.torch, True, lead, fill=fill) for o in ir_of(recipe).epilogue.outputs)
+                 else padded(m, o.columns.extent(n), o.dtype.torch, True, lead, fill=fill)
+                 for o in ir_of(recipe).epilogue.outputs)
 
 
 def unwritten(recipe: AnyRecipe, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -82,7 +89,7 @@ def fresh_args(recipe: AnyRecipe, m: int, n: int, k: int, lead: tuple[int, ...],
         elif o.kind is OperandKind.SCALAR:
             ops[o.name] = float(torch.randn(())) if scalar is None else scalar
         elif o.kind is OperandKind.MATRIX:
-            ops[o.name] = padded(m, n, o.dtype.torch, True, lead)
+            ops[o.name] = padded(m, o.columns.extent(n), o.dtype.torch, True, lead)
         else:
             ops[o.name] = torch.randn(n if o.kind is OperandKind.ROW else m).to(o.dtype.torch)
     return a, b, ops

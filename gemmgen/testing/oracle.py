@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..codegen import GeneratedKernel, emitter, template_environment
-from ..codegen.evt import ParamBinding
+from ..codegen.evt import HALF_STRIDE, ParamBinding
 from ..compile.toolchain import toolchain
 from ..config import TileScheduler
 from ..errors import ToolchainError
@@ -50,6 +50,7 @@ class OracleResult:
     launch: dict
     can_implement: bool
     workspace_size: int
+    pairs: dict | None = None  # an epilogue over column pairs: pairs.hpp's probe_pairs of the kernel
 
 
 class _Slots:
@@ -100,13 +101,17 @@ class OracleProgram:
             c_stride = f"oracle::stride3<typename CollectiveEpilogue::StrideC>(V[{c[1]}], V[{c[2]}], V[{c[3]}])"
         else:
             c_ptr, c_stride = "nullptr", "{}"
-        d = tensor("d")
-        epilogue = (f"{{{thread}, {c_ptr}, {c_stride}, reinterpret_cast<ElementD*>(V[{d[0]}]), "
-                    f"oracle::stride3<typename CollectiveEpilogue::StrideD>(V[{d[1]}], V[{d[2]}], V[{d[3]}])}}")
-        hw = {n: self.slots.add(f"hw.{n}") for n in ("device_id", "sm_count", "max_active_clusters")}
         atoms = [("mainloop.tma_a", "p.mainloop.tma_load_a.aux_params_"),
-                 ("mainloop.tma_b", "p.mainloop.tma_load_b.aux_params_"),
-                 ("epilogue.tma_d", "p.epilogue.tma_store_d.aux_params_")]
+                 ("mainloop.tma_b", "p.mainloop.tma_load_b.aux_params_")]
+        if epi.stores_d:
+            d = tensor("d")
+            d_args = (f"reinterpret_cast<ElementD*>(V[{d[0]}]), "
+                      f"oracle::stride3<typename CollectiveEpilogue::StrideD>(V[{d[1]}], V[{d[2]}], V[{d[3]}])")
+            atoms.append(("epilogue.tma_d", "p.epilogue.tma_store_d.aux_params_"))
+        else:  # void D: a PairStore in the callbacks writes it
+            d_args = "nullptr, {}"
+        epilogue = f"{{{thread}, {c_ptr}, {c_stride}, {d_args}}}"
+        hw = {n: self.slots.add(f"hw.{n}") for n in ("device_id", "sm_count", "max_active_clusters")}
         mode = ("int(V[3]) > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : "
                 "cutlass::gemm::GemmUniversalMode::kGemm")
         # vector reductions keep their partials and tile counters in the workspace, a stream-K
@@ -132,7 +137,9 @@ class OracleProgram:
             types=template_environment().get_template(types["types_template"]).render(**types),
             n_slots=len(self.slots.names), n_args=len(self.slots.names) + 1, slot=hw, mode=mode,
             problem_args=problem, mainloop_args=mainloop, epilogue_args=epilogue, workspace=workspace,
-            scheduler_args=scheduler or [], fields=[(f.name, f.lvalue("p")) for f in kernel.fields], aux_sizes=atoms)
+            scheduler_args=scheduler or [], fields=[(f.name, f.lvalue("p")) for f in kernel.fields], aux_sizes=atoms,
+            # an epilogue over column pairs: the probe of its registers' pairing (with D's element)
+            pairs_elements=[kernel.kernel_recipe.gemm.d.cutlass] if kernel.kernel_recipe.epilogue.pairs else [])
         self._build_dir = build_dir
         self.key = _digest([self])
         # a program built with others serves every OracleProgram of the same kernel part
@@ -199,6 +206,12 @@ class OracleProgram:
             ptr, batch_stride = (self.slots.add(f"aux.{b.name}.{part}") for part in ("ptr", "s2"))
             return (f"{{reinterpret_cast<{e}*>(V[{ptr}]), 0.f, "
                     f"{{cute::_0{{}}, cute::_0{{}}, static_cast<int64_t>(V[{batch_stride}])}}}}")
+        if b.kind in ("pair_load", "pair_store"):  # pairs.hpp's HalfTensor {ptr, dHalf}
+            tensor_of = f"operand.{b.name}" if b.kind == "pair_load" else "d" if b.name == "d" else f"aux.{b.name}"
+            s = [self.slots.add(f"{tensor_of}.{part}") for part in ("ptr", "s0", "s1", "s2")]
+            const = " const" if b.kind == "pair_load" else ""
+            return (f"{{reinterpret_cast<{e}{const}*>(V[{s[0]}]), "
+                    f"oracle::stride3<{HALF_STRIDE}>(V[{s[1]}], V[{s[2]}], V[{s[3]}])}}")
         prefix = "operand" if b.kind == "aux_load" else "aux"
         s = [self.slots.add(f"{prefix}.{b.name}.{part}") for part in ("ptr", "s0", "s1", "s2")]
         stride = f"oracle::stride3<AuxStride>(V[{s[1]}], V[{s[2]}], V[{s[3]}])"
@@ -247,7 +260,7 @@ class OracleProgram:
         proc = subprocess.run([str(self.build()), str(self.index), *argv], capture_output=True, text=True, timeout=60)
         if proc.returncode != 0:
             raise ToolchainError(f"oracle failed ({proc.returncode}): {proc.stderr[-2000:]}")
-        encodes, fields, aux, launch, can, workspace = [], {}, {}, {}, False, -1
+        encodes, fields, aux, launch, can, workspace, pairs = [], {}, {}, {}, False, -1, None
         for line in proc.stdout.splitlines():
             obj = json.loads(line)
             if "encode" in obj:
@@ -262,7 +275,9 @@ class OracleProgram:
                 can = bool(obj["can_implement"])
             elif "workspace_size" in obj:
                 workspace = obj["workspace_size"]
-        return OracleResult(encodes, fields, aux, launch, can, workspace)
+            elif "pairs" in obj:
+                pairs = obj
+        return OracleResult(encodes, fields, aux, launch, can, workspace, pairs)
 
 
 def _source(programs: list[OracleProgram]) -> str:

@@ -21,6 +21,13 @@ passes its input on; Sm90RowReduction and Sm90ColReduction (sum, or max |x| with
 reduce their input over M or over N per batch on their deterministic path (partials per tile in
 the workspace, whose tile counters must start at 0), store the vector and pass the input on.
 The functors are gemmgen/include/gemmgen/epilogue.hpp's formulas, here in fp32 torch.
+
+Column pairs (gemmgen/include/gemmgen/pairs.hpp): a pair's half is held in both columns of its
+pair (PairEven / PairOdd copy one of the two into both, Interleave takes the even column of one
+input and the odd of the other, PairSumMask zeroes the odd one); PairLoad reads an N/2-column
+tensor through its pointer and strides into both, PairStore writes the even columns' values at
+half the column index and passes its input on; WithElementAux<E, Callbacks> is Callbacks (the
+collective then stores no D: ElementD is void).
 """
 
 from __future__ import annotations
@@ -196,8 +203,47 @@ def scalar_function(name: str) -> Callable[..., torch.Tensor]:
     return lambda *args: op.apply(args)
 
 
+def _even(x: torch.Tensor) -> torch.Tensor:
+    """Each pair's even column in both of its columns (a column-constant value is its own)."""
+    return x if x.shape[-1] == 1 else x[..., 0::2].repeat_interleave(2, dim=-1)
+
+
+def _odd(x: torch.Tensor) -> torch.Tensor:
+    return x if x.shape[-1] == 1 else x[..., 1::2].repeat_interleave(2, dim=-1)
+
+
+def _interleave(even: torch.Tensor, odd: torch.Tensor) -> torch.Tensor:
+    even, odd = torch.broadcast_tensors(even, odd)
+    if even.shape[-1] == 1:
+        raise EpilogueSourceError("Interleave of two column-constant values")
+    out = odd.clone()
+    out[..., 0::2] = even[..., 0::2]
+    return out
+
+
+def _sum_once(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[-1] == 1:
+        raise EpilogueSourceError("PairSumMask of a column-constant value")
+    out = x.clone()
+    out[..., 1::2] = 0.0
+    return out
+
+
+#: pairs.hpp's fragment functors, on whole (L, M, N) tensors.
+_PAIR_FUNCTORS: dict[str, Callable[..., torch.Tensor]] = {
+    "PairEven": _even, "PairOdd": _odd, "Interleave": _interleave, "PairSumMask": _sum_once}
+
+
 def _functor(t: CppType) -> Callable[..., torch.Tensor]:
-    """The ComputeFn of an Sm90Compute: `gemmgen::epi::Map<F>::Fn`."""
+    """The ComputeFn of an Sm90Compute: `gemmgen::epi::Map<F>::Fn`, or one of pairs.hpp's."""
+    base = t.name.removeprefix(_EPI)
+    if not t.args and not t.member and base in _PAIR_FUNCTORS:
+        return _PAIR_FUNCTORS[base]
+    if base == "InterleaveConst" and t.member == "::Fn" and len(t.args) == 2:
+        constant, const_even = _constant(t.args[0]), t.args[1].name
+        if const_even not in ("true", "false"):
+            raise EpilogueSourceError(f"compute function {t}")
+        return (lambda x: _interleave(constant, x)) if const_even == "true" else (lambda x: _interleave(x, constant))
     if t.name != f"{_EPI}Map" or t.member != "::Fn" or len(t.args) != 1:
         raise EpilogueSourceError(f"compute function {t} is not a gemmgen::epi::Map<F>::Fn")
     f = t.args[0]
@@ -293,7 +339,8 @@ class EpilogueInterpreter:
         self.callbacks = self._resolve(parse_type(callbacks))
         self.element_a = _element(parse_type(self.decls["ElementA"]))
         self.element_b = _element(parse_type(self.decls["ElementB"]))
-        self.element_d = _element(parse_type(self.decls["ElementD"]))
+        # void: a PairStore among the callbacks writes D (pairs.hpp)
+        self.element_d = None if self.decls["ElementD"] == "void" else _element(parse_type(self.decls["ElementD"]))
         c = self.decls["ElementC"]
         self.element_c = None if c == "void" else _element(parse_type(c))
         self.column_major = {name: self._column_major(name) for name in ("LayoutA", "LayoutB", "LayoutC", "LayoutD")}
@@ -317,6 +364,8 @@ class EpilogueInterpreter:
         """Evaluate the callbacks on the (L, M, N) fp32 accumulator, storing D and the aux outputs
         through the tensor maps the Params hold."""
         d = self._visit(self.callbacks, _THREAD, acc, params, ())
+        if self.element_d is None:
+            return
         if d.dtype != self.element_d:
             raise EpilogueSourceError(f"the callbacks give {d.dtype}, ElementD is {self.element_d}")
         if self.grouped:  # the current group's D, through the kernel's pointer and stride arrays
@@ -330,6 +379,12 @@ class EpilogueInterpreter:
     def _visit(self, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
                inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         t = self._resolve(t)
+        if t.name == f"{_EPI}WithElementAux":
+            if self.element_d is not None or len(t.args) != 2:
+                raise EpilogueSourceError(f"{t} with ElementD {self.element_d}")
+            return self._visit(t.args[1], lvalue, acc, params, inputs)
+        if t.name in (f"{_EPI}PairLoad", f"{_EPI}PairStore"):
+            return self._pairs(t, lvalue, acc, params, inputs)
         kind = t.name.removeprefix(_FUSION)
         if kind == "Sm90EVT":
             node, *children = t.args
@@ -403,6 +458,26 @@ class EpilogueInterpreter:
             value = torch.minimum(torch.where(torch.isnan(x), identity, x).amin(dim=dims), identity)
         target = ptr.as_strided((l_ if batch_stride else 1, length), (batch_stride, 1))
         target.copy_(_convert(value.reshape(target.shape), element))
+        return inputs[0]
+
+    def _pairs(self, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
+               inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """PairLoad / PairStore: an (L, M, N/2) tensor at the HalfTensor's pointer and strides."""
+        store = t.name == f"{_EPI}PairStore"
+        if len(t.args) != 2 or str(t.args[1]) != _ROW_MAJOR_AUX or len(inputs) != int(store):
+            raise EpilogueSourceError(f"{t} with {len(inputs)} inputs")
+        element = _element(t.args[0])
+        l_, m, n = acc.shape
+        stride_m, stride_l = (struct.unpack("<q", params.raw(f"cute::get<{i}>({lvalue}.dHalf)"))[0] for i in (0, 2))
+        span = (l_ - 1) * stride_l + (m - 1) * stride_m + n // 2
+        ptr = params.pointer(f"{lvalue}.ptr", element, span)
+        if ptr is None:
+            raise AssertionError(f"{lvalue}.ptr: null")
+        half = ptr.as_strided((l_, m, n // 2), (stride_l, stride_m, 1))
+        if not store:
+            return half.to(torch.float32).repeat_interleave(2, dim=-1)
+        x = inputs[0].to(torch.float32).expand(acc.shape)
+        half.copy_(_convert(x[..., 0::2], element))
         return inputs[0]
 
     def _tile(self, t: CppType) -> tuple[int, int]:

@@ -188,7 +188,9 @@ def candidate_configs(recipe: RecipeIR, m_bucket: int, arch: Arch = DEFAULT_ARCH
     """The configs considered for an M bucket on `arch`, most preferred first, with K steps of 128
     bytes. A recipe that only a swapped kernel computes (`config.needs_swap`) gets every tile
     swapped."""
-    return _candidates(m_bucket <= SWAP_MAX_M, needs_swap(recipe), tile_k(recipe), arch)
+    # swapped kernels take the recipe's rows as their columns: not for an epilogue over column pairs
+    small_m = m_bucket <= SWAP_MAX_M and not recipe.epilogue.pairs
+    return _candidates(small_m, needs_swap(recipe), tile_k(recipe), arch)
 
 
 @functools.cache

@@ -16,7 +16,7 @@ import torch
 
 import gemmgen as gg
 from gemmgen.codegen import render_kernel
-from gemmgen.testing.calls import EMULATED, TOLERANCE, args_with_nonzero_reference, dense, padded
+from gemmgen.testing.calls import EMULATED, TOLERANCE, args_with_nonzero_reference, dense, emulated_shapes, padded
 from gemmgen.testing.checks import assert_computes, emulated_call, uncompiled
 from gemmgen.testing.random_recipes import random_recipe
 from gemmgen.testing.visitors import CppType, EpilogueInterpreter, parse_type
@@ -45,7 +45,7 @@ def test_every_recipe_under_plain_and_swapped_kernels(examples, extra):
     for recipe in [*dense(examples).values(), *extra.values()]:  # grouped: tests/runtime/test_grouped_kernel.py
         for config in _configs(recipe):
             ck = uncompiled(recipe, config)
-            for shape in EMULATED:
+            for shape in emulated_shapes(recipe):
                 assert_computes(ck, shape, f"{recipe.name} {config.name}")
             count += 1
     assert count >= 20

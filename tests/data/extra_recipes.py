@@ -159,3 +159,25 @@ select_ops = gg.Recipe("select_ops", _select_ops, operands={"bias": gg.RowVector
 # next layer's weight, row-major.
 bias_gelu_bwd = gg.Recipe("bias_gelu", lambda acc, bias: gg.gelu(acc + bias),
                           operands={"bias": gg.RowVector(gg.bf16)}).backward().kernel
+
+
+# Column pairs (gg.pairs, gg.interleave; gemmgen/include/gemmgen/pairs.hpp): GEGLU of the pairs with
+# a per-row scale and an N/2-column residual (PairLoad) as D (PairStore, no D of the collective's),
+# an N/2-column fp32 copy of it (PairStore), a rotary rotation of the pairs by an N/2-column angle
+# cosine and a scalar sine put back to full width (a TMA aux store), a pair with a constant odd
+# side, the row sums of D's squares (each pair's value counted once: PairSumMask) and max |D|.
+def _pair_ops(acc, residual, scale, cos, sin):
+    gate, up = gg.pairs(acc)
+    h = gg.gelu(gate) * up * scale + residual
+    rot = gg.interleave(gate * cos - up * sin, gate * sin + up * cos)
+    return {"d": h, "h32": h, "rot": rot, "gate_only": gg.interleave(gate, 0.0), "sum_sq": gg.sum(h * h, dim=1),
+            "amax_h": gg.amax(h)}
+
+
+pair_ops = gg.Recipe(
+    "pair_ops",
+    _pair_ops,
+    operands={"residual": gg.Matrix(gg.bf16), "scale": gg.ColVector(gg.f32), "cos": gg.Matrix(gg.bf16),
+              "sin": gg.Scalar()},
+    aux={"h32": gg.f32, "rot": gg.bf16, "gate_only": gg.bf16, "sum_sq": gg.f32, "amax_h": gg.f32},
+)

@@ -48,8 +48,11 @@ def _evaluate(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tenso
         elif node.op is Op.INPUT:
             assert node.name is not None
             v = _broadcast(operands[node.name], ir.operand(node.name).kind.value)
-            if as_torch:  # every value per element of D, as the kernel computes it (see `cast`'s rule)
-                v = v.expand(acc.shape)
+            operand = ir.operand(node.name)
+            # every value per element of D, as the kernel computes it (see `cast`'s rule); over column
+            # pairs a vector or scalar stays broadcast (it meets values of either width)
+            if as_torch and (not ir.pairs or operand.kind in (gg.OperandKind.MATRIX, gg.OperandKind.ROW)):
+                v = v.expand(*acc.shape[:-1], operand.columns.extent(acc.shape[-1]))
         else:
             args = [values[a] for a in node.args]
             consts = [ir.nodes[a].op is Op.CONST for a in node.args]
@@ -61,7 +64,7 @@ def _evaluate(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tenso
         values.append(v.double())
     out = {}
     for o in ir.outputs:
-        v = values[o.node].expand(acc.shape)
+        v = values[o.node].expand(*acc.shape[:-1], o.columns.extent(acc.shape[-1]))
         if o.reduce is not None and o.reduce is not Reduction.SUM:
             continue  # a forward's statistics: no gradient flows from them
         if o.reduce is not None:
@@ -84,7 +87,8 @@ def _check_backward(recipe: gg.Recipe, backward: gg.Backward, m: int, n: int, rn
     lead = (2,) if recipe.ir.gemm.batched else ()
     saved_dtype = next((o.dtype for o in backward.kernel.operands if o.name == SAVED_ACC), gg.bf16)
     acc = _random((*lead, m, n), saved_dtype, rng).requires_grad_()
-    ops = {o.name: _random(_SHAPES[o.kind.value](m, n, lead), o.dtype, rng).requires_grad_() for o in fwd.operands}
+    ops = {o.name: _random(_SHAPES[o.kind.value](m, o.columns.extent(n), lead), o.dtype, rng).requires_grad_()
+           for o in fwd.operands}
     outs = _evaluate(fwd, acc, ops, as_torch=True)
     grads = {name: torch.randn(outs[name].shape, generator=rng, dtype=torch.float64) for name in grad_outputs}
     grads = {k: v.to(gg.bf16.torch).double() for k, v in grads.items()}  # as the operands hold them
@@ -222,18 +226,20 @@ def test_every_op_of_the_table_has_a_rule():
 
 def test_every_example_has_a_backward(examples):
     """Each example recipe's backward, saving or recomputing its accumulator, checked against
-    autograd (a grouped one's recomputes, and leaves its operands' gradients to torch)."""
+    autograd (a grouped one's recomputes, and leaves its operands' gradients to torch; one over
+    column pairs recomputes)."""
     gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
     for name, recipe in examples.items():
         backward = recipe.backward()
-        assert backward.kernel.name == f"{recipe.name}_bwd" + ("_recompute" if recipe.ir.gemm.grouped else "")
+        recomputes = recipe.ir.gemm.grouped or recipe.ir.epilogue.pairs
+        assert backward.kernel.name == f"{recipe.name}_bwd" + ("_recompute" if recomputes else "")
         if recipe.ir.gemm.grouped:
             assert backward.recompute and backward.forward is recipe
             assert all(g.reason for g in backward.gradients), name
             continue
-        for recompute in (False, True):
+        for recompute in ((True,) if recomputes else (False, True)):
             backward = recipe.backward(recompute=recompute)
-            _check_backward(recipe, backward, 7, 5, gen, what=f"{name} recompute={recompute}")
+            _check_backward(recipe, backward, 7, 6 if recomputes else 5, gen, what=f"{name} recompute={recompute}")
             reads = backward.saves_accumulator
             assert (backward.forward is not recipe) == reads and not (recompute and reads), name
             if reads:
@@ -326,3 +332,39 @@ def test_describe_says_where_each_gradient_is(examples):
     assert "grad_bias: dL/dbias (sum over M)" in text
     assert "scale: not in the kernel, computed with torch" in text
     assert "saved_acc: written by quick_gelu_scaled_train" in text
+
+
+def _pairs_recipes() -> list[gg.Recipe]:
+    def gated(act):
+        def epilogue(acc, bias, scale, residual):
+            gate, up = gg.pairs(acc + bias)
+            return act(gate) * up * scale + residual
+        return epilogue
+
+    def rotary(acc, cos, sin):
+        x, y = gg.pairs(acc)
+        return gg.interleave(x * cos - y * sin, x * sin + y * cos)
+
+    operands = {"bias": gg.RowVector(gg.bf16), "scale": gg.ColVector(gg.f32), "residual": gg.Matrix(gg.bf16)}
+    return [*(gg.Recipe(f"gated_{act.__name__}", gated(act), operands=operands)
+              for act in (gg.silu, gg.gelu, gg.gelu_tanh, gg.relu)),
+            gg.Recipe("rotary", rotary, operands={"cos": gg.Matrix(gg.f32), "sin": gg.Matrix(gg.f32)}),
+            gg.Recipe("glu_stats", lambda acc: {"d": gg.sigmoid(gg.pairs(acc)[0]) * gg.pairs(acc)[1],
+                                                "keep": gg.interleave(gg.pairs(acc)[1], 0.0)},
+                      aux={"keep": gg.bf16})]
+
+
+def test_backward_over_column_pairs_matches_autograd():
+    """Gated activations (SwiGLU, GEGLU, ReGLU) with a bias before the pairs, a per-row scale and
+    an N/2-column residual after; a rotary rotation; an aux output receiving a gradient. The
+    backward recomputes (the forward's GEMM again, dL/dD read at N/2 columns); the bias gradient,
+    a sum over M, is left to torch (`Backward.rest`)."""
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    for recipe in _pairs_recipes():
+        outputs = tuple(o.name for o in recipe.outputs if o.reduce is None)
+        backward = recipe.backward(grad_outputs=outputs)
+        assert backward.recompute, recipe.name
+        compared = _check_backward(recipe, backward, 7, 10, gen, grad_outputs=outputs, what=recipe.name)
+        assert compared == len(recipe.ir.epilogue.operands), recipe.name
+        reasons = {g.operand: g.reason for g in backward.gradients}
+        assert "never swapped" in reasons.get("bias", "never swapped"), reasons

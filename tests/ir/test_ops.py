@@ -16,15 +16,19 @@ import gemmgen as gg
 from gemmgen.codegen.evt import EPI
 from gemmgen.compile.toolchain import gemmgen_include_dir
 from gemmgen.ir import Op, Param, f32_bits
-from gemmgen.testing.visitors import scalar_function
+from gemmgen.testing.visitors import _PAIR_FUNCTORS, scalar_function
 
 EPILOGUE_HPP = gemmgen_include_dir() / "gemmgen" / "epilogue.hpp"
-#: epilogue.hpp's structs that are no op's: the identity (D's own conversion node) and the adaptors.
-HELPERS = {"Identity", "WithRhs", "WithLhs", "Map", "SelectConstX", "SelectConstY", "SelectConstXY"}
+PAIR_FUNCTORS_HPP = gemmgen_include_dir() / "gemmgen" / "pair_functors.hpp"
+#: the headers' structs that are no op's: the identity (D's own conversion node), the adaptors, and
+#: the pair functors' constant form and a sum's mask (codegen.evt places them).
+HELPERS = {"Identity", "WithRhs", "WithLhs", "Map", "SelectConstX", "SelectConstY", "SelectConstXY",
+           "InterleaveConst", "Fn", "PairSumMask"}
 
 
 def _functors_in_header() -> set[str]:
-    return set(re.findall(r"^struct (\w+)", EPILOGUE_HPP.read_text(), re.M))
+    return {name for header in (EPILOGUE_HPP, PAIR_FUNCTORS_HPP)
+            for name in re.findall(r"^\s*struct (\w+)", header.read_text(), re.M)}
 
 
 def test_each_op_is_one_complete_row():
@@ -60,7 +64,9 @@ def test_the_dsl_spells_every_op_and_lists_it():
         fn = getattr(gg, op.dsl)
         assert fn is getattr(gg.dsl, op.dsl)
         extra = {Param.SLOPE: (0.2,), Param.DTYPE: (gg.bf16,)}.get(op.param, ())
-        if op.arity == 3:
+        if op.pairs:  # gg.pairs gives both halves; gg.interleave takes two
+            recipe = gg.Recipe("t", lambda acc: gg.interleave(*gg.pairs(acc)))
+        elif op.arity == 3:
             recipe = gg.Recipe("t", _ternary_epilogue(fn), operands={"s": gg.Scalar()})
         elif op.arity == 2:
             recipe = gg.Recipe("t", _binary_epilogue(fn), operands={"s": gg.Scalar()})
@@ -85,7 +91,7 @@ def test_the_visitors_evaluate_each_functor_by_the_tables_formula():
     """What the emulation runs for a functor named in a kernel's source is its row's formula."""
     x = torch.linspace(-4, 4, 17)
     for op in Op:
-        if op.functor is None or op.param is not Param.NONE:
+        if op.functor is None or op.param is not Param.NONE or op.pairs:  # pairs: the next test
             continue
         args = (x, x.flip(0), x * 0.5)[:op.arity]
         got = scalar_function(op.functor)(*args)
@@ -112,7 +118,7 @@ def test_cpp_functors_compute_the_tables_formulas(tmp_path):
     slope = gg.ir.f32(0.2)
     lines, cases = [], []
     for op in Op:
-        if op.functor is None or op.param is Param.DTYPE:
+        if op.functor is None or op.param is Param.DTYPE or op.pairs:  # pairs: test_cpp_pair_functors...
             continue
         functor = f"{EPI}::{op.functor}<{f32_bits(slope)}u>" if op.param is Param.SLOPE else f"{EPI}::{op.functor}"
         for x in xs:
@@ -156,6 +162,68 @@ def test_cpp_functors_compute_the_tables_formulas(tmp_path):
         ulps = 2**-22 * max([1.0, *(abs(a) for a in args if a == a)])
         torch.testing.assert_close(torch.tensor(float(got)), want, rtol=2e-6, atol=ulps, equal_nan=True,
                                    msg=_prefix(f"{op.functor}{args}"))
+
+
+def test_the_visitors_evaluate_each_pair_functor_by_the_tables_formula():
+    """The emulation holds a pair's half in both columns of its pair: what it runs for a pair
+    functor is the row's formula with each result column doubled (the even one kept for
+    Interleave's input halves), and PairSumMask keeps each pair's value once."""
+    x, y = torch.randn(3, 8), torch.randn(3, 8)
+    doubled = {Op.PAIR_EVEN: (x,), Op.PAIR_ODD: (x,)}
+    for op, args in doubled.items():
+        got = _PAIR_FUNCTORS[op.functor](*args)  # type: ignore[index]
+        torch.testing.assert_close(got, op.apply(args).repeat_interleave(2, dim=-1), rtol=0, atol=0)
+    # Interleave reads each input's pair from its even (a half's) or odd column: halves held doubled
+    even, odd = x[:, 0::2].repeat_interleave(2, -1), y[:, 1::2].repeat_interleave(2, -1)
+    got = _PAIR_FUNCTORS["Interleave"](even, odd)
+    torch.testing.assert_close(got, Op.INTERLEAVE.apply((x[:, 0::2], y[:, 1::2])), rtol=0, atol=0)
+    masked = _PAIR_FUNCTORS["PairSumMask"](even)
+    assert torch.equal(masked.sum(-1), x[:, 0::2].sum(-1)) and torch.equal(masked[:, 1::2], torch.zeros(3, 4))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to run the pair functors on the host")
+def test_cpp_pair_functors_compute_the_tables_formulas(tmp_path):
+    """pair_functors.hpp's fragment functors on the host, on fragments of 8 (four pairs), against
+    the formulas with a half held in both columns of its pair (as the emulation holds it)."""
+    stub = tmp_path / "stub" / "cutlass"
+    stub.mkdir(parents=True)
+    (stub / "cutlass.h").write_text(
+        "#pragma once\n#include <cstdint>\n#include <cstring>\n#include <cmath>\n#define CUTLASS_DEVICE inline\n"
+        "#define CUTLASS_PRAGMA_UNROLL\n"
+        "inline float __uint_as_float(uint32_t b) { float f; std::memcpy(&f, &b, 4); return f; }\n"
+        "inline uint32_t __float_as_uint(float f) { uint32_t b; std::memcpy(&b, &f, 4); return b; }\n")
+    (stub / "array.h").write_text(
+        "#pragma once\nnamespace cutlass { template <class T, int N, bool R = true> struct Array {\n"
+        "  T v[N]; T& operator[](int i) { return v[i]; } T const& operator[](int i) const { return v[i]; }\n"
+        "  void fill(T x) { for (T& e : v) e = x; } }; }\n")
+    x = [float(v) for v in torch.randn(8)]
+    y = [float(v) for v in torch.randn(8)]
+    calls = {"PairEven": "PairEven<A>{}(x)", "PairOdd": "PairOdd<A>{}(x)", "Interleave": "Interleave<A>{}(x, y)",
+             "PairSumMask": "PairSumMask<A>{}(x)",
+             "ConstEven": f"InterleaveConst<{f32_bits(2.5)}u, true>::Fn<A>{{}}(y)",
+             "ConstOdd": f"InterleaveConst<{f32_bits(-1.5)}u, false>::Fn<A>{{}}(x)"}
+    prog = tmp_path / "p.cpp"
+    prog.write_text(
+        "#include <cstdio>\n#include <gemmgen/pair_functors.hpp>\nusing namespace gemmgen::epi;\n"
+        "using A = cutlass::Array<float, 8, true>;\n"
+        "static void p(A const& a) {\n"
+        "  for (int i = 0; i < 8; ++i) std::printf(\"%.9g \", a[i]);\n  std::printf(\"\\n\");\n}\n"
+        "int main() {\n  A x, y;\n" + "".join(f"  x[{i}] = {x[i]!r}f; y[{i}] = {y[i]!r}f;\n" for i in range(8))
+        + "".join(f"  p({c});\n" for c in calls.values()) + "}\n")
+    exe = tmp_path / "p"
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{tmp_path / 'stub'}", f"-I{gemmgen_include_dir()}",
+                    "-o", str(exe), str(prog)], check=True, capture_output=True)
+    rows = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
+    got = {name: torch.tensor([float(v) for v in row.split()]) for name, row in zip(calls, rows, strict=True)}
+    tx, ty = torch.tensor(x), torch.tensor(y)
+    torch.testing.assert_close(got["PairEven"], Op.PAIR_EVEN.apply((tx,)).repeat_interleave(2), rtol=0, atol=0)
+    torch.testing.assert_close(got["PairOdd"], Op.PAIR_ODD.apply((tx,)).repeat_interleave(2), rtol=0, atol=0)
+    torch.testing.assert_close(got["Interleave"], Op.INTERLEAVE.apply((tx[0::2], ty[1::2])), rtol=0, atol=0)
+    torch.testing.assert_close(got["PairSumMask"], Op.INTERLEAVE.apply((tx[0::2], torch.zeros(4))), rtol=0, atol=0)
+    torch.testing.assert_close(got["ConstEven"], Op.INTERLEAVE.apply((torch.full((4,), 2.5), ty[1::2])), rtol=0,
+                               atol=0)
+    torch.testing.assert_close(got["ConstOdd"], Op.INTERLEAVE.apply((tx[0::2], torch.full((4,), -1.5))), rtol=0,
+                               atol=0)
 
 
 def _prefix(where: str):

@@ -197,7 +197,7 @@ def case_sm100_calls_on_a_b200_launch_the_recipes_math(stub, kernels):
 def _launch_and_emulate(stub, kernels: dict) -> None:
     from gemmgen.ir.reference import reference
     from gemmgen.runtime.kernel import Kernel
-    from gemmgen.testing.calls import EMULATED, TOLERANCE, args_with_nonzero_reference, given_outputs, unwritten
+    from gemmgen.testing.calls import TOLERANCE, args_with_nonzero_reference, emulated_shapes, given_outputs, unwritten
     from gemmgen.testing.emulate import emulate
     from gemmgen.testing.recording import encode_violations, launch_violations
     from gemmgen.testing.tensors import assert_output_close
@@ -206,7 +206,7 @@ def _launch_and_emulate(stub, kernels: dict) -> None:
         kernel = Kernel(ck, require_cuda=False)  # the real driver path: encode, load and launch reach the stub
         prepared = _keeping_prepared(kernel)
         recipe = ck.recipe
-        for m, n, k, batch in EMULATED:
+        for m, n, k, batch in emulated_shapes(recipe):
             lead = (batch,) if recipe.gemm.batched else ()
             for given in (True, False):
                 where = f"{name} M={m} N={n} K={k} lead={lead} given={given}"

@@ -42,6 +42,7 @@ def _up(x: int, m: int = 8) -> int:
 
 def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -> Problem:  # noqa: E741
     g = recipe.gemm
+    n += n % 2 if recipe.epilogue.pairs else 0  # an epilogue over column pairs needs whole pairs
     addr = iter(0x7F00_0000_0000 + i * (1 << 34) for i in range(64))
     fp8 = g.a.nbytes == 1  # A/B leading dimensions stay multiples of 16 bytes: 16 fp8 elements
     per_ab, pad_ab = (16, 2 * pad) if fp8 else (8, pad)
@@ -62,9 +63,9 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
         ldb = _up(n, per_ab) + pad_ab
         b = TensorArg(next(addr), (1, ldb, batch(k, ldb)))
 
-    def mn(dtype) -> TensorArg:
+    def mn(dtype, columns=gg.ir.Columns.FULL) -> TensorArg:
         per, extra = (16, 2 * pad) if dtype.nbytes == 1 else (8, pad)  # fp8 rows: 16-byte multiples too
-        ld = _up(n, per) + extra
+        ld = _up(columns.extent(n), per) + extra
         return TensorArg(next(addr), (ld, 1, batch(m, ld)))
 
     operands: dict[str, TensorArg | float] = {}
@@ -77,15 +78,16 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
         elif o.kind is OperandKind.SCALAR:
             operands[o.name] = 0.75 if o.name != "beta" else -1.5
         elif o.kind is OperandKind.MATRIX:
-            operands[o.name] = mn(o.dtype)
+            operands[o.name] = mn(o.dtype, o.columns)
         else:
             operands[o.name] = TensorArg(next(addr))
     def reduced(o) -> TensorArg:  # contiguous per batch: one value, a value per row (dim 1) or per column (0)
         modes = {None: (0, 0, 1), 1: (1, 0, m), 0: (0, 1, n)}[o.dim]
         return TensorArg(next(addr), (*modes[:2], modes[2] if l > 1 else 0))
 
-    aux = {o.name: mn(o.dtype) if o.reduce is None else reduced(o) for o in recipe.outputs[1:]}
-    return Problem(m, n, k, l, a, b, mn(g.d), operands, aux, 0, sm_count, max_active_clusters)
+    aux = {o.name: mn(o.dtype, o.columns) if o.reduce is None else reduced(o) for o in recipe.outputs[1:]}
+    return Problem(m, n, k, l, a, b, mn(g.d, recipe.outputs[0].columns), operands, aux, 0, sm_count,
+                   max_active_clusters)
 
 
 @pytest.fixture(scope="session")
@@ -169,6 +171,11 @@ def _check(kernel, oracle, problem):
     assert expected.launch["cluster"] == list(kernel.config.cluster)
     assert expected.launch["smem"] == kernel.info.smem_bytes
     assert all(v == 1 for v in expected.aux_params_bytes.values()), "TMA atoms carry runtime aux params"
+    if kernel.recipe.epilogue.pairs:  # every thread's registers in pairs of adjacent columns, the tile once
+        pairs = expected.pairs
+        assert pairs is not None and pairs["pairs"] > 0 and pairs["broken"] == 0 and pairs["uncovered"] == 0, pairs
+    else:
+        assert expected.pairs is None
 
 
 def _check_workspace_regions(ours: dict[str, int], theirs: dict[str, int]) -> None:

@@ -386,9 +386,10 @@ def test_params_address_the_recipes_math(compiled, shape, outputs):
     cuTensorMapEncodeTiled's documented checks (the strict RecordingEncoder)."""
     from gemmgen.testing.emulate import emulate
 
-    m, n, k, batch = shape
+    m, _, k, batch = shape
     for name, compiled_kernel in dense(compiled).items():
         recipe = compiled_kernel.recipe
+        n = shape[1] + shape[1] % 2 if recipe.epilogue.pairs else shape[1]  # column pairs: whole pairs
         lead = (batch,) if recipe.gemm.batched else ()
         a, b, ops, want = args_with_nonzero_reference(recipe, m, n, k, lead)
         enc = RecordingEncoder()
@@ -679,6 +680,7 @@ def test_op_path_on_torch_tensors_of_random_shapes_and_layouts(compiled):
         recipe, g = ck.recipe, ck.recipe.gemm
         for _ in range(6):
             m, n, k = (rng.choice(extents) for _ in range(3))
+            n += n % 2 if recipe.epilogue.pairs else 0  # column pairs: whole pairs
             lead = (rng.choice((1, 2, 3)),) if g.batched else ()
             where = f"{name} M={m} N={n} K={k} lead={lead} (seed {seed})"  # layouts: the same seed redraws them
             a = _torch_layout(rng, m, k, g.a.torch, g.layout_a, lead)
@@ -686,7 +688,8 @@ def test_op_path_on_torch_tensors_of_random_shapes_and_layouts(compiled):
             step = rng.choice((1, 2))
             ops = {o.name: _block_scale_layout(rng, o.kind, g, m, n, k, lead) if o.kind.block_scale else
                    float(torch.randn(())) if o.kind is gg.OperandKind.SCALAR else
-                   _torch_layout(rng, m, n, o.dtype.torch, gg.RowMajor, lead) if o.kind is gg.OperandKind.MATRIX else
+                   _torch_layout(rng, m, o.columns.extent(n), o.dtype.torch, gg.RowMajor, lead)
+                   if o.kind is gg.OperandKind.MATRIX else
                    torch.randn(step * (n if o.kind is gg.OperandKind.ROW else m)).to(o.dtype.torch)[::step]
                    for o in recipe.operands}
             enc = RecordingEncoder()

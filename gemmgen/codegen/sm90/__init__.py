@@ -6,7 +6,7 @@ of its Params the host writes.
 """
 
 from ...config import Arch, KernelConfig
-from ...ir import RecipeIR
+from ...ir import Columns, RecipeIR
 from ..emitter import Emitter, SassRequirement
 from .constraints import CONSTRAINTS
 from .geometry import epilogue_tile, scale_tma, scales_per_tile, swizzle_span
@@ -19,9 +19,11 @@ SASS_MARKERS = ("HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "SYNCS")
 
 
 def required_sass(config: KernelConfig, recipe: RecipeIR) -> SassRequirement:
-    """Every sm90 kernel gemmgen emits multiplies with WGMMA, loads A and B and stores D with TMA
-    and hands registers between its producer and consumer warpgroups."""
-    return (("HGMMA", "QGMMA"), ("UTMALDG",), ("UTMASTG",), ("USETMAXREG",), ("SYNCS",))
+    """Every sm90 kernel gemmgen emits multiplies with WGMMA, loads A and B with TMA and hands
+    registers between its producer and consumer warpgroups; it stores D with TMA, but where D and
+    every aux output have N/2 columns (`ir.columns`: written from the registers, pairs.hpp)."""
+    tma_store = any(o.reduce is None and o.columns is Columns.FULL for o in recipe.outputs)
+    return (("HGMMA", "QGMMA"), ("UTMALDG",), *((("UTMASTG",),) if tma_store else ()), ("USETMAXREG",), ("SYNCS",))
 
 
 EMITTER = Emitter(Arch.SM90A, CONSTRAINTS, type_context, param_fields, SASS_MARKERS, required_sass)

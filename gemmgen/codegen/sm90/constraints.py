@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from ...config import KernelConfig, Schedule, TileScheduler
 from ...ir import RecipeIR
-from ..rules import arch_schedule_violations, cluster_violations, reduction_violations, tile_k_violations
+from ..rules import (
+    arch_schedule_violations,
+    cluster_violations,
+    pairs_violations,
+    reduction_violations,
+    tile_k_violations,
+)
 from .geometry import MAX_ACCUMULATORS_PER_THREAD, accumulators_per_thread
 from .smem import SM90_SMEM_CAPACITY, smem_need, stage_count
 
@@ -105,4 +111,4 @@ def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 
 CONSTRAINTS = (tile_violations, tile_k_violations, schedule_violations, tile_scheduler_violations, cluster_violations,
-               register_violations, smem_violations, reduction_violations, block_scale_violations)
+               register_violations, smem_violations, reduction_violations, block_scale_violations, pairs_violations)

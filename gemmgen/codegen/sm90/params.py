@@ -49,8 +49,9 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
         f += binding_fields(b)
     if epilogue.source is not None:
         f.append(ParamField("epilogue.tma_c", desc("{p}.epilogue.tma_load_c"), "desc"))
-    f += [ParamField("epilogue.tma_d", desc("{p}.epilogue.tma_store_d"), "desc"),
-          ParamField("epilogue.tma_transaction_bytes", "{p}.epilogue.tma_transaction_bytes", "u32")]
+    if epilogue.stores_d:  # else a PairStore writes D (its binding's fields)
+        f.append(ParamField("epilogue.tma_d", desc("{p}.epilogue.tma_store_d"), "desc"))
+    f.append(ParamField("epilogue.tma_transaction_bytes", "{p}.epilogue.tma_transaction_bytes", "u32"))
     f += hw_info()
     f += _stream_k_fields() if config.tile_scheduler is TileScheduler.STREAM_K else _persistent_fields()
     if schedule is Schedule.COOPERATIVE:  # the pingpong kernel's Params has no workspace member

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ...config import KernelConfig
-from ...ir import RecipeIR
-from ...types import DType, Layout, OperandKind
+from ...ir import Columns, RecipeIR
+from ...types import DType, Layout
 from ..evt import ParamBinding, build_epilogue
 from .geometry import epilogue_tile, scales_per_tile, swizzle_span
 
@@ -98,7 +98,8 @@ class EpilogueStages:
 def epilogue_stages(cfg: KernelConfig, recipe: RecipeIR) -> EpilogueStages:
     em, en = epilogue_tile(cfg, recipe)
     tiles = (cfg.tile[0] // em) * (cfg.tile[1] // en)
-    matrices = [o for o in recipe.epilogue.operands if o.kind is OperandKind.MATRIX]
+    source = recipe.epilogue.source  # C: the first full-width matrix (N/2 ones are read from registers)
+    matrices = [o for o in recipe.epilogue.operands if o.name == source]
     c_bits = matrices[0].dtype.bits if matrices else 0  # sizeof_bits<void> is 0
     reuse = c_bits == recipe.gemm.d.bits and recipe.gemm.d.bits > 8
     d = min(tiles, 2)
@@ -160,7 +161,8 @@ def epilogue_smem_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
 def _epilogue_storage_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
     em, en = epilogue_tile(cfg, recipe)
     stages = epilogue_stages(cfg, recipe)
-    matrices = [o for o in recipe.epilogue.operands if o.kind is OperandKind.MATRIX]
+    source = recipe.epilogue.source  # C: the first full-width matrix (N/2 ones are read from registers)
+    matrices = [o for o in recipe.epilogue.operands if o.name == source]
     d = recipe.gemm.d
     d_align = _swizzle_alignment(cfg, recipe, d)
     if not matrices:  # CollectiveStorageWithoutC: a union holding D's tiles
@@ -168,7 +170,9 @@ def _epilogue_storage_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
     else:
         c = matrices[0].dtype
         c_align = _swizzle_alignment(cfg, recipe, c)
-        if stages.reuse_c:  # CollectiveStorageReuseC: C's and D's tiles overlap
+        # CollectiveStorageReuseC: C's and D's tiles overlap; not where a PairStore writes D (void
+        # ElementD), whose collective keeps D's tiles of D's element apart all the same
+        if stages.reuse_c and recipe.outputs[0].columns is Columns.FULL:
             size, align = stages.c * em * en * max(c.nbytes, d.nbytes), max(c_align, d_align)
             collective = Storage(_round(size, align), align)
         else:

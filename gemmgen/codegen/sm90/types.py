@@ -34,7 +34,9 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
     per_group = " *" if g.grouped else ""
     return dict(
         namespace=f"gemmgen_{kernel_id(recipe, config)}",
-        element_a=g.a.cutlass, element_b=g.b.cutlass, element_c=epi.element_c, element_d=g.d.cutlass,
+        element_a=g.a.cutlass, element_b=g.b.cutlass, element_c=epi.element_c, element_d=epi.element_d,
+        # the D element the collective's shared-memory types take: D's own where a PairStore writes D
+        smem_element_d="ElementD" if epi.stores_d else g.d.cutlass,
         layout_a=g.layout_a.cutlass + per_group, layout_b=g.layout_b.cutlass + per_group,
         layout_d=g.layout_d.cutlass + per_group,
         alignment_a=128 // g.a.bits, alignment_b=128 // g.b.bits, alignment_c=128 // c_bits,

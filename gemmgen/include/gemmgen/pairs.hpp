@@ -1,0 +1,248 @@
+// gemmgen: epilogues over adjacent column pairs (gemmgen.pairs, gemmgen.interleave; docs/pairs.md).
+//
+// Each thread of a WGMMA accumulator holds its rows' columns in adjacent pairs (2c, 2c+1), and the
+// epilogue visits them in fragments of an even size that start at an even column: the fragment's
+// elements 2i and 2i+1 are a pair (the host oracle checks it for every thread of each kernel,
+// gemmgen.testing.oracle). A value of N/2 columns (a pair's half) is held in both registers of
+// its pair, so every elementwise functor applies unchanged; what sees the pairing is here:
+//   PairEven, PairOdd, Interleave,  fragment functors for Sm90Compute (ir.Op.PAIR_EVEN, ...),
+//   InterleaveConst, PairSumMask    in pair_functors.hpp
+//   PairLoad, PairStore             an N/2-column tensor read or written from the registers,
+//                                   element (m, c) at column pair c, as Sm90AuxLoad/Store<0> do
+//                                   for a full-width one (no shared memory, no TMA).
+#pragma once
+
+#include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
+
+#include <gemmgen/pair_functors.hpp>
+
+namespace gemmgen::epi {
+
+namespace detail {
+
+namespace fusion = cutlass::epilogue::fusion;
+
+// Where accumulator element (m, n) of batch l finds its pair's element of an N/2-column tensor.
+template <class StrideMNL>
+CUTLASS_DEVICE int64_t half_offset(StrideMNL const& stride, int m, int n, int l) {
+  return int64_t(m) * cute::get<0>(stride) + int64_t(n / 2) + int64_t(l) * cute::get<2>(stride);
+}
+
+// The coordinates of the epilogue's registers, partitioned as the visitors' registers are.
+template <bool ReferenceSrc, class Args>
+CUTLASS_DEVICE auto register_coordinates(Args const& args) {
+  auto [M, N, K, L] = args.problem_shape_mnkl;
+  return fusion::sm90_partition_for_epilogue<ReferenceSrc>(
+      cute::make_identity_tensor(cute::make_shape(M, N, L)), args.tile_shape_mnk, args.tile_coord_mnkl, args.epi_tile,
+      args.tiled_copy, args.thread_idx);
+}
+
+// What a visitor without a workspace or a producer load needs (as CUTLASS's Stages=0 nodes).
+template <class Arguments_>
+struct RegisterNode {
+  using Arguments = Arguments_;
+  using Params = Arguments;
+  struct SharedStorage {};
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const&) {
+    return true;
+  }
+
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_HOST_DEVICE RegisterNode() {}
+  CUTLASS_HOST_DEVICE RegisterNode(Params const& params, SharedStorage const&) : params_ptr(&params) {}
+
+  Params const* params_ptr = nullptr;
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  template <class... Args>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(fusion::detail::ProducerLoadArgs<Args...> const&) {
+    return fusion::detail::EmptyProducerLoadCallbacks{};
+  }
+};
+
+// An N/2-column tensor: rows `dHalf`'s M stride apart, batches its L stride, columns contiguous.
+template <class Pointer, class StrideMNL>
+struct HalfTensor {
+  Pointer ptr = nullptr;
+  StrideMNL dHalf = {};
+};
+
+}  // namespace detail
+
+// Reads an N/2-column tensor into both registers of each pair (0 outside the problem).
+template <class Element, class StrideMNL>
+struct PairLoad : detail::RegisterNode<detail::HalfTensor<Element const*, StrideMNL>> {
+  using Base = detail::RegisterNode<detail::HalfTensor<Element const*, StrideMNL>>;
+  using Base::Base;
+  using typename Base::Params;
+
+  template <class CTensor, class RTensor, class ShapeMNL>
+  struct ConsumerStoreCallbacks : detail::fusion::detail::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor coords, RTensor regs, ShapeMNL shape, Params const* params)
+        : coords(coords), regs(regs), shape(shape), params(params) {}
+
+    CTensor coords;  // (CPY, CPY_M, CPY_N, EPI_M, EPI_N): each register's (m, n, l)
+    RTensor regs;    // (CPY, CPY_M, CPY_N)
+    ShapeMNL shape;
+    Params const* params;
+
+    CUTLASS_DEVICE void begin_loop(int epi_m, int epi_n) {
+      auto here = coords(cute::_, cute::_, cute::_, epi_m, epi_n);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < cute::size(regs); ++i) {
+        auto c = here(i);
+        regs(i) = cute::elem_less(c, shape)
+            ? params->ptr[detail::half_offset(params->dHalf, cute::get<0>(c), cute::get<1>(c), cute::get<2>(c))]
+            : Element(0);
+      }
+    }
+
+    template <class ElementAccumulator, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<Element, FragmentSize> visit(
+        cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int, int) {
+      return cute::recast<cutlass::Array<Element, FragmentSize>>(regs)(epi_v);
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(detail::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
+    auto coords = detail::register_coordinates<ReferenceSrc>(args);
+    auto regs = cute::make_tensor<Element>(cute::take<0, 3>(cute::shape(coords)));
+    auto [M, N, K, L] = args.problem_shape_mnkl;
+    auto shape = cute::make_shape(M, N, L);
+    return ConsumerStoreCallbacks<decltype(coords), decltype(regs), decltype(shape)>(coords, regs, shape,
+                                                                                     this->params_ptr);
+  }
+};
+
+// Writes an N/2-column tensor: each pair's value, from its even register. `ElementAux` names the
+// element for a collective whose D is this node's (CUTLASS's void ElementD).
+template <class Element, class StrideMNL>
+struct PairStore : detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL>> {
+  using Base = detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL>>;
+  using Base::Base;
+  using typename Base::Params;
+  using ElementAux = Element;
+
+  template <class CTensor, class RTensor, class ShapeMNL>
+  struct ConsumerStoreCallbacks : detail::fusion::detail::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor coords, RTensor regs, ShapeMNL shape, Params const* params)
+        : coords(coords), regs(regs), shape(shape), params(params) {}
+
+    CTensor coords;
+    RTensor regs;
+    ShapeMNL shape;
+    Params const* params;
+
+    template <class ElementAccumulator, class ElementInput, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<ElementInput, FragmentSize> visit(
+        cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int, int,
+        cutlass::Array<ElementInput, FragmentSize> const& input) {
+      using Convert = cutlass::NumericArrayConverter<Element, ElementInput, FragmentSize,
+                                                     cutlass::FloatRoundStyle::round_to_nearest>;
+      cute::recast<cutlass::Array<Element, FragmentSize>>(regs)(epi_v) = Convert{}(input);
+      return input;
+    }
+
+    CUTLASS_DEVICE void end_loop(int epi_m, int epi_n) {
+      auto here = coords(cute::_, cute::_, cute::_, epi_m, epi_n);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < cute::size(regs); ++i) {
+        auto c = here(i);
+        if (cute::get<1>(c) % 2 == 0 && cute::elem_less(c, shape)) {
+          params->ptr[detail::half_offset(params->dHalf, cute::get<0>(c), cute::get<1>(c), cute::get<2>(c))] = regs(i);
+        }
+      }
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(detail::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
+    auto coords = detail::register_coordinates<ReferenceSrc>(args);
+    auto regs = cute::make_tensor<Element>(cute::take<0, 3>(cute::shape(coords)));
+    auto [M, N, K, L] = args.problem_shape_mnkl;
+    auto shape = cute::make_shape(M, N, L);
+    return ConsumerStoreCallbacks<decltype(coords), decltype(regs), decltype(shape)>(coords, regs, shape,
+                                                                                     this->params_ptr);
+  }
+};
+
+// The collective of a kernel whose D is N/2 wide stores no D of its own (void ElementD): the
+// fusion callbacks name D's element as the PairStore that writes it does.
+template <class Element, class Callbacks>
+struct WithElementAux : Callbacks {
+  using Callbacks::Callbacks;
+  using ElementAux = Element;
+};
+
+#if !defined(__CUDACC_RTC__)
+// The premise above, checked on the host for one kernel's epilogue (the nvcc oracle runs it):
+// every thread's epilogue registers, in the order the visitors index them per subtile, come in
+// pairs (m, 2c), (m, 2c + 1), each fragment holds whole pairs, and the threads together cover the
+// CTA tile exactly once. The partition is the one the collective hands its visitors
+// (ConsumerStoreArgs::tiled_copy, sm90_partition_for_epilogue).
+struct PairsProbe {
+  long long pairs = 0;      // register pairs checked
+  long long broken = 0;     // pairs that are not two adjacent columns of a row, from an even one
+  long long uncovered = 0;  // tile elements held by no thread, or by more than one
+};
+
+template <class CollectiveEpilogue, class TiledMma, class SmemElementD>
+PairsProbe probe_pairs() {
+  using namespace cute;
+  using Tile = typename CollectiveEpilogue::CtaTileMNK;
+  constexpr int kFragment = CollectiveEpilogue::DispatchPolicy::FragmentSize;
+  constexpr int kRows = size<0>(Tile{});
+  constexpr int kCols = size<1>(Tile{});
+  TiledMma mma;
+  auto copy_c = make_tiled_copy_C_atom(typename CollectiveEpilogue::CopyAtomC{}, mma);
+  auto partition = make_tiled_copy_S(Copy_Atom<typename CollectiveEpilogue::CopyOpR2S, SmemElementD>{}, copy_c);
+  auto tile = make_identity_tensor(make_shape(Int<kRows>{}, Int<kCols>{}));
+  static int held[kRows * kCols];
+  for (int& h : held) h = 0;
+  PairsProbe out;
+  for (int t = 0; t < int(size(mma)); ++t) {
+    auto coords = partition.get_thread_slice(t).partition_S(flat_divide(tile, typename CollectiveEpilogue::EpilogueTile{}));
+    for (int em = 0; em < int(size<3>(coords)); ++em) {
+      for (int en = 0; en < int(size<4>(coords)); ++en) {
+        auto here = coords(_, _, _, em, en);
+        int n = int(size(here));
+        out.broken += (kFragment % 2 != 0 || n % kFragment != 0) ? 1 : 0;
+        for (int i = 0; i + 1 < n; i += 2) {
+          auto c0 = here(i);
+          auto c1 = here(i + 1);
+          ++out.pairs;
+          bool pair = get<0>(c0) == get<0>(c1) && get<1>(c0) % 2 == 0 && get<1>(c1) == get<1>(c0) + 1;
+          out.broken += pair ? 0 : 1;
+        }
+        for (int i = 0; i < n; ++i) {
+          ++held[get<0>(here(i)) * kCols + get<1>(here(i))];
+        }
+      }
+    }
+  }
+  for (int h : held) out.uncovered += h == 1 ? 0 : 1;
+  return out;
+}
+#endif
+
+}  // namespace gemmgen::epi

@@ -1,0 +1,35 @@
+"""Weights for epilogues over column pairs (`gemmgen.pairs`): a gated MLP's gate and up
+projections interleaved, so that each pair of accumulator columns holds one gate and one up value.
+
+    w1 = gemmgen.nn.interleave_pairs(gate_proj.weight, up_proj.weight)   # (2F, in): rows g0 u0 g1 u1 ...
+    h = swiglu(x, w1.t())                                                # silu(x @ Wg^T) * (x @ Wu^T)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import InvalidArgument
+
+
+def interleave_pairs(even: torch.Tensor, odd: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """One tensor holding `even`'s index i at 2i and `odd`'s at 2i + 1 along `dim` (rows of an
+    out x in weight: dim=0; columns of a K x N B: dim=-1). A copy, made once at load time."""
+    if even.shape != odd.shape or even.dtype != odd.dtype or even.device != odd.device:
+        raise InvalidArgument(f"even, odd: expected tensors of one shape, dtype and device, got {tuple(even.shape)} "
+                              f"{even.dtype} {even.device} and {tuple(odd.shape)} {odd.dtype} {odd.device}")
+    if even.dim() == 0 or not -even.dim() <= dim < even.dim():
+        raise InvalidArgument(f"dim: {dim} is not a dimension of a {even.dim()}-d tensor")
+    d = dim % even.dim()
+    return torch.stack((even, odd), dim=d + 1).flatten(d, d + 1)
+
+
+def split_pairs(x: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(even, odd): the views `interleave_pairs` undoes (every other index along `dim`)."""
+    if x.shape[dim] % 2:
+        raise InvalidArgument(f"x: {x.shape[dim]} entries along dim {dim}; pairs need an even number")
+    index = [slice(None)] * x.dim()
+    index[dim] = slice(0, None, 2)
+    even = x[tuple(index)]
+    index[dim] = slice(1, None, 2)
+    return even, x[tuple(index)]

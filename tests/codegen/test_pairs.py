@@ -1,0 +1,126 @@
+"""Epilogues over adjacent column pairs (gg.pairs, gg.interleave): which values are N/2 wide, what
+a recipe may not say and the fix it is told, and what the generated source holds. CPU only; the
+compiled kernels' checks are with the other kernels' (oracle, SASS, emulation)."""
+
+from __future__ import annotations
+
+import pytest
+
+import gemmgen as gg
+from gemmgen.codegen import render_kernel
+from gemmgen.ir import Columns, Op
+
+
+def _swiglu(acc):
+    gate, up = gg.pairs(acc)
+    return gg.silu(gate) * up
+
+
+def test_widths_follow_the_pairs():
+    """A pair's half, and what it meets, is N/2 wide; the accumulator, row vectors and what meets
+    them N; a matrix operand takes the width of what it is combined with."""
+    def epilogue(acc, bias, residual, skip, scale):
+        gate, up = gg.pairs(acc + bias)
+        h = gg.silu(gate) * up * scale + residual
+        return {"d": h, "pre": acc + skip, "rot": gg.interleave(gate, up * scale)}
+
+    r = gg.Recipe("t", epilogue, operands={"bias": gg.RowVector(gg.bf16), "residual": gg.Matrix(gg.bf16),
+                                           "skip": gg.Matrix(gg.bf16), "scale": gg.ColVector(gg.f32)},
+                  aux={"pre": gg.bf16, "rot": gg.bf16})
+    assert [o.columns for o in r.outputs] == [Columns.HALF, Columns.FULL, Columns.FULL]
+    widths = {o.name: o.columns for o in r.ir.epilogue.operands}
+    assert widths == {"bias": Columns.FULL, "residual": Columns.HALF, "skip": Columns.FULL, "scale": Columns.FULL}
+    assert r.ir.epilogue.source == "skip"  # C is a full-width matrix; the half one is read from registers
+    assert [o.shape((3, 5, 8)) for o in r.outputs] == [(3, 5, 4), (3, 5, 8), (3, 5, 8)]
+
+
+def test_recipes_without_pairs_keep_their_keys():
+    """`columns` enters an IR's canonical form only when it is N/2: every other kernel's id stays."""
+    r = gg.Recipe("t", lambda acc, c: acc + c, operands={"c": gg.Matrix(gg.bf16)})
+    canonical = r.ir.canonical()
+    assert canonical["operands"] == [["c", "matrix", "bf16"]] and canonical["outputs"] == [["d", 2, "bf16"]]
+    assert gg.Recipe("t", _swiglu).ir.canonical()["outputs"][0][-1] == "half"
+
+
+@pytest.mark.parametrize("epilogue, operands, match", [
+    (lambda acc, bias: _swiglu(acc) + bias, {"bias": gg.RowVector(gg.bf16)},
+     r"row vector 'bias' .* apply 'bias' before gg.pairs"),
+    (lambda acc: gg.pairs(gg.pairs(acc)[0])[0], {}, r"already a pair's half; pairs of pairs are not supported"),
+    (lambda acc: gg.interleave(acc, acc), {}, r"gg.interleave of full-width values"),
+    (lambda acc: acc + gg.interleave(1.0, 2.0), {}, r"two values that are the same in every column"),
+    (lambda acc: _swiglu(acc) + acc, {}, r"add combines values of the accumulator's width \(N\) and of a pair's half"),
+])
+def test_misuse_names_the_fix(epilogue, operands, match):
+    with pytest.raises(gg.RecipeError, match=match):
+        gg.Recipe("t", epilogue, operands=operands)
+
+
+def test_a_reduction_over_m_is_refused_in_a_recipe_over_pairs():
+    """Reductions over M run in swapped kernels, and pairs are the unswapped kernel's columns."""
+    with pytest.raises(gg.RecipeError, match=r"reduces over M, .* reduce over N \(dim=1\)"):
+        gg.Recipe("t", lambda acc: {"d": _swiglu(acc), "s": gg.sum(acc, dim=0)}, aux={"s": gg.f32})
+    ok = gg.Recipe("t", lambda acc: {"d": _swiglu(acc), "s": gg.sum(_swiglu(acc), dim=1)}, aux={"s": gg.f32})
+    assert ok.outputs[1].columns is Columns.HALF
+
+
+def test_the_fix_for_a_row_vector_after_the_pairs_works():
+    """Applied as the error says, before the pairs (its values interleaved as B's columns)."""
+    r = gg.Recipe("t", lambda acc, bias: _swiglu(acc + bias), operands={"bias": gg.RowVector(gg.bf16)})
+    assert r.outputs[0].columns is Columns.HALF
+
+
+def test_the_source_writes_d_from_the_registers_and_reads_half_tensors_there():
+    """D of N/2 columns: the collective's D is void, a PairStore writes it (the callbacks name its
+    element); an N/2 operand is a PairLoad; a sum over N of a half counts each pair once."""
+    def epilogue(acc, residual, c):
+        h = _swiglu(acc) + residual
+        return {"d": h, "pre": acc + c, "ss": gg.sum(h * h, dim=1), "h32": h}
+
+    r = gg.Recipe("t", epilogue, operands={"residual": gg.Matrix(gg.bf16), "c": gg.Matrix(gg.bf16)},
+                  aux={"pre": gg.bf16, "ss": gg.f32, "h32": gg.f32})
+    gen = render_kernel(r.ir, r.default_config())
+    src = gen.source
+    assert "using ElementD = void;" in src
+    assert "gemmgen::epi::WithElementAux<cutlass::bfloat16_t, " in src
+    assert src.count("gemmgen::epi::PairStore<") == 2 and src.count("gemmgen::epi::PairLoad<") == 1
+    assert "gemmgen::epi::PairSumMask" in src and "Sm90SrcFetch<cutlass::bfloat16_t>" in src  # c is C
+    names = {f.name for f in gen.fields}
+    assert "epilogue.tma_d" not in names
+    assert {"epilogue.pair_store.d.ptr", "epilogue.pair_store.d.stride_m", "epilogue.pair_load.residual.ptr",
+            "epilogue.pair_store.h32.stride_l"} <= names
+    assert ("UTMASTG",) in gen.required_sass  # pre goes through TMA
+    assert ("UTMASTG",) not in render_kernel(gg.Recipe("t", _swiglu).ir, r.default_config()).required_sass
+
+
+def test_interleave_with_a_constant_builds_the_constant_in():
+    r = gg.Recipe("t", lambda acc: gg.interleave(gg.pairs(acc)[0], 0.5))
+    assert [n.op for n in r.ir.epilogue.nodes if n.op.pairs] == [Op.PAIR_EVEN, Op.INTERLEAVE]
+    assert "gemmgen::epi::InterleaveConst<0x3f000000u, false>::Fn" in r.source()
+
+
+def test_configs_that_cannot_pair_are_refused_before_codegen():
+    r = gg.Recipe("t", _swiglu)
+    with pytest.raises(gg.ConfigError, match=r"swap_ab=True: .* column pairs .* use swap_ab=False"):
+        r.source(gg.KernelConfig(tile=(128, 64, 64), swap_ab=True))
+    with pytest.raises(gg.ConfigError, match=r"column pairs \(gg.pairs\) on sm_100a: not emitted yet"):
+        r.source(r.default_config(gg.Arch.SM100A))
+    with pytest.raises(gg.RecipeError, match=r"column pairs .* grouped"):
+        gg.Recipe("t", _swiglu, grouped=True)
+
+
+def test_small_m_never_swaps_a_recipe_over_pairs():
+    from gemmgen.tuning.heuristic import choose
+
+    choice = choose(gg.Recipe("t", _swiglu).ir, 8, 28672, 4096)
+    assert not choice.config.swap_ab and "_swapab" not in choice.why
+
+
+def test_the_backward_of_a_recipe_over_pairs_recomputes():
+    """dL/dD has N/2 columns: the backward kernel is the forward's GEMM again, reading dL/dD (N/2
+    columns, a PairLoad) and writing dL/dacc at full width."""
+    backward = gg.Recipe("t", _swiglu).backward()
+    assert backward.recompute and backward.kernel.name == "t_bwd_recompute"
+    ir = backward.kernel.ir
+    assert [(o.name, o.columns) for o in ir.epilogue.operands] == [("grad_d", Columns.HALF)]
+    assert ir.outputs[0].columns is Columns.FULL
+    assert "gemmgen::epi::PairLoad<" in backward.kernel.source()
