@@ -345,7 +345,8 @@ def _pairs_recipes() -> list[gg.Recipe]:
         x, y = gg.pairs(acc)
         return gg.interleave(x * cos - y * sin, x * sin + y * cos)
 
-    operands = {"bias": gg.RowVector(gg.bf16), "scale": gg.ColVector(gg.f32), "residual": gg.Matrix(gg.bf16)}
+    operands: dict[str, gg.dsl.OperandDecl] = {"bias": gg.RowVector(gg.bf16), "scale": gg.ColVector(gg.f32),
+                                               "residual": gg.Matrix(gg.bf16)}
     return [*(gg.Recipe(f"gated_{act.__name__}", gated(act), operands=operands)
               for act in (gg.silu, gg.gelu, gg.gelu_tanh, gg.relu)),
             gg.Recipe("rotary", rotary, operands={"cos": gg.Matrix(gg.f32), "sin": gg.Matrix(gg.f32)}),
