@@ -14,21 +14,43 @@ from ..errors import InvalidArgument, RecipeError
 
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
 
+def _gated(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """fn(gate) * up over adjacent column pairs (`gemmgen.pairs`): the weight's rows interleave the
+    gate's and the up projection's (`interleave_pairs`), and the output is half as wide."""
+    def gated(x: Any) -> Any:
+        gate, up = dsl.pairs(x)
+        return fn(gate) * up
+    return gated
+
+
 ACTIVATIONS = {
     None: lambda x: x,
     "relu": dsl.relu,
     "gelu": dsl.gelu,
     "gelu_tanh": dsl.gelu_tanh,
     "silu": dsl.silu,
+    "swiglu": _gated(dsl.silu),
+    "geglu": _gated(dsl.gelu),
 }
+#: The gated activations: a weight of 2 x out_features rows, gate and up interleaved.
+GATED = frozenset({"swiglu", "geglu"})
 
 
-def activation_fn(activation: str | None) -> Callable[[Any], Any]:
-    """The epilogue function of an activation name (None: identity); RecipeError for another name."""
+def activation_fn(activation: str | None, gated: bool = False) -> Callable[[Any], Any]:
+    """The epilogue function of an activation name (None: identity); RecipeError for another name,
+    and for a gated one where the layer takes none (`gated`: FusedLinear and FusedMLP do)."""
+    names = sorted(k for k in ACTIVATIONS if k and (gated or k not in GATED))
+    if activation in GATED and not gated:
+        raise RecipeError(f"activation: {activation!r} is a gated activation (column pairs), which FusedLinear and "
+                          f"FusedMLP take and this layer does not yet; use one of {names} or None")
     if activation not in ACTIVATIONS:
-        raise RecipeError(f"activation: expected one of {sorted(k for k in ACTIVATIONS if k)} or None, "
-                          f"got {activation!r}")
+        raise RecipeError(f"activation: expected one of {names} or None, got {activation!r}")
     return ACTIVATIONS[activation]
+
+
+def weight_rows(out_features: int, activation: str | None) -> int:
+    """Rows of a layer's weight: a gated activation's gate and up rows, interleaved, per output."""
+    return 2 * out_features if activation in GATED else out_features
 
 
 def unsupported(in_features: int, dtype: torch.dtype) -> str | None:

@@ -9,6 +9,10 @@ dgrad/wgrad GEMMs in the parameters' dtype; with `recompute=True` nothing but th
 and backward launches the recipe's derived kernel (the GEMM again, dL/dpre and the bias gradient
 in one launch) instead; with `accumulate_grad=True` the weight gradient is added in fp32 into
 `weight.main_grad` (`grads.weight_grad`).
+
+A gated activation (`activation="swiglu"` or `"geglu"`: act(gate) * up) takes a weight of
+2 x out_features rows, gate and up interleaved (`gemmgen.nn.interleave_pairs(w_gate, w_up)`), and
+writes out_features columns from its pairs of accumulator columns (docs/pairs.md).
 """
 
 from __future__ import annotations
@@ -26,8 +30,18 @@ from ..dsl import Recipe, RowVector
 from ..errors import InvalidArgument
 from ..integrations.ops import caller
 from ..types import as_dtype
-from .base import RecipeModule, activation_fn, check_compute_dtype, check_layer_dtype, check_parameter, unsupported
+from .base import (
+    GATED,
+    RecipeModule,
+    activation_fn,
+    check_compute_dtype,
+    check_layer_dtype,
+    check_parameter,
+    unsupported,
+    weight_rows,
+)
 from .grads import weight_grad, weight_grad_recipe
+from .pairs import interleave_pairs, split_pairs
 
 
 @functools.cache
@@ -35,7 +49,7 @@ def linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype, save_p
     """The recipe of a Linear layer (x @ W^T with W stored out x in) plus bias and activation. With
     `save_pre_activation`, the kernel also stores `pre` (x @ W^T + b, before the activation) as an
     aux output, for the activation's backward: what the unfused Linear's output would have been."""
-    act = activation_fn(activation)
+    act = activation_fn(activation, gated=True)
     d = as_dtype(dtype, "dtype")
     name = f"linear_{activation or 'none'}{'_bias' if bias else ''}_{d.value}{'_pre' if save_pre_activation else ''}"
     kw: dict = {"a": d, "b": d, "d": d, "layout_a": "row", "layout_b": "col"}
@@ -53,7 +67,15 @@ def linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype, save_p
 
 def _activation_backward(activation: str, g: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     """dL/dpre from dL/dy and the saved pre-activation: the same aten kernels the unfused
-    activation module's backward runs."""
+    activation module's backward runs (a gated one's on the gate, times up, and act(gate) for up,
+    interleaved as the pre-activation's columns are)."""
+    if activation in GATED:
+        gate, up = split_pairs(pre, dim=-1)
+        if activation == "swiglu":
+            d_gate, act = torch.ops.aten.silu_backward(g * up, gate), torch.nn.functional.silu(gate)
+        else:
+            d_gate, act = torch.ops.aten.gelu_backward(g * up, gate), torch.nn.functional.gelu(gate)
+        return interleave_pairs(d_gate, g * act, dim=-1)
     if activation == "relu":
         return torch.ops.aten.threshold_backward(g, pre, 0)
     if activation == "silu":
@@ -93,7 +115,8 @@ class _LinearFunction(torch.autograd.Function):
         elif layer._bwd is not None:  # recompute: the derived kernel
             outs = layer._bwd.by_name(x, w, {"bias": bias, "grad_d": g.contiguous()})
             g_pre = outs["d"]
-            gb = outs["grad_bias"].to(bias.dtype) if ctx.has_bias and need_b else None
+            # over column pairs the bias gradient, a sum over M, is torch's (below)
+            gb = outs["grad_bias"].to(bias.dtype) if ctx.has_bias and need_b and "grad_bias" in outs else None
         else:
             g_pre = _activation_backward(layer.activation, g, pre)
         gx = g_pre @ w.t() if need_x else None
@@ -139,12 +162,13 @@ class FusedLinear(RecipeModule):
                  recompute: bool = False, accumulate_grad: bool = False) -> None:
         super().__init__()
         _require_supported(in_features, check_layer_dtype(dtype))
-        activation_fn(activation)  # a bad name is refused before anything is allocated
+        activation_fn(activation, gated=True)  # a bad name is refused before anything is allocated
         self.in_features, self.out_features, self.activation = in_features, out_features, activation
         self.compute_dtype = dtype
         self.recompute, self.accumulate_grad = _training_flags(recompute, accumulate_grad)
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
-        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
+        rows = weight_rows(out_features, activation)
+        self.weight = nn.Parameter(torch.empty(rows, in_features, dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.empty(rows, dtype=dtype, device=device)) if bias else None
         self._set_recipes()
         self.reset_parameters()
 
@@ -164,11 +188,19 @@ class FusedLinear(RecipeModule):
         if not isinstance(linear, nn.Linear):
             raise InvalidArgument(f"linear: expected a torch.nn.Linear, got {type(linear).__name__}")
         check_compute_dtype(compute_dtype)
+        activation_fn(activation, gated=True)
         dtype = compute_dtype or linear.weight.dtype
         _require_supported(linear.in_features, dtype)
+        out_features = linear.out_features
+        if activation in GATED:
+            if out_features % 2:
+                raise InvalidArgument(f"linear: {out_features} output features; a gated activation ({activation}) "
+                                      "takes its rows in pairs, gate and up interleaved: give a Linear of 2 x F rows "
+                                      "(gemmgen.nn.interleave_pairs(w_gate, w_up))")
+            out_features //= 2
         fused = cls.__new__(cls)
         nn.Module.__init__(fused)
-        fused.in_features, fused.out_features, fused.activation = linear.in_features, linear.out_features, activation
+        fused.in_features, fused.out_features, fused.activation = linear.in_features, out_features, activation
         fused.compute_dtype = dtype
         fused.recompute, fused.accumulate_grad = _training_flags(recompute, accumulate_grad)
         fused.weight = linear.weight
@@ -225,13 +257,20 @@ class FusedLinear(RecipeModule):
         """The weight as the kernel's B (W^T, a column-major view) and the bias, checked against
         the layer's shape and cast to the compute dtype (per call, as autocast casts nn.Linear's)."""
         w, bias = self.weight, self.bias
-        check_parameter("weight", w, (self.out_features, self.in_features), "(out_features, in_features)")
+        rows = self.weight_rows
+        what = "2 x out_features: gate and up interleaved" if rows != self.out_features else "out_features"
+        check_parameter("weight", w, (rows, self.in_features), f"({what}, in_features)")
         if bias is not None:
-            check_parameter("bias", bias, (self.out_features,), "(out_features,)")
+            check_parameter("bias", bias, (rows,), f"({what},)")
         if w.dtype != self.compute_dtype:
             w = w.to(self.compute_dtype)
             bias = bias.to(self.compute_dtype) if bias is not None else None
         return w.t(), bias
+
+    @property
+    def weight_rows(self) -> int:
+        """The weight's rows: out_features, or twice that for a gated activation (the GEMM's N)."""
+        return weight_rows(self.out_features, self.activation)
 
     def _wrong_input(self, x: torch.Tensor) -> InvalidArgument:
         return InvalidArgument(f"input: expected a dense tensor of shape (..., {self.in_features}) (in_features), "
@@ -247,7 +286,7 @@ class FusedLinear(RecipeModule):
         `gg.warmup([layer.launches(t) for t in (1, 512, 4096)] + [layer.launches(4096, training=True)])`."""
         saving = training and self.training_recipe is not None and not self.recompute
         recipe = self.training_recipe if saving and self.training_recipe is not None else self.recipe
-        return recipe, tuning.config_for(recipe, tokens, self.out_features, self.in_features, 1, device=device,
+        return recipe, tuning.config_for(recipe, tokens, self.weight_rows, self.in_features, 1, device=device,
                                          sm_count=sm_count)
 
     def backward_launches(self, tokens: int, sm_count: int = 132, device: tuning.Device | None = None
@@ -256,9 +295,9 @@ class FusedLinear(RecipeModule):
         kernel with `recompute`, the fp32 weight-gradient GEMM with `accumulate_grad`."""
         out = []
         if self._bwd is not None:
-            out.append((self._bwd.recipe, (tokens, self.out_features, self.in_features)))
+            out.append((self._bwd.recipe, (tokens, self.weight_rows, self.in_features)))
         if self.accumulate_grad:
-            out.append((weight_grad_recipe(self.compute_dtype), (self.out_features, self.in_features, tokens)))
+            out.append((weight_grad_recipe(self.compute_dtype), (self.weight_rows, self.in_features, tokens)))
         return [(r, tuning.config_for(r, *shape, 1, device=device, sm_count=sm_count)) for r, shape in out]
 
     def config_for(self, tokens: int, sm_count: int = 132) -> KernelConfig:

@@ -13,6 +13,11 @@ The rest is the plain dgrad and wgrad GEMMs and fc2's bias gradient.
 and fc1's GEMM again with the derived epilogue (dL/dacc1, fc1's bias gradient and h itself, for
 fc2's weight gradient): one more GEMM, and no hidden-sized tensor kept from the forward.
 
+A gated activation (`activation="swiglu"` or `"geglu"`, Llama's and its successors' MLP: fc1's
+weight holds 2 x hidden rows, gate and up interleaved) always recomputes: dL/dh has half the
+columns of fc1's accumulator, and gemmgen's derived epilogue reads tensors of N or N/2 columns
+only (docs/pairs.md); fc1's bias gradient, a sum over the tokens, is then torch's.
+
 `accumulate_grad=True` adds the weight gradients in fp32 into each weight's `main_grad` (created
 as zeros if missing), as Megatron-LM and Transformer Engine do, instead of setting `.grad`.
 """
@@ -30,7 +35,7 @@ from ..config import KernelConfig
 from ..dsl import Backward, Recipe
 from ..errors import InvalidArgument
 from ..integrations.ops import caller
-from .base import RecipeModule, activation_fn
+from .base import GATED, RecipeModule, activation_fn
 from .grads import weight_grad, weight_grad_recipe
 from .linear import FusedLinear, linear_recipe
 
@@ -80,7 +85,9 @@ class _MLPFunction(torch.autograd.Function):
             h = outs["fwd_d"]
         gx = torch.matmul(g_acc1, w1.t()) if need_x else None
         gw1 = weight_grad(mlp.fc1.weight, g_acc1, x, mlp.accumulate_grad) if need_w1 else None
-        gb1 = outs["grad_bias"].to(b1.dtype) if b1 is not None and need_b1 else None
+        gb1 = None
+        if b1 is not None and need_b1:  # over column pairs a sum over M: torch's
+            gb1 = outs["grad_bias"].to(b1.dtype) if "grad_bias" in outs else g_acc1.sum(0).to(b1.dtype)
         gw2 = weight_grad(mlp.fc2.weight, g, h, mlp.accumulate_grad) if need_w2 else None
         gb2 = g.sum(0) if ctx.has_b2 and need_b2 else None
         return None, gx, gw1, gb1, gw2, gb2
@@ -112,8 +119,10 @@ class FusedMLP(RecipeModule):
         if not (isinstance(fc1, nn.Linear) and isinstance(fc2, nn.Linear)):
             raise InvalidArgument(f"fc1, fc2: expected torch.nn.Linear layers, got {type(fc1).__name__} and "
                                   f"{type(fc2).__name__}")
-        if fc1.out_features != fc2.in_features or (fc1.bias is None) != (fc2.bias is None):
-            raise InvalidArgument(f"fc1, fc2: fc1's {fc1.out_features} outputs must feed fc2's {fc2.in_features} "
+        hidden = fc1.out_features // 2 if activation in GATED else fc1.out_features
+        if hidden != fc2.in_features or (fc1.bias is None) != (fc2.bias is None):
+            gate_up = f" ({activation}: half of fc1's rows, gate and up interleaved)" if activation in GATED else ""
+            raise InvalidArgument(f"fc1, fc2: fc1's {hidden} outputs{gate_up} must feed fc2's {fc2.in_features} "
                                   "inputs, and both have a bias or neither; keep them as separate layers")
         mlp = cls.__new__(cls)
         nn.Module.__init__(mlp)
@@ -129,7 +138,8 @@ class FusedMLP(RecipeModule):
         for name, value in (("recompute", recompute), ("accumulate_grad", accumulate_grad)):
             if not isinstance(value, bool):
                 raise InvalidArgument(f"{name}: expected True or False, got {value!r}")
-        self.recompute, self.accumulate_grad = recompute, accumulate_grad
+        # a gated activation always recomputes (module docstring)
+        self.recompute, self.accumulate_grad = recompute or self.activation in GATED, accumulate_grad
         self._set_recipes()
 
     @property
@@ -158,7 +168,7 @@ class FusedMLP(RecipeModule):
         """(recipe, config) of each gemmgen kernel a forward of `tokens` rows launches (with
         `training`, as it runs when gradients are wanted), as the launch policy decides (see
         FusedLinear.launches)."""
-        m, hidden, n_in = tokens, self.fc1.out_features, self.fc1.in_features
+        m, hidden, n_in = tokens, self.fc1.weight_rows, self.fc1.in_features
         fc2 = self.fc2.launches(tokens, sm_count=sm_count, device=device)
         if not training or self.recompute:
             return [self.fc1.launches(tokens, sm_count=sm_count, device=device), fc2]
@@ -171,10 +181,12 @@ class FusedMLP(RecipeModule):
         kernel (its GEMM fc2's dgrad, or fc1's again with `recompute`), and with `accumulate_grad`
         the two fp32 weight-gradient GEMMs."""
         hidden, n_in, n_out = self.fc1.out_features, self.fc1.in_features, self.fc2.out_features
-        kernels = [(self._backward.kernel, (tokens, hidden, n_in if self.recompute else n_out))]
+        rows = self.fc1.weight_rows  # fc1's GEMM's N: 2 x hidden for a gated activation
+        kernels = [(self._backward.kernel, (tokens, rows if self.recompute else hidden, n_in if self.recompute
+                                            else n_out))]
         if self.accumulate_grad:
             wgrad = weight_grad_recipe(self.fc1.compute_dtype)
-            kernels += [(wgrad, (hidden, n_in, tokens)), (wgrad, (n_out, hidden, tokens))]
+            kernels += [(wgrad, (rows, n_in, tokens)), (wgrad, (n_out, hidden, tokens))]
         return [(r, tuning.config_for(r, *shape, 1, device=device, sm_count=sm_count)) for r, shape in kernels]
 
     def extra_repr(self) -> str:
@@ -183,5 +195,6 @@ class FusedMLP(RecipeModule):
 
 def _check_activation(activation: object) -> None:
     if activation is None or not isinstance(activation, str):
-        raise InvalidArgument(f"activation: a FusedMLP needs one of relu, gelu, gelu_tanh, silu, got {activation!r}")
-    activation_fn(activation)
+        raise InvalidArgument(f"activation: a FusedMLP needs one of relu, gelu, gelu_tanh, silu, swiglu, geglu, got "
+                              f"{activation!r}")
+    activation_fn(activation, gated=True)

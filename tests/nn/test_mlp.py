@@ -232,3 +232,90 @@ def test_fused_mlp_as_a_module():
         gg.nn.FusedMLP(40, 72, 24, recompute="yes")  # type: ignore[arg-type]
     with pytest.raises(gg.InvalidArgument, match="fc1's 72 outputs must feed fc2's 64 inputs"):
         gg.nn.FusedMLP.from_linears(nn.Linear(40, 72), "gelu", nn.Linear(64, 8))
+
+
+class _GatedMLP(nn.Module):
+    """Llama's MLP: down(act(gate(x)) * up(x)), the unfused reference of a gated FusedMLP."""
+
+    def __init__(self, act: Callable[[torch.Tensor], torch.Tensor], n_in: int, hidden: int, n_out: int,
+                 bias: bool) -> None:
+        super().__init__()
+        self.act = act
+        self.gate, self.up = nn.Linear(n_in, hidden, bias=bias), nn.Linear(n_in, hidden, bias=bias)
+        self.down = nn.Linear(hidden, n_out, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.gate(x)) * self.up(x))
+
+
+_GATED = {"swiglu": torch.nn.functional.silu, "geglu": torch.nn.functional.gelu}
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("activation", sorted(_GATED))
+@pytest.mark.parametrize("lead", [(3, 7), (1,)], ids=["21rows", "1row"])
+def test_gated_fused_mlp_gradients_match_the_unfused_model(activation, bias, lead):
+    """SwiGLU / GEGLU: fc1's weight and bias are the gate's and up's interleaved
+    (gemmgen.nn.interleave_pairs); every gradient against the unfused model in float64, no
+    further than the unfused bf16 model's own plus a bf16 rounding (fc1's gradients interleaved
+    the same way). The layer always recomputes."""
+    unfused = _GatedMLP(_GATED[activation], 40, 48, 24, bias).bfloat16()
+    fc1 = nn.Linear(40, 96, bias=bias).bfloat16()
+    with torch.no_grad():
+        fc1.weight.copy_(gg.nn.interleave_pairs(unfused.gate.weight, unfused.up.weight))
+        if bias:
+            fc1.bias.copy_(gg.nn.interleave_pairs(unfused.gate.bias, unfused.up.bias))
+    fused = gg.nn.FusedMLP.from_linears(fc1, activation, copy.deepcopy(unfused.down))
+    assert fused.recompute and fused.fc1.weight_rows == 96 and fused.fc1.out_features == 48
+    x, g = torch.randn(*lead, 40).bfloat16(), torch.randn(*lead, 24).bfloat16()
+    exact = copy.deepcopy(unfused).double()
+
+    def gated_grads(model: nn.Module, x: torch.Tensor, g: torch.Tensor) -> list[torch.Tensor]:
+        gx, *params = _grads(model, x, g)
+        grads = dict(zip([n for n, _ in model.named_parameters()], params, strict=True))
+        out = [gg.nn.interleave_pairs(grads["gate.weight"], grads["up.weight"])]
+        if bias:
+            out.append(gg.nn.interleave_pairs(grads["gate.bias"], grads["up.bias"]))
+        return [gx, *out, *(grads[k] for k in grads if k.startswith("down"))]
+
+    want, base = gated_grads(exact, x.double(), g.double()), gated_grads(unfused, x, g)
+    mine = _grads(fused, x, g)
+    assert len(mine) == len(want)
+    for i, (got, ref, torch_bf16) in enumerate(zip(mine, want, base, strict=True)):
+        bound = 2 * _relative(torch_bf16, ref) + 2**-8
+        assert _relative(got, ref) <= bound, (i, _relative(got, ref), _relative(torch_bf16, ref))
+    assert _relative(fused(x), exact(x.double())) <= 2 * _relative(unfused(x), exact(x.double())) + 2**-8
+
+
+def test_a_gated_fused_linear_trains_saving_or_recomputing():
+    """FusedLinear(activation="swiglu"): out_features columns from a weight of twice the rows; its
+    backward, from the saved pre-activation (aten's silu_backward on the gate) or recomputed (the
+    derived kernel), gives the same gradients."""
+    saving = gg.nn.FusedLinear(40, 48, activation="swiglu")
+    recomputing = copy.deepcopy(saving)
+    recomputing.recompute = True
+    recomputing._set_recipes()
+    assert saving.weight.shape == (96, 40) and saving.bias is not None and saving.bias.shape == (96,)
+    x, g = torch.randn(21, 40).bfloat16(), torch.randn(21, 48).bfloat16()
+    a, b = _grads(saving, x, g), _grads(recomputing, x, g)
+    for got, ref in zip(b, a, strict=True):
+        assert _relative(got, ref.double()) <= 2**-6
+    assert _backward_ops(recomputing)["gemmgen"] == 1
+
+
+def test_gated_activations_are_refused_where_pairs_are_not_built():
+    with pytest.raises(gg.RecipeError, match=r"'swiglu' is a gated activation .* FusedLinear and FusedMLP"):
+        gg.nn.GroupedLinear(4, 40, 36, activation="swiglu")
+    with pytest.raises(gg.InvalidArgument, match=r"71 output features; a gated activation"):
+        gg.nn.FusedLinear.from_linear(nn.Linear(40, 71).bfloat16(), "swiglu")
+
+
+def test_a_gated_mlps_backward_fuses_the_gated_derivative_into_one_kernel():
+    """The unfused gated MLP's backward runs six GEMMs, SiLU's backward, two products, an add and
+    three bias sums; the fused one: dL/dh as a GEMM, fc1's GEMM again with the derived epilogue
+    (dL/dgate and dL/dup interleaved, and h for fc2's weight gradient: one gemmgen kernel), the
+    dgrad and two wgrad GEMMs, and the two bias sums (fc1's a sum over the tokens, torch's)."""
+    fused = gg.nn.FusedMLP(40, 48, 24, activation="swiglu")
+    unfused = _GatedMLP(torch.nn.functional.silu, 40, 48, 24, True).bfloat16()
+    assert _backward_ops(fused) == {"mm": 4, "gemmgen": 1, "sum": 2}
+    assert _backward_ops(unfused) == {"mm": 6, "sum": 3, "mul": 2, "silu_backward": 1, "add": 1}
