@@ -248,7 +248,8 @@ class _GatedMLP(nn.Module):
         return self.down(self.act(self.gate(x)) * self.up(x))
 
 
-_GATED = {"swiglu": torch.nn.functional.silu, "geglu": torch.nn.functional.gelu}
+_GATED: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"swiglu": torch.nn.functional.silu,
+                                                              "geglu": torch.nn.functional.gelu}
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
