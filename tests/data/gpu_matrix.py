@@ -30,7 +30,7 @@ TRAINING_PROBLEMS = ((300, 1024, 512), (300, 264, 1024))
 #: tests/gpu/test_training_gpu.py's FusedMLP (tokens, in, hidden, out), and its (activation,
 #: recompute, accumulate_grad) cases; the op's backward test at (M, N, K).
 TRAINING_MLP = (300, 512, 1024, 264)
-TRAINING_MLP_CASES = (("gelu", False, False), ("gelu", True, False), ("silu", False, True))
+TRAINING_MLP_CASES = (("gelu", False, False), ("gelu", True, False), ("silu", False, True), ("swiglu", True, False))
 OP_BACKWARD_PROBLEM = (77, 264, 256)
 #: scripts/gpu_bench.py's training-step table (tokens, in, hidden, out): an MLP block of 4096 tokens,
 #: Llama-3 8B's sizes, with gelu, its activation saved or recomputed.
@@ -143,7 +143,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         out.append((recipe, next(c for c in (gg.KernelConfig(tile=(tm, 128, tile_k(recipe.ir)), schedule=other)
                                               for tm in (128, 64)) if gg.codegen.is_valid(c, recipe.ir))))
         decode = choose(recipe.ir, *DECODE_PROBLEM).config
-        assert decode.swap_ab or any(o.dim == 1 for o in recipe.outputs), decode  # swapped, it would reduce over M
+        # swapped, a reduction over N would be over M, and column pairs would be rows
+        assert decode.swap_ab or any(o.dim == 1 for o in recipe.outputs) or recipe.ir.epilogue.pairs, decode
 
         out.append((recipe, decode))
         if recipe.name == "bias_silu_residual":
@@ -162,6 +163,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     out.append((swapped_blocks, swapped_blocks.default_config()))
     extrema = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["row_extrema"]  # max and min over N
     out.append((extrema, extrema.default_config()))
+    pairs = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["pair_ops"]  # column pairs' every path
+    out.append((pairs, pairs.default_config()))
     stream_k = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["stream_k"]  # split-K and stream-K
     out.append((stream_k, stream_k.default_config()))
     out += training_launches()

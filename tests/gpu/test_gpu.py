@@ -57,8 +57,14 @@ def _matrix(rows, cols, dtype, layout, lead, pad_bytes, gen, exact):
     return strided_matrix(values, rows, cols, dtype, layout, lead, pad_bytes // dtype.itemsize)
 
 
+def _whole_pairs(recipe, n):
+    """N made even for an epilogue over column pairs (which needs whole pairs)."""
+    return n + n % 2 if recipe.ir.epilogue.pairs else n
+
+
 def _inputs(recipe, m, n, k, gen, exact, pad_bytes=0, batch=3):
     g = recipe.ir.gemm
+    n = _whole_pairs(recipe, n)
     lead = (batch,) if g.batched else ()
     a = _matrix(m, k, g.a.torch, g.layout_a, lead, pad_bytes, gen, exact)
     b = _matrix(k, n, g.b.torch, g.layout_b, lead, pad_bytes, gen, exact)
@@ -69,8 +75,8 @@ def _inputs(recipe, m, n, k, gen, exact, pad_bytes=0, batch=3):
             ops[o.name] = s.copy_(torch.exp2(torch.round(torch.log2(s)))) if exact else s
         elif o.kind is OperandKind.SCALAR:
             ops[o.name] = 2.0 if exact else float(torch.randn((), generator=gen, device="cuda"))
-        elif o.kind is OperandKind.MATRIX:
-            ops[o.name] = _matrix(m, n, o.dtype.torch, Layout.ROW, lead, pad_bytes, gen, exact)
+        elif o.kind is OperandKind.MATRIX:  # N/2 columns where it meets column pairs
+            ops[o.name] = _matrix(m, o.columns.extent(n), o.dtype.torch, Layout.ROW, lead, pad_bytes, gen, exact)
         else:
             length = n if o.kind is OperandKind.ROW else m
             ops[o.name] = (torch.randint(-2, 3, (length,), device="cuda", generator=gen) if exact
@@ -83,9 +89,11 @@ def _nan_outputs(recipe, m, n, batch=3):
     over M and N the runtime must zero before the kernel max-reduces into it, a vector the kernel
     writes whole)."""
     lead = (batch,) if recipe.ir.gemm.batched else ()
+    n = _whole_pairs(recipe, n)
     nans = lambda *shape: torch.full(shape, float("nan"), device="cuda")  # noqa: E731
     return tuple(nans(*o.shape((*lead, m, n))) if o.reduce is not None
-                 else strided_matrix(nans, m, n, o.dtype.torch, Layout.ROW, lead) for o in recipe.outputs)
+                 else strided_matrix(nans, m, o.columns.extent(n), o.dtype.torch, Layout.ROW, lead)
+                 for o in recipe.outputs)
 
 
 def _as_tuple(x):

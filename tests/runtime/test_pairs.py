@@ -46,7 +46,8 @@ RECIPES = {
                         operands={"cos": gg.Matrix(gg.f32), "sin": gg.Matrix(gg.f32)}),
 }
 CONFIGS = [gg.KernelConfig(tile=(128, 128, 64)), gg.KernelConfig(tile=(64, 64, 64), schedule=gg.Schedule.PINGPONG),
-           gg.KernelConfig(tile=(128, 256, 64), cluster=(2, 1, 1))]
+           gg.KernelConfig(tile=(128, 256, 64), cluster=(2, 1, 1)),
+           gg.KernelConfig(tile=(128, 256, 64), cluster=(1, 2, 1), tile_scheduler=gg.TileScheduler.STREAM_K)]
 # (M, N, K, batch): M = 1, K tails, N not a multiple of any tile, the smallest pair, a batch of 3
 SHAPES = [(1, 2, 8, 1), (37, 130, 72, 3), (129, 264, 200, 2), (5, 18, 24, 1), (300, 6, 129, 2)]
 
