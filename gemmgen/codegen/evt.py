@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import Arch
-from ..ir import Columns, Node, Op, Param, RecipeIR, Reduction, f32_bits, post_order
+from ..ir import Columns, EpilogueIR, Node, Op, Param, RecipeIR, Reduction, f32_bits, post_order
 from ..types import DType, Layout, OperandKind
 
 FUSION = "cutlass::epilogue::fusion"
@@ -61,7 +61,7 @@ class ParamBinding:
     Params: `path` holds (index, sibling count) per level of nested Sm90VisitorImplBase Params."""
 
     kind: str  # "row" | "col" | "scalar" | "aux_load" | "aux_store" | "amax" | "row_reduction" | "col_reduction"
-    #          | "pair_load" | "pair_store" (an N/2-column tensor: gemmgen/include/gemmgen/pairs.hpp)
+    #          | fields.PAIR_BINDINGS (N/2- and 2N-column tensors: gemmgen/include/gemmgen/pairs.hpp)
     name: str  # operand or aux output name
     dtype: DType
     path: tuple[tuple[int, int], ...] = ()
@@ -122,7 +122,7 @@ def _functor(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
     return f"{ns}::Map<{base}>::Fn", list(node.args)
 
 
-#: An N/2-column tensor's strides (pairs.hpp): rows, contiguous columns, batches.
+#: An N/2- or 2N-column tensor's strides (pairs.hpp): rows, contiguous columns, batches.
 HALF_STRIDE = "cute::Stride<int64_t, cute::_1, int64_t>"
 
 
@@ -143,8 +143,18 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
 
     vnodes: list[_VNode] = []
     of_ir: dict[int, int] = {}  # IR node -> visitor node producing its value
+    # 2N-column tensors (`ir.columns`): read as their halves (DoubleLoad), written from two values
+    double = _double_nodes(ir) if ir.pairs else set()
     for i, n in enumerate(ir.nodes):
-        if n.op is Op.CONST:
+        if n.op is Op.CONST or i in double:
+            continue
+        if n.op in (Op.PAIR_EVEN, Op.PAIR_ODD) and n.args[0] in double:
+            operand = ir.operand(ir.nodes[n.args[0]].name)  # type: ignore[arg-type]
+            parity = "even" if n.op is Op.PAIR_EVEN else "odd"
+            of_ir[i] = len(vnodes)
+            load = f"{EPI}::DoubleLoad<{operand.dtype.cutlass}, {HALF_STRIDE}, {int(parity == 'odd')}>"
+            vnodes.append(_VNode(f"{parity}_{operand.name}", load,
+                                 binding=ParamBinding(f"double_load_{parity}", operand.name, operand.dtype)))
             continue
         if n.op is Op.ACC:
             v = _VNode("acc", f"{FUSION}::Sm90AccFetch")
@@ -169,6 +179,9 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     # Aux stores and reductions pass their input through, so they sit in-line: consumers of the
     # stored value read it from the last store in its chain.
     for o in ir.outputs[1:]:
+        if o.columns is Columns.DOUBLE:  # off any chain: nothing reads a 2N-column value
+            vnodes.append(_double_store(o.name, o.dtype, ir, o.node, of_ir, vnodes))
+            continue
         src = of_ir[o.node]
         if o.columns is Columns.HALF and o.reduce is Reduction.SUM:
             # a pair's half sits in both registers of its pair: sum it once, off the value's chain
@@ -195,12 +208,14 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             v.children = [len(vnodes) - 1 if c == src else c for c in v.children]
         of_ir[o.node] = len(vnodes) - 1
 
-    root = of_ir[ir.outputs[0].node]
-    paired_d = ir.outputs[0].columns is Columns.HALF
-    if paired_d:  # D has N/2 columns: written by a PairStore at the root, not by the collective
-        vnodes.append(_VNode("pair_d", f"{EPI}::PairStore<{d.cutlass}, {HALF_STRIDE}>", [root],
+    d_columns = ir.outputs[0].columns
+    paired_d = d_columns is not Columns.FULL
+    if d_columns is Columns.HALF:  # D has N/2 columns: written by a PairStore at the root, not by the collective
+        vnodes.append(_VNode("pair_d", f"{EPI}::PairStore<{d.cutlass}, {HALF_STRIDE}>", [of_ir[ir.outputs[0].node]],
                              binding=ParamBinding("pair_store", "d", d)))
-        root = len(vnodes) - 1
+    elif d_columns is Columns.DOUBLE:  # 2N: by a DoubleStore at the root
+        vnodes.append(_double_store("d", d, ir, ir.outputs[0].node, of_ir, vnodes))
+    root = len(vnodes) - 1 if paired_d else of_ir[ir.outputs[0].node]
     consumers = [0] * len(vnodes)
     for v in vnodes:
         for c in v.children:
@@ -244,6 +259,33 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     by_path = {b.path: b for b in bindings}
     return EpilogueCode(tuple(decls), _callbacks("EpilogueDag", d, paired_d), element_c, source, "dag", bindings,
                         tuple(by_path.get(((k, len(order)),)) for k in range(len(order))), element_d)
+
+
+def _double_nodes(ir: EpilogueIR) -> set[int]:
+    """The nodes of 2N columns (`ir.columns` annotated them): matrix operands read as pairs'
+    halves, interleaves written whole."""
+    double = {o.name for o in ir.operands if o.columns is Columns.DOUBLE}
+    return {i for i, n in enumerate(ir.nodes) if n.op is Op.INPUT and n.name in double} | {
+        o.node for o in ir.outputs if o.columns is Columns.DOUBLE}
+
+
+def _double_store(name: str, dtype: DType, ir: EpilogueIR, node: int, of_ir: dict[int, int],
+                  vnodes: list[_VNode]) -> _VNode:
+    """A DoubleStore of an interleave's two values; a constant side is made a value (a select of
+    the constant on either branch, from the other side)."""
+    children = []
+    args = ir.nodes[node].args
+    for k, a in enumerate(args):
+        arg = ir.nodes[a]
+        if arg.op is Op.CONST:
+            bits = f"{f32_bits(arg.attr):#010x}u"  # type: ignore[arg-type]
+            vnodes.append(_VNode(f"const_{name}_{k}", children=[of_ir[args[1 - k]]],
+                                 fn=f"{EPI}::Map<{EPI}::SelectConstXY<{bits}, {bits}>>::Fn"))
+            children.append(len(vnodes) - 1)
+        else:
+            children.append(of_ir[a])
+    binding = ParamBinding("double_store", name, dtype)
+    return _VNode(f"double_{name}", f"{EPI}::DoubleStore<{dtype.cutlass}, {HALF_STRIDE}>", children, binding=binding)
 
 
 def _callbacks(root: str, d: DType, paired_d: bool) -> str:

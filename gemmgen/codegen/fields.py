@@ -10,12 +10,27 @@ strings; `expr` is a C++ lvalue with `{p}` standing for the Params object.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..types import DType
 
-if TYPE_CHECKING:
-    from .evt import ParamBinding
+#: The bindings of pairs.hpp's register visitors (N/2- and 2N-column tensors): a HalfTensor {ptr,
+#: dHalf} each; the loads read operands, the stores write outputs.
+PAIR_LOADS = ("pair_load", "double_load_even", "double_load_odd")
+PAIR_BINDINGS = (*PAIR_LOADS, "pair_store", "double_store")
+
+
+class Binding(Protocol):
+    """What a visitor's fields are named by (`evt.ParamBinding`)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> DType: ...
+
+    def member(self, root: str) -> str: ...
 
 #: Bytes of each field kind. `desc` is a 128-byte TMA descriptor (CUtensorMap).
 KIND_SIZE = {"desc": 128, "u32": 4, "i32": 4, "u64": 8, "i64": 8, "f32": 4, "ptr": 8, "bool": 1, "e16": 2}
@@ -79,7 +94,7 @@ def hw_info() -> list[ParamField]:
     return f
 
 
-def binding_fields(b: ParamBinding) -> list[ParamField]:
+def binding_fields(b: Binding) -> list[ParamField]:
     """The Params of an epilogue visitor the host writes (the same visitors on every arch)."""
     node = b.member("{p}.epilogue.thread")
     n = f"epilogue.{b.kind}.{b.name}"
@@ -108,7 +123,7 @@ def binding_fields(b: ParamBinding) -> list[ParamField]:
                 ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.d{vector})", "i64"),
                 ParamField(f"{n}.buffer", f"{node}.reduction_buffer", "ptr"),
                 ParamField(f"{n}.counters", f"{node}.tile_counters", "ptr")]
-    if b.kind in ("pair_load", "pair_store"):  # pairs.hpp's HalfTensor
+    if b.kind in PAIR_BINDINGS:  # pairs.hpp's HalfTensor
         return [ParamField(f"{n}.ptr", f"{node}.ptr", "ptr"),
                 ParamField(f"{n}.stride_m", f"cute::get<0>({node}.dHalf)", "i64"),
                 ParamField(f"{n}.stride_l", f"cute::get<2>({node}.dHalf)", "i64")]

@@ -76,7 +76,11 @@ def pairs_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 
 def violations(rules: Sequence[Rule], cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """Every rule `cfg` breaks for the recipe as declared."""
+    """Every rule `cfg` breaks for the recipe as declared (only `pairs_violations` where a swapped
+    kernel would take column pairs from rows: such a view is no recipe to check further)."""
+    paired = pairs_violations(cfg, recipe)
+    if paired:
+        return paired
     view = kernel_recipe(cfg, recipe)
     return [v for rule in rules for v in rule(cfg, view)]
 

@@ -341,8 +341,9 @@ class Recipe:
             recompute: the backward kernel is this recipe's own GEMM again, reading dL/dD as the
                 operand `grad_d`, instead of a GEMM whose product is dL/dD reading the saved
                 accumulator: one more GEMM, nothing kept from the forward. Always so for a
-                grouped GEMM (its forward writes D only) and for an epilogue over column pairs
-                (`gemmgen.pairs`: the saved accumulator would be twice as wide as dL/dD).
+                grouped GEMM (its forward writes D only), and for an epilogue over column pairs
+                (`gemmgen.pairs`) that does more with the accumulator than take its pairs (its
+                backward kernel reads the saved accumulator, 2N columns, as pairs' halves only).
             recompute_d: also write the forward's D (aux `fwd_d`), for a next layer's weight
                 gradient, instead of keeping it from the forward.
         """
@@ -468,7 +469,7 @@ class Backward:
 def _derive_backward(recipe: Recipe, *, a: Any = None, b: Any = None, layout_a: Any = None, layout_b: Any = None,
                     d: Any = None, saved: Any = None, wrt: Sequence[str] | None = None,
                     grad_outputs: Sequence[str] = ("d",), recompute: bool = False,
-                    recompute_d: bool = False) -> Backward:
+                    recompute_d: bool = False, _pairs_checked: bool = False) -> Backward:
     """`Recipe.backward`'s body (its docstring says what the arguments mean)."""
     gemm = recipe.ir.gemm
     where = f"{recipe.name}.backward()"
@@ -481,10 +482,16 @@ def _derive_backward(recipe: Recipe, *, a: Any = None, b: Any = None, layout_a: 
             raise RecipeError(f"{where}: recompute_d=True asks a grouped GEMM for an aux output, and it writes D "
                               "only; keep the forward's D instead")
         recompute = True  # its forward cannot write the accumulator either
-    if recipe.ir.epilogue.pairs:
-        # a GEMM whose product is dL/dD (N/2 columns) would read the saved accumulator at twice its
-        # own width, which gemmgen does not emit: the backward kernel is this recipe's GEMM again
-        recompute = True
+    if recipe.ir.epilogue.pairs and not recompute and not _pairs_checked:
+        # the GEMM whose product is dL/dD (N/2 columns) reads the saved accumulator at twice its own
+        # width, as its pairs' halves: where the epilogue does more with it (a bias before the
+        # pairs), the backward kernel is this recipe's GEMM again
+        try:
+            return _derive_backward(recipe, a=a, b=b, layout_a=layout_a, layout_b=layout_b, d=d, saved=saved,
+                                    wrt=wrt, grad_outputs=grad_outputs, recompute=False, recompute_d=recompute_d,
+                                    _pairs_checked=True)
+        except RecipeError:
+            recompute = True
     given = [k for k, v in (("a", a), ("b", b), ("layout_a", layout_a), ("layout_b", layout_b)) if v is not None]
     if recompute and given:
         raise RecipeError(f"{where}: {given[0]}= describes the next layer's GEMM, but with recompute=True (always "

@@ -143,6 +143,26 @@ class Sym:
         return self._op(Op.INTERLEAVE, other, self) if odd else self._op(Op.INTERLEAVE, self, other)
 
 
+def _sum(terms: list[Sym]) -> Sym:
+    """The adjoints reaching one value, summed; those of a value read as column pairs (gg.pairs'
+    two halves: interleaves, each with a zero side) summed pair by pair, into one interleave, which
+    a backward kernel writes as a tensor of 2N columns (`ir.columns`)."""
+    nodes = terms[0].graph.nodes
+    if len(terms) > 1 and all(nodes[t.index].op is Op.INTERLEAVE for t in terms):
+        halves = [[Sym(terms[0].graph, nodes[t.index].args[k]) for t in terms] for k in (0, 1)]
+        even, odd = (_sum([h for h in side if not _is_zero(h)] or side[:1]) for side in halves)
+        return even.interleave(odd)
+    g = terms[0]
+    for t in terms[1:]:
+        g = g + t
+    return g
+
+
+def _is_zero(x: Sym) -> bool:
+    node = x.graph.nodes[x.index]
+    return node.op is Op.CONST and node.attr == 0.0
+
+
 @dataclass(frozen=True)
 class Derivative:
     """A derived backward epilogue and where each operand's gradient is.
@@ -209,9 +229,7 @@ def derive(ir: EpilogueIR, *, grad_dtype: DType, read_dtype: DType, wrt: Sequenc
         terms = adjoints.get(i)
         if not terms:
             continue
-        g = terms[0]
-        for t in terms[1:]:
-            g = g + t
+        g = _sum(terms)
         node = ir.nodes[i]
         if node.op is Op.ACC:
             d_acc = g

@@ -65,18 +65,19 @@ class Columns(enum.Enum):
 
     FULL = "full"  # one per column of the accumulator: N
     HALF = "half"  # one per adjacent pair of them: N / 2
+    DOUBLE = "double"  # a pair per column of the accumulator, interleaved: 2N (a backward's packed tensors)
 
     @property
     def step(self) -> int:
-        return {Columns.FULL: 0, Columns.HALF: -1}[self]
+        return {Columns.FULL: 0, Columns.HALF: -1, Columns.DOUBLE: 1}[self]
 
     @classmethod
     def of_step(cls, step: int) -> Columns:
-        return {0: cls.FULL, -1: cls.HALF}[step]
+        return {0: cls.FULL, -1: cls.HALF, 1: cls.DOUBLE}[step]
 
     def extent(self, n: int) -> int:
-        """A tensor's columns for an accumulator of `n` (even) columns."""
-        return n if self is Columns.FULL else n // 2
+        """A tensor's columns for an accumulator of `n` (even, for a half) columns."""
+        return {Columns.FULL: n, Columns.HALF: n // 2, Columns.DOUBLE: 2 * n}[self]
 
 
 _ANY = "any"  # the same in every column: fits either width
@@ -181,25 +182,23 @@ def _shifted(op: Op, w: _Width) -> _Width:
         if w == -1:
             raise _pair_error("gg.pairs of a value that is already a pair's half",
                               "pairs of pairs are not supported: take gg.pairs of a full-width value once")
-        if w != 0:
-            raise _pair_error("gg.pairs of a tensor of 2N columns (two per accumulator column)",
-                              "only tensors of N and N/2 columns are supported")
-        return -1
+        assert isinstance(w, int)
+        return w - 1
     if op is Op.INTERLEAVE:
         if w == _ANY:
             raise _pair_error("gg.interleave of two values that are the same in every column",
                               "its width is undetermined: interleave values of a pair's half (from gg.pairs)")
         if isinstance(w, _Unresolved):
             return _Unresolved(w.names, w.offset + 1)
-        if w != -1:
-            raise _pair_error("gg.interleave of full-width values",
-                              "gg.interleave puts a pair's halves back: pass values of N/2 columns (from gg.pairs)")
-        return 0
+        if w == 1:
+            raise _pair_error("gg.interleave of values of 2N columns", "interleave a pair's halves once")
+        assert isinstance(w, int)
+        return w + 1
     return w
 
 
 def _describe(step: int) -> str:
-    return "the accumulator's width (N)" if step == 0 else "a pair's half (N/2)"
+    return {0: "the accumulator's width (N)", -1: "a pair's half (N/2)", 1: "pairs of 2N columns"}[step]
 
 
 def annotate(nodes: Sequence[Node], outputs: Sequence[OutputT], operands: Sequence[OperandT]
@@ -207,22 +206,41 @@ def annotate(nodes: Sequence[Node], outputs: Sequence[OutputT], operands: Sequen
     """The outputs and operands with their widths (`Output.columns`, `Operand.columns`); a
     RecipeError for what the kernel cannot do with them."""
     widths, fixed = infer_columns(nodes, operands)
+    _check_double(nodes, widths, outputs)
     outs = []
     for o in outputs:
         w = widths[o.node]
         step = 0 if w == _ANY else w
         assert isinstance(step, int)
-        if step not in (0, -1):
-            raise _pair_error(f"output {o.name!r} would have 2N columns", "only N and N/2 columns are supported")
-        columns = Columns.of_step(step)
-        outs.append(replace(o, columns=columns))  # type: ignore[type-var]
-    ops = []
-    for op in operands:
-        step = fixed.get(op.name, 0)
-        if step not in (0, -1):
-            raise _pair_error(f"operand {op.name!r} would have 2N columns", "only N and N/2 columns are supported")
-        ops.append(replace(op, columns=Columns.of_step(step)))  # type: ignore[type-var]
+        outs.append(replace(o, columns=Columns.of_step(step)))  # type: ignore[type-var]
+    ops = [replace(op, columns=Columns.of_step(fixed.get(op.name, 0))) for op in operands]  # type: ignore[type-var]
     return tuple(outs), tuple(ops)
+
+
+def _check_double(nodes: Sequence[Node], widths: list[_Width], outputs: Sequence[Output]) -> None:
+    """A tensor of 2N columns is read only as its pairs' halves (gg.pairs of a matrix operand: the
+    backward GEMM's saved accumulator) and written only as an interleave (its dL/dacc): the
+    kernel holds each as two full-width values."""
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, n in enumerate(nodes):
+        for a in n.args:
+            users[a].append(i)
+    outputs_of = {o.node: o for o in outputs}
+    for i, node in enumerate(nodes):
+        if widths[i] != 1:
+            continue
+        if node.op is Op.INPUT:
+            if any(nodes[u].op not in (Op.PAIR_EVEN, Op.PAIR_ODD) for u in users[i]):
+                raise _pair_error(f"operand {node.name!r} has 2N columns and is used whole",
+                                  "read a tensor of 2N columns as its pairs' halves: gg.pairs(x)")
+        elif node.op is Op.INTERLEAVE:
+            out = outputs_of.get(i)
+            if users[i] or out is None or out.reduce is not None:
+                raise _pair_error("a value of 2N columns (gg.interleave of full-width values) is used or reduced",
+                                  "write it as an output, and compute with its halves before gg.interleave")
+        else:
+            raise _pair_error(f"{node.op.key} of values of 2N columns",
+                              "compute with the pairs' halves, and gg.interleave the results last")
 
 
 def pairs_used(nodes: Sequence[Node]) -> bool:

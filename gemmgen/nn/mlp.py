@@ -14,9 +14,11 @@ and fc1's GEMM again with the derived epilogue (dL/dacc1, fc1's bias gradient an
 fc2's weight gradient): one more GEMM, and no hidden-sized tensor kept from the forward.
 
 A gated activation (`activation="swiglu"` or `"geglu"`, Llama's and its successors' MLP: fc1's
-weight holds 2 x hidden rows, gate and up interleaved) always recomputes: dL/dh has half the
-columns of fc1's accumulator, and gemmgen's derived epilogue reads tensors of N or N/2 columns
-only (docs/pairs.md); fc1's bias gradient, a sum over the tokens, is then torch's.
+weight holds 2 x hidden rows, gate and up interleaved) works the same: fc2's dgrad GEMM (dL/dh,
+hidden columns) reads fc1's saved accumulator (2 x hidden columns) as its pairs and writes
+dL/dgate and dL/dup interleaved (docs/pairs.md). With a bias, fc1 always recomputes (its
+derived epilogue would add the bias to the saved accumulator's pairs, which it does not yet);
+fc1's bias gradient, a sum over the tokens, is then torch's.
 
 `accumulate_grad=True` adds the weight gradients in fp32 into each weight's `main_grad` (created
 as zeros if missing), as Megatron-LM and Transformer Engine do, instead of setting `.grad`.
@@ -46,9 +48,11 @@ def mlp_backward(activation: str, bias: bool, dtype: torch.dtype, recompute: boo
     stored, out x hidden, row-major), reading the saved accumulator; with `recompute`, fc1's own
     GEMM again, reading dL/dh and also writing h (`fwd_d`)."""
     fc1 = linear_recipe(activation, bias, dtype)
-    if recompute:
-        return fc1.backward(recompute=True, recompute_d=True)
-    return fc1.backward()
+    if not recompute:
+        saving = fc1.backward()
+        if not saving.recompute:  # a gated fc1 with a bias recomputes (Recipe.backward)
+            return saving
+    return fc1.backward(recompute=True, recompute_d=True)
 
 
 class _MLPFunction(torch.autograd.Function):
@@ -138,9 +142,9 @@ class FusedMLP(RecipeModule):
         for name, value in (("recompute", recompute), ("accumulate_grad", accumulate_grad)):
             if not isinstance(value, bool):
                 raise InvalidArgument(f"{name}: expected True or False, got {value!r}")
-        # a gated activation always recomputes (module docstring)
-        self.recompute, self.accumulate_grad = recompute or self.activation in GATED, accumulate_grad
+        self.recompute, self.accumulate_grad = recompute, accumulate_grad
         self._set_recipes()
+        self.recompute = self._backward.recompute  # a gated fc1 with a bias always recomputes
 
     @property
     def activation(self) -> str:

@@ -62,11 +62,13 @@ class ArgumentBuilder:
                 self.block_scales.append((f"scale_{operand}", f"mainloop.layout_sf{operand}", gran, gk, template))
         epi = recipe.epilogue
         matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX and o.columns is Columns.FULL]
-        # N/2-column tensors, read and written from the registers (pairs.hpp): a pointer and strides
-        self.half_loads = [(f"epilogue.pair_load.{o.name}", o.name) for o in epi.operands
-                           if o.kind is OperandKind.MATRIX and o.columns is Columns.HALF]
-        half_stores = {o.name: f"epilogue.pair_store.{o.name}" for o in epi.outputs
-                       if o.reduce is None and o.columns is Columns.HALF}
+        # N/2- and 2N-column tensors, read and written from the registers (pairs.hpp): a pointer and
+        # strides each (a 2N one's two halves read by two visitors)
+        self.half_loads = [(f"epilogue.{kind}.{o.name}", o.name) for o in epi.operands
+                           if o.kind is OperandKind.MATRIX
+                           for kind in _REGISTER_LOADS.get(o.columns, ())]
+        half_stores = {o.name: f"epilogue.{_REGISTER_STORES[o.columns]}.{o.name}" for o in epi.outputs
+                       if o.reduce is None and o.columns is not Columns.FULL}
         self.scalars = [(f"epilogue.scalar.{o.name}.value", o.name) for o in epi.operands
                         if o.kind is OperandKind.SCALAR]
         self.vectors = [(f"epilogue.{o.kind.value}.{o.name}.ptr", o.name) for o in epi.operands
@@ -222,6 +224,11 @@ class ArgumentBuilder:
             return tuple((f, struct.pack("<q", x)) for f, x in _half_tensor(field, t).items())
         assert isinstance(template, tma.TmaTemplate)
         return ((field, encode(template.matrix(t.ptr, p.m, p.n, p.l, t.strides))),)
+
+
+#: The visitors that read (write) a tensor of each width from (to) the registers (pairs.hpp).
+_REGISTER_LOADS = {Columns.HALF: ("pair_load",), Columns.DOUBLE: ("double_load_even", "double_load_odd")}
+_REGISTER_STORES = {Columns.HALF: "pair_store", Columns.DOUBLE: "double_store"}
 
 
 def _unpacked(field: str, raw: bytes) -> int | bytes:

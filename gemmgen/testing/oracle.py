@@ -25,6 +25,7 @@ from typing import Any
 
 from ..codegen import GeneratedKernel, emitter, template_environment
 from ..codegen.evt import HALF_STRIDE, ParamBinding
+from ..codegen.fields import PAIR_BINDINGS, PAIR_LOADS
 from ..compile.toolchain import toolchain
 from ..config import TileScheduler
 from ..errors import ToolchainError
@@ -206,10 +207,11 @@ class OracleProgram:
             ptr, batch_stride = (self.slots.add(f"aux.{b.name}.{part}") for part in ("ptr", "s2"))
             return (f"{{reinterpret_cast<{e}*>(V[{ptr}]), 0.f, "
                     f"{{cute::_0{{}}, cute::_0{{}}, static_cast<int64_t>(V[{batch_stride}])}}}}")
-        if b.kind in ("pair_load", "pair_store"):  # pairs.hpp's HalfTensor {ptr, dHalf}
-            tensor_of = f"operand.{b.name}" if b.kind == "pair_load" else "d" if b.name == "d" else f"aux.{b.name}"
+        if b.kind in PAIR_BINDINGS:  # pairs.hpp's HalfTensor {ptr, dHalf}
+            load = b.kind in PAIR_LOADS
+            tensor_of = f"operand.{b.name}" if load else "d" if b.name == "d" else f"aux.{b.name}"
             s = [self.slots.add(f"{tensor_of}.{part}") for part in ("ptr", "s0", "s1", "s2")]
-            const = " const" if b.kind == "pair_load" else ""
+            const = " const" if load else ""
             return (f"{{reinterpret_cast<{e}{const}*>(V[{s[0]}]), "
                     f"oracle::stride3<{HALF_STRIDE}>(V[{s[1]}], V[{s[2]}], V[{s[3]}])}}")
         prefix = "operand" if b.kind == "aux_load" else "aux"

@@ -26,8 +26,9 @@ Column pairs (gemmgen/include/gemmgen/pairs.hpp): a pair's half is held in both 
 pair (PairEven / PairOdd copy one of the two into both, Interleave takes the even column of one
 input and the odd of the other, PairSumMask zeroes the odd one); PairLoad reads an N/2-column
 tensor through its pointer and strides into both, PairStore writes the even columns' values at
-half the column index and passes its input on; WithElementAux<E, Callbacks> is Callbacks (the
-collective then stores no D: ElementD is void).
+half the column index and passes its input on; DoubleLoad reads the even or odd columns of a
+2N-column tensor, DoubleStore writes its two inputs at the even and odd ones; WithElementAux<E,
+Callbacks> is Callbacks (the collective then stores no D: ElementD is void).
 """
 
 from __future__ import annotations
@@ -385,6 +386,8 @@ class EpilogueInterpreter:
             return self._visit(t.args[1], lvalue, acc, params, inputs)
         if t.name in (f"{_EPI}PairLoad", f"{_EPI}PairStore"):
             return self._pairs(t, lvalue, acc, params, inputs)
+        if t.name in (f"{_EPI}DoubleLoad", f"{_EPI}DoubleStore"):
+            return self._doubles(t, lvalue, acc, params, inputs)
         kind = t.name.removeprefix(_FUSION)
         if kind == "Sm90EVT":
             node, *children = t.args
@@ -478,6 +481,29 @@ class EpilogueInterpreter:
             return half.to(torch.float32).repeat_interleave(2, dim=-1)
         x = inputs[0].to(torch.float32).expand(acc.shape)
         half.copy_(_convert(x[..., 0::2], element))
+        return inputs[0]
+
+    def _doubles(self, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
+                 inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """DoubleLoad<E, S, parity> / DoubleStore<E, S>: an (L, M, 2N) tensor at the HalfTensor's
+        pointer and strides, its even or odd columns read; both written from two inputs."""
+        store = t.name == f"{_EPI}DoubleStore"
+        if len(t.args) != (2 if store else 3) or str(t.args[1]) != _ROW_MAJOR_AUX or len(inputs) != 2 * int(store):
+            raise EpilogueSourceError(f"{t} with {len(inputs)} inputs")
+        element = _element(t.args[0])
+        l_, m, n = acc.shape
+        stride_m, stride_l = (struct.unpack("<q", params.raw(f"cute::get<{i}>({lvalue}.dHalf)"))[0] for i in (0, 2))
+        ptr = params.pointer(f"{lvalue}.ptr", element, (l_ - 1) * stride_l + (m - 1) * stride_m + 2 * n)
+        if ptr is None:
+            raise AssertionError(f"{lvalue}.ptr: null")
+        whole = ptr.as_strided((l_, m, 2 * n), (stride_l, stride_m, 1))
+        if not store:
+            parity = int(t.args[2].name)
+            if parity not in (0, 1):
+                raise EpilogueSourceError(f"{t}")
+            return whole[..., parity::2].to(torch.float32)
+        for parity, x in enumerate(inputs):
+            whole[..., parity::2] = _convert(x.to(torch.float32).expand(acc.shape), element)
         return inputs[0]
 
     def _tile(self, t: CppType) -> tuple[int, int]:

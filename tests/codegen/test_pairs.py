@@ -46,7 +46,10 @@ def test_recipes_without_pairs_keep_their_keys():
     (lambda acc, bias: _swiglu(acc) + bias, {"bias": gg.RowVector(gg.bf16)},
      r"row vector 'bias' .* apply 'bias' before gg.pairs"),
     (lambda acc: gg.pairs(gg.pairs(acc)[0])[0], {}, r"already a pair's half; pairs of pairs are not supported"),
-    (lambda acc: gg.interleave(acc, acc), {}, r"gg.interleave of full-width values"),
+    (lambda acc: gg.interleave(acc, acc) + 1.0, {}, r"a value of 2N columns .* is used or reduced; write it as an"),
+    (lambda acc, s: gg.pairs(s)[0] + s, {"s": gg.Matrix(gg.bf16)}, r"combines values"),
+    (lambda acc: gg.interleave(gg.interleave(acc, acc), gg.interleave(acc, acc)), {},
+     r"interleave of values of 2N columns"),
     (lambda acc: acc + gg.interleave(1.0, 2.0), {}, r"two values that are the same in every column"),
     (lambda acc: _swiglu(acc) + acc, {}, r"add combines values of the accumulator's width \(N\) and of a pair's half"),
 ])
@@ -115,12 +118,25 @@ def test_small_m_never_swaps_a_recipe_over_pairs():
     assert not choice.config.swap_ab and "_swapab" not in choice.why
 
 
-def test_the_backward_of_a_recipe_over_pairs_recomputes():
-    """dL/dD has N/2 columns: the backward kernel is the forward's GEMM again, reading dL/dD (N/2
-    columns, a PairLoad) and writing dL/dacc at full width."""
+def test_the_backward_of_a_recipe_over_pairs_reads_the_saved_accumulator_as_pairs():
+    """On the GEMM whose product is dL/dD (N/2 columns of the forward: the kernel's N), the saved
+    accumulator has 2N columns, read as its pairs' halves (DoubleLoad, even and odd), and dL/dacc
+    is written at 2N, gate's and up's gradients interleaved (DoubleStore at the root, void D). A
+    bias before the pairs would be added to the 2N-column tensor: that backward recomputes."""
     backward = gg.Recipe("t", _swiglu).backward()
-    assert backward.recompute and backward.kernel.name == "t_bwd_recompute"
+    assert not backward.recompute and backward.kernel.name == "t_bwd"
     ir = backward.kernel.ir
-    assert [(o.name, o.columns) for o in ir.epilogue.operands] == [("grad_d", Columns.HALF)]
-    assert ir.outputs[0].columns is Columns.FULL
-    assert "gemmgen::epi::PairLoad<" in backward.kernel.source()
+    assert [(o.name, o.columns) for o in ir.epilogue.operands] == [("saved_acc", Columns.DOUBLE)]
+    assert ir.outputs[0].columns is Columns.DOUBLE
+    gen = render_kernel(ir, backward.kernel.default_config())
+    assert gen.source.count("gemmgen::epi::DoubleLoad<") == 2 and "using ElementD = void;" in gen.source
+    assert "gemmgen::epi::WithElementAux<cutlass::bfloat16_t, " in gen.source
+    assert {"epilogue.double_load_even.saved_acc.ptr", "epilogue.double_load_odd.saved_acc.stride_m",
+            "epilogue.double_store.d.stride_l"} <= {f.name for f in gen.fields}
+    assert gg.Recipe("t", _swiglu).outputs[0].shape((3, 10)) == (3, 5) and ir.outputs[0].shape((3, 5)) == (3, 10)
+    biased = gg.Recipe("t", lambda acc, bias: _swiglu(acc + bias), operands={"bias": gg.RowVector(gg.bf16)})
+    recomputing = biased.backward()
+    assert recomputing.recompute and recomputing.kernel.name == "t_bwd_recompute"
+    assert [(o.name, o.columns) for o in recomputing.kernel.ir.epilogue.operands] == [
+        ("bias", Columns.FULL), ("grad_d", Columns.HALF)]
+    assert "gemmgen::epi::PairLoad<" in recomputing.kernel.source()

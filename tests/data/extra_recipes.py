@@ -163,15 +163,15 @@ bias_gelu_bwd = gg.Recipe("bias_gelu", lambda acc, bias: gg.gelu(acc + bias),
 
 # Column pairs (gg.pairs, gg.interleave; gemmgen/include/gemmgen/pairs.hpp): GEGLU of the pairs with
 # a per-row scale and an N/2-column residual (PairLoad) as D (PairStore, no D of the collective's),
-# an N/2-column fp32 copy of it (PairStore), a rotary rotation of the pairs by an N/2-column angle
+# SwiGLU of the same pairs in fp32 (a second PairStore), a rotary rotation of the pairs by an N/2-column angle
 # cosine and a scalar sine put back to full width (a TMA aux store), a pair with a constant odd
 # side, the row sums of D's squares (each pair's value counted once: PairSumMask) and max |D|.
 def _pair_ops(acc, residual, scale, cos, sin):
     gate, up = gg.pairs(acc)
     h = gg.gelu(gate) * up * scale + residual
     rot = gg.interleave(gate * cos - up * sin, gate * sin + up * cos)
-    return {"d": h, "h32": h, "rot": rot, "gate_only": gg.interleave(gate, 0.0), "sum_sq": gg.sum(h * h, dim=1),
-            "amax_h": gg.amax(h)}
+    return {"d": h, "h32": gg.silu(gate) * up, "rot": rot, "gate_only": gg.interleave(gate, 0.0),
+            "sum_sq": gg.sum(h * h, dim=1), "amax_h": gg.amax(h)}
 
 
 pair_ops = gg.Recipe(
@@ -181,3 +181,15 @@ pair_ops = gg.Recipe(
               "sin": gg.Scalar()},
     aux={"h32": gg.f32, "rot": gg.bf16, "gate_only": gg.bf16, "sum_sq": gg.f32, "amax_h": gg.f32},
 )
+
+
+# The derived backward of a gated recipe on the next layer's dgrad GEMM (Recipe.backward): its
+# accumulator is dL/dh (F columns), it reads the forward's saved accumulator of 2F columns as its
+# pairs' halves (DoubleLoad) and writes dL/dacc, gate's and up's gradients interleaved, at 2F
+# (DoubleStore, no D of the collective's).
+def _swiglu(acc):
+    gate, up = gg.pairs(acc)
+    return gg.silu(gate) * up
+
+
+swiglu_bwd = gg.Recipe("swiglu", _swiglu).backward().kernel

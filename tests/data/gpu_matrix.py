@@ -192,6 +192,8 @@ def training_launches() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         mlp = gg.nn.FusedMLP(n_in, hidden, n_out, activation, recompute=recompute, accumulate_grad=accumulate,
                              device="meta")
         out += gg.nn.model_launches(mlp, tokens=(tokens,), training_tokens=(tokens,))
+    gated = gg.nn.FusedMLP(n_in, hidden, n_out, "swiglu", bias=False, device="meta")  # fc2's dgrad carries fc1's
+    out += gg.nn.model_launches(gated, tokens=(tokens,), training_tokens=(tokens,))
     tokens, n_in, hidden, n_out = TRAINING_BENCH_MLP
     for recompute in (False, True):
         mlp = gg.nn.FusedMLP(n_in, hidden, n_out, "gelu", recompute=recompute, device="meta")

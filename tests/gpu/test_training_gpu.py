@@ -106,35 +106,43 @@ def test_a_saved_accumulator_backward_kernel_matches_its_reference():
 
 
 class _LlamaMLP(nn.Module):
-    def __init__(self, n_in: int, hidden: int, n_out: int) -> None:
+    def __init__(self, n_in: int, hidden: int, n_out: int, bias: bool) -> None:
         super().__init__()
-        self.gate, self.up, self.down = nn.Linear(n_in, hidden), nn.Linear(n_in, hidden), nn.Linear(hidden, n_out)
+        self.gate, self.up = nn.Linear(n_in, hidden, bias=bias), nn.Linear(n_in, hidden, bias=bias)
+        self.down = nn.Linear(hidden, n_out, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
 
     def fused_order(self) -> list[torch.Tensor]:
         """The parameters' gradients as a gated FusedMLP holds them: fc1's interleaved, then fc2's."""
-        grads = []
-        for p in (self.gate.weight, self.up.weight, self.gate.bias, self.up.bias, self.down.weight, self.down.bias):
+        def grad(p: torch.Tensor) -> torch.Tensor:
             assert p.grad is not None
-            grads.append(p.grad)
-        gw, uw, gb, ub, dw, db = grads
-        return [gg.nn.interleave_pairs(gw, uw), gg.nn.interleave_pairs(gb, ub), dw, db]
+            return p.grad
+
+        out = [gg.nn.interleave_pairs(grad(self.gate.weight), grad(self.up.weight))]
+        if self.gate.bias is not None and self.up.bias is not None:
+            out.append(gg.nn.interleave_pairs(grad(self.gate.bias), grad(self.up.bias)))
+        return [*out, *(grad(p) for p in self.down.parameters())]
 
 
-def test_gated_fused_mlp_trains_like_llamas_mlp():
+@pytest.mark.parametrize("bias", [False, True], ids=["llama", "bias"])
+def test_gated_fused_mlp_trains_like_llamas_mlp(bias):
     """SwiGLU (gemmgen's fc1 over column pairs: gate and up interleaved) against Llama's unfused
     down(silu(gate(x)) * up(x)): forward and every gradient against it in float64 (CPU), no
-    further than the unfused bf16 model on the GPU, plus a bf16 rounding; 300 tokens."""
+    further than the unfused bf16 model on the GPU, plus a bf16 rounding; 300 tokens. Without
+    biases fc2's dgrad GEMM carries fc1's derived epilogue; with them fc1 recomputes."""
     tokens, n_in, hidden, n_out = TRAINING_MLP
     torch.manual_seed(0)
-    unfused = _LlamaMLP(n_in, hidden, n_out).to("cuda", torch.bfloat16)
-    fc1 = nn.Linear(n_in, 2 * hidden).to("cuda", torch.bfloat16)
+    unfused = _LlamaMLP(n_in, hidden, n_out, bias).to("cuda", torch.bfloat16)
+    fc1 = nn.Linear(n_in, 2 * hidden, bias=bias).to("cuda", torch.bfloat16)
     with torch.no_grad():
         fc1.weight.copy_(gg.nn.interleave_pairs(unfused.gate.weight, unfused.up.weight))
-        fc1.bias.copy_(gg.nn.interleave_pairs(unfused.gate.bias, unfused.up.bias))
+        if bias:
+            assert unfused.gate.bias is not None and unfused.up.bias is not None
+            fc1.bias.copy_(gg.nn.interleave_pairs(unfused.gate.bias, unfused.up.bias))
     fused = gg.nn.FusedMLP.from_linears(fc1, "swiglu", copy.deepcopy(unfused.down))
+    assert fused.recompute == bias
     x = torch.randn(tokens, n_in, device="cuda").bfloat16()
     g = torch.randn(tokens, n_out, device="cuda").bfloat16()
     exact = copy.deepcopy(unfused).cpu().double()

@@ -121,8 +121,12 @@ def _independent(name, acc, ops):
         c, s = f["cos"], f["sin"]
         rot = torch.stack((gate * c - up * s, gate * s + up * c), dim=-1).flatten(-2)
         gate_only = torch.stack((gate, torch.zeros_like(gate)), dim=-1).flatten(-2)
-        return (h.bfloat16(), h, rot.bfloat16(), gate_only.bfloat16(), (h * h).sum(dim=-1),
+        return (h.bfloat16(), F.silu(gate) * up, rot.bfloat16(), gate_only.bfloat16(), (h * h).sum(dim=-1),
                 h.abs().flatten(-2).max(dim=-1).values)
+    if name == "swiglu_bwd":  # torch's silu_backward on the saved gate, times up; silu(gate) for up
+        gate, up = f["saved_acc"][..., 0::2], f["saved_acc"][..., 1::2]
+        d = torch.stack((torch.ops.aten.silu_backward(acc * up, gate), acc * F.silu(gate)), dim=-1).flatten(-2)
+        return (d.bfloat16(),)
     if name == "bias_gelu_bwd":  # torch's own gelu_backward from the saved accumulator, and its column sums
         d_pre = torch.ops.aten.gelu_backward(acc, f["saved_acc"] + f["bias"])
         return d_pre.bfloat16(), d_pre.sum(dim=-2)

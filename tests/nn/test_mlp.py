@@ -259,7 +259,8 @@ def test_gated_fused_mlp_gradients_match_the_unfused_model(activation, bias, lea
     """SwiGLU / GEGLU: fc1's weight and bias are the gate's and up's interleaved
     (gemmgen.nn.interleave_pairs); every gradient against the unfused model in float64, no
     further than the unfused bf16 model's own plus a bf16 rounding (fc1's gradients interleaved
-    the same way). The layer always recomputes."""
+    the same way). Without biases fc2's dgrad GEMM carries fc1's derived epilogue; with them the
+    layer recomputes."""
     unfused = _GatedMLP(_GATED[activation], 40, 48, 24, bias).bfloat16()
     fc1 = nn.Linear(40, 96, bias=bias).bfloat16()
     with torch.no_grad():
@@ -267,7 +268,7 @@ def test_gated_fused_mlp_gradients_match_the_unfused_model(activation, bias, lea
         if bias:
             fc1.bias.copy_(gg.nn.interleave_pairs(unfused.gate.bias, unfused.up.bias))
     fused = gg.nn.FusedMLP.from_linears(fc1, activation, copy.deepcopy(unfused.down))
-    assert fused.recompute and fused.fc1.weight_rows == 96 and fused.fc1.out_features == 48
+    assert fused.recompute == bias and fused.fc1.weight_rows == 96 and fused.fc1.out_features == 48
     x, g = torch.randn(*lead, 40).bfloat16(), torch.randn(*lead, 24).bfloat16()
     exact = copy.deepcopy(unfused).double()
 
@@ -313,10 +314,14 @@ def test_gated_activations_are_refused_where_pairs_are_not_built():
 
 def test_a_gated_mlps_backward_fuses_the_gated_derivative_into_one_kernel():
     """The unfused gated MLP's backward runs six GEMMs, SiLU's backward, two products, an add and
-    three bias sums; the fused one: dL/dh as a GEMM, fc1's GEMM again with the derived epilogue
-    (dL/dgate and dL/dup interleaved, and h for fc2's weight gradient: one gemmgen kernel), the
-    dgrad and two wgrad GEMMs, and the two bias sums (fc1's a sum over the tokens, torch's)."""
-    fused = gg.nn.FusedMLP(40, 48, 24, activation="swiglu")
+    three bias sums. The fused one without biases (Llama's): fc2's dgrad GEMM with fc1's derived
+    epilogue (dL/dgate and dL/dup from the saved accumulator's pairs: one gemmgen kernel at the
+    layer boundary), then the dgrad and two wgrad GEMMs. With biases it recomputes: dL/dh as a
+    GEMM, fc1's GEMM again with the derived epilogue (one gemmgen kernel, also writing h), the
+    dgrad and wgrad GEMMs and the two bias sums (fc1's a sum over the tokens, torch's)."""
     unfused = _GatedMLP(torch.nn.functional.silu, 40, 48, 24, True).bfloat16()
-    assert _backward_ops(fused) == {"mm": 4, "gemmgen": 1, "sum": 2}
     assert _backward_ops(unfused) == {"mm": 6, "sum": 3, "mul": 2, "silu_backward": 1, "add": 1}
+    saving = gg.nn.FusedMLP(40, 48, 24, activation="swiglu", bias=False)
+    assert not saving.recompute and _backward_ops(saving) == {"mm": 3, "gemmgen": 1}
+    recomputing = gg.nn.FusedMLP(40, 48, 24, activation="swiglu")
+    assert recomputing.recompute and _backward_ops(recomputing) == {"mm": 4, "gemmgen": 1, "sum": 2}

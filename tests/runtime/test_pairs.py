@@ -37,8 +37,17 @@ def _rotary(acc, cos, sin):
     return gg.interleave(x * cos - y * sin, x * sin + y * cos)
 
 
+def _widen(acc, s):
+    """D of 2N columns from two full-width values (a DoubleStore), and a 2N-column operand read as
+    its halves (DoubleLoad)."""
+    even, odd = gg.pairs(s)
+    return gg.interleave(acc * even, gg.relu(acc) + odd)
+
+
 RECIPES = {
     "swiglu": gg.Recipe("swiglu", _swiglu),
+    "swiglu_bwd": gg.Recipe("swiglu", _swiglu).backward().kernel,
+    "widen": gg.Recipe("widen", _widen, batched=True, operands={"s": gg.Matrix(gg.f32)}),
     "gated_rms": gg.Recipe("gated_rms", _gated_rms, batched=True, layout_a=gg.ColMajor,
                            operands={"residual": gg.Matrix(gg.bf16), "gain": gg.ColVector(gg.f32)},
                            aux={"ss": gg.f32, "amax": gg.f32, "q": gg.e4m3}),
@@ -64,7 +73,7 @@ def test_emulated_calls_compute_the_recipe(name):
 def test_compiled_kernels_over_pairs_compute_their_recipes(compiled):
     """The examples' and coverage recipes' kernels over pairs as NVRTC compiled them (their real
     sources and Params layouts)."""
-    for name in ("swiglu", "pair_ops"):
+    for name in ("swiglu", "pair_ops", "swiglu_bwd"):
         for shape in SHAPES:
             assert_computes(compiled[name], shape, name)
 
@@ -138,3 +147,25 @@ def test_given_outputs_with_padded_rows_are_written_where_they_are():
     outs = given_outputs(recipe, 20, 36, (2,))
     assert outs[0].stride(-2) > outs[0].shape[-1]  # padded: 18 bf16 per row take 24
     assert_computes(ck, (20, 36, 40, 2), "padded", (a, b, ops, want))
+
+
+def test_a_wrong_2n_read_or_write_fails_the_check():
+    """The saved accumulator's halves exchanged (DoubleLoad's parity), or dL/dacc's (DoubleStore's
+    inputs, by exchanging the two values' nodes in the graph's op list), make the emulation fail."""
+    recipe = RECIPES["swiglu_bwd"]
+    config = gg.KernelConfig(tile=(128, 128, 64))
+    assert_computes(uncompiled(recipe, config), (33, 70, 40, 1), "unchanged")
+    even = "cute::Stride<int64_t, cute::_1, int64_t>, 0>"
+    odd = "cute::Stride<int64_t, cute::_1, int64_t>, 1>"
+    parity = uncompiled(recipe, config, lambda g: dataclasses.replace(g, source=_swap(g.source, even, odd)))
+    with pytest.raises(AssertionError):
+        assert_computes(parity, (33, 70, 40, 1), "halves exchanged")
+    source = uncompiled(recipe, config).generated.source
+    line = next(x for x in source.splitlines() if x.startswith("using EpilogueDag"))
+    edges = line.split("cute::seq<")[-1].split(">")[0]  # the DoubleStore's two inputs, last
+    a, b = edges.split(", ")
+    swapped = source.replace(f"cute::seq<{a}, {b}>>, ", f"cute::seq<{b}, {a}>>, ")
+    assert swapped != source
+    stores = uncompiled(recipe, config, lambda g: dataclasses.replace(g, source=swapped))
+    with pytest.raises(AssertionError):
+        assert_computes(stores, (33, 70, 40, 1), "stores exchanged")

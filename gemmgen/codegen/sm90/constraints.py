@@ -13,7 +13,6 @@ from ...ir import RecipeIR
 from ..rules import (
     arch_schedule_violations,
     cluster_violations,
-    pairs_violations,
     reduction_violations,
     tile_k_violations,
 )
@@ -111,4 +110,4 @@ def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 
 CONSTRAINTS = (tile_violations, tile_k_violations, schedule_violations, tile_scheduler_violations, cluster_violations,
-               register_violations, smem_violations, reduction_violations, block_scale_violations, pairs_violations)
+               register_violations, smem_violations, reduction_violations, block_scale_violations)

@@ -9,7 +9,9 @@
 //   InterleaveConst, PairSumMask    in pair_functors.hpp
 //   PairLoad, PairStore             an N/2-column tensor read or written from the registers,
 //                                   element (m, c) at column pair c, as Sm90AuxLoad/Store<0> do
-//                                   for a full-width one (no shared memory, no TMA).
+//                                   for a full-width one (no shared memory, no TMA);
+//   DoubleLoad, DoubleStore         a 2N-column tensor's even or odd half read, or written from
+//                                   two full-width values (a backward GEMM's, of a recipe over pairs).
 #pragma once
 
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
@@ -26,6 +28,12 @@ namespace fusion = cutlass::epilogue::fusion;
 template <class StrideMNL>
 CUTLASS_DEVICE int64_t half_offset(StrideMNL const& stride, int m, int n, int l) {
   return int64_t(m) * cute::get<0>(stride) + int64_t(n / 2) + int64_t(l) * cute::get<2>(stride);
+}
+
+// ... and its pair's even (Parity 0) or odd element of a 2N-column tensor.
+template <int Parity, class StrideMNL>
+CUTLASS_DEVICE int64_t double_offset(StrideMNL const& stride, int m, int n, int l) {
+  return int64_t(m) * cute::get<0>(stride) + 2 * int64_t(n) + Parity + int64_t(l) * cute::get<2>(stride);
 }
 
 // The coordinates of the epilogue's registers, partitioned as the visitors' registers are.
@@ -186,8 +194,115 @@ struct PairStore : detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL>>
   }
 };
 
-// The collective of a kernel whose D is N/2 wide stores no D of its own (void ElementD): the
-// fusion callbacks name D's element as the PairStore that writes it does.
+// Reads one half (Parity 0: even columns, 1: odd) of a 2N-column tensor, element (m, 2n + Parity)
+// for accumulator element (m, n): a backward GEMM's saved accumulator of a recipe over pairs.
+template <class Element, class StrideMNL, int Parity>
+struct DoubleLoad : detail::RegisterNode<detail::HalfTensor<Element const*, StrideMNL>> {
+  using Base = detail::RegisterNode<detail::HalfTensor<Element const*, StrideMNL>>;
+  using Base::Base;
+  using typename Base::Params;
+
+  template <class CTensor, class RTensor, class ShapeMNL>
+  struct ConsumerStoreCallbacks : detail::fusion::detail::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor coords, RTensor regs, ShapeMNL shape, Params const* params)
+        : coords(coords), regs(regs), shape(shape), params(params) {}
+
+    CTensor coords;
+    RTensor regs;
+    ShapeMNL shape;
+    Params const* params;
+
+    CUTLASS_DEVICE void begin_loop(int epi_m, int epi_n) {
+      auto here = coords(cute::_, cute::_, cute::_, epi_m, epi_n);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < cute::size(regs); ++i) {
+        auto c = here(i);
+        regs(i) = cute::elem_less(c, shape)
+            ? params->ptr[detail::double_offset<Parity>(params->dHalf, cute::get<0>(c), cute::get<1>(c),
+                                                        cute::get<2>(c))]
+            : Element(0);
+      }
+    }
+
+    template <class ElementAccumulator, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<Element, FragmentSize> visit(
+        cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int, int) {
+      return cute::recast<cutlass::Array<Element, FragmentSize>>(regs)(epi_v);
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(detail::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
+    auto coords = detail::register_coordinates<ReferenceSrc>(args);
+    auto regs = cute::make_tensor<Element>(cute::take<0, 3>(cute::shape(coords)));
+    auto [M, N, K, L] = args.problem_shape_mnkl;
+    auto shape = cute::make_shape(M, N, L);
+    return ConsumerStoreCallbacks<decltype(coords), decltype(regs), decltype(shape)>(coords, regs, shape,
+                                                                                     this->params_ptr);
+  }
+};
+
+// Writes a 2N-column tensor from two full-width values: the first at (m, 2n), the second at
+// (m, 2n + 1) (an interleave of them: a backward GEMM's dL/dacc of a recipe over pairs).
+template <class Element, class StrideMNL>
+struct DoubleStore : detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL>> {
+  using Base = detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL>>;
+  using Base::Base;
+  using typename Base::Params;
+  using ElementAux = Element;
+
+  template <class CTensor, class RTensor, class ShapeMNL>
+  struct ConsumerStoreCallbacks : detail::fusion::detail::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor coords, RTensor even, RTensor odd, ShapeMNL shape,
+                                          Params const* params)
+        : coords(coords), even(even), odd(odd), shape(shape), params(params) {}
+
+    CTensor coords;
+    RTensor even;
+    RTensor odd;
+    ShapeMNL shape;
+    Params const* params;
+
+    template <class ElementAccumulator, class ElementInput, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<ElementInput, FragmentSize> visit(
+        cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int, int,
+        cutlass::Array<ElementInput, FragmentSize> const& first,
+        cutlass::Array<ElementInput, FragmentSize> const& second) {
+      using Convert = cutlass::NumericArrayConverter<Element, ElementInput, FragmentSize,
+                                                     cutlass::FloatRoundStyle::round_to_nearest>;
+      cute::recast<cutlass::Array<Element, FragmentSize>>(even)(epi_v) = Convert{}(first);
+      cute::recast<cutlass::Array<Element, FragmentSize>>(odd)(epi_v) = Convert{}(second);
+      return first;
+    }
+
+    CUTLASS_DEVICE void end_loop(int epi_m, int epi_n) {
+      auto here = coords(cute::_, cute::_, cute::_, epi_m, epi_n);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < cute::size(even); ++i) {
+        auto c = here(i);
+        if (cute::elem_less(c, shape)) {
+          int64_t at = detail::double_offset<0>(params->dHalf, cute::get<0>(c), cute::get<1>(c), cute::get<2>(c));
+          params->ptr[at] = even(i);
+          params->ptr[at + 1] = odd(i);
+        }
+      }
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(detail::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
+    auto coords = detail::register_coordinates<ReferenceSrc>(args);
+    auto even = cute::make_tensor<Element>(cute::take<0, 3>(cute::shape(coords)));
+    auto odd = cute::make_tensor<Element>(cute::take<0, 3>(cute::shape(coords)));
+    auto [M, N, K, L] = args.problem_shape_mnkl;
+    auto shape = cute::make_shape(M, N, L);
+    return ConsumerStoreCallbacks<decltype(coords), decltype(even), decltype(shape)>(coords, even, odd, shape,
+                                                                                     this->params_ptr);
+  }
+};
+
+// The collective of a kernel whose D is N/2 or 2N wide stores no D of its own (void ElementD):
+// the fusion callbacks name D's element as the PairStore or DoubleStore that writes it does.
 template <class Element, class Callbacks>
 struct WithElementAux : Callbacks {
   using Callbacks::Callbacks;
