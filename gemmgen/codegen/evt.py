@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ..config import Arch
 from ..ir import Columns, EpilogueIR, Node, Op, Param, RecipeIR, Reduction, f32_bits, post_order
 from ..types import DType, Layout, OperandKind
+from .fields import REGISTER_LOADS, REGISTER_STORES
 
 FUSION = "cutlass::epilogue::fusion"
 ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
@@ -150,11 +151,12 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             continue
         if n.op in (Op.PAIR_EVEN, Op.PAIR_ODD) and n.args[0] in double:
             operand = ir.operand(ir.nodes[n.args[0]].name)  # type: ignore[arg-type]
-            parity = "even" if n.op is Op.PAIR_EVEN else "odd"
+            parity = int(n.op is Op.PAIR_ODD)
             of_ir[i] = len(vnodes)
-            load = f"{EPI}::DoubleLoad<{operand.dtype.cutlass}, {HALF_STRIDE}, {int(parity == 'odd')}>"
-            vnodes.append(_VNode(f"{parity}_{operand.name}", load,
-                                 binding=ParamBinding(f"double_load_{parity}", operand.name, operand.dtype)))
+            load = f"{EPI}::DoubleLoad<{operand.dtype.cutlass}, {HALF_STRIDE}, {parity}>"
+            kind = REGISTER_LOADS[Columns.DOUBLE][parity]
+            half = ParamBinding(kind, operand.name, operand.dtype)
+            vnodes.append(_VNode(f"{kind}_{operand.name}", load, binding=half))
             continue
         if n.op is Op.ACC:
             v = _VNode("acc", f"{FUSION}::Sm90AccFetch")
@@ -164,7 +166,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
                     OperandKind.MATRIX: "aux_load"}[operand.kind]
             if operand.columns is Columns.HALF:
                 v = _VNode(f"in_{n.name}", f"{EPI}::PairLoad<{operand.dtype.cutlass}, {HALF_STRIDE}>",
-                           binding=ParamBinding("pair_load", operand.name, operand.dtype))
+                           binding=ParamBinding(REGISTER_LOADS[Columns.HALF][0], operand.name, operand.dtype))
             else:
                 binding = None if n.name == source else ParamBinding(kind, operand.name, operand.dtype)
                 v = _VNode(f"in_{n.name}", _load_type(operand.kind, operand.dtype, n.name == source, aux_stride,
@@ -193,7 +195,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             continue
         if o.reduce is None and o.columns is Columns.HALF:
             store = _VNode(f"aux_{o.name}", f"{EPI}::PairStore<{o.dtype.cutlass}, {HALF_STRIDE}>", [src],
-                           binding=ParamBinding("pair_store", o.name, o.dtype))
+                           binding=ParamBinding(REGISTER_STORES[Columns.HALF], o.name, o.dtype))
         elif o.reduce is not None and o.dim is None:
             store = _VNode(f"amax_{o.name}", _AMAX_TYPE, [src], binding=ParamBinding("amax", o.name, o.dtype))
         elif o.reduce is not None:
@@ -212,7 +214,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     paired_d = d_columns is not Columns.FULL
     if d_columns is Columns.HALF:  # D has N/2 columns: written by a PairStore at the root, not by the collective
         vnodes.append(_VNode("pair_d", f"{EPI}::PairStore<{d.cutlass}, {HALF_STRIDE}>", [of_ir[ir.outputs[0].node]],
-                             binding=ParamBinding("pair_store", "d", d)))
+                             binding=ParamBinding(REGISTER_STORES[Columns.HALF], "d", d)))
     elif d_columns is Columns.DOUBLE:  # 2N: by a DoubleStore at the root
         vnodes.append(_double_store("d", d, ir, ir.outputs[0].node, of_ir, vnodes))
     root = len(vnodes) - 1 if paired_d else of_ir[ir.outputs[0].node]
@@ -284,7 +286,7 @@ def _double_store(name: str, dtype: DType, ir: EpilogueIR, node: int, of_ir: dic
             children.append(len(vnodes) - 1)
         else:
             children.append(of_ir[a])
-    binding = ParamBinding("double_store", name, dtype)
+    binding = ParamBinding(REGISTER_STORES[Columns.DOUBLE], name, dtype)
     return _VNode(f"double_{name}", f"{EPI}::DoubleStore<{dtype.cutlass}, {HALF_STRIDE}>", children, binding=binding)
 
 

@@ -12,12 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..ir import Columns
 from ..types import DType
 
-#: The bindings of pairs.hpp's register visitors (N/2- and 2N-column tensors): a HalfTensor {ptr,
-#: dHalf} each; the loads read operands, the stores write outputs.
-PAIR_LOADS = ("pair_load", "double_load_even", "double_load_odd")
-PAIR_BINDINGS = (*PAIR_LOADS, "pair_store", "double_store")
+#: The bindings of pairs.hpp's register visitors, by the width of the tensor they read (two: a
+#: 2N-column tensor's even and odd halves) or write: a HalfTensor {ptr, dHalf} each.
+REGISTER_LOADS = {Columns.HALF: ("pair_load",), Columns.DOUBLE: ("double_load_even", "double_load_odd")}
+REGISTER_STORES = {Columns.HALF: "pair_store", Columns.DOUBLE: "double_store"}
+PAIR_LOADS = tuple(kind for kinds in REGISTER_LOADS.values() for kind in kinds)
+PAIR_BINDINGS = (*PAIR_LOADS, *REGISTER_STORES.values())
 
 
 class Binding(Protocol):

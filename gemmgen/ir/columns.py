@@ -241,7 +241,3 @@ def _check_double(nodes: Sequence[Node], widths: list[_Width], outputs: Sequence
         else:
             raise _pair_error(f"{node.op.key} of values of 2N columns",
                               "compute with the pairs' halves, and gg.interleave the results last")
-
-
-def pairs_used(nodes: Sequence[Node]) -> bool:
-    return any(n.op.pairs for n in nodes)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..codegen import sm100
 from ..codegen.evt import REDUCTION_KIND
-from ..codegen.fields import ParamsLayout
+from ..codegen.fields import REGISTER_LOADS, REGISTER_STORES, ParamsLayout
 from ..codegen.sm90.geometry import scale_tma, scales_per_tile
 from ..config import Arch, KernelConfig, Schedule, TileScheduler
 from ..errors import InvalidArgument
@@ -66,8 +66,8 @@ class ArgumentBuilder:
         # strides each (a 2N one's two halves read by two visitors)
         self.half_loads = [(f"epilogue.{kind}.{o.name}", o.name) for o in epi.operands
                            if o.kind is OperandKind.MATRIX
-                           for kind in _REGISTER_LOADS.get(o.columns, ())]
-        half_stores = {o.name: f"epilogue.{_REGISTER_STORES[o.columns]}.{o.name}" for o in epi.outputs
+                           for kind in REGISTER_LOADS.get(o.columns, ())]
+        half_stores = {o.name: f"epilogue.{REGISTER_STORES[o.columns]}.{o.name}" for o in epi.outputs
                        if o.reduce is None and o.columns is not Columns.FULL}
         self.scalars = [(f"epilogue.scalar.{o.name}.value", o.name) for o in epi.operands
                         if o.kind is OperandKind.SCALAR]
@@ -224,11 +224,6 @@ class ArgumentBuilder:
             return tuple((f, struct.pack("<q", x)) for f, x in _half_tensor(field, t).items())
         assert isinstance(template, tma.TmaTemplate)
         return ((field, encode(template.matrix(t.ptr, p.m, p.n, p.l, t.strides))),)
-
-
-#: The visitors that read (write) a tensor of each width from (to) the registers (pairs.hpp).
-_REGISTER_LOADS = {Columns.HALF: ("pair_load",), Columns.DOUBLE: ("double_load_even", "double_load_odd")}
-_REGISTER_STORES = {Columns.HALF: "pair_store", Columns.DOUBLE: "double_store"}
 
 
 def _unpacked(field: str, raw: bytes) -> int | bytes:

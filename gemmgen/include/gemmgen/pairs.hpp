@@ -24,25 +24,43 @@ namespace detail {
 
 namespace fusion = cutlass::epilogue::fusion;
 
-// Where accumulator element (m, n) of batch l finds its pair's element of an N/2-column tensor.
-template <class StrideMNL>
-CUTLASS_DEVICE int64_t half_offset(StrideMNL const& stride, int m, int n, int l) {
-  return int64_t(m) * cute::get<0>(stride) + int64_t(n / 2) + int64_t(l) * cute::get<2>(stride);
-}
+// Where accumulator element (m, n) of batch l finds its element of a tensor of another width:
+// its pair's, at column n / 2, of an N/2-column tensor...
+struct HalfColumns {
+  template <class StrideMNL>
+  static CUTLASS_DEVICE int64_t at(StrideMNL const& stride, int m, int n, int l) {
+    return int64_t(m) * cute::get<0>(stride) + int64_t(n / 2) + int64_t(l) * cute::get<2>(stride);
+  }
+};
 
-// ... and its pair's even (Parity 0) or odd element of a 2N-column tensor.
-template <int Parity, class StrideMNL>
-CUTLASS_DEVICE int64_t double_offset(StrideMNL const& stride, int m, int n, int l) {
-  return int64_t(m) * cute::get<0>(stride) + 2 * int64_t(n) + Parity + int64_t(l) * cute::get<2>(stride);
+// ... and its pair's even (Parity 0) or odd one, at column 2n + Parity, of a 2N-column tensor.
+template <int Parity>
+struct DoubleColumns {
+  template <class StrideMNL>
+  static CUTLASS_DEVICE int64_t at(StrideMNL const& stride, int m, int n, int l) {
+    return int64_t(m) * cute::get<0>(stride) + 2 * int64_t(n) + Parity + int64_t(l) * cute::get<2>(stride);
+  }
+};
+
+// (M, N, L): what a register's (m, n, l) must lie within.
+template <class Args>
+CUTLASS_DEVICE auto problem_shape(Args const& args) {
+  auto [M, N, K, L] = args.problem_shape_mnkl;
+  return cute::make_shape(M, N, L);
 }
 
 // The coordinates of the epilogue's registers, partitioned as the visitors' registers are.
 template <bool ReferenceSrc, class Args>
 CUTLASS_DEVICE auto register_coordinates(Args const& args) {
-  auto [M, N, K, L] = args.problem_shape_mnkl;
-  return fusion::sm90_partition_for_epilogue<ReferenceSrc>(
-      cute::make_identity_tensor(cute::make_shape(M, N, L)), args.tile_shape_mnk, args.tile_coord_mnkl, args.epi_tile,
-      args.tiled_copy, args.thread_idx);
+  return fusion::sm90_partition_for_epilogue<ReferenceSrc>(cute::make_identity_tensor(problem_shape(args)),
+                                                           args.tile_shape_mnk, args.tile_coord_mnkl, args.epi_tile,
+                                                           args.tiled_copy, args.thread_idx);
+}
+
+// One register of `Element` per epilogue register of a subtile (CPY, CPY_M, CPY_N).
+template <class Element, class Coordinates>
+CUTLASS_DEVICE auto registers(Coordinates const& coords) {
+  return cute::make_tensor<Element>(cute::take<0, 3>(cute::shape(coords)));
 }
 
 // What a visitor without a workspace or a producer load needs (as CUTLASS's Stages=0 nodes).
@@ -96,9 +114,10 @@ struct HalfTensor {
 
 }  // namespace detail
 
-// Reads an N/2-column tensor into both registers of each pair (0 outside the problem).
-template <class Element, class StrideMNL>
-struct PairLoad : detail::RegisterNode<detail::HalfTensor<Element const*, StrideMNL>> {
+// Reads a tensor of another width into the registers: element Columns::at of each accumulator
+// element's coordinates (0 outside the problem).
+template <class Element, class StrideMNL, class Columns>
+struct RegisterLoad : detail::RegisterNode<detail::HalfTensor<Element const*, StrideMNL>> {
   using Base = detail::RegisterNode<detail::HalfTensor<Element const*, StrideMNL>>;
   using Base::Base;
   using typename Base::Params;
@@ -119,7 +138,7 @@ struct PairLoad : detail::RegisterNode<detail::HalfTensor<Element const*, Stride
       for (int i = 0; i < cute::size(regs); ++i) {
         auto c = here(i);
         regs(i) = cute::elem_less(c, shape)
-            ? params->ptr[detail::half_offset(params->dHalf, cute::get<0>(c), cute::get<1>(c), cute::get<2>(c))]
+            ? params->ptr[Columns::at(params->dHalf, cute::get<0>(c), cute::get<1>(c), cute::get<2>(c))]
             : Element(0);
       }
     }
@@ -134,13 +153,21 @@ struct PairLoad : detail::RegisterNode<detail::HalfTensor<Element const*, Stride
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(detail::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
     auto coords = detail::register_coordinates<ReferenceSrc>(args);
-    auto regs = cute::make_tensor<Element>(cute::take<0, 3>(cute::shape(coords)));
-    auto [M, N, K, L] = args.problem_shape_mnkl;
-    auto shape = cute::make_shape(M, N, L);
+    auto regs = detail::registers<Element>(coords);
+    auto shape = detail::problem_shape(args);
     return ConsumerStoreCallbacks<decltype(coords), decltype(regs), decltype(shape)>(coords, regs, shape,
                                                                                      this->params_ptr);
   }
 };
+
+// An N/2-column tensor read into both registers of each pair.
+template <class Element, class StrideMNL>
+using PairLoad = RegisterLoad<Element, StrideMNL, detail::HalfColumns>;
+
+// One half (Parity 0: even columns, 1: odd) of a 2N-column tensor, element (m, 2n + Parity) for
+// accumulator element (m, n): a backward GEMM's saved accumulator of a recipe over pairs.
+template <class Element, class StrideMNL, int Parity>
+using DoubleLoad = RegisterLoad<Element, StrideMNL, detail::DoubleColumns<Parity>>;
 
 // Writes an N/2-column tensor: each pair's value, from its even register. `ElementAux` names the
 // element for a collective whose D is this node's (CUTLASS's void ElementD).
@@ -177,7 +204,8 @@ struct PairStore : detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL>>
       for (int i = 0; i < cute::size(regs); ++i) {
         auto c = here(i);
         if (cute::get<1>(c) % 2 == 0 && cute::elem_less(c, shape)) {
-          params->ptr[detail::half_offset(params->dHalf, cute::get<0>(c), cute::get<1>(c), cute::get<2>(c))] = regs(i);
+          params->ptr[detail::HalfColumns::at(params->dHalf, cute::get<0>(c), cute::get<1>(c), cute::get<2>(c))] =
+              regs(i);
         }
       }
     }
@@ -186,57 +214,8 @@ struct PairStore : detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL>>
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(detail::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
     auto coords = detail::register_coordinates<ReferenceSrc>(args);
-    auto regs = cute::make_tensor<Element>(cute::take<0, 3>(cute::shape(coords)));
-    auto [M, N, K, L] = args.problem_shape_mnkl;
-    auto shape = cute::make_shape(M, N, L);
-    return ConsumerStoreCallbacks<decltype(coords), decltype(regs), decltype(shape)>(coords, regs, shape,
-                                                                                     this->params_ptr);
-  }
-};
-
-// Reads one half (Parity 0: even columns, 1: odd) of a 2N-column tensor, element (m, 2n + Parity)
-// for accumulator element (m, n): a backward GEMM's saved accumulator of a recipe over pairs.
-template <class Element, class StrideMNL, int Parity>
-struct DoubleLoad : detail::RegisterNode<detail::HalfTensor<Element const*, StrideMNL>> {
-  using Base = detail::RegisterNode<detail::HalfTensor<Element const*, StrideMNL>>;
-  using Base::Base;
-  using typename Base::Params;
-
-  template <class CTensor, class RTensor, class ShapeMNL>
-  struct ConsumerStoreCallbacks : detail::fusion::detail::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor coords, RTensor regs, ShapeMNL shape, Params const* params)
-        : coords(coords), regs(regs), shape(shape), params(params) {}
-
-    CTensor coords;
-    RTensor regs;
-    ShapeMNL shape;
-    Params const* params;
-
-    CUTLASS_DEVICE void begin_loop(int epi_m, int epi_n) {
-      auto here = coords(cute::_, cute::_, cute::_, epi_m, epi_n);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < cute::size(regs); ++i) {
-        auto c = here(i);
-        regs(i) = cute::elem_less(c, shape)
-            ? params->ptr[detail::double_offset<Parity>(params->dHalf, cute::get<0>(c), cute::get<1>(c),
-                                                        cute::get<2>(c))]
-            : Element(0);
-      }
-    }
-
-    template <class ElementAccumulator, int FragmentSize>
-    CUTLASS_DEVICE cutlass::Array<Element, FragmentSize> visit(
-        cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int, int) {
-      return cute::recast<cutlass::Array<Element, FragmentSize>>(regs)(epi_v);
-    }
-  };
-
-  template <bool ReferenceSrc, class... Args>
-  CUTLASS_DEVICE auto get_consumer_store_callbacks(detail::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
-    auto coords = detail::register_coordinates<ReferenceSrc>(args);
-    auto regs = cute::make_tensor<Element>(cute::take<0, 3>(cute::shape(coords)));
-    auto [M, N, K, L] = args.problem_shape_mnkl;
-    auto shape = cute::make_shape(M, N, L);
+    auto regs = detail::registers<Element>(coords);
+    auto shape = detail::problem_shape(args);
     return ConsumerStoreCallbacks<decltype(coords), decltype(regs), decltype(shape)>(coords, regs, shape,
                                                                                      this->params_ptr);
   }
@@ -281,7 +260,7 @@ struct DoubleStore : detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL
       for (int i = 0; i < cute::size(even); ++i) {
         auto c = here(i);
         if (cute::elem_less(c, shape)) {
-          int64_t at = detail::double_offset<0>(params->dHalf, cute::get<0>(c), cute::get<1>(c), cute::get<2>(c));
+          int64_t at = detail::DoubleColumns<0>::at(params->dHalf, cute::get<0>(c), cute::get<1>(c), cute::get<2>(c));
           params->ptr[at] = even(i);
           params->ptr[at + 1] = odd(i);
         }
@@ -292,10 +271,9 @@ struct DoubleStore : detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(detail::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
     auto coords = detail::register_coordinates<ReferenceSrc>(args);
-    auto even = cute::make_tensor<Element>(cute::take<0, 3>(cute::shape(coords)));
-    auto odd = cute::make_tensor<Element>(cute::take<0, 3>(cute::shape(coords)));
-    auto [M, N, K, L] = args.problem_shape_mnkl;
-    auto shape = cute::make_shape(M, N, L);
+    auto even = detail::registers<Element>(coords);
+    auto odd = detail::registers<Element>(coords);
+    auto shape = detail::problem_shape(args);
     return ConsumerStoreCallbacks<decltype(coords), decltype(even), decltype(shape)>(coords, even, odd, shape,
                                                                                      this->params_ptr);
   }
