@@ -35,9 +35,10 @@ layer (the first three) by gemmgen's time. Each shape runs under the config the 
 it; where that is a stream-K kernel, another row runs the same tile under the persistent scheduler,
 and where it is a swapped kernel (small M), another runs the best unswapped config.
 
-The training-step table (`--training`): an MLP block of 4096 tokens, 4096 -> 14336 -> 4096 with
-GELU (bf16), forward and backward, in torch eager, torch.compile and gemmgen's FusedMLP (its
-accumulator saved, and recomputed), each step timed whole with CUDA events.
+The training-step table (`--training`): an MLP block of 4096 tokens, 4096 -> 14336 -> 4096 (bf16),
+forward and backward, in torch eager, torch.compile and gemmgen's FusedMLP (its accumulator saved,
+and recomputed), each step timed whole with CUDA events: with GELU and biases, and Llama's SwiGLU
+MLP without biases (gemmgen: fc1 over column pairs, its backward fused into fc2's dgrad GEMM).
 
     python scripts/gpu_bench.py [--reps N] [--training]
 """
@@ -292,25 +293,65 @@ def _block_grouped_table(recipe, shapes, reps: int) -> None:
         torch.cuda.empty_cache()
 
 
-def _training_table(shape: tuple[int, int, int, int], reps: int) -> None:
-    """One MLP block's training step (forward + backward, gradients of the input and every
-    parameter): torch eager, torch.compile (inductor) of the same model, and gemmgen's FusedMLP
-    with its accumulator saved and recomputed; median of `reps` CUDA-event timings of whole steps,
-    inputs rotated through more than L2, each gemmgen model's gradients checked first."""
+class _LlamaMLP(torch.nn.Module):
+    """Llama's MLP as Hugging Face writes it: down(silu(gate(x)) * up(x)), no biases."""
+
+    def __init__(self, n_in: int, hidden: int, n_out: int) -> None:
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(n_in, hidden, bias=False)
+        self.up_proj = torch.nn.Linear(n_in, hidden, bias=False)
+        self.down_proj = torch.nn.Linear(hidden, n_out, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _training_models(activation: str, shape: tuple[int, int, int, int]) -> tuple[Any, dict[bool, Any], Any]:
+    """(eager model, gemmgen's FusedMLP of the same weights with its accumulator saved (False) and
+    recomputed (True), the eager model's parameter gradients as the FusedMLP's parameters lay
+    them out). "gelu": Linear -> GELU -> Linear with biases; "swiglu": Llama's MLP, whose gate
+    and up projections become one fc1 with their rows interleaved (`gemmgen.nn.interleave_pairs`)."""
     import copy
 
     from torch import nn
 
     import gemmgen as gg
 
+    _, n_in, hidden, n_out = shape
+    eager: nn.Module
+    if activation == "gelu":
+        eager = nn.Sequential(nn.Linear(n_in, hidden), nn.GELU(), nn.Linear(hidden, n_out)).to("cuda", torch.bfloat16)
+        first, second = eager[0], eager[2]
+        assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+
+        def as_fused(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+            return grads
+    else:
+        llama = eager = _LlamaMLP(n_in, hidden, n_out).to("cuda", torch.bfloat16)
+        first = nn.Linear(n_in, 2 * hidden, bias=False).to("cuda", torch.bfloat16)
+        with torch.no_grad():
+            first.weight.copy_(gg.nn.interleave_pairs(llama.gate_proj.weight, llama.up_proj.weight))
+        second = llama.down_proj
+
+        def as_fused(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+            gate, up, down = grads
+            return [gg.nn.interleave_pairs(gate, up), down]
+    fused = {recompute: gg.nn.FusedMLP.from_linears(copy.deepcopy(first), activation, copy.deepcopy(second),
+                                                     recompute=recompute) for recompute in (False, True)}
+    return eager, fused, as_fused
+
+
+def _training_table(activation: str, shape: tuple[int, int, int, int], reps: int) -> None:
+    """One MLP block's training step (forward + backward, gradients of the input and every
+    parameter): torch eager, torch.compile (inductor) of the same model, and gemmgen's FusedMLP
+    with its accumulator saved and recomputed; median of `reps` CUDA-event timings of whole steps,
+    inputs rotated through more than L2, each gemmgen model's gradients checked first."""
+    import copy
+
     tokens, n_in, hidden, n_out = shape
     torch.manual_seed(0)
-    eager = nn.Sequential(nn.Linear(n_in, hidden), nn.GELU(), nn.Linear(hidden, n_out)).to("cuda", torch.bfloat16)
+    eager, fused, as_fused = _training_models(activation, shape)
     compiled = torch.compile(copy.deepcopy(eager))
-    first, second = eager[0], eager[2]
-    assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
-    fused = {recompute: gg.nn.FusedMLP.from_linears(copy.deepcopy(first), "gelu", copy.deepcopy(second),
-                                                     recompute=recompute) for recompute in (False, True)}
     per_set = tokens * (n_in + n_out) * 2
     sets = [(torch.randn(tokens, n_in, device="cuda", dtype=torch.bfloat16).requires_grad_(),
              torch.randn(tokens, n_out, device="cuda", dtype=torch.bfloat16))
@@ -322,10 +363,10 @@ def _training_table(shape: tuple[int, int, int, int], reps: int) -> None:
         model(x).backward(g)
 
     x, g = sets[0]
+    want_x, *want_params = torch.autograd.grad(eager(x), [x, *eager.parameters()], g)
     for model in fused.values():  # each gemmgen model's gradients against eager's, before timing it
         got = [*torch.autograd.grad(model(x), [x, *model.parameters()], g)]
-        want = [*torch.autograd.grad(eager(x), [x, *eager.parameters()], g)]
-        for a, b in zip(got, want, strict=True):
+        for a, b in zip(got, [want_x, *as_fused(want_params)], strict=True):
             torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-2 * float(b.abs().max()))
 
     def timed(model: Any) -> float:
@@ -344,10 +385,8 @@ def _training_table(shape: tuple[int, int, int, int], reps: int) -> None:
 
     t_eager, t_compiled = timed(eager), timed(compiled)
     t_saved, t_recompute = timed(fused[False]), timed(fused[True])
-    print("tokens,in,hidden,out | eager ms | compile ms | gemmgen ms | gemmgen recompute ms | eager/gemmgen | "
-          "compile/gemmgen")
-    print(f"{tokens},{n_in},{hidden},{n_out} | {t_eager:.3f} | {t_compiled:.3f} | {t_saved:.3f} | {t_recompute:.3f} | "
-          f"{t_eager / t_saved:.2f} | {t_compiled / t_saved:.2f}")
+    print(f"{activation} | {tokens},{n_in},{hidden},{n_out} | {t_eager:.3f} | {t_compiled:.3f} | {t_saved:.3f} | "
+          f"{t_recompute:.3f} | {t_eager / t_saved:.2f} | {t_compiled / t_saved:.2f}", flush=True)
 
 
 def _timed(fn, sets, reps: int) -> float | None:
@@ -439,7 +478,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--training", action="store_true", help="only the training-step table (an MLP block, "
-                   "forward + backward: eager, torch.compile, FusedMLP)")
+                   "GELU and SwiGLU, forward + backward: eager, torch.compile, FusedMLP)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("gpu_bench: no CUDA device here; nothing measured")
@@ -451,9 +490,12 @@ def main() -> int:
     if args.training:
         from tests.data.gpu_matrix import TRAINING_BENCH_MLP
 
-        print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; MLP training step (gelu, bf16), "
+        print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; MLP training step (bf16), "
               f"median of {args.reps} steps timed with CUDA events, inputs rotated")
-        _training_table(TRAINING_BENCH_MLP, args.reps)
+        print("activation | tokens,in,hidden,out | eager ms | compile ms | gemmgen ms | gemmgen recompute ms | "
+              "eager/gemmgen | compile/gemmgen")
+        for activation in ("gelu", "swiglu"):
+            _training_table(activation, TRAINING_BENCH_MLP, args.reps)
         return 0
     recipes = load_recipes(ROOT / "examples" / "recipes.py")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; median of {args.reps} CUDA-graph "

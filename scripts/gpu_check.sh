@@ -29,7 +29,7 @@ timeout 270 "${PYTHON:-python3}" -m pytest -p no:cacheprovider -m gpu -v -rfEs -
 rc=${PIPESTATUS[0]}
 echo "gpu tests: rc=$rc in $(( $(date +%s) - start )) s (whole output: gpu_tests.log)"
 timeout 120 "${PYTHON:-python3}" scripts/gpu_bench.py --reps 30 2>&1 | tee "$LOGS/bench.log" | tail -50
-timeout 60 "${PYTHON:-python3}" scripts/gpu_bench.py --training --reps 20 2>&1 | tee "$LOGS/training.log" | tail -4
+timeout 60 "${PYTHON:-python3}" scripts/gpu_bench.py --training --reps 20 2>&1 | tee "$LOGS/training.log" | tail -5
 timeout 75 "${PYTHON:-python3}" examples/mlp.py 2>&1 | tee "$LOGS/mlp.log" | tail -4
 timeout 60 "${PYTHON:-python3}" scripts/op_overhead.py 2>&1 | tee "$LOGS/op_overhead.log" | tail -20
 exit "$rc"

@@ -33,7 +33,8 @@ TRAINING_MLP = (300, 512, 1024, 264)
 TRAINING_MLP_CASES = (("gelu", False, False), ("gelu", True, False), ("silu", False, True), ("swiglu", True, False))
 OP_BACKWARD_PROBLEM = (77, 264, 256)
 #: scripts/gpu_bench.py's training-step table (tokens, in, hidden, out): an MLP block of 4096 tokens,
-#: Llama-3 8B's sizes, with gelu, its activation saved or recomputed.
+#: Llama-3 8B's sizes, with gelu (and biases) and with Llama's SwiGLU (no biases), its activation
+#: saved or recomputed.
 TRAINING_BENCH_MLP = (4096, 4096, 14336, 4096)
 #: (M, N, K) of tests/gpu/test_gpu.py's BlockScaledLinear calls (silu, bias): a decode step and 300 tokens.
 BLOCK_LINEAR_PROBLEMS = ((8, 384, 512), (300, 384, 512))
@@ -198,6 +199,8 @@ def training_launches() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     for recompute in (False, True):
         mlp = gg.nn.FusedMLP(n_in, hidden, n_out, "gelu", recompute=recompute, device="meta")
         out += gg.nn.model_launches(mlp, tokens=(), training_tokens=(tokens,))
+        llama = gg.nn.FusedMLP(n_in, hidden, n_out, "swiglu", bias=False, recompute=recompute, device="meta")
+        out += gg.nn.model_launches(llama, tokens=(), training_tokens=(tokens,))
     residual = load_recipes(ROOT / "examples" / "recipes.py")["bias_silu_residual"]
     derived = DenseOp(residual).derived
     assert derived is not None
