@@ -293,24 +293,11 @@ def _block_grouped_table(recipe, shapes, reps: int) -> None:
         torch.cuda.empty_cache()
 
 
-class _LlamaMLP(torch.nn.Module):
-    """Llama's MLP as Hugging Face writes it: down(silu(gate(x)) * up(x)), no biases."""
-
-    def __init__(self, n_in: int, hidden: int, n_out: int) -> None:
-        super().__init__()
-        self.gate_proj = torch.nn.Linear(n_in, hidden, bias=False)
-        self.up_proj = torch.nn.Linear(n_in, hidden, bias=False)
-        self.down_proj = torch.nn.Linear(hidden, n_out, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 def _training_models(activation: str, shape: tuple[int, int, int, int]) -> tuple[Any, dict[bool, Any], Any]:
     """(eager model, gemmgen's FusedMLP of the same weights with its accumulator saved (False) and
     recomputed (True), the eager model's parameter gradients as the FusedMLP's parameters lay
-    them out). "gelu": Linear -> GELU -> Linear with biases; "swiglu": Llama's MLP, whose gate
-    and up projections become one fc1 with their rows interleaved (`gemmgen.nn.interleave_pairs`)."""
+    them out). "gelu": Linear -> GELU -> Linear with biases; "swiglu": Llama's MLP (no biases),
+    whose gate and up projections become one fc1 with their rows interleaved."""
     import copy
 
     from torch import nn
@@ -327,15 +314,11 @@ def _training_models(activation: str, shape: tuple[int, int, int, int]) -> tuple
         def as_fused(grads: list[torch.Tensor]) -> list[torch.Tensor]:
             return grads
     else:
-        llama = eager = _LlamaMLP(n_in, hidden, n_out).to("cuda", torch.bfloat16)
-        first = nn.Linear(n_in, 2 * hidden, bias=False).to("cuda", torch.bfloat16)
-        with torch.no_grad():
-            first.weight.copy_(gg.nn.interleave_pairs(llama.gate_proj.weight, llama.up_proj.weight))
-        second = llama.down_proj
+        from tests.data.gated import LlamaMLP
 
-        def as_fused(grads: list[torch.Tensor]) -> list[torch.Tensor]:
-            gate, up, down = grads
-            return [gg.nn.interleave_pairs(gate, up), down]
+        llama = eager = LlamaMLP(n_in, hidden, n_out).to("cuda", torch.bfloat16)
+        first, second = llama.fc1(), llama.down
+        as_fused = llama.fused_order
     fused = {recompute: gg.nn.FusedMLP.from_linears(copy.deepcopy(first), activation, copy.deepcopy(second),
                                                      recompute=recompute) for recompute in (False, True)}
     return eager, fused, as_fused

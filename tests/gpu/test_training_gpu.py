@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import gemmgen as gg
+from tests.data.gated import LlamaMLP
 from tests.data.gpu_matrix import OP_BACKWARD_PROBLEM, TRAINING_MLP
 
 pytestmark = pytest.mark.gpu
@@ -105,27 +106,6 @@ def test_a_saved_accumulator_backward_kernel_matches_its_reference():
         assert_output_close(o, got.cpu(), ref, mag, (m, n), 1.6e-2, 1.6e-2, "bias_gelu_bwd")
 
 
-class _LlamaMLP(nn.Module):
-    def __init__(self, n_in: int, hidden: int, n_out: int, bias: bool) -> None:
-        super().__init__()
-        self.gate, self.up = nn.Linear(n_in, hidden, bias=bias), nn.Linear(n_in, hidden, bias=bias)
-        self.down = nn.Linear(hidden, n_out, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
-
-    def fused_order(self) -> list[torch.Tensor]:
-        """The parameters' gradients as a gated FusedMLP holds them: fc1's interleaved, then fc2's."""
-        def grad(p: torch.Tensor) -> torch.Tensor:
-            assert p.grad is not None
-            return p.grad
-
-        out = [gg.nn.interleave_pairs(grad(self.gate.weight), grad(self.up.weight))]
-        if self.gate.bias is not None and self.up.bias is not None:
-            out.append(gg.nn.interleave_pairs(grad(self.gate.bias), grad(self.up.bias)))
-        return [*out, *(grad(p) for p in self.down.parameters())]
-
-
 @pytest.mark.parametrize("bias", [False, True], ids=["llama", "bias"])
 def test_gated_fused_mlp_trains_like_llamas_mlp(bias):
     """SwiGLU (gemmgen's fc1 over column pairs: gate and up interleaved) against Llama's unfused
@@ -134,24 +114,17 @@ def test_gated_fused_mlp_trains_like_llamas_mlp(bias):
     biases fc2's dgrad GEMM carries fc1's derived epilogue; with them fc1 recomputes."""
     tokens, n_in, hidden, n_out = TRAINING_MLP
     torch.manual_seed(0)
-    unfused = _LlamaMLP(n_in, hidden, n_out, bias).to("cuda", torch.bfloat16)
-    fc1 = nn.Linear(n_in, 2 * hidden, bias=bias).to("cuda", torch.bfloat16)
-    with torch.no_grad():
-        fc1.weight.copy_(gg.nn.interleave_pairs(unfused.gate.weight, unfused.up.weight))
-        if bias:
-            assert unfused.gate.bias is not None and unfused.up.bias is not None
-            fc1.bias.copy_(gg.nn.interleave_pairs(unfused.gate.bias, unfused.up.bias))
-    fused = gg.nn.FusedMLP.from_linears(fc1, "swiglu", copy.deepcopy(unfused.down))
+    unfused = LlamaMLP(n_in, hidden, n_out, bias).to("cuda", torch.bfloat16)
+    fused = gg.nn.FusedMLP.from_linears(unfused.fc1(), "swiglu", copy.deepcopy(unfused.down))
     assert fused.recompute == bias
     x = torch.randn(tokens, n_in, device="cuda").bfloat16()
     g = torch.randn(tokens, n_out, device="cuda").bfloat16()
     exact = copy.deepcopy(unfused).cpu().double()
 
-    def llama_grads(model: _LlamaMLP, x: torch.Tensor, g: torch.Tensor) -> list[torch.Tensor]:
+    def llama_grads(model: LlamaMLP, x: torch.Tensor, g: torch.Tensor) -> list[torch.Tensor]:
         x = x.clone().requires_grad_()
-        model(x).backward(g)
-        assert x.grad is not None
-        return [x.grad, *model.fused_order()]
+        gx, *params = torch.autograd.grad(model(x), [x, *model.parameters()], g)
+        return [gx, *model.fused_order(params)]
 
     want, base = llama_grads(exact, x.cpu().double(), g.cpu().double()), llama_grads(unfused, x, g)
     for got, b, ref in zip(_grads(fused, x, g), base, want, strict=True):
