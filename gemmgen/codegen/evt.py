@@ -11,10 +11,10 @@ from the sm100 builder's descriptors (`AUX_DESCRIPTORS`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..config import Arch
-from ..ir import Columns, EpilogueIR, Node, Op, Param, RecipeIR, Reduction, f32_bits, post_order
+from ..ir import Columns, EpilogueIR, Node, Op, Operand, Param, RecipeIR, Reduction, f32_bits, post_order
 from ..types import DType, Layout, OperandKind
 from .fields import REGISTER_LOADS, REGISTER_STORES
 
@@ -61,11 +61,14 @@ class ParamBinding:
     """A visitor node that carries runtime arguments, and where its Params sit in the callbacks'
     Params: `path` holds (index, sibling count) per level of nested Sm90VisitorImplBase Params."""
 
-    kind: str  # "row" | "col" | "scalar" | "aux_load" | "aux_store" | "amax" | "row_reduction" | "col_reduction"
+    kind: str  # "row" | "col" | "scalar" | "aux_load" | "shared_load" | "aux_store" | "amax" | "row_reduction"
+    #          | "col_reduction"
     #          | fields.PAIR_BINDINGS (N/2- and 2N-column tensors: gemmgen/include/gemmgen/pairs.hpp)
     name: str  # operand or aux output name
     dtype: DType
     path: tuple[tuple[int, int], ...] = ()
+    per_batch: bool = False  # a row or column vector with one vector per batch: its batch stride is a field
+    column_major: bool = False  # a shared matrix's layout (D's): which of its strides is a field
 
     def member(self, root: str) -> str:
         """C++ lvalue of this node's Params under `root`. Sm90VisitorImplBase names members op_0..op_3
@@ -134,6 +137,11 @@ def _aux_stride(layout: Layout) -> str:
     return "cute::Stride<cute::_1, int64_t, int64_t>"
 
 
+def _shared_stride(aux_stride: str) -> str:
+    """A matrix shared by every batch: D's layout, a static batch stride of 0."""
+    return aux_stride.removesuffix("int64_t>") + "cute::_0>"
+
+
 def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     ir = recipe.epilogue
     load_desc, store_desc = AUX_DESCRIPTORS[arch]
@@ -163,14 +171,16 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
         elif n.op is Op.INPUT:
             operand = ir.operand(n.name)  # type: ignore[arg-type]
             kind = {OperandKind.SCALAR: "scalar", OperandKind.ROW: "row", OperandKind.COL: "col",
-                    OperandKind.MATRIX: "aux_load"}[operand.kind]
+                    OperandKind.MATRIX: "aux_load" if operand.per_batch else "shared_load"}[operand.kind]
             if operand.columns is Columns.HALF:
                 v = _VNode(f"in_{n.name}", f"{EPI}::PairLoad<{operand.dtype.cutlass}, {HALF_STRIDE}>",
                            binding=ParamBinding(REGISTER_LOADS[Columns.HALF][0], operand.name, operand.dtype))
             else:
-                binding = None if n.name == source else ParamBinding(kind, operand.name, operand.dtype)
-                v = _VNode(f"in_{n.name}", _load_type(operand.kind, operand.dtype, n.name == source, aux_stride,
-                                                      load_desc, _grouping(recipe)), binding=binding)
+                binding = None if n.name == source else ParamBinding(
+                    kind, operand.name, operand.dtype, per_batch=bool(operand.per_batch),
+                    column_major=recipe.gemm.layout_d is Layout.COL)
+                v = _VNode(f"in_{n.name}", _load_type(operand, n.name == source, aux_stride, load_desc,
+                                                      _grouping(recipe)), binding=binding)
         else:
             fn, args = _functor(n, ir.nodes)
             out = n.dtype.cutlass if n.op is Op.CAST else COMPUTE  # type: ignore[union-attr]
@@ -320,8 +330,7 @@ def _tree_paths(vnodes: list[_VNode], root: int) -> dict[int, tuple[tuple[int, i
 
 
 def _bindings(vnodes: list[_VNode], paths: dict[int, tuple[tuple[int, int], ...]]) -> tuple[ParamBinding, ...]:
-    return tuple(ParamBinding(v.binding.kind, v.binding.name, v.binding.dtype, paths[i])
-                 for i, v in enumerate(vnodes) if v.binding is not None)
+    return tuple(replace(v.binding, path=paths[i]) for i, v in enumerate(vnodes) if v.binding is not None)
 
 
 def _grouping(recipe: RecipeIR) -> str | None:
@@ -332,25 +341,29 @@ def _grouping(recipe: RecipeIR) -> str | None:
     return "N" if recipe.gemm.layout_d is Layout.COL else "M"
 
 
-def _load_type(kind: OperandKind, dtype: DType, is_source: bool, aux_stride: str, descriptor: str,
+def _load_type(operand: Operand, is_source: bool, aux_stride: str, descriptor: str,
                grouping: str | None = None) -> str:
     """A grouped kernel's vectors are arrays of per-group pointers (CUTLASS's `Element*` form). The
     vector along the grouped mode starts at the group's first row of A, any element: it is read
-    element by element (Alignment 1), not in 16-byte vectors."""
-    e = dtype.cutlass
+    element by element (Alignment 1), not in 16-byte vectors. A vector per batch has a dynamic
+    batch stride (the broadcasts allow one); a scalar's always is one (0 when shared: the value)."""
+    kind, e = operand.kind, operand.dtype.cutlass
     v = f"{e}*" if grouping else e
+    batch = "int64_t" if operand.per_batch else "cute::_0"
     if kind is OperandKind.SCALAR:
         return f"{FUSION}::Sm90ScalarBroadcast<{e}, cute::Stride<cute::_0, cute::_0, int64_t>>"
     if kind is OperandKind.ROW:
         align = ", 1" if grouping == "N" else ""
         return (f"{FUSION}::Sm90RowBroadcast<0, TileShape, {v}, {COMPUTE}, cute::Stride<cute::_0, cute::_1, "
-                f"cute::_0>{align}>")
+                f"{batch}>{align}>")
     if kind is OperandKind.COL:
         align = ", 1" if grouping else ""
-        stride = "cute::Stride<cute::_1, cute::_0, cute::_0>"
+        stride = f"cute::Stride<cute::_1, cute::_0, {batch}>"
         return f"{FUSION}::Sm90ColBroadcast<0, TileShape, {v}, {COMPUTE}, {stride}{align}>"
     if is_source:
         return f"{FUSION}::Sm90SrcFetch<{e}>"
+    if not operand.per_batch:  # one matrix for every batch: CUTLASS's register load (no TMA, no smem), batch stride 0
+        return f"{FUSION}::Sm90AuxLoad<0, void, {e}, {_shared_stride(aux_stride)}, void, void>"
     desc = f"{descriptor}<EpilogueDescriptor, {aux_stride}, {e}>"
     return (f"{FUSION}::Sm90AuxLoad<{desc}::Stages, typename {desc}::EpilogueTile, {e}, {aux_stride}, "
             f"typename {desc}::SmemLayoutAtom, typename {desc}::CopyOpS2R>")

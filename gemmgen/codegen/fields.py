@@ -32,6 +32,10 @@ class Binding(Protocol):
     def name(self) -> str: ...
     @property
     def dtype(self) -> DType: ...
+    @property
+    def per_batch(self) -> bool: ...
+    @property
+    def column_major(self) -> bool: ...
 
     def member(self, root: str) -> str: ...
 
@@ -104,9 +108,10 @@ def binding_fields(b: Binding) -> list[ParamField]:
     if b.kind in ("row", "col"):
         # Sm90RowBroadcast's Params keep null_default as the vector's element, Sm90ColBroadcast's
         # convert it to ElementCompute (float).
+        batch = [ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.d{b.kind.title()})", "i64")]
         return [ParamField(f"{n}.ptr", f"{node}.ptr_{b.kind}", "ptr"),
                 ParamField(f"{n}.null_default", f"{node}.null_default",
-                           element_kind(b.dtype) if b.kind == "row" else "f32")]
+                           element_kind(b.dtype) if b.kind == "row" else "f32"), *(batch if b.per_batch else [])]
     if b.kind == "scalar":
         return [ParamField(f"{n}.value", f"{node}.scalars[0]", "f32"),
                 ParamField(f"{n}.ptr", f"{node}.scalar_ptrs[0]", "ptr"),
@@ -130,6 +135,10 @@ def binding_fields(b: Binding) -> list[ParamField]:
         return [ParamField(f"{n}.ptr", f"{node}.ptr", "ptr"),
                 ParamField(f"{n}.stride_m", f"cute::get<0>({node}.dHalf)", "i64"),
                 ParamField(f"{n}.stride_l", f"cute::get<2>({node}.dHalf)", "i64")]
+    if b.kind == "shared_load":  # Sm90AuxLoad<0>: a pointer and the stride between rows (columns, column-major)
+        return [ParamField(f"{n}.ptr", f"{node}.ptr_aux", "ptr"),
+                ParamField(f"{n}.null_default", f"{node}.null_default", element_kind(b.dtype)),
+                ParamField(f"{n}.stride", f"cute::get<{int(b.column_major)}>({node}.dAux)", "i64")]
     if b.kind == "aux_store":
         return [ParamField(f"{n}.tma", desc(f"{node}.tma_store_aux"), "desc"),
                 ParamField(f"{n}.is_nullptr", f"{node}.is_nullptr", "bool")]

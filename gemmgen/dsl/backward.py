@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..ir import EpilogueIR, Node, Op, Operand, RecipeIR
 from ..ir.autodiff import GRAD_PREFIX, Derivative
-from ..types import DType, OperandKind
+from ..types import OperandKind
 from .operands import ColVector, Matrix, OperandDecl, RowVector, Scalar
 from .values import Reduced, Value
 
@@ -22,8 +22,9 @@ class OperandGradient:
     `output`: the backward kernel's aux output holding it; when `reason` says why the kernel
     cannot, the output of `Backward.rest` instead, which the caller evaluates with torch
     (`Backward.rest_gradients`); None when no gradient reaches the operand (it is zero).
-    `sum_dims`: the dims of that output still to sum to get the operand's shape: the batch for a
-    vector shared by every batch, and the remaining dim of a scalar's per-row or per-column sums."""
+    `sum_dims`: the dims of that output still to sum to get the operand's shape: the batch for an
+    operand shared by every batch (`Operand.per_batch`: a scalar, a vector, a shared matrix), and the
+    remaining dim of a scalar's per-row or per-column sums."""
 
     operand: str
     output: str | None
@@ -34,14 +35,16 @@ class OperandGradient:
 def operand_gradients(forward: RecipeIR, derived: Derivative) -> tuple[OperandGradient, ...]:
     """Per operand of `forward` asked for, where `derived` has its gradient."""
     kinds = {o.name: o.kind for o in forward.epilogue.operands}
-    batch = (0,) if forward.gemm.batched else ()
+    per_batch = {o.name for o in forward.epilogue.operands if o.per_batch}
+    batched = (0,) if forward.gemm.batched else ()
     rest = () if derived.rest is None else derived.rest.outputs
     out = []
     for o in (*derived.epilogue.outputs, *rest):
         name = o.name.removeprefix(GRAD_PREFIX)
         if not o.name.startswith(GRAD_PREFIX) or name not in kinds:
             continue
-        dims = () if o.reduce is None else (*batch, len(batch)) if o.dim is not None and \
+        batch = () if name in per_batch else batched
+        dims = batch if o.reduce is None else (*batch, len(batched)) if o.dim is not None and \
             kinds[name] is OperandKind.SCALAR else batch
         out.append(OperandGradient(name, o.name, dims, derived.unfused.get(name, "")))
     out += [OperandGradient(n, None, reason="no gradient reaches it (it feeds only comparisons): zero")
@@ -51,10 +54,12 @@ def operand_gradients(forward: RecipeIR, derived: Derivative) -> tuple[OperandGr
 
 def declarations(operands: tuple[Operand, ...]) -> dict[str, OperandDecl]:
     """The DSL declaration of each IR operand, by name."""
-    make: dict[OperandKind, Callable[[DType], OperandDecl]] = {
-        OperandKind.SCALAR: lambda dt: Scalar(), OperandKind.ROW: RowVector, OperandKind.COL: ColVector,
-        OperandKind.MATRIX: Matrix}
-    return {o.name: make[o.kind](o.dtype) for o in operands}
+    make: dict[OperandKind, Callable[[Operand], OperandDecl]] = {
+        OperandKind.SCALAR: lambda o: Scalar(per_batch=bool(o.per_batch)),
+        OperandKind.ROW: lambda o: RowVector(o.dtype, bool(o.per_batch)),
+        OperandKind.COL: lambda o: ColVector(o.dtype, bool(o.per_batch)),
+        OperandKind.MATRIX: lambda o: Matrix(o.dtype, bool(o.per_batch))}
+    return {o.name: make[o.kind](o) for o in operands}
 
 
 def replay(ir: EpilogueIR) -> Callable[..., dict[str, Value | Reduced]]:

@@ -14,34 +14,42 @@ _VECTOR_DTYPES = (DType.BF16, DType.F16, DType.F32)
 
 @dataclass(frozen=True)
 class Scalar:
-    """A scalar operand: a runtime fp32 value, or a compile-time constant when `value` is given."""
+    """A scalar operand: a runtime fp32 value, or a compile-time constant when `value` is given.
+    With `per_batch` (a batched recipe's), one fp32 per batch: an (L,) tensor."""
 
     value: float | None = None
     dtype: DType = DType.F32
+    per_batch: bool = False
     kind = OperandKind.SCALAR
 
 
 @dataclass(frozen=True)
 class RowVector:
-    """One value per output column (length N), e.g. a bias. Shared by every batch."""
+    """One value per output column (length N), e.g. a bias. Shared by every batch, or with
+    `per_batch` (a batched recipe's) one vector per batch: (L, N)."""
 
     dtype: DType
+    per_batch: bool = False
     kind = OperandKind.ROW
 
 
 @dataclass(frozen=True)
 class ColVector:
-    """One value per output row (length M), e.g. a per-token scale. Shared by every batch."""
+    """One value per output row (length M), e.g. a per-token scale. Shared by every batch, or with
+    `per_batch` (a batched recipe's) one vector per batch: (L, M)."""
 
     dtype: DType
+    per_batch: bool = False
     kind = OperandKind.COL
 
 
 @dataclass(frozen=True)
 class Matrix:
-    """A full M x N input (C, a residual), batched like D."""
+    """A full M x N input (C, a residual), batched like D; with `per_batch=False` (a batched
+    recipe's) one M x N matrix shared by every batch."""
 
     dtype: DType
+    per_batch: bool = True
     kind = OperandKind.MATRIX
 
 
@@ -59,21 +67,47 @@ def constant(x: Any, what: str) -> float:
                       "runtime values cannot be used here")
 
 
-def check_operand(name: str, decl: Any) -> Operand | float:
+def check_operand(name: str, decl: Any, batched: bool, grouped: bool) -> Operand | float:
+    """The IR operand (or a constant's fp32 value) of one declaration in a recipe whose GEMM is
+    `batched` or `grouped`."""
     if not name.isidentifier() or name in RESERVED_NAMES:
         raise RecipeError(f"operand {name!r}: names must be Python identifiers other than acc, a, b, d, out, "
                           "offsets")
     if not isinstance(decl, Scalar | RowVector | ColVector | Matrix):
         raise RecipeError(f"operand {name!r}: expected gg.Scalar(), gg.RowVector(dtype), gg.ColVector(dtype) or "
                           f"gg.Matrix(dtype), got {decl!r}")
+    per_batch = _per_batch(name, decl, batched, grouped)
     if isinstance(decl, Scalar):
         if decl.value is not None:
+            if per_batch:
+                raise RecipeError(f"operand {name!r}: a compile-time constant is the same in every batch; drop "
+                                  "per_batch=True, or drop value= to pass one fp32 per batch at run time")
             return constant(decl.value, f"operand {name!r} constant value")
         if as_dtype(decl.dtype, f"operand {name!r} dtype") is not DType.F32:
             raise RecipeError(f"operand {name!r}: runtime scalars are fp32; declare gg.Scalar() (dtype f32)")
-        return Operand(name, OperandKind.SCALAR, DType.F32)
+        return Operand(name, OperandKind.SCALAR, DType.F32, per_batch=per_batch)
     dtype = as_dtype(decl.dtype, f"operand {name!r} dtype")
     if dtype not in _VECTOR_DTYPES:
         raise RecipeError(f"operand {name!r}: {decl.kind.value} operands may be bf16, f16 or f32, not {dtype.value}")
-    return Operand(name, decl.kind, dtype)
+    return Operand(name, decl.kind, dtype, per_batch=per_batch)
+
+
+def _per_batch(name: str, decl: OperandDecl, batched: bool, grouped: bool) -> bool:
+    """An operand's `per_batch`: a scalar or vector is shared by default and a matrix per batch;
+    the other choice needs a batched GEMM's batches."""
+    default = isinstance(decl, Matrix)
+    per_batch = decl.per_batch
+    if not isinstance(per_batch, bool):
+        raise RecipeError(f"operand {name!r}: per_batch must be True or False, got {per_batch!r}")
+    if per_batch == default:
+        return per_batch
+    what = f"per_batch={per_batch}"
+    if grouped:
+        raise RecipeError(f"operand {name!r}: {what} in a grouped GEMM, whose groups are not batches: its row vectors "
+                          f"are already per group (G, N), its column vectors and matrices per row of A; drop {what}")
+    if not batched:
+        one = "one matrix shared by every batch" if default else "one value per batch of A and B"
+        raise RecipeError(f"operand {name!r}: {what} ({one}) needs a batched GEMM; declare the recipe with "
+                          f"batched=True, or drop {what}")
+    return per_batch
 

@@ -199,7 +199,7 @@ class Recipe:
     # ---- tracing
 
     def _trace(self) -> EpilogueIR:
-        checked = {k: check_operand(k, v) for k, v in self._decls.items()}
+        checked = {k: check_operand(k, v, self.gemm.batched, self.gemm.grouped) for k, v in self._decls.items()}
         params = self._epilogue_params()
         missing = [p for p in params[1:] if p not in checked]
         if missing:

@@ -65,7 +65,8 @@ def op_name(recipe: Recipe) -> str:
 
 def schema(recipe: Recipe) -> str:
     args = ["Tensor a", "Tensor b", *kind_of(recipe).extra_inputs]
-    args += [f"float {o.name}" if o.kind is OperandKind.SCALAR else f"Tensor {o.name}" for o in recipe.operands]
+    args += [f"float {o.name}" if o.kind is OperandKind.SCALAR and not o.per_batch else f"Tensor {o.name}"
+             for o in recipe.operands]
     n = len(recipe.outputs)
     returns = "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
     return f"{op_name(recipe)}({', '.join(args)}) -> {returns}"

@@ -255,8 +255,8 @@ def derive(ir: EpilogueIR, *, grad_dtype: DType, read_dtype: DType, wrt: Sequenc
     unfused: dict[str, str] = {}
     for name in wanted:
         kind, value, grad_name = kinds[name].kind, d_operand[name], GRAD_PREFIX + name
-        if kind is OperandKind.MATRIX:
-            gradient = Output(grad_name, value.index, kinds[name].dtype)
+        if kind is OperandKind.MATRIX:  # a shared one's per batch in fp32, for the sum over the batch
+            gradient = Output(grad_name, value.index, kinds[name].dtype if kinds[name].per_batch else DType.F32)
         else:
             over = {OperandKind.ROW: 0, OperandKind.COL: 1}.get(kind, dim)
             gradient = Output(grad_name, value.index, DType.F32, Reduction.SUM, over)

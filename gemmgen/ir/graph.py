@@ -16,7 +16,7 @@ import math
 import numbers
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..types import DType, Layout, OperandKind
 from .columns import Columns, annotate
@@ -50,12 +50,27 @@ class Node:
 @dataclass(frozen=True)
 class Operand:
     """A declared epilogue input. A matrix operand's `columns` is inferred from its use
-    (`ir.columns`): N, or N/2 where it meets the halves of column pairs."""
+    (`ir.columns`): N, or N/2 where it meets the halves of column pairs.
+
+    `per_batch` says whether a batched GEMM's operand has one value, vector or matrix per batch:
+    a scalar (L,), a row vector (L, N), a column vector (L, M), a matrix (L, M, N); else every
+    batch reads the same one. None takes the kind's default: scalars and vectors are shared by
+    every batch, matrices are per batch. It enters the key only where it is not the default."""
 
     name: str
     kind: OperandKind
     dtype: DType
     columns: Columns = Columns.FULL
+    per_batch: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.per_batch is None:
+            object.__setattr__(self, "per_batch", self.kind is OperandKind.MATRIX)
+
+    @property
+    def batching(self) -> list[list]:
+        """`per_batch` in the canonical form: only where it differs from the kind's default."""
+        return [] if self.per_batch == (self.kind is OperandKind.MATRIX) else [["per_batch", self.per_batch]]
 
 
 class Reduction(enum.Enum):
@@ -165,9 +180,9 @@ class EpilogueIR:
     @property
     def source(self) -> str | None:
         """The M x N operand the kernel loads as C (CUTLASS's source): the first matrix operand as
-        wide as the accumulator."""
-        return next((o.name for o in self.operands if o.kind is OperandKind.MATRIX and o.columns is Columns.FULL),
-                    None)
+        wide as the accumulator and batched like it (a shared one is read from registers)."""
+        return next((o.name for o in self.operands if o.kind is OperandKind.MATRIX and o.columns is Columns.FULL
+                     and o.per_batch), None)
 
     @property
     def pairs(self) -> bool:
@@ -219,7 +234,7 @@ class RecipeIR:
         gemm = GemmSpec(a=g.b, b=g.a, d=g.d, layout_a=g.layout_b.transposed, layout_b=g.layout_a.transposed,
                         batched=g.batched, accumulator=g.accumulator, layout_d=g.layout_d.transposed,
                         grouped=g.grouped, block_scale=scale)
-        operands = tuple(Operand(o.name, o.kind.transposed, o.dtype) for o in self.epilogue.operands)
+        operands = tuple(replace(o, kind=o.kind.transposed) for o in self.epilogue.operands)
         outputs = tuple(o.transposed for o in self.epilogue.outputs)
         return RecipeIR(self.name, gemm, EpilogueIR(self.epilogue.nodes, outputs, operands))
 
@@ -238,7 +253,8 @@ class RecipeIR:
             "outputs": [[o.name, o.node, o.dtype.value, *([o.reduce.value] if o.reduce else []),
                          *([o.dim] if o.dim is not None else []), *_columns(o.columns)]
                         for o in self.epilogue.outputs],
-            "operands": [[o.name, o.kind.value, o.dtype.value, *_columns(o.columns)] for o in self.epilogue.operands],
+            "operands": [[o.name, o.kind.value, o.dtype.value, *_columns(o.columns), *o.batching]
+                         for o in self.epilogue.operands],
         }
 
 
@@ -321,7 +337,7 @@ def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand,
                        new_nodes[o].attr, new_nodes[o].dtype) for o in order)
     outs = tuple(Output(o.name, remap[r], o.dtype, o.reduce, o.dim) for o, r in zip(outputs, roots, strict=True))
     used = {n.name for n in final if n.op is Op.INPUT}
-    kept = tuple(Operand(o.name, o.kind, o.dtype) for o in operands if o.name in used)
+    kept = tuple(replace(o, columns=Columns.FULL) for o in operands if o.name in used)
     if any(n.op.pairs for n in final):
         outs, kept = annotate(final, outs, kept)
     return EpilogueIR(final, outs, kept)

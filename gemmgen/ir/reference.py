@@ -11,23 +11,24 @@ from collections.abc import Mapping
 
 import torch
 
-from .graph import EpilogueIR, GemmSpec, RecipeIR, Reduction
+from ..types import OperandKind
+from .graph import EpilogueIR, GemmSpec, Operand, RecipeIR, Reduction
 from .ops import FP8_MAX, Op, round_to
 
 __all__ = ["FP8_MAX", "accumulate", "evaluate_epilogue", "expand_block_scale", "group_bounds", "reference",
            "round_to"]
 
 
-def _broadcast(t: torch.Tensor, kind: str) -> torch.Tensor:
-    """Shape an operand so it broadcasts against the (L, M, N) / (M, N) output."""
+def _broadcast(t: torch.Tensor, operand: Operand) -> torch.Tensor:
+    """Shape an operand so it broadcasts against the (L, M, N) / (M, N) output: a row vector
+    (N,) -> (1, N), a column vector (M,) -> (M, 1); one per batch (`Operand.per_batch`) keeps its
+    leading L: (L, N) -> (L, 1, N), (L, M) -> (L, M, 1), a scalar's (L,) -> (L, 1, 1)."""
     t = t.to(torch.float32)
-    if kind == "row":  # (N,) -> (1, N)
-        return t.reshape(1, -1)
-    if kind == "col":  # (M,) -> (M, 1)
-        return t.reshape(-1, 1)
-    if kind == "scalar":
-        return t.reshape(())
-    return t
+    if operand.kind is OperandKind.MATRIX:
+        return t
+    batch = (t.shape[0],) if operand.per_batch else ()
+    shape = {OperandKind.ROW: (1, -1), OperandKind.COL: (-1, 1), OperandKind.SCALAR: (1, 1) if batch else ()}
+    return t.reshape((*batch, *shape[operand.kind]))
 
 
 def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor | float],
@@ -102,7 +103,7 @@ def _values(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor 
         elif node.op is Op.INPUT:
             raw = operands[node.name]  # type: ignore[index]
             t = raw if isinstance(raw, torch.Tensor) else torch.tensor(float(raw))
-            v = _broadcast(t, ir.operand(node.name).kind.value)  # type: ignore[arg-type]
+            v = _broadcast(t, ir.operand(node.name))  # type: ignore[arg-type]
         else:
             v = node.op.apply(tuple(values[a] for a in node.args), node.attr, node.dtype)
         values.append(v.to(torch.float32))

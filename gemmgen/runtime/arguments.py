@@ -21,7 +21,7 @@ from ..codegen.sm90.geometry import scale_tma, scales_per_tile
 from ..config import Arch, KernelConfig, Schedule, TileScheduler
 from ..errors import InvalidArgument
 from ..ir import Columns, RecipeIR
-from ..types import OperandKind
+from ..types import Layout, OperandKind
 from . import scheduler, tma
 from .problem import Problem, TensorArg
 
@@ -62,6 +62,11 @@ class ArgumentBuilder:
                 self.block_scales.append((f"scale_{operand}", f"mainloop.layout_sf{operand}", gran, gk, template))
         epi = recipe.epilogue
         matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX and o.columns is Columns.FULL]
+        # a matrix for every batch, read into registers (Sm90AuxLoad<0>): a pointer and the stride
+        # between D's rows (columns, when D is column-major); per-batch ones with TMA (C first)
+        self.shared = [(f"epilogue.shared_load.{o.name}", o.name, int(recipe.gemm.layout_d is Layout.COL))
+                       for o in matrices if not o.per_batch]
+        matrices = [o for o in matrices if o.per_batch]
         # N/2- and 2N-column tensors, read and written from the registers (pairs.hpp): a pointer and
         # strides each (a 2N one's two halves read by two visitors)
         self.half_loads = [(f"epilogue.{kind}.{o.name}", o.name) for o in epi.operands
@@ -70,9 +75,11 @@ class ArgumentBuilder:
         half_stores = {o.name: f"epilogue.{REGISTER_STORES[o.columns]}.{o.name}" for o in epi.outputs
                        if o.reduce is None and o.columns is not Columns.FULL}
         self.scalars = [(f"epilogue.scalar.{o.name}.value", o.name) for o in epi.operands
-                        if o.kind is OperandKind.SCALAR]
-        self.vectors = [(f"epilogue.{o.kind.value}.{o.name}.ptr", o.name) for o in epi.operands
-                        if o.kind in (OperandKind.ROW, OperandKind.COL)]
+                        if o.kind is OperandKind.SCALAR and not o.per_batch]
+        # vectors, and scalars per batch (read through their pointer): (field prefix, name, per batch)
+        by_pointer = [o for o in epi.operands
+                      if o.kind in (OperandKind.ROW, OperandKind.COL) or (o.kind is OperandKind.SCALAR and o.per_batch)]
+        self.vectors = [(f"epilogue.{o.kind.value}.{o.name}", o.name, bool(o.per_batch)) for o in by_pointer]
         self.loads = [("epilogue.tma_c" if i == 0 else f"epilogue.aux_load.{o.name}.tma", o.name,
                        tma.epilogue_template(recipe, config, o.dtype)) for i, o in enumerate(matrices)]
         self.stores = [(f"epilogue.aux_store.{o.name}.tma", o.name, tma.epilogue_template(recipe, config, o.dtype))
@@ -204,8 +211,14 @@ class ArgumentBuilder:
                 blocks, k_blocks = _scale_blocks(p, name, gran, gk)
                 v[f"mainloop.tma_sf{operand}"] = encode(template.operand(scale.ptr, blocks, k_blocks, p.l,
                                                                          scale.strides))
-        for field, name in self.vectors:
-            v[field] = p.operands[name].ptr  # type: ignore[union-attr]
+        for prefix, name, per_batch in self.vectors:
+            vector: TensorArg = p.operands[name]  # type: ignore[assignment]
+            v[f"{prefix}.ptr"] = vector.ptr
+            if per_batch:
+                v[f"{prefix}.batch_stride"] = vector.strides[2]
+        for prefix, name, mode in self.shared:
+            shared: TensorArg = p.operands[name]  # type: ignore[assignment]
+            v[f"{prefix}.ptr"], v[f"{prefix}.stride"] = shared.ptr, shared.strides[mode]
         for field, name, t in self.loads:
             arg = p.operands[name]
             v[field] = encode(t.matrix(arg.ptr, p.m, p.n, p.l, arg.strides))  # type: ignore[union-attr]

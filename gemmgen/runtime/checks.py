@@ -223,6 +223,9 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
             extents.append(_bytes(v, 4, block_scale_extents(o, g, m, n, k, l)))  # type: ignore[arg-type]
         elif o.kind is OperandKind.MATRIX:
             extents.append(_bytes(v, o.dtype.nbytes, (m, o.columns.extent(n), l)))  # type: ignore[arg-type]
+        elif o.per_batch:  # (L,), (L, N) or (L, M), contiguous in a batch
+            length = 1 if o.kind is OperandKind.SCALAR else n if o.kind is OperandKind.ROW else m
+            extents.append(o.dtype.nbytes * (length + (l - 1) * v.strides[2]) if length and l else 0)  # type: ignore[union-attr]
         elif o.kind is not OperandKind.SCALAR:
             extents.append((n if o.kind is OperandKind.ROW else m) * o.dtype.nbytes)
     return CheckedCall(m, n, k, l, device, ta, tb, checked, tuple(extents))
@@ -290,9 +293,13 @@ def _describe(o: Operand, gemm: GemmSpec | None = None) -> str:
         if o.kind is OperandKind.SCALE_A:
             return f"fp32 (ceil(M/{gm}), ceil(K/{gk})), M-major: one scale per {gm} x {gk} block of A"
         return f"fp32 (ceil(K/{gk}), ceil(N/{gn})), N contiguous: one scale per {gk} x {gn} block of B"
+    if o.per_batch and o.kind is not OperandKind.MATRIX:
+        return {OperandKind.SCALAR: "an fp32 tensor with one value per batch",
+                OperandKind.ROW: f"a {o.dtype.value} tensor, one length-N vector per batch",
+                OperandKind.COL: f"a {o.dtype.value} tensor, one length-M vector per batch"}[o.kind]
     return {OperandKind.SCALAR: "a Python number", OperandKind.ROW: f"a length-N {o.dtype.value} vector",
             OperandKind.COL: f"a length-M {o.dtype.value} vector",
-            OperandKind.MATRIX: f"an M x N {o.dtype.value} matrix"}[o.kind]
+            OperandKind.MATRIX: f"an M x N {o.dtype.value} matrix{'' if o.per_batch else ' for every batch'}"}[o.kind]
 
 
 def block_scale_extents(o: Operand, gemm: GemmSpec, m: int, n: int, k: int, l: int  # noqa: E741
@@ -349,6 +356,8 @@ def _block_scale(o: Operand, value: object, problem: tuple[int, int, int, int], 
 
 
 def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool) -> TensorArg | float:  # noqa: E741
+    if o.per_batch and o.kind is not OperandKind.MATRIX:
+        return _per_batch(o, value, m, n, l)
     if o.kind is OperandKind.SCALAR:
         if isinstance(value, numbers.Real) and not isinstance(value, bool):
             return f32(value)  # as the kernel reads it, and the reference computes with it
@@ -365,11 +374,44 @@ def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool) -
             raise LayoutMismatch(o.name, f"{o.name}: expected a contiguous vector, got stride {t.stride(0)}; "
                                  f"use {o.name}.contiguous()")
         return TensorArg(_aligned_ptr(o.name, t))
-    shape = _shape(o.name, t, batched)
-    want = (l, m, n) if batched else (m, n)
+    per_batch = batched and bool(o.per_batch)  # else one matrix for every batch (batch stride 0)
+    shape = tuple(t.shape)
+    want = (l, m, n) if per_batch else (m, n)
     if shape != want:
-        raise InvalidArgument(f"{o.name}: expected shape {want} (the output's), got {shape}")
-    return TensorArg(_aligned_ptr(o.name, t), _matrix(o.name, t, m, n, Layout.ROW, batched, l, ("M", "N")))
+        whose = "the output's" if per_batch == batched else "one M x N matrix, shared by every batch"
+        raise InvalidArgument(f"{o.name}: expected shape {want} ({whose}), got {shape}")
+    return TensorArg(_aligned_ptr(o.name, t), _matrix(o.name, t, m, n, Layout.ROW, per_batch, l, ("M", "N")))
+
+
+def _per_batch(o: Operand, value: object, m: int, n: int, l: int) -> TensorArg:  # noqa: E741
+    """A scalar or vector per batch (`Operand.per_batch`): (L,), (L, N) or (L, M), its TensorArg's
+    strides (0, 0, batch stride). Its address is 16-byte aligned, as every tensor's. A scalar is
+    read one fp32 at a time (any batch stride); a vector 16 bytes at a time, so each batch's must
+    start 16-byte aligned, and its elements be contiguous. A batch stride of 0 (an expanded
+    tensor) reads the same value or vector for every batch."""
+    t = _need_tensor(o.name, value)
+    _dtype(o.name, t, o.dtype)
+    length = 0 if o.kind is OperandKind.SCALAR else n if o.kind is OperandKind.ROW else m
+    want = (l,) if o.kind is OperandKind.SCALAR else (l, length)
+    if tuple(t.shape) != want:
+        raise InvalidArgument(f"{o.name}: expected shape {want} ({_describe(o)}), got {tuple(t.shape)}")
+    if t.numel() == 0:
+        return TensorArg(0)
+    batch_stride = t.stride(0) if l > 1 else 0
+    if o.kind is OperandKind.SCALAR:
+        return TensorArg(_aligned_ptr(o.name, t), (0, 0, batch_stride))
+    if length > 1 and t.stride(1) != 1:
+        raise LayoutMismatch(o.name, f"{o.name}: expected contiguous vectors (dim 1 contiguous), got strides "
+                             f"{tuple(t.stride())}; pass {o.name}.contiguous()")
+    item = t.element_size()
+    if (batch_stride * item) % TMA_ALIGN:
+        align = TMA_ALIGN // item
+        padded = -(-length // align) * align
+        raise LayoutMismatch(o.name, f"{o.name}: batch stride {batch_stride} must be a multiple of {align} elements "
+                             f"(the kernel reads each batch's vector 16 bytes at a time, from a 16-byte aligned "
+                             f"start); pass a copy in padded storage: p = {o.name}.new_empty({l}, {padded}); "
+                             f"p[:, :{length}] = {o.name}; {o.name} = p[:, :{length}]")
+    return TensorArg(_aligned_ptr(o.name, t), (0, 0, batch_stride))
 
 
 def check_output(name: str, t: object, dtype: DType, shape: tuple[int, ...], device: torch.device,

@@ -39,11 +39,14 @@ def example_call(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, device: s
             ops[o.name] = random_block_scale(o.kind, gemm, m, n, k,
                                              (groups if o.kind is OperandKind.SCALE_B else ()) or lead, device)
         elif o.kind is OperandKind.SCALAR:
-            ops[o.name] = 1.0
+            ops[o.name] = torch.ones(lead, device=device) if o.per_batch else 1.0
         elif o.kind is OperandKind.ROW:
-            ops[o.name] = torch.randn(*groups, n, generator=g, device=device).to(o.dtype.torch)
+            batch = lead if o.per_batch else groups
+            ops[o.name] = tma_readable(torch.randn(*batch, n, generator=g, device=device).to(o.dtype.torch),
+                                       Layout.ROW)
         elif o.kind is OperandKind.COL:
-            ops[o.name] = torch.randn(m, generator=g, device=device).to(o.dtype.torch)
-        else:  # N/2 columns when it meets the halves of column pairs (`ir.columns`)
-            ops[o.name] = matrix(lead, m, o.columns.extent(n), o.dtype.torch, Layout.ROW)
+            ops[o.name] = tma_readable(torch.randn(*lead[:bool(o.per_batch)], m, generator=g, device=device)
+                                       .to(o.dtype.torch), Layout.ROW)
+        else:  # N/2 columns when it meets the halves of column pairs (`ir.columns`); shared: no batch
+            ops[o.name] = matrix(lead if o.per_batch else (), m, o.columns.extent(n), o.dtype.torch, Layout.ROW)
     return args, ops

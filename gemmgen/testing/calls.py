@@ -86,10 +86,14 @@ def fresh_args(recipe: AnyRecipe, m: int, n: int, k: int, lead: tuple[int, ...],
     for o in ir.operands:
         if o.kind.block_scale:
             ops[o.name] = random_block_scale(o.kind, g, m, n, k, lead)
+        elif o.kind is OperandKind.SCALAR and o.per_batch:
+            ops[o.name] = torch.randn(lead) if scalar is None else torch.full(lead, scalar)
         elif o.kind is OperandKind.SCALAR:
             ops[o.name] = float(torch.randn(())) if scalar is None else scalar
-        elif o.kind is OperandKind.MATRIX:
-            ops[o.name] = padded(m, o.columns.extent(n), o.dtype.torch, True, lead)
+        elif o.kind is OperandKind.MATRIX:  # one for every batch unless per batch
+            ops[o.name] = padded(m, o.columns.extent(n), o.dtype.torch, True, lead if o.per_batch else ())
+        elif o.per_batch:  # (L, N) or (L, M), each batch's vector 16-byte aligned
+            ops[o.name] = padded(lead[0], n if o.kind is OperandKind.ROW else m, o.dtype.torch, True, ())
         else:
             ops[o.name] = torch.randn(n if o.kind is OperandKind.ROW else m).to(o.dtype.torch)
     return a, b, ops

@@ -190,7 +190,15 @@ class OracleProgram:
         if b.kind in ("row", "col"):
             i = self.slots.add(f"operand.{b.name}.ptr")
             pointer = f"{e} const* const*" if self.kernel.kernel_recipe.gemm.grouped else f"{e} const*"
-            return f"{{reinterpret_cast<{pointer}>(V[{i}]), {e}(0), {{}}}}"
+            stride = "{}"
+            if b.per_batch:  # a vector per batch: (0, 1, batch stride) / (1, 0, batch stride)
+                modes = "cute::_0{}, cute::_1{}" if b.kind == "row" else "cute::_1{}, cute::_0{}"
+                stride = f"{{{modes}, static_cast<int64_t>(V[{self.slots.add(f'operand.{b.name}.s2')}])}}"
+            return f"{{reinterpret_cast<{pointer}>(V[{i}]), {e}(0), {stride}}}"
+        if b.kind == "scalar" and b.per_batch:  # read per batch through its pointer
+            ptr, batch_stride = (self.slots.add(f"operand.{b.name}.{part}") for part in ("ptr", "s2"))
+            return (f"{{{{}}, {{reinterpret_cast<{e} const*>(V[{ptr}])}}, "
+                    f"{{{{cute::_0{{}}, cute::_0{{}}, static_cast<int64_t>(V[{batch_stride}])}}}}}}")
         if b.kind == "scalar":
             i = self.slots.add(f"operand.{b.name}.value")
             return f"{{{{F({i})}}, {{}}, {{}}}}"
@@ -214,6 +222,11 @@ class OracleProgram:
             const = " const" if load else ""
             return (f"{{reinterpret_cast<{e}{const}*>(V[{s[0]}]), "
                     f"oracle::stride3<{HALF_STRIDE}>(V[{s[1]}], V[{s[2]}], V[{s[3]}])}}")
+        if b.kind == "shared_load":  # Sm90AuxLoad<0>: {ptr_aux, null_default, dAux}, the batch stride static 0
+            s = [self.slots.add(f"operand.{b.name}.{part}") for part in ("ptr", "s0", "s1")]
+            modes = "cute::_1, int64_t" if b.column_major else "int64_t, cute::_1"
+            return (f"{{reinterpret_cast<{e} const*>(V[{s[0]}]), {e}(0), "
+                    f"oracle::stride3<cute::Stride<{modes}, cute::_0>>(V[{s[1]}], V[{s[2]}], 0)}}")
         prefix = "operand" if b.kind == "aux_load" else "aux"
         s = [self.slots.add(f"{prefix}.{b.name}.{part}") for part in ("ptr", "s0", "s1", "s2")]
         stride = f"oracle::stride3<AuxStride>(V[{s[1]}], V[{s[2]}], V[{s[3]}])"

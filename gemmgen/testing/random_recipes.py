@@ -12,20 +12,26 @@ _OUT_DTYPES = (*_DTYPES, gg.e4m3, gg.e5m2)  # D and aux outputs may also be fp8 
 
 
 def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
-    """Recipe `random<index>`: random operands (every kind, dtype and both scalar forms), a random
+    """Recipe `random<index>`: random operands (every kind, dtype and both scalar forms; a batched
+    recipe's scalars and vectors shared by the batches or one per batch, its matrices one per batch
+    or one for every batch), a random
     graph of every op over them (constants on either side, shared values, casts), random aux
     outputs (some of them reductions: an amax over M and N, sums, amaxes, maxes and mins over M or
     over N, one of the two per recipe), A/B/D types (fp8 A and B a third of the time, half of those with block
     scales of a random granularity) and layouts, batched or not. Divisions and exponentials take
     bounded arguments, so that fp32 stays far from overflow. Raises RecipeError for the draws the
     DSL refuses (an output that folds to a constant); draw again."""
+    batched = rng.random() < 0.3
     decls: dict[str, object] = {}
     for i in range(rng.randint(0, 4)):
         kind = rng.choice(["scalar", "constant", "row", "col", "matrix"])
-        decls[f"x{i}"] = {"scalar": lambda: gg.Scalar(), "constant": lambda: gg.Scalar(value=rng.uniform(-2, 2)),
-                          "row": lambda: gg.RowVector(rng.choice(_DTYPES)),
-                          "col": lambda: gg.ColVector(rng.choice(_DTYPES)),
-                          "matrix": lambda: gg.Matrix(rng.choice(_DTYPES))}[kind]()
+        per_batch = batched and rng.random() < 0.5  # a batched recipe's scalars and vectors one per batch,
+        # its matrices one for every batch
+        decls[f"x{i}"] = {"scalar": lambda p: gg.Scalar(per_batch=p),
+                          "constant": lambda p: gg.Scalar(value=rng.uniform(-2, 2)),
+                          "row": lambda p: gg.RowVector(rng.choice(_DTYPES), per_batch=p),
+                          "col": lambda p: gg.ColVector(rng.choice(_DTYPES), per_batch=p),
+                          "matrix": lambda p: gg.Matrix(rng.choice(_DTYPES), per_batch=not p)}[kind](per_batch)
     n_aux = rng.randint(0, 2)
     reduced = {j for j in range(n_aux) if rng.random() < 0.4}  # these are reductions
     dim = rng.choice((0, 1))  # of the recipe's vector reductions (a kernel reduces over M or over N)
@@ -77,6 +83,6 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
         if rng.random() < 0.5:  # A's scales loaded with TMA, B's, or neither (both read per element)
             block_scale = rng.choice([(1, 128, 128), (128, 128, 128), (128, 1, 128), (1, 1, 128), (32, 64, 128)])
     return gg.Recipe(f"random{index}", epilogue, a=a, b=b, d=rng.choice(_OUT_DTYPES), layout_a=layout_a,
-                     layout_b=layout_b, batched=rng.random() < 0.3, operands=decls,  # type: ignore[arg-type]
+                     layout_b=layout_b, batched=batched, operands=decls,  # type: ignore[arg-type]
                      block_scale=block_scale,
                      aux={f"aux{j}": gg.f32 if j in reduced else rng.choice(_OUT_DTYPES) for j in range(n_aux)})

@@ -36,12 +36,12 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from ..ir import Op, Param
+from .cpp_types import CppType, EpilogueSourceError, declarations, parse_type, split_arguments
 
 _FUSION = "cutlass::epilogue::fusion::"
 _EPI = "gemmgen::epi::"
@@ -57,90 +57,6 @@ _EPILOGUE_BUILDER = "typename cutlass::epilogue::collective::CollectiveBuilder"
 #: LayoutD, AlignD, Schedule, FusionCallbacks>
 _BUILDER_CALLBACKS_ARG = 14
 _THREAD = "{p}.epilogue.thread"  # the callbacks' Params inside the kernel's Params
-
-
-class EpilogueSourceError(AssertionError):
-    """The generated source holds an epilogue this interpreter does not model."""
-
-
-@dataclass(frozen=True)
-class CppType:
-    """A C++ type or template argument: `name<args...>::member`."""
-
-    name: str
-    args: tuple[CppType, ...] = ()
-    member: str = ""
-
-    def __str__(self) -> str:
-        args = f"<{', '.join(map(str, self.args))}>" if self.args else ""
-        return f"{self.name}{args}{self.member}"
-
-
-_TOKEN = re.compile(r"\s*(<|>|,|\*|typename\b|[A-Za-z0-9_:.]+)")
-
-
-def parse_type(text: str) -> CppType:
-    """Parse the template-id subset the visitor declarations use (names, numbers, `<...>`, `::member`,
-    and a pointer's `*`, kept at the end of the member: a grouped kernel's per-group vectors)."""
-    tokens, pos = [], 0
-    while pos < len(text.rstrip()):
-        m = _TOKEN.match(text, pos)
-        if not m:
-            raise EpilogueSourceError(f"cannot parse {text[pos:pos + 40]!r} in {text!r}")
-        tokens.append(m.group(1))
-        pos = m.end()
-    at = 0
-
-    def term() -> CppType:
-        nonlocal at
-        if tokens[at] == "typename":
-            at += 1
-        name, args, member = tokens[at], [], ""
-        at += 1
-        if at < len(tokens) and tokens[at] == "<":
-            at += 1
-            while tokens[at] != ">":
-                args.append(term())
-                if tokens[at] == ",":
-                    at += 1
-            at += 1
-        while at < len(tokens) and tokens[at].startswith("::"):
-            member += tokens[at]
-            at += 1
-        while at < len(tokens) and tokens[at] == "*":
-            member += "*"
-            at += 1
-        return CppType(name, tuple(args), member)
-
-    out = term()
-    if at != len(tokens):
-        raise EpilogueSourceError(f"trailing {tokens[at:]} in {text!r}")
-    return out
-
-
-def split_arguments(text: str) -> list[str]:
-    """The top-level template arguments of `name<...>`, as text (any C++ inside them)."""
-    start = text.index("<") + 1
-    args, depth, begin = [], 0, start
-    for i in range(start, len(text)):
-        c = text[i]
-        if c in "<({":
-            depth += 1
-        elif c in ">)}":
-            if depth == 0:
-                args.append(text[begin:i].strip())
-                return args
-            depth -= 1
-        elif c == "," and depth == 0:
-            args.append(text[begin:i].strip())
-            begin = i + 1
-    raise EpilogueSourceError(f"unbalanced template arguments in {text[:80]!r}")
-
-
-def declarations(source: str) -> dict[str, str]:
-    """Every `using Name = ...;` of a generated kernel, by name."""
-    return {m.group(1): " ".join(m.group(2).split())
-            for m in re.finditer(r"^using (\w+) = (.*?);\s*$", source, re.M | re.S)}
 
 
 class ParamsView(Protocol):
@@ -514,6 +430,22 @@ class EpilogueInterpreter:
         m, n, _ = (int(a.name.removeprefix("cute::").removeprefix("_")) for a in shape.args)
         return m, n
 
+    @staticmethod
+    def _shared_load(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView) -> torch.Tensor:
+        """Sm90AuxLoad<0, _, Element, Stride>: an M x N matrix read through `ptr_aux` with D's layout's
+        strides, the batch's static 0 (the other template arguments are unused)."""
+        element, stride = _element(t.args[2]), str(t.args[3])
+        _, m, n = acc.shape
+        column_major = {"cute::Stride<int64_t, cute::_1, cute::_0>": False,
+                        "cute::Stride<cute::_1, int64_t, cute::_0>": True}.get(stride)
+        if column_major is None or len(t.args) != 6:
+            raise EpilogueSourceError(f"shared load {t}")
+        ld = struct.unpack("<q", params.raw(f"cute::get<{int(column_major)}>({lvalue}.dAux)"))[0]
+        ptr = params.pointer(f"{lvalue}.ptr_aux", element, (n - 1) * ld + m if column_major else (m - 1) * ld + n)
+        if ptr is None:
+            return _element_bits(params.raw(f"{lvalue}.null_default"), element).reshape(1, 1, 1)
+        return ptr.as_strided((1, m, n), (0, 1, ld) if column_major else (0, ld, 1)).to(torch.float32)
+
     def _leaf(self, kind: str, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
               inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         l_, m, n = acc.shape
@@ -531,20 +463,26 @@ class EpilogueInterpreter:
         if kind in ("Sm90RowBroadcast", "Sm90ColBroadcast"):
             stages, _, element_t, compute, stride = t.args[:5]
             row = kind == "Sm90RowBroadcast"
-            want = "cute::Stride<cute::_0, cute::_1, cute::_0>" if row else "cute::Stride<cute::_1, cute::_0, cute::_0>"
-            if stages.name != "0" or str(compute) != _COMPUTE or str(stride) != want:
+            modes = "cute::_0, cute::_1" if row else "cute::_1, cute::_0"
+            per_batch = str(stride) == f"cute::Stride<{modes}, int64_t>"  # a vector per batch: its batch stride
+            if stages.name != "0" or str(compute) != _COMPUTE or str(stride) not in (
+                    f"cute::Stride<{modes}, cute::_0>", f"cute::Stride<{modes}, int64_t>"):
                 raise EpilogueSourceError(f"broadcast {t}")
             per_group = str(element_t).endswith("*")  # Sm90RowBroadcast<..., Element*>: a pointer per group
-            if per_group != self.grouped:
+            if per_group != self.grouped or (per_group and per_batch):
                 raise EpilogueSourceError(f"broadcast {t} in a {'grouped' if self.grouped else 'dense'} kernel")
             element = _element(parse_type(str(element_t).removesuffix("*").strip()))
-            field = f"{lvalue}.ptr_{'row' if row else 'col'}"
-            v = params.group_pointer(field, element, n if row else m) if per_group else \
-                params.pointer(field, element, n if row else m)
+            field, length = f"{lvalue}.ptr_{'row' if row else 'col'}", n if row else m
+            batch_stride = struct.unpack("<q", params.raw(f"cute::get<2>({lvalue}.d{'Row' if row else 'Col'})"))[0] \
+                if per_batch else 0
+            v = params.group_pointer(field, element, length) if per_group else \
+                params.pointer(field, element, (l_ - 1) * batch_stride + length if l_ and length else 0)
             if v is None:  # Sm90ColBroadcast's Params hold null_default as ElementCompute
                 default = _element_bits(params.raw(f"{lvalue}.null_default"), element if row else torch.float32)
-                v = default.expand(n if row else m)
-            return v.to(torch.float32).reshape((1, 1, n) if row else (1, m, 1))
+                v = default.expand(1, length)
+            else:
+                v = v.as_strided((l_, length), (batch_stride, 1)) if per_batch else v.reshape(1, length)
+            return v.to(torch.float32).reshape((-1, 1, n) if row else (-1, m, 1))
         if kind == "Sm90ScalarBroadcast":
             element_t, stride = t.args[:2]
             if str(stride) != "cute::Stride<cute::_0, cute::_0, int64_t>" or len(t.args) > 2:
@@ -555,6 +493,8 @@ class EpilogueInterpreter:
             if ptr is None:
                 return _element_bits(params.raw(f"{lvalue}.scalars[0]"), element).reshape(1, 1, 1)
             return ptr[torch.arange(l_) * batch_stride].reshape(l_, 1, 1)
+        if kind == "Sm90AuxLoad" and t.args[0].name == "0":  # one matrix for every batch, from a pointer
+            return self._shared_load(t, lvalue, acc, params)
         if kind == "Sm90AuxLoad":
             element = _element(t.args[2])
             if params.raw(f"{lvalue}.use_default") != b"\x00":

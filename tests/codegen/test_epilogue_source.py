@@ -18,8 +18,9 @@ import gemmgen as gg
 from gemmgen.codegen import render_kernel
 from gemmgen.testing.calls import EMULATED, TOLERANCE, args_with_nonzero_reference, dense, emulated_shapes, padded
 from gemmgen.testing.checks import assert_computes, emulated_call, uncompiled
+from gemmgen.testing.cpp_types import CppType, parse_type
 from gemmgen.testing.random_recipes import random_recipe
-from gemmgen.testing.visitors import CppType, EpilogueInterpreter, parse_type
+from gemmgen.testing.visitors import EpilogueInterpreter
 from gemmgen.tuning.heuristic import SWAP_MAX_M, candidate_configs
 
 

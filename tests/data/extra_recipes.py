@@ -1,7 +1,8 @@
 """Coverage kernels for the tests: every epilogue functor, a second matrix input (Sm90AuxLoad),
 constants on either side of an op, a cast, a compile-time scalar, fp8 (e4m3) D, a batched recipe,
-MN-major A and B multicast across a 2x2 cluster, a swapped kernel (D^T = B^T A^T), an amax,
-reductions over M, signed max and min reductions, the stream-K scheduler, and where() with comparisons."""
+vectors and a scalar per batch, MN-major A and B multicast across a 2x2 cluster, a swapped kernel
+(D^T = B^T A^T), an amax, reductions over M, signed max and min reductions, the stream-K scheduler,
+and where() with comparisons."""
 
 import gemmgen as gg
 
@@ -30,9 +31,11 @@ every_op = gg.Recipe(
 # Swapped: the kernel computes D^T = B^T A^T, so its A is B^T (MN-major here, B being row-major),
 # the row vector becomes a column vector and vice versa, and C, the aux load and the aux store are
 # column-major. A shared value makes the epilogue a graph; batched, multicast across a 2x1 cluster;
-# D's amax per batch.
-def _swapped(acc, bias, scale, c, r2):
-    pre = acc * scale + bias
+# D's amax per batch. The bias and alpha are per batch (a bias per head, a scale per expert): a
+# column vector with a batch stride in the kernel, and a scalar read through its pointer; r2 is
+# one matrix for every batch (read into registers, column-major in the kernel).
+def _swapped(acc, bias, scale, alpha, c, r2):
+    pre = acc * scale * alpha + bias
     d = gg.silu(pre) + c * r2
     return {"d": d, "pre": pre, "amax_d": gg.amax(d)}
 
@@ -42,8 +45,8 @@ swapped = gg.Recipe(
     _swapped,
     layout_b=gg.RowMajor,
     batched=True,
-    operands={"bias": gg.RowVector(gg.bf16), "scale": gg.ColVector(gg.f32), "c": gg.Matrix(gg.bf16),
-              "r2": gg.Matrix(gg.f16)},
+    operands={"bias": gg.RowVector(gg.bf16, per_batch=True), "scale": gg.ColVector(gg.f32),
+              "alpha": gg.Scalar(per_batch=True), "c": gg.Matrix(gg.bf16), "r2": gg.Matrix(gg.f16, per_batch=False)},
     aux={"pre": gg.bf16, "amax_d": gg.f32},
     config=gg.KernelConfig(tile=(128, 32, 64), cluster=(2, 1, 1), swap_ab=True),
 )
@@ -83,9 +86,9 @@ column_stats = gg.Recipe(
 
 # Each row's largest and smallest value (an LM head's max logit for a stable softmax, a per-token
 # range): signed max and min reductions over N, whose identities (-inf, +inf) the runtime writes
-# into the Params; batched, a bias, D in bf16.
-def _row_extrema(acc, bias):
-    y = acc + bias
+# into the Params; batched, a bias per batch and a position bias shared by every batch, D in bf16.
+def _row_extrema(acc, bias, position):
+    y = acc + bias + position
     return {"d": y, "row_max": gg.reduce_max(y, dim=1), "row_min": gg.reduce_min(y, dim=1)}
 
 
@@ -93,7 +96,7 @@ row_extrema = gg.Recipe(
     "row_extrema",
     _row_extrema,
     batched=True,
-    operands={"bias": gg.RowVector(gg.bf16)},
+    operands={"bias": gg.RowVector(gg.bf16, per_batch=True), "position": gg.Matrix(gg.bf16, per_batch=False)},
     aux={"row_max": gg.f32, "row_min": gg.f32},
 )
 

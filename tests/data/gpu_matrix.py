@@ -164,6 +164,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     out.append((swapped_blocks, swapped_blocks.default_config()))
     extrema = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["row_extrema"]  # max and min over N
     out.append((extrema, extrema.default_config()))
+    swapped = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["swapped"]  # operands per batch, swapped
+    out.append((swapped, swapped.default_config()))
     pairs = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["pair_ops"]  # column pairs' every path
     out.append((pairs, pairs.default_config()))
     stream_k = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["stream_k"]  # split-K and stream-K

@@ -139,7 +139,8 @@ def test_the_reference_checks_operands_as_the_kernel_does(examples):
     bias, residual = torch.randn(24).to(bf), torch.randn(8, 24).to(bf)
     cases = [(dict(bias=bias[:1], residual=residual), r"bias: expected a 1-D tensor of length 24 = N"),
              (dict(bias=bias[:-1], residual=residual), r"bias: expected a 1-D tensor of length 24 = N"),
-             (dict(bias=bias, residual=residual[0]), r"residual: expected a 2-D"),
+             (dict(bias=bias, residual=residual[0]),
+              r"residual: expected shape \(8, 24\) \(the output's\), got \(24,\)"),
              (dict(bias=bias, residual=residual.float()), r"residual: expected dtype torch.bfloat16 .*"
                                                           r"residual\.to\(torch\.bfloat16\)")]
     for operands, match in cases:

@@ -73,12 +73,19 @@ def _inputs(recipe, m, n, k, gen, exact, pad_bytes=0, batch=3):
         if o.kind.block_scale:  # powers of two keep exact-tier results exact
             s = random_block_scale(o.kind, g, m, n, k, lead, "cuda")
             ops[o.name] = s.copy_(torch.exp2(torch.round(torch.log2(s)))) if exact else s
+        elif o.kind is OperandKind.SCALAR and o.per_batch:
+            ops[o.name] = torch.full(lead, 2.0, device="cuda") if exact else torch.randn(lead, generator=gen,
+                                                                                         device="cuda")
         elif o.kind is OperandKind.SCALAR:
             ops[o.name] = 2.0 if exact else float(torch.randn((), generator=gen, device="cuda"))
-        elif o.kind is OperandKind.MATRIX:  # N/2 columns where it meets column pairs
-            ops[o.name] = _matrix(m, o.columns.extent(n), o.dtype.torch, Layout.ROW, lead, pad_bytes, gen, exact)
-        else:
+        elif o.kind is OperandKind.MATRIX:  # N/2 columns where it meets column pairs; shared: no batch
+            ops[o.name] = _matrix(m, o.columns.extent(n), o.dtype.torch, Layout.ROW, lead[:o.per_batch], pad_bytes, gen,
+                                  exact)
+        else:  # one per batch (`per_batch`): each batch's vector 16-byte aligned (rows of a padded matrix)
             length = n if o.kind is OperandKind.ROW else m
+            if o.per_batch:
+                ops[o.name] = _matrix(batch, length, o.dtype.torch, Layout.ROW, (), pad_bytes, gen, exact)
+                continue
             ops[o.name] = (torch.randint(-2, 3, (length,), device="cuda", generator=gen) if exact
                            else torch.randn(length, device="cuda", generator=gen)).to(o.dtype.torch)
     return a, b, ops

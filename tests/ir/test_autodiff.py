@@ -26,12 +26,21 @@ from gemmgen.testing.random_recipes import random_recipe
 #: The derivatives' constants are fp32 (as the kernel holds them), autograd's float64: a few of
 #: them in a rule, each within 2^-24 of its value.
 _RTOL = 1e-6
-_SHAPES = {"row": lambda m, n, lead: (n,), "col": lambda m, n, lead: (m,), "scalar": lambda m, n, lead: (),
-           "matrix": lambda m, n, lead: (*lead, m, n)}
+def _shape(o: gg.ir.Operand, m: int, n: int, lead: tuple[int, ...]) -> tuple[int, ...]:
+    """An operand's shape: one per batch (`per_batch`) with the batch first; a matrix's always."""
+    own = {gg.OperandKind.ROW: (n,), gg.OperandKind.COL: (m,), gg.OperandKind.SCALAR: (),
+           gg.OperandKind.MATRIX: (m, n)}[o.kind]
+    return (*lead, *own) if o.per_batch else own
 
 
-def _broadcast(t: torch.Tensor, kind: str) -> torch.Tensor:
-    return t.reshape(1, -1) if kind == "row" else t.reshape(-1, 1) if kind == "col" else t
+def _broadcast(t: torch.Tensor, o: gg.ir.Operand) -> torch.Tensor:
+    """Against (L, M, N): a row vector's values along N, a column vector's along M, a batch first."""
+    batch = t.shape[:1] if o.per_batch and o.kind is not gg.OperandKind.MATRIX else ()
+    if o.kind is gg.OperandKind.ROW:
+        return t.reshape(*batch, 1, -1)
+    if o.kind is gg.OperandKind.COL:
+        return t.reshape(*batch, -1, 1)
+    return t.reshape(*batch, 1, 1) if batch else t
 
 
 def _evaluate(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor], as_torch: bool = False
@@ -47,8 +56,8 @@ def _evaluate(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tenso
             v = torch.tensor(node.attr, dtype=torch.float64)
         elif node.op is Op.INPUT:
             assert node.name is not None
-            v = _broadcast(operands[node.name], ir.operand(node.name).kind.value)
             operand = ir.operand(node.name)
+            v = _broadcast(operands[node.name], operand)
             # every value per element of D, as the kernel computes it (see `cast`'s rule); over column
             # pairs a vector or scalar stays broadcast (it meets values of either width)
             if as_torch and (not ir.pairs or operand.kind in (gg.OperandKind.MATRIX, gg.OperandKind.ROW)):
@@ -87,7 +96,7 @@ def _check_backward(recipe: gg.Recipe, backward: gg.Backward, m: int, n: int, rn
     lead = (2,) if recipe.ir.gemm.batched else ()
     saved_dtype = next((o.dtype for o in backward.kernel.operands if o.name == SAVED_ACC), gg.bf16)
     acc = _random((*lead, m, n), saved_dtype, rng).requires_grad_()
-    ops = {o.name: _random(_SHAPES[o.kind.value](m, o.columns.extent(n), lead), o.dtype, rng).requires_grad_()
+    ops = {o.name: _random(_shape(o, m, o.columns.extent(n), lead), o.dtype, rng).requires_grad_()
            for o in fwd.operands}
     outs = _evaluate(fwd, acc, ops, as_torch=True)
     grads = {name: torch.randn(outs[name].shape, generator=rng, dtype=torch.float64) for name in grad_outputs}

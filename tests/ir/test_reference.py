@@ -34,13 +34,13 @@ def _operands_for(recipe, m, n, gen, batch=None, k=None):
         if o.kind.block_scale:
             out[o.name] = random_block_scale(o.kind, recipe.gemm, m, n, k, lead)
         elif o.kind is gg.OperandKind.SCALAR:
-            out[o.name] = float(torch.randn((), generator=gen))
+            out[o.name] = torch.randn(lead, generator=gen) if o.per_batch else float(torch.randn((), generator=gen))
         elif o.kind is gg.OperandKind.ROW:
-            out[o.name] = torch.randn(n, generator=gen).to(dt)
+            out[o.name] = torch.randn(*lead[:o.per_batch], n, generator=gen).to(dt)
         elif o.kind is gg.OperandKind.COL:
-            out[o.name] = torch.randn(m, generator=gen).to(dt)
+            out[o.name] = torch.randn(*lead[:o.per_batch], m, generator=gen).to(dt)
         else:
-            out[o.name] = torch.randn(*lead, m, o.columns.extent(n), generator=gen).to(dt)
+            out[o.name] = torch.randn(*lead[:o.per_batch], m, o.columns.extent(n), generator=gen).to(dt)
     return out
 
 
@@ -90,8 +90,8 @@ def _independent(name, acc, ops):
         z = (y.abs() / (1.0 + torch.exp(-y))).bfloat16().float()
         w = torch.tanh(z) - torch.sigmoid(f["r2"]) * (2.0 - f["bias"])
         return (torch.maximum(torch.minimum(w, f["scale"][:, None]), F.relu(-w) + F.gelu(w, approximate="tanh")),)
-    if name == "swapped":
-        pre = acc * f["scale"][:, None] + f["bias"]
+    if name == "swapped":  # bias (L, N), alpha (L,): one per batch; r2 (M, N) for every batch
+        pre = acc * f["scale"][:, None] * f["alpha"][:, None, None] + f["bias"][:, None, :]
         d = F.silu(pre) + f["c"] * f["r2"]
         return d.bfloat16(), pre.bfloat16(), d.abs().flatten(-2).max(dim=-1).values
     if name == "residual_norm_stats":
@@ -101,8 +101,8 @@ def _independent(name, acc, ops):
         y = acc * f["row_scale"][:, None]
         quantized = y.clamp(-448, 448).to(torch.float8_e4m3fn).half()
         return quantized, y.sum(dim=-2), y.abs().amax(dim=-2), y.abs().flatten(-2).max(dim=-1).values
-    if name == "row_extrema":
-        y = acc + f["bias"]
+    if name == "row_extrema":  # bias (L, N); position (M, N) for every batch
+        y = acc + f["bias"][:, None, :] + f["position"]
         return y.bfloat16(), y.amax(dim=-1), y.amin(dim=-1)
     if name == "stream_k":
         y = F.silu(acc + f["bias"])
@@ -189,7 +189,8 @@ def test_transposed_recipe_is_the_transposed_math(examples, extra, shape, gen):
         ops = _operands_for(recipe, m, n, gen, batch, k)
         t = recipe.ir.transposed()
         assert t.transposed() == recipe.ir and t.key != recipe.ir.key
-        t_ops = {name: v.mT if isinstance(v, torch.Tensor) and v.dim() >= 2 else v for name, v in ops.items()}
+        matrices = {o.name for o in recipe.operands if o.kind is gg.OperandKind.MATRIX or o.kind.block_scale}
+        t_ops = {name: v.mT if name in matrices else v for name, v in ops.items()}  # a vector per batch stays
         if recipe.gemm.block_scale:  # the transposed problem's A is B^T: the scales trade places too
             t_ops["scale_a"], t_ops["scale_b"] = t_ops["scale_b"], t_ops["scale_a"]
         want = recipe.reference(a, b, **ops)

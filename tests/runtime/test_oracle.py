@@ -63,10 +63,10 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
         ldb = _up(n, per_ab) + pad_ab
         b = TensorArg(next(addr), (1, ldb, batch(k, ldb)))
 
-    def mn(dtype, columns=gg.ir.Columns.FULL) -> TensorArg:
+    def mn(dtype, columns=gg.ir.Columns.FULL, per_batch=True) -> TensorArg:
         per, extra = (16, 2 * pad) if dtype.nbytes == 1 else (8, pad)  # fp8 rows: 16-byte multiples too
         ld = _up(columns.extent(n), per) + extra
-        return TensorArg(next(addr), (ld, 1, batch(m, ld)))
+        return TensorArg(next(addr), (ld, 1, batch(m, ld) if per_batch else 0))
 
     operands: dict[str, TensorArg | float] = {}
     for o in recipe.operands:
@@ -75,10 +75,13 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
             blocks, k_blocks = -(-(m if o.kind is OperandKind.SCALE_A else n) // gran), -(-k // g.block_scale[2])
             ld = _up(blocks, 4) + 4 * pad
             operands[o.name] = TensorArg(next(addr), (1, ld, ld * k_blocks if l > 1 else 0))
+        elif o.per_batch and o.kind is not OperandKind.MATRIX:  # (L,), (L, N), (L, M): padded per batch
+            length = 1 if o.kind is OperandKind.SCALAR else _up(n if o.kind is OperandKind.ROW else m) + pad
+            operands[o.name] = TensorArg(next(addr), (0, 0, length if l > 1 else 0))
         elif o.kind is OperandKind.SCALAR:
             operands[o.name] = 0.75 if o.name != "beta" else -1.5
         elif o.kind is OperandKind.MATRIX:
-            operands[o.name] = mn(o.dtype, o.columns)
+            operands[o.name] = mn(o.dtype, o.columns, o.per_batch)
         else:
             operands[o.name] = TensorArg(next(addr))
     def reduced(o) -> TensorArg:  # contiguous per batch: one value, a value per row (dim 1) or per column (0)

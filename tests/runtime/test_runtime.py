@@ -430,7 +430,7 @@ def test_new_addresses_of_a_known_layout_redo_only_the_address_work(compiled):
         a2, b2, ops2 = fresh_args(ck.recipe, 40, 24, 72, lead, scalar=0.5)
         before = len(enc.calls)
         again = k.prepare(a2, b2, out=out, **ops2)
-        n_inputs = 2 + sum(o.kind is gg.OperandKind.MATRIX for o in ck.recipe.operands)
+        n_inputs = 2 + sum(o.kind is gg.OperandKind.MATRIX and bool(o.per_batch) for o in ck.recipe.operands)  # TMA
         assert len(enc.calls) - before == n_inputs, name  # output maps are shared by the layout
         fresh_enc = RecordingEncoder()
         fresh = cpu_kernel(ck, fresh_enc).prepare(a2, b2, out=out, **ops2)
@@ -468,7 +468,7 @@ def test_d_may_be_written_over_its_own_c(compiled):
     shifted_c = storage[:c.numel()].view(c.shape)
     with pytest.raises(gg.InvalidArgument, match=r"out: shares memory with input c; gemmgen writes in place only D"):
         k.prepare(a, b, out=(shifted, *outs[1:]), **{**ops, "c": shifted_c})
-    r2 = c.view(torch.float16)  # an aux load over C's memory: D over C would also be written over it
+    r2 = c[0].view(torch.float16)  # a (shared) aux load over C's memory: D over C would also be written over it
     with pytest.raises(gg.InvalidArgument, match=r"out: shares memory with input r2"):
         k.prepare(a, b, out=(c, *outs[1:]), **{**ops, "r2": r2})
     combination = compiled["linear_combination"]  # C f16, D f32: the same element strides, other bytes
@@ -687,10 +687,11 @@ def test_op_path_on_torch_tensors_of_random_shapes_and_layouts(compiled):
             b = _torch_layout(rng, k, n, g.b.torch, g.layout_b, lead)
             step = rng.choice((1, 2))
             ops = {o.name: _block_scale_layout(rng, o.kind, g, m, n, k, lead) if o.kind.block_scale else
-                   float(torch.randn(())) if o.kind is gg.OperandKind.SCALAR else
-                   _torch_layout(rng, m, o.columns.extent(n), o.dtype.torch, gg.RowMajor, lead)
+                   (torch.randn(lead) if o.per_batch else float(torch.randn(()))) if o.kind is gg.OperandKind.SCALAR
+                   else _torch_layout(rng, m, o.columns.extent(n), o.dtype.torch, gg.RowMajor, lead[:o.per_batch])
                    if o.kind is gg.OperandKind.MATRIX else
-                   torch.randn(step * (n if o.kind is gg.OperandKind.ROW else m)).to(o.dtype.torch)[::step]
+                   torch.randn(*lead[:o.per_batch], step * (n if o.kind is gg.OperandKind.ROW else m))
+                   .to(o.dtype.torch)[..., ::step]
                    for o in recipe.operands}
             enc = RecordingEncoder()
             seen = _Seen(cpu_kernel(ck, enc))
@@ -802,16 +803,23 @@ def test_call_launches_with_the_tensors_device_current(compiled, monkeypatch):
 
 def _meta_args(recipe, m, n, k, lead):
     """A, B and the operands of a call as meta tensors (shapes and strides without memory)."""
-    def meta(rows, cols, dtype, layout):
-        t = torch.empty(*lead, *((rows, cols) if layout is gg.RowMajor else (cols, rows)), dtype=dtype,
+    def meta(rows, cols, dtype, layout, batch=lead):
+        t = torch.empty(*batch, *((rows, cols) if layout is gg.RowMajor else (cols, rows)), dtype=dtype,
                         device="meta")
         return t if layout is gg.RowMajor else t.transpose(-1, -2)
 
     g = recipe.gemm
+    def vector(o):  # a scalar or vector; one per batch (`Operand.per_batch`) padded to 16 bytes per batch
+        if o.kind is gg.OperandKind.SCALAR and not o.per_batch:
+            return 1.0
+        length = {gg.OperandKind.SCALAR: 1, gg.OperandKind.ROW: n, gg.OperandKind.COL: m}[o.kind]
+        shape = (*lead, -(-length // 8) * 8) if o.per_batch else (length,)
+        t = torch.empty(shape, dtype=o.dtype.torch, device="meta")[..., :length]
+        return t.squeeze(-1) if o.kind is gg.OperandKind.SCALAR else t
+
     ops = {o.name: random_block_scale(o.kind, g, m, n, k, lead).to("meta") if o.kind.block_scale else
-           1.0 if o.kind is gg.OperandKind.SCALAR else
-           meta(m, n, o.dtype.torch, gg.RowMajor) if o.kind is gg.OperandKind.MATRIX else
-           torch.empty(n if o.kind is gg.OperandKind.ROW else m, dtype=o.dtype.torch, device="meta")
+           meta(m, n, o.dtype.torch, gg.RowMajor, lead if o.per_batch else ()) if o.kind is gg.OperandKind.MATRIX
+           else vector(o)
            for o in recipe.operands}
     return meta(m, k, g.a.torch, g.layout_a), meta(k, n, g.b.torch, g.layout_b), ops
 

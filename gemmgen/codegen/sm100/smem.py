@@ -44,7 +44,8 @@ def stage_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
 def epilogue_smem_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
     """D (the first output), C, every aux load and every aux store, double-buffered epilogue tiles."""
     epi = recipe.epilogue
-    widths = [o.dtype.nbytes for o in epi.operands if o.kind is OperandKind.MATRIX]
+    widths = [o.dtype.nbytes for o in epi.operands
+              if o.kind is OperandKind.MATRIX and o.per_batch]  # a shared matrix is read into registers
     widths += [o.dtype.nbytes for o in epi.outputs if o.reduce is None]
     m, n = epilogue_tile(cfg, recipe)
     return _EPILOGUE_BUFFERS * m * n * sum(widths)
