@@ -21,6 +21,7 @@ see calls made from other modules' forwards.
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ from .base import check_compute_dtype, unsupported
 from .block_scaled import BlockScaledLinear
 from .linear import FusedLinear
 from .mlp import FusedMLP
+from .pairs import interleave_pairs
 
 QUANTIZE = ("fp8_block",)
 
@@ -142,7 +144,11 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     activation's output only a further Linear consumes (Linear -> activation -> Linear) one
     FusedMLP, trained with the first layer's backward fused into the second's dgrad GEMM: the
     FusedMLP takes the first Linear's place and the activation and second Linear become Identity,
-    so those parameters move under its `fc1` and `fc2` (the report says so).
+    so those parameters move under its `fc1` and `fc2` (the report says so). With `mlp=True` a
+    gated MLP too, a module whose whole forward is `down(act(gate(x)) * up(x))` (Llama's, Qwen's,
+    Mistral's; act a SiLU or erf-GELU module), becomes one gated FusedMLP ("swiglu", "geglu") in
+    its place: its fc1 holds gate's and up's rows interleaved (new parameters, copied once: give
+    an optimizer the fused model's), fc2 is down's weight (the report names both).
 
     Returns the model (changed in place; a bare nn.Linear with `unpaired` comes back as a new
     FusedLinear) and a report: a line per fused pair, per swapped Linear, per Linear kept for its
@@ -160,15 +166,21 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
                               "so give one of mlp=True and quantize=")
     target = _Target(compute_dtype, quantize)
     modules = list(model.named_modules())
-    pairs, notes, untraced, calls = _find_pairs(model, modules, target)
-    seconds = _mlp_seconds(model, pairs, target, calls) if mlp else {}
     report: list[str] = []
     replacement: dict[int, nn.Module] = {}
+    gated = _gated_mlps(model, modules, target) if mlp else {}
+    inside = {id(c) for qualified in gated for c in model.get_submodule(qualified).modules()}
+    pairs, notes, untraced, calls = _find_pairs(model, modules, target)
+    seconds = _mlp_seconds(model, pairs, target, calls) if mlp else {}
     for qualified, m in modules:
         name = qualified or "(model)"
+        if qualified in gated:
+            replacement[id(m)], line = gated[qualified]
+            report.append(line)
+            continue
         if qualified in untraced:
             report.append(untraced[qualified])
-        if not isinstance(m, nn.Linear):
+        if not isinstance(m, nn.Linear) or id(m) in inside:
             continue
         why_kept = target.kept_because(m)
         if why_kept:
@@ -239,6 +251,84 @@ def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]], target: 
         notes.update(refused)
         for lin_id in refused:
             del pairs[lin_id]
+
+
+#: The gated FusedMLP activation of each activation module a gated MLP may apply to its gate.
+_GATED = {"silu": "swiglu", "gelu": "geglu"}
+
+
+def _gated_mlps(model: nn.Module, modules: list[tuple[str, nn.Module]], target: _Target
+                ) -> dict[str, tuple[FusedMLP, str]]:
+    """Each module whose forward is exactly `down(act(gate(x)) * up(x))` over children of its own
+    that nothing else registers (plain, unhooked Linears of one dtype, all with a bias or none, and
+    an activation module with a gated form), by name: its gated FusedMLP and the report line."""
+    registered = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
+    out = {}
+    for qualified, owner in modules:
+        found = _gated_children(owner)
+        if found is None:
+            continue
+        gate, up, down = (owner.get_submodule(n) for n in found[:3])
+        act = owner.get_submodule(found[3])
+        if not (isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) and isinstance(down, nn.Linear)):
+            continue
+        linears = (gate, up, down)
+        if (any(registered[id(m)] > 1 or _hooked(m) for m in (owner, *linears, act))
+                or any(target.kept_because(m) for m in linears)
+                or len({m.weight.dtype for m in linears}) > 1 or len({m.bias is None for m in linears}) > 1
+                or gate.weight.shape != up.weight.shape
+                or next(owner.parameters(recurse=False), None) is not None
+                or next(owner.buffers(recurse=False), None) is not None):
+            continue
+        activation = _GATED.get(activation_of(act) or "")
+        if activation is None:
+            continue
+        fc1 = nn.Linear(gate.in_features, 2 * gate.out_features, bias=gate.bias is not None,
+                        device=gate.weight.device, dtype=gate.weight.dtype)
+        with torch.no_grad():
+            fc1.weight.copy_(interleave_pairs(gate.weight, up.weight))
+            if fc1.bias is not None and gate.bias is not None and up.bias is not None:
+                fc1.bias.copy_(interleave_pairs(gate.bias, up.bias))
+        try:
+            fused = FusedMLP.from_linears(fc1, activation, down, target.compute_dtype)
+        except InvalidArgument:  # down does not take gate's outputs: not the MLP it looks like
+            continue
+        name = qualified or "(model)"
+        g, u, d, a = found
+        out[qualified] = (fused, f"{name}: {d}({a}({g}(x)) * {u}(x)) -> FusedMLP({fused.fc1.recipe.name}, "
+                                 f"{fused.fc2.recipe.name}) ({g} and {u} interleaved into new parameters "
+                                 f"{_qualified(qualified, 'fc1')}.*; {d}'s are {_qualified(qualified, 'fc2')}.*)")
+    return out
+
+
+def _gated_children(owner: nn.Module) -> tuple[str, str, str, str] | None:
+    """(gate, up, down, act) child names if `owner.forward` is exactly down(act(gate(x)) * up(x))
+    (either order of the product) and they are all its children, else None."""
+    children = dict(owner.named_children())
+    if len(children) != 4:
+        return None
+    try:
+        graph = _ChildrenAsLeaves().trace(owner)
+    except Exception:  # not traceable: not provably the gated MLP
+        return None
+    nodes = list(graph.nodes)
+    ops = sorted(n.op for n in nodes)
+    if ops != ["call_function", *["call_module"] * 4, "output", "placeholder"]:
+        return None
+    x, out = nodes[0], nodes[-1]
+    down = out.args[0]
+    if not isinstance(down, fx.Node) or down.op != "call_module" or len(down.args) != 1 or down.kwargs:
+        return None
+    mul = down.args[0]
+    if not isinstance(mul, fx.Node) or mul.target not in (operator.mul, torch.mul) or mul.kwargs:
+        return None
+    for act, up in (mul.args, reversed(mul.args)):
+        if (isinstance(act, fx.Node) and isinstance(up, fx.Node) and act.op == up.op == "call_module"
+                and up.args == (x,) and len(act.args) == 1 and isinstance(act.args[0], fx.Node)
+                and act.args[0].op == "call_module" and act.args[0].args == (x,)):
+            names = (str(act.args[0].target), str(up.target), str(down.target), str(act.target))
+            return names if set(names) == set(children) else None
+    return None
 
 
 def _mlp_seconds(model: nn.Module, pairs: dict[int, _Pair], target: _Target, calls: Counter[int]

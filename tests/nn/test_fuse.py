@@ -139,6 +139,52 @@ def test_mlp_fuses_linear_activation_linear_into_one_fused_mlp(gen):
         gg.nn.fuse(nn.Sequential(_linear(64, 64)), mlp=True, quantize="fp8_block")
 
 
+class _ScaledGate(GatedMLP):
+    """Not the gated MLP: the product is scaled before down."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(2.0 * (self.act_fn(self.gate_proj(x)) * self.up_proj(x)))
+
+
+@pytest.mark.parametrize("act, activation", [(nn.SiLU(), "swiglu"), (GELUActivation(), "geglu")])
+def test_mlp_fuses_a_gated_mlp_module_into_one_gated_fused_mlp(gen, act, activation):
+    """`mlp=True` on Llama's MLP (inside a model): the module becomes one gated FusedMLP whose fc1
+    is gate's and up's rows interleaved and fc2 down's, as the report says; forward and every
+    gradient (mapped back to gate and up) are the original module's."""
+    ref = nn.Sequential(GatedMLP(act), nn.Linear(64, 8, dtype=torch.bfloat16))
+    fused, report = _fuse(copy.deepcopy(ref), mlp=True)
+    assert isinstance(fused[0], gg.nn.FusedMLP) and fused[0].activation == activation, report
+    assert report == [f"0: down_proj(act_fn(gate_proj(x)) * up_proj(x)) -> FusedMLP(linear_{activation}_bf16, "
+                      f"linear_none_bf16) (gate_proj and up_proj interleaved into new parameters 0.fc1.*; "
+                      f"down_proj's are 0.fc2.*)"]
+    assert list(fused.state_dict()) == ["0.fc1.weight", "0.fc2.weight", "1.weight", "1.bias"]
+    x = torch.randn(3, 5, 64, generator=gen).bfloat16().requires_grad_()
+    y_ref, y = ref(x), fused(x)
+    assert y_ref.float().abs().max() > 0
+    torch.testing.assert_close(y, y_ref, **BF16_TOL)
+    g = torch.randn(y.shape, generator=gen).bfloat16()
+    mlp_ref = ref[0]
+    theirs = torch.autograd.grad(y_ref, [x, mlp_ref.gate_proj.weight, mlp_ref.up_proj.weight,
+                                         mlp_ref.down_proj.weight], g)
+    mine = torch.autograd.grad(y, [x, fused[0].fc1.weight, fused[0].fc2.weight], g)
+    d_gate, d_up = gg.nn.split_pairs(mine[1])
+    for got, want in zip((mine[0], d_gate, d_up, mine[2]), theirs, strict=True):
+        scale = want.float().abs().max().item()
+        assert scale > 0
+        torch.testing.assert_close(got.float(), want.float(), rtol=5e-2, atol=5e-2 * scale)
+
+
+def test_mlp_leaves_a_module_that_only_looks_gated():
+    """A gated MLP with another step in its forward, an activation without a gated form (tanh GELU)
+    or a hook keeps its Linears; only the usual gate + activation pair fuses."""
+    hooked = GatedMLP(nn.SiLU())
+    hooked.register_forward_hook(lambda *args: None)
+    for module in (_ScaledGate(nn.SiLU()), GatedMLP(GELUActivation("tanh")), hooked):
+        fused, report = _fuse(module, mlp=True)
+        assert isinstance(fused, GatedMLP) and isinstance(fused.up_proj, nn.Linear), report
+        assert all("FusedMLP" not in line for line in report), report
+
+
 class _TwiceSecond(nn.Module):
     """Linear -> GELU -> Linear, the second Linear run once more: it cannot become Identity."""
 
