@@ -207,7 +207,8 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             store = _VNode(f"aux_{o.name}", f"{EPI}::PairStore<{o.dtype.cutlass}, {HALF_STRIDE}>", [src],
                            binding=ParamBinding(REGISTER_STORES[Columns.HALF], o.name, o.dtype))
         elif o.reduce is not None and o.dim is None:
-            store = _VNode(f"amax_{o.name}", _AMAX_TYPE, [src], binding=ParamBinding("amax", o.name, o.dtype))
+            store = _VNode(f"{o.reduce.value}_{o.name}", _scalar_reduction_type(o.reduce), [src],
+                           binding=ParamBinding("amax", o.name, o.dtype))
         elif o.reduce is not None:
             kind = REDUCTION_KIND[o.dim]  # type: ignore[index]
             store = _VNode(f"{o.reduce.value}_{o.name}", _vector_reduction_type(kind, o.reduce), [src],
@@ -369,10 +370,22 @@ def _load_type(operand: Operand, is_source: bool, aux_stride: str, descriptor: s
             f"typename {desc}::SmemLayoutAtom, typename {desc}::CopyOpS2R>")
 
 
-#: max |x| per batch into one fp32 (CUTLASS's fp8 amax): each thread reduces its part of a tile, then
-#: one atomic max per thread and tile; the output must start at 0 (the runtime zeroes it).
-_AMAX_TYPE = (f"{FUSION}::Sm90ScalarReduction<cutlass::maximum_absolute_value_reduction, cutlass::atomic_maximum, "
-              f"float, {COMPUTE}, {ROUND}, cute::Stride<cute::_0, cute::_0, int64_t>>")
+#: (per element, into global memory) functors of a reduction over M and N: max |x| (CUTLASS's fp8
+#: amax), a signed max or min. Each thread reduces its part of a tile from the reduction's identity,
+#: then combines it atomically, once per thread and tile, into the batch's fp32, which must start at
+#: the identity (the runtime fills it). Max and min do not depend on the order they combine in.
+_SCALAR_REDUCE_FN = {
+    Reduction.AMAX: ("cutlass::maximum_absolute_value_reduction", "cutlass::atomic_maximum"),
+    Reduction.MAX: ("cutlass::maximum", "cutlass::atomic_maximum"),
+    Reduction.MIN: ("cutlass::minimum", f"{EPI}::AtomicMinimum"),  # gemmgen/include/gemmgen/atomics.hpp
+}
+
+
+def _scalar_reduction_type(reduce: Reduction) -> str:
+    """Sm90ScalarReduction into one fp32 per batch (dynamic batch stride)."""
+    reg, gmem = _SCALAR_REDUCE_FN[reduce]
+    return (f"{FUSION}::Sm90ScalarReduction<{reg}, {gmem}, float, {COMPUTE}, {ROUND}, "
+            f"cute::Stride<cute::_0, cute::_0, int64_t>>")
 
 
 #: The visitor reducing over M (dim 0, to a row vector) or over N (dim 1, to a column vector).

@@ -320,17 +320,18 @@ def sum(x: Any, dim: int) -> Reduced:  # noqa: A001
     return Reduced(_reduced_value(x, "sum"), Reduction.SUM, _reduce_dim(dim, "sum", optional=False))
 
 
-def reduce_max(x: Any, dim: int) -> Reduced:
-    """An output of the largest value of x over M (`dim=0`: one per column of D) or over N (`dim=1`:
-    one per row, e.g. a row's max logit), NaNs skipped, -inf where a row or column has no value.
-    (`gg.max(x, y)` is the elementwise maximum.) See `Reduced`."""
-    return Reduced(_reduced_value(x, "reduce_max"), Reduction.MAX, _reduce_dim(dim, "reduce_max", optional=False))
+def reduce_max(x: Any, dim: int | None = None) -> Reduced:
+    """An output of the largest value of x over M and N per batch (`dim=None`), over M (`dim=0`:
+    one per column of D) or over N (`dim=1`: one per row, e.g. a row's max logit), NaNs skipped,
+    -inf where there is no value. (`gg.max(x, y)` is the elementwise maximum.) See `Reduced`."""
+    return Reduced(_reduced_value(x, "reduce_max"), Reduction.MAX, _reduce_dim(dim, "reduce_max", optional=True))
 
 
-def reduce_min(x: Any, dim: int) -> Reduced:
-    """An output of the smallest value of x over M (`dim=0`) or over N (`dim=1`), NaNs skipped,
-    +inf where a row or column has no value. (`gg.min(x, y)` is the elementwise minimum.)"""
-    return Reduced(_reduced_value(x, "reduce_min"), Reduction.MIN, _reduce_dim(dim, "reduce_min", optional=False))
+def reduce_min(x: Any, dim: int | None = None) -> Reduced:
+    """An output of the smallest value of x over M and N per batch (`dim=None`), over M (`dim=0`)
+    or over N (`dim=1`), NaNs skipped, +inf where there is no value. (`gg.min(x, y)` is the
+    elementwise minimum.)"""
+    return Reduced(_reduced_value(x, "reduce_min"), Reduction.MIN, _reduce_dim(dim, "reduce_min", optional=True))
 
 
 def _reduced_value(x: Any, op_name: str) -> Value:

@@ -90,8 +90,8 @@ class ArgumentBuilder:
         kinds = {o.name: REDUCTION_KIND[o.dim] for o in epi.outputs[1:] if o.dim is not None}
         self.vector_reductions = [(kind, f"epilogue.{kind}.{name}", name) for name, kind in kinds.items()]
         # where each starts: its Reduction's identity (0 but for max and min)
-        self.identities = [(f"epilogue.{REDUCTION_KIND[o.dim]}.{o.name}.identity", o.reduce.identity)
-                           for o in epi.outputs[1:] if o.dim is not None and o.reduce is not None]
+        self.identities = [(f"epilogue.{'amax' if o.dim is None else REDUCTION_KIND[o.dim]}.{o.name}.identity",
+                            o.reduce.identity) for o in epi.outputs[1:] if o.reduce is not None]
         self.kernel_workspace = config.schedule is Schedule.COOPERATIVE  # only its Params keep the pointer
         self.stream_k = config.tile_scheduler is TileScheduler.STREAM_K
         self.splits = config.splits  # the stream-K scheduler's split count and reduction order:

@@ -21,6 +21,7 @@ def collectives_check_source(kernels: Sequence[GeneratedKernel]) -> str:
              "#include <cutlass/gemm/kernel/gemm_universal.hpp>",
              "#include <gemmgen/nvrtc_fixups.hpp>",
              "#include <gemmgen/epilogue.hpp>",
+             "#include <gemmgen/atomics.hpp>",
              "#include <gemmgen/pairs.hpp>"]
     for i, k in enumerate(kernels):
         for spelling in ("resolved", "builder"):

@@ -180,6 +180,13 @@ class OracleProgram:
         self._render(kernel, build_dir, "cutlass::gemm::GemmUniversalMode::kGrouped", problem, mainloop, epilogue,
                      workspace, hw, atoms)
 
+    def _identity(self, b: ParamBinding) -> str:
+        """The C++ value of a reduction's identity (`Reduction.identity`: 0, -inf or +inf)."""
+        reduce = next(o.reduce for o in self.kernel.kernel_recipe.epilogue.outputs if o.name == b.name)
+        assert reduce is not None
+        inf = "std::numeric_limits<float>::infinity()"
+        return {math.inf: inf, -math.inf: f"-{inf}"}.get(reduce.identity, f"{reduce.identity}f")
+
     def _arguments(self, tree: Any) -> str:
         if tree is None:
             return "{}"
@@ -205,15 +212,11 @@ class OracleProgram:
         if b.kind in ("row_reduction", "col_reduction"):
             ptr, batch_stride = (self.slots.add(f"aux.{b.name}.{part}") for part in ("ptr", "s2"))
             modes = "cute::_0{}, cute::_1{}" if b.kind == "row_reduction" else "cute::_1{}, cute::_0{}"
-            reduce = next(o.reduce for o in self.kernel.kernel_recipe.epilogue.outputs if o.name == b.name)
-            assert reduce is not None
-            inf = "std::numeric_limits<float>::infinity()"
-            identity = {math.inf: inf, -math.inf: f"-{inf}"}.get(reduce.identity, f"{reduce.identity}f")
-            return (f"{{reinterpret_cast<void*>(V[{ptr}]), {identity}, "
+            return (f"{{reinterpret_cast<void*>(V[{ptr}]), {self._identity(b)}, "
                     f"{{{modes}, static_cast<int64_t>(V[{batch_stride}])}}}}")
-        if b.kind == "amax":
+        if b.kind == "amax":  # any reduction over M and N: max |x|, max, min
             ptr, batch_stride = (self.slots.add(f"aux.{b.name}.{part}") for part in ("ptr", "s2"))
-            return (f"{{reinterpret_cast<{e}*>(V[{ptr}]), 0.f, "
+            return (f"{{reinterpret_cast<{e}*>(V[{ptr}]), {self._identity(b)}, "
                     f"{{cute::_0{{}}, cute::_0{{}}, static_cast<int64_t>(V[{batch_stride}])}}}}")
         if b.kind in PAIR_BINDINGS:  # pairs.hpp's HalfTensor {ptr, dHalf}
             load = b.kind in PAIR_LOADS

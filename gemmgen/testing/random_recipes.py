@@ -14,13 +14,13 @@ _OUT_DTYPES = (*_DTYPES, gg.e4m3, gg.e5m2)  # D and aux outputs may also be fp8 
 def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
     """Recipe `random<index>`: random operands (every kind, dtype and both scalar forms; a batched
     recipe's scalars and vectors shared by the batches or one per batch, its matrices one per batch
-    or one for every batch), a random
-    graph of every op over them (constants on either side, shared values, casts), random aux
-    outputs (some of them reductions: an amax over M and N, sums, amaxes, maxes and mins over M or
-    over N, one of the two per recipe), A/B/D types (fp8 A and B a third of the time, half of those with block
-    scales of a random granularity) and layouts, batched or not. Divisions and exponentials take
-    bounded arguments, so that fp32 stays far from overflow. Raises RecipeError for the draws the
-    DSL refuses (an output that folds to a constant); draw again."""
+    or one for every batch), a random graph of every op over them (constants on either side, shared
+    values, casts), random aux outputs (some of them reductions: an amax, a max and a min over M and
+    N; sums, amaxes, maxes and mins over M or over N, one of the two per recipe), A/B/D types (fp8 A
+    and B a third of the time, half of those with block scales of a random granularity) and
+    layouts, batched or not. Divisions and exponentials take bounded arguments, so that fp32 stays
+    far from overflow. Raises RecipeError for the draws the DSL refuses (an output that folds to a
+    constant); draw again."""
     batched = rng.random() < 0.3
     decls: dict[str, object] = {}
     for i in range(rng.randint(0, 4)):
@@ -63,9 +63,10 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
         for j in range(n_aux):
             v = rng.choice(pool)
             if j in reduced:
-                kind = rng.choice(("amax", "amax_dim", "sum", "max", "min"))
+                kind = rng.choice(("amax", "amax_dim", "sum", "max", "min", "max_all", "min_all"))
                 outs[f"aux{j}"] = gg.amax(v) if kind == "amax" else gg.amax(v, dim) if kind == "amax_dim" else \
                     gg.reduce_max(v, dim) if kind == "max" else gg.reduce_min(v, dim) if kind == "min" else \
+                    gg.reduce_max(v) if kind == "max_all" else gg.reduce_min(v) if kind == "min_all" else \
                     gg.sum(v, dim)
             else:
                 outs[f"aux{j}"] = v

@@ -93,6 +93,11 @@ class ParamsView(Protocol):
         ...
 
 
+#: (per element, into global memory) functors of the reductions over M and N gemmgen emits.
+_SCALAR_REDUCTIONS = {("cutlass::maximum_absolute_value_reduction", "cutlass::atomic_maximum"): "amax",
+                      ("cutlass::maximum", "cutlass::atomic_maximum"): "max",
+                      ("cutlass::minimum", "gemmgen::epi::AtomicMinimum"): "min"}
+
 #: (per element, across lanes, across warps and tiles) functors of the vector reductions gemmgen emits.
 _VECTOR_REDUCTIONS = {
     ("cutlass::plus", "cutlass::plus", "cutlass::plus"): "sum",
@@ -431,6 +436,32 @@ class EpilogueInterpreter:
         return m, n
 
     @staticmethod
+    def _scalar_reduction(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
+                          inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Sm90ScalarReduction: each batch's values reduced from the Params' identity in registers
+        (maximum / minimum<float> skip NaN, as fmaxf / fminf), then combined atomically into the
+        batch's fp32 (a max, or gemmgen's AtomicMinimum); its input passes on."""
+        reg, gmem, element_t, compute, round_style, stride = t.args
+        fn = _SCALAR_REDUCTIONS.get((str(reg), str(gmem)))
+        if fn is None or (str(compute), str(round_style), str(stride), len(inputs)) != (
+                _COMPUTE, _ROUND, "cute::Stride<cute::_0, cute::_0, int64_t>", 1):
+            raise EpilogueSourceError(f"scalar reduction {t} with {len(inputs)} inputs")
+        l_ = acc.shape[0]
+        element = _element(element_t)
+        batch_stride = struct.unpack("<q", params.raw(f"cute::get<2>({lvalue}.dScalar)"))[0]
+        ptr = params.pointer(f"{lvalue}.ptr_scalar", element, (l_ - 1) * batch_stride + 1)
+        if ptr is not None:  # EnableNullptr: a null pointer skips the reduction
+            x = inputs[0].to(torch.float32).expand(acc.shape)
+            identity = _element_bits(params.raw(f"{lvalue}.reduction_identity"), torch.float32)
+            value = x.abs() if fn == "amax" else x
+            reduced = torch.where(torch.isnan(value), identity, value).flatten(1)  # NaNs skipped
+            combine = torch.minimum if fn == "min" else torch.maximum
+            part = combine(reduced.amin(dim=1) if fn == "min" else reduced.amax(dim=1), identity)
+            target = ptr.as_strided((l_,), (batch_stride,))
+            target.copy_(combine(target, part.to(element)))  # the atomic combine with what it holds
+        return inputs[0]
+
+    @staticmethod
     def _shared_load(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView) -> torch.Tensor:
         """Sm90AuxLoad<0, _, Element, Stride>: an M x N matrix read through `ptr_aux` with D's layout's
         strides, the batch's static 0 (the other template arguments are unused)."""
@@ -511,20 +542,5 @@ class EpilogueInterpreter:
                 target.copy_(_convert(inputs[0].to(torch.float32), element).expand(acc.shape))
             return inputs[0]
         if kind == "Sm90ScalarReduction":
-            reg, gmem, element_t, compute, round_style, stride = t.args
-            if (str(reg), str(gmem), str(compute), str(round_style), str(stride), len(inputs)) != (
-                    "cutlass::maximum_absolute_value_reduction", "cutlass::atomic_maximum", _COMPUTE, _ROUND,
-                    "cute::Stride<cute::_0, cute::_0, int64_t>", 1):
-                raise EpilogueSourceError(f"scalar reduction {t} with {len(inputs)} inputs")
-            element = _element(element_t)
-            batch_stride = struct.unpack("<q", params.raw(f"cute::get<2>({lvalue}.dScalar)"))[0]
-            ptr = params.pointer(f"{lvalue}.ptr_scalar", element, (l_ - 1) * batch_stride + 1)
-            if ptr is not None:  # EnableNullptr: a null pointer skips the reduction
-                x = inputs[0].to(torch.float32).expand(acc.shape)
-                # maximum<float> without NaN propagation keeps the running value over a NaN input
-                largest = torch.where(torch.isnan(x), 0.0, x.abs()).amax(dim=(1, 2))
-                identity = _element_bits(params.raw(f"{lvalue}.reduction_identity"), torch.float32)
-                target = ptr.as_strided((l_,), (batch_stride,))
-                target.copy_(torch.maximum(target, torch.maximum(largest, identity).to(element)))  # atomic max
-            return inputs[0]
+            return self._scalar_reduction(t, lvalue, acc, params, inputs)
         raise EpilogueSourceError(f"visitor {t} is not one this interpreter models")

@@ -86,10 +86,13 @@ column_stats = gg.Recipe(
 
 # Each row's largest and smallest value (an LM head's max logit for a stable softmax, a per-token
 # range): signed max and min reductions over N, whose identities (-inf, +inf) the runtime writes
-# into the Params; batched, a bias per batch and a position bias shared by every batch, D in bf16.
+# into the Params; and each batch's signed max and min over M and N (atomic combines: CUTLASS's max,
+# gemmgen's AtomicMinimum), which start from -inf and +inf; batched, a bias per batch and a position
+# bias shared by every batch, D in bf16.
 def _row_extrema(acc, bias, position):
     y = acc + bias + position
-    return {"d": y, "row_max": gg.reduce_max(y, dim=1), "row_min": gg.reduce_min(y, dim=1)}
+    return {"d": y, "row_max": gg.reduce_max(y, dim=1), "row_min": gg.reduce_min(y, dim=1),
+            "max": gg.reduce_max(y), "min": gg.reduce_min(y)}
 
 
 row_extrema = gg.Recipe(
@@ -97,7 +100,7 @@ row_extrema = gg.Recipe(
     _row_extrema,
     batched=True,
     operands={"bias": gg.RowVector(gg.bf16, per_batch=True), "position": gg.Matrix(gg.bf16, per_batch=False)},
-    aux={"row_max": gg.f32, "row_min": gg.f32},
+    aux={"row_max": gg.f32, "row_min": gg.f32, "max": gg.f32, "min": gg.f32},
 )
 
 

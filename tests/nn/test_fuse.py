@@ -151,7 +151,8 @@ def test_mlp_fuses_a_gated_mlp_module_into_one_gated_fused_mlp(gen, act, activat
     """`mlp=True` on Llama's MLP (inside a model): the module becomes one gated FusedMLP whose fc1
     is gate's and up's rows interleaved and fc2 down's, as the report says; forward and every
     gradient (mapped back to gate and up) are the original module's."""
-    ref = nn.Sequential(GatedMLP(act), nn.Linear(64, 8, dtype=torch.bfloat16))
+    mlp_ref = GatedMLP(act)
+    ref = nn.Sequential(mlp_ref, nn.Linear(64, 8, dtype=torch.bfloat16))
     fused, report = _fuse(copy.deepcopy(ref), mlp=True)
     assert isinstance(fused[0], gg.nn.FusedMLP) and fused[0].activation == activation, report
     assert report == [f"0: down_proj(act_fn(gate_proj(x)) * up_proj(x)) -> FusedMLP(linear_{activation}_bf16, "
@@ -163,7 +164,6 @@ def test_mlp_fuses_a_gated_mlp_module_into_one_gated_fused_mlp(gen, act, activat
     assert y_ref.float().abs().max() > 0
     torch.testing.assert_close(y, y_ref, **BF16_TOL)
     g = torch.randn(y.shape, generator=gen).bfloat16()
-    mlp_ref = ref[0]
     theirs = torch.autograd.grad(y_ref, [x, mlp_ref.gate_proj.weight, mlp_ref.up_proj.weight,
                                          mlp_ref.down_proj.weight], g)
     mine = torch.autograd.grad(y, [x, fused[0].fc1.weight, fused[0].fc2.weight], g)
