@@ -23,8 +23,9 @@ class OperandGradient:
     cannot, the output of `Backward.rest` instead, which the caller evaluates with torch
     (`Backward.rest_gradients`); None when no gradient reaches the operand (it is zero).
     `sum_dims`: the dims of that output still to sum to get the operand's shape: the batch for an
-    operand shared by every batch (`Operand.per_batch`: a scalar, a vector, a shared matrix), and the
-    remaining dim of a scalar's per-row or per-column sums."""
+    operand shared by every batch (`Operand.per_batch`: a shared matrix; a vector's and a scalar's
+    reductions sum over the batches themselves, `Output.over_batch`), and the remaining dim of a
+    scalar's per-row or per-column sums."""
 
     operand: str
     output: str | None
@@ -43,8 +44,9 @@ def operand_gradients(forward: RecipeIR, derived: Derivative) -> tuple[OperandGr
         name = o.name.removeprefix(GRAD_PREFIX)
         if not o.name.startswith(GRAD_PREFIX) or name not in kinds:
             continue
-        batch = () if name in per_batch else batched
-        dims = batch if o.reduce is None else (*batch, len(batched)) if o.dim is not None and \
+        present = () if o.over_batch else batched  # the output's own batch dim
+        batch = () if name in per_batch else present
+        dims = batch if o.reduce is None else (*batch, len(present)) if o.dim is not None and \
             kinds[name] is OperandKind.SCALAR else batch
         out.append(OperandGradient(name, o.name, dims, derived.unfused.get(name, "")))
     out += [OperandGradient(n, None, reason="no gradient reaches it (it feeds only comparisons): zero")
@@ -76,8 +78,8 @@ def replay(ir: EpilogueIR) -> Callable[..., dict[str, Value | Reduced]]:
             else:
                 values.append(trace.add(Node(node.op, tuple(values[i]._index for i in node.args), node.name,
                                              node.attr, node.dtype)))
-        return {o.name: values[o.node] if o.reduce is None else Reduced(values[o.node], o.reduce, o.dim)
-                for o in ir.outputs}
+        return {o.name: values[o.node] if o.reduce is None else Reduced(values[o.node], o.reduce, o.dim,
+                                                                        o.over_batch) for o in ir.outputs}
 
     params = [inspect.Parameter("acc", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY) for o in ir.operands]

@@ -260,7 +260,7 @@ class Recipe:
         outs = []
         for name in ["d", *self._aux]:
             v = values[name]
-            reduce, dim = None, None
+            reduce, dim, over_batch = None, None, False
             if isinstance(v, Reduced):
                 if name == "d":
                     raise RecipeError(f"output 'd': D is the M x N result; return gg.{v.reduce.value}(...) under an "
@@ -269,13 +269,18 @@ class Recipe:
                 if self._aux[name] is not DType.F32:
                     raise RecipeError(f"aux output {name!r}: a reduction ({v!r}) is fp32; declare "
                                       f"aux={{{name!r}: gg.f32}}")
-                v, reduce, dim = v.value, v.reduce, v.dim
+                if v.over_batch and not self.gemm.batched:
+                    raise RecipeError(f"aux output {name!r}: over_batch=True reduces over a batched GEMM's "
+                                      "batches, and this recipe is not batched; declare batched=True, or drop "
+                                      "over_batch=True")
+                v, reduce, dim, over_batch = v.value, v.reduce, v.dim, v.over_batch
             if isinstance(v, numbers.Real) and not isinstance(v, bool):
                 raise RecipeError(f"output {name!r} is a constant; an output must depend on the accumulator "
                                   "or an operand")
             if not isinstance(v, Value) or v._trace is not trace:
                 raise RecipeError(f"output {name!r}: expected a traced value, got {type(v).__name__}")
-            outs.append(Output(name, v._index, self.gemm.d if name == "d" else self._aux[name], reduce, dim))
+            outs.append(Output(name, v._index, self.gemm.d if name == "d" else self._aux[name], reduce, dim,
+                               over_batch=over_batch))
         return outs
 
     # ---- what other layers read
@@ -522,7 +527,7 @@ def _derive_backward(recipe: Recipe, *, a: Any = None, b: Any = None, layout_a: 
     try:
         derived = derive(recipe.ir.epilogue, grad_dtype=grad_dtype, read_dtype=read_dtype, wrt=wrt,
                          grad_outputs=tuple(grad_outputs), recompute=recompute, recompute_d=recompute_d,
-                         d_only=d_only)
+                         d_only=d_only, batched=gemm.batched)
     except NotDifferentiable:
         raise RecipeError(f"{where}: D does not depend differentiably on the accumulator (it reads it only "
                           "through comparisons, or not at all), so there is no backward GEMM to fuse") from None

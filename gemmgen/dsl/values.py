@@ -149,13 +149,16 @@ class Reduced:
     """`gg.amax(x)`, `gg.amax(x, dim)`, `gg.sum(x, dim)`, `gg.reduce_max(x, dim)`,
     `gg.reduce_min(x, dim)`: an output holding a reduction of x in
     fp32, per batch: over M and N (one value), over M (`dim=0`: one value per column of D) or over
-    N (`dim=1`: one value per row). Returned from the epilogue under an aux name declared
-    `gg.f32`; it is not a value to compute with."""
+    N (`dim=1`: one value per row); with `over_batch=True`, over a batched GEMM's batches too (a
+    shared bias's gradient: one value per column, summed over every batch's rows). Returned from
+    the epilogue under an aux name declared `gg.f32`; it is not a value to compute with."""
 
-    __slots__ = ("dim", "reduce", "value")
+    __slots__ = ("dim", "over_batch", "reduce", "value")
 
-    def __init__(self, value: Value, reduce: Reduction, dim: int | None) -> None:
-        self.value, self.reduce, self.dim = value, reduce, dim
+    def __init__(self, value: Value, reduce: Reduction, dim: int | None, over_batch: bool = False) -> None:
+        if not isinstance(over_batch, bool):
+            raise RecipeError(f"over_batch: expected True or False, got {over_batch!r}")
+        self.value, self.reduce, self.dim, self.over_batch = value, reduce, dim, over_batch
 
     def _misuse(self, *args: Any) -> Any:
         raise _reduced_misuse()
@@ -164,7 +167,7 @@ class Reduced:
     __truediv__ = __rtruediv__ = __neg__ = __pos__ = __abs__ = __pow__ = _misuse
 
     def __repr__(self) -> str:
-        dim = "" if self.dim is None else f", dim={self.dim}"
+        dim = ("" if self.dim is None else f", dim={self.dim}") + (", over_batch=True" if self.over_batch else "")
         name = {Reduction.MAX: "reduce_max", Reduction.MIN: "reduce_min"}.get(self.reduce, self.reduce.value)
         return f"gemmgen.{name}({self.value!r}{dim})"
 
@@ -307,31 +310,33 @@ def clamp(x: Any, lo: Any = None, hi: Any = None) -> Value:
     return v
 
 
-def amax(x: Any, dim: int | None = None) -> Reduced:
+def amax(x: Any, dim: int | None = None, *, over_batch: bool = False) -> Reduced:
     """An output of max |x| (NaNs skipped): over M and N per batch, which fp8 scaling needs for its
     next scale; or per column (`dim=0`) or per row (`dim=1`, a per-token scale). See `Reduced`."""
-    return Reduced(_reduced_value(x, "amax"), Reduction.AMAX, _reduce_dim(dim, "amax", optional=True))
+    return Reduced(_reduced_value(x, "amax"), Reduction.AMAX, _reduce_dim(dim, "amax", optional=True), over_batch)
 
 
-def sum(x: Any, dim: int) -> Reduced:  # noqa: A001
+def sum(x: Any, dim: int, *, over_batch: bool = False) -> Reduced:  # noqa: A001
     """An output of the sum of x over M (`dim=0`: one value per column of D, e.g. a bias gradient)
     or over N (`dim=1`: one value per row, e.g. a norm's statistics). Summed in fp32 in a fixed
     order, so the result is the same from run to run. See `Reduced`."""
-    return Reduced(_reduced_value(x, "sum"), Reduction.SUM, _reduce_dim(dim, "sum", optional=False))
+    return Reduced(_reduced_value(x, "sum"), Reduction.SUM, _reduce_dim(dim, "sum", optional=False), over_batch)
 
 
-def reduce_max(x: Any, dim: int | None = None) -> Reduced:
+def reduce_max(x: Any, dim: int | None = None, *, over_batch: bool = False) -> Reduced:
     """An output of the largest value of x over M and N per batch (`dim=None`), over M (`dim=0`:
     one per column of D) or over N (`dim=1`: one per row, e.g. a row's max logit), NaNs skipped,
     -inf where there is no value. (`gg.max(x, y)` is the elementwise maximum.) See `Reduced`."""
-    return Reduced(_reduced_value(x, "reduce_max"), Reduction.MAX, _reduce_dim(dim, "reduce_max", optional=True))
+    return Reduced(_reduced_value(x, "reduce_max"), Reduction.MAX, _reduce_dim(dim, "reduce_max", optional=True),
+                   over_batch)
 
 
-def reduce_min(x: Any, dim: int | None = None) -> Reduced:
+def reduce_min(x: Any, dim: int | None = None, *, over_batch: bool = False) -> Reduced:
     """An output of the smallest value of x over M and N per batch (`dim=None`), over M (`dim=0`)
     or over N (`dim=1`), NaNs skipped, +inf where there is no value. (`gg.min(x, y)` is the
     elementwise minimum.)"""
-    return Reduced(_reduced_value(x, "reduce_min"), Reduction.MIN, _reduce_dim(dim, "reduce_min", optional=True))
+    return Reduced(_reduced_value(x, "reduce_min"), Reduction.MIN, _reduce_dim(dim, "reduce_min", optional=True),
+                   over_batch)
 
 
 def _reduced_value(x: Any, op_name: str) -> Value:

@@ -18,7 +18,7 @@ bundled and checked like any other, with no device code of its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..types import DType, OperandKind
 from .graph import EpilogueIR, Node, Operand, Output, Reduction, f32, normalize
@@ -190,14 +190,15 @@ class NotDifferentiable(ValueError):
 
 def derive(ir: EpilogueIR, *, grad_dtype: DType, read_dtype: DType, wrt: Sequence[str],
            grad_outputs: Sequence[str] = ("d",), recompute: bool = False, recompute_d: bool = False,
-           d_only: str = "") -> Derivative:
+           d_only: str = "", batched: bool = False) -> Derivative:
     """The backward epilogue of `ir` (module docstring). `read_dtype`: the type of the M x N tensor
     the kernel reads, the saved accumulator (`saved_acc`), or with `recompute` the incoming
     gradient (`grad_d`: the kernel's accumulator is then the forward's own, recomputed by the
     same GEMM). `wrt`: the operands whose gradients are wanted; `grad_outputs`: the forward
     outputs receiving a gradient (an M x N aux output's from the operand `grad_<name>`);
     `recompute_d`: also write the forward's D; `d_only`: why the kernel can write D only (a
-    grouped GEMM's), or empty."""
+    grouped GEMM's), or empty; `batched`: the GEMM is, so that a shared vector's or scalar's
+    gradient sums over the batches too."""
     graph = _Graph()
     acc = graph.add(Node(Op.ACC))
     primal: list[Sym] = []
@@ -257,9 +258,10 @@ def derive(ir: EpilogueIR, *, grad_dtype: DType, read_dtype: DType, wrt: Sequenc
         kind, value, grad_name = kinds[name].kind, d_operand[name], GRAD_PREFIX + name
         if kind is OperandKind.MATRIX:  # a shared one's per batch in fp32, for the sum over the batch
             gradient = Output(grad_name, value.index, kinds[name].dtype if kinds[name].per_batch else DType.F32)
-        else:
+        else:  # a batched GEMM's shared vector or scalar: summed over the batches too (`Output.over_batch`)
             over = {OperandKind.ROW: 0, OperandKind.COL: 1}.get(kind, dim)
-            gradient = Output(grad_name, value.index, DType.F32, Reduction.SUM, over)
+            gradient = Output(grad_name, value.index, DType.F32, Reduction.SUM, over,
+                              over_batch=batched and not kinds[name].per_batch)
         over_m_in_pairs = ir.pairs and gradient.dim == 0
         if d_only or gradient.dim == 1 - dim or over_m_in_pairs:
             unfused[name] = d_only or ("a sum over M, which a kernel over column pairs does not run (it is never "
@@ -267,7 +269,7 @@ def derive(ir: EpilogueIR, *, grad_dtype: DType, read_dtype: DType, wrt: Sequenc
                                        "a column vector's gradient is a sum over N, and the kernel sums the row "
                                        "vectors' over M: a kernel reduces over one of them")
             if kind is OperandKind.SCALAR:  # outside a kernel, over M and N at once
-                gradient = Output(grad_name, value.index, DType.F32, Reduction.SUM, None)
+                gradient = replace(gradient, dim=None)
             rest.append(gradient)
         else:
             outputs.append(gradient)

@@ -92,7 +92,8 @@ class Output:
     """An epilogue output: `d` is the GEMM's D; others are auxiliary M x N outputs, or with
     `reduce` fp32 reductions of a value, per batch: over M and N when `dim` is None (one value,
     shape (L,) or ()), over M when `dim` is 0 (one value per column: (L, N) or (N,)), over N when
-    `dim` is 1 (one value per row: (L, M) or (M,))."""
+    `dim` is 1 (one value per row: (L, M) or (M,)); with `over_batch`, over a batched GEMM's batches
+    too (no L)."""
 
     name: str
     node: int
@@ -100,19 +101,20 @@ class Output:
     reduce: Reduction | None = None
     dim: int | None = None
     columns: Columns = Columns.FULL  # N/2 for a value of column pairs' halves (`ir.columns`)
+    over_batch: bool = False
 
     def shape(self, problem: tuple[int, ...]) -> tuple[int, ...]:
         """This output's shape for a problem whose accumulator is `problem`, (L, M, N) or (M, N)."""
         if self.reduce is None:
             return (*problem[:-1], self.columns.extent(problem[-1]))
         extent = () if self.dim is None else (problem[-2],) if self.dim == 1 else (problem[-1],)
-        return (*problem[:-2], *extent)
+        batch = () if self.over_batch else problem[:-2]
+        return (*batch, *extent)
 
     @property
     def transposed(self) -> Output:
         """The same output of the transposed problem: a reduction over M becomes one over N."""
-        return Output(self.name, self.node, self.dtype, self.reduce, None if self.dim is None else 1 - self.dim,
-                      self.columns)
+        return replace(self, dim=None if self.dim is None else 1 - self.dim)
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,8 @@ class RecipeIR:
             "nodes": [[n.op.key, list(n.args), n.name, n.attr, n.dtype.value if n.dtype else None]
                       for n in self.epilogue.nodes],
             "outputs": [[o.name, o.node, o.dtype.value, *([o.reduce.value] if o.reduce else []),
-                         *([o.dim] if o.dim is not None else []), *_columns(o.columns)]
+                         *([o.dim] if o.dim is not None else []), *_columns(o.columns),
+                         *([["over_batch", True]] if o.over_batch else [])]
                         for o in self.epilogue.outputs],
             "operands": [[o.name, o.kind.value, o.dtype.value, *_columns(o.columns), *o.batching]
                          for o in self.epilogue.operands],
@@ -335,7 +338,7 @@ def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand,
     remap = {old: new for new, old in enumerate(order)}
     final = tuple(Node(new_nodes[o].op, tuple(remap[a] for a in new_nodes[o].args), new_nodes[o].name,
                        new_nodes[o].attr, new_nodes[o].dtype) for o in order)
-    outs = tuple(Output(o.name, remap[r], o.dtype, o.reduce, o.dim) for o, r in zip(outputs, roots, strict=True))
+    outs = tuple(replace(o, node=remap[r], columns=Columns.FULL) for o, r in zip(outputs, roots, strict=True))
     used = {n.name for n in final if n.op is Op.INPUT}
     kept = tuple(replace(o, columns=Columns.FULL) for o in operands if o.name in used)
     if any(n.op.pairs for n in final):

@@ -43,7 +43,7 @@ def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, tor
     scales = _magnitudes(ir, values, acc_magnitude) if magnitudes else values
     n = acc.shape[-1]
     outs = tuple(_reduced((scales if o.reduce is Reduction.SUM else values)[o.node].expand(
-        *acc.shape[:-1], o.columns.extent(n)), o.reduce, o.dim, magnitudes) for o in ir.outputs)
+        *acc.shape[:-1], o.columns.extent(n)), o.reduce, o.dim, magnitudes, o.over_batch) for o in ir.outputs)
     if not round_outputs:
         return outs
     return tuple(round_to(v, o.dtype) for v, o in zip(outs, ir.outputs, strict=True))
@@ -110,12 +110,14 @@ def _values(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor 
     return values
 
 
-def _reduced(v: torch.Tensor, reduce: Reduction | None, dim: int | None, magnitude: bool = False) -> torch.Tensor:
+def _reduced(v: torch.Tensor, reduce: Reduction | None, dim: int | None, magnitude: bool = False,
+             over_batch: bool = False) -> torch.Tensor:
     """An output's value: the M x N tensor, or its reduction per batch over M and N (`dim` None),
-    over M (0) or over N (1). An empty reduction gives the identity (`Reduction.identity`)."""
+    over M (0) or over N (1), and `over_batch` over the batches too. An empty reduction gives the
+    identity (`Reduction.identity`)."""
     if reduce is None:
         return v
-    dims = (-2, -1) if dim is None else (dim - 2,)
+    dims = ((-3,) if over_batch else ()) + ((-2, -1) if dim is None else (dim - 2,))
     if reduce is Reduction.SUM:
         return (v.abs() if magnitude else v).sum(dim=dims)
     # the kernel's max and min skip NaN, as CUTLASS's maximum<float> and minimum<float> (fmaxf, fminf) do

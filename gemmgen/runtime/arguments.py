@@ -92,6 +92,7 @@ class ArgumentBuilder:
         # where each starts: its Reduction's identity (0 but for max and min)
         self.identities = [(f"epilogue.{'amax' if o.dim is None else REDUCTION_KIND[o.dim]}.{o.name}.identity",
                             o.reduce.identity) for o in epi.outputs[1:] if o.reduce is not None]
+        self.over_batch = {o.name for o in epi.outputs if o.over_batch}
         self.kernel_workspace = config.schedule is Schedule.COOPERATIVE  # only its Params keep the pointer
         self.stream_k = config.tile_scheduler is TileScheduler.STREAM_K
         self.splits = config.splits  # the stream-K scheduler's split count and reduction order:
@@ -128,10 +129,13 @@ class ArgumentBuilder:
                                              "problem.n": p.n, "problem.k": p.k, "problem.l": p.l}
         for field, name in self.scalars:
             v[field] = float(p.operands[name])  # type: ignore[arg-type]
-        for field, _ in self.reductions:  # one value per batch, contiguous (checks.check_reduction_output)
-            v[f"{field}.batch_stride"] = 1 if p.l > 1 else 0
-        for kind, prefix, _ in self.vector_reductions:  # one vector per batch, contiguous
-            v[f"{prefix}.batch_stride"] = (p.n if kind == "row_reduction" else p.m) if p.l > 1 else 0
+        # one value or vector per batch, contiguous (checks.check_reduction_output); a batch stride of 0
+        # reduces over the batches too (CUTLASS's reductions combine every batch into one then)
+        for field, name in self.reductions:
+            v[f"{field}.batch_stride"] = 1 if p.l > 1 and name not in self.over_batch else 0
+        for kind, prefix, name in self.vector_reductions:
+            per_batch = p.l > 1 and name not in self.over_batch
+            v[f"{prefix}.batch_stride"] = (p.n if kind == "row_reduction" else p.m) if per_batch else 0
         v.update(self.identities)
         for name, prefix, gran, gk, _ in self.block_scales:  # the scales' layout: extents and strides
             strides = p.operands[name].strides  # type: ignore[union-attr]

@@ -305,7 +305,7 @@ class Kernel(KernelBase):
             if o.reduce is not None:
                 rshape = o.shape(shape)
                 vector = (0, 0, 1) if o.dim is None else (1, 0, m) if o.dim == 1 else (0, 1, n)
-                modes = (vector[0], vector[1], vector[2] if l > 1 else 0)
+                modes = (vector[0], vector[1], vector[2] if l > 1 and not o.over_batch else 0)  # 0: over the batch
                 zero = o.dim is None or 0 in shape  # an atomic max over M and N, or nothing to reduce
                 strides = (rshape[-1], 1) if len(rshape) == 2 else (1,) * len(rshape)
                 template = torch.empty(0, dtype=o.dtype.torch, device=device)

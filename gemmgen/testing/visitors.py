@@ -456,6 +456,8 @@ class EpilogueInterpreter:
             value = x.abs() if fn == "amax" else x
             reduced = torch.where(torch.isnan(value), identity, value).flatten(1)  # NaNs skipped
             combine = torch.minimum if fn == "min" else torch.maximum
+            if not batch_stride:  # every batch combines into the one value
+                reduced, l_ = reduced.reshape(1, -1), 1
             part = combine(reduced.amin(dim=1) if fn == "min" else reduced.amax(dim=1), identity)
             target = ptr.as_strided((l_,), (batch_stride,))
             target.copy_(combine(target, part.to(element)))  # the atomic combine with what it holds

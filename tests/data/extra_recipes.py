@@ -66,11 +66,13 @@ linear_combination_swapped = gg.Recipe(
 
 # Reductions over M, one value per column of D (a bias gradient's sum over tokens, a per-channel
 # amax), which a swapped kernel computes as reductions over its N, next to an amax over M and N;
-# batched (a vector per batch), pingpong, a column vector (a row vector in the kernel), and D the
-# value rounded to e4m3 (a quantize-dequantize: a cast to fp8 inside the epilogue) stored as f16.
+# batched (a vector per batch; the sum over every batch's rows too, as a bias shared by the batches
+# has its gradient: a batch stride of 0), pingpong, a column vector (a row vector in the kernel), and
+# D the value rounded to e4m3 (a quantize-dequantize: a cast to fp8 inside the epilogue) stored as f16.
 def _column_stats(acc, row_scale):
     y = acc * row_scale
-    return {"d": gg.cast(y, gg.e4m3), "col_sum": gg.sum(y, dim=0), "col_amax": gg.amax(y, dim=0), "amax": gg.amax(y)}
+    return {"d": gg.cast(y, gg.e4m3), "col_sum": gg.sum(y, dim=0, over_batch=True), "col_amax": gg.amax(y, dim=0),
+            "amax": gg.amax(y)}
 
 
 column_stats = gg.Recipe(

@@ -76,8 +76,8 @@ def _evaluate(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tenso
         v = values[o.node].expand(*acc.shape[:-1], o.columns.extent(acc.shape[-1]))
         if o.reduce is not None and o.reduce is not Reduction.SUM:
             continue  # a forward's statistics: no gradient flows from them
-        if o.reduce is not None:
-            v = v.sum(dim=(-2, -1) if o.dim is None else (o.dim - 2,))
+        if o.reduce is not None:  # over the batches too with over_batch (a shared operand's gradient)
+            v = v.sum(dim=((-3,) if o.over_batch else ()) + ((-2, -1) if o.dim is None else (o.dim - 2,)))
         out[o.name] = v
     return out
 

@@ -100,7 +100,7 @@ def _independent(name, acc, ops):
     if name == "column_stats":
         y = acc * f["row_scale"][:, None]
         quantized = y.clamp(-448, 448).to(torch.float8_e4m3fn).half()
-        return quantized, y.sum(dim=-2), y.abs().amax(dim=-2), y.abs().flatten(-2).max(dim=-1).values
+        return quantized, y.sum(dim=(0, -2)), y.abs().amax(dim=-2), y.abs().flatten(-2).max(dim=-1).values
     if name == "row_extrema":  # bias (L, N); position (M, N) for every batch
         y = acc + f["bias"][:, None, :] + f["position"]
         return y.bfloat16(), y.amax(dim=-1), y.amin(dim=-1), y.amax(dim=(-2, -1)), y.amin(dim=(-2, -1))

@@ -86,7 +86,7 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
             operands[o.name] = TensorArg(next(addr))
     def reduced(o) -> TensorArg:  # contiguous per batch: one value, a value per row (dim 1) or per column (0)
         modes = {None: (0, 0, 1), 1: (1, 0, m), 0: (0, 1, n)}[o.dim]
-        return TensorArg(next(addr), (*modes[:2], modes[2] if l > 1 else 0))
+        return TensorArg(next(addr), (*modes[:2], modes[2] if l > 1 and not o.over_batch else 0))
 
     aux = {o.name: mn(o.dtype, o.columns) if o.reduce is None else reduced(o) for o in recipe.outputs[1:]}
     return Problem(m, n, k, l, a, b, mn(g.d, recipe.outputs[0].columns), operands, aux, 0, sm_count,
