@@ -40,9 +40,10 @@ _AB_FP8 = (DType.E4M3, DType.E5M2)
 
 
 def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: bool, grouped: bool,
-                block_scale: Any = None) -> GemmSpec:
+                block_scale: Any = None, layout_d: Any = Layout.ROW) -> GemmSpec:
     da, db = as_dtype(a, "a (dtype of A)"), as_dtype(b, "b (dtype of B)")
     la, lb = as_layout(layout_a, "layout_a"), as_layout(layout_b, "layout_b")
+    ld = as_layout(layout_d, "layout_d")
     for what, dt in (("a", da), ("b", db)):
         if dt not in _AB_16BIT + _AB_FP8:
             raise RecipeError(f"{what}: A and B may be bf16, f16, e4m3 or e5m2, not {dt.value}")
@@ -67,8 +68,11 @@ def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: b
     if grouped and la is not Layout.ROW:
         raise RecipeError("layout_a: a grouped GEMM's A holds each group's rows one after another (T x K), so "
                           f"it must be RowMajor, not {la.value}")
+    if grouped and ld is not Layout.ROW:
+        raise RecipeError("layout_d: a grouped GEMM's D holds each group's rows one after another (T x N), so it "
+                          "is RowMajor; drop layout_d=ColMajor")
     scale = _check_block_scale(block_scale, fp8, grouped)
-    return GemmSpec(da, db, dd, la, lb, batched, grouped=grouped, block_scale=scale)
+    return GemmSpec(da, db, dd, la, lb, batched, layout_d=ld, grouped=grouped, block_scale=scale)
 
 
 #: DeepSeek-V3's fp8 block scaling: activations per row and 128 K, weights per 128 x 128 block.
@@ -147,6 +151,9 @@ class Recipe:
             Defaults to `lambda acc: acc`.
         a, b, d: element types of A, B and D (D defaults to A's type, and to bf16 for fp8 A and B).
         layout_a, layout_b: gg.RowMajor or gg.ColMajor (A is M x K, B is K x N).
+        layout_d: gg.RowMajor (the default) or gg.ColMajor: the memory order of D and of every
+            M x N tensor of the epilogue (C, matrix operands, aux outputs), as cuBLAS's column-major
+            D; not with column pairs or grouped.
         batched: whether tensors carry a leading batch dimension L.
         grouped: a grouped (MoE) GEMM: A is T x K with the rows of G groups one after another, B is
             G x K x N, and the kernel takes `offsets` (int32, G): where each group's rows end.
@@ -167,11 +174,11 @@ class Recipe:
                  b: Any = DType.BF16, d: Any = None, layout_a: Any = Layout.ROW, layout_b: Any = Layout.COL,
                  batched: bool = False, grouped: bool = False, operands: Mapping[str, OperandDecl] | None = None,
                  aux: Mapping[str, Any] | None = None, block_scale: Any = None,
-                 config: KernelConfig | None = None) -> None:
+                 config: KernelConfig | None = None, layout_d: Any = Layout.ROW) -> None:
         if not isinstance(name, str) or not name.isidentifier():
             raise RecipeError(f"name: expected a C identifier such as 'bias_gelu', got {name!r}")
         self.name = name
-        self.gemm = _check_gemm(a, b, d, layout_a, layout_b, batched, grouped, block_scale)
+        self.gemm = _check_gemm(a, b, d, layout_a, layout_b, batched, grouped, block_scale, layout_d)
         self._fn = epilogue if epilogue is not None else (lambda acc: acc)
         self._decls = dict(operands or {})
         if self.gemm.block_scale:
@@ -189,6 +196,9 @@ class Recipe:
         _check_reductions(self.ir.epilogue)
         if grouped:
             _check_grouped_epilogue(self.ir.epilogue)
+        if self.ir.epilogue.pairs and self.gemm.layout_d is Layout.COL:
+            raise RecipeError("layout_d: column pairs (gg.pairs) read and write row-major tensors from the "
+                              "registers; declare the recipe with layout_d=RowMajor (the default)")
         if self.ir.epilogue.pairs and self.gemm.block_scale is not None:
             raise RecipeError("epilogue: column pairs (gg.pairs) with block_scale are not supported yet; scale the "
                               "GEMM per row and column instead (gg.ColVector / gg.RowVector operands)")
@@ -541,7 +551,7 @@ def _derive_backward(recipe: Recipe, *, a: Any = None, b: Any = None, layout_a: 
               "layout_a": as_layout(layout_a if layout_a is not None else Layout.ROW, "layout_a"),
               "layout_b": as_layout(layout_b if layout_b is not None else Layout.ROW, "layout_b")}
     name = f"{recipe.name}_bwd{'_recompute' if recompute else ''}"
-    kernel = Recipe(name, replay(derived.epilogue), d=grad_dtype, batched=gemm.batched,
+    kernel = Recipe(name, replay(derived.epilogue), d=grad_dtype, batched=gemm.batched, layout_d=gemm.layout_d,
                     grouped=gemm.grouped, operands=declarations(derived.epilogue.operands),
                     aux={o.name: o.dtype for o in derived.epilogue.outputs[1:]}, **ab)
     forward = _with_saved_acc(recipe, read_dtype) if derived.reads_saved_acc else recipe
@@ -556,5 +566,5 @@ def _with_saved_acc(recipe: Recipe, dtype: DType) -> Recipe:
     g = recipe.ir.gemm
     aux = {o.name: o.dtype for o in saved.outputs[1:]}
     return Recipe(recipe.name + "_train", replay(saved), a=g.a, b=g.b, d=g.d, layout_a=g.layout_a,
-                  layout_b=g.layout_b, batched=g.batched, operands=declarations(ir.operands), aux=aux,
-                  block_scale=g.block_scale, config=recipe.config)
+                  layout_b=g.layout_b, layout_d=g.layout_d, batched=g.batched, operands=declarations(ir.operands),
+                  aux=aux, block_scale=g.block_scale, config=recipe.config)

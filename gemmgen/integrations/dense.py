@@ -29,7 +29,7 @@ class DenseOp(OpKind):
     def outputs(self, a: torch.Tensor, b: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
         gemm = self.recipe.ir.gemm
         shape = (*((a.shape[0],) if gemm.batched else ()), a.shape[-2], b.shape[-1])
-        return [allocate_output(o.shape(shape), o.dtype.torch, device) if o.reduce is None
+        return [allocate_output(o.shape(shape), o.dtype.torch, device, gemm.layout_d) if o.reduce is None
                 else torch.zeros(o.shape(shape), dtype=o.dtype.torch, device=device) for o in self.recipe.outputs]
 
     def check(self, a: Any, b: Any, args: tuple, require_cuda: bool, config: KernelConfig | None = None) -> None:

@@ -231,8 +231,9 @@ def _realigned(recipe: RecipeIR, refused: LayoutMismatch, a: torch.Tensor, b: to
     if refused.argument in ("scale_a", "scale_b") and g.block_scale:
         layout = g.scale_layouts[refused.argument == "scale_b"]
         copy = copy_in_layout(args[i], layout, 1) if g.grouped else tma_readable(args[i], layout)  # unpadded
-    else:  # every other operand row-major
-        copy = tma_readable(args[i], Layout.ROW)
+    else:  # every other operand: an M x N matrix in D's layout, a vector per batch row-major
+        matrix = any(o.name == refused.argument and o.kind is OperandKind.MATRIX for o in recipe.operands)
+        copy = tma_readable(args[i], g.layout_d if matrix else Layout.ROW)
     return a, b, (*args[:i], copy, *args[i + 1:])
 
 

@@ -126,8 +126,8 @@ class GemmSpec:
     from its own group's B.
 
     `layout_d` is the memory order of D and of every M x N epilogue tensor (C, aux loads and
-    stores). Recipes declare row-major outputs; a column-major one arises only as the kernel-side
-    view of a swapped kernel (`RecipeIR.transposed`).
+    stores): row-major unless a recipe declares column-major D; a swapped kernel's view of the
+    recipe has the other one (`RecipeIR.transposed`).
 
     `block_scale` (M, N, K) is the granularity of fp8 block scaling (DeepSeek-V3's (1, 128, 128)):
     A's values are scaled by one fp32 per `M` rows and `K` columns, B's by one per `K` rows and `N`

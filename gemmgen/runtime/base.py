@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from ..errors import InvalidArgument, LayoutMismatch
+from ..types import Layout
 from . import driver
 from .arguments import ParamsWriter, TensorMapEncoder
 from .checks import TMA_ALIGN
@@ -191,18 +192,24 @@ def argument_signature(t: Any) -> tuple[int, tuple]:
     raise TypeError  # not cacheable: let the checks report it
 
 
-def padded_strides(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, ...]:
+def padded_strides(shape: tuple[int, ...], dtype: torch.dtype, layout: Layout = Layout.ROW) -> tuple[int, ...]:
     """Row-major strides, rows padded to 16 bytes when N is not a multiple (TMA needs it, N = 1
-    included: a 2-byte row stride is as unreadable to TMA as any other)."""
-    n = shape[-1]
+    included: a 2-byte row stride is as unreadable to TMA as any other); column-major ones, columns
+    padded to 16 bytes, for `Layout.COL`."""
+    rows, cols = shape[-2], shape[-1]
     per = TMA_ALIGN // ITEMSIZE[dtype]
-    ld = -(-n // per) * per
-    return (ld, 1) if len(shape) == 2 else (shape[-2] * ld, ld, 1)
+    if layout is Layout.ROW:
+        ld = -(-cols // per) * per
+        return (ld, 1) if len(shape) == 2 else (rows * ld, ld, 1)
+    ld = -(-rows // per) * per
+    return (1, ld) if len(shape) == 2 else (cols * ld, 1, ld)
 
 
-def allocate_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An output tensor gemmgen can write: row-major, rows padded to 16 bytes if needed."""
-    return torch.empty_strided(shape, padded_strides(shape, dtype), dtype=dtype, device=device)
+def allocate_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                    layout: Layout = Layout.ROW) -> torch.Tensor:
+    """An output tensor gemmgen can write in `layout` (D's), its leading dimension padded to 16
+    bytes if needed."""
+    return torch.empty_strided(shape, padded_strides(shape, dtype, layout), dtype=dtype, device=device)
 
 
 ITEMSIZE = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4, torch.float8_e4m3fn: 1, torch.float8_e5m2: 1}

@@ -16,7 +16,7 @@ import torch
 
 from ..codegen.sm90.geometry import SCALE_TMA_THRESHOLD
 from ..errors import InvalidArgument, LayoutMismatch
-from ..ir import GemmSpec, Operand, RecipeIR, f32
+from ..ir import Columns, GemmSpec, Operand, RecipeIR, f32
 from ..types import DType, Layout, OperandKind
 from .problem import TensorArg
 
@@ -95,10 +95,18 @@ def _padded_copy(name: str, t: torch.Tensor, layout: Layout, itemsize: int) -> s
     return f"p = {name}.new_empty({shape}).mT; p[..., :{rows}, :] = {name}; {name} = p[..., :{rows}, :]"
 
 
-def _new_output(name: str, t: torch.Tensor, cols: int) -> str:
-    """Python for a fresh row-major tensor shaped like `t` with `cols` columns."""
-    shape = ", ".join(map(str, (*t.shape[:-1], cols)))
-    return f"{name} = torch.empty({shape}, dtype={t.dtype}, device={str(t.device)!r})"
+def _new_output(name: str, t: torch.Tensor, layout: Layout, padded: bool = False) -> str:
+    """Python for a fresh tensor shaped like `t` in `layout`, its leading dimension padded to 16
+    bytes (a view of the first rows or columns) with `padded`."""
+    *lead, rows, cols = t.shape
+    align = TMA_ALIGN // t.element_size()
+    up = (lambda x: -(-x // align) * align) if padded else (lambda x: x)
+    where = f"dtype={t.dtype}, device={str(t.device)!r}"
+    if layout is Layout.ROW:
+        view = f"[..., :{cols}]" if up(cols) != cols else ""
+        return f"{name} = torch.empty({', '.join(map(str, (*lead, rows, up(cols))))}, {where}){view}"
+    view = f"[..., :{rows}, :]" if up(rows) != rows else ""
+    return f"{name} = torch.empty({', '.join(map(str, (*lead, cols, up(rows))))}, {where}).mT{view}"
 
 
 def _matrix(name: str, t: torch.Tensor, rows: int, cols: int, layout: Layout, batched: bool, l: int,  # noqa: E741
@@ -109,13 +117,14 @@ def _matrix(name: str, t: torch.Tensor, rows: int, cols: int, layout: Layout, ba
         return 0, 0, 0
     item = t.element_size()
     r, c = t.dim() - 2, t.dim() - 1
-    if output and t.shape[c] > 1 and t.stride(c) != 1:
-        raise LayoutMismatch(name, f"{name}: gemmgen writes outputs row-major (last dim contiguous), got strides "
-                             f"{tuple(t.stride())}; a copy would not land in your tensor, so pass a row-major one "
-                             f"({_new_output(name, t, t.shape[c])}) or omit {name}= to get a new one")
+    contiguous = c if layout is Layout.ROW else r
+    if output and t.shape[contiguous] > 1 and t.stride(contiguous) != 1:
+        order = "row-major (last dim contiguous)" if layout is Layout.ROW else "column-major (dim -2 contiguous)"
+        raise LayoutMismatch(name, f"{name}: gemmgen writes this recipe's outputs {order}, got strides "
+                             f"{tuple(t.stride())}; a copy would not land in your tensor, so pass one in that "
+                             f"order ({_new_output(name, t, layout, padded=True)}) or omit {name}= to get a new one")
     if output:
-        padded = -(-cols * item // TMA_ALIGN) * TMA_ALIGN // item
-        fix = f"{_new_output(name, t, padded)}[..., :{cols}], or omit {name}= to get a new one"
+        fix = f"{_new_output(name, t, layout, padded=True)}, or omit {name}= to get a new one"
     else:
         fix = _padded_copy(name, t, layout, item)
     if layout is Layout.ROW:
@@ -205,7 +214,7 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
         if o.kind.block_scale:
             checked[o.name] = _block_scale(o, value, (m, n, k, l), g)
         else:
-            checked[o.name] = _operand(o, value, m, o.columns.extent(n), l, g.batched)
+            checked[o.name] = _operand(o, value, m, o.columns.extent(n), l, g.batched, g.layout_d)
         if isinstance(value, torch.Tensor):
             named.append((o.name, value))
     for name, t in named:
@@ -355,7 +364,10 @@ def _block_scale(o: Operand, value: object, problem: tuple[int, int, int, int], 
     return TensorArg(_aligned_ptr(o.name, t), (1, k_stride, batch_stride))
 
 
-def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool) -> TensorArg | float:  # noqa: E741
+def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool,  # noqa: E741
+             layout_d: Layout = Layout.ROW) -> TensorArg | float:
+    """A scalar's value, or a tensor operand's address and (M, N, L) strides; M x N matrices in D's
+    layout (a half- or double-width one, read from registers, row-major)."""
     if o.per_batch and o.kind is not OperandKind.MATRIX:
         return _per_batch(o, value, m, n, l)
     if o.kind is OperandKind.SCALAR:
@@ -380,7 +392,8 @@ def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool) -
     if shape != want:
         whose = "the output's" if per_batch == batched else "one M x N matrix, shared by every batch"
         raise InvalidArgument(f"{o.name}: expected shape {want} ({whose}), got {shape}")
-    return TensorArg(_aligned_ptr(o.name, t), _matrix(o.name, t, m, n, Layout.ROW, per_batch, l, ("M", "N")))
+    layout = layout_d if o.columns is Columns.FULL else Layout.ROW
+    return TensorArg(_aligned_ptr(o.name, t), _matrix(o.name, t, m, n, layout, per_batch, l, ("M", "N")))
 
 
 def _per_batch(o: Operand, value: object, m: int, n: int, l: int) -> TensorArg:  # noqa: E741
@@ -415,7 +428,7 @@ def _per_batch(o: Operand, value: object, m: int, n: int, l: int) -> TensorArg: 
 
 
 def check_output(name: str, t: object, dtype: DType, shape: tuple[int, ...], device: torch.device,
-                 batched: bool, l: int) -> TensorArg:  # noqa: E741
+                 batched: bool, l: int, layout: Layout = Layout.ROW) -> TensorArg:  # noqa: E741
     """An output tensor on its own (dtype, shape, device, alignment, strides); see `check_no_alias`."""
     t = _need_tensor(name, t)
     _dtype(name, t, dtype)
@@ -424,7 +437,7 @@ def check_output(name: str, t: object, dtype: DType, shape: tuple[int, ...], dev
     if t.device != device:
         raise InvalidArgument(f"{name}: on {t.device} but the inputs are on {device}")
     m, n = shape[-2], shape[-1]
-    return TensorArg(_aligned_ptr(name, t), _matrix(name, t, m, n, Layout.ROW, batched, l, ("M", "N"), output=True))
+    return TensorArg(_aligned_ptr(name, t), _matrix(name, t, m, n, layout, batched, l, ("M", "N"), output=True))
 
 
 def check_reduction_output(name: str, t: object, shape: tuple[int, ...], device: torch.device,

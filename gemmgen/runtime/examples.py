@@ -48,5 +48,5 @@ def example_call(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, device: s
             ops[o.name] = tma_readable(torch.randn(*lead[:bool(o.per_batch)], m, generator=g, device=device)
                                        .to(o.dtype.torch), Layout.ROW)
         else:  # N/2 columns when it meets the halves of column pairs (`ir.columns`); shared: no batch
-            ops[o.name] = matrix(lead if o.per_batch else (), m, o.columns.extent(n), o.dtype.torch, Layout.ROW)
+            ops[o.name] = matrix(lead if o.per_batch else (), m, o.columns.extent(n), o.dtype.torch, gemm.layout_d)
     return args, ops

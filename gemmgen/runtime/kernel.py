@@ -277,7 +277,8 @@ class Kernel(KernelBase):
                 hit = plan.out_checked.get(okey) if okey is not None else None
                 if hit is None:
                     targ = check_reduction_output(name, t, shape, plan.device, modes) if reduced else \
-                        check_output(name, t, o.dtype, shape, plan.device, self._ir.gemm.batched, plan.call.l)
+                        check_output(name, t, o.dtype, shape, plan.device, self._ir.gemm.batched, plan.call.l,
+                                     self._ir.gemm.layout_d)
                     hit = (targ, output_span(t))
                     put_bounded(plan.out_checked, okey, hit)
                 if plan.input_spans is None:
@@ -296,7 +297,7 @@ class Kernel(KernelBase):
     def _fresh_outputs(self, shape: tuple[int, ...], l: int, device: torch.device  # noqa: E741
                        ) -> tuple[_FreshOutput, ...]:
         """(shape, template, torch strides, (M, N, L) mode strides, reduced) of each output gemmgen
-        allocates for an M x N `shape`: row-major, rows padded to 16 bytes if needed; a
+        allocates for an M x N `shape`: in D's layout, rows (columns) padded to 16 bytes if needed; a
         reduction's contiguous per batch: (L,) or () over M and N, (L, M) or (M,) per row, (L, N) or
         (N,) per column (`checks.check_reduction_output`)."""
         layouts: list[_FreshOutput] = []
@@ -312,9 +313,9 @@ class Kernel(KernelBase):
                 layouts.append((rshape, template, strides, modes, REDUCED_FROM_IDENTITY if zero else REDUCED))
                 continue
             oshape = o.shape(shape)  # N/2 columns for a pair's half (`ir.columns`)
-            strides = padded_strides(oshape, o.dtype.torch)
+            strides = padded_strides(oshape, o.dtype.torch, self._ir.gemm.layout_d)
             layouts.append((oshape, torch.empty(0, dtype=o.dtype.torch, device=device), strides,
-                            (strides[-2], 1, strides[0] if len(shape) == 3 and l > 1 else 0), MATRIX))
+                            (strides[-2], strides[-1], strides[0] if len(shape) == 3 and l > 1 else 0), MATRIX))
         return tuple(layouts)
 
     def _epilogue_of_zero(self, outputs: tuple[torch.Tensor, ...], shape: tuple[int, ...], operands: dict,

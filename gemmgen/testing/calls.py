@@ -62,9 +62,11 @@ def given_outputs(recipe: AnyRecipe, m: int, n: int, lead: tuple[int, ...], fill
                   ) -> tuple[torch.Tensor, ...]:
     """Outputs as a caller gives them (NaN-filled by default): M x N with padded rows, or a
     reduction's contiguous fp32 values per batch."""
+    ir = ir_of(recipe)
+    row_major = ir.gemm.layout_d is Layout.ROW
     return tuple(torch.full(o.shape((*lead, m, n)), fill if fill is not None else 1.0) if o.reduce is not None
-                 else padded(m, o.columns.extent(n), o.dtype.torch, True, lead, fill=fill)
-                 for o in ir_of(recipe).epilogue.outputs)
+                 else padded(m, o.columns.extent(n), o.dtype.torch, row_major, lead, fill=fill)
+                 for o in ir.epilogue.outputs)
 
 
 def unwritten(recipe: AnyRecipe, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -90,8 +92,9 @@ def fresh_args(recipe: AnyRecipe, m: int, n: int, k: int, lead: tuple[int, ...],
             ops[o.name] = torch.randn(lead) if scalar is None else torch.full(lead, scalar)
         elif o.kind is OperandKind.SCALAR:
             ops[o.name] = float(torch.randn(())) if scalar is None else scalar
-        elif o.kind is OperandKind.MATRIX:  # one for every batch unless per batch
-            ops[o.name] = padded(m, o.columns.extent(n), o.dtype.torch, True, lead if o.per_batch else ())
+        elif o.kind is OperandKind.MATRIX:  # in D's layout; one for every batch unless per batch
+            ops[o.name] = padded(m, o.columns.extent(n), o.dtype.torch, g.layout_d is Layout.ROW,
+                                 lead if o.per_batch else ())
         elif o.per_batch:  # (L, N) or (L, M), each batch's vector 16-byte aligned
             ops[o.name] = padded(lead[0], n if o.kind is OperandKind.ROW else m, o.dtype.torch, True, ())
         else:

@@ -79,8 +79,8 @@ def _inputs(recipe, m, n, k, gen, exact, pad_bytes=0, batch=3):
         elif o.kind is OperandKind.SCALAR:
             ops[o.name] = 2.0 if exact else float(torch.randn((), generator=gen, device="cuda"))
         elif o.kind is OperandKind.MATRIX:  # N/2 columns where it meets column pairs; shared: no batch
-            ops[o.name] = _matrix(m, o.columns.extent(n), o.dtype.torch, Layout.ROW, lead[:o.per_batch], pad_bytes, gen,
-                                  exact)
+            ops[o.name] = _matrix(m, o.columns.extent(n), o.dtype.torch, g.layout_d, lead[:o.per_batch], pad_bytes,
+                                  gen, exact)
         else:  # one per batch (`per_batch`): each batch's vector 16-byte aligned (rows of a padded matrix)
             length = n if o.kind is OperandKind.ROW else m
             if o.per_batch:
@@ -99,7 +99,7 @@ def _nan_outputs(recipe, m, n, batch=3):
     n = _whole_pairs(recipe, n)
     nans = lambda *shape: torch.full(shape, float("nan"), device="cuda")  # noqa: E731
     return tuple(nans(*o.shape((*lead, m, n))) if o.reduce is not None
-                 else strided_matrix(nans, m, o.columns.extent(n), o.dtype.torch, Layout.ROW, lead)
+                 else strided_matrix(nans, m, o.columns.extent(n), o.dtype.torch, recipe.ir.gemm.layout_d, lead)
                  for o in recipe.outputs)
 
 
