@@ -11,6 +11,7 @@
 
 #include <gemmgen/nvrtc_fixups.hpp>
 #include <gemmgen/epilogue.hpp>
+#include <gemmgen/atomics.hpp>
 #include <gemmgen/pairs.hpp>
 #include <gemmgen/probe.hpp>
 
