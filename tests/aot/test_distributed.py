@@ -66,12 +66,17 @@ RANK = textwrap.dedent("""
         if cfg["group"] == "nccl":
             real = dist.get_backend
             dist.get_backend = lambda g=None: "nccl" if g is group else real(g)
+    code = 0
     try:
         kernels = gemmgen.warmup(items, jobs=1, cache=KernelCache(cfg["caches"][rank]), quiet=rank != 0, group=group)
         print(json.dumps({{"ok": [[k.cache_key, k.origin] for k in kernels]}}))
     except gemmgen.GemmgenError as e:
         print(json.dumps({{"error": type(e).__name__ + ": " + str(e)}}))
-        sys.exit(3)
+        code = 3
+    # as a training script ends: without it, gloo's threads can still be running at interpreter exit,
+    # and their destructors abort the process ("terminate called without an active exception")
+    dist.destroy_process_group()
+    sys.exit(code)
 """)
 
 
