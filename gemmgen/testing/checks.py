@@ -5,6 +5,7 @@ recipe's reference (`assert_computes`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -16,7 +17,7 @@ from ..dsl import Recipe
 from ..ir import Op, post_order
 from ..ir.reference import reference
 from ..runtime.kernel import Kernel
-from .calls import TOLERANCE, args_with_nonzero_reference, given_outputs
+from .calls import TOLERANCE, args_with_nonzero_reference, cpu_kernel, given_outputs
 from .emulate import emulate
 from .recording import RecordingEncoder
 from .tensors import assert_output_close
@@ -40,6 +41,12 @@ def uncompiled(recipe: Recipe, config: KernelConfig,
                       cluster_size=config.cluster[0] * config.cluster[1])
     return CompiledKernel(recipe.ir, config, generated.entry, "", b"", generated.source, info, None,  # type: ignore[arg-type]
                           generated, ParamsLayout(offset, tuple(fields)), "rendered")
+
+
+def uncompiled_kernel(recipe: Recipe) -> Any:
+    """The runtime's kernel of `recipe`'s default config without NVRTC (`uncompiled`), on the CPU
+    stand-ins (`calls.cpu_kernel`): for the checks of a call's arguments."""
+    return cpu_kernel(uncompiled(recipe, recipe.default_config()))
 
 
 def emulated_call(ck: CompiledKernel, shape: tuple[int, int, int, int], drawn: tuple | None = None

@@ -11,9 +11,7 @@ import pytest
 import torch
 
 import gemmgen as gg
-from gemmgen.runtime.kernel import Kernel
-from gemmgen.testing.checks import assert_computes, uncompiled
-from gemmgen.testing.recording import RecordingEncoder
+from gemmgen.testing.checks import assert_computes, uncompiled, uncompiled_kernel
 
 
 def _residual(acc, bias, c, w):
@@ -49,14 +47,9 @@ def test_emulated_calls_compute_the_recipe(name):
             assert_computes(ck, shape, f"{name} {config.name}")
 
 
-def _kernel(recipe: gg.Recipe) -> Kernel:
-    return Kernel(uncompiled(recipe, recipe.default_config()), encoder=RecordingEncoder(), hardware=lambda i: (132, 0),
-                  require_cuda=False)
-
-
 def test_outputs_are_column_major_and_a_row_major_one_is_refused_with_a_fix_that_works():
     recipe = RECIPES["row_sums"]
-    kernel = _kernel(recipe)
+    kernel = uncompiled_kernel(recipe)
     a, b, scale = torch.randn(37, 64).bfloat16(), torch.randn(64, 24).bfloat16().t().contiguous().t(), torch.randn(37)
     prep = kernel.prepare(a, b, scale=scale)
     d = prep.outputs[0]
@@ -75,7 +68,7 @@ def test_outputs_are_column_major_and_a_row_major_one_is_refused_with_a_fix_that
                                                  r"out = torch.empty\(24, 40, dtype=torch.float32, device='cpu'\)"
                                                  r"\.mT\[\.\.\., :37, :\], or omit out="):
         kernel.prepare(a, b, scale=scale, out=(torch.empty(24, 37).mT, torch.empty(37)))
-    residual = _kernel(RECIPES["residual"])
+    residual = uncompiled_kernel(RECIPES["residual"])
     a, b = torch.randn(2, 64, 8).bfloat16().mT, torch.randn(2, 64, 16).bfloat16().mT.contiguous().mT
     ops = {"bias": torch.randn(16).bfloat16(), "w": torch.randn(16, 8).mT}
     with pytest.raises(gg.InvalidArgument, match=r"c: expected a column-major tensor \(dim -2 contiguous\)"):

@@ -12,10 +12,8 @@ import torch
 
 import gemmgen as gg
 from gemmgen.runtime import arguments
-from gemmgen.runtime.kernel import Kernel
 from gemmgen.testing.calls import args_with_nonzero_reference, given_outputs
-from gemmgen.testing.checks import assert_computes, uncompiled
-from gemmgen.testing.recording import RecordingEncoder
+from gemmgen.testing.checks import assert_computes, uncompiled, uncompiled_kernel
 
 
 def _swiglu(acc):
@@ -111,13 +109,8 @@ def test_a_wrong_pairing_fails_the_check(mistake, monkeypatch):
         assert_computes(ck, (33, 70, 40, 1), mistake)
 
 
-def _kernel(recipe: gg.Recipe) -> Kernel:
-    return Kernel(uncompiled(recipe, recipe.default_config()), encoder=RecordingEncoder(), hardware=lambda i: (132, 0),
-                  require_cuda=False)
-
-
 def test_an_odd_n_is_refused_with_a_fix_that_works():
-    kernel = _kernel(RECIPES["swiglu"])
+    kernel = uncompiled_kernel(RECIPES["swiglu"])
     a, b = torch.randn(8, 64).bfloat16(), torch.randn(64, 31).bfloat16().t().contiguous().t()
     with pytest.raises(gg.InvalidArgument, match=r"b: 31 columns; .* pass B with 32 or 30 columns"):
         kernel.prepare(a, b)
@@ -128,7 +121,7 @@ def test_an_odd_n_is_refused_with_a_fix_that_works():
 
 def test_half_width_operands_and_outputs_are_checked_at_n_over_2():
     recipe = gg.Recipe("t", lambda acc, r: _swiglu(acc) + r, operands={"r": gg.Matrix(gg.bf16)})
-    kernel = _kernel(recipe)
+    kernel = uncompiled_kernel(recipe)
     a, b = torch.randn(8, 64).bfloat16(), torch.randn(64, 48).bfloat16().t().contiguous().t()
     with pytest.raises(gg.InvalidArgument, match=r"r: expected shape \(8, 24\)"):
         kernel.prepare(a, b, r=torch.randn(8, 48).bfloat16())

@@ -19,10 +19,8 @@ import gemmgen as gg
 from gemmgen.integrations.ops import op, schema
 from gemmgen.ir.reference import reference
 from gemmgen.runtime import arguments
-from gemmgen.runtime.kernel import Kernel
 from gemmgen.testing.calls import args_with_nonzero_reference
-from gemmgen.testing.checks import assert_computes, uncompiled
-from gemmgen.testing.recording import RecordingEncoder
+from gemmgen.testing.checks import assert_computes, uncompiled, uncompiled_kernel
 
 
 def _head_bias(acc, bias, gain):
@@ -139,14 +137,9 @@ def test_a_wrong_stride_fails_the_check(mistake, monkeypatch):
         assert_computes(ck, shape, mistake)
 
 
-def _kernel(recipe: gg.Recipe) -> Kernel:
-    return Kernel(uncompiled(recipe, recipe.default_config()), encoder=RecordingEncoder(), hardware=lambda i: (132, 0),
-                  require_cuda=False)
-
-
 def test_misshapen_or_misaligned_operands_are_refused_with_fixes_that_work():
     recipe = RECIPES["head_bias"]
-    kernel = _kernel(recipe)
+    kernel = uncompiled_kernel(recipe)
     a, b = torch.randn(3, 8, 64).bfloat16(), torch.randn(3, 64, 37).bfloat16()
     b = b.mT.contiguous().mT
     gain = torch.randn(8)
@@ -165,7 +158,7 @@ def test_misshapen_or_misaligned_operands_are_refused_with_fixes_that_work():
     assert prep.params is not None
     with pytest.raises(gg.InvalidArgument, match=r"bias: expected contiguous vectors .* pass bias.contiguous\(\)"):
         kernel.prepare(a, b, bias=torch.randn(3, 80).bfloat16()[:, ::2][:, :37], gain=gain)
-    scalars = _kernel(RECIPES["expert_scale"])
+    scalars = uncompiled_kernel(RECIPES["expert_scale"])
     a, b = (torch.randn(3, *shape).bfloat16().mT.contiguous().mT for shape in ((8, 64), (64, 16)))
     ops = {"beta": torch.ones(3), "scale": torch.randn(3, 8).half(), "c": torch.randn(3, 8, 16).half(), "shared": 1.0}
     with pytest.raises(gg.InvalidArgument, match=r"alpha: expected a torch.Tensor, got float"):
@@ -176,7 +169,7 @@ def test_misshapen_or_misaligned_operands_are_refused_with_fixes_that_work():
     with pytest.raises(gg.InvalidArgument, match=r"alpha: expected dtype torch.float32"):
         scalars.prepare(a, b, alpha=torch.ones(3).bfloat16(), **ops)
     assert scalars.prepare(a, b, alpha=torch.ones(6)[::2], **ops).params is not None  # any stride for scalars
-    shared = _kernel(RECIPES["shared_bias"])
+    shared = uncompiled_kernel(RECIPES["shared_bias"])
     a, b, c = torch.randn(2, 8, 64).bfloat16(), torch.randn(2, 64, 16).bfloat16(), torch.randn(2, 8, 16)
     with pytest.raises(gg.InvalidArgument, match=r"position: expected shape \(8, 16\) \(one M x N matrix, shared by "
                                                  r"every batch\), got \(2, 8, 16\)"):
