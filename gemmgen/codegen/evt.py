@@ -67,7 +67,7 @@ class ParamBinding:
     name: str  # operand or aux output name
     dtype: DType
     path: tuple[tuple[int, int], ...] = ()
-    per_batch: bool = False  # a row or column vector with one vector per batch: its batch stride is a field
+    per_batch: bool = False  # one per batch (`Operand.per_batch`): a row or column vector's batch stride is a field
     column_major: bool = False  # a shared matrix's layout (D's): which of its strides is a field
 
     def member(self, root: str) -> str:
