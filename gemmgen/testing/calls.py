@@ -9,7 +9,7 @@ import torch
 
 from ..compile import CompiledKernel
 from ..dsl import Recipe
-from ..ir import RecipeIR
+from ..ir import Op, Output, RecipeIR, post_order
 from ..ir.reference import reference
 from ..runtime.kernel import Kernel
 from ..runtime.quantize import random_block_scale
@@ -36,6 +36,17 @@ AnyRecipe = Recipe | RecipeIR  # the helpers take a recipe or its IR (what a Com
 
 def ir_of(recipe: AnyRecipe) -> RecipeIR:
     return recipe if isinstance(recipe, RecipeIR) else recipe.ir
+
+
+def output_tolerance(recipe: AnyRecipe, output: Output) -> float:
+    """The relative tolerance of `output`: TOLERANCE of its dtype, or of the narrowest type a cast
+    rounds its value to on the way. A value rounded mid-recipe (a quantize-dequantize, a cast to
+    bf16) can tip to the neighbouring value of the cast's type when the accumulator's last bits,
+    summed in another order than the reference's, put it at a rounding boundary."""
+    nodes = ir_of(recipe).epilogue.nodes
+    casts = [dtype.torch for i in post_order([output.node], lambda i: nodes[i].args)
+             if nodes[i].op is Op.CAST and (dtype := nodes[i].dtype) is not None]
+    return max(TOLERANCE[t] for t in (output.dtype.torch, *casts))
 
 
 def dense(items: dict) -> dict:

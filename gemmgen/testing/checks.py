@@ -14,10 +14,9 @@ from ..codegen.fields import ParamsLayout
 from ..compile import CompiledKernel, KernelInfo
 from ..config import KernelConfig
 from ..dsl import Recipe
-from ..ir import Op, post_order
 from ..ir.reference import reference
 from ..runtime.kernel import Kernel
-from .calls import TOLERANCE, args_with_nonzero_reference, cpu_kernel, given_outputs
+from .calls import args_with_nonzero_reference, cpu_kernel, given_outputs, output_tolerance
 from .emulate import emulate
 from .recording import RecordingEncoder
 from .tensors import assert_output_close
@@ -67,17 +66,12 @@ def emulated_call(ck: CompiledKernel, shape: tuple[int, int, int, int], drawn: t
     return outs, want, reference(recipe, a, b, ops, magnitudes=True)
 
 
-def assert_computes(ck: CompiledKernel, shape: tuple[int, int, int, int], what: str, drawn: tuple | None = None,
-                     through_casts: bool = False) -> None:
-    """Outputs all written and within their type's tolerance of the reference; `through_casts`: of
-    the narrowest type a cast rounds the output's value to on its way (random recipes, where the
-    accumulator's last bits, summed in another order than the reference's, can tip a rounding
-    mid-recipe to the next value of the cast's type)."""
+def assert_computes(ck: CompiledKernel, shape: tuple[int, int, int, int], what: str,
+                    drawn: tuple | None = None) -> None:
+    """Outputs all written and within their tolerance of the reference (`output_tolerance`: that of
+    the narrowest type a cast rounds the value to on its way)."""
     outs, want, scale = emulated_call(ck, shape, drawn)
-    nodes = ck.recipe.epilogue.nodes
     for o, got, ref, mag in zip(ck.recipe.epilogue.outputs, outs, want, scale, strict=True):
         assert not got.isnan().any(), f"{what} {shape}: {o.name} has elements the kernel would not write"
-        casts = [dtype.torch for i in post_order([o.node], lambda i: nodes[i].args)
-                 if through_casts and nodes[i].op is Op.CAST and (dtype := nodes[i].dtype) is not None]
-        tol = max(TOLERANCE[t] for t in (got.dtype, *casts))
+        tol = output_tolerance(ck.recipe, o)
         assert_output_close(o, got, ref, mag, shape[:2], tol, tol, f"{what} {shape} {o.name}")

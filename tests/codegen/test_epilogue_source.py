@@ -99,7 +99,7 @@ def test_random_epilogues_compute_their_recipes():
             ck = uncompiled(recipe, config)
             layouts.add(ck.generated.epilogue.layout)
             swapped += config.swap_ab
-            assert_computes(ck, shape, f"seed {seed}: {recipe.name} {config.name}", drawn, through_casts=True)
+            assert_computes(ck, shape, f"seed {seed}: {recipe.name} {config.name}", drawn)
     assert layouts == {"tree", "dag"}, f"seed {seed}: only {layouts} epilogues drawn"
     assert swapped >= 30, f"seed {seed}: {swapped} swapped kernels"
 

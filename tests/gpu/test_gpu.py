@@ -22,6 +22,7 @@ import gemmgen as gg
 from gemmgen.ir import Op, Reduction
 from gemmgen.ir.reference import reference
 from gemmgen.runtime.quantize import random_block_scale
+from gemmgen.testing.calls import TOLERANCE, output_tolerance
 from gemmgen.testing.tensors import assert_output_close, strided_matrix
 from gemmgen.types import Layout, OperandKind
 from tests.data.gpu_matrix import gpu_matrix
@@ -29,8 +30,6 @@ from tests.data.gpu_matrix import gpu_matrix
 pytestmark = pytest.mark.gpu
 
 SHAPES = [(128, 256, 64), (1, 8, 16), (7, 129, 1000), (129, 1000, 4097), (1000, 7, 129)]
-TOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-4, torch.float8_e4m3fn: 2**-3,
-       torch.float8_e5m2: 2**-2}
 EXACT_OPS = {Op.ACC, Op.INPUT, Op.CONST, Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS, Op.MIN, Op.MAX, Op.RELU, Op.CAST}
 
 
@@ -121,7 +120,7 @@ def _compare(recipe, got, a, b, ops, exact):
         if exact and o.reduce is not Reduction.SUM and all(n.op in EXACT_OPS for n in recipe.ir.epilogue.nodes):
             assert torch.equal(g, w), f"{recipe.name}.{o.name}: not exact"
         else:
-            tol = TOL[o.dtype.torch]
+            tol = output_tolerance(recipe, o)
             atol = 0.0 if o.reduce is Reduction.SUM else tol * float(w.abs().max())
             assert_output_close(o, g, w, mag, (a.shape[-2], b.shape[-1]), tol, atol, f"{recipe.name}.{o.name}")
 
@@ -490,7 +489,8 @@ def test_the_op_copies_tensors_only_their_layout_keeps_from_tma(gen):
     got = op(recipe)(a, b, bias, residual)
     want = recipe.reference(a, b, bias=bias, residual=residual)
     assert want.abs().max() > 0
-    torch.testing.assert_close(got.float(), want.float(), rtol=TOL[torch.bfloat16], atol=TOL[torch.bfloat16])
+    tol = TOLERANCE[torch.bfloat16]
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
 def test_block_scaled_linear_eager_and_graph(gen):
