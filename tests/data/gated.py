@@ -1,7 +1,10 @@
-"""Llama's MLP unfused, down(silu(gate(x)) * up(x)): the reference a gated FusedMLP is checked
-against (tests/gpu/test_training_gpu.py, scripts/gpu_bench.py --training)."""
+"""Llama's MLP unfused, down(silu(gate(x)) * up(x)) (or GEGLU's, gelu for silu): the reference a
+gated FusedMLP is checked against (tests/nn/test_mlp.py, tests/gpu/test_training_gpu.py,
+scripts/gpu_bench.py --training)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -10,13 +13,15 @@ import gemmgen as gg
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, n_in: int, hidden: int, n_out: int, bias: bool = False) -> None:
+    def __init__(self, n_in: int, hidden: int, n_out: int, bias: bool = False,
+                 act: Callable[[torch.Tensor], torch.Tensor] = nn.functional.silu) -> None:
         super().__init__()
+        self.act = act
         self.gate, self.up = nn.Linear(n_in, hidden, bias=bias), nn.Linear(n_in, hidden, bias=bias)
         self.down = nn.Linear(hidden, n_out, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+        return self.down(self.act(self.gate(x)) * self.up(x))
 
     def fc1(self) -> nn.Linear:
         """gate and up as one Linear of 2 x hidden rows, interleaved: a gated FusedMLP's fc1."""

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import gemmgen as gg
+from tests.data.gated import LlamaMLP
 
 _TORCH_ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU}
@@ -234,20 +235,6 @@ def test_fused_mlp_as_a_module():
         gg.nn.FusedMLP.from_linears(nn.Linear(40, 72), "gelu", nn.Linear(64, 8))
 
 
-class _GatedMLP(nn.Module):
-    """Llama's MLP: down(act(gate(x)) * up(x)), the unfused reference of a gated FusedMLP."""
-
-    def __init__(self, act: Callable[[torch.Tensor], torch.Tensor], n_in: int, hidden: int, n_out: int,
-                 bias: bool) -> None:
-        super().__init__()
-        self.act = act
-        self.gate, self.up = nn.Linear(n_in, hidden, bias=bias), nn.Linear(n_in, hidden, bias=bias)
-        self.down = nn.Linear(hidden, n_out, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.act(self.gate(x)) * self.up(x))
-
-
 _GATED: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"swiglu": torch.nn.functional.silu,
                                                               "geglu": torch.nn.functional.gelu}
 
@@ -261,24 +248,15 @@ def test_gated_fused_mlp_gradients_match_the_unfused_model(activation, bias, lea
     further than the unfused bf16 model's own plus a bf16 rounding (fc1's gradients interleaved
     the same way). Without biases fc2's dgrad GEMM carries fc1's derived epilogue; with them the
     layer recomputes."""
-    unfused = _GatedMLP(_GATED[activation], 40, 48, 24, bias).bfloat16()
-    fc1 = nn.Linear(40, 96, bias=bias).bfloat16()
-    with torch.no_grad():
-        fc1.weight.copy_(gg.nn.interleave_pairs(unfused.gate.weight, unfused.up.weight))
-        if bias:
-            fc1.bias.copy_(gg.nn.interleave_pairs(unfused.gate.bias, unfused.up.bias))
-    fused = gg.nn.FusedMLP.from_linears(fc1, activation, copy.deepcopy(unfused.down))
+    unfused = LlamaMLP(40, 48, 24, bias, act=_GATED[activation]).bfloat16()
+    fused = gg.nn.FusedMLP.from_linears(unfused.fc1(), activation, copy.deepcopy(unfused.down))
     assert fused.recompute == bias and fused.fc1.weight_rows == 96 and fused.fc1.out_features == 48
     x, g = torch.randn(*lead, 40).bfloat16(), torch.randn(*lead, 24).bfloat16()
     exact = copy.deepcopy(unfused).double()
 
-    def gated_grads(model: nn.Module, x: torch.Tensor, g: torch.Tensor) -> list[torch.Tensor]:
+    def gated_grads(model: LlamaMLP, x: torch.Tensor, g: torch.Tensor) -> list[torch.Tensor]:
         gx, *params = _grads(model, x, g)
-        grads = dict(zip([n for n, _ in model.named_parameters()], params, strict=True))
-        out = [gg.nn.interleave_pairs(grads["gate.weight"], grads["up.weight"])]
-        if bias:
-            out.append(gg.nn.interleave_pairs(grads["gate.bias"], grads["up.bias"]))
-        return [gx, *out, *(grads[k] for k in grads if k.startswith("down"))]
+        return [gx, *model.fused_order(params)]
 
     want, base = gated_grads(exact, x.double(), g.double()), gated_grads(unfused, x, g)
     mine = _grads(fused, x, g)
@@ -319,7 +297,7 @@ def test_a_gated_mlps_backward_fuses_the_gated_derivative_into_one_kernel():
     layer boundary), then the dgrad and two wgrad GEMMs. With biases it recomputes: dL/dh as a
     GEMM, fc1's GEMM again with the derived epilogue (one gemmgen kernel, also writing h), the
     dgrad and wgrad GEMMs and the two bias sums (fc1's a sum over the tokens, torch's)."""
-    unfused = _GatedMLP(torch.nn.functional.silu, 40, 48, 24, True).bfloat16()
+    unfused = LlamaMLP(40, 48, 24, bias=True).bfloat16()
     assert _backward_ops(unfused) == {"mm": 6, "sum": 3, "mul": 2, "silu_backward": 1, "add": 1}
     saving = gg.nn.FusedMLP(40, 48, 24, activation="swiglu", bias=False)
     assert not saving.recompute and _backward_ops(saving) == {"mm": 3, "gemmgen": 1}

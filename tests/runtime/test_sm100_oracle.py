@@ -25,7 +25,9 @@ SM100 = gg.Arch.SM100A
 #: each for a geometry the compiled kernels lack: a pair's 128-row MMA (2 x 2 tensor-memory warps,
 #: each epilogue copy half the tile's N) with A multicast; one SM's 128 x 256 tile with A and B
 #: multicast; a 64-row tile of column-major A with an aux output, multicast along N; C and fp32
-#: reductions over N on a pair (their workspace counts the CTAs' tiles) with B multicast.
+#: reductions over N on a pair (their workspace counts the CTAs' tiles) with B multicast; vectors and
+#: a scalar per batch, a matrix shared by every batch and signed max and min over M and N on a pair
+#: (row_extrema), and swapped (swapped: its per-batch vectors trade places).
 VALUE_CONFIGS = {
     "pair_128": ("bias_gelu", gg.KernelConfig(tile=(128, 128, 64), cluster=(2, 2, 1), schedule=gg.Schedule.TWO_SM,
                                               arch=SM100)),
@@ -35,15 +37,20 @@ VALUE_CONFIGS = {
                                                  arch=SM100)),
     "pair_reductions": ("residual_norm_stats", gg.KernelConfig(tile=(256, 128, 64), cluster=(4, 1, 1),
                                                                schedule=gg.Schedule.TWO_SM, arch=SM100)),
+    "pair_extrema": ("row_extrema", gg.KernelConfig(tile=(256, 128, 64), cluster=(2, 1, 1),
+                                                    schedule=gg.Schedule.TWO_SM, arch=SM100)),
+    "swapped_per_batch": ("swapped", gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM,
+                                                     swap_ab=True, arch=SM100)),
 }
 
 
 @pytest.fixture(scope="session")
-def sm100_oracles(sm100_kernels, examples, tmp_path_factory):
+def sm100_oracles(sm100_kernels, examples, extra, tmp_path_factory):
     """An nvcc-built oracle for every sm100 kernel and VALUE_CONFIGS (two programs, built at once)."""
     build = tmp_path_factory.mktemp("oracle100")
     programs = {name: OracleProgram(k.generated, build) for name, k in sm100_kernels.items()}
-    programs.update({name: OracleProgram(render_kernel(examples[recipe].ir, config), build)
+    recipes = {**examples, **extra}
+    programs.update({name: OracleProgram(render_kernel(recipes[recipe].ir, config), build)
                      for name, (recipe, config) in VALUE_CONFIGS.items()})
     build_all(list(programs.values()), build)
     return programs
