@@ -41,6 +41,7 @@ from .dsl import (
     interleave,
     le,
     leaky_relu,
+    logsumexp,
     lt,
     max,
     maximum,
@@ -88,9 +89,9 @@ __all__ = [
     "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler",
     "ToolchainError", "Value", "__version__", "abs", "add_bundle", "add_tuning", "amax", "autotune", "bf16",
     "build_bundle", "cast", "clamp", "e4m3", "e5m2", "cos", "eq", "erf", "exp", "ge", "gt", "interleave", "le",
-    "lt", "ne", "sin", "where", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "max", "maximum",
-    "min", "minimum", "nn", "op", "pairs", "quantize_blockwise", "reduce_max", "reduce_min", "relu", "sigmoid", "silu",
-    "sum", "tanh", "warmup"
+    "lt", "ne", "sin", "where", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "logsumexp", "max",
+    "maximum", "min", "minimum", "nn", "op", "pairs", "quantize_blockwise", "reduce_max", "reduce_min", "relu",
+    "sigmoid", "silu", "sum", "tanh", "warmup"
 ]
 
 _LAZY = {"nn": ("gemmgen.nn", None), "op": ("gemmgen.integrations.ops", "op"),

@@ -12,6 +12,7 @@
 #include <gemmgen/nvrtc_fixups.hpp>
 #include <gemmgen/epilogue.hpp>
 #include <gemmgen/atomics.hpp>
+#include <gemmgen/lse.hpp>
 #include <gemmgen/pairs.hpp>
 #include <gemmgen/probe.hpp>
 

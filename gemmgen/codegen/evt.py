@@ -69,6 +69,7 @@ class ParamBinding:
     path: tuple[tuple[int, int], ...] = ()
     per_batch: bool = False  # one per batch (`Operand.per_batch`): a row or column vector's batch stride is a field
     column_major: bool = False  # a shared matrix's layout (D's): which of its strides is a field
+    log_sum_exp: bool = False  # a vector reduction whose state, and identity, is a pair (`LSE_STATE`)
 
     def member(self, root: str) -> str:
         """C++ lvalue of this node's Params under `root`. Sm90VisitorImplBase names members op_0..op_3
@@ -212,7 +213,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
         elif o.reduce is not None:
             kind = REDUCTION_KIND[o.dim]  # type: ignore[index]
             store = _VNode(f"{o.reduce.value}_{o.name}", _vector_reduction_type(kind, o.reduce), [src],
-                           binding=ParamBinding(kind, o.name, o.dtype))
+                           binding=ParamBinding(kind, o.name, o.dtype, log_sum_exp=o.reduce is Reduction.LSE))
         else:
             store = _VNode(f"aux_{o.name}", _aux_store_type(o.dtype, aux_stride, store_desc), [src],
                            binding=ParamBinding("aux_store", o.name, o.dtype))
@@ -400,15 +401,21 @@ _VECTOR_REDUCE_FN = {
     Reduction.AMAX: ("cutlass::maximum_absolute_value_reduction", "cutlass::maximum", "cutlass::maximum"),
     Reduction.MAX: ("cutlass::maximum", "cutlass::maximum", "cutlass::maximum"),
     Reduction.MIN: ("cutlass::minimum", "cutlass::minimum", "cutlass::minimum"),
+    Reduction.LSE: (f"{EPI}::LseCombine",) * 3,  # gemmgen/include/gemmgen/lse.hpp
 }
+
+#: The state a log-sum-exp reduces in (its ElementCompute): {max, sum of exp(x - max)}.
+LSE_STATE = f"{EPI}::LseState"
 
 
 def _vector_reduction_type(kind: str, reduce: Reduction) -> str:
-    """Sm90RowReduction / Sm90ColReduction into fp32, one vector per batch (dynamic batch stride)."""
+    """Sm90RowReduction / Sm90ColReduction into fp32, one vector per batch (dynamic batch stride);
+    a log-sum-exp's state is a pair (`LSE_STATE`), the others' fp32."""
     reg, shuffle, gmem = _VECTOR_REDUCE_FN[reduce]
     visitor, stride = (("Sm90RowReduction", "cute::Stride<cute::_0, cute::_1, int64_t>") if kind == "row_reduction"
                        else ("Sm90ColReduction", "cute::Stride<cute::_1, cute::_0, int64_t>"))
-    return f"{FUSION}::{visitor}<{reg}, {shuffle}, {gmem}, 0, TileShape, float, {COMPUTE}, {ROUND}, {stride}>"
+    compute = LSE_STATE if reduce is Reduction.LSE else COMPUTE
+    return f"{FUSION}::{visitor}<{reg}, {shuffle}, {gmem}, 0, TileShape, float, {compute}, {ROUND}, {stride}>"
 
 
 def _aux_store_type(dtype: DType, aux_stride: str, descriptor: str) -> str:

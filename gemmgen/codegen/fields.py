@@ -36,6 +36,8 @@ class Binding(Protocol):
     def per_batch(self) -> bool: ...
     @property
     def column_major(self) -> bool: ...
+    @property
+    def log_sum_exp(self) -> bool: ...
 
     def member(self, root: str) -> str: ...
 
@@ -126,8 +128,11 @@ def binding_fields(b: Binding) -> list[ParamField]:
                 ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.dScalar)", "i64")]
     if b.kind in ("row_reduction", "col_reduction"):
         vector = "Row" if b.kind == "row_reduction" else "Col"
-        return [ParamField(f"{n}.ptr", f"{node}.ptr_{vector.lower()}", "ptr"),
-                ParamField(f"{n}.identity", f"{node}.reduction_identity", "f32"),
+        # a log-sum-exp's identity is its state's pair (gemmgen/include/gemmgen/lse.hpp)
+        identity = [ParamField(f"{n}.identity", f"{node}.reduction_identity.max", "f32"),
+                    ParamField(f"{n}.identity_sum", f"{node}.reduction_identity.sum", "f32")] if b.log_sum_exp else \
+            [ParamField(f"{n}.identity", f"{node}.reduction_identity", "f32")]
+        return [ParamField(f"{n}.ptr", f"{node}.ptr_{vector.lower()}", "ptr"), *identity,
                 ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.d{vector})", "i64"),
                 ParamField(f"{n}.buffer", f"{node}.reduction_buffer", "ptr"),
                 ParamField(f"{n}.counters", f"{node}.tile_counters", "ptr")]

@@ -22,6 +22,7 @@ from .values import (
     interleave,
     le,
     leaky_relu,
+    logsumexp,
     lt,
     max,
     maximum,
@@ -43,5 +44,5 @@ from .values import (
 __all__ = ["DEEPSEEK_BLOCK_SCALE", "OPS", "Backward", "ColVector", "Matrix", "OperandDecl", "OperandGradient",
            "Recipe", "Reduced", "RowVector", "Scalar", "Value", "abs", "amax", "cast", "clamp", "cos", "eq", "erf",
            "exp", "ge", "gt", "interleave", "le", "lt", "ne", "sin", "where", "gelu", "gelu_tanh", "leaky_relu",
-           "max", "maximum", "min", "minimum", "pairs", "reduce_max", "reduce_min", "relu", "sigmoid", "silu", "sum",
-           "tanh"]
+           "logsumexp", "max", "maximum", "min", "minimum", "pairs", "reduce_max", "reduce_min", "relu", "sigmoid",
+           "silu", "sum", "tanh"]

@@ -339,6 +339,15 @@ def reduce_min(x: Any, dim: int | None = None, *, over_batch: bool = False) -> R
                    over_batch)
 
 
+def logsumexp(x: Any, dim: int, *, over_batch: bool = False) -> Reduced:
+    """An output of log(sum(exp(x))) over M (`dim=0`) or over N (`dim=1`: one value per row, the
+    log-normalizer a cross-entropy over the vocabulary needs), as torch.logsumexp computes it: safe
+    from overflow (an online max and rescaled sum per row, combined in a fixed order), NaN
+    propagated, -inf where there is no value. See `Reduced`."""
+    return Reduced(_reduced_value(x, "logsumexp"), Reduction.LSE, _reduce_dim(dim, "logsumexp", optional=False),
+                   over_batch)
+
+
 def _reduced_value(x: Any, op_name: str) -> Value:
     a = _lift(x, op_name)
     _same_trace([a], op_name)
@@ -359,5 +368,5 @@ def _reduce_dim(dim: Any, op_name: str, optional: bool) -> int | None:
 #: Every way an epilogue can compute: the table's operators and functions, `clamp` (min and max), and the
 #: reductions.
 OPS: tuple[str, ...] = (*(op.symbol for op in Op if op.symbol), *dict.fromkeys(op.dsl for op in Op if op.dsl),
-                        "clamp", "amax", "sum", "reduce_max", "reduce_min")
+                        "clamp", "amax", "sum", "reduce_max", "reduce_min", "logsumexp")
 

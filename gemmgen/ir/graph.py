@@ -80,11 +80,18 @@ class Reduction(enum.Enum):
     SUM = "sum"
     MAX = "max"  # the largest value (NaNs skipped; -inf when there is none)
     MIN = "min"  # the smallest value (NaNs skipped; +inf when there is none)
+    LSE = "lse"  # log(sum(exp(x))), as torch.logsumexp (NaN propagated; -inf when there is none)
 
     @property
     def identity(self) -> float:
-        """The value a reduction starts from, and gives where there is nothing to reduce."""
-        return {Reduction.MAX: -math.inf, Reduction.MIN: math.inf}.get(self, 0.0)
+        """The value a reduction gives where there is nothing to reduce (and, but for the log-sum-exp,
+        whose state is a pair, starts from: `lse_identity`)."""
+        return {Reduction.MAX: -math.inf, Reduction.MIN: math.inf, Reduction.LSE: -math.inf}.get(self, 0.0)
+
+    @property
+    def lse_identity(self) -> tuple[float, float]:
+        """The log-sum-exp's starting state (max, sum of exp(x - max)): nothing reduced."""
+        return -math.inf, 0.0
 
 
 @dataclass(frozen=True)

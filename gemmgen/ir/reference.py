@@ -120,6 +120,8 @@ def _reduced(v: torch.Tensor, reduce: Reduction | None, dim: int | None, magnitu
     dims = ((-3,) if over_batch else ()) + ((-2, -1) if dim is None else (dim - 2,))
     if reduce is Reduction.SUM:
         return (v.abs() if magnitude else v).sum(dim=dims)
+    if reduce is Reduction.LSE:
+        return v.logsumexp(dim=dims)  # -inf over nothing
     # the kernel's max and min skip NaN, as CUTLASS's maximum<float> and minimum<float> (fmaxf, fminf) do
     identity = reduce.identity
     skipped = torch.where(torch.isnan(v), identity, v.abs() if reduce is Reduction.AMAX else v)

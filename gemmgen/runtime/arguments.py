@@ -20,7 +20,7 @@ from ..codegen.fields import REGISTER_LOADS, REGISTER_STORES, ParamsLayout
 from ..codegen.sm90.geometry import scale_tma, scales_per_tile
 from ..config import Arch, KernelConfig, Schedule, TileScheduler
 from ..errors import InvalidArgument
-from ..ir import Columns, RecipeIR
+from ..ir import Columns, RecipeIR, Reduction
 from ..types import Layout, OperandKind
 from . import scheduler, tma
 from .problem import Problem, TensorArg
@@ -89,9 +89,18 @@ class ArgumentBuilder:
         # vector reductions: (visitor kind, Params field prefix, output name), in the outputs' order
         kinds = {o.name: REDUCTION_KIND[o.dim] for o in epi.outputs[1:] if o.dim is not None}
         self.vector_reductions = [(kind, f"epilogue.{kind}.{name}", name) for name, kind in kinds.items()]
-        # where each starts: its Reduction's identity (0 but for max and min)
-        self.identities = [(f"epilogue.{'amax' if o.dim is None else REDUCTION_KIND[o.dim]}.{o.name}.identity",
-                            o.reduce.identity) for o in epi.outputs[1:] if o.reduce is not None]
+        # where each starts: its Reduction's identity (0 but for max and min; a log-sum-exp's state a pair)
+        self.identities: list[tuple[str, float]] = []
+        for o in epi.outputs[1:]:
+            if o.reduce is not None:
+                prefix = f"epilogue.{'amax' if o.dim is None else REDUCTION_KIND[o.dim]}.{o.name}"
+                if o.reduce is Reduction.LSE:
+                    self.identities += zip((f"{prefix}.identity", f"{prefix}.identity_sum"), o.reduce.lse_identity,
+                                           strict=True)
+                else:
+                    self.identities.append((f"{prefix}.identity", o.reduce.identity))
+        # the bytes of each vector reduction's partial values (its ElementCompute)
+        self.partial_bytes = {o.name: 8 if o.reduce is Reduction.LSE else 4 for o in epi.outputs[1:]}
         self.over_batch = {o.name for o in epi.outputs if o.over_batch}
         self.kernel_workspace = config.schedule is Schedule.COOPERATIVE  # only its Params keep the pointer
         self.stream_k = config.tile_scheduler is TileScheduler.STREAM_K
@@ -193,7 +202,7 @@ class ArgumentBuilder:
                 raise InvalidArgument(f"out[{name}]: this problem ({p.m} x {p.n}, {p.l} batch(es)) needs {values} "
                                       f"partial values for the reduction, past the 2^31 CUTLASS indexes them with "
                                       f"in 32 bits; split the batch or the rows into several calls")
-            partials = _round(values * 4)
+            partials = _round(values * self.partial_bytes[name])
             counters = (tiles_n if over_m else tiles_m) * 4
             fields += [(f"{prefix}.buffer", at), (f"{prefix}.counters", at + partials)]
             at += _round(partials + counters)

@@ -22,6 +22,7 @@ def collectives_check_source(kernels: Sequence[GeneratedKernel]) -> str:
              "#include <gemmgen/nvrtc_fixups.hpp>",
              "#include <gemmgen/epilogue.hpp>",
              "#include <gemmgen/atomics.hpp>",
+             "#include <gemmgen/lse.hpp>",
              "#include <gemmgen/pairs.hpp>"]
     for i, k in enumerate(kernels):
         for spelling in ("resolved", "builder"):

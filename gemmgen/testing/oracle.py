@@ -29,6 +29,7 @@ from ..codegen.fields import PAIR_BINDINGS, PAIR_LOADS
 from ..compile.toolchain import toolchain
 from ..config import TileScheduler
 from ..errors import ToolchainError
+from ..ir import Reduction
 from ..runtime.problem import Problem, TensorArg
 
 
@@ -185,6 +186,8 @@ class OracleProgram:
         reduce = next(o.reduce for o in self.kernel.kernel_recipe.epilogue.outputs if o.name == b.name)
         assert reduce is not None
         inf = "std::numeric_limits<float>::infinity()"
+        if reduce is Reduction.LSE:  # its state's pair {max, sum}
+            return f"gemmgen::epi::LseState{{-{inf}, 0.0f}}"
         return {math.inf: inf, -math.inf: f"-{inf}"}.get(reduce.identity, f"{reduce.identity}f")
 
     def _arguments(self, tree: Any) -> str:

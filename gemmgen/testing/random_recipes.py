@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import inspect
 import random
+from collections.abc import Callable
+from typing import Any
 
 import gemmgen as gg
 
 _DTYPES = (gg.bf16, gg.f16, gg.f32)
 _OUT_DTYPES = (*_DTYPES, gg.e4m3, gg.e5m2)  # D and aux outputs may also be fp8 (saturating)
+
+
+#: The reductions a random recipe's aux output may be, and whether each takes the recipe's `dim`
+#: (else it reduces over M and N).
+_REDUCTIONS: tuple[tuple[Callable[..., Any], bool], ...] = (
+    (gg.amax, False), (gg.amax, True), (gg.sum, True), (gg.reduce_max, True), (gg.reduce_min, True),
+    (gg.reduce_max, False), (gg.reduce_min, False), (gg.logsumexp, True))
 
 
 def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
@@ -63,11 +72,8 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
         for j in range(n_aux):
             v = rng.choice(pool)
             if j in reduced:
-                kind = rng.choice(("amax", "amax_dim", "sum", "max", "min", "max_all", "min_all"))
-                outs[f"aux{j}"] = gg.amax(v) if kind == "amax" else gg.amax(v, dim) if kind == "amax_dim" else \
-                    gg.reduce_max(v, dim) if kind == "max" else gg.reduce_min(v, dim) if kind == "min" else \
-                    gg.reduce_max(v) if kind == "max_all" else gg.reduce_min(v) if kind == "min_all" else \
-                    gg.sum(v, dim)
+                reduce, over_one_dim = rng.choice(_REDUCTIONS)
+                outs[f"aux{j}"] = reduce(v, dim) if over_one_dim else reduce(v)
             else:
                 outs[f"aux{j}"] = v
         return outs

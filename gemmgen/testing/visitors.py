@@ -33,6 +33,7 @@ Callbacks> is Callbacks (the collective then stores no D: ElementD is void).
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from collections.abc import Callable
@@ -104,6 +105,7 @@ _VECTOR_REDUCTIONS = {
     ("cutlass::maximum_absolute_value_reduction", "cutlass::maximum", "cutlass::maximum"): "amax",
     ("cutlass::maximum", "cutlass::maximum", "cutlass::maximum"): "max",
     ("cutlass::minimum", "cutlass::minimum", "cutlass::minimum"): "min",
+    (f"{_EPI}LseCombine",) * 3: "lse",  # lse.hpp: in the state {max, sum of exp(x - max)}
 }
 
 
@@ -351,7 +353,8 @@ class EpilogueInterpreter:
         reg, shuffle, gmem, stages, tile, element_t, compute, rounding, stride = t.args
         op = _VECTOR_REDUCTIONS.get((str(reg), str(shuffle), str(gmem)))
         want = "cute::Stride<cute::_0, cute::_1, int64_t>" if row else "cute::Stride<cute::_1, cute::_0, int64_t>"
-        if op is None or stages.name != "0" or (str(compute), str(rounding), str(stride)) != (_COMPUTE, _ROUND, want):
+        state = f"{_EPI}LseState" if op == "lse" else _COMPUTE
+        if op is None or stages.name != "0" or (str(compute), str(rounding), str(stride)) != (state, _ROUND, want):
             raise EpilogueSourceError(f"vector reduction {t}")
         element = _element(element_t)
         l_, m, n = acc.shape
@@ -363,23 +366,18 @@ class EpilogueInterpreter:
             return inputs[0]
         tm, tn = self._tile(tile)
         tiles_m, tiles_n = -(-m // tm), -(-n // tn)
-        params.inside(f"{lvalue}.reduction_buffer", torch.float32, tiles_m * tiles_n * l_ * (tn if row else tm))
+        words = 2 if op == "lse" else 1  # fp32 words of each partial value
+        partials = params.inside(f"{lvalue}.reduction_buffer", torch.float32,
+                                 tiles_m * tiles_n * l_ * (tn if row else tm) * words)
         counters = params.inside(f"{lvalue}.tile_counters", torch.int32, tiles_n if row else tiles_m)
+        if partials.data_ptr() < counters.data_ptr() + 4 * counters.numel() and \
+                counters.data_ptr() < partials.data_ptr() + 4 * partials.numel():
+            raise AssertionError(f"{lvalue}: the tiles' partial values overlap their tile counters")
         if counters.any():
             raise AssertionError(f"{lvalue}.tile_counters: not 0 at launch, so no tile would finish the reduction")
-        identity = _element_bits(params.raw(f"{lvalue}.reduction_identity"), torch.float32)
         x = inputs[0].to(torch.float32).expand(acc.shape)
         dims = (1 if row else 2,) if batch_stride else (0, 1 if row else 2)
-        if op == "sum":
-            if identity != 0:  # each thread starts from the identity, so it would be added many times
-                raise AssertionError(f"{lvalue}: a sum's reduction_identity is {float(identity)}, not 0")
-            value = x.sum(dim=dims)
-        elif op == "amax":  # maximum<float> (fmaxf) skips NaN; the running value starts at the identity
-            value = torch.maximum(torch.where(torch.isnan(x), 0.0, x.abs()).amax(dim=dims), identity)
-        elif op == "max":  # fmaxf from the identity: NaN skipped, the identity where nothing is left
-            value = torch.maximum(torch.where(torch.isnan(x), identity, x).amax(dim=dims), identity)
-        else:  # fminf likewise
-            value = torch.minimum(torch.where(torch.isnan(x), identity, x).amin(dim=dims), identity)
+        value = _vector_value(op, x, dims, params, lvalue)
         target = ptr.as_strided((l_ if batch_stride else 1, length), (batch_stride, 1))
         target.copy_(_convert(value.reshape(target.shape), element))
         return inputs[0]
@@ -546,3 +544,24 @@ class EpilogueInterpreter:
         if kind == "Sm90ScalarReduction":
             return self._scalar_reduction(t, lvalue, acc, params, inputs)
         raise EpilogueSourceError(f"visitor {t} is not one this interpreter models")
+
+
+def _vector_value(op: str, x: torch.Tensor, dims: tuple[int, ...], params: ParamsView, lvalue: str) -> torch.Tensor:
+    """A vector reduction of x over `dims`, each thread's state starting at the Params' identity
+    (which must leave the value unchanged: a thread's state enters the combine once per thread)."""
+    if op == "lse":  # lse.hpp: every element enters as {x, 1}, the identity is the pair {-inf, 0}
+        start = tuple(float(_element_bits(params.raw(f"{lvalue}.reduction_identity.{part}"), torch.float32))
+                      for part in ("max", "sum"))
+        if start != (-math.inf, 0.0):
+            raise AssertionError(f"{lvalue}: a log-sum-exp's reduction_identity is {start}, not (-inf, 0)")
+        return x.logsumexp(dim=dims)
+    identity = _element_bits(params.raw(f"{lvalue}.reduction_identity"), torch.float32)
+    if op == "sum":
+        if identity != 0:
+            raise AssertionError(f"{lvalue}: a sum's reduction_identity is {float(identity)}, not 0")
+        return x.sum(dim=dims)
+    if op == "amax":  # maximum<float> (fmaxf) skips NaN; the running value starts at the identity
+        return torch.maximum(torch.where(torch.isnan(x), 0.0, x.abs()).amax(dim=dims), identity)
+    if op == "max":  # fmaxf from the identity: NaN skipped, the identity where nothing is left
+        return torch.maximum(torch.where(torch.isnan(x), identity, x).amax(dim=dims), identity)
+    return torch.minimum(torch.where(torch.isnan(x), identity, x).amin(dim=dims), identity)  # fminf likewise

@@ -86,15 +86,16 @@ column_stats = gg.Recipe(
 )
 
 
-# Each row's largest and smallest value (an LM head's max logit for a stable softmax, a per-token
-# range): signed max and min reductions over N, whose identities (-inf, +inf) the runtime writes
-# into the Params; and each batch's signed max and min over M and N (atomic combines: CUTLASS's max,
-# gemmgen's AtomicMinimum), which start from -inf and +inf; batched, a bias per batch and a position
-# bias shared by every batch, D in bf16.
+# Each row's largest and smallest value and its log-sum-exp (an LM head's max logit and the
+# log-normalizer of its softmax, a per-token range): signed max and min reductions over N, whose
+# identities (-inf, +inf) the runtime writes into the Params, and an online log-sum-exp, whose state
+# is a pair (lse.hpp); and each batch's signed max and min over M and N (atomic combines: CUTLASS's
+# max, gemmgen's AtomicMinimum), which start from -inf and +inf; batched, a bias per batch and a
+# position bias shared by every batch, D in bf16.
 def _row_extrema(acc, bias, position):
     y = acc + bias + position
     return {"d": y, "row_max": gg.reduce_max(y, dim=1), "row_min": gg.reduce_min(y, dim=1),
-            "max": gg.reduce_max(y), "min": gg.reduce_min(y)}
+            "lse": gg.logsumexp(y, dim=1), "max": gg.reduce_max(y), "min": gg.reduce_min(y)}
 
 
 row_extrema = gg.Recipe(
@@ -102,7 +103,7 @@ row_extrema = gg.Recipe(
     _row_extrema,
     batched=True,
     operands={"bias": gg.RowVector(gg.bf16, per_batch=True), "position": gg.Matrix(gg.bf16, per_batch=False)},
-    aux={"row_max": gg.f32, "row_min": gg.f32, "max": gg.f32, "min": gg.f32},
+    aux={"row_max": gg.f32, "row_min": gg.f32, "lse": gg.f32, "max": gg.f32, "min": gg.f32},
 )
 
 

@@ -103,7 +103,8 @@ def _independent(name, acc, ops):
         return quantized, y.sum(dim=(0, -2)), y.abs().amax(dim=-2), y.abs().flatten(-2).max(dim=-1).values
     if name == "row_extrema":  # bias (L, N); position (M, N) for every batch
         y = acc + f["bias"][:, None, :] + f["position"]
-        return y.bfloat16(), y.amax(dim=-1), y.amin(dim=-1), y.amax(dim=(-2, -1)), y.amin(dim=(-2, -1))
+        return (y.bfloat16(), y.amax(dim=-1), y.amin(dim=-1), torch.logsumexp(y, dim=-1), y.amax(dim=(-2, -1)),
+                y.amin(dim=(-2, -1)))
     if name == "stream_k":
         y = F.silu(acc + f["bias"])
         return y.bfloat16(), y.sum(dim=-1)
