@@ -4,6 +4,7 @@ derivative (`autodiff`)."""
 from .columns import Columns
 from .graph import (
     BLOCK_SCALE_OPERANDS,
+    LSE_IDENTITY,
     EpilogueIR,
     GemmSpec,
     Node,
@@ -19,6 +20,6 @@ from .graph import (
 )
 from .ops import BINARY_OPS, UNARY_OPS, Op, Param
 
-__all__ = ["BINARY_OPS", "BLOCK_SCALE_OPERANDS", "UNARY_OPS", "Columns", "EpilogueIR", "GemmSpec", "Node", "Op",
-           "Operand", "Output", "Param", "RecipeIR", "Reduction", "content_key", "f32", "f32_bits", "normalize",
-           "post_order"]
+__all__ = ["BINARY_OPS", "BLOCK_SCALE_OPERANDS", "LSE_IDENTITY", "UNARY_OPS", "Columns", "EpilogueIR", "GemmSpec",
+           "Node", "Op", "Operand", "Output", "Param", "RecipeIR", "Reduction", "content_key", "f32", "f32_bits",
+           "normalize", "post_order"]

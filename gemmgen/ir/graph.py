@@ -85,13 +85,13 @@ class Reduction(enum.Enum):
     @property
     def identity(self) -> float:
         """The value a reduction gives where there is nothing to reduce (and, but for the log-sum-exp,
-        whose state is a pair, starts from: `lse_identity`)."""
+        whose state is a pair, starts from: `LSE_IDENTITY`)."""
         return {Reduction.MAX: -math.inf, Reduction.MIN: math.inf, Reduction.LSE: -math.inf}.get(self, 0.0)
 
-    @property
-    def lse_identity(self) -> tuple[float, float]:
-        """The log-sum-exp's starting state (max, sum of exp(x - max)): nothing reduced."""
-        return -math.inf, 0.0
+
+#: The log-sum-exp's starting state (max, sum of exp(x - max)): nothing reduced
+#: (gemmgen/include/gemmgen/lse.hpp's LseState).
+LSE_IDENTITY = (-math.inf, 0.0)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from ..codegen.fields import REGISTER_LOADS, REGISTER_STORES, ParamsLayout
 from ..codegen.sm90.geometry import scale_tma, scales_per_tile
 from ..config import Arch, KernelConfig, Schedule, TileScheduler
 from ..errors import InvalidArgument
-from ..ir import Columns, RecipeIR, Reduction
+from ..ir import LSE_IDENTITY, Columns, RecipeIR, Reduction
 from ..types import Layout, OperandKind
 from . import scheduler, tma
 from .problem import Problem, TensorArg
@@ -95,7 +95,7 @@ class ArgumentBuilder:
             if o.reduce is not None:
                 prefix = f"epilogue.{'amax' if o.dim is None else REDUCTION_KIND[o.dim]}.{o.name}"
                 if o.reduce is Reduction.LSE:
-                    self.identities += zip((f"{prefix}.identity", f"{prefix}.identity_sum"), o.reduce.lse_identity,
+                    self.identities += zip((f"{prefix}.identity", f"{prefix}.identity_sum"), LSE_IDENTITY,
                                            strict=True)
                 else:
                     self.identities.append((f"{prefix}.identity", o.reduce.identity))

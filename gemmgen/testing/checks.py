@@ -4,6 +4,7 @@ recipe's reference (`assert_computes`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,17 @@ def uncompiled(recipe: Recipe, config: KernelConfig,
                       cluster_size=config.cluster[0] * config.cluster[1])
     return CompiledKernel(recipe.ir, config, generated.entry, "", b"", generated.source, info, None,  # type: ignore[arg-type]
                           generated, ParamsLayout(offset, tuple(fields)), "rendered")
+
+
+def source_replaced(old: str, new: str) -> Callable[[GeneratedKernel], GeneratedKernel]:
+    """An `uncompiled` mutation: the generated source with `old` replaced by `new` (which must be
+    there: a mistake that changes nothing would make its check pass vacuously)."""
+
+    def mutate(generated: GeneratedKernel) -> GeneratedKernel:
+        assert old in generated.source, f"{old!r} is not in the kernel's source: the mistake would change nothing"
+        return dataclasses.replace(generated, source=generated.source.replace(old, new))
+
+    return mutate
 
 
 def uncompiled_kernel(recipe: Recipe) -> Any:

@@ -33,7 +33,6 @@ Callbacks> is Callbacks (the collective then stores no D: ElementD is void).
 
 from __future__ import annotations
 
-import math
 import re
 import struct
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from typing import Protocol
 
 import torch
 
-from ..ir import Op, Param
+from ..ir import LSE_IDENTITY, Op, Param
 from .cpp_types import CppType, EpilogueSourceError, declarations, parse_type, split_arguments
 
 _FUSION = "cutlass::epilogue::fusion::"
@@ -552,8 +551,8 @@ def _vector_value(op: str, x: torch.Tensor, dims: tuple[int, ...], params: Param
     if op == "lse":  # lse.hpp: every element enters as {x, 1}, the identity is the pair {-inf, 0}
         start = tuple(float(_element_bits(params.raw(f"{lvalue}.reduction_identity.{part}"), torch.float32))
                       for part in ("max", "sum"))
-        if start != (-math.inf, 0.0):
-            raise AssertionError(f"{lvalue}: a log-sum-exp's reduction_identity is {start}, not (-inf, 0)")
+        if start != LSE_IDENTITY:
+            raise AssertionError(f"{lvalue}: a log-sum-exp's reduction_identity is {start}, not {LSE_IDENTITY}")
         return x.logsumexp(dim=dims)
     identity = _element_bits(params.raw(f"{lvalue}.reduction_identity"), torch.float32)
     if op == "sum":

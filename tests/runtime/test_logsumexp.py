@@ -6,7 +6,6 @@ reduction over M), and mistakes that must fail."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import subprocess
 from collections.abc import Callable
@@ -18,7 +17,7 @@ import gemmgen as gg
 from gemmgen.compile.toolchain import gemmgen_include_dir
 from gemmgen.runtime import arguments
 from gemmgen.testing.calls import emulated_shapes
-from gemmgen.testing.checks import assert_computes, uncompiled, uncompiled_kernel
+from gemmgen.testing.checks import assert_computes, source_replaced, uncompiled, uncompiled_kernel
 
 #: A cross-entropy's pieces over the vocabulary (N): each row's log-normalizer and max logit,
 #: batched, a bias per column; and each column's log-sum-exp over the tokens (M) of a scaled value.
@@ -154,8 +153,7 @@ def test_mistakes_fail_the_check(mistake, monkeypatch):
             self.partial_bytes = dict.fromkeys(self.partial_bytes, 4)
         monkeypatch.setattr(arguments.ArgumentBuilder, "__init__", four)
     else:
-        ck = uncompiled(recipe, config, lambda g: dataclasses.replace(g, source=g.source.replace(
-            "float, gemmgen::epi::LseState,", "float, float,")))
+        ck = uncompiled(recipe, config, source_replaced("float, gemmgen::epi::LseState,", "float, float,"))
     with pytest.raises(AssertionError):
         assert_computes(ck, shape, mistake)
 

@@ -8,7 +8,6 @@ wrong, and the torch op's forward and gradients."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest
@@ -20,7 +19,7 @@ from gemmgen.integrations.ops import op, schema
 from gemmgen.ir.reference import reference
 from gemmgen.runtime import arguments
 from gemmgen.testing.calls import args_with_nonzero_reference
-from gemmgen.testing.checks import assert_computes, uncompiled, uncompiled_kernel
+from gemmgen.testing.checks import assert_computes, source_replaced, uncompiled, uncompiled_kernel
 
 
 def _head_bias(acc, bias, gain):
@@ -128,11 +127,11 @@ def test_a_wrong_stride_fails_the_check(mistake, monkeypatch):
     elif mistake == "shared matrix's other stride":
         patched("epilogue.shared_load.w.stride", lambda s: 1)
     elif mistake == "shared matrix read column-major":
-        ck = uncompiled(recipe, config, lambda g: dataclasses.replace(g, source=g.source.replace(
-            "cute::Stride<int64_t, cute::_1, cute::_0>, void", "cute::Stride<cute::_1, int64_t, cute::_0>, void")))
+        ck = uncompiled(recipe, config, source_replaced("cute::Stride<int64_t, cute::_1, cute::_0>, void",
+                                                        "cute::Stride<cute::_1, int64_t, cute::_0>, void"))
     else:
-        ck = uncompiled(recipe, config, lambda g: dataclasses.replace(g, source=g.source.replace(
-            "cute::Stride<cute::_0, cute::_1, int64_t>>", "cute::Stride<cute::_0, cute::_1, cute::_0>>")))
+        ck = uncompiled(recipe, config, source_replaced("cute::Stride<cute::_0, cute::_1, int64_t>>",
+                                                        "cute::Stride<cute::_0, cute::_1, cute::_0>>"))
     with pytest.raises(AssertionError):
         assert_computes(ck, shape, mistake)
 

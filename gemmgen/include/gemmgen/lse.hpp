@@ -23,7 +23,8 @@ struct alignas(8) LseState {
   LseState() = default;
   // ElementCompute(0), CUTLASS's default reduction_identity: the state of nothing reduced (the
   // runtime writes the identity into the Params anyway).
-  CUTLASS_HOST_DEVICE explicit LseState(int) : max(-cutlass::platform::numeric_limits<float>::infinity()), sum(0.0f) {}
+  CUTLASS_HOST_DEVICE explicit LseState(int)
+      : max(-cutlass::platform::numeric_limits<float>::infinity()), sum(0.0f) {}
   CUTLASS_HOST_DEVICE constexpr LseState(float max_, float sum_) : max(max_), sum(sum_) {}
   CUTLASS_HOST_DEVICE LseState(LseState const&) = default;
   CUTLASS_HOST_DEVICE LseState(LseState const volatile& s) : max(s.max), sum(s.sum) {}
