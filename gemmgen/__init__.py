@@ -30,10 +30,12 @@ from .dsl import (
     amax,
     cast,
     clamp,
+    column_index,
     cos,
     eq,
     erf,
     exp,
+    gather,
     ge,
     gelu,
     gelu_tanh,
@@ -52,6 +54,7 @@ from .dsl import (
     reduce_max,
     reduce_min,
     relu,
+    row_index,
     sigmoid,
     silu,
     sin,
@@ -73,7 +76,7 @@ from .errors import (
 )
 from .errors import UnknownOpError as _UnknownOpError
 from .tuning import add_tuning, autotune
-from .types import ColMajor, DType, Layout, OperandKind, RowMajor, bf16, e4m3, e5m2, f16, f32, fp16, fp32
+from .types import ColMajor, DType, Layout, OperandKind, RowMajor, bf16, e4m3, e5m2, f16, f32, fp16, fp32, i32
 
 if TYPE_CHECKING:  # loaded on first use by __getattr__: they import torch
     from . import nn
@@ -88,10 +91,10 @@ __all__ = [
     "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "NotDeterministic", "OperandGradient",
     "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler",
     "ToolchainError", "Value", "__version__", "abs", "add_bundle", "add_tuning", "amax", "autotune", "bf16",
-    "build_bundle", "cast", "clamp", "e4m3", "e5m2", "cos", "eq", "erf", "exp", "ge", "gt", "interleave", "le",
-    "lt", "ne", "sin", "where", "f16", "f32", "fp16", "fp32", "gelu", "gelu_tanh", "leaky_relu", "logsumexp", "max",
-    "maximum", "min", "minimum", "nn", "op", "pairs", "quantize_blockwise", "reduce_max", "reduce_min", "relu",
-    "sigmoid", "silu", "sum", "tanh", "warmup"
+    "build_bundle", "cast", "clamp", "column_index", "e4m3", "e5m2", "cos", "eq", "erf", "exp", "gather", "ge", "gt",
+    "interleave", "le", "lt", "ne", "sin", "where", "f16", "f32", "fp16", "fp32", "i32", "gelu", "gelu_tanh",
+    "leaky_relu", "logsumexp", "max", "maximum", "min", "minimum", "nn", "op", "pairs", "quantize_blockwise",
+    "reduce_max", "reduce_min", "relu", "row_index", "sigmoid", "silu", "sum", "tanh", "warmup"
 ]
 
 _LAZY = {"nn": ("gemmgen.nn", None), "op": ("gemmgen.integrations.ops", "op"),

@@ -23,13 +23,15 @@ class _DTypeInfo:
 
 
 class DType(enum.Enum):
-    """Element types gemmgen can declare. fp8 (e4m3, e5m2) is for A and B; the rest for everything."""
+    """Element types gemmgen can declare. fp8 (e4m3, e5m2) is for A and B, i32 for row and column
+    vectors (indices: `gemmgen.gather`); the rest for everything."""
 
     BF16 = "bf16"
     F16 = "f16"
     F32 = "f32"
     E4M3 = "e4m3"
     E5M2 = "e5m2"
+    I32 = "i32"
 
     @property
     def info(self) -> _DTypeInfo:
@@ -67,6 +69,7 @@ _DTYPE_INFO = {
     DType.F32: _DTypeInfo(32, "float", "float32"),
     DType.E4M3: _DTypeInfo(8, "cutlass::float_e4m3_t", "float8_e4m3fn"),
     DType.E5M2: _DTypeInfo(8, "cutlass::float_e5m2_t", "float8_e5m2"),
+    DType.I32: _DTypeInfo(32, "int32_t", "int32"),
 }
 
 _TORCH_DTYPES: dict[DType, torch.dtype] = {}
@@ -76,6 +79,7 @@ f16 = fp16 = DType.F16
 f32 = fp32 = DType.F32
 e4m3 = DType.E4M3
 e5m2 = DType.E5M2
+i32 = DType.I32
 
 
 class Layout(enum.Enum):

@@ -10,10 +10,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include <gemmgen/nvrtc_fixups.hpp>
-#include <gemmgen/epilogue.hpp>
-#include <gemmgen/atomics.hpp>
-#include <gemmgen/lse.hpp>
-#include <gemmgen/pairs.hpp>
+#include <gemmgen/fusion.hpp>
 #include <gemmgen/probe.hpp>
 
 namespace gemmgen_7fb5e6c7e642 {

@@ -78,14 +78,26 @@ def sm100_kernels(session_cache, examples):
 
 
 @pytest.fixture(scope="session")
-def grouped_kernels(session_cache):
-    """`moe_recipe()` under GROUPED_CONFIGS (the default config is compiled with the examples, of
-    which it is moe_up; the pingpong one here, NVRTC, about 30 s; from the bundle on the GPU)."""
+def grouped_families(session_cache, examples):
+    """The grouped test kernels of tests/data/gpu_matrix.py, compiled together (2 workers; from the
+    bundle on the GPU): `moe_recipe()` under GROUPED_CONFIGS (its default is compiled with the
+    examples, of which it is moe_up), moe_fp8 under FP8_GROUPED_CONFIGS, and the example
+    moe_fp8_block under BLOCK_GROUPED_CONFIGS (its default also compiled with the examples)."""
+    from gemmgen.aot import build
     from gemmgen.testing.grouped import moe_recipe
-    from tests.data.gpu_matrix import GROUPED_CONFIGS
+    from tests.data.gpu_matrix import BLOCK_GROUPED_CONFIGS, FP8_GROUPED_CONFIGS, GROUPED_CONFIGS, moe_fp8_recipe
 
-    recipe = moe_recipe()
-    return [recipe.build(config, cache=session_cache) for config in GROUPED_CONFIGS]
+    families = {"grouped": [(moe_recipe(), c) for c in GROUPED_CONFIGS],
+                "fp8": [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS],
+                "block": [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS]}
+    kernels = iter(build([p for pairs in families.values() for p in pairs], session_cache, jobs=2,
+                         allow_compile=True))
+    return {name: [next(kernels) for _ in pairs] for name, pairs in families.items()}
+
+
+@pytest.fixture(scope="session")
+def grouped_kernels(grouped_families):
+    return grouped_families["grouped"]
 
 
 @pytest.fixture(scope="session")
@@ -94,21 +106,16 @@ def grouped_kernel(grouped_kernels):
 
 
 @pytest.fixture(scope="session")
-def fp8_kernels(session_cache):
-    """moe_fp8 under FP8_GROUPED_CONFIGS, its default and swapped (NVRTC, about 25 s each; from the
-    bundle on the GPU)."""
-    from tests.data.gpu_matrix import FP8_GROUPED_CONFIGS, moe_fp8_recipe
-
-    return [moe_fp8_recipe().build(config, cache=session_cache) for config in FP8_GROUPED_CONFIGS]
+def fp8_kernels(grouped_families):
+    """moe_fp8 under FP8_GROUPED_CONFIGS: its default and swapped."""
+    return grouped_families["fp8"]
 
 
 @pytest.fixture(scope="session")
-def block_kernels(session_cache, examples):
-    """The example moe_fp8_block under BLOCK_GROUPED_CONFIGS: its default (compiled with the
-    examples) and the others, swapped among them (NVRTC, about 25 s each; from the bundle on the GPU)."""
-    from tests.data.gpu_matrix import BLOCK_GROUPED_CONFIGS
-
-    return [examples["moe_fp8_block"].build(config, cache=session_cache) for config in BLOCK_GROUPED_CONFIGS]
+def block_kernels(grouped_families):
+    """The example moe_fp8_block under BLOCK_GROUPED_CONFIGS: its default, a pingpong kernel with a
+    2 x 1 cluster, and swapped."""
+    return grouped_families["block"]
 
 
 @pytest.fixture(scope="session")

@@ -67,11 +67,32 @@ def _commands(page: Path) -> list[list[str]]:
     return out
 
 
+def _keep_compiled_shapes(path: Path) -> None:
+    """The copy's shapes file cut to the shapes that launch their recipe's default config (the
+    session compiled those): `gemmgen build --shapes` then runs its whole path on the session's
+    kernels instead of compiling five more (three minutes of CI); what each shape chooses is
+    tests/tuning's to check."""
+    import json
+
+    from gemmgen.aot import load_recipes
+    from gemmgen.tuning import config_for
+    from tests.data import EXAMPLES
+
+    recipes = load_recipes(EXAMPLES)
+    shapes = json.loads(path.read_text())
+    kept = {name: [s for s in problems if config_for(recipes[name], *s) == recipes[name].default_config()]
+            for name, problems in shapes.items() if not name.startswith("_")}
+    kept = {name: problems for name, problems in kept.items() if problems}
+    assert kept, f"no shape of {path.name} launches a recipe's default config"
+    path.write_text(json.dumps(kept))
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if _commands(p)], ids=lambda p: p.name)
 def test_bash_blocks_run_or_name_what_exists(page, doc_env, tmp_path, monkeypatch, capsys):
     from gemmgen.cli import main
 
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    _keep_compiled_shapes(tmp_path / "examples" / "llm_shapes.json")
     monkeypatch.chdir(tmp_path)
     for argv in _commands(page):
         while "=" in argv[0]:  # VAR=value before the command

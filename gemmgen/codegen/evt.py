@@ -169,6 +169,8 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             continue
         if n.op is Op.ACC:
             v = _VNode("acc", f"{FUSION}::Sm90AccFetch")
+        elif n.op in (Op.ROW_INDEX, Op.COLUMN_INDEX):  # coordinates.hpp: mode 0 a register's row, 1 its column
+            v = _VNode(n.op.key, f"{EPI}::Coordinate<{int(n.op is Op.COLUMN_INDEX)}>")
         elif n.op is Op.INPUT:
             operand = ir.operand(n.name)  # type: ignore[arg-type]
             kind = {OperandKind.SCALAR: "scalar", OperandKind.ROW: "row", OperandKind.COL: "col",

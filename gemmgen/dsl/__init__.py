@@ -11,10 +11,12 @@ from .values import (
     amax,
     cast,
     clamp,
+    column_index,
     cos,
     eq,
     erf,
     exp,
+    gather,
     ge,
     gelu,
     gelu_tanh,
@@ -33,6 +35,7 @@ from .values import (
     reduce_max,
     reduce_min,
     relu,
+    row_index,
     sigmoid,
     silu,
     sin,
@@ -41,8 +44,10 @@ from .values import (
     where,
 )
 
-__all__ = ["DEEPSEEK_BLOCK_SCALE", "OPS", "Backward", "ColVector", "Matrix", "OperandDecl", "OperandGradient",
-           "Recipe", "Reduced", "RowVector", "Scalar", "Value", "abs", "amax", "cast", "clamp", "cos", "eq", "erf",
-           "exp", "ge", "gt", "interleave", "le", "lt", "ne", "sin", "where", "gelu", "gelu_tanh", "leaky_relu",
-           "logsumexp", "max", "maximum", "min", "minimum", "pairs", "reduce_max", "reduce_min", "relu", "sigmoid",
-           "silu", "sum", "tanh"]
+__all__ = [
+    "DEEPSEEK_BLOCK_SCALE", "OPS", "Backward", "ColVector", "Matrix", "OperandDecl", "OperandGradient", "Recipe",
+    "Reduced", "RowVector", "Scalar", "Value", "abs", "amax", "cast", "clamp", "column_index", "cos", "eq", "erf",
+    "exp", "gather", "ge", "gt", "interleave", "le", "lt", "ne", "sin", "where", "gelu", "gelu_tanh", "leaky_relu",
+    "logsumexp", "max", "maximum", "min", "minimum", "pairs", "reduce_max", "reduce_min", "relu", "row_index",
+    "sigmoid", "silu", "sum", "tanh"
+]

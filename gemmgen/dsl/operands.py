@@ -9,7 +9,8 @@ from ..errors import RecipeError
 from ..ir import Operand, f32
 from ..types import DType, OperandKind, as_dtype
 
-_VECTOR_DTYPES = (DType.BF16, DType.F16, DType.F32)
+_MATRIX_DTYPES = (DType.BF16, DType.F16, DType.F32)
+_VECTOR_DTYPES = (*_MATRIX_DTYPES, DType.I32)  # i32: indices (gemmgen.gather)
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,10 @@ def check_operand(name: str, decl: Any, batched: bool, grouped: bool) -> Operand
             raise RecipeError(f"operand {name!r}: runtime scalars are fp32; declare gg.Scalar() (dtype f32)")
         return Operand(name, OperandKind.SCALAR, DType.F32, per_batch=per_batch)
     dtype = as_dtype(decl.dtype, f"operand {name!r} dtype")
-    if dtype not in _VECTOR_DTYPES:
-        raise RecipeError(f"operand {name!r}: {decl.kind.value} operands may be bf16, f16 or f32, not {dtype.value}")
+    allowed = _MATRIX_DTYPES if isinstance(decl, Matrix) else _VECTOR_DTYPES
+    if dtype not in allowed:
+        raise RecipeError(f"operand {name!r}: {decl.kind.value} operands may be "
+                          f"{', '.join(d.value for d in allowed)}, not {dtype.value}")
     return Operand(name, decl.kind, dtype, per_batch=per_batch)
 
 

@@ -113,6 +113,9 @@ def _check_grouped_epilogue(ir: EpilogueIR) -> None:
         raise RecipeError("epilogue: column pairs (gg.pairs) in a grouped GEMM are not supported yet (its "
                           "pointer-array epilogue stores each group's D with TMA, at the accumulator's width); "
                           "declare the recipe without grouped=True")
+    if any(n.op is Op.ROW_INDEX for n in ir.nodes):
+        raise RecipeError("epilogue: gg.row_index() in a grouped GEMM is not supported yet (a group's kernel "
+                          "numbers its rows from the group's first); declare the recipe without grouped=True")
     matrices = [o.name for o in ir.operands if o.kind is OperandKind.MATRIX]
     if len(matrices) > 1:
         raise RecipeError(f"operands {matrices}: a grouped GEMM's epilogue reads at most one M x N matrix "

@@ -268,6 +268,25 @@ gelu_tanh = _elementwise(Op.GELU_TANH, "GELU with the tanh approximation (torch'
 silu = _elementwise(Op.SILU, "x * sigmoid(x).")
 
 
+def row_index() -> Value:
+    """Each element's row in its batch's M x N output (0 to M - 1), in fp32 (exact below 2^24):
+    what a mask compares with, e.g. ``gg.where(gg.row_index() < valid_rows, acc, 0.0)``."""
+    return _index(Op.ROW_INDEX, "row_index")
+
+
+def column_index() -> Value:
+    """Each element's column in its batch's M x N output (0 to N - 1, the accumulator's columns),
+    in fp32 (exact below 2^24): a vocabulary mask's ``gg.where(gg.column_index() < vocab, acc,
+    -math.inf)``, or what `gather` compares with."""
+    return _index(Op.COLUMN_INDEX, "column_index")
+
+
+def _index(op: Op, op_name: str) -> Value:
+    if not _ACTIVE:
+        raise RecipeError(f"{op_name}: gemmgen ops can only be used inside an epilogue being traced")
+    return _ACTIVE[-1].add(Node(op))
+
+
 def pairs(x: Any) -> tuple[Value, Value]:
     """(even, odd): x's columns 0, 2, 4, ... and 1, 3, 5, ..., each N/2 wide (`ir.columns`).
 
@@ -348,6 +367,19 @@ def logsumexp(x: Any, dim: int, *, over_batch: bool = False) -> Reduced:
                    over_batch)
 
 
+def gather(x: Any, index: Any, dim: int = 1) -> Reduced:
+    """An output of x at one column per row (`dim=1`: x[m, index[m]], index a gg.ColVector, as
+    torch.gather(x, 1, index[:, None]) gives; a cross-entropy's target logit) or at one row per
+    column (`dim=0`: x[index[n], n], index a gg.RowVector), per batch. It is the sum over that
+    dimension of gg.where(column == index, x, 0): exact, NaN or inf elsewhere in the row harmless,
+    and 0 where the index is outside the row (an ignore_index such as -100). Declare its aux name
+    gg.f32; an integer index is declared gg.i32 (pass `index.int()`). See `Reduced`."""
+    d = _reduce_dim(dim, "gather", optional=False)
+    at = column_index() if d == 1 else row_index()
+    picked = where(eq(at, _lift(index, "gather")), x, 0.0)
+    return Reduced(picked, Reduction.SUM, d)
+
+
 def _reduced_value(x: Any, op_name: str) -> Value:
     a = _lift(x, op_name)
     _same_trace([a], op_name)
@@ -368,5 +400,6 @@ def _reduce_dim(dim: Any, op_name: str, optional: bool) -> int | None:
 #: Every way an epilogue can compute: the table's operators and functions, `clamp` (min and max), and the
 #: reductions.
 OPS: tuple[str, ...] = (*(op.symbol for op in Op if op.symbol), *dict.fromkeys(op.dsl for op in Op if op.dsl),
-                        "clamp", "amax", "sum", "reduce_max", "reduce_min", "logsumexp")
+                        "clamp", "amax", "sum", "reduce_max", "reduce_min", "logsumexp", "gather", "row_index",
+                        "column_index")
 

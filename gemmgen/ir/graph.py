@@ -235,8 +235,8 @@ class RecipeIR:
         A swapped kernel computes this recipe on the caller's tensors reinterpreted in place: A and
         B trade places with flipped layouts, D and every M x N tensor become column-major views of
         the same memory, row vectors (one value per column of D) become column vectors of D^T, and
-        a reduction over M (one value per column) becomes one over N. Block scales trade places
-        with their operands: the swapped kernel's A is the caller's B.
+        a reduction over M (one value per column) becomes one over N, and a row's index a column's.
+        Block scales trade places with their operands: the swapped kernel's A is the caller's B.
         """
         g = self.gemm
         scale = None if g.block_scale is None else (g.block_scale[1], g.block_scale[0], g.block_scale[2])
@@ -245,7 +245,8 @@ class RecipeIR:
                         grouped=g.grouped, block_scale=scale)
         operands = tuple(replace(o, kind=o.kind.transposed) for o in self.epilogue.operands)
         outputs = tuple(o.transposed for o in self.epilogue.outputs)
-        return RecipeIR(self.name, gemm, EpilogueIR(self.epilogue.nodes, outputs, operands))
+        nodes = tuple(replace(n, op=n.op.transposed) for n in self.epilogue.nodes)
+        return RecipeIR(self.name, gemm, EpilogueIR(nodes, outputs, operands))
 
     def canonical(self) -> dict:
         """A JSON-able form with no names that do not change the math (the recipe name is left out).

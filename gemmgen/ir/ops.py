@@ -60,10 +60,14 @@ class Op(enum.Enum):
     commutative: bool
     param: Param
 
-    # leaves: the accumulator, an operand, a constant
+    # leaves: the accumulator, an operand, a constant, and each element's row or column in its
+    # batch's M x N problem in fp32 (gemmgen/include/gemmgen/coordinates.hpp): what masks and
+    # gathers compare with
     ACC = ("acc", 0)
     INPUT = ("input", 0)
     CONST = ("const", 0)
+    ROW_INDEX = ("row_index", 0)
+    COLUMN_INDEX = ("column_index", 0)
     # binary
     ADD = ("add", 2, "Add", lambda x, y: x + y, None, "+", True)
     SUB = ("sub", 2, "Sub", lambda x, y: x - y, None, "-")
@@ -136,6 +140,11 @@ class Op(enum.Enum):
         if self.param is Param.DTYPE:
             return self.formula(*args, dtype)
         return self.formula(*args)
+
+    @property
+    def transposed(self) -> Op:
+        """The op of the transposed problem (`RecipeIR.transposed`): a row's index is a column's."""
+        return {Op.ROW_INDEX: Op.COLUMN_INDEX, Op.COLUMN_INDEX: Op.ROW_INDEX}.get(self, self)
 
     @property
     def pairs(self) -> bool:
@@ -238,3 +247,4 @@ _BY_KEY = {op.key: op for op in Op}
 BINARY_OPS = frozenset(o for o in Op if o.arity == 2 and not o.pairs)
 TERNARY_OPS = frozenset(o for o in Op if o.arity == 3)
 UNARY_OPS = frozenset(o for o in Op if o.arity == 1 and not o.pairs)
+COMPARISONS = frozenset((Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE))

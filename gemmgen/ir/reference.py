@@ -11,9 +11,9 @@ from collections.abc import Mapping
 
 import torch
 
-from ..types import OperandKind
+from ..types import DType, OperandKind
 from .graph import EpilogueIR, GemmSpec, Operand, RecipeIR, Reduction
-from .ops import FP8_MAX, Op, round_to
+from .ops import COMPARISONS, FP8_MAX, Op, round_to
 
 __all__ = ["FP8_MAX", "accumulate", "evaluate_epilogue", "expand_block_scale", "group_bounds", "reference",
            "round_to"]
@@ -29,6 +29,14 @@ def _broadcast(t: torch.Tensor, operand: Operand) -> torch.Tensor:
     batch = (t.shape[0],) if operand.per_batch else ()
     shape = {OperandKind.ROW: (1, -1), OperandKind.COL: (-1, 1), OperandKind.SCALAR: (1, 1) if batch else ()}
     return t.reshape((*batch, *shape[operand.kind]))
+
+
+def _coordinates(acc: torch.Tensor, row: bool) -> torch.Tensor:
+    """Each element's row (`row`) or column in its batch's M x N accumulator, rounded to fp32 as
+    the kernel converts its integer coordinates."""
+    extent = acc.shape[-2] if row else acc.shape[-1]
+    index = torch.arange(extent, dtype=torch.int64).to(torch.float32)
+    return index.reshape(-1, 1) if row else index
 
 
 def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor | float],
@@ -61,6 +69,7 @@ def _magnitudes(ir: EpilogueIR, values: list[torch.Tensor], acc_magnitude: torch
     bounded derivative passes its input's magnitude on (times the bound), exp and division scale
     it by their value; min, max and where take the larger side."""
     out: list[torch.Tensor] = []
+    exact = _exact(ir)
     for node, v in zip(ir.nodes, values, strict=True):
         args = [out[a] for a in node.args]
         op = node.op
@@ -82,6 +91,8 @@ def _magnitudes(ir: EpilogueIR, values: list[torch.Tensor], acc_magnitude: torch
             m = v.abs() * (1.0 + args[0])
         elif op in (Op.MIN, Op.MAX):
             m = args[0].maximum(args[1])
+        elif op is Op.WHERE and exact[node.args[0]]:  # the kernel picks the reference's side
+            m = args[1].where(values[node.args[0]] != 0, args[2])
         elif op is Op.WHERE:
             m = args[1].maximum(args[2])
         elif op.arity == 1:
@@ -89,6 +100,22 @@ def _magnitudes(ir: EpilogueIR, values: list[torch.Tensor], acc_magnitude: torch
         else:  # comparisons: 0 or 1
             m = v.abs()
         out.append(m.to(torch.float32))
+    return out
+
+
+def _exact(ir: EpilogueIR) -> list[bool]:
+    """Per node, whether the kernel computes it exactly as the reference does: coordinates,
+    constants, integer operands and comparisons of them (a gather's or a mask's condition), so
+    a select on one takes the same side in both."""
+    dtypes = {o.name: o.dtype for o in ir.operands}
+    out: list[bool] = []
+    for node in ir.nodes:
+        if node.op in (Op.ROW_INDEX, Op.COLUMN_INDEX, Op.CONST):
+            out.append(True)
+        elif node.op is Op.INPUT:
+            out.append(dtypes[node.name] is DType.I32)  # type: ignore[index]
+        else:
+            out.append(node.op in COMPARISONS and all(out[a] for a in node.args))
     return out
 
 
@@ -100,6 +127,8 @@ def _values(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor 
             v = acc
         elif node.op is Op.CONST:
             v = torch.tensor(node.attr, dtype=torch.float32)
+        elif node.op in (Op.ROW_INDEX, Op.COLUMN_INDEX):
+            v = _coordinates(acc, row=node.op is Op.ROW_INDEX)
         elif node.op is Op.INPUT:
             raw = operands[node.name]  # type: ignore[index]
             t = raw if isinstance(raw, torch.Tensor) else torch.tensor(float(raw))

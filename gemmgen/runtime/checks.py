@@ -16,7 +16,7 @@ import torch
 
 from ..codegen.sm90.geometry import SCALE_TMA_THRESHOLD
 from ..errors import InvalidArgument, LayoutMismatch
-from ..ir import Columns, GemmSpec, Operand, RecipeIR, f32
+from ..ir import Columns, GemmSpec, Op, Operand, RecipeIR, f32
 from ..types import DType, Layout, OperandKind
 from .problem import TensorArg
 
@@ -198,6 +198,7 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
                               f"{n + 1} or {n - 1} columns")
     if size_check is not None:
         size_check(m, n, k, l)
+    _index_extents(recipe, m, n)
     device = a.device
     if require_cuda and device.type != "cuda":
         raise InvalidArgument(f"a: expected a CUDA tensor, got one on {device}; move it with a.cuda()")
@@ -241,6 +242,20 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
 
 
 INT32_MAX = 2**31 - 1
+#: Past 2^24, fp32 does not hold every integer: gg.row_index() and gg.column_index() would give two
+#: rows or columns one index (coordinates.hpp).
+EXACT_INDEX_LIMIT = 2**24
+
+
+def _index_extents(recipe: RecipeIR, m: int, n: int) -> None:
+    """The rows and columns an epilogue numbers (gg.row_index(), gg.column_index(), gg.gather) must
+    each have an exact fp32 index."""
+    ops = {node.op for node in recipe.epilogue.nodes}
+    for op, extent, name, operand in ((Op.ROW_INDEX, m, "M", "a"), (Op.COLUMN_INDEX, n, "N", "b")):
+        if op in ops and extent > EXACT_INDEX_LIMIT:
+            raise InvalidArgument(f"{operand}: {name} = {extent}; this recipe's epilogue numbers its {name} "
+                                  f"(gg.{op.key}() or gg.gather), whose fp32 index is exact up to 2^24 = "
+                                  f"{EXACT_INDEX_LIMIT}: split the problem along {name}")
 
 
 def problem_size_check(tile: tuple[int, int, int], cluster: tuple[int, int, int], swapped: bool) -> SizeCheck:

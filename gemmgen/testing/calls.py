@@ -13,7 +13,7 @@ from ..ir import Op, Output, RecipeIR, post_order
 from ..ir.reference import reference
 from ..runtime.kernel import Kernel
 from ..runtime.quantize import random_block_scale
-from ..types import Layout, OperandKind
+from ..types import DType, Layout, OperandKind
 from .recording import RecordingEncoder
 from .tensors import strided_matrix
 
@@ -110,6 +110,9 @@ def fresh_args(recipe: AnyRecipe, m: int, n: int, k: int, lead: tuple[int, ...],
             ops[o.name] = padded(lead[0], n if o.kind is OperandKind.ROW else m, o.dtype.torch, True, ())
         else:
             ops[o.name] = torch.randn(n if o.kind is OperandKind.ROW else m).to(o.dtype.torch)
+        if o.dtype is DType.I32:  # indices (gg.gather): into the other dimension, one past each end too
+            v = ops[o.name]
+            v.copy_(torch.randint(-1, (m if o.kind is OperandKind.ROW else n) + 1, v.shape, dtype=torch.int32))
     return a, b, ops
 
 

@@ -20,10 +20,7 @@ def collectives_check_source(kernels: Sequence[GeneratedKernel]) -> str:
              "#include <cutlass/epilogue/collective/collective_builder.hpp>",
              "#include <cutlass/gemm/kernel/gemm_universal.hpp>",
              "#include <gemmgen/nvrtc_fixups.hpp>",
-             "#include <gemmgen/epilogue.hpp>",
-             "#include <gemmgen/atomics.hpp>",
-             "#include <gemmgen/lse.hpp>",
-             "#include <gemmgen/pairs.hpp>"]
+             "#include <gemmgen/fusion.hpp>"]
     for i, k in enumerate(kernels):
         for spelling in ("resolved", "builder"):
             ctx = type_context(k.kernel_recipe, k.config, k.epilogue, spelling)

@@ -28,7 +28,8 @@ input and the odd of the other, PairSumMask zeroes the odd one); PairLoad reads 
 tensor through its pointer and strides into both, PairStore writes the even columns' values at
 half the column index and passes its input on; DoubleLoad reads the even or odd columns of a
 2N-column tensor, DoubleStore writes its two inputs at the even and odd ones; WithElementAux<E,
-Callbacks> is Callbacks (the collective then stores no D: ElementD is void).
+Callbacks> is Callbacks (the collective then stores no D: ElementD is void). Coordinate<0> and
+Coordinate<1> (coordinates.hpp) give each register its row or column in fp32.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from .cpp_types import CppType, EpilogueSourceError, declarations, parse_type, s
 _FUSION = "cutlass::epilogue::fusion::"
 _EPI = "gemmgen::epi::"
 _ELEMENT = {"cutlass::bfloat16_t": torch.bfloat16, "cutlass::half_t": torch.float16, "float": torch.float32,
-            "cutlass::float_e4m3_t": torch.float8_e4m3fn, "cutlass::float_e5m2_t": torch.float8_e5m2}
+            "cutlass::float_e4m3_t": torch.float8_e4m3fn, "cutlass::float_e5m2_t": torch.float8_e5m2,
+            "int32_t": torch.int32}
 _COMPUTE = "float"
 _ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
 _COLLECTIVE_EPILOGUE = "cutlass::epilogue::collective::CollectiveEpilogue"
@@ -310,6 +312,8 @@ class EpilogueInterpreter:
             return self._pairs(t, lvalue, acc, params, inputs)
         if t.name in (f"{_EPI}DoubleLoad", f"{_EPI}DoubleStore"):
             return self._doubles(t, lvalue, acc, params, inputs)
+        if t.name == f"{_EPI}Coordinate":
+            return _coordinate(t, acc, inputs)
         kind = t.name.removeprefix(_FUSION)
         if kind == "Sm90EVT":
             node, *children = t.args
@@ -543,6 +547,17 @@ class EpilogueInterpreter:
         if kind == "Sm90ScalarReduction":
             return self._scalar_reduction(t, lvalue, acc, params, inputs)
         raise EpilogueSourceError(f"visitor {t} is not one this interpreter models")
+
+
+def _coordinate(t: CppType, acc: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Coordinate<0> / Coordinate<1>: each register's row / column in its batch's (or group's)
+    M x N problem, converted to fp32."""
+    mode = t.args[0].name if len(t.args) == 1 else None
+    if mode not in ("0", "1") or inputs:
+        raise EpilogueSourceError(f"coordinate node {t}")
+    _, m, n = acc.shape
+    index = torch.arange(m if mode == "0" else n, dtype=torch.int64).to(torch.float32)
+    return index.reshape(1, m, 1) if mode == "0" else index.reshape(1, 1, n)
 
 
 def _vector_value(op: str, x: torch.Tensor, dims: tuple[int, ...], params: ParamsView, lvalue: str) -> torch.Tensor:

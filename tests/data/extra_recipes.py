@@ -90,20 +90,23 @@ column_stats = gg.Recipe(
 # log-normalizer of its softmax, a per-token range): signed max and min reductions over N, whose
 # identities (-inf, +inf) the runtime writes into the Params, and an online log-sum-exp, whose state
 # is a pair (lse.hpp); and each batch's signed max and min over M and N (atomic combines: CUTLASS's
-# max, gemmgen's AtomicMinimum), which start from -inf and +inf; batched, a bias per batch and a
-# position bias shared by every batch, D in bf16.
-def _row_extrema(acc, bias, position):
+# max, gemmgen's AtomicMinimum), which start from -inf and +inf; each row's target logit (a gather
+# through the column's coordinate, coordinates.hpp: with the log-sum-exp, a cross-entropy); batched,
+# a bias and a target per batch and a position bias shared by every batch, D in bf16.
+def _row_extrema(acc, bias, position, target):
     y = acc + bias + position
     return {"d": y, "row_max": gg.reduce_max(y, dim=1), "row_min": gg.reduce_min(y, dim=1),
-            "lse": gg.logsumexp(y, dim=1), "max": gg.reduce_max(y), "min": gg.reduce_min(y)}
+            "lse": gg.logsumexp(y, dim=1), "max": gg.reduce_max(y), "min": gg.reduce_min(y),
+            "target_logit": gg.gather(y, target)}
 
 
 row_extrema = gg.Recipe(
     "row_extrema",
     _row_extrema,
     batched=True,
-    operands={"bias": gg.RowVector(gg.bf16, per_batch=True), "position": gg.Matrix(gg.bf16, per_batch=False)},
-    aux={"row_max": gg.f32, "row_min": gg.f32, "lse": gg.f32, "max": gg.f32, "min": gg.f32},
+    operands={"bias": gg.RowVector(gg.bf16, per_batch=True), "position": gg.Matrix(gg.bf16, per_batch=False),
+              "target": gg.ColVector(gg.i32, per_batch=True)},
+    aux={"row_max": gg.f32, "row_min": gg.f32, "lse": gg.f32, "max": gg.f32, "min": gg.f32, "target_logit": gg.f32},
 )
 
 

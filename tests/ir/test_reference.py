@@ -101,10 +101,14 @@ def _independent(name, acc, ops):
         y = acc * f["row_scale"][:, None]
         quantized = y.clamp(-448, 448).to(torch.float8_e4m3fn).half()
         return quantized, y.sum(dim=(0, -2)), y.abs().amax(dim=-2), y.abs().flatten(-2).max(dim=-1).values
-    if name == "row_extrema":  # bias (L, N); position (M, N) for every batch
+    if name == "row_extrema":  # bias (L, N); position (M, N) for every batch; target (L, M), some outside N
         y = acc + f["bias"][:, None, :] + f["position"]
+        target = f["target"].long()
+        inside = (target >= 0) & (target < y.shape[-1])
+        logit = y.gather(-1, target.clamp(0, max(y.shape[-1] - 1, 0)).unsqueeze(-1)).squeeze(-1) if y.shape[-1] \
+            else torch.zeros(target.shape)
         return (y.bfloat16(), y.amax(dim=-1), y.amin(dim=-1), torch.logsumexp(y, dim=-1), y.amax(dim=(-2, -1)),
-                y.amin(dim=(-2, -1)))
+                y.amin(dim=(-2, -1)), torch.where(inside, logit, 0.0))
     if name == "stream_k":
         y = F.silu(acc + f["bias"])
         return y.bfloat16(), y.sum(dim=-1)
