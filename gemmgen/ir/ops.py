@@ -210,6 +210,9 @@ def _d_cast(g: Any, y: Any, x: Any, dtype: DType) -> tuple[Any]:
     return (rounded if limit is None else x.abs().le(limit).select(rounded, 0.0),)
 
 
+#: The ops that give 1.0 or 0.0: no gradient flows through them.
+COMPARISONS = frozenset((Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE))
+
 #: Reverse mode, one rule per op: rule(g, y, *xs[, param]) gives the adjoint of each argument
 #: (None where no gradient flows) from the output's adjoint g, the output y and the arguments,
 #: with torch's derivative at every point (tools/autograd/derivatives.yaml: ties, 0 and NaN
@@ -221,7 +224,7 @@ _DERIVATIVES: dict[Op, Callable[..., tuple[Any, ...]]] = {
     Op.DIV: lambda g, y, a, b: (g / b, -g * a / (b * b)),
     Op.MIN: _d_extremum(smallest=True),
     Op.MAX: _d_extremum(smallest=False),
-    **{op: (lambda g, y, a, b: (None, None)) for op in (Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE)},
+    **{op: (lambda g, y, a, b: (None, None)) for op in COMPARISONS},
     Op.WHERE: lambda g, y, c, a, b: (None, c.select(g, 0.0), c.select(0.0, g)),
     Op.NEG: lambda g, y, x: (-g,),
     Op.ABS: lambda g, y, x: (g * (x.gt(0.0) - x.lt(0.0)),),  # sign(x): 0 at 0
@@ -247,4 +250,3 @@ _BY_KEY = {op.key: op for op in Op}
 BINARY_OPS = frozenset(o for o in Op if o.arity == 2 and not o.pairs)
 TERNARY_OPS = frozenset(o for o in Op if o.arity == 3)
 UNARY_OPS = frozenset(o for o in Op if o.arity == 1 and not o.pairs)
-COMPARISONS = frozenset((Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE))

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..compile import CompiledKernel
+from ..config import Arch, KernelConfig, Schedule
 from ..dsl import Recipe
 from ..ir import Op, Output, RecipeIR, post_order
 from ..ir.reference import reference
@@ -26,6 +27,19 @@ def emulated_shapes(recipe: Recipe | RecipeIR) -> list[tuple[int, int, int, int]
     """EMULATED, each N made even for an epilogue over column pairs (which needs whole pairs)."""
     ir = recipe if isinstance(recipe, RecipeIR) else recipe.ir
     return [(m, n + n % 2, k, b) if ir.epilogue.pairs else (m, n, k, b) for m, n, k, b in EMULATED]
+
+
+#: The kernels an epilogue feature's emulation runs through: sm90 cooperative, ping-pong and
+#: swapped; sm100 on one SM, on a pair of SMs (2x1 cluster) and swapped. Each test keeps those
+#: `codegen.is_valid` accepts for its recipe.
+EMULATED_CONFIGS = (
+    KernelConfig(tile=(128, 128, 64)), KernelConfig(tile=(64, 128, 64), schedule=Schedule.PINGPONG),
+    KernelConfig(tile=(128, 64, 64), swap_ab=True),
+    KernelConfig(tile=(128, 128, 64), schedule=Schedule.ONE_SM, arch=Arch.SM100A),
+    KernelConfig(tile=(256, 128, 64), cluster=(2, 1, 1), schedule=Schedule.TWO_SM, arch=Arch.SM100A),
+    KernelConfig(tile=(128, 128, 64), schedule=Schedule.ONE_SM, swap_ab=True, arch=Arch.SM100A),
+)
+
 #: Relative tolerance of an output of each dtype against the fp32 reference (fp8: one unit in the last place).
 TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-4,
              torch.float8_e4m3fn: 2**-3, torch.float8_e5m2: 2**-2}

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gemmgen as gg
-from gemmgen.testing.calls import emulated_shapes
+from gemmgen.testing.calls import EMULATED_CONFIGS, emulated_shapes
 from gemmgen.testing.checks import assert_computes, source_replaced, uncompiled, uncompiled_kernel
 
 
@@ -36,11 +36,6 @@ RECIPES = {
     "causal": gg.Recipe("causal_mask", _causal, batched=True, operands={"valid": gg.Scalar()}),
 }
 SM100 = gg.Arch.SM100A
-CONFIGS = [gg.KernelConfig(tile=(128, 128, 64)), gg.KernelConfig(tile=(64, 128, 64), schedule=gg.Schedule.PINGPONG),
-           gg.KernelConfig(tile=(128, 64, 64), swap_ab=True),
-           gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM, arch=SM100),
-           gg.KernelConfig(tile=(256, 128, 64), cluster=(2, 1, 1), schedule=gg.Schedule.TWO_SM, arch=SM100),
-           gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM, swap_ab=True, arch=SM100)]
 
 
 def _gathered(x: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
@@ -82,7 +77,7 @@ def test_the_reference_is_torchs_gather_and_mask():
 @pytest.mark.parametrize("name", RECIPES)
 def test_emulated_kernels_compute_gathers_and_masks(name):
     recipe = RECIPES[name]
-    configs = [c for c in CONFIGS if gg.codegen.is_valid(c, recipe.ir)]
+    configs = [c for c in EMULATED_CONFIGS if gg.codegen.is_valid(c, recipe.ir)]
     assert {c.arch for c in configs} == {gg.Arch.SM90A, SM100}
     if name != "causal":
         assert all(c.swap_ab == (name == "columns") for c in configs)  # over M: swapped
@@ -99,11 +94,11 @@ def test_mistakes_fail_the_check(mistake, monkeypatch):
     coordinates (the transposed IR not trading them), fails the emulated call."""
     shape = (130, 200, 24, 2)
     if mistake == "row for column":
-        recipe, config = RECIPES["cross_entropy"], CONFIGS[0]
+        recipe, config = RECIPES["cross_entropy"], EMULATED_CONFIGS[0]
         assert_computes(uncompiled(recipe, config), shape, "unchanged")
         ck = uncompiled(recipe, config, source_replaced("gemmgen::epi::Coordinate<1>", "gemmgen::epi::Coordinate<0>"))
     else:
-        recipe, config = RECIPES["causal"], CONFIGS[2]
+        recipe, config = RECIPES["causal"], EMULATED_CONFIGS[2]
         assert_computes(uncompiled(recipe, config), shape, "unchanged")
         monkeypatch.setattr(gg.ir.Op, "transposed", property(lambda self: self))
         ck = uncompiled(recipe, config)

@@ -16,7 +16,7 @@ import torch
 import gemmgen as gg
 from gemmgen.compile.toolchain import gemmgen_include_dir
 from gemmgen.runtime import arguments
-from gemmgen.testing.calls import emulated_shapes
+from gemmgen.testing.calls import EMULATED_CONFIGS, emulated_shapes
 from gemmgen.testing.checks import assert_computes, source_replaced, uncompiled, uncompiled_kernel
 
 #: A cross-entropy's pieces over the vocabulary (N): each row's log-normalizer and max logit,
@@ -31,11 +31,6 @@ RECIPES = {
                             batched=True, aux={"lse": gg.f32}),
 }
 SM100 = gg.Arch.SM100A
-CONFIGS = [gg.KernelConfig(tile=(128, 128, 64)), gg.KernelConfig(tile=(64, 128, 64), schedule=gg.Schedule.PINGPONG),
-           gg.KernelConfig(tile=(128, 64, 64), swap_ab=True),
-           gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM, arch=SM100),
-           gg.KernelConfig(tile=(256, 128, 64), cluster=(2, 1, 1), schedule=gg.Schedule.TWO_SM, arch=SM100),
-           gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM, swap_ab=True, arch=SM100)]
 
 _STUB_NUMERIC = """#pragma once
 #include <limits>
@@ -120,7 +115,7 @@ def test_the_reference_is_torchs_logsumexp():
 @pytest.mark.parametrize("name", RECIPES)
 def test_emulated_kernels_compute_the_logsumexp(name):
     recipe = RECIPES[name]
-    configs = [c for c in CONFIGS if gg.codegen.is_valid(c, recipe.ir)]
+    configs = [c for c in EMULATED_CONFIGS if gg.codegen.is_valid(c, recipe.ir)]
     assert {c.arch for c in configs} == {gg.Arch.SM90A, SM100}
     assert all(c.swap_ab == (name == "columns") for c in configs)  # over M: swapped
     for config in configs:
@@ -134,7 +129,7 @@ def test_emulated_kernels_compute_the_logsumexp(name):
 def test_mistakes_fail_the_check(mistake, monkeypatch):
     """A wrong starting state in the Params, a workspace sized for fp32 partials, or the reduction
     declared in fp32 each fail the emulated call (the unchanged kernel passes)."""
-    recipe, config, shape = RECIPES["rows"], CONFIGS[0], (130, 200, 24, 2)
+    recipe, config, shape = RECIPES["rows"], EMULATED_CONFIGS[0], (130, 200, 24, 2)
     assert_computes(uncompiled(recipe, config), shape, "unchanged")
     ck = uncompiled(recipe, config)
     if mistake == "identity":
