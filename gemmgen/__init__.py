@@ -25,6 +25,7 @@ from .dsl import (
     Recipe,
     RowVector,
     Scalar,
+    Seed,
     Value,
     abs,
     amax,
@@ -51,6 +52,7 @@ from .dsl import (
     minimum,
     ne,
     pairs,
+    rand,
     reduce_max,
     reduce_min,
     relu,
@@ -58,6 +60,7 @@ from .dsl import (
     sigmoid,
     silu,
     sin,
+    stochastic_round,
     sum,
     tanh,
     where,
@@ -89,12 +92,12 @@ __all__ = [
     "DEEPSEEK_BLOCK_SCALE", "OPS", "Arch", "Backward", "ColMajor", "ColVector", "CompileError", "CompiledKernel",
     "ConfigError", "DType", "GemmgenError", "GemmgenWarning", "GroupedKernel", "InvalidArgument", "Kernel",
     "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "NotDeterministic", "OperandGradient",
-    "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "TileScheduler",
+    "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "Seed", "TileScheduler",
     "ToolchainError", "Value", "__version__", "abs", "add_bundle", "add_tuning", "amax", "autotune", "bf16",
     "build_bundle", "cast", "clamp", "column_index", "e4m3", "e5m2", "cos", "eq", "erf", "exp", "gather", "ge", "gt",
     "interleave", "le", "lt", "ne", "sin", "where", "f16", "f32", "fp16", "fp32", "i32", "gelu", "gelu_tanh",
-    "leaky_relu", "logsumexp", "max", "maximum", "min", "minimum", "nn", "op", "pairs", "quantize_blockwise",
-    "reduce_max", "reduce_min", "relu", "row_index", "sigmoid", "silu", "sum", "tanh", "warmup"
+    "leaky_relu", "logsumexp", "max", "maximum", "min", "minimum", "nn", "op", "pairs", "quantize_blockwise", "rand",
+    "reduce_max", "reduce_min", "relu", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh", "warmup"
 ]
 
 _LAZY = {"nn": ("gemmgen.nn", None), "op": ("gemmgen.integrations.ops", "op"),

@@ -24,7 +24,8 @@ class _DTypeInfo:
 
 class DType(enum.Enum):
     """Element types gemmgen can declare. fp8 (e4m3, e5m2) is for A and B, i32 for row and column
-    vectors (indices: `gemmgen.gather`); the rest for everything."""
+    vectors (indices: `gemmgen.gather`), i64 for random seeds (`gemmgen.Seed`); the rest for
+    everything."""
 
     BF16 = "bf16"
     F16 = "f16"
@@ -32,6 +33,7 @@ class DType(enum.Enum):
     E4M3 = "e4m3"
     E5M2 = "e5m2"
     I32 = "i32"
+    I64 = "i64"
 
     @property
     def info(self) -> _DTypeInfo:
@@ -70,6 +72,7 @@ _DTYPE_INFO = {
     DType.E4M3: _DTypeInfo(8, "cutlass::float_e4m3_t", "float8_e4m3fn"),
     DType.E5M2: _DTypeInfo(8, "cutlass::float_e5m2_t", "float8_e5m2"),
     DType.I32: _DTypeInfo(32, "int32_t", "int32"),
+    DType.I64: _DTypeInfo(64, "int64_t", "int64"),
 }
 
 _TORCH_DTYPES: dict[DType, torch.dtype] = {}
@@ -112,6 +115,7 @@ class OperandKind(enum.Enum):
     MATRIX = "matrix"  # full M x N (e.g. C or a residual)
     SCALE_A = "scale_a"  # fp32 per block of A's rows and K, read by the main loop (GemmSpec.block_scale)
     SCALE_B = "scale_b"  # fp32 per block of B's K and columns
+    SEED = "seed"  # a random stream's seed: 64 bits, a Python int or a device int64 (gemmgen.rand)
 
     @property
     def transposed(self) -> OperandKind:

@@ -62,7 +62,7 @@ class ParamBinding:
     Params: `path` holds (index, sibling count) per level of nested Sm90VisitorImplBase Params."""
 
     kind: str  # "row" | "col" | "scalar" | "aux_load" | "shared_load" | "aux_store" | "amax" | "row_reduction"
-    #          | "col_reduction"
+    #          | "col_reduction" | "seed" (coordinates.hpp's Random: a seed operand's SeedArguments)
     #          | fields.PAIR_BINDINGS (N/2- and 2N-column tensors: gemmgen/include/gemmgen/pairs.hpp)
     name: str  # operand or aux output name
     dtype: DType
@@ -70,6 +70,7 @@ class ParamBinding:
     per_batch: bool = False  # one per batch (`Operand.per_batch`): a row or column vector's batch stride is a field
     column_major: bool = False  # a shared matrix's layout (D's): which of its strides is a field
     log_sum_exp: bool = False  # a vector reduction whose state, and identity, is a pair (`LSE_STATE`)
+    stream: int = 0  # a seed's: which of its streams the node draws (each Random node has its own Params)
 
     def member(self, root: str) -> str:
         """C++ lvalue of this node's Params under `root`. Sm90VisitorImplBase names members op_0..op_3
@@ -171,6 +172,10 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             v = _VNode("acc", f"{FUSION}::Sm90AccFetch")
         elif n.op in (Op.ROW_INDEX, Op.COLUMN_INDEX):  # coordinates.hpp: mode 0 a register's row, 1 its column
             v = _VNode(n.op.key, f"{EPI}::Coordinate<{int(n.op is Op.COLUMN_INDEX)}>")
+        elif n.op in (Op.RANDOM, Op.RANDOM_T):  # coordinates.hpp: the uniform numbers of a seed and stream
+            stream, transposed = int(n.attr), str(n.op is Op.RANDOM_T).lower()  # type: ignore[arg-type]
+            v = _VNode(f"rand_{n.name}_{stream}", f"{EPI}::Random<{transposed}, {stream}u>",
+                       binding=ParamBinding("seed", n.name, DType.I64, stream=stream))  # type: ignore[arg-type]
         elif n.op is Op.INPUT:
             operand = ir.operand(n.name)  # type: ignore[arg-type]
             kind = {OperandKind.SCALAR: "scalar", OperandKind.ROW: "row", OperandKind.COL: "col",

@@ -38,6 +38,8 @@ class Binding(Protocol):
     def column_major(self) -> bool: ...
     @property
     def log_sum_exp(self) -> bool: ...
+    @property
+    def stream(self) -> int: ...
 
     def member(self, root: str) -> str: ...
 
@@ -136,6 +138,9 @@ def binding_fields(b: Binding) -> list[ParamField]:
                 ParamField(f"{n}.batch_stride", f"cute::get<2>({node}.d{vector})", "i64"),
                 ParamField(f"{n}.buffer", f"{node}.reduction_buffer", "ptr"),
                 ParamField(f"{n}.counters", f"{node}.tile_counters", "ptr")]
+    if b.kind == "seed":  # coordinates.hpp's SeedArguments, one per stream drawn: the value, or where it is read
+        return [ParamField(f"{n}.{b.stream}.value", f"{node}.seed", "u64"),
+                ParamField(f"{n}.{b.stream}.ptr", f"{node}.seed_ptr", "ptr")]
     if b.kind in PAIR_BINDINGS:  # pairs.hpp's HalfTensor
         return [ParamField(f"{n}.ptr", f"{node}.ptr", "ptr"),
                 ParamField(f"{n}.stride_m", f"cute::get<0>({node}.dHalf)", "i64"),

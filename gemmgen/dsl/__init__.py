@@ -1,7 +1,7 @@
 """What a user writes: operand declarations, traced epilogue values and ops, and `Recipe`."""
 
 from .backward import OperandGradient
-from .operands import ColVector, Matrix, OperandDecl, RowVector, Scalar
+from .operands import ColVector, Matrix, OperandDecl, RowVector, Scalar, Seed
 from .recipe import DEEPSEEK_BLOCK_SCALE, Backward, Recipe
 from .values import (
     OPS,
@@ -32,6 +32,7 @@ from .values import (
     minimum,
     ne,
     pairs,
+    rand,
     reduce_max,
     reduce_min,
     relu,
@@ -39,6 +40,7 @@ from .values import (
     sigmoid,
     silu,
     sin,
+    stochastic_round,
     sum,
     tanh,
     where,
@@ -46,8 +48,8 @@ from .values import (
 
 __all__ = [
     "DEEPSEEK_BLOCK_SCALE", "OPS", "Backward", "ColVector", "Matrix", "OperandDecl", "OperandGradient", "Recipe",
-    "Reduced", "RowVector", "Scalar", "Value", "abs", "amax", "cast", "clamp", "column_index", "cos", "eq", "erf",
-    "exp", "gather", "ge", "gt", "interleave", "le", "lt", "ne", "sin", "where", "gelu", "gelu_tanh", "leaky_relu",
-    "logsumexp", "max", "maximum", "min", "minimum", "pairs", "reduce_max", "reduce_min", "relu", "row_index",
-    "sigmoid", "silu", "sum", "tanh"
+    "Reduced", "RowVector", "Scalar", "Seed", "Value", "abs", "amax", "cast", "clamp", "column_index", "cos", "eq",
+    "erf", "exp", "gather", "ge", "gt", "interleave", "le", "lt", "ne", "sin", "where", "gelu", "gelu_tanh",
+    "leaky_relu", "logsumexp", "max", "maximum", "min", "minimum", "pairs", "rand", "reduce_max", "reduce_min",
+    "relu", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh"
 ]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..ir import EpilogueIR, Node, Op, Operand, RecipeIR
 from ..ir.autodiff import GRAD_PREFIX, Derivative
 from ..types import OperandKind
-from .operands import ColVector, Matrix, OperandDecl, RowVector, Scalar
+from .operands import ColVector, Matrix, OperandDecl, RowVector, Scalar, Seed
 from .values import Reduced, Value
 
 
@@ -60,7 +60,8 @@ def declarations(operands: tuple[Operand, ...]) -> dict[str, OperandDecl]:
         OperandKind.SCALAR: lambda o: Scalar(per_batch=bool(o.per_batch)),
         OperandKind.ROW: lambda o: RowVector(o.dtype, bool(o.per_batch)),
         OperandKind.COL: lambda o: ColVector(o.dtype, bool(o.per_batch)),
-        OperandKind.MATRIX: lambda o: Matrix(o.dtype, bool(o.per_batch))}
+        OperandKind.MATRIX: lambda o: Matrix(o.dtype, bool(o.per_batch)),
+        OperandKind.SEED: lambda o: Seed()}
     return {o.name: make[o.kind](o) for o in operands}
 
 

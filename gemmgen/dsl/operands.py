@@ -54,7 +54,16 @@ class Matrix:
     kind = OperandKind.MATRIX
 
 
-OperandDecl = Scalar | RowVector | ColVector | Matrix
+@dataclass(frozen=True)
+class Seed:
+    """The seed of the epilogue's random numbers (`gemmgen.rand`, `gemmgen.stochastic_round`): a
+    call passes a Python int in [0, 2^63), or a one-element int64 tensor on the kernel's device,
+    which the kernel reads at launch (a CUDA graph replays with the value it holds then)."""
+
+    kind = OperandKind.SEED
+
+
+OperandDecl = Scalar | RowVector | ColVector | Matrix | Seed
 RESERVED_NAMES = ("acc", "a", "b", "d", "out", "offsets")
 
 
@@ -74,9 +83,15 @@ def check_operand(name: str, decl: Any, batched: bool, grouped: bool) -> Operand
     if not name.isidentifier() or name in RESERVED_NAMES:
         raise RecipeError(f"operand {name!r}: names must be Python identifiers other than acc, a, b, d, out, "
                           "offsets")
-    if not isinstance(decl, Scalar | RowVector | ColVector | Matrix):
-        raise RecipeError(f"operand {name!r}: expected gg.Scalar(), gg.RowVector(dtype), gg.ColVector(dtype) or "
-                          f"gg.Matrix(dtype), got {decl!r}")
+    if not isinstance(decl, Scalar | RowVector | ColVector | Matrix | Seed):
+        raise RecipeError(f"operand {name!r}: expected gg.Scalar(), gg.RowVector(dtype), gg.ColVector(dtype), "
+                          f"gg.Matrix(dtype) or gg.Seed(), got {decl!r}")
+    if isinstance(decl, Seed):
+        if grouped:
+            raise RecipeError(f"operand {name!r}: random numbers (gg.Seed) in a grouped GEMM are not supported yet "
+                              "(a group's kernel numbers its rows from the group's first); declare the recipe "
+                              "without grouped=True")
+        return Operand(name, OperandKind.SEED, DType.I64)
     per_batch = _per_batch(name, decl, batched, grouped)
     if isinstance(decl, Scalar):
         if decl.value is not None:
@@ -95,7 +110,7 @@ def check_operand(name: str, decl: Any, batched: bool, grouped: bool) -> Operand
     return Operand(name, decl.kind, dtype, per_batch=per_batch)
 
 
-def _per_batch(name: str, decl: OperandDecl, batched: bool, grouped: bool) -> bool:
+def _per_batch(name: str, decl: Scalar | RowVector | ColVector | Matrix, batched: bool, grouped: bool) -> bool:
     """An operand's `per_batch`: a scalar or vector is shared by default and a matrix per batch;
     the other choice needs a batched GEMM's batches."""
     default = isinstance(decl, Matrix)

@@ -28,7 +28,7 @@ from ..ir.autodiff import GRAD_PREFIX, RECOMPUTED_D, SAVED_ACC, NotDifferentiabl
 from ..types import DType, Layout, OperandKind, as_dtype, as_layout
 from .backward import OperandGradient, declarations, operand_gradients, replay
 from .operands import OperandDecl, check_operand
-from .values import OUTPUT_DTYPES, Reduced, Trace, Value, tracing
+from .values import OUTPUT_DTYPES, Reduced, SeedValue, Trace, Value, tracing
 
 if TYPE_CHECKING:  # the runtime and the reference import torch: loaded when first used
     import torch
@@ -224,10 +224,14 @@ class Recipe:
                               "add it to the function's parameters or remove the declaration")
         trace = Trace()
         acc = trace.add(Node(Op.ACC))
-        args: dict[str, Value] = {}
+        args: dict[str, Value | SeedValue] = {}
         for k, v in checked.items():
-            args[k] = trace.add(Node(Op.CONST, attr=v)) if isinstance(v, float) else trace.add(
-                Node(Op.INPUT, name=k, dtype=v.dtype))
+            if isinstance(v, float):
+                args[k] = trace.add(Node(Op.CONST, attr=v))
+            elif v.kind is OperandKind.SEED:  # what gg.rand draws from, not a value
+                args[k] = SeedValue(trace, k)
+            else:
+                args[k] = trace.add(Node(Op.INPUT, name=k, dtype=v.dtype))
         with tracing(trace):
             result = self._fn(acc, **{p: args[p] for p in params[1:]})
         outputs = self._outputs(trace, result)
@@ -353,7 +357,7 @@ class Recipe:
                 stored out x in). Default: this recipe's A type (bf16 for fp8), both row-major.
             d: the type of dL/dacc (default: as a). saved: the type the forward saves its
                 accumulator in, or with `recompute` the type of dL/dD (default: as d).
-            wrt: the operands whose gradients to compute (default: all of the epilogue's).
+            wrt: the operands whose gradients to compute (default: all of the epilogue's but seeds).
             grad_outputs: the outputs a gradient flows into: D, and M x N aux outputs, each then
                 read from the operand `grad_<name>`.
             recompute: the backward kernel is this recipe's own GEMM again, reading dL/dD as the
@@ -519,7 +523,7 @@ def _derive_backward(recipe: Recipe, *, a: Any = None, b: Any = None, layout_a: 
     grad_dtype = as_dtype(d if d is not None else grad_default, "d (dtype of dL/dacc)")
     read_dtype = as_dtype(saved if saved is not None else grad_dtype,
                           "saved (dtype of the saved accumulator, or with recompute of dL/dD)")
-    names = {o.name for o in recipe.ir.epilogue.operands}
+    names = {o.name for o in recipe.ir.epilogue.operands if o.kind is not OperandKind.SEED}  # seeds: no gradient
     outputs = {o.name: o for o in recipe.outputs}
     reserved = {SAVED_ACC, RECOMPUTED_D, *(GRAD_PREFIX + n for n in grad_outputs)}
     taken = sorted((names | set(outputs)) & reserved)

@@ -178,12 +178,39 @@ def _reduced_misuse() -> RecipeError:
                        "aux={'amax_y': gg.f32}")
 
 
+class SeedValue:
+    """A `gg.Seed()` operand in the epilogue: not a value to compute with, but what `gg.rand`
+    and `gg.stochastic_round` draw their numbers from."""
+
+    __slots__ = ("name", "trace")
+
+    def __init__(self, trace: Trace, name: str) -> None:
+        self.trace, self.name = trace, name
+
+    def _misuse(self, *args: Any) -> Any:
+        raise _seed_misuse(self.name)
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _misuse
+    __truediv__ = __rtruediv__ = __neg__ = __pos__ = __abs__ = __pow__ = _misuse
+    __lt__ = __le__ = __gt__ = __ge__ = _misuse
+
+    def __repr__(self) -> str:
+        return f"<gemmgen seed {self.name!r}>"
+
+
+def _seed_misuse(name: str) -> RecipeError:
+    return RecipeError(f"operand {name!r}: a gg.Seed() is not a value to compute with; draw numbers from it: "
+                       f"gg.rand({name}) (uniform in [0, 1)) or gg.stochastic_round(x, {name})")
+
+
 def _lift(x: Any, op_name: str) -> Value:
     """Turn a Python number into a constant of the current trace; reject anything else."""
     if isinstance(x, Value):
         return x
     if isinstance(x, Reduced):
         raise _reduced_misuse()
+    if isinstance(x, SeedValue):
+        raise _seed_misuse(x.name)
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
         if not _ACTIVE:
             raise RecipeError(f"{op_name}: gemmgen ops can only be used inside an epilogue being traced")
@@ -285,6 +312,37 @@ def _index(op: Op, op_name: str) -> Value:
     if not _ACTIVE:
         raise RecipeError(f"{op_name}: gemmgen ops can only be used inside an epilogue being traced")
     return _ACTIVE[-1].add(Node(op))
+
+
+#: How many independent streams of random numbers one seed gives (`rand`'s `stream`).
+RANDOM_STREAMS = 1 << 16
+
+
+def rand(seed: Any, stream: int = 0) -> Value:
+    """A uniform random fp32 in [0, 1) per element (multiples of 2^-24), a hash of the seed (a
+    `gg.Seed()` operand), the stream number (a compile-time int below 2^16) and the element's
+    batch, row and column: the same numbers whatever kernel computes them, independent from
+    element to element and from stream to stream. A dropout mask: ``gg.where(gg.rand(seed) < p,
+    0.0, acc / (1 - p))``. Two draws of one stream are the same number: give draws that must be
+    independent streams of their own."""
+    if not isinstance(seed, SeedValue):
+        raise RecipeError(f"rand: expected a gg.Seed() operand, got {seed!r}; declare operands={{'seed': "
+                          "gg.Seed()} and pass the function's parameter")
+    if not _ACTIVE or _ACTIVE[-1] is not seed.trace:
+        raise RecipeError("rand: gemmgen ops can only be used inside an epilogue being traced")
+    if not isinstance(stream, int) or isinstance(stream, bool) or not 0 <= stream < RANDOM_STREAMS:
+        raise RecipeError(f"rand: stream={stream!r}; expected a Python int in [0, {RANDOM_STREAMS}), e.g. "
+                          "stream=1 for a second independent draw")
+    return seed.trace.add(Node(Op.RANDOM, name=seed.name, attr=float(stream)))
+
+
+def stochastic_round(x: Any, seed: Any, stream: int = 1) -> Value:
+    """x rounded to bf16 at random: to one of its two bf16 neighbours, the farther one with
+    probability its nearness (unbiased: the expected result is x), from `gg.rand(seed, stream)`
+    (stream 1 by default, independent of a `gg.rand(seed)` dropout in the same epilogue). The value
+    continues in fp32 and is a bf16 value, which a bf16 output stores exactly. NaN stays NaN; past
+    bf16's largest finite value it rounds to inf at that rate."""
+    return _binary(Op.STOCHASTIC_ROUND, x, rand(seed, stream), "stochastic_round")
 
 
 def pairs(x: Any) -> tuple[Value, Value]:
@@ -401,5 +459,5 @@ def _reduce_dim(dim: Any, op_name: str, optional: bool) -> int | None:
 #: reductions.
 OPS: tuple[str, ...] = (*(op.symbol for op in Op if op.symbol), *dict.fromkeys(op.dsl for op in Op if op.dsl),
                         "clamp", "amax", "sum", "reduce_max", "reduce_min", "logsumexp", "gather", "row_index",
-                        "column_index")
+                        "column_index", "rand")
 

@@ -55,7 +55,8 @@ class DenseOp(OpKind):
         operand's gradient; None where the recipe has none (D does not depend differentiably on
         the accumulator)."""
         g = self.recipe.ir.gemm
-        wrt = [o.name for o in self.recipe.ir.epilogue.operands if o.kind is not OperandKind.SCALAR or o.per_batch]
+        wrt = [o.name for o in self.recipe.ir.epilogue.operands
+               if o.kind is not OperandKind.SEED and (o.kind is not OperandKind.SCALAR or o.per_batch)]
         try:
             return self.recipe.backward(recompute=True, saved=g.d if g.d.bits >= 16 else DType.BF16, wrt=wrt)
         except RecipeError:

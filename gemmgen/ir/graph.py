@@ -42,7 +42,7 @@ class Node:
 
     op: Op
     args: tuple[int, ...] = ()
-    name: str | None = None  # INPUT: operand name
+    name: str | None = None  # INPUT: operand name; RANDOM: its seed's
     attr: float | None = None  # CONST: value; LEAKY_RELU: slope (fp32-rounded)
     dtype: DType | None = None  # INPUT: element type; CAST: target type
 
@@ -347,7 +347,7 @@ def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand,
     final = tuple(Node(new_nodes[o].op, tuple(remap[a] for a in new_nodes[o].args), new_nodes[o].name,
                        new_nodes[o].attr, new_nodes[o].dtype) for o in order)
     outs = tuple(replace(o, node=remap[r], columns=Columns.FULL) for o, r in zip(outputs, roots, strict=True))
-    used = {n.name for n in final if n.op is Op.INPUT}
+    used = {n.name for n in final if n.op in (Op.INPUT, Op.RANDOM, Op.RANDOM_T)}
     kept = tuple(replace(o, columns=Columns.FULL) for o in operands if o.name in used)
     if any(n.op.pairs for n in final):
         outs, kept = annotate(final, outs, kept)

@@ -68,6 +68,11 @@ class Op(enum.Enum):
     CONST = ("const", 0)
     ROW_INDEX = ("row_index", 0)
     COLUMN_INDEX = ("column_index", 0)
+    # a uniform fp32 in [0, 1) hashed from a seed operand (Node.name), a stream number (Node.attr)
+    # and each element's batch, row and column (`random_uniform`; coordinates.hpp's Random); RANDOM_T
+    # is the same numbers seen from a swapped kernel, whose rows are the recipe's columns
+    RANDOM = ("rand", 0)
+    RANDOM_T = ("rand_transposed", 0)
     # binary
     ADD = ("add", 2, "Add", lambda x, y: x + y, None, "+", True)
     SUB = ("sub", 2, "Sub", lambda x, y: x - y, None, "-")
@@ -100,6 +105,10 @@ class Op(enum.Enum):
     SILU = ("silu", 1, "Silu", lambda x: x * x.sigmoid(), "silu")
     LEAKY_RELU = ("leaky_relu", 1, "LeakyRelu", lambda x, slope: (x * slope).where(x < 0, x), "leaky_relu", None,
                   False, Param.SLOPE)
+    # x rounded to one of its two bf16 neighbours at random, up with probability (x - lo) / (hi - lo),
+    # from a uniform u in [0, 1) (gemmgen.stochastic_round gives it gemmgen.rand's); continues in fp32
+    STOCHASTIC_ROUND = ("stochastic_round", 2, "StochasticRoundBf16", lambda x, u: stochastic_round_bf16(x, u),
+                        "stochastic_round")
     # rounds and continues in fp32; the conversion is the compute node's output type
     CAST = ("cast", 1, "Identity", lambda x, dtype: round_to(x, dtype).float(), "cast", None, False, Param.DTYPE)
     # adjacent column pairs (`ir.columns`): a value's even or odd columns (N -> N/2), and the pair
@@ -144,7 +153,8 @@ class Op(enum.Enum):
     @property
     def transposed(self) -> Op:
         """The op of the transposed problem (`RecipeIR.transposed`): a row's index is a column's."""
-        return {Op.ROW_INDEX: Op.COLUMN_INDEX, Op.COLUMN_INDEX: Op.ROW_INDEX}.get(self, self)
+        return {Op.ROW_INDEX: Op.COLUMN_INDEX, Op.COLUMN_INDEX: Op.ROW_INDEX, Op.RANDOM: Op.RANDOM_T,
+                Op.RANDOM_T: Op.RANDOM}.get(self, self)
 
     @property
     def pairs(self) -> bool:
@@ -171,6 +181,49 @@ def _interleave(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if x.dim() == 0:
         x, y = x.reshape(1), y.reshape(1)
     return torch.stack((x, y), dim=-1).flatten(-2)
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """x * c mod 2^32 for int64 x in [0, 2^32), with no product past 2^49 (int64 never wraps)."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """epilogue.hpp's mix32 (lowbias32, from Chris Wellons' hash prospector) on int64 tensors."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def random_uniform(seed: int, stream: int, batch: torch.Tensor, row: torch.Tensor, column: torch.Tensor
+                   ) -> torch.Tensor:
+    """What gemmgen.rand gives at each (batch, row, column) (int64 tensors that broadcast): a
+    uniform fp32 k / 2^24, k the top 24 bits of a hash of the seed, the stream number and the
+    coordinates, as epilogue.hpp's random_stream and random_uniform compute it."""
+    s = seed & ((1 << 64) - 1)
+    start = _mix32(_mix32(_mix32(batch * 0 + (s & _MASK32)) ^ (s >> 32)) ^ stream)
+    tile = _mix32(start ^ (batch & _MASK32))  # random_stream: what a tile's elements share
+    h = _mix32(_mix32(tile ^ (row & _MASK32)) ^ (column & _MASK32))
+    return (h >> 8).float() * 2.0**-24
+
+
+def stochastic_round_bf16(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """x's bits plus floor(u * 2^16) (clamped to [0, 2^16 - 1]; 0 for NaN), the low 16 bits then
+    cut: one of x's two bf16 neighbours, the farther with probability its nearness when u is
+    uniform (NaN stays NaN; past bf16's largest finite value, +-inf at that rate)."""
+    import torch
+
+    x, u = torch.broadcast_tensors(x.float(), u.float())
+    bits = x.contiguous().view(torch.int32).long() & _MASK32
+    r = (u * 65536.0).floor().nan_to_num(0.0).clamp(0.0, 65535.0).long()
+    cut = (bits + r) & 0xFFFF0000
+    rounded = (cut - ((cut >> 31) << 32)).int().view(torch.float32)
+    return rounded.where(~x.isnan(), x)
 
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -240,6 +293,7 @@ _DERIVATIVES: dict[Op, Callable[..., tuple[Any, ...]]] = {
     Op.SILU: lambda g, y, x: (g * x.sigmoid() * (1.0 + x * (1.0 - x.sigmoid())),),
     Op.LEAKY_RELU: lambda g, y, x, slope: (x.gt(0.0).select(g, g * slope),),  # the slope at 0, as torch
     Op.CAST: _d_cast,
+    Op.STOCHASTIC_ROUND: lambda g, y, x, u: (g, None),  # straight through, as a rounding's gradient
     Op.PAIR_EVEN: lambda g, y, x: (g.interleave(0.0),),
     Op.PAIR_ODD: lambda g, y, x: (g.interleave(0.0, odd=True),),
     Op.INTERLEAVE: lambda g, y, a, b: (g.pair_even(), g.pair_odd()),

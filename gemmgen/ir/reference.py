@@ -13,7 +13,7 @@ import torch
 
 from ..types import DType, OperandKind
 from .graph import EpilogueIR, GemmSpec, Operand, RecipeIR, Reduction
-from .ops import COMPARISONS, FP8_MAX, Op, round_to
+from .ops import COMPARISONS, FP8_MAX, Op, random_uniform, round_to
 
 __all__ = ["FP8_MAX", "accumulate", "evaluate_epilogue", "expand_block_scale", "group_bounds", "reference",
            "round_to"]
@@ -37,6 +37,22 @@ def _coordinates(acc: torch.Tensor, row: bool) -> torch.Tensor:
     extent = acc.shape[-2] if row else acc.shape[-1]
     index = torch.arange(extent, dtype=torch.int64).to(torch.float32)
     return index.reshape(-1, 1) if row else index
+
+
+def seed_value(seed: torch.Tensor | float | int) -> int:
+    """A seed operand's 64 bits: a Python int, or the value a one-element int64 tensor holds."""
+    return int(seed.reshape(-1)[0]) if isinstance(seed, torch.Tensor) else int(seed)
+
+
+def _random(acc: torch.Tensor, seed: int, stream: int, transposed: bool) -> torch.Tensor:
+    """gemmgen.rand at each element of the (L, M, N) / (M, N) accumulator (`ops.random_uniform`);
+    `transposed`: a swapped kernel's view, whose rows are the recipe's columns."""
+    m, n = acc.shape[-2:]
+    batch = torch.arange(acc.shape[0] if acc.dim() == 3 else 1).reshape(-1, 1, 1)
+    rows, columns = torch.arange(m).reshape(1, -1, 1), torch.arange(n).reshape(1, 1, -1)
+    u = random_uniform(seed, stream, batch, columns.mT, rows.mT).mT if transposed else \
+        random_uniform(seed, stream, batch, rows, columns)
+    return u if acc.dim() == 3 else u[0]
 
 
 def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor | float],
@@ -83,7 +99,7 @@ def _magnitudes(ir: EpilogueIR, values: list[torch.Tensor], acc_magnitude: torch
             m = args[0] * args[1]
         elif op is Op.DIV:
             m = (args[0] + v.abs() * args[1]) / values[node.args[1]].abs()
-        elif op in (Op.NEG, Op.ABS, Op.CAST):
+        elif op in (Op.NEG, Op.ABS, Op.CAST, Op.STOCHASTIC_ROUND):
             m = args[0]
         elif op.pairs:  # the magnitudes moved as the values are
             m = op.apply(tuple(args))
@@ -105,12 +121,13 @@ def _magnitudes(ir: EpilogueIR, values: list[torch.Tensor], acc_magnitude: torch
 
 def _exact(ir: EpilogueIR) -> list[bool]:
     """Per node, whether the kernel computes it exactly as the reference does: coordinates,
-    constants, integer operands and comparisons of them (a gather's or a mask's condition), so
+    constants, random numbers, integer operands and comparisons of them (a gather's, a mask's or a
+    dropout's condition), so
     a select on one takes the same side in both."""
     dtypes = {o.name: o.dtype for o in ir.operands}
     out: list[bool] = []
     for node in ir.nodes:
-        if node.op in (Op.ROW_INDEX, Op.COLUMN_INDEX, Op.CONST):
+        if node.op in (Op.ROW_INDEX, Op.COLUMN_INDEX, Op.CONST, Op.RANDOM, Op.RANDOM_T):
             out.append(True)
         elif node.op is Op.INPUT:
             out.append(dtypes[node.name] is DType.I32)  # type: ignore[index]
@@ -129,6 +146,9 @@ def _values(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor 
             v = torch.tensor(node.attr, dtype=torch.float32)
         elif node.op in (Op.ROW_INDEX, Op.COLUMN_INDEX):
             v = _coordinates(acc, row=node.op is Op.ROW_INDEX)
+        elif node.op in (Op.RANDOM, Op.RANDOM_T):
+            v = _random(acc, seed_value(operands[node.name]), int(node.attr),  # type: ignore[index,arg-type]
+                        transposed=node.op is Op.RANDOM_T)
         elif node.op is Op.INPUT:
             raw = operands[node.name]  # type: ignore[index]
             t = raw if isinstance(raw, torch.Tensor) else torch.tensor(float(raw))

@@ -20,7 +20,7 @@ from ..codegen.fields import REGISTER_LOADS, REGISTER_STORES, ParamsLayout
 from ..codegen.sm90.geometry import scale_tma, scales_per_tile
 from ..config import Arch, KernelConfig, Schedule, TileScheduler
 from ..errors import InvalidArgument
-from ..ir import LSE_IDENTITY, Columns, RecipeIR, Reduction
+from ..ir import LSE_IDENTITY, Columns, Op, RecipeIR, Reduction
 from ..types import Layout, OperandKind
 from . import scheduler, tma
 from .problem import Problem, TensorArg
@@ -80,6 +80,10 @@ class ArgumentBuilder:
         by_pointer = [o for o in epi.operands
                       if o.kind in (OperandKind.ROW, OperandKind.COL) or (o.kind is OperandKind.SCALAR and o.per_batch)]
         self.vectors = [(f"epilogue.{o.kind.value}.{o.name}", o.name, bool(o.per_batch)) for o in by_pointer]
+        # seeds: a Random node's Params per (seed, stream) drawn (coordinates.hpp's SeedArguments)
+        self.seeds: list[tuple[str, str]] = sorted(
+            {(f"epilogue.seed.{n.name}.{int(n.attr)}", str(n.name)) for n in epi.nodes  # type: ignore[arg-type]
+             if n.op in (Op.RANDOM, Op.RANDOM_T)})
         self.loads = [("epilogue.tma_c" if i == 0 else f"epilogue.aux_load.{o.name}.tma", o.name,
                        tma.epilogue_template(recipe, config, o.dtype)) for i, o in enumerate(matrices)]
         self.stores = [(f"epilogue.aux_store.{o.name}.tma", o.name, tma.epilogue_template(recipe, config, o.dtype))
@@ -210,7 +214,7 @@ class ArgumentBuilder:
 
     def input_values(self, p: Problem, encode: TensorMapEncoder) -> dict[str, int | float | bytes]:
         """The fields that depend on input addresses: A's and B's tensor maps, vector pointers, C and
-        aux-load tensor maps."""
+        aux-load tensor maps, seeds (a value or a pointer)."""
         v: dict[str, int | float | bytes] = {
             "mainloop.tma_a": encode(self.a.operand(p.a.ptr, p.m, p.k, p.l, p.a.strides)),
             "mainloop.tma_b": encode(self.b.operand(p.b.ptr, p.n, p.k, p.l, p.b.strides))}
@@ -237,6 +241,10 @@ class ArgumentBuilder:
             v[field] = encode(t.matrix(arg.ptr, p.m, p.n, p.l, arg.strides))  # type: ignore[union-attr]
         for prefix, name in self.half_loads:
             v.update(_half_tensor(prefix, p.operands[name]))  # type: ignore[arg-type]
+        for seed_prefix, seed_name in self.seeds:  # a value, or a device int64 the kernel reads instead
+            seed = p.operands[seed_name]
+            v[f"{seed_prefix}.value"], v[f"{seed_prefix}.ptr"] = (0, seed.ptr) if isinstance(seed, TensorArg) else \
+                (int(seed), 0)
         return v
 
     def output_map(self, index: int, p: Problem, t: TensorArg, encode: TensorMapEncoder

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from ..errors import InvalidArgument, LayoutMismatch
-from ..types import Layout
+from ..types import Layout, OperandKind
 from . import driver
 from .arguments import ParamsWriter, TensorMapEncoder
 from .checks import TMA_ALIGN
@@ -44,6 +44,8 @@ class KernelBase:
         self._ir = compiled.recipe
         self._config = compiled.config
         self._names = tuple(o.name for o in self._ir.operands)
+        # where the seeds are among them: a Python int seed is keyed as an address (`seed_signature`)
+        self._seeds = frozenset(i for i, o in enumerate(self._ir.operands) if o.kind is OperandKind.SEED)
         self._writer = ParamsWriter(compiled.params_layout)
         self._on_driver = encoder is None  # the driver encodes, so the thread needs a context
         self._encode = encoder or MemoEncoder(driver.encode_tensor_map)
@@ -181,6 +183,14 @@ def put_bounded(cache: dict, key: Any, value: Any, limit: int = _MAX_ENTRIES) ->
         except (RuntimeError, KeyError, StopIteration):
             pass
     cache[key] = value
+
+
+def seed_signature(t: Any) -> tuple[int, tuple]:
+    """A seed's: a Python int is, like a tensor's address, what a cached plan is rebound to (a
+    training step's new seed re-encodes nothing)."""
+    if isinstance(t, int) and not isinstance(t, bool):
+        return t, (int,)
+    return argument_signature(t)
 
 
 def argument_signature(t: Any) -> tuple[int, tuple]:

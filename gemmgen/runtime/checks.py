@@ -236,6 +236,9 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
         elif o.per_batch:  # (L,), (L, N) or (L, M), contiguous in a batch
             length = 1 if o.kind is OperandKind.SCALAR else n if o.kind is OperandKind.ROW else m
             extents.append(o.dtype.nbytes * (length + (l - 1) * v.strides[2]) if length and l else 0)  # type: ignore[union-attr]
+        elif o.kind is OperandKind.SEED:
+            if isinstance(v, TensorArg):
+                extents.append(8)
         elif o.kind is not OperandKind.SCALAR:
             extents.append((n if o.kind is OperandKind.ROW else m) * o.dtype.nbytes)
     return CheckedCall(m, n, k, l, device, ta, tb, checked, tuple(extents))
@@ -284,10 +287,12 @@ def problem_size_check(tile: tuple[int, int, int], cluster: tuple[int, int, int]
 def rebind(call: CheckedCall, a: torch.Tensor, b: torch.Tensor, operands: dict[str, object]) -> CheckedCall:
     """`call` for tensors of the same shapes, strides, dtypes and device at other addresses.
 
-    Only the address checks run again (16-byte alignment). The caller guarantees the rest: its
-    cache key holds every property the other checks read.
+    Only the address checks run again (16-byte alignment), and a seed's range: an int seed is keyed
+    as an address (`base.seed_signature`). The caller guarantees the rest: its cache key holds every
+    property the other checks read.
     """
-    ops = {k: TensorArg(_aligned_ptr(k, operands[k]), v.strides) if isinstance(v, TensorArg) else v  # type: ignore[arg-type]
+    ops = {k: TensorArg(_aligned_ptr(k, operands[k]), v.strides) if isinstance(v, TensorArg) else  # type: ignore[arg-type]
+           _seed(k, operands[k]) if isinstance(v, int) else v  # an int is a seed (scalars are floats)
            for k, v in call.operands.items()}
     return CheckedCall(call.m, call.n, call.k, call.l, call.device, TensorArg(_aligned_ptr("a", a), call.a.strides),
                        TensorArg(_aligned_ptr("b", b), call.b.strides), ops, call.extents)
@@ -321,7 +326,8 @@ def _describe(o: Operand, gemm: GemmSpec | None = None) -> str:
         return {OperandKind.SCALAR: "an fp32 tensor with one value per batch",
                 OperandKind.ROW: f"a {o.dtype.value} tensor, one length-N vector per batch",
                 OperandKind.COL: f"a {o.dtype.value} tensor, one length-M vector per batch"}[o.kind]
-    return {OperandKind.SCALAR: "a Python number", OperandKind.ROW: f"a length-N {o.dtype.value} vector",
+    return {OperandKind.SCALAR: "a Python number", OperandKind.SEED: "a Python int or a one-element int64 tensor",
+            OperandKind.ROW: f"a length-N {o.dtype.value} vector",
             OperandKind.COL: f"a length-M {o.dtype.value} vector",
             OperandKind.MATRIX: f"an M x N {o.dtype.value} matrix{'' if o.per_batch else ' for every batch'}"}[o.kind]
 
@@ -383,6 +389,8 @@ def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool,  
              layout_d: Layout = Layout.ROW) -> TensorArg | float:
     """A scalar's value, or a tensor operand's address and (M, N, L) strides; M x N matrices in D's
     layout (a half- or double-width one, read from registers, row-major)."""
+    if o.kind is OperandKind.SEED:
+        return _seed(o.name, value)
     if o.per_batch and o.kind is not OperandKind.MATRIX:
         return _per_batch(o, value, m, n, l)
     if o.kind is OperandKind.SCALAR:
@@ -409,6 +417,26 @@ def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool,  
         raise InvalidArgument(f"{o.name}: expected shape {want} ({whose}), got {shape}")
     layout = layout_d if o.columns is Columns.FULL else Layout.ROW
     return TensorArg(_aligned_ptr(o.name, t), _matrix(o.name, t, m, n, layout, per_batch, l, ("M", "N")))
+
+
+#: Seeds a call may pass as Python ints: what a torch int64 tensor holds too, so either form gives a seed.
+SEED_LIMIT = 2**63
+
+
+def _seed(name: str, value: object) -> TensorArg | int:
+    """A seed (`gemmgen.Seed`): a Python int's value, or the address of a one-element int64 tensor
+    the kernel reads at launch."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        if not 0 <= int(value) < SEED_LIMIT:
+            raise InvalidArgument(f"{name}: seed {value} is outside [0, 2^63); pass {name} % 2**63")
+        return int(value)
+    if not isinstance(value, torch.Tensor):
+        raise InvalidArgument(f"{name}: expected a seed, a Python int or a one-element torch.int64 tensor on the "
+                              f"kernel's device, got {type(value).__name__}")
+    if value.dtype != torch.int64 or value.numel() != 1:
+        raise InvalidArgument(f"{name}: a seed tensor holds one torch.int64, got {value.dtype} of shape "
+                              f"{tuple(value.shape)}; pass e.g. torch.tensor([{name}_value], device='cuda')")
+    return TensorArg(_aligned_ptr(name, value))  # 16-byte aligned, as every tensor a call reads
 
 
 def _per_batch(o: Operand, value: object, m: int, n: int, l: int) -> TensorArg:  # noqa: E741

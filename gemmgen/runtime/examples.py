@@ -40,6 +40,8 @@ def example_call(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, device: s
                                              (groups if o.kind is OperandKind.SCALE_B else ()) or lead, device)
         elif o.kind is OperandKind.SCALAR:
             ops[o.name] = torch.ones(lead, device=device) if o.per_batch else 1.0
+        elif o.kind is OperandKind.SEED:  # read by the kernel at launch, as a training step's would be
+            ops[o.name] = torch.tensor([0x5EED], dtype=torch.int64, device=device)
         elif o.kind is OperandKind.ROW:
             batch = lead if o.per_batch else groups
             ops[o.name] = tma_readable(torch.randn(*batch, n, generator=g, device=device).to(o.dtype.torch),

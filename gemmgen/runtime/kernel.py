@@ -31,7 +31,7 @@ from ..errors import InvalidArgument, NotDeterministic
 from ..ir.reference import evaluate_epilogue
 from . import driver
 from .arguments import ArgumentBuilder, TensorMapEncoder
-from .base import Hardware, KernelBase, argument_signature, padded_strides, put_bounded
+from .base import Hardware, KernelBase, argument_signature, padded_strides, put_bounded, seed_signature
 from .checks import (
     CheckedCall,
     Span,
@@ -140,8 +140,14 @@ class Kernel(KernelBase):
             self._bind_context(a)
         values = self._operand_values(args, operands)
         try:
-            key = (argument_signature(a), argument_signature(b), *map(argument_signature, values)) \
-                if values is not None else None
+            if values is None:
+                key = None
+            elif self._seeds:
+                seeds = self._seeds
+                key = (argument_signature(a), argument_signature(b),
+                       *(seed_signature(v) if i in seeds else argument_signature(v) for i, v in enumerate(values)))
+            else:
+                key = (argument_signature(a), argument_signature(b), *map(argument_signature, values))
         except (TypeError, RuntimeError):  # not a number or a strided tensor: the checks say what
             key = None
         plan = self._plans.get(key) if key is not None else None

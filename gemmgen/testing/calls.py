@@ -117,6 +117,8 @@ def fresh_args(recipe: AnyRecipe, m: int, n: int, k: int, lead: tuple[int, ...],
             ops[o.name] = torch.randn(lead) if scalar is None else torch.full(lead, scalar)
         elif o.kind is OperandKind.SCALAR:
             ops[o.name] = float(torch.randn(())) if scalar is None else scalar
+        elif o.kind is OperandKind.SEED:  # any 63-bit value: both halves of the seed hashed
+            ops[o.name] = int(torch.randint(0, 2**62, ())) * 2 + int(torch.randint(0, 2, ()))
         elif o.kind is OperandKind.MATRIX:  # in D's layout; one for every batch unless per batch
             ops[o.name] = padded(m, o.columns.extent(n), o.dtype.torch, g.layout_d is Layout.ROW,
                                  lead if o.per_batch else ())

@@ -31,6 +31,7 @@ from ..config import TileScheduler
 from ..errors import ToolchainError
 from ..ir import Reduction
 from ..runtime.problem import Problem, TensorArg
+from ..types import OperandKind
 
 
 def nvcc_path() -> Path:
@@ -209,6 +210,9 @@ class OracleProgram:
             ptr, batch_stride = (self.slots.add(f"operand.{b.name}.{part}") for part in ("ptr", "s2"))
             return (f"{{{{}}, {{reinterpret_cast<{e} const*>(V[{ptr}])}}, "
                     f"{{{{cute::_0{{}}, cute::_0{{}}, static_cast<int64_t>(V[{batch_stride}])}}}}}}")
+        if b.kind == "seed":  # coordinates.hpp's SeedArguments {seed, seed_ptr}
+            value, ptr = (self.slots.add(f"operand.{b.name}.{part}") for part in ("value", "ptr"))
+            return f"{{static_cast<uint64_t>(V[{value}]), reinterpret_cast<uint64_t const*>(V[{ptr}])}}"
         if b.kind == "scalar":
             i = self.slots.add(f"operand.{b.name}.value")
             return f"{{{{F({i})}}, {{}}, {{}}}}"
@@ -261,8 +265,12 @@ class OracleProgram:
         put("a", problem.a)
         put("b", problem.b)
         put("d", problem.d)
+        seeds = {o.name for o in self.kernel.kernel_recipe.operands if o.kind is OperandKind.SEED}
         for name, v in problem.operands.items():
-            if isinstance(v, TensorArg):
+            if name in seeds:  # a value, or a pointer to the int64 the kernel reads
+                ptr = v.ptr if isinstance(v, TensorArg) else 0
+                values[f"operand.{name}.value"], values[f"operand.{name}.ptr"] = 0 if ptr else int(v), ptr  # type: ignore[arg-type]
+            elif isinstance(v, TensorArg):
                 put(f"operand.{name}", v)
             else:
                 values[f"operand.{name}.value"] = struct.unpack("<I", struct.pack("<f", v))[0]

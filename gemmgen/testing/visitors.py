@@ -29,7 +29,8 @@ tensor through its pointer and strides into both, PairStore writes the even colu
 half the column index and passes its input on; DoubleLoad reads the even or odd columns of a
 2N-column tensor, DoubleStore writes its two inputs at the even and odd ones; WithElementAux<E,
 Callbacks> is Callbacks (the collective then stores no D: ElementD is void). Coordinate<0> and
-Coordinate<1> (coordinates.hpp) give each register its row or column in fp32.
+Coordinate<1> (coordinates.hpp) give each register its row or column in fp32, Random<Transposed,
+Stream> its uniform random number.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Protocol
 import torch
 
 from ..ir import LSE_IDENTITY, Op, Param
+from ..ir.ops import random_uniform
 from .cpp_types import CppType, EpilogueSourceError, declarations, parse_type, split_arguments
 
 _FUSION = "cutlass::epilogue::fusion::"
@@ -314,6 +316,8 @@ class EpilogueInterpreter:
             return self._doubles(t, lvalue, acc, params, inputs)
         if t.name == f"{_EPI}Coordinate":
             return _coordinate(t, acc, inputs)
+        if t.name == f"{_EPI}Random":
+            return _random(t, lvalue, acc, params, inputs)
         kind = t.name.removeprefix(_FUSION)
         if kind == "Sm90EVT":
             node, *children = t.args
@@ -558,6 +562,21 @@ def _coordinate(t: CppType, acc: torch.Tensor, inputs: tuple[torch.Tensor, ...])
     _, m, n = acc.shape
     index = torch.arange(m if mode == "0" else n, dtype=torch.int64).to(torch.float32)
     return index.reshape(1, m, 1) if mode == "0" else index.reshape(1, 1, n)
+
+
+def _random(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, inputs: tuple[torch.Tensor, ...]
+            ) -> torch.Tensor:
+    """Random<Transposed, Stream>: each register's `ir.ops.random_uniform` (Transposed: the kernel's
+    rows are the recipe's columns), of the seed or the int64 at the seed pointer its Params hold."""
+    if len(t.args) != 2 or inputs or t.args[0].name not in ("true", "false") or not t.args[1].name.endswith("u"):
+        raise EpilogueSourceError(f"random node {t}")
+    transposed, stream = t.args[0].name == "true", int(t.args[1].name.removesuffix("u"))
+    at = params.pointer(f"{lvalue}.seed_ptr", torch.int64, 1)
+    seed = int(at[0]) if at is not None else int.from_bytes(params.raw(f"{lvalue}.seed"), "little")
+    batch, rows, columns = (torch.arange(e).reshape(s) for e, s in zip(acc.shape, ((-1, 1, 1), (1, -1, 1), (1, 1, -1)),
+                                                                       strict=True))
+    return random_uniform(seed, stream, batch, columns, rows) if transposed else \
+        random_uniform(seed, stream, batch, rows, columns)
 
 
 def _vector_value(op: str, x: torch.Tensor, dims: tuple[int, ...], params: ParamsView, lvalue: str) -> torch.Tensor:

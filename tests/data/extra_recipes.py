@@ -2,7 +2,7 @@
 constants on either side of an op, a cast, a compile-time scalar, fp8 (e4m3) D, a batched recipe,
 vectors and a scalar per batch, MN-major A and B multicast across a 2x2 cluster, a swapped kernel
 (D^T = B^T A^T), an amax, reductions over M, signed max and min reductions, the stream-K scheduler,
-and where() with comparisons."""
+where() with comparisons, and random numbers (a dropout and stochastic rounding)."""
 
 import gemmgen as gg
 
@@ -33,11 +33,13 @@ every_op = gg.Recipe(
 # column-major. A shared value makes the epilogue a graph; batched, multicast across a 2x1 cluster;
 # D's amax per batch. The bias and alpha are per batch (a bias per head, a scale per expert): a
 # column vector with a batch stride in the kernel, and a scalar read through its pointer; r2 is
-# one matrix for every batch (read into registers, column-major in the kernel).
-def _swapped(acc, bias, scale, alpha, c, r2):
+# one matrix for every batch (read into registers, column-major in the kernel). A dropout of the
+# activation (gg.rand's stream 0) and the pre-activation saved stochastically rounded to bf16 (stream
+# 1): the swapped kernel's random numbers must be the recipe's, its rows being the recipe's columns.
+def _swapped(acc, bias, scale, alpha, c, r2, seed):
     pre = acc * scale * alpha + bias
-    d = gg.silu(pre) + c * r2
-    return {"d": d, "pre": pre, "amax_d": gg.amax(d)}
+    d = gg.where(gg.rand(seed) < 0.125, 0.0, gg.silu(pre) * (8.0 / 7.0)) + c * r2
+    return {"d": d, "pre": gg.stochastic_round(pre, seed), "amax_d": gg.amax(d)}
 
 
 swapped = gg.Recipe(
@@ -46,7 +48,8 @@ swapped = gg.Recipe(
     layout_b=gg.RowMajor,
     batched=True,
     operands={"bias": gg.RowVector(gg.bf16, per_batch=True), "scale": gg.ColVector(gg.f32),
-              "alpha": gg.Scalar(per_batch=True), "c": gg.Matrix(gg.bf16), "r2": gg.Matrix(gg.f16, per_batch=False)},
+              "alpha": gg.Scalar(per_batch=True), "c": gg.Matrix(gg.bf16), "r2": gg.Matrix(gg.f16, per_batch=False),
+              "seed": gg.Seed()},
     aux={"pre": gg.bf16, "amax_d": gg.f32},
     config=gg.KernelConfig(tile=(128, 32, 64), cluster=(2, 1, 1), swap_ab=True),
 )

@@ -77,6 +77,8 @@ def _inputs(recipe, m, n, k, gen, exact, pad_bytes=0, batch=3):
                                                                                          device="cuda")
         elif o.kind is OperandKind.SCALAR:
             ops[o.name] = 2.0 if exact else float(torch.randn((), generator=gen, device="cuda"))
+        elif o.kind is OperandKind.SEED:  # read by the kernel at launch
+            ops[o.name] = torch.randint(0, 2**62, (1,), generator=gen, device="cuda")
         elif o.kind is OperandKind.MATRIX:  # N/2 columns where it meets column pairs; shared: no batch
             ops[o.name] = _matrix(m, o.columns.extent(n), o.dtype.torch, g.layout_d, lead[:o.per_batch], pad_bytes,
                                   gen, exact)

@@ -16,6 +16,7 @@ import gemmgen as gg
 from gemmgen.codegen.evt import EPI
 from gemmgen.compile.toolchain import gemmgen_include_dir
 from gemmgen.ir import Op, Param, f32_bits
+from gemmgen.ir.ops import random_uniform
 from gemmgen.testing.visitors import _PAIR_FUNCTORS, scalar_function
 
 EPILOGUE_HPP = gemmgen_include_dir() / "gemmgen" / "epilogue.hpp"
@@ -66,6 +67,8 @@ def test_the_dsl_spells_every_op_and_lists_it():
         extra = {Param.SLOPE: (0.2,), Param.DTYPE: (gg.bf16,)}.get(op.param, ())
         if op.pairs:  # gg.pairs gives both halves; gg.interleave takes two
             recipe = gg.Recipe("t", lambda acc: gg.interleave(*gg.pairs(acc)))
+        elif op is Op.STOCHASTIC_ROUND:  # its second input is a seed's numbers
+            recipe = gg.Recipe("t", _binary_epilogue(fn), operands={"s": gg.Seed()})
         elif op.arity == 3:
             recipe = gg.Recipe("t", _ternary_epilogue(fn), operands={"s": gg.Scalar()})
         elif op.arity == 2:
@@ -113,7 +116,8 @@ def test_cpp_functors_compute_the_tables_formulas(tmp_path):
     tanhf and erff differ there by an ulp, and GELU's 1 + erf(x) cancels that ulp for large negative
     x (-5.5 gives -1.6e-7 from glibc, -0.0 from torch). A cast's functor is the identity: its
     rounding is the compute node's output conversion, which the emulation and the GPU tests check."""
-    xs = [-30.0, -5.5, -1.0, -0.3, -1e-3, 0.0, 1e-3, 0.25, 0.7, 1.0, 2.5, 7.0, 30.0, float("nan")]
+    # 1 + 2^-23: the lowest mantissa bit set (a stochastic rounding's carry at u's top)
+    xs = [-30.0, -5.5, -1.0, -0.3, -1e-3, 0.0, 1e-3, 0.25, 0.7, 1.0, 1.0 + 2**-23, 2.5, 7.0, 30.0, float("nan")]
     ys = [0.5, -2.0, 3.0]
     slope = gg.ir.f32(0.2)
     lines, cases = [], []
@@ -137,25 +141,9 @@ def test_cpp_functors_compute_the_tables_formulas(tmp_path):
         cases.append((Op.WHERE, (x, -1.0, 2.0)))
         lines.append(f"  p({EPI}::SelectConstXY<{f32_bits(2.0)}u, {f32_bits(-3.0)}u>{{}}({_cpp(x)}));")
         cases.append((Op.WHERE, (x, 2.0, -3.0)))
-    # Host stand-ins for the two CUTLASS headers epilogue.hpp includes (only macros and a declaration).
-    stub = tmp_path / "stub" / "cutlass"
-    stub.mkdir(parents=True)
-    (stub / "cutlass.h").write_text(
-        "#pragma once\n#include <cstdint>\n#include <cstring>\n#include <cmath>\n#define CUTLASS_DEVICE inline\n"
-        "#define CUTLASS_PRAGMA_UNROLL\n"
-        "inline float __uint_as_float(uint32_t b) { float f; std::memcpy(&f, &b, 4); return f; }\n"
-        "inline uint32_t __float_as_uint(float f) { uint32_t b; std::memcpy(&b, &f, 4); return b; }\n")
-    (stub / "array.h").write_text(
-        "#pragma once\nnamespace cutlass { template <class T, int N, bool R> struct Array; }\n")
-    prog = tmp_path / "f.cpp"
-    prog.write_text("#include <cstdio>\n#include <limits>\n#include <cutlass/cutlass.h>\n"
-                    "#include <gemmgen/epilogue.hpp>\n"
-                    'static void p(float r) { std::printf("%.9g\\n", r); }\n'
-                    "int main() {\n" + "\n".join(lines) + "\n}\n")
-    exe = tmp_path / "f"
-    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{tmp_path / 'stub'}", f"-I{gemmgen_include_dir()}",
-                    "-o", str(exe), str(prog)], check=True, capture_output=True)
-    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    out = _host_program(tmp_path, "#include <limits>\n#include <gemmgen/epilogue.hpp>\n"
+                        'static void p(float r) { std::printf("%.9g\\n", r); }\n'
+                        "int main() {\n" + "\n".join(lines) + "\n}\n").split()
     assert len(out) == len(cases) > 100
     for (op, args), got in zip(cases, out, strict=True):
         want = op.apply(tuple(torch.tensor(a) for a in args), slope).float()
@@ -185,6 +173,53 @@ def test_the_visitors_evaluate_each_pair_functor_by_the_tables_formula():
 def test_cpp_pair_functors_compute_the_tables_formulas(tmp_path):
     """pair_functors.hpp's fragment functors on the host, on fragments of 8 (four pairs), against
     the formulas with a half held in both columns of its pair (as the emulation holds it)."""
+    x = [float(v) for v in torch.randn(8)]
+    y = [float(v) for v in torch.randn(8)]
+    calls = {"PairEven": "PairEven<A>{}(x)", "PairOdd": "PairOdd<A>{}(x)", "Interleave": "Interleave<A>{}(x, y)",
+             "PairSumMask": "PairSumMask<A>{}(x)",
+             "ConstEven": f"InterleaveConst<{f32_bits(2.5)}u, true>::Fn<A>{{}}(y)",
+             "ConstOdd": f"InterleaveConst<{f32_bits(-1.5)}u, false>::Fn<A>{{}}(x)"}
+    rows = _host_program(
+        tmp_path,
+        "#include <gemmgen/pair_functors.hpp>\nusing namespace gemmgen::epi;\n"
+        "using A = cutlass::Array<float, 8, true>;\n"
+        "static void p(A const& a) {\n"
+        "  for (int i = 0; i < 8; ++i) std::printf(\"%.9g \", a[i]);\n  std::printf(\"\\n\");\n}\n"
+        "int main() {\n  A x, y;\n" + "".join(f"  x[{i}] = {x[i]!r}f; y[{i}] = {y[i]!r}f;\n" for i in range(8))
+        + "".join(f"  p({c});\n" for c in calls.values()) + "}\n").splitlines()
+    got = {name: torch.tensor([float(v) for v in row.split()]) for name, row in zip(calls, rows, strict=True)}
+    tx, ty = torch.tensor(x), torch.tensor(y)
+    torch.testing.assert_close(got["PairEven"], Op.PAIR_EVEN.apply((tx,)).repeat_interleave(2), rtol=0, atol=0)
+    torch.testing.assert_close(got["PairOdd"], Op.PAIR_ODD.apply((tx,)).repeat_interleave(2), rtol=0, atol=0)
+    torch.testing.assert_close(got["Interleave"], Op.INTERLEAVE.apply((tx[0::2], ty[1::2])), rtol=0, atol=0)
+    torch.testing.assert_close(got["PairSumMask"], Op.INTERLEAVE.apply((tx[0::2], torch.zeros(4))), rtol=0, atol=0)
+    torch.testing.assert_close(got["ConstEven"], Op.INTERLEAVE.apply((torch.full((4,), 2.5), ty[1::2])), rtol=0,
+                               atol=0)
+    torch.testing.assert_close(got["ConstOdd"], Op.INTERLEAVE.apply((tx[0::2], torch.full((4,), -1.5))), rtol=0,
+                               atol=0)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to run the random numbers' hash on the host")
+def test_cpp_random_numbers_are_the_references(tmp_path):
+    """epilogue.hpp's random_stream and random_uniform (what coordinates.hpp's Random draws) on the
+    host give ir.ops.random_uniform's numbers bit for bit: seeds with both halves set, streams,
+    batches, rows and columns up to 2^24."""
+    gen = torch.Generator().manual_seed(5)
+    cases = [(int(torch.randint(0, 2**62, (), generator=gen)) * 2 + 1, s, b, r, c)
+             for s in (0, 1, 65535) for b in (0, 1, 7) for r, c in ((0, 0), (1, 0), (0, 1), (4095, 2**24 - 1))]
+    body = "".join(f"  p(random_uniform(random_stream({seed}ull, {s}u, {b}u), {r}u, {c}u));\n"
+                   for seed, s, b, r, c in cases)
+    out = _host_program(tmp_path, "#include <gemmgen/epilogue.hpp>\nusing namespace gemmgen::epi;\n"
+                        'static void p(float r) { std::printf("%.9g\\n", r); }\n'
+                        "int main() {\n" + body + "}\n").split()
+    t = torch.tensor
+    want = torch.stack([random_uniform(seed, s, t(b), t(r), t(c)) for seed, s, b, r, c in cases])
+    assert torch.equal(torch.tensor([float(v) for v in out]), want) and len(set(want.tolist())) == len(cases)
+
+
+def _host_program(tmp_path, source: str) -> str:
+    """The output of `source` (which includes gemmgen headers) built with g++ on host stand-ins for
+    the two CUTLASS headers the functor headers include (macros, bit casts and a plain Array)."""
     stub = tmp_path / "stub" / "cutlass"
     stub.mkdir(parents=True)
     (stub / "cutlass.h").write_text(
@@ -196,34 +231,11 @@ def test_cpp_pair_functors_compute_the_tables_formulas(tmp_path):
         "#pragma once\nnamespace cutlass { template <class T, int N, bool R = true> struct Array {\n"
         "  T v[N]; T& operator[](int i) { return v[i]; } T const& operator[](int i) const { return v[i]; }\n"
         "  void fill(T x) { for (T& e : v) e = x; } }; }\n")
-    x = [float(v) for v in torch.randn(8)]
-    y = [float(v) for v in torch.randn(8)]
-    calls = {"PairEven": "PairEven<A>{}(x)", "PairOdd": "PairOdd<A>{}(x)", "Interleave": "Interleave<A>{}(x, y)",
-             "PairSumMask": "PairSumMask<A>{}(x)",
-             "ConstEven": f"InterleaveConst<{f32_bits(2.5)}u, true>::Fn<A>{{}}(y)",
-             "ConstOdd": f"InterleaveConst<{f32_bits(-1.5)}u, false>::Fn<A>{{}}(x)"}
-    prog = tmp_path / "p.cpp"
-    prog.write_text(
-        "#include <cstdio>\n#include <gemmgen/pair_functors.hpp>\nusing namespace gemmgen::epi;\n"
-        "using A = cutlass::Array<float, 8, true>;\n"
-        "static void p(A const& a) {\n"
-        "  for (int i = 0; i < 8; ++i) std::printf(\"%.9g \", a[i]);\n  std::printf(\"\\n\");\n}\n"
-        "int main() {\n  A x, y;\n" + "".join(f"  x[{i}] = {x[i]!r}f; y[{i}] = {y[i]!r}f;\n" for i in range(8))
-        + "".join(f"  p({c});\n" for c in calls.values()) + "}\n")
-    exe = tmp_path / "p"
+    prog, exe = tmp_path / "program.cpp", tmp_path / "program"
+    prog.write_text("#include <cstdio>\n#include <cutlass/cutlass.h>\n" + source)
     subprocess.run(["g++", "-std=c++17", "-O1", f"-I{tmp_path / 'stub'}", f"-I{gemmgen_include_dir()}",
                     "-o", str(exe), str(prog)], check=True, capture_output=True)
-    rows = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
-    got = {name: torch.tensor([float(v) for v in row.split()]) for name, row in zip(calls, rows, strict=True)}
-    tx, ty = torch.tensor(x), torch.tensor(y)
-    torch.testing.assert_close(got["PairEven"], Op.PAIR_EVEN.apply((tx,)).repeat_interleave(2), rtol=0, atol=0)
-    torch.testing.assert_close(got["PairOdd"], Op.PAIR_ODD.apply((tx,)).repeat_interleave(2), rtol=0, atol=0)
-    torch.testing.assert_close(got["Interleave"], Op.INTERLEAVE.apply((tx[0::2], ty[1::2])), rtol=0, atol=0)
-    torch.testing.assert_close(got["PairSumMask"], Op.INTERLEAVE.apply((tx[0::2], torch.zeros(4))), rtol=0, atol=0)
-    torch.testing.assert_close(got["ConstEven"], Op.INTERLEAVE.apply((torch.full((4,), 2.5), ty[1::2])), rtol=0,
-                               atol=0)
-    torch.testing.assert_close(got["ConstOdd"], Op.INTERLEAVE.apply((tx[0::2], torch.full((4,), -1.5))), rtol=0,
-                               atol=0)
+    return subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
 
 
 def _prefix(where: str):

@@ -35,6 +35,8 @@ def _operands_for(recipe, m, n, gen, batch=None, k=None):
             out[o.name] = random_block_scale(o.kind, recipe.gemm, m, n, k, lead)
         elif o.kind is gg.OperandKind.SCALAR:
             out[o.name] = torch.randn(lead, generator=gen) if o.per_batch else float(torch.randn((), generator=gen))
+        elif o.kind is gg.OperandKind.SEED:  # 63 bits
+            out[o.name] = int(torch.randint(0, 2**62, (), generator=gen)) * 2 + 1
         elif o.kind is gg.OperandKind.ROW:
             out[o.name] = torch.randn(*lead[:o.per_batch], n, generator=gen).to(dt)
         elif o.kind is gg.OperandKind.COL:
@@ -57,6 +59,34 @@ def _accumulator(recipe, a, b, ops):
         cols = ops["scale_b"][..., kb, :].double().repeat_interleave(gn, dim=-1)[..., :n]
         acc += part * rows.unsqueeze(-1) * cols.unsqueeze(-2)
     return acc.float()
+
+
+def _lowbias32(x: torch.Tensor) -> torch.Tensor:
+    """Chris Wellons' lowbias32 on int64 tensors of 32-bit values, each product taken whole (int64
+    wraps; its low 32 bits are the uint32 product's): not gemmgen's split products."""
+    x = (x ^ (x >> 16)) * 0x7FEB352D & 0xFFFFFFFF
+    x = (x ^ (x >> 15)) * 0x846CA68B & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def _uniform(seed: int, stream: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """gg.rand's numbers as docs/recipes.md defines them: lowbias32 chained over the seed's low and
+    high halves, the stream, the batch, the row and the column; the top 24 bits over 2^24."""
+    l, m, n = shape if len(shape) == 3 else (1, *shape)  # noqa: E741
+    start = _lowbias32(_lowbias32(_lowbias32(torch.tensor(seed & 0xFFFFFFFF)) ^ (seed >> 32)) ^ stream)
+    tile = _lowbias32(start ^ torch.arange(l).reshape(-1, 1, 1))
+    h = _lowbias32(_lowbias32(tile ^ torch.arange(m).reshape(1, -1, 1)) ^ torch.arange(n).reshape(1, 1, -1))
+    u = (h >> 8).double() / 2**24
+    return u.reshape(shape).float()
+
+
+def _rounded_bf16(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """x to bf16 toward zero, or one bf16 step away from zero where x's 16 low bits plus
+    floor(u * 2^16) carry: the stochastic rounding of docs/recipes.md."""
+    bits = x.view(torch.int32).long() & 0xFFFFFFFF
+    toward = ((bits & 0xFFFF0000) - (((bits >> 31) & 1) << 32)).int().view(torch.float32)
+    away = torch.nextafter(toward.bfloat16(), torch.where(x < 0, -torch.inf, torch.inf).bfloat16()).float()
+    return torch.where((bits & 0xFFFF) + (u * 65536).floor().long() >= 65536, away, toward)
 
 
 def _independent(name, acc, ops):
@@ -92,8 +122,10 @@ def _independent(name, acc, ops):
         return (torch.maximum(torch.minimum(w, f["scale"][:, None]), F.relu(-w) + F.gelu(w, approximate="tanh")),)
     if name == "swapped":  # bias (L, N), alpha (L,): one per batch; r2 (M, N) for every batch
         pre = acc * f["scale"][:, None] * f["alpha"][:, None, None] + f["bias"][:, None, :]
-        d = F.silu(pre) + f["c"] * f["r2"]
-        return d.bfloat16(), pre.bfloat16(), d.abs().flatten(-2).max(dim=-1).values
+        dropped = _uniform(ops["seed"], 0, acc.shape) < 0.125
+        d = torch.where(dropped, 0.0, F.silu(pre) * (8.0 / 7.0)) + f["c"] * f["r2"]
+        rounded = _rounded_bf16(pre, _uniform(ops["seed"], 1, acc.shape))
+        return d.bfloat16(), rounded.bfloat16(), d.abs().flatten(-2).max(dim=-1).values
     if name == "residual_norm_stats":
         h = acc + f["residual"]
         return h.bfloat16(), (h * h).sum(dim=-1), h.abs().amax(dim=-1)

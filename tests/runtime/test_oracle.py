@@ -82,6 +82,8 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
             operands[o.name] = TensorArg(next(addr), (0, 0, length if l > 1 else 0))
         elif o.kind is OperandKind.SCALAR:
             operands[o.name] = 0.75 if o.name != "beta" else -1.5
+        elif o.kind is OperandKind.SEED:  # a value on padded problems, a device int64 on the others
+            operands[o.name] = TensorArg(next(addr)) if pad else 0x0123456789ABCDEF
         elif o.kind is OperandKind.MATRIX:
             operands[o.name] = mn(o.dtype, o.columns, o.per_batch)
         else:

@@ -688,6 +688,7 @@ def test_op_path_on_torch_tensors_of_random_shapes_and_layouts(compiled):
             step = rng.choice((1, 2))
             ops = {o.name: _block_scale_layout(rng, o.kind, g, m, n, k, lead) if o.kind.block_scale else
                    (torch.randn(lead) if o.per_batch else float(torch.randn(()))) if o.kind is gg.OperandKind.SCALAR
+                   else rng.randrange(2**63) if o.kind is gg.OperandKind.SEED
                    else _torch_layout(rng, m, o.columns.extent(n), o.dtype.torch, gg.RowMajor, lead[:o.per_batch])
                    if o.kind is gg.OperandKind.MATRIX else
                    torch.randn(*lead[:o.per_batch], step * (n if o.kind is gg.OperandKind.ROW else m))
@@ -812,6 +813,8 @@ def _meta_args(recipe, m, n, k, lead):
     def vector(o):  # a scalar or vector; one per batch (`Operand.per_batch`) padded to 16 bytes per batch
         if o.kind is gg.OperandKind.SCALAR and not o.per_batch:
             return 1.0
+        if o.kind is gg.OperandKind.SEED:
+            return 7
         length = {gg.OperandKind.SCALAR: 1, gg.OperandKind.ROW: n, gg.OperandKind.COL: m}[o.kind]
         shape = (*lead, -(-length // 8) * 8) if o.per_batch else (length,)
         t = torch.empty(shape, dtype=o.dtype.torch, device="meta")[..., :length]

@@ -1,4 +1,5 @@
-// gemmgen: where each epilogue value is, as a value (gemmgen.row_index, gemmgen.column_index).
+// gemmgen: where each epilogue value is, as a value (gemmgen.row_index, gemmgen.column_index), and
+// the random numbers hashed from it (gemmgen.rand).
 //
 // A mask (vocabulary padding, a causal bound) or a gather (the target logit of a cross-entropy:
 // the sum over N of where(column == target, x, 0)) compares a register's coordinate with an
@@ -47,6 +48,52 @@ struct Coordinate : detail::RegisterNode<detail::NoArguments> {
   CUTLASS_DEVICE auto get_consumer_store_callbacks(detail::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
     auto coords = detail::register_coordinates<ReferenceSrc>(args);
     return ConsumerStoreCallbacks<decltype(coords)>(coords);
+  }
+};
+
+// A seed operand (gemmgen.Seed): its value, or where the kernel reads it at launch.
+struct SeedArguments {
+  uint64_t seed = 0;
+  uint64_t const* seed_ptr = nullptr;
+};
+
+// gemmgen.rand(seed, Stream): each register's uniform fp32 in [0, 1), epilogue.hpp's
+// random_uniform of its batch, row and column in the recipe's M x N problem (Transposed: a swapped
+// kernel's rows are the recipe's columns), so that every kernel of a recipe draws the same numbers.
+template <bool Transposed, uint32_t Stream>
+struct Random : detail::RegisterNode<SeedArguments> {
+  using Base = detail::RegisterNode<SeedArguments>;
+  using Base::Base;
+
+  template <class CTensor>
+  struct ConsumerStoreCallbacks : detail::fusion::detail::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor coords, uint32_t stream) : coords(coords), stream(stream) {}
+
+    CTensor coords;   // (CPY, CPY_M, CPY_N, EPI_M, EPI_N): each register's (m, n, l)
+    uint32_t stream;  // the seed's, the stream's and the tile's batch's (random_stream)
+
+    template <class ElementAccumulator, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<float, FragmentSize> visit(
+        cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n) {
+      auto here = coords(cute::_, cute::_, cute::_, epi_m, epi_n);
+      cutlass::Array<float, FragmentSize> out;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        auto c = here(epi_v * FragmentSize + i);
+        uint32_t m = static_cast<uint32_t>(cute::get<0>(c)), n = static_cast<uint32_t>(cute::get<1>(c));
+        out[i] = Transposed ? random_uniform(stream, n, m) : random_uniform(stream, m, n);
+      }
+      return out;
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(detail::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
+    auto coords = detail::register_coordinates<ReferenceSrc>(args);
+    SeedArguments const& p = *this->params_ptr;
+    uint64_t seed = p.seed_ptr != nullptr ? *p.seed_ptr : p.seed;
+    uint32_t batch = static_cast<uint32_t>(cute::get<3>(args.tile_coord_mnkl));  // every register's l
+    return ConsumerStoreCallbacks<decltype(coords)>(coords, random_stream(seed, Stream, batch));
   }
 };
 

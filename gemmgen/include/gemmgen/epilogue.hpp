@@ -60,6 +60,39 @@ struct GeluTanh {  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
   }
 };
 
+// x's bits plus floor(u * 2^16), the low 16 bits cut: a bf16 neighbour of x, the farther with
+// probability its nearness when u is uniform in [0, 1) (ir.ops.stochastic_round_bf16).
+struct StochasticRoundBf16 {
+  CUTLASS_DEVICE float operator()(float x, float u) const {
+    if (x != x) {
+      return x;
+    }
+    float scaled = u * 65536.0f;
+    uint32_t r = !(scaled > 0.0f) ? 0u : scaled >= 65535.0f ? 65535u : static_cast<uint32_t>(scaled);
+    return __uint_as_float((__float_as_uint(x) + r) & 0xffff0000u);
+  }
+};
+
+// gemmgen.rand's numbers (ir.ops.random_uniform): lowbias32 (Chris Wellons' hash prospector), a
+// bijection of 32 bits, chained over the seed's halves and the stream once per tile
+// (random_stream), then over the row and the column per element (random_uniform).
+CUTLASS_DEVICE uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  return x ^ (x >> 16);
+}
+
+CUTLASS_DEVICE uint32_t random_stream(uint64_t seed, uint32_t stream, uint32_t batch) {
+  uint32_t start = mix32(mix32(mix32(static_cast<uint32_t>(seed)) ^ static_cast<uint32_t>(seed >> 32)) ^ stream);
+  return mix32(start ^ batch);
+}
+
+CUTLASS_DEVICE float random_uniform(uint32_t stream, uint32_t row, uint32_t column) {
+  return static_cast<float>(mix32(mix32(stream ^ row) ^ column) >> 8) * (1.0f / 16777216.0f);
+}
+
 template <uint32_t SlopeBits>
 struct LeakyRelu {
   CUTLASS_DEVICE float operator()(float x) const { return x < 0.0f ? x * from_bits(SlopeBits) : x; }
