@@ -9,7 +9,6 @@ import pytest
 import gemmgen as gg
 from gemmgen.cli import main as cli_main
 from gemmgen.codegen import render_kernel
-from gemmgen.testing.collectives import collectives_check_source
 from tests.data import EXAMPLES, ROOT
 
 
@@ -85,27 +84,13 @@ def test_templates_hold_no_logic():
         assert not re.search(r"{%-?\s*(if|elif|macro|set)\b", text), path.name
 
 
-def test_resolved_collectives_are_the_builders_types(examples, extra):
+def test_resolved_collectives_are_the_builders_types(type_checks):
     """gemmgen spells out the collectives CUTLASS's builders would resolve (it compiles faster);
     NVRTC checks, type for type, that every kernel family gets exactly the builder's types: every
     example recipe under every config the heuristic can choose, the extra recipes under a spread
-    of configs. For each, gemmgen's stage count (its shared-memory model, which prunes configs)
-    must be CUTLASS's, and the shared storage must fit an sm_90 block. One translation unit."""
-    from gemmgen.compile.nvrtc import compile_cubin
-    from gemmgen.compile.toolchain import toolchain
-    from gemmgen.config import DEFAULT_ARCH
-    from gemmgen.tuning.heuristic import candidate_configs
-
-    S = gg.Schedule
-    configs = [None, gg.KernelConfig(tile=(128, 128, 64), schedule=S.PINGPONG),
-               gg.KernelConfig(tile=(128, 128, 64), cluster=(1, 2, 1)),
-               gg.KernelConfig(tile=(128, 128, 64), cluster=(2, 2, 1), stages=3),
-               gg.KernelConfig(tile=(64, 128, 64), cluster=(1, 1, 1), schedule=S.PINGPONG),
-               gg.KernelConfig(tile=(128, 32, 64), swap_ab=True),
-               gg.KernelConfig(tile=(64, 16, 64), cluster=(2, 1, 1), schedule=S.PINGPONG, swap_ab=True)]
-    kernels = [render_kernel(r.ir, c) for r in examples.values() for c in candidate_configs(r.ir, 16)
-               if gg.codegen.is_valid(c, r.ir)]
-    kernels += [render_kernel(r.ir, c or r.default_config()) for r in extra.values() for c in configs
-                if c is None or gg.codegen.is_valid(c, r.ir)]
+    of configs (conftest.example_kernels). For each, gemmgen's stage count (its shared-memory
+    model, which prunes configs) must be CUTLASS's, and the shared storage must fit an sm_90 block.
+    One translation unit."""
+    kernels, compiled = type_checks["examples"]
     assert len(kernels) >= 200
-    compile_cubin(collectives_check_source(kernels), "collectives_check", DEFAULT_ARCH.value, toolchain().include_dirs)
+    compiled.result()

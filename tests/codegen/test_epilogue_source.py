@@ -105,34 +105,16 @@ def test_random_epilogues_compute_their_recipes():
 
 
 @pytest.mark.nvrtc
-def test_random_epilogues_are_valid_kernel_types():
+def test_random_epilogues_are_valid_kernel_types(type_checks):
     """NVRTC accepts the kernel types of 30 random recipes (under a random candidate config and a
-    random swapped one, in one translation unit, types only): each is the CUTLASS builders' (as the
-    examples are, in test_codegen.py), gemmgen's model of its epilogue's shared storage is exact,
-    and every Params field the runtime writes is a member of the kernel's Params of the size it
-    writes."""
-    from gemmgen.compile.nvrtc import compile_cubin
-    from gemmgen.compile.toolchain import toolchain
-    from gemmgen.config import DEFAULT_ARCH
-    from gemmgen.testing.collectives import collectives_check_source
-
-    seed = int(os.environ.get("GEMMGEN_TEST_SEED") or time.time_ns() % 2**32)
-    rng = random.Random(seed)
-    recipes: list[gg.Recipe] = []
-    while len(recipes) < 30:
-        try:
-            recipes.append(random_recipe(rng, len(recipes)))
-        except gg.RecipeError:
-            continue
-    kernels = []
-    for r in recipes:  # a random candidate config (tile, cluster, schedule) and a swapped kernel
-        listed = candidate_configs(r.ir, SWAP_MAX_M)
-        plain = [c for c in listed if not c.swap_ab and gg.codegen.is_valid(c, r.ir)]
-        swapped = [c for c in listed if c.swap_ab and gg.codegen.is_valid(c, r.ir)]
-        kernels += [render_kernel(r.ir, rng.choice(options)) for options in (plain, swapped) if options]
+    random swapped one, in one translation unit, types only: conftest.random_kernels): each is the
+    CUTLASS builders' (as the examples are, in test_codegen.py), gemmgen's model of its epilogue's
+    shared storage is exact, and every Params field the runtime writes is a member of the kernel's
+    Params of the size it writes."""
+    kernels, compiled, seed = type_checks["random"]
+    assert len(kernels) >= 30
     try:
-        compile_cubin(collectives_check_source(kernels), "collectives_check", DEFAULT_ARCH.value,
-                      toolchain().include_dirs)
+        compiled.result()
     except Exception as e:
         raise AssertionError(f"seed {seed}: {e}") from e
 
