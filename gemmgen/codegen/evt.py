@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from ..config import Arch
 from ..ir import Columns, EpilogueIR, Node, Op, Operand, Param, RecipeIR, Reduction, f32_bits, post_order
+from ..ir.ops import RANDOM_OPS
 from ..types import DType, Layout, OperandKind
 from .fields import REGISTER_LOADS, REGISTER_STORES
 
@@ -172,7 +173,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             v = _VNode("acc", f"{FUSION}::Sm90AccFetch")
         elif n.op in (Op.ROW_INDEX, Op.COLUMN_INDEX):  # coordinates.hpp: mode 0 a register's row, 1 its column
             v = _VNode(n.op.key, f"{EPI}::Coordinate<{int(n.op is Op.COLUMN_INDEX)}>")
-        elif n.op in (Op.RANDOM, Op.RANDOM_T):  # coordinates.hpp: the uniform numbers of a seed and stream
+        elif n.op in RANDOM_OPS:  # coordinates.hpp: the uniform numbers of a seed and stream
             stream, transposed = int(n.attr), str(n.op is Op.RANDOM_T).lower()  # type: ignore[arg-type]
             v = _VNode(f"rand_{n.name}_{stream}", f"{EPI}::Random<{transposed}, {stream}u>",
                        binding=ParamBinding("seed", n.name, DType.I64, stream=stream))  # type: ignore[arg-type]

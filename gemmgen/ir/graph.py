@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from ..types import DType, Layout, OperandKind
 from .columns import Columns, annotate
-from .ops import Op
+from .ops import RANDOM_OPS, Op
 
 
 def f32(value: numbers.Real | float) -> float:
@@ -347,7 +347,7 @@ def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand,
     final = tuple(Node(new_nodes[o].op, tuple(remap[a] for a in new_nodes[o].args), new_nodes[o].name,
                        new_nodes[o].attr, new_nodes[o].dtype) for o in order)
     outs = tuple(replace(o, node=remap[r], columns=Columns.FULL) for o, r in zip(outputs, roots, strict=True))
-    used = {n.name for n in final if n.op in (Op.INPUT, Op.RANDOM, Op.RANDOM_T)}
+    used = {n.name for n in final if n.op is Op.INPUT or n.op in RANDOM_OPS}
     kept = tuple(replace(o, columns=Columns.FULL) for o in operands if o.name in used)
     if any(n.op.pairs for n in final):
         outs, kept = annotate(final, outs, kept)

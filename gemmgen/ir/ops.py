@@ -206,7 +206,7 @@ def random_uniform(seed: int, stream: int, batch: torch.Tensor, row: torch.Tenso
     uniform fp32 k / 2^24, k the top 24 bits of a hash of the seed, the stream number and the
     coordinates, as epilogue.hpp's random_stream and random_uniform compute it."""
     s = seed & ((1 << 64) - 1)
-    start = _mix32(_mix32(_mix32(batch * 0 + (s & _MASK32)) ^ (s >> 32)) ^ stream)
+    start = _mix32(_mix32(_mix32(batch.new_tensor(s & _MASK32)) ^ (s >> 32)) ^ stream)
     tile = _mix32(start ^ (batch & _MASK32))  # random_stream: what a tile's elements share
     h = _mix32(_mix32(tile ^ (row & _MASK32)) ^ (column & _MASK32))
     return (h >> 8).float() * 2.0**-24
@@ -262,6 +262,9 @@ def _d_cast(g: Any, y: Any, x: Any, dtype: DType) -> tuple[Any]:
     rounded = g.cast(dtype)
     return (rounded if limit is None else x.abs().le(limit).select(rounded, 0.0),)
 
+
+#: The leaves of random numbers: their node's name is a seed operand's, its attr the stream.
+RANDOM_OPS = frozenset((Op.RANDOM, Op.RANDOM_T))
 
 #: The ops that give 1.0 or 0.0: no gradient flows through them.
 COMPARISONS = frozenset((Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE))

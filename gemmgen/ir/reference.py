@@ -13,7 +13,7 @@ import torch
 
 from ..types import DType, OperandKind
 from .graph import EpilogueIR, GemmSpec, Operand, RecipeIR, Reduction
-from .ops import COMPARISONS, FP8_MAX, Op, random_uniform, round_to
+from .ops import COMPARISONS, FP8_MAX, RANDOM_OPS, Op, random_uniform, round_to
 
 __all__ = ["FP8_MAX", "accumulate", "evaluate_epilogue", "expand_block_scale", "group_bounds", "reference",
            "round_to"]
@@ -50,7 +50,7 @@ def _random(acc: torch.Tensor, seed: int, stream: int, transposed: bool) -> torc
     m, n = acc.shape[-2:]
     batch = torch.arange(acc.shape[0] if acc.dim() == 3 else 1).reshape(-1, 1, 1)
     rows, columns = torch.arange(m).reshape(1, -1, 1), torch.arange(n).reshape(1, 1, -1)
-    u = random_uniform(seed, stream, batch, columns.mT, rows.mT).mT if transposed else \
+    u = random_uniform(seed, stream, batch, columns, rows) if transposed else \
         random_uniform(seed, stream, batch, rows, columns)
     return u if acc.dim() == 3 else u[0]
 
@@ -122,12 +122,11 @@ def _magnitudes(ir: EpilogueIR, values: list[torch.Tensor], acc_magnitude: torch
 def _exact(ir: EpilogueIR) -> list[bool]:
     """Per node, whether the kernel computes it exactly as the reference does: coordinates,
     constants, random numbers, integer operands and comparisons of them (a gather's, a mask's or a
-    dropout's condition), so
-    a select on one takes the same side in both."""
+    dropout's condition), so a select on one takes the same side in both."""
     dtypes = {o.name: o.dtype for o in ir.operands}
     out: list[bool] = []
     for node in ir.nodes:
-        if node.op in (Op.ROW_INDEX, Op.COLUMN_INDEX, Op.CONST, Op.RANDOM, Op.RANDOM_T):
+        if node.op in (Op.ROW_INDEX, Op.COLUMN_INDEX, Op.CONST) or node.op in RANDOM_OPS:
             out.append(True)
         elif node.op is Op.INPUT:
             out.append(dtypes[node.name] is DType.I32)  # type: ignore[index]
@@ -146,7 +145,7 @@ def _values(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor 
             v = torch.tensor(node.attr, dtype=torch.float32)
         elif node.op in (Op.ROW_INDEX, Op.COLUMN_INDEX):
             v = _coordinates(acc, row=node.op is Op.ROW_INDEX)
-        elif node.op in (Op.RANDOM, Op.RANDOM_T):
+        elif node.op in RANDOM_OPS:
             v = _random(acc, seed_value(operands[node.name]), int(node.attr),  # type: ignore[index,arg-type]
                         transposed=node.op is Op.RANDOM_T)
         elif node.op is Op.INPUT:

@@ -20,7 +20,8 @@ from ..codegen.fields import REGISTER_LOADS, REGISTER_STORES, ParamsLayout
 from ..codegen.sm90.geometry import scale_tma, scales_per_tile
 from ..config import Arch, KernelConfig, Schedule, TileScheduler
 from ..errors import InvalidArgument
-from ..ir import LSE_IDENTITY, Columns, Op, RecipeIR, Reduction
+from ..ir import LSE_IDENTITY, Columns, RecipeIR, Reduction
+from ..ir.ops import RANDOM_OPS
 from ..types import Layout, OperandKind
 from . import scheduler, tma
 from .problem import Problem, TensorArg
@@ -83,7 +84,7 @@ class ArgumentBuilder:
         # seeds: a Random node's Params per (seed, stream) drawn (coordinates.hpp's SeedArguments)
         self.seeds: list[tuple[str, str]] = sorted(
             {(f"epilogue.seed.{n.name}.{int(n.attr)}", str(n.name)) for n in epi.nodes  # type: ignore[arg-type]
-             if n.op in (Op.RANDOM, Op.RANDOM_T)})
+             if n.op in RANDOM_OPS})
         self.loads = [("epilogue.tma_c" if i == 0 else f"epilogue.aux_load.{o.name}.tma", o.name,
                        tma.epilogue_template(recipe, config, o.dtype)) for i, o in enumerate(matrices)]
         self.stores = [(f"epilogue.aux_store.{o.name}.tma", o.name, tma.epilogue_template(recipe, config, o.dtype))

@@ -17,6 +17,53 @@ namespace detail {
 
 struct NoArguments {};
 
+// Callbacks giving each register `value_of` its (m, n, l): the one visit of the coordinate leaves.
+template <class CTensor, class ValueOf>
+struct PerCoordinate : fusion::detail::EmptyConsumerStoreCallbacks {
+  CUTLASS_DEVICE PerCoordinate(CTensor coords, ValueOf value_of) : coords(coords), value_of(value_of) {}
+
+  CTensor coords;  // (CPY, CPY_M, CPY_N, EPI_M, EPI_N): each register's (m, n, l)
+  ValueOf value_of;
+
+  template <class ElementAccumulator, int FragmentSize>
+  CUTLASS_DEVICE cutlass::Array<float, FragmentSize> visit(
+      cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n) {
+    auto here = coords(cute::_, cute::_, cute::_, epi_m, epi_n);
+    cutlass::Array<float, FragmentSize> out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < FragmentSize; ++i) {
+      out[i] = value_of(here(epi_v * FragmentSize + i));
+    }
+    return out;
+  }
+};
+
+template <bool ReferenceSrc, class Args, class ValueOf>
+CUTLASS_DEVICE auto per_coordinate(Args const& args, ValueOf value_of) {
+  auto coords = register_coordinates<ReferenceSrc>(args);
+  return PerCoordinate<decltype(coords), ValueOf>(coords, value_of);
+}
+
+// A register's row (Mode 0) or column (Mode 1), in fp32.
+template <int Mode>
+struct ModeOf {
+  template <class C>
+  CUTLASS_DEVICE float operator()(C const& c) const { return static_cast<float>(cute::get<Mode>(c)); }
+};
+
+// A register's random_uniform from its tile's stream (Transposed: the kernel's rows are the
+// recipe's columns).
+template <bool Transposed>
+struct UniformAt {
+  uint32_t stream;  // the seed's, the stream's and the tile's batch's (random_stream)
+
+  template <class C>
+  CUTLASS_DEVICE float operator()(C const& c) const {
+    uint32_t m = static_cast<uint32_t>(cute::get<0>(c)), n = static_cast<uint32_t>(cute::get<1>(c));
+    return Transposed ? random_uniform(stream, n, m) : random_uniform(stream, m, n);
+  }
+};
+
 }  // namespace detail
 
 template <int Mode>
@@ -25,29 +72,9 @@ struct Coordinate : detail::RegisterNode<detail::NoArguments> {
   using Base = detail::RegisterNode<detail::NoArguments>;
   using Base::Base;
 
-  template <class CTensor>
-  struct ConsumerStoreCallbacks : detail::fusion::detail::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE explicit ConsumerStoreCallbacks(CTensor coords) : coords(coords) {}
-
-    CTensor coords;  // (CPY, CPY_M, CPY_N, EPI_M, EPI_N): each register's (m, n, l)
-
-    template <class ElementAccumulator, int FragmentSize>
-    CUTLASS_DEVICE cutlass::Array<float, FragmentSize> visit(
-        cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n) {
-      auto here = coords(cute::_, cute::_, cute::_, epi_m, epi_n);
-      cutlass::Array<float, FragmentSize> out;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FragmentSize; ++i) {
-        out[i] = static_cast<float>(cute::get<Mode>(here(epi_v * FragmentSize + i)));
-      }
-      return out;
-    }
-  };
-
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(detail::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
-    auto coords = detail::register_coordinates<ReferenceSrc>(args);
-    return ConsumerStoreCallbacks<decltype(coords)>(coords);
+    return detail::per_coordinate<ReferenceSrc>(args, detail::ModeOf<Mode>{});
   }
 };
 
@@ -65,35 +92,13 @@ struct Random : detail::RegisterNode<SeedArguments> {
   using Base = detail::RegisterNode<SeedArguments>;
   using Base::Base;
 
-  template <class CTensor>
-  struct ConsumerStoreCallbacks : detail::fusion::detail::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor coords, uint32_t stream) : coords(coords), stream(stream) {}
-
-    CTensor coords;   // (CPY, CPY_M, CPY_N, EPI_M, EPI_N): each register's (m, n, l)
-    uint32_t stream;  // the seed's, the stream's and the tile's batch's (random_stream)
-
-    template <class ElementAccumulator, int FragmentSize>
-    CUTLASS_DEVICE cutlass::Array<float, FragmentSize> visit(
-        cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n) {
-      auto here = coords(cute::_, cute::_, cute::_, epi_m, epi_n);
-      cutlass::Array<float, FragmentSize> out;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FragmentSize; ++i) {
-        auto c = here(epi_v * FragmentSize + i);
-        uint32_t m = static_cast<uint32_t>(cute::get<0>(c)), n = static_cast<uint32_t>(cute::get<1>(c));
-        out[i] = Transposed ? random_uniform(stream, n, m) : random_uniform(stream, m, n);
-      }
-      return out;
-    }
-  };
-
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(detail::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
-    auto coords = detail::register_coordinates<ReferenceSrc>(args);
     SeedArguments const& p = *this->params_ptr;
     uint64_t seed = p.seed_ptr != nullptr ? *p.seed_ptr : p.seed;
     uint32_t batch = static_cast<uint32_t>(cute::get<3>(args.tile_coord_mnkl));  // every register's l
-    return ConsumerStoreCallbacks<decltype(coords)>(coords, random_stream(seed, Stream, batch));
+    detail::UniformAt<Transposed> uniform{random_stream(seed, Stream, batch)};
+    return detail::per_coordinate<ReferenceSrc>(args, uniform);
   }
 };
 
