@@ -125,6 +125,22 @@ moe_up = gg.Recipe(
 )
 
 
+# Gated experts (Mixtral, DeepSeek, Qwen MoE up projections) in one grouped kernel over column
+# pairs: each expert's gate and up rows interleaved (B is G x K x 2F), D = silu(gate) * up of the
+# biased accumulator, times the token's routing weight: F columns per token
+def _moe_swiglu(acc, bias, weight):
+    gate, up = gg.pairs(acc + bias)
+    return gg.silu(gate) * up * weight
+
+
+moe_swiglu = gg.Recipe(
+    "moe_swiglu",
+    _moe_swiglu,
+    grouped=True,
+    operands={"bias": gg.RowVector(gg.bf16), "weight": gg.ColVector(gg.f32)},
+)
+
+
 # DeepSeek-V3's fp8 experts in one grouped kernel: e4m3 tokens sorted by expert, each with one fp32
 # scale per 128 values of K (scale_a: rows x K/128), e4m3 expert weights with one scale per 128 x 128
 # block (scale_b: G x K/128 x N/128), both K-major; D = (A_g @ B_g, block-scaled) * routing weight,

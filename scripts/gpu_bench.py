@@ -29,6 +29,11 @@ against the same layer in bf16 (`torch._grouped_mm` on the dequantized values, w
 and `torch._scaled_grouped_mm` with rowwise scales (no torch op takes block scales in a grouped
 GEMM: a coarser recipe of similar cost); "vs bf16" divides the first by gemmgen's time.
 
+The gated experts (`moe_swiglu`: SwiGLU over each expert's interleaved gate and up columns, half as
+many out, with the bias and routing weight) against `torch._grouped_mm` followed by the same
+epilogue in torch (the slices, SiLU and products), and `torch._grouped_mm` alone, at Mixtral's
+sizes (prefill and decode; never swapped).
+
 Buffers rotate through more than L2; each number is the median over CUDA-graph replays timed with
 CUDA events (device time only). "vs best" divides the fastest torch way to compute the same
 layer (the first three) by gemmgen's time. Each shape runs under the config the runtime picks for
@@ -167,9 +172,15 @@ def _stats_table(recipe, shapes, reps: int) -> None:
         torch.cuda.empty_cache()
 
 
-def _grouped_then_epilogue(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor,
-                           weight: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
-    return F.silu(torch._grouped_mm(a, b, offs=offsets) + bias[group]) * weight[:, None]
+def _moe_up(acc: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """moe_up's epilogue in torch (bias and weight broadcast to acc's rows)."""
+    return F.silu(acc + bias) * weight
+
+
+def _moe_swiglu(acc: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """moe_swiglu's: SwiGLU over the biased accumulator's interleaved gate and up columns."""
+    h = acc + bias
+    return F.silu(h[..., 0::2]) * h[..., 1::2] * weight
 
 
 def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor,
@@ -177,12 +188,17 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, bias: t
     return torch._grouped_mm(a, b, offs=offsets)
 
 
-GROUPED_BASELINES = {"_grouped_mm + epilogue": _grouped_then_epilogue, "_grouped_mm": _grouped_mm}
+def _grouped_baselines(epilogue) -> dict:
+    """torch's grouped GEMM followed by the recipe's epilogue in torch ops (the unfused layer), and
+    the GEMM alone."""
+    def unfused(a, b, offsets, bias, weight, group):
+        return epilogue(torch._grouped_mm(a, b, offs=offsets), bias[group], weight[:, None])
+    return {"_grouped_mm + epilogue": unfused, "_grouped_mm": _grouped_mm}
 
 
-def _grouped_sets(groups: int, rows: int, n: int, k: int) -> list[tuple]:
+def _grouped_sets(groups: int, rows: int, n: int, k: int, out_columns: int) -> list[tuple]:
     """Tokens spread evenly over the experts; (a, b, offsets, bias, weight, each row's expert, out)."""
-    per_set = (rows * k + groups * k * n + rows * n) * 2
+    per_set = (rows * k + groups * k * n + rows * out_columns) * 2
     sets = []
     for _ in range(max(2, -(-L2_BYTES // per_set) + 1)):
         a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
@@ -191,31 +207,35 @@ def _grouped_sets(groups: int, rows: int, n: int, k: int) -> list[tuple]:
         bias = torch.randn(groups, n, device="cuda", dtype=torch.bfloat16)
         weight = torch.rand(rows, device="cuda")
         group = torch.searchsorted(offsets, torch.arange(rows, device="cuda", dtype=torch.int32), right=True)
-        sets.append((a, b, offsets, bias, weight, group, torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)))
+        sets.append((a, b, offsets, bias, weight, group,
+                     torch.empty(rows, out_columns, device="cuda", dtype=torch.bfloat16)))
     return sets
 
 
-def _grouped_table(recipe, shapes, reps: int) -> None:
-    """`_table` for the grouped recipe: each kernel checked against a per-group fp32 evaluation first;
-    `*` marks the config the op picks for the shape (`tuning.grouped_choice`)."""
+def _grouped_table(recipe, epilogue, shapes, reps: int) -> None:
+    """`_table` for a grouped recipe of moe_up's operands (`epilogue` its math in torch): each kernel
+    checked against a per-group fp32 evaluation first; `*` marks the config the op picks for the
+    shape (`tuning.grouped_choice`)."""
+    from gemmgen.codegen import is_valid
     from gemmgen.tuning import device_ms
     from gemmgen.tuning.heuristic import grouped_choice
     from tests.data.gpu_matrix import GROUPED_CONFIGS
 
-    names = list(GROUPED_BASELINES)
+    baselines = _grouped_baselines(epilogue)
+    names = list(baselines)
     print(f"| G x rows x N x K | config | gemmgen ms | {' ms | '.join(names)} ms | gemmgen TFLOP/s | vs unfused |")
     print("|---" * (5 + len(names)) + "|")
     for groups, rows, n, k in shapes:
-        sets = _grouped_sets(groups, rows, n, k)
-        theirs = {name: _timed(fn, sets, reps) for name, fn in GROUPED_BASELINES.items()}
+        sets = _grouped_sets(groups, rows, n, k, recipe.ir.outputs[0].columns.extent(n))
+        theirs = {name: _timed(fn, sets, reps) for name, fn in baselines.items()}
         unfused = theirs[names[0]]
-        for config in GROUPED_CONFIGS:
+        for config in [c for c in GROUPED_CONFIGS if is_valid(c, recipe.ir)]:
             kernel = recipe.compile(config)
-            a, b, offsets, bias, weight, _, _ = sets[0]
+            a, b, offsets, bias, weight, group, _ = sets[0]
             assert rows % groups == 0  # equal groups: checked below as one batched GEMM
             got = kernel(a, b, offsets, bias=bias, weight=weight).float()
-            want = F.silu(torch.bmm(a.float().reshape(groups, rows // groups, k), b.float()) +
-                          bias.float()[:, None, :]).reshape(rows, n) * weight[:, None]
+            acc = torch.bmm(a.float().reshape(groups, rows // groups, k), b.float()).reshape(rows, n)
+            want = epilogue(acc, bias.float()[group], weight[:, None])
             torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
             ours = device_ms([functools.partial(kernel, a, b, offsets, bias=bias, weight=weight, out=out)
                               for a, b, offsets, bias, weight, _, out in sets], reps)
@@ -468,7 +488,13 @@ def main() -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     from gemmgen.aot import load_recipes
-    from tests.data.gpu_matrix import BENCH_SHAPES, FP8_BENCH_SHAPES, GROUPED_BENCH_SHAPES, STATS_BENCH_SHAPES
+    from tests.data.gpu_matrix import (
+        BENCH_SHAPES,
+        FP8_BENCH_SHAPES,
+        GATED_BENCH_SHAPES,
+        GROUPED_BENCH_SHAPES,
+        STATS_BENCH_SHAPES,
+    )
 
     if args.training:
         from tests.data.gpu_matrix import TRAINING_BENCH_MLP
@@ -493,9 +519,11 @@ def main() -> int:
     print("# residual_norm_stats (bf16: residual add, each row's sum of squares and amax in fp32)")
     _stats_table(recipes["residual_norm_stats"], STATS_BENCH_SHAPES, args.reps)
     print("# moe_up (grouped bf16: per-expert bias, SiLU, routing weight; tokens spread evenly)")
-    _grouped_table(recipes["moe_up"], GROUPED_BENCH_SHAPES, args.reps)
+    _grouped_table(recipes["moe_up"], _moe_up, GROUPED_BENCH_SHAPES, args.reps)
     print("# moe_fp8_block (grouped e4m3 -> bf16, DeepSeek-V3 block scales, routing weight; tokens spread evenly)")
     _block_grouped_table(recipes["moe_fp8_block"], GROUPED_BENCH_SHAPES, args.reps)
+    print("# moe_swiglu (gated experts: SwiGLU over interleaved gate and up columns, N/2 out; tokens spread evenly)")
+    _grouped_table(recipes["moe_swiglu"], _moe_swiglu, GATED_BENCH_SHAPES, args.reps)
     return 0
 
 

@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(config, items):
     if not has_sm90:
         skip = pytest.mark.skip(reason="needs an sm_90 GPU (none here); run scripts/gpu_check.sh on an H100/H200")
         for item in items:
-            if "gpu" in item.keywords:
+            if item.get_closest_marker("gpu") is not None:  # not item.keywords: it holds tests/gpu's name too
                 item.add_marker(skip)
 
 
@@ -81,15 +81,18 @@ def sm100_kernels(session_cache, examples):
 def grouped_families(session_cache, examples):
     """The grouped test kernels of tests/data/gpu_matrix.py, compiled together (2 workers; from the
     bundle on the GPU): `moe_recipe()` under GROUPED_CONFIGS (its default is compiled with the
-    examples, of which it is moe_up), moe_fp8 under FP8_GROUPED_CONFIGS, and the example
-    moe_fp8_block under BLOCK_GROUPED_CONFIGS (its default also compiled with the examples)."""
+    examples, of which it is moe_up), moe_fp8 under FP8_GROUPED_CONFIGS, the example
+    moe_fp8_block under BLOCK_GROUPED_CONFIGS (its default also compiled with the examples), and
+    the example moe_swiglu, gated experts over column pairs (its default, compiled with the
+    examples)."""
     from gemmgen.aot import build
     from gemmgen.testing.grouped import moe_recipe
     from tests.data.gpu_matrix import BLOCK_GROUPED_CONFIGS, FP8_GROUPED_CONFIGS, GROUPED_CONFIGS, moe_fp8_recipe
 
     families = {"grouped": [(moe_recipe(), c) for c in GROUPED_CONFIGS],
                 "fp8": [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS],
-                "block": [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS]}
+                "block": [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS],
+                "gated": [(examples["moe_swiglu"], examples["moe_swiglu"].default_config())]}
     kernels = iter(build([p for pairs in families.values() for p in pairs], session_cache, jobs=2,
                          allow_compile=True))
     return {name: [next(kernels) for _ in pairs] for name, pairs in families.items()}
@@ -109,6 +112,12 @@ def grouped_kernel(grouped_kernels):
 def fp8_kernels(grouped_families):
     """moe_fp8 under FP8_GROUPED_CONFIGS: its default and swapped."""
     return grouped_families["fp8"]
+
+
+@pytest.fixture(scope="session")
+def gated_grouped_kernel(grouped_families):
+    """The gated experts' grouped kernel over column pairs (moe_swiglu, its default)."""
+    return grouped_families["gated"][0]
 
 
 @pytest.fixture(scope="session")

@@ -133,6 +133,12 @@ def _functor(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
 HALF_STRIDE = "cute::Stride<int64_t, cute::_1, int64_t>"
 
 
+def _register_element(dtype: DType, recipe: RecipeIR) -> str:
+    """The element a register visitor of pairs.hpp takes: a grouped kernel's is `Element*`, an array
+    of per-group pointers (CUTLASS's form for its broadcasts), each at its group's first row."""
+    return f"{dtype.cutlass}*" if recipe.gemm.grouped else dtype.cutlass
+
+
 def _aux_stride(layout: Layout) -> str:
     """An M x N aux tensor in D's layout, with a batch stride."""
     if layout is Layout.ROW:
@@ -164,7 +170,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             operand = ir.operand(ir.nodes[n.args[0]].name)  # type: ignore[arg-type]
             parity = int(n.op is Op.PAIR_ODD)
             of_ir[i] = len(vnodes)
-            load = f"{EPI}::DoubleLoad<{operand.dtype.cutlass}, {HALF_STRIDE}, {parity}>"
+            load = f"{EPI}::DoubleLoad<{_register_element(operand.dtype, recipe)}, {HALF_STRIDE}, {parity}>"
             kind = REGISTER_LOADS[Columns.DOUBLE][parity]
             half = ParamBinding(kind, operand.name, operand.dtype)
             vnodes.append(_VNode(f"{kind}_{operand.name}", load, binding=half))
@@ -182,7 +188,8 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             kind = {OperandKind.SCALAR: "scalar", OperandKind.ROW: "row", OperandKind.COL: "col",
                     OperandKind.MATRIX: "aux_load" if operand.per_batch else "shared_load"}[operand.kind]
             if operand.columns is Columns.HALF:
-                v = _VNode(f"in_{n.name}", f"{EPI}::PairLoad<{operand.dtype.cutlass}, {HALF_STRIDE}>",
+                load = f"{EPI}::PairLoad<{_register_element(operand.dtype, recipe)}, {HALF_STRIDE}>"
+                v = _VNode(f"in_{n.name}", load,
                            binding=ParamBinding(REGISTER_LOADS[Columns.HALF][0], operand.name, operand.dtype))
             else:
                 binding = None if n.name == source else ParamBinding(
@@ -201,7 +208,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     # stored value read it from the last store in its chain.
     for o in ir.outputs[1:]:
         if o.columns is Columns.DOUBLE:  # off any chain: nothing reads a 2N-column value
-            vnodes.append(_double_store(o.name, o.dtype, ir, o.node, of_ir, vnodes))
+            vnodes.append(_double_store(o.name, o.dtype, recipe, o.node, of_ir, vnodes))
             continue
         src = of_ir[o.node]
         if o.columns is Columns.HALF and o.reduce is Reduction.SUM:
@@ -213,7 +220,8 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
                                  [len(vnodes) - 1], binding=ParamBinding(kind, o.name, o.dtype)))
             continue
         if o.reduce is None and o.columns is Columns.HALF:
-            store = _VNode(f"aux_{o.name}", f"{EPI}::PairStore<{o.dtype.cutlass}, {HALF_STRIDE}>", [src],
+            store = _VNode(f"aux_{o.name}", f"{EPI}::PairStore<{_register_element(o.dtype, recipe)}, {HALF_STRIDE}>",
+                           [src],
                            binding=ParamBinding(REGISTER_STORES[Columns.HALF], o.name, o.dtype))
         elif o.reduce is not None and o.dim is None:
             store = _VNode(f"{o.reduce.value}_{o.name}", _scalar_reduction_type(o.reduce), [src],
@@ -233,10 +241,11 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     d_columns = ir.outputs[0].columns
     paired_d = d_columns is not Columns.FULL
     if d_columns is Columns.HALF:  # D has N/2 columns: written by a PairStore at the root, not by the collective
-        vnodes.append(_VNode("pair_d", f"{EPI}::PairStore<{d.cutlass}, {HALF_STRIDE}>", [of_ir[ir.outputs[0].node]],
+        vnodes.append(_VNode("pair_d", f"{EPI}::PairStore<{_register_element(d, recipe)}, {HALF_STRIDE}>",
+                             [of_ir[ir.outputs[0].node]],
                              binding=ParamBinding(REGISTER_STORES[Columns.HALF], "d", d)))
     elif d_columns is Columns.DOUBLE:  # 2N: by a DoubleStore at the root
-        vnodes.append(_double_store("d", d, ir, ir.outputs[0].node, of_ir, vnodes))
+        vnodes.append(_double_store("d", d, recipe, ir.outputs[0].node, of_ir, vnodes))
     root = len(vnodes) - 1 if paired_d else of_ir[ir.outputs[0].node]
     consumers = [0] * len(vnodes)
     for v in vnodes:
@@ -291,14 +300,14 @@ def _double_nodes(ir: EpilogueIR) -> set[int]:
         o.node for o in ir.outputs if o.columns is Columns.DOUBLE}
 
 
-def _double_store(name: str, dtype: DType, ir: EpilogueIR, node: int, of_ir: dict[int, int],
+def _double_store(name: str, dtype: DType, recipe: RecipeIR, node: int, of_ir: dict[int, int],
                   vnodes: list[_VNode]) -> _VNode:
     """A DoubleStore of an interleave's two values; a constant side is made a value (a select of
     the constant on either branch, from the other side)."""
     children = []
-    args = ir.nodes[node].args
+    args = recipe.epilogue.nodes[node].args
     for k, a in enumerate(args):
-        arg = ir.nodes[a]
+        arg = recipe.epilogue.nodes[a]
         if arg.op is Op.CONST:
             bits = f"{f32_bits(arg.attr):#010x}u"  # type: ignore[arg-type]
             vnodes.append(_VNode(f"const_{name}_{k}", children=[of_ir[args[1 - k]]],
@@ -307,7 +316,8 @@ def _double_store(name: str, dtype: DType, ir: EpilogueIR, node: int, of_ir: dic
         else:
             children.append(of_ir[a])
     binding = ParamBinding(REGISTER_STORES[Columns.DOUBLE], name, dtype)
-    return _VNode(f"double_{name}", f"{EPI}::DoubleStore<{dtype.cutlass}, {HALF_STRIDE}>", children, binding=binding)
+    store = f"{EPI}::DoubleStore<{_register_element(dtype, recipe)}, {HALF_STRIDE}>"
+    return _VNode(f"double_{name}", store, children, binding=binding)
 
 
 def _callbacks(root: str, d: DType, paired_d: bool) -> str:

@@ -23,7 +23,7 @@ from ..codegen import render_kernel, validate
 from ..compile import CompiledKernel, KernelCache, build_kernel
 from ..config import DEFAULT_ARCH, Arch, KernelConfig, default_config
 from ..errors import RecipeError
-from ..ir import BLOCK_SCALE_OPERANDS, EpilogueIR, GemmSpec, Node, Op, Operand, Output, RecipeIR, normalize
+from ..ir import BLOCK_SCALE_OPERANDS, Columns, EpilogueIR, GemmSpec, Node, Op, Operand, Output, RecipeIR, normalize
 from ..ir.autodiff import GRAD_PREFIX, RECOMPUTED_D, SAVED_ACC, NotDifferentiable, derive
 from ..types import DType, Layout, OperandKind, as_dtype, as_layout
 from .backward import OperandGradient, declarations, operand_gradients, replay
@@ -108,22 +108,21 @@ def _check_block_scale(value: Any, fp8: bool, grouped: bool) -> tuple[int, int, 
 def _check_grouped_epilogue(ir: EpilogueIR) -> None:
     """What a grouped kernel's epilogue can read and write: CUTLASS's grouped (pointer-array)
     epilogue addresses C, D and the broadcast vectors per group, but not the extra tensor maps of
-    auxiliary loads and stores."""
-    if ir.pairs:
-        raise RecipeError("epilogue: column pairs (gg.pairs) in a grouped GEMM are not supported yet (its "
-                          "pointer-array epilogue stores each group's D with TMA, at the accumulator's width); "
-                          "declare the recipe without grouped=True")
+    auxiliary loads and stores; gemmgen's register visitors (column pairs) take per-group pointers
+    too."""
     if any(n.op is Op.ROW_INDEX for n in ir.nodes):
         raise RecipeError("epilogue: gg.row_index() in a grouped GEMM is not supported yet (a group's kernel "
                           "numbers its rows from the group's first); declare the recipe without grouped=True")
-    matrices = [o.name for o in ir.operands if o.kind is OperandKind.MATRIX]
+    matrices = [o.name for o in ir.operands if o.kind is OperandKind.MATRIX and o.columns is Columns.FULL]
     if len(matrices) > 1:
         raise RecipeError(f"operands {matrices}: a grouped GEMM's epilogue reads at most one M x N matrix "
                           "(it is loaded as C); combine the others before the GEMM")
-    vectors = [o.name for o in ir.operands if o.kind in (OperandKind.ROW, OperandKind.COL)]
-    if len(vectors) > 8:  # each is a per-group pointer array the setup kernel fills (grouped.hpp's MaxColumns)
-        raise RecipeError(f"operands {vectors}: a grouped GEMM's epilogue reads at most 8 row or column vectors; "
-                          "combine some before the GEMM")
+    # each is a per-group pointer array the setup kernel fills (grouped.hpp's MaxColumns)
+    per_group = [o.name for o in ir.operands if o.kind in (OperandKind.ROW, OperandKind.COL)
+                 or (o.kind is OperandKind.MATRIX and o.columns is not Columns.FULL)]
+    if len(per_group) > 8:
+        raise RecipeError(f"operands {per_group}: a grouped GEMM's epilogue reads at most 8 row or column vectors "
+                          "and matrices of column pairs; combine some before the GEMM")
     extra = [o.name for o in ir.outputs[1:]]
     if extra:
         raise RecipeError(f"aux output {extra[0]!r}: a grouped GEMM writes D only (auxiliary outputs and "

@@ -33,7 +33,8 @@ class GroupedOp(OpKind):
     extra_inputs = ("Tensor offsets",)
 
     def outputs(self, a: torch.Tensor, b: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
-        return [allocate_output((a.shape[0], b.shape[-1]), self.recipe.ir.gemm.d.torch, device)]
+        d = self.recipe.ir.outputs[0]  # N/2 columns over column pairs (`ir.columns`)
+        return [allocate_output(d.shape((a.shape[0], b.shape[-1])), self.recipe.ir.gemm.d.torch, device)]
 
     def check(self, a: Any, b: Any, args: tuple, require_cuda: bool, config: KernelConfig | None = None) -> None:
         offsets, *operands = args

@@ -79,6 +79,11 @@ class Columns(enum.Enum):
         """A tensor's columns for an accumulator of `n` (even, for a half) columns."""
         return {Columns.FULL: n, Columns.HALF: n // 2, Columns.DOUBLE: 2 * n}[self]
 
+    @property
+    def symbol(self) -> str:
+        """A tensor's columns in messages: N, N/2 or 2N."""
+        return {Columns.FULL: "N", Columns.HALF: "N/2", Columns.DOUBLE: "2N"}[self]
+
 
 _ANY = "any"  # the same in every column: fits either width
 

@@ -232,8 +232,7 @@ def _grouped_reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, opera
     its B's); rows after the last group's end are not written by the kernel, and are NaN here."""
     ir = recipe.epilogue
     rows = a.shape[0]
-    n = b.shape[-1]
-    d = torch.full((rows, n), math.nan, dtype=torch.float32)
+    d = torch.full(ir.outputs[0].shape((rows, b.shape[-1])), math.nan, dtype=torch.float32)  # N/2 over pairs
     kinds = {o.name: o.kind.value for o in ir.operands}
     for g, (start, end) in enumerate(group_bounds(offsets.tolist(), rows)):
         if start == end:

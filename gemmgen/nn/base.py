@@ -41,8 +41,8 @@ def activation_fn(activation: str | None, gated: bool = False) -> Callable[[Any]
     and for a gated one where the layer takes none (`gated`: FusedLinear and FusedMLP do)."""
     names = sorted(k for k in ACTIVATIONS if k and (gated or k not in GATED))
     if activation in GATED and not gated:
-        raise RecipeError(f"activation: {activation!r} is a gated activation (column pairs), which FusedLinear and "
-                          f"FusedMLP take and this layer does not yet; use one of {names} or None")
+        raise RecipeError(f"activation: {activation!r} is a gated activation (column pairs), which FusedLinear, "
+                          f"FusedMLP and GroupedLinear take and this layer does not yet; use one of {names} or None")
     if activation not in ACTIVATIONS:
         raise RecipeError(f"activation: expected one of {names} or None, got {activation!r}")
     return ACTIVATIONS[activation]

@@ -8,6 +8,11 @@ Forward is `activation(x_e @ W_e^T + b_e)` for the rows of each expert e, one gr
 (torch.ops.gemmgen.*) whose offsets stay on the GPU: no host sync, CUDA-graph safe. Rows after the
 last expert's end are not written (unspecified, as with `torch._grouped_mm`). Backward is the op's:
 the unfused layer's, through `torch._grouped_mm` with the same offsets (bf16 on the GPU).
+
+A gated activation (`"swiglu"`, `"geglu"`: act(gate) * up, the experts of Mixtral, DeepSeek and
+Qwen MoE models) takes weights of 2 x out_features rows per expert, gate and up interleaved
+(`interleave_pairs`), and writes out_features columns: the up projection's whole epilogue in the
+grouped kernel, over its accumulator's column pairs (docs/pairs.md).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from ..dsl import Recipe, RowVector
 from ..errors import InvalidArgument
 from ..integrations.ops import op
 from ..types import as_dtype
-from .base import RecipeModule, activation_fn, check_layer_dtype, check_parameter, unsupported
+from .base import GATED, RecipeModule, activation_fn, check_layer_dtype, check_parameter, unsupported, weight_rows
 
 
 def _rows_aligned(bias: torch.Tensor) -> torch.Tensor:
@@ -39,8 +44,8 @@ def _rows_aligned(bias: torch.Tensor) -> torch.Tensor:
 @functools.cache
 def grouped_linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype) -> Recipe:
     """The recipe of a group of expert Linears (x_e @ W_e^T, the weights stacked as E x out x in)
-    plus each expert's bias and the activation."""
-    act = activation_fn(activation)
+    plus each expert's bias and the activation (a gated one over column pairs: out = rows / 2)."""
+    act = activation_fn(activation, gated=True)
     d = as_dtype(dtype, "dtype")
     name = f"grouped_linear_{activation or 'none'}{'_bias' if bias else ''}_{d.value}"
     kw: dict[str, Any] = {"a": d, "b": d, "d": d, "grouped": True}
@@ -56,6 +61,13 @@ class GroupedLaunches:
     num_experts: int
     in_features: int
     out_features: int
+    activation: str | None
+
+    @property
+    def weight_rows(self) -> int:
+        """Each expert's weight rows: the kernel's N (out_features, or twice that for a gated
+        activation)."""
+        return weight_rows(self.out_features, self.activation)
 
     def launches(self, rows: int | None = None, device: tuning.Device | None = None) -> tuple[Recipe, Any]:
         """(recipe, config) of the kernel forward launches for `rows` rows of tokens (all experts'
@@ -65,15 +77,16 @@ class GroupedLaunches:
         `device`, on an autotune result registered for it first (`tuning.choose_launch`)."""
         if rows is None:
             return self.recipe, self.recipe.default_config()
-        return self.recipe, tuning.config_for(self.recipe, rows, self.out_features, self.in_features,
+        return self.recipe, tuning.config_for(self.recipe, rows, self.weight_rows, self.in_features,
                                               self.num_experts, device=device)
 
 
 class GroupedLinear(GroupedLaunches, RecipeModule):
     """`num_experts` nn.Linear layers (plus activation) applied to the rows of their own experts in
-    one grouped kernel: `weight` is (num_experts, out_features, in_features), each expert's as
-    nn.Linear stores it, and `bias` (num_experts, out_features). It computes in the parameters'
-    dtype (bf16 or f16); an input of another dtype is cast only under autocast, as for nn.Linear."""
+    one grouped kernel: `weight` is (num_experts, rows, in_features), each expert's as nn.Linear
+    stores it, and `bias` (num_experts, rows), where rows is out_features, or 2 x out_features
+    for a gated activation (gate and up interleaved). It computes in the parameters' dtype (bf16
+    or f16); an input of another dtype is cast only under autocast, as for nn.Linear."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
@@ -87,11 +100,12 @@ class GroupedLinear(GroupedLaunches, RecipeModule):
         reason = unsupported(in_features, check_layer_dtype(dtype))
         if reason:
             raise InvalidArgument(f"GroupedLinear: {reason}")
-        activation_fn(activation)  # a bad name is refused before anything is allocated
+        activation_fn(activation, gated=True)  # a bad name is refused before anything is allocated
         self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
         self.activation, self.compute_dtype = activation, dtype
-        self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features, dtype=dtype, device=device))
-        self.bias = nn.Parameter(torch.empty(num_experts, out_features, dtype=dtype, device=device)) if bias else None
+        rows = self.weight_rows
+        self.weight = nn.Parameter(torch.empty(num_experts, rows, in_features, dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.empty(num_experts, rows, dtype=dtype, device=device)) if bias else None
         self._set_recipes()
         self.reset_parameters()
 
@@ -108,9 +122,12 @@ class GroupedLinear(GroupedLaunches, RecipeModule):
             bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
             nn.init.uniform_(self.bias, -bound, bound)
 
+
     @classmethod
     def from_linears(cls, linears: Sequence[nn.Linear], activation: str | None = None) -> GroupedLinear:
-        """A GroupedLinear holding a copy of the experts' parameters, stacked (one tensor each)."""
+        """A GroupedLinear holding a copy of the experts' parameters, stacked (one tensor each). For
+        a gated activation each Linear holds 2 x out_features rows, gate and up interleaved
+        (`interleave_pairs(gate_proj.weight, up_proj.weight)`)."""
         if not linears or not all(isinstance(m, nn.Linear) for m in linears):
             raise InvalidArgument("linears: expected a non-empty sequence of torch.nn.Linear")
         first = linears[0]
@@ -118,7 +135,15 @@ class GroupedLinear(GroupedLaunches, RecipeModule):
         if len(shapes) != 1:
             raise InvalidArgument(f"linears: the experts differ in (in_features, out_features, bias, dtype): "
                                   f"{sorted(shapes, key=str)}; a grouped kernel needs them alike")
-        layer = cls(len(linears), first.in_features, first.out_features, first.bias is not None, activation,
+        activation_fn(activation, gated=True)
+        out_features = first.out_features
+        if activation in GATED:
+            if out_features % 2:
+                raise InvalidArgument(f"linears: {out_features} output features; a gated activation ({activation}) "
+                                      "takes its rows in pairs, gate and up interleaved: give Linears of 2 x F rows "
+                                      "(gemmgen.nn.interleave_pairs(w_gate, w_up))")
+            out_features //= 2
+        layer = cls(len(linears), first.in_features, out_features, first.bias is not None, activation,
                     first.weight.dtype, first.weight.device)
         with torch.no_grad():
             layer.weight.copy_(torch.stack([m.weight for m in linears]))
@@ -136,8 +161,10 @@ class GroupedLinear(GroupedLaunches, RecipeModule):
                 raise InvalidArgument(f"input: dtype {x.dtype}, but this layer computes in {dtype}; cast the input "
                                       f"(input.to({dtype})) or run under torch.autocast, as for nn.Linear")
             x = x.to(dtype)
-        check_parameter("weight", self.weight, (self.num_experts, self.out_features, self.in_features),
-                        "(num_experts, out_features, in_features)")
+        rows = self.weight_rows
+        what = "2 x out_features: gate and up interleaved" if rows != self.out_features else "out_features"
+        check_parameter("weight", self.weight, (self.num_experts, rows, self.in_features),
+                        f"(num_experts, {what}, in_features)")
         w = self.weight.transpose(1, 2)
         return self._op(x, w, offsets) if self.bias is None else self._op(x, w, offsets, _rows_aligned(self.bias))
 

@@ -177,6 +177,14 @@ def _shape(name: str, t: torch.Tensor, batched: bool) -> tuple[int, ...]:
 SizeCheck = Callable[[int, int, int, int], None]  # (M, N, K, L): raises for a problem a kernel cannot take
 
 
+def _even_columns(recipe: RecipeIR, n: int) -> None:
+    """B's N columns, in pairs where the epilogue works on adjacent column pairs."""
+    if recipe.epilogue.pairs and n % 2:
+        raise InvalidArgument(f"b: {n} columns; this recipe's epilogue works on adjacent column pairs (gg.pairs), "
+                              f"so B needs an even number of columns (each pair's two interleaved): pass B with "
+                              f"{n + 1} or {n - 1} columns")
+
+
 def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, object],
                require_cuda: bool = True, size_check: SizeCheck | None = None) -> CheckedCall:
     g = recipe.gemm
@@ -192,10 +200,7 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
     if sb[-2] != k:
         raise InvalidArgument(f"b: expected {k} rows (K of a, shape {tuple(sa)}), got shape {tuple(sb)}")
     n = sb[-1]
-    if recipe.epilogue.pairs and n % 2:
-        raise InvalidArgument(f"b: {n} columns; this recipe's epilogue works on adjacent column pairs (gg.pairs), "
-                              f"so B needs an even number of columns (each pair's two interleaved): pass B with "
-                              f"{n + 1} or {n - 1} columns")
+    _even_columns(recipe, n)
     if size_check is not None:
         size_check(m, n, k, l)
     _index_extents(recipe, m, n)

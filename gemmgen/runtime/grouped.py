@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from ..codegen.fields import REGISTER_LOADS, REGISTER_STORES
 from ..config import KernelConfig
 from ..errors import InvalidArgument
-from ..ir import EpilogueIR, Operand, RecipeIR
+from ..ir import Columns, EpilogueIR, Operand, RecipeIR
 from ..ir.reference import evaluate_epilogue
 from ..types import OperandKind
 from . import driver, scheduler, tma
@@ -103,7 +104,15 @@ class GroupedArguments:
         self.a = tma.mainloop_template(recipe, config, "a")
         self.b = tma.mainloop_template(recipe, config, "b")
         self.c = tma.epilogue_template(recipe, config, self.source.dtype) if self.source else None
-        self.d = tma.epilogue_template(recipe, config, g.d)
+        # N/2- and 2N-column tensors, read and written from the registers (pairs.hpp): a per-group
+        # pointer each (at the group's first row) and the stride between rows
+        self.register_loads = [(f"epilogue.{kind}.{o.name}", o.name) for o in epi.operands
+                               if o.kind is OperandKind.MATRIX for kind in REGISTER_LOADS.get(o.columns, ())]
+        d_columns = epi.outputs[0].columns
+        # D through the collective's TMA store, or (N/2 or 2N columns) a PairStore or DoubleStore
+        self.d = tma.epilogue_template(recipe, config, g.d) if d_columns is Columns.FULL else None
+        self.d_store = None if self.d else f"epilogue.{REGISTER_STORES[d_columns]}.d"
+        self.d_field = f"{self.d_store}.ptr" if self.d_store else "epilogue.ptr_d"
 
     def columns(self, call: GroupedCall, d: TensorArg) -> list[Column]:
         """Pointers first (A, B, C, D, the vectors), then the strides (one int64 per group each):
@@ -121,7 +130,12 @@ class GroupedArguments:
         c = call.operands[self.source.name] if self.source else None
         if isinstance(c, TensorArg):
             cols.append(Column("epilogue.ptr_c", c.ptr, c.strides[0] * self.source.dtype.nbytes, 0))  # type: ignore[union-attr]
-        cols.append(Column("epilogue.ptr_d", d.ptr, d.strides[0] * idd, 0))
+        cols.append(Column(self.d_field, d.ptr, d.strides[0] * idd, 0))
+        for prefix, name in self.register_loads:
+            m = call.operands[name]
+            assert isinstance(m, TensorArg)
+            item = self.recipe.epilogue.operand(name).dtype.nbytes
+            cols.append(Column(f"{prefix}.ptr", m.ptr, m.strides[0] * item, 0))
         per_row_kind = OperandKind.ROW if self.swapped else OperandKind.COL  # the caller's column vectors
         for o in self.vectors:
             v = call.operands[o.name]
@@ -137,7 +151,8 @@ class GroupedArguments:
                  Column(f"mainloop.stride_{kernel_b}", b_ld, 0, 0)]
         if isinstance(c, TensorArg):
             cols.append(Column("epilogue.stride_c", c.strides[0], 0, 0))
-        cols.append(Column("epilogue.stride_d", d.strides[0], 0, 0))
+        if self.d is not None:
+            cols.append(Column("epilogue.stride_d", d.strides[0], 0, 0))
         return cols
 
     def setup(self, call: GroupedCall, columns: list[Column], buffer: int, layout: BufferLayout) -> bytes:
@@ -147,8 +162,10 @@ class GroupedArguments:
                           *[c.per_row for c in columns], *pad, *[c.per_group for c in columns], *pad)
 
     def values(self, call: GroupedCall, columns: list[Column], buffer: int, layout: BufferLayout, sm_count: int,
-               max_active_clusters: int, device_id: int, encode: TensorMapEncoder) -> dict[str, int | float | bytes]:
-        """Every Params field by name (the grid is `scheduler.group_plan`'s)."""
+               max_active_clusters: int, device_id: int, encode: TensorMapEncoder, d_stride: int
+               ) -> dict[str, int | float | bytes]:
+        """Every Params field by name (the grid is `scheduler.group_plan`'s); `d_stride` is D's row
+        stride, in elements."""
         shapes = buffer + layout.shapes
         v: dict[str, int | float | bytes] = {"mode": MODE_GROUPED, "problem.groups": call.groups,
                                              "problem.shapes": shapes, "problem.host_shapes": 0,
@@ -163,7 +180,14 @@ class GroupedArguments:
         v["mainloop.tma_b"] = encode(_rank2(self.b.operand(int(v["mainloop.ptr_b"]) & ~15, 1, 1, 1, (0, 0, 0))))
         if self.c is not None:
             v["epilogue.tma_c"] = encode(_rank2(self.c.matrix(int(v["epilogue.ptr_c"]) & ~15, tm, tn, 1, (0, 0, 0))))
-        v["epilogue.tma_d"] = encode(_rank2(self.d.matrix(int(v["epilogue.ptr_d"]) & ~15, tm, tn, 1, (0, 0, 0))))
+        if self.d is not None:
+            v["epilogue.tma_d"] = encode(_rank2(self.d.matrix(int(v["epilogue.ptr_d"]) & ~15, tm, tn, 1, (0, 0, 0))))
+        else:  # a register store's one row stride (each group's pointer is at its first row)
+            v.update({f"{self.d_store}.stride_m": d_stride, f"{self.d_store}.stride_l": 0})
+        for prefix, name in self.register_loads:
+            m = call.operands[name]
+            assert isinstance(m, TensorArg)
+            v.update({f"{prefix}.stride_m": m.strides[0], f"{prefix}.stride_l": 0})
         if self.recipe.gemm.block_scale is not None:  # never read on the device (param_fields)
             v["mainloop.layout_sfa"] = v["mainloop.layout_sfb"] = 0
         v["epilogue.tensormaps"] = buffer + layout.epilogue_maps
@@ -290,7 +314,7 @@ class GroupedKernel(KernelBase):
         blocks = plan.blocks.get(addr)
         if blocks is None:  # the setup block with D's base 0, patched per call: D is allocated per call
             fields = self._args.values(call, plan.columns, addr, plan.layout, plan.sm_count, plan.clusters,
-                                       max(plan.device_index, 0), self._encode)
+                                       max(plan.device_index, 0), self._encode, plan.d_strides[0])
             blocks = (bytes(self._writer.write(fields)), self._args.setup(call, plan.columns, addr, plan.layout))
             put_bounded(plan.blocks, addr, blocks)
         params, setup = blocks
@@ -301,7 +325,7 @@ class GroupedKernel(KernelBase):
         """Check every argument and work out what does not depend on D's or the buffer's address."""
         call = check_grouped_call(self._ir, a, b, offsets, operands, require_cuda=self._require_cuda)
         device_index = self._device_index(call.device)
-        shape = (call.rows, call.n)
+        shape = (call.rows, self._ir.outputs[0].columns.extent(call.n))  # N/2 or 2N columns: `ir.columns`
         strides = padded_strides(shape, self._ir.gemm.d.torch)
         if out is not None:
             check_output("out", out, self._ir.gemm.d, shape, call.device, False, 1)
@@ -314,7 +338,7 @@ class GroupedKernel(KernelBase):
             return plan
         plan.sm_count, plan.clusters = self._hardware(device_index)
         plan.columns = self._args.columns(call, TensorArg(0, (strides[0], 1, 0)))
-        plan.d_at = SETUP_BASES + 8 * next(i for i, c in enumerate(plan.columns) if c.field == "epilogue.ptr_d")
+        plan.d_at = SETUP_BASES + 8 * next(i for i, c in enumerate(plan.columns) if c.field == self._args.d_field)
         plan.layout = BufferLayout.of(call.groups, len(plan.columns), plan.sm_count, self._args.source is not None)
         plan.grid = scheduler.group_plan(self._config.tile, self._config.cluster, plan.sm_count, plan.clusters).grid
         plan.setup_grid = (-(-call.groups // SETUP_BLOCK), 1, 1)
@@ -324,7 +348,7 @@ class GroupedKernel(KernelBase):
         """K = 0: each group's epilogue applied to a zero accumulator, by torch ops on the stream (no
         sync); rows after the last group's end are left as they are, as the kernel leaves them."""
         _, group, covered = row_groups(offsets, call.rows, call.groups)
-        acc = torch.zeros((call.rows, call.n), dtype=torch.float32, device=d.device)
+        acc = torch.zeros((call.rows, call.n), dtype=torch.float32, device=d.device)  # D: N/2 wide over pairs
         epilogue_operands = {o.name: operands[o.name] for o in self._ir.epilogue.operands}
         value = evaluate_epilogue(vectors_as_matrices(self._ir), acc,
                                   operands_per_row(self._ir, epilogue_operands, group))[0]

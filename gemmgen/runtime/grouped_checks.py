@@ -17,6 +17,7 @@ from .checks import (
     _aligned_ptr,
     _bytes,
     _dtype,
+    _even_columns,
     _matrix,
     _need_tensor,
     _operand,
@@ -62,6 +63,7 @@ def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, 
                                   "the call")
     if b.shape[1] != k:
         raise InvalidArgument(f"b: expected (groups, {k}, N) (K of a, shape {tuple(a.shape)}), got {tuple(b.shape)}")
+    _even_columns(recipe, n)
     offsets = _need_tensor("offsets", offsets)
     if offsets.dtype != torch.int32 or offsets.dim() != 1 or offsets.shape[0] != groups:
         raise InvalidArgument(f"offsets: expected an int32 tensor of {groups} entries (one per group of b: where "
@@ -97,7 +99,7 @@ def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, 
         if o.kind.block_scale:
             extents.append(_bytes(v, 4, grouped_scale_extents(o, g, rows, n, k, groups)))  # type: ignore[arg-type]
         elif o.kind is OperandKind.MATRIX:
-            extents.append(_bytes(v, o.dtype.nbytes, (rows, n, 1)))  # type: ignore[arg-type]
+            extents.append(_bytes(v, o.dtype.nbytes, (rows, o.columns.extent(n), 1)))  # type: ignore[arg-type]
         elif o.kind is OperandKind.ROW:
             extents.append(_bytes(v, o.dtype.nbytes, (1, n, groups)))  # type: ignore[arg-type]
         elif o.kind is OperandKind.COL:
@@ -122,7 +124,7 @@ def _describe_grouped(o: Operand, gemm: GemmSpec) -> str:
                 "group's B")
     return {OperandKind.SCALAR: "a Python number", OperandKind.ROW: f"a (groups, N) {o.dtype.value} tensor",
             OperandKind.COL: f"a {o.dtype.value} vector with one entry per row of a",
-            OperandKind.MATRIX: f"a (rows, N) {o.dtype.value} matrix"}[o.kind]
+            OperandKind.MATRIX: f"a (rows, {o.columns.symbol}) {o.dtype.value} matrix"}[o.kind]
 
 
 def grouped_scale_extents(o: Operand, gemm: GemmSpec, rows: int, n: int, k: int, groups: int
@@ -177,9 +179,10 @@ def _natural_ptr(name: str, t: torch.Tensor) -> int:
 
 def _grouped_operand(o: Operand, value: object, rows: int, n: int, groups: int) -> TensorArg | float:
     """A grouped recipe's operand: row vectors are per group (groups, N), each group's row 16-byte
-    aligned (the kernel reads it in 16-byte vectors); the rest are per row of A, as check_call's."""
+    aligned (the kernel reads it in 16-byte vectors); the rest are per row of A, as check_call's
+    (a matrix of column pairs' halves N/2 wide: `ir.columns`)."""
     if o.kind is not OperandKind.ROW:
-        return _operand(o, value, rows, n, 1, False)
+        return _operand(o, value, rows, o.columns.extent(n), 1, False)
     t = _need_tensor(o.name, value)
     _dtype(o.name, t, o.dtype)
     if t.dim() != 2 or tuple(t.shape) != (groups, n):

@@ -9,8 +9,9 @@ from typing import Any
 import torch
 
 from ..compile import CompiledKernel
-from ..dsl import ColVector, Recipe, RowVector, silu
+from ..dsl import ColVector, Recipe, RowVector, pairs, silu
 from ..ir.reference import group_bounds
+from ..nn import interleave_pairs
 from ..runtime.grouped import GroupedKernel
 from ..runtime.quantize import quantize_blockwise
 from ..types import ColMajor, bf16, f32
@@ -26,6 +27,19 @@ def moe_recipe(**kw: Any) -> Recipe:
     """moe_up, with any of its declaration replaced."""
     args = {**MOE, **kw}
     return Recipe("moe_up", args.pop("epilogue"), grouped=True, **args)
+
+
+def _swiglu_experts(acc: Any, bias: Any, weight: Any) -> Any:
+    gate, up = pairs(acc + bias)
+    return silu(gate) * up * weight
+
+
+def moe_swiglu_recipe() -> Recipe:
+    """examples/recipes.py's moe_swiglu, the grouped tests' kernel over column pairs: SwiGLU (each
+    expert's gate and up rows interleaved, `gemmgen.nn.interleave_pairs`) after a per-expert bias,
+    times each token's routing weight; D has N/2 columns."""
+    return Recipe("moe_swiglu", _swiglu_experts, grouped=True,
+                  operands={"bias": RowVector(bf16), "weight": ColVector(f32)})
 
 
 def cpu_grouped_kernel(kernel: CompiledKernel, sm_count: int = 132, clusters: int = 0) -> Any:
@@ -96,6 +110,40 @@ def experts_loop(linears: Sequence[torch.nn.Linear], x: torch.Tensor, offsets: t
     for e, (start, end) in enumerate(group_bounds(offsets.tolist(), x.shape[0])):
         out.append(act(linears[e].double()(x[start:end].double())))
     return torch.cat(out)
+
+
+def gated_experts(num_experts: int, in_features: int, out_features: int, bias: bool,
+                  device: torch.device | str | None = None
+                  ) -> tuple[list[torch.nn.Linear], list[torch.nn.Linear], list[torch.nn.Linear]]:
+    """Gated experts as a model holds them: each expert's gate and up Linears (float64 on the CPU,
+    holding bf16 values), and what a gated GroupedLinear is made from (`from_linears`): per expert
+    one bf16 Linear of 2 x out_features rows, gate and up interleaved, on `device`."""
+    gates = [torch.nn.Linear(in_features, out_features, bias=bias, dtype=torch.float64) for _ in range(num_experts)]
+    ups = [torch.nn.Linear(in_features, out_features, bias=bias, dtype=torch.float64) for _ in range(num_experts)]
+    fc1s = []
+    with torch.no_grad():
+        for layer in (*gates, *ups):
+            for p in layer.parameters():
+                p.copy_(p.bfloat16())
+        for gate, up in zip(gates, ups, strict=True):
+            fc1 = torch.nn.Linear(in_features, 2 * out_features, bias=bias, dtype=torch.bfloat16, device=device)
+            fc1.weight.copy_(interleave_pairs(gate.weight, up.weight))
+            if bias:
+                fc1.bias.copy_(interleave_pairs(gate.bias, up.bias))
+            fc1s.append(fc1)
+    return gates, ups, fc1s
+
+
+def gated_experts_loop(gates: Sequence[torch.nn.Linear], ups: Sequence[torch.nn.Linear], x: torch.Tensor,
+                       offsets: torch.Tensor, activation: str) -> torch.Tensor:
+    """Gated experts as a model without gemmgen runs them: act(gate(x)) * up(x) on each expert's
+    own rows, in float64 (SwiGLU: SiLU; GEGLU: erf GELU)."""
+    act: Callable[[torch.Tensor], torch.Tensor] = torch.nn.functional.silu if activation == "swiglu" else \
+        torch.nn.functional.gelu
+    assert activation in ("swiglu", "geglu"), activation
+    x = x.double()
+    return torch.cat([act(gates[e](x[start:end])) * ups[e](x[start:end])
+                      for e, (start, end) in enumerate(group_bounds(offsets.tolist(), x.shape[0]))])
 
 
 def block_grouped_inputs(rows: int = 37, k: int = 304, n: int = 136, groups: int = 4,

@@ -172,13 +172,16 @@ class OracleProgram:
                  f"{array('c.strides', 'typename CollectiveEpilogue::StrideC')}")
         else:
             c = "nullptr, {}"
-        epilogue = (f"{{{thread}, {c}, {array('d.array', 'ElementD**')}, "
-                    f"{array('d.strides', 'typename CollectiveEpilogue::StrideD')}}}")
+        if epi.stores_d:
+            d = f"{array('d.array', 'ElementD**')}, {array('d.strides', 'typename CollectiveEpilogue::StrideD')}"
+        else:  # void D: a PairStore or DoubleStore writes it (its binding's arguments)
+            d = "nullptr, nullptr"
+        epilogue = f"{{{thread}, {c}, {d}}}"
         hw = {n: self.slots.add(f"hw.{n}") for n in ("device_id", "sm_count", "max_active_clusters")}
         workspace = array("workspace", "void*")
         atoms = [("mainloop.tma_a", "p.mainloop.tma_load_a.aux_params_"),
                  ("mainloop.tma_b", "p.mainloop.tma_load_b.aux_params_"),
-                 ("epilogue.tma_d", "p.epilogue.tma_store_d.aux_params_")]
+                 *([("epilogue.tma_d", "p.epilogue.tma_store_d.aux_params_")] if epi.stores_d else [])]
         self._render(kernel, build_dir, "cutlass::gemm::GemmUniversalMode::kGrouped", problem, mainloop, epilogue,
                      workspace, hw, atoms)
 
@@ -230,7 +233,9 @@ class OracleProgram:
             tensor_of = f"operand.{b.name}" if load else "d" if b.name == "d" else f"aux.{b.name}"
             s = [self.slots.add(f"{tensor_of}.{part}") for part in ("ptr", "s0", "s1", "s2")]
             const = " const" if load else ""
-            return (f"{{reinterpret_cast<{e}{const}*>(V[{s[0]}]), "
+            # a grouped kernel's: an array of per-group pointers (pairs.hpp's TensorOf<Element*>)
+            pointer = f"{e}{const}* const*" if self.kernel.kernel_recipe.gemm.grouped else f"{e}{const}*"
+            return (f"{{reinterpret_cast<{pointer}>(V[{s[0]}]), "
                     f"oracle::stride3<{HALF_STRIDE}>(V[{s[1]}], V[{s[2]}], V[{s[3]}])}}")
         if b.kind == "shared_load":  # Sm90AuxLoad<0>: {ptr_aux, null_default, dAux}, the batch stride static 0
             s = [self.slots.add(f"operand.{b.name}.{part}") for part in ("ptr", "s0", "s1")]

@@ -23,12 +23,10 @@ the workspace, whose tile counters must start at 0), store the vector and pass t
 The functors are gemmgen/include/gemmgen/epilogue.hpp's formulas, here in fp32 torch.
 
 Column pairs (gemmgen/include/gemmgen/pairs.hpp): a pair's half is held in both columns of its
-pair (PairEven / PairOdd copy one of the two into both, Interleave takes the even column of one
-input and the odd of the other, PairSumMask zeroes the odd one); PairLoad reads an N/2-column
-tensor through its pointer and strides into both, PairStore writes the even columns' values at
-half the column index and passes its input on; DoubleLoad reads the even or odd columns of a
-2N-column tensor, DoubleStore writes its two inputs at the even and odd ones; WithElementAux<E,
-Callbacks> is Callbacks (the collective then stores no D: ElementD is void). Coordinate<0> and
+pair (PairEven / PairOdd copy one into both, Interleave takes one input's even column and the
+other's odd, PairSumMask zeroes the odd); PairLoad / PairStore read and write N/2-column tensors,
+DoubleLoad / DoubleStore 2N-column ones, at a pointer and strides (per group in grouped kernels);
+WithElementAux<E, Callbacks> is Callbacks (the collective's D is void). Coordinate<0> and
 Coordinate<1> (coordinates.hpp) give each register its row or column in fp32, Random<Transposed,
 Stream> its uniform random number.
 """
@@ -310,10 +308,8 @@ class EpilogueInterpreter:
             if self.element_d is not None or len(t.args) != 2:
                 raise EpilogueSourceError(f"{t} with ElementD {self.element_d}")
             return self._visit(t.args[1], lvalue, acc, params, inputs)
-        if t.name in (f"{_EPI}PairLoad", f"{_EPI}PairStore"):
-            return self._pairs(t, lvalue, acc, params, inputs)
-        if t.name in (f"{_EPI}DoubleLoad", f"{_EPI}DoubleStore"):
-            return self._doubles(t, lvalue, acc, params, inputs)
+        if t.name in (f"{_EPI}PairLoad", f"{_EPI}PairStore", f"{_EPI}DoubleLoad", f"{_EPI}DoubleStore"):
+            return self._registers(t, lvalue, acc, params, inputs)
         if t.name == f"{_EPI}Coordinate":
             return _coordinate(t, acc, inputs)
         if t.name == f"{_EPI}Random":
@@ -389,47 +385,51 @@ class EpilogueInterpreter:
         target.copy_(_convert(value.reshape(target.shape), element))
         return inputs[0]
 
-    def _pairs(self, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
-               inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """PairLoad / PairStore: an (L, M, N/2) tensor at the HalfTensor's pointer and strides."""
-        store = t.name == f"{_EPI}PairStore"
-        if len(t.args) != 2 or str(t.args[1]) != _ROW_MAJOR_AUX or len(inputs) != int(store):
-            raise EpilogueSourceError(f"{t} with {len(inputs)} inputs")
-        element = _element(t.args[0])
-        l_, m, n = acc.shape
+    def _register_tensor(self, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, columns: int
+                         ) -> torch.Tensor:
+        """The (L, M, columns) tensor a register visitor of pairs.hpp reads or writes, at its
+        HalfTensor's pointer and strides; in a grouped kernel (its element `E*`: per-group
+        pointers) the current group's (1, M, columns), from its pointer, rows the M stride apart."""
+        element_t = str(t.args[0])
+        grouped = element_t.endswith("*")
+        if grouped != self.grouped:
+            raise EpilogueSourceError(f"{t} in a {'grouped' if self.grouped else 'dense'} kernel")
+        element = _element(parse_type(element_t.removesuffix("*").strip()))
+        l_, m, _ = acc.shape
         stride_m, stride_l = (struct.unpack("<q", params.raw(f"cute::get<{i}>({lvalue}.dHalf)"))[0] for i in (0, 2))
-        span = (l_ - 1) * stride_l + (m - 1) * stride_m + n // 2
-        ptr = params.pointer(f"{lvalue}.ptr", element, span)
+        if grouped:
+            ptr = params.group_pointer(f"{lvalue}.ptr", element, max((m - 1) * stride_m + columns, 0))
+            shape, strides = (1, m, columns), (0, stride_m, 1)
+        else:
+            ptr = params.pointer(f"{lvalue}.ptr", element, (l_ - 1) * stride_l + (m - 1) * stride_m + columns)
+            shape, strides = (l_, m, columns), (stride_l, stride_m, 1)
         if ptr is None:
             raise AssertionError(f"{lvalue}.ptr: null")
-        half = ptr.as_strided((l_, m, n // 2), (stride_l, stride_m, 1))
-        if not store:
-            return half.to(torch.float32).repeat_interleave(2, dim=-1)
-        x = inputs[0].to(torch.float32).expand(acc.shape)
-        half.copy_(_convert(x[..., 0::2], element))
-        return inputs[0]
+        return ptr.as_strided(shape, strides)
 
-    def _doubles(self, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
-                 inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """DoubleLoad<E, S, parity> / DoubleStore<E, S>: an (L, M, 2N) tensor at the HalfTensor's
-        pointer and strides, its even or odd columns read; both written from two inputs."""
-        store = t.name == f"{_EPI}DoubleStore"
-        if len(t.args) != (2 if store else 3) or str(t.args[1]) != _ROW_MAJOR_AUX or len(inputs) != 2 * int(store):
+    def _registers(self, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
+                   inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """PairLoad / PairStore: an N/2-column tensor, a pair's value in both its registers (stored
+        from the even one); DoubleLoad<E, S, parity> / DoubleStore: a 2N-column tensor, its even or
+        odd columns read, both written from two inputs (each at `_register_tensor`'s)."""
+        store, double = t.name.endswith("Store"), t.name.startswith(f"{_EPI}Double")
+        if len(t.args) != (3 if double and not store else 2) or str(t.args[1]) != _ROW_MAJOR_AUX or \
+                len(inputs) != int(store) * (1 + int(double)):
             raise EpilogueSourceError(f"{t} with {len(inputs)} inputs")
-        element = _element(t.args[0])
-        l_, m, n = acc.shape
-        stride_m, stride_l = (struct.unpack("<q", params.raw(f"cute::get<{i}>({lvalue}.dHalf)"))[0] for i in (0, 2))
-        ptr = params.pointer(f"{lvalue}.ptr", element, (l_ - 1) * stride_l + (m - 1) * stride_m + 2 * n)
-        if ptr is None:
-            raise AssertionError(f"{lvalue}.ptr: null")
-        whole = ptr.as_strided((l_, m, 2 * n), (stride_l, stride_m, 1))
+        tensor = self._register_tensor(t, lvalue, acc, params, 2 * acc.shape[-1] if double else acc.shape[-1] // 2)
+        if not store and not double:
+            return tensor.to(torch.float32).repeat_interleave(2, dim=-1)
         if not store:
             parity = int(t.args[2].name)
             if parity not in (0, 1):
                 raise EpilogueSourceError(f"{t}")
-            return whole[..., parity::2].to(torch.float32)
-        for parity, x in enumerate(inputs):
-            whole[..., parity::2] = _convert(x.to(torch.float32).expand(acc.shape), element)
+            return tensor[..., parity::2].to(torch.float32)
+        values = [x.to(torch.float32).expand(acc.shape) for x in inputs]
+        if double:
+            for parity, x in enumerate(values):
+                tensor[..., parity::2] = _convert(x, tensor.dtype)
+        else:
+            tensor.copy_(_convert(values[0][..., 0::2], tensor.dtype))
         return inputs[0]
 
     def _tile(self, t: CppType) -> tuple[int, int]:

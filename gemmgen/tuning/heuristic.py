@@ -26,7 +26,8 @@ its reuse is the MMA tile's (each SM loads half of A and half of B for half of t
 A grouped (MoE) kernel serves every split of its rows, which only the GPU knows; the host knows
 the rows and the groups. When the groups average at most GROUPED_SWAP_MAX_ROWS rows (decode: a few
 tokens per expert), `choose` gives GROUPED_SWAP_CONFIG, swapped, each group's rows along the tile's
-N; otherwise gemmgen's default. So a grouped recipe needs at most two kernels, unless autotune
+N (not for an epilogue over column pairs, which must stay the kernel's columns); otherwise
+gemmgen's default. So a grouped recipe needs at most two kernels, unless autotune
 (`grouped_candidates`) found others faster.
 """
 
@@ -253,6 +254,11 @@ def grouped_choice(recipe: RecipeIR, rows: int, groups: int, arch: Arch = DEFAUL
         default = default_config(recipe, arch)
         return Choice(default, m_bucket(max(rows, 1)), 0.0,
                       f"{head} > {GROUPED_SWAP_MAX_ROWS}; chose {default.name}, gemmgen's default")
+    if recipe.epilogue.pairs:  # a swapped kernel would take the column pairs from rows
+        default = default_config(recipe, arch)
+        return Choice(default, m_bucket(max(rows, 1)), 0.0,
+                      f"{head} <= {GROUPED_SWAP_MAX_ROWS}; chose {default.name}, gemmgen's default: the epilogue "
+                      "works on column pairs, which a swapped kernel would take from rows")
     swapped = replace(GROUPED_SWAP_CONFIG, tile=(*GROUPED_SWAP_CONFIG.tile[:2], tile_k(recipe)))
     return Choice(swapped, m_bucket(max(rows, 1)), 0.0,
                   f"{head} <= {GROUPED_SWAP_MAX_ROWS}; chose {swapped.name}: swapped (D_g^T = B_g^T A_g^T), "

@@ -107,8 +107,9 @@ def test_configs_that_cannot_pair_are_refused_before_codegen():
         r.source(gg.KernelConfig(tile=(128, 64, 64), swap_ab=True))
     with pytest.raises(gg.ConfigError, match=r"column pairs \(gg.pairs\) on sm_100a: not emitted yet"):
         r.source(r.default_config(gg.Arch.SM100A))
-    with pytest.raises(gg.RecipeError, match=r"column pairs .* grouped"):
-        gg.Recipe("t", _swiglu, grouped=True)
+    grouped = gg.Recipe("t", _swiglu, grouped=True)  # gated experts: tests/runtime/test_grouped_pairs.py
+    with pytest.raises(gg.ConfigError, match=r"swap_ab=True: .* column pairs .* use swap_ab=False"):
+        grouped.source(gg.KernelConfig(tile=(128, 32, 64), swap_ab=True))
 
 
 def test_small_m_never_swaps_a_recipe_over_pairs():

@@ -113,6 +113,9 @@ BLOCK_GROUPED_CONFIGS = (gg.KernelConfig(tile=(128, 128, 128)),
 #: then decode steps, 8 rows per expert, where `tuning.grouped_choice` swaps.
 GROUPED_BENCH_SHAPES = ((8, 4096, 14336, 4096), (64, 8192, 1408, 2048),
                         (8, 64, 14336, 4096), (64, 512, 1408, 2048))
+#: ...and the gated experts' (moe_swiglu): Mixtral 8x7B's gate and up projections interleaved (N =
+#: 2 x 14336) for 4096 tokens, then a decode step of 8 rows per expert.
+GATED_BENCH_SHAPES = ((8, 4096, 28672, 4096), (8, 64, 28672, 4096))
 
 
 def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
@@ -134,7 +137,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         out += [(training, config_for(training, m, n, k)) for m, n, k in TRAINING_PROBLEMS]
     for recipe in load_recipes(ROOT / "examples" / "recipes.py").values():
         if recipe.ir.gemm.grouped:  # tests/gpu/test_grouped_gpu.py
-            out += [(recipe, c) for c in (BLOCK_GROUPED_CONFIGS if recipe.ir.gemm.block_scale else GROUPED_CONFIGS)]
+            out += [(recipe, c) for c in (BLOCK_GROUPED_CONFIGS if recipe.ir.gemm.block_scale else GROUPED_CONFIGS)
+                    if gg.codegen.is_valid(c, recipe.ir)]  # (moe_swiglu: not swapped, its pairs are columns)
             if recipe.name == "moe_up":
                 out += [(recipe, c) for c in candidates(recipe.ir, *GROUPED_TUNE_PROBLEM, limit=TUNE_CANDIDATES)]
             continue
@@ -177,6 +181,9 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     out += [(fp8_linear, config_for(fp8_linear, m, n, k)) for m, n, k in BLOCK_LINEAR_PROBLEMS]
     experts = gg.nn.grouped_linear_recipe("silu", True, torch.bfloat16)  # tests/gpu/test_grouped_gpu.py's GroupedLinear
     out += [(experts, experts.default_config()), (experts, config_for(experts, 1, 128, 64, 1))]
+    for gated in (gg.nn.grouped_linear_recipe("swiglu", True, torch.bfloat16),  # ...gated, over column pairs
+                  gg.nn.grouped_linear_recipe("geglu", False, torch.bfloat16)):
+        out.append((gated, gated.default_config()))
     fp8_experts = gg.nn.block_scaled_grouped_recipe("silu", True, torch.bfloat16)  # ...and its fp8 form
     out += [(fp8_experts, fp8_experts.default_config()), (fp8_experts, config_for(fp8_experts, 1, 256, 512, 1))]
     return list(dict.fromkeys(out))

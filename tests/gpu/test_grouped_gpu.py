@@ -15,8 +15,11 @@ from gemmgen.testing.grouped import (
     block_grouped_inputs,
     experts_loop,
     fp8_grouped_inputs,
+    gated_experts,
+    gated_experts_loop,
     grouped_inputs,
     moe_recipe,
+    moe_swiglu_recipe,
     unfused_grouped,
 )
 from gemmgen.tuning.heuristic import choose
@@ -40,7 +43,10 @@ def test_the_gpu_bundle_holds_every_grouped_kernel_the_gpu_checks_launch(example
     fp8_experts = gg.nn.BlockScaledGroupedLinear.from_linears([torch.nn.Linear(512, 256) for _ in range(2)],
                                                               activation="silu")
     wanted = [(moe_recipe(), choose(moe_recipe().ir, 37, 48, 64, groups).config) for groups in (1, 4)]
-    wanted += [experts.launches(rows) for rows in (12, 300)] + [fp8_experts.launches(rows) for rows in (12, 300)]
+    gated = gg.nn.GroupedLinear(4, 64, 96, activation="swiglu", device="meta")
+    geglu = gg.nn.GroupedLinear(4, 64, 96, bias=False, activation="geglu", device="meta")
+    wanted += [layer.launches(rows) for layer in (experts, fp8_experts, gated, geglu) for rows in (12, 300)]
+    wanted.append((moe_swiglu_recipe(), moe_swiglu_recipe().default_config()))
     wanted += [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS]
     wanted += [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS] + [(moe_recipe(), c) for c in GROUPED_CONFIGS]
     wanted += [(moe_recipe(), c) for c in gg.tuning.candidates(moe_recipe().ir, *GROUPED_TUNE_PROBLEM,
@@ -165,6 +171,49 @@ def test_grouped_linear_on_gpu():
     want = experts_loop([m.cpu() for m in linears], x.cpu(), offsets.cpu(), "silu")
     torch.testing.assert_close(layer(x, offsets).double().cpu(), want, rtol=1.6e-2,
                                atol=1.6e-2 * float(want.abs().max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation, bias", [("swiglu", True), ("geglu", False)])
+def test_gated_grouped_linear_on_gpu(activation, bias):
+    """Gated experts on CUDA (the grouped kernel over column pairs), forward and gradients against
+    each expert's gate and up Linears in float64, eager and under torch.compile, prefill and
+    decode sizes (both unswapped)."""
+    gates, ups, fc1s = gated_experts(4, 64, 96, bias, device="cuda")
+    layer = gg.nn.GroupedLinear.from_linears(fc1s, activation=activation)
+    x = torch.randn(300, 64, device="cuda").bfloat16().requires_grad_(True)
+    offsets = torch.tensor([40, 40, 200, 300], dtype=torch.int32, device="cuda")
+    want = gated_experts_loop(gates, ups, x.detach().cpu(), offsets.cpu(), activation)
+    y = layer(x, offsets)
+    assert y.shape == (300, 96)
+    torch.testing.assert_close(y.double().cpu(), want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
+    compiled = torch.compile(layer, fullgraph=True)
+    torch.testing.assert_close(compiled(x, offsets).double().cpu(), want, rtol=1.6e-2,
+                               atol=1.6e-2 * float(want.abs().max()))
+    y.float().sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None and x.grad.abs().max() > 0
+    x, offsets = x[:12].detach(), torch.tensor([3, 3, 10, 12], dtype=torch.int32, device="cuda")
+    assert not layer.launches(12)[1].swap_ab
+    want = gated_experts_loop(gates, ups, x.cpu(), offsets.cpu(), activation)
+    torch.testing.assert_close(layer(x, offsets).double().cpu(), want, rtol=1.6e-2,
+                               atol=1.6e-2 * float(want.abs().max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, offsets", [
+    ((37, 64, 48, 4), (5, 5, 20, 30)),  # an empty group, rows after the last group
+    ((1000, 264, 136, 8), (90, 90, 333, 334, 600, 700, 999, 1000)),  # tiles per group, K and N tails, M = 1
+], ids=["gaps", "large"])
+def test_gated_groups_on_gpu(gated_grouped_kernel, shape, offsets):
+    """moe_swiglu's kernel (the PairStore writing each group's N/2 columns) against its reference;
+    rows in no group keep what the caller's D held."""
+    rows, k, n, groups = shape
+    a, b, offs, bias, weight = (t.cuda() for t in grouped_inputs(rows, k, n, groups, offsets))
+    out = torch.full((rows, n // 2), float("nan"), device="cuda").bfloat16()
+    GroupedKernel(gated_grouped_kernel)(a, b, offs, bias=bias, weight=weight, out=out)
+    want = moe_swiglu_recipe().reference(a.cpu(), b.cpu(), offs.cpu(), bias=bias.cpu(), weight=weight.cpu())
+    assert want.float().nan_to_num().abs().sum() > 0
+    torch.testing.assert_close(out.float().cpu(), want.float(), rtol=1.6e-2, atol=1e-2, equal_nan=True)
 
 
 @pytest.mark.gpu

@@ -11,8 +11,13 @@ import torch
 import gemmgen as gg
 from gemmgen.errors import InvalidArgument, RecipeError
 from gemmgen.ir.reference import group_bounds
-from gemmgen.testing.grouped import experts_loop, generator
+from gemmgen.testing.grouped import experts_loop, gated_experts, gated_experts_loop, generator
 from gemmgen.tuning.heuristic import choose
+
+
+def _grad(t: torch.Tensor) -> torch.Tensor:
+    assert t.grad is not None
+    return t.grad
 
 
 def _absolute(linear: torch.nn.Linear) -> torch.nn.Linear:
@@ -76,6 +81,45 @@ def test_grouped_linear_is_the_experts_linears(activation, bias):
         assert error < 1e-2, (name, float(error))
 
 
+@pytest.mark.parametrize("activation, bias", [("swiglu", True), ("geglu", False)])
+def test_gated_experts_are_each_experts_gate_and_up(activation, bias):
+    """Gated experts (Mixtral's, DeepSeek's, Qwen's: act(gate(x)) * up(x) per expert) in one grouped
+    kernel over column pairs: forward and gradients (input, interleaved weights and biases) against
+    each expert's own gate and up Linears in float64, an empty expert, odd sizes (20 outputs, 37
+    rows) and rows after the last expert included; decode-sized calls keep the unswapped kernel."""
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    gates, ups, fc1s = gated_experts(4, 24, 20, bias)
+    layer = gg.nn.GroupedLinear.from_linears(fc1s, activation=activation)
+    assert layer.out_features == 20 and layer.weight.shape == (4, 40, 24) and layer.weight_rows == 40
+    recipe, config = layer.launches(4 * 8)  # a few rows per expert: still the kernel over pairs, unswapped
+    assert recipe.ir.epilogue.pairs and not config.swap_ab
+    x = torch.randn(37, 24).bfloat16()
+    offsets = torch.tensor([5, 5, 20, 33], dtype=torch.int32)
+    xs = x.clone().requires_grad_(True)
+    y = layer(xs, offsets)
+    assert y.shape == (37, 20) and y.dtype == torch.bfloat16
+    xr = x.double().requires_grad_(True)
+    want = gated_experts_loop(gates, ups, xr, offsets, activation)
+    assert want.abs().max() > 0
+    torch.testing.assert_close(y[:33].double(), want, rtol=1.6e-2, atol=1.6e-2 * float(want.detach().abs().max()))
+    grad = torch.randn(33, 20)
+    y[:33].float().backward(grad)
+    want.backward(grad.double())
+    assert xs.grad is not None and xr.grad is not None and layer.weight.grad is not None
+    got = {"input": xs.grad, "weight": layer.weight.grad}
+    ref = {"input": xr.grad, "weight": torch.stack([gg.nn.interleave_pairs(_grad(g.weight), _grad(u.weight))
+                                                     for g, u in zip(gates, ups, strict=True)])}
+    if bias:
+        assert layer.bias is not None
+        got["bias"] = _grad(layer.bias)
+        ref["bias"] = torch.stack([gg.nn.interleave_pairs(_grad(g.bias), _grad(u.bias))
+                                   for g, u in zip(gates, ups, strict=True)])
+    for name, want_grad in ref.items():
+        assert want_grad.norm() > 0, name
+        error = (got[name].double() - want_grad).norm() / want_grad.norm()
+        assert error < 1e-2, (name, float(error))
+
+
 def test_grouped_linear_pads_odd_bias_rows_itself(monkeypatch):
     """out_features 12 (24-byte bias rows): the module hands the op 16-byte aligned rows, so the op
     never refuses the layout and copies after the fact; gradients reach the bias, and the input's
@@ -126,6 +170,14 @@ def test_grouped_linear_mistakes_and_trace():
         gg.nn.GroupedLinear.from_linears([torch.nn.Linear(16, 24), torch.nn.Linear(16, 32)])
     with pytest.raises(RecipeError, match=r"activation: expected one of"):
         gg.nn.GroupedLinear(2, 16, 24, activation="tanh")
+    with pytest.raises(InvalidArgument, match=r"linears: 25 output features; a gated activation \(swiglu\) takes its "
+                       r"rows in pairs.*interleave_pairs"):
+        gg.nn.GroupedLinear.from_linears([torch.nn.Linear(16, 25, dtype=torch.bfloat16)], activation="swiglu")
+    gated = gg.nn.GroupedLinear(2, 16, 24, activation="swiglu")
+    gated.weight = torch.nn.Parameter(torch.zeros(2, 24, 16, dtype=torch.bfloat16))
+    with pytest.raises(InvalidArgument, match=r"weight: expected shape \(2, 48, 16\) = \(num_experts, 2 x "
+                       r"out_features: gate and up interleaved, in_features\)"):
+        gated(x, torch.tensor([3, 10], dtype=torch.int32))
     explained = torch._dynamo.explain(lambda a, o: layer(a, o).relu())(x, offsets)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
     recipe, config = layer.launches()

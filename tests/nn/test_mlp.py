@@ -284,8 +284,9 @@ def test_a_gated_fused_linear_trains_saving_or_recomputing():
 
 
 def test_gated_activations_are_refused_where_pairs_are_not_built():
-    with pytest.raises(gg.RecipeError, match=r"'swiglu' is a gated activation .* FusedLinear and FusedMLP"):
-        gg.nn.GroupedLinear(4, 40, 36, activation="swiglu")
+    with pytest.raises(gg.RecipeError, match=r"'swiglu' is a gated activation .* FusedLinear, FusedMLP and "
+                       r"GroupedLinear take"):
+        gg.nn.BlockScaledGroupedLinear.from_linears([nn.Linear(128, 128) for _ in range(2)], activation="swiglu")
     with pytest.raises(gg.InvalidArgument, match=r"71 output features; a gated activation"):
         gg.nn.FusedLinear.from_linear(nn.Linear(40, 71).bfloat16(), "swiglu")
 

@@ -31,12 +31,16 @@ BLOCK_INDEX = pytest.mark.parametrize("index", range(len(BLOCK_GROUPED_CONFIGS))
                                       ids=[c.name for c in BLOCK_GROUPED_CONFIGS])
 
 
-def _oracle_values(field, groups: int, sm_count: int, clusters: int) -> dict[str, int]:
-    """The Arguments every grouped kernel's oracle takes: the group arrays, the workspace, hardware."""
+def _oracle_values(field, groups: int, sm_count: int, clusters: int, pair_d: bool = False) -> dict[str, int]:
+    """The Arguments every grouped kernel's oracle takes: the group arrays, the workspace, hardware;
+    D's pointer and stride arrays, or (`pair_d`: D of N/2 columns) the PairStore's pointer array
+    and row stride."""
+    d = {"d.ptr": field("epilogue.pair_store.d.ptr"), "d.s0": field("epilogue.pair_store.d.stride_m"), "d.s1": 1,
+         "d.s2": field("epilogue.pair_store.d.stride_l")} if pair_d else \
+        {"d.array": field("epilogue.ptr_d"), "d.strides": field("epilogue.stride_d")}
     return {"groups": groups, "shapes": field("problem.shapes"), "workspace": field("workspace"),
             "a.array": field("mainloop.ptr_a"), "a.strides": field("mainloop.stride_a"),
-            "b.array": field("mainloop.ptr_b"), "b.strides": field("mainloop.stride_b"),
-            "d.array": field("epilogue.ptr_d"), "d.strides": field("epilogue.stride_d"),
+            "b.array": field("mainloop.ptr_b"), "b.strides": field("mainloop.stride_b"), **d,
             "hw.device_id": 0, "hw.sm_count": sm_count, "hw.max_active_clusters": clusters}
 
 
@@ -99,12 +103,13 @@ def fp8_and_block_oracles(fp8_kernels, block_kernels, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def grouped_oracles(grouped_kernels, tmp_path_factory):
-    """CUTLASS's host code for each grouped kernel (nvcc, about 25 s each, built at once)."""
+def grouped_oracles(grouped_kernels, gated_grouped_kernel, tmp_path_factory):
+    """CUTLASS's host code for each grouped kernel and the gated experts' (nvcc, about 25 s each,
+    built at once); the gated experts' program last."""
     from gemmgen.testing.oracle import OracleProgram, build_all
 
     build = tmp_path_factory.mktemp("grouped-oracle")
-    programs = [OracleProgram(k.generated, build) for k in grouped_kernels]
+    programs = [OracleProgram(k.generated, build) for k in (*grouped_kernels, gated_grouped_kernel)]
     build_all(programs, build)
     return programs
 
@@ -139,6 +144,43 @@ def test_arguments_match_cutlass(grouped_kernels, grouped_oracles, index, sm_cou
     # the buffer's workspace (tensor maps per SM) holds what CUTLASS asks for, before the group arrays
     layout = BufferLayout.of(8, 8, sm_count, False)
     assert field("problem.shapes") - field("workspace") == layout.shapes >= expected.workspace_size > 0
+
+
+@pytest.mark.oracle
+def test_gated_experts_match_cutlass_and_compute_the_recipe(gated_grouped_kernel, grouped_oracles):
+    """Gated experts over column pairs (moe_swiglu): Hopper code with no TMA store (a PairStore
+    writes each group's N/2 columns from the registers) and no spills; every Params field against
+    CUTLASS's host code given the same arrays (no tensor map of D: its collective's D is void);
+    every thread's registers in pairs of adjacent columns under the grouped collective's own
+    partition; the compiled kernel's emulation against the reference."""
+    from gemmgen.testing.grouped import moe_swiglu_recipe
+
+    ck = gated_grouped_kernel
+    r = ck.report
+    assert r.sass["HGMMA"] > 0 and r.sass["UTMALDG"] > 0 and r.sass["UTMASTG"] == 0 and r.local_bytes == 0
+    assert 0 <= gg.codegen.sm90.smem_need(ck.config, ck.generated.kernel_recipe) - ck.info.smem_bytes <= 1024
+    k = cpu_grouped_kernel(ck, 114, 0)
+    enc = k._encode
+    a, b, offsets, bias, weight = grouped_inputs(rows=1000, k=264, n=136, groups=8, offsets=range(100, 900, 100))
+    out = torch.full((1000, 72), float("nan")).bfloat16()[:, :68]  # rows 16-byte aligned
+    p = k.prepare(a, b, offsets, bias=bias, weight=weight, out=out)
+    field = params_field(ck, p.params)
+    values = {**_oracle_values(field, 8, 114, 0, pair_d=True), **_vector_values(ck, field)}
+    expected = grouped_oracles[-1].run_argv(grouped_oracles[-1].grouped_argv(values))
+    assert expected.can_implement
+    assert {c.addr: c.as_dict() for c in enc.calls} == \
+        {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
+    assert len(enc.calls) == 2  # A's and B's starting maps: no D
+    for f, _, _ in ck.params_layout.fields:
+        if f.kind != "desc":
+            assert field(f.name) == expected.fields[f.name]["bits"], f.name
+    assert list(p.grid) == expected.launch["grid"] and expected.launch["smem"] == ck.info.smem_bytes
+    pairs = expected.pairs
+    assert pairs is not None and pairs["pairs"] > 0 and pairs["broken"] == 0 and pairs["uncovered"] == 0, pairs
+    emulate_grouped(ck, p.setup, p.params, enc, [a, b, offsets, bias, weight, out, p.buffer])
+    want = moe_swiglu_recipe().reference(a, b, offsets, bias=bias, weight=weight).float()
+    assert want.nan_to_num().abs().sum() > 0
+    torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
 
 
 @pytest.mark.oracle

@@ -74,22 +74,23 @@ def test_small_m_swaps_a_and_b_for_a_narrow_tile(examples):
 def test_grouped_choice_follows_the_rows_per_group(examples):
     """A grouped recipe's kernel follows the rows per group on average (rows / groups, all the host
     knows): swapped at most GROUPED_SWAP_MAX_ROWS, the default above. Two kernels per recipe, each
-    valid."""
+    valid; one for a recipe over column pairs (gated experts), which a swapped kernel would take
+    from rows."""
     grouped = {name: r for name, r in examples.items() if r.ir.gemm.grouped}
-    assert {"moe_up", "moe_fp8_block"} <= set(grouped)
+    assert {"moe_up", "moe_fp8_block", "moe_swiglu"} <= set(grouped)
     for name, recipe in grouped.items():
         picked = set()
         for rows in (1, 7, 64, 256, 1000, 4096, 16384):
             for groups in (1, 8, 64, 256):
                 c = choose(recipe.ir, rows, 1408, 2048, groups)
                 validate(c.config, recipe.ir)
-                few = -(-rows // groups) <= GROUPED_SWAP_MAX_ROWS
+                few = -(-rows // groups) <= GROUPED_SWAP_MAX_ROWS and not recipe.ir.epilogue.pairs
                 assert c.config.swap_ab == few, (name, rows, groups, c.why)
                 assert c.config == (replace(GROUPED_SWAP_CONFIG, tile=(128, 32, tile_k(recipe.ir))) if
                                     c.config.swap_ab else default_config(recipe.ir))
                 assert f"{rows} rows in {groups} groups" in c.why and c.config.name in c.why
                 picked.add(c.config)
-        assert len(picked) == 2, name
+        assert len(picked) == (1 if recipe.ir.epilogue.pairs else 2), name
 
 
 def test_reductions_over_m_get_swapped_kernels_at_every_m(extra):
@@ -173,7 +174,7 @@ def test_explain_backward_shows_the_derived_recipes_and_their_launches(capsys):
     assert "\n  bias_gelu_bwd: " in out and "_swapab (heuristic)" in out
     assert cli_main(["explain", str(EXAMPLES), "--shape", "64", "64", "64", "--backward"]) == 0
     out = capsys.readouterr().out
-    assert len(re.findall(r"^  \w+_bwd(_recompute)?: ", out, re.M)) == 2 * 12 and "no backward" not in out
+    assert len(re.findall(r"^  \w+_bwd(_recompute)?: ", out, re.M)) == 2 * 13 and "no backward" not in out
 
 def test_every_command_takes_one_recipe_by_name(tmp_path, capsys):
     """`--recipe NAME` narrows any command to one recipe of the file; a name the file does not

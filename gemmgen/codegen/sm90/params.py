@@ -125,9 +125,11 @@ def _grouped_fields(recipe: RecipeIR, epilogue: EpilogueCode) -> tuple[ParamFiel
     if epilogue.source is not None:
         f += [ParamField("epilogue.tma_c", desc(f"{e}.tma_load_c"), "desc"),
               ParamField("epilogue.ptr_c", f"{e}.ptr_C", "ptr"), ParamField("epilogue.stride_c", f"{e}.dC", "ptr")]
-    f += [ParamField("epilogue.tma_d", desc(f"{e}.tma_store_d"), "desc"),
+    stores_d = epilogue.stores_d  # else a PairStore or DoubleStore writes each group's D (its binding's fields)
+    f += [*([ParamField("epilogue.tma_d", desc(f"{e}.tma_store_d"), "desc")] if stores_d else []),
           ParamField("epilogue.tensormaps", f"{e}.tensormaps", "ptr"),
-          ParamField("epilogue.ptr_d", f"{e}.ptr_D", "ptr"), ParamField("epilogue.stride_d", f"{e}.dD", "ptr"),
+          *([ParamField("epilogue.ptr_d", f"{e}.ptr_D", "ptr"), ParamField("epilogue.stride_d", f"{e}.dD", "ptr")]
+            if stores_d else []),
           ParamField("epilogue.tma_transaction_bytes", f"{e}.tma_transaction_bytes", "u32")]
     f += hw_info()
     s = "{p}.scheduler"

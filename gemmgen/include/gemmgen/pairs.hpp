@@ -12,6 +12,9 @@
 //                                   for a full-width one (no shared memory, no TMA);
 //   DoubleLoad, DoubleStore         a 2N-column tensor's even or odd half read, or written from
 //                                   two full-width values (a backward GEMM's, of a recipe over pairs).
+// Each takes its element as `Element` (one tensor, its batches a stride apart) or, in a grouped
+// kernel, as `Element*`: an array of per-group pointers, CUTLASS's form for its broadcasts
+// (Sm90RowBroadcast<..., Element*>), each at its group's first row.
 #pragma once
 
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
@@ -41,6 +44,51 @@ struct DoubleColumns {
     return int64_t(m) * cute::get<0>(stride) + 2 * int64_t(n) + Parity + int64_t(l) * cute::get<2>(stride);
   }
 };
+
+// A register visitor's tensor (N/2 or 2N columns): rows `dHalf`'s M stride apart, batches its L
+// stride, columns contiguous.
+template <class Pointer, class StrideMNL>
+struct HalfTensor {
+  Pointer ptr = nullptr;
+  StrideMNL dHalf = {};
+};
+
+// Where a visitor's tensor is: one tensor, batch l at l times the batch stride...
+template <class ElementOrPointer>
+struct TensorOf {
+  using Element = ElementOrPointer;
+  template <class StrideMNL>
+  using Loaded = HalfTensor<Element const*, StrideMNL>;
+  template <class StrideMNL>
+  using Stored = HalfTensor<Element*, StrideMNL>;
+
+  template <class Columns, class P, class StrideMNL>
+  static CUTLASS_DEVICE auto& at(P ptr, StrideMNL const& stride, int m, int n, int l) {
+    return ptr[Columns::at(stride, m, n, l)];
+  }
+};
+
+// ... or a grouped kernel's group l, from its own pointer (its rows counted from the group's first).
+template <class Element_>
+struct TensorOf<Element_*> {
+  using Element = Element_;
+  template <class StrideMNL>
+  using Loaded = HalfTensor<Element const* const*, StrideMNL>;
+  template <class StrideMNL>
+  using Stored = HalfTensor<Element* const*, StrideMNL>;
+
+  template <class Columns, class P, class StrideMNL>
+  static CUTLASS_DEVICE auto& at(P ptrs, StrideMNL const& stride, int m, int n, int l) {
+    return ptrs[l][Columns::at(stride, m, n, 0)];
+  }
+};
+
+// Whether a register's (m, n, l) is in the problem: its row and column. Its l is a batch the
+// problem has, or in a grouped kernel the group, whose problem shape has an L of 1.
+template <class Coord, class ShapeMNL>
+CUTLASS_DEVICE bool inside(Coord const& c, ShapeMNL const& shape) {
+  return cute::get<0>(c) < cute::get<0>(shape) && cute::get<1>(c) < cute::get<1>(shape);
+}
 
 // (M, N, L): what a register's (m, n, l) must lie within.
 template <class Args>
@@ -105,20 +153,15 @@ struct RegisterNode {
   }
 };
 
-// An N/2-column tensor: rows `dHalf`'s M stride apart, batches its L stride, columns contiguous.
-template <class Pointer, class StrideMNL>
-struct HalfTensor {
-  Pointer ptr = nullptr;
-  StrideMNL dHalf = {};
-};
-
 }  // namespace detail
 
 // Reads a tensor of another width into the registers: element Columns::at of each accumulator
 // element's coordinates (0 outside the problem).
-template <class Element, class StrideMNL, class Columns>
-struct RegisterLoad : detail::RegisterNode<detail::HalfTensor<Element const*, StrideMNL>> {
-  using Base = detail::RegisterNode<detail::HalfTensor<Element const*, StrideMNL>>;
+template <class ElementOrPointer, class StrideMNL, class Columns>
+struct RegisterLoad : detail::RegisterNode<typename detail::TensorOf<ElementOrPointer>::template Loaded<StrideMNL>> {
+  using Storage = detail::TensorOf<ElementOrPointer>;
+  using Element = typename Storage::Element;
+  using Base = detail::RegisterNode<typename Storage::template Loaded<StrideMNL>>;
   using Base::Base;
   using typename Base::Params;
 
@@ -137,9 +180,9 @@ struct RegisterLoad : detail::RegisterNode<detail::HalfTensor<Element const*, St
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < cute::size(regs); ++i) {
         auto c = here(i);
-        regs(i) = cute::elem_less(c, shape)
-            ? params->ptr[Columns::at(params->dHalf, cute::get<0>(c), cute::get<1>(c), cute::get<2>(c))]
-            : Element(0);
+        regs(i) = detail::inside(c, shape) ? Storage::template at<Columns>(params->ptr, params->dHalf, cute::get<0>(c),
+                                                                         cute::get<1>(c), cute::get<2>(c))
+                                           : Element(0);
       }
     }
 
@@ -161,19 +204,21 @@ struct RegisterLoad : detail::RegisterNode<detail::HalfTensor<Element const*, St
 };
 
 // An N/2-column tensor read into both registers of each pair.
-template <class Element, class StrideMNL>
-using PairLoad = RegisterLoad<Element, StrideMNL, detail::HalfColumns>;
+template <class ElementOrPointer, class StrideMNL>
+using PairLoad = RegisterLoad<ElementOrPointer, StrideMNL, detail::HalfColumns>;
 
 // One half (Parity 0: even columns, 1: odd) of a 2N-column tensor, element (m, 2n + Parity) for
 // accumulator element (m, n): a backward GEMM's saved accumulator of a recipe over pairs.
-template <class Element, class StrideMNL, int Parity>
-using DoubleLoad = RegisterLoad<Element, StrideMNL, detail::DoubleColumns<Parity>>;
+template <class ElementOrPointer, class StrideMNL, int Parity>
+using DoubleLoad = RegisterLoad<ElementOrPointer, StrideMNL, detail::DoubleColumns<Parity>>;
 
 // Writes an N/2-column tensor: each pair's value, from its even register. `ElementAux` names the
 // element for a collective whose D is this node's (CUTLASS's void ElementD).
-template <class Element, class StrideMNL>
-struct PairStore : detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL>> {
-  using Base = detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL>>;
+template <class ElementOrPointer, class StrideMNL>
+struct PairStore : detail::RegisterNode<typename detail::TensorOf<ElementOrPointer>::template Stored<StrideMNL>> {
+  using Storage = detail::TensorOf<ElementOrPointer>;
+  using Element = typename Storage::Element;
+  using Base = detail::RegisterNode<typename Storage::template Stored<StrideMNL>>;
   using Base::Base;
   using typename Base::Params;
   using ElementAux = Element;
@@ -203,9 +248,9 @@ struct PairStore : detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL>>
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < cute::size(regs); ++i) {
         auto c = here(i);
-        if (cute::get<1>(c) % 2 == 0 && cute::elem_less(c, shape)) {
-          params->ptr[detail::HalfColumns::at(params->dHalf, cute::get<0>(c), cute::get<1>(c), cute::get<2>(c))] =
-              regs(i);
+        if (cute::get<1>(c) % 2 == 0 && detail::inside(c, shape)) {
+          Storage::template at<detail::HalfColumns>(params->ptr, params->dHalf, cute::get<0>(c), cute::get<1>(c),
+                                                   cute::get<2>(c)) = regs(i);
         }
       }
     }
@@ -223,9 +268,11 @@ struct PairStore : detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL>>
 
 // Writes a 2N-column tensor from two full-width values: the first at (m, 2n), the second at
 // (m, 2n + 1) (an interleave of them: a backward GEMM's dL/dacc of a recipe over pairs).
-template <class Element, class StrideMNL>
-struct DoubleStore : detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL>> {
-  using Base = detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL>>;
+template <class ElementOrPointer, class StrideMNL>
+struct DoubleStore : detail::RegisterNode<typename detail::TensorOf<ElementOrPointer>::template Stored<StrideMNL>> {
+  using Storage = detail::TensorOf<ElementOrPointer>;
+  using Element = typename Storage::Element;
+  using Base = detail::RegisterNode<typename Storage::template Stored<StrideMNL>>;
   using Base::Base;
   using typename Base::Params;
   using ElementAux = Element;
@@ -259,10 +306,11 @@ struct DoubleStore : detail::RegisterNode<detail::HalfTensor<Element*, StrideMNL
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < cute::size(even); ++i) {
         auto c = here(i);
-        if (cute::elem_less(c, shape)) {
-          int64_t at = detail::DoubleColumns<0>::at(params->dHalf, cute::get<0>(c), cute::get<1>(c), cute::get<2>(c));
-          params->ptr[at] = even(i);
-          params->ptr[at + 1] = odd(i);
+        if (detail::inside(c, shape)) {
+          auto* pair = &Storage::template at<detail::DoubleColumns<0>>(params->ptr, params->dHalf, cute::get<0>(c),
+                                                                      cute::get<1>(c), cute::get<2>(c));
+          pair[0] = even(i);
+          pair[1] = odd(i);
         }
       }
     }
