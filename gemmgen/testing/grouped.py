@@ -138,9 +138,9 @@ def gated_experts_loop(gates: Sequence[torch.nn.Linear], ups: Sequence[torch.nn.
                        offsets: torch.Tensor, activation: str) -> torch.Tensor:
     """Gated experts as a model without gemmgen runs them: act(gate(x)) * up(x) on each expert's
     own rows, in float64 (SwiGLU: SiLU; GEGLU: erf GELU)."""
+    assert activation in ("swiglu", "geglu"), activation
     act: Callable[[torch.Tensor], torch.Tensor] = torch.nn.functional.silu if activation == "swiglu" else \
         torch.nn.functional.gelu
-    assert activation in ("swiglu", "geglu"), activation
     x = x.double()
     return torch.cat([act(gates[e](x[start:end])) * ups[e](x[start:end])
                       for e, (start, end) in enumerate(group_bounds(offsets.tolist(), x.shape[0]))])

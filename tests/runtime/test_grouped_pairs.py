@@ -13,7 +13,6 @@ import torch
 import gemmgen as gg
 from gemmgen.compile import CompiledKernel
 from gemmgen.errors import ConfigError, InvalidArgument
-from gemmgen.ir import Columns
 from gemmgen.runtime.grouped import Column, GroupedArguments
 from gemmgen.testing.calls import padded
 from gemmgen.testing.checks import source_replaced, uncompiled
@@ -173,7 +172,6 @@ def test_the_pair_store_column_is_each_groups_first_row():
     plan = next(iter(kernel._plans.values()))
     column = next(c for c in plan.columns if c.field == "epilogue.pair_store.d.ptr")
     assert column == Column("epilogue.pair_store.d.ptr", 0, 32 * 2, 0)
-    assert Columns.HALF.extent(50) == 25
 
 
 def test_empty_and_zero_k_over_pairs():
