@@ -80,19 +80,27 @@ def sm100_kernels(session_cache, examples):
 @pytest.fixture(scope="session")
 def grouped_families(session_cache, examples):
     """The grouped test kernels of tests/data/gpu_matrix.py, compiled together (2 workers; from the
-    bundle on the GPU): `moe_recipe()` under GROUPED_CONFIGS (its default is compiled with the
-    examples, of which it is moe_up), moe_fp8 under FP8_GROUPED_CONFIGS, the example
-    moe_fp8_block under BLOCK_GROUPED_CONFIGS (its default also compiled with the examples), and
-    the example moe_swiglu, gated experts over column pairs (its default, compiled with the
-    examples)."""
+    bundle on the GPU): `moe_recipe()` under CHECKED_GROUPED_CONFIGS (its default is compiled with
+    the examples, of which it is moe_up), moe_fp8 under FP8_GROUPED_CONFIGS, the example
+    moe_fp8_block under BLOCK_GROUPED_CONFIGS (its default also compiled with the examples), the
+    example moe_swiglu, gated experts over column pairs (its default, compiled with the examples),
+    and GroupedLinear's derived backward kernel, which reads C."""
     from gemmgen.aot import build
     from gemmgen.testing.grouped import moe_recipe
-    from tests.data.gpu_matrix import BLOCK_GROUPED_CONFIGS, FP8_GROUPED_CONFIGS, GROUPED_CONFIGS, moe_fp8_recipe
+    from tests.data.gpu_matrix import (
+        BLOCK_GROUPED_CONFIGS,
+        CHECKED_GROUPED_CONFIGS,
+        DERIVED_GROUPED_CONFIG,
+        FP8_GROUPED_CONFIGS,
+        derived_grouped_recipe,
+        moe_fp8_recipe,
+    )
 
-    families = {"grouped": [(moe_recipe(), c) for c in GROUPED_CONFIGS],
+    families = {"grouped": [(moe_recipe(), c) for c in CHECKED_GROUPED_CONFIGS],
                 "fp8": [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS],
                 "block": [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS],
-                "gated": [(examples["moe_swiglu"], examples["moe_swiglu"].default_config())]}
+                "gated": [(examples["moe_swiglu"], examples["moe_swiglu"].default_config())],
+                "derived": [(derived_grouped_recipe(), DERIVED_GROUPED_CONFIG)]}
     kernels = iter(build([p for pairs in families.values() for p in pairs], session_cache, jobs=2,
                          allow_compile=True))
     return {name: [next(kernels) for _ in pairs] for name, pairs in families.items()}
@@ -100,12 +108,19 @@ def grouped_families(session_cache, examples):
 
 @pytest.fixture(scope="session")
 def grouped_kernels(grouped_families):
-    return grouped_families["grouped"]
+    """moe_up under CHECKED_GROUPED_CONFIGS, by config name."""
+    return {ck.config.name: ck for ck in grouped_families["grouped"]}
 
 
 @pytest.fixture(scope="session")
-def grouped_kernel(grouped_kernels):
-    return grouped_kernels[0]
+def grouped_kernel(grouped_families):
+    return grouped_families["grouped"][0]
+
+
+@pytest.fixture(scope="session")
+def derived_grouped_kernel(grouped_families):
+    """GroupedLinear's derived backward kernel (it reads C), under DERIVED_GROUPED_CONFIG."""
+    return grouped_families["derived"][0]
 
 
 @pytest.fixture(scope="session")

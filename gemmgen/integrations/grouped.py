@@ -4,15 +4,19 @@ The CUDA implementation launches the kernel the launch policy picks from the row
 average (never from the groups' sizes, which only the GPU knows). Rows of D after the last group's
 end are not written (unspecified), as with `torch._grouped_mm`.
 
-Gradients follow the unfused model with torch's own grouped GEMM (`torch._grouped_mm`, which takes
-the same offsets), so backward never reads the offsets on the host either: the accumulator is
-recomputed, the epilogue differentiated in fp32 with autograd (row vectors gathered per row of A by
-each row's group, so their gradients sum back per group), and dacc maps back to A (per group, dacc
-B_g^T) and to B (per group, A_g^T dacc).
+Backward never reads the offsets on the host either. Where every gradient asked for follows from
+dL/dacc (a bias's: its sum over each group's rows), it launches the recipe's derived backward kernel
+(`Recipe.backward(recompute=True)`: the grouped GEMM again, whose epilogue turns dL/dD into dL/dacc),
+then dacc maps back to A (per group, dacc B_g^T) and to B (per group, A_g^T dacc) with torch's own
+grouped GEMM (`torch._grouped_mm`, which takes the same offsets). Otherwise (a routing weight's
+gradient needs the accumulator itself) it follows the unfused model: the accumulator is recomputed by
+`torch._grouped_mm`, the epilogue differentiated in fp32 with autograd (row vectors gathered per row
+of A by each row's group, so their gradients sum back per group), then the same two GEMMs.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -20,12 +24,13 @@ import torch
 
 from .. import tuning
 from ..config import KernelConfig
-from ..dsl import Recipe
-from ..errors import InvalidArgument
+from ..dsl import Backward, Recipe
+from ..errors import InvalidArgument, RecipeError
 from ..ir.reference import evaluate_epilogue, expand_block_scale
 from ..runtime.base import allocate_output
 from ..runtime.grouped import operands_per_row, row_groups, vectors_as_matrices
 from ..runtime.grouped_checks import check_grouped_call
+from ..types import OperandKind
 from .kinds import OpKind
 
 
@@ -54,12 +59,39 @@ class GroupedOp(OpKind):
         offsets, *operands = args
         return (self.recipe.reference(a, b, offsets, **dict(zip(self.names, operands, strict=True))),)
 
+    @functools.cached_property
+    def derived(self) -> Backward | None:
+        """The backward kernel the fused path launches: this recipe's grouped GEMM again, reading
+        dL/dD as `grad_d` and writing dL/dacc (in A's type); None for fp8 recipes (their A and B
+        get no gradient) and where D does not depend on the accumulator."""
+        if self.recipe.ir.gemm.fp8:
+            return None
+        wrt = [o.name for o in self.recipe.ir.epilogue.operands if o.kind is not OperandKind.SEED]
+        try:
+            return self.recipe.backward(recompute=True, wrt=wrt)
+        except RecipeError:
+            return None
+
+    def sums_of_dacc(self, needs: dict[str, bool]) -> bool:
+        """Whether the derived kernel's dL/dacc gives every operand gradient asked for: each is a
+        sum of it (its value in `Backward.rest` is D's: a bias) or zero. A grouped kernel writes D
+        only, so any other gradient (a routing weight's: dL/dD times the activation) needs the
+        accumulator, which the torch path recomputes."""
+        derived = self.derived
+        if derived is None:
+            return False
+        rest = derived.rest
+        values = {o.name: o.node for o in rest.outputs} if rest is not None else {}
+        return all(values.get(g.output) == values.get("d") for g in derived.gradients
+                   if needs[g.operand] and g.output is not None)
+
     def vjp(self, inputs: list, grads: tuple, needed: tuple[bool, ...], call: Callable[[Recipe], Any]) -> tuple:
+        """Gradients of every input: through the derived backward kernel where `sums_of_dacc`,
+        else as the unfused model computes them (`torch_vjp`)."""
         recipe, (grad,) = self.recipe, grads
         self.refuse_undifferentiable(needed)
-        a, b, offsets, *rest = inputs
-        gemm = recipe.ir.gemm
-        mm_dtype = torch.bfloat16 if gemm.fp8 else a.dtype  # e4m3 and e5m2 values are exact in bf16
+        a, b, _, *rest = inputs
+        mm_dtype = torch.bfloat16 if recipe.ir.gemm.fp8 else a.dtype  # e4m3 and e5m2 values are exact in bf16
         if a.is_cuda and mm_dtype != torch.bfloat16:
             raise InvalidArgument(f"a: gradients of a grouped recipe use torch._grouped_mm, which takes bf16 on the "
                                   f"GPU, not {a.dtype}; declare the recipe with a=gg.bf16, b=gg.bf16, or detach the "
@@ -69,6 +101,51 @@ class GroupedOp(OpKind):
             return (torch.zeros_like(a) if needed[0] else None, torch.zeros_like(b) if needed[1] else None, None,
                     *[torch.zeros_like(v) if isinstance(v, torch.Tensor) and need else None
                       for v, need in zip(rest, needed[3:], strict=True)])
+        needs = dict(zip(self.names, needed[3:], strict=True))
+        if self.sums_of_dacc(needs):
+            return self.fused_vjp(inputs, grad, needed, call)
+        return self.torch_vjp(inputs, grad, needed, mm_dtype)
+
+    def fused_vjp(self, inputs: list, grad: torch.Tensor, needed: tuple[bool, ...],
+                  call: Callable[[Recipe], Any]) -> tuple:
+        """One launch of the derived kernel (dL/dacc from the recomputed accumulator and dL/dD),
+        the operands' gradients as sums of dL/dacc (a row vector's per group), then dA and dB."""
+        derived = self.derived
+        assert derived is not None
+        a, b, offsets, *rest = inputs
+        ops = dict(zip(self.names, rest, strict=True))
+        incoming = next(o.dtype for o in derived.kernel.operands if o.name == "grad_d").torch
+        ends, group, covered = row_groups(offsets, a.shape[0], b.shape[0])
+        grad_d = _rows_16_bytes_apart(grad.to(incoming))  # TMA reads rows 16 bytes apart
+        g_acc = call(derived.kernel).by_name(a.detach(), b.detach(), {**ops, "grad_d": grad_d}, offsets)["d"]
+        g_acc = torch.where(covered.unsqueeze(1), g_acc, 0.0)  # rows in no group: not written
+        kinds = {o.name: o.kind for o in self.recipe.ir.epilogue.operands}
+        wanted = dict(zip(self.names, needed[3:], strict=True))
+        out: dict[str, torch.Tensor] = {}
+        for g in derived.gradients:
+            v = ops[g.operand]
+            if not wanted[g.operand] or not isinstance(v, torch.Tensor):
+                continue
+            kind, wide = kinds[g.operand], g_acc.float()
+            if g.output is None:  # no gradient reaches it
+                value = torch.zeros_like(v)
+            elif kind is OperandKind.ROW:  # per group: the sum over its rows
+                value = wide.new_zeros(b.shape[0], wide.shape[1]).index_add_(0, group, wide)
+            else:
+                value = wide.sum(1) if kind is OperandKind.COL else wide.sum()
+            out[g.operand] = value.to(v.dtype)
+        ga, gb = _input_gradients(g_acc, a, b, ends, covered, needed)
+        return (ga, gb, None, *[out.get(name) for name in self.names])
+
+    def torch_vjp(self, inputs: list, grad: torch.Tensor, needed: tuple[bool, ...], mm_dtype: torch.dtype
+                  ) -> tuple:
+        """The unfused model's gradients: the accumulator recomputed by `torch._grouped_mm` in the
+        operands' precision (block-scaled operands dequantized first), the epilogue differentiated
+        in fp32 with autograd."""
+        recipe = self.recipe
+        a, b, offsets, *rest = inputs
+        gemm = recipe.ir.gemm
+        rows = a.shape[0]
         ops = {o.name: v for o, v in zip(recipe.operands, rest, strict=True) if not o.kind.block_scale}
         needs = dict(zip(self.names, needed[3:], strict=True))
         a_mm, b_mm = a.detach().to(mm_dtype), b.detach().to(mm_dtype)
@@ -77,31 +154,40 @@ class GroupedOp(OpKind):
             scale_a, scale_b = rest[:2]  # the first operands (RecipeIR.operands)
             a_mm = (a.float() * expand_block_scale(scale_a, 1, gk, a.shape)).to(mm_dtype)
             b_mm = (b.float() * expand_block_scale(scale_b, gk, gn, b.shape)).to(mm_dtype)
-        ends, group, covered = row_groups(offsets, rows, groups)
-        covered = covered.unsqueeze(1)
+        ends, group, covered = row_groups(offsets, rows, b.shape[0])
         with torch.enable_grad():
             acc = torch._grouped_mm(a_mm, b_mm, offs=ends).float()
-            acc = torch.where(covered, acc, 0.0).requires_grad_(True)  # rows in no group: not computed
+            acc = torch.where(covered.unsqueeze(1), acc, 0.0).requires_grad_(True)  # rows in no group
             leaves = {k: v.detach().float().requires_grad_(True) for k, v in ops.items()
                       if needs[k] and isinstance(v, torch.Tensor)}
             per_row = operands_per_row(recipe.ir, {**ops, **leaves}, group)
             out = evaluate_epilogue(vectors_as_matrices(recipe.ir), acc, per_row, round_outputs=False)[0]
-            got = torch.autograd.grad(out, [acc, *leaves.values()], torch.where(covered, grad.float(), 0.0),
-                                      allow_unused=True)
+            got = torch.autograd.grad(out, [acc, *leaves.values()],
+                                      torch.where(covered.unsqueeze(1), grad.float(), 0.0), allow_unused=True)
         g_leaf = dict(zip(leaves, got[1:], strict=True))
         ga = gb = None
         if needed[0] or needed[1]:
             if got[0] is None:  # D does not depend on the accumulator
                 g_acc = a.new_zeros(rows, b.shape[-1])
             else:
-                g_acc = torch.where(covered, got[0], 0.0).to(a.dtype)
-            g_acc = _rows_16_bytes_apart(g_acc)  # torch._grouped_mm wants 16-byte strides (N odd: padded)
-            if needed[0]:
-                ga = torch.where(covered, torch._grouped_mm(g_acc, b.transpose(-1, -2), offs=ends), 0.0).to(a.dtype)
-            if needed[1]:
-                gb = torch._grouped_mm(a.t(), g_acc, offs=ends).to(b.dtype)
+                g_acc = torch.where(covered.unsqueeze(1), got[0], 0.0).to(a.dtype)
+            ga, gb = _input_gradients(g_acc, a, b, ends, covered, needed)
         by_name = {k: g_leaf[k].to(v.dtype) for k, v in ops.items() if g_leaf.get(k) is not None}
         return (ga, gb, None, *[by_name.get(name) for name in self.names])
+
+
+def _input_gradients(g_acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor,
+                     covered: torch.Tensor, needed: tuple[bool, ...]) -> tuple[torch.Tensor | None, ...]:
+    """dA (per group, dacc B_g^T; rows in no group zero) and dB (per group, A_g^T dacc), where
+    `needed`; `g_acc` is zero in rows in no group."""
+    g_acc = _rows_16_bytes_apart(g_acc)  # torch._grouped_mm wants 16-byte strides (N odd: padded)
+    ga = gb = None
+    if needed[0]:
+        ga = torch.where(covered.unsqueeze(1), torch._grouped_mm(g_acc, b.transpose(-1, -2), offs=ends),
+                         0.0).to(a.dtype)
+    if needed[1]:
+        gb = torch._grouped_mm(a.t(), g_acc, offs=ends).to(b.dtype)
+    return ga, gb
 
 
 def _rows_16_bytes_apart(t: torch.Tensor) -> torch.Tensor:

@@ -342,10 +342,12 @@ class OpCaller:
             return call_realigning(self.recipe.ir, self._run_kernel, a, b, args)
         return self.overload(a, b, *args)
 
-    def by_name(self, a: torch.Tensor, b: torch.Tensor, operands: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def by_name(self, a: torch.Tensor, b: torch.Tensor, operands: dict[str, Any], *between: Any
+                ) -> dict[str, torch.Tensor]:
         """A call with the operands by name (extra names ignored), its outputs by name: how the
-        backward passes call derived kernels, whose operand order is the derivation's."""
-        got = self(a, b, *[operands[o.name] for o in self.recipe.operands])
+        backward passes call derived kernels, whose operand order is the derivation's. `between`:
+        the inputs between B and the operands (`OpKind.extra_inputs`: a grouped op's offsets)."""
+        got = self(a, b, *between, *[operands[o.name] for o in self.recipe.operands])
         return dict(zip([o.name for o in self.recipe.outputs], got if isinstance(got, tuple) else (got,), strict=True))
 
 

@@ -7,7 +7,9 @@ grouped gemmgen kernel.
 Forward is `activation(x_e @ W_e^T + b_e)` for the rows of each expert e, one grouped gemmgen op
 (torch.ops.gemmgen.*) whose offsets stay on the GPU: no host sync, CUDA-graph safe. Rows after the
 last expert's end are not written (unspecified, as with `torch._grouped_mm`). Backward is the op's:
-the unfused layer's, through `torch._grouped_mm` with the same offsets (bf16 on the GPU).
+one derived gemmgen kernel (the grouped GEMM again, its epilogue turning dL/dy into dL/dacc, of
+which the bias gradient is each expert's sum), then dx and dW through `torch._grouped_mm` with the
+same offsets (bf16 on the GPU).
 
 A gated activation (`"swiglu"`, `"geglu"`: act(gate) * up, the experts of Mixtral, DeepSeek and
 Qwen MoE models) takes weights of 2 x out_features rows per expert, gate and up interleaved
@@ -26,8 +28,9 @@ import torch
 from torch import nn
 
 from .. import tuning
-from ..dsl import Recipe, RowVector
+from ..dsl import Backward, Recipe, RowVector
 from ..errors import InvalidArgument
+from ..integrations.grouped import GroupedOp
 from ..integrations.ops import op
 from ..types import as_dtype
 from .base import GATED, RecipeModule, activation_fn, check_layer_dtype, check_parameter, unsupported, weight_rows
@@ -52,6 +55,12 @@ def grouped_linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype
     if bias:
         return Recipe(name, lambda acc, bias: act(acc + bias), operands={"bias": RowVector(d)}, **kw)
     return Recipe(name, lambda acc: act(acc), **kw)
+
+
+@functools.cache
+def _derived(recipe: Recipe) -> Backward | None:
+    """The derived backward of a layer's recipe, made once (`GroupedOp.derived`)."""
+    return GroupedOp(recipe).derived
 
 
 class GroupedLaunches:
@@ -79,6 +88,20 @@ class GroupedLaunches:
             return self.recipe, self.recipe.default_config()
         return self.recipe, tuning.config_for(self.recipe, rows, self.weight_rows, self.in_features,
                                               self.num_experts, device=device)
+
+
+    def backward_launches(self, rows: int | None = None, device: tuning.Device | None = None
+                          ) -> list[tuple[Recipe, Any]]:
+        """(recipe, config) of the gemmgen kernel a backward launches for `rows` rows of tokens:
+        the derived one (the grouped GEMM again, writing dL/dacc: `integrations.grouped`), chosen
+        as forward's is; none for fp8 experts (their gradients are torch's)."""
+        derived = _derived(self.recipe)
+        if derived is None:
+            return []
+        if rows is None:
+            return [(derived.kernel, derived.kernel.default_config())]
+        return [(derived.kernel, tuning.config_for(derived.kernel, rows, self.weight_rows, self.in_features,
+                                                   self.num_experts, device=device))]
 
 
 class GroupedLinear(GroupedLaunches, RecipeModule):

@@ -22,8 +22,9 @@ def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Ite
     for inputs of each of `tokens` rows, and a training step (forward with gradients wanted: the
     kernels that also store the pre-activation or the accumulator; and the backward's own kernels,
     derived or accumulating weight gradients) for each of `training_tokens`; both of a grouped layer's
-    heuristic kernels (for few rows per expert, and for many) whatever the tokens, as its rows are
-    the tokens routed to it, which the model's top-k decides. What to build ahead of time, e.g.
+    heuristic kernels (for few rows per expert, and for many) whatever the tokens (and with
+    `training_tokens` its derived backward kernel's), as its rows are the tokens routed to it, which
+    the model's top-k decides. What to build ahead of time, e.g.
     `gg.warmup(model_launches(model, (1, 16, 4096), training_tokens=(4096,)))`.
 
     The heuristic's choices; with `device` (`gemmgen.tuning.Device.current()` where the model will
@@ -45,6 +46,8 @@ def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Ite
                         *m.backward_launches(t, sm_count=sm_count, device=device))]
     grouped = [m for m in model.modules() if isinstance(m, GroupedLinear | BlockScaledGroupedLinear)]
     found += [m.launches(rows) for m in grouped for rows in (None, m.num_experts)]
+    found += [k for m in grouped if training_tokens for rows in (None, m.num_experts)
+              for k in m.backward_launches(rows, device=device)]
     if device is not None:
         found += [(m.recipe, c) for m in grouped
                   for c in tuning.tuned_configs(m.recipe.ir, device, m.out_features, m.in_features, m.num_experts)]

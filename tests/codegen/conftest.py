@@ -64,12 +64,31 @@ def random_kernels(seed: int) -> list:
     return kernels
 
 
+class _Compile:
+    """One NVRTC compile in a spawned process of its own (NVRTC holds the GIL), started at once;
+    the process exits when the result is read, since an idle one would hold NVRTC's 5-6 GB."""
+
+    def __init__(self, source: str) -> None:
+        self._pool = cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        self._future = self._pool.submit(_compile, source)
+
+    def result(self) -> None:
+        try:
+            self._future.result()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
+
+
 @pytest.fixture(scope="session")
 def type_checks(examples, extra) -> Iterator[dict]:
-    """{"examples": (kernels, future), "random": (kernels, future, seed)}: both translation units
-    compiling at once (spawned processes: NVRTC holds the GIL)."""
+    """{"examples": (kernels, compile), "random": (kernels, compile, seed)}: both translation units
+    compiling at once, in two processes."""
     seed = int(os.environ.get("GEMMGEN_TEST_SEED") or time.time_ns() % 2**32)
     ours, theirs = example_kernels(examples, extra), random_kernels(seed)
-    with cf.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        yield {"examples": (ours, pool.submit(_compile, collectives_check_source(ours))),
-               "random": (theirs, pool.submit(_compile, collectives_check_source(theirs)), seed)}
+    compiles = [_Compile(collectives_check_source(kernels)) for kernels in (ours, theirs)]
+    yield {"examples": (ours, compiles[0]), "random": (theirs, compiles[1], seed)}
+    for compile_ in compiles:
+        compile_.close()

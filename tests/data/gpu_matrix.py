@@ -101,6 +101,13 @@ def moe_fp8_recipe() -> gg.Recipe:
 #: kernel for groups of few rows (tuning.heuristic.GROUPED_SWAP_CONFIG).
 GROUPED_CONFIGS = (gg.KernelConfig(), gg.KernelConfig(cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG),
                    GROUPED_SWAP_CONFIG)
+#: ...of which the CPU tests compile the default and the swapped one (the pingpong kernel with a
+#: 2 x 1 cluster is emulated uncompiled there; its config's Params are checked against CUTLASS on
+#: moe_fp8_block's and on the derived backward kernel's, `DERIVED_GROUPED_CONFIG`)
+CHECKED_GROUPED_CONFIGS = (GROUPED_CONFIGS[0], GROUPED_CONFIGS[2])
+#: GroupedLinear's derived backward kernel as the CPU tests compile it (a grouped kernel reading C:
+#: dL/dD per group), pingpong with a 2 x 1 cluster
+DERIVED_GROUPED_CONFIG = gg.KernelConfig(cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG)
 #: the grouped tests' fp8 experts (moe_fp8_recipe): the default, and swapped (tile K 128).
 FP8_GROUPED_CONFIGS = (gg.KernelConfig(tile=(128, 128, 128)), gg.KernelConfig(tile=(128, 32, 128), swap_ab=True))
 #: ...and the block-scaled grouped example's (tile K 128, the scales' K): its default, a pingpong
@@ -184,9 +191,36 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     for gated in (gg.nn.grouped_linear_recipe("swiglu", True, torch.bfloat16),  # ...gated, over column pairs
                   gg.nn.grouped_linear_recipe("geglu", False, torch.bfloat16)):
         out.append((gated, gated.default_config()))
+    for layer in grouped_linear_layers():  # ...and their backward's derived kernels
+        out += layer.backward_launches(GROUPED_LINEAR_ROWS)
+    out.append((derived_grouped_recipe(), DERIVED_GROUPED_CONFIG))  # test_grouped_gpu's pointer-array C
     fp8_experts = gg.nn.block_scaled_grouped_recipe("silu", True, torch.bfloat16)  # ...and its fp8 form
     out += [(fp8_experts, fp8_experts.default_config()), (fp8_experts, config_for(fp8_experts, 1, 256, 512, 1))]
     return list(dict.fromkeys(out))
+
+
+#: the rows of tokens tests/gpu/test_grouped_gpu.py's GroupedLinear layers train on
+GROUPED_LINEAR_ROWS = 300
+
+
+def derived_grouped_recipe() -> gg.Recipe:
+    """The derived backward kernel of a GroupedLinear with SiLU and a bias (bf16): the grouped GEMM
+    again, reading dL/dD as C and writing dL/dacc."""
+    import torch
+
+    from gemmgen.integrations.grouped import GroupedOp
+
+    derived = GroupedOp(gg.nn.grouped_linear_recipe("silu", True, torch.bfloat16)).derived
+    assert derived is not None
+    return derived.kernel
+
+
+def grouped_linear_layers() -> list[gg.nn.GroupedLinear]:
+    """tests/gpu/test_grouped_gpu.py's GroupedLinear layers (on the meta device): SiLU with a bias,
+    SwiGLU with one and GEGLU without, 4 experts of 64 inputs."""
+    return [gg.nn.GroupedLinear(4, 64, 128, activation="silu", device="meta"),
+            gg.nn.GroupedLinear(4, 64, 96, activation="swiglu", device="meta"),
+            gg.nn.GroupedLinear(4, 64, 96, bias=False, activation="geglu", device="meta")]
 
 
 def training_launches() -> list[tuple[gg.Recipe, gg.KernelConfig]]:

@@ -27,8 +27,10 @@ from tests.data.gpu_matrix import (
     BLOCK_GROUPED_CONFIGS,
     FP8_GROUPED_CONFIGS,
     GROUPED_CONFIGS,
+    GROUPED_LINEAR_ROWS,
     GROUPED_TUNE_PROBLEM,
     TUNE_CANDIDATES,
+    grouped_linear_layers,
     moe_fp8_recipe,
 )
 
@@ -47,6 +49,7 @@ def test_the_gpu_bundle_holds_every_grouped_kernel_the_gpu_checks_launch(example
     geglu = gg.nn.GroupedLinear(4, 64, 96, bias=False, activation="geglu", device="meta")
     wanted += [layer.launches(rows) for layer in (experts, fp8_experts, gated, geglu) for rows in (12, 300)]
     wanted.append((moe_swiglu_recipe(), moe_swiglu_recipe().default_config()))
+    wanted += [k for layer in grouped_linear_layers() for k in layer.backward_launches(GROUPED_LINEAR_ROWS)]
     wanted += [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS]
     wanted += [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS] + [(moe_recipe(), c) for c in GROUPED_CONFIGS]
     wanted += [(moe_recipe(), c) for c in gg.tuning.candidates(moe_recipe().ir, *GROUPED_TUNE_PROBLEM,
@@ -56,17 +59,17 @@ def test_the_gpu_bundle_holds_every_grouped_kernel_the_gpu_checks_launch(example
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("index", range(len(GROUPED_CONFIGS)), ids=[c.name for c in GROUPED_CONFIGS])
+@pytest.mark.parametrize("config", GROUPED_CONFIGS, ids=[c.name for c in GROUPED_CONFIGS])
 @pytest.mark.parametrize("shape, offsets", [
     ((37, 64, 48, 4), (5, 5, 20, 30)),  # an empty group, rows after the last group
     ((37, 64, 48, 4), (0, 37, 37, 37)),  # all rows in one group
     ((37, 64, 48, 4), (40, 3, 50, 60)),  # out of range and decreasing: clamped
     ((1000, 264, 136, 8), (90, 90, 333, 334, 600, 700, 999, 1000)),  # tiles per group, K and N tails, M = 1
 ], ids=["gaps", "one", "bad", "large"])
-def test_grouped_on_gpu(grouped_kernels, index, shape, offsets):
+def test_grouped_on_gpu(session_cache, config, shape, offsets):
     """Against the reference (fp32 on the CPU), output pre-filled with NaN: rows after the last group
     stay NaN; then a CUDA graph of the call replayed after the offsets changed on the GPU."""
-    kernel = GroupedKernel(grouped_kernels[index])
+    kernel = GroupedKernel(moe_recipe().build(config, cache=session_cache))
     rows, k, n, groups = shape
     a, b, offs, bias, weight = (t.cuda() for t in grouped_inputs(rows, k, n, groups, offsets))
     want = moe_recipe().reference(a, b, offs, bias=bias, weight=weight).float()
@@ -149,23 +152,36 @@ def test_grouped_autotune_on_gpu(tmp_path, monkeypatch):
                                atol=1e-2)
 
 
+def _grad(t: torch.Tensor) -> torch.Tensor:
+    assert t.grad is not None
+    return t.grad
+
+
 @pytest.mark.gpu
 def test_grouped_linear_on_gpu():
-    """The module on CUDA (the grouped kernel), forward and gradients against the experts' Linears in
-    float64, eager and under torch.compile."""
+    """The module on CUDA (the grouped kernel), forward against the experts' Linears in float64,
+    eager and under torch.compile; gradients (through the derived backward kernel) against theirs."""
     linears = [torch.nn.Linear(64, 128, dtype=torch.bfloat16, device="cuda") for _ in range(4)]
     layer = gg.nn.GroupedLinear.from_linears(linears, activation="silu")
     x = torch.randn(300, 64, device="cuda").bfloat16().requires_grad_(True)
     offsets = torch.tensor([40, 40, 200, 300], dtype=torch.int32, device="cuda")
-    want = experts_loop([m.cpu() for m in linears], x.detach().cpu(), offsets.cpu(), "silu")
+    exact = [copy.deepcopy(m).cpu().double() for m in linears]
+    x64 = x.detach().cpu().double().requires_grad_(True)
+    want = experts_loop(exact, x64, offsets.cpu(), "silu")
     y = layer(x, offsets)
-    torch.testing.assert_close(y.double().cpu(), want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
+    scale = float(want.detach().abs().max())
+    torch.testing.assert_close(y.double().cpu(), want.detach(), rtol=1.6e-2, atol=1.6e-2 * scale)
     compiled = torch.compile(layer, fullgraph=True)
-    torch.testing.assert_close(compiled(x, offsets).double().cpu(), want, rtol=1.6e-2,
-                               atol=1.6e-2 * float(want.abs().max()))
-    y.float().sum().backward()
+    torch.testing.assert_close(compiled(x, offsets).double().cpu(), want.detach(), rtol=1.6e-2, atol=1.6e-2 * scale)
+    grad = torch.randn(300, 128)
+    y.float().backward(grad.cuda())
+    want.backward(grad.double())
     assert x.grad is not None and layer.weight.grad is not None and layer.bias is not None
-    assert layer.bias.grad is not None and x.grad.abs().max() > 0
+    assert layer.bias.grad is not None and x64.grad is not None
+    for got, ref in ((x.grad, x64.grad), (layer.weight.grad, torch.stack([_grad(m.weight) for m in exact])),
+                     (layer.bias.grad, torch.stack([_grad(m.bias) for m in exact]))):
+        assert ref.norm() > 0
+        assert (got.double().cpu() - ref).norm() / ref.norm() < 1e-2
     x, offsets = x[:12].detach(), torch.tensor([3, 3, 10, 12], dtype=torch.int32, device="cuda")  # decode: swapped
     assert layer.launches(12)[1].swap_ab
     want = experts_loop([m.cpu() for m in linears], x.cpu(), offsets.cpu(), "silu")
@@ -176,9 +192,9 @@ def test_grouped_linear_on_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("activation, bias", [("swiglu", True), ("geglu", False)])
 def test_gated_grouped_linear_on_gpu(activation, bias):
-    """Gated experts on CUDA (the grouped kernel over column pairs), forward and gradients against
-    each expert's gate and up Linears in float64, eager and under torch.compile, prefill and
-    decode sizes (both unswapped)."""
+    """Gated experts on CUDA (the grouped kernel over column pairs), forward against each expert's
+    gate and up Linears in float64, eager and under torch.compile, prefill and decode sizes (both
+    unswapped); gradients (through the derived backward kernel) against theirs."""
     gates, ups, fc1s = gated_experts(4, 64, 96, bias, device="cuda")
     layer = gg.nn.GroupedLinear.from_linears(fc1s, activation=activation)
     x = torch.randn(300, 64, device="cuda").bfloat16().requires_grad_(True)
@@ -190,8 +206,21 @@ def test_gated_grouped_linear_on_gpu(activation, bias):
     compiled = torch.compile(layer, fullgraph=True)
     torch.testing.assert_close(compiled(x, offsets).double().cpu(), want, rtol=1.6e-2,
                                atol=1.6e-2 * float(want.abs().max()))
-    y.float().sum().backward()
-    assert x.grad is not None and layer.weight.grad is not None and x.grad.abs().max() > 0
+    grad = torch.randn(300, 96)
+    y.float().backward(grad.cuda())
+    x64 = x.detach().cpu().double().requires_grad_(True)
+    gated_experts_loop(gates, ups, x64, offsets.cpu(), activation).backward(grad.double())
+    assert x.grad is not None and layer.weight.grad is not None and x64.grad is not None
+    weight = torch.stack([gg.nn.interleave_pairs(_grad(g.weight), _grad(u.weight))
+                          for g, u in zip(gates, ups, strict=True)])
+    pairs = [(x.grad, x64.grad), (layer.weight.grad, weight)]
+    if bias:
+        assert layer.bias is not None and layer.bias.grad is not None
+        pairs.append((layer.bias.grad, torch.stack([gg.nn.interleave_pairs(_grad(g.bias), _grad(u.bias))
+                                                    for g, u in zip(gates, ups, strict=True)])))
+    for got, ref in pairs:
+        assert ref.norm() > 0
+        assert (got.double().cpu() - ref).norm() / ref.norm() < 1e-2
     x, offsets = x[:12].detach(), torch.tensor([3, 3, 10, 12], dtype=torch.int32, device="cuda")
     assert not layer.launches(12)[1].swap_ab
     want = gated_experts_loop(gates, ups, x.cpu(), offsets.cpu(), activation)

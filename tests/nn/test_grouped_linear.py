@@ -120,6 +120,45 @@ def test_gated_experts_are_each_experts_gate_and_up(activation, bias):
         assert error < 1e-2, (name, float(error))
 
 
+#: what finding each row's group costs (`runtime.grouped.row_groups`, on the GPU without a sync)
+_ROW_GROUPS = {"clamp": 2, "cummax": 1, "arange": 1, "searchsorted": 1, "lt": 1}
+
+
+@pytest.mark.parametrize("activation, bias", [("silu", True), ("swiglu", True), ("gelu", False)])
+def test_grouped_linear_backward_launches_the_derived_kernel(activation, bias):
+    """The backward of GroupedLinear: one gemmgen kernel (the grouped GEMM again, its epilogue
+    turning dL/dD into dL/dacc) in place of the accumulator's recomputation by torch._grouped_mm and
+    the activation's backward; the bias gradient is a per-expert sum of dL/dacc, then dA and dB.
+    Ops counted with a dispatch mode (each a kernel on a GPU; the CPU runs the same ops)."""
+    from tests.nn.dispatched import DispatchedOps
+
+    layer = gg.nn.GroupedLinear(3, 16, 24, bias=bias, activation=activation)
+    x = torch.randn(10, 16).bfloat16().requires_grad_()
+    y = layer(x, torch.tensor([4, 4, 9], dtype=torch.int32))  # an empty expert, a row in none
+    g = torch.randn_like(y)
+    with DispatchedOps() as ops:
+        y.backward(g)
+    bias_sum = {"new_zeros": 1, "index_add_": 1} if bias else {}
+    # where: dL/dacc's and dA's rows in no expert set to 0; a scalar_tensor each for where's 0
+    assert ops.ops == {**_ROW_GROUPS, "gemmgen": 1, "_grouped_mm": 2, "where": 2, "unsqueeze": 2,
+                       "scalar_tensor": 2, **bias_sum}
+
+
+def test_a_routing_weights_gradient_takes_the_unfused_path():
+    """moe_up's routing weight: its gradient (dL/dD times silu(acc + bias), summed per row) needs
+    the accumulator, which a grouped kernel cannot write beside D, so its backward is the unfused
+    model's: torch._grouped_mm recomputes the accumulator, autograd the epilogue; without the
+    weight's gradient the derived kernel serves."""
+    from gemmgen.integrations.grouped import GroupedOp
+    from gemmgen.testing.grouped import moe_recipe
+
+    kind = GroupedOp(moe_recipe())
+    assert kind.derived is not None
+    assert not kind.sums_of_dacc({"bias": True, "weight": True})
+    assert not kind.sums_of_dacc({"bias": False, "weight": True})
+    assert kind.sums_of_dacc({"bias": True, "weight": False})
+
+
 def test_grouped_linear_pads_odd_bias_rows_itself(monkeypatch):
     """out_features 12 (24-byte bias rows): the module hands the op 16-byte aligned rows, so the op
     never refuses the layout and copies after the fact; gradients reach the bias, and the input's

@@ -11,10 +11,10 @@ from collections.abc import Callable
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import gemmgen as gg
 from tests.data.gated import LlamaMLP
+from tests.nn.dispatched import DispatchedOps
 
 _TORCH_ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU}
@@ -97,30 +97,12 @@ class _Mask(nn.Module):
         return x * self.mask.reshape(x.shape)
 
 
-class _Ops(TorchDispatchMode):
-    """The ops a region dispatches that compute (each at least one kernel on a GPU)."""
-
-    PLUMBING = frozenset(getattr(torch.ops.aten, n) for n in (
-        "detach", "transpose", "t", "view", "expand", "new_empty_strided", "copy_", "_to_copy", "ones_like",
-        "zeros_like", "empty_like", "lift_fresh", "clone", "alias", "_unsafe_view", "reshape", "contiguous"))
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket not in self.PLUMBING:
-            self.ops[str(func.overloadpacket).removeprefix("aten.")
-                     if func.namespace == "aten" else func.namespace] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _backward_ops(model: nn.Module) -> collections.Counter:
     model.zero_grad(set_to_none=True)  # no accumulation into earlier gradients
     x = torch.randn(21, 40).bfloat16().requires_grad_()
     y = model(x)
     g = torch.randn_like(y)
-    with _Ops() as ops:
+    with DispatchedOps() as ops:
         y.backward(g)
     return ops.ops
 

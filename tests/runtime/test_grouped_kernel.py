@@ -12,6 +12,7 @@ import gemmgen as gg
 from gemmgen.errors import InvalidArgument
 from gemmgen.ir.reference import group_bounds, reference
 from gemmgen.runtime.grouped import SETUP, BufferLayout, GroupedKernel
+from gemmgen.testing.checks import uncompiled
 from gemmgen.testing.emulate import emulate_grouped, fill_groups
 from gemmgen.testing.grouped import (
     block_grouped_inputs,
@@ -98,13 +99,22 @@ def _filled(setup: bytes, offsets: list[int]) -> tuple[list[list[int]], list[lis
     return fill_groups(SETUP.unpack(setup), offsets)
 
 
-@pytest.mark.parametrize("index", range(len(GROUPED_CONFIGS)), ids=[c.name for c in GROUPED_CONFIGS])
-def test_group_arrays_address_each_groups_rows(grouped_kernels, index):
+def _moe_up(grouped_kernels: dict, config: gg.KernelConfig):
+    """moe_up's kernel under `config`: compiled where the session compiles it, else as the runtime
+    sees it without NVRTC (`uncompiled`: the same source and fields)."""
+    return grouped_kernels.get(config.name) or uncompiled(moe_recipe(), config)
+
+
+CONFIG = pytest.mark.parametrize("config", GROUPED_CONFIGS, ids=[c.name for c in GROUPED_CONFIGS])
+
+
+@CONFIG
+def test_group_arrays_address_each_groups_rows(grouped_kernels, config):
     """Every per-group pointer and stride the kernel's Params point it at, against torch's own
     addressing of the same elements: group g's first row of A, D and the routing weights, its B
     and its bias row. A swapped kernel (D_g^T = B_g^T A_g^T) reads the caller's B as its A, A as
     its B, the weights as its row vector and the bias as its column vector; its problem is (N, M_g, K)."""
-    k = cpu_grouped_kernel(grouped_kernels[index])
+    k = cpu_grouped_kernel(_moe_up(grouped_kernels, config))
     swapped = k.compiled.config.swap_ab
     a, b, offsets, bias, weight = grouped_inputs(rows=61, k=72, n=40, groups=5, offsets=(7, 7, 30, 44, 60))
     a = torch.randn(61, 96).bfloat16()[:, :72]  # padded rows: lda 96
@@ -150,18 +160,18 @@ def test_repeated_calls_follow_every_address(grouped_kernel):
             assert out is None or p.output is out
 
 
-@pytest.mark.parametrize("index", range(len(GROUPED_CONFIGS)), ids=[c.name for c in GROUPED_CONFIGS])
+@CONFIG
 @pytest.mark.parametrize("shape, offsets", [
     ((37, 64, 48, 4), (5, 5, 20, 30)),  # an empty group, rows after the last group
     ((37, 64, 48, 4), (40, 3, 50, 60)),  # out of range and decreasing: clamped
     ((300, 72, 136, 3), (1, 129, 300)),  # M = 1, groups over several tiles, K and N tails
 ])
-def test_emulated_groups_compute_the_recipe(grouped_kernels, index, shape, offsets):
+def test_emulated_groups_compute_the_recipe(grouped_kernels, config, shape, offsets):
     """The whole host path through an emulation of both kernels: the setup block turned into the
     group arrays as the setup kernel would, then per group what the GEMM reads through its Params
     (shape, A, B, the bias and weight pointers, D's address and stride) and the epilogue its source
     declares. Against the reference; rows in no group stay NaN."""
-    ck = grouped_kernels[index]
+    ck = _moe_up(grouped_kernels, config)
     enc = RecordingEncoder()
     k = GroupedKernel(ck, encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
     rows, depth, n, groups = shape

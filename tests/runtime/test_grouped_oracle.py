@@ -22,8 +22,9 @@ from gemmgen.testing.grouped import (
 from gemmgen.testing.recording import RecordingEncoder
 from tests.data.gpu_matrix import (
     BLOCK_GROUPED_CONFIGS,
+    CHECKED_GROUPED_CONFIGS,
     FP8_GROUPED_CONFIGS,
-    GROUPED_CONFIGS,
+    derived_grouped_recipe,
     moe_fp8_recipe,
 )
 
@@ -103,22 +104,23 @@ def fp8_and_block_oracles(fp8_kernels, block_kernels, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def grouped_oracles(grouped_kernels, gated_grouped_kernel, tmp_path_factory):
-    """CUTLASS's host code for each grouped kernel and the gated experts' (nvcc, about 25 s each,
-    built at once); the gated experts' program last."""
+def grouped_oracles(grouped_kernels, gated_grouped_kernel, derived_grouped_kernel, tmp_path_factory):
+    """CUTLASS's host code for each of moe_up's kernels (by config name), the gated experts'
+    ("gated") and the derived backward kernel's ("derived"), built at once (two programs)."""
     from gemmgen.testing.oracle import OracleProgram, build_all
 
     build = tmp_path_factory.mktemp("grouped-oracle")
-    programs = [OracleProgram(k.generated, build) for k in (*grouped_kernels, gated_grouped_kernel)]
-    build_all(programs, build)
+    kernels = {**grouped_kernels, "gated": gated_grouped_kernel, "derived": derived_grouped_kernel}
+    programs = {name: OracleProgram(k.generated, build) for name, k in kernels.items()}
+    build_all(list(programs.values()), build)
     return programs
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("index", range(len(GROUPED_CONFIGS)), ids=[c.name for c in GROUPED_CONFIGS])
+@pytest.mark.parametrize("config", CHECKED_GROUPED_CONFIGS, ids=[c.name for c in CHECKED_GROUPED_CONFIGS])
 @pytest.mark.parametrize("sm_count, clusters", [(132, 0), (114, 0), (16, 0), (132, 66), (132, 33)])
-def test_arguments_match_cutlass(grouped_kernels, grouped_oracles, index, sm_count, clusters):
-    grouped_kernel, oracle = grouped_kernels[index], grouped_oracles[index]
+def test_arguments_match_cutlass(grouped_kernels, grouped_oracles, config, sm_count, clusters):
+    grouped_kernel, oracle = grouped_kernels[config.name], grouped_oracles[config.name]
     k = cpu_grouped_kernel(grouped_kernel, sm_count, clusters)
     enc = k._encode
     a, b, offsets, bias, weight = grouped_inputs(rows=1000, k=264, n=136, groups=8, offsets=range(100, 900, 100))
@@ -166,7 +168,7 @@ def test_gated_experts_match_cutlass_and_compute_the_recipe(gated_grouped_kernel
     p = k.prepare(a, b, offsets, bias=bias, weight=weight, out=out)
     field = params_field(ck, p.params)
     values = {**_oracle_values(field, 8, 114, 0, pair_d=True), **_vector_values(ck, field)}
-    expected = grouped_oracles[-1].run_argv(grouped_oracles[-1].grouped_argv(values))
+    expected = grouped_oracles["gated"].run_argv(grouped_oracles["gated"].grouped_argv(values))
     assert expected.can_implement
     assert {c.addr: c.as_dict() for c in enc.calls} == \
         {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
@@ -179,6 +181,43 @@ def test_gated_experts_match_cutlass_and_compute_the_recipe(gated_grouped_kernel
     assert pairs is not None and pairs["pairs"] > 0 and pairs["broken"] == 0 and pairs["uncovered"] == 0, pairs
     emulate_grouped(ck, p.setup, p.params, enc, [a, b, offsets, bias, weight, out, p.buffer])
     want = moe_swiglu_recipe().reference(a, b, offsets, bias=bias, weight=weight).float()
+    assert want.nan_to_num().abs().sum() > 0
+    torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+
+
+@pytest.mark.oracle
+def test_a_derived_backward_reading_c_matches_cutlass_and_computes_the_recipe(derived_grouped_kernel,
+                                                                              grouped_oracles):
+    """GroupedLinear's derived backward kernel (pingpong, 2 x 1 cluster), which reads dL/dD per
+    group as C: CUTLASS's pointer-array C, whose per-group pointers and strides the setup kernel
+    writes and whose tensor map each SM encodes in the workspace. Hopper code without spills;
+    every Params field against CUTLASS's host code given the same arrays, the encodes, grid and
+    shared memory; the compiled kernel's emulation against the reference (dL/dacc)."""
+    ck = derived_grouped_kernel
+    r = ck.report
+    assert r.sass["HGMMA"] > 0 and r.sass["UTMALDG"] > 0 and r.sass["UTMASTG"] > 0 and r.local_bytes == 0
+    assert ck.generated.epilogue.source is not None
+    k = cpu_grouped_kernel(ck, 132, 0)
+    enc = k._encode
+    rows, depth, n, groups = 1000, 264, 136, 8
+    a, b, offsets, bias, _ = grouped_inputs(rows, depth, n, groups, offsets=(100, 100, 333, 334, 600, 700, 999, 999))
+    grad_d = torch.randn(rows, n + 8).bfloat16()[:, :n]  # rows padded: C's stride is not D's
+    out = torch.full((rows, n), float("nan")).bfloat16()
+    p = k.prepare(a, b, offsets, bias=bias, grad_d=grad_d, out=out)
+    field = params_field(ck, p.params)
+    values = {**_oracle_values(field, groups, 132, 0), **_vector_values(ck, field),
+              "c.array": field("epilogue.ptr_c"), "c.strides": field("epilogue.stride_c")}
+    expected = grouped_oracles["derived"].run_argv(grouped_oracles["derived"].grouped_argv(values))
+    assert expected.can_implement
+    assert {c.addr: c.as_dict() for c in enc.calls} == \
+        {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
+    for f, _, _ in ck.params_layout.fields:
+        if f.kind != "desc":
+            assert field(f.name) == expected.fields[f.name]["bits"], f.name
+    assert list(p.grid) == expected.launch["grid"] and expected.launch["smem"] == ck.info.smem_bytes
+    assert field("problem.shapes") - field("workspace") >= expected.workspace_size > 0  # C's maps included
+    emulate_grouped(ck, p.setup, p.params, enc, [a, b, offsets, bias, grad_d, out, p.buffer])
+    want = derived_grouped_recipe().reference(a, b, offsets, bias=bias, grad_d=grad_d).float()
     assert want.nan_to_num().abs().sum() > 0
     torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
 

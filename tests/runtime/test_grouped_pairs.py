@@ -90,6 +90,24 @@ def test_emulated_groups_over_pairs_compute_the_recipe(name, config, shape, offs
     torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
 
 
+@pytest.mark.parametrize("activation", ["silu", "swiglu"])
+@pytest.mark.parametrize("shape, offsets", SHAPES[:2])
+def test_the_kernels_grouped_linears_backward_launches_compute_their_recipe(activation, shape, offsets):
+    """GroupedLinear's backward kernels (`backward_launches`: the derived recipe under the
+    heuristic's picks for many and for few rows per expert, swapped where it swaps), emulated
+    against their reference: dL/dD read per group as C (N columns, or N/2 as pairs' halves),
+    dL/dacc written at N."""
+    from gemmgen.nn import GroupedLinear
+
+    rows, k, n, groups = shape
+    layer = GroupedLinear(groups, k, n // 2 if activation == "swiglu" else n, activation=activation, device="meta")
+    launches = {c.name: (r, c) for rows_ in (None, groups) for r, c in layer.backward_launches(rows_)}
+    assert len(launches) == (1 if activation == "swiglu" else 2), list(launches)  # pairs: never swapped
+    for recipe, config in launches.values():
+        out, want = _emulated(recipe, uncompiled(recipe, config), rows, k, n, groups, offsets)
+        torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+
+
 def test_the_grouped_register_visitors_take_per_group_pointers():
     """A grouped kernel names its pair visitors' elements as pointers (pairs.hpp's TensorOf<E*>),
     stores no D of its own when D is N/2 wide, and has no TMA store of D in its Params."""
