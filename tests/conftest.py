@@ -10,6 +10,8 @@ import pytest
 
 from tests.data import EXAMPLES, EXTRA
 
+_ORACLES = pytest.StashKey[bool]()
+
 
 def pytest_collection_modifyitems(config, items):
     try:
@@ -23,6 +25,7 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("gpu") is not None:  # not item.keywords: it holds tests/gpu's name too
                 item.add_marker(skip)
+    config.stash[_ORACLES] = any(item.get_closest_marker("oracle") is not None for item in items)
 
 
 @pytest.fixture(scope="session")
@@ -45,6 +48,24 @@ def extra():
     from gemmgen.aot import load_recipes
 
     return load_recipes(EXTRA)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def oracles_in_the_background(request, examples, extra, tmp_path_factory):
+    """Where the session runs oracle tests: nvcc builds their programs from the start, at the lowest
+    CPU priority (tests/data/oracle_sets.py), so that they take the core the session's
+    single-threaded work leaves idle rather than time of their own; killed at the session's end."""
+    if not request.config.stash.get(_ORACLES, False):
+        yield
+        return
+    from gemmgen.testing import oracle
+    from tests.data.oracle_sets import oracle_kernels
+
+    build = tmp_path_factory.mktemp("oracles")
+    for kernels in oracle_kernels(examples, extra):
+        oracle.start_all([oracle.OracleProgram(k, build) for k in kernels], build)
+    yield
+    oracle.stop_background()
 
 
 @pytest.fixture(scope="session")

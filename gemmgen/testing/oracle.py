@@ -18,7 +18,7 @@ import os
 import shutil
 import struct
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,8 +251,8 @@ class OracleProgram:
 
     def build(self) -> Path:
         """This kernel's program (built alone unless `build_oracles` built it with others)."""
-        if not self.exe.is_file():
-            build_oracles([self], self._build_dir)
+        if self.key in _PENDING or not self.exe.is_file():
+            build_all([self], self._build_dir)
         return self.exe
 
     def argv(self, problem: Problem, workspace: int = 0) -> list[str]:
@@ -324,11 +324,16 @@ def _digest(programs: list[OracleProgram]) -> str:
 
 #: kernel part's digest -> (program, index) of each kernel `build_oracles` compiled in this process
 _BUILT: dict[str, tuple[Path, int]] = {}
+#: kernel part's digest -> the background build (`start_all`) that will put it in `_BUILT`
+_PENDING: dict[str, Future] = {}
+#: nvcc processes of background builds still running (`stop_background` ends them)
+_RUNNING: set[subprocess.Popen] = set()
+_BACKGROUND: ThreadPoolExecutor | None = None
 
 
-def build_oracles(programs: list[OracleProgram], build_dir: Path) -> Path:
+def build_oracles(programs: list[OracleProgram], build_dir: Path, nice: bool = False) -> Path:
     """Compile `programs` (kernels of one arch) into one executable in `build_dir`; each program
-    then runs it with its own index."""
+    then runs it with its own index. `nice`: nvcc at the lowest CPU priority."""
     arches = {p.kernel.arch for p in programs}
     if len(arches) != 1:
         raise ValueError(f"one oracle program builds kernels of one arch, got {sorted(a.value for a in arches)}")
@@ -343,9 +348,15 @@ def build_oracles(programs: list[OracleProgram], build_dir: Path) -> Path:
                "-DCUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1",
                *(f"-I{d}" for d in tc.include_dirs), f"-L{nvcc_path().parent.parent / 'lib'}",
                "-o", str(exe) + ".tmp", str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=(lambda: os.nice(19)) if nice else None)
+        _RUNNING.add(proc)
+        try:
+            _, stderr = proc.communicate()
+        finally:
+            _RUNNING.discard(proc)
         if proc.returncode != 0:
-            raise ToolchainError(f"nvcc failed to build the oracle {src}:\n{proc.stderr[-4000:]}")
+            raise ToolchainError(f"nvcc failed to build the oracle {src} (exit {proc.returncode}):\n{stderr[-4000:]}")
         os.replace(str(exe) + ".tmp", exe)
     for i, p in enumerate(programs):
         p.exe, p.index = exe, i
@@ -353,12 +364,49 @@ def build_oracles(programs: list[OracleProgram], build_dir: Path) -> Path:
     return exe
 
 
-def build_all(programs: list[OracleProgram], build_dir: Path, workers: int = 2) -> None:
-    """Every program built, in `workers` nvcc processes at once, each compiling its share of the
-    kernels (per arch) as one program."""
+def _shares(programs: list[OracleProgram], workers: int) -> list[list[OracleProgram]]:
+    """`programs` split per arch into `workers` shares, each compiled as one program."""
     by_arch: dict[str, list[OracleProgram]] = {}
     for p in programs:
         by_arch.setdefault(p.kernel.arch.value, []).append(p)
-    shares = [group[i::workers] for group in by_arch.values() for i in range(workers) if group[i::workers]]
+    return [group[i::workers] for group in by_arch.values() for i in range(workers) if group[i::workers]]
+
+
+def build_all(programs: list[OracleProgram], build_dir: Path, workers: int = 2) -> None:
+    """Every program built, in `workers` nvcc processes at once, each compiling its share of the
+    kernels (per arch) as one program; a kernel a background build (`start_all`) holds is waited
+    for, not built again."""
+    rest = []
+    for p in programs:
+        pending = _PENDING.get(p.key)
+        if pending is not None:
+            pending.result()
+        if p.key in _BUILT:
+            p.exe, p.index = _BUILT[p.key]
+        else:
+            rest.append(p)
     with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lambda share: build_oracles(share, build_dir), shares))
+        list(pool.map(lambda share: build_oracles(share, build_dir), _shares(rest, workers)))
+
+
+def start_all(programs: list[OracleProgram], build_dir: Path, workers: int = 2) -> None:
+    """`build_all` in the background, nvcc at the lowest CPU priority: the oracles a test session
+    will need, built while its other work leaves a core idle; `build_all` and `OracleProgram.build`
+    of the same kernels wait for them. `stop_background` ends what is still running."""
+    global _BACKGROUND
+    if _BACKGROUND is None:
+        _BACKGROUND = ThreadPoolExecutor(workers)
+    for share in _shares([p for p in programs if p.key not in _BUILT and p.key not in _PENDING], workers):
+        future = _BACKGROUND.submit(build_oracles, share, build_dir, True)
+        _PENDING.update({p.key: future for p in share})
+
+
+def stop_background() -> None:
+    """End the background builds: those not started are dropped, running nvcc processes killed."""
+    global _BACKGROUND
+    if _BACKGROUND is not None:
+        _BACKGROUND.shutdown(wait=False, cancel_futures=True)
+        _BACKGROUND = None
+    for proc in list(_RUNNING):
+        proc.kill()
+    _PENDING.clear()

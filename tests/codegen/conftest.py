@@ -64,31 +64,35 @@ def random_kernels(seed: int) -> list:
     return kernels
 
 
-class _Compile:
-    """One NVRTC compile in a spawned process of its own (NVRTC holds the GIL), started at once;
-    the process exits when the result is read, since an idle one would hold NVRTC's 5-6 GB."""
+class _Compiles:
+    """NVRTC compiles of `sources`, each in a spawned process of its own (NVRTC holds the GIL),
+    all started at once; each process exits when the results are read, since an idle one would
+    hold NVRTC's 3-6 GB."""
 
-    def __init__(self, source: str) -> None:
-        self._pool = cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-        self._future = self._pool.submit(_compile, source)
+    def __init__(self, *sources: str) -> None:
+        self._pools = [cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) for _ in sources]
+        self._futures = [pool.submit(_compile, source) for pool, source in zip(self._pools, sources, strict=True)]
 
     def result(self) -> None:
         try:
-            self._future.result()
+            for future in self._futures:
+                future.result()
         finally:
             self.close()
 
     def close(self) -> None:
-        self._pool.shutdown(cancel_futures=True)
+        for pool in self._pools:
+            pool.shutdown(cancel_futures=True)
 
 
 @pytest.fixture(scope="session")
 def type_checks(examples, extra) -> Iterator[dict]:
     """{"examples": (kernels, compile), "random": (kernels, compile, seed)}: both translation units
-    compiling at once, in two processes."""
+    compiling at once, in two processes. (Halving the examples' 550 kernels into two more units
+    made the whole slower: most of a unit's time is what every kernel shares.)"""
     seed = int(os.environ.get("GEMMGEN_TEST_SEED") or time.time_ns() % 2**32)
     ours, theirs = example_kernels(examples, extra), random_kernels(seed)
-    compiles = [_Compile(collectives_check_source(kernels)) for kernels in (ours, theirs)]
+    compiles = [_Compiles(collectives_check_source(kernels)) for kernels in (ours, theirs)]
     yield {"examples": (ours, compiles[0]), "random": (theirs, compiles[1], seed)}
     for compile_ in compiles:
         compile_.close()

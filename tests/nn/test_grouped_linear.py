@@ -144,6 +144,26 @@ def test_grouped_linear_backward_launches_the_derived_kernel(activation, bias):
                        "scalar_tensor": 2, **bias_sum}
 
 
+def test_grouped_linear_trains_under_torch_compile():
+    """A training step of a gated GroupedLinear under torch.compile (AOTAutograd traces the backward,
+    the derived kernel's op included, with fake tensors) gives eager's output and gradients."""
+    torch.manual_seed(0)
+    layer = gg.nn.GroupedLinear(3, 16, 12, activation="swiglu")
+    x, offsets = torch.randn(10, 16).bfloat16(), torch.tensor([4, 4, 10], dtype=torch.int32)
+    g = torch.randn(10, 12).bfloat16()
+    bias = layer.bias
+    assert bias is not None
+    grads = []
+    for run in (layer, torch.compile(layer, fullgraph=True, backend="aot_eager")):
+        layer.zero_grad()
+        xs = x.clone().requires_grad_(True)
+        y = run(xs, offsets)
+        y.backward(g)
+        grads.append([y.detach(), _grad(xs), _grad(layer.weight), _grad(bias)])
+    for eager, compiled in zip(*grads, strict=True):
+        torch.testing.assert_close(compiled, eager)
+
+
 def test_a_routing_weights_gradient_takes_the_unfused_path():
     """moe_up's routing weight: its gradient (dL/dD times silu(acc + bias), summed per row) needs
     the accumulator, which a grouped kernel cannot write beside D, so its backward is the unfused

@@ -9,39 +9,15 @@ import struct
 
 import pytest
 
-import gemmgen as gg
 from gemmgen.codegen import render_kernel
 from gemmgen.runtime import scheduler
 from gemmgen.runtime.arguments import ArgumentBuilder
 from gemmgen.testing.oracle import OracleProgram, build_all
 from gemmgen.testing.recording import RecordingEncoder
+from tests.data.sm100 import VALUE_CONFIGS
 from tests.runtime.test_oracle import PROBLEMS, WORKSPACE, _check, kernel_problem
 
 pytestmark = pytest.mark.oracle
-
-
-SM100 = gg.Arch.SM100A
-#: Configs checked by their values alone (no NVRTC compile: the oracle and gemmgen's builder only),
-#: each for a geometry the compiled kernels lack: a pair's 128-row MMA (2 x 2 tensor-memory warps,
-#: each epilogue copy half the tile's N) with A multicast; one SM's 128 x 256 tile with A and B
-#: multicast; a 64-row tile of column-major A with an aux output, multicast along N; C and fp32
-#: reductions over N on a pair (their workspace counts the CTAs' tiles) with B multicast; vectors and
-#: a scalar per batch, a matrix shared by every batch and signed max and min over M and N on a pair
-#: (row_extrema), and swapped (swapped: its per-batch vectors trade places).
-VALUE_CONFIGS = {
-    "pair_128": ("bias_gelu", gg.KernelConfig(tile=(128, 128, 64), cluster=(2, 2, 1), schedule=gg.Schedule.TWO_SM,
-                                              arch=SM100)),
-    "wide_multicast": ("bias_gelu", gg.KernelConfig(tile=(128, 256, 64), cluster=(2, 2, 1),
-                                                    schedule=gg.Schedule.ONE_SM, arch=SM100)),
-    "m64_aux": ("bias_gelu_aux", gg.KernelConfig(tile=(64, 64, 64), cluster=(1, 2, 1), schedule=gg.Schedule.ONE_SM,
-                                                 arch=SM100)),
-    "pair_reductions": ("residual_norm_stats", gg.KernelConfig(tile=(256, 128, 64), cluster=(4, 1, 1),
-                                                               schedule=gg.Schedule.TWO_SM, arch=SM100)),
-    "pair_extrema": ("row_extrema", gg.KernelConfig(tile=(256, 128, 64), cluster=(2, 1, 1),
-                                                    schedule=gg.Schedule.TWO_SM, arch=SM100)),
-    "swapped_per_batch": ("swapped", gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM,
-                                                     swap_ab=True, arch=SM100)),
-}
 
 
 @pytest.fixture(scope="session")
