@@ -104,8 +104,9 @@ def experts_loop(linears: Sequence[torch.nn.Linear], x: torch.Tensor, offsets: t
                  activation: str | None) -> torch.Tensor:
     """The experts as a model without gemmgen runs them: each expert's nn.Linear (in float64) on its
     own rows, then the activation."""
-    act: Callable[[torch.Tensor], torch.Tensor] = {None: lambda t: t, "relu": torch.relu,
-                                                   "silu": torch.nn.functional.silu}[activation]
+    act: Callable[[torch.Tensor], torch.Tensor] = {
+        None: lambda t: t, "relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
+        "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation]
     out = []
     for e, (start, end) in enumerate(group_bounds(offsets.tolist(), x.shape[0])):
         out.append(act(linears[e].double()(x[start:end].double())))

@@ -30,7 +30,8 @@ def _absolute(linear: torch.nn.Linear) -> torch.nn.Linear:
     return out
 
 
-@pytest.mark.parametrize("activation, bias", [("silu", True), (None, False), ("relu", True)])
+@pytest.mark.parametrize("activation, bias", [("silu", True), (None, False), ("relu", True), ("gelu", True),
+                                              ("gelu_tanh", False)])
 def test_grouped_linear_is_the_experts_linears(activation, bias):
     """Forward and gradients (input, weights, biases) of GroupedLinear against the experts'
     nn.Linear layers run one by one in float64, an empty expert and odd sizes included; rows after
