@@ -121,12 +121,13 @@ class GroupedOp(OpKind):
         g_acc = torch.where(covered.unsqueeze(1), g_acc, 0.0)  # rows in no group: not written
         kinds = {o.name: o.kind for o in self.recipe.ir.epilogue.operands}
         wanted = dict(zip(self.names, needed[3:], strict=True))
+        wide = g_acc.float() if any(wanted.values()) else g_acc  # the operands' sums, in fp32
         out: dict[str, torch.Tensor] = {}
         for g in derived.gradients:
             v = ops[g.operand]
             if not wanted[g.operand] or not isinstance(v, torch.Tensor):
                 continue
-            kind, wide = kinds[g.operand], g_acc.float()
+            kind = kinds[g.operand]
             if g.output is None:  # no gradient reaches it
                 value = torch.zeros_like(v)
             elif kind is OperandKind.ROW:  # per group: the sum over its rows
