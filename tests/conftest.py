@@ -1,16 +1,21 @@
-"""Shared fixtures. NVRTC compiles cost ~35 s and ~3.4 GB each: they happen once per session,
-in parallel, into one session cache that every test reads."""
+"""Shared fixtures. NVRTC compiles cost ~35 s and ~3.4 GB each: the session's pool
+(tests/background.py) runs every one its tests need, and the two type checks, from the session's
+start, into one session cache that every test reads; the modules that need none of it run first."""
 
 from __future__ import annotations
 
 import os
-import sys
+import time
 
 import pytest
 
+from tests.background import Background, Job
 from tests.data import EXAMPLES, EXTRA
 
 _ORACLES = pytest.StashKey[bool]()
+_NEEDS = pytest.StashKey[list[str]]()
+#: The session fixtures whose NVRTC work the background pool does.
+POOL_FIXTURES = ("compiled", "type_checks", "sm100_kernels", "grouped_families")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -25,7 +30,19 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("gpu") is not None:  # not item.keywords: it holds tests/gpu's name too
                 item.add_marker(skip)
-    config.stash[_ORACLES] = any(item.get_closest_marker("oracle") is not None for item in items)
+    live = [item for item in items if item.get_closest_marker("skip") is None]
+    config.stash[_ORACLES] = any(item.get_closest_marker("oracle") is not None for item in live)
+
+    def module(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    waiting = {module(item) for item in live if any(n in item.fixturenames for n in POOL_FIXTURES)}
+    items[:] = [i for i in items if module(i) not in waiting] + [i for i in items if module(i) in waiting]
+    needs: list[str] = []  # in the order the tests will first ask
+    for item in items:
+        if item.get_closest_marker("skip") is None:
+            needs += [n for n in POOL_FIXTURES if n in item.fixturenames and n not in needs]
+    config.stash[_NEEDS] = needs
 
 
 @pytest.fixture(scope="session")
@@ -50,11 +67,53 @@ def extra():
     return load_recipes(EXTRA)
 
 
+@pytest.fixture(scope="session")
+def type_check_seed() -> int:
+    return int(os.environ.get("GEMMGEN_TEST_SEED") or time.time_ns() % 2**32)
+
+
+@pytest.fixture(scope="session")
+def type_check_unit(examples, extra, type_check_seed):
+    """tests/data/type_checks.py's kernels, by check, and the translation unit checking them."""
+    from tests.data.type_checks import type_checks
+
+    return type_checks(examples, extra, type_check_seed)
+
+
+def _kernel_jobs(pairs, cache) -> list[Job]:
+    """A compile job for each kernel of `pairs` the cache lacks."""
+    from gemmgen.codegen import render_kernel
+    from gemmgen.compile.parallel import expected_compile_seconds, missing_kernels
+    from tests.background import compile_into
+
+    todo, _ = missing_kernels([render_kernel(r.ir, c) for r, c in pairs], cache)
+    return [Job(key, expected_compile_seconds(k), compile_into, (str(cache.root), key, k)) for key, k in todo.items()]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_pool(request, session_cache, examples, extra):
+    """The background pool (tests/background.py), given the NVRTC work of each pool fixture the
+    session's tests ask for, in the order they ask."""
+    from tests.data import session_kernels as sk
+    from tests.data.type_checks import compile_check
+
+    pool = Background(workers=2)
+    phases = {"compiled": lambda: _kernel_jobs(sk.compiled_pairs(examples, extra), session_cache),
+              "type_checks": lambda: [Job("type_check", float("inf"), compile_check,
+                                          (request.getfixturevalue("type_check_unit")[1],))],
+              "sm100_kernels": lambda: _kernel_jobs(sk.sm100_pairs(examples), session_cache),
+              "grouped_families": lambda: _kernel_jobs([p for pairs in sk.grouped_pairs(examples).values()
+                                                        for p in pairs], session_cache)}
+    pool.start({name: phases[name]() for name in request.config.stash.get(_NEEDS, [])})
+    yield pool
+    pool.close()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def oracles_in_the_background(request, examples, extra, tmp_path_factory):
     """Where the session runs oracle tests: nvcc builds their programs from the start, at the lowest
-    CPU priority (tests/data/oracle_sets.py), so that they take the core the session's
-    single-threaded work leaves idle rather than time of their own; killed at the session's end."""
+    CPU priority (tests/data/oracle_sets.py), so that they take what CPU the session's other work
+    leaves idle; killed at the session's end."""
     if not request.config.stash.get(_ORACLES, False):
         yield
         return
@@ -68,62 +127,54 @@ def oracles_in_the_background(request, examples, extra, tmp_path_factory):
     oracle.stop_background()
 
 
-@pytest.fixture(scope="session")
-def compiled(session_cache, examples, extra):
-    """Every example kernel plus the extra-coverage kernels, compiled once (2 workers)."""
-    from gemmgen.aot import build_file
-    from gemmgen.compile import build_kernel
-
-    for path in (EXAMPLES, EXTRA):
-        build_file(path, session_cache, jobs=2, quiet=False)
-    out = {}
-    for recipes in (examples, extra):
-        for r in recipes.values():
-            out[r.name] = build_kernel(r.ir, r.default_config(), session_cache)
-    print(file=sys.stderr)
-    return out
-
-
-@pytest.fixture(scope="session")
-def sm100_kernels(session_cache, examples):
-    """tests/data/sm100.py's sm_100a kernels, compiled once (2 workers, about a minute)."""
+def _built(pool: Background, phase: str, pairs, cache) -> list:
+    """`pairs` built from the cache once the pool's jobs of `phase` have ended (what they could not
+    compile is compiled here, and its error raised here)."""
     from gemmgen.aot import build
-    from gemmgen.config import Arch
+
+    pool.wait_phase(phase)
+    return build(pairs, cache, jobs=2, allow_compile=True, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def compiled(session_pool, session_cache, examples, extra):
+    """Every example kernel plus the extra-coverage kernels, by recipe name."""
+    from tests.data.session_kernels import compiled_pairs
+
+    pairs = compiled_pairs(examples, extra)
+    return {r.name: k for (r, _), k in zip(pairs, _built(session_pool, "compiled", pairs, session_cache), strict=True)}
+
+
+@pytest.fixture(scope="session")
+def type_checks(session_pool, type_check_unit, type_check_seed) -> dict:
+    """{"examples": (kernels, the compile's future), "random": (kernels, the future, seed)}: one
+    compile checks both lists."""
+    kernels, _ = type_check_unit
+    future = session_pool.future("type_check")
+    return {"examples": (kernels["examples"], future), "random": (kernels["random"], future, type_check_seed)}
+
+
+@pytest.fixture(scope="session")
+def sm100_kernels(session_pool, session_cache, examples):
+    """tests/data/sm100.py's sm_100a kernels, by example name."""
+    from tests.data.session_kernels import sm100_pairs
     from tests.data.sm100 import SM100_KERNELS
 
-    pairs = [(examples[n], c or examples[n].default_config(Arch.SM100A)) for n, c in SM100_KERNELS.items()]
-    return dict(zip(SM100_KERNELS, build(pairs, session_cache, jobs=2, allow_compile=True), strict=True))
+    return dict(zip(SM100_KERNELS, _built(session_pool, "sm100_kernels", sm100_pairs(examples), session_cache),
+                    strict=True))
 
 
 # ---- grouped kernels (tests of several layers use them)
 
 
 @pytest.fixture(scope="session")
-def grouped_families(session_cache, examples):
-    """The grouped test kernels of tests/data/gpu_matrix.py, compiled together (2 workers; from the
-    bundle on the GPU): `moe_recipe()` under CHECKED_GROUPED_CONFIGS (its default is compiled with
-    the examples, of which it is moe_up), moe_fp8 under FP8_GROUPED_CONFIGS, the example
-    moe_fp8_block under BLOCK_GROUPED_CONFIGS (its default also compiled with the examples), the
-    example moe_swiglu, gated experts over column pairs (its default, compiled with the examples),
-    and GroupedLinear's derived backward kernel, which reads C."""
-    from gemmgen.aot import build
-    from gemmgen.testing.grouped import moe_recipe
-    from tests.data.gpu_matrix import (
-        BLOCK_GROUPED_CONFIGS,
-        CHECKED_GROUPED_CONFIGS,
-        DERIVED_GROUPED_CONFIG,
-        FP8_GROUPED_CONFIGS,
-        derived_grouped_recipe,
-        moe_fp8_recipe,
-    )
+def grouped_families(session_pool, session_cache, examples):
+    """tests/data/session_kernels.py's grouped families, by family name."""
+    from tests.data.session_kernels import grouped_pairs
 
-    families = {"grouped": [(moe_recipe(), c) for c in CHECKED_GROUPED_CONFIGS],
-                "fp8": [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS],
-                "block": [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS],
-                "gated": [(examples["moe_swiglu"], examples["moe_swiglu"].default_config())],
-                "derived": [(derived_grouped_recipe(), DERIVED_GROUPED_CONFIG)]}
-    kernels = iter(build([p for pairs in families.values() for p in pairs], session_cache, jobs=2,
-                         allow_compile=True))
+    families = grouped_pairs(examples)
+    kernels = iter(_built(session_pool, "grouped_families", [p for pairs in families.values() for p in pairs],
+                          session_cache))
     return {name: [next(kernels) for _ in pairs] for name, pairs in families.items()}
 
 

@@ -392,11 +392,14 @@ def build_all(programs: list[OracleProgram], build_dir: Path, workers: int = 2) 
 def start_all(programs: list[OracleProgram], build_dir: Path, workers: int = 2) -> None:
     """`build_all` in the background, nvcc at the lowest CPU priority: the oracles a test session
     will need, built while its other work leaves a core idle; `build_all` and `OracleProgram.build`
-    of the same kernels wait for them. `stop_background` ends what is still running."""
+    of the same kernels wait for them. Each call's kernels of one arch are one program, since in
+    the background the CPU a program costs counts, not its wall time (CUTLASS's headers are parsed
+    once per program: docs/testing.md); `workers` programs build at once. `stop_background` ends
+    what is still running."""
     global _BACKGROUND
     if _BACKGROUND is None:
         _BACKGROUND = ThreadPoolExecutor(workers)
-    for share in _shares([p for p in programs if p.key not in _BUILT and p.key not in _PENDING], workers):
+    for share in _shares([p for p in programs if p.key not in _BUILT and p.key not in _PENDING], 1):
         future = _BACKGROUND.submit(build_oracles, share, build_dir, True)
         _PENDING.update({p.key: future for p in share})
 

@@ -88,7 +88,7 @@ def test_resolved_collectives_are_the_builders_types(type_checks):
     """gemmgen spells out the collectives CUTLASS's builders would resolve (it compiles faster);
     NVRTC checks, type for type, that every kernel family gets exactly the builder's types: every
     example recipe under every config the heuristic can choose, the extra recipes under a spread
-    of configs (conftest.example_kernels). For each, gemmgen's stage count (its shared-memory
+    of configs (tests/data/type_checks.py). For each, gemmgen's stage count (its shared-memory
     model, which prunes configs) must be CUTLASS's, and the shared storage must fit an sm_90 block.
     One translation unit."""
     kernels, compiled = type_checks["examples"]

@@ -107,7 +107,7 @@ def test_random_epilogues_compute_their_recipes():
 @pytest.mark.nvrtc
 def test_random_epilogues_are_valid_kernel_types(type_checks):
     """NVRTC accepts the kernel types of 30 random recipes (under a random candidate config and a
-    random swapped one, in one translation unit, types only: conftest.random_kernels): each is the
+    random swapped one, in one translation unit, types only: tests/data/type_checks.py): each is the
     CUTLASS builders' (as the examples are, in test_codegen.py), gemmgen's model of its epilogue's
     shared storage is exact, and every Params field the runtime writes is a member of the kernel's
     Params of the size it writes."""

@@ -1,26 +1,21 @@
-"""The two NVRTC type checks of this folder (every example under every config the heuristic can
-choose, and random recipes): each is one translation unit that NVRTC compiles on one core for one
-to two minutes, so both start together, in two processes, when the first test asks for either."""
+"""The NVRTC type checks of tests/codegen: every example under every config the heuristic can
+choose, and random recipes, in one translation unit that NVRTC compiles on one core for about two
+minutes, in the session's background pool (tests/background.py) from the session's start. (One
+unit, since most of a unit's time is what every kernel in it shares: docs/testing.md.)"""
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import multiprocessing
-import os
 import random
-import time
-from collections.abc import Iterator
-
-import pytest
 
 import gemmgen as gg
-from gemmgen.codegen import render_kernel
+from gemmgen.codegen import GeneratedKernel, render_kernel
 from gemmgen.testing.collectives import collectives_check_source
 from gemmgen.testing.random_recipes import random_recipe
 from gemmgen.tuning.heuristic import SWAP_MAX_M, candidate_configs
 
 
-def _compile(source: str) -> None:
+def compile_check(source: str) -> None:
+    """NVRTC compiles one check's translation unit (raising what it reports); run in a worker."""
     from gemmgen.compile.nvrtc import compile_cubin
     from gemmgen.compile.toolchain import toolchain
     from gemmgen.config import DEFAULT_ARCH
@@ -28,7 +23,7 @@ def _compile(source: str) -> None:
     compile_cubin(source, "collectives_check", DEFAULT_ARCH.value, toolchain().include_dirs)
 
 
-def example_kernels(examples: dict, extra: dict) -> list:
+def example_kernels(examples: dict, extra: dict) -> list[GeneratedKernel]:
     """Every example recipe under every config the heuristic can choose; the extra recipes under
     their default and a spread of configs (test_codegen.test_resolved_collectives_are_the_builders_types)."""
     S = gg.Schedule
@@ -45,7 +40,7 @@ def example_kernels(examples: dict, extra: dict) -> list:
     return kernels
 
 
-def random_kernels(seed: int) -> list:
+def random_kernels(seed: int) -> list[GeneratedKernel]:
     """30 random recipes, each under a random candidate config and a random swapped one
     (test_epilogue_source.test_random_epilogues_are_valid_kernel_types)."""
     rng = random.Random(seed)
@@ -64,35 +59,7 @@ def random_kernels(seed: int) -> list:
     return kernels
 
 
-class _Compiles:
-    """NVRTC compiles of `sources`, each in a spawned process of its own (NVRTC holds the GIL),
-    all started at once; each process exits when the results are read, since an idle one would
-    hold NVRTC's 3-6 GB."""
-
-    def __init__(self, *sources: str) -> None:
-        self._pools = [cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) for _ in sources]
-        self._futures = [pool.submit(_compile, source) for pool, source in zip(self._pools, sources, strict=True)]
-
-    def result(self) -> None:
-        try:
-            for future in self._futures:
-                future.result()
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        for pool in self._pools:
-            pool.shutdown(cancel_futures=True)
-
-
-@pytest.fixture(scope="session")
-def type_checks(examples, extra) -> Iterator[dict]:
-    """{"examples": (kernels, compile), "random": (kernels, compile, seed)}: both translation units
-    compiling at once, in two processes. (Halving the examples' 550 kernels into two more units
-    made the whole slower: most of a unit's time is what every kernel shares.)"""
-    seed = int(os.environ.get("GEMMGEN_TEST_SEED") or time.time_ns() % 2**32)
-    ours, theirs = example_kernels(examples, extra), random_kernels(seed)
-    compiles = [_Compiles(collectives_check_source(kernels)) for kernels in (ours, theirs)]
-    yield {"examples": (ours, compiles[0]), "random": (theirs, compiles[1], seed)}
-    for compile_ in compiles:
-        compile_.close()
+def type_checks(examples: dict, extra: dict, seed: int) -> tuple[dict[str, list[GeneratedKernel]], str]:
+    """({"examples" | "random": the kernels}, the translation unit checking them all)."""
+    kernels = {"examples": example_kernels(examples, extra), "random": random_kernels(seed)}
+    return kernels, collectives_check_source(kernels["examples"] + kernels["random"])
