@@ -79,9 +79,15 @@ class Background:
         self.wait(self._phases.get(phase, []))
 
     def close(self) -> None:
+        """No job starts after this, and the workers end now: at the session's end, a compile no
+        test will read is not waited for (the cache publishes atomically, so a killed compile
+        leaves nothing behind)."""
         pool, self._pool = self._pool, None
         if pool is not None:
+            processes = list((getattr(pool, "_processes", None) or {}).values())  # no public handle before 3.14
             pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                process.terminate()
 
 
 def compile_into(root: str, key: str, kernel: Any) -> None:

@@ -18,6 +18,7 @@ _NEEDS = pytest.StashKey[list[str]]()
 POOL_FIXTURES = ("compiled", "type_checks", "sm100_kernels", "grouped_families")
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m deselect: only the tests that run decide the pool's work
 def pytest_collection_modifyitems(config, items):
     try:
         import torch
