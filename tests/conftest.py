@@ -81,6 +81,13 @@ def type_check_unit(examples, extra, type_check_seed):
     return type_checks(examples, extra, type_check_seed)
 
 
+def _type_check_job(unit) -> Job:
+    """The type check's compile, first in its phase (it is the session's longest)."""
+    from tests.data.type_checks import compile_check
+
+    return Job("type_check", float("inf"), compile_check, (unit[1],))
+
+
 def _kernel_jobs(pairs, cache) -> list[Job]:
     """A compile job for each kernel of `pairs` the cache lacks."""
     from gemmgen.codegen import render_kernel
@@ -96,12 +103,10 @@ def session_pool(request, session_cache, examples, extra):
     """The background pool (tests/background.py), given the NVRTC work of each pool fixture the
     session's tests ask for, in the order they ask."""
     from tests.data import session_kernels as sk
-    from tests.data.type_checks import compile_check
 
     pool = Background(workers=2)
     phases = {"compiled": lambda: _kernel_jobs(sk.compiled_pairs(examples, extra), session_cache),
-              "type_checks": lambda: [Job("type_check", float("inf"), compile_check,
-                                          (request.getfixturevalue("type_check_unit")[1],))],
+              "type_checks": lambda: [_type_check_job(request.getfixturevalue("type_check_unit"))],
               "sm100_kernels": lambda: _kernel_jobs(sk.sm100_pairs(examples), session_cache),
               "grouped_families": lambda: _kernel_jobs([p for pairs in sk.grouped_pairs(examples).values()
                                                         for p in pairs], session_cache)}
@@ -151,6 +156,7 @@ def type_checks(session_pool, type_check_unit, type_check_seed) -> dict:
     """{"examples": (kernels, the compile's future), "random": (kernels, the future, seed)}: one
     compile checks both lists."""
     kernels, _ = type_check_unit
+    session_pool.start({"type_checks": [_type_check_job(type_check_unit)]})  # a no-op where it was planned
     future = session_pool.future("type_check")
     return {"examples": (kernels["examples"], future), "random": (kernels["random"], future, type_check_seed)}
 

@@ -7,27 +7,15 @@ work leaves a core idle. Each oracle fixture still names its own kernels and wai
 from __future__ import annotations
 
 from gemmgen.codegen import GeneratedKernel, render_kernel
-from gemmgen.config import Arch
-from gemmgen.testing.grouped import moe_recipe
-from tests.data.gpu_matrix import (
-    BLOCK_GROUPED_CONFIGS,
-    CHECKED_GROUPED_CONFIGS,
-    DERIVED_GROUPED_CONFIG,
-    FP8_GROUPED_CONFIGS,
-    derived_grouped_recipe,
-    moe_fp8_recipe,
-)
-from tests.data.sm100 import SM100_KERNELS, VALUE_CONFIGS
+from tests.data.session_kernels import compiled_pairs, grouped_pairs, sm100_pairs
+from tests.data.sm100 import VALUE_CONFIGS
 
 
 def oracle_kernels(examples: dict, extra: dict) -> list[list[GeneratedKernel]]:
-    """Grouped (test_grouped_oracle), dense sm_90a (test_oracle), sm_100a (test_sm100_oracle)."""
-    swiglu, block = examples["moe_swiglu"], examples["moe_fp8_block"]
-    grouped = [(moe_recipe(), c) for c in CHECKED_GROUPED_CONFIGS] + [
-        (swiglu, swiglu.default_config()), (derived_grouped_recipe(), DERIVED_GROUPED_CONFIG),
-        *((moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS), *((block, c) for c in BLOCK_GROUPED_CONFIGS)]
+    """Grouped (test_grouped_oracle: every grouped kernel the session compiles), dense sm_90a
+    (test_oracle), sm_100a (test_sm100_oracle: the compiled ones and VALUE_CONFIGS)."""
     recipes = {**examples, **extra}
-    dense = [(r, r.default_config()) for r in recipes.values() if not r.ir.gemm.grouped]
-    sm100 = [(examples[n], c or examples[n].default_config(Arch.SM100A)) for n, c in SM100_KERNELS.items()]
-    sm100 += [(recipes[name], config) for name, config in VALUE_CONFIGS.values()]
+    grouped = [p for pairs in grouped_pairs(examples).values() for p in pairs]
+    dense = [(r, c) for r, c in compiled_pairs(examples, extra) if not r.ir.gemm.grouped]
+    sm100 = sm100_pairs(examples) + [(recipes[name], config) for name, config in VALUE_CONFIGS.values()]
     return [[render_kernel(r.ir, c) for r, c in pairs] for pairs in (grouped, dense, sm100)]
