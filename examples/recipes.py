@@ -87,6 +87,39 @@ fp8_block_scaled = gg.Recipe(
 )
 
 
+# An activation quantized for the next fp8 layer: D = gelu(A @ B + bias) in e4m3, one fp32 scale per
+# token and 128 columns (DeepSeek-V3's 1 x 128 activation blocks), which the kernel reduces in its
+# epilogue; D and the scales are the next block-scaled GEMM's A and scale_a as they are
+def _gelu_quantized(acc, bias):
+    q, scale = gg.quantize(gg.gelu(acc + bias), block=128)
+    return {"d": q, "scale": scale}
+
+
+fp8_quantized = gg.Recipe(
+    "fp8_quantized",
+    _gelu_quantized,
+    d=gg.e4m3,
+    operands={"bias": gg.RowVector(gg.bf16)},
+    aux={"scale": gg.f32},
+)
+
+
+# A query (or key) projection with Qwen3's QK-norm in its epilogue: an RMSNorm over each head of 128
+# columns, times the norm's weight (one per column: the head's weight repeated over the heads); each
+# head's statistic is reduced in the epilogue, and its 1 / rms kept for the backward
+def _qk_norm(acc, weight):
+    y, rstd = gg.rms_norm(acc, block=128, eps=1e-6, weight=weight)
+    return {"d": y, "rstd": rstd}
+
+
+qk_norm = gg.Recipe(
+    "qk_norm",
+    _qk_norm,
+    operands={"weight": gg.RowVector(gg.bf16)},
+    aux={"rstd": gg.f32},
+)
+
+
 # D = A @ B + residual (a residual stream after an output projection), with each row's sum of
 # squares (what the RMSNorm that follows needs) and each row's amax (a per-token fp8 scale): fp32
 # reductions over N, summed in a fixed order (the same result every run)

@@ -52,10 +52,12 @@ from .dsl import (
     minimum,
     ne,
     pairs,
+    quantize,
     rand,
     reduce_max,
     reduce_min,
     relu,
+    rms_norm,
     row_index,
     sigmoid,
     silu,
@@ -96,8 +98,9 @@ __all__ = [
     "ToolchainError", "Value", "__version__", "abs", "add_bundle", "add_tuning", "amax", "autotune", "bf16",
     "build_bundle", "cast", "clamp", "column_index", "e4m3", "e5m2", "cos", "eq", "erf", "exp", "gather", "ge", "gt",
     "interleave", "le", "lt", "ne", "sin", "where", "f16", "f32", "fp16", "fp32", "i32", "gelu", "gelu_tanh",
-    "leaky_relu", "logsumexp", "max", "maximum", "min", "minimum", "nn", "op", "pairs", "quantize_blockwise", "rand",
-    "reduce_max", "reduce_min", "relu", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh", "warmup"
+    "leaky_relu", "logsumexp", "max", "maximum", "min", "minimum", "nn", "op", "pairs", "quantize",
+    "quantize_blockwise", "rand", "reduce_max", "reduce_min", "relu", "rms_norm", "row_index", "sigmoid", "silu",
+    "stochastic_round", "sum", "tanh", "warmup"
 ]
 
 _LAZY = {"nn": ("gemmgen.nn", None), "op": ("gemmgen.integrations.ops", "op"),

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..config import Arch
-from ..ir import Columns, EpilogueIR, Node, Op, Operand, Param, RecipeIR, Reduction, f32_bits, post_order
-from ..ir.ops import RANDOM_OPS
+from ..ir import BlockOp, Columns, EpilogueIR, Node, Op, Operand, Param, RecipeIR, Reduction, f32_bits, post_order
+from ..ir.ops import FP8_MAX, RANDOM_OPS
 from ..types import DType, Layout, OperandKind
 from .fields import REGISTER_LOADS, REGISTER_STORES
 
@@ -64,6 +64,7 @@ class ParamBinding:
 
     kind: str  # "row" | "col" | "scalar" | "aux_load" | "shared_load" | "aux_store" | "amax" | "row_reduction"
     #          | "col_reduction" | "seed" (coordinates.hpp's Random: a seed operand's SeedArguments)
+    #          | "row_blocks" (row_blocks.hpp: D per block of its rows, writing the blocks' factors)
     #          | fields.PAIR_BINDINGS (N/2- and 2N-column tensors: gemmgen/include/gemmgen/pairs.hpp)
     name: str  # operand or aux output name
     dtype: DType
@@ -207,6 +208,8 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     # Aux stores and reductions pass their input through, so they sit in-line: consumers of the
     # stored value read it from the last store in its chain.
     for o in ir.outputs[1:]:
+        if o.reduce is Reduction.BLOCK_SCALE:  # written by D's row blocks at the root
+            continue
         if o.columns is Columns.DOUBLE:  # off any chain: nothing reads a 2N-column value
             vnodes.append(_double_store(o.name, o.dtype, recipe, o.node, of_ir, vnodes))
             continue
@@ -247,17 +250,22 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     elif d_columns is Columns.DOUBLE:  # 2N: by a DoubleStore at the root
         vnodes.append(_double_store("d", d, recipe, ir.outputs[0].node, of_ir, vnodes))
     root = len(vnodes) - 1 if paired_d else of_ir[ir.outputs[0].node]
+    quantized = ir.row_blocks is not None
+    if quantized:  # row_blocks.hpp at the root: D per block of its rows, and the blocks' factors
+        vnodes.append(_row_blocks_root(recipe, root, of_ir))
+        root = len(vnodes) - 1
     consumers = [0] * len(vnodes)
     for v in vnodes:
         for c in v.children:
             consumers[c] += 1
-    if not paired_d and not (vnodes[root].is_compute and vnodes[root].out == COMPUTE and consumers[root] == 0):
+    converts = vnodes[root].is_compute and vnodes[root].out == COMPUTE and consumers[root] == 0
+    if not paired_d and not quantized and not converts:
         # D's value is shared, stored, cast or loaded: give D a node of its own that converts.
         vnodes.append(_VNode("to_d", children=[root], fn=f"{EPI}::Map<{EPI}::Identity>::Fn"))
         consumers.append(0)
         consumers[root] += 1
         root = len(vnodes) - 1
-    if not paired_d:
+    if not paired_d and not quantized:
         vnodes[root].out = d.cutlass  # the root writes ElementD directly (no extra conversion pass)
     element_d = "void" if paired_d else d.cutlass
 
@@ -318,6 +326,25 @@ def _double_store(name: str, dtype: DType, recipe: RecipeIR, node: int, of_ir: d
     binding = ParamBinding(REGISTER_STORES[Columns.DOUBLE], name, dtype)
     store = f"{EPI}::DoubleStore<{_register_element(dtype, recipe)}, {HALF_STRIDE}>"
     return _VNode(f"double_{name}", store, children, binding=binding)
+
+
+def _row_blocks_root(recipe: RecipeIR, value: int, of_ir: dict[int, int]) -> _VNode:
+    """gemmgen::epi::Sm90RowBlocks over D's value (and the value whose statistic it takes, where that
+    is another): its policy, its block, and the tiles it reduces a block within (the epilogue subtile
+    holds whole blocks: `sm90.geometry.epilogue_tile`); it writes the factors' output, if any."""
+    ir = recipe.epilogue
+    blocks = ir.row_blocks
+    assert blocks is not None
+    if blocks.op is BlockOp.QUANTIZE:
+        policy = f"{EPI}::QuantizeBlock<{f32_bits(FP8_MAX[recipe.gemm.d]):#010x}u>"
+    else:
+        policy = f"{EPI}::RmsNormBlock<{blocks.block}, {f32_bits(blocks.eps):#010x}u>"
+    node = (f"{EPI}::Sm90RowBlocks<{policy}, {blocks.block}, EpilogueDescriptor::DispatchPolicy::FragmentSize, "
+            "TileShape, EpilogueTile>")
+    stat = of_ir[blocks.stat]
+    factors = next((o for o in ir.outputs if o.reduce is Reduction.BLOCK_SCALE), None)
+    binding = ParamBinding("row_blocks", factors.name, DType.F32) if factors else None
+    return _VNode("row_blocks_d", node, [value] if stat == value else [value, stat], binding=binding)
 
 
 def _callbacks(root: str, d: DType, paired_d: bool) -> str:

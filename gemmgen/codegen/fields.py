@@ -145,6 +145,10 @@ def binding_fields(b: Binding) -> list[ParamField]:
         return [ParamField(f"{n}.ptr", f"{node}.ptr", "ptr"),
                 ParamField(f"{n}.stride_m", f"cute::get<0>({node}.dHalf)", "i64"),
                 ParamField(f"{n}.stride_l", f"cute::get<2>({node}.dHalf)", "i64")]
+    if b.kind == "row_blocks":  # row_blocks.hpp: the factors' pointer and (M, N / Block, L) strides
+        return [ParamField(f"{n}.ptr", f"{node}.ptr_factor", "ptr"),
+                *(ParamField(f"{n}.stride_{mode}", f"cute::get<{i}>({node}.dFactor)", "i64")
+                  for i, mode in enumerate("mnl"))]
     if b.kind == "shared_load":  # Sm90AuxLoad<0>: a pointer and the stride between rows (columns, column-major)
         return [ParamField(f"{n}.ptr", f"{node}.ptr_aux", "ptr"),
                 ParamField(f"{n}.null_default", f"{node}.null_default", element_kind(b.dtype)),

@@ -57,7 +57,7 @@ def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     memory in most configs compiled with it, where the column form never did (docs/measurements.md,
     "Reductions over M"). A reduction over the recipe's M (dim=0) is therefore computed by a
     swapped kernel, in which it is a reduction over the kernel's N."""
-    over_m = [o.name for o in recipe.epilogue.outputs if o.dim == 0]
+    over_m = [o.name for o in recipe.epilogue.outputs if o.dim == 0 and o.blocks is None]
     if over_m:
         dim, swap = (1, "False") if cfg.swap_ab else (0, "True")
         return [f"aux output {over_m[0]!r}: its reduction (dim={dim}) is over the kernel's M, and gemmgen builds "
@@ -66,21 +66,35 @@ def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
-def pairs_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """An epilogue over column pairs (`ir.columns`) pairs the accumulator's adjacent columns, which
-    are the recipe's only in an unswapped kernel (a swapped kernel's columns are the recipe's rows)."""
-    if recipe.epilogue.pairs and cfg.swap_ab:
-        return ["swap_ab=True: this recipe's epilogue works on adjacent column pairs (gg.pairs), which a swapped "
-                "kernel would take from rows; use swap_ab=False"]
+def row_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """An epilogue over neighbouring columns of a row (column pairs, D's quantization blocks:
+    `EpilogueIR.along_rows`) takes them from the accumulator's columns, which are the recipe's only in
+    an unswapped kernel (a swapped kernel's columns are the recipe's rows)."""
+    ir = recipe.epilogue
+    if ir.along_rows and cfg.swap_ab:
+        what = "adjacent column pairs (gg.pairs)" if ir.pairs else \
+            "blocks of columns of a row (gg.quantize, gg.rms_norm)"
+        return [f"swap_ab=True: this recipe's epilogue works on {what}, which a swapped kernel would take from "
+                "rows; use swap_ab=False"]
+    return []
+
+
+def row_block_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """D's row blocks (gg.quantize, gg.rms_norm) lie in one epilogue subtile, whose N the kernel sets
+    to the block (`sm90.geometry.epilogue_tile`): the tile's N must hold whole blocks."""
+    blocks = recipe.epilogue.row_blocks
+    if blocks is not None and cfg.tile[1] % blocks.block:
+        return [f"tile N = {cfg.tile[1]}: gg.{blocks.op.value}'s blocks of {blocks.block} columns must fit whole in "
+                f"a tile; use a tile N that is a multiple of {blocks.block}"]
     return []
 
 
 def violations(rules: Sequence[Rule], cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """Every rule `cfg` breaks for the recipe as declared (only `pairs_violations` where a swapped
-    kernel would take column pairs from rows: such a view is no recipe to check further)."""
-    paired = pairs_violations(cfg, recipe)
-    if paired:
-        return paired
+    """Every rule `cfg` breaks for the recipe as declared (only `row_violations` where a swapped
+    kernel would take a row's columns from columns: such a view is no recipe to check further)."""
+    along_rows = row_violations(cfg, recipe)
+    if along_rows:
+        return along_rows
     view = kernel_recipe(cfg, recipe)
     return [v for rule in rules for v in rule(cfg, view)]
 

@@ -91,7 +91,7 @@ def compile_artifact(kernel: GeneratedKernel) -> Artifact:
             res = resource_usage(tc.cuobjdump, path, kernel.entry)
             meta.update(registers=res.registers, local_bytes=res.local_bytes, stack_bytes=res.stack_bytes,
                         static_smem_bytes=res.static_smem_bytes,
-                        sass=sass_counts(tc.cuobjdump, path, emitter(kernel.arch).sass_markers))
+                        sass=sass_counts(tc.cuobjdump, path, _markers(kernel)))
     art = Artifact({"kernel.cubin": result.cubin, "kernel.cu": kernel.source.encode()}, meta)
     if problem := kernel_problem(art.files, art.meta, kernel):
         raise CompileError(f"{kernel.entry}: the binary NVRTC produced fails gemmgen's check: {problem}")
@@ -198,3 +198,10 @@ def compile_estimate(cache: KernelCache, sample: int = 32) -> str:
     seconds.sort()
     return f"about {seconds[len(seconds) // 10]:.0f}-{seconds[-1 - len(seconds) // 10]:.0f} s on this machine " \
            f"(past {len(seconds)} compiles)"
+
+
+def _markers(kernel: GeneratedKernel) -> tuple[str, ...]:
+    """The SASS instructions counted into a binary's record: what the arch's report counts, and what
+    this kernel's SASS must show (`GeneratedKernel.required_sass`)."""
+    required = (m for alternatives in kernel.required_sass for m in alternatives)
+    return tuple(dict.fromkeys((*emitter(kernel.arch).sass_markers, *required)))

@@ -5,6 +5,7 @@ from .operands import ColVector, Matrix, OperandDecl, RowVector, Scalar, Seed
 from .recipe import DEEPSEEK_BLOCK_SCALE, Backward, Recipe
 from .values import (
     OPS,
+    BlockOutput,
     Reduced,
     Value,
     abs,
@@ -32,10 +33,12 @@ from .values import (
     minimum,
     ne,
     pairs,
+    quantize,
     rand,
     reduce_max,
     reduce_min,
     relu,
+    rms_norm,
     row_index,
     sigmoid,
     silu,
@@ -47,9 +50,9 @@ from .values import (
 )
 
 __all__ = [
-    "DEEPSEEK_BLOCK_SCALE", "OPS", "Backward", "ColVector", "Matrix", "OperandDecl", "OperandGradient", "Recipe",
-    "Reduced", "RowVector", "Scalar", "Seed", "Value", "abs", "amax", "cast", "clamp", "column_index", "cos", "eq",
-    "erf", "exp", "gather", "ge", "gt", "interleave", "le", "lt", "ne", "sin", "where", "gelu", "gelu_tanh",
-    "leaky_relu", "logsumexp", "max", "maximum", "min", "minimum", "pairs", "rand", "reduce_max", "reduce_min",
-    "relu", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh"
+    "DEEPSEEK_BLOCK_SCALE", "OPS", "Backward", "ColVector", "Matrix", "OperandDecl", "OperandGradient", "BlockOutput",
+    "Recipe", "Reduced", "RowVector", "Scalar", "Seed", "Value", "abs", "amax", "cast", "clamp", "column_index", "cos",
+    "eq", "erf", "exp", "gather", "ge", "gt", "interleave", "le", "lt", "ne", "sin", "where", "gelu", "gelu_tanh",
+    "leaky_relu", "logsumexp", "max", "maximum", "min", "minimum", "pairs", "quantize", "rand", "rms_norm",
+    "reduce_max", "reduce_min", "relu", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh"
 ]

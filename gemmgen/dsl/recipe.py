@@ -14,7 +14,6 @@ forward saving what the backward reads, and the backward GEMM's epilogue (docs/t
 from __future__ import annotations
 
 import inspect
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,12 +22,24 @@ from ..codegen import render_kernel, validate
 from ..compile import CompiledKernel, KernelCache, build_kernel
 from ..config import DEFAULT_ARCH, Arch, KernelConfig, default_config
 from ..errors import RecipeError
-from ..ir import BLOCK_SCALE_OPERANDS, Columns, EpilogueIR, GemmSpec, Node, Op, Operand, Output, RecipeIR, normalize
+from ..ir import (
+    BLOCK_SCALE_OPERANDS,
+    Columns,
+    EpilogueIR,
+    GemmSpec,
+    Node,
+    Op,
+    Operand,
+    Output,
+    RecipeIR,
+    normalize,
+)
 from ..ir.autodiff import GRAD_PREFIX, RECOMPUTED_D, SAVED_ACC, NotDifferentiable, derive
 from ..types import DType, Layout, OperandKind, as_dtype, as_layout
 from .backward import OperandGradient, declarations, operand_gradients, replay
 from .operands import OperandDecl, check_operand
-from .values import OUTPUT_DTYPES, Reduced, SeedValue, Trace, Value, tracing
+from .outputs import traced_outputs
+from .values import OUTPUT_DTYPES, SeedValue, Trace, Value, tracing
 
 if TYPE_CHECKING:  # the runtime and the reference import torch: loaded when first used
     import torch
@@ -134,11 +145,12 @@ def _check_reductions(ir: EpilogueIR) -> None:
     reductions over the kernel's N only, so one over M needs a swapped kernel, whose N is M
     (`codegen.rules.reduction_violations`)."""
     over = {o.dim: o.name for o in ir.outputs if o.dim is not None}
-    if 0 in over and ir.pairs:
+    if 0 in over and ir.along_rows:
+        what = "column pairs" if ir.pairs else "D's row blocks (gg.quantize, gg.rms_norm)"
         raise RecipeError(f"epilogue: output {over[0]!r} reduces over M, which gemmgen computes with a swapped "
-                          "kernel, and an epilogue over column pairs runs unswapped (the pairs are the "
-                          "accumulator's columns); reduce over N (dim=1) or the whole tile (gg.amax(x)) in a recipe "
-                          "with gg.pairs, or reduce over M in a recipe of its own")
+                          f"kernel, and an epilogue over {what} runs unswapped (they are the accumulator's "
+                          "columns); reduce over N (dim=1) or the whole tile (gg.amax(x)) in this recipe, or "
+                          "reduce over M in a recipe of its own")
     if len(over) == 2:
         raise RecipeError(f"aux outputs {over[0]!r} (dim=0) and {over[1]!r} (dim=1): a kernel reduces over M or "
                           "over N, not both; split them into two recipes")
@@ -198,6 +210,9 @@ class Recipe:
         _check_reductions(self.ir.epilogue)
         if grouped:
             _check_grouped_epilogue(self.ir.epilogue)
+        if self.ir.epilogue.row_blocks is not None and self.gemm.layout_d is Layout.COL:
+            raise RecipeError("layout_d: the blocks of gg.quantize and gg.rms_norm are columns of a row of a row-major "
+                              "D; declare the recipe with layout_d=RowMajor (the default)")
         if self.ir.epilogue.pairs and self.gemm.layout_d is Layout.COL:
             raise RecipeError("layout_d: column pairs (gg.pairs) read and write row-major tensors from the "
                               "registers; declare the recipe with layout_d=RowMajor (the default)")
@@ -233,7 +248,7 @@ class Recipe:
                 args[k] = trace.add(Node(Op.INPUT, name=k, dtype=v.dtype))
         with tracing(trace):
             result = self._fn(acc, **{p: args[p] for p in params[1:]})
-        outputs = self._outputs(trace, result)
+        outputs = traced_outputs(trace, result, self.gemm, self._aux)
         operands = tuple(v for v in checked.values() if isinstance(v, Operand))
         ir = normalize(trace.nodes, outputs, operands)
         for o in ir.outputs:
@@ -257,47 +272,6 @@ class Recipe:
             raise RecipeError("epilogue: expected a function with named parameters f(acc, op1, op2, ...), "
                               "the first being the accumulator")
         return [p.name for p in params]
-
-    def _outputs(self, trace: Trace, result: Any) -> list[Output]:
-        if isinstance(result, Mapping):
-            values = dict(result)
-        else:
-            values = {"d": result}
-        if "d" not in values:
-            raise RecipeError("epilogue: the returned dict has no 'd' entry; D must always be written")
-        extra = [k for k in values if k != "d" and k not in self._aux]
-        if extra:
-            raise RecipeError(f"epilogue returned output {extra[0]!r} that is not declared; declare it with "
-                              f"aux={{{extra[0]!r}: gg.bf16}}")
-        never = [k for k in self._aux if k not in values]
-        if never:
-            raise RecipeError(f"aux output {never[0]!r} is declared but never written; return it from the "
-                              f"epilogue as {{'d': ..., {never[0]!r}: ...}}")
-        outs = []
-        for name in ["d", *self._aux]:
-            v = values[name]
-            reduce, dim, over_batch = None, None, False
-            if isinstance(v, Reduced):
-                if name == "d":
-                    raise RecipeError(f"output 'd': D is the M x N result; return gg.{v.reduce.value}(...) under an "
-                                      f"aux name, e.g. {{'d': y, 'r': gg.{v.reduce.value}(y, ...)}} with "
-                                      "aux={'r': gg.f32}")
-                if self._aux[name] is not DType.F32:
-                    raise RecipeError(f"aux output {name!r}: a reduction ({v!r}) is fp32; declare "
-                                      f"aux={{{name!r}: gg.f32}}")
-                if v.over_batch and not self.gemm.batched:
-                    raise RecipeError(f"aux output {name!r}: over_batch=True reduces over a batched GEMM's "
-                                      "batches, and this recipe is not batched; declare batched=True, or drop "
-                                      "over_batch=True")
-                v, reduce, dim, over_batch = v.value, v.reduce, v.dim, v.over_batch
-            if isinstance(v, numbers.Real) and not isinstance(v, bool):
-                raise RecipeError(f"output {name!r} is a constant; an output must depend on the accumulator "
-                                  "or an operand")
-            if not isinstance(v, Value) or v._trace is not trace:
-                raise RecipeError(f"output {name!r}: expected a traced value, got {type(v).__name__}")
-            outs.append(Output(name, v._index, self.gemm.d if name == "d" else self._aux[name], reduce, dim,
-                               over_batch=over_batch))
-        return outs
 
     # ---- what other layers read
 
@@ -496,6 +470,10 @@ def _derive_backward(recipe: Recipe, *, a: Any = None, b: Any = None, layout_a: 
     where = f"{recipe.name}.backward()"
     if not isinstance(recompute, bool) or not isinstance(recompute_d, bool):
         raise RecipeError(f"{where}: recompute and recompute_d are True or False")
+    if recipe.ir.epilogue.row_blocks is not None:
+        raise RecipeError(f"{where}: D is computed per block of its rows (gg.quantize, gg.rms_norm), which gemmgen "
+                          "does not differentiate; differentiate the recipe without them, and apply them in the "
+                          "forward only")
     d_only = ""
     if gemm.grouped:
         d_only = "a grouped GEMM writes D only"

@@ -7,12 +7,13 @@ The functions are the op table's DSL spellings (`ir.Op.dsl`), one line each; `OP
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import RecipeError, UnknownOpError
-from ..ir import Node, Op, Reduction, f32
+from ..ir import BlockOp, Node, Op, Reduction, f32
 from ..types import DType, as_dtype
 from .operands import constant
 
@@ -209,6 +210,8 @@ def _lift(x: Any, op_name: str) -> Value:
         return x
     if isinstance(x, Reduced):
         raise _reduced_misuse()
+    if isinstance(x, BlockOutput):
+        raise _block_misuse(x.op)
     if isinstance(x, SeedValue):
         raise _seed_misuse(x.name)
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
@@ -438,6 +441,80 @@ def gather(x: Any, index: Any, dim: int = 1) -> Reduced:
     return Reduced(picked, Reduction.SUM, d)
 
 
+#: The column blocks of D's rows gg.quantize and gg.rms_norm take: whole 8-column MMA atoms, at
+#: most a 128-column epilogue subtile.
+ROW_BLOCKS = (8, 16, 32, 64, 128)
+
+
+class BlockOutput:
+    """One of the two outputs of `gg.quantize(x, block)` or `gg.rms_norm(x, block)`: D's values,
+    computed per block of columns of each row, or each block's factor (fp32, one per row and
+    block). Returned from the epilogue, D's under 'd' and the factors under an aux name declared
+    gg.f32; not values to compute with."""
+
+    __slots__ = ("block", "call", "eps", "factor", "op", "stat", "value")
+
+    def __init__(self, op: BlockOp, value: Value, stat: Value, block: int, eps: float, call: object,
+                 factor: bool) -> None:
+        self.op, self.value, self.stat, self.block, self.eps = op, value, stat, block, eps
+        self.call, self.factor = call, factor
+
+    def _misuse(self, *args: Any) -> Any:
+        raise _block_misuse(self.op)
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _misuse
+    __truediv__ = __rtruediv__ = __neg__ = __pos__ = __abs__ = __pow__ = _misuse
+
+    def __repr__(self) -> str:
+        return f"gemmgen.{self.op.value}({self.stat!r}, block={self.block})[{int(self.factor)}]"
+
+
+def _block_misuse(op: BlockOp) -> RecipeError:
+    example = "q, scale = gg.quantize(y, block=128); return {'d': q, 'scale': scale}, declared with d=gg.e4m3 " \
+              "and aux={'scale': gg.f32}" if op is BlockOp.QUANTIZE else \
+              "y, rstd = gg.rms_norm(x, block=128); return {'d': y, 'rstd': rstd}, declared with aux={'rstd': gg.f32}"
+    return RecipeError(f"gg.{op.value}(...) gives outputs, not values to compute with: return them, {example}")
+
+
+def _block_width(block: Any, op_name: str) -> int:
+    if not isinstance(block, int) or isinstance(block, bool) or block not in ROW_BLOCKS:
+        raise RecipeError(f"{op_name}: block={block!r}; expected one of {', '.join(map(str, ROW_BLOCKS))} columns, "
+                          "e.g. block=128")
+    return block
+
+
+def quantize(x: Any, block: int = 128) -> tuple[BlockOutput, BlockOutput]:
+    """(values, scales): D quantized to its fp8 type per `block` columns of each row, as DeepSeek-V3
+    quantizes activations (1 x 128) and MX formats do (1 x 32, with fp32 scales here): each block's
+    scale is its largest |x| over the fp8 type's largest value (1 for a block of zeros or holding a
+    NaN), D holds x / scale, and the scales output (M, ceil(N / block)) holds the scales, in the
+    layout a block-scaled GEMM reads its A's: what gg.quantize_blockwise(x, (1, block),
+    scale_layout=gg.ColMajor) gives, bit for bit. Return the values as 'd' and the scales under an
+    aux name declared gg.f32."""
+    width = _block_width(block, "quantize")
+    v = _reduced_value(x, "quantize")
+    call = object()
+    return (BlockOutput(BlockOp.QUANTIZE, v, v, width, 0.0, call, factor=False),
+            BlockOutput(BlockOp.QUANTIZE, v, v, width, 0.0, call, factor=True))
+
+
+def rms_norm(x: Any, block: int, eps: float = 1e-6, weight: Any = None) -> tuple[BlockOutput, BlockOutput]:
+    """(values, rstd): D = x / sqrt(mean(x^2) + eps) per `block` columns of each row, times `weight`
+    (a gg.RowVector of N values, or None): an RMSNorm over each head of `block` columns (head-wise
+    RMSNorm, the QK-norm of Qwen3 and OLMo 2) computed in the GEMM's epilogue, the heads' statistic
+    reduced there. rstd (M, N / block), each head's 1 / sqrt(mean(x^2) + eps), is an optional aux
+    output (declared gg.f32: what the norm's backward needs). N must be a multiple of `block`."""
+    width = _block_width(block, "rms_norm")
+    stat = _reduced_value(x, "rms_norm")
+    value = stat if weight is None else _binary(Op.MUL, stat, weight, "rms_norm")
+    call, e = object(), f32(constant(eps, "rms_norm eps"))
+    if not (e > 0 and math.isfinite(e)):
+        raise RecipeError(f"rms_norm: eps={eps!r}; expected a positive number such as 1e-6 (it keeps a head of "
+                          "zeros finite)")
+    return (BlockOutput(BlockOp.RMS_NORM, value, stat, width, e, call, factor=False),
+            BlockOutput(BlockOp.RMS_NORM, value, stat, width, e, call, factor=True))
+
+
 def _reduced_value(x: Any, op_name: str) -> Value:
     a = _lift(x, op_name)
     _same_trace([a], op_name)
@@ -458,6 +535,6 @@ def _reduce_dim(dim: Any, op_name: str, optional: bool) -> int | None:
 #: Every way an epilogue can compute: the table's operators and functions, `clamp` (min and max), and the
 #: reductions.
 OPS: tuple[str, ...] = (*(op.symbol for op in Op if op.symbol), *dict.fromkeys(op.dsl for op in Op if op.dsl),
-                        "clamp", "amax", "sum", "reduce_max", "reduce_min", "logsumexp", "gather", "row_index",
-                        "column_index", "rand")
+                        "clamp", "amax", "sum", "reduce_max", "reduce_min", "logsumexp", "gather", "quantize",
+                        "rms_norm", "row_index", "column_index", "rand")
 

@@ -50,7 +50,11 @@ class OpKind:
         raise NotImplementedError
 
     def refuse_undifferentiable(self, needed: tuple[bool, ...]) -> None:
-        """fp8 A and B and block scales have no gradient gemmgen could compute: say so."""
+        """fp8 A and B, block scales and D's row blocks have no gradient gemmgen computes: say so."""
+        if self.recipe.ir.epilogue.row_blocks is not None and any(needed):
+            raise InvalidArgument(f"{self.recipe.name}: D is computed per block of its rows (gg.quantize, "
+                                  "gg.rms_norm), which gemmgen does not differentiate; call it on tensors that do "
+                                  "not require grad (torch.no_grad()), or differentiate a recipe without them")
         if self.recipe.ir.gemm.fp8 and (needed[0] or needed[1]):
             raise InvalidArgument(f"{'a' if needed[0] else 'b'}: gemmgen has no gradient for fp8 A or B (fp8 "
                                   "training scales its gradients, which a plain derivative cannot know); detach "

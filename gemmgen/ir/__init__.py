@@ -5,6 +5,7 @@ from .columns import Columns
 from .graph import (
     BLOCK_SCALE_OPERANDS,
     LSE_IDENTITY,
+    BlockOp,
     EpilogueIR,
     GemmSpec,
     Node,
@@ -12,6 +13,7 @@ from .graph import (
     Output,
     RecipeIR,
     Reduction,
+    RowBlocks,
     content_key,
     f32,
     f32_bits,
@@ -20,6 +22,6 @@ from .graph import (
 )
 from .ops import BINARY_OPS, UNARY_OPS, Op, Param
 
-__all__ = ["BINARY_OPS", "BLOCK_SCALE_OPERANDS", "LSE_IDENTITY", "UNARY_OPS", "Columns", "EpilogueIR", "GemmSpec",
-           "Node", "Op", "Operand", "Output", "Param", "RecipeIR", "Reduction", "content_key", "f32", "f32_bits",
-           "normalize", "post_order"]
+__all__ = ["BINARY_OPS", "BLOCK_SCALE_OPERANDS", "LSE_IDENTITY", "UNARY_OPS", "BlockOp", "Columns", "EpilogueIR",
+           "GemmSpec", "Node", "Op", "Operand", "Output", "Param", "RecipeIR", "Reduction", "RowBlocks", "content_key",
+           "f32", "f32_bits", "normalize", "post_order"]

@@ -81,6 +81,9 @@ class Reduction(enum.Enum):
     MAX = "max"  # the largest value (NaNs skipped; -inf when there is none)
     MIN = "min"  # the smallest value (NaNs skipped; +inf when there is none)
     LSE = "lse"  # log(sum(exp(x))), as torch.logsumexp (NaN propagated; -inf when there is none)
+    #: the factor of each block of D's rows (`RowBlocks`): the scale gg.quantize divides by, the
+    #: 1 / rms gg.rms_norm multiplies by; one per row and block
+    BLOCK_SCALE = "block_scale"
 
     @property
     def identity(self) -> float:
@@ -94,13 +97,37 @@ class Reduction(enum.Enum):
 LSE_IDENTITY = (-math.inf, 0.0)
 
 
+class BlockOp(enum.Enum):
+    """What D's row blocks compute (`RowBlocks`)."""
+
+    QUANTIZE = "quantize"  # D = x / scale, scale = max |x| / D's fp8 maximum (1 where not above 0): gg.quantize
+    RMS_NORM = "rms_norm"  # D = v / sqrt(mean of x^2 + eps) over the block: gg.rms_norm
+
+
+@dataclass(frozen=True)
+class RowBlocks:
+    """D computed per block of `block` columns of each row from a statistic of node `stat` over the
+    block (D's own value for QUANTIZE; an RMS_NORM's x, where D's value is x times a weight), which
+    the kernel reduces within one epilogue subtile (gemmgen/include/gemmgen/row_blocks.hpp) and an
+    output of `Reduction.BLOCK_SCALE` holds (the factor each value of the block took)."""
+
+    op: BlockOp
+    block: int
+    stat: int
+    eps: float = 0.0  # RMS_NORM's, fp32-rounded
+
+
 @dataclass(frozen=True)
 class Output:
     """An epilogue output: `d` is the GEMM's D; others are auxiliary M x N outputs, or with
     `reduce` fp32 reductions of a value, per batch: over M and N when `dim` is None (one value,
     shape (L,) or ()), over M when `dim` is 0 (one value per column: (L, N) or (N,)), over N when
     `dim` is 1 (one value per row: (L, M) or (M,)); with `over_batch`, over a batched GEMM's batches
-    too (no L)."""
+    too (no L).
+
+    `blocks` computes D per block of columns of each row (gg.quantize, gg.rms_norm: `RowBlocks`);
+    the output of `Reduction.BLOCK_SCALE` with the same `blocks` holds each block's factor, one per
+    row and block: (L, M, ceil(N / block)) or (M, ceil(N / block))."""
 
     name: str
     node: int
@@ -109,9 +136,13 @@ class Output:
     dim: int | None = None
     columns: Columns = Columns.FULL  # N/2 for a value of column pairs' halves (`ir.columns`)
     over_batch: bool = False
+    blocks: RowBlocks | None = None
 
     def shape(self, problem: tuple[int, ...]) -> tuple[int, ...]:
         """This output's shape for a problem whose accumulator is `problem`, (L, M, N) or (M, N)."""
+        if self.reduce is Reduction.BLOCK_SCALE:
+            assert self.blocks is not None
+            return (*problem[:-1], -(-problem[-1] // self.blocks.block))
         if self.reduce is None:
             return (*problem[:-1], self.columns.extent(problem[-1]))
         extent = () if self.dim is None else (problem[-2],) if self.dim == 1 else (problem[-1],)
@@ -198,6 +229,17 @@ class EpilogueIR:
         """Whether the epilogue works on adjacent column pairs (`ir.columns`)."""
         return any(n.op.pairs for n in self.nodes)
 
+    @property
+    def row_blocks(self) -> RowBlocks | None:
+        """How D is computed per block of columns of each row (gg.quantize, gg.rms_norm), if it is."""
+        return self.outputs[0].blocks
+
+    @property
+    def along_rows(self) -> bool:
+        """Whether the epilogue combines neighbouring columns of a row (column pairs, D's row
+        blocks): only an unswapped kernel's tiles hold them (a swapped kernel's columns are rows)."""
+        return self.pairs or self.row_blocks is not None
+
 
 #: The block scales' operands, first among a block-scaled recipe's operands.
 BLOCK_SCALE_OPERANDS = (Operand("scale_a", OperandKind.SCALE_A, DType.F32),
@@ -262,11 +304,16 @@ class RecipeIR:
                       for n in self.epilogue.nodes],
             "outputs": [[o.name, o.node, o.dtype.value, *([o.reduce.value] if o.reduce else []),
                          *([o.dim] if o.dim is not None else []), *_columns(o.columns),
-                         *([["over_batch", True]] if o.over_batch else [])]
+                         *([["over_batch", True]] if o.over_batch else []),
+                         *([_row_blocks(o.blocks)] if o.blocks else [])]
                         for o in self.epilogue.outputs],
             "operands": [[o.name, o.kind.value, o.dtype.value, *_columns(o.columns), *o.batching]
                          for o in self.epilogue.operands],
         }
+
+
+def _row_blocks(blocks: RowBlocks) -> list:
+    return ["blocks", blocks.op.value, blocks.block, blocks.stat, *([blocks.eps] if blocks.eps else [])]
 
 
 def _columns(columns: Columns) -> list[str]:
@@ -339,14 +386,17 @@ def normalize(nodes: list[Node], outputs: list[Output], operands: tuple[Operand,
         return r
 
     # Visit in output order so numbering is canonical; then renumber to a compact post-order.
-    for i in post_order([o.node for o in outputs], lambda i: nodes[i].args):
+    stats = [o.blocks.stat for o in outputs if o.blocks]  # reachable from D's value, but kept in any case
+    for i in post_order([o.node for o in outputs] + stats, lambda i: nodes[i].args):
         memo[i] = rebuild(nodes[i])
     roots = [memo[o.node] for o in outputs]
-    order = post_order(roots, lambda i: new_nodes[i].args)
+    order = post_order(roots + [memo[s] for s in stats], lambda i: new_nodes[i].args)
     remap = {old: new for new, old in enumerate(order)}
     final = tuple(Node(new_nodes[o].op, tuple(remap[a] for a in new_nodes[o].args), new_nodes[o].name,
                        new_nodes[o].attr, new_nodes[o].dtype) for o in order)
-    outs = tuple(replace(o, node=remap[r], columns=Columns.FULL) for o, r in zip(outputs, roots, strict=True))
+    outs = tuple(replace(o, node=remap[r], columns=Columns.FULL,
+                         blocks=o.blocks and replace(o.blocks, stat=remap[memo[o.blocks.stat]]))
+                 for o, r in zip(outputs, roots, strict=True))
     used = {n.name for n in final if n.op is Op.INPUT or n.op in RANDOM_OPS}
     kept = tuple(replace(o, columns=Columns.FULL) for o in operands if o.name in used)
     if any(n.op.pairs for n in final):

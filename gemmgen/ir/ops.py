@@ -33,6 +33,27 @@ def round_to(x: torch.Tensor, dtype: DType) -> torch.Tensor:
     return (x if limit is None else x.clamp(-limit, limit)).to(dtype.torch)
 
 
+def quantize_blocks(x: torch.Tensor, block: tuple[int, int], dtype: DType) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x / its block's scale in fp32, the scales (..., ceil(R / block[0]), ceil(C / block[1]))) for x
+    (..., R, C): each block's scale is its largest magnitude over fp8 `dtype`'s largest value, so its
+    values span the fp8 range, and 1 for a block of zeros or one holding a NaN (NaN > 0 is false);
+    a partial block at an edge is the rest of its values. What gg.quantize_blockwise returns and what
+    an epilogue's gg.quantize stores, one formula for both."""
+    br, bc = block
+    rows, cols = x.shape[-2], x.shape[-1]
+    nr, nc = -(-rows // br), -(-cols // bc)
+    values = x.float()
+    if (nr * br, nc * bc) != (rows, cols):  # partial blocks: zeros leave their amax as it is
+        padded = values.new_zeros((*x.shape[:-2], nr * br, nc * bc))
+        padded[..., :rows, :cols] = values
+        values = padded
+    blocks = values.unflatten(-1, (nc, bc)).unflatten(-3, (nr, br))  # (..., nr, br, nc, bc): views
+    amax = blocks.abs().amax(dim=(-3, -1))
+    scale = (amax / FP8_MAX[dtype]).where(amax > 0, 1.0)
+    scaled = (blocks / scale[..., :, None, :, None]).flatten(-2).flatten(-3, -2)[..., :rows, :cols]
+    return scaled, scale
+
+
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 import torch
 
 from ..types import DType, OperandKind
-from .graph import EpilogueIR, GemmSpec, Operand, RecipeIR, Reduction
-from .ops import COMPARISONS, FP8_MAX, RANDOM_OPS, Op, random_uniform, round_to
+from .graph import BlockOp, EpilogueIR, GemmSpec, Operand, Output, RecipeIR, Reduction
+from .ops import COMPARISONS, FP8_MAX, RANDOM_OPS, Op, quantize_blocks, random_uniform, round_to
 
 __all__ = ["FP8_MAX", "accumulate", "evaluate_epilogue", "expand_block_scale", "group_bounds", "reference",
            "round_to"]
@@ -66,8 +66,10 @@ def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, tor
     values = _values(ir, acc, operands)
     scales = _magnitudes(ir, values, acc_magnitude) if magnitudes else values
     n = acc.shape[-1]
-    outs = tuple(_reduced((scales if o.reduce is Reduction.SUM else values)[o.node].expand(
-        *acc.shape[:-1], o.columns.extent(n)), o.reduce, o.dim, magnitudes, o.over_batch) for o in ir.outputs)
+    outs = tuple(_row_blocks(ir, o, values, scales if magnitudes else None, acc.shape) if o.blocks else
+                 _reduced((scales if o.reduce is Reduction.SUM else values)[o.node].expand(
+                     *acc.shape[:-1], o.columns.extent(n)), o.reduce, o.dim, magnitudes, o.over_batch)
+                 for o in ir.outputs)
     if not round_outputs:
         return outs
     return tuple(round_to(v, o.dtype) for v, o in zip(outs, ir.outputs, strict=True))
@@ -156,6 +158,33 @@ def _values(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor 
             v = node.op.apply(tuple(values[a] for a in node.args), node.attr, node.dtype)
         values.append(v.to(torch.float32))
     return values
+
+
+def _row_blocks(ir: EpilogueIR, o: Output, values: list[torch.Tensor], magnitudes: list[torch.Tensor] | None,
+                shape: torch.Size) -> torch.Tensor:
+    """D computed per block of columns of each row (`RowBlocks`), or the blocks' factors
+    (`Reduction.BLOCK_SCALE`): gg.quantize's scales (`ops.quantize_blocks`, as gg.quantize_blockwise),
+    gg.rms_norm's 1 / sqrt(mean of x^2 + eps) over each block (a partial last block's mean still
+    over `block`: the runtime refuses such an N). With `magnitudes`, D's is the scale of its
+    rounding error: its value's times the factor."""
+    blocks = o.blocks
+    assert blocks is not None
+    value, stat = values[o.node].expand(shape), values[blocks.stat].expand(shape)
+    n, width = shape[-1], blocks.block
+    if blocks.op is BlockOp.QUANTIZE:
+        scaled, scale = quantize_blocks(value, (1, width), ir.outputs[0].dtype)
+        factor, per_value = scale, 1.0 / scale
+    else:
+        padded = stat.new_zeros((*shape[:-1], -(-n // width) * width))
+        padded[..., :n] = stat
+        squares = (padded * padded).unflatten(-1, (-1, width)).sum(dim=-1)
+        factor = per_value = (squares / width + blocks.eps).rsqrt()
+        scaled = value * per_value.repeat_interleave(width, -1)[..., :n]
+    if o.reduce is Reduction.BLOCK_SCALE:
+        return factor
+    if magnitudes is None:
+        return scaled
+    return magnitudes[o.node].expand(shape) * per_value.repeat_interleave(width, -1)[..., :n]
 
 
 def _reduced(v: torch.Tensor, reduce: Reduction | None, dim: int | None, magnitude: bool = False,

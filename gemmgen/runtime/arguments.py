@@ -92,12 +92,12 @@ class ArgumentBuilder:
         self.reductions = [(f"epilogue.amax.{o.name}", o.name) for o in epi.outputs[1:]
                            if o.reduce is not None and o.dim is None]
         # vector reductions: (visitor kind, Params field prefix, output name), in the outputs' order
-        kinds = {o.name: REDUCTION_KIND[o.dim] for o in epi.outputs[1:] if o.dim is not None}
+        kinds = {o.name: REDUCTION_KIND[o.dim] for o in epi.outputs[1:] if o.dim is not None and o.blocks is None}
         self.vector_reductions = [(kind, f"epilogue.{kind}.{name}", name) for name, kind in kinds.items()]
         # where each starts: its Reduction's identity (0 but for max and min; a log-sum-exp's state a pair)
         self.identities: list[tuple[str, float]] = []
         for o in epi.outputs[1:]:
-            if o.reduce is not None:
+            if o.reduce is not None and o.blocks is None:
                 prefix = f"epilogue.{'amax' if o.dim is None else REDUCTION_KIND[o.dim]}.{o.name}"
                 if o.reduce is Reduction.LSE:
                     self.identities += zip((f"{prefix}.identity", f"{prefix}.identity_sum"), LSE_IDENTITY,
@@ -120,6 +120,9 @@ class ArgumentBuilder:
         maps.update({name: (field, "ptr") for field, name in self.reductions})
         maps.update({name: (prefix, "ptr") for _, prefix, name in self.vector_reductions})
         maps.update({name: (prefix, "half") for name, prefix in half_stores.items()})
+        # the factors of D's row blocks (row_blocks.hpp): a pointer and (M, N / block, L) strides
+        maps.update({o.name: (f"epilogue.row_blocks.{o.name}", "blocks") for o in epi.outputs
+                     if o.reduce is Reduction.BLOCK_SCALE})
         self.by_index = [maps[o.name] for o in epi.outputs]
         self.outputs = [o.name for o in epi.outputs]
 
@@ -257,6 +260,10 @@ class ArgumentBuilder:
             return ((f"{field}.ptr", t.ptr.to_bytes(8, "little")),)
         if template == "half":
             return tuple((f, struct.pack("<q", x)) for f, x in _half_tensor(field, t).items())
+        if template == "blocks":
+            strides = tuple((f"{field}.stride_{mode}", struct.pack("<q", x)) for mode, x in zip("mnl", t.strides,
+                                                                                               strict=True))
+            return ((f"{field}.ptr", t.ptr.to_bytes(8, "little")), *strides)
         assert isinstance(template, tma.TmaTemplate)
         return ((field, encode(template.matrix(t.ptr, p.m, p.n, p.l, t.strides))),)
 

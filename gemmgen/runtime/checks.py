@@ -8,6 +8,7 @@ contiguous one; extents are free (out-of-bounds reads are zero-filled and stores
 
 from __future__ import annotations
 
+import itertools
 import numbers
 from collections.abc import Callable
 from typing import NamedTuple
@@ -16,7 +17,7 @@ import torch
 
 from ..codegen.sm90.geometry import SCALE_TMA_THRESHOLD
 from ..errors import InvalidArgument, LayoutMismatch
-from ..ir import Columns, GemmSpec, Op, Operand, RecipeIR, f32
+from ..ir import BlockOp, Columns, GemmSpec, Op, Operand, RecipeIR, f32
 from ..types import DType, Layout, OperandKind
 from .problem import TensorArg
 
@@ -178,11 +179,17 @@ SizeCheck = Callable[[int, int, int, int], None]  # (M, N, K, L): raises for a p
 
 
 def _even_columns(recipe: RecipeIR, n: int) -> None:
-    """B's N columns, in pairs where the epilogue works on adjacent column pairs."""
+    """B's N columns, in pairs where the epilogue works on adjacent column pairs, in whole heads where
+    D is an RMSNorm per head (a quantization's last block may be partial, as gg.quantize_blockwise's)."""
     if recipe.epilogue.pairs and n % 2:
         raise InvalidArgument(f"b: {n} columns; this recipe's epilogue works on adjacent column pairs (gg.pairs), "
                               f"so B needs an even number of columns (each pair's two interleaved): pass B with "
                               f"{n + 1} or {n - 1} columns")
+    blocks = recipe.epilogue.row_blocks
+    if blocks is not None and blocks.op is BlockOp.RMS_NORM and n % blocks.block:
+        raise InvalidArgument(f"b: {n} columns; this recipe's D is an RMSNorm over each block of {blocks.block} "
+                              f"columns (gg.rms_norm), so B needs whole blocks: pass B with a multiple of "
+                              f"{blocks.block} columns")
 
 
 def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, object],
@@ -493,19 +500,51 @@ def check_reduction_output(name: str, t: object, shape: tuple[int, ...], device:
     """A reduced output (`gg.amax`, `gg.sum`): fp32 of `shape` ((L,) or () over M and N; (L, M)
     or (M,) per row; (L, N) or (N,) per column), contiguous; its TensorArg's strides are the
     (M, N, L) mode strides `modes` the kernel's reduction indexes it with."""
-    t = _need_tensor(name, t)
-    _dtype(name, t, DType.F32)
-    if tuple(t.shape) != shape:
-        raise InvalidArgument(f"{name}: expected shape {shape} (the reduction's values per batch), got "
-                              f"{tuple(t.shape)}")
-    if t.device != device:
-        raise InvalidArgument(f"{name}: on {t.device} but the inputs are on {device}")
+    t = _fp32_output(name, t, shape, device, "the reduction's values per batch")
     if not t.is_contiguous():
         raise LayoutMismatch(name, f"{name}: expected a contiguous tensor, got strides {tuple(t.stride())}; "
                              f"pass a contiguous tensor")
     if t.data_ptr() % 4:
         raise LayoutMismatch(name, f"{name}: address {t.data_ptr():#x} is not 4-byte aligned (fp32 stores need it)")
     return TensorArg(t.data_ptr(), modes)
+
+
+def _fp32_output(name: str, t: object, shape: tuple[int, ...], device: torch.device, what: str) -> torch.Tensor:
+    """An fp32 output in `out` of `shape` on the inputs' device."""
+    t = _need_tensor(name, t)
+    _dtype(name, t, DType.F32)
+    if tuple(t.shape) != shape:
+        raise InvalidArgument(f"{name}: expected shape {shape} ({what}), got {tuple(t.shape)}")
+    if t.device != device:
+        raise InvalidArgument(f"{name}: on {t.device} but the inputs are on {device}")
+    return t
+
+
+def block_scales_layout(shape: tuple[int, ...], l: int) -> tuple[tuple[int, ...], tuple[int, int, int]]:  # noqa: E741
+    """(torch strides, (M, N, L) mode strides) of D's block scales (gg.quantize), (L, M, blocks) or
+    (M, blocks), as gemmgen allocates them: M contiguous, each column of blocks padded to 16 bytes,
+    what gg.quantize_blockwise(x, (1, block), scale_layout=gg.ColMajor) gives and a block-scaled
+    GEMM's scale_a must be (`GemmSpec.scale_layouts`)."""
+    m, blocks = shape[-2], shape[-1]
+    column = -(-m // 4) * 4
+    if len(shape) == 2:
+        return (1, column), (1, column, 0)
+    return (blocks * column, 1, column), (1, column, blocks * column if l > 1 else 0)
+
+
+def check_block_scales_output(name: str, t: object, shape: tuple[int, ...], device: torch.device) -> TensorArg:
+    """D's block scales passed in `out`: fp32 of `shape`, in any layout whose elements do not overlap
+    (the kernel writes each through its strides)."""
+    t = _fp32_output(name, t, shape, device, "one factor per row and block of D's columns")
+    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape, strict=True) if n > 1)
+    if any(s <= 0 for s, _ in dims) or any(s < ps * pn for (ps, pn), (s, _) in itertools.pairwise(dims)):
+        raise LayoutMismatch(name, f"{name}: strides {tuple(t.stride())} make elements overlap; pass a tensor of "
+                             f"its own, e.g. {name.split('[')[-1].rstrip(']')} = torch.empty({shape}, "
+                             "dtype=torch.float32, device=...)")
+    if t.data_ptr() % 4:
+        raise LayoutMismatch(name, f"{name}: address {t.data_ptr():#x} is not 4-byte aligned (fp32 stores need it)")
+    batch = t.stride(0) if len(shape) == 3 and shape[0] > 1 else 0
+    return TensorArg(t.data_ptr(), (t.stride(-2), t.stride(-1), batch))
 
 
 def check_no_alias(name: str, span: tuple[int, int] | None, inputs: tuple[Span, ...], same_as: str | None = None

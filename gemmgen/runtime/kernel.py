@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from ..errors import InvalidArgument, NotDeterministic
+from ..ir import Reduction
 from ..ir.reference import evaluate_epilogue
 from . import driver
 from .arguments import ArgumentBuilder, TensorMapEncoder
@@ -35,6 +36,8 @@ from .base import Hardware, KernelBase, argument_signature, padded_strides, put_
 from .checks import (
     CheckedCall,
     Span,
+    block_scales_layout,
+    check_block_scales_output,
     check_call,
     check_no_alias,
     check_output,
@@ -82,8 +85,8 @@ class _Plan:
 #: the template an empty tensor of its dtype on the call's device (`new_empty_strided` of it costs
 #: less than `torch.empty_strided`), `reduced` one of: an M x N output; a reduction the launch writes
 #: whole (per row or column); a reduction that starts from its identity (`Reduction.identity`: an
-#: atomic max over M and N, or nothing to reduce).
-MATRIX, REDUCED, REDUCED_FROM_IDENTITY = 0, 1, 2
+#: atomic max over M and N, or nothing to reduce); D's block scales (gg.quantize), written whole.
+MATRIX, REDUCED, REDUCED_FROM_IDENTITY, BLOCK_SCALES = 0, 1, 2, 3
 _FreshOutput = tuple[tuple[int, ...], torch.Tensor, tuple[int, ...], tuple[int, int, int], int]
 
 
@@ -282,7 +285,8 @@ class Kernel(KernelBase):
                     okey = None
                 hit = plan.out_checked.get(okey) if okey is not None else None
                 if hit is None:
-                    targ = check_reduction_output(name, t, shape, plan.device, modes) if reduced else \
+                    targ = check_block_scales_output(name, t, shape, plan.device) if reduced == BLOCK_SCALES \
+                        else check_reduction_output(name, t, shape, plan.device, modes) if reduced else \
                         check_output(name, t, o.dtype, shape, plan.device, self._ir.gemm.batched, plan.call.l,
                                      self._ir.gemm.layout_d)
                     hit = (targ, output_span(t))
@@ -309,6 +313,12 @@ class Kernel(KernelBase):
         layouts: list[_FreshOutput] = []
         m, n = shape[-2], shape[-1]
         for o in self._ir.epilogue.outputs:
+            if o.reduce is Reduction.BLOCK_SCALE:  # as a block-scaled GEMM reads its A's (`block_scales_layout`)
+                bshape = o.shape(shape)
+                strides, modes = block_scales_layout(bshape, l)
+                layouts.append((bshape, torch.empty(0, dtype=torch.float32, device=device), strides, modes,
+                                BLOCK_SCALES))
+                continue
             if o.reduce is not None:
                 rshape = o.shape(shape)
                 vector = (0, 0, 1) if o.dim is None else (1, 0, m) if o.dim == 1 else (0, 1, n)

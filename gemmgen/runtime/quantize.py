@@ -19,7 +19,7 @@ import torch
 
 from ..errors import InvalidArgument
 from ..ir import GemmSpec
-from ..ir.ops import FP8_MAX, round_to
+from ..ir.ops import FP8_MAX, quantize_blocks, round_to
 from ..types import DType, Layout, OperandKind, as_dtype, as_layout
 from .checks import copy_in_layout
 
@@ -39,16 +39,7 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int], dtype: DType | s
         raise InvalidArgument(f"x: expected a floating-point tensor of at least 2 dims, got {x!r:.80}")
     if not (isinstance(block, tuple | list) and len(block) == 2 and all(isinstance(v, int) and v > 0 for v in block)):
         raise InvalidArgument(f"block: expected (rows, cols) positive ints such as (1, 128), got {block!r}")
-    br, bc = block
-    rows, cols = x.shape[-2], x.shape[-1]
-    nr, nc = -(-rows // br), -(-cols // bc)
-    values = x.to(torch.float32)
-    if (nr * br, nc * bc) != (rows, cols):  # partial blocks: zeros leave their amax as it is
-        values = torch.nn.functional.pad(values, (0, nc * bc - cols, 0, nr * br - rows))
-    blocks = values.unflatten(-1, (nc, bc)).unflatten(-3, (nr, br))  # (..., nr, br, nc, bc): views
-    amax = blocks.abs().amax(dim=(-3, -1))
-    scale = torch.where(amax > 0, amax / FP8_MAX[dt], torch.ones_like(amax))
-    scaled = (blocks / scale[..., :, None, :, None]).flatten(-2).flatten(-3, -2)[..., :rows, :cols]
+    scaled, scale = quantize_blocks(x, (block[0], block[1]), dt)
     q = torch.empty_like(x, dtype=dt.torch)
     q.copy_(round_to(scaled, dt))
     return q, copy_in_layout(scale, layout, 1 if compact else 4)  # 4 fp32: 16 bytes, for TMA

@@ -237,6 +237,10 @@ class OracleProgram:
             pointer = f"{e}{const}* const*" if self.kernel.kernel_recipe.gemm.grouped else f"{e}{const}*"
             return (f"{{reinterpret_cast<{pointer}>(V[{s[0]}]), "
                     f"oracle::stride3<{HALF_STRIDE}>(V[{s[1]}], V[{s[2]}], V[{s[3]}])}}")
+        if b.kind == "row_blocks":  # row_blocks.hpp's {ptr_factor, dFactor}: (M, N / block, L) strides
+            s = [self.slots.add(f"aux.{b.name}.{part}") for part in ("ptr", "s0", "s1", "s2")]
+            return (f"{{reinterpret_cast<float*>(V[{s[0]}]), "
+                    f"oracle::stride3<cute::Stride<int64_t, int64_t, int64_t>>(V[{s[1]}], V[{s[2]}], V[{s[3]}])}}")
         if b.kind == "shared_load":  # Sm90AuxLoad<0>: {ptr_aux, null_default, dAux}, the batch stride static 0
             s = [self.slots.add(f"operand.{b.name}.{part}") for part in ("ptr", "s0", "s1")]
             modes = "cute::_1, int64_t" if b.column_major else "int64_t, cute::_1"

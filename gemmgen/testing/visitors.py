@@ -36,13 +36,12 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable
-from typing import Protocol
 
 import torch
 
 from ..ir import LSE_IDENTITY, Op, Param
-from ..ir.ops import random_uniform
 from .cpp_types import CppType, EpilogueSourceError, declarations, parse_type, split_arguments
+from .register_nodes import ParamsView, coordinate, random_numbers, row_blocks
 
 _FUSION = "cutlass::epilogue::fusion::"
 _EPI = "gemmgen::epi::"
@@ -59,40 +58,6 @@ _EPILOGUE_BUILDER = "typename cutlass::epilogue::collective::CollectiveBuilder"
 #: LayoutD, AlignD, Schedule, FusionCallbacks>
 _BUILDER_CALLBACKS_ARG = 14
 _THREAD = "{p}.epilogue.thread"  # the callbacks' Params inside the kernel's Params
-
-
-class ParamsView(Protocol):
-    """The kernel's Params as the device would read them, addressed by C++ lvalue (`{p}` is Params)."""
-
-    def raw(self, lvalue: str) -> bytes:
-        """The bytes of the field at `lvalue`; raises when gemmgen writes no field there."""
-        ...
-
-    def pointer(self, lvalue: str, dtype: torch.dtype, length: int) -> torch.Tensor | None:
-        """`length` elements of `dtype` at the address the pointer field holds; None for nullptr."""
-        ...
-
-    def mapped(self, lvalue: str, dtype: torch.dtype, rows_contiguous: bool) -> torch.Tensor:
-        """The (L, rows, columns) tensor of `dtype` the tensor map at `lvalue` addresses, a writable
-        view; the map's first dimension is the contiguous one: rows (M) when `rows_contiguous`."""
-        ...
-
-    def inside(self, lvalue: str, dtype: torch.dtype, length: int) -> torch.Tensor:
-        """`length` elements of `dtype` at the address the pointer field holds, anywhere inside one of
-        the call's tensors (a workspace's regions)."""
-        ...
-
-    def group_pointer(self, lvalue: str, dtype: torch.dtype, length: int) -> torch.Tensor | None:
-        """A grouped kernel's per-group pointer: `length` elements at the address the current group's
-        entry of the pointer array at `lvalue` holds; None for a null array."""
-        ...
-
-    def group_matrix(self, pointers: str, strides: str, dtype: torch.dtype, acc: torch.Tensor, column_major: bool
-                     ) -> torch.Tensor:
-        """A grouped kernel's M x N matrix of the current group (shaped like `acc`, (1, M, N)): its
-        address and leading dimension (between rows, or columns when `column_major`) from the
-        current group's entries of the arrays at `pointers` and `strides`."""
-        ...
 
 
 #: (per element, into global memory) functors of the reductions over M and N gemmgen emits.
@@ -272,6 +237,8 @@ class EpilogueInterpreter:
 
         # a grouped kernel names its layouts as pointers: strides per group (pointer-array kernels)
         self.grouped = self.decls["LayoutD"].endswith("*")
+        # row_blocks.hpp's root gives fp32, which the collective converts to ElementD
+        self.quantized = any(v.startswith(f"{_EPI}Sm90RowBlocks<") for v in self.decls.values())
 
     def _column_major(self, name: str) -> bool:
         layout = self.decls[name].removesuffix("*").strip()
@@ -291,6 +258,8 @@ class EpilogueInterpreter:
         d = self._visit(self.callbacks, _THREAD, acc, params, ())
         if self.element_d is None:
             return
+        if self.quantized and d.dtype == torch.float32:  # the collective converts the root's fp32 to ElementD
+            d = _convert(d, self.element_d)
         if d.dtype != self.element_d:
             raise EpilogueSourceError(f"the callbacks give {d.dtype}, ElementD is {self.element_d}")
         if self.grouped:  # the current group's D, through the kernel's pointer and stride arrays
@@ -311,9 +280,11 @@ class EpilogueInterpreter:
         if t.name in (f"{_EPI}PairLoad", f"{_EPI}PairStore", f"{_EPI}DoubleLoad", f"{_EPI}DoubleStore"):
             return self._registers(t, lvalue, acc, params, inputs)
         if t.name == f"{_EPI}Coordinate":
-            return _coordinate(t, acc, inputs)
+            return coordinate(t, acc, inputs)
         if t.name == f"{_EPI}Random":
-            return _random(t, lvalue, acc, params, inputs)
+            return random_numbers(t, lvalue, acc, params, inputs)
+        if t.name == f"{_EPI}Sm90RowBlocks":
+            return row_blocks(t, lvalue, acc, params, inputs, self._resolve)
         kind = t.name.removeprefix(_FUSION)
         if kind == "Sm90EVT":
             node, *children = t.args
@@ -551,32 +522,6 @@ class EpilogueInterpreter:
         if kind == "Sm90ScalarReduction":
             return self._scalar_reduction(t, lvalue, acc, params, inputs)
         raise EpilogueSourceError(f"visitor {t} is not one this interpreter models")
-
-
-def _coordinate(t: CppType, acc: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Coordinate<0> / Coordinate<1>: each register's row / column in its batch's (or group's)
-    M x N problem, converted to fp32."""
-    mode = t.args[0].name if len(t.args) == 1 else None
-    if mode not in ("0", "1") or inputs:
-        raise EpilogueSourceError(f"coordinate node {t}")
-    _, m, n = acc.shape
-    index = torch.arange(m if mode == "0" else n, dtype=torch.int64).to(torch.float32)
-    return index.reshape(1, m, 1) if mode == "0" else index.reshape(1, 1, n)
-
-
-def _random(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, inputs: tuple[torch.Tensor, ...]
-            ) -> torch.Tensor:
-    """Random<Transposed, Stream>: each register's `ir.ops.random_uniform` (Transposed: the kernel's
-    rows are the recipe's columns), of the seed or the int64 at the seed pointer its Params hold."""
-    if len(t.args) != 2 or inputs or t.args[0].name not in ("true", "false") or not t.args[1].name.endswith("u"):
-        raise EpilogueSourceError(f"random node {t}")
-    transposed, stream = t.args[0].name == "true", int(t.args[1].name.removesuffix("u"))
-    at = params.pointer(f"{lvalue}.seed_ptr", torch.int64, 1)
-    seed = int(at[0]) if at is not None else int.from_bytes(params.raw(f"{lvalue}.seed"), "little")
-    batch, rows, columns = (torch.arange(e).reshape(s) for e, s in zip(acc.shape, ((-1, 1, 1), (1, -1, 1), (1, 1, -1)),
-                                                                       strict=True))
-    return random_uniform(seed, stream, batch, columns, rows) if transposed else \
-        random_uniform(seed, stream, batch, rows, columns)
 
 
 def _vector_value(op: str, x: torch.Tensor, dims: tuple[int, ...], params: ParamsView, lvalue: str) -> torch.Tensor:

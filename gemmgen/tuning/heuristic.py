@@ -189,8 +189,8 @@ def candidate_configs(recipe: RecipeIR, m_bucket: int, arch: Arch = DEFAULT_ARCH
     """The configs considered for an M bucket on `arch`, most preferred first, with K steps of 128
     bytes. A recipe that only a swapped kernel computes (`config.needs_swap`) gets every tile
     swapped."""
-    # swapped kernels take the recipe's rows as their columns: not for an epilogue over column pairs
-    small_m = m_bucket <= SWAP_MAX_M and not recipe.epilogue.pairs
+    # swapped kernels take the recipe's rows as their columns: not for an epilogue over a row's columns
+    small_m = m_bucket <= SWAP_MAX_M and not recipe.epilogue.along_rows
     return _candidates(small_m, needs_swap(recipe), tile_k(recipe), arch)
 
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import gemmgen as gg
+from gemmgen.ir import BlockOp
 from gemmgen.ir.reference import reference
 from gemmgen.runtime.quantize import random_block_scale
 from gemmgen.testing.calls import dense
@@ -126,6 +127,17 @@ def _independent(name, acc, ops):
         d = torch.where(dropped, 0.0, F.silu(pre) * (8.0 / 7.0)) + f["c"] * f["r2"]
         rounded = _rounded_bf16(pre, _uniform(ops["seed"], 1, acc.shape))
         return d.bfloat16(), rounded.bfloat16(), d.abs().flatten(-2).max(dim=-1).values
+    if name == "fp8_quantized":  # per token and 128 columns: max |x| / 448 (1 for zeros), x over it in e4m3
+        x = F.gelu(acc + f["bias"])
+        blocks = F.pad(x, (0, -x.shape[-1] % 128)).unflatten(-1, (-1, 128))
+        amax = blocks.abs().amax(dim=-1, keepdim=True)
+        scale = torch.where(amax > 0, amax / 448.0, 1.0)
+        q = (blocks / scale).flatten(-2)[..., :x.shape[-1]].clamp(-448, 448).to(torch.float8_e4m3fn)
+        return q.float(), scale.squeeze(-1)
+    if name == "qk_norm":  # an RMSNorm over each head of 128 columns, times the weight
+        heads = acc.unflatten(-1, (-1, 128))
+        y = F.rms_norm(heads, (128,), eps=1e-6).flatten(-2) * f["weight"]
+        return y.bfloat16(), (heads.square().mean(dim=-1) + 1e-6).rsqrt()
     if name == "residual_norm_stats":
         h = acc + f["residual"]
         return h.bfloat16(), (h * h).sum(dim=-1), h.abs().amax(dim=-1)
@@ -179,6 +191,9 @@ def test_reference_matches_independent_torch(examples, extra, shape, gen):
     m, n, k = shape
     for recipe in _all_recipes(examples, extra):
         n = shape[1] + shape[1] % 2 if recipe.ir.epilogue.pairs else shape[1]  # pairs: an even N
+        blocks = recipe.ir.epilogue.row_blocks
+        if blocks is not None and blocks.op is BlockOp.RMS_NORM:  # whole heads
+            n = -(-n // blocks.block) * blocks.block
         batch = 3 if recipe.gemm.batched else None
         lead = (batch,) if batch else ()
         a = torch.randn(*lead, m, k, generator=gen).to(recipe.gemm.a.torch)
@@ -217,7 +232,7 @@ def test_transposed_recipe_is_the_transposed_math(examples, extra, shape, gen):
     row and column vectors trading places, matrices transposed) is D^T, for every recipe."""
     m, n, k = shape
     for recipe in _all_recipes(examples, extra):
-        if recipe.ir.epilogue.pairs:  # never swapped: the pairs are the kernel's columns (pairs_violations)
+        if recipe.ir.epilogue.along_rows:  # never swapped: a row's columns are the kernel's (row_violations)
             continue
         batch = 3 if recipe.gemm.batched else None
         lead = (batch,) if batch else ()

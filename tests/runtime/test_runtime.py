@@ -403,7 +403,7 @@ def test_params_address_the_recipes_math(compiled, shape, outputs):
         tensors = [a, b, *outs, *(v for v in ops.values() if isinstance(v, torch.Tensor))]
         if prep.workspace is not None:
             tensors.append(prep.workspace)
-        assert (prep.workspace is not None) == any(o.dim is not None for o in recipe.outputs)
+        assert (prep.workspace is not None) == any(o.dim is not None and o.blocks is None for o in recipe.outputs)
         assert launch_violations(prep.grid, kernel._block, compiled_kernel.config.cluster, kernel._smem) == []
         emulate(compiled_kernel, prep.params, enc, tensors)
         scale = reference(recipe, a, b, ops, magnitudes=True)

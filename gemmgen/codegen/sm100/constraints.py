@@ -75,6 +75,9 @@ def family_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     if recipe.epilogue.pairs:
         out.append("column pairs (gg.pairs) on sm_100a: not emitted yet; gemmgen runs recipes over column pairs on "
                    "sm_90a GPUs (H100/H200) so far: build them with arch=Arch.SM90A for those")
+    if recipe.epilogue.row_blocks is not None:
+        out.append("D's row blocks (gg.quantize, gg.rms_norm) on sm_100a: not emitted yet; gemmgen runs such recipes "
+                   "on sm_90a GPUs (H100/H200) so far: build them with arch=Arch.SM90A for those")
     if cfg.tile_scheduler is not TileScheduler.PERSISTENT or cfg.splits > 1 or not cfg.deterministic:
         out.append("tile scheduler: sm_100a kernels use CUTLASS's cluster-launch-control scheduler; use "
                    "TileScheduler.PERSISTENT, splits=1 and deterministic=True")

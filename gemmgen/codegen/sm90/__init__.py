@@ -21,9 +21,12 @@ SASS_MARKERS = ("HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "SYNCS")
 def required_sass(config: KernelConfig, recipe: RecipeIR) -> SassRequirement:
     """Every sm90 kernel gemmgen emits multiplies with WGMMA, loads A and B with TMA and hands
     registers between its producer and consumer warpgroups; it stores D with TMA, but where D and
-    every aux output have N/2 columns (`ir.columns`: written from the registers, pairs.hpp)."""
+    every aux output have N/2 columns (`ir.columns`: written from the registers, pairs.hpp). D's
+    row blocks (row_blocks.hpp) reduce each block's statistic across the lanes of a quad: SHFL."""
     tma_store = any(o.reduce is None and o.columns is Columns.FULL for o in recipe.outputs)
-    return (("HGMMA", "QGMMA"), ("UTMALDG",), *((("UTMASTG",),) if tma_store else ()), ("USETMAXREG",), ("SYNCS",))
+    quad = (("SHFL",),) if recipe.epilogue.row_blocks is not None else ()
+    return (("HGMMA", "QGMMA"), ("UTMALDG",), *((("UTMASTG",),) if tma_store else ()), ("USETMAXREG",), ("SYNCS",),
+            *quad)
 
 
 EMITTER = Emitter(Arch.SM90A, CONSTRAINTS, type_context, param_fields, SASS_MARKERS, required_sass)

@@ -14,6 +14,7 @@ from ..rules import (
     arch_schedule_violations,
     cluster_violations,
     reduction_violations,
+    row_block_violations,
     tile_k_violations,
 )
 from .geometry import MAX_ACCUMULATORS_PER_THREAD, accumulators_per_thread
@@ -110,4 +111,5 @@ def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 
 CONSTRAINTS = (tile_violations, tile_k_violations, schedule_violations, tile_scheduler_violations, cluster_violations,
-               register_violations, smem_violations, reduction_violations, block_scale_violations)
+               register_violations, smem_violations, reduction_violations, row_block_violations,
+               block_scale_violations)

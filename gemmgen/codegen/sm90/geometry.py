@@ -23,13 +23,23 @@ def accumulators_per_thread(cfg: KernelConfig, recipe: RecipeIR) -> int:
 
 
 def epilogue_tile(cfg: KernelConfig, recipe: RecipeIR) -> tuple[int, int]:
-    """CUTLASS's EpilogueTileAuto (sm90_compute_tile_shape_or_override)."""
+    """CUTLASS's EpilogueTileAuto (sm90_compute_tile_shape_or_override), widened to hold whole
+    row blocks where D has them (gg.quantize, gg.rms_norm: a block's statistic is reduced within
+    one subtile, `epilogue_tile_override`)."""
     tm, tn, _ = cfg.tile
     if cfg.schedule is Schedule.COOPERATIVE:
-        n = min(32, tn)
-        return min(128, tm), _gcd(n, tn)
-    n = 64 if recipe.gemm.d.bits == 8 and tn % 64 == 0 else 32
-    return min(64, tm), _gcd(min(n, tn), tn)
+        m, n = min(128, tm), _gcd(min(32, tn), tn)
+    else:
+        n = 64 if recipe.gemm.d.bits == 8 and tn % 64 == 0 else 32
+        m, n = min(64, tm), _gcd(min(n, tn), tn)
+    blocks = recipe.epilogue.row_blocks
+    return (m, max(n, blocks.block)) if blocks else (m, n)
+
+
+def epilogue_tile_override(cfg: KernelConfig, recipe: RecipeIR) -> tuple[int, int] | None:
+    """The epilogue tile a kernel spells out instead of EpilogueTileAuto, where D has row blocks
+    (`epilogue_tile`); None for the Auto tile."""
+    return epilogue_tile(cfg, recipe) if recipe.epilogue.row_blocks else None
 
 
 def _gcd(a: int, b: int) -> int:

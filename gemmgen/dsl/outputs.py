@@ -1,0 +1,89 @@
+"""What an epilogue returns, checked and turned into the IR's outputs: D, then each aux output in
+its declaration order (an M x N value, a reduction, the factors of D's row blocks)."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import RecipeError
+from ..ir import BlockOp, GemmSpec, Output, Reduction, RowBlocks
+from ..ir.ops import FP8_MAX
+from ..types import DType
+from .values import BlockOutput, Reduced, Trace, Value
+
+
+def traced_outputs(trace: Trace, result: Any, gemm: GemmSpec, aux: Mapping[str, DType]) -> list[Output]:
+    """The outputs of an epilogue's `result` (D's value, or a dict {'d': ..., '<aux>': ...})."""
+    values = dict(result) if isinstance(result, Mapping) else {"d": result}
+    if "d" not in values:
+        raise RecipeError("epilogue: the returned dict has no 'd' entry; D must always be written")
+    extra = [k for k in values if k != "d" and k not in aux]
+    if extra:
+        raise RecipeError(f"epilogue returned output {extra[0]!r} that is not declared; declare it with "
+                          f"aux={{{extra[0]!r}: gg.bf16}}")
+    never = [k for k in aux if k not in values]
+    if never:
+        raise RecipeError(f"aux output {never[0]!r} is declared but never written; return it from the "
+                          f"epilogue as {{'d': ..., {never[0]!r}: ...}}")
+    _check_row_blocks(values, gemm, aux)
+    outs = []
+    for name in ["d", *aux]:
+        v = values[name]
+        dtype = gemm.d if name == "d" else aux[name]
+        reduce, dim, over_batch, blocks = None, None, False, None
+        if isinstance(v, BlockOutput):
+            blocks = RowBlocks(v.op, v.block, v.stat._index, v.eps)
+            reduce, dim = (Reduction.BLOCK_SCALE, 1) if v.factor else (None, None)
+            v = v.value
+        if isinstance(v, Reduced):
+            if name == "d":
+                raise RecipeError(f"output 'd': D is the M x N result; return gg.{v.reduce.value}(...) under an "
+                                  f"aux name, e.g. {{'d': y, 'r': gg.{v.reduce.value}(y, ...)}} with "
+                                  "aux={'r': gg.f32}")
+            if dtype is not DType.F32:
+                raise RecipeError(f"aux output {name!r}: a reduction ({v!r}) is fp32; declare aux={{{name!r}: gg.f32}}")
+            if v.over_batch and not gemm.batched:
+                raise RecipeError(f"aux output {name!r}: over_batch=True reduces over a batched GEMM's "
+                                  "batches, and this recipe is not batched; declare batched=True, or drop "
+                                  "over_batch=True")
+            v, reduce, dim, over_batch = v.value, v.reduce, v.dim, v.over_batch
+        if isinstance(v, numbers.Real) and not isinstance(v, bool):
+            raise RecipeError(f"output {name!r} is a constant; an output must depend on the accumulator or an operand")
+        if not isinstance(v, Value) or v._trace is not trace:
+            raise RecipeError(f"output {name!r}: expected a traced value, got {type(v).__name__}")
+        outs.append(Output(name, v._index, dtype, reduce, dim, over_batch=over_batch, blocks=blocks))
+    return outs
+
+
+def _check_row_blocks(values: Mapping[str, Any], gemm: GemmSpec, aux: Mapping[str, DType]) -> None:
+    """gg.quantize's and gg.rms_norm's values are D (in an fp8 type for gg.quantize) and their
+    factors an fp32 aux output (gg.quantize's required), both from one call."""
+    returned = {k: v for k, v in values.items() if isinstance(v, BlockOutput)}
+    if not returned:
+        return
+    first = next(iter(returned.values()))
+    fix = ("q, scale = gg.quantize(y, block=128); return {'d': q, 'scale': scale}, declared with d=gg.e4m3 and "
+           "aux={'scale': gg.f32}" if first.op is BlockOp.QUANTIZE else
+           "y, rstd = gg.rms_norm(x, block=128); return {'d': y, 'rstd': rstd}, declared with aux={'rstd': gg.f32}")
+    what = f"gg.{first.op.value}"
+    for name, v in returned.items():
+        if v.factor == (name == "d"):
+            part = f"the factors ({what}'s second value) are an aux output" if v.factor else \
+                f"the values ({what}'s first value) are D"
+            raise RecipeError(f"output {name!r}: {part}; {fix}")
+        if v.call is not first.call:
+            raise RecipeError(f"output {name!r}: D's row blocks come from one gg.quantize or gg.rms_norm call; "
+                              f"return both of its values, {fix}")
+        if v.factor and aux[name] is not DType.F32:
+            raise RecipeError(f"aux output {name!r}: {what}'s factors are fp32; declare aux={{{name!r}: gg.f32}}")
+    if "d" not in returned:
+        raise RecipeError(f"output {next(iter(returned))!r}: {what}'s factors come with its values as D; {fix}")
+    if first.op is BlockOp.QUANTIZE:
+        if gemm.d not in FP8_MAX:
+            raise RecipeError(f"output 'd': gg.quantize stores D in an fp8 type, and D is {gemm.d.value}; declare "
+                              "d=gg.e4m3 (or gg.e5m2)")
+        if len(returned) < 2:
+            raise RecipeError(f"output 'd': return both of gg.quantize's values, the scales too (D is of no use "
+                              f"without them); {fix}")

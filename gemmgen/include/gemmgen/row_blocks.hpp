@@ -1,0 +1,169 @@
+// gemmgen: D computed per block of columns of each row (gemmgen.quantize, gemmgen.rms_norm).
+//
+// The root of an epilogue tree. Each block of `Block` columns of a row reduces a statistic of its
+// values (or of a second input's: an RMSNorm's x where D's value is x times a weight), the
+// block's factor follows from it, each of D's values in the block is rewritten with the factor,
+// and the factor is written to an (M, N / Block, L) tensor at any strides where the pointer is
+// not null: one fp32 per row and block, as gemmgen.ir.reference computes them. The policies:
+//   QuantizeBlock<Qmax>: max |x| (NaN propagated) -> scale = max / Qmax, 1 where it is not above 0;
+//     D = v / scale (then converted to D's fp8 type by the collective)
+//   RmsNormBlock<Block, Eps>: sum of x^2 -> rstd = rsqrt(sum / Block + Eps); D = v * rstd
+// CUTLASS's collective calls a root's reduce() once per epilogue subtile, after every visit and
+// before converting the results to D (its Sm90TopKSoftmaxColReduction works so too), so a block
+// must lie in one subtile: the kernel spells out an EpilogueTile whose N holds whole blocks. In
+// the WGMMA accumulator a row's 8-column atom is held by the 4 lanes of a quad, 2 columns each, so
+// a block's statistic is the thread's over its registers of the block, then the quad's (shuffle-
+// xor 1 and 2). Elements outside the problem do not enter it.
+#pragma once
+
+#include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
+
+#include <gemmgen/epilogue.hpp>
+
+namespace gemmgen::epi {
+
+template <uint32_t QmaxBits>
+struct QuantizeBlock {
+  CUTLASS_DEVICE static float element(float x) { return fabsf(x); }
+  CUTLASS_DEVICE static float combine(float a, float b) { return Max{}(a, b); }
+  CUTLASS_DEVICE static float factor(float amax) { return amax > 0.f ? amax / from_bits(QmaxBits) : 1.f; }
+  CUTLASS_DEVICE static float apply(float v, float scale) { return v / scale; }
+};
+
+template <int Block, uint32_t EpsBits>
+struct RmsNormBlock {
+  CUTLASS_DEVICE static float element(float x) { return x * x; }
+  CUTLASS_DEVICE static float combine(float a, float b) { return a + b; }
+  CUTLASS_DEVICE static float factor(float sum) { return rsqrtf(sum / Block + from_bits(EpsBits)); }
+  CUTLASS_DEVICE static float apply(float v, float rstd) { return v * rstd; }
+};
+
+template <class Policy, int Block, int FragmentSize, class CtaTileShapeMNK, class EpilogueTile>
+struct Sm90RowBlocks {
+  static_assert(Block % 8 == 0, "a block spans whole 8-column MMA atoms");
+  static_assert(cute::size<1>(EpilogueTile{}) % Block == 0, "the epilogue subtile must hold whole blocks");
+  static_assert(cute::size<1>(CtaTileShapeMNK{}) % cute::size<1>(EpilogueTile{}) == 0, "whole subtiles per tile");
+  using StrideFactor = cute::Stride<int64_t, int64_t, int64_t>;  // (M, N / Block, L): any layout
+
+  struct SharedStorage {};
+  struct Arguments {
+    float* ptr_factor = nullptr;  // null: the factors are not written
+    StrideFactor dFactor = {};
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) { return args; }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const&) { return true; }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  CUTLASS_HOST_DEVICE Sm90RowBlocks() {}
+  CUTLASS_HOST_DEVICE Sm90RowBlocks(Params const& params, SharedStorage const&) : params(params) {}
+  Params params;
+
+  template <class... Args>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
+    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
+  }
+
+  template <class ArgsTuple>
+  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(ArgsTuple&& args_tuple, Params const& params)
+        : args_tuple(cute::forward<ArgsTuple>(args_tuple)), params(params) {}
+    ArgsTuple args_tuple;
+    Params const& params;
+
+    // D's value, whose own statistic the block takes
+    template <class ElementAccumulator, class ElementValue>
+    CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const& frg_acc, int epi_v, int epi_m,
+                              int epi_n, cutlass::Array<ElementValue, FragmentSize> const& frg_value) {
+      return visit(frg_acc, epi_v, epi_m, epi_n, frg_value, frg_value);
+    }
+
+    // D's value, and the value the block's statistic is of
+    template <class ElementAccumulator, class ElementValue, class ElementStat>
+    CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n,
+                              cutlass::Array<ElementValue, FragmentSize> const& frg_value,
+                              cutlass::Array<ElementStat, FragmentSize> const& frg_stat) {
+      using namespace cute;
+      auto& [tCrStat, tCcD, residue_tCcD, base, mFactor] = args_tuple;
+      Tensor tCcD_mn = tCcD(_, _, _, epi_m, epi_n);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        if (elem_less(tCcD_mn(epi_v * FragmentSize + i), residue_tCcD)) {
+          float& stat = tCrStat(epi_v * FragmentSize + i);
+          stat = Policy::combine(stat, Policy::element(static_cast<float>(frg_stat[i])));
+        }
+      }
+      return cutlass::NumericArrayConverter<float, ElementValue, FragmentSize>{}(frg_value);
+    }
+
+    template <class STensor, class SyncFn, class VTensor>
+    CUTLASS_DEVICE void reduce(STensor&&, SyncFn const&, int epi_m, int epi_n, bool, VTensor visit_results) {
+      using namespace cute;
+      auto& [tCrStat, tCcD, residue_tCcD, base, mFactor] = args_tuple;
+      Tensor tCcD_mn = tCcD(_, _, _, epi_m, epi_n);
+      auto tCrStat_f = filter(tCrStat);  // one register per (row, block) the thread holds
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(tCrStat_f); ++i) {  // the 4 lanes of a row hold its column pairs
+        float v = tCrStat_f(i);
+        v = Policy::combine(v, __shfl_xor_sync(0xFFFFFFFF, v, 1));
+        v = Policy::combine(v, __shfl_xor_sync(0xFFFFFFFF, v, 2));
+        tCrStat_f(i) = Policy::factor(v);
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int epi_v = 0; epi_v < size(visit_results); ++epi_v) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; ++i) {
+          int idx = epi_v * FragmentSize + i;
+          float factor = tCrStat(idx);
+          visit_results(epi_v)[i] = Policy::apply(visit_results(epi_v)[i], factor);
+          auto coord = tCcD_mn(idx);  // from the thread's first element
+          int row = get<0>(base) + get<0>(coord), col = get<1>(base) + get<1>(coord);  // in the CTA tile
+          if (params.ptr_factor != nullptr && col % Block == 0 && elem_less(coord, residue_tCcD)) {
+            mFactor(row, col / Block) = factor;  // by the element at each block's first column
+          }
+        }
+      }
+      fill(tCrStat, 0.f);  // both policies' identity
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
+    using namespace cute;
+    auto [M, N, K, L] = args.problem_shape_mnkl;
+    auto [m, n, k, l] = args.tile_coord_mnkl;
+    auto [tile_M, tile_N, tile_K] = args.tile_shape_mnk;
+    // (CTA_M, CTA_N) -> one value per row and block of columns, partitioned as the accumulator
+    auto gBlock = make_tensor<float>(make_layout(
+        make_shape(tile_M, make_shape(Int<Block>{}, tile_N / Int<Block>{})),
+        make_stride(_1{}, make_stride(_0{}, tile_M))));
+    auto thr_mma = args.tiled_mma.get_thread_slice(args.thread_idx);
+    auto tCrBlock = make_tensor_like<float>(thr_mma.partition_C(gBlock).layout());
+    ThrCopy thread_r2s = args.tiled_copy.get_slice(args.thread_idx);
+    Tensor tRS_rBlock = thread_r2s.retile_S(tCrBlock);
+    auto layout = take<0, 3>(tRS_rBlock.layout()).compose(args.tCrC.layout());
+    Tensor tCrStat = make_tensor<float>(layout);
+    fill(tCrStat, 0.f);
+    // this tile's factors: rows of the tile, its blocks of columns
+    Tensor mFactor_mnl = make_tensor(make_gmem_ptr(params.ptr_factor),
+                                     make_shape(M, ceil_div(N, Block), L), params.dFactor);
+    Tensor mFactor = local_tile(mFactor_mnl(_, _, l), make_shape(tile_M, tile_N / Int<Block>{}), make_coord(m, n));
+    auto base = args.residue_cD - args.residue_tCcD;  // the thread's first element in the CTA tile
+    auto args_tuple = make_tuple(cute::move(tCrStat), args.tCcD, args.residue_tCcD, base, mFactor);
+    return ConsumerStoreCallbacks<decltype(args_tuple)>(cute::move(args_tuple), params);
+  }
+};
+
+}  // namespace gemmgen::epi
