@@ -503,7 +503,8 @@ def rms_norm(x: Any, block: int, eps: float = 1e-6, weight: Any = None) -> tuple
     (a gg.RowVector of N values, or None): an RMSNorm over each head of `block` columns (head-wise
     RMSNorm, the QK-norm of Qwen3 and OLMo 2) computed in the GEMM's epilogue, the heads' statistic
     reduced there. rstd (M, N / block), each head's 1 / sqrt(mean(x^2) + eps), is an optional aux
-    output (declared gg.f32: what the norm's backward needs). N must be a multiple of `block`."""
+    output (declared gg.f32: what the norm's backward needs). A partial last head (N not a multiple
+    of `block`) is normalized over its own columns."""
     width = _block_width(block, "rms_norm")
     stat = _reduced_value(x, "rms_norm")
     value = stat if weight is None else _binary(Op.MUL, stat, weight, "rms_norm")

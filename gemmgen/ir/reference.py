@@ -164,9 +164,8 @@ def _row_blocks(ir: EpilogueIR, o: Output, values: list[torch.Tensor], magnitude
                 shape: torch.Size) -> torch.Tensor:
     """D computed per block of columns of each row (`RowBlocks`), or the blocks' factors
     (`Reduction.BLOCK_SCALE`): gg.quantize's scales (`ops.quantize_blocks`, as gg.quantize_blockwise),
-    gg.rms_norm's 1 / sqrt(mean of x^2 + eps) over each block (a partial last block's mean still
-    over `block`: the runtime refuses such an N). With `magnitudes`, D's is the scale of its
-    rounding error: its value's times the factor."""
+    gg.rms_norm's 1 / sqrt(mean of x^2 + eps) over each block (a partial last block's mean over its
+    columns). With `magnitudes`, D's is the scale of its rounding error: its value's times the factor."""
     blocks = o.blocks
     assert blocks is not None
     value, stat = values[o.node].expand(shape), values[blocks.stat].expand(shape)
@@ -178,7 +177,8 @@ def _row_blocks(ir: EpilogueIR, o: Output, values: list[torch.Tensor], magnitude
         padded = stat.new_zeros((*shape[:-1], -(-n // width) * width))
         padded[..., :n] = stat
         squares = (padded * padded).unflatten(-1, (-1, width)).sum(dim=-1)
-        factor = per_value = (squares / width + blocks.eps).rsqrt()
+        counts = (n - torch.arange(0, n, width)).clamp(max=width)  # a partial last block's columns
+        factor = per_value = (squares / counts + blocks.eps).rsqrt()
         scaled = value * per_value.repeat_interleave(width, -1)[..., :n]
     if o.reduce is Reduction.BLOCK_SCALE:
         return factor

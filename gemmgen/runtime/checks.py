@@ -17,7 +17,7 @@ import torch
 
 from ..codegen.sm90.geometry import SCALE_TMA_THRESHOLD
 from ..errors import InvalidArgument, LayoutMismatch
-from ..ir import BlockOp, Columns, GemmSpec, Op, Operand, RecipeIR, f32
+from ..ir import Columns, GemmSpec, Op, Operand, RecipeIR, f32
 from ..types import DType, Layout, OperandKind
 from .problem import TensorArg
 
@@ -179,17 +179,11 @@ SizeCheck = Callable[[int, int, int, int], None]  # (M, N, K, L): raises for a p
 
 
 def _even_columns(recipe: RecipeIR, n: int) -> None:
-    """B's N columns, in pairs where the epilogue works on adjacent column pairs, in whole heads where
-    D is an RMSNorm per head (a quantization's last block may be partial, as gg.quantize_blockwise's)."""
+    """B's N columns, in pairs where the epilogue works on adjacent column pairs."""
     if recipe.epilogue.pairs and n % 2:
         raise InvalidArgument(f"b: {n} columns; this recipe's epilogue works on adjacent column pairs (gg.pairs), "
                               f"so B needs an even number of columns (each pair's two interleaved): pass B with "
                               f"{n + 1} or {n - 1} columns")
-    blocks = recipe.epilogue.row_blocks
-    if blocks is not None and blocks.op is BlockOp.RMS_NORM and n % blocks.block:
-        raise InvalidArgument(f"b: {n} columns; this recipe's D is an RMSNorm over each block of {blocks.block} "
-                              f"columns (gg.rms_norm), so B needs whole blocks: pass B with a multiple of "
-                              f"{blocks.block} columns")
 
 
 def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, object],

@@ -161,7 +161,7 @@ def epilogue_template(recipe: RecipeIR, config: KernelConfig, dtype: DType) -> T
     (sm90_get_epilogue_smem_swizzle_layout_atom: the swizzle spans the contiguous extent)."""
     em, en = (sm100.geometry.epilogue_copy_tile if config.arch is Arch.SM100A else epilogue_tile)(config, recipe)
     if recipe.gemm.layout_d is Layout.ROW:
-        swizzle, _ = _swizzle_atom(en, dtype.bits)
-        return TmaTemplate(int(_storage_type(dtype)), dtype.nbytes, (en, em, 1), int(swizzle), False)
+        swizzle, width = _swizzle_atom(en, dtype.bits)  # a box spans one swizzle atom's width at most
+        return TmaTemplate(int(_storage_type(dtype)), dtype.nbytes, (min(width, en), em, 1), int(swizzle), False)
     swizzle, width = _swizzle_atom(em, dtype.bits)
     return TmaTemplate(int(_storage_type(dtype)), dtype.nbytes, (min(width, em), en, 1), int(swizzle), True)

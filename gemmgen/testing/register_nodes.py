@@ -86,8 +86,8 @@ def row_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, i
     value of the block takes (the values pass on in fp32: the collective converts them to
     ElementD) and which is stored at (row, block) through the Params' pointer and strides, unless
     null. QuantizeBlock<Qmax>: max |x|, NaN propagated, as epi::Max does, over Qmax, 1 where the
-    max is not above 0; D = v / scale. RmsNormBlock<Block, Eps>: rsqrt(sum of x^2 / Block + Eps);
-    D = v * rstd."""
+    max is not above 0; D = v / scale. RmsNormBlock<Block, Eps>: rsqrt(sum of x^2 / count + Eps),
+    count the block's columns inside the problem; D = v * rstd."""
     if len(t.args) != 5 or len(inputs) not in (1, 2):
         raise EpilogueSourceError(f"row blocks node {t} with {len(inputs)} inputs")
     policy, block = resolve(t.args[0]), int(t.args[1].name)
@@ -107,7 +107,8 @@ def row_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, i
         factor = torch.where(amax > 0, amax / _bits_f32(policy.args[0]), 1.0)
         per_value = 1.0 / factor
     elif name == "RmsNormBlock" and len(policy.args) == 2 and int(policy.args[0].name) == block:
-        factor = per_value = ((grouped * grouped).sum(dim=-1) / block + _bits_f32(policy.args[1])).rsqrt()
+        counts = (n - torch.arange(0, n, block)).clamp(max=block)  # a partial last block's columns
+        factor = per_value = ((grouped * grouped).sum(dim=-1) / counts + _bits_f32(policy.args[1])).rsqrt()
     else:
         raise EpilogueSourceError(f"row blocks policy {policy} for blocks of {block}")
     sm, sn, sl = (struct.unpack("<q", params.raw(f"cute::get<{i}>({lvalue}.dFactor)"))[0] for i in range(3))

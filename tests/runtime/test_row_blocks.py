@@ -261,17 +261,16 @@ def test_the_rms_norm_reference_is_torchs_per_head(block):
 
 @pytest.mark.parametrize("weighted", [True, False])
 def test_emulated_kernels_normalize_each_head(weighted):
-    """Each config that may run it, on the emulated shapes with N made whole heads: D and rstd as
-    the reference has them; without a weight the node reads one value, with one two (x * weight,
-    and x for the statistic)."""
+    """Each config that may run it, on the emulated shapes (partial last heads among them): D and
+    rstd as the reference has them; without a weight the node reads one value, with one two
+    (x * weight, and x for the statistic)."""
     recipe = _normed(64, weighted, batched=True)
     configs = [c for c in EMULATED_CONFIGS if gg.codegen.is_valid(c, recipe.ir)]
     assert [(c.arch, c.swap_ab) for c in configs] == [(gg.Arch.SM90A, False)] * 2
     for config in configs:
         ck = uncompiled(recipe, config)
         assert "Sm90RowBlocks<gemmgen::epi::RmsNormBlock<64, 0x3727c5acu>, 64," in ck.generated.source
-        for m, n, k, batch in emulated_shapes(recipe):
-            shape = (m, -(-n // 64) * 64, k, batch)
+        for shape in emulated_shapes(recipe):
             assert_computes(ck, shape, f"{config.name} weighted={weighted}")
 
 
@@ -300,14 +299,19 @@ def _one_input(generated):
     return dataclasses.replace(generated, source=source)
 
 
-def test_rms_norm_needs_whole_heads_and_empty_problems_behave():
-    """N not a multiple of the head is refused naming the fix, which works; M = 0 and N = 0 give empty
-    outputs; K = 0 normalizes the bias alone."""
-    k = uncompiled_kernel(_normed(64, weighted=False))
-    a = torch.randn(3, 16).bfloat16()
-    with pytest.raises(gg.InvalidArgument, match=r"b: 100 columns; .* pass B with a multiple of 64 columns"):
-        k.prepare(a, torch.randn(100, 16).bfloat16().t(), bias=torch.randn(100).bfloat16())
-    assert k.prepare(a, torch.randn(128, 16).bfloat16().t(), bias=torch.randn(128).bfloat16()).params is not None
+def test_a_partial_last_head_is_normalized_over_its_own_columns_and_empty_problems_behave():
+    """N = 100 with heads of 64: the second head's 36 columns are normalized over themselves (as
+    F.rms_norm of them); M = 0 and N = 0 give empty outputs; K = 0 normalizes the bias alone."""
+    recipe = _normed(64, weighted=False)
+    k = uncompiled_kernel(recipe)
+    a, b, bias = torch.randn(3, 16).bfloat16(), torch.randn(100, 16).bfloat16().t(), torch.randn(100).bfloat16()
+    y, rstd = recipe.reference(a, b, bias=bias)
+    x = a.float() @ b.float() + bias.float()
+    want = torch.cat([torch.nn.functional.rms_norm(h, (h.shape[-1],), eps=1e-5) for h in x.split(64, dim=-1)], -1)
+    torch.testing.assert_close(y.float(), want.bfloat16().float(), rtol=1.6e-2, atol=1e-5)
+    torch.testing.assert_close(rstd[:, 1], (x[:, 64:].square().mean(dim=-1) + 1e-5).rsqrt(), rtol=1e-6, atol=0)
+    assert k.prepare(a, b, bias=bias).params is not None
+    assert_computes(uncompiled(recipe, EMULATED_CONFIGS[0]), (3, 100, 16, 1), "a partial head")
     prep = k.prepare(a, torch.randn(0, 16).bfloat16().t(), bias=torch.randn(0).bfloat16())
     assert prep.params is None and prep.outputs[1].shape == (3, 0)
     bias = torch.randn(128).bfloat16()

@@ -7,7 +7,8 @@
 // not null: one fp32 per row and block, as gemmgen.ir.reference computes them. The policies:
 //   QuantizeBlock<Qmax>: max |x| (NaN propagated) -> scale = max / Qmax, 1 where it is not above 0;
 //     D = v / scale (then converted to D's fp8 type by the collective)
-//   RmsNormBlock<Block, Eps>: sum of x^2 -> rstd = rsqrt(sum / Block + Eps); D = v * rstd
+//   RmsNormBlock<Block, Eps>: sum of x^2 -> rstd = rsqrt(sum / count + Eps) over the block's count
+//     of columns inside the problem (Block but in a partial last block); D = v * rstd
 // CUTLASS's collective calls a root's reduce() once per epilogue subtile, after every visit and
 // before converting the results to D (its Sm90TopKSoftmaxColReduction works so too), so a block
 // must lie in one subtile: the kernel spells out an EpilogueTile whose N holds whole blocks. In
@@ -26,7 +27,7 @@ template <uint32_t QmaxBits>
 struct QuantizeBlock {
   CUTLASS_DEVICE static float element(float x) { return fabsf(x); }
   CUTLASS_DEVICE static float combine(float a, float b) { return Max{}(a, b); }
-  CUTLASS_DEVICE static float factor(float amax) { return amax > 0.f ? amax / from_bits(QmaxBits) : 1.f; }
+  CUTLASS_DEVICE static float factor(float amax, int) { return amax > 0.f ? amax / from_bits(QmaxBits) : 1.f; }
   CUTLASS_DEVICE static float apply(float v, float scale) { return v / scale; }
 };
 
@@ -34,7 +35,7 @@ template <int Block, uint32_t EpsBits>
 struct RmsNormBlock {
   CUTLASS_DEVICE static float element(float x) { return x * x; }
   CUTLASS_DEVICE static float combine(float a, float b) { return a + b; }
-  CUTLASS_DEVICE static float factor(float sum) { return rsqrtf(sum / Block + from_bits(EpsBits)); }
+  CUTLASS_DEVICE static float factor(float sum, int count) { return rsqrtf(sum / count + from_bits(EpsBits)); }
   CUTLASS_DEVICE static float apply(float v, float rstd) { return v * rstd; }
 };
 
@@ -119,17 +120,18 @@ struct Sm90RowBlocks {
         float v = tCrStat_f(i);
         v = Policy::combine(v, __shfl_xor_sync(0xFFFFFFFF, v, 1));
         v = Policy::combine(v, __shfl_xor_sync(0xFFFFFFFF, v, 2));
-        tCrStat_f(i) = Policy::factor(v);
+        tCrStat_f(i) = v;
       }
       CUTLASS_PRAGMA_UNROLL
       for (int epi_v = 0; epi_v < size(visit_results); ++epi_v) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < FragmentSize; ++i) {
           int idx = epi_v * FragmentSize + i;
-          float factor = tCrStat(idx);
-          visit_results(epi_v)[i] = Policy::apply(visit_results(epi_v)[i], factor);
           auto coord = tCcD_mn(idx);  // from the thread's first element
           int row = get<0>(base) + get<0>(coord), col = get<1>(base) + get<1>(coord);  // in the CTA tile
+          int count = cute::min(Block, get<1>(base) + get<1>(residue_tCcD) - (col - col % Block));  // in bounds
+          float factor = Policy::factor(tCrStat(idx), count);
+          visit_results(epi_v)[i] = Policy::apply(visit_results(epi_v)[i], factor);
           if (params.ptr_factor != nullptr && col % Block == 0 && elem_less(coord, residue_tCcD)) {
             mFactor(row, col / Block) = factor;  // by the element at each block's first column
           }
