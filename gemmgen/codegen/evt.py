@@ -250,8 +250,8 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     elif d_columns is Columns.DOUBLE:  # 2N: by a DoubleStore at the root
         vnodes.append(_double_store("d", d, recipe, ir.outputs[0].node, of_ir, vnodes))
     root = len(vnodes) - 1 if paired_d else of_ir[ir.outputs[0].node]
-    quantized = ir.row_blocks is not None
-    if quantized:  # row_blocks.hpp at the root: D per block of its rows, and the blocks' factors
+    blocked = ir.row_blocks is not None
+    if blocked:  # row_blocks.hpp at the root: D per block of its rows, and the blocks' factors
         vnodes.append(_row_blocks_root(recipe, root, of_ir))
         root = len(vnodes) - 1
     consumers = [0] * len(vnodes)
@@ -259,13 +259,13 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
         for c in v.children:
             consumers[c] += 1
     converts = vnodes[root].is_compute and vnodes[root].out == COMPUTE and consumers[root] == 0
-    if not paired_d and not quantized and not converts:
+    if not paired_d and not blocked and not converts:
         # D's value is shared, stored, cast or loaded: give D a node of its own that converts.
         vnodes.append(_VNode("to_d", children=[root], fn=f"{EPI}::Map<{EPI}::Identity>::Fn"))
         consumers.append(0)
         consumers[root] += 1
         root = len(vnodes) - 1
-    if not paired_d and not quantized:
+    if not paired_d and not blocked:
         vnodes[root].out = d.cutlass  # the root writes ElementD directly (no extra conversion pass)
     element_d = "void" if paired_d else d.cutlass
 

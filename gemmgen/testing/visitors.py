@@ -238,7 +238,7 @@ class EpilogueInterpreter:
         # a grouped kernel names its layouts as pointers: strides per group (pointer-array kernels)
         self.grouped = self.decls["LayoutD"].endswith("*")
         # row_blocks.hpp's root gives fp32, which the collective converts to ElementD
-        self.quantized = any(v.startswith(f"{_EPI}Sm90RowBlocks<") for v in self.decls.values())
+        self.root_gives_fp32 = any(v.startswith(f"{_EPI}Sm90RowBlocks<") for v in self.decls.values())
 
     def _column_major(self, name: str) -> bool:
         layout = self.decls[name].removesuffix("*").strip()
@@ -258,7 +258,7 @@ class EpilogueInterpreter:
         d = self._visit(self.callbacks, _THREAD, acc, params, ())
         if self.element_d is None:
             return
-        if self.quantized and d.dtype == torch.float32:  # the collective converts the root's fp32 to ElementD
+        if self.root_gives_fp32 and d.dtype == torch.float32:  # the collective converts the root's fp32 to ElementD
             d = _convert(d, self.element_d)
         if d.dtype != self.element_d:
             raise EpilogueSourceError(f"the callbacks give {d.dtype}, ElementD is {self.element_d}")
