@@ -136,6 +136,22 @@ residual_norm_stats = gg.Recipe(
 )
 
 
+# fp8 training's two scales of an activation in one pass: D = A @ B + bias, each row's max |D| (a
+# per-token scale, for the next forward GEMM) and each column's (a per-channel scale, for the
+# weight gradient, which reads D transposed); reductions over N and over M in one kernel (sm_90a)
+def _row_col_amax(acc, bias):
+    y = acc + bias
+    return {"d": y, "amax_rows": gg.amax(y, dim=1), "amax_cols": gg.amax(y, dim=0)}
+
+
+row_col_amax = gg.Recipe(
+    "row_col_amax",
+    _row_col_amax,
+    operands={"bias": gg.RowVector(gg.bf16)},
+    aux={"amax_rows": gg.f32, "amax_cols": gg.f32},
+)
+
+
 # A gated MLP's up projection (SwiGLU: Llama, Qwen, DeepSeek) in one GEMM: B's columns interleave
 # the gate's and the up projection's (gemmgen.nn.interleave_pairs), each pair of accumulator
 # columns gives one column of D = silu(gate) * up, half as wide as B

@@ -454,13 +454,17 @@ LSE_STATE = f"{EPI}::LseState"
 
 
 def _vector_reduction_type(kind: str, reduce: Reduction) -> str:
-    """Sm90RowReduction / Sm90ColReduction into fp32, one vector per batch (dynamic batch stride);
-    a log-sum-exp's state is a pair (`LSE_STATE`), the others' fp32."""
+    """A reduction into fp32, one vector per batch (dynamic batch stride); a log-sum-exp's state is a
+    pair (`LSE_STATE`), the others' fp32. Over the kernel's N: CUTLASS's Sm90ColReduction; over its
+    M: gemmgen's Sm90RowReduction (gemmgen/include/gemmgen/row_reduction.hpp: CUTLASS's, with its
+    state in shared memory rather than spilled)."""
     reg, shuffle, gmem = _VECTOR_REDUCE_FN[reduce]
-    visitor, stride = (("Sm90RowReduction", "cute::Stride<cute::_0, cute::_1, int64_t>") if kind == "row_reduction"
-                       else ("Sm90ColReduction", "cute::Stride<cute::_1, cute::_0, int64_t>"))
     compute = LSE_STATE if reduce is Reduction.LSE else COMPUTE
-    return f"{FUSION}::{visitor}<{reg}, {shuffle}, {gmem}, 0, TileShape, float, {compute}, {ROUND}, {stride}>"
+    if kind == "row_reduction":
+        return (f"{EPI}::Sm90RowReduction<{reg}, {shuffle}, {gmem}, TileShape, EpilogueSchedule, float, {compute}, "
+                f"{ROUND}, cute::Stride<cute::_0, cute::_1, int64_t>>")
+    return (f"{FUSION}::Sm90ColReduction<{reg}, {shuffle}, {gmem}, 0, TileShape, float, {compute}, {ROUND}, "
+            "cute::Stride<cute::_1, cute::_0, int64_t>>")
 
 
 def _aux_store_type(dtype: DType, aux_stride: str, descriptor: str) -> str:

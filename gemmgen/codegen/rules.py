@@ -51,21 +51,6 @@ def cluster_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return out
 
 
-def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """Vector reductions are built over the kernel's N only (CUTLASS's Sm90ColReduction, which the
-    sm100 epilogue reuses): its Sm90RowReduction, over the kernel's M, spilled its state to local
-    memory in most configs compiled with it, where the column form never did (docs/measurements.md,
-    "Reductions over M"). A reduction over the recipe's M (dim=0) is therefore computed by a
-    swapped kernel, in which it is a reduction over the kernel's N."""
-    over_m = [o.name for o in recipe.epilogue.outputs if o.dim == 0 and o.blocks is None]
-    if over_m:
-        dim, swap = (1, "False") if cfg.swap_ab else (0, "True")
-        return [f"aux output {over_m[0]!r}: its reduction (dim={dim}) is over the kernel's M, and gemmgen builds "
-                f"reductions over the kernel's N only (CUTLASS's reduction over M spills to local memory); "
-                f"use swap_ab={swap}"]
-    return []
-
-
 def row_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """An epilogue over neighbouring columns of a row (column pairs, D's quantization blocks:
     `EpilogueIR.along_rows`) takes them from the accumulator's columns, which are the recipe's only in

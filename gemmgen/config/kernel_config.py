@@ -157,15 +157,16 @@ def tile_k(recipe: RecipeIR) -> int:
 
 def default_config(recipe: RecipeIR, arch: Arch = DEFAULT_ARCH) -> KernelConfig:
     """A recipe's config when it names none: 128 x 128 output tiles, K steps of 128 bytes (sm_90a:
-    cooperative; sm_100a: one SM's MMA); swapped when the recipe reduces over M (`needs_swap`)."""
+    cooperative; sm_100a: one SM's MMA); swapped where only a swapped kernel computes it (`needs_swap`)."""
     schedule = Schedule.ONE_SM if arch is Arch.SM100A else Schedule.COOPERATIVE
-    return KernelConfig(tile=(128, 128, tile_k(recipe)), schedule=schedule, swap_ab=needs_swap(recipe), arch=arch)
+    return KernelConfig(tile=(128, 128, tile_k(recipe)), schedule=schedule, swap_ab=needs_swap(recipe, arch), arch=arch)
 
 
-def needs_swap(recipe: RecipeIR) -> bool:
-    """Whether only a swapped kernel computes the recipe: it reduces over M, and gemmgen builds
-    vector reductions over the kernel's N only (`codegen.rules.reduction_violations`)."""
-    return any(o.dim == 0 for o in recipe.epilogue.outputs)
+def needs_swap(recipe: RecipeIR, arch: Arch = DEFAULT_ARCH) -> bool:
+    """Whether only a swapped kernel computes the recipe on `arch`: on sm_100a, one reducing over M
+    (its kernels reduce over their N only: `codegen.sm100.constraints.reduction_violations`); sm_90a
+    kernels reduce over either."""
+    return arch is Arch.SM100A and any(o.dim == 0 and o.blocks is None for o in recipe.epilogue.outputs)
 
 
 def kernel_recipe(cfg: KernelConfig, recipe: RecipeIR) -> RecipeIR:

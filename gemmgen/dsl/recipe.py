@@ -141,19 +141,13 @@ def _check_grouped_epilogue(ir: EpilogueIR) -> None:
 
 
 def _check_reductions(ir: EpilogueIR) -> None:
-    """Reductions over M (dim=0) and over N (dim=1) cannot share a kernel: gemmgen builds vector
-    reductions over the kernel's N only, so one over M needs a swapped kernel, whose N is M
-    (`codegen.rules.reduction_violations`)."""
-    over = {o.dim: o.name for o in ir.outputs if o.dim is not None}
-    if 0 in over and ir.along_rows:
-        what = "column pairs" if ir.pairs else "D's row blocks (gg.quantize, gg.rms_norm)"
-        raise RecipeError(f"epilogue: output {over[0]!r} reduces over M, which gemmgen computes with a swapped "
-                          f"kernel, and an epilogue over {what} runs unswapped (they are the accumulator's "
-                          "columns); reduce over N (dim=1) or the whole tile (gg.amax(x)) in this recipe, or "
-                          "reduce over M in a recipe of its own")
-    if len(over) == 2:
-        raise RecipeError(f"aux outputs {over[0]!r} (dim=0) and {over[1]!r} (dim=1): a kernel reduces over M or "
-                          "over N, not both; split them into two recipes")
+    """A reduction over M of a value at N/2 columns (one of column pairs' halves) is not built: the
+    kernel reduces its own N columns, of which such a value holds every other one."""
+    for o in ir.outputs:
+        if o.dim == 0 and o.columns is not Columns.FULL:
+            raise RecipeError(f"aux output {o.name!r}: a reduction over M (dim=0) of a value of column pairs (at "
+                              f"{o.columns.value} columns) is not supported; reduce it over N (dim=1), or reduce a "
+                              "full-width value over M")
 
 
 class Recipe:

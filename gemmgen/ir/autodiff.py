@@ -248,7 +248,8 @@ def derive(ir: EpilogueIR, *, grad_dtype: DType, read_dtype: DType, wrt: Sequenc
 
     kinds = {o.name: o for o in ir.operands}
     wanted = [n for n in wrt if n in d_operand]
-    # a kernel reduces over M or over N, not both; over M not at all over column pairs (never swapped)
+    # a derived kernel reduces over M or over N, not both (sm_100a kernels reduce over their N only, a
+    # swapped one over the recipe's M); over M not at all over column pairs (never swapped)
     over_m = not ir.pairs and any(kinds[n].kind is OperandKind.ROW for n in wanted)
     dim = 0 if over_m else 1
     outputs = [Output("d", d_acc.index, grad_dtype)]

@@ -25,7 +25,7 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
     recipe's scalars and vectors shared by the batches or one per batch, its matrices one per batch
     or one for every batch), a random graph of every op over them (constants on either side, shared
     values, casts), random aux outputs (some of them reductions: an amax, a max and a min over M and
-    N; sums, amaxes, maxes and mins over M or over N, one of the two per recipe), A/B/D types (fp8 A
+    N; sums, amaxes, maxes and mins over M or over N, a second one over the other dim), A/B/D types (fp8 A
     and B a third of the time, half of those with block scales of a random granularity) and
     layouts, batched or not. Divisions and exponentials take bounded arguments, so that fp32 stays
     far from overflow. Raises RecipeError for the draws the DSL refuses (an output that folds to a
@@ -43,7 +43,7 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
                           "matrix": lambda p: gg.Matrix(rng.choice(_DTYPES), per_batch=not p)}[kind](per_batch)
     n_aux = rng.randint(0, 2)
     reduced = {j for j in range(n_aux) if rng.random() < 0.4}  # these are reductions
-    dim = rng.choice((0, 1))  # of the recipe's vector reductions (a kernel reduces over M or over N)
+    dim = rng.choice((0, 1))  # of the recipe's first vector reduction; a second one's is the other
     steps = rng.randint(1, 8)
 
     def epilogue(acc: gg.Value, **ops: gg.Value) -> gg.Value | dict[str, gg.Value | gg.dsl.Reduced]:
@@ -73,7 +73,7 @@ def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
             v = rng.choice(pool)
             if j in reduced:
                 reduce, over_one_dim = rng.choice(_REDUCTIONS)
-                outs[f"aux{j}"] = reduce(v, dim) if over_one_dim else reduce(v)
+                outs[f"aux{j}"] = reduce(v, dim if j == 0 else 1 - dim) if over_one_dim else reduce(v)
             else:
                 outs[f"aux{j}"] = v
         return outs

@@ -17,7 +17,7 @@ applies the functor and converts to ElementOutput (round to nearest; fp8 saturat
 converts each op's output but the last to ElementCompute; loads and broadcasts give their element
 type; Sm90AuxStore stores its input converted to its element and passes the input on unchanged;
 Sm90ScalarReduction (max |x|, NaNs skipped) atomically max-combines into its pointer per batch and
-passes its input on; Sm90RowReduction and Sm90ColReduction (sum, or max |x| with NaNs skipped)
+passes its input on; gemmgen's Sm90RowReduction and Sm90ColReduction (sum, or max |x| with NaNs skipped)
 reduce their input over M or over N per batch on their deterministic path (partials per tile in
 the workspace, whose tile counters must start at 0), store the vector and pass the input on.
 The functors are gemmgen/include/gemmgen/epilogue.hpp's formulas, here in fp32 torch.
@@ -312,23 +312,31 @@ class EpilogueInterpreter:
             if not inputs:
                 raise EpilogueSourceError(f"compute node {t} without inputs")
             return _convert(_functor(fn)(*(x.to(torch.float32) for x in inputs)), _element(element_out))
-        if kind in ("Sm90RowReduction", "Sm90ColReduction"):
-            return self._vector_reduction(kind == "Sm90RowReduction", t, lvalue, acc, params, inputs)
+        if t.name == f"{_EPI}Sm90RowReduction" or kind == "Sm90ColReduction":
+            return self._vector_reduction(kind != "Sm90ColReduction", t, lvalue, acc, params, inputs)
         if inputs and kind not in ("Sm90AuxStore", "Sm90ScalarReduction"):
             raise EpilogueSourceError(f"{kind} is given inputs")
         return self._leaf(kind, t, lvalue, acc, params, inputs)
 
     def _vector_reduction(self, row: bool, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
                           inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """Sm90RowReduction (over M, to an N vector) or Sm90ColReduction (over N, to an M vector), each
-        batch to its own vector (a batch stride of 0 reduces over the batches too)."""
+        """gemmgen's Sm90RowReduction (over M, to an N vector: row_reduction.hpp, CUTLASS's Params and
+        workspace) or CUTLASS's Sm90ColReduction (over N, to an M vector), each batch to its own
+        vector (a batch stride of 0 reduces over the batches too)."""
         if len(t.args) != 9 or len(inputs) != 1:
             raise EpilogueSourceError(f"vector reduction {t} with {len(inputs)} inputs")
-        reg, shuffle, gmem, stages, tile, element_t, compute, rounding, stride = t.args
+        if row:  # <Reg, Shuffle, Gmem, CtaTileShapeMNK, EpilogueSchedule, ...>: no smem stages argument
+            reg, shuffle, gmem, tile, schedule, element_t, compute, rounding, stride = t.args
+            if schedule.name != "EpilogueSchedule":
+                raise EpilogueSourceError(f"vector reduction {t}: not the kernel's epilogue schedule")
+        else:
+            reg, shuffle, gmem, stages, tile, element_t, compute, rounding, stride = t.args
+            if stages.name != "0":
+                raise EpilogueSourceError(f"vector reduction {t}")
         op = _VECTOR_REDUCTIONS.get((str(reg), str(shuffle), str(gmem)))
         want = "cute::Stride<cute::_0, cute::_1, int64_t>" if row else "cute::Stride<cute::_1, cute::_0, int64_t>"
         state = f"{_EPI}LseState" if op == "lse" else _COMPUTE
-        if op is None or stages.name != "0" or (str(compute), str(rounding), str(stride)) != (state, _ROUND, want):
+        if op is None or (str(compute), str(rounding), str(stride)) != (state, _ROUND, want):
             raise EpilogueSourceError(f"vector reduction {t}")
         element = _element(element_t)
         l_, m, n = acc.shape

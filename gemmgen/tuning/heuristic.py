@@ -187,11 +187,11 @@ def split_variants(configs: list[KernelConfig], m: int, n: int, k: int, l: int =
 
 def candidate_configs(recipe: RecipeIR, m_bucket: int, arch: Arch = DEFAULT_ARCH) -> tuple[KernelConfig, ...]:
     """The configs considered for an M bucket on `arch`, most preferred first, with K steps of 128
-    bytes. A recipe that only a swapped kernel computes (`config.needs_swap`) gets every tile
-    swapped."""
+    bytes. A recipe that only a swapped kernel computes on `arch` (`config.needs_swap`) gets every
+    tile swapped."""
     # swapped kernels take the recipe's rows as their columns: not for an epilogue over a row's columns
     small_m = m_bucket <= SWAP_MAX_M and not recipe.epilogue.along_rows
-    return _candidates(small_m, needs_swap(recipe), tile_k(recipe), arch)
+    return _candidates(small_m, needs_swap(recipe, arch), tile_k(recipe), arch)
 
 
 @functools.cache
@@ -232,8 +232,8 @@ def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int |
     score, cfg, why = order[0]
     listed = candidate_configs(recipe, mb, arch)
     lines = [w for _, _, w in sorted(order, key=lambda t: listed.index(t[1]))]
-    swapped = "; a reduction over M: swapped kernels only (codegen.rules.reduction_violations)" \
-        if needs_swap(recipe) else ""
+    swapped = "; a reduction over M: swapped kernels only (codegen.sm100.constraints.reduction_violations)" \
+        if needs_swap(recipe, arch) else ""
     return Choice(cfg, mb, score, f"M={m} -> bucket {mb}{swapped}; chose {why}\n  considered:\n    "
                   + "\n    ".join(lines))
 

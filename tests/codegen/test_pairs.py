@@ -58,12 +58,16 @@ def test_misuse_names_the_fix(epilogue, operands, match):
         gg.Recipe("t", epilogue, operands=operands)
 
 
-def test_a_reduction_over_m_is_refused_in_a_recipe_over_pairs():
-    """Reductions over M run in swapped kernels, and pairs are the unswapped kernel's columns."""
-    with pytest.raises(gg.RecipeError, match=r"reduces over M, .* reduce over N \(dim=1\)"):
-        gg.Recipe("t", lambda acc: {"d": _swiglu(acc), "s": gg.sum(acc, dim=0)}, aux={"s": gg.f32})
+def test_a_reduction_over_m_of_a_half_is_refused_in_a_recipe_over_pairs():
+    """The kernel reduces over M its own N columns, of which a half holds every other one: a
+    reduction over M of a full-width value is the kernel's (unswapped), one of a half is refused."""
+    with pytest.raises(gg.RecipeError, match=r"a reduction over M \(dim=0\) of a value of column pairs .* reduce it "
+                                             r"over N \(dim=1\)"):
+        gg.Recipe("t", lambda acc: {"d": _swiglu(acc), "s": gg.sum(_swiglu(acc), dim=0)}, aux={"s": gg.f32})
     ok = gg.Recipe("t", lambda acc: {"d": _swiglu(acc), "s": gg.sum(_swiglu(acc), dim=1)}, aux={"s": gg.f32})
     assert ok.outputs[1].columns is Columns.HALF
+    full = gg.Recipe("t", lambda acc: {"d": _swiglu(acc), "s": gg.sum(acc, dim=0)}, aux={"s": gg.f32})
+    assert full.outputs[1].columns is Columns.FULL and not full.default_config().swap_ab
 
 
 def test_the_fix_for_a_row_vector_after_the_pairs_works():

@@ -97,8 +97,8 @@ def test_inspect_json(compiled, session_cache):
     rows = json.loads(proc.stdout)
     assert [r["name"] for r in rows] == ["gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination",
                                          "bias_gelu_aux", "quick_gelu_scaled", "scaled_mm_fp8", "fp8_block_scaled",
-                                         "fp8_quantized", "qk_norm", "residual_norm_stats", "swiglu", "moe_up",
-                                         "moe_swiglu", "moe_fp8_block"]
+                                         "fp8_quantized", "qk_norm", "residual_norm_stats", "row_col_amax", "swiglu",
+                                         "moe_up", "moe_swiglu", "moe_fp8_block"]
     for row in rows:
         assert {"name", "registers", "smem_bytes", "local_bytes", "stack_bytes", "sass", "compile_seconds"} <= set(row)
         assert set(row["sass"]) >= {"HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "SYNCS"}
@@ -112,9 +112,9 @@ def test_build_cli_writes_a_bundle_that_loads_anywhere_without_nvrtc(compiled, s
                            str(tmp_path / "bundle"), "--cache-dir", str(session_cache.root)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "wrote a bundle of 15 kernel(s)" in proc.stderr and "bias_gelu_aux" in proc.stdout
+    assert "wrote a bundle of 16 kernel(s)" in proc.stderr and "bias_gelu_aux" in proc.stdout
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
-    assert manifest["arches"] == ["sm_90a"] and len(manifest["kernels"]) == 15
+    assert manifest["arches"] == ["sm_90a"] and len(manifest["kernels"]) == 16
     assert {e["arch"] for e in manifest["kernels"]} == {"sm_90a"}
     assert not list((tmp_path / "bundle").rglob("*.lock"))
     assert str(tmp_path) not in (tmp_path / "bundle" / "manifest.json").read_text()

@@ -131,22 +131,34 @@ def test_auto_stages_fill_shared_memory(recipe):
     assert used <= 232448 < used + mainloop_stage_bytes(cfg, recipe)
 
 
-def test_vector_reductions_are_over_the_kernels_n():
-    """CUTLASS's reduction over a kernel's M spills (codegen.sm90.constraints.reduction_violations): a reduction over
-    the recipe's M needs a swapped kernel and one over N an unswapped one; the default follows."""
+def test_sm90_kernels_reduce_over_m_or_n_and_sm100_kernels_over_their_n():
+    """sm_90a kernels reduce over their M (gemmgen's row_reduction.hpp) and their N, so a recipe
+    reducing over M, over N or both runs unswapped or swapped; sm_100a kernels reduce over their N
+    only (codegen.sm100.constraints.reduction_violations): a reduction over M needs a swapped
+    kernel there, and one over both is refused by name."""
     over_m = gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 0)}, aux={"s": gg.f32}).ir
     over_n = gg.Recipe("r", lambda acc: {"d": acc, "s": gg.amax(acc, 1)}, aux={"s": gg.f32}).ir
+    both = gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 0), "t": gg.amax(acc, 1)},
+                     aux={"s": gg.f32, "t": gg.f32}).ir
     plain, swapped = KernelConfig(), KernelConfig(swap_ab=True)
-    assert violations(plain, over_m) == [
-        "aux output 's': its reduction (dim=0) is over the kernel's M, and gemmgen builds reductions over the "
-        "kernel's N only (CUTLASS's reduction over M spills to local memory); use swap_ab=True"]
-    assert violations(swapped, over_n) == [
-        "aux output 's': its reduction (dim=1) is over the kernel's M, and gemmgen builds reductions over the "
-        "kernel's N only (CUTLASS's reduction over M spills to local memory); use swap_ab=False"]
-    assert is_valid(swapped, over_m) and is_valid(plain, over_n)
-    assert default_config(over_m).swap_ab and not default_config(over_n).swap_ab
+    for recipe in (over_m, over_n, both):
+        assert is_valid(plain, recipe) and is_valid(swapped, recipe)
+        assert not default_config(recipe).swap_ab
+    sm100, sm100_swapped = KernelConfig(schedule=gg.Schedule.ONE_SM, arch=gg.Arch.SM100A), \
+        KernelConfig(schedule=gg.Schedule.ONE_SM, arch=gg.Arch.SM100A, swap_ab=True)
+    assert violations(sm100, over_m) == [
+        "aux output 's': its reduction (dim=0) is over the kernel's M, and gemmgen's sm_100a kernels reduce over "
+        "their N only; use swap_ab=True"]
+    assert violations(sm100_swapped, over_n) == [
+        "aux output 's': its reduction (dim=1) is over the kernel's M, and gemmgen's sm_100a kernels reduce over "
+        "their N only; use swap_ab=False"]
+    assert is_valid(sm100_swapped, over_m) and is_valid(sm100, over_n)
+    assert default_config(over_m, gg.Arch.SM100A).swap_ab and not default_config(over_n, gg.Arch.SM100A).swap_ab
+    for cfg in (sm100, sm100_swapped):
+        assert any("reductions over both M and N on sm_100a are not emitted yet" in v and "arch=Arch.SM90A" in v
+                   for v in violations(cfg, both))
     with pytest.raises(gg.ConfigError, match=r"use swap_ab=True"):
-        gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 0)}, aux={"s": gg.f32}, config=plain)
+        gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 0)}, aux={"s": gg.f32}, config=sm100)
 
 
 def test_config_names_are_stable():

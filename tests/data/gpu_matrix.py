@@ -155,8 +155,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         out.append((recipe, next(c for c in (gg.KernelConfig(tile=(tm, 128, tile_k(recipe.ir)), schedule=other)
                                               for tm in (128, 64)) if gg.codegen.is_valid(c, recipe.ir))))
         decode = choose(recipe.ir, *DECODE_PROBLEM).config
-        # swapped, a reduction over N would be over M, and column pairs would be rows
-        assert decode.swap_ab or any(o.dim == 1 for o in recipe.outputs) or recipe.ir.epilogue.pairs, decode
+        # swapped at a decode step, but where column pairs (row blocks) would be rows
+        assert decode.swap_ab != recipe.ir.epilogue.along_rows, decode
 
         out.append((recipe, decode))
         if recipe.name == "bias_silu_residual":
@@ -169,7 +169,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
             out += [(recipe, c) for shape in STATS_BENCH_SHAPES for c in bench_configs(recipe, *shape)]
         if recipe.name in ("scaled_mm_fp8", "fp8_block_scaled"):
             out += [(recipe, c) for shape in FP8_BENCH_SHAPES for c in bench_configs(recipe, *shape)]
-    columns = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["column_stats"]  # reductions over M
+    # reductions over M: gemmgen's over the kernel's M, and CUTLASS's over a swapped kernel's N
+    columns = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["column_stats"]
     out += [(columns, columns.default_config()), (columns, gg.KernelConfig(swap_ab=True))]
     swapped_blocks = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["block_scaled_swapped"]
     out.append((swapped_blocks, swapped_blocks.default_config()))

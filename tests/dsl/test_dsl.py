@@ -255,9 +255,10 @@ def test_reductions_record_their_dim_as_torch_numbers_a_matrix():
     (lambda: gg.Recipe("r", lambda acc: {"d": acc, "m": gg.reduce_min(acc, 1)}, aux={"m": gg.bf16}),
      r"aux output 'm': a reduction \(gemmgen.reduce_min\(.*dim=1\)\) is fp32"),
     (lambda: gg.Recipe("r", lambda acc: gg.relu(gg.amax(acc, 1))), r"are outputs, not values to compute with"),
-    (lambda: gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 0), "t": gg.amax(acc, 1)},
-                       aux={"s": gg.f32, "t": gg.f32}),
-     r"aux outputs 's' \(dim=0\) and 't' \(dim=1\): a kernel reduces over M or over N, not both"),
+    (lambda: gg.Recipe("r", lambda acc: {"d": gg.pairs(acc)[0], "s": gg.sum(gg.pairs(acc)[1], 0)},
+                       aux={"s": gg.f32}),
+     r"aux output 's': a reduction over M \(dim=0\) of a value of column pairs \(at half columns\) is not "
+     r"supported; reduce it over N \(dim=1\), or reduce a full-width value over M"),
     (lambda: gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 1)}, aux={"s": gg.f32}, grouped=True),
      r"a grouped GEMM writes D only \(auxiliary outputs and reductions"),
     (lambda: gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 0), "t": gg.amax(acc, 0), "u": gg.amax(acc)},

@@ -536,6 +536,27 @@ def test_qk_norm_normalizes_each_head(gen):
     torch.testing.assert_close(rstd, (heads.square().mean(dim=-1) + 1e-6).rsqrt(), rtol=1e-4, atol=0)
 
 
+def test_row_col_amax_reduces_over_m_and_n_in_one_kernel(gen):
+    """row_col_amax (a reduction over N and one over M, gemmgen's row_reduction.hpp, in one kernel)
+    against torch on the same fp32 accumulator: odd M, N past a tile, a K tail; under its default
+    (unswapped: the reduction over M is the kernel's) and its decode kernel (swapped: over N is)."""
+    from gemmgen.tuning import choose
+    from tests.data.gpu_matrix import DECODE_PROBLEM
+
+    recipe = load_recipes(ROOT / "examples" / "recipes.py")["row_col_amax"]
+    decode = choose(recipe.ir, *DECODE_PROBLEM).config
+    assert decode.swap_ab and not recipe.default_config().swap_ab
+    for m, config in ((77, recipe.default_config()), (5, decode)):
+        a = torch.randn(m, 200, device="cuda", generator=gen).bfloat16()
+        b = torch.randn(1000, 200, device="cuda", generator=gen).bfloat16().t()
+        bias = torch.randn(1000, device="cuda", generator=gen).bfloat16()
+        d, rows, cols = recipe.compile(config)(a, b, bias=bias)
+        y = a.float() @ b.float() + bias.float()
+        torch.testing.assert_close(d.float(), y, rtol=1.6e-2, atol=1.6e-2)
+        torch.testing.assert_close(rows, y.abs().amax(dim=1), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(cols, y.abs().amax(dim=0), rtol=1e-4, atol=1e-4)
+
+
 def test_block_scaled_linear_eager_and_graph(gen):
     """BlockScaledLinear (e4m3 weight in 128 x 128 blocks, input quantized per call) on the GPU
     against the same layer on the CPU, where the op evaluates the recipe's reference on the same

@@ -140,6 +140,9 @@ def _independent(name, acc, ops):
     if name == "residual_norm_stats":
         h = acc + f["residual"]
         return h.bfloat16(), (h * h).sum(dim=-1), h.abs().amax(dim=-1)
+    if name == "row_col_amax":  # max |y| per token (over N) and per channel (over M)
+        y = acc + f["bias"]
+        return y.bfloat16(), y.abs().amax(dim=-1), y.abs().amax(dim=-2)
     if name == "column_stats":
         y = acc * f["row_scale"][:, None]
         quantized = y.clamp(-448, 448).to(torch.float8_e4m3fn).half()

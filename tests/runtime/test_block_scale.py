@@ -93,7 +93,7 @@ def test_configs_keep_tile_k_at_the_scales_k_and_cover_whole_blocks():
             cfg = choose(ir, m, n, k).config
             assert is_valid(cfg, ir) and cfg.swap_ab == (m <= 64), (m, n, k, cfg)
     over_m = _recipe(epilogue=lambda acc: {"d": acc, "s": gg.sum(acc, dim=0)}, aux={"s": gg.f32}).ir
-    assert default_config(over_m).swap_ab and is_valid(default_config(over_m), over_m)
+    assert not default_config(over_m).swap_ab and is_valid(default_config(over_m), over_m)  # sm_90a: either way
 
 
 @pytest.mark.parametrize("m, n, k, batch", [(1, 1, 1, None), (37, 300, 1000, None), (129, 256, 384, 2),

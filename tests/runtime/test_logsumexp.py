@@ -1,8 +1,9 @@
 """gg.logsumexp (issue 32 item 5, the reduction): log(sum(exp(x))) over N (a row's, as a
 cross-entropy's log-normalizer) or over M, in CUTLASS's vector reductions with a pair state
-{max, sum of exp(x - max)} (gemmgen/include/gemmgen/lse.hpp). Its combine on the host against
-torch.logsumexp, the reference against torch, the emulated kernels (sm90 and sm100, swapped for a
-reduction over M), and mistakes that must fail."""
+{max, sum of exp(x - max)} (gemmgen/include/gemmgen/lse.hpp; over M on sm_90a in gemmgen's
+row_reduction.hpp). Its combine on the host against
+torch.logsumexp, the reference against torch, the emulated kernels (sm90 either way round, sm100
+swapped for a reduction over M), and mistakes that must fail."""
 
 from __future__ import annotations
 
@@ -117,7 +118,9 @@ def test_emulated_kernels_compute_the_logsumexp(name):
     recipe = RECIPES[name]
     configs = [c for c in EMULATED_CONFIGS if gg.codegen.is_valid(c, recipe.ir)]
     assert {c.arch for c in configs} == {gg.Arch.SM90A, SM100}
-    assert all(c.swap_ab == (name == "columns") for c in configs)  # over M: swapped
+    # sm_100a kernels reduce over their N only (over M: swapped); sm_90a ones over either
+    assert all(c.swap_ab == (name == "columns") for c in configs if c.arch is SM100)
+    assert {c.swap_ab for c in configs if c.arch is gg.Arch.SM90A} == {False, True}
     for config in configs:
         ck = uncompiled(recipe, config)
         assert "gemmgen::epi::LseState" in ck.generated.source
@@ -171,5 +174,6 @@ def test_misuse_is_refused_naming_the_fix():
         gg.Recipe("t", lambda acc: {"d": acc, "l": gg.logsumexp(acc, dim=None)}, aux={"l": gg.f32})  # type: ignore[arg-type]
     with pytest.raises(gg.RecipeError, match=r"a reduction .* is fp32; declare aux=\{'l': gg.f32\}"):
         gg.Recipe("t", lambda acc: {"d": acc, "l": gg.logsumexp(acc, dim=1)}, aux={"l": gg.bf16})
-    with pytest.raises(gg.RecipeError, match=r"reduces over M, which gemmgen computes with a swapped kernel"):
-        gg.Recipe("t", lambda acc: {"d": gg.pairs(acc)[0], "l": gg.logsumexp(acc, dim=0)}, aux={"l": gg.f32})
+    with pytest.raises(gg.RecipeError, match=r"a reduction over M \(dim=0\) of a value of column pairs"):
+        gg.Recipe("t", lambda acc: {"d": gg.pairs(acc)[0], "l": gg.logsumexp(gg.pairs(acc)[1], dim=0)},
+                  aux={"l": gg.f32})

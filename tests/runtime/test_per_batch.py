@@ -75,9 +75,8 @@ SHAPES = [(1, 8, 16, 3), (37, 50, 72, 2), (129, 264, 200, 3), (300, 10, 129, 1)]
 def test_emulated_calls_compute_the_recipe(name):
     recipe = RECIPES[name]
     configs = [c for c in CONFIGS if gg.codegen.is_valid(c, recipe.ir)]
-    swapped = sum(c.swap_ab for c in configs)  # a reduction over N runs unswapped, one over M swapped
-    assert (len(configs) - swapped, swapped) == {"head_bias": (4, 0), "expert_scale": (4, 2), "col_sums": (0, 2),
-                                                 "shared_bias": (4, 2), "gated_shared": (4, 0)}[name]
+    swapped = sum(c.swap_ab for c in configs)  # reductions either way round; column pairs never swapped
+    assert (len(configs) - swapped, swapped) == (4, 0 if recipe.ir.epilogue.pairs else 2)
     for config in configs:
         ck = uncompiled(recipe, config)
         for shape in SHAPES:

@@ -176,8 +176,6 @@ def _values_and_scales(y):
     (lambda acc: {"d": gg.rms_norm(acc, 128, eps=0.0)[0], "scale": acc}, {"d": gg.bf16, "aux": {"scale": gg.bf16}},
      r"rms_norm: eps=0.0; expected a positive number"),
     (lambda acc: gg.exp(gg.quantize(acc)[0]), {}, r"gives outputs, not values to compute with"),
-    (lambda acc: {**_values_and_scales(acc), "s": gg.sum(acc, dim=0)}, {"aux": {"scale": gg.f32, "s": gg.f32}},
-     r"reduces over M, .* D's row blocks \(gg.quantize, gg.rms_norm\) runs unswapped"),
     (_values_and_scales, {"layout_d": gg.ColMajor}, r"layout_d: the blocks of gg.quantize and gg.rms_norm are columns"),
     (_values_and_scales, {"grouped": True}, r"aux output 'scale': a grouped GEMM writes D only"),
 ])
@@ -318,3 +316,17 @@ def test_a_partial_last_head_is_normalized_over_its_own_columns_and_empty_proble
     prep = k.prepare(torch.randn(3, 0).bfloat16(), torch.randn(128, 0).bfloat16().t(), bias=bias)
     want = torch.nn.functional.rms_norm(bias.float().unflatten(0, (2, 64)), (64,), eps=1e-5).flatten()
     torch.testing.assert_close(prep.outputs[0].float(), want.expand(3, 128).bfloat16().float())
+
+
+def test_row_blocks_with_a_reduction_over_m():
+    """D quantized per block of a row and each column's sum over M in one kernel: never swapped,
+    the sum is the kernel's over its M (row_reduction.hpp), under the row blocks' epilogue tile."""
+    recipe = gg.Recipe("t", lambda acc: {**_values_and_scales(acc), "s": gg.sum(acc, dim=0)}, d=gg.e4m3,
+                       batched=True, aux={"scale": gg.f32, "s": gg.f32})
+    configs = [c for c in EMULATED_CONFIGS if gg.codegen.is_valid(c, recipe.ir)]
+    assert [(c.arch, c.swap_ab) for c in configs] == [(gg.Arch.SM90A, False)] * 2
+    for config in configs:
+        ck = uncompiled(recipe, config)
+        assert "gemmgen::epi::Sm90RowReduction<" in ck.generated.source
+        for shape in emulated_shapes(recipe):
+            assert_computes(ck, shape, config.name)

@@ -62,8 +62,7 @@ def test_small_m_swaps_a_and_b_for_a_narrow_tile(examples):
     for recipe in dense(examples).values():
         for n, k in WEIGHTS[:5]:
             c = choose(recipe.ir, 8, n, k)
-            if any(o.dim == 1 for o in recipe.outputs) or recipe.ir.epilogue.pairs:
-                # swapped, its reduction over N would be over M, its column pairs the rows
+            if recipe.ir.epilogue.along_rows:  # swapped, its column pairs (row blocks) would be rows
                 assert not c.config.swap_ab and "_swapab" not in c.why, (recipe.name, c.why)
                 continue
             assert c.config.swap_ab and c.config.tile[1] == 16, (recipe.name, n, k, c.why)
@@ -93,15 +92,20 @@ def test_grouped_choice_follows_the_rows_per_group(examples):
         assert len(picked) == (1 if recipe.ir.epilogue.pairs else 2), name
 
 
-def test_reductions_over_m_get_swapped_kernels_at_every_m(extra):
-    """A reduction over M is computed by a swapped kernel (over its N): the heuristic offers every
-    tile transposed, so large M gets large tiles too; the recipe's default config is swapped."""
+def test_reductions_over_m_take_either_orientation_on_sm90_and_swapped_kernels_on_sm100(extra):
+    """sm_90a kernels reduce over their M (row_reduction.hpp) and their N, so a recipe reducing over
+    M gets the kernel any other recipe would: unswapped at large M, swapped at small M. sm_100a
+    kernels reduce over their N only: the heuristic offers every tile transposed there, so large M
+    gets large tiles too."""
     r = extra["column_stats"].ir
-    assert default_config(r).swap_ab
+    assert not default_config(r).swap_ab
+    assert not choose(r, 8192, 4096, 4096).config.swap_ab
+    assert choose(r, 8, 4096, 4096).config.swap_ab
+    assert default_config(r, gg.Arch.SM100A).swap_ab
     for m in (1, 64, 1000, 8192):
-        c = choose(r, m, 4096, 4096)
+        c = choose(r, m, 4096, 4096, arch=gg.Arch.SM100A)
         assert c.config.swap_ab and "a reduction over M: swapped kernels only" in c.why, c.why
-    big = choose(r, 8192, 8192, 8192).config
+    big = choose(r, 8192, 8192, 8192, arch=gg.Arch.SM100A).config
     assert big.tile[0] * big.tile[1] >= 128 * 256, big.name
 
 
@@ -164,18 +168,19 @@ def test_explain_cli(capsys):
 
 def test_explain_backward_shows_the_derived_recipes_and_their_launches(capsys):
     """`--backward`: what the derived backward kernel computes, and the launches of it and of the
-    forward that saves for it (a swapped kernel: the bias gradient is a sum over M)."""
+    forward that saves for it (unswapped at this size: the bias gradient, a sum over M, is reduced
+    over the kernel's M)."""
     assert cli_main(["explain", str(EXAMPLES), "--shape", "4096", "4096", "4096", "--recipe", "bias_gelu",
                      "--backward"]) == 0
     out = capsys.readouterr().out
     assert "\n  bias_gelu_bwd: bf16 x bf16 -> bf16, reads saved_acc, bias\n" in out
     assert "\n    grad_bias: dL/dbias (sum over M)\n" in out
     assert "\n  bias_gelu_train: 128x256x64_c2x1x1_cooperative_auto (recipe)" in out
-    assert "\n  bias_gelu_bwd: " in out and "_swapab (heuristic)" in out
+    assert "\n  bias_gelu_bwd: 128x256x64" in out and "_swapab" not in out.split("bias_gelu_bwd: ")[1].split("\n")[0]
     assert cli_main(["explain", str(EXAMPLES), "--shape", "64", "64", "64", "--backward"]) == 0
     out = capsys.readouterr().out
     no_backward = ("fp8_quantized", "qk_norm")  # D per block of its rows: not differentiated
-    assert len(re.findall(r"^  \w+_bwd(_recompute)?: ", out, re.M)) == 2 * 13
+    assert len(re.findall(r"^  \w+_bwd(_recompute)?: ", out, re.M)) == 2 * 14
     assert [line.split(".backward()")[0].split()[-1] for line in out.splitlines() if "no backward" in line] == \
         list(no_backward)
 

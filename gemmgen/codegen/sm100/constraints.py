@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ...config import KernelConfig, Schedule, TileScheduler
 from ...ir import RecipeIR
-from ..rules import arch_schedule_violations, cluster_violations, reduction_violations, tile_k_violations
+from ..rules import arch_schedule_violations, cluster_violations, tile_k_violations
 from .smem import SM100_SMEM_CAPACITY, smem_fit, stage_count
 
 
@@ -59,6 +59,23 @@ def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     if cfg.stages is not None and need > SM100_SMEM_CAPACITY:
         return [f"shared memory: {stages} stages of tile {cfg.tile} plus the epilogue need up to {need} bytes per "
                 f"CTA, more than the {SM100_SMEM_CAPACITY} an sm_100 block can use; lower stages or the tile"]
+    return []
+
+
+def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """sm_100a kernels reduce over the kernel's N only (CUTLASS's Sm90ColReduction, which the sm100
+    epilogue reuses; gemmgen's reduction over M, row_reduction.hpp, is sm_90a's WGMMA layout), so a
+    reduction over the recipe's M (dim=0) is computed by a swapped kernel, in which it is one over
+    the kernel's N, and a recipe reducing over both is not run on sm_100a yet."""
+    dims = {o.dim: o.name for o in recipe.epilogue.outputs if o.dim is not None and o.blocks is None}
+    if len(dims) == 2:
+        return [f"aux outputs {dims[0]!r} and {dims[1]!r}: reductions over both M and N on sm_100a are not emitted "
+                "yet (its kernels reduce over their N only); gemmgen runs such recipes on sm_90a GPUs (H100/H200) "
+                "so far: build them with arch=Arch.SM90A for those, or split the reductions into two recipes"]
+    if 0 in dims:
+        dim, swap = (1, "False") if cfg.swap_ab else (0, "True")
+        return [f"aux output {dims[0]!r}: its reduction (dim={dim}) is over the kernel's M, and gemmgen's sm_100a "
+                f"kernels reduce over their N only; use swap_ab={swap}"]
     return []
 
 

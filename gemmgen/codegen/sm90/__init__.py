@@ -22,11 +22,11 @@ def required_sass(config: KernelConfig, recipe: RecipeIR) -> SassRequirement:
     """Every sm90 kernel gemmgen emits multiplies with WGMMA, loads A and B with TMA and hands
     registers between its producer and consumer warpgroups; it stores D with TMA, but where D and
     every aux output have N/2 columns (`ir.columns`: written from the registers, pairs.hpp). D's
-    row blocks (row_blocks.hpp) reduce each block's statistic across the lanes of a quad: SHFL."""
+    row blocks (row_blocks.hpp) and reductions over M or N combine across lanes: SHFL."""
     tma_store = any(o.reduce is None and o.columns is Columns.FULL for o in recipe.outputs)
-    quad = (("SHFL",),) if recipe.epilogue.row_blocks is not None else ()
+    lanes = (("SHFL",),) if any(o.dim is not None for o in recipe.outputs) else ()
     return (("HGMMA", "QGMMA"), ("UTMALDG",), *((("UTMASTG",),) if tma_store else ()), ("USETMAXREG",), ("SYNCS",),
-            *quad)
+            *lanes)
 
 
 EMITTER = Emitter(Arch.SM90A, CONSTRAINTS, type_context, param_fields, SASS_MARKERS, required_sass)

@@ -13,7 +13,6 @@ from ...ir import RecipeIR
 from ..rules import (
     arch_schedule_violations,
     cluster_violations,
-    reduction_violations,
     row_block_violations,
     tile_k_violations,
 )
@@ -111,5 +110,5 @@ def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 
 CONSTRAINTS = (tile_violations, tile_k_violations, schedule_violations, tile_scheduler_violations, cluster_violations,
-               register_violations, smem_violations, reduction_violations, row_block_violations,
+               register_violations, smem_violations, row_block_violations,
                block_scale_violations)

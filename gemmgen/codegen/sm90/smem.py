@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ...config import KernelConfig
+from ...config import KernelConfig, Schedule
 from ...ir import Columns, RecipeIR
 from ...types import DType, Layout
 from ..evt import ParamBinding, build_epilogue
@@ -107,13 +107,18 @@ def epilogue_stages(cfg: KernelConfig, recipe: RecipeIR) -> EpilogueStages:
 
 
 def _visitor(b: ParamBinding, cfg: KernelConfig, recipe: RecipeIR, stages: EpilogueStages) -> Storage:
-    """One visitor's SharedStorage: an aux tensor's staged tiles, a row vector's tile-wide copy."""
+    """One visitor's SharedStorage: an aux tensor's staged tiles, a row vector's tile-wide copy, a
+    reduction over M's partials."""
     em, en = epilogue_tile(cfg, recipe)
     if b.kind in ("aux_load", "aux_store"):
         count = stages.c if b.kind == "aux_load" else stages.d
         return Storage(count * em * en * b.dtype.nbytes, _swizzle_alignment(cfg, recipe, b.dtype))
     if b.kind == "row":
         return Storage(cfg.tile[1] * b.dtype.nbytes, _VECTOR_ALIGN)
+    if b.kind == "row_reduction":  # row_reduction.hpp: each consumer warp's value of each column, a tile count
+        warps = 8 if cfg.schedule is Schedule.COOPERATIVE else 4
+        state = 8 if b.log_sum_exp else 4
+        return struct([Storage(warps * cfg.tile[1] * state, _VECTOR_ALIGN), Storage(4, 4)])
     return EMPTY  # column vectors and scalars are read from global memory
 
 
