@@ -337,8 +337,10 @@ def _row_blocks_root(recipe: RecipeIR, value: int, of_ir: dict[int, int]) -> _VN
     assert blocks is not None
     if blocks.op is BlockOp.QUANTIZE:
         policy = f"{EPI}::QuantizeBlock<{f32_bits(FP8_MAX[recipe.gemm.d]):#010x}u>"
+    elif blocks.op is BlockOp.EXP:
+        policy = f"{EPI}::ExpMinusMaxBlock<{f32_bits(blocks.constant):#010x}u>"
     else:
-        policy = f"{EPI}::RmsNormBlock<{blocks.block}, {f32_bits(blocks.eps):#010x}u>"
+        policy = f"{EPI}::RmsNormBlock<{blocks.block}, {f32_bits(blocks.constant):#010x}u>"
     node = (f"{EPI}::Sm90RowBlocks<{policy}, {blocks.block}, EpilogueDescriptor::DispatchPolicy::FragmentSize, "
             "TileShape, EpilogueTile>")
     stat = of_ir[blocks.stat]

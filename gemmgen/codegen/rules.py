@@ -58,14 +58,14 @@ def row_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     ir = recipe.epilogue
     if ir.along_rows and cfg.swap_ab:
         what = "adjacent column pairs (gg.pairs)" if ir.pairs else \
-            "blocks of columns of a row (gg.quantize, gg.rms_norm)"
+            "blocks of columns of a row (gg.quantize, gg.rms_norm, gg.exp_minus_max)"
         return [f"swap_ab=True: this recipe's epilogue works on {what}, which a swapped kernel would take from "
                 "rows; use swap_ab=False"]
     return []
 
 
 def row_block_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """D's row blocks (gg.quantize, gg.rms_norm) lie in one epilogue subtile, whose N the kernel sets
+    """D's row blocks (gg.quantize, gg.rms_norm, gg.exp_minus_max) lie in one epilogue subtile, whose N the kernel sets
     to the block (`sm90.geometry.epilogue_tile`): the tile's N must hold whole blocks."""
     blocks = recipe.epilogue.row_blocks
     if blocks is not None and cfg.tile[1] % blocks.block:

@@ -17,6 +17,7 @@ from .values import (
     eq,
     erf,
     exp,
+    exp_minus_max,
     gather,
     ge,
     gelu,
@@ -52,7 +53,8 @@ from .values import (
 __all__ = [
     "DEEPSEEK_BLOCK_SCALE", "OPS", "Backward", "ColVector", "Matrix", "OperandDecl", "OperandGradient", "BlockOutput",
     "Recipe", "Reduced", "RowVector", "Scalar", "Seed", "Value", "abs", "amax", "cast", "clamp", "column_index", "cos",
-    "eq", "erf", "exp", "gather", "ge", "gt", "interleave", "le", "lt", "ne", "sin", "where", "gelu", "gelu_tanh",
+    "eq", "erf", "exp", "exp_minus_max", "gather", "ge", "gt", "interleave", "le", "lt", "ne", "sin", "where",
+    "gelu", "gelu_tanh",
     "leaky_relu", "logsumexp", "max", "maximum", "min", "minimum", "pairs", "quantize", "rand", "rms_norm",
     "reduce_max", "reduce_min", "relu", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh"
 ]

@@ -11,7 +11,7 @@ from ..errors import RecipeError
 from ..ir import BlockOp, GemmSpec, Output, Reduction, RowBlocks
 from ..ir.ops import FP8_MAX
 from ..types import DType
-from .values import BlockOutput, Reduced, Trace, Value
+from .values import BLOCK_EXAMPLES, BlockOutput, Reduced, Trace, Value
 
 
 def traced_outputs(trace: Trace, result: Any, gemm: GemmSpec, aux: Mapping[str, DType]) -> list[Output]:
@@ -34,7 +34,7 @@ def traced_outputs(trace: Trace, result: Any, gemm: GemmSpec, aux: Mapping[str, 
         dtype = gemm.d if name == "d" else aux[name]
         reduce, dim, over_batch, blocks = None, None, False, None
         if isinstance(v, BlockOutput):
-            blocks = RowBlocks(v.op, v.block, v.stat._index, v.eps)
+            blocks = RowBlocks(v.op, v.block, v.stat._index, v.constant)
             reduce, dim = (Reduction.BLOCK_SCALE, 1) if v.factor else (None, None)
             v = v.value
         if isinstance(v, Reduced):
@@ -58,15 +58,13 @@ def traced_outputs(trace: Trace, result: Any, gemm: GemmSpec, aux: Mapping[str, 
 
 
 def _check_row_blocks(values: Mapping[str, Any], gemm: GemmSpec, aux: Mapping[str, DType]) -> None:
-    """gg.quantize's and gg.rms_norm's values are D (in an fp8 type for gg.quantize) and their
-    factors an fp32 aux output (gg.quantize's required), both from one call."""
+    """gg.quantize's, gg.rms_norm's and gg.exp_minus_max's values are D (in an fp8 type for
+    gg.quantize) and their factors an fp32 aux output (gg.quantize's required), both from one call."""
     returned = {k: v for k, v in values.items() if isinstance(v, BlockOutput)}
     if not returned:
         return
     first = next(iter(returned.values()))
-    fix = ("q, scale = gg.quantize(y, block=128); return {'d': q, 'scale': scale}, declared with d=gg.e4m3 and "
-           "aux={'scale': gg.f32}" if first.op is BlockOp.QUANTIZE else
-           "y, rstd = gg.rms_norm(x, block=128); return {'d': y, 'rstd': rstd}, declared with aux={'rstd': gg.f32}")
+    fix = BLOCK_EXAMPLES[first.op]
     what = f"gg.{first.op.value}"
     for name, v in returned.items():
         if v.factor == (name == "d"):
@@ -74,7 +72,7 @@ def _check_row_blocks(values: Mapping[str, Any], gemm: GemmSpec, aux: Mapping[st
                 f"the values ({what}'s first value) are D"
             raise RecipeError(f"output {name!r}: {part}; {fix}")
         if v.call is not first.call:
-            raise RecipeError(f"output {name!r}: D's row blocks come from one gg.quantize or gg.rms_norm call; "
+            raise RecipeError(f"output {name!r}: D's row blocks come from one {what} call; "
                               f"return both of its values, {fix}")
         if v.factor and aux[name] is not DType.F32:
             raise RecipeError(f"aux output {name!r}: {what}'s factors are fp32; declare aux={{{name!r}: gg.f32}}")

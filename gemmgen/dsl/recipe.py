@@ -205,8 +205,8 @@ class Recipe:
         if grouped:
             _check_grouped_epilogue(self.ir.epilogue)
         if self.ir.epilogue.row_blocks is not None and self.gemm.layout_d is Layout.COL:
-            raise RecipeError("layout_d: the blocks of gg.quantize and gg.rms_norm are columns of a row of a row-major "
-                              "D; declare the recipe with layout_d=RowMajor (the default)")
+            raise RecipeError("layout_d: the blocks of gg.quantize, gg.rms_norm and gg.exp_minus_max are columns of a "
+                              "row of a row-major D; declare the recipe with layout_d=RowMajor (the default)")
         if self.ir.epilogue.pairs and self.gemm.layout_d is Layout.COL:
             raise RecipeError("layout_d: column pairs (gg.pairs) read and write row-major tensors from the "
                               "registers; declare the recipe with layout_d=RowMajor (the default)")
@@ -465,9 +465,9 @@ def _derive_backward(recipe: Recipe, *, a: Any = None, b: Any = None, layout_a: 
     if not isinstance(recompute, bool) or not isinstance(recompute_d, bool):
         raise RecipeError(f"{where}: recompute and recompute_d are True or False")
     if recipe.ir.epilogue.row_blocks is not None:
-        raise RecipeError(f"{where}: D is computed per block of its rows (gg.quantize, gg.rms_norm), which gemmgen "
-                          "does not differentiate; differentiate the recipe without them, and apply them in the "
-                          "forward only")
+        raise RecipeError(f"{where}: D is computed per block of its rows (gg.quantize, gg.rms_norm, "
+                          "gg.exp_minus_max), which gemmgen does not differentiate; differentiate the recipe "
+                          "without them, and apply them in the forward only")
     d_only = ""
     if gemm.grouped:
         d_only = "a grouped GEMM writes D only"

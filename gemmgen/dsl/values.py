@@ -441,22 +441,22 @@ def gather(x: Any, index: Any, dim: int = 1) -> Reduced:
     return Reduced(picked, Reduction.SUM, d)
 
 
-#: The column blocks of D's rows gg.quantize and gg.rms_norm take: whole 8-column MMA atoms, at
-#: most a 128-column epilogue subtile.
+#: The column blocks of D's rows gg.quantize, gg.rms_norm and gg.exp_minus_max take: whole 8-column
+#: MMA atoms, at most a 128-column epilogue subtile.
 ROW_BLOCKS = (8, 16, 32, 64, 128)
 
 
 class BlockOutput:
-    """One of the two outputs of `gg.quantize(x, block)` or `gg.rms_norm(x, block)`: D's values,
+    """One of the two outputs of `gg.quantize`, `gg.rms_norm` or `gg.exp_minus_max`: D's values,
     computed per block of columns of each row, or each block's factor (fp32, one per row and
     block). Returned from the epilogue, D's under 'd' and the factors under an aux name declared
     gg.f32; not values to compute with."""
 
-    __slots__ = ("block", "call", "eps", "factor", "op", "stat", "value")
+    __slots__ = ("block", "call", "constant", "factor", "op", "stat", "value")
 
-    def __init__(self, op: BlockOp, value: Value, stat: Value, block: int, eps: float, call: object,
+    def __init__(self, op: BlockOp, value: Value, stat: Value, block: int, constant: float, call: object,
                  factor: bool) -> None:
-        self.op, self.value, self.stat, self.block, self.eps = op, value, stat, block, eps
+        self.op, self.value, self.stat, self.block, self.constant = op, value, stat, block, constant
         self.call, self.factor = call, factor
 
     def _misuse(self, *args: Any) -> Any:
@@ -469,11 +469,20 @@ class BlockOutput:
         return f"gemmgen.{self.op.value}({self.stat!r}, block={self.block})[{int(self.factor)}]"
 
 
+#: How each op's two values are returned (the fix its misuse messages give).
+BLOCK_EXAMPLES = {
+    BlockOp.QUANTIZE: "q, scale = gg.quantize(y, block=128); return {'d': q, 'scale': scale}, declared with "
+                      "d=gg.e4m3 and aux={'scale': gg.f32}",
+    BlockOp.RMS_NORM: "y, rstd = gg.rms_norm(x, block=128); return {'d': y, 'rstd': rstd}, declared with "
+                      "aux={'rstd': gg.f32}",
+    BlockOp.EXP: "p, m = gg.exp_minus_max(x, block=128); return {'d': p, 'max': m}, declared with "
+                 "aux={'max': gg.f32}",
+}
+
+
 def _block_misuse(op: BlockOp) -> RecipeError:
-    example = "q, scale = gg.quantize(y, block=128); return {'d': q, 'scale': scale}, declared with d=gg.e4m3 " \
-              "and aux={'scale': gg.f32}" if op is BlockOp.QUANTIZE else \
-              "y, rstd = gg.rms_norm(x, block=128); return {'d': y, 'rstd': rstd}, declared with aux={'rstd': gg.f32}"
-    return RecipeError(f"gg.{op.value}(...) gives outputs, not values to compute with: return them, {example}")
+    return RecipeError(f"gg.{op.value}(...) gives outputs, not values to compute with: return them, "
+                       f"{BLOCK_EXAMPLES[op]}")
 
 
 def _block_width(block: Any, op_name: str) -> int:
@@ -516,6 +525,23 @@ def rms_norm(x: Any, block: int, eps: float = 1e-6, weight: Any = None) -> tuple
             BlockOutput(BlockOp.RMS_NORM, value, stat, width, e, call, factor=True))
 
 
+def exp_minus_max(x: Any, block: int, scale: float = 1.0) -> tuple[BlockOutput, BlockOutput]:
+    """(values, maxima): D = exp(scale * (x - max)) per `block` columns of each row, max the block's
+    largest x: a softmax's numerator over each block, never above 1, and each block's max, an
+    optional aux output (declared gg.f32) from which blocks combine into a softmax over the row
+    (online softmax: multiply a block's values by exp(scale * (max - the row's max))). `scale` is a
+    positive number (a temperature's inverse, 1 / sqrt(head dim), log2(e) for an exp2). A NaN in
+    a block makes its max NaN, as torch.amax does; a partial last block's max is over its columns."""
+    width = _block_width(block, "exp_minus_max")
+    v = _reduced_value(x, "exp_minus_max")
+    call, s = object(), f32(constant(scale, "exp_minus_max scale"))
+    if not (s > 0 and math.isfinite(s)):
+        raise RecipeError(f"exp_minus_max: scale={scale!r}; expected a positive number such as 1.0 (a positive "
+                          "scale keeps every value at most 1)")
+    return (BlockOutput(BlockOp.EXP, v, v, width, s, call, factor=False),
+            BlockOutput(BlockOp.EXP, v, v, width, s, call, factor=True))
+
+
 def _reduced_value(x: Any, op_name: str) -> Value:
     a = _lift(x, op_name)
     _same_trace([a], op_name)
@@ -537,5 +563,5 @@ def _reduce_dim(dim: Any, op_name: str, optional: bool) -> int | None:
 #: reductions.
 OPS: tuple[str, ...] = (*(op.symbol for op in Op if op.symbol), *dict.fromkeys(op.dsl for op in Op if op.dsl),
                         "clamp", "amax", "sum", "reduce_max", "reduce_min", "logsumexp", "gather", "quantize",
-                        "rms_norm", "row_index", "column_index", "rand")
+                        "rms_norm", "exp_minus_max", "row_index", "column_index", "rand")
 

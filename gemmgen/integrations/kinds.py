@@ -53,8 +53,9 @@ class OpKind:
         """fp8 A and B, block scales and D's row blocks have no gradient gemmgen computes: say so."""
         if self.recipe.ir.epilogue.row_blocks is not None and any(needed):
             raise InvalidArgument(f"{self.recipe.name}: D is computed per block of its rows (gg.quantize, "
-                                  "gg.rms_norm), which gemmgen does not differentiate; call it on tensors that do "
-                                  "not require grad (torch.no_grad()), or differentiate a recipe without them")
+                                  "gg.rms_norm, gg.exp_minus_max), which gemmgen does not differentiate; call it on "
+                                  "tensors that do not require grad (torch.no_grad()), or differentiate a recipe "
+                                  "without them")
         if self.recipe.ir.gemm.fp8 and (needed[0] or needed[1]):
             raise InvalidArgument(f"{'a' if needed[0] else 'b'}: gemmgen has no gradient for fp8 A or B (fp8 "
                                   "training scales its gradients, which a plain derivative cannot know); detach "

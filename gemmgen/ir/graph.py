@@ -102,19 +102,20 @@ class BlockOp(enum.Enum):
 
     QUANTIZE = "quantize"  # D = x / scale, scale = max |x| / D's fp8 maximum (1 where not above 0): gg.quantize
     RMS_NORM = "rms_norm"  # D = v / sqrt(mean of x^2 + eps) over the block: gg.rms_norm
+    EXP = "exp_minus_max"  # D = exp(scale * (x - max)), max over the block: gg.exp_minus_max
 
 
 @dataclass(frozen=True)
 class RowBlocks:
     """D computed per block of `block` columns of each row from a statistic of node `stat` over the
-    block (D's own value for QUANTIZE; an RMS_NORM's x, where D's value is x times a weight), which
+    block (D's own value for QUANTIZE and EXP; an RMS_NORM's x, where D's value is x times a weight), which
     the kernel reduces within one epilogue subtile (gemmgen/include/gemmgen/row_blocks.hpp) and an
     output of `Reduction.BLOCK_SCALE` holds (the factor each value of the block took)."""
 
     op: BlockOp
     block: int
     stat: int
-    eps: float = 0.0  # RMS_NORM's, fp32-rounded
+    constant: float = 0.0  # RMS_NORM's eps, EXP's scale; fp32-rounded
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class Output:
     `dim` is 1 (one value per row: (L, M) or (M,)); with `over_batch`, over a batched GEMM's batches
     too (no L).
 
-    `blocks` computes D per block of columns of each row (gg.quantize, gg.rms_norm: `RowBlocks`);
+    `blocks` computes D per block of columns of each row (gg.quantize, gg.rms_norm, gg.exp_minus_max: `RowBlocks`);
     the output of `Reduction.BLOCK_SCALE` with the same `blocks` holds each block's factor, one per
     row and block: (L, M, ceil(N / block)) or (M, ceil(N / block))."""
 
@@ -231,7 +232,7 @@ class EpilogueIR:
 
     @property
     def row_blocks(self) -> RowBlocks | None:
-        """How D is computed per block of columns of each row (gg.quantize, gg.rms_norm), if it is."""
+        """How D is computed per block of columns of each row (gg.quantize, gg.rms_norm, gg.exp_minus_max), if it is."""
         return self.outputs[0].blocks
 
     @property
@@ -313,7 +314,7 @@ class RecipeIR:
 
 
 def _row_blocks(blocks: RowBlocks) -> list:
-    return ["blocks", blocks.op.value, blocks.block, blocks.stat, *([blocks.eps] if blocks.eps else [])]
+    return ["blocks", blocks.op.value, blocks.block, blocks.stat, *([blocks.constant] if blocks.constant else [])]
 
 
 def _columns(columns: Columns) -> list[str]:

@@ -165,7 +165,9 @@ def _row_blocks(ir: EpilogueIR, o: Output, values: list[torch.Tensor], magnitude
     """D computed per block of columns of each row (`RowBlocks`), or the blocks' factors
     (`Reduction.BLOCK_SCALE`): gg.quantize's scales (`ops.quantize_blocks`, as gg.quantize_blockwise),
     gg.rms_norm's 1 / sqrt(mean of x^2 + eps) over each block (a partial last block's mean over its
-    columns). With `magnitudes`, D's is the scale of its rounding error: its value's times the factor."""
+    columns), gg.exp_minus_max's max of each block. With `magnitudes`, D's is the scale of its
+    rounding error: its value's times the factor (exp_minus_max: D times scale times x's and the
+    max's)."""
     blocks = o.blocks
     assert blocks is not None
     value, stat = values[o.node].expand(shape), values[blocks.stat].expand(shape)
@@ -173,12 +175,23 @@ def _row_blocks(ir: EpilogueIR, o: Output, values: list[torch.Tensor], magnitude
     if blocks.op is BlockOp.QUANTIZE:
         scaled, scale = quantize_blocks(value, (1, width), ir.outputs[0].dtype)
         factor, per_value = scale, 1.0 / scale
+    elif blocks.op is BlockOp.EXP:
+        padded = stat.new_full((*shape[:-1], -(-n // width) * width), -math.inf)
+        padded[..., :n] = stat
+        factor = padded.unflatten(-1, (-1, width)).amax(dim=-1)  # NaN propagates
+        shifted = value - factor.repeat_interleave(width, -1)[..., :n]
+        scaled = torch.exp(blocks.constant * shifted)
+        if o.reduce is not Reduction.BLOCK_SCALE and magnitudes is not None:
+            # an error e in x, or in the max, moves D by about scale * e * D
+            mag = magnitudes[o.node].expand(shape)
+            mag_max = torch.nn.functional.pad(mag, (0, padded.shape[-1] - n)).unflatten(-1, (-1, width)).amax(dim=-1)
+            return scaled.abs() * (1 + blocks.constant * (mag + mag_max.repeat_interleave(width, -1)[..., :n]))
     else:
         padded = stat.new_zeros((*shape[:-1], -(-n // width) * width))
         padded[..., :n] = stat
         squares = (padded * padded).unflatten(-1, (-1, width)).sum(dim=-1)
         counts = (n - torch.arange(0, n, width)).clamp(max=width)  # a partial last block's columns
-        factor = per_value = (squares / counts + blocks.eps).rsqrt()
+        factor = per_value = (squares / counts + blocks.constant).rsqrt()
         scaled = value * per_value.repeat_interleave(width, -1)[..., :n]
     if o.reduce is Reduction.BLOCK_SCALE:
         return factor

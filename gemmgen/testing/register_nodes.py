@@ -5,6 +5,7 @@ and reads its Params where the device would (`ParamsView`)."""
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable
 from typing import Protocol
@@ -87,7 +88,8 @@ def row_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, i
     ElementD) and which is stored at (row, block) through the Params' pointer and strides, unless
     null. QuantizeBlock<Qmax>: max |x|, NaN propagated, as epi::Max does, over Qmax, 1 where the
     max is not above 0; D = v / scale. RmsNormBlock<Block, Eps>: rsqrt(sum of x^2 / count + Eps),
-    count the block's columns inside the problem; D = v * rstd."""
+    count the block's columns inside the problem; D = v * rstd. ExpMinusMaxBlock<Scale>: max x, NaN
+    propagated, the factor itself; D = exp(Scale * (v - max))."""
     if len(t.args) != 5 or len(inputs) not in (1, 2):
         raise EpilogueSourceError(f"row blocks node {t} with {len(inputs)} inputs")
     policy, block = resolve(t.args[0]), int(t.args[1].name)
@@ -98,10 +100,11 @@ def row_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, i
     value, stat = (x.to(torch.float32).expand(acc.shape) for x in (inputs[0], inputs[-1]))
     l_, m, n = acc.shape
     blocks = -(-n // block)  # subtiles start at multiples of the block: a subtile's blocks are these
-    padded = stat.new_zeros((l_, m, blocks * block))  # out-of-bounds elements: each policy's identity, 0
+    name = policy.name.removeprefix("gemmgen::epi::")
+    identity = -math.inf if name == "ExpMinusMaxBlock" else 0.0  # each policy's, for out-of-bounds elements
+    padded = stat.new_full((l_, m, blocks * block), identity)
     padded[..., :n] = stat
     grouped = padded.reshape(l_, m, blocks, block)
-    name = policy.name.removeprefix("gemmgen::epi::")
     if name == "QuantizeBlock" and len(policy.args) == 1:
         amax = grouped.abs().amax(dim=-1)  # NaN propagates
         factor = torch.where(amax > 0, amax / _bits_f32(policy.args[0]), 1.0)
@@ -109,6 +112,9 @@ def row_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, i
     elif name == "RmsNormBlock" and len(policy.args) == 2 and int(policy.args[0].name) == block:
         counts = (n - torch.arange(0, n, block)).clamp(max=block)  # a partial last block's columns
         factor = per_value = ((grouped * grouped).sum(dim=-1) / counts + _bits_f32(policy.args[1])).rsqrt()
+    elif name == "ExpMinusMaxBlock" and len(policy.args) == 1:
+        factor = grouped.amax(dim=-1)  # NaN propagates
+        per_value = None
     else:
         raise EpilogueSourceError(f"row blocks policy {policy} for blocks of {block}")
     sm, sn, sl = (struct.unpack("<q", params.raw(f"cute::get<{i}>({lvalue}.dFactor)"))[0] for i in range(3))
@@ -118,6 +124,8 @@ def row_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, i
         ptr.as_strided((l_, m, blocks), (sl, sm, sn)).copy_(factor)
     if name == "QuantizeBlock":  # a division, as the device divides (x * (1 / s) can round otherwise)
         return value / factor.repeat_interleave(block, dim=-1)[..., :n]
+    if per_value is None:  # exp(Scale * (v - max))
+        return torch.exp(_bits_f32(policy.args[0]) * (value - factor.repeat_interleave(block, dim=-1)[..., :n]))
     return value * per_value.repeat_interleave(block, dim=-1)[..., :n]
 
 

@@ -2,7 +2,8 @@
 constants on either side of an op, a cast, a compile-time scalar, fp8 (e4m3) D, a batched recipe,
 vectors and a scalar per batch, MN-major A and B multicast across a 2x2 cluster, a swapped kernel
 (D^T = B^T A^T), an amax, reductions over M, signed max and min reductions, the stream-K scheduler,
-where() with comparisons, and random numbers (a dropout and stochastic rounding)."""
+where() with comparisons, random numbers (a dropout and stochastic rounding), and a softmax's
+numerator per block of a row (gg.exp_minus_max)."""
 
 import gemmgen as gg
 
@@ -208,3 +209,14 @@ def _swiglu(acc):
 
 
 swiglu_bwd = gg.Recipe("swiglu", _swiglu).backward().kernel
+
+
+# A softmax's numerator per block of 128 columns (gg.exp_minus_max: the row blocks' max policy), with
+# each block's max: bf16 D under the row blocks' 128-column epilogue tile
+def _block_softmax(acc, bias):
+    p, top = gg.exp_minus_max(acc + bias, block=128, scale=0.125)
+    return {"d": p, "max": top}
+
+
+block_softmax = gg.Recipe("block_softmax", _block_softmax, operands={"bias": gg.RowVector(gg.bf16)},
+                          aux={"max": gg.f32})

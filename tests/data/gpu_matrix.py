@@ -174,6 +174,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     out += [(columns, columns.default_config()), (columns, gg.KernelConfig(swap_ab=True))]
     swapped_blocks = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["block_scaled_swapped"]
     out.append((swapped_blocks, swapped_blocks.default_config()))
+    softmax = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["block_softmax"]  # gg.exp_minus_max
+    out.append((softmax, softmax.default_config()))
     extrema = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["row_extrema"]  # max and min over N
     out.append((extrema, extrema.default_config()))
     swapped = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["swapped"]  # operands per batch, swapped

@@ -557,6 +557,26 @@ def test_row_col_amax_reduces_over_m_and_n_in_one_kernel(gen):
         torch.testing.assert_close(cols, y.abs().amax(dim=0), rtol=1e-4, atol=1e-4)
 
 
+def test_exp_minus_max_is_a_softmax_numerator_per_block(gen):
+    """block_softmax (gg.exp_minus_max over blocks of 128 columns, scale 1/8) against torch on the
+    same fp32 accumulator: each block's max, its values, and the blocks combined into torch's
+    softmax over the row; odd M, a partial last block, a K tail."""
+    recipe = load_recipes(ROOT / "tests" / "data" / "extra_recipes.py")["block_softmax"]
+    a = torch.randn(77, 200, device="cuda", generator=gen).bfloat16()
+    b = torch.randn(1000, 200, device="cuda", generator=gen).bfloat16().t()
+    bias = torch.randn(1000, device="cuda", generator=gen).bfloat16()
+    p, top = recipe.compile()(a, b, bias=bias)
+    x = a.float() @ b.float() + bias.float()
+    want_top = torch.nn.functional.pad(x, (0, 24), value=-math.inf).unflatten(-1, (8, 128)).amax(dim=-1)
+    torch.testing.assert_close(top, want_top, rtol=1e-4, atol=1e-4)
+    spread = torch.exp(0.125 * (x - want_top.repeat_interleave(128, dim=-1)[:, :1000]))
+    torch.testing.assert_close(p.float(), spread, rtol=1.6e-2, atol=1e-3)
+    weights = torch.exp(0.125 * (top - top.amax(dim=-1, keepdim=True)))  # each block's against the row's max
+    rescaled = p.float() * weights.repeat_interleave(128, dim=-1)[:, :1000]
+    torch.testing.assert_close(rescaled / rescaled.sum(dim=-1, keepdim=True), torch.softmax(0.125 * x, dim=-1),
+                               rtol=2e-2, atol=1e-4)
+
+
 def test_block_scaled_linear_eager_and_graph(gen):
     """BlockScaledLinear (e4m3 weight in 128 x 128 blocks, input quantized per call) on the GPU
     against the same layer on the CPU, where the op evaluates the recipe's reference on the same

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -140,6 +141,11 @@ def _independent(name, acc, ops):
     if name == "residual_norm_stats":
         h = acc + f["residual"]
         return h.bfloat16(), (h * h).sum(dim=-1), h.abs().amax(dim=-1)
+    if name == "block_softmax":  # exp(x / 8 - the max of its block of 128 columns), and the maxima
+        x = acc + f["bias"]
+        n = x.shape[-1]
+        top = F.pad(x, (0, -n % 128), value=-math.inf).unflatten(-1, (-1, 128)).amax(dim=-1)
+        return torch.exp(0.125 * (x - top.repeat_interleave(128, dim=-1)[..., :n])).bfloat16(), top
     if name == "row_col_amax":  # max |y| per token (over N) and per channel (over M)
         y = acc + f["bias"]
         return y.bfloat16(), y.abs().amax(dim=-1), y.abs().amax(dim=-2)

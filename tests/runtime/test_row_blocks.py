@@ -1,10 +1,12 @@
 """D per block of columns of each row (gemmgen/include/gemmgen/row_blocks.hpp): gg.quantize (issue
-32 item 6: D quantized to fp8 per block, its block scales an output) and gg.rms_norm (item 3: an
-RMSNorm per head, its statistic reduced in the epilogue, as QK-norm needs). The references against
+32 item 6: D quantized to fp8 per block, its block scales an output), gg.rms_norm (item 3: an
+RMSNorm per head, its statistic reduced in the epilogue, as QK-norm needs) and gg.exp_minus_max
+(item 3: a per-block max for a scaled exp, a softmax's numerator). The references against
 torch written out here (and F.rms_norm, and gg.quantize_blockwise), the emulated kernels, mistakes
 that must fail the emulation, the scales' layout as a block-scaled GEMM reads it, empty problems,
 and misuse refused naming the fix. The compiled kernels' checks (SASS, local memory, oracle) are
-with the other example kernels' (examples/recipes.py's fp8_quantized and qk_norm)."""
+with the other compiled kernels' (examples/recipes.py's fp8_quantized and qk_norm,
+tests/data/extra_recipes.py's block_softmax)."""
 
 from __future__ import annotations
 
@@ -169,14 +171,15 @@ def _values_and_scales(y):
     (lambda acc: {"d": gg.quantize(acc)[0], "scale": gg.amax(acc, dim=1)}, {},
      r"output 'd': return both of gg.quantize's values, the scales too"),
     (lambda acc: {"d": gg.quantize(acc)[0], "scale": gg.quantize(acc)[1]}, {},
-     r"output 'scale': D's row blocks come from one gg.quantize or gg.rms_norm call"),
+     r"output 'scale': D's row blocks come from one gg.quantize call"),
     (lambda acc: {"d": gg.quantize(acc, block=100)[0]}, {}, r"quantize: block=100; expected one of 8, 16, 32, 64, 128"),
     (lambda acc: {"d": acc, "scale": gg.rms_norm(acc, 128)[1]}, {"d": gg.bf16},
      r"output 'scale': gg.rms_norm's factors come with its values as D; y, rstd = gg.rms_norm"),
     (lambda acc: {"d": gg.rms_norm(acc, 128, eps=0.0)[0], "scale": acc}, {"d": gg.bf16, "aux": {"scale": gg.bf16}},
      r"rms_norm: eps=0.0; expected a positive number"),
     (lambda acc: gg.exp(gg.quantize(acc)[0]), {}, r"gives outputs, not values to compute with"),
-    (_values_and_scales, {"layout_d": gg.ColMajor}, r"layout_d: the blocks of gg.quantize and gg.rms_norm are columns"),
+    (_values_and_scales, {"layout_d": gg.ColMajor},
+     r"layout_d: the blocks of gg.quantize, gg.rms_norm and gg.exp_minus_max are columns"),
     (_values_and_scales, {"grouped": True}, r"aux output 'scale': a grouped GEMM writes D only"),
 ])
 def test_misuse_names_the_fix(epilogue, kwargs, match):
@@ -200,7 +203,8 @@ def test_configs_that_cannot_hold_the_blocks_are_refused_and_never_chosen():
         r.source(gg.KernelConfig(tile=(128, 64, 64), swap_ab=True))
     with pytest.raises(gg.ConfigError, match=r"tile N = 64: gg.quantize's blocks of 128 columns .* multiple of 128"):
         r.source(gg.KernelConfig(tile=(128, 64, 64)))
-    with pytest.raises(gg.ConfigError, match=r"D's row blocks \(gg.quantize, gg.rms_norm\) on sm_100a: not emitted"):
+    with pytest.raises(gg.ConfigError, match=r"D's row blocks \(gg.quantize, gg.rms_norm, "
+                                                r"gg.exp_minus_max\) on sm_100a: not emitted"):
         r.source(r.default_config(gg.Arch.SM100A))
     for m in (1, 8, 4096):
         choice = choose(r.ir, m, 7168, 4096)
@@ -330,3 +334,79 @@ def test_row_blocks_with_a_reduction_over_m():
         assert "gemmgen::epi::Sm90RowReduction<" in ck.generated.source
         for shape in emulated_shapes(recipe):
             assert_computes(ck, shape, config.name)
+
+
+def _exp_shifted(block: int = 64, scale: float = 0.125, batched: bool = True) -> gg.Recipe:
+    def epilogue(acc, bias):
+        p, top = gg.exp_minus_max(acc + bias, block=block, scale=scale)
+        return {"d": p, "max": top}
+
+    return gg.Recipe(f"exp_{block}", epilogue, d=gg.f32, batched=batched, aux={"max": gg.f32},
+                     operands={"bias": gg.RowVector(gg.bf16)})
+
+
+def test_the_exp_minus_max_reference_is_a_blockwise_softmax_numerator():
+    """Fresh inputs, N not a multiple of the block, a NaN, a block of one value: D and each block's
+    max against torch written out per block, and the blocks combined (online softmax) into torch's
+    softmax over the row."""
+    block, scale = 64, 0.125
+    recipe = _exp_shifted(block, scale)
+    a, b = torch.randn(2, 9, 40).bfloat16(), torch.randn(2, 40, 2 * block + 5).bfloat16()
+    bias = torch.randn(b.shape[-1]).bfloat16()
+    d, top = recipe.reference(a, b, bias=bias)
+    x = a.float() @ b.float() + bias.float()
+    for j, start in enumerate(range(0, x.shape[-1], block)):
+        part = x[..., start:start + block]
+        torch.testing.assert_close(top[..., j], part.amax(dim=-1), rtol=0, atol=0)
+        torch.testing.assert_close(d[..., start:start + block], torch.exp(scale * (part - top[..., j:j + 1])),
+                                   rtol=1e-6, atol=0)
+    assert top.shape == (2, 9, 3) and (d <= 1).all() and (d.amax(dim=-1) == 1).all()
+    row_max = top.amax(dim=-1, keepdim=True)
+    rescaled = d * torch.exp(scale * (top - row_max)).repeat_interleave(block, dim=-1)[..., :x.shape[-1]]
+    torch.testing.assert_close(rescaled / rescaled.sum(dim=-1, keepdim=True), torch.softmax(scale * x, dim=-1),
+                               rtol=1e-5, atol=1e-7)
+    bias[3] = math.nan  # a NaN in the first block: its max and values NaN, as torch.amax gives
+    d, top = recipe.reference(a, b, bias=bias)
+    assert top[..., 0].isnan().all() and d[..., :block].isnan().all() and not top[..., 1:].isnan().any()
+
+
+def test_emulated_kernels_take_exp_minus_max():
+    recipe = _exp_shifted(64)
+    configs = [c for c in EMULATED_CONFIGS if gg.codegen.is_valid(c, recipe.ir)]
+    assert [(c.arch, c.swap_ab) for c in configs] == [(gg.Arch.SM90A, False)] * 2
+    for config in configs:
+        ck = uncompiled(recipe, config)
+        assert "Sm90RowBlocks<gemmgen::epi::ExpMinusMaxBlock<0x3e000000u>, 64," in ck.generated.source
+        for shape in emulated_shapes(recipe):
+            assert_computes(ck, shape, config.name)
+
+
+@pytest.mark.parametrize("mistake", ["scale", "block", "the quantize policy"])
+def test_exp_minus_max_mistakes_fail_the_check(mistake):
+    """Another scale, blocks of another width, or another policy's statistic each fail the emulated
+    call of a shape the unchanged kernel passes (all-negative rows: a max from 0 would be wrong)."""
+    recipe, config, shape = _exp_shifted(64), EMULATED_CONFIGS[0], (130, 192, 24, 2)
+    assert_computes(uncompiled(recipe, config), shape, "unchanged")
+    policy = "ExpMinusMaxBlock<0x3e000000u>, 64,"
+    change = {"scale": source_replaced(policy, "ExpMinusMaxBlock<0x3f800000u>, 64,"),
+              "block": source_replaced(policy, "ExpMinusMaxBlock<0x3e000000u>, 32,"),
+              "the quantize policy": source_replaced(policy, "QuantizeBlock<0x3e000000u>, 64,")}[mistake]
+    with pytest.raises(AssertionError):
+        assert_computes(uncompiled(recipe, config, change), shape, mistake)
+
+
+def _as_outputs(values_and_maxima):
+    p, top = values_and_maxima
+    return {"d": p, "m": top}
+
+
+def test_exp_minus_max_misuse_names_the_fix():
+    with pytest.raises(gg.RecipeError, match=r"exp_minus_max: scale=0.0; expected a positive number"):
+        gg.Recipe("t", lambda acc: _as_outputs(gg.exp_minus_max(acc, 64, scale=0.0)), aux={"m": gg.f32})
+    with pytest.raises(gg.RecipeError, match=r"gives outputs, not values to compute with: return them, p, m = "
+                                             r"gg.exp_minus_max\(x, block=128\)"):
+        gg.Recipe("t", lambda acc: gg.exp_minus_max(acc, 64)[0] * 2.0)
+    with pytest.raises(gg.RecipeError, match=r"exp_minus_max: block=100; expected one of 8, 16, 32, 64, 128"):
+        gg.Recipe("t", lambda acc: _as_outputs(gg.exp_minus_max(acc, 100)), aux={"m": gg.f32})
+    ok = gg.Recipe("t", lambda acc: gg.exp_minus_max(acc, 64)[0])  # the maxima are optional
+    assert ok.ir.epilogue.row_blocks is not None

@@ -93,8 +93,8 @@ def family_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
         out.append("column pairs (gg.pairs) on sm_100a: not emitted yet; gemmgen runs recipes over column pairs on "
                    "sm_90a GPUs (H100/H200) so far: build them with arch=Arch.SM90A for those")
     if recipe.epilogue.row_blocks is not None:
-        out.append("D's row blocks (gg.quantize, gg.rms_norm) on sm_100a: not emitted yet; gemmgen runs such recipes "
-                   "on sm_90a GPUs (H100/H200) so far: build them with arch=Arch.SM90A for those")
+        out.append("D's row blocks (gg.quantize, gg.rms_norm, gg.exp_minus_max) on sm_100a: not emitted yet; gemmgen "
+                   "runs such recipes on sm_90a GPUs (H100/H200) so far: build them with arch=Arch.SM90A for those")
     if cfg.tile_scheduler is not TileScheduler.PERSISTENT or cfg.splits > 1 or not cfg.deterministic:
         out.append("tile scheduler: sm_100a kernels use CUTLASS's cluster-launch-control scheduler; use "
                    "TileScheduler.PERSISTENT, splits=1 and deterministic=True")

@@ -24,7 +24,7 @@ def accumulators_per_thread(cfg: KernelConfig, recipe: RecipeIR) -> int:
 
 def epilogue_tile(cfg: KernelConfig, recipe: RecipeIR) -> tuple[int, int]:
     """CUTLASS's EpilogueTileAuto (sm90_compute_tile_shape_or_override), widened to hold whole
-    row blocks where D has them (gg.quantize, gg.rms_norm: a block's statistic is reduced within
+    row blocks where D has them (gg.quantize, gg.rms_norm, gg.exp_minus_max: a block's statistic is reduced within
     one subtile, `epilogue_tile_override`)."""
     tm, tn, _ = cfg.tile
     if cfg.schedule is Schedule.COOPERATIVE:

@@ -1,4 +1,5 @@
-// gemmgen: D computed per block of columns of each row (gemmgen.quantize, gemmgen.rms_norm).
+// gemmgen: D computed per block of columns of each row (gemmgen.quantize, gemmgen.rms_norm,
+// gemmgen.exp_minus_max).
 //
 // The root of an epilogue tree. Each block of `Block` columns of a row reduces a statistic of its
 // values (or of a second input's: an RMSNorm's x where D's value is x times a weight), the
@@ -9,6 +10,7 @@
 //     D = v / scale (then converted to D's fp8 type by the collective)
 //   RmsNormBlock<Block, Eps>: sum of x^2 -> rstd = rsqrt(sum / count + Eps) over the block's count
 //     of columns inside the problem (Block but in a partial last block); D = v * rstd
+//   ExpMinusMaxBlock<Scale>: max x (NaN propagated), the factor itself; D = exp(Scale * (v - max))
 // CUTLASS's collective calls a root's reduce() once per epilogue subtile, after every visit and
 // before converting the results to D (its Sm90TopKSoftmaxColReduction works so too), so a block
 // must lie in one subtile: the kernel spells out an EpilogueTile whose N holds whole blocks. In
@@ -25,6 +27,7 @@ namespace gemmgen::epi {
 
 template <uint32_t QmaxBits>
 struct QuantizeBlock {
+  CUTLASS_DEVICE static float identity() { return 0.f; }
   CUTLASS_DEVICE static float element(float x) { return fabsf(x); }
   CUTLASS_DEVICE static float combine(float a, float b) { return Max{}(a, b); }
   CUTLASS_DEVICE static float factor(float amax, int) { return amax > 0.f ? amax / from_bits(QmaxBits) : 1.f; }
@@ -33,10 +36,20 @@ struct QuantizeBlock {
 
 template <int Block, uint32_t EpsBits>
 struct RmsNormBlock {
+  CUTLASS_DEVICE static float identity() { return 0.f; }
   CUTLASS_DEVICE static float element(float x) { return x * x; }
   CUTLASS_DEVICE static float combine(float a, float b) { return a + b; }
   CUTLASS_DEVICE static float factor(float sum, int count) { return rsqrtf(sum / count + from_bits(EpsBits)); }
   CUTLASS_DEVICE static float apply(float v, float rstd) { return v * rstd; }
+};
+
+template <uint32_t ScaleBits>
+struct ExpMinusMaxBlock {
+  CUTLASS_DEVICE static float identity() { return -cutlass::platform::numeric_limits<float>::infinity(); }
+  CUTLASS_DEVICE static float element(float x) { return x; }
+  CUTLASS_DEVICE static float combine(float a, float b) { return Max{}(a, b); }
+  CUTLASS_DEVICE static float factor(float max, int) { return max; }
+  CUTLASS_DEVICE static float apply(float v, float max) { return expf(from_bits(ScaleBits) * (v - max)); }
 };
 
 template <class Policy, int Block, int FragmentSize, class CtaTileShapeMNK, class EpilogueTile>
@@ -137,7 +150,7 @@ struct Sm90RowBlocks {
           }
         }
       }
-      fill(tCrStat, 0.f);  // both policies' identity
+      fill(tCrStat, Policy::identity());
     }
   };
 
@@ -157,7 +170,7 @@ struct Sm90RowBlocks {
     Tensor tRS_rBlock = thread_r2s.retile_S(tCrBlock);
     auto layout = take<0, 3>(tRS_rBlock.layout()).compose(args.tCrC.layout());
     Tensor tCrStat = make_tensor<float>(layout);
-    fill(tCrStat, 0.f);
+    fill(tCrStat, Policy::identity());
     // this tile's factors: rows of the tile, its blocks of columns
     Tensor mFactor_mnl = make_tensor(make_gmem_ptr(params.ptr_factor),
                                      make_shape(M, ceil_div(N, Block), L), params.dFactor);
