@@ -65,8 +65,9 @@ def row_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 
 def row_block_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """D's row blocks (gg.quantize, gg.rms_norm, gg.exp_minus_max) lie in one epilogue subtile, whose N the kernel sets
-    to the block (`sm90.geometry.epilogue_tile`): the tile's N must hold whole blocks."""
+    """D's row blocks (gg.quantize, gg.rms_norm, gg.exp_minus_max) lie in one epilogue subtile, whose
+    N the kernel sets to the block (`sm90.geometry.epilogue_tile`): the tile's N must hold whole
+    blocks."""
     blocks = recipe.epilogue.row_blocks
     if blocks is not None and cfg.tile[1] % blocks.block:
         return [f"tile N = {cfg.tile[1]}: gg.{blocks.op.value}'s blocks of {blocks.block} columns must fit whole in "

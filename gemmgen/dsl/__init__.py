@@ -54,7 +54,6 @@ __all__ = [
     "DEEPSEEK_BLOCK_SCALE", "OPS", "Backward", "ColVector", "Matrix", "OperandDecl", "OperandGradient", "BlockOutput",
     "Recipe", "Reduced", "RowVector", "Scalar", "Seed", "Value", "abs", "amax", "cast", "clamp", "column_index", "cos",
     "eq", "erf", "exp", "exp_minus_max", "gather", "ge", "gt", "interleave", "le", "lt", "ne", "sin", "where",
-    "gelu", "gelu_tanh",
-    "leaky_relu", "logsumexp", "max", "maximum", "min", "minimum", "pairs", "quantize", "rand", "rms_norm",
-    "reduce_max", "reduce_min", "relu", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh"
+    "gelu", "gelu_tanh", "leaky_relu", "logsumexp", "max", "maximum", "min", "minimum", "pairs", "quantize", "rand",
+    "rms_norm", "reduce_max", "reduce_min", "relu", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh"
 ]

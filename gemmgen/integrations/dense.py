@@ -21,14 +21,14 @@ from ..errors import RecipeError
 from ..ir import Reduction
 from ..ir.reference import accumulate, evaluate_epilogue
 from ..runtime.base import allocate_output
-from ..runtime.checks import block_scales_layout, check_call, problem_size_check
+from ..runtime.checks import block_factors_layout, check_call, problem_size_check
 from ..types import DType, OperandKind
 from .kinds import OpKind
 
 
-def _block_scales(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """D's block scales (gg.quantize) in the layout the kernel gives them (`checks.block_scales_layout`)."""
-    strides, _ = block_scales_layout(shape, shape[0] if len(shape) == 3 else 1)
+def _block_factors(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The factors of D's row blocks in the layout the kernel gives them (`checks.block_factors_layout`)."""
+    strides, _ = block_factors_layout(shape, shape[0] if len(shape) == 3 else 1)
     return torch.empty_strided(shape, strides, dtype=torch.float32, device=device)
 
 
@@ -37,7 +37,7 @@ class DenseOp(OpKind):
         gemm = self.recipe.ir.gemm
         shape = (*((a.shape[0],) if gemm.batched else ()), a.shape[-2], b.shape[-1])
         return [allocate_output(o.shape(shape), o.dtype.torch, device, gemm.layout_d) if o.reduce is None
-                else _block_scales(o.shape(shape), device) if o.reduce is Reduction.BLOCK_SCALE
+                else _block_factors(o.shape(shape), device) if o.reduce is Reduction.BLOCK_SCALE
                 else torch.zeros(o.shape(shape), dtype=o.dtype.torch, device=device) for o in self.recipe.outputs]
 
     def check(self, a: Any, b: Any, args: tuple, require_cuda: bool, config: KernelConfig | None = None) -> None:

@@ -82,7 +82,7 @@ class Reduction(enum.Enum):
     MIN = "min"  # the smallest value (NaNs skipped; +inf when there is none)
     LSE = "lse"  # log(sum(exp(x))), as torch.logsumexp (NaN propagated; -inf when there is none)
     #: the factor of each block of D's rows (`RowBlocks`): the scale gg.quantize divides by, the
-    #: 1 / rms gg.rms_norm multiplies by; one per row and block
+    #: 1 / rms gg.rms_norm multiplies by, the max gg.exp_minus_max subtracts; one per row and block
     BLOCK_SCALE = "block_scale"
 
     @property
@@ -108,9 +108,10 @@ class BlockOp(enum.Enum):
 @dataclass(frozen=True)
 class RowBlocks:
     """D computed per block of `block` columns of each row from a statistic of node `stat` over the
-    block (D's own value for QUANTIZE and EXP; an RMS_NORM's x, where D's value is x times a weight), which
-    the kernel reduces within one epilogue subtile (gemmgen/include/gemmgen/row_blocks.hpp) and an
-    output of `Reduction.BLOCK_SCALE` holds (the factor each value of the block took)."""
+    block (D's own value for QUANTIZE and EXP; an RMS_NORM's x, where D's value is x times a
+    weight), which the kernel reduces within one epilogue subtile (gemmgen/include/gemmgen/
+    row_blocks.hpp) and an output of `Reduction.BLOCK_SCALE` holds (the factor each value of the
+    block took)."""
 
     op: BlockOp
     block: int
@@ -126,9 +127,9 @@ class Output:
     `dim` is 1 (one value per row: (L, M) or (M,)); with `over_batch`, over a batched GEMM's batches
     too (no L).
 
-    `blocks` computes D per block of columns of each row (gg.quantize, gg.rms_norm, gg.exp_minus_max: `RowBlocks`);
-    the output of `Reduction.BLOCK_SCALE` with the same `blocks` holds each block's factor, one per
-    row and block: (L, M, ceil(N / block)) or (M, ceil(N / block))."""
+    `blocks` computes D per block of columns of each row (gg.quantize, gg.rms_norm,
+    gg.exp_minus_max: `RowBlocks`); the output of `Reduction.BLOCK_SCALE` with the same `blocks`
+    holds each block's factor, one per row and block: (L, M, ceil(N / block)) or (M, ceil(N / block))."""
 
     name: str
     node: int
@@ -232,7 +233,8 @@ class EpilogueIR:
 
     @property
     def row_blocks(self) -> RowBlocks | None:
-        """How D is computed per block of columns of each row (gg.quantize, gg.rms_norm, gg.exp_minus_max), if it is."""
+        """How D is computed per block of columns of each row (gg.quantize, gg.rms_norm,
+        gg.exp_minus_max), if it is."""
         return self.outputs[0].blocks
 
     @property

@@ -171,33 +171,35 @@ def _row_blocks(ir: EpilogueIR, o: Output, values: list[torch.Tensor], magnitude
     blocks = o.blocks
     assert blocks is not None
     value, stat = values[o.node].expand(shape), values[blocks.stat].expand(shape)
-    n, width = shape[-1], blocks.block
+    n, width, c = shape[-1], blocks.block, blocks.constant
+
+    def grouped(t: torch.Tensor, fill: float) -> torch.Tensor:  # (..., blocks, width), a partial last one filled
+        return torch.nn.functional.pad(t, (0, -n % width), value=fill).unflatten(-1, (-1, width))
+
+    def spread(f: torch.Tensor) -> torch.Tensor:  # each block's value at each of its columns
+        return f.repeat_interleave(width, -1)[..., :n]
+
     if blocks.op is BlockOp.QUANTIZE:
-        scaled, scale = quantize_blocks(value, (1, width), ir.outputs[0].dtype)
-        factor, per_value = scale, 1.0 / scale
+        scaled, factor = quantize_blocks(value, (1, width), ir.outputs[0].dtype)
+        per_value = 1.0 / spread(factor)
     elif blocks.op is BlockOp.EXP:
-        padded = stat.new_full((*shape[:-1], -(-n // width) * width), -math.inf)
-        padded[..., :n] = stat
-        factor = padded.unflatten(-1, (-1, width)).amax(dim=-1)  # NaN propagates
-        shifted = value - factor.repeat_interleave(width, -1)[..., :n]
-        scaled = torch.exp(blocks.constant * shifted)
+        factor = grouped(stat, -math.inf).amax(dim=-1)  # NaN propagates
+        scaled = torch.exp(c * (value - spread(factor)))
         if o.reduce is not Reduction.BLOCK_SCALE and magnitudes is not None:
             # an error e in x, or in the max, moves D by about scale * e * D
             mag = magnitudes[o.node].expand(shape)
-            mag_max = torch.nn.functional.pad(mag, (0, padded.shape[-1] - n)).unflatten(-1, (-1, width)).amax(dim=-1)
-            return scaled.abs() * (1 + blocks.constant * (mag + mag_max.repeat_interleave(width, -1)[..., :n]))
+            return scaled.abs() * (1 + c * (mag + spread(grouped(mag, 0.0).amax(dim=-1))))
     else:
-        padded = stat.new_zeros((*shape[:-1], -(-n // width) * width))
-        padded[..., :n] = stat
-        squares = (padded * padded).unflatten(-1, (-1, width)).sum(dim=-1)
+        squares = grouped(stat, 0.0).square().sum(dim=-1)
         counts = (n - torch.arange(0, n, width)).clamp(max=width)  # a partial last block's columns
-        factor = per_value = (squares / counts + blocks.constant).rsqrt()
-        scaled = value * per_value.repeat_interleave(width, -1)[..., :n]
+        factor = (squares / counts + c).rsqrt()
+        per_value = spread(factor)
+        scaled = value * per_value
     if o.reduce is Reduction.BLOCK_SCALE:
         return factor
     if magnitudes is None:
         return scaled
-    return magnitudes[o.node].expand(shape) * per_value.repeat_interleave(width, -1)[..., :n]
+    return magnitudes[o.node].expand(shape) * per_value
 
 
 def _reduced(v: torch.Tensor, reduce: Reduction | None, dim: int | None, magnitude: bool = False,

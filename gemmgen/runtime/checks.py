@@ -514,9 +514,10 @@ def _fp32_output(name: str, t: object, shape: tuple[int, ...], device: torch.dev
     return t
 
 
-def block_scales_layout(shape: tuple[int, ...], l: int) -> tuple[tuple[int, ...], tuple[int, int, int]]:  # noqa: E741
-    """(torch strides, (M, N, L) mode strides) of D's block scales (gg.quantize), (L, M, blocks) or
-    (M, blocks), as gemmgen allocates them: M contiguous, each column of blocks padded to 16 bytes,
+def block_factors_layout(shape: tuple[int, ...], l: int) -> tuple[tuple[int, ...], tuple[int, int, int]]:  # noqa: E741
+    """(torch strides, (M, N, L) mode strides) of the factors of D's row blocks (gg.quantize's scales,
+    gg.rms_norm's rstd, gg.exp_minus_max's maxima), (L, M, blocks) or (M, blocks), as gemmgen
+    allocates them: M contiguous, each column of blocks padded to 16 bytes,
     what gg.quantize_blockwise(x, (1, block), scale_layout=gg.ColMajor) gives and a block-scaled
     GEMM's scale_a must be (`GemmSpec.scale_layouts`)."""
     m, blocks = shape[-2], shape[-1]
@@ -526,8 +527,8 @@ def block_scales_layout(shape: tuple[int, ...], l: int) -> tuple[tuple[int, ...]
     return (blocks * column, 1, column), (1, column, blocks * column if l > 1 else 0)
 
 
-def check_block_scales_output(name: str, t: object, shape: tuple[int, ...], device: torch.device) -> TensorArg:
-    """D's block scales passed in `out`: fp32 of `shape`, in any layout whose elements do not overlap
+def check_block_factors_output(name: str, t: object, shape: tuple[int, ...], device: torch.device) -> TensorArg:
+    """The factors of D's row blocks passed in `out`: fp32 of `shape`, in any layout whose elements do not overlap
     (the kernel writes each through its strides)."""
     t = _fp32_output(name, t, shape, device, "one factor per row and block of D's columns")
     dims = sorted((s, n) for s, n in zip(t.stride(), t.shape, strict=True) if n > 1)

@@ -36,8 +36,8 @@ from .base import Hardware, KernelBase, argument_signature, padded_strides, put_
 from .checks import (
     CheckedCall,
     Span,
-    block_scales_layout,
-    check_block_scales_output,
+    block_factors_layout,
+    check_block_factors_output,
     check_call,
     check_no_alias,
     check_output,
@@ -85,8 +85,8 @@ class _Plan:
 #: the template an empty tensor of its dtype on the call's device (`new_empty_strided` of it costs
 #: less than `torch.empty_strided`), `reduced` one of: an M x N output; a reduction the launch writes
 #: whole (per row or column); a reduction that starts from its identity (`Reduction.identity`: an
-#: atomic max over M and N, or nothing to reduce); D's block scales (gg.quantize), written whole.
-MATRIX, REDUCED, REDUCED_FROM_IDENTITY, BLOCK_SCALES = 0, 1, 2, 3
+#: atomic max over M and N, or nothing to reduce); the factors of D's row blocks, written whole.
+MATRIX, REDUCED, REDUCED_FROM_IDENTITY, BLOCK_FACTORS = 0, 1, 2, 3
 _FreshOutput = tuple[tuple[int, ...], torch.Tensor, tuple[int, ...], tuple[int, int, int], int]
 
 
@@ -285,7 +285,7 @@ class Kernel(KernelBase):
                     okey = None
                 hit = plan.out_checked.get(okey) if okey is not None else None
                 if hit is None:
-                    targ = check_block_scales_output(name, t, shape, plan.device) if reduced == BLOCK_SCALES \
+                    targ = check_block_factors_output(name, t, shape, plan.device) if reduced == BLOCK_FACTORS \
                         else check_reduction_output(name, t, shape, plan.device, modes) if reduced else \
                         check_output(name, t, o.dtype, shape, plan.device, self._ir.gemm.batched, plan.call.l,
                                      self._ir.gemm.layout_d)
@@ -313,11 +313,11 @@ class Kernel(KernelBase):
         layouts: list[_FreshOutput] = []
         m, n = shape[-2], shape[-1]
         for o in self._ir.epilogue.outputs:
-            if o.reduce is Reduction.BLOCK_SCALE:  # as a block-scaled GEMM reads its A's (`block_scales_layout`)
+            if o.reduce is Reduction.BLOCK_SCALE:  # as a block-scaled GEMM reads its A's (`block_factors_layout`)
                 bshape = o.shape(shape)
-                strides, modes = block_scales_layout(bshape, l)
+                strides, modes = block_factors_layout(bshape, l)
                 layouts.append((bshape, torch.empty(0, dtype=torch.float32, device=device), strides, modes,
-                                BLOCK_SCALES))
+                                BLOCK_FACTORS))
                 continue
             if o.reduce is not None:
                 rshape = o.shape(shape)

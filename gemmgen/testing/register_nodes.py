@@ -50,8 +50,6 @@ class ParamsView(Protocol):
         ...
 
 
-
-
 def coordinate(t: CppType, acc: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """Coordinate<0> / Coordinate<1>: each register's row / column in its batch's (or group's)
     M x N problem, converted to fp32."""
@@ -108,13 +106,11 @@ def row_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, i
     if name == "QuantizeBlock" and len(policy.args) == 1:
         amax = grouped.abs().amax(dim=-1)  # NaN propagates
         factor = torch.where(amax > 0, amax / _bits_f32(policy.args[0]), 1.0)
-        per_value = 1.0 / factor
     elif name == "RmsNormBlock" and len(policy.args) == 2 and int(policy.args[0].name) == block:
         counts = (n - torch.arange(0, n, block)).clamp(max=block)  # a partial last block's columns
-        factor = per_value = ((grouped * grouped).sum(dim=-1) / counts + _bits_f32(policy.args[1])).rsqrt()
+        factor = ((grouped * grouped).sum(dim=-1) / counts + _bits_f32(policy.args[1])).rsqrt()
     elif name == "ExpMinusMaxBlock" and len(policy.args) == 1:
         factor = grouped.amax(dim=-1)  # NaN propagates
-        per_value = None
     else:
         raise EpilogueSourceError(f"row blocks policy {policy} for blocks of {block}")
     sm, sn, sl = (struct.unpack("<q", params.raw(f"cute::get<{i}>({lvalue}.dFactor)"))[0] for i in range(3))
@@ -122,11 +118,12 @@ def row_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, i
                          (l_ - 1) * sl + (m - 1) * sm + (blocks - 1) * sn + 1) if l_ and m and blocks else None
     if ptr is not None:
         ptr.as_strided((l_, m, blocks), (sl, sm, sn)).copy_(factor)
+    spread = factor.repeat_interleave(block, dim=-1)[..., :n]  # each value's block's factor
     if name == "QuantizeBlock":  # a division, as the device divides (x * (1 / s) can round otherwise)
-        return value / factor.repeat_interleave(block, dim=-1)[..., :n]
-    if per_value is None:  # exp(Scale * (v - max))
-        return torch.exp(_bits_f32(policy.args[0]) * (value - factor.repeat_interleave(block, dim=-1)[..., :n]))
-    return value * per_value.repeat_interleave(block, dim=-1)[..., :n]
+        return value / spread
+    if name == "ExpMinusMaxBlock":
+        return torch.exp(_bits_f32(policy.args[0]) * (value - spread))
+    return value * spread
 
 
 def _bits_f32(t: CppType) -> float:

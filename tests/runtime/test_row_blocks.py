@@ -110,12 +110,12 @@ def test_mistakes_fail_the_check(mistake, monkeypatch):
         ck = uncompiled(recipe, config, source_replaced("0x43e00000u", "0x47600000u"))  # e5m2's 57344
     else:
         ck = uncompiled(recipe, config)
-        real = kernel_module.check_block_scales_output
+        real = kernel_module.check_block_factors_output
 
         def transposed(*args):
             t = real(*args)
             return TensorArg(t.ptr, (t.strides[1], t.strides[0], t.strides[2]))
-        monkeypatch.setattr(kernel_module, "check_block_scales_output", transposed)
+        monkeypatch.setattr(kernel_module, "check_block_factors_output", transposed)
     with pytest.raises(AssertionError):
         assert_computes(ck, shape, mistake)
 
@@ -346,15 +346,17 @@ def _exp_shifted(block: int = 64, scale: float = 0.125, batched: bool = True) ->
 
 
 def test_the_exp_minus_max_reference_is_a_blockwise_softmax_numerator():
-    """Fresh inputs, N not a multiple of the block, a NaN, a block of one value: D and each block's
-    max against torch written out per block, and the blocks combined (online softmax) into torch's
-    softmax over the row."""
+    """Fresh inputs, N not a multiple of the block (its partial last block all negative), a NaN: D
+    and each block's max against torch written out per block, and the blocks combined (online
+    softmax) into torch's softmax over the row."""
     block, scale = 64, 0.125
     recipe = _exp_shifted(block, scale)
     a, b = torch.randn(2, 9, 40).bfloat16(), torch.randn(2, 40, 2 * block + 5).bfloat16()
     bias = torch.randn(b.shape[-1]).bfloat16()
+    bias[2 * block:] = -100.0  # the partial last block all negative: its max is not 0
     d, top = recipe.reference(a, b, bias=bias)
     x = a.float() @ b.float() + bias.float()
+    assert (top[..., 2] < 0).all()
     for j, start in enumerate(range(0, x.shape[-1], block)):
         part = x[..., start:start + block]
         torch.testing.assert_close(top[..., j], part.amax(dim=-1), rtol=0, atol=0)

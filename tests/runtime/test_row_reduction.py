@@ -136,8 +136,8 @@ def test_a_reduction_over_m_of_half_columns_is_refused_naming_the_fix():
 
 def test_a_binary_without_the_lanes_shuffles_is_refused():
     """A reduction's shuffles across lanes prove it is in the binary: a record of row_col_amax's
-    kernel without them (SHFL counted 0, the rest as its compiled kernel's) fails the binary check
-    every source goes through; with them and with local memory, too."""
+    kernel (counts written here, each marker it needs present) passes the binary check every
+    source goes through, and fails it without SHFL, or with local memory."""
     from gemmgen.aot.recipes_file import load_recipes
     from gemmgen.codegen import render_kernel
     from gemmgen.compile.validate import sass_problem

@@ -13,19 +13,25 @@ from ...ir import RecipeIR
 MAX_ACCUMULATORS_PER_THREAD = 128
 
 
+def consumer_warpgroups(cfg: KernelConfig) -> int:
+    """The warpgroups that share a tile's MMA and epilogue: two under the cooperative schedule, one
+    under ping-pong (whose two take turns with tiles of their own)."""
+    return 2 if cfg.schedule is Schedule.COOPERATIVE else 1
+
+
 def accumulators_per_thread(cfg: KernelConfig, recipe: RecipeIR) -> int:
     """fp32 accumulator registers per consumer thread: its warpgroup's part of the tile (half of it
     under the cooperative schedule, all of it under pingpong) over 128 threads, twice for fp8 A/B,
     whose mainloop keeps WGMMA's partial sums apart from the promoted fp32 sums."""
     tm, tn, _ = cfg.tile
-    per_warpgroup = tm * tn // (2 if cfg.schedule is Schedule.COOPERATIVE else 1)
+    per_warpgroup = tm * tn // consumer_warpgroups(cfg)
     return per_warpgroup // 128 * (2 if recipe.gemm.fp8 else 1)
 
 
 def epilogue_tile(cfg: KernelConfig, recipe: RecipeIR) -> tuple[int, int]:
     """CUTLASS's EpilogueTileAuto (sm90_compute_tile_shape_or_override), widened to hold whole
-    row blocks where D has them (gg.quantize, gg.rms_norm, gg.exp_minus_max: a block's statistic is reduced within
-    one subtile, `epilogue_tile_override`)."""
+    row blocks where D has them (gg.quantize, gg.rms_norm, gg.exp_minus_max: a block's statistic
+    is reduced within one subtile, `epilogue_tile_override`)."""
     tm, tn, _ = cfg.tile
     if cfg.schedule is Schedule.COOPERATIVE:
         m, n = min(128, tm), _gcd(min(32, tn), tn)

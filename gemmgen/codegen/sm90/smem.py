@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ...config import KernelConfig, Schedule
+from ...config import KernelConfig
 from ...ir import Columns, RecipeIR
 from ...types import DType, Layout
 from ..evt import ParamBinding, build_epilogue
-from .geometry import epilogue_tile, scales_per_tile, swizzle_span
+from .geometry import consumer_warpgroups, epilogue_tile, scales_per_tile, swizzle_span
 
 _BARRIER_BYTES = 8  # one cutlass::arch::ClusterBarrier (an mbarrier)
 _VECTOR_ALIGN = 16  # cute::array_aligned's default alignment (Sm90RowBroadcast's smem)
@@ -116,9 +116,8 @@ def _visitor(b: ParamBinding, cfg: KernelConfig, recipe: RecipeIR, stages: Epilo
     if b.kind == "row":
         return Storage(cfg.tile[1] * b.dtype.nbytes, _VECTOR_ALIGN)
     if b.kind == "row_reduction":  # row_reduction.hpp: each consumer warp's value of each column, a tile count
-        warps = 8 if cfg.schedule is Schedule.COOPERATIVE else 4
         state = 8 if b.log_sum_exp else 4
-        return struct([Storage(warps * cfg.tile[1] * state, _VECTOR_ALIGN), Storage(4, 4)])
+        return struct([Storage(4 * consumer_warpgroups(cfg) * cfg.tile[1] * state, _VECTOR_ALIGN), Storage(4, 4)])
     return EMPTY  # column vectors and scalars are read from global memory
 
 
