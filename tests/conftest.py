@@ -23,14 +23,18 @@ def pytest_collection_modifyitems(config, items):
     try:
         import torch
 
-        has_sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+        capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
     except Exception:
-        has_sm90 = False
-    if not has_sm90:
-        skip = pytest.mark.skip(reason="needs an sm_90 GPU (none here); run scripts/gpu_check.sh on an H100/H200")
-        for item in items:
-            if item.get_closest_marker("gpu") is not None:  # not item.keywords: it holds tests/gpu's name too
-                item.add_marker(skip)
+        capability = None
+    # each GPU marker's device, and what runs its tests there
+    devices = {"gpu": ((9, 0), "needs an sm_90 GPU (none here); run scripts/gpu_check.sh on an H100/H200"),
+             "gpu_sm100": ((10, 0), "needs an sm_100 GPU (none here); run scripts/gpu_check.sh on a B200/GB200, "
+                                    'its bundle prepared with GEMMGEN_GPU_ARCHES="sm_90a sm_100a"')}
+    for marker, (device, reason) in devices.items():
+        if capability != device:
+            for item in items:
+                if item.get_closest_marker(marker) is not None:  # not item.keywords: it holds tests/gpu's name too
+                    item.add_marker(pytest.mark.skip(reason=reason))
     live = [item for item in items if item.get_closest_marker("skip") is None]
     config.stash[_ORACLES] = any(item.get_closest_marker("oracle") is not None for item in live)
 

@@ -105,6 +105,29 @@ def hw_info() -> list[ParamField]:
     return f
 
 
+def group_problem(name: str, expr: str) -> list[ParamField]:
+    """GroupProblemShape: the group count and the device's (and, unused, the host's) shapes."""
+    return [ParamField(f"{name}.groups", f"{expr}.num_groups", "i32"),
+            ParamField(f"{name}.shapes", f"{expr}.problem_shapes", "ptr"),
+            ParamField(f"{name}.host_shapes", f"{expr}.host_problem_shapes", "ptr")]
+
+
+def group_scheduler(s: str) -> list[ParamField]:
+    """PersistentTileSchedulerSm90GroupParams at `s` (sm100's group scheduler wraps the same)."""
+    f = divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
+    f += divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
+    f += divmod_u64("scheduler.cta_shape_m", f"{s}.divmod_cta_shape_m_")
+    f += divmod_u64("scheduler.cta_shape_n", f"{s}.divmod_cta_shape_n_")
+    f += [ParamField("scheduler.blocks_across_problem", f"{s}.blocks_across_problem_", "u64"),
+          ParamField("scheduler.pre_processed_problem_shapes", f"{s}.pre_processed_problem_shapes", "bool"),
+          ParamField("scheduler.log_swizzle_size", f"{s}.log_swizzle_size_", "i32"),
+          ParamField("scheduler.raster_order", f"{s}.raster_order_", "i32")]
+    f += group_problem("scheduler.problem", f"{s}.problem_shapes_")
+    for coord in ("cta_shape", "cluster_shape"):
+        f += [ParamField(f"scheduler.{coord}.{d}", f"{s}.{coord}_[{i}]", "i32") for i, d in enumerate("mnk")]
+    return f
+
+
 def binding_fields(b: Binding) -> list[ParamField]:
     """The Params of an epilogue visitor the host writes (the same visitors on every arch)."""
     node = b.member("{p}.epilogue.thread")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from ..codegen.fields import REGISTER_LOADS, REGISTER_STORES
-from ..config import KernelConfig
+from ..config import Arch, KernelConfig
 from ..errors import InvalidArgument
 from ..ir import Columns, EpilogueIR, Operand, RecipeIR
 from ..ir.reference import evaluate_epilogue
@@ -63,8 +63,10 @@ class BufferLayout:
     size: int
 
     @classmethod
-    def of(cls, groups: int, columns: int, sm_count: int, has_source: bool) -> BufferLayout:
-        epilogue = sm_count * (2 + int(has_source)) * _MAP_BYTES  # two epilogue warp groups' D maps, and C's
+    def of(cls, groups: int, columns: int, sm_count: int, has_source: bool, arch: Arch = Arch.SM90A) -> BufferLayout:
+        # sm90: two epilogue warp groups' D maps, and C's; sm100: D's and C's
+        d_maps = 1 if arch is Arch.SM100A else 2
+        epilogue = sm_count * (d_maps + int(has_source)) * _MAP_BYTES
         mainloop_at = _round(epilogue, _MAP_ALIGN)
         shapes_at = _round(mainloop_at + sm_count * 2 * _MAP_BYTES, _MAP_ALIGN)  # CUTLASS's workspace size
         table_at = _round(shapes_at + 12 * groups, 16)
@@ -92,6 +94,7 @@ class GroupedArguments:
     def __init__(self, recipe: RecipeIR, config: KernelConfig) -> None:
         g = recipe.gemm
         self.recipe, self.tile, self.cluster = recipe, config.tile, config.cluster
+        self.arch, self.cta_tile = config.arch, config.cta_tile
         self.swapped = config.swap_ab
         epi = recipe.epilogue
         matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX]
@@ -173,15 +176,24 @@ class GroupedArguments:
                                              "scheduler.problem.shapes": shapes, "scheduler.problem.host_shapes": 0}
         for i, col in enumerate(columns):
             v[col.field] = buffer + layout.table + 8 * i * call.groups
-        # CUTLASS encodes each starting map at its pointer array's address (rounded down to 16 bytes)
-        # with extents of 1 (A, B) or one tile (C, D), zero strides, and no batch mode
-        tm, tn = self.tile[0], self.tile[1]
-        v["mainloop.tma_a"] = encode(_rank2(self.a.operand(int(v["mainloop.ptr_a"]) & ~15, 1, 1, 1, (0, 0, 0))))
-        v["mainloop.tma_b"] = encode(_rank2(self.b.operand(int(v["mainloop.ptr_b"]) & ~15, 1, 1, 1, (0, 0, 0))))
+        # CUTLASS encodes each starting map with extents of 1 (A, B) or one tile (C, D; a CTA's on
+        # sm100), zero strides and no batch mode, at its pointer array's address rounded down to 16
+        # bytes (sm90) or at null (sm100)
+        sm100 = self.arch is Arch.SM100A
+        tm, tn = self.cta_tile[:2] if sm100 else self.tile[:2]
+
+        def at(name: str) -> int:
+            return 0 if sm100 else int(v[name]) & ~15
+
+        v["mainloop.tma_a"] = encode(_rank2(self.a.operand(at("mainloop.ptr_a"), 1, 1, 1, (0, 0, 0))))
+        v["mainloop.tma_b"] = encode(_rank2(self.b.operand(at("mainloop.ptr_b"), 1, 1, 1, (0, 0, 0))))
+        if sm100:  # the maps for a fallback cluster: copies (gemmgen launches a static cluster)
+            v["mainloop.tma_a_fallback"], v["mainloop.tma_b_fallback"] = v["mainloop.tma_a"], v["mainloop.tma_b"]
+            v.update({f"mainloop.cluster_shape_fallback.{a}": 0 for a in "xyz"})
         if self.c is not None:
-            v["epilogue.tma_c"] = encode(_rank2(self.c.matrix(int(v["epilogue.ptr_c"]) & ~15, tm, tn, 1, (0, 0, 0))))
+            v["epilogue.tma_c"] = encode(_rank2(self.c.matrix(at("epilogue.ptr_c"), tm, tn, 1, (0, 0, 0))))
         if self.d is not None:
-            v["epilogue.tma_d"] = encode(_rank2(self.d.matrix(int(v["epilogue.ptr_d"]) & ~15, tm, tn, 1, (0, 0, 0))))
+            v["epilogue.tma_d"] = encode(_rank2(self.d.matrix(at("epilogue.ptr_d"), tm, tn, 1, (0, 0, 0))))
         else:  # a register store's one row stride (each group's pointer is at its first row)
             v.update({f"{self.d_store}.stride_m": d_stride, f"{self.d_store}.stride_l": 0})
         for prefix, name in self.register_loads:
@@ -198,8 +210,12 @@ class GroupedArguments:
             v[f"epilogue.scalar.{name}.batch_stride"] = 0
         v.update({"hw_info.device_id": device_id, "hw_info.sm_count": sm_count,
                   "hw_info.max_active_clusters": max_active_clusters})
-        v.update(scheduler.group_plan(self.tile, self.cluster, sm_count, max_active_clusters).fields)
+        v.update(self.scheduler(sm_count, max_active_clusters).fields)
         return v
+
+    def scheduler(self, sm_count: int, max_active_clusters: int) -> scheduler.SchedulerPlan:
+        """The group scheduler's Params and grid; its tiles are the CTAs' (half a pair's MMA tile)."""
+        return scheduler.group_plan(self.cta_tile, self.cluster, sm_count, max_active_clusters)
 
 
 def _rank2(args: tma.EncodeArgs) -> tma.EncodeArgs:
@@ -339,8 +355,9 @@ class GroupedKernel(KernelBase):
         plan.sm_count, plan.clusters = self._hardware(device_index)
         plan.columns = self._args.columns(call, TensorArg(0, (strides[0], 1, 0)))
         plan.d_at = SETUP_BASES + 8 * next(i for i, c in enumerate(plan.columns) if c.field == self._args.d_field)
-        plan.layout = BufferLayout.of(call.groups, len(plan.columns), plan.sm_count, self._args.source is not None)
-        plan.grid = scheduler.group_plan(self._config.tile, self._config.cluster, plan.sm_count, plan.clusters).grid
+        plan.layout = BufferLayout.of(call.groups, len(plan.columns), plan.sm_count, self._args.source is not None,
+                                      self._config.arch)
+        plan.grid = self._args.scheduler(plan.sm_count, plan.clusters).grid
         plan.setup_grid = (-(-call.groups // SETUP_BLOCK), 1, 1)
         return plan
 

@@ -25,10 +25,10 @@ its reuse is the MMA tile's (each SM loads half of A and half of B for half of t
 
 A grouped (MoE) kernel serves every split of its rows, which only the GPU knows; the host knows
 the rows and the groups. When the groups average at most GROUPED_SWAP_MAX_ROWS rows (decode: a few
-tokens per expert), `choose` gives GROUPED_SWAP_CONFIG, swapped, each group's rows along the tile's
-N (not for an epilogue over column pairs, which must stay the kernel's columns); otherwise
-gemmgen's default. So a grouped recipe needs at most two kernels, unless autotune
-(`grouped_candidates`) found others faster.
+tokens per expert), `choose` gives GROUPED_SWAP_CONFIG (sm_100a: SM100_GROUPED_SWAP_CONFIG),
+swapped, each group's rows along the tile's N (not for an epilogue over column pairs, which must
+stay the kernel's columns); otherwise gemmgen's default. So a grouped recipe needs at most two
+kernels, unless autotune (`grouped_candidates`) found others faster.
 """
 
 from __future__ import annotations
@@ -82,6 +82,9 @@ SM100_SWAP_CANDIDATES: tuple[KernelConfig, ...] = tuple(
 #: The grouped kernel for groups of few rows: 128 rows of the weights by 32 of a group's rows per
 #: tile, where an unswapped tile spans at least 64 of a group's rows. (Tile K: `tile_k`.)
 GROUPED_SWAP_CONFIG = KernelConfig(tile=(128, 32, 64), swap_ab=True)
+#: ...sm_100a's: one SM's 128 x 32 MMA.
+SM100_GROUPED_SWAP_CONFIG = KernelConfig(tile=(128, 32, 64), schedule=Schedule.ONE_SM, swap_ab=True,
+                                         arch=Arch.SM100A)
 GROUPED_SWAP_MAX_ROWS = 32  # groups averaging at most this many rows get GROUPED_SWAP_CONFIG
 #: What autotune times for a grouped recipe besides `grouped_choice`'s two picks: wider and narrower
 #: tiles either way round, pingpong, a 2 x 1 cluster (`grouped_candidates` orders them).
@@ -89,6 +92,13 @@ GROUPED_CANDIDATES: tuple[KernelConfig, ...] = (
     KernelConfig(tile=(128, 256, 64)), KernelConfig(tile=(64, 128, 64), cluster=(2, 1, 1), schedule=PING),
     KernelConfig(tile=(128, 128, 64), cluster=(2, 1, 1)), KernelConfig(tile=(128, 16, 64), swap_ab=True),
     KernelConfig(tile=(128, 64, 64), swap_ab=True), KernelConfig(tile=(64, 32, 64), schedule=PING, swap_ab=True),
+)
+#: ...and sm_100a's: a pair of SMs on 256 x 128 tiles, one SM's 128 x 256, swapped narrower and wider.
+SM100_GROUPED_CANDIDATES: tuple[KernelConfig, ...] = (
+    KernelConfig(tile=(256, 128, 64), cluster=(2, 1, 1), schedule=Schedule.TWO_SM, arch=Arch.SM100A),
+    KernelConfig(tile=(128, 256, 64), schedule=Schedule.ONE_SM, arch=Arch.SM100A),
+    KernelConfig(tile=(128, 16, 64), schedule=Schedule.ONE_SM, swap_ab=True, arch=Arch.SM100A),
+    KernelConfig(tile=(128, 64, 64), schedule=Schedule.ONE_SM, swap_ab=True, arch=Arch.SM100A),
 )
 
 #: Upper bounds of the M buckets; beyond the last, M is rounded up to a multiple of it. The
@@ -250,7 +260,7 @@ def grouped_choice(recipe: RecipeIR, rows: int, groups: int, arch: Arch = DEFAUL
     GROUPED_SWAP_MAX_ROWS rows, else gemmgen's default."""
     average = -(-max(rows, 0) // max(groups, 1))
     head = f"grouped: {rows} rows in {groups} groups, {average} per group on average"
-    if arch is Arch.SM100A or not few_rows_per_group(rows, groups):  # (sm100: its constraints refuse grouped)
+    if not few_rows_per_group(rows, groups):
         default = default_config(recipe, arch)
         return Choice(default, m_bucket(max(rows, 1)), 0.0,
                       f"{head} > {GROUPED_SWAP_MAX_ROWS}; chose {default.name}, gemmgen's default")
@@ -259,21 +269,24 @@ def grouped_choice(recipe: RecipeIR, rows: int, groups: int, arch: Arch = DEFAUL
         return Choice(default, m_bucket(max(rows, 1)), 0.0,
                       f"{head} <= {GROUPED_SWAP_MAX_ROWS}; chose {default.name}, gemmgen's default: the epilogue "
                       "works on column pairs, which a swapped kernel would take from rows")
-    swapped = replace(GROUPED_SWAP_CONFIG, tile=(*GROUPED_SWAP_CONFIG.tile[:2], tile_k(recipe)))
+    swap = SM100_GROUPED_SWAP_CONFIG if arch is Arch.SM100A else GROUPED_SWAP_CONFIG
+    swapped = replace(swap, tile=(*swap.tile[:2], tile_k(recipe)))
     return Choice(swapped, m_bucket(max(rows, 1)), 0.0,
                   f"{head} <= {GROUPED_SWAP_MAX_ROWS}; chose {swapped.name}: swapped (D_g^T = B_g^T A_g^T), "
                   f"a group's rows along the tile's N ({swapped.tile[1]} wide)")
 
 
-def grouped_candidates(recipe: RecipeIR, rows: int, groups: int) -> list[KernelConfig]:
-    """The configs autotune times for a grouped problem, most promising first: `grouped_choice`'s,
-    the one it makes on the other side of GROUPED_SWAP_MAX_ROWS (so timing two settles which side
-    wins), then GROUPED_CANDIDATES of the choice's kind (swapped or not), then the others; each
-    valid for the recipe, tile K as `tile_k`'s."""
+def grouped_candidates(recipe: RecipeIR, rows: int, groups: int, arch: Arch = DEFAULT_ARCH) -> list[KernelConfig]:
+    """The configs autotune times for a grouped problem on `arch`, most promising first:
+    `grouped_choice`'s, the one it makes on the other side of GROUPED_SWAP_MAX_ROWS (so timing two
+    settles which side wins), then the arch's grouped candidates of the choice's kind (swapped or
+    not), then the others; each valid for the recipe, tile K as `tile_k`'s."""
     few = few_rows_per_group(rows, groups)
-    first = grouped_choice(recipe, rows, groups).config
-    other = grouped_choice(recipe, 1 if not few else GROUPED_SWAP_MAX_ROWS * max(groups, 1) + 1, groups).config
+    first = grouped_choice(recipe, rows, groups, arch).config
+    other = grouped_choice(recipe, 1 if not few else GROUPED_SWAP_MAX_ROWS * max(groups, 1) + 1, groups,
+                           arch).config
     k = tile_k(recipe)
-    rest = sorted((replace(c, tile=(*c.tile[:2], k)) for c in GROUPED_CANDIDATES), key=lambda c: c.swap_ab != few)
+    table = SM100_GROUPED_CANDIDATES if arch is Arch.SM100A else GROUPED_CANDIDATES
+    rest = sorted((replace(c, tile=(*c.tile[:2], k)) for c in table), key=lambda c: c.swap_ab != few)
     listed = dict.fromkeys([first, other, *rest])
     return [c for c in listed if is_valid(c, recipe)]

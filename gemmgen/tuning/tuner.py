@@ -41,7 +41,7 @@ def candidates(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: i
     another arch is left out)."""
     first = [declared] if declared is not None and declared.arch is arch else []
     if recipe.gemm.grouped:
-        grouped = grouped_candidates(recipe, m, l) if arch is DEFAULT_ARCH else []
+        grouped = grouped_candidates(recipe, m, l, arch)
         return list(dict.fromkeys([*first, *grouped[:limit]]))
     sms = sm_count or arch.sm_count
     best = [cfg for _, cfg, _ in ranked(recipe, m, n, k, l, sms, arch)[:limit]]

@@ -30,7 +30,8 @@ def test_each_sm100_kernel_shows_tcgen05_tma_and_tensor_memory_in_its_sass(sm100
         mma = ("UTCQMMA" if k.recipe.gemm.fp8 else "UTCHMMA") + (".2CTA" if two_sm else "")
         assert r.arch == "sm_100a" and r.sass is not None, name
         assert r.sass[mma] > 0 and r.sass["UTMALDG"] > 0 and r.sass["LDTM"] > 0, (name, r.sass)
-        assert r.sass["UGETNEXTWORKID"] > 0, name  # cluster launch control hands out the tiles
+        # cluster launch control hands out the tiles; the group scheduler is persistent
+        assert (r.sass["UGETNEXTWORKID"] > 0) != k.recipe.gemm.grouped, name
         assert (r.sass["UTCHMMA.2CTA"] + r.sass["UTCQMMA.2CTA"] > 0) == two_sm, name
         assert r.local_bytes == 0 and r.stack_bytes == 0, (name, r.local_bytes, r.stack_bytes)
         assert k.info.max_threads == 256 and k.info.cluster_size == k.config.cluster[0] * k.config.cluster[1]
@@ -45,8 +46,9 @@ def test_the_probed_params_layout_has_every_sm100_field(sm100_kernels):
         assert set(layout) == {f.name for f in k.generated.fields}, name
         maps = sorted(o for n, (o, size) in layout.items() if size == 128)
         assert all(o % 64 == 0 for o in maps) and len(set(maps)) == len(maps), name
+        scheduler = "scheduler.blocks_across_problem" if k.recipe.gemm.grouped else "scheduler.problem_tiles_m"
         assert {"mainloop.tma_a", "mainloop.tma_b", "mainloop.tma_a_fallback", "mainloop.tma_b_fallback",
-                "epilogue.tma_d", "scheduler.problem_tiles_m", "hw_info.sm_count"} <= set(layout), name
+                "epilogue.tma_d", scheduler, "hw_info.sm_count"} <= set(layout), name
         end = max(o + size for o, size in layout.values())
         assert end <= k.params_layout.size == k.info.params_size, name
 
@@ -114,21 +116,21 @@ def test_inspect_reports_sm100_kernels_and_build_leaves_out_what_sm100_lacks(sm1
     assert rows[0]["entry"] == sm100_kernels["bias_gelu"].entry
     assert {"UTCHMMA", "UTCHMMA.2CTA", "UTMALDG", "LDTM"} <= set(rows[0]["sass"]) and "HGMMA" in rows[1]["sass"]
     assert gg.KernelConfig.from_canonical(sm100_kernels["bias_gelu"].config.canonical()).arch is SM100
-    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "build", str(EXAMPLES), "--recipe", "moe_up", "--arch",
-                           "sm_100a", "--cache-dir", str(session_cache.root)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "build", str(EXAMPLES), "--recipe", "moe_swiglu",
+                           "--arch", "sm_100a", "--cache-dir", str(session_cache.root)], capture_output=True, text=True,
                           timeout=300)
-    assert proc.returncode == 2 and "grouped GEMM on sm_100a: not emitted yet" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "column pairs (gg.pairs) on sm_100a: not emitted yet" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "generate", str(EXAMPLES), "--arch", "sm_100a",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     left_out = sorted(line.split(":")[1].strip() for line in proc.stderr.splitlines()
                       if "not built for sm_100a" in line)
-    assert left_out == ["fp8_block_scaled", "fp8_quantized", "moe_fp8_block", "moe_swiglu", "moe_up", "qk_norm",
+    assert left_out == ["fp8_block_scaled", "fp8_quantized", "moe_fp8_block", "moe_swiglu", "qk_norm",
                         "row_col_amax", "swiglu"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}.sm_100a.cu" for n in (
         "gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination", "bias_gelu_aux", "quick_gelu_scaled",
-        "scaled_mm_fp8", "residual_norm_stats"))
+        "scaled_mm_fp8", "residual_norm_stats", "moe_up"))
     proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "inspect", str(EXAMPLES), "--arch", "sm_100"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "'sm_100' is the plain target" in proc.stderr and "use 'sm_100a'" in proc.stderr

@@ -16,6 +16,8 @@ SM100_KERNELS: dict[str, gg.KernelConfig | None] = {
     "bias_gelu_aux": gg.KernelConfig(tile=(256, 128, 64), **TWO_SM),  # type: ignore[arg-type]
     # C read through TMA, fp32 reductions over N
     "residual_norm_stats": None,
+    # grouped (pointer-array) on a pair of SMs: per-group maps rewritten on the GPU, the group scheduler
+    "moe_up": gg.KernelConfig(tile=(256, 128, 64), **TWO_SM),  # type: ignore[arg-type]
 }
 
 SM100 = gg.Arch.SM100A
@@ -40,3 +42,17 @@ VALUE_CONFIGS = {
     "swapped_per_batch": ("swapped", gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM,
                                                      swap_ab=True, arch=SM100)),
 }
+
+
+def grouped_value_kernels() -> dict[str, tuple[gg.Recipe, gg.KernelConfig]]:
+    """Grouped sm_100a kernels checked by their values alone (tests/runtime/test_sm100_grouped.py):
+    one SM's, swapped (one SM's 128 x 32 MMA, B200's choice for few rows per group), and the
+    derived backward kernel of a GroupedLinear, which reads dL/dD per group as C, on a pair."""
+    from gemmgen.testing.grouped import moe_recipe
+    from tests.data.gpu_matrix import derived_grouped_recipe
+
+    one = gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM, arch=SM100)
+    swapped = gg.KernelConfig(tile=(128, 32, 64), schedule=gg.Schedule.ONE_SM, swap_ab=True, arch=SM100)
+    pair = gg.KernelConfig(tile=(256, 128, 64), **TWO_SM)  # type: ignore[arg-type]
+    return {"one_sm": (moe_recipe(), one), "swapped": (moe_recipe(), swapped),
+            "reads_c": (derived_grouped_recipe(), pair)}

@@ -19,18 +19,13 @@ import pytest
 import torch
 
 import gemmgen as gg
-from gemmgen.ir import BlockOp, Op, Reduction
-from gemmgen.ir.reference import reference
-from gemmgen.runtime.quantize import random_block_scale
-from gemmgen.testing.calls import TOLERANCE, output_tolerance
-from gemmgen.testing.tensors import assert_output_close, strided_matrix
-from gemmgen.types import Layout, OperandKind
+from gemmgen.testing.calls import TOLERANCE
 from tests.data.gpu_matrix import ROOT, gpu_matrix, load_recipes
+from tests.gpu.common import as_tuple, compare, inputs, nan_outputs
 
 pytestmark = pytest.mark.gpu
 
 SHAPES = [(128, 256, 64), (1, 8, 16), (7, 129, 1000), (129, 1000, 4097), (1000, 7, 129)]
-EXACT_OPS = {Op.ACC, Op.INPUT, Op.CONST, Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS, Op.MIN, Op.MAX, Op.RELU, Op.CAST}
 
 
 @pytest.fixture(scope="session")
@@ -45,109 +40,24 @@ def gen():
     return torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
 
 
-def _matrix(rows, cols, dtype, layout, lead, pad_bytes, gen, exact):
-    """A (lead,) rows x cols tensor in `layout`, with `pad_bytes` (a multiple of 16) more per
-    leading dimension than TMA's 16-byte alignment needs."""
-    def values(*shape):
-        if exact:
-            return torch.randint(-2, 3, shape, device="cuda", generator=gen)
-        return torch.randn(*shape, device="cuda", generator=gen)
-
-    return strided_matrix(values, rows, cols, dtype, layout, lead, pad_bytes // dtype.itemsize)
-
-
-def _whole_pairs(recipe, n):
-    """N made even for an epilogue over column pairs (which needs whole pairs)."""
-    return n + n % 2 if recipe.ir.epilogue.pairs else n
-
-
-def _inputs(recipe, m, n, k, gen, exact, pad_bytes=0, batch=3):
-    g = recipe.ir.gemm
-    n = _whole_pairs(recipe, n)
-    lead = (batch,) if g.batched else ()
-    a = _matrix(m, k, g.a.torch, g.layout_a, lead, pad_bytes, gen, exact)
-    b = _matrix(k, n, g.b.torch, g.layout_b, lead, pad_bytes, gen, exact)
-    ops: dict[str, torch.Tensor | float] = {}
-    for o in recipe.operands:
-        if o.kind.block_scale:  # powers of two keep exact-tier results exact
-            s = random_block_scale(o.kind, g, m, n, k, lead, "cuda")
-            ops[o.name] = s.copy_(torch.exp2(torch.round(torch.log2(s)))) if exact else s
-        elif o.kind is OperandKind.SCALAR and o.per_batch:
-            ops[o.name] = torch.full(lead, 2.0, device="cuda") if exact else torch.randn(lead, generator=gen,
-                                                                                         device="cuda")
-        elif o.kind is OperandKind.SCALAR:
-            ops[o.name] = 2.0 if exact else float(torch.randn((), generator=gen, device="cuda"))
-        elif o.kind is OperandKind.SEED:  # read by the kernel at launch
-            ops[o.name] = torch.randint(0, 2**62, (1,), generator=gen, device="cuda")
-        elif o.kind is OperandKind.MATRIX:  # N/2 columns where it meets column pairs; shared: no batch
-            ops[o.name] = _matrix(m, o.columns.extent(n), o.dtype.torch, g.layout_d, lead[:o.per_batch], pad_bytes,
-                                  gen, exact)
-        else:  # one per batch (`per_batch`): each batch's vector 16-byte aligned (rows of a padded matrix)
-            length = n if o.kind is OperandKind.ROW else m
-            if o.per_batch:
-                ops[o.name] = _matrix(batch, length, o.dtype.torch, Layout.ROW, (), pad_bytes, gen, exact)
-                continue
-            ops[o.name] = (torch.randint(-2, 3, (length,), device="cuda", generator=gen) if exact
-                           else torch.randn(length, device="cuda", generator=gen)).to(o.dtype.torch)
-    return a, b, ops
-
-
-def _nan_outputs(recipe, m, n, batch=3):
-    """NaN-filled outputs: M x N with padded rows, or a reduction's fp32 values per batch (an amax
-    over M and N the runtime must zero before the kernel max-reduces into it, a vector the kernel
-    writes whole)."""
-    lead = (batch,) if recipe.ir.gemm.batched else ()
-    n = _whole_pairs(recipe, n)
-    nans = lambda *shape: torch.full(shape, float("nan"), device="cuda")  # noqa: E731
-    return tuple(nans(*o.shape((*lead, m, n))) if o.reduce is not None
-                 else strided_matrix(nans, m, o.columns.extent(n), o.dtype.torch, recipe.ir.gemm.layout_d, lead)
-                 for o in recipe.outputs)
-
-
-def _as_tuple(x):
-    return x if isinstance(x, tuple) else (x,)
-
-
-def _compare(recipe, got, a, b, ops, exact):
-    """Exact where the recipe's math is (small integers: no rounding anywhere; sums aside, which
-    can pass 2^24), else within the output dtype's tolerance (a sum: within the bound of its
-    summation order, `assert_output_close`)."""
-    want = _as_tuple(recipe.reference(a, b, **ops))
-    scale = reference(recipe.ir, a, b, ops, magnitudes=True)
-    for o, g, w, mag in zip(recipe.outputs, got, want, scale, strict=True):
-        g = g.float().cpu()
-        w = w.float()
-        assert not torch.isnan(g).any(), f"{recipe.name}.{o.name}: NaN left in the output"
-        assert w.abs().max() > 0, "reference must not be all zeros"
-        blocks = recipe.ir.epilogue.row_blocks  # an RMSNorm's rsqrtf is within 2 ulp, not exact
-        exact_math = all(n.op in EXACT_OPS for n in recipe.ir.epilogue.nodes) and (
-            blocks is None or blocks.op is BlockOp.QUANTIZE)
-        if exact and o.reduce is not Reduction.SUM and exact_math:
-            assert torch.equal(g, w), f"{recipe.name}.{o.name}: not exact"
-        else:
-            tol = output_tolerance(recipe, o)
-            atol = 0.0 if o.reduce is Reduction.SUM else tol * float(w.abs().max())
-            assert_output_close(o, g, w, mag, (a.shape[-2], b.shape[-1]), tol, atol, f"{recipe.name}.{o.name}")
-
-
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "random"])
 def test_matches_reference(kernels, gen, shape, exact):
     m, n, k = shape
     for recipe, _config, kernel in kernels:
-        a, b, ops = _inputs(recipe, m, n, k, gen, exact)
-        out = _nan_outputs(recipe, m, n)
-        got = _as_tuple(kernel(a, b, out=out if len(out) > 1 else out[0], **ops))
+        a, b, ops = inputs(recipe, m, n, k, gen, exact)
+        out = nan_outputs(recipe, m, n)
+        got = as_tuple(kernel(a, b, out=out if len(out) > 1 else out[0], **ops))
         torch.cuda.synchronize()
-        _compare(recipe, got, a, b, ops, exact)
+        compare(recipe, got, a, b, ops, exact)
 
 
 def test_padded_leading_dims_and_batch(kernels, gen):
     for recipe, _config, kernel in kernels:
-        a, b, ops = _inputs(recipe, 200, 136, 72, gen, exact=False, pad_bytes=48)
-        got = _as_tuple(kernel(a, b, **ops))
+        a, b, ops = inputs(recipe, 200, 136, 72, gen, exact=False, pad_bytes=48)
+        got = as_tuple(kernel(a, b, **ops))
         torch.cuda.synchronize()
-        _compare(recipe, _as_tuple(got), a, b, ops, exact=False)
+        compare(recipe, as_tuple(got), a, b, ops, exact=False)
 
 
 @pytest.mark.parametrize("shape", [(33, 1, 40), (1, 1, 16)], ids=lambda s: "x".join(map(str, s)))
@@ -156,22 +66,22 @@ def test_one_output_column_in_fresh_outputs(kernels, gen, shape):
     m, n, k = shape
     for recipe, _config, kernel in kernels:
         for _ in range(20):  # a 1 x 1 GELU of a value below about -5.9 is exactly 0: draw again
-            a, b, ops = _inputs(recipe, m, n, k, gen, exact=False)
-            if all(w.abs().max() > 0 for w in _as_tuple(recipe.reference(a, b, **ops))):
+            a, b, ops = inputs(recipe, m, n, k, gen, exact=False)
+            if all(w.abs().max() > 0 for w in as_tuple(recipe.reference(a, b, **ops))):
                 break
-        got = _as_tuple(kernel(a, b, **ops))
+        got = as_tuple(kernel(a, b, **ops))
         torch.cuda.synchronize()
-        _compare(recipe, got, a, b, ops, exact=False)
+        compare(recipe, got, a, b, ops, exact=False)
 
 
 def test_bitwise_deterministic_and_graph_replay(kernels, gen):
     for recipe, _config, kernel in kernels:
-        a, b, ops = _inputs(recipe, 300, 264, 520, gen, exact=False)
-        first = [t.clone() for t in _as_tuple(kernel(a, b, **ops))]
-        second = _as_tuple(kernel(a, b, **ops))
+        a, b, ops = inputs(recipe, 300, 264, 520, gen, exact=False)
+        first = [t.clone() for t in as_tuple(kernel(a, b, **ops))]
+        second = as_tuple(kernel(a, b, **ops))
         for x, y in zip(first, second, strict=True):
             assert torch.equal(x, y), f"{recipe.name}: two runs differ"
-        outs = _nan_outputs(recipe, 300, 264)
+        outs = nan_outputs(recipe, 300, 264)
         out_arg = outs if len(outs) > 1 else outs[0]
         kernel(a, b, out=out_arg, **ops)  # warm the host path outside capture
         graph = torch.cuda.CUDAGraph()
@@ -191,12 +101,12 @@ def test_first_call_inside_graph_capture(kernels, gen):
     from gemmgen.runtime import driver
 
     recipe, config, warm = kernels[0]
-    a, b, ops = _inputs(recipe, 200, 136, 72, gen, exact=False)
-    want = [t.clone() for t in _as_tuple(warm(a, b, **ops))]
+    a, b, ops = inputs(recipe, 200, 136, 72, gen, exact=False)
+    want = [t.clone() for t in as_tuple(warm(a, b, **ops))]
     for key in [k for k in driver._LOADED if k[0] == warm.compiled.entry]:
         del driver._LOADED[key]  # the module handle leaks: a test-only way to make the next load a first one
     cold = recipe.compile(config)
-    outs = _nan_outputs(recipe, 200, 136)
+    outs = nan_outputs(recipe, 200, 136)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         cold(a, b, out=outs if len(outs) > 1 else outs[0], **ops)
@@ -212,15 +122,15 @@ def test_launches_on_the_current_stream(kernels, gen):
     Operands go positionally here, as the op passes them."""
     side = torch.cuda.Stream()
     for recipe, _config, kernel in kernels:
-        a, b, ops = _inputs(recipe, 130, 72, 200, gen, exact=True)
+        a, b, ops = inputs(recipe, 130, 72, 200, gen, exact=True)
         late = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).fill_(math.nan)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             torch.cuda._sleep(50_000_000)
             late.copy_(a)
-            got = _as_tuple(kernel(late, b, *ops.values()))
+            got = as_tuple(kernel(late, b, *ops.values()))
         torch.cuda.synchronize()
-        _compare(recipe, got, a, b, ops, exact=True)
+        compare(recipe, got, a, b, ops, exact=True)
 
 
 def test_calls_from_a_thread_without_a_context(kernels, gen):
@@ -235,17 +145,17 @@ def test_calls_from_a_thread_without_a_context(kernels, gen):
     def on_worker(kernel, a, b, ops, outs):
         err, ctx = cu.cuCtxGetCurrent()
         assert err == cu.CUresult.CUDA_SUCCESS and int(ctx) == 0, "the worker thread began with a context"
-        got = _as_tuple(kernel(a, b, out=outs if len(outs) > 1 else outs[0], **ops))
+        got = as_tuple(kernel(a, b, out=outs if len(outs) > 1 else outs[0], **ops))
         torch.cuda.synchronize()
         return got
 
     for recipe, _config, kernel in kernels:
-        a, b, ops = _inputs(recipe, 130, 72, 200, gen, exact=True)
+        a, b, ops = inputs(recipe, 130, 72, 200, gen, exact=True)
         kernel(a, b, **ops)  # loaded, and planned for these arguments, on the main thread
-        outs = _nan_outputs(recipe, 130, 72)
+        outs = nan_outputs(recipe, 130, 72)
         with ThreadPoolExecutor(1) as pool:  # a new thread per kernel
             got = pool.submit(on_worker, kernel, a, b, ops, outs).result()
-        _compare(recipe, got, a, b, ops, exact=True)
+        compare(recipe, got, a, b, ops, exact=True)
 
 
 @pytest.mark.parametrize("shape", [(4096, 4096, 4096), (16, 4096, 4096), (256, 1024, 512)],
@@ -302,11 +212,11 @@ def test_stream_k_decompositions(kernels, gen):
     for m, n, k in ((1000, 2048, 128), (256, 256, 8192), (129, 1000, 4097), (7, 129, 1000), (200, 100, 40000)):
         kinds.append(decompose(m, n, -(-k // config.tile[2]), 3, config.tile, config.cluster, sm_count,
                                clusters).kind)
-        a, b, ops = _inputs(recipe, m, n, k, gen, exact=False)
-        first = _as_tuple(kernel(a, b, out=_nan_outputs(recipe, m, n), **ops))
-        again = _as_tuple(kernel(a, b, **ops))
+        a, b, ops = inputs(recipe, m, n, k, gen, exact=False)
+        first = as_tuple(kernel(a, b, out=nan_outputs(recipe, m, n), **ops))
+        again = as_tuple(kernel(a, b, **ops))
         torch.cuda.synchronize()
-        _compare(recipe, first, a, b, ops, exact=False)
+        compare(recipe, first, a, b, ops, exact=False)
         assert all(torch.equal(x, y) for x, y in zip(first, again, strict=True)), (m, n, k, kinds[-1])
     assert {"data-parallel", "split-K", "stream-K"} <= set(kinds), kinds
 
@@ -321,11 +231,11 @@ def test_stream_k_split_counts(kernels, gen):
     for splits in (2, 5, 64):
         kernel = recipe.compile(replace(config, splits=splits))  # from the bundle: the heuristic kernel's binary
         for m, n, k in ((7, 129, 1000), (256, 256, 8192), (300, 1000, 64)):
-            a, b, ops = _inputs(recipe, m, n, k, gen, exact=False)
-            first = _as_tuple(kernel(a, b, out=_nan_outputs(recipe, m, n), **ops))
-            again = _as_tuple(kernel(a, b, **ops))
+            a, b, ops = inputs(recipe, m, n, k, gen, exact=False)
+            first = as_tuple(kernel(a, b, out=nan_outputs(recipe, m, n), **ops))
+            again = as_tuple(kernel(a, b, **ops))
             torch.cuda.synchronize()
-            _compare(recipe, first, a, b, ops, exact=False)
+            compare(recipe, first, a, b, ops, exact=False)
             assert all(torch.equal(x, y) for x, y in zip(first, again, strict=True)), (m, n, k, splits)
 
 
@@ -340,10 +250,10 @@ def test_stream_k_nondeterministic_reduction(kernels, gen):
     for splits in (1, 5):
         kernel = recipe.compile(replace(config, splits=splits, deterministic=False))
         for m, n, k in ((256, 256, 8192), (129, 1000, 4097), (200, 100, 40000)):
-            a, b, ops = _inputs(recipe, m, n, k, gen, exact=False)
-            got = _as_tuple(kernel(a, b, out=_nan_outputs(recipe, m, n), **ops))
+            a, b, ops = inputs(recipe, m, n, k, gen, exact=False)
+            got = as_tuple(kernel(a, b, out=nan_outputs(recipe, m, n), **ops))
             torch.cuda.synchronize()
-            _compare(recipe, got, a, b, ops, exact=False)
+            compare(recipe, got, a, b, ops, exact=False)
         mode = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
         try:
             torch.use_deterministic_algorithms(True)
@@ -360,9 +270,9 @@ def test_k_zero_and_empty(kernels):
         a = torch.empty(*lead, 5, 0, dtype=g.a.torch, device="cuda")
         b = torch.empty(*lead, 0, 8, dtype=g.b.torch, device="cuda")
         gen = torch.Generator(device="cuda").manual_seed(0)
-        _, _, ops = _inputs(recipe, 5, 8, 0, gen, exact=True)
-        got = _as_tuple(kernel(a, b, **ops))
-        want = _as_tuple(recipe.reference(a, b, **ops))
+        _, _, ops = inputs(recipe, 5, 8, 0, gen, exact=True)
+        got = as_tuple(kernel(a, b, **ops))
+        want = as_tuple(recipe.reference(a, b, **ops))
         for x, y in zip(got, want, strict=True):
             torch.testing.assert_close(x.cpu(), y)
 
@@ -640,7 +550,7 @@ def test_autotune_times_candidates_and_the_runtime_uses_the_winner(tmp_path, mon
     (a, b), ops = example_call(recipe.ir, m, n, k)
     with torch.no_grad():
         got = caller(recipe)(a, b, *ops.values())
-    _compare(recipe, _as_tuple(got), a, b, ops, exact=False)
+    compare(recipe, as_tuple(got), a, b, ops, exact=False)
 
 
 def test_invalid_input_on_gpu_raises(kernels):

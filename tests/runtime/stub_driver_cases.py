@@ -380,6 +380,53 @@ def case_a_grouped_call_launches_setup_then_gemm(stub, kernels):
             assert args is not None and encode_violations(args) == [], (field.name, args)
 
 
+def case_an_sm100_grouped_call_on_a_b200_launches_the_recipes_math(stub, kernels):
+    """The grouped sm_100a kernel (a pair of SMs in a 2 x 1 cluster) on a stand-in compute
+    capability 10.0 device with 148 SMs, through the real driver path: the setup kernel, then the
+    GEMM with its cluster, shared memory and the group scheduler's persistent grid; every map it
+    encodes is one the driver accepts; the Params block the GEMM receives and the setup block,
+    emulated, compute the recipe's reference. The sm_90a grouped kernel is refused on that device."""
+    from gemmgen.errors import InvalidArgument
+    from gemmgen.runtime.grouped import GroupedKernel
+    from gemmgen.testing.emulate import emulate_grouped
+    from gemmgen.testing.grouped import grouped_inputs, moe_recipe
+    from gemmgen.testing.recording import encode_violations, launch_violations
+    from gemmgen.testing.stub_driver import stand_in_device
+
+    stand_in_device(STREAM, 148, (10, 0))
+    try:
+        ck = kernels["moe_up@sm_100a"]
+        kernel = GroupedKernel(ck, require_cuda=False)
+        prepared = _keeping_prepared(kernel)  # the call's buffer: the emulation reads it after the call
+        a, b, offsets, bias, weight = grouped_inputs(rows=300, k=72, n=136, groups=3, offsets=(1, 129, 300))
+        out = torch.full((300, 136), float("nan")).bfloat16()
+        before = stub.launches
+        kernel(a, b, offsets, bias=bias, weight=weight, out=out)
+        assert stub.launches == before + 2
+        launch = stub.last_launch
+        buffer, setup, _, params, grid = prepared[-1][1]
+        assert (launch.param_count, launch.params) == (1, params) and len(params) == ck.info.params_size
+        assert (launch.block, launch.cluster, launch.smem, launch.stream) == \
+            ((ck.info.max_threads, 1, 1), (2, 1, 1), ck.info.smem_bytes, STREAM)
+        assert launch.grid == grid == (148, 1, 1), launch.grid  # one CTA per SM, in pairs
+        assert launch_violations(launch.grid, launch.block[0], launch.cluster, launch.smem) == []
+        for field, offset, _ in ck.params_layout.fields:
+            if field.kind == "desc":
+                args = stub.of(launch.params[offset:offset + 128])
+                assert args is not None and encode_violations(args) == [], (field.name, args)
+        emulate_grouped(ck, setup, launch.params, stub, [a, b, offsets, bias, weight, out, buffer])
+        want = moe_recipe().reference(a, b, offsets, bias=bias, weight=weight).float()
+        torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+        try:
+            GroupedKernel(kernels["moe_up"], require_cuda=False)(a, b, offsets, bias=bias, weight=weight)
+        except InvalidArgument as e:
+            assert "is built for sm_90a (H100/H200); device cuda:-1 is sm_100a (B200/GB200)" in str(e), str(e)
+        else:
+            raise AssertionError("an sm_90a grouped kernel launched on a 10.0 device")
+    finally:
+        stand_in_device(STREAM)
+
+
 CASES = {name: fn for name, fn in globals().items() if name.startswith("case_")}
 
 

@@ -4,6 +4,8 @@ Against sm90's: the mainloop holds a second pair of tensor maps and the cluster 
 fallback cluster (gemmgen launches a static cluster: copies of the first pair), no transaction
 byte counts; the epilogue holds its visitors' Params and the C and D maps; the scheduler's Params
 are PersistentTileSchedulerSm100Params (cluster launch control); there is no workspace member.
+A grouped kernel's maps are placeholders it rewrites per group (as on sm90) and its scheduler is
+sm90's group scheduler inside PersistentTileSchedulerSm100GroupParams.
 """
 
 from __future__ import annotations
@@ -11,24 +13,39 @@ from __future__ import annotations
 from ...config import KernelConfig
 from ...ir import RecipeIR
 from ..evt import EpilogueCode
-from ..fields import ParamField, binding_fields, desc, divmod_32, hw_info
+from ..fields import ParamField, binding_fields, desc, divmod_32, group_problem, group_scheduler, hw_info
 
 
 def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode) -> tuple[ParamField, ...]:
-    """Every Params field of a dense or batched sm100 TMA warp-specialized kernel."""
+    """Every Params field of a dense, batched or grouped sm100 TMA warp-specialized kernel."""
+    grouped = recipe.gemm.grouped
     f = [ParamField("mode", "{p}.mode", "i32")]
-    f += [ParamField(f"problem.{d}", f"cute::get<{i}>({{p}}.problem_shape)", "i32") for i, d in enumerate("mnkl")]
+    if grouped:
+        f += group_problem("problem", "{p}.problem_shape")
+    else:
+        f += [ParamField(f"problem.{d}", f"cute::get<{i}>({{p}}.problem_shape)", "i32") for i, d in enumerate("mnkl")]
     m = "{p}.mainloop"
     f += [ParamField("mainloop.tma_a", desc(f"{m}.tma_load_a"), "desc"),
           ParamField("mainloop.tma_b", desc(f"{m}.tma_load_b"), "desc"),
           ParamField("mainloop.tma_a_fallback", desc(f"{m}.tma_load_a_fallback"), "desc"),
           ParamField("mainloop.tma_b_fallback", desc(f"{m}.tma_load_b_fallback"), "desc")]
     f += [ParamField(f"mainloop.cluster_shape_fallback.{a}", f"{m}.cluster_shape_fallback.{a}", "u32") for a in "xyz"]
+    if grouped:  # the per-SM copies of the maps it rewrites, and the per-group arrays
+        f += [ParamField("mainloop.tensormaps", f"{m}.tensormaps", "ptr"),
+              ParamField("mainloop.ptr_a", f"{m}.ptr_A", "ptr"), ParamField("mainloop.stride_a", f"{m}.dA", "ptr"),
+              ParamField("mainloop.ptr_b", f"{m}.ptr_B", "ptr"), ParamField("mainloop.stride_b", f"{m}.dB", "ptr")]
     for b in epilogue.bindings:
         f += binding_fields(b)
+    e = "{p}.epilogue"
     if epilogue.source is not None:
-        f.append(ParamField("epilogue.tma_c", desc("{p}.epilogue.tma_load_c"), "desc"))
-    f.append(ParamField("epilogue.tma_d", desc("{p}.epilogue.tma_store_d"), "desc"))
+        f.append(ParamField("epilogue.tma_c", desc(f"{e}.tma_load_c"), "desc"))
+    f.append(ParamField("epilogue.tma_d", desc(f"{e}.tma_store_d"), "desc"))
+    if grouped:
+        f.append(ParamField("epilogue.tensormaps", f"{e}.tensormaps", "ptr"))
+        if epilogue.source is not None:
+            f += [ParamField("epilogue.ptr_c", f"{e}.ptr_C", "ptr"), ParamField("epilogue.stride_c", f"{e}.dC", "ptr")]
+        f += [ParamField("epilogue.ptr_d", f"{e}.ptr_D", "ptr"), ParamField("epilogue.stride_d", f"{e}.dD", "ptr")]
+        return tuple(f + group_scheduler("{p}.scheduler.params_sm90_") + hw_info())
     s = "{p}.scheduler"
     f += [ParamField(f"scheduler.problem_tiles_{d}", f"{s}.problem_tiles_{d}_", "u32") for d in "mnl"]
     f += divmod_32("scheduler.cluster_shape_m", f"{s}.divmod_cluster_shape_m_")

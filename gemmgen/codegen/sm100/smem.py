@@ -23,6 +23,10 @@ TMEM_COLUMNS = 512
 #: CUTLASS's Sm100DenseGemmTmaUmmaCarveout (the accumulator, scheduler and load-order barriers, the
 #: cluster-launch-control responses, the tensor-memory address), rounded up.
 KERNEL_CARVEOUT = 512
+#: A grouped kernel's tensor maps in shared memory, which it rewrites per group: the builder's
+#: carveout counts A's and B's; the kernel's SharedStorage also holds C's and D's.
+GROUPED_MAINLOOP_MAPS = 2 * 128
+GROUPED_MAPS = 4 * 128
 #: SharedStorage's alignment padding and the epilogue's barriers: 896-1408 bytes in the kernels measured.
 KERNEL_PADDING = 2048
 _PIPELINE_BARRIERS = 16  # two mbarriers per mainloop stage
@@ -51,21 +55,28 @@ def epilogue_smem_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
     return _EPILOGUE_BUFFERS * m * n * sum(widths)
 
 
+def carveout(recipe: RecipeIR) -> int:
+    """What the builder keeps out of the stages besides the epilogue (Sm100DenseGemmTmaUmmaCarveout)."""
+    return KERNEL_CARVEOUT + (GROUPED_MAINLOOP_MAPS if recipe.gemm.grouped else 0)
+
+
 def stage_count(cfg: KernelConfig, recipe: RecipeIR) -> int:
     if cfg.stages is not None:
         return cfg.stages
-    room = SM100_SMEM_CAPACITY - KERNEL_CARVEOUT - epilogue_smem_bytes(cfg, recipe)
+    room = SM100_SMEM_CAPACITY - carveout(recipe) - epilogue_smem_bytes(cfg, recipe)
     return room // stage_bytes(cfg, recipe)
 
 
 def smem_fit(cfg: KernelConfig, recipe: RecipeIR) -> int:
     """What CUTLASS's builder counts against the capacity: the stages, the epilogue, the carveout."""
-    return KERNEL_CARVEOUT + stage_count(cfg, recipe) * stage_bytes(cfg, recipe) + epilogue_smem_bytes(cfg, recipe)
+    return carveout(recipe) + stage_count(cfg, recipe) * stage_bytes(cfg, recipe) + epilogue_smem_bytes(cfg, recipe)
 
 
 def smem_need(cfg: KernelConfig, recipe: RecipeIR) -> int:
     """Shared memory the kernel takes (an upper bound: its SharedStorageSize, padding included)."""
-    return stage_count(cfg, recipe) * stage_bytes(cfg, recipe) + epilogue_smem_bytes(cfg, recipe) + KERNEL_PADDING
+    maps = GROUPED_MAPS if recipe.gemm.grouped else 0
+    return stage_count(cfg, recipe) * stage_bytes(cfg, recipe) + epilogue_smem_bytes(cfg, recipe) + maps + \
+        KERNEL_PADDING
 
 
 def accumulator_stages(cfg: KernelConfig) -> int:

@@ -1,8 +1,9 @@
 """The CUTLASS sm100 types a kernel instantiates: what templates/sm100/gemm_types.inc.j2 binds.
 
 The mainloop and the epilogue come from CUTLASS's sm100 CollectiveBuilders, named with explicit
-1-SM or 2-SM schedules (`KernelTmaWarpSpecialized{1,2}SmSm100`, `TmaWarpSpecialized{1,2}Sm`);
-the epilogue is the same visitor tree as on sm90 (`codegen.evt`).
+1-SM or 2-SM schedules (`KernelTmaWarpSpecialized{1,2}SmSm100`, `TmaWarpSpecialized{1,2}Sm`, and
+their pointer-array forms for a grouped kernel); the epilogue is the same visitor tree as on sm90
+(`codegen.evt`).
 """
 
 from __future__ import annotations
@@ -30,13 +31,31 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
                    "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"
                    if config.stages is None else f"cutlass::gemm::collective::StageCount<{config.stages}>")
     sm = _SM[config.schedule]
+    # a grouped kernel names its layouts as pointers (CUTLASS's tag for a stride per group), reads
+    # its (M, N, K) per group from device memory and takes the pointer-array schedules, whose
+    # kernel pairs them with the group scheduler
+    per_group, array = (" *", "PtrArray") if g.grouped else ("", "")
     return dict(
         namespace=f"gemmgen_{kernel_id(recipe, config)}",
         element_a=g.a.cutlass, element_b=g.b.cutlass, element_c=epi.element_c, element_d=g.d.cutlass,
-        layout_a=g.layout_a.cutlass, layout_b=g.layout_b.cutlass, layout_d=g.layout_d.cutlass,
+        layout_a=g.layout_a.cutlass + per_group, layout_b=g.layout_b.cutlass + per_group,
+        layout_d=g.layout_d.cutlass + per_group,
         alignment_a=128 // g.a.bits, alignment_b=128 // g.b.bits, alignment_c=128 // c_bits,
         alignment_d=128 // g.d.bits,
         tile=config.tile, cta_tile=config.cta_tile, cluster=config.cluster,
-        kernel_schedule=f"cutlass::gemm::KernelTmaWarpSpecialized{sm}Sm100",
-        epilogue_schedule=f"cutlass::epilogue::TmaWarpSpecialized{sm}",
+        kernel_schedule=kernel_schedule(config.schedule, g.grouped),
+        epilogue_schedule=f"cutlass::epilogue::{array}TmaWarpSpecialized{sm}",
+        problem_shape=("cutlass::gemm::GroupProblemShape<Shape<int, int, int>>" if g.grouped
+                       else "Shape<int, int, int, int>"),
+        # the per-group stride types' elements: what the epilogue's smem atoms are chosen from
+        stride_c="cute::remove_pointer_t<StrideC>" if g.grouped else "StrideC",
+        stride_d="cute::remove_pointer_t<StrideD>" if g.grouped else "StrideD",
         stage_count=stage_count, epilogue_decls=epi.decls, callbacks=epi.callbacks, types_template=TYPES_TEMPLATE)
+
+
+def kernel_schedule(schedule: Schedule, grouped: bool = False) -> str:
+    """CUTLASS's sm100 kernel schedule: one SM's MMA or a pair's; the pointer-array form for a
+    grouped GEMM."""
+    if grouped:
+        return f"cutlass::gemm::KernelPtrArrayTmaWarpSpecialized{_SM[schedule][0]}SmSm100"
+    return f"cutlass::gemm::KernelTmaWarpSpecialized{_SM[schedule]}Sm100"

@@ -5,7 +5,17 @@ from __future__ import annotations
 from ...config import KernelConfig, Schedule, TileScheduler
 from ...ir import RecipeIR
 from ..evt import EpilogueCode
-from ..fields import ParamField, binding_fields, desc, divmod_32, divmod_pow2, divmod_u64, hw_info
+from ..fields import (
+    ParamField,
+    binding_fields,
+    desc,
+    divmod_32,
+    divmod_pow2,
+    divmod_u64,
+    group_problem,
+    group_scheduler,
+    hw_info,
+)
 from .geometry import scale_tma
 
 
@@ -93,18 +103,12 @@ def _stream_k_fields() -> list[ParamField]:
     return f
 
 
-def _group_problem(name: str, expr: str) -> list[ParamField]:
-    return [ParamField(f"{name}.groups", f"{expr}.num_groups", "i32"),
-            ParamField(f"{name}.shapes", f"{expr}.problem_shapes", "ptr"),
-            ParamField(f"{name}.host_shapes", f"{expr}.host_problem_shapes", "ptr")]
-
-
 def _grouped_fields(recipe: RecipeIR, epilogue: EpilogueCode) -> tuple[ParamField, ...]:
     """Every Params field of a grouped (pointer-array) kernel with the group scheduler: its tensor
     maps are placeholders the kernel rewrites per group from the pointer and stride arrays, in
     per-SM copies in the workspace."""
     f = [ParamField("mode", "{p}.mode", "i32")]
-    f += _group_problem("problem", "{p}.problem_shape")
+    f += group_problem("problem", "{p}.problem_shape")
     m = "{p}.mainloop"
     f += [ParamField("mainloop.tma_a", desc(f"{m}.tma_load_a"), "desc"),
           ParamField("mainloop.tma_b", desc(f"{m}.tma_load_b"), "desc"),
@@ -132,17 +136,6 @@ def _grouped_fields(recipe: RecipeIR, epilogue: EpilogueCode) -> tuple[ParamFiel
             if stores_d else []),
           ParamField("epilogue.tma_transaction_bytes", f"{e}.tma_transaction_bytes", "u32")]
     f += hw_info()
-    s = "{p}.scheduler"
-    f += divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
-    f += divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
-    f += divmod_u64("scheduler.cta_shape_m", f"{s}.divmod_cta_shape_m_")
-    f += divmod_u64("scheduler.cta_shape_n", f"{s}.divmod_cta_shape_n_")
-    f += [ParamField("scheduler.blocks_across_problem", f"{s}.blocks_across_problem_", "u64"),
-          ParamField("scheduler.pre_processed_problem_shapes", f"{s}.pre_processed_problem_shapes", "bool"),
-          ParamField("scheduler.log_swizzle_size", f"{s}.log_swizzle_size_", "i32"),
-          ParamField("scheduler.raster_order", f"{s}.raster_order_", "i32")]
-    f += _group_problem("scheduler.problem", f"{s}.problem_shapes_")
-    for coord in ("cta_shape", "cluster_shape"):
-        f += [ParamField(f"scheduler.{coord}.{d}", f"{s}.{coord}_[{i}]", "i32") for i, d in enumerate("mnk")]
+    f += group_scheduler("{p}.scheduler")
     f.append(ParamField("workspace", "{p}.workspace", "ptr"))
     return tuple(f)

@@ -12,4 +12,5 @@
 #include <gemmgen/generated/sm100_tma_atoms.hpp>
 
 #include <cutlass/gemm/collective/sm100_mma_warpspecialized.hpp>
+#include <cutlass/gemm/collective/sm100_mma_array_warpspecialized.hpp>  // grouped (pointer-array) kernels
 #include <cutlass/gemm/collective/builders/sm100_umma_builder.inl>

@@ -1,0 +1,215 @@
+"""Grouped (pointer-array) sm_100a kernels on the CPU: the emulation of their per-group data flow
+(no NVRTC), their Params and tensor maps against CUTLASS's own sm100 host code (the compiled pair's
+kernel, and by value a one-SM kernel, a swapped one and one reading C), and the choice of kernel on
+B200. The sm90 grouped kernels: test_grouped_kernel.py and test_grouped_oracle.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gemmgen as gg
+from gemmgen.codegen import render_kernel
+from gemmgen.runtime.grouped import BufferLayout, GroupedArguments, GroupedKernel
+from gemmgen.runtime.grouped_checks import check_grouped_call
+from gemmgen.runtime.problem import TensorArg
+from gemmgen.testing.checks import source_replaced, uncompiled
+from gemmgen.testing.emulate import emulate_grouped
+from gemmgen.testing.grouped import cpu_grouped_kernel, grouped_inputs, moe_recipe, params_field
+from gemmgen.testing.recording import RecordingEncoder
+from tests.data.sm100 import grouped_value_kernels
+
+SM100 = gg.Arch.SM100A
+ONE = gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM, arch=SM100)
+PAIR = gg.KernelConfig(tile=(256, 128, 64), cluster=(2, 1, 1), schedule=gg.Schedule.TWO_SM, arch=SM100)
+PAIR_4X1 = gg.KernelConfig(tile=(256, 128, 64), cluster=(4, 1, 1), schedule=gg.Schedule.TWO_SM, arch=SM100)
+SWAPPED = gg.KernelConfig(tile=(128, 32, 64), schedule=gg.Schedule.ONE_SM, swap_ab=True, arch=SM100)
+CONFIGS = (ONE, PAIR, PAIR_4X1, SWAPPED)
+VALUE_KERNELS = grouped_value_kernels()
+
+
+def _emulated(ck, shape, offsets, a_pad: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """(D as the emulated kernels write it, the reference) for one call of moe_up."""
+    enc = RecordingEncoder()
+    k = GroupedKernel(ck, encoder=enc, hardware=lambda i: (148, 0), require_cuda=False)
+    rows, depth, n, groups = shape
+    _, b, offs, bias, weight = grouped_inputs(rows, depth, n, groups, offsets)
+    a = torch.randn(rows, depth + a_pad).bfloat16()[:, :depth]
+    out = torch.full((rows, n), float("nan")).bfloat16()
+    p = k.prepare(a, b, offs, bias=bias, weight=weight, out=out)
+    assert p.setup is not None and p.params is not None and p.buffer is not None
+    emulate_grouped(ck, p.setup, p.params, enc, [a, b, offs, bias, weight, out, p.buffer])
+    want = moe_recipe().reference(a, b, offs, bias=bias, weight=weight).float()
+    assert want.nan_to_num().abs().sum() > 0
+    return out.float(), want
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
+@pytest.mark.parametrize("shape, offsets", [
+    ((37, 64, 48, 4), (5, 5, 20, 30)),  # an empty group, rows after the last group
+    ((300, 72, 136, 3), (1, 129, 300)),  # M = 1, groups over several tiles, K and N tails
+])
+def test_sm100_grouped_kernels_compute_the_recipe(config, shape, offsets):
+    """The setup block turned into the group arrays, then per group what the sm100 GEMM reads
+    through its Params and the epilogue its source declares, against the reference; rows in no
+    group stay NaN."""
+    assert gg.codegen.is_valid(config, moe_recipe().ir)
+    out, want = _emulated(uncompiled(moe_recipe(), config), shape, offsets)
+    torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+
+
+def test_a_wrong_layout_in_an_sm100_grouped_kernel_fails_the_check():
+    """The check reads each group's D as the source lays it out: column-major, it fails."""
+    ck = uncompiled(moe_recipe(), PAIR, source_replaced("using LayoutD = cutlass::layout::RowMajor *;",
+                                                       "using LayoutD = cutlass::layout::ColumnMajor *;"))
+    with pytest.raises(AssertionError):
+        out, want = _emulated(ck, (37, 64, 48, 4), (5, 5, 20, 30))
+        torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+
+
+def test_sm100_grouped_kernels_are_cutlass_pointer_array_kernels():
+    source = render_kernel(moe_recipe().ir, PAIR).source
+    assert "KernelPtrArrayTmaWarpSpecialized2SmSm100" in source
+    assert "PtrArrayTmaWarpSpecialized2Sm" in source and "GroupProblemShape" in source
+    assert "KernelPtrArrayTmaWarpSpecialized1SmSm100" in render_kernel(moe_recipe().ir, ONE).source
+
+
+def test_b200_chooses_a_grouped_kernel_by_rows_per_group():
+    recipe = moe_recipe().ir
+    many = gg.tuning.grouped_choice(recipe, 4096, 8, SM100).config
+    few = gg.tuning.grouped_choice(recipe, 64, 8, SM100).config
+    assert many == recipe_default(recipe) and not many.swap_ab
+    assert few.swap_ab and few.arch is SM100 and few.schedule is gg.Schedule.ONE_SM and few.tile[:2] == (128, 32)
+    assert gg.codegen.is_valid(few, recipe)
+    candidates = gg.tuning.tuner.candidates(recipe, 4096, 512, 1024, 8, arch=SM100)
+    assert len(candidates) >= 3 and all(c.arch is SM100 and gg.codegen.is_valid(c, recipe) for c in candidates)
+
+
+def recipe_default(recipe) -> gg.KernelConfig:
+    return gg.config.default_config(recipe, SM100)
+
+
+def _oracle_values(field, groups: int, sm_count: int, clusters: int) -> dict[str, int]:
+    """The Arguments the oracle takes: the group arrays, the workspace (the buffer's start, where
+    gemmgen keeps CUTLASS's workspace), hardware."""
+    return {"groups": groups, "shapes": field("problem.shapes"), "workspace": field("epilogue.tensormaps"),
+            "a.array": field("mainloop.ptr_a"), "a.strides": field("mainloop.stride_a"),
+            "b.array": field("mainloop.ptr_b"), "b.strides": field("mainloop.stride_b"),
+            "d.array": field("epilogue.ptr_d"), "d.strides": field("epilogue.stride_d"),
+            "hw.device_id": 0, "hw.sm_count": sm_count, "hw.max_active_clusters": clusters}
+
+
+@pytest.fixture(scope="module")
+def grouped_oracles(sm100_kernels, tmp_path_factory):
+    """CUTLASS's sm100 host code for the compiled pair's grouped kernel and VALUE_KERNELS (built at
+    once, or in the background from the session's start: tests/data/oracle_sets.py)."""
+    from gemmgen.testing.oracle import OracleProgram, build_all
+
+    build = tmp_path_factory.mktemp("oracle100-grouped")
+    programs = {"pair": OracleProgram(sm100_kernels["moe_up"].generated, build)}
+    programs.update({name: OracleProgram(render_kernel(recipe.ir, config), build)
+                     for name, (recipe, config) in VALUE_KERNELS.items()})
+    build_all(list(programs.values()), build)
+    return programs
+
+
+def _vectors(generated, field) -> dict[str, int]:
+    return {f"operand.{b.name}.ptr": field(f"epilogue.{b.kind}.{b.name}.ptr")
+            for b in generated.epilogue.bindings if b.kind in ("row", "col")}
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("sm_count, clusters", [(148, 0), (132, 0), (16, 0), (148, 74), (148, 37)])
+def test_the_compiled_pair_matches_cutlass(sm100_kernels, grouped_oracles, sm_count, clusters):
+    """The compiled 2-SM grouped kernel: tcgen05 for the pair, TMA, tensor memory, no spills and no
+    cluster launch control (the group scheduler is persistent); every Params field, encode call,
+    the grid, shared memory and the workspace against CUTLASS's host code given the same arrays;
+    its emulation against the reference."""
+    ck = sm100_kernels["moe_up"]
+    r = ck.report
+    assert r.sass["UTCHMMA.2CTA"] > 0 and r.sass["UTMALDG"] > 0 and r.sass["LDTM"] > 0 and r.sass["UTMASTG"] > 0
+    assert r.sass["UGETNEXTWORKID"] == 0 and r.local_bytes == 0 and r.stack_bytes == 0
+    k = cpu_grouped_kernel(ck, sm_count, clusters)
+    enc = k._encode
+    a, b, offsets, bias, weight = grouped_inputs(rows=1000, k=264, n=136, groups=8, offsets=range(100, 900, 100))
+    out = torch.full((1000, 136), float("nan")).bfloat16()  # rows 800-999 are in no group: left as they are
+    p = k.prepare(a, b, offsets, bias=bias, weight=weight, out=out)
+    field = params_field(ck, p.params)
+    values = {**_oracle_values(field, 8, sm_count, clusters), **_vectors(ck.generated, field)}
+    assert set(values) >= {"operand.bias.ptr", "operand.weight.ptr"}
+    oracle = grouped_oracles["pair"]
+    expected = oracle.run_argv(oracle.grouped_argv(values))
+    assert expected.can_implement
+    assert {c.addr: c.as_dict() for c in enc.calls} == \
+        {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
+    for f, offset, _ in ck.params_layout.fields:
+        if f.kind == "desc":
+            ours = enc.of(p.params[offset:offset + 128])
+            theirs = expected.encodes[expected.fields[f.name]["desc"] - 1]
+            assert ours is not None and ours.as_dict() == {key: v for key, v in theirs.items() if key != "encode"}
+        else:
+            assert field(f.name) == expected.fields[f.name]["bits"], f.name
+    assert list(p.grid) == expected.launch["grid"] and expected.launch["smem"] == ck.info.smem_bytes
+    layout = BufferLayout.of(8, 8, sm_count, False, SM100)
+    assert field("problem.shapes") - field("epilogue.tensormaps") == layout.shapes >= expected.workspace_size > 0
+    emulate_grouped(ck, p.setup, p.params, enc, [a, b, offsets, bias, weight, out, p.buffer])
+    want = moe_recipe().reference(a, b, offsets, bias=bias, weight=weight).float()
+    torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("name", VALUE_KERNELS)
+def test_grouped_geometries_without_a_compiled_kernel_match_cutlass(grouped_oracles, name):
+    """Every field gemmgen writes, every encode call and the grid, by name, against CUTLASS's host
+    code for kernels not compiled here."""
+    oracle = grouped_oracles[name]
+    recipe, config = VALUE_KERNELS[name]
+    kernel_ir = oracle.kernel.kernel_recipe
+    args = GroupedArguments(kernel_ir, config)
+    rows, depth, n, groups = 1000, 264, 136, 8
+    a, b, offsets, bias, _ = grouped_inputs(rows, depth, n, groups, offsets=(100, 100, 333, 334, 600, 700, 999, 999))
+    ops: dict[str, object] = {"bias": bias}
+    if name == "reads_c":
+        ops["grad_d"] = torch.randn(rows, n + 8).bfloat16()[:, :n]  # rows padded: C's stride is not D's
+    else:
+        ops["weight"] = torch.rand(rows)
+    call = check_grouped_call(recipe.ir, a, b, offsets, ops, require_cuda=False)
+    d = torch.empty(rows, n).bfloat16()
+    columns = args.columns(call, TensorArg(d.data_ptr(), (n, 1, 0)))
+    has_c = args.source is not None
+    for sm_count, clusters in ((148, 0), (132, 66)):
+        layout = BufferLayout.of(groups, len(columns), sm_count, has_c, SM100)
+        buffer = 1 << 40
+        enc = RecordingEncoder()
+        v = args.values(call, columns, buffer, layout, sm_count, clusters, 0, enc, n)
+        values = {"groups": groups, "shapes": v["problem.shapes"], "workspace": buffer,
+                  "a.array": v["mainloop.ptr_a"], "a.strides": v["mainloop.stride_a"],
+                  "b.array": v["mainloop.ptr_b"], "b.strides": v["mainloop.stride_b"],
+                  "d.array": v["epilogue.ptr_d"], "d.strides": v["epilogue.stride_d"],
+                  "hw.device_id": 0, "hw.sm_count": sm_count, "hw.max_active_clusters": clusters,
+                  **{f"operand.{b.name}.ptr": v[f"epilogue.{b.kind}.{b.name}.ptr"]
+                     for b in oracle.kernel.epilogue.bindings if b.kind in ("row", "col")}}
+        if has_c:
+            values.update({"c.array": v["epilogue.ptr_c"], "c.strides": v["epilogue.stride_c"]})
+        expected = oracle.run_argv(oracle.grouped_argv(values))
+        assert expected.can_implement
+        assert {c.addr: c.as_dict() for c in enc.calls} == \
+            {c["addr"]: {key: val for key, val in c.items() if key != "encode"} for c in expected.encodes}
+        assert len(enc.calls) == 3 + int(has_c)  # A, B, D (and C): the fallback pair are copies
+        for f in oracle.kernel.fields:
+            if f.kind == "desc":
+                ours = enc.of(v[f.name])  # type: ignore[arg-type]
+                theirs = expected.encodes[expected.fields[f.name]["desc"] - 1]
+                assert ours is not None and ours.addr == theirs["addr"], f.name
+            elif f.name in v:
+                assert _bits(f.kind, v[f.name]) == expected.fields[f.name]["bits"], f.name
+        assert (layout.shapes >= expected.workspace_size > 0) and layout.mainloop_maps > 0
+        assert list(args.scheduler(sm_count, clusters).grid) == expected.launch["grid"]
+
+
+def _bits(kind: str, value) -> int:
+    import struct
+
+    if kind == "f32":
+        return struct.unpack("<I", struct.pack("<f", value))[0]
+    return int(value) & (2**64 - 1)
