@@ -105,6 +105,26 @@ def hw_info() -> list[ParamField]:
     return f
 
 
+def block_scale_fields(tma: tuple[bool, bool]) -> list[ParamField]:
+    """The blockwise fp8 main loop's scales (sm90's and sm100's): pointers, the layouts' dynamic
+    extents and strides (int32: blocks along M or N, along K, and L; the K-block and batch
+    strides), and, where the main loop loads them with TMA (`tma`, per operand: sm90 only), their
+    tensor maps."""
+    f = []
+    for operand, loaded in zip("ab", tma, strict=True):
+        sf = f"SF{operand.upper()}"
+        m = "{p}.mainloop"
+        if loaded:
+            f.append(ParamField(f"mainloop.tma_sf{operand}", desc(f"{m}.tma_load_sf{operand}"), "desc"))
+        f += [ParamField(f"mainloop.ptr_sf{operand}", f"{m}.ptr_{sf}", "ptr"),
+              ParamField(f"mainloop.layout_sf{operand}.blocks", f"{m}.layout_{sf}.shape<0, 1>()", "i32"),
+              ParamField(f"mainloop.layout_sf{operand}.k_blocks", f"{m}.layout_{sf}.shape<1, 1>()", "i32"),
+              ParamField(f"mainloop.layout_sf{operand}.l", f"{m}.layout_{sf}.shape<2>()", "i32"),
+              ParamField(f"mainloop.layout_sf{operand}.k_stride", f"{m}.layout_{sf}.stride<1, 1>()", "i32"),
+              ParamField(f"mainloop.layout_sf{operand}.batch_stride", f"{m}.layout_{sf}.stride<2>()", "i32")]
+    return f
+
+
 def group_problem(name: str, expr: str) -> list[ParamField]:
     """GroupProblemShape: the group count and the device's (and, unused, the host's) shapes."""
     return [ParamField(f"{name}.groups", f"{expr}.num_groups", "i32"),

@@ -75,6 +75,30 @@ def row_block_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
+def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """CUTLASS's blockwise fp8 main loops (sm90's and sm100's) rescale once per K tile, so the tile's
+    K is the scales' K granularity, and each CTA's tile covers whole scale blocks along the kernel's
+    M and N (a swapped kernel's M is the caller's N: DeepSeek-V3's 128 x 128 weight blocks then need
+    a CTA tile M of 128 or 256)."""
+    g = recipe.gemm.block_scale
+    if g is None:
+        return []
+    gm, gn, gk = g
+    tm, tn, tk = cfg.cta_tile
+    out = []
+    if tk != gk:
+        out.append(f"tile K = {tk}: must equal the block scales' K granularity {gk} (the main loop rescales once "
+                   "per K tile)")
+    for what, t, gran in (("M", tm, gm), ("N", tn, gn)):
+        if t % gran:
+            swapped = " (swapped: the kernel's M is the recipe's N)" if cfg.swap_ab and what == "M" else \
+                " (swapped: the kernel's N is the recipe's M)" if cfg.swap_ab else ""
+            cta = " (a CTA's half of the pair's tile)" if what == "M" and cfg.cta_tile != cfg.tile else ""
+            out.append(f"tile {what} = {t}{cta}: must be a multiple of the block scales' granularity {gran} along "
+                       f"the kernel's {what}{swapped}")
+    return out
+
+
 def violations(rules: Sequence[Rule], cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """Every rule `cfg` breaks for the recipe as declared (only `row_violations` where a swapped
     kernel would take a row's columns from columns: such a view is no recipe to check further)."""

@@ -58,7 +58,9 @@ class ArgumentBuilder:
         if recipe.gemm.block_scale is not None:
             gm, gn, gk = recipe.gemm.block_scale
             per_tile = scales_per_tile(config, recipe)
-            for i, (operand, gran, loaded) in enumerate(zip("ab", (gm, gn), scale_tma(config, recipe), strict=True)):
+            # sm100's blockwise main loop reads the scales with cp.async only
+            tma_loads = (False, False) if self.sm100 else scale_tma(config, recipe)
+            for i, (operand, gran, loaded) in enumerate(zip("ab", (gm, gn), tma_loads, strict=True)):
                 template = tma.block_scale_template(per_tile[i]) if loaded else None
                 self.block_scales.append((f"scale_{operand}", f"mainloop.layout_sf{operand}", gran, gk, template))
         epi = recipe.epilogue

@@ -146,9 +146,10 @@ def emulate(compiled: CompiledKernel, params: bytes, encoder: MapReader, tensors
 
 def _scale_config(source: str) -> tuple[int, int, int, bool, bool] | None:
     """The kernel's block scale granularity (M, N, K) and whether A's and B's scales are K-major,
-    from its Sm90BlockwiseScaleConfig (M/N-major unless it says otherwise); None without one."""
-    found = re.search(r"Sm90BlockwiseScaleConfig<(\d+), (\d+), (\d+)(?:, cute::GMMA::Major::(\w+), "
-                      r"cute::GMMA::Major::(\w+))?>", source)
+    from its Sm90BlockwiseScaleConfig or Sm100BlockwiseScaleConfig (M/N-major unless it says
+    otherwise); None without one."""
+    found = re.search(r"Sm(?:90|100)BlockwiseScaleConfig<(\d+), (\d+), (\d+)(?:, cute::[GU]MMA::Major::(\w+), "
+                      r"cute::[GU]MMA::Major::(\w+))?>", source)
     if found is None:
         return None
     gm, gn, gk = map(int, found.groups()[:3])

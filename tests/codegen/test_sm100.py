@@ -90,10 +90,24 @@ def test_every_tcgen05_shape_the_rules_accept_is_one_cutlass_builds(recipe):
 
 def test_families_not_emitted_for_sm100_are_refused_by_name(examples):
     moe, block, moe_block = examples["moe_up"].ir, examples["fp8_block_scaled"].ir, examples["moe_fp8_block"].ir
-    assert violations(default_config(moe, SM100), moe) == []  # grouped kernels are emitted
-    for ir in (block, moe_block):
-        assert any("block-scaled fp8 on sm_100a: not emitted yet" in v and "arch=Arch.SM90A" in v
-                   for v in violations(default_config(ir, SM100), ir))
+    assert violations(default_config(moe, SM100), moe) == []  # grouped kernels are emitted, and block-scaled ones
+    assert violations(default_config(block, SM100), block) == []
+    assert any("grouped block-scaled fp8 on sm_100a: not emitted yet" in v and "arch=Arch.SM90A" in v
+               for v in violations(default_config(moe_block, SM100), moe_block))
+
+
+def test_block_scales_need_whole_blocks_in_a_ctas_tile(examples):
+    """The rule both arches share (`rules.block_scale_violations`): tile K is the scales' K, and a
+    CTA's tile (half a pair's along M) holds whole blocks; DeepSeek's 128-column blocks of B on a
+    swapped kernel's M need a CTA tile M of 128."""
+    ir = examples["fp8_block_scaled"].ir
+    assert any("tile K = 64: must equal the block scales' K granularity 128" in v
+               for v in violations(sm100(tile=(128, 128, 64)), ir))
+    swapped = sm100(tile=(256, 64, 128), schedule=TWO, cluster=(2, 1, 1), swap_ab=True)
+    assert violations(swapped, ir) == []  # the kernel's M is the recipe's N: each CTA has 128 of it
+    narrow = sm100(tile=(128, 64, 128), schedule=TWO, cluster=(2, 1, 1), swap_ab=True)
+    assert any("tile M = 64 (a CTA's half of the pair's tile): must be a multiple of the block scales' granularity "
+               "128" in v for v in violations(narrow, ir))
 
 
 def test_sm100_source_uses_the_sm100_builders_and_the_ctas_tile(examples):
@@ -116,7 +130,7 @@ def test_sm100_source_uses_the_sm100_builders_and_the_ctas_tile(examples):
 
 def test_every_example_blackwell_supports_has_a_valid_default(examples):
     supported = [r.name for r in examples.values() if not violations(r.default_config(SM100), r.ir)]
-    refused = ("fp8_block_scaled", "moe_swiglu", "moe_fp8_block", "swiglu", "fp8_quantized", "qk_norm", "row_col_amax")
+    refused = ("moe_swiglu", "moe_fp8_block", "swiglu", "fp8_quantized", "qk_norm", "row_col_amax")
     assert supported == [n for n in examples if n not in refused]
     # a recipe's own sm_90a config does not carry over: the sm_100a default does
     aux = examples["bias_gelu_aux"]

@@ -16,6 +16,8 @@ SM100_KERNELS: dict[str, gg.KernelConfig | None] = {
     "bias_gelu_aux": gg.KernelConfig(tile=(256, 128, 64), **TWO_SM),  # type: ignore[arg-type]
     # C read through TMA, fp32 reductions over N
     "residual_norm_stats": None,
+    # fp8 with DeepSeek's block scales (CUTLASS's blockwise main loop, scales read with cp.async), one SM
+    "fp8_block_scaled": None,
     # grouped (pointer-array) on a pair of SMs: per-group maps rewritten on the GPU, the group scheduler
     "moe_up": gg.KernelConfig(tile=(256, 128, 64), **TWO_SM),  # type: ignore[arg-type]
 }
@@ -27,7 +29,8 @@ SM100 = gg.Arch.SM100A
 #: multicast; a 64-row tile of column-major A with an aux output, multicast along N; C and fp32
 #: reductions over N on a pair (their workspace counts the CTAs' tiles) with B multicast; vectors and
 #: a scalar per batch, a matrix shared by every batch and signed max and min over M and N on a pair
-#: (row_extrema), and swapped (swapped: its per-batch vectors trade places).
+#: (row_extrema), swapped (swapped: its per-batch vectors trade places), and DeepSeek's block scales
+#: on a pair (each CTA reads its half's scales of A).
 VALUE_CONFIGS = {
     "pair_128": ("bias_gelu", gg.KernelConfig(tile=(128, 128, 64), cluster=(2, 2, 1), schedule=gg.Schedule.TWO_SM,
                                               arch=SM100)),
@@ -41,6 +44,7 @@ VALUE_CONFIGS = {
                                                     schedule=gg.Schedule.TWO_SM, arch=SM100)),
     "swapped_per_batch": ("swapped", gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM,
                                                      swap_ab=True, arch=SM100)),
+    "block_scaled_pair": ("fp8_block_scaled", gg.KernelConfig(tile=(256, 128, 128), **TWO_SM)),  # type: ignore[arg-type]
 }
 
 

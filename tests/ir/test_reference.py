@@ -40,6 +40,8 @@ def _operands_for(recipe, m, n, gen, batch=None, k=None):
             out[o.name] = int(torch.randint(0, 2**62, (), generator=gen)) * 2 + 1
         elif o.kind is gg.OperandKind.ROW:
             out[o.name] = torch.randn(*lead[:o.per_batch], n, generator=gen).to(dt)
+        elif o.kind is gg.OperandKind.COL and not dt.is_floating_point:  # a class index per row (gg.gather)
+            out[o.name] = torch.randint(0, n, (*lead[:o.per_batch], m), generator=gen, dtype=dt)
         elif o.kind is gg.OperandKind.COL:
             out[o.name] = torch.randn(*lead[:o.per_batch], m, generator=gen).to(dt)
         else:

@@ -387,6 +387,7 @@ def case_an_sm100_grouped_call_on_a_b200_launches_the_recipes_math(stub, kernels
     encodes is one the driver accepts; the Params block the GEMM receives and the setup block,
     emulated, compute the recipe's reference. The sm_90a grouped kernel is refused on that device."""
     from gemmgen.errors import InvalidArgument
+    from gemmgen.runtime import scheduler
     from gemmgen.runtime.grouped import GroupedKernel
     from gemmgen.testing.emulate import emulate_grouped
     from gemmgen.testing.grouped import grouped_inputs, moe_recipe
@@ -408,7 +409,9 @@ def case_an_sm100_grouped_call_on_a_b200_launches_the_recipes_math(stub, kernels
         assert (launch.param_count, launch.params) == (1, params) and len(params) == ck.info.params_size
         assert (launch.block, launch.cluster, launch.smem, launch.stream) == \
             ((ck.info.max_threads, 1, 1), (2, 1, 1), ck.info.smem_bytes, STREAM)
-        assert launch.grid == grid == (148, 1, 1), launch.grid  # one CTA per SM, in pairs
+        sm_count, clusters = kernel._hardware(-1)  # the stand-in's SMs; its occupancy's clusters
+        want = scheduler.group_plan(ck.config.cta_tile, (2, 1, 1), sm_count, clusters).grid
+        assert sm_count == 148 and launch.grid == grid == want and want[0] % 2 == 0, (launch.grid, want)
         assert launch_violations(launch.grid, launch.block[0], launch.cluster, launch.smem) == []
         for field, offset, _ in ck.params_layout.fields:
             if field.kind == "desc":

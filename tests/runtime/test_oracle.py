@@ -121,12 +121,26 @@ def _extents_aligned(kernel, p: Problem) -> bool:
     a_contig = p.k if g.layout_a is Layout.ROW else p.m
     b_contig = p.k if g.layout_b is Layout.COL else p.n
     d_contig = p.n if g.layout_d is Layout.ROW else p.m
-    scales = True  # block scales loaded with TMA: their contiguous extent (blocks along M or N) too
-    for template_loaded, extent, gran in zip(scale_tma(kernel.config, kernel.generated.kernel_recipe), (p.m, p.n),
-                                             g.block_scale[:2] if g.block_scale else (), strict=False):
-        scales = scales and not (template_loaded and -(-extent // gran) % 4)
+    scales = True  # block scales read in vectors: their contiguous extent (blocks along M or N) in whole vectors
+    for vector, extent, gran in zip(_scale_vectors(kernel), (p.m, p.n), g.block_scale[:2] if g.block_scale else (),
+                                    strict=False):
+        scales = scales and -(-extent // gran) % vector == 0
     return a_contig % (16 // g.a.nbytes) == 0 and b_contig % (16 // g.b.nbytes) == 0 and \
         d_contig % max(8, 16 // g.d.nbytes) == 0 and scales
+
+
+def _scale_vectors(kernel) -> tuple[int, int]:
+    """Scales per vector the main loop reads A's and B's block scales in: sm90's TMA, 4 (16 bytes)
+    where it uses it; sm100's cp.async, up to 4 where a CTA's tile reads at least 32 of them per K
+    step (its copy atom: a warp reads the tile's scales, at most 16 bytes a thread)."""
+    recipe, config = kernel.generated.kernel_recipe, kernel.config
+    if recipe.gemm.block_scale is None:
+        return 1, 1
+    if config.arch is gg.Arch.SM90A:
+        return tuple(4 if loaded else 1 for loaded in scale_tma(config, recipe))  # type: ignore[return-value]
+    gm, gn, _ = recipe.gemm.block_scale
+    per_tile = (config.cta_tile[0] // gm, config.cta_tile[1] // gn)
+    return tuple(min(n // 8, 4) if n >= 32 else 1 for n in per_tile)  # type: ignore[return-value]
 
 
 def kernel_problem(kernel, *shape, **hardware) -> Problem:

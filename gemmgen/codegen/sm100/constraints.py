@@ -2,17 +2,17 @@
 breaks, naming the fix. The shapes are tcgen05.mma's (PTX ISA, "Matrix shape") as CUTLASS 4.2's
 sm100 builders accept them; shared memory and tensor memory are B200's.
 
-gemmgen's sm100 kernels so far: dense and batched GEMMs (16-bit or fp8 A and B) with any EVT
-epilogue, under CUTLASS's cluster-launch-control scheduler, and grouped (pointer-array) GEMMs under
-its group scheduler. Block-scaled and stream-K sm100 kernels are refused by name until gemmgen
-emits them.
+gemmgen's sm100 kernels so far: dense and batched GEMMs (16-bit or fp8 A and B, fp8 with block
+scales through CUTLASS's blockwise main loop) with any EVT epilogue under CUTLASS's
+cluster-launch-control scheduler, and grouped (pointer-array) GEMMs under its group scheduler.
+Grouped block-scaled and stream-K sm100 kernels are refused by name until gemmgen emits them.
 """
 
 from __future__ import annotations
 
 from ...config import KernelConfig, Schedule, TileScheduler
 from ...ir import RecipeIR
-from ..rules import arch_schedule_violations, cluster_violations, tile_k_violations
+from ..rules import arch_schedule_violations, block_scale_violations, cluster_violations, tile_k_violations
 from .smem import SM100_SMEM_CAPACITY, smem_fit, stage_count
 
 
@@ -84,9 +84,9 @@ def family_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """The recipe families gemmgen does not emit for sm_100a yet, and the scheduler it uses."""
     g = recipe.gemm
     out = []
-    if g.block_scale is not None:
-        out.append("block-scaled fp8 on sm_100a: not emitted yet; gemmgen runs block-scaled recipes on sm_90a GPUs "
-                   "(H100/H200) so far: build them with arch=Arch.SM90A for those")
+    if g.block_scale is not None and g.grouped:
+        out.append("grouped block-scaled fp8 on sm_100a: not emitted yet; gemmgen runs grouped block-scaled recipes "
+                   "on sm_90a GPUs (H100/H200) so far: build them with arch=Arch.SM90A for those")
     if recipe.epilogue.pairs:
         out.append("column pairs (gg.pairs) on sm_100a: not emitted yet; gemmgen runs recipes over column pairs on "
                    "sm_90a GPUs (H100/H200) so far: build them with arch=Arch.SM90A for those")
@@ -100,4 +100,4 @@ def family_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 
 CONSTRAINTS = (schedule_violations, tile_violations, tile_k_violations, cluster_violations, pair_cluster_violations,
-               smem_violations, reduction_violations, family_violations)
+               smem_violations, reduction_violations, block_scale_violations, family_violations)

@@ -13,7 +13,16 @@ from __future__ import annotations
 from ...config import KernelConfig
 from ...ir import RecipeIR
 from ..evt import EpilogueCode
-from ..fields import ParamField, binding_fields, desc, divmod_32, group_problem, group_scheduler, hw_info
+from ..fields import (
+    ParamField,
+    binding_fields,
+    block_scale_fields,
+    desc,
+    divmod_32,
+    group_problem,
+    group_scheduler,
+    hw_info,
+)
 
 
 def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode) -> tuple[ParamField, ...]:
@@ -30,6 +39,8 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
           ParamField("mainloop.tma_a_fallback", desc(f"{m}.tma_load_a_fallback"), "desc"),
           ParamField("mainloop.tma_b_fallback", desc(f"{m}.tma_load_b_fallback"), "desc")]
     f += [ParamField(f"mainloop.cluster_shape_fallback.{a}", f"{m}.cluster_shape_fallback.{a}", "u32") for a in "xyz"]
+    if recipe.gemm.block_scale is not None:  # read with cp.async: no tensor maps
+        f += block_scale_fields((False, False))
     if grouped:  # the per-SM copies of the maps it rewrites, and the per-group arrays
         f += [ParamField("mainloop.tensormaps", f"{m}.tensormaps", "ptr"),
               ParamField("mainloop.ptr_a", f"{m}.ptr_A", "ptr"), ParamField("mainloop.stride_a", f"{m}.dA", "ptr"),

@@ -40,9 +40,17 @@ def per_cta_ab(cfg: KernelConfig) -> tuple[int, int]:
 
 
 def stage_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
+    """A and B of one K step; a blockwise main loop's stage also holds the MMA tile's fp32 block
+    scales and a second pipeline's barriers, rounded to 128 bytes
+    (`sm100_compute_stage_count_or_override_blockwise`)."""
     rows_a, rows_b = per_cta_ab(cfg)
-    tk = cfg.tile[2]
-    return (rows_a * recipe.gemm.a.bits + rows_b * recipe.gemm.b.bits) * tk // 8 + _PIPELINE_BARRIERS
+    tm, tn, tk = cfg.tile
+    ab = (rows_a * recipe.gemm.a.bits + rows_b * recipe.gemm.b.bits) * tk // 8
+    g = recipe.gemm.block_scale
+    if g is None:
+        return ab + _PIPELINE_BARRIERS
+    scales = 4 * (tm // g[0] + tn // g[1]) * (tk // g[2])
+    return -(-(ab + scales) // 128) * 128 + 2 * _PIPELINE_BARRIERS
 
 
 def epilogue_smem_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:

@@ -35,6 +35,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
     # its (M, N, K) per group from device memory and takes the pointer-array schedules, whose
     # kernel pairs them with the group scheduler
     per_group, array = (" *", "PtrArray") if g.grouped else ("", "")
+    scale_decls, (layout_pair_a, layout_pair_b) = _block_scale_types(recipe)
     return dict(
         namespace=f"gemmgen_{kernel_id(recipe, config)}",
         element_a=g.a.cutlass, element_b=g.b.cutlass, element_c=epi.element_c, element_d=g.d.cutlass,
@@ -43,7 +44,8 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         alignment_a=128 // g.a.bits, alignment_b=128 // g.b.bits, alignment_c=128 // c_bits,
         alignment_d=128 // g.d.bits,
         tile=config.tile, cta_tile=config.cta_tile, cluster=config.cluster,
-        kernel_schedule=kernel_schedule(config.schedule, g.grouped),
+        kernel_schedule=kernel_schedule(config.schedule, g.grouped, block_scaled=g.block_scale is not None),
+        block_scale_decls=scale_decls, layout_pair_a=layout_pair_a, layout_pair_b=layout_pair_b,
         epilogue_schedule=f"cutlass::epilogue::{array}TmaWarpSpecialized{sm}",
         problem_shape=("cutlass::gemm::GroupProblemShape<Shape<int, int, int>>" if g.grouped
                        else "Shape<int, int, int, int>"),
@@ -53,9 +55,24 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         stage_count=stage_count, epilogue_decls=epi.decls, callbacks=epi.callbacks, types_template=TYPES_TEMPLATE)
 
 
-def kernel_schedule(schedule: Schedule, grouped: bool = False) -> str:
+def kernel_schedule(schedule: Schedule, grouped: bool = False, block_scaled: bool = False) -> str:
     """CUTLASS's sm100 kernel schedule: one SM's MMA or a pair's; the pointer-array form for a
-    grouped GEMM."""
+    grouped GEMM; the blockwise one (whose main loop scales each K tile's partial accumulator in
+    registers) for block scales."""
+    blockwise = "Blockwise" if block_scaled else ""
     if grouped:
-        return f"cutlass::gemm::KernelPtrArrayTmaWarpSpecialized{_SM[schedule][0]}SmSm100"
-    return f"cutlass::gemm::KernelTmaWarpSpecialized{_SM[schedule]}Sm100"
+        return f"cutlass::gemm::KernelPtrArrayTmaWarpSpecialized{blockwise}{_SM[schedule][0]}SmSm100"
+    return f"cutlass::gemm::KernelTmaWarpSpecialized{blockwise}{_SM[schedule]}Sm100"
+
+
+def _block_scale_types(recipe: RecipeIR) -> tuple[list[tuple[str, str]], tuple[str, str]]:
+    """The scale layouts' declarations (CUTLASS's Sm100BlockwiseScaleConfig, both M/N-major as
+    `GemmSpec.scale_layouts` has them for one GEMM), and the main loop's (layout, scale layout) of A
+    and B as the blockwise builder takes them (each operand's layout alone without block scales)."""
+    g = recipe.gemm.block_scale
+    if g is None:
+        return [], ("LayoutA", "LayoutB")
+    decls = [("ScaleConfig", f"cutlass::detail::Sm100BlockwiseScaleConfig<{g[0]}, {g[1]}, {g[2]}>"),
+             ("LayoutSFA", "decltype(ScaleConfig::deduce_layoutSFA())"),
+             ("LayoutSFB", "decltype(ScaleConfig::deduce_layoutSFB())")]
+    return decls, ("cute::tuple<LayoutA, LayoutSFA>", "cute::tuple<LayoutB, LayoutSFB>")

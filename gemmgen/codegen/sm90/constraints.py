@@ -12,6 +12,7 @@ from ...config import KernelConfig, Schedule, TileScheduler
 from ...ir import RecipeIR
 from ..rules import (
     arch_schedule_violations,
+    block_scale_violations,
     cluster_violations,
     row_block_violations,
     tile_k_violations,
@@ -84,29 +85,6 @@ def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
         return [f"shared memory: {stages} stages of tile {cfg.tile} plus the epilogue need up to {need} bytes, "
                 f"more than the {SM90_SMEM_CAPACITY} an sm_90 block can use; lower stages or the tile"]
     return []
-
-
-def block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """CUTLASS's blockwise fp8 main loop rescales once per K tile, so the tile's K is the scales' K
-    granularity, and each tile covers whole scale blocks along the kernel's M and N (a swapped
-    kernel's M is the caller's N: DeepSeek-V3's 128 x 128 weight blocks then need a tile M of 128
-    or 256)."""
-    g = recipe.gemm.block_scale
-    if g is None:
-        return []
-    gm, gn, gk = g
-    tm, tn, tk = cfg.tile
-    out = []
-    if tk != gk:
-        out.append(f"tile K = {tk}: must equal the block scales' K granularity {gk} (the main loop rescales once "
-                   "per K tile)")
-    for what, t, gran in (("M", tm, gm), ("N", tn, gn)):
-        if t % gran:
-            swapped = " (swapped: the kernel's M is the recipe's N)" if cfg.swap_ab and what == "M" else \
-                " (swapped: the kernel's N is the recipe's M)" if cfg.swap_ab else ""
-            out.append(f"tile {what} = {t}: must be a multiple of the block scales' granularity {gran} along the "
-                       f"kernel's {what}{swapped}")
-    return out
 
 
 CONSTRAINTS = (tile_violations, tile_k_violations, schedule_violations, tile_scheduler_violations, cluster_violations,

@@ -8,6 +8,7 @@ from ..evt import EpilogueCode
 from ..fields import (
     ParamField,
     binding_fields,
+    block_scale_fields,
     desc,
     divmod_32,
     divmod_pow2,
@@ -17,25 +18,6 @@ from ..fields import (
     hw_info,
 )
 from .geometry import scale_tma
-
-
-def _block_scale_fields(recipe: RecipeIR, config: KernelConfig) -> list[ParamField]:
-    """The blockwise fp8 main loop's scales: pointers, the layouts' dynamic extents and strides
-    (int32: blocks along M or N, along K, and L; the K-block and batch strides), and the tensor
-    map of the scales it loads with TMA (`geometry.scale_tma`)."""
-    f = []
-    for operand, tma in zip("ab", scale_tma(config, recipe), strict=True):
-        sf = f"SF{operand.upper()}"
-        m = "{p}.mainloop"
-        if tma:
-            f.append(ParamField(f"mainloop.tma_sf{operand}", desc(f"{m}.tma_load_sf{operand}"), "desc"))
-        f += [ParamField(f"mainloop.ptr_sf{operand}", f"{m}.ptr_{sf}", "ptr"),
-              ParamField(f"mainloop.layout_sf{operand}.blocks", f"{m}.layout_{sf}.shape<0, 1>()", "i32"),
-              ParamField(f"mainloop.layout_sf{operand}.k_blocks", f"{m}.layout_{sf}.shape<1, 1>()", "i32"),
-              ParamField(f"mainloop.layout_sf{operand}.l", f"{m}.layout_{sf}.shape<2>()", "i32"),
-              ParamField(f"mainloop.layout_sf{operand}.k_stride", f"{m}.layout_{sf}.stride<1, 1>()", "i32"),
-              ParamField(f"mainloop.layout_sf{operand}.batch_stride", f"{m}.layout_{sf}.stride<2>()", "i32")]
-    return f
 
 
 def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode) -> tuple[ParamField, ...]:
@@ -52,7 +34,7 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
           ParamField("mainloop.tma_transaction_bytes_mk", "{p}.mainloop.tma_transaction_bytes_mk", "u32"),
           ParamField("mainloop.tma_transaction_bytes_nk", "{p}.mainloop.tma_transaction_bytes_nk", "u32")]
     if recipe.gemm.block_scale is not None:
-        f += _block_scale_fields(recipe, config)
+        f += block_scale_fields(scale_tma(config, recipe))
     elif recipe.gemm.fp8:  # the fp8 mainloop's promotion interval; the host keeps CUTLASS's default
         f.append(ParamField("mainloop.mma_promotion_interval", "{p}.mainloop.mma_promotion_interval", "u32"))
     for b in epilogue.bindings:
