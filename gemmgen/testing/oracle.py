@@ -34,6 +34,15 @@ from ..runtime.problem import Problem, TensorArg
 from ..types import OperandKind
 
 
+def field_bits(kind: str, value: int | float | bytes) -> int:
+    """A Params field's value as the oracle prints it: an fp32's bits, else the integer as 64 bits
+    (not a tensor map's bytes: the oracle compares those by their encode calls)."""
+    assert not isinstance(value, bytes), "a tensor map has no bits to compare"
+    if kind == "f32":
+        return struct.unpack("<I", struct.pack("<f", value))[0]
+    return int(value) & (2**64 - 1)
+
+
 def nvcc_path() -> Path:
     tc = toolchain()
     cuda = tc.include_dirs[-1].parent

@@ -16,6 +16,7 @@ from gemmgen.runtime.problem import TensorArg
 from gemmgen.testing.checks import source_replaced, uncompiled
 from gemmgen.testing.emulate import emulate_grouped
 from gemmgen.testing.grouped import cpu_grouped_kernel, grouped_inputs, moe_recipe, params_field
+from gemmgen.testing.oracle import OracleProgram, build_all, field_bits
 from gemmgen.testing.recording import RecordingEncoder
 from tests.data.sm100 import grouped_value_kernels
 
@@ -78,15 +79,11 @@ def test_b200_chooses_a_grouped_kernel_by_rows_per_group():
     recipe = moe_recipe().ir
     many = gg.tuning.grouped_choice(recipe, 4096, 8, SM100).config
     few = gg.tuning.grouped_choice(recipe, 64, 8, SM100).config
-    assert many == recipe_default(recipe) and not many.swap_ab
+    assert many == gg.config.default_config(recipe, SM100) and not many.swap_ab
     assert few.swap_ab and few.arch is SM100 and few.schedule is gg.Schedule.ONE_SM and few.tile[:2] == (128, 32)
     assert gg.codegen.is_valid(few, recipe)
     candidates = gg.tuning.tuner.candidates(recipe, 4096, 512, 1024, 8, arch=SM100)
     assert len(candidates) >= 3 and all(c.arch is SM100 and gg.codegen.is_valid(c, recipe) for c in candidates)
-
-
-def recipe_default(recipe) -> gg.KernelConfig:
-    return gg.config.default_config(recipe, SM100)
 
 
 def _oracle_values(field, groups: int, sm_count: int, clusters: int) -> dict[str, int]:
@@ -103,8 +100,6 @@ def _oracle_values(field, groups: int, sm_count: int, clusters: int) -> dict[str
 def grouped_oracles(sm100_kernels, tmp_path_factory):
     """CUTLASS's sm100 host code for the compiled pair's grouped kernel and VALUE_KERNELS (built at
     once, or in the background from the session's start: tests/data/oracle_sets.py)."""
-    from gemmgen.testing.oracle import OracleProgram, build_all
-
     build = tmp_path_factory.mktemp("oracle100-grouped")
     programs = {"pair": OracleProgram(sm100_kernels["moe_up"].generated, build)}
     programs.update({name: OracleProgram(render_kernel(recipe.ir, config), build)
@@ -202,14 +197,6 @@ def test_grouped_geometries_without_a_compiled_kernel_match_cutlass(grouped_orac
                 theirs = expected.encodes[expected.fields[f.name]["desc"] - 1]
                 assert ours is not None and ours.addr == theirs["addr"], f.name
             elif f.name in v:
-                assert _bits(f.kind, v[f.name]) == expected.fields[f.name]["bits"], f.name
+                assert field_bits(f.kind, v[f.name]) == expected.fields[f.name]["bits"], f.name
         assert (layout.shapes >= expected.workspace_size > 0) and layout.mainloop_maps > 0
         assert list(args.scheduler(sm_count, clusters).grid) == expected.launch["grid"]
-
-
-def _bits(kind: str, value) -> int:
-    import struct
-
-    if kind == "f32":
-        return struct.unpack("<I", struct.pack("<f", value))[0]
-    return int(value) & (2**64 - 1)

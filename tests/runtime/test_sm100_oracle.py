@@ -5,14 +5,12 @@ epilogue's maps and workspace, over the same problems and B200's SM count and ot
 
 from __future__ import annotations
 
-import struct
-
 import pytest
 
 from gemmgen.codegen import render_kernel
 from gemmgen.runtime import scheduler
 from gemmgen.runtime.arguments import ArgumentBuilder
-from gemmgen.testing.oracle import OracleProgram, build_all
+from gemmgen.testing.oracle import OracleProgram, build_all, field_bits
 from gemmgen.testing.recording import RecordingEncoder
 from tests.data.sm100 import VALUE_CONFIGS
 from tests.runtime.test_oracle import PROBLEMS, WORKSPACE, _check, kernel_problem
@@ -60,12 +58,6 @@ def test_the_sm100_grid_follows_the_raster_order():
     assert tall.fields["scheduler.raster_order"] == scheduler.RASTER_ALONG_M and tall.grid == (70_000, 1, 1)
 
 
-def _bits(kind: str, value) -> int:
-    if kind == "f32":
-        return struct.unpack("<I", struct.pack("<f", value))[0]
-    return int(value) & (2**64 - 1)
-
-
 @pytest.mark.parametrize("name", VALUE_CONFIGS)
 def test_sm100_geometries_without_a_compiled_kernel_match_cutlass(sm100_oracles, name):
     """Every field gemmgen writes, every encode call and the grid, against CUTLASS's host code
@@ -93,6 +85,6 @@ def test_sm100_geometries_without_a_compiled_kernel_match_cutlass(sm100_oracles,
                 ours, theirs = enc.of(values[field]), expected.encodes[want["desc"] - 1]  # type: ignore[arg-type]
                 assert ours is not None and ours.addr == theirs["addr"], (where, field)
             else:
-                assert _bits(kinds[field], values[field]) == want["bits"], (where, field)
+                assert field_bits(kinds[field], values[field]) == want["bits"], (where, field)
             compared += 1
         assert compared >= 25 and list(grid) == expected.launch["grid"], where
