@@ -148,6 +148,37 @@ def group_scheduler(s: str) -> list[ParamField]:
     return f
 
 
+def stream_k_scheduler(name: str, s: str) -> list[ParamField]:
+    """PersistentTileSchedulerSm90StreamKParams at `s`, its fields named under `name`
+    (`runtime.scheduler.stream_k_plan` fills them); sm100's stream-K Params hold one."""
+    f = divmod_pow2(f"{name}.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
+    f += divmod_pow2(f"{name}.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
+    for part in ("batch", "cluster_blk_major", "clusters_mnl", "sk_groups", "sk_units_per_group", "epilogue_subtile"):
+        f += divmod_u64(f"{name}.{part}", f"{s}.divmod_{part}_")
+    for part in ("tiles_per_output_tile", "splits", "k_tiles_per_sk_unit", "k_tiles_per_sk_big_unit"):
+        f += divmod_32(f"{name}.{part}", f"{s}.divmod_{part}_")
+    f += [ParamField(f"{name}.units_per_problem", f"{s}.units_per_problem_", "u64"),
+          ParamField(f"{name}.log_swizzle_size", f"{s}.log_swizzle_size_", "i32"),
+          ParamField(f"{name}.raster_order", f"{s}.raster_order_", "i32"),
+          ParamField(f"{name}.reduction_mode", f"{s}.reduction_mode_", "i32"),
+          ParamField(f"{name}.reduction_workspace", f"{s}.reduction_workspace_", "ptr")]
+    f += [ParamField(f"{name}.{part}", f"{s}.{part}_", "u32") for part in (
+        "big_units", "big_groups", "sk_tiles", "sk_units", "separate_reduction_units", "ktile_start_alignment_count")]
+    return f
+
+
+def clc_scheduler(name: str, s: str) -> list[ParamField]:
+    """PersistentTileSchedulerSm100Params (cluster launch control) at `s`, named under `name`
+    (`runtime.scheduler.sm100_plan`)."""
+    f = [ParamField(f"{name}.problem_tiles_{d}", f"{s}.problem_tiles_{d}_", "u32") for d in "mnl"]
+    f += divmod_32(f"{name}.cluster_shape_m", f"{s}.divmod_cluster_shape_m_")
+    f += divmod_32(f"{name}.cluster_shape_n", f"{s}.divmod_cluster_shape_n_")
+    f += divmod_32(f"{name}.swizzle_size", f"{s}.divmod_swizzle_size_")
+    f += [ParamField(f"{name}.raster_order", f"{s}.raster_order_", "i32"),
+          ParamField(f"{name}.log_swizzle_size", f"{s}.log_swizzle_size_", "i32")]
+    return f
+
+
 def binding_fields(b: Binding) -> list[ParamField]:
     """The Params of an epilogue visitor the host writes (the same visitors on every arch)."""
     node = b.member("{p}.epilogue.thread")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..config import KernelConfig, Schedule, kernel_recipe
+from ..config import KernelConfig, Schedule, TileScheduler, kernel_recipe
 from ..errors import ConfigError
 from ..ir import RecipeIR
 
@@ -49,6 +49,22 @@ def cluster_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     if cm * cn > 8:
         out.append(f"cluster {cm}x{cn}: at most 8 CTAs per cluster (portable cluster size)")
     return out
+
+
+def tile_scheduler_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """A split count and a reduction order are the stream-K scheduler's arguments; a grouped kernel
+    walks its groups with its own scheduler. (Each arch adds which of its kernels take stream-K.)"""
+    if cfg.tile_scheduler is not TileScheduler.STREAM_K:
+        out = [f"splits {cfg.splits}: a split count is the stream-K scheduler's; use "
+               "tile_scheduler=TileScheduler.STREAM_K, or splits=1"] if cfg.splits > 1 else []
+        if not cfg.deterministic:
+            out.append("deterministic False: only the stream-K scheduler reduces partial sums; use "
+                       "tile_scheduler=TileScheduler.STREAM_K, or deterministic=True")
+        return out
+    if recipe.gemm.grouped:
+        return ["tile scheduler stream_k: a grouped kernel walks its groups with CUTLASS's group scheduler; "
+                "use TileScheduler.PERSISTENT"]
+    return []
 
 
 def row_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:

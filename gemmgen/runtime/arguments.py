@@ -5,7 +5,8 @@ and the defaults of constant fields come from the layout probe compiled into the
 (codegen.fields, each arch's params). Nothing here needs a host compiler or the CUDA driver:
 descriptors are produced by a `TensorMapEncoder`, the driver at run time or a recording stand-in
 in tests. sm100 kernels differ in their A/B maps (`tma`), the fallback pair of them, and their
-scheduler (`scheduler.sm100_plan`); the epilogue's fields are the same visitors'.
+schedulers (`scheduler.sm100_plan`, `scheduler.sm100_stream_k_plan`); the epilogue's fields are
+the same visitors'.
 """
 
 from __future__ import annotations
@@ -170,6 +171,10 @@ class ArgumentBuilder:
         return v, plan.grid
 
     def _scheduler(self, p: Problem) -> scheduler.SchedulerPlan:
+        if self.sm100 and self.stream_k:
+            return scheduler.sm100_stream_k_plan(p.m, p.n, -(-p.k // self.tile[2]), p.l, self.tile, self.cluster,
+                                                 self.mma_ctas, p.sm_count, p.max_active_clusters, self.splits,
+                                                 self.deterministic)
         if self.sm100:
             return scheduler.sm100_plan(p.m, p.n, p.l, self.tile, self.cluster, self.mma_ctas)
         if self.stream_k:
@@ -191,7 +196,7 @@ class ArgumentBuilder:
             zeroed.append((0, at))
         if self.stream_k:
             plan = self._scheduler(p)
-            fields.append(("scheduler.reduction_workspace", at))
+            fields.append((f"scheduler.{'sk.' if self.sm100 else ''}reduction_workspace", at))
             if plan.barrier_bytes:
                 zeroed.append((at + plan.reduction_bytes, at + plan.reduction_bytes + plan.barrier_bytes))
             at += plan.reduction_bytes + plan.barrier_bytes

@@ -4,7 +4,8 @@
 with CUTLASS's default arguments but the split count and the reduction mode: its heuristic picks
 data-parallel, split-K or stream-K work per problem, or a split count above one forces split-K)
 and the grouped one (PersistentTileSchedulerSm90GroupParams); for sm100, the cluster-launch-control
-scheduler (PersistentTileSchedulerSm100Params, `sm100_plan`).
+scheduler (PersistentTileSchedulerSm100Params, `sm100_plan`) and its stream-K one
+(PersistentTileSchedulerSm100StreamKParams, `sm100_stream_k_plan`).
 
 Checked field by field against CUTLASS's own host code by the oracle tests.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+
+from ..config import Arch, KernelConfig
 
 RASTER_ALONG_M, RASTER_ALONG_N = 0, 1  # cutlass::gemm::kernel::detail::RasterOrder
 MAX_SM_PER_GPC = 18  # GH100, as CUTLASS assumes
@@ -101,10 +104,12 @@ def plan(m: int, n: int, l: int, tile: tuple[int, int, int], cluster: tuple[int,
 
 
 def _grid(total: int, raster: int, cm: int, cn: int, sm_count: int, max_active_clusters: int,
-          truncate_clusters: bool = True, truncate: bool = True) -> tuple[int, int, int]:
+          truncate_clusters: bool = True, truncate: bool = True, occupancy: bool = True) -> tuple[int, int, int]:
     """PersistentTileSchedulerSm90Params::get_grid_shape: with truncate_by_problem_size, or without
     it (`truncate=False`, the stream-K scheduler's: one full wave whatever the problem); the group
-    scheduler's does not truncate the grid it sizes by max active clusters (`truncate_clusters`)."""
+    scheduler's does not truncate the grid it sizes by max active clusters (`truncate_clusters`).
+    Clusters on a device whose max active clusters are unknown fill GH100's GPCs, or every SM
+    (`occupancy=False`: bypass_sm90_occupancy_calculation, sm100's stream-K scheduler)."""
     def cap(x: int, y: int) -> int:
         return min(x, y) if truncate else x
 
@@ -117,10 +122,12 @@ def _grid(total: int, raster: int, cm: int, cn: int, sm_count: int, max_active_c
         if truncate_clusters:
             along_n, along_m = cap(along_n, total // cm), cap(along_m, total // cn)
         return (cm, along_n, 1) if raster == RASTER_ALONG_N else (along_m, cn, 1)
-    min_gpcs = 1 if sm_count < MAX_SM_PER_GPC else sm_count // MAX_SM_PER_GPC
-    per_gpc = MAX_SM_PER_GPC - MAX_SM_PER_GPC % size
-    residual = 0 if sm_count < MAX_SM_PER_GPC else sm_count % MAX_SM_PER_GPC
-    per_device = min(sm_count, min_gpcs * per_gpc + residual - residual % size)
+    per_device = sm_count
+    if occupancy:
+        min_gpcs = 1 if sm_count < MAX_SM_PER_GPC else sm_count // MAX_SM_PER_GPC
+        per_gpc = MAX_SM_PER_GPC - MAX_SM_PER_GPC % size
+        residual = 0 if sm_count < MAX_SM_PER_GPC else sm_count % MAX_SM_PER_GPC
+        per_device = min(sm_count, min_gpcs * per_gpc + residual - residual % size)
     if raster == RASTER_ALONG_N:
         return cm, cap(per_device // cm, total // cm), 1
     return cap(per_device // cn, total // cn), cn, 1
@@ -133,18 +140,19 @@ _GRID_Y_MAX = (1 << 16) - 1
 
 @functools.lru_cache(maxsize=1024)
 def sm100_plan(m: int, n: int, l: int, tile: tuple[int, int, int], cluster: tuple[int, int, int],  # noqa: E741
-               mma_ctas: int) -> SchedulerPlan:
+               mma_ctas: int, raster: int | None = None) -> SchedulerPlan:
     """The sm100 scheduler's Params and grid: every CTA of the tile grid is launched (rounded up to
     whole clusters; a 2-SM MMA tile is `mma_ctas` CTAs along M), and the hardware's cluster launch
-    control hands the tiles out. CUTLASS's raster heuristic on cluster counts; along N the grid is
-    transposed (unless its Y would pass 65535); no swizzle (max_swizzle_size 1)."""
+    control hands the tiles out. CUTLASS's raster heuristic on cluster counts, or `raster`; along N
+    the grid is transposed (unless its Y would pass 65535); no swizzle (max_swizzle_size 1)."""
     cm, cn, _ = cluster
     ctas_m = _round_up(-(-m // tile[0]) * mma_ctas, cm)
     ctas_n = _round_up(-(-n // tile[1]), cn)
     clusters_m, clusters_n = ctas_m // cm, ctas_n // cn
-    raster = RASTER_ALONG_M if clusters_n > clusters_m else RASTER_ALONG_N
-    if raster == RASTER_ALONG_N and clusters_m * cn > _GRID_Y_MAX:
-        raster = RASTER_ALONG_M
+    if raster is None:
+        raster = RASTER_ALONG_M if clusters_n > clusters_m else RASTER_ALONG_N
+        if raster == RASTER_ALONG_N and clusters_m * cn > _GRID_Y_MAX:
+            raster = RASTER_ALONG_M
     fields = {"scheduler.problem_tiles_m": clusters_m, "scheduler.problem_tiles_n": clusters_n,
               "scheduler.problem_tiles_l": l, "scheduler.raster_order": raster, "scheduler.log_swizzle_size": 0,
               "scheduler.swizzle_size.divisor": 0, "scheduler.swizzle_size.multiplier": 0,
@@ -155,7 +163,8 @@ def sm100_plan(m: int, n: int, l: int, tile: tuple[int, int, int], cluster: tupl
     return SchedulerPlan(fields, grid)
 
 
-MMA_WARP_GROUPS = 2  # the cooperative kernel's (stream-K requires it): one tile barrier each
+MMA_WARP_GROUPS = 2  # sm90's cooperative kernel (stream-K requires it): one tile barrier per warpgroup
+SM100_FIXUP_BARRIERS = 1  # sm100 kernels' NumFixupBarriers: one per tile
 _L2_LINE = 128  # the stream-K workspace's parts are rounded to this
 
 
@@ -185,18 +194,20 @@ class Decomposition:
 @functools.lru_cache(maxsize=1024)
 def decompose(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, int],  # noqa: E741
               cluster: tuple[int, int, int], sm_count: int, max_active_clusters: int = 0,
-              splits: int = 1) -> Decomposition:
+              splits: int = 1, occupancy: bool = True) -> Decomposition:
     """PersistentTileSchedulerSm90StreamKParams::select_decomposition_mode under CUTLASS's default
     arguments (max swizzle 1, heuristic decomposition) and the split count `splits`. Above one,
     every tile is split into that many parts (`adjust_split_count`: at most the SMs and the K
     tiles). Otherwise CUTLASS's heuristic: a problem that fills whole waves, or whose tiles have at
     most MIN_ITERS_PER_SK_UNIT K tiles, runs data-parallel; one whose last wave is less than half
     full spreads the K iterations of up to its last two waves' tiles over one wave of CTAs, as
-    split-K when the CTAs divide evenly among those tiles."""
+    split-K when the CTAs divide evenly among those tiles. `occupancy=False`: a wave is every SM
+    (sm100's, `_grid`)."""
     f = plan(m, n, l, tile, cluster, sm_count, max_active_clusters).fields
     cm, cn = cluster[0], cluster[1]
     output_tiles = f["scheduler.problem_tiles_m"] * cm * f["scheduler.problem_tiles_n"] * cn * l
-    grid = _grid(output_tiles, f["scheduler.raster_order"], cm, cn, sm_count, max_active_clusters, truncate=False)
+    grid = _grid(output_tiles, f["scheduler.raster_order"], cm, cn, sm_count, max_active_clusters, truncate=False,
+                 occupancy=occupancy)
     splits = min(splits, sm_count, k_tiles)  # adjust_split_count; lowered to 1 (one K tile or SM): data-parallel
     if splits > 1:
         return Decomposition(output_tiles, k_tiles, grid, output_tiles, output_tiles * splits, splits)
@@ -211,19 +222,29 @@ def decompose(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, int], 
     return Decomposition(output_tiles, k_tiles, grid, sk_tiles, sk_units, splits)
 
 
+def config_decomposition(cfg: KernelConfig, m: int, n: int, k: int, l: int, sm_count: int,  # noqa: E741
+                         max_active_clusters: int = 0) -> Decomposition:
+    """`decompose` for a stream-K config's kernel on a problem in its terms: over the CTA's tile
+    (half a pair's MMA tile), with a wave of every SM on sm_100a (`sm100_stream_k_plan`)."""
+    return decompose(m, n, -(-k // cfg.tile[2]), l, cfg.cta_tile, cfg.cluster, sm_count, max_active_clusters,
+                     cfg.splits, occupancy=cfg.arch is not Arch.SM100A)
+
+
 @functools.lru_cache(maxsize=1024)
 def stream_k_plan(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, int],  # noqa: E741
                   cluster: tuple[int, int, int], sm_count: int, max_active_clusters: int = 0,
-                  splits: int = 1, deterministic: bool = True) -> SchedulerPlan:
+                  splits: int = 1, deterministic: bool = True, occupancy: bool = True,
+                  fixup_barriers: int = MMA_WARP_GROUPS) -> SchedulerPlan:
     """The stream-K scheduler's Params, grid (one full wave, whatever the problem) and workspace
     for `decompose`'s decomposition; `deterministic=False` is ReductionMode::Nondeterministic, which
-    changes no other field. Ported from PersistentTileSchedulerSm90StreamKParams
-    (initialize, set_params_basic, set_params_stream_k, get_workspace_component_sizes)."""
+    changes no other field; `fixup_barriers` per split tile. Ported from
+    PersistentTileSchedulerSm90StreamKParams (initialize, set_params_basic, set_params_stream_k,
+    get_workspace_component_sizes)."""
     f = plan(m, n, l, tile, cluster, sm_count, max_active_clusters).fields  # the underlying scheduler's
     cm, cn = cluster[0], cluster[1]
     cluster_size = cm * cn
     blocks_mn = f["scheduler.problem_tiles_m"] * cm * f["scheduler.problem_tiles_n"] * cn
-    d = decompose(m, n, k_tiles, l, tile, cluster, sm_count, max_active_clusters, splits)
+    d = decompose(m, n, k_tiles, l, tile, cluster, sm_count, max_active_clusters, splits, occupancy)
     fields = {k: v for k, v in f.items() if k.split(".")[1] in ("cluster_shape_major", "cluster_shape_minor",
                                                                  "cluster_blk_major", "log_swizzle_size",
                                                                  "raster_order")}
@@ -263,8 +284,32 @@ def stream_k_plan(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, in
     fields.update({"scheduler.reduction_mode": int(not deterministic), "scheduler.separate_reduction_units": 0,
                    "scheduler.ktile_start_alignment_count": 1})
     reduction = _round_up(workspace_tiles * tile[0] * tile[1] * 4, _L2_LINE)  # fp32 accumulators
-    barriers = _round_up(workspace_tiles * MMA_WARP_GROUPS * 4, _L2_LINE)  # one int per warpgroup
+    barriers = _round_up(workspace_tiles * fixup_barriers * 4, _L2_LINE)  # 32-bit barriers
     return SchedulerPlan(fields, d.grid, reduction, barriers)
+
+
+@functools.lru_cache(maxsize=1024)
+def sm100_stream_k_plan(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, int],  # noqa: E741
+                        cluster: tuple[int, int, int], mma_ctas: int, sm_count: int, max_active_clusters: int = 0,
+                        splits: int = 1, deterministic: bool = True) -> SchedulerPlan:
+    """PersistentTileSchedulerSm100StreamKParams: sm90's stream-K Params over the CTA tile with a
+    wave of every SM (bypass_sm90_occupancy_calculation), named `scheduler.sk.*`, beside sm100's
+    Params along M without swizzle, `scheduler.clc.*`. The grid: with stream-K units, waves of them
+    (X the units over the cluster's N, Y the cluster's N, Z the waves); else every CTA tile, along
+    Z once per split, as cluster launch control hands them out."""
+    cta_tile = (tile[0] // mma_ctas, tile[1], tile[2])
+    sk = stream_k_plan(m, n, k_tiles, l, cta_tile, cluster, sm_count, max_active_clusters, splits, deterministic,
+                       occupancy=False, fixup_barriers=SM100_FIXUP_BARRIERS)
+    clc = sm100_plan(m, n, l, tile, cluster, mma_ctas, raster=RASTER_ALONG_M)
+    fields = {"scheduler.raster_order": sk.fields["scheduler.raster_order"],
+              "scheduler.log_swizzle_size": sk.fields["scheduler.log_swizzle_size"]}
+    for part, p in (("sk", sk), ("clc", clc)):
+        fields.update({f"scheduler.{part}.{name.removeprefix('scheduler.')}": v for name, v in p.fields.items()})
+    units, per_problem = sk.fields["scheduler.sk_units"], sk.fields["scheduler.units_per_problem"]
+    cn = cluster[1]
+    grid = ((units // cn, cn, -(-per_problem // units)) if units else
+            (clc.grid[0], clc.grid[1], clc.grid[2] * sk.fields["scheduler.splits.divisor"]))
+    return SchedulerPlan(fields, grid, sk.reduction_bytes, sk.barrier_bytes)
 
 
 def _sk_tiles(output_tiles: int, ctas_per_wave: int, cluster_size: int, k_tiles: int) -> int:

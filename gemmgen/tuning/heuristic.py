@@ -12,15 +12,15 @@ they compute D^T = B^T A^T, so M becomes the tile's N, which can be 16 or 32 wid
 unswapped tile is at least 64 rows of mostly zero padding. They are scored on that transposed
 problem, by the same terms.
 
-Every cooperative candidate also has a stream-K twin (TileScheduler.STREAM_K). Its wave term is
-the balance of the work as CUTLASS's stream-K scheduler would share it out for this problem
-(`runtime.scheduler.decompose`), less a cost per split tile and a margin (STREAM_K_MARGIN): where
+Every cooperative candidate (every sm_100a one) also has a stream-K twin (TileScheduler.STREAM_K).
+Its wave term is the balance of the work as CUTLASS's stream-K scheduler would share it out for this
+problem (`runtime.scheduler.config_decomposition`), less a cost per split tile and a margin (STREAM_K_MARGIN): where
 the tiles fill whole waves the persistent kernel wins; where they leave a wave mostly idle (a few
 tokens against large weights) the K iterations spread over every SM and the twin wins.
 
 On sm_100a the candidates are tcgen05 tiles (`SM100_CANDIDATES`): a pair of SMs computing a 256-row
-tile (Schedule.TWO_SM) or one SM a 128-row one, swapped tiles for small M, no stream-K (CUTLASS's
-cluster-launch-control scheduler hands out the tiles). A pair's tile occupies two SMs of a wave;
+tile (Schedule.TWO_SM) or one SM a 128-row one, swapped tiles for small M, and their stream-K
+twins (CUTLASS's sm100 stream-K scheduler over cluster launch control). A pair's tile occupies two SMs of a wave;
 its reuse is the MMA tile's (each SM loads half of A and half of B for half of the output).
 
 A grouped (MoE) kernel serves every split of its rows, which only the GPU knows; the host knows
@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from ..codegen import is_valid
 from ..config import DEFAULT_ARCH, Arch, KernelConfig, Schedule, TileScheduler, default_config, needs_swap, tile_k
 from ..ir import RecipeIR
-from ..runtime.scheduler import decompose
+from ..runtime.scheduler import config_decomposition
 
 COOP, PING = Schedule.COOPERATIVE, Schedule.PINGPONG
 
@@ -158,7 +158,7 @@ def _stream_k_balance(m: int, n: int, k: int, l: int, cfg: KernelConfig, sm_coun
     scheduler picks for the problem (`runtime.scheduler.decompose`): data-parallel waves of whole
     tiles, then the split tiles' K iterations shared over one wave, each share paying
     STREAM_K_FIXUP_K_TILES; less STREAM_K_MARGIN."""
-    d = decompose(m, n, -(-k // cfg.tile[2]), l, cfg.tile, cfg.cluster, sm_count)
+    d = config_decomposition(cfg, m, n, k, l, sm_count)
     if d.splits > 1:  # every tile in `splits` parts
         time = -(-d.output_tiles * d.splits // d.ctas_per_wave) * (-(-d.k_tiles // d.splits) + STREAM_K_FIXUP_K_TILES)
     else:
@@ -189,7 +189,7 @@ def split_variants(configs: list[KernelConfig], m: int, n: int, k: int, l: int =
             continue
         mm, nn = (n, m) if c.swap_ab else (m, n)
         k_tiles = -(-max(k, 1) // c.tile[2])
-        d = decompose(max(mm, 1), max(nn, 1), k_tiles, max(l, 1), c.tile, c.cluster, sm_count)
+        d = config_decomposition(c, max(mm, 1), max(nn, 1), max(k, 1), max(l, 1), sm_count)
         if d.output_tiles < d.ctas_per_wave:
             out += [replace(c, splits=s) for s in SPLITS_TIMED if s <= k_tiles and s != d.splits]
     return list(dict.fromkeys(out))
@@ -214,7 +214,7 @@ def _candidates(small_m: bool, swapped_only: bool, k: int, arch: Arch) -> tuple[
                                swap_ab=True) for c in base)
     if small_m:
         listed += swapped
-    listed += tuple(replace(c, tile_scheduler=TileScheduler.STREAM_K) for c in listed if c.schedule is COOP)
+    listed += tuple(replace(c, tile_scheduler=TileScheduler.STREAM_K) for c in listed if c.schedule is not PING)
     return tuple(replace(c, tile=(c.tile[0], c.tile[1], k)) for c in listed)
 
 

@@ -68,8 +68,10 @@ def test_the_arch_is_part_of_a_configs_identity_and_sm90_keys_stay(recipe):
     (sm100(stages=12), r"shared memory: 12 stages .* more than the 232448 an sm_100 block can use"),
     (sm100(tile=(128, 256, 256)), r"tile \(128, 256, 256\) leaves room for 1 mainloop stage\(s\) per CTA, need at "
                                   r"least 2"),
-    (sm100(tile_scheduler=gg.TileScheduler.STREAM_K), r"cluster-launch-control scheduler; use "
-                                                      r"TileScheduler.PERSISTENT"),
+    (sm100(tile=(128, 192, 64), tile_scheduler=gg.TileScheduler.STREAM_K),
+     r"runs tile N = 192 data-parallel \(no split-K or stream-K\); use tile N = 128 or 256, or "
+     r"TileScheduler.PERSISTENT"),
+    (sm100(splits=2), r"splits 2: a split count is the stream-K scheduler's"),
 ])
 def test_sm100_constraints_name_the_fix(recipe, cfg, match):
     with pytest.raises(gg.ConfigError, match=match):

@@ -14,8 +14,9 @@ SM100_KERNELS: dict[str, gg.KernelConfig | None] = {
     "scaled_mm_fp8": gg.KernelConfig(tile=(256, 128, 128), **TWO_SM),  # type: ignore[arg-type]
     # column-major A, an aux output through shared memory (sm100's aux store descriptor) and an amax
     "bias_gelu_aux": gg.KernelConfig(tile=(256, 128, 64), **TWO_SM),  # type: ignore[arg-type]
-    # C read through TMA, fp32 reductions over N
-    "residual_norm_stats": None,
+    # C read through TMA, fp32 reductions over N, CUTLASS's sm100 stream-K scheduler, on a pair
+    "residual_norm_stats": gg.KernelConfig(tile=(256, 128, 64), tile_scheduler=gg.TileScheduler.STREAM_K,
+                                           **TWO_SM),  # type: ignore[arg-type]
     # fp8 with DeepSeek's block scales (CUTLASS's blockwise main loop, scales read with cp.async), one SM
     "fp8_block_scaled": None,
     # grouped (pointer-array) on a pair of SMs: per-group maps rewritten on the GPU, the group scheduler
@@ -29,8 +30,8 @@ SM100 = gg.Arch.SM100A
 #: multicast; a 64-row tile of column-major A with an aux output, multicast along N; C and fp32
 #: reductions over N on a pair (their workspace counts the CTAs' tiles) with B multicast; vectors and
 #: a scalar per batch, a matrix shared by every batch and signed max and min over M and N on a pair
-#: (row_extrema), swapped (swapped: its per-batch vectors trade places), and DeepSeek's block scales
-#: on a pair (each CTA reads its half's scales of A).
+#: (row_extrema), swapped (swapped: its per-batch vectors trade places), DeepSeek's block scales
+#: on a pair (each CTA reads its half's scales of A), and the stream-K scheduler.
 VALUE_CONFIGS = {
     "pair_128": ("bias_gelu", gg.KernelConfig(tile=(128, 128, 64), cluster=(2, 2, 1), schedule=gg.Schedule.TWO_SM,
                                               arch=SM100)),
@@ -45,7 +46,15 @@ VALUE_CONFIGS = {
     "swapped_per_batch": ("swapped", gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM,
                                                      swap_ab=True, arch=SM100)),
     "block_scaled_pair": ("fp8_block_scaled", gg.KernelConfig(tile=(256, 128, 128), **TWO_SM)),  # type: ignore[arg-type]
+    # CUTLASS's sm100 stream-K scheduler: one SM's, and on pairs in a 2 x 2 cluster after C and two
+    # reductions' workspace (STREAM_K_VALUE_CONFIGS: also split counts and both reduction orders)
+    "stream_k_one_sm": ("bias_gelu", gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM,
+                                                     tile_scheduler=gg.TileScheduler.STREAM_K, arch=SM100)),
+    "stream_k_pair": ("residual_norm_stats", gg.KernelConfig(tile=(256, 128, 64), cluster=(2, 2, 1),
+                                                             schedule=gg.Schedule.TWO_SM,
+                                                             tile_scheduler=gg.TileScheduler.STREAM_K, arch=SM100)),
 }
+STREAM_K_VALUE_CONFIGS = ("stream_k_one_sm", "stream_k_pair")
 
 
 def grouped_value_kernels() -> dict[str, tuple[gg.Recipe, gg.KernelConfig]]:

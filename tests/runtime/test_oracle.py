@@ -157,7 +157,7 @@ def _check(kernel, oracle, problem):
     if _extents_aligned(kernel, problem):
         assert expected.can_implement
     builder = ArgumentBuilder(kernel.generated.kernel_recipe, kernel.config)
-    tm, tn, _ = kernel.config.tile
+    tm, tn, _ = kernel.config.cta_tile  # the reductions' partials are per CTA's tile (half a pair's)
     tiles = -(-problem.m // tm) * -(-problem.n // tn) * problem.l
     partials = max((tiles * (tm if kind == "col_reduction" else tn) for kind, _, _ in builder.vector_reductions),
                    default=0)

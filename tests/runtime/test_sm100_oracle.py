@@ -5,15 +5,18 @@ epilogue's maps and workspace, over the same problems and B200's SM count and ot
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gemmgen.codegen import render_kernel
+from gemmgen.codegen.sm100.geometry import mma_ctas
 from gemmgen.runtime import scheduler
 from gemmgen.runtime.arguments import ArgumentBuilder
 from gemmgen.testing.oracle import OracleProgram, build_all, field_bits
 from gemmgen.testing.recording import RecordingEncoder
-from tests.data.sm100 import VALUE_CONFIGS
-from tests.runtime.test_oracle import PROBLEMS, WORKSPACE, _check, kernel_problem
+from tests.data.sm100 import STREAM_K_VALUE_CONFIGS, VALUE_CONFIGS
+from tests.runtime.test_oracle import PROBLEMS, STREAM_K_PROBLEMS, WORKSPACE, _check, kernel_problem
 
 pytestmark = pytest.mark.oracle
 
@@ -63,28 +66,58 @@ def test_sm100_geometries_without_a_compiled_kernel_match_cutlass(sm100_oracles,
     """Every field gemmgen writes, every encode call and the grid, against CUTLASS's host code
     (values compared by name: with no compiled kernel there is no probed layout to pack into)."""
     oracle = sm100_oracles[name]
+    for shape in PROBLEMS:
+        p = kernel_problem(oracle.kernel, *shape, sm_count=148)
+        if shape[3] == 2**28 and any(f.name.startswith("epilogue.col_reduction") for f in oracle.kernel.fields):
+            continue  # past CUTLASS's 32-bit reduction arithmetic: gemmgen refuses it (test_oracle's case)
+        _check_values(oracle, p, f"{name} {shape}")
+
+
+def _check_values(oracle: OracleProgram, p, where: str) -> None:
+    """`oracle`'s kernel's fields, encode calls, grid and workspace for `p` against CUTLASS's."""
     kernel = oracle.kernel
     kinds = {f.name: f.kind for f in kernel.fields}
-    for shape in PROBLEMS:
-        p = kernel_problem(kernel, *shape, sm_count=148)
-        builder = ArgumentBuilder(kernel.kernel_recipe, kernel.config)
-        if shape[3] == 2**28 and any(f.startswith("epilogue.col_reduction") for f in kinds):
-            continue  # past CUTLASS's 32-bit reduction arithmetic: gemmgen refuses it (test_oracle's case)
-        expected = oracle.run(p, WORKSPACE)
-        enc = RecordingEncoder()
-        values, grid = builder.values(p, enc, workspace=WORKSPACE)
-        where = f"{name} {shape}"
-        assert builder.workspace(p).size == expected.workspace_size, where
-        assert {c.addr: c.as_dict() for c in enc.calls} == \
-            {c["addr"]: {k: v for k, v in c.items() if k != "encode"} for c in expected.encodes}, where
-        compared = 0
-        for field, want in expected.fields.items():
-            if field not in values or field.endswith((".buffer", ".counters")):
-                continue  # a constant field (the probe's default), or a workspace region (test_oracle's rule)
-            if kinds[field] == "desc":
-                ours, theirs = enc.of(values[field]), expected.encodes[want["desc"] - 1]  # type: ignore[arg-type]
-                assert ours is not None and ours.addr == theirs["addr"], (where, field)
-            else:
-                assert field_bits(kinds[field], values[field]) == want["bits"], (where, field)
-            compared += 1
-        assert compared >= 25 and list(grid) == expected.launch["grid"], where
+    builder = ArgumentBuilder(kernel.kernel_recipe, kernel.config)
+    expected = oracle.run(p, WORKSPACE)
+    enc = RecordingEncoder()
+    values, grid = builder.values(p, enc, workspace=WORKSPACE)
+    assert builder.workspace(p).size == expected.workspace_size, where
+    assert {c.addr: c.as_dict() for c in enc.calls} == \
+        {c["addr"]: {k: v for k, v in c.items() if k != "encode"} for c in expected.encodes}, where
+    compared = 0
+    for field, want in expected.fields.items():
+        if field not in values or field.endswith((".buffer", ".counters")):
+            continue  # a constant field (the probe's default), or a workspace region (test_oracle's rule)
+        if kinds[field] == "desc":
+            ours, theirs = enc.of(values[field]), expected.encodes[want["desc"] - 1]  # type: ignore[arg-type]
+            assert ours is not None and ours.addr == theirs["addr"], (where, field)
+        else:
+            assert field_bits(kinds[field], values[field]) == want["bits"], (where, field)
+        compared += 1
+    assert compared >= 25 and list(grid) == expected.launch["grid"], where
+
+
+@pytest.mark.parametrize("sm_count, max_active_clusters", [(148, 0), (132, 0), (148, 37), (114, 0), (16, 0)])
+@pytest.mark.parametrize("name", STREAM_K_VALUE_CONFIGS)
+def test_sm100_stream_k_decompositions_match_cutlass(sm100_oracles, name, sm_count, max_active_clusters):
+    """CUTLASS's sm100 stream-K scheduler (sm90's stream-K Params with a wave of every SM, beside
+    sm100's): data-parallel, split-K and stream-K problems, their grid (waves of stream-K units, or
+    every CTA tile per split) and their workspace, under the heuristic, split counts 3 and 1000
+    (lowered to the SMs or K tiles) and the nondeterministic reduction: one oracle serves them all.
+    The last problem is stream-K on 16 SMs in 2 x 2 clusters; 114 SMs leave 2 of a wave idle in
+    2 x 2 clusters, so that the stream-K units do not divide the work."""
+    base = sm100_oracles[name]
+    cfg = base.kernel.config
+    kinds = set()
+    for splits, deterministic in ((1, True), (3, True), (1000, True), (1, False)):
+        kernel = render_kernel(base.kernel.recipe, replace(cfg, splits=splits, deterministic=deterministic))
+        oracle = OracleProgram(kernel, base.exe.parent)
+        assert oracle.exe == base.exe  # the split count and the reduction mode are arguments
+        for m, n, k, l in [*STREAM_K_PROBLEMS, (64, 64, 64, 1), (128, 1152, 4096, 1)]:  # noqa: E741
+            p = kernel_problem(kernel, m, n, k, l, 0, sm_count=sm_count, max_active_clusters=max_active_clusters)
+            cta = (cfg.tile[0] // mma_ctas(cfg), *cfg.tile[1:])
+            d = scheduler.decompose(p.m, p.n, -(-p.k // cfg.tile[2]), p.l, cta, cfg.cluster, sm_count,
+                                    max_active_clusters, splits, occupancy=False)
+            kinds.add(d.kind)
+            _check_values(oracle, p, f"{name} {(m, n, k, l)} splits={splits} deterministic={deterministic}")
+    assert kinds == {"data-parallel", "split-K", "stream-K"}, kinds

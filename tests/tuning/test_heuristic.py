@@ -126,6 +126,23 @@ def test_stream_k_where_the_persistent_kernel_leaves_sms_idle(examples):
     assert all(replace(c, tile_scheduler=gg.TileScheduler.PERSISTENT) in candidate_configs(r, 16) for c in twins)
 
 
+def test_b200_stream_k_twins_spread_k_over_every_sm(examples):
+    """On sm_100a every candidate has a stream-K twin, decomposed as CUTLASS's sm100 stream-K
+    scheduler would (over the CTA's tile, a wave of every SM: 148 CTAs), which wins for a decode
+    step against large weights and loses where the tiles fill the waves."""
+    r = examples["gemm_bf16"].ir
+    decode = choose(r, 16, 8192, 8192, arch=gg.Arch.SM100A)
+    assert decode.config.tile_scheduler is gg.TileScheduler.STREAM_K, decode.why
+    assert "stream-K (64 tiles over 148 CTAs)" in decode.why.splitlines()[0], decode.why
+    pair = choose(r, 300, 4096, 4096, arch=gg.Arch.SM100A)  # 4 x 16 CTA tiles: each SM computes a half
+    assert pair.config.tile_scheduler is gg.TileScheduler.STREAM_K and pair.config.schedule is gg.Schedule.TWO_SM
+    assert "stream-K (64 tiles over 148 CTAs)" in pair.why.splitlines()[0], pair.why
+    assert choose(r, 8192, 8192, 8192, arch=gg.Arch.SM100A).config.tile_scheduler is gg.TileScheduler.PERSISTENT
+    twins = {c.schedule for c in candidate_configs(r, 16, gg.Arch.SM100A)
+             if c.tile_scheduler is gg.TileScheduler.STREAM_K}
+    assert twins == {gg.Schedule.ONE_SM, gg.Schedule.TWO_SM}
+
+
 def test_buckets():
     assert [m_bucket(m) for m in (1, 16, 17, 33, 64, 65, 8192, 8193, 20000)] == \
         [16, 16, 32, 64, 64, 128, 8192, 16384, 24576]

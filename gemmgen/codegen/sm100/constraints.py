@@ -4,15 +4,22 @@ sm100 builders accept them; shared memory and tensor memory are B200's.
 
 gemmgen's sm100 kernels so far: dense and batched GEMMs (16-bit or fp8 A and B, fp8 with block
 scales through CUTLASS's blockwise main loop) with any EVT epilogue under CUTLASS's
-cluster-launch-control scheduler, and grouped (pointer-array) GEMMs under its group scheduler.
-Grouped block-scaled and stream-K sm100 kernels are refused by name until gemmgen emits them.
+cluster-launch-control scheduler or its stream-K scheduler (split-K too), and grouped
+(pointer-array) GEMMs under its group scheduler. Grouped block-scaled sm100 kernels are refused
+by name until gemmgen emits them.
 """
 
 from __future__ import annotations
 
 from ...config import KernelConfig, Schedule, TileScheduler
 from ...ir import RecipeIR
-from ..rules import arch_schedule_violations, block_scale_violations, cluster_violations, tile_k_violations
+from ..rules import (
+    arch_schedule_violations,
+    block_scale_violations,
+    cluster_violations,
+    tile_k_violations,
+    tile_scheduler_violations,
+)
 from .smem import SM100_SMEM_CAPACITY, smem_fit, stage_count
 
 
@@ -81,7 +88,7 @@ def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 
 def family_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """The recipe families gemmgen does not emit for sm_100a yet, and the scheduler it uses."""
+    """The recipe families gemmgen does not emit for sm_100a yet."""
     g = recipe.gemm
     out = []
     if g.block_scale is not None and g.grouped:
@@ -93,11 +100,19 @@ def family_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     if recipe.epilogue.row_blocks is not None:
         out.append("D's row blocks (gg.quantize, gg.rms_norm, gg.exp_minus_max) on sm_100a: not emitted yet; gemmgen "
                    "runs such recipes on sm_90a GPUs (H100/H200) so far: build them with arch=Arch.SM90A for those")
-    if cfg.tile_scheduler is not TileScheduler.PERSISTENT or cfg.splits > 1 or not cfg.deterministic:
-        out.append("tile scheduler: sm_100a kernels use CUTLASS's cluster-launch-control scheduler; use "
-                   "TileScheduler.PERSISTENT, splits=1 and deterministic=True")
     return out
 
 
+def stream_k_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """CUTLASS's sm100 stream-K scheduler runs a CTA tile N of 192 data-parallel whatever it is
+    asked (ForceDataParallel), so a split count would be ignored. (Its arguments:
+    `rules.tile_scheduler_violations`.)"""
+    if cfg.tile_scheduler is TileScheduler.STREAM_K and cfg.tile[1] == 192:
+        return ["tile scheduler stream_k: CUTLASS's sm100 stream-K scheduler runs tile N = 192 data-parallel "
+                "(no split-K or stream-K); use tile N = 128 or 256, or TileScheduler.PERSISTENT"]
+    return []
+
+
 CONSTRAINTS = (schedule_violations, tile_violations, tile_k_violations, cluster_violations, pair_cluster_violations,
-               smem_violations, reduction_violations, block_scale_violations, family_violations)
+               smem_violations, reduction_violations, block_scale_violations, tile_scheduler_violations,
+               stream_k_tile_violations, family_violations)

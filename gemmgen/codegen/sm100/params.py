@@ -3,25 +3,27 @@
 Against sm90's: the mainloop holds a second pair of tensor maps and the cluster shape for a
 fallback cluster (gemmgen launches a static cluster: copies of the first pair), no transaction
 byte counts; the epilogue holds its visitors' Params and the C and D maps; the scheduler's Params
-are PersistentTileSchedulerSm100Params (cluster launch control); there is no workspace member.
+are PersistentTileSchedulerSm100Params (cluster launch control), or for stream-K sm90's stream-K
+Params beside them (PersistentTileSchedulerSm100StreamKParams); there is no workspace member.
 A grouped kernel's maps are placeholders it rewrites per group (as on sm90) and its scheduler is
 sm90's group scheduler inside PersistentTileSchedulerSm100GroupParams.
 """
 
 from __future__ import annotations
 
-from ...config import KernelConfig
+from ...config import KernelConfig, TileScheduler
 from ...ir import RecipeIR
 from ..evt import EpilogueCode
 from ..fields import (
     ParamField,
     binding_fields,
     block_scale_fields,
+    clc_scheduler,
     desc,
-    divmod_32,
     group_problem,
     group_scheduler,
     hw_info,
+    stream_k_scheduler,
 )
 
 
@@ -58,11 +60,11 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
         f += [ParamField("epilogue.ptr_d", f"{e}.ptr_D", "ptr"), ParamField("epilogue.stride_d", f"{e}.dD", "ptr")]
         return tuple(f + group_scheduler("{p}.scheduler.params_sm90_") + hw_info())
     s = "{p}.scheduler"
-    f += [ParamField(f"scheduler.problem_tiles_{d}", f"{s}.problem_tiles_{d}_", "u32") for d in "mnl"]
-    f += divmod_32("scheduler.cluster_shape_m", f"{s}.divmod_cluster_shape_m_")
-    f += divmod_32("scheduler.cluster_shape_n", f"{s}.divmod_cluster_shape_n_")
-    f += divmod_32("scheduler.swizzle_size", f"{s}.divmod_swizzle_size_")
-    f += [ParamField("scheduler.raster_order", f"{s}.raster_order_", "i32"),
-          ParamField("scheduler.log_swizzle_size", f"{s}.log_swizzle_size_", "i32")]
-    f += hw_info()
-    return tuple(f)
+    if config.tile_scheduler is TileScheduler.STREAM_K:  # sm90's stream-K Params beside sm100's
+        f += [ParamField("scheduler.raster_order", f"{s}.raster_order_", "i32"),
+              ParamField("scheduler.log_swizzle_size", f"{s}.log_swizzle_size_", "i32")]
+        f += stream_k_scheduler("scheduler.sk", f"{s}.sk_params_")
+        f += clc_scheduler("scheduler.clc", f"{s}.sm100_params_")
+    else:
+        f += clc_scheduler("scheduler", s)
+    return tuple(f + hw_info())

@@ -8,7 +8,7 @@ their pointer-array forms for a grouped kernel); the epilogue is the same visito
 
 from __future__ import annotations
 
-from ...config import KernelConfig, Schedule, kernel_id
+from ...config import KernelConfig, Schedule, TileScheduler, kernel_id
 from ...ir import RecipeIR
 from ...types import DType
 from ..evt import EpilogueCode
@@ -52,6 +52,8 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         # the per-group stride types' elements: what the epilogue's smem atoms are chosen from
         stride_c="cute::remove_pointer_t<StrideC>" if g.grouped else "StrideC",
         stride_d="cute::remove_pointer_t<StrideD>" if g.grouped else "StrideD",
+        tile_scheduler=("cutlass::gemm::StreamKScheduler" if config.tile_scheduler is TileScheduler.STREAM_K
+                        else "void"),
         stage_count=stage_count, epilogue_decls=epi.decls, callbacks=epi.callbacks, types_template=TYPES_TEMPLATE)
 
 

@@ -16,6 +16,7 @@ from ..rules import (
     cluster_violations,
     row_block_violations,
     tile_k_violations,
+    tile_scheduler_violations,
 )
 from .geometry import MAX_ACCUMULATORS_PER_THREAD, accumulators_per_thread
 from .smem import SM90_SMEM_CAPACITY, smem_need, stage_count
@@ -44,21 +45,10 @@ def schedule_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
-def tile_scheduler_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+def stream_k_schedule_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """CUTLASS's stream-K scheduler runs in its cooperative kernel only (the pingpong kernel
-    static_asserts against it), and a grouped kernel has its own scheduler; a split count is the
-    stream-K scheduler's argument, and so is its reduction order."""
-    if cfg.tile_scheduler is not TileScheduler.STREAM_K:
-        out = [f"splits {cfg.splits}: a split count is the stream-K scheduler's; use "
-               "tile_scheduler=TileScheduler.STREAM_K, or splits=1"] if cfg.splits > 1 else []
-        if not cfg.deterministic:
-            out.append("deterministic False: only the stream-K scheduler reduces partial sums; use "
-                       "tile_scheduler=TileScheduler.STREAM_K, or deterministic=True")
-        return out
-    if recipe.gemm.grouped:
-        return ["tile scheduler stream_k: a grouped kernel walks its groups with CUTLASS's group scheduler; "
-                "use TileScheduler.PERSISTENT"]
-    if cfg.schedule is not Schedule.COOPERATIVE:
+    static_asserts against it). (Its arguments: `rules.tile_scheduler_violations`.)"""
+    if cfg.tile_scheduler is TileScheduler.STREAM_K and cfg.schedule is not Schedule.COOPERATIVE:
         return [f"tile scheduler stream_k: needs the cooperative schedule (CUTLASS's {cfg.schedule.value} kernel "
                 "does not support stream-K); use Schedule.COOPERATIVE or TileScheduler.PERSISTENT"]
     return []
@@ -87,6 +77,7 @@ def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
-CONSTRAINTS = (tile_violations, tile_k_violations, schedule_violations, tile_scheduler_violations, cluster_violations,
+CONSTRAINTS = (tile_violations, tile_k_violations, schedule_violations, tile_scheduler_violations,
+               stream_k_schedule_violations, cluster_violations,
                register_violations, smem_violations, row_block_violations,
                block_scale_violations)

@@ -10,12 +10,12 @@ from ..fields import (
     binding_fields,
     block_scale_fields,
     desc,
-    divmod_32,
     divmod_pow2,
     divmod_u64,
     group_problem,
     group_scheduler,
     hw_info,
+    stream_k_scheduler,
 )
 from .geometry import scale_tma
 
@@ -45,7 +45,8 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
         f.append(ParamField("epilogue.tma_d", desc("{p}.epilogue.tma_store_d"), "desc"))
     f.append(ParamField("epilogue.tma_transaction_bytes", "{p}.epilogue.tma_transaction_bytes", "u32"))
     f += hw_info()
-    f += _stream_k_fields() if config.tile_scheduler is TileScheduler.STREAM_K else _persistent_fields()
+    f += (stream_k_scheduler("scheduler", "{p}.scheduler") if config.tile_scheduler is TileScheduler.STREAM_K
+          else _persistent_fields())
     if schedule is Schedule.COOPERATIVE:  # the pingpong kernel's Params has no workspace member
         f.append(ParamField("workspace", "{p}.workspace", "ptr"))
     return tuple(f)
@@ -63,25 +64,6 @@ def _persistent_fields() -> list[ParamField]:
           ParamField("scheduler.raster_order", f"{s}.raster_order_", "i32")]
     f += [ParamField(f"scheduler.{n}", f"{s}.{n}_", "u32") for n in (
         "problem_tiles_m", "problem_tiles_n", "problem_tiles_l", "cluster_shape_m", "cluster_shape_n")]
-    return f
-
-
-def _stream_k_fields() -> list[ParamField]:
-    """PersistentTileSchedulerSm90StreamKParams (runtime.scheduler.stream_k_plan fills them)."""
-    s = "{p}.scheduler"
-    f = divmod_pow2("scheduler.cluster_shape_major", f"{s}.divmod_cluster_shape_major_")
-    f += divmod_pow2("scheduler.cluster_shape_minor", f"{s}.divmod_cluster_shape_minor_")
-    for name in ("batch", "cluster_blk_major", "clusters_mnl", "sk_groups", "sk_units_per_group", "epilogue_subtile"):
-        f += divmod_u64(f"scheduler.{name}", f"{s}.divmod_{name}_")
-    for name in ("tiles_per_output_tile", "splits", "k_tiles_per_sk_unit", "k_tiles_per_sk_big_unit"):
-        f += divmod_32(f"scheduler.{name}", f"{s}.divmod_{name}_")
-    f += [ParamField("scheduler.units_per_problem", f"{s}.units_per_problem_", "u64"),
-          ParamField("scheduler.log_swizzle_size", f"{s}.log_swizzle_size_", "i32"),
-          ParamField("scheduler.raster_order", f"{s}.raster_order_", "i32"),
-          ParamField("scheduler.reduction_mode", f"{s}.reduction_mode_", "i32"),
-          ParamField("scheduler.reduction_workspace", f"{s}.reduction_workspace_", "ptr")]
-    f += [ParamField(f"scheduler.{n}", f"{s}.{n}_", "u32") for n in (
-        "big_units", "big_groups", "sk_tiles", "sk_units", "separate_reduction_units", "ktile_start_alignment_count")]
     return f
 
 
