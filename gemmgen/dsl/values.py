@@ -517,10 +517,7 @@ def rms_norm(x: Any, block: int, eps: float = 1e-6, weight: Any = None) -> tuple
     width = _block_width(block, "rms_norm")
     stat = _reduced_value(x, "rms_norm")
     value = stat if weight is None else _binary(Op.MUL, stat, weight, "rms_norm")
-    call, e = object(), f32(constant(eps, "rms_norm eps"))
-    if not (e > 0 and math.isfinite(e)):
-        raise RecipeError(f"rms_norm: eps={eps!r}; expected a positive number such as 1e-6 (it keeps a head of "
-                          "zeros finite)")
+    call, e = object(), _positive(eps, "rms_norm", "eps", "1e-6 (it keeps a head of zeros finite)")
     return (BlockOutput(BlockOp.RMS_NORM, value, stat, width, e, call, factor=False),
             BlockOutput(BlockOp.RMS_NORM, value, stat, width, e, call, factor=True))
 
@@ -534,12 +531,17 @@ def exp_minus_max(x: Any, block: int, scale: float = 1.0) -> tuple[BlockOutput, 
     a block makes its max NaN, as torch.amax does; a partial last block's max is over its columns."""
     width = _block_width(block, "exp_minus_max")
     v = _reduced_value(x, "exp_minus_max")
-    call, s = object(), f32(constant(scale, "exp_minus_max scale"))
-    if not (s > 0 and math.isfinite(s)):
-        raise RecipeError(f"exp_minus_max: scale={scale!r}; expected a positive number such as 1.0 (a positive "
-                          "scale keeps every value at most 1)")
+    call, s = object(), _positive(scale, "exp_minus_max", "scale", "1.0 (a positive scale keeps every value at most 1)")
     return (BlockOutput(BlockOp.EXP, v, v, width, s, call, factor=False),
             BlockOutput(BlockOp.EXP, v, v, width, s, call, factor=True))
+
+
+def _positive(value: Any, op_name: str, arg: str, example: str) -> float:
+    """`value` as the kernel's fp32 constant, which must be positive and finite."""
+    v = f32(constant(value, f"{op_name} {arg}"))
+    if not (v > 0 and math.isfinite(v)):
+        raise RecipeError(f"{op_name}: {arg}={value!r}; expected a positive number such as {example}")
+    return v
 
 
 def _reduced_value(x: Any, op_name: str) -> Value:

@@ -69,6 +69,27 @@ def grouped_inputs(rows: int = 37, k: int = 64, n: int = 48, groups: int = 4,
     return a, b, torch.tensor(offsets, dtype=torch.int32), torch.randn(groups, n).bfloat16(), torch.rand(rows)
 
 
+def emulated_moe(kernel: CompiledKernel, shape: tuple[int, int, int, int], offsets: Sequence[int],
+                 sm_count: int = 132) -> tuple[torch.Tensor, torch.Tensor]:
+    """(D as the emulated setup kernel and GEMM write it, the fp32 reference) for one call of a
+    moe_up kernel on (rows, K, N, groups) with A's rows 8 apart from K (A's and B's strides
+    differ) and D pre-filled with NaN."""
+    from .emulate import emulate_grouped
+
+    enc = RecordingEncoder()
+    k = GroupedKernel(kernel, encoder=enc, hardware=lambda i: (sm_count, 0), require_cuda=False)
+    rows, depth, n, groups = shape
+    _, b, offs, bias, weight = grouped_inputs(rows, depth, n, groups, offsets)
+    a = torch.randn(rows, depth + 8).bfloat16()[:, :depth]
+    out = torch.full((rows, n), float("nan")).bfloat16()
+    p = k.prepare(a, b, offs, bias=bias, weight=weight, out=out)
+    assert p.setup is not None and p.params is not None and p.buffer is not None
+    emulate_grouped(kernel, p.setup, p.params, enc, [a, b, offs, bias, weight, out, p.buffer])
+    want = moe_recipe().reference(a, b, offs, bias=bias, weight=weight).float()
+    assert want.nan_to_num().abs().sum() > 0
+    return out.float(), want
+
+
 def fp8_grouped_inputs(rows: int = 37, k: int = 128, n: int = 48, groups: int = 4,
                        offsets: Sequence[int] = (5, 5, 20, 30)
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:

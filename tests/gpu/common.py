@@ -1,6 +1,7 @@
 """What the GPU tests of every arch share: inputs of a recipe (small integers for the exact tier,
 fresh random values otherwise; padded leading dimensions), NaN-filled outputs, and the comparison
-against the recipe's reference (exact where its math is, else by output dtype)."""
+against the recipe's reference (exact where its math is, else by output dtype), for each kernel
+of a list (`check_kernels`)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,20 @@ def nan_outputs(recipe, m, n, batch=3):
 
 def as_tuple(x):
     return x if isinstance(x, tuple) else (x,)
+
+
+def check_kernels(kernels, gen, m, n, k, exact, pad_bytes=0, prefilled=True):
+    """Each (recipe, config, kernel) on fresh inputs against its recipe's reference: into
+    NaN-filled outputs (`prefilled`), or into those the kernel allocates."""
+    for recipe, _config, kernel in kernels:
+        a, b, ops = inputs(recipe, m, n, k, gen, exact, pad_bytes=pad_bytes)
+        if prefilled:
+            out = nan_outputs(recipe, m, n)
+            got = as_tuple(kernel(a, b, out=out if len(out) > 1 else out[0], **ops))
+        else:
+            got = as_tuple(kernel(a, b, **ops))
+        torch.cuda.synchronize()
+        compare(recipe, got, a, b, ops, exact)
 
 
 def compare(recipe, got, a, b, ops, exact):

@@ -21,7 +21,7 @@ import torch
 import gemmgen as gg
 from gemmgen.testing.calls import TOLERANCE
 from tests.data.gpu_matrix import ROOT, gpu_matrix, load_recipes
-from tests.gpu.common import as_tuple, compare, inputs, nan_outputs
+from tests.gpu.common import as_tuple, check_kernels, compare, inputs, nan_outputs
 
 pytestmark = pytest.mark.gpu
 
@@ -44,20 +44,11 @@ def gen():
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "random"])
 def test_matches_reference(kernels, gen, shape, exact):
     m, n, k = shape
-    for recipe, _config, kernel in kernels:
-        a, b, ops = inputs(recipe, m, n, k, gen, exact)
-        out = nan_outputs(recipe, m, n)
-        got = as_tuple(kernel(a, b, out=out if len(out) > 1 else out[0], **ops))
-        torch.cuda.synchronize()
-        compare(recipe, got, a, b, ops, exact)
+    check_kernels(kernels, gen, m, n, k, exact)
 
 
 def test_padded_leading_dims_and_batch(kernels, gen):
-    for recipe, _config, kernel in kernels:
-        a, b, ops = inputs(recipe, 200, 136, 72, gen, exact=False, pad_bytes=48)
-        got = as_tuple(kernel(a, b, **ops))
-        torch.cuda.synchronize()
-        compare(recipe, as_tuple(got), a, b, ops, exact=False)
+    check_kernels(kernels, gen, 200, 136, 72, exact=False, pad_bytes=48, prefilled=False)
 
 
 @pytest.mark.parametrize("shape", [(33, 1, 40), (1, 1, 16)], ids=lambda s: "x".join(map(str, s)))

@@ -18,7 +18,7 @@ from gemmgen.integrations.ops import kernel_for
 from gemmgen.runtime.driver import current_arch
 from gemmgen.testing.grouped import moe_recipe
 from tests.data.gpu_matrix import SM100_OP_PROBLEM, sm100_gpu_matrix
-from tests.gpu.common import as_tuple, compare, inputs, nan_outputs
+from tests.gpu.common import as_tuple, check_kernels, compare, inputs
 
 pytestmark = pytest.mark.gpu_sm100
 
@@ -27,8 +27,10 @@ SHAPES = [(128, 256, 64), (1, 8, 16), (7, 129, 1000), (129, 1000, 4097), (1000, 
 
 @pytest.fixture(scope="session")
 def kernels():
-    return [(recipe, config, recipe.compile(config)) for recipe, config in sm100_gpu_matrix()
-            if not recipe.ir.gemm.grouped]
+    out = [(recipe, config, recipe.compile(config)) for recipe, config in sm100_gpu_matrix()
+           if not recipe.ir.gemm.grouped]
+    assert all(kernel.compiled.config.arch is gg.Arch.SM100A for _, _, kernel in out)
+    return out
 
 
 @pytest.fixture
@@ -40,21 +42,11 @@ def gen():
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "random"])
 def test_matches_reference(kernels, gen, shape, exact):
     m, n, k = shape
-    for recipe, config, kernel in kernels:
-        assert kernel.compiled.config.arch is gg.Arch.SM100A, config.name
-        a, b, ops = inputs(recipe, m, n, k, gen, exact)
-        out = nan_outputs(recipe, m, n)
-        got = as_tuple(kernel(a, b, out=out if len(out) > 1 else out[0], **ops))
-        torch.cuda.synchronize()
-        compare(recipe, got, a, b, ops, exact)
+    check_kernels(kernels, gen, m, n, k, exact)
 
 
 def test_padded_leading_dims_and_batch(kernels, gen):
-    for recipe, _config, kernel in kernels:
-        a, b, ops = inputs(recipe, 200, 136, 72, gen, exact=False, pad_bytes=48)
-        got = as_tuple(kernel(a, b, **ops))
-        torch.cuda.synchronize()
-        compare(recipe, got, a, b, ops, exact=False)
+    check_kernels(kernels, gen, 200, 136, 72, exact=False, pad_bytes=48, prefilled=False)
 
 
 @pytest.mark.parametrize("rows, offsets", [(37, (5, 5, 20, 30)), (300, (1, 129, 200, 300))])

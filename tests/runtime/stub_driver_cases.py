@@ -172,7 +172,6 @@ def case_sm100_calls_on_a_b200_launch_the_recipes_math(stub, kernels):
     """The same for the sm_100a kernels on a stand-in compute capability 10.0 device with 148 SMs:
     the 2-SM kernels' clusters, the cluster-launch-control grid, the Params the oracle checks,
     emulated; an sm_90a kernel on that device is refused, naming both arches."""
-    from gemmgen.errors import InvalidArgument
     from gemmgen.runtime.kernel import Kernel
     from gemmgen.testing.calls import fresh_args
     from gemmgen.testing.stub_driver import stand_in_device
@@ -184,14 +183,21 @@ def case_sm100_calls_on_a_b200_launch_the_recipes_math(stub, kernels):
         _launch_and_emulate(stub, sm100)
         ck = kernels["bias_gelu"]
         a, b, ops = fresh_args(ck.recipe, 40, 24, 72, ())
-        try:
-            Kernel(ck, require_cuda=False)(a, b, **ops)
-        except InvalidArgument as e:
-            assert "is built for sm_90a (H100/H200); device cuda:-1 is sm_100a (B200/GB200)" in str(e), str(e)
-        else:
-            raise AssertionError("an sm_90a kernel launched on a 10.0 device")
+        _refused_on_a_b200(lambda: Kernel(ck, require_cuda=False)(a, b, **ops), "an sm_90a kernel")
     finally:
         stand_in_device(STREAM)
+
+
+def _refused_on_a_b200(call, what: str) -> None:
+    """`call`, an sm_90a kernel's, raises on the stand-in 10.0 device naming both arches."""
+    from gemmgen.errors import InvalidArgument
+
+    try:
+        call()
+    except InvalidArgument as e:
+        assert "is built for sm_90a (H100/H200); device cuda:-1 is sm_100a (B200/GB200)" in str(e), str(e)
+    else:
+        raise AssertionError(f"{what} launched on a 10.0 device")
 
 
 def _launch_and_emulate(stub, kernels: dict) -> None:
@@ -386,7 +392,6 @@ def case_an_sm100_grouped_call_on_a_b200_launches_the_recipes_math(stub, kernels
     GEMM with its cluster, shared memory and the group scheduler's persistent grid; every map it
     encodes is one the driver accepts; the Params block the GEMM receives and the setup block,
     emulated, compute the recipe's reference. The sm_90a grouped kernel is refused on that device."""
-    from gemmgen.errors import InvalidArgument
     from gemmgen.runtime import scheduler
     from gemmgen.runtime.grouped import GroupedKernel
     from gemmgen.testing.emulate import emulate_grouped
@@ -420,12 +425,9 @@ def case_an_sm100_grouped_call_on_a_b200_launches_the_recipes_math(stub, kernels
         emulate_grouped(ck, setup, launch.params, stub, [a, b, offsets, bias, weight, out, buffer])
         want = moe_recipe().reference(a, b, offsets, bias=bias, weight=weight).float()
         torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
-        try:
-            GroupedKernel(kernels["moe_up"], require_cuda=False)(a, b, offsets, bias=bias, weight=weight)
-        except InvalidArgument as e:
-            assert "is built for sm_90a (H100/H200); device cuda:-1 is sm_100a (B200/GB200)" in str(e), str(e)
-        else:
-            raise AssertionError("an sm_90a grouped kernel launched on a 10.0 device")
+        _refused_on_a_b200(lambda: GroupedKernel(kernels["moe_up"], require_cuda=False)(a, b, offsets, bias=bias,
+                                                                                      weight=weight),
+                           "an sm_90a grouped kernel")
     finally:
         stand_in_device(STREAM)
 

@@ -17,6 +17,7 @@ from gemmgen.testing.emulate import emulate_grouped, fill_groups
 from gemmgen.testing.grouped import (
     block_grouped_inputs,
     cpu_grouped_kernel,
+    emulated_moe,
     grouped_inputs,
     moe_recipe,
     params_field,
@@ -171,19 +172,8 @@ def test_emulated_groups_compute_the_recipe(grouped_kernels, config, shape, offs
     group arrays as the setup kernel would, then per group what the GEMM reads through its Params
     (shape, A, B, the bias and weight pointers, D's address and stride) and the epilogue its source
     declares. Against the reference; rows in no group stay NaN."""
-    ck = _moe_up(grouped_kernels, config)
-    enc = RecordingEncoder()
-    k = GroupedKernel(ck, encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
-    rows, depth, n, groups = shape
-    a, b, offs, bias, weight = grouped_inputs(rows, depth, n, groups, offsets)
-    a = torch.randn(rows, depth + 8).bfloat16()[:, :depth]  # rows 8 apart from K: A's and B's strides differ
-    out = torch.full((rows, n), float("nan")).bfloat16()
-    p = k.prepare(a, b, offs, bias=bias, weight=weight, out=out)
-    assert p.setup is not None and p.params is not None and p.buffer is not None
-    emulate_grouped(ck, p.setup, p.params, enc, [a, b, offs, bias, weight, out, p.buffer])
-    want = moe_recipe().reference(a, b, offs, bias=bias, weight=weight).float()
-    assert want.nan_to_num().abs().sum() > 0
-    torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+    out, want = emulated_moe(_moe_up(grouped_kernels, config), shape, offsets)
+    torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
 
 
 def test_empty_and_zero_k(grouped_kernel):

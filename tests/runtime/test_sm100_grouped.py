@@ -10,12 +10,12 @@ import torch
 
 import gemmgen as gg
 from gemmgen.codegen import render_kernel
-from gemmgen.runtime.grouped import BufferLayout, GroupedArguments, GroupedKernel
+from gemmgen.runtime.grouped import BufferLayout, GroupedArguments
 from gemmgen.runtime.grouped_checks import check_grouped_call
 from gemmgen.runtime.problem import TensorArg
 from gemmgen.testing.checks import source_replaced, uncompiled
 from gemmgen.testing.emulate import emulate_grouped
-from gemmgen.testing.grouped import cpu_grouped_kernel, grouped_inputs, moe_recipe, params_field
+from gemmgen.testing.grouped import cpu_grouped_kernel, emulated_moe, grouped_inputs, moe_recipe, params_field
 from gemmgen.testing.oracle import OracleProgram, build_all, field_bits
 from gemmgen.testing.recording import RecordingEncoder
 from tests.data.sm100 import grouped_value_kernels
@@ -29,22 +29,6 @@ CONFIGS = (ONE, PAIR, PAIR_4X1, SWAPPED)
 VALUE_KERNELS = grouped_value_kernels()
 
 
-def _emulated(ck, shape, offsets, a_pad: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """(D as the emulated kernels write it, the reference) for one call of moe_up."""
-    enc = RecordingEncoder()
-    k = GroupedKernel(ck, encoder=enc, hardware=lambda i: (148, 0), require_cuda=False)
-    rows, depth, n, groups = shape
-    _, b, offs, bias, weight = grouped_inputs(rows, depth, n, groups, offsets)
-    a = torch.randn(rows, depth + a_pad).bfloat16()[:, :depth]
-    out = torch.full((rows, n), float("nan")).bfloat16()
-    p = k.prepare(a, b, offs, bias=bias, weight=weight, out=out)
-    assert p.setup is not None and p.params is not None and p.buffer is not None
-    emulate_grouped(ck, p.setup, p.params, enc, [a, b, offs, bias, weight, out, p.buffer])
-    want = moe_recipe().reference(a, b, offs, bias=bias, weight=weight).float()
-    assert want.nan_to_num().abs().sum() > 0
-    return out.float(), want
-
-
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
 @pytest.mark.parametrize("shape, offsets", [
     ((37, 64, 48, 4), (5, 5, 20, 30)),  # an empty group, rows after the last group
@@ -55,7 +39,7 @@ def test_sm100_grouped_kernels_compute_the_recipe(config, shape, offsets):
     through its Params and the epilogue its source declares, against the reference; rows in no
     group stay NaN."""
     assert gg.codegen.is_valid(config, moe_recipe().ir)
-    out, want = _emulated(uncompiled(moe_recipe(), config), shape, offsets)
+    out, want = emulated_moe(uncompiled(moe_recipe(), config), shape, offsets, sm_count=148)
     torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
 
 
@@ -64,7 +48,7 @@ def test_a_wrong_layout_in_an_sm100_grouped_kernel_fails_the_check():
     ck = uncompiled(moe_recipe(), PAIR, source_replaced("using LayoutD = cutlass::layout::RowMajor *;",
                                                        "using LayoutD = cutlass::layout::ColumnMajor *;"))
     with pytest.raises(AssertionError):
-        out, want = _emulated(ck, (37, 64, 48, 4), (5, 5, 20, 30))
+        out, want = emulated_moe(ck, (37, 64, 48, 4), (5, 5, 20, 30), sm_count=148)
         torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ...config import KernelConfig, Schedule, TileScheduler, kernel_id
 from ...ir import RecipeIR
 from ...types import DType
+from ..common_types import block_scale_decls, epilogue_strides, problem_shape
 from ..evt import EpilogueCode
 
 #: The template that declares the kernel's types (included by kernel.cu.j2).
@@ -36,6 +37,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
     # kernel pairs them with the group scheduler
     per_group, array = (" *", "PtrArray") if g.grouped else ("", "")
     scale_decls, (layout_pair_a, layout_pair_b) = _block_scale_types(recipe)
+    stride_c, stride_d = epilogue_strides(recipe)
     return dict(
         namespace=f"gemmgen_{kernel_id(recipe, config)}",
         element_a=g.a.cutlass, element_b=g.b.cutlass, element_c=epi.element_c, element_d=g.d.cutlass,
@@ -47,11 +49,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         kernel_schedule=kernel_schedule(config.schedule, g.grouped, block_scaled=g.block_scale is not None),
         block_scale_decls=scale_decls, layout_pair_a=layout_pair_a, layout_pair_b=layout_pair_b,
         epilogue_schedule=f"cutlass::epilogue::{array}TmaWarpSpecialized{sm}",
-        problem_shape=("cutlass::gemm::GroupProblemShape<Shape<int, int, int>>" if g.grouped
-                       else "Shape<int, int, int, int>"),
-        # the per-group stride types' elements: what the epilogue's smem atoms are chosen from
-        stride_c="cute::remove_pointer_t<StrideC>" if g.grouped else "StrideC",
-        stride_d="cute::remove_pointer_t<StrideD>" if g.grouped else "StrideD",
+        problem_shape=problem_shape(recipe), stride_c=stride_c, stride_d=stride_d,
         tile_scheduler=("cutlass::gemm::StreamKScheduler" if config.tile_scheduler is TileScheduler.STREAM_K
                         else "void"),
         stage_count=stage_count, epilogue_decls=epi.decls, callbacks=epi.callbacks, types_template=TYPES_TEMPLATE)
@@ -74,7 +72,5 @@ def _block_scale_types(recipe: RecipeIR) -> tuple[list[tuple[str, str]], tuple[s
     g = recipe.gemm.block_scale
     if g is None:
         return [], ("LayoutA", "LayoutB")
-    decls = [("ScaleConfig", f"cutlass::detail::Sm100BlockwiseScaleConfig<{g[0]}, {g[1]}, {g[2]}>"),
-             ("LayoutSFA", "decltype(ScaleConfig::deduce_layoutSFA())"),
-             ("LayoutSFB", "decltype(ScaleConfig::deduce_layoutSFB())")]
+    decls = block_scale_decls(f"cutlass::detail::Sm100BlockwiseScaleConfig<{g[0]}, {g[1]}, {g[2]}>")
     return decls, ("cute::tuple<LayoutA, LayoutSFA>", "cute::tuple<LayoutB, LayoutSFB>")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ...config import KernelConfig, Schedule, TileScheduler, kernel_id
 from ...ir import GemmSpec, RecipeIR
 from ...types import DType
+from ..common_types import block_scale_decls, epilogue_strides, problem_shape
 from ..evt import EpilogueCode
 from .geometry import epilogue_tile_override, scales_per_tile
 
@@ -30,6 +31,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
                    "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"
                    if config.stages is None else f"cutlass::gemm::collective::StageCount<{config.stages}>")
     scale_decls, (layout_pair_a, layout_pair_b) = _block_scale_types(recipe)
+    stride_c, stride_d = epilogue_strides(recipe)
     # a grouped kernel names its layouts as pointers: CUTLASS's tag for a stride per group
     per_group = " *" if g.grouped else ""
     return dict(
@@ -43,14 +45,12 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         alignment_d=128 // g.d.bits,
         tile=config.tile, cluster=config.cluster, epilogue_tile=_epilogue_tile(config, recipe),
         kernel_schedule=kernel_schedule(config.schedule, g.grouped, block_scaled=g.block_scale is not None),
-        mainloop_policy=_mainloop_policy(recipe), problem_shape=_problem_shape(recipe),
+        mainloop_policy=_mainloop_policy(recipe), problem_shape=problem_shape(recipe),
         epilogue_schedule=epilogue_schedule(config.schedule, g.grouped), stage_count=stage_count,
         mainloop_stages=_mainloop_stages(config, recipe, stage_count),
         block_scale_decls=scale_decls, layout_pair_a=layout_pair_a, layout_pair_b=layout_pair_b,
         stride_a=_stride_pair("A", g), stride_b=_stride_pair("B", g),
-        # a grouped kernel's strides are per-group arrays: its smem atoms come from the stride type
-        stride_c="cute::remove_pointer_t<StrideC>" if g.grouped else "StrideC",
-        stride_d="cute::remove_pointer_t<StrideD>" if g.grouped else "StrideD",
+        stride_c=stride_c, stride_d=stride_d,
         tile_scheduler=tile_scheduler(config.tile_scheduler, g.grouped), epilogue_decls=epi.decls,
         callbacks=epi.callbacks,
         collectives=COLLECTIVES[collectives], types_template=TYPES_TEMPLATE,
@@ -89,9 +89,7 @@ def _block_scale_types(recipe: RecipeIR) -> tuple[list[tuple[str, str]], tuple[s
     config = f"{g[0]}, {g[1]}, {g[2]}"
     if gemm.grouped:  # GemmSpec.scale_layouts: both K-major
         config += ", cute::GMMA::Major::K, cute::GMMA::Major::K"
-    decls = [("ScaleConfig", f"cutlass::detail::Sm90BlockwiseScaleConfig<{config}>"),
-             ("LayoutSFA", "decltype(ScaleConfig::deduce_layoutSFA())"),
-             ("LayoutSFB", "decltype(ScaleConfig::deduce_layoutSFB())")]
+    decls = block_scale_decls(f"cutlass::detail::Sm90BlockwiseScaleConfig<{config}>")
     per_group = " *" if gemm.grouped else ""
     return decls, (f"cute::tuple<LayoutA, LayoutSFA{per_group}>", f"cute::tuple<LayoutB, LayoutSFB{per_group}>")
 
@@ -118,13 +116,6 @@ def _mainloop_stages(config: KernelConfig, recipe: RecipeIR, stage_count: str) -
     ms, ns = scales_per_tile(config, recipe)
     return (f"cutlass::gemm::collective::detail::compute_stage_count_with_blockwise_scale<\n    {capacity}, "
             f"ElementA, ElementB, ElementAccumulator, TileShape, {ms}, {ns}>({stage_count}{{}})")
-
-
-def _problem_shape(recipe: RecipeIR) -> str:
-    """(M, N, K, L) per launch, or (M, N, K) per group read from device memory."""
-    if recipe.gemm.grouped:
-        return "cutlass::gemm::GroupProblemShape<Shape<int, int, int>>"
-    return "Shape<int, int, int, int>"
 
 
 def _smem_capacity(grouped: bool) -> str:
