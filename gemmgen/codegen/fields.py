@@ -125,6 +125,14 @@ def block_scale_fields(tma: tuple[bool, bool]) -> list[ParamField]:
     return f
 
 
+def grouped_block_scale_fields(m: str) -> list[ParamField]:
+    """A grouped blockwise main loop's per-group arrays (at `m`, the mainloop's Params): each
+    group's scales' address and (compact, K-major) layout. sm100's main loop reads the layouts;
+    sm90's derives each group's from its shape."""
+    return [ParamField(f"mainloop.{part}_sf{x}", f"{m}.{part}_SF{x.upper()}", "ptr")
+            for x in "ab" for part in ("ptr", "layout")]
+
+
 def group_problem(name: str, expr: str) -> list[ParamField]:
     """GroupProblemShape: the group count and the device's (and, unused, the host's) shapes."""
     return [ParamField(f"{name}.groups", f"{expr}.num_groups", "i32"),

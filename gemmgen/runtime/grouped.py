@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
 MODE_GROUPED = 4  # cutlass::gemm::GemmUniversalMode::kGrouped
 MAX_COLUMNS = 18  # gemmgen::grouped::MaxColumns
-SETUP = struct.Struct(f"<QQQiiiiii{MAX_COLUMNS}q{MAX_COLUMNS}q{MAX_COLUMNS}q")  # gemmgen::grouped::Setup
+SCALE_LAYOUT_BYTES = 20  # gemmgen::grouped::ScaleLayoutBytes: one group's scale layout of A or B
+SETUP = struct.Struct(f"<QQQiiiiii{MAX_COLUMNS}q{MAX_COLUMNS}q{MAX_COLUMNS}qQQ")  # gemmgen::grouped::Setup
 SETUP_BASES = struct.calcsize("<QQQiiiiii")  # where Setup::base starts
 SETUP_BLOCK = 128  # threads per block of the setup kernel: one per group
 _MAP_BYTES = 128  # sizeof(cute::TmaDescriptor)
@@ -61,16 +62,24 @@ class BufferLayout:
     shapes: int  # int32 (M, N, K) per group
     table: int  # int64 columns x groups
     size: int
+    scale_layouts: tuple[int, int] = (0, 0)  # A's and B's scale layout per group, where the setup writes them
 
     @classmethod
-    def of(cls, groups: int, columns: int, sm_count: int, has_source: bool, arch: Arch = Arch.SM90A) -> BufferLayout:
+    def of(cls, groups: int, columns: int, sm_count: int, has_source: bool, arch: Arch = Arch.SM90A,
+           scale_layouts: bool = False) -> BufferLayout:
         # sm90: two epilogue warp groups' D maps, and C's; sm100: D's and C's
         d_maps = 1 if arch is Arch.SM100A else 2
         epilogue = sm_count * (d_maps + int(has_source)) * _MAP_BYTES
         mainloop_at = _round(epilogue, _MAP_ALIGN)
         shapes_at = _round(mainloop_at + sm_count * 2 * _MAP_BYTES, _MAP_ALIGN)  # CUTLASS's workspace size
         table_at = _round(shapes_at + 12 * groups, 16)
-        return cls(0, mainloop_at, shapes_at, table_at, table_at + 8 * columns * groups)
+        end = table_at + 8 * columns * groups
+        if not scale_layouts:
+            return cls(0, mainloop_at, shapes_at, table_at, end)
+        layouts_a = _round(end, 16)
+        layouts_b = _round(layouts_a + SCALE_LAYOUT_BYTES * groups, 16)
+        return cls(0, mainloop_at, shapes_at, table_at, _round(layouts_b + SCALE_LAYOUT_BYTES * groups, 16),
+                   (layouts_a, layouts_b))
 
 
 class Column(NamedTuple):
@@ -96,6 +105,9 @@ class GroupedArguments:
         self.recipe, self.tile, self.cluster = recipe, config.tile, config.cluster
         self.arch, self.cta_tile = config.arch, config.cta_tile
         self.swapped = config.swap_ab
+        # the setup also writes each group's scale layouts, which sm100's blockwise main loop reads
+        # (codegen.sm100.types.setup_fill)
+        self.scale_layouts = config.arch is Arch.SM100A and g.block_scale is not None
         epi = recipe.epilogue
         matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX]
         self.source = matrices[0] if matrices else None
@@ -160,9 +172,10 @@ class GroupedArguments:
 
     def setup(self, call: GroupedCall, columns: list[Column], buffer: int, layout: BufferLayout) -> bytes:
         pad = [0] * (MAX_COLUMNS - len(columns))
+        layouts = [buffer + at if self.scale_layouts else 0 for at in layout.scale_layouts]
         return SETUP.pack(call.offsets, buffer + layout.shapes, buffer + layout.table, call.groups, call.rows,
                           call.n, call.k, len(columns), int(self.swapped), *[c.base for c in columns], *pad,
-                          *[c.per_row for c in columns], *pad, *[c.per_group for c in columns], *pad)
+                          *[c.per_row for c in columns], *pad, *[c.per_group for c in columns], *pad, *layouts)
 
     def values(self, call: GroupedCall, columns: list[Column], buffer: int, layout: BufferLayout, sm_count: int,
                max_active_clusters: int, device_id: int, encode: TensorMapEncoder, d_stride: int
@@ -200,8 +213,9 @@ class GroupedArguments:
             m = call.operands[name]
             assert isinstance(m, TensorArg)
             v.update({f"{prefix}.stride_m": m.strides[0], f"{prefix}.stride_l": 0})
-        if self.recipe.gemm.block_scale is not None:  # never read on the device (param_fields)
-            v["mainloop.layout_sfa"] = v["mainloop.layout_sfb"] = 0
+        if self.recipe.gemm.block_scale is not None:  # sm100: the setup's per-group layouts; sm90: never read
+            v["mainloop.layout_sfa"], v["mainloop.layout_sfb"] = (
+                (buffer + layout.scale_layouts[0], buffer + layout.scale_layouts[1]) if self.scale_layouts else (0, 0))
         v["epilogue.tensormaps"] = buffer + layout.epilogue_maps
         v["mainloop.tensormaps"] = buffer + layout.mainloop_maps
         v["workspace"] = buffer
@@ -356,7 +370,7 @@ class GroupedKernel(KernelBase):
         plan.columns = self._args.columns(call, TensorArg(0, (strides[0], 1, 0)))
         plan.d_at = SETUP_BASES + 8 * next(i for i, c in enumerate(plan.columns) if c.field == self._args.d_field)
         plan.layout = BufferLayout.of(call.groups, len(plan.columns), plan.sm_count, self._args.source is not None,
-                                      self._config.arch)
+                                      self._config.arch, self._args.scale_layouts)
         plan.grid = self._args.scheduler(plan.sm_count, plan.clusters).grid
         plan.setup_grid = (-(-call.groups // SETUP_BLOCK), 1, 1)
         return plan

@@ -12,6 +12,7 @@ visitor or Params position shows up as a wrong or unwritten (NaN) output element
 
 from __future__ import annotations
 
+import itertools
 import re
 from functools import lru_cache
 from typing import Protocol
@@ -21,7 +22,7 @@ import torch
 from ..codegen.fields import ParamsLayout
 from ..compile import CompiledKernel
 from ..ir.reference import expand_block_scale, group_bounds
-from ..runtime.grouped import MAX_COLUMNS, SETUP
+from ..runtime.grouped import MAX_COLUMNS, SCALE_LAYOUT_BYTES, SETUP
 from ..runtime.tma import EncodeArgs
 from .visitors import EpilogueInterpreter
 
@@ -210,6 +211,8 @@ def emulate_grouped(compiled: CompiledKernel, setup: bytes, params: bytes, encod
             torch.tensor(table).t())
     lv = view.lvalue
     scale_config = _scale_config(compiled.generated.source)
+    if "fill_scale_layouts<" in compiled.generated.source:
+        _check_scale_layouts(view, fields, groups)
     if int.from_bytes(view.raw(lv["problem.groups"]), "little") != groups:
         raise AssertionError("Params and the setup block disagree on the number of groups")
     problem_shapes = int.from_bytes(view.raw(lv["problem.shapes"]), "little")
@@ -229,6 +232,23 @@ def emulate_grouped(compiled: CompiledKernel, setup: bytes, params: bytes, encod
             a32 = a32 * _group_scales(view, "a", gm, gk, a_k_major, m, k)
             b32 = b32 * _group_scales(view, "b", gn, gk, b_k_major, n, k)
         kernel.run(torch.matmul(a32, b32.t()).reshape(1, m, n), view)
+
+
+def _check_scale_layouts(view: _ParamsBytes, setup: tuple, groups: int) -> None:
+    """Where the setup kernel writes each group's scale layouts (CUTLASS's own function of the
+    group's shape: the emulation derives the same from the shape, `_group_scales`): the arrays the
+    GEMM reads, inside the buffer, apart from the shapes, the table and each other."""
+    shapes_at, table_at, columns = setup[1], setup[2], setup[7]
+    regions = [(shapes_at, 12 * groups), (table_at, 8 * columns * groups)]
+    for operand, at in zip("ab", setup[9 + 3 * MAX_COLUMNS:], strict=True):
+        if int.from_bytes(view.raw(view.lvalue[f"mainloop.layout_sf{operand}"]), "little") != at:
+            raise AssertionError(f"scale_{operand}: the GEMM reads its layouts where the setup does not write them")
+        view.at(at, torch.uint8, (SCALE_LAYOUT_BYTES * groups,), (1,), f"setup.scale_layouts[{operand}]")
+        regions.append((at, SCALE_LAYOUT_BYTES * groups))
+    regions.sort()
+    for (start, size), (after, _) in itertools.pairwise(regions):
+        if start + size > after:
+            raise AssertionError(f"the setup's arrays overlap: {regions}")
 
 
 def fill_groups(setup: tuple, offsets: list[int]) -> tuple[list[list[int]], list[list[int]]]:

@@ -90,6 +90,27 @@ def emulated_moe(kernel: CompiledKernel, shape: tuple[int, int, int, int], offse
     return out.float(), want
 
 
+def emulated_block_moe(kernel: CompiledKernel, shape: tuple[int, int, int, int], offsets: Sequence[int],
+                       sm_count: int = 132) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor],
+                                                     torch.Tensor, torch.Tensor]:
+    """`emulated_moe` for a moe_fp8_block kernel (`block_grouped_inputs`): (D as emulated, the fp32
+    reference, the operands, the unquantized tokens and weights)."""
+    from ..ir.reference import reference
+    from .emulate import emulate_grouped
+
+    rows, k, n, groups = shape
+    a, b, offs, ops, x, w = block_grouped_inputs(rows, k, n, groups, offsets)
+    enc = RecordingEncoder()
+    grouped = GroupedKernel(kernel, encoder=enc, hardware=lambda i: (sm_count, 0), require_cuda=False)
+    out = torch.full((rows, n), float("nan")).bfloat16()
+    p = grouped.prepare(a, b, offs, **ops, out=out)
+    assert p.setup is not None and p.params is not None and p.buffer is not None
+    emulate_grouped(kernel, p.setup, p.params, enc, [a, b, offs, *ops.values(), out, p.buffer])
+    (want,) = reference(kernel.recipe, a, b, ops, offs)
+    assert want.float().nan_to_num().abs().sum() > 0
+    return out.float(), want.float(), ops, x, w
+
+
 def fp8_grouped_inputs(rows: int = 37, k: int = 128, n: int = 48, groups: int = 4,
                        offsets: Sequence[int] = (5, 5, 20, 30)
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:

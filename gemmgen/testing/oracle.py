@@ -171,7 +171,7 @@ class OracleProgram:
         mainloop = (f"{array('a.array', 'ElementA const**')}, {array('a.strides', 'typename GemmKernel::StrideA')}, "
                     f"{array('b.array', 'ElementB const**')}, {array('b.strides', 'typename GemmKernel::StrideB')}")
         if kernel.kernel_recipe.gemm.block_scale is not None:  # per-group scale pointers and layouts
-            scales = "typename CollectiveMainloop::ElementBlockScale const**"
+            scales = "decltype(typename CollectiveMainloop::Arguments{}.ptr_SFA)"  # sm90's and sm100's element
             mainloop += (f", {array('sfa.array', scales)}, {array('sfa.layouts', 'LayoutSFA*')}, "
                          f"{array('sfb.array', scales)}, {array('sfb.layouts', 'LayoutSFB*')}")
         mainloop = f"{{{mainloop}}}"

@@ -92,10 +92,11 @@ def test_every_tcgen05_shape_the_rules_accept_is_one_cutlass_builds(recipe):
 
 def test_families_not_emitted_for_sm100_are_refused_by_name(examples):
     moe, block, moe_block = examples["moe_up"].ir, examples["fp8_block_scaled"].ir, examples["moe_fp8_block"].ir
-    assert violations(default_config(moe, SM100), moe) == []  # grouped kernels are emitted, and block-scaled ones
-    assert violations(default_config(block, SM100), block) == []
-    assert any("grouped block-scaled fp8 on sm_100a: not emitted yet" in v and "arch=Arch.SM90A" in v
-               for v in violations(default_config(moe_block, SM100), moe_block))
+    for ir in (moe, block, moe_block):  # grouped kernels are emitted, block-scaled ones and both at once
+        assert violations(default_config(ir, SM100), ir) == []
+    swiglu = examples["swiglu"].ir
+    assert any("column pairs (gg.pairs) on sm_100a: not emitted yet" in v and "arch=Arch.SM90A" in v
+               for v in violations(default_config(swiglu, SM100), swiglu))
 
 
 def test_block_scales_need_whole_blocks_in_a_ctas_tile(examples):
@@ -132,7 +133,7 @@ def test_sm100_source_uses_the_sm100_builders_and_the_ctas_tile(examples):
 
 def test_every_example_blackwell_supports_has_a_valid_default(examples):
     supported = [r.name for r in examples.values() if not violations(r.default_config(SM100), r.ir)]
-    refused = ("moe_swiglu", "moe_fp8_block", "swiglu", "fp8_quantized", "qk_norm", "row_col_amax")
+    refused = ("moe_swiglu", "swiglu", "fp8_quantized", "qk_norm", "row_col_amax")
     assert supported == [n for n in examples if n not in refused]
     # a recipe's own sm_90a config does not carry over: the sm_100a default does
     aux = examples["bias_gelu_aux"]

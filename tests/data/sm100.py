@@ -59,13 +59,20 @@ STREAM_K_VALUE_CONFIGS = ("stream_k_one_sm", "stream_k_pair")
 
 def grouped_value_kernels() -> dict[str, tuple[gg.Recipe, gg.KernelConfig]]:
     """Grouped sm_100a kernels checked by their values alone (tests/runtime/test_sm100_grouped.py):
-    one SM's, swapped (one SM's 128 x 32 MMA, B200's choice for few rows per group), and the
-    derived backward kernel of a GroupedLinear, which reads dL/dD per group as C, on a pair."""
+    one SM's, swapped (one SM's 128 x 32 MMA, B200's choice for few rows per group), the derived
+    backward kernel of a GroupedLinear, which reads dL/dD per group as C, on a pair, and the
+    block-scaled example (DeepSeek's scales, each group's scale layouts written by the setup
+    kernel) on one SM and on a pair."""
     from gemmgen.testing.grouped import moe_recipe
-    from tests.data.gpu_matrix import derived_grouped_recipe
+    from tests.data.gpu_matrix import ROOT, derived_grouped_recipe, load_recipes
+
+    moe_fp8_block = load_recipes(ROOT / "examples" / "recipes.py")["moe_fp8_block"]
 
     one = gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM, arch=SM100)
     swapped = gg.KernelConfig(tile=(128, 32, 64), schedule=gg.Schedule.ONE_SM, swap_ab=True, arch=SM100)
     pair = gg.KernelConfig(tile=(256, 128, 64), **TWO_SM)  # type: ignore[arg-type]
+    block_one = gg.KernelConfig(tile=(128, 128, 128), schedule=gg.Schedule.ONE_SM, arch=SM100)
+    block_pair = gg.KernelConfig(tile=(256, 128, 128), **TWO_SM)  # type: ignore[arg-type]
     return {"one_sm": (moe_recipe(), one), "swapped": (moe_recipe(), swapped),
-            "reads_c": (derived_grouped_recipe(), pair)}
+            "reads_c": (derived_grouped_recipe(), pair), "block_scaled": (moe_fp8_block, block_one),
+            "block_scaled_pair": (moe_fp8_block, block_pair)}

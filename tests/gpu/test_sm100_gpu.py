@@ -2,7 +2,8 @@
 elsewhere): each example the sm100 emitter builds at its sm_100a default, on a pair of SMs and
 swapped for a decode step (`tests/data/gpu_matrix.py`'s `sm100_gpu_matrix`), against the recipe's
 reference on exact and random tiers, odd sizes with K tails, M = 1, a batch, padded leading
-dimensions and NaN-filled outputs; the grouped example under the same configs; and the op choosing
+dimensions and NaN-filled outputs; the grouped examples (moe_up, block-scaled moe_fp8_block) under
+the same configs; and the op choosing
 sm_100a kernels on the device. Kernels come from the GPU check's bundle on the GPU machine
 (scripts/prepare_gpu_check.sh with GEMMGEN_GPU_ARCHES="sm_90a sm_100a")."""
 
@@ -16,7 +17,7 @@ import torch
 import gemmgen as gg
 from gemmgen.integrations.ops import kernel_for
 from gemmgen.runtime.driver import current_arch
-from gemmgen.testing.grouped import moe_recipe
+from gemmgen.testing.grouped import block_grouped_inputs, moe_recipe
 from tests.data.gpu_matrix import SM100_OP_PROBLEM, sm100_gpu_matrix
 from tests.gpu.common import as_tuple, check_kernels, compare, inputs
 
@@ -55,7 +56,7 @@ def test_grouped_matches_reference(gen, rows, offsets):
     and over several tiles; rows in no group stay NaN."""
     recipe = moe_recipe()
     groups, n, k = len(offsets), 136, 264
-    for config in (c for r, c in sm100_gpu_matrix() if r.ir.gemm.grouped):
+    for config in (c for r, c in sm100_gpu_matrix() if r.name == "moe_up"):
         kernel = recipe.compile(config)
         a = torch.randn(rows, k, device="cuda", generator=gen).bfloat16()
         b = torch.randn(groups, n, k, device="cuda", generator=gen).bfloat16().transpose(1, 2)
@@ -68,6 +69,27 @@ def test_grouped_matches_reference(gen, rows, offsets):
         want = recipe.reference(a, b, offs, bias=bias, weight=weight).float()
         assert want.nan_to_num().abs().max() > 0
         torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True, msg=config.name)
+
+
+@pytest.mark.parametrize("shape, offsets", [
+    ((37, 304, 136, 4), (5, 5, 20, 30)),  # an empty group, rows after the last; K and N tails
+    ((1000, 528, 264, 8), (90, 90, 333, 334, 600, 700, 999, 1000)),  # tiles per group, M = 1
+], ids=["gaps", "large"])
+def test_block_scaled_groups_match_reference(shape, offsets):
+    """moe_fp8_block's sm_100a kernels (one SM, a pair, swapped; each group's scale layouts written
+    by the setup kernel) against the reference (fp32 on the CPU), output pre-filled with NaN."""
+    rows, k, n, groups = shape
+    for recipe, config in ((r, c) for r, c in sm100_gpu_matrix() if r.name == "moe_fp8_block"):
+        kernel = recipe.compile(config)
+        a, b, offs, ops, _, _ = block_grouped_inputs(rows, k, n, groups, offsets)
+        a, b, offs = a.cuda(), b.cuda(), offs.cuda()
+        ops = {name: v.cuda() for name, v in ops.items()}
+        want = recipe.reference(a, b, offs, **ops).float().cpu()
+        assert want.nan_to_num().abs().sum() > 0
+        out = torch.full((rows, n), float("nan"), device="cuda").bfloat16()
+        kernel(a, b, offs, **ops, out=out)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float().cpu(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True, msg=config.name)
 
 
 def test_the_op_launches_sm100_kernels_on_the_device(gen):

@@ -10,19 +10,19 @@ import torch
 
 import gemmgen as gg
 from gemmgen.errors import InvalidArgument
-from gemmgen.ir.reference import group_bounds, reference
-from gemmgen.runtime.grouped import SETUP, BufferLayout, GroupedKernel
+from gemmgen.ir.reference import group_bounds
+from gemmgen.runtime.grouped import SETUP, BufferLayout
 from gemmgen.testing.checks import uncompiled
-from gemmgen.testing.emulate import emulate_grouped, fill_groups
+from gemmgen.testing.emulate import fill_groups
 from gemmgen.testing.grouped import (
     block_grouped_inputs,
     cpu_grouped_kernel,
+    emulated_block_moe,
     emulated_moe,
     grouped_inputs,
     moe_recipe,
     params_field,
 )
-from gemmgen.testing.recording import RecordingEncoder
 from tests.data.gpu_matrix import (
     BLOCK_GROUPED_CONFIGS,
     GROUPED_CONFIGS,
@@ -275,19 +275,9 @@ def test_emulated_block_scaled_groups_compute_the_recipe(block_kernels, index, s
     group A, B and both scales through their pointer arrays, laid out as CUTLASS's main loop lays
     them out from the group's shape), against the reference; rows in no group stay NaN. And the
     result against the unquantized layer: within fp8's precision."""
-    block_kernel = block_kernels[index]
-    rows, k, n, groups = shape
-    a, b, offs, ops, x, w = block_grouped_inputs(rows, k, n, groups, offsets)
-    enc = RecordingEncoder()
-    kernel = GroupedKernel(block_kernel, encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
-    out = torch.full((rows, n), float("nan")).bfloat16()
-    p = kernel.prepare(a, b, offs, **ops, out=out)
-    assert p.setup is not None and p.params is not None and p.buffer is not None
-    emulate_grouped(block_kernel, p.setup, p.params, enc, [a, b, offs, *ops.values(), out, p.buffer])
-    (want,) = reference(block_kernel.recipe, a, b, ops, offs)
-    want = want.float()
-    assert want.nan_to_num().abs().sum() > 0
-    torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+    rows = shape[0]
+    out, want, ops, x, w = emulated_block_moe(block_kernels[index], shape, offsets)
+    torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
     for g, (start, end) in enumerate(group_bounds(list(offsets), rows)):
         if start < end:
             exact = (x[start:end].double() @ w[g].double().T) * ops["weight"][start:end, None].double()

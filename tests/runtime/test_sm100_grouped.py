@@ -15,7 +15,15 @@ from gemmgen.runtime.grouped_checks import check_grouped_call
 from gemmgen.runtime.problem import TensorArg
 from gemmgen.testing.checks import source_replaced, uncompiled
 from gemmgen.testing.emulate import emulate_grouped
-from gemmgen.testing.grouped import cpu_grouped_kernel, emulated_moe, grouped_inputs, moe_recipe, params_field
+from gemmgen.testing.grouped import (
+    block_grouped_inputs,
+    cpu_grouped_kernel,
+    emulated_block_moe,
+    emulated_moe,
+    grouped_inputs,
+    moe_recipe,
+    params_field,
+)
 from gemmgen.testing.oracle import OracleProgram, build_all, field_bits
 from gemmgen.testing.recording import RecordingEncoder
 from tests.data.sm100 import grouped_value_kernels
@@ -40,6 +48,28 @@ def test_sm100_grouped_kernels_compute_the_recipe(config, shape, offsets):
     group stay NaN."""
     assert gg.codegen.is_valid(config, moe_recipe().ir)
     out, want = emulated_moe(uncompiled(moe_recipe(), config), shape, offsets, sm_count=148)
+    torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+
+
+BLOCK_SCALED = {name: VALUE_KERNELS[name] for name in ("block_scaled", "block_scaled_pair")}
+#: ...and swapped, B200's choice for groups of few rows (each group's rows along the tile's N)
+BLOCK_SCALED["block_scaled_swapped"] = (VALUE_KERNELS["block_scaled"][0], gg.KernelConfig(
+    tile=(128, 32, 128), schedule=gg.Schedule.ONE_SM, swap_ab=True, arch=SM100))
+
+
+@pytest.mark.parametrize("name", BLOCK_SCALED)
+@pytest.mark.parametrize("shape, offsets", [
+    ((37, 304, 136, 4), (5, 5, 20, 30)),  # an empty group, rows after the last group, a K tail
+    ((300, 272, 136, 3), (1, 129, 300)),  # M = 1, groups over several tiles
+])
+def test_sm100_block_scaled_groups_compute_the_recipe(name, shape, offsets):
+    """The block-scaled example on one SM, on a pair and swapped: the setup block turned into the group
+    arrays and the places of each group's scale layouts (which the setup kernel writes with
+    CUTLASS's own function of the group's shape), then per group A, B and both scales as the main
+    loop reads them, against the reference; rows in no group stay NaN."""
+    ck = uncompiled(*BLOCK_SCALED[name])
+    assert "fill_scale_layouts<" in ck.generated.source
+    out, want, *_ = emulated_block_moe(ck, shape, offsets, sm_count=148)
     torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
 
 
@@ -146,18 +176,25 @@ def test_grouped_geometries_without_a_compiled_kernel_match_cutlass(grouped_orac
     kernel_ir = oracle.kernel.kernel_recipe
     args = GroupedArguments(kernel_ir, config)
     rows, depth, n, groups = 1000, 264, 136, 8
-    a, b, offsets, bias, _ = grouped_inputs(rows, depth, n, groups, offsets=(100, 100, 333, 334, 600, 700, 999, 999))
-    ops: dict[str, object] = {"bias": bias}
-    if name == "reads_c":
-        ops["grad_d"] = torch.randn(rows, n + 8).bfloat16()[:, :n]  # rows padded: C's stride is not D's
+    offsets = (100, 100, 333, 334, 600, 700, 999, 999)
+    block_scaled = recipe.ir.gemm.block_scale is not None
+    ops: dict[str, object]
+    if block_scaled:
+        a, b, offs, scales, _, _ = block_grouped_inputs(rows, 272, n, groups, offsets)
+        ops = dict(scales)
     else:
-        ops["weight"] = torch.rand(rows)
-    call = check_grouped_call(recipe.ir, a, b, offsets, ops, require_cuda=False)
+        a, b, offs, bias, _ = grouped_inputs(rows, depth, n, groups, offsets)
+        ops = {"bias": bias}
+        if name == "reads_c":
+            ops["grad_d"] = torch.randn(rows, n + 8).bfloat16()[:, :n]  # rows padded: C's stride is not D's
+        else:
+            ops["weight"] = torch.rand(rows)
+    call = check_grouped_call(recipe.ir, a, b, offs, ops, require_cuda=False)
     d = torch.empty(rows, n).bfloat16()
     columns = args.columns(call, TensorArg(d.data_ptr(), (n, 1, 0)))
     has_c = args.source is not None
     for sm_count, clusters in ((148, 0), (132, 66)):
-        layout = BufferLayout.of(groups, len(columns), sm_count, has_c, SM100)
+        layout = BufferLayout.of(groups, len(columns), sm_count, has_c, SM100, scale_layouts=block_scaled)
         buffer = 1 << 40
         enc = RecordingEncoder()
         v = args.values(call, columns, buffer, layout, sm_count, clusters, 0, enc, n)
@@ -170,6 +207,11 @@ def test_grouped_geometries_without_a_compiled_kernel_match_cutlass(grouped_orac
                      for b in oracle.kernel.epilogue.bindings if b.kind in ("row", "col")}}
         if has_c:
             values.update({"c.array": v["epilogue.ptr_c"], "c.strides": v["epilogue.stride_c"]})
+        if block_scaled:  # each group's scale layouts: in the buffer, after the arrays the setup fills
+            at_a, at_b = (int(v[f"mainloop.layout_sf{x}"]) - buffer for x in "ab")
+            assert layout.table < at_a < at_b < layout.size, (at_a, at_b)
+            values.update({f"sf{x}.{part}": v[f"mainloop.{field}_sf{x}"] for x in "ab"
+                           for part, field in (("array", "ptr"), ("layouts", "layout"))})
         expected = oracle.run_argv(oracle.grouped_argv(values))
         assert expected.can_implement
         assert {c.addr: c.as_dict() for c in enc.calls} == \

@@ -22,6 +22,7 @@ from ..fields import (
     desc,
     group_problem,
     group_scheduler,
+    grouped_block_scale_fields,
     hw_info,
     stream_k_scheduler,
 )
@@ -41,12 +42,14 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
           ParamField("mainloop.tma_a_fallback", desc(f"{m}.tma_load_a_fallback"), "desc"),
           ParamField("mainloop.tma_b_fallback", desc(f"{m}.tma_load_b_fallback"), "desc")]
     f += [ParamField(f"mainloop.cluster_shape_fallback.{a}", f"{m}.cluster_shape_fallback.{a}", "u32") for a in "xyz"]
-    if recipe.gemm.block_scale is not None:  # read with cp.async: no tensor maps
+    if recipe.gemm.block_scale is not None and not grouped:  # read with cp.async: no tensor maps
         f += block_scale_fields((False, False))
     if grouped:  # the per-SM copies of the maps it rewrites, and the per-group arrays
         f += [ParamField("mainloop.tensormaps", f"{m}.tensormaps", "ptr"),
               ParamField("mainloop.ptr_a", f"{m}.ptr_A", "ptr"), ParamField("mainloop.stride_a", f"{m}.dA", "ptr"),
               ParamField("mainloop.ptr_b", f"{m}.ptr_B", "ptr"), ParamField("mainloop.stride_b", f"{m}.dB", "ptr")]
+        if recipe.gemm.block_scale is not None:  # per group: the scales' address and layout (read on the GPU)
+            f += grouped_block_scale_fields(m)
     for b in epilogue.bindings:
         f += binding_fields(b)
     e = "{p}.epilogue"

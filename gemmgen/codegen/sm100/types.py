@@ -52,7 +52,18 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         problem_shape=problem_shape(recipe), stride_c=stride_c, stride_d=stride_d,
         tile_scheduler=("cutlass::gemm::StreamKScheduler" if config.tile_scheduler is TileScheduler.STREAM_K
                         else "void"),
+        setup_fill=setup_fill(recipe, f"gemmgen_{kernel_id(recipe, config)}"),
         stage_count=stage_count, epilogue_decls=epi.decls, callbacks=epi.callbacks, types_template=TYPES_TEMPLATE)
+
+
+def setup_fill(recipe: RecipeIR, namespace: str) -> str:
+    """What a grouped kernel's setup kernel runs per group (gemmgen/grouped.hpp): the shapes and
+    per-group arrays, and for block scales each group's scale layouts, which sm100's grouped
+    blockwise main loop reads (`runtime.grouped.BufferLayout` places them)."""
+    if recipe.gemm.grouped and recipe.gemm.block_scale is not None:
+        types = ", ".join(f"{namespace}::{t}" for t in ("ScaleConfig", "LayoutSFA", "LayoutSFB"))
+        return f"gemmgen::grouped::fill_scale_layouts<{types}>"
+    return "gemmgen::grouped::fill"
 
 
 def kernel_schedule(schedule: Schedule, grouped: bool = False, block_scaled: bool = False) -> str:
@@ -66,11 +77,17 @@ def kernel_schedule(schedule: Schedule, grouped: bool = False, block_scaled: boo
 
 
 def _block_scale_types(recipe: RecipeIR) -> tuple[list[tuple[str, str]], tuple[str, str]]:
-    """The scale layouts' declarations (CUTLASS's Sm100BlockwiseScaleConfig, both M/N-major as
-    `GemmSpec.scale_layouts` has them for one GEMM), and the main loop's (layout, scale layout) of A
-    and B as the blockwise builder takes them (each operand's layout alone without block scales)."""
-    g = recipe.gemm.block_scale
+    """The scale layouts' declarations (CUTLASS's Sm100BlockwiseScaleConfig, M/N-major for one GEMM
+    and K-major for a grouped one, as `GemmSpec.scale_layouts` has them), and the main loop's
+    (layout, scale layout) of A and B as the blockwise builder takes them (each operand's layout
+    alone without block scales); a grouped kernel's scale layouts are per group, as its strides."""
+    gemm = recipe.gemm
+    g = gemm.block_scale
     if g is None:
         return [], ("LayoutA", "LayoutB")
-    decls = block_scale_decls(f"cutlass::detail::Sm100BlockwiseScaleConfig<{g[0]}, {g[1]}, {g[2]}>")
-    return decls, ("cute::tuple<LayoutA, LayoutSFA>", "cute::tuple<LayoutB, LayoutSFB>")
+    config = f"{g[0]}, {g[1]}, {g[2]}"
+    if gemm.grouped:
+        config += ", cute::UMMA::Major::K, cute::UMMA::Major::K"
+    decls = block_scale_decls(f"cutlass::detail::Sm100BlockwiseScaleConfig<{config}>")
+    per_group = " *" if gemm.grouped else ""
+    return decls, (f"cute::tuple<LayoutA, LayoutSFA{per_group}>", f"cute::tuple<LayoutB, LayoutSFB{per_group}>")

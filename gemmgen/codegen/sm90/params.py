@@ -14,6 +14,7 @@ from ..fields import (
     divmod_u64,
     group_problem,
     group_scheduler,
+    grouped_block_scale_fields,
     hw_info,
     stream_k_scheduler,
 )
@@ -80,11 +81,8 @@ def _grouped_fields(recipe: RecipeIR, epilogue: EpilogueCode) -> tuple[ParamFiel
           ParamField("mainloop.tensormaps", f"{m}.tensormaps", "ptr"),
           ParamField("mainloop.ptr_a", f"{m}.ptr_A", "ptr"), ParamField("mainloop.stride_a", f"{m}.dA", "ptr"),
           ParamField("mainloop.ptr_b", f"{m}.ptr_B", "ptr"), ParamField("mainloop.stride_b", f"{m}.dB", "ptr")]
-    if recipe.gemm.block_scale is not None:
-        # per-group arrays of the scales' addresses and layouts; the main loop derives each group's
-        # (compact, K-major) scale layout from its shape and never reads layout_SFA/SFB on the device
-        f += [ParamField(f"mainloop.{part}_sf{x}", f"{m}.{part}_SF{x.upper()}", "ptr")
-              for x in "ab" for part in ("ptr", "layout")]
+    if recipe.gemm.block_scale is not None:  # sm90's main loop derives each group's scale layout from its shape
+        f += grouped_block_scale_fields(m)
     elif recipe.gemm.fp8:
         f.append(ParamField("mainloop.mma_promotion_interval", f"{m}.mma_promotion_interval", "u32"))
     for b in epilogue.bindings:

@@ -52,7 +52,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         stride_a=_stride_pair("A", g), stride_b=_stride_pair("B", g),
         stride_c=stride_c, stride_d=stride_d,
         tile_scheduler=tile_scheduler(config.tile_scheduler, g.grouped), epilogue_decls=epi.decls,
-        callbacks=epi.callbacks,
+        callbacks=epi.callbacks, setup_fill="gemmgen::grouped::fill",  # sm90's main loop derives the scale layouts
         collectives=COLLECTIVES[collectives], types_template=TYPES_TEMPLATE,
         # the builder's choices: two consumer warp groups side by side in M for the cooperative
         # schedule; TMA multicast for an operand when the cluster spans the other dimension

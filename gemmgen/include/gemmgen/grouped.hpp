@@ -2,11 +2,16 @@
 // group offsets, one thread per group, so that the host never reads them: no synchronization, and
 // the two launches (this one, then the GEMM) can be captured in a CUDA graph. The nvcc host oracle
 // runs the same `fill` on the CPU; gemmgen/runtime/grouped.py writes `Setup` and reads the arrays.
+// A block-scaled sm100 kernel's setup also writes each group's scale layouts (`fill_scale_layouts`).
 #pragma once
+
+#include <cute/layout.hpp>
 
 namespace gemmgen::grouped {
 
 constexpr int MaxColumns = 18;
+// A compact K-major blockwise scale layout (Sm1xxBlockwiseScaleConfig's): five int32 extents and strides.
+constexpr int ScaleLayoutBytes = 20;
 
 // Group g's rows of A are [first, end): it ends at offsets[g] and starts where the groups before
 // it end, each clamped to [0, rows] (reference.group_bounds). Whatever the offsets hold, no row is
@@ -25,8 +30,10 @@ struct Setup {
   long long base[MaxColumns];
   long long per_row[MaxColumns];
   long long per_group[MaxColumns];
+  // where fill_scale_layouts writes each group's scale layouts of A and B (null for `fill`)
+  void* scale_layouts[2];
 };
-static_assert(sizeof(Setup) == 48 + 3 * 8 * MaxColumns, "gemmgen/runtime/grouped.py packs Setup by hand");
+static_assert(sizeof(Setup) == 48 + 3 * 8 * MaxColumns + 16, "gemmgen/runtime/grouped.py packs Setup by hand");
 
 CUTLASS_HOST_DEVICE int clamp_row(int offset, int lo, int rows) {
   return offset < lo ? lo : (offset > rows ? rows : offset);
@@ -44,6 +51,18 @@ CUTLASS_HOST_DEVICE void fill(Setup const& s, int g) {
   for (int c = 0; c < s.columns; ++c) {
     s.table[c * s.groups + g] = s.base[c] + s.per_row[c] * first + s.per_group[c] * g;
   }
+}
+
+// `fill`, and each group's scale layouts as CUTLASS's blockwise scale config derives them from the
+// group's (M, N, K): sm100's grouped blockwise main loop reads them per group (sm90's derives them).
+template <class ScaleConfig, class LayoutSFA, class LayoutSFB>
+CUTLASS_HOST_DEVICE void fill_scale_layouts(Setup const& s, int g) {
+  static_assert(sizeof(LayoutSFA) == ScaleLayoutBytes && sizeof(LayoutSFB) == ScaleLayoutBytes,
+                "gemmgen/runtime/grouped.py sizes the layout arrays by ScaleLayoutBytes");
+  fill(s, g);
+  auto const shape = cute::make_shape(s.shapes[3 * g + 0], s.shapes[3 * g + 1], s.shapes[3 * g + 2], 1);
+  static_cast<LayoutSFA*>(s.scale_layouts[0])[g] = ScaleConfig::tile_atom_to_shape_SFA(shape);
+  static_cast<LayoutSFB*>(s.scale_layouts[1])[g] = ScaleConfig::tile_atom_to_shape_SFB(shape);
 }
 
 }  // namespace gemmgen::grouped

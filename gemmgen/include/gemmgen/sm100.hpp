@@ -14,5 +14,6 @@
 #include <cutlass/gemm/collective/sm100_mma_warpspecialized.hpp>
 #include <cutlass/gemm/collective/sm100_mma_array_warpspecialized.hpp>  // grouped (pointer-array) kernels
 #include <cutlass/gemm/collective/sm100_mma_warpspecialized_blockwise_scaling.hpp>  // block-scaled fp8
+#include <cutlass/gemm/collective/sm100_mma_array_warpspecialized_blockwise_scaling.hpp>  // ...grouped
 #include <cutlass/gemm/collective/builders/sm100_umma_builder.inl>
 #include <cutlass/gemm/collective/builders/sm100_blockwise_umma_builder.inl>
