@@ -48,7 +48,9 @@ def test_the_probed_params_layout_has_every_sm100_field(sm100_kernels):
         assert set(layout) == {f.name for f in k.generated.fields}, name
         maps = sorted(o for n, (o, size) in layout.items() if size == 128)
         assert all(o % 64 == 0 for o in maps) and len(set(maps)) == len(maps), name
-        scheduler = "scheduler.blocks_across_problem" if k.recipe.gemm.grouped else "scheduler.problem_tiles_m"
+        scheduler = ("scheduler.blocks_across_problem" if k.recipe.gemm.grouped else
+                     "scheduler.clc.problem_tiles_m" if k.config.tile_scheduler is gg.TileScheduler.STREAM_K else
+                     "scheduler.problem_tiles_m")
         assert {"mainloop.tma_a", "mainloop.tma_b", "mainloop.tma_a_fallback", "mainloop.tma_b_fallback",
                 "epilogue.tma_d", scheduler, "hw_info.sm_count"} <= set(layout), name
         end = max(o + size for o, size in layout.values())

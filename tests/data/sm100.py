@@ -14,9 +14,10 @@ SM100_KERNELS: dict[str, gg.KernelConfig | None] = {
     "scaled_mm_fp8": gg.KernelConfig(tile=(256, 128, 128), **TWO_SM),  # type: ignore[arg-type]
     # column-major A, an aux output through shared memory (sm100's aux store descriptor) and an amax
     "bias_gelu_aux": gg.KernelConfig(tile=(256, 128, 64), **TWO_SM),  # type: ignore[arg-type]
-    # C read through TMA, fp32 reductions over N, CUTLASS's sm100 stream-K scheduler, on a pair
-    "residual_norm_stats": gg.KernelConfig(tile=(256, 128, 64), tile_scheduler=gg.TileScheduler.STREAM_K,
-                                           **TWO_SM),  # type: ignore[arg-type]
+    # C read through TMA, fp32 reductions over N, CUTLASS's sm100 stream-K scheduler (on a pair in a
+    # 2 x 2 cluster by value: VALUE_CONFIGS), one SM
+    "residual_norm_stats": gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM,
+                                           tile_scheduler=gg.TileScheduler.STREAM_K, arch=gg.Arch.SM100A),
     # fp8 with DeepSeek's block scales (CUTLASS's blockwise main loop, scales read with cp.async), one SM
     "fp8_block_scaled": None,
     # grouped (pointer-array) on a pair of SMs: per-group maps rewritten on the GPU, the group scheduler

@@ -226,7 +226,9 @@ def test_a_derived_backward_reading_c_matches_cutlass_and_computes_the_recipe(de
 def test_setup_kernel_arithmetic_on_the_host(tmp_path):
     """gemmgen/include/gemmgen/grouped.hpp's `fill`, compiled for the host by nvcc, against
     group_bounds and the column formula, for offsets that are sorted, decreasing and out of range,
-    unswapped and swapped (the problem (N, M_g, K))."""
+    unswapped and swapped (the problem (N, M_g, K)); and `fill_scale_layouts` (sm100's grouped
+    blockwise kernels) for DeepSeek's K-major scales: each group's layouts, CUTLASS's of the group's
+    shape, in ScaleLayoutBytes each (its static_assert: SCALE_LAYOUT_BYTES, which sizes the arrays)."""
     from gemmgen.compile.toolchain import toolchain
     from gemmgen.testing.oracle import nvcc_path
 
@@ -235,17 +237,25 @@ def test_setup_kernel_arithmetic_on_the_host(tmp_path):
 #include <cstdio>
 #include <cstdlib>
 #include <cutlass/cutlass.h>
+#include <cutlass/detail/blockwise_scale_layout.hpp>
 #include <gemmgen/grouped.hpp>
+using Config = cutlass::detail::Sm100BlockwiseScaleConfig<1, 128, 128, cute::UMMA::Major::K, cute::UMMA::Major::K>;
+using LayoutSFA = decltype(Config::deduce_layoutSFA());
+using LayoutSFB = decltype(Config::deduce_layoutSFB());
 int main(int argc, char** argv) {
-  int groups = argc - 3, offsets[64], shapes[3 * 64];
+  int groups = argc - 3, offsets[64], shapes[3 * 64], layouts[2][5 * 64];
   long long table[3 * 64];
   for (int g = 0; g < groups; ++g) offsets[g] = std::atoi(argv[g + 3]);
-  gemmgen::grouped::Setup s{offsets, shapes, table, groups, std::atoi(argv[2]), 48, 64, 3, std::atoi(argv[1]),
-                            {1000, 7, 5}, {24, 0, 0}, {0, 1 << 20, 0}};
-  for (int g = 0; g < groups; ++g) gemmgen::grouped::fill(s, g);
-  for (int g = 0; g < groups; ++g)
-    std::printf("%d %d %d %lld %lld %lld\n", shapes[3 * g], shapes[3 * g + 1], shapes[3 * g + 2], table[g],
+  gemmgen::grouped::Setup s{offsets, shapes, table, groups, std::atoi(argv[2]), 48, 300, 3, std::atoi(argv[1]),
+                            {1000, 7, 5}, {24, 0, 0}, {0, 1 << 20, 0}, {layouts[0], layouts[1]}};
+  for (int g = 0; g < groups; ++g) gemmgen::grouped::fill_scale_layouts<Config, LayoutSFA, LayoutSFB>(s, g);
+  for (int g = 0; g < groups; ++g) {
+    std::printf("%d %d %d %lld %lld %lld", shapes[3 * g], shapes[3 * g + 1], shapes[3 * g + 2], table[g],
                 table[groups + g], table[2 * groups + g]);
+    for (int x = 0; x < 2; ++x)
+      for (int i = 0; i < 5; ++i) std::printf(" %d", layouts[x][5 * g + i]);
+    std::printf("\n");
+  }
 }
 ''')
     exe = tmp_path / "fill"
@@ -258,12 +268,17 @@ int main(int argc, char** argv) {
             out = subprocess.run([str(exe), str(swapped), str(rows), *map(str, offsets)], check=True,
                                  capture_output=True, text=True).stdout.split("\n")
             pad = [0] * (MAX_COLUMNS - 3)  # ...and emulate.fill_groups, which the emulation runs, agrees
-            shapes, table = fill_groups((0, 0, 0, len(offsets), rows, 48, 64, 3, swapped, 1000, 7, 5, *pad,
+            shapes, table = fill_groups((0, 0, 0, len(offsets), rows, 48, 300, 3, swapped, 1000, 7, 5, *pad,
                                          24, 0, 0, *pad, 0, 1 << 20, 0, *pad), offsets)
             for g, (start, end) in enumerate(group_bounds(offsets, rows)):
-                shape = [48, end - start, 64] if swapped else [end - start, 48, 64]
+                shape = [48, end - start, 300] if swapped else [end - start, 48, 300]
                 columns = [1000 + 24 * start, 7 + (1 << 20) * g, 5]
-                assert list(map(int, out[g].split())) == [*shape, *columns] == [*shapes[g], *table[g]]
+                # K-major (blocks of M or N, blocks of K, L; the M or N blocks' stride, L's): A per row,
+                # B per 128 columns, 3 blocks of K
+                blocks_a, blocks_b = shape[0], -(-shape[1] // 128)
+                layouts = [blocks_a, 3, 1, 3, 3 * blocks_a, blocks_b, 3, 1, 3, 3 * blocks_b]
+                assert list(map(int, out[g].split())) == [*shape, *columns, *layouts]
+                assert [*shape, *columns] == [*shapes[g], *table[g]]
 
 
 @pytest.mark.oracle

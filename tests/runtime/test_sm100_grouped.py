@@ -89,13 +89,15 @@ def test_sm100_grouped_kernels_are_cutlass_pointer_array_kernels():
     assert "KernelPtrArrayTmaWarpSpecialized1SmSm100" in render_kernel(moe_recipe().ir, ONE).source
 
 
-def test_b200_chooses_a_grouped_kernel_by_rows_per_group():
-    recipe = moe_recipe().ir
+@pytest.mark.parametrize("recipe", [moe_recipe().ir, VALUE_KERNELS["block_scaled"][0].ir], ids=["bf16", "block"])
+def test_b200_chooses_a_grouped_kernel_by_rows_per_group(recipe):
+    """One SM's 128 x 128 for many rows per group, swapped 128 x 32 for few (tile K 128 bytes: the
+    block scales' K for DeepSeek's fp8), and valid autotune candidates."""
     many = gg.tuning.grouped_choice(recipe, 4096, 8, SM100).config
     few = gg.tuning.grouped_choice(recipe, 64, 8, SM100).config
     assert many == gg.config.default_config(recipe, SM100) and not many.swap_ab
     assert few.swap_ab and few.arch is SM100 and few.schedule is gg.Schedule.ONE_SM and few.tile[:2] == (128, 32)
-    assert gg.codegen.is_valid(few, recipe)
+    assert gg.codegen.is_valid(few, recipe) and few.tile[2] == 128 // recipe.gemm.a.nbytes
     candidates = gg.tuning.tuner.candidates(recipe, 4096, 512, 1024, 8, arch=SM100)
     assert len(candidates) >= 3 and all(c.arch is SM100 and gg.codegen.is_valid(c, recipe) for c in candidates)
 
