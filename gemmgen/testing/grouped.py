@@ -10,11 +10,12 @@ import torch
 
 from ..compile import CompiledKernel
 from ..dsl import ColVector, Recipe, RowVector, pairs, silu
-from ..ir.reference import group_bounds
+from ..ir.reference import group_bounds, reference
 from ..nn import interleave_pairs
 from ..runtime.grouped import GroupedKernel
 from ..runtime.quantize import quantize_blockwise
 from ..types import ColMajor, bf16, f32
+from .emulate import emulate_grouped
 from .recording import RecordingEncoder
 
 #: examples/recipes.py's moe_up: an MoE expert layer with a per-expert bias, SiLU, then each token's
@@ -74,8 +75,6 @@ def emulated_moe(kernel: CompiledKernel, shape: tuple[int, int, int, int], offse
     """(D as the emulated setup kernel and GEMM write it, the fp32 reference) for one call of a
     moe_up kernel on (rows, K, N, groups) with A's rows 8 apart from K (A's and B's strides
     differ) and D pre-filled with NaN."""
-    from .emulate import emulate_grouped
-
     enc = RecordingEncoder()
     k = GroupedKernel(kernel, encoder=enc, hardware=lambda i: (sm_count, 0), require_cuda=False)
     rows, depth, n, groups = shape
@@ -95,9 +94,6 @@ def emulated_block_moe(kernel: CompiledKernel, shape: tuple[int, int, int, int],
                                                      torch.Tensor, torch.Tensor]:
     """`emulated_moe` for a moe_fp8_block kernel (`block_grouped_inputs`): (D as emulated, the fp32
     reference, the operands, the unquantized tokens and weights)."""
-    from ..ir.reference import reference
-    from .emulate import emulate_grouped
-
     rows, k, n, groups = shape
     a, b, offs, ops, x, w = block_grouped_inputs(rows, k, n, groups, offsets)
     enc = RecordingEncoder()
