@@ -47,15 +47,14 @@ VALUE_CONFIGS = {
     "swapped_per_batch": ("swapped", gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM,
                                                      swap_ab=True, arch=SM100)),
     "block_scaled_pair": ("fp8_block_scaled", gg.KernelConfig(tile=(256, 128, 128), **TWO_SM)),  # type: ignore[arg-type]
-    # CUTLASS's sm100 stream-K scheduler: one SM's, and on pairs in a 2 x 2 cluster after C and two
-    # reductions' workspace (STREAM_K_VALUE_CONFIGS: also split counts and both reduction orders)
-    "stream_k_one_sm": ("bias_gelu", gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM,
-                                                     tile_scheduler=gg.TileScheduler.STREAM_K, arch=SM100)),
+    # CUTLASS's sm100 stream-K scheduler on pairs in a 2 x 2 cluster after C and two reductions'
+    # workspace (STREAM_K_ORACLES: also split counts and both reduction orders)
     "stream_k_pair": ("residual_norm_stats", gg.KernelConfig(tile=(256, 128, 64), cluster=(2, 2, 1),
                                                              schedule=gg.Schedule.TWO_SM,
                                                              tile_scheduler=gg.TileScheduler.STREAM_K, arch=SM100)),
 }
-STREAM_K_VALUE_CONFIGS = ("stream_k_one_sm", "stream_k_pair")
+#: The sm100 oracles whose stream-K decompositions are checked: the compiled one SM's, and the pair.
+STREAM_K_ORACLES = ("residual_norm_stats", "stream_k_pair")
 
 
 def grouped_value_kernels() -> dict[str, tuple[gg.Recipe, gg.KernelConfig]]:
@@ -63,7 +62,7 @@ def grouped_value_kernels() -> dict[str, tuple[gg.Recipe, gg.KernelConfig]]:
     one SM's, swapped (one SM's 128 x 32 MMA, B200's choice for few rows per group), the derived
     backward kernel of a GroupedLinear, which reads dL/dD per group as C, on a pair, and the
     block-scaled example (DeepSeek's scales, each group's scale layouts written by the setup
-    kernel) on one SM and on a pair."""
+    kernel) on one SM (on a pair it is emulated: test_sm100_grouped.BLOCK_SCALED)."""
     from gemmgen.testing.grouped import moe_recipe
     from tests.data.gpu_matrix import ROOT, derived_grouped_recipe, load_recipes
 
@@ -73,7 +72,5 @@ def grouped_value_kernels() -> dict[str, tuple[gg.Recipe, gg.KernelConfig]]:
     swapped = gg.KernelConfig(tile=(128, 32, 64), schedule=gg.Schedule.ONE_SM, swap_ab=True, arch=SM100)
     pair = gg.KernelConfig(tile=(256, 128, 64), **TWO_SM)  # type: ignore[arg-type]
     block_one = gg.KernelConfig(tile=(128, 128, 128), schedule=gg.Schedule.ONE_SM, arch=SM100)
-    block_pair = gg.KernelConfig(tile=(256, 128, 128), **TWO_SM)  # type: ignore[arg-type]
     return {"one_sm": (moe_recipe(), one), "swapped": (moe_recipe(), swapped),
-            "reads_c": (derived_grouped_recipe(), pair), "block_scaled": (moe_fp8_block, block_one),
-            "block_scaled_pair": (moe_fp8_block, block_pair)}
+            "reads_c": (derived_grouped_recipe(), pair), "block_scaled": (moe_fp8_block, block_one)}

@@ -51,10 +51,13 @@ def test_sm100_grouped_kernels_compute_the_recipe(config, shape, offsets):
     torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
 
 
-BLOCK_SCALED = {name: VALUE_KERNELS[name] for name in ("block_scaled", "block_scaled_pair")}
-#: ...and swapped, B200's choice for groups of few rows (each group's rows along the tile's N)
-BLOCK_SCALED["block_scaled_swapped"] = (VALUE_KERNELS["block_scaled"][0], gg.KernelConfig(
-    tile=(128, 32, 128), schedule=gg.Schedule.ONE_SM, swap_ab=True, arch=SM100))
+_BLOCK = VALUE_KERNELS["block_scaled"][0]
+#: The block-scaled example on one SM, on a pair and swapped (B200's choice for groups of few rows)
+BLOCK_SCALED = {"block_scaled": VALUE_KERNELS["block_scaled"],
+                "block_scaled_pair": (_BLOCK, gg.KernelConfig(tile=(256, 128, 128), cluster=(2, 1, 1),
+                                                              schedule=gg.Schedule.TWO_SM, arch=SM100)),
+                "block_scaled_swapped": (_BLOCK, gg.KernelConfig(tile=(128, 32, 128), schedule=gg.Schedule.ONE_SM,
+                                                                 swap_ab=True, arch=SM100))}
 
 
 @pytest.mark.parametrize("name", BLOCK_SCALED)

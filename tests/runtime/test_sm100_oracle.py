@@ -15,7 +15,7 @@ from gemmgen.runtime import scheduler
 from gemmgen.runtime.arguments import ArgumentBuilder
 from gemmgen.testing.oracle import OracleProgram, build_all, field_bits
 from gemmgen.testing.recording import RecordingEncoder
-from tests.data.sm100 import STREAM_K_VALUE_CONFIGS, VALUE_CONFIGS
+from tests.data.sm100 import STREAM_K_ORACLES, VALUE_CONFIGS
 from tests.runtime.test_oracle import PROBLEMS, STREAM_K_PROBLEMS, WORKSPACE, _check, kernel_problem
 
 pytestmark = pytest.mark.oracle
@@ -98,7 +98,7 @@ def _check_values(oracle: OracleProgram, p, where: str) -> None:
 
 
 @pytest.mark.parametrize("sm_count, max_active_clusters", [(148, 0), (132, 0), (148, 37), (114, 0), (16, 0)])
-@pytest.mark.parametrize("name", STREAM_K_VALUE_CONFIGS)
+@pytest.mark.parametrize("name", STREAM_K_ORACLES)
 def test_sm100_stream_k_decompositions_match_cutlass(sm100_oracles, name, sm_count, max_active_clusters):
     """CUTLASS's sm100 stream-K scheduler (sm90's stream-K Params with a wave of every SM, beside
     sm100's): data-parallel, split-K and stream-K problems, their grid (waves of stream-K units, or
