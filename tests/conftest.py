@@ -148,11 +148,22 @@ def _built(pool: Background, phase: str, pairs, cache) -> list:
 
 @pytest.fixture(scope="session")
 def compiled(session_pool, session_cache, examples, extra):
-    """Every example kernel plus the extra-coverage kernels, by recipe name."""
+    """The kernels of tests/data/session_kernels.COMPILED, by recipe name."""
     from tests.data.session_kernels import compiled_pairs
 
     pairs = compiled_pairs(examples, extra)
     return {r.name: k for (r, _), k in zip(pairs, _built(session_pool, "compiled", pairs, session_cache), strict=True)}
+
+
+@pytest.fixture(scope="session")
+def recipe_kernels(compiled, examples, extra):
+    """Every example and coverage recipe's kernel under its default, by recipe name: the compiled
+    one where the session compiles it (`compiled`), else the rendered one (`testing.checks.uncompiled`:
+    its source and Params fields, no cubin), for the checks of arguments and data flow."""
+    from gemmgen.testing.checks import uncompiled
+    from tests.data.session_kernels import recipe_pairs
+
+    return {r.name: compiled.get(r.name) or uncompiled(r, c) for r, c in recipe_pairs(examples, extra)}
 
 
 @pytest.fixture(scope="session")

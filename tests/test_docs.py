@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.data import ROOT
+from tests.data.session_kernels import keep_compiled_examples
 
 pytestmark = pytest.mark.nvrtc  # the README's example loads a compiled kernel
 
@@ -68,20 +69,19 @@ def _commands(page: Path) -> list[list[str]]:
 
 
 def _keep_compiled_shapes(path: Path) -> None:
-    """The copy's shapes file cut to the shapes that launch their recipe's default config (the
-    session compiled those): `gemmgen build --shapes` then runs its whole path on the session's
-    kernels instead of compiling five more (three minutes of CI); what each shape chooses is
-    tests/tuning's to check."""
+    """The copy's shapes file cut to the shapes that launch the default config of a recipe the copy
+    keeps (the session compiled those): `gemmgen build --shapes` then runs its whole path on the
+    session's kernels instead of compiling five more (three minutes of CI); what each shape
+    chooses is tests/tuning's to check."""
     import json
 
     from gemmgen.aot import load_recipes
     from gemmgen.tuning import config_for
-    from tests.data import EXAMPLES
 
-    recipes = load_recipes(EXAMPLES)
+    recipes = load_recipes(path.parent / "recipes.py")
     shapes = json.loads(path.read_text())
     kept = {name: [s for s in problems if config_for(recipes[name], *s) == recipes[name].default_config()]
-            for name, problems in shapes.items() if not name.startswith("_")}
+            for name, problems in shapes.items() if name in recipes}
     kept = {name: problems for name, problems in kept.items() if problems}
     assert kept, f"no shape of {path.name} launches a recipe's default config"
     path.write_text(json.dumps(kept))
@@ -92,6 +92,7 @@ def test_bash_blocks_run_or_name_what_exists(page, doc_env, tmp_path, monkeypatc
     from gemmgen.cli import main
 
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    keep_compiled_examples(tmp_path / "examples" / "recipes.py")
     _keep_compiled_shapes(tmp_path / "examples" / "llm_shapes.json")
     monkeypatch.chdir(tmp_path)
     for argv in _commands(page):

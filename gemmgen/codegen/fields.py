@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..ir import Columns
+from ..config import Arch, KernelConfig
+from ..ir import Columns, RecipeIR
 from ..types import DType
 
 #: The bindings of pairs.hpp's register visitors, by the width of the tensor they read (two: a
@@ -131,6 +132,13 @@ def grouped_block_scale_fields(m: str) -> list[ParamField]:
     sm90's derives each group's from its shape."""
     return [ParamField(f"mainloop.{part}_sf{x}", f"{m}.{part}_SF{x.upper()}", "ptr")
             for x in "ab" for part in ("ptr", "layout")]
+
+
+def reads_scale_layouts(recipe: RecipeIR, config: KernelConfig) -> bool:
+    """Whether a grouped kernel's main loop reads each group's scale layouts from memory (sm100's
+    blockwise one; sm90's derives them from the group's shape): its setup kernel then writes them
+    (grouped.hpp's `fill_scale_layouts`), after the group table (`runtime.grouped.BufferLayout`)."""
+    return recipe.gemm.grouped and recipe.gemm.block_scale is not None and config.arch is Arch.SM100A
 
 
 def group_problem(name: str, expr: str) -> list[ParamField]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from ..codegen.fields import REGISTER_LOADS, REGISTER_STORES
+from ..codegen.fields import REGISTER_LOADS, REGISTER_STORES, reads_scale_layouts
 from ..config import Arch, KernelConfig
 from ..errors import InvalidArgument
 from ..ir import Columns, EpilogueIR, Operand, RecipeIR
@@ -105,9 +105,7 @@ class GroupedArguments:
         self.recipe, self.tile, self.cluster = recipe, config.tile, config.cluster
         self.arch, self.cta_tile = config.arch, config.cta_tile
         self.swapped = config.swap_ab
-        # the setup also writes each group's scale layouts, which sm100's blockwise main loop reads
-        # (codegen.sm100.types.setup_fill)
-        self.scale_layouts = config.arch is Arch.SM100A and g.block_scale is not None
+        self.scale_layouts = reads_scale_layouts(recipe, config)  # the setup writes them
         epi = recipe.epilogue
         matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX]
         self.source = matrices[0] if matrices else None

@@ -165,6 +165,9 @@ def sm100_plan(m: int, n: int, l: int, tile: tuple[int, int, int], cluster: tupl
 
 MMA_WARP_GROUPS = 2  # sm90's cooperative kernel (stream-K requires it): one tile barrier per warpgroup
 SM100_FIXUP_BARRIERS = 1  # sm100 kernels' NumFixupBarriers: one per tile
+#: Whether a stream-K wave follows GH100's GPC occupancy model, by arch: sm100's scheduler bypasses
+#: it (bypass_sm90_occupancy_calculation), a wave being every SM.
+STREAM_K_OCCUPANCY = {Arch.SM90A: True, Arch.SM100A: False}
 _L2_LINE = 128  # the stream-K workspace's parts are rounded to this
 
 
@@ -224,10 +227,10 @@ def decompose(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, int, int], 
 
 def config_decomposition(cfg: KernelConfig, m: int, n: int, k: int, l: int, sm_count: int,  # noqa: E741
                          max_active_clusters: int = 0) -> Decomposition:
-    """`decompose` for a stream-K config's kernel on a problem in its terms: over the CTA's tile
-    (half a pair's MMA tile), with a wave of every SM on sm_100a (`sm100_stream_k_plan`)."""
+    """`decompose` for a stream-K config's kernel on a problem in its terms, as the kernel's plan
+    decomposes it: over the CTA's tile (half a pair's MMA tile), its arch's waves."""
     return decompose(m, n, -(-k // cfg.tile[2]), l, cfg.cta_tile, cfg.cluster, sm_count, max_active_clusters,
-                     cfg.splits, occupancy=cfg.arch is not Arch.SM100A)
+                     cfg.splits, occupancy=STREAM_K_OCCUPANCY[cfg.arch])
 
 
 @functools.lru_cache(maxsize=1024)
@@ -299,7 +302,7 @@ def sm100_stream_k_plan(m: int, n: int, k_tiles: int, l: int, tile: tuple[int, i
     Z once per split, as cluster launch control hands them out."""
     cta_tile = (tile[0] // mma_ctas, tile[1], tile[2])
     sk = stream_k_plan(m, n, k_tiles, l, cta_tile, cluster, sm_count, max_active_clusters, splits, deterministic,
-                       occupancy=False, fixup_barriers=SM100_FIXUP_BARRIERS)
+                       occupancy=STREAM_K_OCCUPANCY[Arch.SM100A], fixup_barriers=SM100_FIXUP_BARRIERS)
     clc = sm100_plan(m, n, l, tile, cluster, mma_ctas, raster=RASTER_ALONG_M)
     fields = {"scheduler.raster_order": sk.fields["scheduler.raster_order"],
               "scheduler.log_swizzle_size": sk.fields["scheduler.log_swizzle_size"]}

@@ -40,7 +40,7 @@ RANK = textwrap.dedent("""
 
     build.compile_artifact = slow_copy
     import gemmgen
-    recipes = [r for r in load_recipes({examples!r}).values() if r.name in ("gemm_bf16", "bias_gelu", "bias_gelu_aux")]
+    recipes = [r for r in load_recipes({examples!r}).values() if r.name in ("gemm_bf16", "bias_gelu", "qk_norm")]
     kernels = gemmgen.warmup(recipes, jobs=1, cache=KernelCache({root_dir!r}))
     print("OK", [k.origin for k in kernels])
 """)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -19,13 +21,13 @@ from gemmgen.compile.nvrtc import compile_cubin
 from gemmgen.compile.toolchain import toolchain
 from gemmgen.config import DEFAULT_ARCH
 from tests.data import EXAMPLES
+from tests.data.session_kernels import COMPILED, keep_compiled_examples
 
 pytestmark = pytest.mark.nvrtc
 
 
 def test_every_kernel_is_on_the_hopper_path(compiled):
-    assert {"gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination", "bias_gelu_aux",
-            "quick_gelu_scaled", "scaled_mm_fp8", "every_op"} <= set(compiled)
+    assert set(compiled) == set(COMPILED)
     for name, k in compiled.items():
         r = k.report
         assert r.sass is not None, "cuobjdump missing: install nvidia-cuda-cuobjdump/nvdisasm"
@@ -48,6 +50,27 @@ def test_every_kernel_is_on_the_hopper_path(compiled):
         assert k.cubin[:4] == b"\x7fELF"
 
 
+def _named(recipe: gg.Recipe) -> set[str]:
+    """The CUTLASS, CuTe and gemmgen names the source of `recipe`'s default kernel spells, its tile, its
+    cluster and its schedule."""
+    config = recipe.default_config()
+    source = render_kernel(recipe.ir, config).source
+    return set(re.findall(r"\b(?:cutlass|cute|gemmgen)::[\w:]+", source)) | \
+        {f"tile {config.tile}", f"cluster {config.cluster}", f"{config.schedule.value} swap_ab={config.swap_ab}"}
+
+
+def test_the_compiled_kernels_name_everything_the_recipes_sources_name(examples, extra):
+    """The suite compiles the kernels of COMPILED only (tests/data/session_kernels.py): between them
+    they must name every type, tile, cluster and schedule an example's or coverage recipe's kernel
+    names, so that each compiles in some kernel here (the others' arguments, data flow and types are
+    checked without NVRTC). A recipe that brings a new one needs its kernel compiled."""
+    recipes = {**examples, **extra}
+    assert set(COMPILED) < set(recipes)
+    named = {name: _named(r) for name, r in recipes.items()}
+    missing = set().union(*named.values()) - set().union(*(named[n] for n in COMPILED))
+    assert not missing, f"no compiled kernel names {sorted(missing)}: add a recipe naming them to COMPILED"
+
+
 def test_fp8_kernels_promote_into_fp32_every_four_mmas(compiled):
     """The fp8 mainloop's Params field is written by the host like every other (from the list in
     codegen/sm90/params.py: a field left out would be packed as 0); its value is NVRTC's default."""
@@ -61,18 +84,20 @@ def test_fp8_kernels_promote_into_fp32_every_four_mmas(compiled):
 
 def test_block_scaled_kernels_use_the_blockwise_main_loop(compiled):
     """The blockwise fp8 main loop promotes once per K tile times the tile's scales: no promotion
-    interval to write, the scales' pointers and layouts instead, A's scales (128 per tile) loaded
-    with TMA and counted in the stage's transaction bytes, B's (one per tile) with cp.async."""
-    k = compiled["fp8_block_scaled"]
+    interval to write, the scales' pointers and layouts instead. The coverage kernel is swapped: its
+    A is the weight, whose 128 x 128 blocks' scales (one per tile) it reads with cp.async, its B the
+    tokens, whose scales (one per row: 64 per 128 x 64 tile) it loads with TMA and counts in the
+    stage's transaction bytes with B's and A's fp8 tiles."""
+    k = compiled["block_scaled_swapped"]
     defaults = {f.name: default for f, _, default in k.params_layout.fields}
     assert "mainloop.mma_promotion_interval" not in defaults
-    assert {"mainloop.ptr_sfa", "mainloop.ptr_sfb", "mainloop.tma_sfa", "mainloop.layout_sfa.k_stride",
+    assert {"mainloop.ptr_sfa", "mainloop.ptr_sfb", "mainloop.tma_sfb", "mainloop.layout_sfa.k_stride",
             "mainloop.layout_sfb.batch_stride"} <= set(defaults)
-    assert "mainloop.tma_sfb" not in defaults
-    assert defaults["mainloop.tma_transaction_bytes"] == 128 * 128 * 2 + 128 * 4
+    assert "mainloop.tma_sfa" not in defaults
+    assert defaults["mainloop.tma_transaction_bytes"] == 128 * 128 + 64 * 128 + 64 * 4
     assert "MainloopSm90TmaGmmaWarpSpecializedBlockwiseFP8<" in k.source
     assert "KernelTmaWarpSpecializedCooperativeFP8Blockwise" in k.source
-    assert k.report.sass["QGMMA"] > 0 and k.report.sass["UTMALDG"] >= 3  # A, B and A's scales
+    assert k.report.sass["QGMMA"] > 0 and k.report.sass["UTMALDG"] >= 3  # A, B and B's scales
 
 
 def test_smem_estimate_tracks_cutlass(compiled):
@@ -90,15 +115,21 @@ def test_second_build_is_a_cache_hit(compiled, session_cache, examples):
     assert again.report.cached and again.cubin == compiled["bias_gelu"].cubin
 
 
-def test_inspect_json(compiled, session_cache):
-    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "inspect", str(EXAMPLES), "--json", "-j", "1",
+@pytest.fixture
+def examples_file(tmp_path) -> tuple[Path, list[str]]:
+    """A copy of examples/recipes.py cut to the examples the session compiles, and their names."""
+    path = tmp_path / "recipes.py"
+    shutil.copy(EXAMPLES, path)
+    return path, keep_compiled_examples(path)
+
+
+def test_inspect_json(compiled, session_cache, examples_file):
+    path, names = examples_file
+    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "inspect", str(path), "--json", "-j", "1",
                            "--cache-dir", str(session_cache.root)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
-    assert [r["name"] for r in rows] == ["gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination",
-                                         "bias_gelu_aux", "quick_gelu_scaled", "scaled_mm_fp8", "fp8_block_scaled",
-                                         "fp8_quantized", "qk_norm", "residual_norm_stats", "row_col_amax", "swiglu",
-                                         "moe_up", "moe_swiglu", "moe_fp8_block"]
+    assert [r["name"] for r in rows] == names and len(names) >= 8
     for row in rows:
         assert {"name", "registers", "smem_bytes", "local_bytes", "stack_bytes", "sass", "compile_seconds"} <= set(row)
         assert set(row["sass"]) >= {"HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "SYNCS"}
@@ -107,14 +138,15 @@ def test_inspect_json(compiled, session_cache):
 
 
 def test_build_cli_writes_a_bundle_that_loads_anywhere_without_nvrtc(compiled, session_cache, tmp_path,
-                                                                      monkeypatch):
-    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "build", str(EXAMPLES), "-j", "2", "--out",
+                                                                      examples_file, monkeypatch):
+    path, names = examples_file
+    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "build", str(path), "-j", "2", "--out",
                            str(tmp_path / "bundle"), "--cache-dir", str(session_cache.root)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "wrote a bundle of 16 kernel(s)" in proc.stderr and "bias_gelu_aux" in proc.stdout
+    assert f"wrote a bundle of {len(names)} kernel(s)" in proc.stderr and "fp8_quantized" in proc.stdout
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
-    assert manifest["arches"] == ["sm_90a"] and len(manifest["kernels"]) == 16
+    assert manifest["arches"] == ["sm_90a"] and len(manifest["kernels"]) == len(names)
     assert {e["arch"] for e in manifest["kernels"]} == {"sm_90a"}
     assert not list((tmp_path / "bundle").rglob("*.lock"))
     assert str(tmp_path) not in (tmp_path / "bundle" / "manifest.json").read_text()
@@ -135,7 +167,7 @@ def test_build_cli_writes_a_bundle_that_loads_anywhere_without_nvrtc(compiled, s
     monkeypatch.setenv("GEMMGEN_JIT", "0")
     monkeypatch.setenv("GEMMGEN_BUNDLE_PATH", str(moved))
     empty = KernelCache(tmp_path / "empty-cache")
-    for r in load_recipes(EXAMPLES).values():
+    for r in load_recipes(path).values():
         k = build.build_kernel(r.ir, r.default_config(), empty)
         assert k.origin == "bundle" and k.cubin == compiled[r.name].cubin
         assert k.params_layout == compiled[r.name].params_layout

@@ -7,17 +7,18 @@ work leaves a core idle. Each oracle fixture still names its own kernels and wai
 from __future__ import annotations
 
 from gemmgen.codegen import GeneratedKernel, render_kernel
-from tests.data.session_kernels import compiled_pairs, grouped_pairs, sm100_pairs
+from tests.data.session_kernels import grouped_pairs, recipe_pairs, sm100_pairs
 from tests.data.sm100 import VALUE_CONFIGS, grouped_value_kernels
 
 
 def oracle_kernels(examples: dict, extra: dict) -> list[list[GeneratedKernel]]:
     """Grouped (test_grouped_oracle: every grouped kernel the session compiles), dense sm_90a
-    (test_oracle), sm_100a (test_sm100_oracle and test_sm100_grouped: the compiled ones,
-    VALUE_CONFIGS and the grouped ones checked by value)."""
+    (test_oracle: every example and coverage recipe's default, compiled or not), sm_100a
+    (test_sm100_oracle and test_sm100_grouped: the compiled ones, VALUE_CONFIGS and the grouped ones
+    checked by value)."""
     recipes = {**examples, **extra}
     grouped = [p for pairs in grouped_pairs(examples).values() for p in pairs]
-    dense = [(r, c) for r, c in compiled_pairs(examples, extra) if not r.ir.gemm.grouped]
+    dense = [(r, c) for r, c in recipe_pairs(examples, extra) if not r.ir.gemm.grouped]
     sm100 = sm100_pairs(examples) + [(recipes[name], config) for name, config in VALUE_CONFIGS.values()] + \
         list(grouped_value_kernels().values())
     return [[render_kernel(r.ir, c) for r, c in pairs] for pairs in (grouped, dense, sm100)]

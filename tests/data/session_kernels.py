@@ -4,9 +4,13 @@ pool (tests/background.py) compiles from the start and each fixture then builds 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gemmgen as gg
+from gemmgen.aot import load_recipes
 from gemmgen.config import Arch
 from gemmgen.testing.grouped import moe_recipe
+from tests.data import EXAMPLES
 from tests.data.gpu_matrix import (
     BLOCK_GROUPED_CONFIGS,
     CHECKED_GROUPED_CONFIGS,
@@ -20,9 +24,38 @@ from tests.data.sm100 import SM100_KERNELS
 Pairs = list[tuple[gg.Recipe, gg.KernelConfig]]
 
 
-def compiled_pairs(examples: dict, extra: dict) -> Pairs:
-    """`compiled`: every example recipe and every extra-coverage recipe, each under its default."""
+#: The example and coverage recipes the suite compiles, each under its default: between them their
+#: sources name every CUTLASS and gemmgen type, tile, cluster and schedule that any example's or
+#: coverage recipe's source names (tests/compile/test_kernels.py keeps it so), so that each of those
+#: compiles in some kernel. The others are checked without NVRTC: their arguments against CUTLASS's
+#: host code, their data flow by emulation and their types by the type check (`recipe_kernels`);
+#: `gemmgen build examples/recipes.py` compiles every example.
+COMPILED = ("gemm_bf16", "bias_gelu", "scaled_mm_fp8", "fp8_quantized", "qk_norm", "row_col_amax", "moe_up",
+            "moe_swiglu", "moe_fp8_block", "every_op", "swapped", "linear_combination_swapped", "row_extrema",
+            "block_scaled_swapped", "stream_k", "select_ops", "pair_ops", "swiglu_bwd", "block_softmax")
+
+
+def keep_compiled_examples(recipes_file: Path) -> list[str]:
+    """A copy of examples/recipes.py cut to the examples the session compiles (a `del` of the others
+    at its end), so that a command building all of the file's kernels, the main job's `gemmgen build`,
+    runs its whole path on the session's kernels instead of compiling the others; the names kept.
+    (The names are the repository's file's: `load_recipes` keeps what it loaded of a path.)"""
+    declared = load_recipes(EXAMPLES)
+    assert all(name.isidentifier() for name in declared), "each example is a variable of its own name"
+    cut = [name for name in declared if name not in COMPILED]
+    with recipes_file.open("a") as f:
+        f.write(f"\n# tests/data/session_kernels.py: what the test session does not compile\ndel {', '.join(cut)}\n")
+    return [name for name in declared if name in COMPILED]
+
+
+def recipe_pairs(examples: dict, extra: dict) -> Pairs:
+    """Every example recipe and every coverage recipe, each under its default."""
     return [(r, r.default_config()) for recipes in (examples, extra) for r in recipes.values()]
+
+
+def compiled_pairs(examples: dict, extra: dict) -> Pairs:
+    """`compiled`: the recipes of COMPILED, each under its default."""
+    return [(r, c) for r, c in recipe_pairs(examples, extra) if r.name in COMPILED]
 
 
 def sm100_pairs(examples: dict) -> Pairs:

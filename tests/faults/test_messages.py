@@ -19,8 +19,8 @@ bf = torch.bfloat16
 
 
 @pytest.fixture(scope="module")
-def kernels(compiled):
-    return {name: cpu_kernel(compiled[name]) for name in ("gemm_bf16", "bias_gelu", "bias_silu_residual")}
+def kernels(recipe_kernels):
+    return {name: cpu_kernel(recipe_kernels[name]) for name in ("gemm_bf16", "bias_gelu", "bias_silu_residual")}
 
 
 def _ab(m: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -51,8 +51,8 @@ def _ab(m, n, k, dtype=torch.bfloat16, layout_a="row", layout_b="col", batch=Non
 
 
 @pytest.fixture(scope="module")
-def kernels(compiled):
-    return {name: cpu_kernel(k) for name, k in dense(compiled).items()}
+def kernels(recipe_kernels):
+    return {name: cpu_kernel(k) for name, k in dense(recipe_kernels).items()}
 
 
 def test_prepare_builds_params_and_outputs(kernels):
@@ -218,10 +218,10 @@ def test_out_checks(kernels):
         _prep(k, a, b, bias=bias, out=(a, b))
 
 
-def test_outputs_may_not_share_memory(compiled):
+def test_outputs_may_not_share_memory(recipe_kernels):
     """D and an aux output given in the same memory would have the kernel's stores race (one output
     silently holding the other's values): refused. Disjoint parts of one buffer are fine."""
-    ck = compiled["bias_gelu_aux"]
+    ck = recipe_kernels["bias_gelu_aux"]
     a, b, ops = fresh_args(ck.recipe, 16, 16, 16, ())
     dt = [o.dtype.torch for o in ck.recipe.outputs]
     assert dt[0] == dt[1]
@@ -246,10 +246,10 @@ def test_batched_checks(kernels):
         _prep(k, a[:1].expand(3, -1, -1), b, **ops)
 
 
-def test_cuda_is_required_for_a_real_call(compiled):
+def test_cuda_is_required_for_a_real_call(recipe_kernels):
     a, b = _ab(16, 16, 16)
     with pytest.raises(gg.InvalidArgument, match=r"a: expected a CUDA tensor, got one on cpu; move it with a.cuda\(\)"):
-        Kernel(compiled["bias_gelu"])(a, b, bias=torch.randn(16).bfloat16())
+        Kernel(recipe_kernels["bias_gelu"])(a, b, bias=torch.randn(16).bfloat16())
 
 
 def test_a_gpu_gemmgen_builds_for_no_arch_is_refused(monkeypatch):
@@ -263,9 +263,9 @@ def test_a_gpu_gemmgen_builds_for_no_arch_is_refused(monkeypatch):
     assert driver.device_arch(0) == (gg.Arch.SM100A, 148)
 
 
-def test_repeated_calls_reuse_the_plan_but_not_stale_outputs(compiled):
+def test_repeated_calls_reuse_the_plan_but_not_stale_outputs(recipe_kernels):
     enc = RecordingEncoder()
-    k = cpu_kernel(compiled["bias_gelu"], enc)
+    k = cpu_kernel(recipe_kernels["bias_gelu"], enc)
     a, b = _ab(256, 512, 128)
     bias = torch.randn(512).bfloat16()
     first = k.prepare(a, b, bias=bias)
@@ -282,10 +282,10 @@ def test_repeated_calls_reuse_the_plan_but_not_stale_outputs(compiled):
     assert any(c.addr == b2.data_ptr() for c in enc.calls)
 
 
-def test_outputs_moving_between_addresses_get_their_own_maps(compiled):
+def test_outputs_moving_between_addresses_get_their_own_maps(recipe_kernels):
     """The last Params block is reused only while the outputs stay where they were: alternating
     outputs (and fresh ones) each get Params equal to a fresh kernel's for the same tensors."""
-    ck = compiled["bias_gelu"]
+    ck = recipe_kernels["bias_gelu"]
     enc = RecordingEncoder()
     k = cpu_kernel(ck, enc)
     a, b = _ab(72, 40, 24)
@@ -298,10 +298,10 @@ def test_outputs_moving_between_addresses_get_their_own_maps(compiled):
         assert _decoded(ck, got.params, enc) == _decoded(ck, want.params, fresh_enc)
 
 
-def test_operands_by_position_or_by_name(compiled):
+def test_operands_by_position_or_by_name(recipe_kernels):
     """Operands positionally in declaration order (as the op passes them) build the same launch as
     by name; a mix, or a wrong count, is refused before anything is built."""
-    ck = compiled["bias_silu_residual"]
+    ck = recipe_kernels["bias_silu_residual"]
     names = [o.name for o in ck.recipe.operands]
     a, b, ops = fresh_args(ck.recipe, 40, 24, 72, ())
     enc_named, enc_pos = RecordingEncoder(), RecordingEncoder()
@@ -378,16 +378,17 @@ def test_recording_encoder_applies_the_drivers_tensor_map_rules():
 
 @pytest.mark.parametrize("outputs", ["given", "fresh"])
 @pytest.mark.parametrize("shape", EMULATED, ids=lambda s: "x".join(map(str, s)))
-def test_params_address_the_recipes_math(compiled, shape, outputs):
+def test_params_address_the_recipes_math(recipe_kernels, shape, outputs):
     """Every kernel family, swapped ones included: reading the operands through the tensor maps and
     pointers in the Params gemmgen builds, and writing the outputs through theirs, computes the
     recipe's reference on the caller's tensors (NaN-prefilled outputs, padded leading dimensions),
     whether the caller gives the outputs or gemmgen allocates them. Every tensor map must also pass
-    cuTensorMapEncodeTiled's documented checks (the strict RecordingEncoder)."""
+    cuTensorMapEncodeTiled's documented checks (the strict RecordingEncoder). Every example and
+    coverage recipe: in its probed Params layout where the session compiles it (`recipe_kernels`)."""
     from gemmgen.testing.emulate import emulate
 
     m, _, k, batch = shape
-    for name, compiled_kernel in dense(compiled).items():
+    for name, compiled_kernel in dense(recipe_kernels).items():
         recipe = compiled_kernel.recipe
         n = shape[1] + shape[1] % 2 if recipe.epilogue.pairs else shape[1]  # column pairs: whole pairs
         lead = (batch,) if recipe.gemm.batched else ()
@@ -413,11 +414,11 @@ def test_params_address_the_recipes_math(compiled, shape, outputs):
             assert_output_close(o, got, ref, mag, (m, n), tol, tol, f"{name} {shape}")
 
 
-def test_new_addresses_of_a_known_layout_redo_only_the_address_work(compiled):
+def test_new_addresses_of_a_known_layout_redo_only_the_address_work(recipe_kernels):
     """New tensors shaped like earlier ones: the Params equal a fresh kernel's for the same tensors,
     only the input tensor maps are encoded again, and the address checks still run."""
     for name in ("bias_gelu", "swapped"):
-        ck = compiled[name]
+        ck = recipe_kernels[name]
         enc = RecordingEncoder()
         k = cpu_kernel(ck, enc)
         g = ck.recipe.gemm
@@ -442,14 +443,14 @@ def test_new_addresses_of_a_known_layout_redo_only_the_address_work(compiled):
             k.prepare(bad, b2, out=out, **ops2)
 
 
-def test_d_may_be_written_over_its_own_c(compiled):
+def test_d_may_be_written_over_its_own_c(recipe_kernels):
     """beta = 1 in place: D given as the very tensor read as C (same address, strides and type) is
     accepted, the Params point D's map at C's memory, and the emulated kernel computes the recipe
     there; any other overlap with C (a view at another offset, C of another type) is refused.
     (The `swapped` kernel: batched, swapped, C bf16 like D; and an aux load beside it.)"""
     from gemmgen.testing.emulate import emulate
 
-    ck = compiled["swapped"]
+    ck = recipe_kernels["swapped"]
     recipe = ck.recipe
     assert recipe.epilogue.source == "c"
     enc = RecordingEncoder()
@@ -471,7 +472,7 @@ def test_d_may_be_written_over_its_own_c(compiled):
     r2 = c[0].view(torch.float16)  # a (shared) aux load over C's memory: D over C would also be written over it
     with pytest.raises(gg.InvalidArgument, match=r"out: shares memory with input r2"):
         k.prepare(a, b, out=(c, *outs[1:]), **{**ops, "r2": r2})
-    combination = compiled["linear_combination"]  # C f16, D f32: the same element strides, other bytes
+    combination = recipe_kernels["linear_combination"]  # C f16, D f32: the same element strides, other bytes
     a, b, ops = fresh_args(combination.recipe, 40, 24, 72, (), scalar=0.5)
     storage = torch.zeros(40 * 24 * 2, dtype=torch.float16)
     over = storage.view(torch.float32)[:40 * 24].view(40, 24)  # f32 D at C's address, C's element strides
@@ -490,8 +491,8 @@ def _decoded(ck, params, enc):
     return out
 
 
-def test_swapped_kernel_empty_dimensions_behave_like_torch(compiled):
-    ck = compiled["swapped"]
+def test_swapped_kernel_empty_dimensions_behave_like_torch(recipe_kernels):
+    ck = recipe_kernels["swapped"]
     k = cpu_kernel(ck)
     for m, n, kk in ((0, 24, 16), (8, 0, 16), (8, 24, 0)):
         a, b, ops = fresh_args(ck.recipe, m, n, kk, (2,))
@@ -505,14 +506,14 @@ def test_swapped_kernel_empty_dimensions_behave_like_torch(compiled):
 
 
 
-def test_vector_reductions_outputs_and_workspace(compiled):
+def test_vector_reductions_outputs_and_workspace(recipe_kernels):
     """Per-row and per-column reductions: fp32 vectors per batch, written whole by the kernel (NaN
     given outputs are not zeroed), partials and tile counters in a workspace zeroed per launch and
     sized as CUTLASS sizes it, whose pointers are patched per call; wrong outputs refused by name."""
     from gemmgen.runtime.arguments import ArgumentBuilder
 
     for name, m, n, lead in (("residual_norm_stats", 200, 72, ()), ("column_stats", 72, 200, (3,))):
-        ck = compiled[name]
+        ck = recipe_kernels[name]
         k = cpu_kernel(ck)
         a, b, ops = fresh_args(ck.recipe, m, n, 40, lead)
         prep = k.prepare(a, b, **ops)
@@ -543,7 +544,7 @@ def test_vector_reductions_outputs_and_workspace(compiled):
                 k.prepare(a, b, out=tuple(outs), **ops)
 
 
-def test_stream_k_workspace_and_grid(compiled):
+def test_stream_k_workspace_and_grid(recipe_kernels):
     """A stream-K kernel launches one full wave whatever the problem; when the scheduler splits
     tiles, its partial sums and tile barriers follow the row sum's workspace, the barriers (and
     the row sum's counters) zeroed per launch, the partials not (the first peer of a tile stores
@@ -551,7 +552,7 @@ def test_stream_k_workspace_and_grid(compiled):
     from gemmgen.runtime.arguments import ArgumentBuilder
     from gemmgen.runtime.scheduler import decompose
 
-    ck = compiled["stream_k"]
+    ck = recipe_kernels["stream_k"]
     k = cpu_kernel(ck)
     builder = ArgumentBuilder(ck.generated.kernel_recipe, ck.config)
     at = {f.name: offset for f, offset, _ in ck.params_layout.fields}
@@ -612,11 +613,11 @@ def test_a_nondeterministic_reduction_is_a_launch_argument_torch_determinism_ref
     finally:
         torch.use_deterministic_algorithms(deterministic_mode[0], warn_only=deterministic_mode[1])
 
-def test_vector_reductions_of_empty_problems_behave_like_torch(compiled):
+def test_vector_reductions_of_empty_problems_behave_like_torch(recipe_kernels):
     """Nothing to reduce gives the identity, 0 (torch's sum; its amax refuses, the fp8 recipes'
     convention is 0); K = 0 reduces the epilogue of a zero accumulator."""
     for name, lead in (("residual_norm_stats", ()), ("column_stats", (2,))):
-        ck = compiled[name]
+        ck = recipe_kernels[name]
         k = cpu_kernel(ck)
         for m, n, kk in ((0, 24, 16), (8, 0, 16), (8, 24, 0)):
             a, b, ops = fresh_args(ck.recipe, m, n, kk, lead)
@@ -664,7 +665,7 @@ class _Seen:
         return self.kernel.prepare(*args)
 
 
-def test_op_path_on_torch_tensors_of_random_shapes_and_layouts(compiled):
+def test_op_path_on_torch_tensors_of_random_shapes_and_layouts(recipe_kernels):
     """What a torch program passes: tensors of random small and odd M, N, K and batch, contiguous or
     strided views (`_torch_layout`), strided vectors too, realigned as the op does. Every tensor
     map and launch must pass the driver's rules, and the emulated kernel must compute the reference."""
@@ -676,7 +677,7 @@ def test_op_path_on_torch_tensors_of_random_shapes_and_layouts(compiled):
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     extents = (1, 2, 3, 7, 8, 9, 15, 16, 17, 64, 65, 127, 128, 129, 200)
-    for name, ck in dense(compiled).items():
+    for name, ck in dense(recipe_kernels).items():
         recipe, g = ck.recipe, ck.recipe.gemm
         for _ in range(6):
             m, n, k = (rng.choice(extents) for _ in range(3))
@@ -768,7 +769,7 @@ def test_loading_a_kernel_is_allowed_inside_graph_capture():
     assert failing.mode == cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
 
 
-def test_call_launches_with_the_tensors_device_current(compiled, monkeypatch):
+def test_call_launches_with_the_tensors_device_current(recipe_kernels, monkeypatch):
     """A call whose tensors live on another GPU than the current one (a process driving several
     GPUs, e.g. layers spread over devices) launches with their device made current for the launch,
     on that device's current stream; otherwise nothing is switched. (Driver and device stubbed: CPU
@@ -790,7 +791,7 @@ def test_call_launches_with_the_tensors_device_current(compiled, monkeypatch):
     monkeypatch.setattr(driver, "current_stream", lambda index: f"stream of {index}")
     monkeypatch.setattr(driver, "launch", lambda fn, params, grid, block, cluster, smem, stream:
                         launches.append((fn, stream, list(made_current))))
-    ck = compiled["bias_gelu"]
+    ck = recipe_kernels["bias_gelu"]
     kernel = cpu_kernel(ck)
     a, b, ops = fresh_args(ck.recipe, 40, 24, 72, ())
     monkeypatch.setattr(driver, "current_device", lambda: -1)
@@ -827,12 +828,12 @@ def _meta_args(recipe, m, n, k, lead):
     return meta(m, k, g.a.torch, g.layout_a), meta(k, n, g.b.torch, g.layout_b), ops
 
 
-def test_problems_past_the_kernels_32_bit_tile_arithmetic_are_refused(compiled):
+def test_problems_past_the_kernels_32_bit_tile_arithmetic_are_refused(recipe_kernels):
     """CUTLASS counts rows, columns, K and output tiles in 32-bit ints; past that its scheduler values
     wrap around (tests/runtime/test_oracle.py shows where), so such calls raise before any launch, naming
     the dimension in the caller's terms (a swapped kernel's M is the caller's N)."""
     for name in ("bias_gelu", "swapped"):
-        ck = compiled[name]
+        ck = recipe_kernels[name]
         lead = (1,) if ck.recipe.gemm.batched else ()
         for dim, shape in (("M", (2**31 - 1, 16, 16)), ("N", (16, 2**31 - 8, 16)), ("K", (16, 16, 2**31 - 8))):
             a, b, ops = _meta_args(ck.recipe, *shape, lead)
@@ -840,19 +841,19 @@ def test_problems_past_the_kernels_32_bit_tile_arithmetic_are_refused(compiled):
                 cpu_kernel(ck).prepare(a, b, **ops)
         a, b, ops = _meta_args(ck.recipe, 2**31 - 1024, 16, 16, lead)
         assert cpu_kernel(ck).prepare(a, b, **ops).params is not None  # in range: accepted
-    batched = compiled["swapped"]
+    batched = recipe_kernels["swapped"]
     assert batched.recipe.gemm.batched
     a, b, ops = _meta_args(batched.recipe, 8, 8, 8, (2**31,))  # 2^31 batches: at least that many tiles
     with pytest.raises(gg.InvalidArgument, match=r"output tiles, more than .* split the batch"):
         cpu_kernel(batched).prepare(a, b, **ops)
 
 
-def test_runtime_scalars_are_rounded_to_fp32_as_the_reference_rounds_them(compiled):
+def test_runtime_scalars_are_rounded_to_fp32_as_the_reference_rounds_them(recipe_kernels):
     """A Python number for a runtime scalar reaches the kernel as the fp32 the reference computes
     with: rounded, and +-inf past fp32's range (it used to raise a bare OverflowError)."""
     import struct
 
-    ck = compiled["linear_combination"]
+    ck = recipe_kernels["linear_combination"]
     kernel = cpu_kernel(ck)
     offset = next(off for f, off, _ in ck.params_layout.fields if f.name == "epilogue.scalar.alpha.value")
     for value in (0.1, 1e39, -(2.0**200), 1e-50, 3.4028235e38):
@@ -862,12 +863,12 @@ def test_runtime_scalars_are_rounded_to_fp32_as_the_reference_rounds_them(compil
         assert packed == torch.tensor(value, dtype=torch.float32).item(), value
 
 
-def test_odd_arguments_raise_invalid_argument(compiled):
+def test_odd_arguments_raise_invalid_argument(recipe_kernels):
     """What is not a dense tensor or a Python number fails the checks with InvalidArgument naming the
     argument, wherever it is passed (sparse tensors used to escape as torch's RuntimeError from
     data_ptr; a non-tensor inside an `out` tuple as TypeError). An int past a double's range is a
     scalar like any other: +-inf in fp32."""
-    ck = compiled["bias_gelu_aux"]
+    ck = recipe_kernels["bias_gelu_aux"]
     kernel = cpu_kernel(ck)
     a, b, ops = fresh_args(ck.recipe, 16, 16, 16, ())
     sparse = torch.randn(16, 16).bfloat16().to_sparse()
@@ -879,7 +880,7 @@ def test_odd_arguments_raise_invalid_argument(compiled):
                         (r"out\[amax_d\]", lambda: kernel.prepare(a, b, **ops, out=(None, None, "amax")))):
         with pytest.raises(gg.InvalidArgument, match=rf"^{where}: expected a (dense|torch\.Tensor)"):
             call()
-    combo = compiled["linear_combination"]
+    combo = recipe_kernels["linear_combination"]
     a, b, ops = fresh_args(combo.recipe, 16, 16, 16, (), scalar=1.0)
     assert cpu_kernel(combo).prepare(a, b, **{**ops, "alpha": 10**400}).params is not None
 

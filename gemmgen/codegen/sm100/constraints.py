@@ -5,8 +5,8 @@ sm100 builders accept them; shared memory and tensor memory are B200's.
 gemmgen's sm100 kernels so far: dense and batched GEMMs (16-bit or fp8 A and B, fp8 with block
 scales through CUTLASS's blockwise main loop) with any EVT epilogue under CUTLASS's
 cluster-launch-control scheduler or its stream-K scheduler (split-K too), and grouped
-(pointer-array) GEMMs under its group scheduler. Grouped block-scaled sm100 kernels are refused
-by name until gemmgen emits them.
+(pointer-array) GEMMs under its group scheduler, block-scaled too. What it does not emit yet
+(`family_violations`, `reduction_violations`) is refused by name, with the fix.
 """
 
 from __future__ import annotations

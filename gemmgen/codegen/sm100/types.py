@@ -13,6 +13,7 @@ from ...ir import RecipeIR
 from ...types import DType
 from ..common_types import block_scale_decls, epilogue_strides, problem_shape
 from ..evt import EpilogueCode
+from ..fields import reads_scale_layouts
 
 #: The template that declares the kernel's types (included by kernel.cu.j2).
 TYPES_TEMPLATE = "sm100/gemm_types.inc.j2"
@@ -52,15 +53,16 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         problem_shape=problem_shape(recipe), stride_c=stride_c, stride_d=stride_d,
         tile_scheduler=("cutlass::gemm::StreamKScheduler" if config.tile_scheduler is TileScheduler.STREAM_K
                         else "void"),
-        setup_fill=setup_fill(recipe, f"gemmgen_{kernel_id(recipe, config)}"),
+        setup_fill=setup_fill(recipe, config),
         stage_count=stage_count, epilogue_decls=epi.decls, callbacks=epi.callbacks, types_template=TYPES_TEMPLATE)
 
 
-def setup_fill(recipe: RecipeIR, namespace: str) -> str:
+def setup_fill(recipe: RecipeIR, config: KernelConfig) -> str:
     """What a grouped kernel's setup kernel runs per group (gemmgen/grouped.hpp): the shapes and
-    per-group arrays, and for block scales each group's scale layouts, which sm100's grouped
-    blockwise main loop reads (`runtime.grouped.BufferLayout` places them)."""
-    if recipe.gemm.grouped and recipe.gemm.block_scale is not None:
+    per-group arrays, and each group's scale layouts where the main loop reads them
+    (`fields.reads_scale_layouts`)."""
+    if reads_scale_layouts(recipe, config):
+        namespace = f"gemmgen_{kernel_id(recipe, config)}"
         types = ", ".join(f"{namespace}::{t}" for t in ("ScaleConfig", "LayoutSFA", "LayoutSFB"))
         return f"gemmgen::grouped::fill_scale_layouts<{types}>"
     return "gemmgen::grouped::fill"
