@@ -112,8 +112,7 @@ def session_pool(request, session_cache, examples, extra):
     phases = {"compiled": lambda: _kernel_jobs(sk.compiled_pairs(examples, extra), session_cache),
               "type_checks": lambda: [_type_check_job(request.getfixturevalue("type_check_unit"))],
               "sm100_kernels": lambda: _kernel_jobs(sk.sm100_pairs(examples), session_cache),
-              "grouped_families": lambda: _kernel_jobs([p for pairs in sk.grouped_pairs(examples).values()
-                                                        for p in pairs], session_cache)}
+              "grouped_families": lambda: _kernel_jobs(sk.compiled_grouped_pairs(examples), session_cache)}
     pool.start({name: phases[name]() for name in request.config.stash.get(_NEEDS, [])})
     yield pool
     pool.close()
@@ -191,13 +190,16 @@ def sm100_kernels(session_pool, session_cache, examples):
 
 @pytest.fixture(scope="session")
 def grouped_families(session_pool, session_cache, examples):
-    """tests/data/session_kernels.py's grouped families, by family name."""
-    from tests.data.session_kernels import grouped_pairs
+    """tests/data/session_kernels.py's grouped families, by family name: compiled, but for the
+    configs of UNCOMPILED_GROUPED, rendered (`testing.checks.uncompiled`: no cubin)."""
+    from gemmgen.testing.checks import uncompiled
+    from tests.data.session_kernels import UNCOMPILED_GROUPED, compiled_grouped_pairs, grouped_pairs
 
-    families = grouped_pairs(examples)
-    kernels = iter(_built(session_pool, "grouped_families", [p for pairs in families.values() for p in pairs],
-                          session_cache))
-    return {name: [next(kernels) for _ in pairs] for name, pairs in families.items()}
+    pairs = compiled_grouped_pairs(examples)
+    kernels = _built(session_pool, "grouped_families", pairs, session_cache)
+    built = {(r.name, c): k for (r, c), k in zip(pairs, kernels, strict=True)}
+    return {name: [uncompiled(r, c) if (r.name, c) in UNCOMPILED_GROUPED else built[r.name, c] for r, c in family]
+            for name, family in grouped_pairs(examples).items()}
 
 
 @pytest.fixture(scope="session")

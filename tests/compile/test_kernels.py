@@ -21,7 +21,7 @@ from gemmgen.compile.nvrtc import compile_cubin
 from gemmgen.compile.toolchain import toolchain
 from gemmgen.config import DEFAULT_ARCH
 from tests.data import EXAMPLES
-from tests.data.session_kernels import COMPILED, keep_compiled_examples
+from tests.data.session_kernels import COMPILED, compiled_grouped_pairs, grouped_pairs, keep_compiled_examples
 
 pytestmark = pytest.mark.nvrtc
 
@@ -50,24 +50,29 @@ def test_every_kernel_is_on_the_hopper_path(compiled):
         assert k.cubin[:4] == b"\x7fELF"
 
 
-def _named(recipe: gg.Recipe) -> set[str]:
-    """The CUTLASS, CuTe and gemmgen names the source of `recipe`'s default kernel spells, its tile, its
-    cluster and its schedule."""
-    config = recipe.default_config()
+def _named(recipe: gg.Recipe, config: gg.KernelConfig) -> set[str]:
+    """The CUTLASS, CuTe and gemmgen names the source of `recipe`'s kernel under `config` spells, its
+    tile, its cluster and its schedule."""
     source = render_kernel(recipe.ir, config).source
     return set(re.findall(r"\b(?:cutlass|cute|gemmgen)::[\w:]+", source)) | \
         {f"tile {config.tile}", f"cluster {config.cluster}", f"{config.schedule.value} swap_ab={config.swap_ab}"}
 
 
-def test_the_compiled_kernels_name_everything_the_recipes_sources_name(examples, extra):
-    """The suite compiles the kernels of COMPILED only (tests/data/session_kernels.py): between them
-    they must name every type, tile, cluster and schedule an example's or coverage recipe's kernel
-    names, so that each compiles in some kernel here (the others' arguments, data flow and types are
-    checked without NVRTC). A recipe that brings a new one needs its kernel compiled."""
+def test_the_compiled_kernels_name_everything_the_test_kernels_sources_name(examples, extra):
+    """The suite compiles the kernels of COMPILED and of the grouped families but UNCOMPILED_GROUPED
+    only (tests/data/session_kernels.py): between them they must name every type, tile, cluster and
+    schedule an example's, coverage recipe's or grouped test kernel's source names, so that each
+    compiles in some kernel here (the others' arguments, data flow and types are checked without
+    NVRTC). A recipe that brings a new one needs its kernel compiled."""
     recipes = {**examples, **extra}
     assert set(COMPILED) < set(recipes)
-    named = {name: _named(r) for name, r in recipes.items()}
-    missing = set().union(*named.values()) - set().union(*(named[n] for n in COMPILED))
+    grouped = [p for pairs in grouped_pairs(examples).values() for p in pairs]
+    compiled = compiled_grouped_pairs(examples)
+    assert 0 < len(compiled) < len(grouped)
+    named = {(r.name, c): _named(r, c) for r, c in [*((r, r.default_config()) for r in recipes.values()), *grouped]}
+    built = [(r.name, r.default_config()) for r in recipes.values() if r.name in COMPILED]
+    built += [(r.name, c) for r, c in compiled]
+    missing = set().union(*named.values()) - set().union(*(named[k] for k in built))
     assert not missing, f"no compiled kernel names {sorted(missing)}: add a recipe naming them to COMPILED"
 
 

@@ -63,6 +63,13 @@ def sm100_pairs(examples: dict) -> Pairs:
     return [(examples[n], c or examples[n].default_config(Arch.SM100A)) for n, c in SM100_KERNELS.items()]
 
 
+#: The grouped test configs checked without NVRTC (`grouped_families` hands them out rendered, not
+#: compiled), each naming nothing its family's compiled kernels do not: moe_fp8's default (its
+#: swapped kernel compiles the same main loop) and moe_fp8_block swapped (the default compiles its
+#: main loop, moe_fp8 swapped its tile).
+UNCOMPILED_GROUPED = (("moe_fp8", FP8_GROUPED_CONFIGS[0]), ("moe_fp8_block", BLOCK_GROUPED_CONFIGS[2]))
+
+
 def grouped_pairs(examples: dict) -> dict[str, Pairs]:
     """`grouped_families`: the grouped test kernels of tests/data/gpu_matrix.py, by family:
     `moe_recipe()` under CHECKED_GROUPED_CONFIGS (its default is the example moe_up's kernel),
@@ -75,3 +82,9 @@ def grouped_pairs(examples: dict) -> dict[str, Pairs]:
             "block": [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS],
             "gated": [(swiglu, swiglu.default_config())],
             "derived": [(derived_grouped_recipe(), DERIVED_GROUPED_CONFIG)]}
+
+
+def compiled_grouped_pairs(examples: dict) -> Pairs:
+    """The pairs of `grouped_pairs` the session compiles (all but UNCOMPILED_GROUPED)."""
+    return [(r, c) for pairs in grouped_pairs(examples).values() for r, c in pairs
+            if (r.name, c) not in UNCOMPILED_GROUPED]

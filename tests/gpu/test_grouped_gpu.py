@@ -95,7 +95,7 @@ def test_grouped_on_gpu(session_cache, config, shape, offsets):
 @pytest.mark.parametrize("index", range(len(FP8_GROUPED_CONFIGS)), ids=[c.name for c in FP8_GROUPED_CONFIGS])
 @pytest.mark.parametrize("shape, offsets", [((37, 128, 48, 4), (5, 5, 20, 30)),
                                             ((1000, 272, 136, 8), (90, 90, 333, 334, 600, 700, 999, 1000))])
-def test_fp8_groups_on_gpu(fp8_kernels, index, shape, offsets):
+def test_fp8_groups_on_gpu(session_cache, index, shape, offsets):
     """moe_fp8 against the reference on the GPU, output pre-filled with NaN, unswapped and swapped."""
     rows, k, n, groups = shape
     a, b, offs, ops = fp8_grouped_inputs(rows, k, n, groups, offsets)
@@ -104,7 +104,7 @@ def test_fp8_groups_on_gpu(fp8_kernels, index, shape, offsets):
     want = moe_fp8_recipe().reference(a, b, offs, **ops).float()
     assert want.nan_to_num().abs().sum() > 0
     out = torch.full((rows, n), float("nan"), device="cuda").bfloat16()
-    GroupedKernel(fp8_kernels[index])(a, b, offs, out=out, **ops)
+    GroupedKernel(moe_fp8_recipe().build(FP8_GROUPED_CONFIGS[index], cache=session_cache))(a, b, offs, out=out, **ops)
     torch.testing.assert_close(out.float().cpu(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
 
 

@@ -27,6 +27,7 @@ from tests.data.gpu_matrix import (
     derived_grouped_recipe,
     moe_fp8_recipe,
 )
+from tests.data.session_kernels import UNCOMPILED_GROUPED
 
 BLOCK_INDEX = pytest.mark.parametrize("index", range(len(BLOCK_GROUPED_CONFIGS)),
                                       ids=[c.name for c in BLOCK_GROUPED_CONFIGS])
@@ -52,20 +53,40 @@ def _vector_values(compiled, field) -> dict[str, int]:
             for b in compiled.generated.epilogue.bindings if b.kind in ("row", "col")}
 
 
+#: Fields whose value is a constant of the kernel's types (the layout probe's default, which only a
+#: compile knows): a rendered kernel's (`UNCOMPILED_GROUPED`) are not compared.
+_CONSTANTS = ("tma_transaction_bytes", "tma_transaction_bytes_mk", "tma_transaction_bytes_nk",
+              "mma_promotion_interval", ".null_default")
+
+
+def _fields_match(kernel, field, expected) -> None:
+    """Every field but the tensor maps against CUTLASS's host code's, a rendered kernel's constants
+    left out (at least 30 compared)."""
+    compiled = bool(kernel.cubin)
+    names = [f.name for f, _, _ in kernel.params_layout.fields if f.kind != "desc" and
+             (compiled or not (f.name.endswith(_CONSTANTS) or f.name.startswith("hw_info.cluster_shape")))]
+    for name in names:
+        assert field(name) == expected.fields[name]["bits"], name
+    assert len(names) >= 30, len(names)
+
+
 @pytest.mark.oracle
 @pytest.mark.parametrize("index", range(len(FP8_GROUPED_CONFIGS)), ids=[c.name for c in FP8_GROUPED_CONFIGS])
 def test_fp8_groups(fp8_kernels, fp8_and_block_oracles, index, tmp_path):
-    """fp8 experts: QGMMA through the fp8 mainloop's promotion into fp32; Params against CUTLASS's
-    host code; the emulation against the reference (scales per token and per expert channel),
-    unswapped and swapped."""
+    """fp8 experts: QGMMA through the fp8 mainloop's promotion into fp32 (the compiled kernels);
+    Params against CUTLASS's host code; the emulation against the reference (scales per token and
+    per expert channel), unswapped and swapped."""
     from gemmgen.testing.oracle import OracleProgram
 
     fp8_kernel = fp8_kernels[index]
-    r = fp8_kernel.report
+    compiled = ("moe_fp8", FP8_GROUPED_CONFIGS[index]) not in UNCOMPILED_GROUPED
+    assert bool(fp8_kernel.cubin) == compiled
     assert "MainloopSm90ArrayTmaGmmaWarpSpecializedFP8" in fp8_kernel.source
-    assert r.sass["QGMMA"] > 0 and r.sass["HGMMA"] == 0 and r.local_bytes == 0 and r.stack_bytes == 0
-    assert 0 <= gg.codegen.sm90.smem_need(fp8_kernel.config, fp8_kernel.generated.kernel_recipe) - \
-        fp8_kernel.info.smem_bytes <= 1024
+    if compiled:
+        r = fp8_kernel.report
+        assert r.sass["QGMMA"] > 0 and r.sass["HGMMA"] == 0 and r.local_bytes == 0 and r.stack_bytes == 0
+        assert 0 <= gg.codegen.sm90.smem_need(fp8_kernel.config, fp8_kernel.generated.kernel_recipe) - \
+            fp8_kernel.info.smem_bytes <= 1024
     enc = RecordingEncoder()
     k = GroupedKernel(fp8_kernel, encoder=enc, hardware=lambda i: (132, 0), require_cuda=False)
     a, b, offsets, ops = fp8_grouped_inputs(rows=300, k=144, n=136, groups=3, offsets=(1, 129, 300))
@@ -84,10 +105,9 @@ def test_fp8_groups(fp8_kernels, fp8_and_block_oracles, index, tmp_path):
     assert expected.can_implement
     assert {c.addr: c.as_dict() for c in enc.calls} == \
         {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
-    for f, _, _ in fp8_kernel.params_layout.fields:
-        if f.kind != "desc":
-            assert field(f.name) == expected.fields[f.name]["bits"], f.name
-    assert field("mainloop.mma_promotion_interval") == 4
+    _fields_match(fp8_kernel, field, expected)
+    if compiled:
+        assert field("mainloop.mma_promotion_interval") == 4
     assert list(p.grid) == expected.launch["grid"]
 
 
@@ -301,9 +321,8 @@ def test_block_scaled_arguments_match_cutlass(block_kernels, fp8_and_block_oracl
     assert expected.can_implement
     assert {c.addr: c.as_dict() for c in enc.calls} == \
         {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
-    for f, _, _ in block_kernel.params_layout.fields:
-        if f.kind != "desc":
-            assert field(f.name) == expected.fields[f.name]["bits"], f.name
+    _fields_match(block_kernel, field, expected)
     assert "mainloop.mma_promotion_interval" not in {f.name for f, _, _ in block_kernel.params_layout.fields}
     assert list(p.grid) == expected.launch["grid"]
-    assert expected.launch["smem"] == block_kernel.info.smem_bytes
+    if block_kernel.cubin:  # NVRTC's figure
+        assert expected.launch["smem"] == block_kernel.info.smem_bytes
