@@ -219,7 +219,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             mask = _VNode(f"once_{o.name}", children=[src], fn=f"{EPI}::PairSumMask")
             vnodes.append(mask)
             kind = REDUCTION_KIND[o.dim]  # type: ignore[index]  # a sum is over M or N (`Reduced`)
-            vnodes.append(_VNode(f"{o.reduce.value}_{o.name}", _vector_reduction_type(kind, o.reduce),
+            vnodes.append(_VNode(f"{o.reduce.value}_{o.name}", _vector_reduction_type(kind, o.reduce, arch),
                                  [len(vnodes) - 1], binding=ParamBinding(kind, o.name, o.dtype)))
             continue
         if o.reduce is None and o.columns is Columns.HALF:
@@ -231,7 +231,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
                            binding=ParamBinding("amax", o.name, o.dtype))
         elif o.reduce is not None:
             kind = REDUCTION_KIND[o.dim]  # type: ignore[index]
-            store = _VNode(f"{o.reduce.value}_{o.name}", _vector_reduction_type(kind, o.reduce), [src],
+            store = _VNode(f"{o.reduce.value}_{o.name}", _vector_reduction_type(kind, o.reduce, arch), [src],
                            binding=ParamBinding(kind, o.name, o.dtype, log_sum_exp=o.reduce is Reduction.LSE))
         else:
             store = _VNode(f"aux_{o.name}", _aux_store_type(o.dtype, aux_stride, store_desc), [src],
@@ -455,13 +455,17 @@ _VECTOR_REDUCE_FN = {
 LSE_STATE = f"{EPI}::LseState"
 
 
-def _vector_reduction_type(kind: str, reduce: Reduction) -> str:
+def _vector_reduction_type(kind: str, reduce: Reduction, arch: Arch = Arch.SM90A) -> str:
     """A reduction into fp32, one vector per batch (dynamic batch stride); a log-sum-exp's state is a
     pair (`LSE_STATE`), the others' fp32. Over the kernel's N: CUTLASS's Sm90ColReduction; over its
-    M: gemmgen's Sm90RowReduction (gemmgen/include/gemmgen/row_reduction.hpp: CUTLASS's, with its
-    state in shared memory rather than spilled)."""
+    M: on sm_90a gemmgen's Sm90RowReduction (gemmgen/include/gemmgen/row_reduction.hpp: CUTLASS's,
+    with its state in shared memory rather than spilled), on sm_100a CUTLASS's own, whose per-thread
+    state the tensor-memory loads' layout keeps in registers (docs/blackwell.md)."""
     reg, shuffle, gmem = _VECTOR_REDUCE_FN[reduce]
     compute = LSE_STATE if reduce is Reduction.LSE else COMPUTE
+    if kind == "row_reduction" and arch is Arch.SM100A:
+        return (f"{FUSION}::Sm90RowReduction<{reg}, {shuffle}, {gmem}, 0, TileShape, float, {compute}, {ROUND}, "
+                "cute::Stride<cute::_0, cute::_1, int64_t>>")
     if kind == "row_reduction":
         return (f"{EPI}::Sm90RowReduction<{reg}, {shuffle}, {gmem}, TileShape, EpilogueSchedule, float, {compute}, "
                 f"{ROUND}, cute::Stride<cute::_0, cute::_1, int64_t>>")

@@ -312,7 +312,7 @@ class EpilogueInterpreter:
             if not inputs:
                 raise EpilogueSourceError(f"compute node {t} without inputs")
             return _convert(_functor(fn)(*(x.to(torch.float32) for x in inputs)), _element(element_out))
-        if t.name == f"{_EPI}Sm90RowReduction" or kind == "Sm90ColReduction":
+        if t.name == f"{_EPI}Sm90RowReduction" or kind in ("Sm90RowReduction", "Sm90ColReduction"):
             return self._vector_reduction(kind != "Sm90ColReduction", t, lvalue, acc, params, inputs)
         if inputs and kind not in ("Sm90AuxStore", "Sm90ScalarReduction"):
             raise EpilogueSourceError(f"{kind} is given inputs")
@@ -321,11 +321,11 @@ class EpilogueInterpreter:
     def _vector_reduction(self, row: bool, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,
                           inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """gemmgen's Sm90RowReduction (over M, to an N vector: row_reduction.hpp, CUTLASS's Params and
-        workspace) or CUTLASS's Sm90ColReduction (over N, to an M vector), each batch to its own
-        vector (a batch stride of 0 reduces over the batches too)."""
+        workspace), CUTLASS's (sm_100a's) or CUTLASS's Sm90ColReduction (over N, to an M vector),
+        each batch to its own vector (a batch stride of 0 reduces over the batches too)."""
         if len(t.args) != 9 or len(inputs) != 1:
             raise EpilogueSourceError(f"vector reduction {t} with {len(inputs)} inputs")
-        if row:  # <Reg, Shuffle, Gmem, CtaTileShapeMNK, EpilogueSchedule, ...>: no smem stages argument
+        if t.name == f"{_EPI}Sm90RowReduction":  # <Reg, Shuffle, Gmem, CtaTileShapeMNK, EpilogueSchedule, ...>
             reg, shuffle, gmem, tile, schedule, element_t, compute, rounding, stride = t.args
             if schedule.name != "EpilogueSchedule":
                 raise EpilogueSourceError(f"vector reduction {t}: not the kernel's epilogue schedule")

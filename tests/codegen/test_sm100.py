@@ -133,7 +133,7 @@ def test_sm100_source_uses_the_sm100_builders_and_the_ctas_tile(examples):
 
 def test_every_example_blackwell_supports_has_a_valid_default(examples):
     supported = [r.name for r in examples.values() if not violations(r.default_config(SM100), r.ir)]
-    refused = ("moe_swiglu", "swiglu", "fp8_quantized", "qk_norm", "row_col_amax")
+    refused = ("moe_swiglu", "swiglu", "fp8_quantized", "qk_norm")
     assert supported == [n for n in examples if n not in refused]
     # a recipe's own sm_90a config does not carry over: the sm_100a default does
     aux = examples["bias_gelu_aux"]

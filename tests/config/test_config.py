@@ -147,16 +147,20 @@ def test_sm90_kernels_reduce_over_m_or_n_and_sm100_kernels_over_their_n():
     sm100, sm100_swapped = KernelConfig(schedule=gg.Schedule.ONE_SM, arch=gg.Arch.SM100A), \
         KernelConfig(schedule=gg.Schedule.ONE_SM, arch=gg.Arch.SM100A, swap_ab=True)
     assert violations(sm100, over_m) == [
-        "aux output 's': its reduction (dim=0) is over the kernel's M, and gemmgen's sm_100a kernels reduce over "
-        "their N only; use swap_ab=True"]
+        "aux output 's': its reduction (dim=0) is over the kernel's M, and gemmgen's sm_100a kernels reduce a "
+        "recipe's one reduction over their N; use swap_ab=True"]
     assert violations(sm100_swapped, over_n) == [
-        "aux output 's': its reduction (dim=1) is over the kernel's M, and gemmgen's sm_100a kernels reduce over "
-        "their N only; use swap_ab=False"]
+        "aux output 's': its reduction (dim=1) is over the kernel's M, and gemmgen's sm_100a kernels reduce a "
+        "recipe's one reduction over their N; use swap_ab=False"]
     assert is_valid(sm100_swapped, over_m) and is_valid(sm100, over_n)
     assert default_config(over_m, gg.Arch.SM100A).swap_ab and not default_config(over_n, gg.Arch.SM100A).swap_ab
-    for cfg in (sm100, sm100_swapped):
-        assert any("reductions over both M and N on sm_100a are not emitted yet" in v and "arch=Arch.SM90A" in v
-                   for v in violations(cfg, both))
+    assert is_valid(sm100, both) and is_valid(sm100_swapped, both)  # over the kernel's M: CUTLASS's node
+    lse = gg.Recipe("r", lambda acc: {"d": acc, "s": gg.logsumexp(acc, 0), "t": gg.amax(acc, 1)},
+                    aux={"s": gg.f32, "t": gg.f32}).ir
+    assert violations(sm100, lse) == [
+        "aux output 's': a log-sum-exp over the kernel's M beside a reduction over its N is not emitted for sm_100a "
+        "yet; build it with arch=Arch.SM90A, or split the reductions into two recipes"]
+    assert is_valid(sm100_swapped, lse)
     with pytest.raises(gg.ConfigError, match=r"use swap_ab=True"):
         gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 0)}, aux={"s": gg.f32}, config=sm100)
 

@@ -47,6 +47,8 @@ VALUE_CONFIGS = {
     "swapped_per_batch": ("swapped", gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM,
                                                      swap_ab=True, arch=SM100)),
     "block_scaled_pair": ("fp8_block_scaled", gg.KernelConfig(tile=(256, 128, 128), **TWO_SM)),  # type: ignore[arg-type]
+    # reductions over M (CUTLASS's Sm90RowReduction: its partials and tile counters) and over N
+    "both_reductions": ("row_col_amax", gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM, arch=SM100)),
     # CUTLASS's sm100 stream-K scheduler on pairs in a 2 x 2 cluster after C and two reductions'
     # workspace (STREAM_K_ORACLES: also split counts and both reduction orders)
     "stream_k_pair": ("residual_norm_stats", gg.KernelConfig(tile=(256, 128, 64), cluster=(2, 2, 1),

@@ -68,11 +68,21 @@ def test_emulated_kernels_reduce_over_m_and_n(config):
         assert_computes(ck, shape, config.name)
 
 
-def test_sm100_refuses_both_by_name_and_reduces_over_m_swapped():
-    for config in (c for c in EMULATED_CONFIGS if c.arch is gg.Arch.SM100A):
-        with pytest.raises(gg.ConfigError, match=r"reductions over both M and N on sm_100a are not emitted yet.*"
-                                                 r"arch=Arch.SM90A"):
-            RECIPE.source(config)
+def test_sm100_reduces_over_both_with_cutlass_nodes_and_over_m_alone_swapped():
+    """sm_100a: a recipe reducing over M and N reduces over the kernel's M with CUTLASS's own node
+    (gemmgen's is sm_90a's WGMMA layout), emulated here; a log-sum-exp over the kernel's M is refused
+    by name (RECIPE unswapped); one reduction over M is a swapped kernel's over its N."""
+    sm100 = [c for c in EMULATED_CONFIGS if c.arch is gg.Arch.SM100A]
+    assert any(c.swap_ab for c in sm100) and any(not c.swap_ab for c in sm100)
+    for config in sm100:
+        if not config.swap_ab:  # RECIPE's reductions over M include a log-sum-exp
+            with pytest.raises(gg.ConfigError, match=r"'collse': a log-sum-exp over the kernel's M .* sm_100a"):
+                RECIPE.source(config)
+            continue
+        ck = uncompiled(RECIPE, config)
+        assert CUTLASS_ROWS in ck.generated.source and OURS not in ck.generated.source
+        for shape in [*emulated_shapes(RECIPE), (1, 300, 8, 2)]:
+            assert_computes(ck, shape, config.name)
     over_m = gg.Recipe("t", lambda acc: {"d": acc, "s": gg.sum(acc, dim=0)}, aux={"s": gg.f32})
     config = over_m.default_config(gg.Arch.SM100A)
     assert config.swap_ab and OURS not in over_m.source(config)

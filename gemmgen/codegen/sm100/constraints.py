@@ -12,7 +12,7 @@ cluster-launch-control scheduler or its stream-K scheduler (split-K too), and gr
 from __future__ import annotations
 
 from ...config import KernelConfig, Schedule, TileScheduler
-from ...ir import RecipeIR
+from ...ir import RecipeIR, Reduction
 from ..rules import (
     arch_schedule_violations,
     block_scale_violations,
@@ -71,19 +71,24 @@ def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 
 def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """sm_100a kernels reduce over the kernel's N only (CUTLASS's Sm90ColReduction, which the sm100
-    epilogue reuses; gemmgen's reduction over M, row_reduction.hpp, is sm_90a's WGMMA layout), so a
-    reduction over the recipe's M (dim=0) is computed by a swapped kernel, in which it is one over
-    the kernel's N, and a recipe reducing over both is not run on sm_100a yet."""
-    dims = {o.dim: o.name for o in recipe.epilogue.outputs if o.dim is not None and o.blocks is None}
+    """sm_100a kernels reduce over their N with CUTLASS's Sm90ColReduction, within each thread's
+    rows of the tensor-memory loads. A reduction over the recipe's M alone is computed by a swapped
+    kernel, in which it is one over the kernel's N; a recipe reducing over both M and N reduces over
+    the kernel's M with CUTLASS's Sm90RowReduction (gemmgen's, row_reduction.hpp, is sm_90a's WGMMA
+    layout), all but a log-sum-exp, whose two-word state that node does not carry."""
+    reduced = [o for o in recipe.epilogue.outputs if o.dim is not None and o.blocks is None]
+    dims = {o.dim: o for o in reduced}
     if len(dims) == 2:
-        return [f"aux outputs {dims[0]!r} and {dims[1]!r}: reductions over both M and N on sm_100a are not emitted "
-                "yet (its kernels reduce over their N only); gemmgen runs such recipes on sm_90a GPUs (H100/H200) "
-                "so far: build them with arch=Arch.SM90A for those, or split the reductions into two recipes"]
+        lse = [o.name for o in reduced if o.dim == 0 and o.reduce is Reduction.LSE]
+        if lse:
+            return [f"aux output {lse[0]!r}: a log-sum-exp over the kernel's M beside a reduction over its N "
+                    "is not emitted for sm_100a yet; build it with arch=Arch.SM90A, or split the reductions into "
+                    "two recipes"]
+        return []
     if 0 in dims:
         dim, swap = (1, "False") if cfg.swap_ab else (0, "True")
-        return [f"aux output {dims[0]!r}: its reduction (dim={dim}) is over the kernel's M, and gemmgen's sm_100a "
-                f"kernels reduce over their N only; use swap_ab={swap}"]
+        return [f"aux output {dims[0].name!r}: its reduction (dim={dim}) is over the kernel's M, and gemmgen's "
+                f"sm_100a kernels reduce a recipe's one reduction over their N; use swap_ab={swap}"]
     return []
 
 
