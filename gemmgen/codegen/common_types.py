@@ -25,3 +25,8 @@ def block_scale_decls(scale_config: str) -> list[tuple[str, str]]:
     scale layouts it deduces."""
     return [("ScaleConfig", scale_config), ("LayoutSFA", "decltype(ScaleConfig::deduce_layoutSFA())"),
             ("LayoutSFB", "decltype(ScaleConfig::deduce_layoutSFB())")]
+
+
+def epilogue_tile_type(tile: tuple[int, int] | None) -> str:
+    """CUTLASS's EpilogueTileAuto, or the (M, N) tile an arch's geometry spells out (None: Auto)."""
+    return "cutlass::epilogue::collective::EpilogueTileAuto" if tile is None else f"Shape<_{tile[0]}, _{tile[1]}>"

@@ -197,7 +197,8 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
                     kind, operand.name, operand.dtype, per_batch=bool(operand.per_batch),
                     column_major=recipe.gemm.layout_d is Layout.COL)
                 v = _VNode(f"in_{n.name}", _load_type(operand, n.name == source, aux_stride, load_desc,
-                                                      _grouping(recipe)), binding=binding)
+                                                      _grouping(recipe), _rows_in_place(recipe, arch)),
+                           binding=binding)
         else:
             fn, args = _functor(n, ir.nodes)
             out = n.dtype.cutlass if n.op is Op.CAST else COMPUTE  # type: ignore[union-attr]
@@ -252,7 +253,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     root = len(vnodes) - 1 if paired_d else of_ir[ir.outputs[0].node]
     blocked = ir.row_blocks is not None
     if blocked:  # row_blocks.hpp at the root: D per block of its rows, and the blocks' factors
-        vnodes.append(_row_blocks_root(recipe, root, of_ir))
+        vnodes.append(_row_blocks_root(recipe, root, of_ir, arch))
         root = len(vnodes) - 1
     consumers = [0] * len(vnodes)
     for v in vnodes:
@@ -328,10 +329,12 @@ def _double_store(name: str, dtype: DType, recipe: RecipeIR, node: int, of_ir: d
     return _VNode(f"double_{name}", store, children, binding=binding)
 
 
-def _row_blocks_root(recipe: RecipeIR, value: int, of_ir: dict[int, int]) -> _VNode:
-    """gemmgen::epi::Sm90RowBlocks over D's value (and the value whose statistic it takes, where that
-    is another): its policy, its block, and the tiles it reduces a block within (the epilogue subtile
-    holds whole blocks: `sm90.geometry.epilogue_tile`); it writes the factors' output, if any."""
+def _row_blocks_root(recipe: RecipeIR, value: int, of_ir: dict[int, int], arch: Arch) -> _VNode:
+    """gemmgen::epi's row blocks node over D's value (and the value whose statistic it takes, where
+    that is another): its policy, its block, and the tiles it reduces a block within (the epilogue
+    subtile holds whole blocks: each arch's `geometry.epilogue_tile`); it writes the factors' output,
+    if any. sm_90a's node reduces a block across a quad's lanes and leaves D's conversion to the
+    collective; sm_100a's reduces within a thread's row and converts to D itself (row_blocks.hpp)."""
     ir = recipe.epilogue
     blocks = ir.row_blocks
     assert blocks is not None
@@ -341,8 +344,10 @@ def _row_blocks_root(recipe: RecipeIR, value: int, of_ir: dict[int, int]) -> _VN
         policy = f"{EPI}::ExpMinusMaxBlock<{f32_bits(blocks.constant):#010x}u>"
     else:
         policy = f"{EPI}::RmsNormBlock<{blocks.block}, {f32_bits(blocks.constant):#010x}u>"
-    node = (f"{EPI}::Sm90RowBlocks<{policy}, {blocks.block}, EpilogueDescriptor::DispatchPolicy::FragmentSize, "
-            "TileShape, EpilogueTile>")
+    fragment = "EpilogueDescriptor::DispatchPolicy::FragmentSize"
+    node = (f"{EPI}::Sm100RowBlocks<{policy}, {blocks.block}, {fragment}, {recipe.gemm.d.cutlass}, "
+            "TileShape, EpilogueTile>" if arch is Arch.SM100A else
+            f"{EPI}::Sm90RowBlocks<{policy}, {blocks.block}, {fragment}, TileShape, EpilogueTile>")
     stat = of_ir[blocks.stat]
     factors = next((o for o in ir.outputs if o.reduce is Reduction.BLOCK_SCALE), None)
     binding = ParamBinding("row_blocks", factors.name, DType.F32) if factors else None
@@ -390,12 +395,21 @@ def _grouping(recipe: RecipeIR) -> str | None:
     return "N" if recipe.gemm.layout_d is Layout.COL else "M"
 
 
+def _rows_in_place(recipe: RecipeIR, arch: Arch) -> bool:
+    """Whether the kernel's row vectors are read from shared memory where they are used
+    (row_blocks.hpp's Sm100RowBroadcastInPlace) rather than copied into registers per subtile: in
+    an sm_100a kernel with D's row blocks, where each thread holds a 128-column row of a subtile
+    beside the accumulator's (copied, a 128-column fp32 row spilled: docs/blackwell.md)."""
+    return arch is Arch.SM100A and recipe.epilogue.row_blocks is not None
+
+
 def _load_type(operand: Operand, is_source: bool, aux_stride: str, descriptor: str,
-               grouping: str | None = None) -> str:
+               grouping: str | None = None, rows_in_place: bool = False) -> str:
     """A grouped kernel's vectors are arrays of per-group pointers (CUTLASS's `Element*` form). The
     vector along the grouped mode starts at the group's first row of A, any element: it is read
     element by element (Alignment 1), not in 16-byte vectors. A vector per batch has a dynamic
-    batch stride (the broadcasts allow one); a scalar's always is one (0 when shared: the value)."""
+    batch stride (the broadcasts allow one); a scalar's always is one (0 when shared: the value). A
+    row vector is read in place where `rows_in_place` (`_rows_in_place`)."""
     kind, e = operand.kind, operand.dtype.cutlass
     v = f"{e}*" if grouping else e
     batch = "int64_t" if operand.per_batch else "cute::_0"
@@ -403,8 +417,9 @@ def _load_type(operand: Operand, is_source: bool, aux_stride: str, descriptor: s
         return f"{FUSION}::Sm90ScalarBroadcast<{e}, cute::Stride<cute::_0, cute::_0, int64_t>>"
     if kind is OperandKind.ROW:
         align = ", 1" if grouping == "N" else ""
-        return (f"{FUSION}::Sm90RowBroadcast<0, TileShape, {v}, {COMPUTE}, cute::Stride<cute::_0, cute::_1, "
-                f"{batch}>{align}>")
+        stride = f"cute::Stride<cute::_0, cute::_1, {batch}>"
+        row = f"{FUSION}::Sm90RowBroadcast<0, TileShape, {v}, {COMPUTE}, {stride}{align}>"
+        return f"{EPI}::Sm100RowBroadcastInPlace<{row}>" if rows_in_place else row
     if kind is OperandKind.COL:
         align = ", 1" if grouping else ""
         stride = f"cute::Stride<cute::_1, cute::_0, {batch}>"

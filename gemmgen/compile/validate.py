@@ -64,8 +64,8 @@ def kernel_problem(files: Mapping[str, bytes], meta: Mapping[str, Any], kernel: 
 
 
 def sass_problem(meta: Mapping[str, Any], kernel: GeneratedKernel) -> str | None:
-    """What the recorded SASS counts lack of the kernel's arch, or its local memory (None when
-    no cuobjdump read the binary: nothing recorded to check)."""
+    """What the recorded SASS counts lack of the kernel's arch, or its local memory, a stack frame
+    included (None when no cuobjdump read the binary: nothing recorded to check)."""
     sass = meta["sass"]
     if sass is None:
         return None
@@ -75,6 +75,9 @@ def sass_problem(meta: Mapping[str, Any], kernel: GeneratedKernel) -> str | None
                     "gemmgen generated (a plain-arch build compiles to traps)")
     if meta["local_bytes"]:
         return f"it uses {meta['local_bytes']} bytes of local memory (registers spilled): gemmgen never ships that"
+    if meta.get("stack_bytes"):  # the ABI stack frame lives in local memory: where spills land too
+        return (f"it keeps a {meta['stack_bytes']}-byte stack frame in local memory (registers spilled): gemmgen "
+                "never ships that")
     return None
 
 

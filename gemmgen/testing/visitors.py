@@ -33,6 +33,7 @@ Stream> its uniform random number.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 from collections.abc import Callable
@@ -237,7 +238,7 @@ class EpilogueInterpreter:
 
         # a grouped kernel names its layouts as pointers: strides per group (pointer-array kernels)
         self.grouped = self.decls["LayoutD"].endswith("*")
-        # row_blocks.hpp's root gives fp32, which the collective converts to ElementD
+        # row_blocks.hpp's sm_90a root gives fp32, which the collective converts to ElementD
         self.root_gives_fp32 = any(v.startswith(f"{_EPI}Sm90RowBlocks<") for v in self.decls.values())
 
     def _column_major(self, name: str) -> bool:
@@ -285,6 +286,15 @@ class EpilogueInterpreter:
             return random_numbers(t, lvalue, acc, params, inputs)
         if t.name == f"{_EPI}Sm90RowBlocks":
             return row_blocks(t, lvalue, acc, params, inputs, self._resolve)
+        if t.name == f"{_EPI}Sm100RowBroadcastInPlace":  # the same row broadcast, read from shared memory in place
+            if len(t.args) != 1 or self._resolve(t.args[0]).name != f"{_FUSION}Sm90RowBroadcast":
+                raise EpilogueSourceError(f"in-place row broadcast {t}")
+            return self._visit(t.args[0], lvalue, acc, params, inputs)
+        if t.name == f"{_EPI}Sm100RowBlocks":  # sm_100a's: the same blocks, converted to its element by the node
+            if len(t.args) != 6:
+                raise EpilogueSourceError(f"row blocks node {t}")
+            sm90_form = dataclasses.replace(t, args=t.args[:3] + t.args[4:])
+            return _convert(row_blocks(sm90_form, lvalue, acc, params, inputs, self._resolve), _element(t.args[3]))
         kind = t.name.removeprefix(_FUSION)
         if kind == "Sm90EVT":
             node, *children = t.args

@@ -99,6 +99,25 @@ def test_families_not_emitted_for_sm100_are_refused_by_name(examples):
                for v in violations(default_config(swiglu, SM100), swiglu))
 
 
+def test_row_blocks_need_a_threads_whole_row_of_128_per_cta(examples):
+    """D's row blocks are reduced within a thread (row_blocks.hpp's Sm100RowBlocks): 32-lane
+    tensor-memory loads of a CTA's 128 rows over 4 x 1 warps, and whole blocks per tile (the rule
+    both arches share); the epilogue tile is spelled out as wide as the block."""
+    ir = examples["fp8_quantized"].ir  # blocks of 128
+    for ok in (sm100(tile=(128, 128, 64)), sm100(tile=(256, 256, 64), schedule=TWO, cluster=(2, 1, 1))):
+        assert violations(ok, ir) == [], ok.name
+    rows = "which need 128 rows per CTA; use tile M = "
+    assert any(f"tile M = 64 (1sm): gg.quantize's blocks are reduced within a thread's row of sm_100a's tensor-memory "
+               f"loads, {rows}128" in v for v in violations(sm100(tile=(64, 128, 64)), ir))
+    pair_128 = sm100(tile=(128, 128, 64), schedule=TWO, cluster=(2, 1, 1))  # 2 x 2 warps: half a row each
+    assert any(f"{rows}256 with Schedule.TWO_SM" in v for v in violations(pair_128, ir))
+    assert any("gg.quantize's blocks of 128 columns must fit whole in a tile" in v
+               for v in violations(sm100(tile=(128, 192, 64)), ir))
+    assert any("swap_ab=True: this recipe's epilogue works on blocks of columns of a row" in v
+               for v in violations(sm100(tile=(128, 128, 64), swap_ab=True), ir))
+    assert render_kernel(ir, sm100(tile=(128, 256, 64))).source.count("using EpilogueTile = Shape<_128, _128>;") == 1
+
+
 def test_block_scales_need_whole_blocks_in_a_ctas_tile(examples):
     """The rule both arches share (`rules.block_scale_violations`): tile K is the scales' K, and a
     CTA's tile (half a pair's along M) holds whole blocks; DeepSeek's 128-column blocks of B on a
@@ -133,7 +152,7 @@ def test_sm100_source_uses_the_sm100_builders_and_the_ctas_tile(examples):
 
 def test_every_example_blackwell_supports_has_a_valid_default(examples):
     supported = [r.name for r in examples.values() if not violations(r.default_config(SM100), r.ir)]
-    refused = ("moe_swiglu", "swiglu", "fp8_quantized", "qk_norm")
+    refused = ("moe_swiglu", "swiglu")  # column pairs
     assert supported == [n for n in examples if n not in refused]
     # a recipe's own sm_90a config does not carry over: the sm_100a default does
     aux = examples["bias_gelu_aux"]

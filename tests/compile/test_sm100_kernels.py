@@ -21,6 +21,8 @@ from gemmgen.compile.validate import kernel_problem
 from tests.data import EXAMPLES
 
 SM100 = gg.Arch.SM100A
+#: The example compiled for both arches under gemmgen's default one-SM config (tests/data/sm100.py).
+BOTH = "qk_norm"
 
 
 def test_each_sm100_kernel_shows_tcgen05_tma_and_tensor_memory_in_its_sass(sm100_kernels):
@@ -58,11 +60,11 @@ def test_the_probed_params_layout_has_every_sm100_field(sm100_kernels):
 
 
 def test_each_arch_has_its_folder_in_one_cache(sm100_kernels, compiled, session_cache):
-    k = sm100_kernels["bias_gelu"]
+    k = sm100_kernels[BOTH]
     assert session_cache.for_arch(SM100).entry_dir(k.cache_key).parent.parent.name == "sm_100a"
     assert session_cache.for_arch(SM100).get(k.cache_key) is not None
     assert session_cache.get(k.cache_key) is None  # not in sm_90a's folder
-    assert compiled["bias_gelu"].entry != k.entry and compiled["bias_gelu"].cache_key != k.cache_key
+    assert compiled[BOTH].entry != k.entry and compiled[BOTH].cache_key != k.cache_key
 
 
 def test_the_validation_refuses_what_is_not_the_arch_kernel(sm100_kernels, compiled, session_cache):
@@ -75,6 +77,8 @@ def test_the_validation_refuses_what_is_not_the_arch_kernel(sm100_kernels, compi
         str(kernel_problem(art.files, traps, k.generated))
     spilled = {**art.meta, "local_bytes": 16}
     assert "16 bytes of local memory" in str(kernel_problem(art.files, spilled, k.generated))
+    stacked = {**art.meta, "stack_bytes": 216}  # spills on the stack frame (fp8_quantized's row held in fp32)
+    assert "216-byte stack frame in local memory" in str(kernel_problem(art.files, stacked, k.generated))
     # an sm_90a cubin offered for the sm_100a kernel
     sm90 = session_cache.get(compiled["scaled_mm_fp8"].cache_key)
     assert sm90 is not None
@@ -87,21 +91,21 @@ def test_one_bundle_holds_both_arches_and_a_missing_arch_is_named(sm100_kernels,
     monkeypatch.delenv("GEMMGEN_BUNDLE_PATH", raising=False)
     bundles._FROM_ENV.clear()
     both = tmp_path / "both"
-    write_bundle([compiled["bias_gelu"], sm100_kernels["bias_gelu"]], both, session_cache)
+    write_bundle([compiled[BOTH], sm100_kernels[BOTH]], both, session_cache)
     manifest = json.loads((both / "manifest.json").read_text())
     assert manifest["arches"] == ["sm_100a", "sm_90a"] and [e["arch"] for e in manifest["kernels"]] == \
         ["sm_90a", "sm_100a"]
     assert (both / "sm_100a").is_dir() and (both / "sm_90a").is_dir() and not list(both.rglob("*.lock"))
-    r = examples["bias_gelu"]
+    r = examples[BOTH]
     monkeypatch.setenv("GEMMGEN_JIT", "0")
     monkeypatch.setenv("GEMMGEN_BUNDLE_PATH", str(both))
     try:
         for config in (r.default_config(), r.default_config(SM100)):
             assert build_kernel(r.ir, config, KernelCache(tmp_path / "empty")).origin == "bundle"
         sm90_only = tmp_path / "sm90"
-        write_bundle([compiled["bias_gelu"]], sm90_only, session_cache)
+        write_bundle([compiled[BOTH]], sm90_only, session_cache)
         monkeypatch.setenv("GEMMGEN_BUNDLE_PATH", str(sm90_only))
-        other = replace(r.default_config(SM100), tile=(128, 64, 64))
+        other = replace(r.default_config(SM100), tile=(128, 256, 64))
         fix = r"`gemmgen build RECIPES.py --arch sm_100a --out DIR`"
         with pytest.raises(gg.KernelNotAvailable, match=rf"bundle {sm90_only} holds sm_90a kernels only, none for "
                                                         rf"sm_100a.*{fix}"):
@@ -111,15 +115,15 @@ def test_one_bundle_holds_both_arches_and_a_missing_arch_is_named(sm100_kernels,
 
 
 def test_inspect_reports_sm100_kernels_and_build_leaves_out_what_sm100_lacks(sm100_kernels, session_cache, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "inspect", str(EXAMPLES), "--recipe", "bias_gelu",
+    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "inspect", str(EXAMPLES), "--recipe", BOTH,
                            "--arch", "sm_100a", "--arch", "sm_90a", "--json", "--cache-dir", str(session_cache.root)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
     assert [(row["arch"], row["cached"]) for row in rows] == [("sm_100a", True), ("sm_90a", True)]
-    assert rows[0]["entry"] == sm100_kernels["bias_gelu"].entry
+    assert rows[0]["entry"] == sm100_kernels[BOTH].entry
     assert {"UTCHMMA", "UTCHMMA.2CTA", "UTMALDG", "LDTM"} <= set(rows[0]["sass"]) and "HGMMA" in rows[1]["sass"]
-    assert gg.KernelConfig.from_canonical(sm100_kernels["bias_gelu"].config.canonical()).arch is SM100
+    assert gg.KernelConfig.from_canonical(sm100_kernels[BOTH].config.canonical()).arch is SM100
     proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "build", str(EXAMPLES), "--recipe", "moe_swiglu",
                            "--arch", "sm_100a", "--cache-dir", str(session_cache.root)], capture_output=True, text=True,
                           timeout=300)
@@ -130,21 +134,22 @@ def test_inspect_reports_sm100_kernels_and_build_leaves_out_what_sm100_lacks(sm1
     assert proc.returncode == 0, proc.stderr
     left_out = sorted(line.split(":")[1].strip() for line in proc.stderr.splitlines()
                       if "not built for sm_100a" in line)
-    assert left_out == ["fp8_quantized", "moe_swiglu", "qk_norm", "swiglu"]
+    assert left_out == ["moe_swiglu", "swiglu"]  # column pairs
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}.sm_100a.cu" for n in (
         "gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination", "bias_gelu_aux", "quick_gelu_scaled",
-        "scaled_mm_fp8", "fp8_block_scaled", "residual_norm_stats", "row_col_amax", "moe_up", "moe_fp8_block"))
+        "scaled_mm_fp8", "fp8_block_scaled", "fp8_quantized", "qk_norm", "residual_norm_stats", "row_col_amax",
+        "moe_up", "moe_fp8_block"))
     proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "inspect", str(EXAMPLES), "--arch", "sm_100"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "'sm_100' is the plain target" in proc.stderr and "use 'sm_100a'" in proc.stderr
 
 
 def test_warmup_and_build_bundle_take_the_arch(sm100_kernels, compiled, session_cache, examples, tmp_path):
-    r = examples["bias_gelu"]
+    r = examples[BOTH]
     warmed = gg.warmup([r], cache=session_cache, quiet=True, arch="sm_100a", distributed=False)
-    assert [k.entry for k in warmed] == [sm100_kernels["bias_gelu"].entry] and warmed[0].origin == "cache"
+    assert [k.entry for k in warmed] == [sm100_kernels[BOTH].entry] and warmed[0].origin == "cache"
     here = gg.warmup([r], cache=session_cache, quiet=True, distributed=False)  # no GPU here: sm_90a
-    assert [k.entry for k in here] == [compiled["bias_gelu"].entry]
+    assert [k.entry for k in here] == [compiled[BOTH].entry]
     kernels = gg.build_bundle([r], tmp_path / "b", cache=session_cache, quiet=True, arches=("sm_90a", "sm_100a"))
     assert [k.config.arch for k in kernels] == [gg.Arch.SM90A, SM100]
     assert json.loads((tmp_path / "b" / "manifest.json").read_text())["arches"] == ["sm_100a", "sm_90a"]
@@ -155,7 +160,7 @@ def test_warmup_and_build_bundle_take_the_arch(sm100_kernels, compiled, session_
 def test_one_report_table_shows_each_arch_with_its_own_markers(sm100_kernels, compiled):
     from gemmgen.compile import report_table
 
-    lines = report_table([compiled["bias_gelu"].report, sm100_kernels["bias_gelu"].report]).splitlines()
+    lines = report_table([compiled[BOTH].report, sm100_kernels[BOTH].report]).splitlines()
     head = lines[0].split()
     sm90, sm100 = (dict(zip(head, line.split(), strict=False)) for line in lines[2:])
     assert {"HGMMA", "USETMAXREG", "UTCHMMA", "LDTM", "UGETNEXTWORKID"} <= set(head)

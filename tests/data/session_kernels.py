@@ -84,7 +84,12 @@ def grouped_pairs(examples: dict) -> dict[str, Pairs]:
             "derived": [(derived_grouped_recipe(), DERIVED_GROUPED_CONFIG)]}
 
 
+def is_compiled_grouped(recipe_name: str, config: gg.KernelConfig) -> bool:
+    """Whether the session compiles this grouped test kernel (all but UNCOMPILED_GROUPED: keyed by
+    recipe and config, since two families' configs may compare equal)."""
+    return (recipe_name, config) not in UNCOMPILED_GROUPED
+
+
 def compiled_grouped_pairs(examples: dict) -> Pairs:
-    """The pairs of `grouped_pairs` the session compiles (all but UNCOMPILED_GROUPED)."""
-    return [(r, c) for pairs in grouped_pairs(examples).values() for r, c in pairs
-            if (r.name, c) not in UNCOMPILED_GROUPED]
+    """The pairs of `grouped_pairs` the session compiles."""
+    return [(r, c) for pairs in grouped_pairs(examples).values() for r, c in pairs if is_compiled_grouped(r.name, c)]

@@ -9,7 +9,9 @@ TWO_SM = dict(cluster=(2, 1, 1), schedule=gg.Schedule.TWO_SM, arch=gg.Arch.SM100
 
 #: example recipe name -> its sm_100a config; None: gemmgen's default for sm_100a (one SM's 128 x 128 MMA).
 SM100_KERNELS: dict[str, gg.KernelConfig | None] = {
-    "bias_gelu": None,  # bf16, a row broadcast, one SM
+    # bf16 with D's row blocks (an RMSNorm per 128 columns: each thread's 128-column row, the
+    # factors written), the weight's row read in place from shared memory, a DAG epilogue, one SM
+    "qk_norm": None,
     # fp8 (UTCQMMA) on a pair of SMs: per-row and per-column scales broadcast over the CTA's half tile
     "scaled_mm_fp8": gg.KernelConfig(tile=(256, 128, 128), **TWO_SM),  # type: ignore[arg-type]
     # column-major A, an aux output through shared memory (sm100's aux store descriptor) and an amax
@@ -32,7 +34,8 @@ SM100 = gg.Arch.SM100A
 #: reductions over N on a pair (their workspace counts the CTAs' tiles) with B multicast; vectors and
 #: a scalar per batch, a matrix shared by every batch and signed max and min over M and N on a pair
 #: (row_extrema), swapped (swapped: its per-batch vectors trade places), DeepSeek's block scales
-#: on a pair (each CTA reads its half's scales of A), and the stream-K scheduler.
+#: on a pair (each CTA reads its half's scales of A), D's row blocks on a pair, and the stream-K
+#: scheduler.
 VALUE_CONFIGS = {
     "pair_128": ("bias_gelu", gg.KernelConfig(tile=(128, 128, 64), cluster=(2, 2, 1), schedule=gg.Schedule.TWO_SM,
                                               arch=SM100)),
@@ -47,6 +50,9 @@ VALUE_CONFIGS = {
     "swapped_per_batch": ("swapped", gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM,
                                                      swap_ab=True, arch=SM100)),
     "block_scaled_pair": ("fp8_block_scaled", gg.KernelConfig(tile=(256, 128, 128), **TWO_SM)),  # type: ignore[arg-type]
+    # D's row blocks on a pair (a CTA's 128 rows of the 256-row MMA), the bias read in place, fp8 D
+    "row_blocks_pair": ("fp8_quantized", gg.KernelConfig(tile=(256, 128, 64), cluster=(2, 1, 1),
+                                                         schedule=gg.Schedule.TWO_SM, arch=SM100)),
     # reductions over M (CUTLASS's Sm90RowReduction: its partials and tile counters) and over N
     "both_reductions": ("row_col_amax", gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM, arch=SM100)),
     # CUTLASS's sm100 stream-K scheduler on pairs in a 2 x 2 cluster after C and two reductions'

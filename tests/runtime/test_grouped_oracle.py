@@ -27,7 +27,7 @@ from tests.data.gpu_matrix import (
     derived_grouped_recipe,
     moe_fp8_recipe,
 )
-from tests.data.session_kernels import UNCOMPILED_GROUPED
+from tests.data.session_kernels import is_compiled_grouped
 
 BLOCK_INDEX = pytest.mark.parametrize("index", range(len(BLOCK_GROUPED_CONFIGS)),
                                       ids=[c.name for c in BLOCK_GROUPED_CONFIGS])
@@ -79,7 +79,7 @@ def test_fp8_groups(fp8_kernels, fp8_and_block_oracles, index, tmp_path):
     from gemmgen.testing.oracle import OracleProgram
 
     fp8_kernel = fp8_kernels[index]
-    compiled = ("moe_fp8", FP8_GROUPED_CONFIGS[index]) not in UNCOMPILED_GROUPED
+    compiled = is_compiled_grouped(fp8_kernel.recipe.name, fp8_kernel.config)
     assert bool(fp8_kernel.cubin) == compiled
     assert "MainloopSm90ArrayTmaGmmaWarpSpecializedFP8" in fp8_kernel.source
     if compiled:

@@ -83,27 +83,43 @@ def test_the_reference_is_blockwise_quantization(block, dtype):
 
 @pytest.mark.parametrize("block", [128, 32])
 def test_emulated_kernels_quantize_d(block):
-    """Every config that may run the recipe (unswapped sm_90a: cooperative and ping-pong), on the
-    emulated shapes (odd sizes, K tails, M = 1, batches): D and the scales as the reference has them."""
+    """Every config that may run the recipe (unswapped: sm_90a's cooperative and ping-pong, sm_100a's
+    one SM and pair), on the emulated shapes (odd sizes, K tails, M = 1, batches): D and the scales
+    as the reference has them. sm_100a's epilogue tile is the block or the Auto tile's 32 columns
+    (no C), whichever is wider, each thread a whole row of it; its bias is read in place."""
     recipe = _quantized(block, batched=True)
     configs = [c for c in EMULATED_CONFIGS if gg.codegen.is_valid(c, recipe.ir)]
-    assert [(c.arch, c.swap_ab) for c in configs] == [(gg.Arch.SM90A, False)] * 2
+    assert [(c.arch, c.swap_ab) for c in configs] == [(gg.Arch.SM90A, False)] * 2 + [(gg.Arch.SM100A, False)] * 2
     for config in configs:
         ck = uncompiled(recipe, config)
-        assert f"Sm90RowBlocks<gemmgen::epi::QuantizeBlock<0x43e00000u>, {block}," in ck.generated.source
-        assert f"using EpilogueTile = Shape<_{config.tile[0]}, _{max(block, 64 if config.tile[0] == 64 else 32)}>;" \
-            in ck.generated.source
+        src = ck.generated.source
+        if config.arch is gg.Arch.SM90A:
+            assert f"Sm90RowBlocks<gemmgen::epi::QuantizeBlock<0x43e00000u>, {block}," in src
+            auto_n = 64 if config.tile[0] == 64 else 32
+            assert f"using EpilogueTile = Shape<_{config.tile[0]}, _{max(block, auto_n)}>;" in src
+        else:
+            assert f"Sm100RowBlocks<gemmgen::epi::QuantizeBlock<0x43e00000u>, {block}, " \
+                "EpilogueDescriptor::DispatchPolicy::FragmentSize, cutlass::float_e4m3_t," in src
+            assert f"using EpilogueTile = Shape<_128, _{max(block, 32)}>;" in src
+            assert "Sm100RowBroadcastInPlace<cutlass::epilogue::fusion::Sm90RowBroadcast<" in src
         for shape in emulated_shapes(recipe):
             assert_computes(ck, shape, f"block {block} {config.name}")
 
 
-@pytest.mark.parametrize("mistake", ["block", "fp8 maximum", "scale strides"])
-def test_mistakes_fail_the_check(mistake, monkeypatch):
-    """A kernel quantizing in other blocks, scaling to another fp8 type's range, or the scales'
-    strides written as another layout's each fail the emulated call (the unchanged kernel passes)."""
-    recipe, config, shape = _quantized(), EMULATED_CONFIGS[0], (130, 300, 24, 2)
+@pytest.mark.parametrize("mistake, arch", [(m, a) for a in (gg.Arch.SM90A, gg.Arch.SM100A)
+                                            for m in ("block", "fp8 maximum", "scale strides")] +
+                         [("element", gg.Arch.SM100A)])
+def test_mistakes_fail_the_check(mistake, arch, monkeypatch):
+    """A kernel quantizing in other blocks, scaling to another fp8 type's range, the scales'
+    strides written as another layout's, or (sm_100a, whose node converts D itself) D converted to
+    another fp8 type each fail the emulated call (the unchanged kernel passes)."""
+    recipe, shape = _quantized(), (130, 300, 24, 2)
+    config = next(c for c in EMULATED_CONFIGS if c.arch is arch)
     assert_computes(uncompiled(recipe, config), shape, "unchanged")
-    if mistake == "block":
+    if mistake == "element":  # sm_90a's node gives fp32, which the collective converts to ElementD
+        ck = uncompiled(recipe, config, source_replaced("FragmentSize, cutlass::float_e4m3_t,",
+                                                        "FragmentSize, cutlass::float_e5m2_t,"))
+    elif mistake == "block":
         ck = uncompiled(recipe, config,
                         source_replaced("QuantizeBlock<0x43e00000u>, 128,", "QuantizeBlock<0x43e00000u>, 64,"))
     elif mistake == "fp8 maximum":
@@ -203,12 +219,15 @@ def test_configs_that_cannot_hold_the_blocks_are_refused_and_never_chosen():
         r.source(gg.KernelConfig(tile=(128, 64, 64), swap_ab=True))
     with pytest.raises(gg.ConfigError, match=r"tile N = 64: gg.quantize's blocks of 128 columns .* multiple of 128"):
         r.source(gg.KernelConfig(tile=(128, 64, 64)))
-    with pytest.raises(gg.ConfigError, match=r"D's row blocks \(gg.quantize, gg.rms_norm, "
-                                                r"gg.exp_minus_max\) on sm_100a: not emitted"):
-        r.source(r.default_config(gg.Arch.SM100A))
+    with pytest.raises(gg.ConfigError, match=r"tile M = 64 \(1sm\): gg.quantize's blocks are reduced within a "
+                                                r"thread's row .* use tile M = 128"):
+        r.source(gg.KernelConfig(tile=(64, 128, 64), schedule=gg.Schedule.ONE_SM, arch=gg.Arch.SM100A))
+    assert "Sm100RowBlocks<" in r.source(r.default_config(gg.Arch.SM100A))
     for m in (1, 8, 4096):
-        choice = choose(r.ir, m, 7168, 4096)
-        assert not choice.config.swap_ab and choice.config.tile[1] % 128 == 0, choice.why
+        for arch in (gg.Arch.SM90A, gg.Arch.SM100A):
+            choice = choose(r.ir, m, 7168, 4096, arch=arch)
+            assert not choice.config.swap_ab and choice.config.tile[1] % 128 == 0, choice.why
+            assert gg.codegen.is_valid(choice.config, r.ir) and choice.config.cta_tile[0] in (64, 128), choice.why
     assert any(c.tile[1] % 128 for c in candidate_configs(r.ir, 4096))  # pruned by the constraint, not absent
 
 
@@ -268,10 +287,11 @@ def test_emulated_kernels_normalize_each_head(weighted):
     (x * weight, and x for the statistic)."""
     recipe = _normed(64, weighted, batched=True)
     configs = [c for c in EMULATED_CONFIGS if gg.codegen.is_valid(c, recipe.ir)]
-    assert [(c.arch, c.swap_ab) for c in configs] == [(gg.Arch.SM90A, False)] * 2
+    assert [(c.arch, c.swap_ab) for c in configs] == [(gg.Arch.SM90A, False)] * 2 + [(gg.Arch.SM100A, False)] * 2
     for config in configs:
         ck = uncompiled(recipe, config)
-        assert "Sm90RowBlocks<gemmgen::epi::RmsNormBlock<64, 0x3727c5acu>, 64," in ck.generated.source
+        node = "Sm90RowBlocks" if config.arch is gg.Arch.SM90A else "Sm100RowBlocks"
+        assert f"{node}<gemmgen::epi::RmsNormBlock<64, 0x3727c5acu>, 64," in ck.generated.source
         for shape in emulated_shapes(recipe):
             assert_computes(ck, shape, f"{config.name} weighted={weighted}")
 
@@ -375,10 +395,11 @@ def test_the_exp_minus_max_reference_is_a_blockwise_softmax_numerator():
 def test_emulated_kernels_take_exp_minus_max():
     recipe = _exp_shifted(64)
     configs = [c for c in EMULATED_CONFIGS if gg.codegen.is_valid(c, recipe.ir)]
-    assert [(c.arch, c.swap_ab) for c in configs] == [(gg.Arch.SM90A, False)] * 2
+    assert [(c.arch, c.swap_ab) for c in configs] == [(gg.Arch.SM90A, False)] * 2 + [(gg.Arch.SM100A, False)] * 2
     for config in configs:
         ck = uncompiled(recipe, config)
-        assert "Sm90RowBlocks<gemmgen::epi::ExpMinusMaxBlock<0x3e000000u>, 64," in ck.generated.source
+        node = "Sm90RowBlocks" if config.arch is gg.Arch.SM90A else "Sm100RowBlocks"
+        assert f"{node}<gemmgen::epi::ExpMinusMaxBlock<0x3e000000u>, 64," in ck.generated.source
         for shape in emulated_shapes(recipe):
             assert_computes(ck, shape, config.name)
 

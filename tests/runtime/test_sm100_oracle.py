@@ -44,7 +44,7 @@ def test_sm100_arguments_match_cutlass(sm100_kernels, sm100_oracles, shape):
 @pytest.mark.parametrize("sm_count, max_active_clusters", [(148, 0), (132, 0), (148, 74), (16, 0)])
 def test_sm100_hardware_info_passes_through_and_the_grid_is_every_cta(sm100_kernels, sm100_oracles, sm_count,
                                                                       max_active_clusters):
-    for name in ("bias_gelu", "scaled_mm_fp8"):  # one SM, no cluster; a pair of SMs in a 2 x 1 cluster
+    for name in ("qk_norm", "scaled_mm_fp8"):  # one SM, no cluster; a pair of SMs in a 2 x 1 cluster
         kernel = sm100_kernels[name]
         _check(kernel, sm100_oracles[name], kernel_problem(kernel, 4096, 2048, 512, 2, 0, sm_count=sm_count,
                                                            max_active_clusters=max_active_clusters))

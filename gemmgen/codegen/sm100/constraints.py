@@ -3,7 +3,7 @@ breaks, naming the fix. The shapes are tcgen05.mma's (PTX ISA, "Matrix shape") a
 sm100 builders accept them; shared memory and tensor memory are B200's.
 
 gemmgen's sm100 kernels so far: dense and batched GEMMs (16-bit or fp8 A and B, fp8 with block
-scales through CUTLASS's blockwise main loop) with any EVT epilogue under CUTLASS's
+scales through CUTLASS's blockwise main loop) with any EVT epilogue, D's row blocks too, under CUTLASS's
 cluster-launch-control scheduler or its stream-K scheduler (split-K too), and grouped
 (pointer-array) GEMMs under its group scheduler, block-scaled too. What it does not emit yet
 (`family_violations`, `reduction_violations`) is refused by name, with the fix.
@@ -17,9 +17,12 @@ from ..rules import (
     arch_schedule_violations,
     block_scale_violations,
     cluster_violations,
+    row_block_violations,
+    row_violations,
     tile_k_violations,
     tile_scheduler_violations,
 )
+from .geometry import tmem_warps
 from .smem import SM100_SMEM_CAPACITY, smem_fit, stage_count
 
 
@@ -98,10 +101,20 @@ def family_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     if recipe.epilogue.pairs:
         out.append("column pairs (gg.pairs) on sm_100a: not emitted yet; gemmgen runs recipes over column pairs on "
                    "sm_90a GPUs (H100/H200) so far: build them with arch=Arch.SM90A for those")
-    if recipe.epilogue.row_blocks is not None:
-        out.append("D's row blocks (gg.quantize, gg.rms_norm, gg.exp_minus_max) on sm_100a: not emitted yet; gemmgen "
-                   "runs such recipes on sm_90a GPUs (H100/H200) so far: build them with arch=Arch.SM90A for those")
     return out
+
+
+def row_block_rows_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """D's row blocks (row_blocks.hpp's Sm100RowBlocks) are reduced within a thread's row: tensor
+    memory's 32-lane loads give each thread one row of a CTA's 128 rows over 4 x 1 warps, which a
+    one-SM MMA of M = 128 or a pair's of M = 256 has (a 64-row CTA tile gives 16-lane loads, whose
+    threads share rows). (Whole blocks per tile: `rules.row_block_violations`.)"""
+    blocks = recipe.epilogue.row_blocks
+    if blocks is None or (cfg.cta_tile[0] == 128 and tmem_warps(cfg) == (4, 1)):
+        return []
+    fix = "tile M = 256 with Schedule.TWO_SM" if cfg.schedule is Schedule.TWO_SM else "tile M = 128"
+    return [f"tile M = {cfg.tile[0]} ({cfg.schedule.value}): gg.{blocks.op.value}'s blocks are reduced within a "
+            f"thread's row of sm_100a's tensor-memory loads, which need 128 rows per CTA; use {fix}"]
 
 
 def stream_k_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
@@ -116,4 +129,5 @@ def stream_k_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 CONSTRAINTS = (schedule_violations, tile_violations, tile_k_violations, cluster_violations, pair_cluster_violations,
                smem_violations, reduction_violations, block_scale_violations, tile_scheduler_violations,
-               stream_k_tile_violations, family_violations)
+               stream_k_tile_violations, row_violations, row_block_violations, row_block_rows_violations,
+               family_violations)

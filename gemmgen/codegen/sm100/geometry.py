@@ -23,7 +23,9 @@ def tmem_warps(cfg: KernelConfig) -> tuple[int, int]:
 def epilogue_tile(cfg: KernelConfig, recipe: RecipeIR) -> tuple[int, int]:
     """CUTLASS's EpilogueTileAuto for a dense sm100 kernel (sm100_dense_compute_tile_shape_or_override):
     32 rows per tensor-memory warp; a fixed amount of work per subtile without C, a width by C's
-    and D's width with it; at least 16 bytes of each N-contiguous row of C and D per warp."""
+    and D's width with it; at least 16 bytes of each N-contiguous row of C and D per warp. Where D
+    has row blocks, the kernel spells out that tile widened to the smallest multiple of the block
+    that divides the tile's N (`epilogue_tile_override`)."""
     cta_m, cta_n, _ = cfg.cta_tile
     warps_m, warps_n = tmem_warps(cfg)
     epi = recipe.epilogue
@@ -42,7 +44,20 @@ def epilogue_tile(cfg: KernelConfig, recipe: RecipeIR) -> tuple[int, int]:
     m_major = recipe.gemm.layout_d is Layout.COL  # C and every M x N tensor share D's layout
     n_min_c = 8 * warps_n if source is None or m_major else 128 // source.bits * warps_n
     n_min_d = 8 * warps_n if m_major else 128 // d.bits * warps_n
-    return m, min(cta_n, max(n_perf, n_min_c, n_min_d))
+    n = min(cta_n, max(n_perf, n_min_c, n_min_d))
+    blocks = recipe.epilogue.row_blocks
+    if blocks is not None:  # widened to whole row blocks, in whole subtiles of the tile (where it holds
+        # whole blocks: `rules.row_block_violations` refuses a tile that does not)
+        n = next((w for w in range(blocks.block, cta_n + 1, blocks.block) if w >= n and cta_n % w == 0),
+                 max(n, blocks.block))
+    return m, n
+
+
+def epilogue_tile_override(cfg: KernelConfig, recipe: RecipeIR) -> tuple[int, int] | None:
+    """The epilogue tile a kernel spells out instead of EpilogueTileAuto: where D has row blocks
+    (row_blocks.hpp's Sm100RowBlocks reduces a block within one thread's fragment of a subtile,
+    `epilogue_tile`); None for the Auto tile."""
+    return epilogue_tile(cfg, recipe) if recipe.epilogue.row_blocks else None
 
 
 def epilogue_copy_tile(cfg: KernelConfig, recipe: RecipeIR) -> tuple[int, int]:

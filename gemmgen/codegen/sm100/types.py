@@ -11,9 +11,10 @@ from __future__ import annotations
 from ...config import KernelConfig, Schedule, TileScheduler, kernel_id
 from ...ir import RecipeIR
 from ...types import DType
-from ..common_types import block_scale_decls, epilogue_strides, problem_shape
+from ..common_types import block_scale_decls, epilogue_strides, epilogue_tile_type, problem_shape
 from ..evt import EpilogueCode
 from ..fields import reads_scale_layouts
+from .geometry import epilogue_tile_override
 
 #: The template that declares the kernel's types (included by kernel.cu.j2).
 TYPES_TEMPLATE = "sm100/gemm_types.inc.j2"
@@ -50,6 +51,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         kernel_schedule=kernel_schedule(config.schedule, g.grouped, block_scaled=g.block_scale is not None),
         block_scale_decls=scale_decls, layout_pair_a=layout_pair_a, layout_pair_b=layout_pair_b,
         epilogue_schedule=f"cutlass::epilogue::{array}TmaWarpSpecialized{sm}",
+        epilogue_tile=epilogue_tile_type(epilogue_tile_override(config, recipe)),
         problem_shape=problem_shape(recipe), stride_c=stride_c, stride_d=stride_d,
         tile_scheduler=("cutlass::gemm::StreamKScheduler" if config.tile_scheduler is TileScheduler.STREAM_K
                         else "void"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ...config import KernelConfig, Schedule, TileScheduler, kernel_id
 from ...ir import GemmSpec, RecipeIR
 from ...types import DType
-from ..common_types import block_scale_decls, epilogue_strides, problem_shape
+from ..common_types import block_scale_decls, epilogue_strides, epilogue_tile_type, problem_shape
 from ..evt import EpilogueCode
 from .geometry import epilogue_tile_override, scales_per_tile
 
@@ -43,7 +43,8 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         layout_d=g.layout_d.cutlass + per_group,
         alignment_a=128 // g.a.bits, alignment_b=128 // g.b.bits, alignment_c=128 // c_bits,
         alignment_d=128 // g.d.bits,
-        tile=config.tile, cluster=config.cluster, epilogue_tile=_epilogue_tile(config, recipe),
+        tile=config.tile, cluster=config.cluster,
+        epilogue_tile=epilogue_tile_type(epilogue_tile_override(config, recipe)),
         kernel_schedule=kernel_schedule(config.schedule, g.grouped, block_scaled=g.block_scale is not None),
         mainloop_policy=_mainloop_policy(recipe), problem_shape=problem_shape(recipe),
         epilogue_schedule=epilogue_schedule(config.schedule, g.grouped), stage_count=stage_count,
@@ -58,12 +59,6 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         # schedule; TMA multicast for an operand when the cluster spans the other dimension
         mma_atoms_m=2 if config.schedule is Schedule.COOPERATIVE else 1,
         tma_load_a=_tma_load(config.cluster[1]), tma_load_b=_tma_load(config.cluster[0]))
-
-
-def _epilogue_tile(config: KernelConfig, recipe: RecipeIR) -> str:
-    """CUTLASS's EpilogueTileAuto, or the tile `geometry.epilogue_tile_override` spells out."""
-    tile = epilogue_tile_override(config, recipe)
-    return "cutlass::epilogue::collective::EpilogueTileAuto" if tile is None else f"Shape<_{tile[0]}, _{tile[1]}>"
 
 
 def _mainloop_policy(recipe: RecipeIR) -> str:

@@ -7,16 +7,22 @@
 // and the factor is written to an (M, N / Block, L) tensor at any strides where the pointer is
 // not null: one fp32 per row and block, as gemmgen.ir.reference computes them. The policies:
 //   QuantizeBlock<Qmax>: max |x| (NaN propagated) -> scale = max / Qmax, 1 where it is not above 0;
-//     D = v / scale (then converted to D's fp8 type by the collective)
+//     D = v / scale (then converted to D's fp8 type)
 //   RmsNormBlock<Block, Eps>: sum of x^2 -> rstd = rsqrt(sum / count + Eps) over the block's count
 //     of columns inside the problem (Block but in a partial last block); D = v * rstd
 //   ExpMinusMaxBlock<Scale>: max x (NaN propagated), the factor itself; D = exp(Scale * (v - max))
-// CUTLASS's collective calls a root's reduce() once per epilogue subtile, after every visit and
-// before converting the results to D (its Sm90TopKSoftmaxColReduction works so too), so a block
-// must lie in one subtile: the kernel spells out an EpilogueTile whose N holds whole blocks. In
-// the WGMMA accumulator a row's 8-column atom is held by the 4 lanes of a quad, 2 columns each, so
-// a block's statistic is the thread's over its registers of the block, then the quad's (shuffle-
-// xor 1 and 2). Elements outside the problem do not enter it.
+// Elements outside the problem do not enter a statistic. Where a block's values live differs by arch:
+//   Sm90RowBlocks: CUTLASS's sm90 collective calls a root's reduce() once per epilogue subtile,
+//     after every visit and before converting the results to D (its Sm90TopKSoftmaxColReduction
+//     works so too), so a block must lie in one subtile: the kernel spells out an EpilogueTile whose
+//     N holds whole blocks. In the WGMMA accumulator a row's 8-column atom is held by the 4 lanes of
+//     a quad, 2 columns each, so a block's statistic is the thread's over its registers of the
+//     block, then the quad's (shuffle-xor 1 and 2).
+//   Sm100RowBlocks: the sm100 collective converts the root's values to D before its reduce(), so the
+//     node does its work in visit(), and gives D's type itself. Its FragmentSize is all of a
+//     thread's values of the subtile, and tensor memory's 32-lane loads (a CTA tile of 128 rows over
+//     4 x 1 warps) give a thread one row: its fragment is whole blocks of its row, starting at a
+//     block boundary (the kernel's EpilogueTile N is a multiple of the block). No lane exchanges.
 #pragma once
 
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
@@ -52,11 +58,8 @@ struct ExpMinusMaxBlock {
   CUTLASS_DEVICE static float apply(float v, float max) { return expf(from_bits(ScaleBits) * (v - max)); }
 };
 
-template <class Policy, int Block, int FragmentSize, class CtaTileShapeMNK, class EpilogueTile>
-struct Sm90RowBlocks {
-  static_assert(Block % 8 == 0, "a block spans whole 8-column MMA atoms");
-  static_assert(cute::size<1>(EpilogueTile{}) % Block == 0, "the epilogue subtile must hold whole blocks");
-  static_assert(cute::size<1>(CtaTileShapeMNK{}) % cute::size<1>(EpilogueTile{}) == 0, "whole subtiles per tile");
+// The node's host side and Params, the same on both arches: where the factors go, if anywhere.
+struct RowBlocksParams {
   using StrideFactor = cute::Stride<int64_t, int64_t, int64_t>;  // (M, N / Block, L): any layout
 
   struct SharedStorage {};
@@ -81,14 +84,35 @@ struct Sm90RowBlocks {
   CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
   CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
 
-  CUTLASS_HOST_DEVICE Sm90RowBlocks() {}
-  CUTLASS_HOST_DEVICE Sm90RowBlocks(Params const& params, SharedStorage const&) : params(params) {}
+  CUTLASS_HOST_DEVICE RowBlocksParams() {}
+  CUTLASS_HOST_DEVICE RowBlocksParams(Params const& params, SharedStorage const&) : params(params) {}
   Params params;
 
   template <class... Args>
   CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
     return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
   }
+
+  // this tile's factors: its rows, its blocks of columns
+  template <int Block, class ProblemShape, class TileCoord, class TileShape>
+  CUTLASS_DEVICE auto tile_factors(ProblemShape const& problem_shape_mnkl, TileCoord const& tile_coord_mnkl,
+                                   TileShape const& tile_shape_mnk) const {
+    using namespace cute;
+    auto [M, N, K, L] = problem_shape_mnkl;
+    auto [m, n, k, l] = tile_coord_mnkl;
+    auto [tile_M, tile_N, tile_K] = tile_shape_mnk;
+    Tensor mFactor_mnl = make_tensor(make_gmem_ptr(params.ptr_factor),
+                                     make_shape(M, ceil_div(N, Block), L), params.dFactor);
+    return local_tile(mFactor_mnl(_, _, l), make_shape(tile_M, tile_N / Int<Block>{}), make_coord(m, n));
+  }
+};
+
+template <class Policy, int Block, int FragmentSize, class CtaTileShapeMNK, class EpilogueTile>
+struct Sm90RowBlocks : RowBlocksParams {
+  static_assert(Block % 8 == 0, "a block spans whole 8-column MMA atoms");
+  static_assert(cute::size<1>(EpilogueTile{}) % Block == 0, "the epilogue subtile must hold whole blocks");
+  static_assert(cute::size<1>(CtaTileShapeMNK{}) % cute::size<1>(EpilogueTile{}) == 0, "whole subtiles per tile");
+  using RowBlocksParams::RowBlocksParams;
 
   template <class ArgsTuple>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
@@ -157,8 +181,6 @@ struct Sm90RowBlocks {
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
     using namespace cute;
-    auto [M, N, K, L] = args.problem_shape_mnkl;
-    auto [m, n, k, l] = args.tile_coord_mnkl;
     auto [tile_M, tile_N, tile_K] = args.tile_shape_mnk;
     // (CTA_M, CTA_N) -> one value per row and block of columns, partitioned as the accumulator
     auto gBlock = make_tensor<float>(make_layout(
@@ -171,13 +193,121 @@ struct Sm90RowBlocks {
     auto layout = take<0, 3>(tRS_rBlock.layout()).compose(args.tCrC.layout());
     Tensor tCrStat = make_tensor<float>(layout);
     fill(tCrStat, Policy::identity());
-    // this tile's factors: rows of the tile, its blocks of columns
-    Tensor mFactor_mnl = make_tensor(make_gmem_ptr(params.ptr_factor),
-                                     make_shape(M, ceil_div(N, Block), L), params.dFactor);
-    Tensor mFactor = local_tile(mFactor_mnl(_, _, l), make_shape(tile_M, tile_N / Int<Block>{}), make_coord(m, n));
+    Tensor mFactor = tile_factors<Block>(args.problem_shape_mnkl, args.tile_coord_mnkl, args.tile_shape_mnk);
     auto base = args.residue_cD - args.residue_tCcD;  // the thread's first element in the CTA tile
     auto args_tuple = make_tuple(cute::move(tCrStat), args.tCcD, args.residue_tCcD, base, mFactor);
     return ConsumerStoreCallbacks<decltype(args_tuple)>(cute::move(args_tuple), params);
+  }
+};
+
+template <class Policy, int Block, int FragmentSize, class ElementOutput, class CtaTileShapeMNK, class EpilogueTile>
+struct Sm100RowBlocks : RowBlocksParams {
+  static constexpr int Blocks = FragmentSize / Block;  // of a thread's row, per visit
+  static_assert(FragmentSize % Block == 0, "a thread's fragment holds whole blocks of its row");
+  static_assert(cute::size<1>(EpilogueTile{}) % Block == 0, "the epilogue subtile must hold whole blocks");
+  static_assert(cute::size<1>(CtaTileShapeMNK{}) % cute::size<1>(EpilogueTile{}) == 0, "whole subtiles per tile");
+  using RowBlocksParams::RowBlocksParams;
+
+  template <class ArgsTuple>
+  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(ArgsTuple&& args_tuple, Params const& params)
+        : args_tuple(cute::forward<ArgsTuple>(args_tuple)), params(params) {}
+    ArgsTuple args_tuple;
+    Params const& params;
+
+    // D's value, whose own statistic the block takes
+    template <class ElementAccumulator, class ElementValue>
+    CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const& frg_acc, int epi_v, int epi_m,
+                              int epi_n, cutlass::Array<ElementValue, FragmentSize> const& frg_value) {
+      return visit(frg_acc, epi_v, epi_m, epi_n, frg_value, frg_value);
+    }
+
+    // D's value, and the value the block's statistic is of
+    template <class ElementAccumulator, class ElementValue, class ElementStat>
+    CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n,
+                              cutlass::Array<ElementValue, FragmentSize> const& frg_value,
+                              cutlass::Array<ElementStat, FragmentSize> const& frg_stat) {
+      using namespace cute;
+      auto& [tCcD, residue_tCcD, base, mFactor] = args_tuple;
+      Tensor tCcD_v = tCcD(_, _, _, epi_m, epi_n);
+      int const first = epi_v * FragmentSize;
+      int const first_col = get<1>(tCcD_v(first));  // a block boundary: the fragment's blocks follow it
+      float stat[Blocks];
+      CUTLASS_PRAGMA_UNROLL
+      for (int b = 0; b < Blocks; ++b) {
+        stat[b] = Policy::identity();
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        auto coord = tCcD_v(first + i);
+        if (elem_less(coord, residue_tCcD)) {
+          float& s = stat[(get<1>(coord) - first_col) / Block];
+          s = Policy::combine(s, Policy::element(static_cast<float>(frg_stat[i])));
+        }
+      }
+      float factor[Blocks];
+      CUTLASS_PRAGMA_UNROLL
+      for (int b = 0; b < Blocks; ++b) {  // the block's columns inside the problem
+        int count = cute::min(Block, get<1>(residue_tCcD) - (first_col + b * Block));
+        factor[b] = Policy::factor(stat[b], count);
+      }
+      cutlass::Array<float, FragmentSize> out;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        auto coord = tCcD_v(first + i);
+        int block = (get<1>(coord) - first_col) / Block;
+        out[i] = Policy::apply(static_cast<float>(frg_value[i]), factor[block]);
+        int col = get<1>(base) + get<1>(coord);  // in the CTA tile
+        if (params.ptr_factor != nullptr && col % Block == 0 && elem_less(coord, residue_tCcD)) {
+          mFactor(get<0>(base) + get<0>(coord), col / Block) = factor[block];  // by each block's first column
+        }
+      }
+      return cutlass::NumericArrayConverter<ElementOutput, float, FragmentSize>{}(out);
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
+    using namespace cute;
+    Tensor mFactor = tile_factors<Block>(args.problem_shape_mnkl, args.tile_coord_mnkl, args.tile_shape_mnk);
+    auto base = args.residue_cD - args.residue_tCcD;  // the thread's first element in the CTA tile
+    auto args_tuple = make_tuple(args.tCcD, args.residue_tCcD, base, mFactor);
+    return ConsumerStoreCallbacks<decltype(args_tuple)>(cute::move(args_tuple), params);
+  }
+};
+
+// A row vector's broadcast (CUTLASS's Sm90RowBroadcast, whose tile of the vector is in shared
+// memory) read where its values are used, not copied into registers before the accumulator's: in
+// an sm_100a kernel with D's row blocks, where each thread holds a 128-column row of the subtile,
+// the vector's row in registers beside the accumulator's spills. The same values, the same Params.
+template <class RowBroadcast>
+struct Sm100RowBroadcastInPlace : RowBroadcast {
+  using RowBroadcast::RowBroadcast;
+
+  template <class Callbacks>
+  struct ConsumerStoreCallbacks : Callbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(Callbacks&& callbacks) : Callbacks(cute::move(callbacks)) {}
+
+    CUTLASS_DEVICE void begin_loop(int, int) {}  // nothing copied to registers
+
+    template <class ElementAccumulator, int FragmentSize>
+    CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n) {
+      using namespace cute;
+      using ElementCompute = typename decltype(this->tSR_rRow)::value_type;
+      Tensor tSR_sRow_mn = this->tSR_sRow(_, _, _, epi_m, epi_n);  // indexed as the registers would be
+      cutlass::Array<ElementCompute, FragmentSize> frg_row;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        frg_row[i] = static_cast<ElementCompute>(tSR_sRow_mn(epi_v * FragmentSize + i));
+      }
+      return frg_row;
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
+    auto callbacks = RowBroadcast::template get_consumer_store_callbacks<ReferenceSrc>(args);
+    return ConsumerStoreCallbacks<decltype(callbacks)>(cute::move(callbacks));
   }
 };
 
