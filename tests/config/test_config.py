@@ -158,9 +158,15 @@ def test_sm90_kernels_reduce_over_m_or_n_and_sm100_kernels_over_their_n():
     lse = gg.Recipe("r", lambda acc: {"d": acc, "s": gg.logsumexp(acc, 0), "t": gg.amax(acc, 1)},
                     aux={"s": gg.f32, "t": gg.f32}).ir
     assert violations(sm100, lse) == [
-        "aux output 's': a log-sum-exp over the kernel's M beside a reduction over its N is not emitted for sm_100a "
-        "yet; build it with arch=Arch.SM90A, or split the reductions into two recipes"]
-    assert is_valid(sm100_swapped, lse)
+        "aux output 's': a log-sum-exp over the kernel's M beside a reduction over its N spills on sm_100a; use "
+        "swap_ab=True, build it with arch=Arch.SM90A, or split the reductions into two recipes"]
+    assert is_valid(sm100_swapped, lse)  # the fix it names
+    two = gg.Recipe("r", lambda acc: {"d": acc, "s": gg.logsumexp(acc, 0), "t": gg.logsumexp(acc, 1)},
+                    aux={"s": gg.f32, "t": gg.f32}).ir
+    assert violations(sm100, two) == [
+        "aux output 's': a log-sum-exp over the kernel's M beside a reduction over its N spills on sm_100a; build it "
+        "with arch=Arch.SM90A, or split the reductions into two recipes"]
+    assert not is_valid(sm100_swapped, two)  # so swapping is not offered
     with pytest.raises(gg.ConfigError, match=r"use swap_ab=True"):
         gg.Recipe("r", lambda acc: {"d": acc, "s": gg.sum(acc, 0)}, aux={"s": gg.f32}, config=sm100)
 

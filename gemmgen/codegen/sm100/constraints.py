@@ -78,15 +78,18 @@ def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     rows of the tensor-memory loads. A reduction over the recipe's M alone is computed by a swapped
     kernel, in which it is one over the kernel's N; a recipe reducing over both M and N reduces over
     the kernel's M with CUTLASS's Sm90RowReduction (gemmgen's, row_reduction.hpp, is sm_90a's WGMMA
-    layout), all but a log-sum-exp, whose two-word state that node does not carry."""
+    layout), all but a log-sum-exp, whose two-word state that node spilled (docs/blackwell.md); a
+    swapped kernel takes it over its N where the reductions over the other dim are no log-sum-exp."""
     reduced = [o for o in recipe.epilogue.outputs if o.dim is not None and o.blocks is None]
     dims = {o.dim: o for o in reduced}
     if len(dims) == 2:
         lse = [o.name for o in reduced if o.dim == 0 and o.reduce is Reduction.LSE]
         if lse:
+            swap = "" if any(o.dim == 1 and o.reduce is Reduction.LSE for o in reduced) else \
+                f"use swap_ab={not cfg.swap_ab}, "
             return [f"aux output {lse[0]!r}: a log-sum-exp over the kernel's M beside a reduction over its N "
-                    "is not emitted for sm_100a yet; build it with arch=Arch.SM90A, or split the reductions into "
-                    "two recipes"]
+                    f"spills on sm_100a; {swap}build it with arch=Arch.SM90A, or split the reductions into two "
+                    "recipes"]
         return []
     if 0 in dims:
         dim, swap = (1, "False") if cfg.swap_ab else (0, "True")

@@ -107,26 +107,42 @@ struct RowBlocksParams {
   }
 };
 
-template <class Policy, int Block, int FragmentSize, class CtaTileShapeMNK, class EpilogueTile>
-struct Sm90RowBlocks : RowBlocksParams {
-  static_assert(Block % 8 == 0, "a block spans whole 8-column MMA atoms");
+// Both arches' nodes: the host side, and an epilogue subtile of whole blocks in a tile of whole subtiles.
+template <int Block, class CtaTileShapeMNK, class EpilogueTile>
+struct RowBlocksNode : RowBlocksParams {
   static_assert(cute::size<1>(EpilogueTile{}) % Block == 0, "the epilogue subtile must hold whole blocks");
   static_assert(cute::size<1>(CtaTileShapeMNK{}) % cute::size<1>(EpilogueTile{}) == 0, "whole subtiles per tile");
   using RowBlocksParams::RowBlocksParams;
+};
+
+// Both arches' callbacks: their state, and the visit of D's value alone, whose own statistic the
+// block takes (each arch's Callbacks visit D's value and the value the statistic is of).
+template <class Callbacks, class ArgsTuple, int FragmentSize>
+struct RowBlocksCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
+  CUTLASS_DEVICE RowBlocksCallbacks(ArgsTuple&& args_tuple, RowBlocksParams::Params const& params)
+      : args_tuple(cute::forward<ArgsTuple>(args_tuple)), params(params) {}
+  ArgsTuple args_tuple;
+  RowBlocksParams::Params const& params;
+
+  template <class ElementAccumulator, class ElementValue>
+  CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const& frg_acc, int epi_v, int epi_m,
+                            int epi_n, cutlass::Array<ElementValue, FragmentSize> const& frg_value) {
+    return static_cast<Callbacks*>(this)->visit(frg_acc, epi_v, epi_m, epi_n, frg_value, frg_value);
+  }
+};
+
+template <class Policy, int Block, int FragmentSize, class CtaTileShapeMNK, class EpilogueTile>
+struct Sm90RowBlocks : RowBlocksNode<Block, CtaTileShapeMNK, EpilogueTile> {
+  static_assert(Block % 8 == 0, "a block spans whole 8-column MMA atoms");
+  using Node = RowBlocksNode<Block, CtaTileShapeMNK, EpilogueTile>;
+  using Node::Node;
+  using Node::params;
 
   template <class ArgsTuple>
-  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(ArgsTuple&& args_tuple, Params const& params)
-        : args_tuple(cute::forward<ArgsTuple>(args_tuple)), params(params) {}
-    ArgsTuple args_tuple;
-    Params const& params;
-
-    // D's value, whose own statistic the block takes
-    template <class ElementAccumulator, class ElementValue>
-    CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const& frg_acc, int epi_v, int epi_m,
-                              int epi_n, cutlass::Array<ElementValue, FragmentSize> const& frg_value) {
-      return visit(frg_acc, epi_v, epi_m, epi_n, frg_value, frg_value);
-    }
+  struct ConsumerStoreCallbacks : RowBlocksCallbacks<ConsumerStoreCallbacks<ArgsTuple>, ArgsTuple, FragmentSize> {
+    using Base = RowBlocksCallbacks<ConsumerStoreCallbacks<ArgsTuple>, ArgsTuple, FragmentSize>;
+    using Base::Base;
+    using Base::visit;
 
     // D's value, and the value the block's statistic is of
     template <class ElementAccumulator, class ElementValue, class ElementStat>
@@ -134,7 +150,7 @@ struct Sm90RowBlocks : RowBlocksParams {
                               cutlass::Array<ElementValue, FragmentSize> const& frg_value,
                               cutlass::Array<ElementStat, FragmentSize> const& frg_stat) {
       using namespace cute;
-      auto& [tCrStat, tCcD, residue_tCcD, base, mFactor] = args_tuple;
+      auto& [tCrStat, tCcD, residue_tCcD, base, mFactor] = this->args_tuple;
       Tensor tCcD_mn = tCcD(_, _, _, epi_m, epi_n);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; ++i) {
@@ -149,7 +165,7 @@ struct Sm90RowBlocks : RowBlocksParams {
     template <class STensor, class SyncFn, class VTensor>
     CUTLASS_DEVICE void reduce(STensor&&, SyncFn const&, int epi_m, int epi_n, bool, VTensor visit_results) {
       using namespace cute;
-      auto& [tCrStat, tCcD, residue_tCcD, base, mFactor] = args_tuple;
+      auto& [tCrStat, tCcD, residue_tCcD, base, mFactor] = this->args_tuple;
       Tensor tCcD_mn = tCcD(_, _, _, epi_m, epi_n);
       auto tCrStat_f = filter(tCrStat);  // one register per (row, block) the thread holds
       CUTLASS_PRAGMA_UNROLL
@@ -169,7 +185,7 @@ struct Sm90RowBlocks : RowBlocksParams {
           int count = cute::min(Block, get<1>(base) + get<1>(residue_tCcD) - (col - col % Block));  // in bounds
           float factor = Policy::factor(tCrStat(idx), count);
           visit_results(epi_v)[i] = Policy::apply(visit_results(epi_v)[i], factor);
-          if (params.ptr_factor != nullptr && col % Block == 0 && elem_less(coord, residue_tCcD)) {
+          if (this->params.ptr_factor != nullptr && col % Block == 0 && elem_less(coord, residue_tCcD)) {
             mFactor(row, col / Block) = factor;  // by the element at each block's first column
           }
         }
@@ -193,7 +209,8 @@ struct Sm90RowBlocks : RowBlocksParams {
     auto layout = take<0, 3>(tRS_rBlock.layout()).compose(args.tCrC.layout());
     Tensor tCrStat = make_tensor<float>(layout);
     fill(tCrStat, Policy::identity());
-    Tensor mFactor = tile_factors<Block>(args.problem_shape_mnkl, args.tile_coord_mnkl, args.tile_shape_mnk);
+    Tensor mFactor = this->template tile_factors<Block>(args.problem_shape_mnkl, args.tile_coord_mnkl,
+                                                        args.tile_shape_mnk);
     auto base = args.residue_cD - args.residue_tCcD;  // the thread's first element in the CTA tile
     auto args_tuple = make_tuple(cute::move(tCrStat), args.tCcD, args.residue_tCcD, base, mFactor);
     return ConsumerStoreCallbacks<decltype(args_tuple)>(cute::move(args_tuple), params);
@@ -201,26 +218,18 @@ struct Sm90RowBlocks : RowBlocksParams {
 };
 
 template <class Policy, int Block, int FragmentSize, class ElementOutput, class CtaTileShapeMNK, class EpilogueTile>
-struct Sm100RowBlocks : RowBlocksParams {
+struct Sm100RowBlocks : RowBlocksNode<Block, CtaTileShapeMNK, EpilogueTile> {
   static constexpr int Blocks = FragmentSize / Block;  // of a thread's row, per visit
   static_assert(FragmentSize % Block == 0, "a thread's fragment holds whole blocks of its row");
-  static_assert(cute::size<1>(EpilogueTile{}) % Block == 0, "the epilogue subtile must hold whole blocks");
-  static_assert(cute::size<1>(CtaTileShapeMNK{}) % cute::size<1>(EpilogueTile{}) == 0, "whole subtiles per tile");
-  using RowBlocksParams::RowBlocksParams;
+  using Node = RowBlocksNode<Block, CtaTileShapeMNK, EpilogueTile>;
+  using Node::Node;
+  using Node::params;
 
   template <class ArgsTuple>
-  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(ArgsTuple&& args_tuple, Params const& params)
-        : args_tuple(cute::forward<ArgsTuple>(args_tuple)), params(params) {}
-    ArgsTuple args_tuple;
-    Params const& params;
-
-    // D's value, whose own statistic the block takes
-    template <class ElementAccumulator, class ElementValue>
-    CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const& frg_acc, int epi_v, int epi_m,
-                              int epi_n, cutlass::Array<ElementValue, FragmentSize> const& frg_value) {
-      return visit(frg_acc, epi_v, epi_m, epi_n, frg_value, frg_value);
-    }
+  struct ConsumerStoreCallbacks : RowBlocksCallbacks<ConsumerStoreCallbacks<ArgsTuple>, ArgsTuple, FragmentSize> {
+    using Base = RowBlocksCallbacks<ConsumerStoreCallbacks<ArgsTuple>, ArgsTuple, FragmentSize>;
+    using Base::Base;
+    using Base::visit;
 
     // D's value, and the value the block's statistic is of
     template <class ElementAccumulator, class ElementValue, class ElementStat>
@@ -228,7 +237,7 @@ struct Sm100RowBlocks : RowBlocksParams {
                               cutlass::Array<ElementValue, FragmentSize> const& frg_value,
                               cutlass::Array<ElementStat, FragmentSize> const& frg_stat) {
       using namespace cute;
-      auto& [tCcD, residue_tCcD, base, mFactor] = args_tuple;
+      auto& [tCcD, residue_tCcD, base, mFactor] = this->args_tuple;
       Tensor tCcD_v = tCcD(_, _, _, epi_m, epi_n);
       int const first = epi_v * FragmentSize;
       int const first_col = get<1>(tCcD_v(first));  // a block boundary: the fragment's blocks follow it
@@ -258,7 +267,7 @@ struct Sm100RowBlocks : RowBlocksParams {
         int block = (get<1>(coord) - first_col) / Block;
         out[i] = Policy::apply(static_cast<float>(frg_value[i]), factor[block]);
         int col = get<1>(base) + get<1>(coord);  // in the CTA tile
-        if (params.ptr_factor != nullptr && col % Block == 0 && elem_less(coord, residue_tCcD)) {
+        if (this->params.ptr_factor != nullptr && col % Block == 0 && elem_less(coord, residue_tCcD)) {
           mFactor(get<0>(base) + get<0>(coord), col / Block) = factor[block];  // by each block's first column
         }
       }
@@ -269,7 +278,8 @@ struct Sm100RowBlocks : RowBlocksParams {
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
     using namespace cute;
-    Tensor mFactor = tile_factors<Block>(args.problem_shape_mnkl, args.tile_coord_mnkl, args.tile_shape_mnk);
+    Tensor mFactor = this->template tile_factors<Block>(args.problem_shape_mnkl, args.tile_coord_mnkl,
+                                                        args.tile_shape_mnk);
     auto base = args.residue_cD - args.residue_tCcD;  // the thread's first element in the CTA tile
     auto args_tuple = make_tuple(args.tCcD, args.residue_tCcD, base, mFactor);
     return ConsumerStoreCallbacks<decltype(args_tuple)>(cute::move(args_tuple), params);
