@@ -69,7 +69,9 @@ def test_the_arch_is_part_of_a_configs_identity_and_sm90_keys_stay(recipe):
     (sm100(tile=(128, 256, 256)), r"tile \(128, 256, 256\) leaves room for 1 mainloop stage\(s\) per CTA, need at "
                                   r"least 2"),
     (sm100(tile=(128, 192, 64), tile_scheduler=gg.TileScheduler.STREAM_K),
-     r"runs tile N = 192 data-parallel \(no split-K or stream-K\); use tile N = 128 or 256, or "
+     r"runs tile N = 192 data-parallel \(no split-K or stream-K\); use tile N = 128, or TileScheduler.PERSISTENT"),
+    (sm100(tile=(256, 256, 64), schedule=TWO, cluster=(2, 1, 1), tile_scheduler=gg.TileScheduler.STREAM_K),
+     r"an sm_100a stream-K kernel of tile N = 256 spills registers \(measured at 256\); use tile N = 128 or less, or "
      r"TileScheduler.PERSISTENT"),
     (sm100(splits=2), r"splits 2: a split count is the stream-K scheduler's"),
 ])

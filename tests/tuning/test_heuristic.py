@@ -127,20 +127,24 @@ def test_stream_k_where_the_persistent_kernel_leaves_sms_idle(examples):
 
 
 def test_b200_stream_k_twins_spread_k_over_every_sm(examples):
-    """On sm_100a every candidate has a stream-K twin, decomposed as CUTLASS's sm100 stream-K
-    scheduler would (over the CTA's tile, a wave of every SM: 148 CTAs), which wins for a decode
-    step against large weights and loses where the tiles fill the waves."""
+    """On sm_100a every candidate of a CTA tile N up to 128 has a stream-K twin, decomposed as
+    CUTLASS's sm100 stream-K scheduler would (over the CTA's tile, a wave of every SM: 148 CTAs),
+    which wins for a decode step against large weights and loses where the tiles fill the waves."""
     r = examples["gemm_bf16"].ir
     decode = choose(r, 16, 8192, 8192, arch=gg.Arch.SM100A)
     assert decode.config.tile_scheduler is gg.TileScheduler.STREAM_K, decode.why
     assert "stream-K (64 tiles over 148 CTAs)" in decode.why.splitlines()[0], decode.why
-    pair = choose(r, 300, 4096, 4096, arch=gg.Arch.SM100A)  # 4 x 16 CTA tiles: each SM computes a half
+    pair = choose(r, 300, 2048, 4096, arch=gg.Arch.SM100A)  # 4 x 16 CTA tiles: each SM computes a half
     assert pair.config.tile_scheduler is gg.TileScheduler.STREAM_K and pair.config.schedule is gg.Schedule.TWO_SM
     assert "stream-K (64 tiles over 148 CTAs)" in pair.why.splitlines()[0], pair.why
     assert choose(r, 8192, 8192, 8192, arch=gg.Arch.SM100A).config.tile_scheduler is gg.TileScheduler.PERSISTENT
     twins = {c.schedule for c in candidate_configs(r, 16, gg.Arch.SM100A)
              if c.tile_scheduler is gg.TileScheduler.STREAM_K}
     assert twins == {gg.Schedule.ONE_SM, gg.Schedule.TWO_SM}
+    # a CTA tile N above 128 spilled under stream-K (codegen/sm100/constraints.py): never chosen
+    assert all(choose(r, m, n, 4096, arch=gg.Arch.SM100A).config.cta_tile[1] <= 128
+               for m in (1, 16, 300, 4096) for n in (2048, 8192)
+               if choose(r, m, n, 4096, arch=gg.Arch.SM100A).config.tile_scheduler is gg.TileScheduler.STREAM_K)
 
 
 def test_buckets():

@@ -122,11 +122,19 @@ def row_block_rows_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 def stream_k_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """CUTLASS's sm100 stream-K scheduler runs a CTA tile N of 192 data-parallel whatever it is
-    asked (ForceDataParallel), so a split count would be ignored. (Its arguments:
-    `rules.tile_scheduler_violations`.)"""
-    if cfg.tile_scheduler is TileScheduler.STREAM_K and cfg.tile[1] == 192:
+    asked (ForceDataParallel), so a split count would be ignored; and its kernels spilled registers
+    at a CTA tile N of 256 (a 256-byte stack frame for gemm_bf16 and bias_gelu, 992 with D's row
+    blocks: docs/blackwell.md), where 128 kept every tested recipe in registers. So stream-K takes
+    a CTA tile N of at most 128. (Its arguments: `rules.tile_scheduler_violations`.)"""
+    if cfg.tile_scheduler is not TileScheduler.STREAM_K:
+        return []
+    n = cfg.cta_tile[1]
+    if n == 192:
         return ["tile scheduler stream_k: CUTLASS's sm100 stream-K scheduler runs tile N = 192 data-parallel "
-                "(no split-K or stream-K); use tile N = 128 or 256, or TileScheduler.PERSISTENT"]
+                "(no split-K or stream-K); use tile N = 128, or TileScheduler.PERSISTENT"]
+    if n > 128:
+        return [f"tile scheduler stream_k: an sm_100a stream-K kernel of tile N = {n} spills registers (measured at "
+                "256); use tile N = 128 or less, or TileScheduler.PERSISTENT"]
     return []
 
 
