@@ -129,6 +129,10 @@ def test_block_scales_need_whole_blocks_in_a_ctas_tile(examples):
                for v in violations(sm100(tile=(128, 128, 64)), ir))
     swapped = sm100(tile=(256, 64, 128), schedule=TWO, cluster=(2, 1, 1), swap_ab=True)
     assert violations(swapped, ir) == []  # the kernel's M is the recipe's N: each CTA has 128 of it
+    wide = sm100(tile=(256, 256, 128), schedule=TWO, cluster=(2, 1, 1))  # spilled: a 280-byte stack frame
+    assert any("tile N = 256: an sm_100a block-scaled kernel of CTA tile N 256 spills registers (measured at 256); "
+               "use tile N = 128 or less" in v for v in violations(wide, ir))
+    assert all(choose(ir, m, 7168, 4096, arch=SM100).config.cta_tile[1] <= 128 for m in (1, 300, 8192))
     narrow = sm100(tile=(128, 64, 128), schedule=TWO, cluster=(2, 1, 1), swap_ab=True)
     assert any("tile M = 64 (a CTA's half of the pair's tile): must be a multiple of the block scales' granularity "
                "128" in v for v in violations(narrow, ir))

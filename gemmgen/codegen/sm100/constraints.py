@@ -120,6 +120,18 @@ def row_block_rows_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
             f"thread's row of sm_100a's tensor-memory loads, which need 128 rows per CTA; use {fix}"]
 
 
+def block_scaled_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """CUTLASS's sm100 blockwise main loop scales each K tile's partial accumulator in registers; at
+    a CTA tile N of 256 that spilled (fp8_block_scaled on a pair's 256x256x128: a 280-byte stack
+    frame), where 128 did not (168 registers: docs/blackwell.md). So a block-scaled kernel takes a
+    CTA tile N of at most 128. (The scales' blocks per tile: `rules.block_scale_violations`.)"""
+    n = cfg.cta_tile[1]
+    if recipe.gemm.block_scale is not None and n > 128:
+        return [f"tile N = {cfg.tile[1]}: an sm_100a block-scaled kernel of CTA tile N {n} spills registers "
+                "(measured at 256); use tile N = 128 or less"]
+    return []
+
+
 def stream_k_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """CUTLASS's sm100 stream-K scheduler runs a CTA tile N of 192 data-parallel whatever it is
     asked (ForceDataParallel), so a split count would be ignored; and its kernels spilled registers
@@ -139,6 +151,7 @@ def stream_k_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 
 CONSTRAINTS = (schedule_violations, tile_violations, tile_k_violations, cluster_violations, pair_cluster_violations,
-               smem_violations, reduction_violations, block_scale_violations, tile_scheduler_violations,
+               smem_violations, reduction_violations, block_scale_violations, block_scaled_tile_violations,
+               tile_scheduler_violations,
                stream_k_tile_violations, row_violations, row_block_violations, row_block_rows_violations,
                family_violations)
