@@ -117,10 +117,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
     arches = _arches(args)
 
     def explain(recipe: Recipe, arch: Arch) -> str:
+        """The launch and why; over a whole file, a recipe whose family the arch does not build
+        says so (as `build` leaves it out); a recipe named by --recipe is an error."""
         g = recipe.ir.gemm  # L: the batch of a batched recipe, the groups of a grouped one
-        launch = choose_launch(recipe, m, n, k, l if g.batched or g.grouped else 1, sm_count=args.sm_count,
-                               arch=arch)
         on = f" on {arch.value} ({args.sm_count or arch.sm_count} SMs)" if len(arches) > 1 else ""
+        try:
+            launch = choose_launch(recipe, m, n, k, l if g.batched or g.grouped else 1, sm_count=args.sm_count,
+                                   arch=arch)
+        except ConfigError:
+            problems = violations(recipe.default_config(arch), recipe.ir)
+            if args.recipe is not None or not problems:
+                raise
+            return f"{recipe.name}{on}: not built for {arch.value}: {problems[0]}"
         return f"{recipe.name}{on}: {launch.config.name} ({launch.source.value}): {launch.why}"
 
     for recipe in _recipes(args).values():

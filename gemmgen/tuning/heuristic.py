@@ -37,7 +37,7 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-from ..codegen import is_valid
+from ..codegen import is_valid, validate
 from ..config import DEFAULT_ARCH, Arch, KernelConfig, Schedule, TileScheduler, default_config, needs_swap, tile_k
 from ..ir import RecipeIR
 from ..runtime.scheduler import config_decomposition
@@ -226,7 +226,9 @@ def ranked(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int |
     sms = sm_count or arch.sm_count
     scored = [(*_score(cfg, mb, max(n, 1), max(k, 1), max(l, 1), sms), i, cfg)
               for i, cfg in enumerate(candidate_configs(recipe, mb, arch)) if is_valid(cfg, recipe)]
-    assert scored, "no candidate config is valid"
+    if not scored:  # the recipe's family is not built on this arch: the default config's ConfigError says so
+        validate(default_config(recipe, arch), recipe)
+        raise AssertionError(f"no candidate config on {arch.value} is valid for {recipe.name!r}, but the default is")
     scored.sort(key=lambda t: (-round(t[0], 9), t[2]))
     return [(score, cfg, why) for score, why, _, cfg in scored]
 
@@ -236,7 +238,9 @@ def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int |
     """The config on `arch` for a problem (M rounded up to its bucket), with the reasons. For a
     grouped recipe, M is the rows of A and L the number of groups (`grouped_choice`)."""
     if recipe.gemm.grouped:
-        return grouped_choice(recipe, m, l, arch)
+        grouped = grouped_choice(recipe, m, l, arch)
+        validate(grouped.config, recipe)  # a family the arch does not build: its ConfigError
+        return grouped
     mb = m_bucket(max(m, 1))
     order = ranked(recipe, m, n, k, l, sm_count, arch)
     score, cfg, why = order[0]

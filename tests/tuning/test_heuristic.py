@@ -187,6 +187,23 @@ def test_explain_cli(capsys):
 
 
 
+def test_explain_says_which_recipes_an_arch_does_not_build(capsys, examples):
+    """Over a whole file, a recipe whose family sm_100a does not build (column pairs, dense or
+    grouped) gets a line saying why, as `build` leaves it out, and the others their launches; named
+    by --recipe, or asked of the heuristic, it is a ConfigError naming the family, not an assertion."""
+    shape = ["--shape", "64", "4096", "4096", "--arch", "sm_100a"]
+    assert cli_main(["explain", str(EXAMPLES), *shape]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith(" ")]
+    refused = {line.split(":")[0] for line in lines if ": not built for sm_100a: column pairs (gg.pairs)" in line}
+    assert refused == {"swiglu", "moe_swiglu"}
+    assert any(line.startswith("moe_up: ") and "(heuristic)" in line for line in lines)
+    assert cli_main(["explain", str(EXAMPLES), *shape, "--recipe", "swiglu"]) == 2
+    assert "column pairs (gg.pairs) on sm_100a" in capsys.readouterr().err
+    for name in ("swiglu", "moe_swiglu"):
+        with pytest.raises(gg.ConfigError, match=r"column pairs \(gg.pairs\) on sm_100a"):
+            choose(examples[name].ir, 64, 4096, 4096, 8, arch=gg.Arch.SM100A)
+
+
 def test_explain_backward_shows_the_derived_recipes_and_their_launches(capsys):
     """`--backward`: what the derived backward kernel computes, and the launches of it and of the
     forward that saves for it (unswapped at this size: the bias gradient, a sum over M, is reduced
