@@ -87,6 +87,17 @@ fp8_block_scaled = gg.Recipe(
 )
 
 
+# An MXFP8 linear layer (B200, sm_100a): e4m3 A and B with one UE8M0 exponent per 32 values of K of
+# each token and of each weight row (gg.quantize_mx), applied by the block-scaled MMA itself; bf16 out
+mxfp8_linear = gg.Recipe(
+    "mxfp8_linear",
+    lambda acc, bias: acc + bias,
+    a=gg.e4m3, b=gg.e4m3, d=gg.bf16,
+    block_scale=gg.MXFP8,
+    operands={"bias": gg.RowVector(gg.bf16)},
+)
+
+
 # An activation quantized for the next fp8 layer: D = gelu(A @ B + bias) in e4m3, one fp32 scale per
 # token and 128 columns (DeepSeek-V3's 1 x 128 activation blocks), which the kernel reduces in its
 # epilogue; D and the scales are the next block-scaled GEMM's A and scale_a as they are

@@ -6,7 +6,7 @@ torch), `dsl` (`Recipe`), `tuning` (which config a call launches), `aot` (warm-u
 and the integrations: `integrations` (torch ops), `nn` (modules), `cli`.
 
 Importing gemmgen imports no torch: the torch integration (`gemmgen.op`, `gemmgen.nn`,
-`gemmgen.quantize_blockwise`) loads when first used.
+`gemmgen.quantize_blockwise`, `gemmgen.quantize_mx`) loads when first used.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -82,32 +82,50 @@ from .errors import (
 )
 from .errors import UnknownOpError as _UnknownOpError
 from .tuning import add_tuning, autotune
-from .types import ColMajor, DType, Layout, OperandKind, RowMajor, bf16, e4m3, e5m2, f16, f32, fp16, fp32, i32
+from .types import (
+    MXFP8,
+    ColMajor,
+    DType,
+    Layout,
+    Microscaling,
+    OperandKind,
+    RowMajor,
+    bf16,
+    e4m3,
+    e5m2,
+    f16,
+    f32,
+    fp16,
+    fp32,
+    i32,
+)
 
 if TYPE_CHECKING:  # loaded on first use by __getattr__: they import torch
     from . import nn
     from .integrations.ops import op
     from .runtime.grouped import GroupedKernel
     from .runtime.kernel import Kernel
-    from .runtime.quantize import quantize_blockwise
+    from .runtime.quantize import quantize_blockwise, quantize_mx, to_blocked_scales
 
 __all__ = [
-    "DEEPSEEK_BLOCK_SCALE", "OPS", "Arch", "Backward", "ColMajor", "ColVector", "CompileError", "CompiledKernel",
-    "ConfigError", "DType", "GemmgenError", "GemmgenWarning", "GroupedKernel", "InvalidArgument", "Kernel",
-    "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "NotDeterministic", "OperandGradient",
-    "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector", "Scalar", "Schedule", "Seed", "TileScheduler",
-    "ToolchainError", "Value", "__version__", "abs", "add_bundle", "add_tuning", "amax", "autotune", "bf16",
-    "build_bundle", "cast", "clamp", "column_index", "e4m3", "e5m2", "cos", "eq", "erf", "exp", "exp_minus_max",
-    "gather", "ge", "gt",
-    "interleave", "le", "lt", "ne", "sin", "where", "f16", "f32", "fp16", "fp32", "i32", "gelu", "gelu_tanh",
-    "leaky_relu", "logsumexp", "max", "maximum", "min", "minimum", "nn", "op", "pairs", "quantize",
-    "quantize_blockwise", "rand", "reduce_max", "reduce_min", "relu", "rms_norm", "row_index", "sigmoid", "silu",
-    "stochastic_round", "sum", "tanh", "warmup"
+    "DEEPSEEK_BLOCK_SCALE", "MXFP8", "OPS", "Arch", "Backward", "ColMajor", "ColVector", "CompileError",
+    "CompiledKernel", "ConfigError", "DType", "GemmgenError", "GemmgenWarning", "GroupedKernel", "InvalidArgument",
+    "Kernel", "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "Microscaling",
+    "NotDeterministic", "OperandGradient", "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector",
+    "Scalar", "Schedule", "Seed", "TileScheduler", "ToolchainError", "Value", "__version__", "abs", "add_bundle",
+    "add_tuning", "amax", "autotune", "bf16", "build_bundle", "cast", "clamp", "column_index", "e4m3", "e5m2",
+    "cos", "eq", "erf", "exp", "exp_minus_max", "gather", "ge", "gt", "interleave", "le", "lt", "ne", "sin",
+    "where", "f16", "f32", "fp16", "fp32", "i32", "gelu", "gelu_tanh", "leaky_relu", "logsumexp", "max", "maximum",
+    "min", "minimum", "nn", "op", "pairs", "quantize", "quantize_blockwise", "quantize_mx", "rand", "reduce_max",
+    "reduce_min", "relu", "rms_norm", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh",
+    "to_blocked_scales", "warmup"
 ]
 
 _LAZY = {"nn": ("gemmgen.nn", None), "op": ("gemmgen.integrations.ops", "op"),
          "Kernel": ("gemmgen.runtime.kernel", "Kernel"), "GroupedKernel": ("gemmgen.runtime.grouped", "GroupedKernel"),
-         "quantize_blockwise": ("gemmgen.runtime.quantize", "quantize_blockwise")}
+         "quantize_blockwise": ("gemmgen.runtime.quantize", "quantize_blockwise"),
+         "quantize_mx": ("gemmgen.runtime.quantize", "quantize_mx"),
+         "to_blocked_scales": ("gemmgen.runtime.quantize", "to_blocked_scales")}
 
 
 def __getattr__(name: str) -> Any:

@@ -24,8 +24,8 @@ class _DTypeInfo:
 
 class DType(enum.Enum):
     """Element types gemmgen can declare. fp8 (e4m3, e5m2) is for A and B, i32 for row and column
-    vectors (indices: `gemmgen.gather`), i64 for random seeds (`gemmgen.Seed`); the rest for
-    everything."""
+    vectors (indices: `gemmgen.gather`), i64 for random seeds (`gemmgen.Seed`), ue8m0 for the
+    scales of microscaled A and B (`Microscaling`); the rest for everything."""
 
     BF16 = "bf16"
     F16 = "f16"
@@ -34,6 +34,7 @@ class DType(enum.Enum):
     E5M2 = "e5m2"
     I32 = "i32"
     I64 = "i64"
+    UE8M0 = "ue8m0"
 
     @property
     def info(self) -> _DTypeInfo:
@@ -73,6 +74,7 @@ _DTYPE_INFO = {
     DType.E5M2: _DTypeInfo(8, "cutlass::float_e5m2_t", "float8_e5m2"),
     DType.I32: _DTypeInfo(32, "int32_t", "int32"),
     DType.I64: _DTypeInfo(64, "int64_t", "int64"),
+    DType.UE8M0: _DTypeInfo(8, "cutlass::float_ue8m0_t", "float8_e8m0fnu"),
 }
 
 _TORCH_DTYPES: dict[DType, torch.dtype] = {}
@@ -83,6 +85,29 @@ f32 = fp32 = DType.F32
 e4m3 = DType.E4M3
 e5m2 = DType.E5M2
 i32 = DType.I32
+
+
+class Microscaling(enum.Enum):
+    """An OCP microscaling (MX) format of fp8 A and B, scaled by sm_100a's block-scaled tcgen05
+    MMA itself: one power-of-two scale (UE8M0) per `vector` consecutive K values of each row of A
+    and each column of B, read from tensor memory by the MMA (no rescaling in registers)."""
+
+    MXFP8 = "mxfp8"
+
+    @property
+    def vector(self) -> int:
+        """Values of K per scale."""
+        return 32
+
+    @property
+    def scale_dtype(self) -> DType:
+        return DType.UE8M0
+
+    def __repr__(self) -> str:
+        return f"gemmgen.{self.name}"
+
+
+MXFP8 = Microscaling.MXFP8
 
 
 class Layout(enum.Enum):
@@ -113,8 +138,8 @@ class OperandKind(enum.Enum):
     ROW = "row"  # one value per output column: length N (e.g. bias)
     COL = "col"  # one value per output row: length M (e.g. per-token scale)
     MATRIX = "matrix"  # full M x N (e.g. C or a residual)
-    SCALE_A = "scale_a"  # fp32 per block of A's rows and K, read by the main loop (GemmSpec.block_scale)
-    SCALE_B = "scale_b"  # fp32 per block of B's K and columns
+    SCALE_A = "scale_a"  # per block of A's rows and K, read by the main loop (GemmSpec.block_scale, .microscaling)
+    SCALE_B = "scale_b"  # per block of B's K and columns
     SEED = "seed"  # a random stream's seed: 64 bits, a Python int or a device int64 (gemmgen.rand)
 
     @property

@@ -59,10 +59,17 @@ def session_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def examples():
+def sm100_examples():
+    """Every recipe of examples/recipes.py: what the sm_100a tests take."""
     from gemmgen.aot import load_recipes
 
     return load_recipes(EXAMPLES)
+
+
+@pytest.fixture(scope="session")
+def examples(sm100_examples):
+    """The example recipes sm_90a builds: all but the microscaled one (sm_100a's block-scaled MMA)."""
+    return {name: r for name, r in sm100_examples.items() if r.ir.gemm.microscaling is None}
 
 
 @pytest.fixture(scope="session")
@@ -103,7 +110,7 @@ def _kernel_jobs(pairs, cache) -> list[Job]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def session_pool(request, session_cache, examples, extra):
+def session_pool(request, session_cache, examples, sm100_examples, extra):
     """The background pool (tests/background.py), given the NVRTC work of each pool fixture the
     session's tests ask for, in the order they ask."""
     from tests.data import session_kernels as sk
@@ -111,7 +118,7 @@ def session_pool(request, session_cache, examples, extra):
     pool = Background(workers=2)
     phases = {"compiled": lambda: _kernel_jobs(sk.compiled_pairs(examples, extra), session_cache),
               "type_checks": lambda: [_type_check_job(request.getfixturevalue("type_check_unit"))],
-              "sm100_kernels": lambda: _kernel_jobs(sk.sm100_pairs(examples), session_cache),
+              "sm100_kernels": lambda: _kernel_jobs(sk.sm100_pairs(sm100_examples), session_cache),
               "grouped_families": lambda: _kernel_jobs(sk.compiled_grouped_pairs(examples), session_cache)}
     pool.start({name: phases[name]() for name in request.config.stash.get(_NEEDS, [])})
     yield pool
@@ -119,7 +126,7 @@ def session_pool(request, session_cache, examples, extra):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def oracles_in_the_background(request, examples, extra, tmp_path_factory):
+def oracles_in_the_background(request, examples, sm100_examples, extra, tmp_path_factory):
     """Where the session runs oracle tests: nvcc builds their programs from the start, at the lowest
     CPU priority (tests/data/oracle_sets.py), so that they take what CPU the session's other work
     leaves idle; killed at the session's end."""
@@ -130,7 +137,7 @@ def oracles_in_the_background(request, examples, extra, tmp_path_factory):
     from tests.data.oracle_sets import oracle_kernels
 
     build = tmp_path_factory.mktemp("oracles")
-    for kernels in oracle_kernels(examples, extra):
+    for kernels in oracle_kernels(sm100_examples, extra):
         oracle.start_all([oracle.OracleProgram(k, build) for k in kernels], build)
     yield
     oracle.stop_background()
@@ -176,12 +183,12 @@ def type_checks(session_pool, type_check_unit, type_check_seed) -> dict:
 
 
 @pytest.fixture(scope="session")
-def sm100_kernels(session_pool, session_cache, examples):
+def sm100_kernels(session_pool, session_cache, sm100_examples):
     """tests/data/sm100.py's sm_100a kernels, by example name."""
     from tests.data.session_kernels import sm100_pairs
     from tests.data.sm100 import SM100_KERNELS
 
-    return dict(zip(SM100_KERNELS, _built(session_pool, "sm100_kernels", sm100_pairs(examples), session_cache),
+    return dict(zip(SM100_KERNELS, _built(session_pool, "sm100_kernels", sm100_pairs(sm100_examples), session_cache),
                     strict=True))
 
 

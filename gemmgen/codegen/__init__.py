@@ -112,7 +112,7 @@ def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "re
         version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=code.name, entry=entry,
         epilogue_layout=epi.layout, info_fields=INFO_FIELDS,
         # a grouped kernel's module also holds the kernel that fills its per-group arrays
-        extra_headers=[*emit.headers, *(["gemmgen/grouped.hpp"] if recipe.gemm.grouped else [])],
+        extra_headers=[*emit.headers(recipe), *(["gemmgen/grouped.hpp"] if recipe.gemm.grouped else [])],
         setup_entries=[f"{entry}_groups"] if recipe.gemm.grouped else [],
         param_fields=tuple((f.name, f.lvalue("p"), f.lvalue("d")) for f in fields),
         **emit.type_context(view, code, epi, collectives))

@@ -25,4 +25,4 @@ class Emitter:
     param_fields: Callable[[RecipeIR, KernelConfig, EpilogueCode], tuple[ParamField, ...]]
     sass_markers: tuple[str, ...]  # what a report counts
     required_sass: Callable[[KernelConfig, RecipeIR], SassRequirement]  # what proves this arch's path
-    headers: tuple[str, ...] = ()  # what its kernels include besides every kernel's headers
+    headers: Callable[[RecipeIR], tuple[str, ...]] = lambda recipe: ()  # what a kernel includes besides every kernel's

@@ -126,6 +126,23 @@ def block_scale_fields(tma: tuple[bool, bool]) -> list[ParamField]:
     return f
 
 
+def microscaling_fields() -> list[ParamField]:
+    """The block-scaled (MX) main loop's scales (sm100): tensor maps (a fallback pair beside them,
+    as A's and B's) and the layouts' dynamic extents and strides (`Sm1xxBlockScaledConfig`: row
+    blocks of 128, K blocks of 4 scales, L; the row-block and batch strides, in bytes)."""
+    m = "{p}.mainloop"
+    f = [ParamField(f"mainloop.tma_sf{x}{fallback}", desc(f"{m}.tma_load_sf{x}{fallback}"), "desc")
+         for fallback in ("", "_fallback") for x in "ab"]
+    for x in "ab":
+        layout = f"{m}.layout_SF{x.upper()}"
+        f += [ParamField(f"mainloop.layout_sf{x}.blocks", f"{layout}.shape<0, 1>()", "i32"),
+              ParamField(f"mainloop.layout_sf{x}.k_blocks", f"{layout}.shape<1, 1>()", "i32"),
+              ParamField(f"mainloop.layout_sf{x}.l", f"{layout}.shape<2, 1>()", "i32"),
+              ParamField(f"mainloop.layout_sf{x}.block_stride", f"{layout}.stride<0, 1>()", "i32"),
+              ParamField(f"mainloop.layout_sf{x}.batch_stride", f"{layout}.stride<2, 1>()", "i32")]
+    return f
+
+
 def grouped_block_scale_fields(m: str) -> list[ParamField]:
     """A grouped blockwise main loop's per-group arrays (at `m`, the mainloop's Params): each
     group's scales' address and (compact, K-major) layout. sm100's main loop reads the layouts;

@@ -35,7 +35,7 @@ from ..ir import (
     normalize,
 )
 from ..ir.autodiff import GRAD_PREFIX, RECOMPUTED_D, SAVED_ACC, NotDifferentiable, derive
-from ..types import DType, Layout, OperandKind, as_dtype, as_layout
+from ..types import DType, Layout, Microscaling, OperandKind, as_dtype, as_layout
 from .backward import OperandGradient, declarations, operand_gradients, replay
 from .operands import OperandDecl, check_operand
 from .outputs import traced_outputs
@@ -82,12 +82,26 @@ def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: b
     if grouped and ld is not Layout.ROW:
         raise RecipeError("layout_d: a grouped GEMM's D holds each group's rows one after another (T x N), so it "
                           "is RowMajor; drop layout_d=ColMajor")
+    if isinstance(block_scale, Microscaling):
+        return GemmSpec(da, db, dd, la, lb, batched, layout_d=ld, grouped=grouped,
+                        microscaling=_check_microscaling(block_scale, fp8, grouped))
     scale = _check_block_scale(block_scale, fp8, grouped)
     return GemmSpec(da, db, dd, la, lb, batched, layout_d=ld, grouped=grouped, block_scale=scale)
 
 
 #: DeepSeek-V3's fp8 block scaling: activations per row and 128 K, weights per 128 x 128 block.
 DEEPSEEK_BLOCK_SCALE = (1, 128, 128)
+
+
+def _check_microscaling(value: Microscaling, fp8: bool, grouped: bool) -> Microscaling:
+    """`block_scale=gg.MXFP8`: fp8 A and B whose scales the sm_100a MMA applies itself."""
+    if not fp8:
+        raise RecipeError(f"block_scale: {value!r} scales fp8 A and B (e4m3/e5m2); declare a=gg.e4m3 and b=gg.e4m3 "
+                          "(bf16/f16 need no scales)")
+    if grouped:
+        raise RecipeError(f"block_scale: {value!r} in a grouped GEMM is not supported yet; scale grouped fp8 "
+                          f"per block with block_scale=gg.DEEPSEEK_BLOCK_SCALE {DEEPSEEK_BLOCK_SCALE}")
+    return value
 
 
 def _check_block_scale(value: Any, fp8: bool, grouped: bool) -> tuple[int, int, int] | None:
@@ -97,8 +111,8 @@ def _check_block_scale(value: Any, fp8: bool, grouped: bool) -> tuple[int, int, 
         return None
     if not (isinstance(value, tuple | list) and len(value) == 3
             and all(isinstance(x, int) and not isinstance(x, bool) for x in value)):
-        raise RecipeError(f"block_scale: expected (M, N, K) granularity ints such as {DEEPSEEK_BLOCK_SCALE}, "
-                          f"got {value!r}")
+        raise RecipeError(f"block_scale: expected (M, N, K) granularity ints such as {DEEPSEEK_BLOCK_SCALE}, or "
+                          f"gg.MXFP8, got {value!r}")
     m, n, k = value
     for what, x in (("M", m), ("N", n)):
         if x < 1 or x > 128 or x & (x - 1):
@@ -175,6 +189,9 @@ class Recipe:
             and `scale_b`, fp32 (ceil(K/128), ceil(N/N_g)), first among its operands, and
             acc = sum over K blocks of (A_kb @ B_kb) * scale_a * scale_b. Grouped: M_g is 1,
             `scale_a` is (T, ceil(K/128)) and `scale_b` (G, ceil(K/128), ceil(N/N_g)), both K-major.
+            Or gg.MXFP8 (sm_100a): the MMA scales A and B itself by UE8M0 exponents, one per 32
+            values of K of each row of A and each column of B: the call takes `scale_a` and
+            `scale_b` (torch.float8_e8m0fnu) in the MMA's blocked order (gg.to_blocked_scales).
         config: the default KernelConfig for this recipe.
     """
 
@@ -189,7 +206,7 @@ class Recipe:
         self.gemm = _check_gemm(a, b, d, layout_a, layout_b, batched, grouped, block_scale, layout_d)
         self._fn = epilogue if epilogue is not None else (lambda acc: acc)
         self._decls = dict(operands or {})
-        if self.gemm.block_scale:
+        if self.gemm.scaled:
             taken = sorted({o.name for o in BLOCK_SCALE_OPERANDS} & set(self._decls))
             if taken:
                 raise RecipeError(f"operand {taken[0]!r}: a block-scaled recipe's call takes scale_a and scale_b "
@@ -210,7 +227,7 @@ class Recipe:
         if self.ir.epilogue.pairs and self.gemm.layout_d is Layout.COL:
             raise RecipeError("layout_d: column pairs (gg.pairs) read and write row-major tensors from the "
                               "registers; declare the recipe with layout_d=RowMajor (the default)")
-        if self.ir.epilogue.pairs and self.gemm.block_scale is not None:
+        if self.ir.epilogue.pairs and self.gemm.scaled:
             raise RecipeError("epilogue: column pairs (gg.pairs) with block_scale are not supported yet; scale the "
                               "GEMM per row and column instead (gg.ColVector / gg.RowVector operands)")
         if config is not None:
@@ -522,7 +539,7 @@ def _derive_backward(recipe: Recipe, *, a: Any = None, b: Any = None, layout_a: 
 
     if recompute:
         ab: dict[str, Any] = {"a": gemm.a, "b": gemm.b, "layout_a": gemm.layout_a, "layout_b": gemm.layout_b,
-                              "block_scale": gemm.block_scale}
+                              "block_scale": gemm.declared_block_scale}
     else:
         dtype_a = as_dtype(a if a is not None else grad_default, "a (dtype of the backward GEMM's A: dL/dY)")
         ab = {"a": dtype_a, "b": as_dtype(b if b is not None else dtype_a, "b (dtype of the backward GEMM's B)"),
@@ -545,4 +562,4 @@ def _with_saved_acc(recipe: Recipe, dtype: DType) -> Recipe:
     aux = {o.name: o.dtype for o in saved.outputs[1:]}
     return Recipe(recipe.name + "_train", replay(saved), a=g.a, b=g.b, d=g.d, layout_a=g.layout_a,
                   layout_b=g.layout_b, layout_d=g.layout_d, batched=g.batched, operands=declarations(ir.operands),
-                  aux=aux, block_scale=g.block_scale, config=recipe.config)
+                  aux=aux, block_scale=g.declared_block_scale, config=recipe.config)

@@ -21,7 +21,8 @@ from ..errors import RecipeError
 from ..ir import Reduction
 from ..ir.reference import accumulate, evaluate_epilogue
 from ..runtime.base import allocate_output
-from ..runtime.checks import block_factors_layout, check_call, problem_size_check
+from ..runtime.checks import check_call, problem_size_check
+from ..runtime.output_checks import block_factors_layout
 from ..types import DType, OperandKind
 from .kinds import OpKind
 

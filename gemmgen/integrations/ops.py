@@ -228,7 +228,9 @@ def _realigned(recipe: RecipeIR, refused: LayoutMismatch, a: torch.Tensor, b: to
     if refused.argument not in names:
         raise refused
     i = names.index(refused.argument)
-    if refused.argument in ("scale_a", "scale_b") and g.block_scale:
+    if refused.argument in ("scale_a", "scale_b") and g.microscaling:  # the blocked order, packed
+        copy = args[i].contiguous()
+    elif refused.argument in ("scale_a", "scale_b") and g.block_scale:
         layout = g.scale_layouts[refused.argument == "scale_b"]
         copy = copy_in_layout(args[i], layout, 1) if g.grouped else tma_readable(args[i], layout)  # unpadded
     else:  # every other operand: an M x N matrix in D's layout, a vector per batch row-major

@@ -5,6 +5,7 @@ from .columns import Columns
 from .graph import (
     BLOCK_SCALE_OPERANDS,
     LSE_IDENTITY,
+    MICROSCALING_OPERANDS,
     BlockOp,
     EpilogueIR,
     GemmSpec,
@@ -22,6 +23,6 @@ from .graph import (
 )
 from .ops import BINARY_OPS, UNARY_OPS, Op, Param
 
-__all__ = ["BINARY_OPS", "BLOCK_SCALE_OPERANDS", "LSE_IDENTITY", "UNARY_OPS", "BlockOp", "Columns", "EpilogueIR",
-           "GemmSpec", "Node", "Op", "Operand", "Output", "Param", "RecipeIR", "Reduction", "RowBlocks", "content_key",
-           "f32", "f32_bits", "normalize", "post_order"]
+__all__ = ["BINARY_OPS", "BLOCK_SCALE_OPERANDS", "BlockOp", "Columns", "EpilogueIR", "GemmSpec", "LSE_IDENTITY",
+           "MICROSCALING_OPERANDS", "Node", "Op", "Operand", "Output", "Param", "RecipeIR", "Reduction", "RowBlocks",
+           "UNARY_OPS", "content_key", "f32", "f32_bits", "normalize", "post_order"]

@@ -18,7 +18,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ..types import DType, Layout, OperandKind
+from ..types import DType, Layout, Microscaling, OperandKind
 from .columns import Columns, annotate
 from .ops import RANDOM_OPS, Op
 
@@ -175,6 +175,11 @@ class GemmSpec:
     its two scales (CUTLASS's blockwise fp8 main loop): acc = sum over K blocks of (A_kb @ B_kb) *
     scale_a * scale_b. The scales are the call's first operands (`RecipeIR.operands`). A grouped
     GEMM's are per row of A (M granularity 1) and per group's B, both K-major (`scale_layouts`).
+
+    `microscaling` (gg.MXFP8) is the MMA's own block scaling: A[m, k] counts as A[m, k] *
+    2^scale_a[m, k // 32] and B[k, n] as B[k, n] * 2^scale_b[n, k // 32] (UE8M0 exponents), read
+    by the tcgen05 MMA from tensor memory. The scales are the call's first operands, each in the
+    blocked order of the MMA (`runtime.microscaling`).
     """
 
     a: DType
@@ -187,6 +192,17 @@ class GemmSpec:
     layout_d: Layout = Layout.ROW
     grouped: bool = False
     block_scale: tuple[int, int, int] | None = None
+    microscaling: Microscaling | None = None
+
+    @property
+    def declared_block_scale(self) -> tuple[int, int, int] | Microscaling | None:
+        """What a recipe declares as `block_scale=`: a granularity, a microscaling format, or None."""
+        return self.block_scale or self.microscaling
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the call passes scale_a and scale_b for the main loop (`RecipeIR.operands`)."""
+        return self.declared_block_scale is not None
 
     @property
     def fp8(self) -> bool:
@@ -247,6 +263,9 @@ class EpilogueIR:
 #: The block scales' operands, first among a block-scaled recipe's operands.
 BLOCK_SCALE_OPERANDS = (Operand("scale_a", OperandKind.SCALE_A, DType.F32),
                         Operand("scale_b", OperandKind.SCALE_B, DType.F32))
+#: A microscaled recipe's (GemmSpec.microscaling): UE8M0 exponents in the MMA's blocked order.
+MICROSCALING_OPERANDS = (Operand("scale_a", OperandKind.SCALE_A, DType.UE8M0),
+                         Operand("scale_b", OperandKind.SCALE_B, DType.UE8M0))
 
 
 @dataclass(frozen=True)
@@ -260,8 +279,9 @@ class RecipeIR:
     @property
     def operands(self) -> tuple[Operand, ...]:
         """What a call passes after A and B, in order: the block scales (when the GEMM is
-        block-scaled), then the epilogue's operands."""
-        scales = BLOCK_SCALE_OPERANDS if self.gemm.block_scale else ()
+        block-scaled or microscaled), then the epilogue's operands."""
+        g = self.gemm
+        scales = BLOCK_SCALE_OPERANDS if g.block_scale else MICROSCALING_OPERANDS if g.microscaling else ()
         return scales + self.epilogue.operands
 
     @property
@@ -287,7 +307,7 @@ class RecipeIR:
         scale = None if g.block_scale is None else (g.block_scale[1], g.block_scale[0], g.block_scale[2])
         gemm = GemmSpec(a=g.b, b=g.a, d=g.d, layout_a=g.layout_b.transposed, layout_b=g.layout_a.transposed,
                         batched=g.batched, accumulator=g.accumulator, layout_d=g.layout_d.transposed,
-                        grouped=g.grouped, block_scale=scale)
+                        grouped=g.grouped, block_scale=scale, microscaling=g.microscaling)
         operands = tuple(replace(o, kind=o.kind.transposed) for o in self.epilogue.operands)
         outputs = tuple(o.transposed for o in self.epilogue.outputs)
         nodes = tuple(replace(n, op=n.op.transposed) for n in self.epilogue.nodes)
@@ -300,9 +320,10 @@ class RecipeIR:
         layout_d = [] if g.layout_d is Layout.ROW else [g.layout_d.value]
         grouped = [["grouped", True]] if g.grouped else []
         block_scale = [["block_scale", list(g.block_scale)]] if g.block_scale else []
+        microscaling = [["microscaling", g.microscaling.value]] if g.microscaling else []
         return {
             "gemm": [g.a.value, g.b.value, g.d.value, g.layout_a.value, g.layout_b.value, g.batched,
-                     g.accumulator.value, *layout_d, *grouped, *block_scale],
+                     g.accumulator.value, *layout_d, *grouped, *block_scale, *microscaling],
             "nodes": [[n.op.key, list(n.args), n.name, n.attr, n.dtype.value if n.dtype else None]
                       for n in self.epilogue.nodes],
             "outputs": [[o.name, o.node, o.dtype.value, *([o.reduce.value] if o.reduce else []),

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from ..types import DType, OperandKind
+from . import microscaling
 from .graph import BlockOp, EpilogueIR, GemmSpec, Operand, Output, RecipeIR, Reduction
 from .ops import COMPARISONS, FP8_MAX, RANDOM_OPS, Op, quantize_blocks, random_uniform, round_to
 
@@ -234,15 +235,23 @@ def reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: Mapp
     acc = accumulate(recipe.gemm, a, b, ops)
     if not magnitudes:
         return evaluate_epilogue(recipe.epilogue, acc, ops)
-    scales = {k: v.abs() for k, v in ops.items() if k in ("scale_a", "scale_b") and isinstance(v, torch.Tensor)}
+    scales = {k: v.abs() for k, v in ops.items()  # (a microscaled GEMM's scales are positive already)
+              if k in ("scale_a", "scale_b") and isinstance(v, torch.Tensor) and recipe.gemm.block_scale is not None}
     acc_magnitude = accumulate(recipe.gemm, a.float().abs(), b.float().abs(), {**ops, **scales})
     return evaluate_epilogue(recipe.epilogue, acc, ops, magnitudes=True, acc_magnitude=acc_magnitude)
 
 
 def accumulate(gemm: GemmSpec, a: torch.Tensor, b: torch.Tensor, operands: dict) -> torch.Tensor:
     """The fp32 accumulator A @ B; with block scales, each of A's and B's values times its block's
-    scale (the same sum as the kernel's per-K-block rescaling, up to rounding)."""
+    scale (the same sum as the kernel's per-K-block rescaling, up to rounding); microscaled, each
+    times its vector's power of two, read from the blocked order (`microscaling`)."""
     a32, b32 = a.to(torch.float32), b.to(torch.float32)
+    if gemm.microscaling is not None:
+        fmt, k = gemm.microscaling, a.shape[-1]
+        columns = microscaling.scale_columns(k, fmt)
+        a32 = microscaling.dequantize(a32, microscaling.from_blocked(operands["scale_a"], a.shape[-2], columns), fmt)
+        b32 = microscaling.dequantize(b32.mT, microscaling.from_blocked(operands["scale_b"], b.shape[-1], columns),
+                                      fmt).mT
     if gemm.block_scale is not None:
         gm, gn, gk = gemm.block_scale
         a32 = a32 * expand_block_scale(operands["scale_a"], gm, gk, a.shape[-2:])

@@ -22,6 +22,7 @@ from ..codegen.sm90.geometry import scale_tma, scales_per_tile
 from ..config import Arch, KernelConfig, Schedule, TileScheduler
 from ..errors import InvalidArgument
 from ..ir import LSE_IDENTITY, Columns, RecipeIR, Reduction
+from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS, blocked_shape
 from ..ir.ops import RANDOM_OPS
 from ..types import Layout, OperandKind
 from . import scheduler, tma
@@ -30,6 +31,7 @@ from .problem import Problem, TensorArg
 MODE_GEMM, MODE_BATCHED = 0, 2  # cutlass::gemm::GemmUniversalMode
 WORKSPACE_ALIGN = 16  # cutlass::MinWorkspaceAlignment
 _INT32_MAX = 2**31 - 1
+SCALE_BLOCK_BYTES = BLOCK_ROWS * BLOCK_COLUMNS  # one block of a microscaled operand's scales (UE8M0)
 
 #: Turns encode arguments into a 128-byte CUtensorMap.
 TensorMapEncoder = Callable[[tma.EncodeArgs], bytes]
@@ -64,6 +66,11 @@ class ArgumentBuilder:
             for i, (operand, gran, loaded) in enumerate(zip("ab", (gm, gn), tma_loads, strict=True)):
                 template = tma.block_scale_template(per_tile[i]) if loaded else None
                 self.block_scales.append((f"scale_{operand}", f"mainloop.layout_sf{operand}", gran, gk, template))
+        # microscaled: (operand, Params prefix, the TMA of its scales) per A and B
+        fmt = recipe.gemm.microscaling
+        self.microscaling = fmt
+        self.microscales = [(f"scale_{x}", f"mainloop.layout_sf{x}", tma.scale_block_template(config, x))
+                            for x in "ab"] if fmt is not None else []
         epi = recipe.epilogue
         matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX and o.columns is Columns.FULL]
         # a matrix for every batch, read into registers (Sm90AuxLoad<0>): a pointer and the stride
@@ -162,6 +169,11 @@ class ArgumentBuilder:
             blocks, k_blocks = _scale_blocks(p, name, gran, gk)
             v.update({f"{prefix}.blocks": blocks, f"{prefix}.k_blocks": k_blocks, f"{prefix}.l": p.l,
                       f"{prefix}.k_stride": strides[1], f"{prefix}.batch_stride": strides[2]})
+        for name, prefix, _ in self.microscales:  # the blocked order's extents and byte strides (ir.microscaling)
+            blocks, k_blocks = self._scale_row_blocks(p, name)
+            v.update({f"{prefix}.blocks": blocks, f"{prefix}.k_blocks": k_blocks, f"{prefix}.l": p.l,
+                      f"{prefix}.block_stride": k_blocks * SCALE_BLOCK_BYTES,
+                      f"{prefix}.batch_stride": blocks * k_blocks * SCALE_BLOCK_BYTES})
         v.update({"hw_info.device_id": p.device_id, "hw_info.sm_count": p.sm_count,
                   "hw_info.max_active_clusters": p.max_active_clusters})
         if self.sm100:
@@ -169,6 +181,12 @@ class ArgumentBuilder:
         plan = self._scheduler(p)
         v.update(plan.fields)
         return v, plan.grid
+
+    def _scale_row_blocks(self, p: Problem, name: str) -> tuple[int, int]:
+        """(row blocks, K blocks) of a microscaled operand's scales in the blocked order."""
+        assert self.microscaling is not None
+        rows, columns = blocked_shape(p.m if name == "scale_a" else p.n, p.k, self.microscaling)
+        return rows // BLOCK_ROWS, columns // BLOCK_COLUMNS
 
     def _scheduler(self, p: Problem) -> scheduler.SchedulerPlan:
         if self.sm100 and self.stream_k:
@@ -239,6 +257,11 @@ class ArgumentBuilder:
                 blocks, k_blocks = _scale_blocks(p, name, gran, gk)
                 v[f"mainloop.tma_sf{operand}"] = encode(template.operand(scale.ptr, blocks, k_blocks, p.l,
                                                                          scale.strides))
+        for name, _, block_template in self.microscales:  # and the fallback cluster's copy
+            blocks, k_blocks = self._scale_row_blocks(p, name)
+            scales: TensorArg = p.operands[name]  # type: ignore[assignment]
+            v[f"mainloop.tma_sf{name[-1]}"] = v[f"mainloop.tma_sf{name[-1]}_fallback"] = encode(
+                block_template.encode(scales.ptr, blocks, k_blocks, p.l))
         for prefix, name, per_batch in self.vectors:
             vector: TensorArg = p.operands[name]  # type: ignore[assignment]
             v[f"{prefix}.ptr"] = vector.ptr

@@ -31,8 +31,8 @@ from ..types import OperandKind
 from . import driver, scheduler, tma
 from .arguments import TensorMapEncoder
 from .base import Hardware, KernelBase, argument_signature, padded_strides, put_bounded
-from .checks import check_no_alias, check_output, output_span
 from .grouped_checks import GroupedCall, check_grouped_call, grouped_input_spans
+from .output_checks import check_no_alias, check_output, output_span
 from .problem import TensorArg
 
 if TYPE_CHECKING:

@@ -33,22 +33,17 @@ from ..ir.reference import evaluate_epilogue
 from . import driver
 from .arguments import ArgumentBuilder, TensorMapEncoder
 from .base import Hardware, KernelBase, argument_signature, padded_strides, put_bounded, seed_signature
-from .checks import (
-    CheckedCall,
-    Span,
+from .checks import CheckedCall, Span, check_call, input_spans, problem_size_check, rebind
+from .grouped import GroupedKernel
+from .output_checks import (
     block_factors_layout,
     check_block_factors_output,
-    check_call,
     check_no_alias,
     check_output,
     check_outputs_disjoint,
     check_reduction_output,
-    input_spans,
     output_span,
-    problem_size_check,
-    rebind,
 )
-from .grouped import GroupedKernel
 from .problem import Problem, TensorArg
 
 if TYPE_CHECKING:
@@ -255,7 +250,7 @@ class Kernel(KernelBase):
         problem = Problem(call.m, call.n, call.k, call.l, call.a, call.b, placeholder, call.operands,
                           {o.name: placeholder for o in self._ir.epilogue.outputs[1:]}, max(device_index, 0), sm_count,
                           clusters)
-        return problem.transposed(self._ir.gemm.block_scale is not None) if self._swap else problem
+        return problem.transposed(self._ir.gemm.scaled) if self._swap else problem
 
     def _outputs(self, plan: _Plan, out: Any) -> tuple[tuple[torch.Tensor, ...], tuple[OutputArg, ...]]:
         tensors: list[torch.Tensor] = []

@@ -19,6 +19,7 @@ from ..codegen import sm100
 from ..codegen.sm90.geometry import epilogue_tile, swizzle_span
 from ..config import Arch, KernelConfig
 from ..ir import RecipeIR
+from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS
 from ..types import DType, Layout
 
 
@@ -154,6 +155,34 @@ def block_scale_template(scales_per_tile: int) -> TmaTemplate:
     """The TMA of M/N-major block scales (the blockwise main loop's tma_load_sfa/sfb): fp32 over
     (blocks, K blocks, L), one box of the tile's scales per K step, no swizzle."""
     return TmaTemplate(int(TmaDataType.FLOAT32), 4, (scales_per_tile, 1, 1), int(Swizzle.NONE), True)
+
+
+@dataclass(frozen=True)
+class ScaleBlockTemplate:
+    """The TMA of a microscaled operand's scales (the block-scaled main loop's tma_load_sfa/sfb),
+    over their blocked order (`ir.microscaling`): 16-bit words, dims (the 256 words of a block,
+    row blocks, K blocks, L), one box of the tile's row blocks per K tile, no swizzle."""
+
+    box: tuple[int, int, int, int]
+
+    def encode(self, addr: int, row_blocks: int, k_blocks: int, l: int) -> EncodeArgs:  # noqa: E741
+        block = BLOCK_ROWS * BLOCK_COLUMNS
+        return EncodeArgs(int(TmaDataType.UINT16), 4, addr, (block // 2, row_blocks, k_blocks, l),
+                          (k_blocks * block, block, row_blocks * k_blocks * block), self.box, (1, 1, 1, 1),
+                          INTERLEAVE_NONE, int(Swizzle.NONE), L2_PROMOTION_128B, OOB_FILL_NONE)
+
+
+def scale_block_template(config: KernelConfig, which: str) -> ScaleBlockTemplate:
+    """The tile's row blocks of A's scales (which="a": its CTA's 128 rows) or B's (the MMA's N,
+    rounded up to whole blocks), split as make_tma_atom_{A,B}_sm100 splits them: A's among the CTAs
+    it is multicast to, B's also between the CTAs of a pair."""
+    multicast_a, multicast_b = sm100.geometry.multicast(config)
+    if which == "a":
+        blocks, split = -(-config.cta_tile[0] // BLOCK_ROWS), multicast_a
+    else:
+        blocks, split = -(-config.tile[1] // BLOCK_ROWS), multicast_b * sm100.geometry.mma_ctas(config)
+    box = _split_multicast([BLOCK_ROWS * BLOCK_COLUMNS // 2, blocks, 1, 1], split)
+    return ScaleBlockTemplate(tuple(box))  # type: ignore[arg-type]
 
 
 def epilogue_template(recipe: RecipeIR, config: KernelConfig, dtype: DType) -> TmaTemplate:

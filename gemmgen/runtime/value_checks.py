@@ -23,6 +23,8 @@ def check_values(recipe: RecipeIR, a: object, b: object, operands: dict[str, obj
     def copy(name: str, value: object) -> object:
         if not isinstance(value, torch.Tensor) or value.layout is not torch.strided:
             return value
+        if g.microscaling is not None and name in ("scale_a", "scale_b"):  # the blocked order: contiguous bytes
+            return value.clone(memory_format=torch.contiguous_format)
         return tma_readable(value, layouts.get(name, Layout.ROW))
 
     a, b = copy("a", _need_tensor("a", a)), copy("b", _need_tensor("b", b))

@@ -21,6 +21,7 @@ import torch
 
 from ..codegen.fields import ParamsLayout
 from ..compile import CompiledKernel
+from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS, exponents
 from ..ir.reference import expand_block_scale, group_bounds
 from ..runtime.grouped import MAX_COLUMNS, SCALE_LAYOUT_BYTES, SETUP
 from ..runtime.tma import EncodeArgs
@@ -100,9 +101,14 @@ class _ParamsBytes:
         ld = self.entry(strides)
         return self.at(self.entry(pointers), dtype, (1, m, n), (0, 1, ld) if column_major else (0, ld, 1), pointers)
 
-    def mapped(self, lvalue: str, dtype: torch.dtype, rows_contiguous: bool) -> torch.Tensor:
+    def encoded(self, lvalue: str) -> EncodeArgs:
+        """What the tensor map at `lvalue` was encoded from."""
         args = self._encoder.of(self.raw(lvalue))
         assert args is not None, f"{self._at[lvalue][0].name}: no tensor map written"
+        return args
+
+    def mapped(self, lvalue: str, dtype: torch.dtype, rows_contiguous: bool) -> torch.Tensor:
+        args = self.encoded(lvalue)
         base = _as(self._by_addr[args.addr], dtype)
         item = base.element_size()
         d0, d1, d2 = args.dims
@@ -137,6 +143,10 @@ def emulate(compiled: CompiledKernel, params: bytes, encoder: MapReader, tensors
     if a.shape[::2] != b.shape[::2]:
         raise AssertionError(f"A's tensor map addresses {tuple(a.shape)} (L, M, K), B's {tuple(b.shape)} (L, N, K)")
     a32, b32 = a.float(), b.float()
+    vector = _microscaling_vector(compiled.generated.source)
+    if vector is not None:
+        a32 = a32 * _microscales(view, "a", vector, a.shape)
+        b32 = b32 * _microscales(view, "b", vector, b.shape)
     granularity = _scale_config(compiled.generated.source)
     if granularity is not None:
         gm, gn, gk, _, _ = granularity
@@ -155,6 +165,38 @@ def _scale_config(source: str) -> tuple[int, int, int, bool, bool] | None:
         return None
     gm, gn, gk = map(int, found.groups()[:3])
     return gm, gn, gk, found.group(4) == "K", found.group(5) == "K"
+
+
+def _microscaling_vector(source: str) -> int | None:
+    """Values of K per scale of a microscaled kernel (its Sm1xxBlockScaledConfig), else None."""
+    found = re.search(r"Sm1xxBlockScaledConfig<(\d+)>", source)
+    return None if found is None else int(found.group(1))
+
+
+def _microscales(view: _ParamsBytes, operand: str, vector: int, shape: torch.Size) -> torch.Tensor:
+    """A microscaled operand's scales as the block-scaled main loop loads them: through its tensor
+    map (16-bit words of whole 128 x 4 blocks, over row blocks, K blocks and L), each block's bytes
+    in the blocked order (`ir.microscaling`); its layout fields must describe the same memory.
+    Each value's power of two: (L, M or N, K)."""
+    l, mn, k = shape  # noqa: E741
+    lvalue = view.lvalue[f"mainloop.tma_sf{operand}"]
+    args = view.encoded(lvalue)
+    blocks, k_blocks = -(-mn // BLOCK_ROWS), -(-k // (vector * BLOCK_COLUMNS))
+    block = BLOCK_ROWS * BLOCK_COLUMNS
+    if tuple(args.dims) != (block // 2, blocks, k_blocks, l) or args.strides[1] != block:
+        raise AssertionError(f"scale_{operand}: its tensor map addresses {args.dims} words with strides "
+                             f"{args.strides}, want ({block // 2}, {blocks}, {k_blocks}, {l}) of whole blocks")
+    field = {n: int.from_bytes(view.raw(view.lvalue[f"mainloop.layout_sf{operand}.{n}"]), "little", signed=True)
+             for n in ("blocks", "k_blocks", "l", "block_stride", "batch_stride")}
+    layout = (field["blocks"], field["k_blocks"], field["l"], field["block_stride"], field["batch_stride"])
+    if layout != (blocks, k_blocks, l, args.strides[0], args.strides[2]):
+        raise AssertionError(f"scale_{operand}: its layout fields {field} describe other memory than its tensor "
+                             f"map {args.dims}, strides {args.strides}")
+    raw = view.at(args.addr, torch.uint8, (l, blocks, k_blocks, block), (args.strides[2], args.strides[0], block, 1),
+                  lvalue)
+    ordered = raw.reshape(l, blocks, k_blocks, 32, 4, 4).permute(0, 1, 4, 3, 2, 5)  # (L, rb, r // 32, r % 32, kb, c)
+    scales = ordered.reshape(l, blocks * BLOCK_ROWS, k_blocks * BLOCK_COLUMNS)[:, :mn, :-(-k // vector)]
+    return exponents(scales).repeat_interleave(vector, dim=-1)[..., :k]
 
 
 def _group_scales(view: _ParamsBytes, operand: str, gran: int, gran_k: int, k_major: bool, mn: int, k: int

@@ -101,9 +101,19 @@ class OracleProgram:
                 f"ScaleGranularity{g}), cute::ceil_div(int(V[2]), CollectiveMainloop::ScaleGranularityK), "
                 f"int(V[3]), V[{s[2]}], V[{s[3]}])"
                 for x, s, mn, g in (("A", sa, 0, "M"), ("B", sb, 1, "N")))
-        mainloop = (f"{{reinterpret_cast<ElementA const*>(V[{a[0]}]), "
+        if kernel.kernel_recipe.gemm.microscaling is not None:
+            # the scales' addresses; their layouts from the problem, as CUTLASS's examples build them
+            sa, sb = tensor("operand.scale_a"), tensor("operand.scale_b")
+            shape = "cute::make_shape(int(V[0]), int(V[1]), int(V[2]), int(V[3]))"
+            scales = "".join(
+                f", reinterpret_cast<typename CollectiveMainloop::ElementSF const*>(V[{s[0]}]), "
+                f"ScaleConfig::tile_atom_to_shape_SF{x}({shape})" for x, s in (("A", sa), ("B", sb)))
+        # (a microscaled kernel's ElementA is CUTLASS's pair of element and scale type)
+        mx = kernel.kernel_recipe.gemm.microscaling is not None
+        element_a, element_b = (f"typename CollectiveMainloop::ArrayElement{x}" if mx else f"Element{x}" for x in "AB")
+        mainloop = (f"{{reinterpret_cast<{element_a} const*>(V[{a[0]}]), "
                     f"oracle::stride3<typename CollectiveMainloop::StrideA>(V[{a[1]}], V[{a[2]}], V[{a[3]}]), "
-                    f"reinterpret_cast<ElementB const*>(V[{b[0]}]), "
+                    f"reinterpret_cast<{element_b} const*>(V[{b[0]}]), "
                     f"oracle::stride3<typename CollectiveMainloop::StrideB>(V[{b[1]}], V[{b[2]}], V[{b[3]}])"
                     f"{scales}}}")
         thread = self._arguments(epi.arguments)

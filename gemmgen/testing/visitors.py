@@ -173,6 +173,11 @@ def _element(t: CppType) -> torch.dtype:
     return _ELEMENT[str(t)]
 
 
+def _values(t: CppType) -> CppType:
+    """The element of A or B: a microscaled kernel's (`mx_float8_t<E>`) names it with its scales."""
+    return t.args[0] if t.name == "cutlass::mx_float8_t" else t
+
+
 def _member(lvalue: str, index: int, count: int) -> str:
     """Op `index` of `count` in Sm90VisitorImplBase's Params: members op_0..op_3 up to four, a tuple beyond."""
     return f"{lvalue}.op_{index}" if count <= 4 else f"cute::get<{index}>({lvalue})"
@@ -228,8 +233,8 @@ class EpilogueInterpreter:
         else:
             raise EpilogueSourceError("no CollectiveEpilogue declaration in the source")
         self.callbacks = self._resolve(parse_type(callbacks))
-        self.element_a = _element(parse_type(self.decls["ElementA"]))
-        self.element_b = _element(parse_type(self.decls["ElementB"]))
+        self.element_a = _element(_values(parse_type(self.decls["ElementA"])))
+        self.element_b = _element(_values(parse_type(self.decls["ElementB"])))
         # void: a PairStore among the callbacks writes D (pairs.hpp)
         self.element_d = None if self.decls["ElementD"] == "void" else _element(parse_type(self.decls["ElementD"]))
         c = self.decls["ElementC"]

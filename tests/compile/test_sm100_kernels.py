@@ -36,6 +36,8 @@ def test_each_sm100_kernel_shows_tcgen05_tma_and_tensor_memory_in_its_sass(sm100
         assert (r.sass["UGETNEXTWORKID"] > 0) != k.recipe.gemm.grouped, name
         assert (r.sass["UTCHMMA.2CTA"] + r.sass["UTCQMMA.2CTA"] > 0) == two_sm, name
         assert r.local_bytes == 0 and r.stack_bytes == 0, (name, r.local_bytes, r.stack_bytes)
+        # a microscaled kernel copies its scales into tensor memory for the MMA; no other kernel does
+        assert (r.sass["UTCCP"] > 0) == (k.recipe.gemm.microscaling is not None), (name, r.sass["UTCCP"])
         # the blockwise kernel has a sixth warp, which loads the scales (rounded up to 3 warp groups)
         threads = 384 if k.recipe.gemm.block_scale else 256
         assert k.info.max_threads == threads and k.info.cluster_size == k.config.cluster[0] * k.config.cluster[1]
@@ -84,6 +86,12 @@ def test_the_validation_refuses_what_is_not_the_arch_kernel(sm100_kernels, compi
     assert sm90 is not None
     wrong = {**art.files, "kernel.cubin": sm90.files["kernel.cubin"]}
     assert "kernel.cubin was compiled for sm_90, not sm_100a" in str(kernel_problem(wrong, art.meta, k.generated))
+    # a microscaled kernel without the scales' copy into tensor memory
+    mx = sm100_kernels["mxfp8_linear"]
+    mx_art = session_cache.for_arch(SM100).get(mx.cache_key)
+    assert mx_art is not None and kernel_problem(mx_art.files, mx_art.meta, mx.generated) is None
+    unscaled = {**mx_art.meta, "sass": {**mx_art.meta["sass"], "UTCCP": 0}}
+    assert "its SASS has no UTCCP instruction" in str(kernel_problem(mx_art.files, unscaled, mx.generated))
 
 
 def test_one_bundle_holds_both_arches_and_a_missing_arch_is_named(sm100_kernels, compiled, session_cache, tmp_path,
@@ -137,8 +145,8 @@ def test_inspect_reports_sm100_kernels_and_build_leaves_out_what_sm100_lacks(sm1
     assert left_out == ["moe_swiglu", "swiglu"]  # column pairs
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}.sm_100a.cu" for n in (
         "gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination", "bias_gelu_aux", "quick_gelu_scaled",
-        "scaled_mm_fp8", "fp8_block_scaled", "fp8_quantized", "qk_norm", "residual_norm_stats", "row_col_amax",
-        "moe_up", "moe_fp8_block"))
+        "scaled_mm_fp8", "fp8_block_scaled", "mxfp8_linear", "fp8_quantized", "qk_norm", "residual_norm_stats",
+        "row_col_amax", "moe_up", "moe_fp8_block"))
     proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "inspect", str(EXAMPLES), "--arch", "sm_100"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "'sm_100' is the plain target" in proc.stderr and "use 'sm_100a'" in proc.stderr

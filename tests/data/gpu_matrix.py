@@ -149,6 +149,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
             if recipe.name == "moe_up":
                 out += [(recipe, c) for c in candidates(recipe.ir, *GROUPED_TUNE_PROBLEM, limit=TUNE_CANDIDATES)]
             continue
+        if recipe.ir.gemm.microscaling is not None:  # sm_100a's block-scaled MMA: sm100_gpu_matrix
+            continue
         default = recipe.default_config()
         other = gg.Schedule.PINGPONG if default.schedule is gg.Schedule.COOPERATIVE else gg.Schedule.COOPERATIVE
         out.append((recipe, default))

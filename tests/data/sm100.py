@@ -22,6 +22,9 @@ SM100_KERNELS: dict[str, gg.KernelConfig | None] = {
                                            tile_scheduler=gg.TileScheduler.STREAM_K, arch=gg.Arch.SM100A),
     # fp8 with DeepSeek's block scales (CUTLASS's blockwise main loop, scales read with cp.async), one SM
     "fp8_block_scaled": None,
+    # MXFP8 (the block-scaled MMA, kind::mxf8f6f4): UE8M0 scales loaded with TMA and copied into
+    # tensor memory (UTCCP), one SM
+    "mxfp8_linear": None,
     # grouped (pointer-array) on a pair of SMs: per-group maps rewritten on the GPU, the group scheduler
     "moe_up": gg.KernelConfig(tile=(256, 128, 64), **TWO_SM),  # type: ignore[arg-type]
 }
@@ -34,8 +37,8 @@ SM100 = gg.Arch.SM100A
 #: reductions over N on a pair (their workspace counts the CTAs' tiles) with B multicast; vectors and
 #: a scalar per batch, a matrix shared by every batch and signed max and min over M and N on a pair
 #: (row_extrema), swapped (swapped: its per-batch vectors trade places), DeepSeek's block scales
-#: on a pair (each CTA reads its half's scales of A), D's row blocks on a pair, and the stream-K
-#: scheduler.
+#: on a pair (each CTA reads its half's scales of A), MXFP8's scale maps, D's row blocks on a pair,
+#: and the stream-K scheduler.
 VALUE_CONFIGS = {
     "pair_128": ("bias_gelu", gg.KernelConfig(tile=(128, 128, 64), cluster=(2, 2, 1), schedule=gg.Schedule.TWO_SM,
                                               arch=SM100)),
@@ -53,6 +56,14 @@ VALUE_CONFIGS = {
     # D's row blocks on a pair (a CTA's 128 rows of the 256-row MMA), the bias read in place, fp8 D
     "row_blocks_pair": ("fp8_quantized", gg.KernelConfig(tile=(256, 128, 64), cluster=(2, 1, 1),
                                                          schedule=gg.Schedule.TWO_SM, arch=SM100)),
+    # MXFP8's scales on a pair in a 4 x 1 cluster (B's scale blocks split between the pair's CTAs
+    # and multicast), swapped on the heuristic's small-M pair, and in a 2 x 2 cluster of one SM with a
+    # 192-wide tile (two of B's scale blocks per K tile) swapped
+    "mx_pair": ("mxfp8_linear", gg.KernelConfig(tile=(256, 256, 128), cluster=(4, 1, 1), schedule=gg.Schedule.TWO_SM,
+                                                arch=SM100)),
+    "mx_swapped_pair": ("mxfp8_linear", gg.KernelConfig(tile=(256, 64, 128), swap_ab=True, **TWO_SM)),  # type: ignore[arg-type]
+    "mx_192_multicast": ("mxfp8_linear", gg.KernelConfig(tile=(128, 192, 128), cluster=(2, 2, 1), swap_ab=True,
+                                                         schedule=gg.Schedule.ONE_SM, arch=SM100)),
     # reductions over M (CUTLASS's Sm90RowReduction: its partials and tile counters) and over N
     "both_reductions": ("row_col_amax", gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM, arch=SM100)),
     # CUTLASS's sm100 stream-K scheduler on pairs in a 2 x 2 cluster after C and two reductions'

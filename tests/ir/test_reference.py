@@ -50,7 +50,11 @@ def _operands_for(recipe, m, n, gen, batch=None, k=None):
 
 
 def _accumulator(recipe, a, b, ops):
-    """A @ B in fp32; with block scales, each 128-wide K block's product times its scales, summed."""
+    """A @ B in fp32; with block scales, each 128-wide K block's product times its scales, summed;
+    microscaled, each 32-wide K block's product times its powers of two (read through CUTLASS's
+    layout formula, not gemmgen's blocked-order code), summed."""
+    if recipe.gemm.microscaling is not None:
+        return _microscaled_accumulator(a, b, ops)
     if recipe.gemm.block_scale is None:
         return a.float() @ b.float()
     gm, gn, gk = recipe.gemm.block_scale
@@ -61,6 +65,27 @@ def _accumulator(recipe, a, b, ops):
         rows = ops["scale_a"][..., :, kb].double().repeat_interleave(gm, dim=-1)[..., :m]
         cols = ops["scale_b"][..., kb, :].double().repeat_interleave(gn, dim=-1)[..., :n]
         acc += part * rows.unsqueeze(-1) * cols.unsqueeze(-2)
+    return acc.float()
+
+
+def _microscaled_accumulator(a, b, ops):
+    """sum over 32-wide K blocks kb of (A_kb @ B_kb) * 2^(scale_a[m, kb] - 127) * 2^(scale_b[n, kb] - 127),
+    each scale at (r % 32) * 16 + (r // 32 % 4) * 4 + (r // 128) * K blocks * 512 + kb % 4 + (kb // 4) * 512
+    of its batch's blocked bytes (CUTLASS's Sm1xxBlockScaledConfig)."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+
+    def exponents(scales, rows):
+        raw = scales.view(torch.uint8).flatten(-2)
+        k_blocks = scales.shape[-1] // 4
+        r, kb = torch.arange(rows)[:, None], torch.arange(-(-k // 32))[None, :]
+        at = (r % 32) * 16 + (r // 32 % 4) * 4 + (r // 128) * k_blocks * 512 + kb % 4 + (kb // 4) * 512
+        return (raw[..., at].double() - 127).exp2()  # (..., rows, K blocks)
+
+    sa, sb = exponents(ops["scale_a"], m), exponents(ops["scale_b"], n)
+    acc = torch.zeros(*a.shape[:-2], m, n, dtype=torch.float64)
+    for kb in range(-(-k // 32)):
+        part = a[..., kb * 32:(kb + 1) * 32].double() @ b[..., kb * 32:(kb + 1) * 32, :].double()
+        acc += part * sa[..., :, kb].unsqueeze(-1) * sb[..., :, kb].unsqueeze(-2)
     return acc.float()
 
 
@@ -112,6 +137,8 @@ def _independent(name, acc, ops):
         return ((x * torch.sigmoid(1.702 * x)).half(),)
     if name == "fp8_block_scaled":
         return (acc.bfloat16(),)
+    if name == "mxfp8_linear":
+        return ((acc + f["bias"]).bfloat16(),)
     if name == "block_scaled_swapped":
         y = acc + f["bias"]
         return y.bfloat16(), y.sum(dim=-2)
@@ -248,9 +275,10 @@ def test_transposed_recipe_is_the_transposed_math(examples, extra, shape, gen):
         ops = _operands_for(recipe, m, n, gen, batch, k)
         t = recipe.ir.transposed()
         assert t.transposed() == recipe.ir and t.key != recipe.ir.key
-        matrices = {o.name for o in recipe.operands if o.kind is gg.OperandKind.MATRIX or o.kind.block_scale}
+        matrices = {o.name for o in recipe.operands  # (microscaled: blocked, each along K of its own rows)
+                    if o.kind is gg.OperandKind.MATRIX or (o.kind.block_scale and recipe.gemm.block_scale)}
         t_ops = {name: v.mT if name in matrices else v for name, v in ops.items()}  # a vector per batch stays
-        if recipe.gemm.block_scale:  # the transposed problem's A is B^T: the scales trade places too
+        if recipe.gemm.scaled:  # the transposed problem's A is B^T: the scales trade places too
             t_ops["scale_a"], t_ops["scale_b"] = t_ops["scale_b"], t_ops["scale_a"]
         want = recipe.reference(a, b, **ops)
         want = want if isinstance(want, tuple) else (want,)

@@ -10,6 +10,7 @@ import pytest
 import gemmgen as gg
 from gemmgen.codegen.fields import KIND_SIZE
 from gemmgen.codegen.sm90 import scale_tma
+from gemmgen.ir.microscaling import blocked_shape
 from gemmgen.runtime.arguments import ArgumentBuilder, field_values, pack
 from gemmgen.runtime.problem import Problem, TensorArg
 from gemmgen.testing.calls import dense
@@ -72,7 +73,10 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
 
     operands: dict[str, TensorArg | float] = {}
     for o in recipe.operands:
-        if o.kind.block_scale:  # M/N-major, the K-block stride padded to 4 (and by `pad`)
+        if o.kind.block_scale and g.microscaling is not None:  # the blocked order, contiguous per batch
+            rows, columns = blocked_shape(m if o.kind is OperandKind.SCALE_A else n, k, g.microscaling)
+            operands[o.name] = TensorArg(next(addr), (1, 0, rows * columns if l > 1 else 0))
+        elif o.kind.block_scale:  # M/N-major, the K-block stride padded to 4 (and by `pad`)
             gran = g.block_scale[0] if o.kind is OperandKind.SCALE_A else g.block_scale[1]
             blocks, k_blocks = -(-(m if o.kind is OperandKind.SCALE_A else n) // gran), -(-k // g.block_scale[2])
             ld = _up(blocks, 4) + 4 * pad
@@ -146,7 +150,7 @@ def _scale_vectors(kernel) -> tuple[int, int]:
 def kernel_problem(kernel, *shape, **hardware) -> Problem:
     """A problem of the recipe as declared, in the kernel's terms (transposed for a swapped kernel)."""
     p = make_problem(kernel.recipe, *shape, **hardware)
-    return p.transposed(kernel.recipe.gemm.block_scale is not None) if kernel.config.swap_ab else p
+    return p.transposed(kernel.recipe.gemm.scaled) if kernel.config.swap_ab else p
 
 
 WORKSPACE = 0x7E00_0000_0000  # where the workspace of a kernel with vector reductions is

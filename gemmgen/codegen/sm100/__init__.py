@@ -12,22 +12,24 @@ from . import geometry
 from .constraints import CONSTRAINTS
 from .params import param_fields
 from .smem import SM100_SMEM_CAPACITY, TMEM_COLUMNS, accumulator_stages, epilogue_smem_bytes, smem_need, stage_count
-from .types import HEADERS, TYPES_TEMPLATE, type_context
+from .types import TYPES_TEMPLATE, headers, type_context
 
 #: tcgen05 MMA (16-bit, fp8), TMA loads and stores, tensor-memory loads (the epilogue's), the
 #: pair's MMA, cluster launch control, mbarriers.
 SASS_MARKERS = ("UTCHMMA", "UTCQMMA", "UTCHMMA.2CTA", "UTCQMMA.2CTA", "UTMALDG", "UTMASTG", "LDTM",
-                "UGETNEXTWORKID", "SYNCS")
+                "UGETNEXTWORKID", "SYNCS", "UTCCP")
 
 
 def required_sass(config: KernelConfig, recipe: RecipeIR) -> SassRequirement:
     """tcgen05 MMA, issued for the pair under the 2-SM schedule; TMA loads of A and B; the
-    accumulator read from tensor memory. A kernel compiled for plain sm_100 has none of them."""
+    accumulator read from tensor memory; a microscaled kernel's scales copied into tensor memory
+    for the MMA. A kernel compiled for plain sm_100 has none of them."""
     mma = ("UTCHMMA.2CTA", "UTCQMMA.2CTA") if config.schedule is Schedule.TWO_SM else ("UTCHMMA", "UTCQMMA")
-    return (mma, ("UTMALDG",), ("LDTM",))
+    scales = (("UTCCP",),) if recipe.gemm.microscaling is not None else ()
+    return (mma, ("UTMALDG",), ("LDTM",), *scales)
 
 
-EMITTER = Emitter(Arch.SM100A, CONSTRAINTS, type_context, param_fields, SASS_MARKERS, required_sass, HEADERS)
+EMITTER = Emitter(Arch.SM100A, CONSTRAINTS, type_context, param_fields, SASS_MARKERS, required_sass, headers)
 
 __all__ = ["CONSTRAINTS", "EMITTER", "SASS_MARKERS", "SM100_SMEM_CAPACITY", "TMEM_COLUMNS", "TYPES_TEMPLATE",
            "accumulator_stages", "epilogue_smem_bytes", "geometry", "param_fields", "required_sass", "smem_need",

@@ -3,7 +3,8 @@ breaks, naming the fix. The shapes are tcgen05.mma's (PTX ISA, "Matrix shape") a
 sm100 builders accept them; shared memory and tensor memory are B200's.
 
 gemmgen's sm100 kernels so far: dense and batched GEMMs (16-bit or fp8 A and B, fp8 with block
-scales through CUTLASS's blockwise main loop) with any EVT epilogue, D's row blocks too, under CUTLASS's
+scales through CUTLASS's blockwise main loop, microscaled MXFP8 through its block-scaled MMA)
+with any EVT epilogue, D's row blocks too, under CUTLASS's
 cluster-launch-control scheduler or its stream-K scheduler (split-K too), and grouped
 (pointer-array) GEMMs under its group scheduler, block-scaled too. What it does not emit yet
 (`family_violations`, `reduction_violations`) is refused by name, with the fix.
@@ -132,6 +133,28 @@ def block_scaled_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[st
     return []
 
 
+def microscaled_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """The block-scaled MMA (kind::mxf8f6f4) computes 128 rows per SM (one SM's M = 128, a pair's
+    256) and CUTLASS's block-scaled main loop takes a CTA tile N of 64, 128, 192 or 256 and reads
+    the scales of whole blocks of 4 vectors of K per K tile (tile K a multiple of 128 for MXFP8)."""
+    fmt = recipe.gemm.microscaling
+    if fmt is None or cfg.schedule.arch is not cfg.arch:
+        return []
+    tm, tn, tk = cfg.tile
+    out = []
+    if cfg.cta_tile[0] != 128:
+        fix = "use tile M = 256 with the 2sm schedule" if cfg.schedule is Schedule.TWO_SM else \
+            "use tile M = 128 (swap_ab=True puts a small M along the tile's N)"
+        out.append(f"tile M = {tm}: the block-scaled MMA of {fmt!r} computes 128 rows per SM; {fix}")
+    if tn not in (64, 128, 192, 256):
+        out.append(f"tile N = {tn}: CUTLASS's block-scaled main loop takes tile N = 64, 128, 192 or 256 for "
+                   f"{fmt!r}; use one of those")
+    if tk % (4 * fmt.vector):
+        out.append(f"tile K = {tk}: a K tile of {fmt!r} reads whole blocks of 4 scales ({4 * fmt.vector} values of "
+                   f"K); use tile K = {4 * fmt.vector}")
+    return out
+
+
 def stream_k_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """CUTLASS's sm100 stream-K scheduler runs a CTA tile N of 192 data-parallel whatever it is
     asked (ForceDataParallel), so a split count would be ignored; and its kernels spilled registers
@@ -152,6 +175,6 @@ def stream_k_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 CONSTRAINTS = (schedule_violations, tile_violations, tile_k_violations, cluster_violations, pair_cluster_violations,
                smem_violations, reduction_violations, block_scale_violations, block_scaled_tile_violations,
-               tile_scheduler_violations,
+               tile_scheduler_violations, microscaled_tile_violations,
                stream_k_tile_violations, row_violations, row_block_violations, row_block_rows_violations,
                family_violations)

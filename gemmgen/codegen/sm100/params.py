@@ -24,6 +24,7 @@ from ..fields import (
     group_scheduler,
     grouped_block_scale_fields,
     hw_info,
+    microscaling_fields,
     stream_k_scheduler,
 )
 
@@ -44,6 +45,8 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
     f += [ParamField(f"mainloop.cluster_shape_fallback.{a}", f"{m}.cluster_shape_fallback.{a}", "u32") for a in "xyz"]
     if recipe.gemm.block_scale is not None and not grouped:  # read with cp.async: no tensor maps
         f += block_scale_fields((False, False))
+    if recipe.gemm.microscaling is not None:
+        f += microscaling_fields()
     if grouped:  # the per-SM copies of the maps it rewrites, and the per-group arrays
         f += [ParamField("mainloop.tensormaps", f"{m}.tensormaps", "ptr"),
               ParamField("mainloop.ptr_a", f"{m}.ptr_A", "ptr"), ParamField("mainloop.stride_a", f"{m}.dA", "ptr"),

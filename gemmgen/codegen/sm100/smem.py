@@ -42,10 +42,16 @@ def per_cta_ab(cfg: KernelConfig) -> tuple[int, int]:
 def stage_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
     """A and B of one K step; a blockwise main loop's stage also holds the MMA tile's fp32 block
     scales and a second pipeline's barriers, rounded to 128 bytes
-    (`sm100_compute_stage_count_or_override_blockwise`)."""
+    (`sm100_compute_stage_count_or_override_blockwise`); a microscaled one's the UE8M0 scales of
+    its 128-row blocks (`sm100_compute_stage_count_or_override_blockscaled`)."""
     rows_a, rows_b = per_cta_ab(cfg)
     tm, tn, tk = cfg.tile
     ab = (rows_a * recipe.gemm.a.bits + rows_b * recipe.gemm.b.bits) * tk // 8
+    fmt = recipe.gemm.microscaling
+    if fmt is not None:  # one byte per 128 rows (B's: of the MMA's N, rounded up) x 4 scales per 4 vectors of K
+        k_blocks = tk // (fmt.vector * 4)
+        scales = 512 * k_blocks * (-(-cfg.cta_tile[0] // 128) + -(-tn // 128))
+        return ab + scales + _PIPELINE_BARRIERS
     g = recipe.gemm.block_scale
     if g is None:
         return ab + _PIPELINE_BARRIERS

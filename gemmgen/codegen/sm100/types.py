@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ...config import KernelConfig, Schedule, TileScheduler, kernel_id
 from ...ir import RecipeIR
-from ...types import DType
+from ...types import DType, Microscaling
 from ..common_types import block_scale_decls, epilogue_strides, epilogue_tile_type, problem_shape
 from ..evt import EpilogueCode
 from ..fields import reads_scale_layouts
@@ -18,8 +18,12 @@ from .geometry import epilogue_tile_override
 
 #: The template that declares the kernel's types (included by kernel.cu.j2).
 TYPES_TEMPLATE = "sm100/gemm_types.inc.j2"
-#: What an sm100 kernel's module includes besides every kernel's headers (gemmgen/include).
-HEADERS = ("gemmgen/sm100.hpp",)
+
+
+def headers(recipe: RecipeIR) -> tuple[str, ...]:
+    """What an sm100 kernel's module includes besides every kernel's headers (gemmgen/include): a
+    microscaled kernel also CUTLASS's block-scaled collective."""
+    return ("gemmgen/sm100.hpp", *(("gemmgen/sm100_microscaling.hpp",) if recipe.gemm.microscaling else ()))
 
 _SM = {Schedule.ONE_SM: "1Sm", Schedule.TWO_SM: "2Sm"}
 
@@ -40,15 +44,19 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
     per_group, array = (" *", "PtrArray") if g.grouped else ("", "")
     scale_decls, (layout_pair_a, layout_pair_b) = _block_scale_types(recipe)
     stride_c, stride_d = epilogue_strides(recipe)
+    mx = g.microscaling is not None
     return dict(
         namespace=f"gemmgen_{kernel_id(recipe, config)}",
-        element_a=g.a.cutlass, element_b=g.b.cutlass, element_c=epi.element_c, element_d=g.d.cutlass,
+        element_a=_mainloop_element(g.a, g.microscaling), element_b=_mainloop_element(g.b, g.microscaling),
+        element_c=epi.element_c, element_d=g.d.cutlass,
+        mainloop_op_class=f"cutlass::arch::OpClass{'BlockScaled' if mx else ''}TensorOp",
         layout_a=g.layout_a.cutlass + per_group, layout_b=g.layout_b.cutlass + per_group,
         layout_d=g.layout_d.cutlass + per_group,
         alignment_a=128 // g.a.bits, alignment_b=128 // g.b.bits, alignment_c=128 // c_bits,
         alignment_d=128 // g.d.bits,
         tile=config.tile, cta_tile=config.cta_tile, cluster=config.cluster,
-        kernel_schedule=kernel_schedule(config.schedule, g.grouped, block_scaled=g.block_scale is not None),
+        kernel_schedule=kernel_schedule(config.schedule, g.grouped, block_scaled=g.block_scale is not None,
+                                        microscaled=mx),
         block_scale_decls=scale_decls, layout_pair_a=layout_pair_a, layout_pair_b=layout_pair_b,
         epilogue_schedule=f"cutlass::epilogue::{array}TmaWarpSpecialized{sm}",
         epilogue_tile=epilogue_tile_type(epilogue_tile_override(config, recipe)),
@@ -70,14 +78,24 @@ def setup_fill(recipe: RecipeIR, config: KernelConfig) -> str:
     return "gemmgen::grouped::fill"
 
 
-def kernel_schedule(schedule: Schedule, grouped: bool = False, block_scaled: bool = False) -> str:
+def kernel_schedule(schedule: Schedule, grouped: bool = False, block_scaled: bool = False,
+                    microscaled: bool = False) -> str:
     """CUTLASS's sm100 kernel schedule: one SM's MMA or a pair's; the pointer-array form for a
     grouped GEMM; the blockwise one (whose main loop scales each K tile's partial accumulator in
-    registers) for block scales."""
+    registers) for block scales; the block-scaled MMA's (kind::mxf8f6f4, scales in tensor memory)
+    for microscaled fp8."""
+    if microscaled:
+        return f"cutlass::gemm::KernelTmaWarpSpecialized{_SM[schedule]}Mxf8f6f4Sm100"
     blockwise = "Blockwise" if block_scaled else ""
     if grouped:
         return f"cutlass::gemm::KernelPtrArrayTmaWarpSpecialized{blockwise}{_SM[schedule][0]}SmSm100"
     return f"cutlass::gemm::KernelTmaWarpSpecialized{blockwise}{_SM[schedule]}Sm100"
+
+
+def _mainloop_element(dtype: DType, fmt: Microscaling | None) -> str:
+    """A or B as the mainloop builder takes it: the element, or CUTLASS's pair of element and
+    scale type for microscaled fp8 (`mx_float8_t`)."""
+    return dtype.cutlass if fmt is None else f"cutlass::mx_float8_t<{dtype.cutlass}>"
 
 
 def _block_scale_types(recipe: RecipeIR) -> tuple[list[tuple[str, str]], tuple[str, str]]:
@@ -86,6 +104,9 @@ def _block_scale_types(recipe: RecipeIR) -> tuple[list[tuple[str, str]], tuple[s
     (layout, scale layout) of A and B as the blockwise builder takes them (each operand's layout
     alone without block scales); a grouped kernel's scale layouts are per group, as its strides."""
     gemm = recipe.gemm
+    if gemm.microscaling is not None:  # the builder deduces the scale layouts from the element pairs
+        config = f"cutlass::detail::Sm1xxBlockScaledConfig<{gemm.microscaling.vector}>"
+        return block_scale_decls(config), ("LayoutA", "LayoutB")
     g = gemm.block_scale
     if g is None:
         return [], ("LayoutA", "LayoutB")

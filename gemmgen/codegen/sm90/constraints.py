@@ -77,7 +77,16 @@ def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
+def microscaling_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """Microscaled fp8 is scaled by sm_100a's block-scaled MMA; WGMMA has none."""
+    fmt = recipe.gemm.microscaling
+    if fmt is None:
+        return []
+    return [f"block_scale={fmt!r}: the MMA scales microscaled fp8 on sm_100a (B200) only; build it with "
+            f"arch=Arch.SM100A, or declare block_scale=gg.DEEPSEEK_BLOCK_SCALE for sm_90a"]
+
+
 CONSTRAINTS = (tile_violations, tile_k_violations, schedule_violations, tile_scheduler_violations,
                stream_k_schedule_violations, cluster_violations,
                register_violations, smem_violations, row_block_violations,
-               block_scale_violations)
+               block_scale_violations, microscaling_violations)

@@ -1,0 +1,245 @@
+"""Microscaled fp8 (`Recipe(block_scale=gg.MXFP8)`, sm_100a's block-scaled MMA): the DSL's rules,
+the blocked order of the scales against two independent spellings of it, `quantize_mx`, the
+reference against a dequantized product, the call's checks of the scales, and the configs.
+
+The kernel itself is covered with the sm_100a kernels: its Params and scale tensor maps against
+CUTLASS's host code (test_sm100_oracle.py: the compiled one-SM kernel and VALUE_CONFIGS' pairs,
+multicast and swapped ones), its reads of A, B and the scales through them (test_sm100_emulation.py),
+its SASS (test_sm100.py: UTCCP, the scales' copy into tensor memory).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import torch
+
+import gemmgen as gg
+from gemmgen.codegen import is_valid, violations
+from gemmgen.ir import microscaling
+from gemmgen.ir.reference import accumulate
+from gemmgen.runtime.checks import check_call
+from gemmgen.tuning.heuristic import choose
+
+SM100 = gg.Arch.SM100A
+
+
+def _recipe(**kw):
+    kw.setdefault("block_scale", gg.MXFP8)
+    return gg.Recipe("mx", kw.pop("epilogue", None), a=kw.pop("a", gg.e4m3), b=kw.pop("b", gg.e4m3), **kw)
+
+
+def _gen() -> torch.Generator:
+    seed = int.from_bytes(os.urandom(4), "little")  # fresh inputs each run
+    print(f"seed {seed}")
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"a": gg.bf16, "b": gg.bf16}, r"block_scale: gemmgen.MXFP8 scales fp8 A and B \(e4m3/e5m2\); declare a=gg.e4m3"),
+    ({"grouped": True}, r"block_scale: gemmgen.MXFP8 in a grouped GEMM is not supported yet; scale grouped fp8 per "
+                        r"block with block_scale=gg.DEEPSEEK_BLOCK_SCALE"),
+    ({"block_scale": "mxfp8"}, r"block_scale: expected \(M, N, K\) granularity ints such as \(1, 128, 128\), or "
+                               r"gg.MXFP8, got 'mxfp8'"),
+    ({"operands": {"scale_a": gg.ColVector(gg.f32)}, "epilogue": lambda acc, scale_a: acc * scale_a},
+     r"operand 'scale_a': a block-scaled recipe's call takes scale_a and scale_b"),
+])
+def test_the_dsl_names_what_microscaling_needs(kw, match):
+    with pytest.raises(gg.RecipeError, match=match):
+        _recipe(**kw)
+
+
+def test_the_ir_keys_microscaling_and_a_swap_keeps_it():
+    mx, plain = _recipe(), gg.Recipe("mx", a=gg.e4m3, b=gg.e4m3)
+    assert mx.ir.key != plain.ir.key
+    assert [o.name for o in mx.ir.operands] == ["scale_a", "scale_b"]
+    assert {o.dtype for o in mx.ir.operands} == {gg.DType.UE8M0}
+    assert mx.ir.transposed().gemm.microscaling is gg.MXFP8  # the swapped kernel's A is B: both scaled along K
+
+
+def _torch_to_blocked(scales: torch.Tensor) -> torch.Tensor:
+    """torch._scaled_mm's documented swizzle of (rows, cols) scales into 128 x 4 blocks, as a
+    flat tensor: a second spelling of the order, written from its description, not from gemmgen's."""
+    rows, cols = scales.shape
+    n_row_blocks, n_col_blocks = -(-rows // 128), -(-cols // 4)
+    padded = torch.nn.functional.pad(scales, (0, n_col_blocks * 4 - cols, 0, n_row_blocks * 128 - rows),
+                                     value=microscaling.UE8M0_BIAS)
+    blocks = padded.view(n_row_blocks, 128, n_col_blocks, 4).permute(0, 2, 1, 3)
+    return blocks.reshape(-1, 4, 32, 4).transpose(1, 2).reshape(-1, 32, 16).flatten()
+
+
+def _cutlass_offset(row: int, column: int, row_blocks: int, k_blocks: int, batch: int) -> int:
+    """CUTLASS's Sm1xxBlockScaledConfig layout, (((32, 4), row blocks), ((32, 4), K blocks), (1, L)) :
+    (((16, 4), K blocks * 512), ((0, 1), 512), (0, row blocks * K blocks * 512)), at value row and
+    scale column (a scale column is 32 values of K)."""
+    return ((row % 32) * 16 + (row // 32 % 4) * 4 + (row // 128) * k_blocks * 512
+            + column % 4 + (column // 4) * 512 + batch * row_blocks * k_blocks * 512)
+
+
+@pytest.mark.parametrize("rows, k", [(1, 32), (130, 129), (128, 128), (300, 4096), (257, 1000)])
+def test_the_blocked_order_is_cutlasss_and_torchs(rows, k):
+    """`to_blocked` puts each scale where CUTLASS's layout and torch's swizzle put it; padding is 2^0."""
+    gen = _gen()
+    columns = microscaling.scale_columns(k, gg.MXFP8)
+    scales = torch.randint(0, 255, (2, rows, columns), dtype=torch.uint8, generator=gen)
+    blocked = microscaling.to_blocked(scales)
+    assert blocked.shape[-2:] == microscaling.blocked_shape(rows, k, gg.MXFP8)
+    assert torch.equal(blocked[1].flatten(), _torch_to_blocked(scales[1]))
+    flat = blocked.flatten()
+    row_blocks, k_blocks = blocked.shape[-2] // 128, blocked.shape[-1] // 4
+    for _ in range(50):
+        b, r, c = (int(torch.randint(0, e, (1,), generator=gen)) for e in (2, rows, columns))
+        assert flat[_cutlass_offset(r, c, row_blocks, k_blocks, b)] == scales[b, r, c]
+        assert microscaling.blocked_offset(r, c, rows, k, gg.MXFP8) == _cutlass_offset(r, c, row_blocks, k_blocks, 0)
+    assert torch.equal(microscaling.from_blocked(blocked, rows, columns), scales)
+    padding = torch.ones_like(blocked, dtype=torch.bool)
+    padding[..., :rows, :columns] = False
+    assert (microscaling.from_blocked(blocked, *blocked.shape[-2:])[padding] == microscaling.UE8M0_BIAS).all()
+
+
+def test_quantize_mx_follows_the_ocp_floor_rule():
+    """Each vector of 32 gets 2^(floor(log2 amax) - 8) for e4m3 (- 15 for e5m2), its values saturate at
+    the fp8 maximum, a vector of zeros gets 2^0, and the K tail is a vector of its own."""
+    x = torch.zeros(3, 70)
+    x[0, :32] = torch.linspace(-3.0, 5.0, 32)  # amax 5: 2^(2 - 8)
+    x[1, 32:64] = 1000.0  # 2^(9 - 8): 1000 / 2 = 500 saturates to 448
+    x[2, 64:] = 0.25  # the tail of 6: 2^(-2 - 8)
+    q, blocked = gg.quantize_mx(x)
+    scales = microscaling.from_blocked(blocked, 3, 3).view(torch.uint8).int() - microscaling.UE8M0_BIAS
+    assert scales.tolist() == [[-6, 0, 0], [0, 1, 0], [0, 0, -10]]
+    assert q.dtype == torch.float8_e4m3fn and q.shape == x.shape
+    assert float(q[1, 40].float()) == 448.0
+    assert torch.equal(q[0, :32].float(), (x[0, :32] * 64).to(torch.float8_e4m3fn).float())
+    _, e5m2 = gg.quantize_mx(x, dtype=gg.e5m2)
+    assert int(microscaling.from_blocked(e5m2, 3, 3).view(torch.uint8)[0, 0]) == microscaling.UE8M0_BIAS + 2 - 15
+    with pytest.raises(gg.InvalidArgument, match=r"dtype: expected gg.e4m3 or gg.e5m2, got bf16"):
+        gg.quantize_mx(x, dtype=gg.bf16)
+    with pytest.raises(gg.InvalidArgument, match=r"scales: expected a torch.float8_e8m0fnu tensor"):
+        gg.to_blocked_scales(torch.ones(3, 3))
+
+
+@pytest.mark.parametrize("m, n, k, batch", [(1, 7, 129, ()), (130, 33, 64, ()), (5, 200, 300, (3,))])
+def test_the_reference_multiplies_each_value_by_its_power_of_two(m, n, k, batch):
+    """acc = (A * 2^scale_a per row and 32 K) @ (B * 2^scale_b per column and 32 K), in fp64 here from
+    the logical scales, against the reference reading them in blocked order; non-zero, fresh inputs."""
+    gen = _gen()
+    recipe = _recipe(batched=bool(batch))
+    a = torch.randn(*batch, m, k, generator=gen).to(torch.float8_e4m3fn)
+    b = torch.randn(*batch, n, k, generator=gen).to(torch.float8_e4m3fn).mT
+    columns = microscaling.scale_columns(k, gg.MXFP8)
+    sa = torch.randint(120, 134, (*batch, m, columns), dtype=torch.uint8, generator=gen)
+    sb = torch.randint(120, 134, (*batch, n, columns), dtype=torch.uint8, generator=gen)
+    e8m0 = gg.DType.UE8M0.torch
+    ops = {"scale_a": microscaling.to_blocked(sa.view(e8m0)), "scale_b": microscaling.to_blocked(sb.view(e8m0))}
+    got = accumulate(recipe.ir.gemm, a, b, ops)
+    wa = (sa.double() - 127).exp2().repeat_interleave(32, dim=-1)[..., :k]
+    wb = (sb.double() - 127).exp2().repeat_interleave(32, dim=-1)[..., :k]
+    want = (a.double() * wa) @ (b.double() * wb.mT)
+    magnitude = (a.double() * wa).abs() @ (b.double() * wb.mT).abs()  # fp32 sums: K roundings of at most this
+    assert want.abs().max() > 0
+    assert ((got.double() - want).abs() <= k * 2.0**-24 * magnitude).all()
+    assert torch.equal(recipe.reference(a, b, **ops), got.to(torch.bfloat16))
+
+
+def test_quantized_operands_reproduce_the_product():
+    """gg.quantize_mx's A and weight, through the reference, give A @ W^T within fp8's error."""
+    gen = _gen()
+    a, w = torch.randn(70, 300, generator=gen), torch.randn(40, 300, generator=gen)
+    (aq, sa), (wq, sb) = gg.quantize_mx(a), gg.quantize_mx(w)
+    d = _recipe(d=gg.f32).reference(aq, wq.t(), scale_a=sa, scale_b=sb)
+    want = a.double() @ w.double().t()
+    assert (d.double() - want).norm() / want.norm() < 0.1
+
+
+def _call(m=70, n=40, k=304, **change):
+    gen = _gen()
+    a = torch.randn(m, k, generator=gen).to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, generator=gen).to(torch.float8_e4m3fn).t()
+    _, sa = gg.quantize_mx(torch.randn(m, k, generator=gen))
+    _, sb = gg.quantize_mx(torch.randn(n, k, generator=gen))
+    ops = {"scale_a": sa, "scale_b": sb, **change}
+    return check_call(_recipe().ir, a, b, ops, require_cuda=False)
+
+
+@pytest.mark.parametrize("change, error, match", [
+    ({"scale_a": torch.ones(128, 12, dtype=torch.uint8)}, gg.InvalidArgument,
+     r"scale_a: expected dtype torch.float8_e8m0fnu, got uint8; if it holds UE8M0 exponents \(2\^\(e - 127\)\), pass "
+     r"scale_a.view\(torch.float8_e8m0fnu\)"),
+    ({"scale_b": torch.ones(128, 12)}, gg.InvalidArgument,
+     r"scale_b: expected dtype torch.float8_e8m0fnu \(the recipe declares ue8m0\), got torch.float32"),
+    ({"scale_a": torch.ones(70, 10, dtype=torch.uint8).view(torch.float8_e8m0fnu)}, gg.InvalidArgument,
+     r"scale_a: expected shape \(128, 12\) \(torch.float8_e8m0fnu \(round_up\(M, 128\), round_up\(ceil\(K/32\), 4\)\), "
+     r"contiguous: one exponent per 32 values of K of each row of A, in the MMA's blocked order "
+     r"\(gg.to_blocked_scales, or gg.quantize_mx\)\), got \(70, 10\)"),
+    ({"scale_b": torch.ones(12, 128, dtype=torch.uint8).view(torch.float8_e8m0fnu).t()}, gg.LayoutMismatch,
+     r"scale_b: the blocked order is a contiguous tensor, got strides \(1, 128\)"),
+])
+def test_the_call_checks_the_scales(change, error, match):
+    with pytest.raises(error, match=match):
+        _call(**change)
+
+
+def test_the_call_accepts_quantize_mx_and_refuses_scales_past_32_bits():
+    checked = _call()
+    assert checked.operands["scale_a"].ptr and checked.operands["scale_b"].ptr
+    rows = 2**29 + 128  # (rows, 4) blocked scales: past 2^31 bytes
+    recipe = _recipe()
+    a = torch.empty(rows, 128, dtype=torch.float8_e4m3fn, device="meta")
+    b = torch.empty(64, 128, dtype=torch.float8_e4m3fn, device="meta").t()
+    scales: dict[str, object] = {"scale_a": torch.empty(rows, 4, dtype=torch.float8_e8m0fnu, device="meta"),
+                                 "scale_b": torch.empty(128, 4, dtype=torch.float8_e8m0fnu, device="meta")}
+    with pytest.raises(gg.InvalidArgument, match=r"scale_a: \d+ scales per batch lie past the 2\^31 - 1 bytes"):
+        check_call(recipe.ir, a, b, scales, require_cuda=False)
+
+
+def test_sm90_refuses_microscaling_with_a_fix_that_works():
+    recipe = _recipe()
+    problems = violations(recipe.default_config(), recipe.ir)
+    assert problems == ["block_scale=gemmgen.MXFP8: the MMA scales microscaled fp8 on sm_100a (B200) only; build it "
+                        "with arch=Arch.SM100A, or declare block_scale=gg.DEEPSEEK_BLOCK_SCALE for sm_90a"]
+    assert is_valid(recipe.default_config(SM100), recipe.ir)
+    fixed = _recipe(block_scale=gg.DEEPSEEK_BLOCK_SCALE)
+    assert is_valid(fixed.default_config(), fixed.ir)
+
+
+@pytest.mark.parametrize("config, match", [
+    (gg.KernelConfig(tile=(64, 128, 128), schedule=gg.Schedule.ONE_SM, arch=SM100),
+     r"tile M = 64: the block-scaled MMA of gemmgen.MXFP8 computes 128 rows per SM; use tile M = 128"),
+    (gg.KernelConfig(tile=(128, 128, 128), schedule=gg.Schedule.TWO_SM, cluster=(2, 1, 1), arch=SM100),
+     r"tile M = 128: .* use tile M = 256 with the 2sm schedule"),
+    (gg.KernelConfig(tile=(128, 32, 128), schedule=gg.Schedule.ONE_SM, swap_ab=True, arch=SM100),
+     r"tile N = 32: CUTLASS's block-scaled main loop takes tile N = 64, 128, 192 or 256"),
+    (gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM, arch=SM100),
+     r"tile K = 64: a K tile of gemmgen.MXFP8 reads whole blocks of 4 scales \(128 values of K\); use tile K = 128"),
+])
+def test_sm100_configs_the_block_scaled_mma_cannot_run_are_refused(config, match):
+    problems = violations(config, _recipe().ir)
+    assert any(re.search(match, p) for p in problems), problems
+
+
+def test_the_heuristic_picks_block_scaled_tiles_at_every_size():
+    recipe = _recipe()
+    for m in (1, 8, 64, 300, 1024, 8192):
+        for n, k in ((4096, 4096), (1024, 8192), (14336, 4096)):
+            config = choose(recipe.ir, m, n, k, arch=SM100).config
+            assert is_valid(config, recipe.ir) and config.cta_tile[0] == 128, config.name
+
+
+def test_the_op_takes_microscaled_operands_and_traces():
+    """The op (CPU: the reference) takes the scales as they are, in a non-contiguous view too (it holds
+    the same blocked order), traces with fake tensors, and refuses their gradients."""
+    gen = _gen()
+    recipe = _recipe(epilogue=lambda acc, bias: acc + bias, operands={"bias": gg.RowVector(gg.bf16)})
+    op = gg.op(recipe)
+    (a, scale_a), (w, scale_b) = gg.quantize_mx(torch.randn(9, 96, generator=gen)), \
+        gg.quantize_mx(torch.randn(40, 96, generator=gen))
+    bias = torch.randn(40, generator=gen).bfloat16()
+    want = recipe.reference(a, w.t(), scale_a=scale_a, scale_b=scale_b, bias=bias)
+    assert want.float().abs().max() > 0
+    torch.testing.assert_close(op(a, w.t(), scale_a.t().contiguous().t(), scale_b, bias), want, rtol=0, atol=0)
+    torch.library.opcheck(op.default, (a, w.t(), scale_a, scale_b, bias),
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    with pytest.raises(gg.InvalidArgument, match="scale_a: gemmgen has no gradient for block scales"):
+        op(a, w.t(), scale_a.float().requires_grad_(True).to(scale_a.dtype), scale_b, bias).float().sum().backward()
