@@ -39,13 +39,6 @@ def blocked_shape(rows: int, k: int, fmt: Microscaling) -> tuple[int, int]:
     return -(-rows // BLOCK_ROWS) * BLOCK_ROWS, -(-scale_columns(k, fmt) // BLOCK_COLUMNS) * BLOCK_COLUMNS
 
 
-def blocked_offset(row: int, column: int, rows: int, k: int, fmt: Microscaling) -> int:
-    """Where the scale of (row, scale column) of one matrix lies in the blocked order, in bytes."""
-    _, padded_columns = blocked_shape(rows, k, fmt)
-    block = (row // BLOCK_ROWS) * (padded_columns // BLOCK_COLUMNS) + column // BLOCK_COLUMNS
-    return block * BLOCK_ROWS * BLOCK_COLUMNS + (row % 32) * 16 + (row % BLOCK_ROWS // 32) * 4 + column % 4
-
-
 def to_blocked(scales: torch.Tensor) -> torch.Tensor:
     """(..., rows, C) scales -> (..., padded rows, padded C) holding them in the blocked order (the
     same dtype; the padding 127)."""

@@ -21,7 +21,7 @@ import torch
 
 from ..codegen.fields import ParamsLayout
 from ..compile import CompiledKernel
-from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS, exponents
+from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS, exponents, from_blocked
 from ..ir.reference import expand_block_scale, group_bounds
 from ..runtime.grouped import MAX_COLUMNS, SCALE_LAYOUT_BYTES, SETUP
 from ..runtime.tma import EncodeArgs
@@ -194,8 +194,7 @@ def _microscales(view: _ParamsBytes, operand: str, vector: int, shape: torch.Siz
                              f"map {args.dims}, strides {args.strides}")
     raw = view.at(args.addr, torch.uint8, (l, blocks, k_blocks, block), (args.strides[2], args.strides[0], block, 1),
                   lvalue)
-    ordered = raw.reshape(l, blocks, k_blocks, 32, 4, 4).permute(0, 1, 4, 3, 2, 5)  # (L, rb, r // 32, r % 32, kb, c)
-    scales = ordered.reshape(l, blocks * BLOCK_ROWS, k_blocks * BLOCK_COLUMNS)[:, :mn, :-(-k // vector)]
+    scales = from_blocked(raw.reshape(l, blocks * BLOCK_ROWS, k_blocks * BLOCK_COLUMNS), mn, -(-k // vector))
     return exponents(scales).repeat_interleave(vector, dim=-1)[..., :k]
 
 
