@@ -17,7 +17,7 @@ from ..config import Arch
 from ..ir import BlockOp, Columns, EpilogueIR, Node, Op, Operand, Param, RecipeIR, Reduction, f32_bits, post_order
 from ..ir.ops import FP8_MAX, RANDOM_OPS
 from ..types import DType, Layout, OperandKind
-from .fields import REGISTER_LOADS, REGISTER_STORES
+from .fields import REGISTER_LOADS, REGISTER_STORES, sinks_d
 
 FUSION = "cutlass::epilogue::fusion"
 ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
@@ -92,11 +92,13 @@ class EpilogueCode:
     bindings: tuple[ParamBinding, ...]  # nodes with runtime arguments, in declaration order
     arguments: tuple  # the callbacks' Arguments nesting: tuples of sub-trees, ParamBinding or None
     element_d: str = ""  # the collective's D element: D's, or "void" where a PairStore writes D
+    d_sink: bool = False  # registers write D and the collective's D store goes to a sink (`fields.sinks_d`)
 
     @property
     def stores_d(self) -> bool:
-        """Whether the collective stores D (with TMA); not when D has N/2 columns (`ir.columns`)."""
-        return self.element_d != "void"
+        """Whether the collective's TMA store writes D: not when D has N/2 or 2N columns (`ir.columns`),
+        which registers write, the collective storing no D (void) or into a sink."""
+        return self.element_d != "void" and not self.d_sink
 
 
 def _functor(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
@@ -251,6 +253,9 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     elif d_columns is Columns.DOUBLE:  # 2N: by a DoubleStore at the root
         vnodes.append(_double_store("d", d, recipe, ir.outputs[0].node, of_ir, vnodes))
     root = len(vnodes) - 1 if paired_d else of_ir[ir.outputs[0].node]
+    sink = sinks_d(recipe, arch)  # a collective that stores D regardless (into a sink)
+    # sm100's collectives take the root's value in D's element, even where registers write D
+    root_gives_d = not paired_d or arch is Arch.SM100A
     blocked = ir.row_blocks is not None
     if blocked:  # row_blocks.hpp at the root: D per block of its rows, and the blocks' factors
         vnodes.append(_row_blocks_root(recipe, root, of_ir, arch))
@@ -260,15 +265,16 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
         for c in v.children:
             consumers[c] += 1
     converts = vnodes[root].is_compute and vnodes[root].out == COMPUTE and consumers[root] == 0
-    if not paired_d and not blocked and not converts:
+    if root_gives_d and not blocked and not converts:
         # D's value is shared, stored, cast or loaded: give D a node of its own that converts.
         vnodes.append(_VNode("to_d", children=[root], fn=f"{EPI}::Map<{EPI}::Identity>::Fn"))
         consumers.append(0)
         consumers[root] += 1
         root = len(vnodes) - 1
-    if not paired_d and not blocked:
+    if root_gives_d and not blocked:
         vnodes[root].out = d.cutlass  # the root writes ElementD directly (no extra conversion pass)
-    element_d = "void" if paired_d else d.cutlass
+    void_d = paired_d and not sink
+    element_d = "void" if void_d else d.cutlass
 
     reachable = _reachable(vnodes, root)
     is_tree = all(consumers[i] == (0 if i == root else 1) for i in range(len(vnodes))) and \
@@ -287,8 +293,9 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             kids = ", ".join(evt_name[c] for c in v.children)
             decls.append((evt_name[i], f"{FUSION}::Sm90EVT<{names[i]}, {kids}>"))
         bindings = _bindings(vnodes, paths)
-        return EpilogueCode(tuple(decls), _callbacks(evt_name[root], d, paired_d), element_c, source, "tree",
-                            bindings, _tree_arguments(vnodes, root, {b.path: b for b in bindings}, paths), element_d)
+        return EpilogueCode(tuple(decls), _callbacks(evt_name[root], d, void_d), element_c, source, "tree",
+                            bindings, _tree_arguments(vnodes, root, {b.path: b for b in bindings}, paths), element_d,
+                            sink)
 
     order = _topological(vnodes, root)
     pos = {n: k for k, n in enumerate(order)}
@@ -297,8 +304,8 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     decls.append(("EpilogueDag", f"{FUSION}::Sm90TopologicalVisitor<{COMPUTE}, cute::tuple<{edges}>, {ops}>"))
     bindings = _bindings(vnodes, {n: ((k, len(order)),) for k, n in enumerate(order)})
     by_path = {b.path: b for b in bindings}
-    return EpilogueCode(tuple(decls), _callbacks("EpilogueDag", d, paired_d), element_c, source, "dag", bindings,
-                        tuple(by_path.get(((k, len(order)),)) for k in range(len(order))), element_d)
+    return EpilogueCode(tuple(decls), _callbacks("EpilogueDag", d, void_d), element_c, source, "dag", bindings,
+                        tuple(by_path.get(((k, len(order)),)) for k in range(len(order))), element_d, sink)
 
 
 def _double_nodes(ir: EpilogueIR) -> set[int]:
@@ -354,9 +361,9 @@ def _row_blocks_root(recipe: RecipeIR, value: int, of_ir: dict[int, int], arch: 
     return _VNode("row_blocks_d", node, [value] if stat == value else [value, stat], binding=binding)
 
 
-def _callbacks(root: str, d: DType, paired_d: bool) -> str:
-    """The collective's callbacks: the visitor, named with D's element where a PairStore writes D."""
-    return f"{EPI}::WithElementAux<{d.cutlass}, {root}>" if paired_d else root
+def _callbacks(root: str, d: DType, void_d: bool) -> str:
+    """The collective's callbacks: the visitor, named with D's element where the collective's D is void."""
+    return f"{EPI}::WithElementAux<{d.cutlass}, {root}>" if void_d else root
 
 
 def _tree_arguments(vnodes: list[_VNode], root: int, by_path: dict, paths: dict) -> tuple:

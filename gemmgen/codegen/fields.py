@@ -151,6 +151,22 @@ def grouped_block_scale_fields(m: str) -> list[ParamField]:
             for x in "ab" for part in ("ptr", "layout")]
 
 
+#: The `__device__` bytes of a kernel module that its collective's D store is aimed at where
+#: registers write D (`sinks_d`), and the header that defines them; the runtime asks the driver
+#: for their address.
+D_SINK_SYMBOL = "gemmgen_d_sink"
+D_SINK_HEADER = "gemmgen/d_sink.hpp"
+
+
+def sinks_d(recipe: RecipeIR, arch: Arch) -> bool:
+    """Whether a kernel writes D from its registers (N/2 or 2N columns: pairs.hpp) while its
+    collective still stores a D of its own: CUTLASS 4.2's sm100 epilogue has no void D (its
+    pointer-array one has, as sm90's both do), so a dense sm_100a kernel over pairs aims that TMA
+    store at a one-element tensor map of a sink in its module (`D_SINK_SYMBOL`): every box but
+    the first lies outside it, and the first writes one element there."""
+    return arch is Arch.SM100A and not recipe.gemm.grouped and recipe.epilogue.outputs[0].columns is not Columns.FULL
+
+
 def reads_scale_layouts(recipe: RecipeIR, config: KernelConfig) -> bool:
     """Whether a grouped kernel's main loop reads each group's scale layouts from memory (sm100's
     blockwise one; sm90's derives them from the group's shape): its setup kernel then writes them

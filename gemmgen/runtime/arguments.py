@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..codegen import sm100
 from ..codegen.evt import REDUCTION_KIND
-from ..codegen.fields import REGISTER_LOADS, REGISTER_STORES, ParamsLayout
+from ..codegen.fields import REGISTER_LOADS, REGISTER_STORES, ParamsLayout, sinks_d
 from ..codegen.sm90.geometry import scale_tma, scales_per_tile
 from ..config import Arch, KernelConfig, Schedule, TileScheduler
 from ..errors import InvalidArgument
@@ -123,6 +123,8 @@ class ArgumentBuilder:
         self.deterministic = config.deterministic  # launch arguments
         self.d = None if "d" in half_stores else ("epilogue.tma_d", "d",
                                                   tma.epilogue_template(recipe, config, recipe.gemm.d))
+        # registers write D, and the collective's D store goes to its module's sink (`fields.sinks_d`)
+        self.d_sink = tma.epilogue_template(recipe, config, recipe.gemm.d) if sinks_d(recipe, config.arch) else None
         # per output index (0 is D): the field prefix written per call and the tensor map's
         # template, "ptr" for a reduction's pointer, "half" for a pointer and strides
         maps: dict[str, tuple[str, tma.TmaTemplate | str]] = {
@@ -262,6 +264,8 @@ class ArgumentBuilder:
             scales: TensorArg = p.operands[name]  # type: ignore[assignment]
             v[f"mainloop.tma_sf{name[-1]}"] = v[f"mainloop.tma_sf{name[-1]}_fallback"] = encode(
                 block_template.encode(scales.ptr, blocks, k_blocks, p.l))
+        if self.d_sink is not None:
+            v["epilogue.tma_d"] = encode(self.d_sink.sink(p.d_sink))
         for prefix, name, per_batch in self.vectors:
             vector: TensorArg = p.operands[name]  # type: ignore[assignment]
             v[f"{prefix}.ptr"] = vector.ptr

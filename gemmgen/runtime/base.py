@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from ..codegen.fields import D_SINK_SYMBOL, sinks_d
 from ..errors import InvalidArgument, LayoutMismatch
 from ..types import Layout, OperandKind
 from . import driver
@@ -31,6 +32,8 @@ MISSING = object()  # an operand not passed: the checks name it
 Plan = TypeVar("Plan")
 #: (sm count, max active clusters) of a device index: the driver's, or a stand-in's in CPU tests.
 Hardware = Callable[[int], tuple[int, int]]
+#: The D sink's address (`codegen.fields.sinks_d`) where a stand-in encoder replaces the driver (CPU tests).
+STAND_IN_D_SINK = 0x5151_0000
 
 
 class KernelBase:
@@ -54,6 +57,8 @@ class KernelBase:
         self._plans: dict[tuple, Any] = {}  # by every argument's signature, addresses included
         self._refused: dict[tuple, LayoutMismatch] = {}  # signatures the checks refused for a layout
         self._loaded: dict[int, driver.LoadedFunction] = {}  # per device index
+        self._sinks_d = sinks_d(self._ir, self._config.arch)
+        self._d_sinks: dict[int, int] = {}  # the module's D sink per device index, where it has one
 
     def __repr__(self) -> str:
         return f"<gemmgen.{type(self).__name__} {self.compiled.entry} ({self._config.name})>"
@@ -146,6 +151,20 @@ class KernelBase:
 
     def _device_hardware(self, device_index: int) -> tuple[int, int]:
         return self._check_arch(device_index), self._function(device_index).max_active_clusters
+
+    def _d_sink(self, device_index: int) -> int:
+        """Where the kernel's collective stores D when registers write it (`codegen.fields.sinks_d`):
+        its module's sink on the device, asked of the driver once; 0 for a kernel without one."""
+        if not self._sinks_d:
+            return 0
+        address = self._d_sinks.get(device_index)
+        if address is None:
+            if self._on_driver:
+                address = driver.global_address(self._function(device_index), D_SINK_SYMBOL)
+            else:  # a stand-in encoder's map: no module is loaded
+                address = STAND_IN_D_SINK
+            self._d_sinks[device_index] = address
+        return address
 
     def _function(self, device_index: int) -> driver.LoadedFunction:
         """The kernel's module, loaded once per device."""

@@ -237,6 +237,15 @@ def _launch(function: Any, params: bytes, grid: tuple[int, int, int], block: int
     _check(cu.cuLaunchKernelEx(config, function, ctypes.addressof(arg), 0), "cuLaunchKernelEx")
 
 
+def global_address(loaded: LoadedFunction, name: str) -> int:
+    """The device address of a loaded module's `__device__` variable (extern "C": unmangled)."""
+    cu = _cu()
+    with _capture_relaxed(cu):
+        err, address, _size = cu.cuModuleGetGlobal(loaded.module, name.encode())
+    _check(err, f"cuModuleGetGlobal({name})")
+    return int(address)
+
+
 def module_function(loaded: LoadedFunction, entry: str) -> Any:
     """Another kernel of a loaded module (a grouped kernel's setup kernel)."""
     cu = _cu()

@@ -249,7 +249,7 @@ class Kernel(KernelBase):
         placeholder = TensorArg(0)
         problem = Problem(call.m, call.n, call.k, call.l, call.a, call.b, placeholder, call.operands,
                           {o.name: placeholder for o in self._ir.epilogue.outputs[1:]}, max(device_index, 0), sm_count,
-                          clusters)
+                          clusters, self._d_sink(device_index))
         return problem.transposed(self._ir.gemm.scaled) if self._swap else problem
 
     def _outputs(self, plan: _Plan, out: Any) -> tuple[tuple[torch.Tensor, ...], tuple[OutputArg, ...]]:

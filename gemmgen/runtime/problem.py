@@ -36,6 +36,7 @@ class Problem(NamedTuple):
     device_id: int = 0
     sm_count: int = 132
     max_active_clusters: int = 0
+    d_sink: int = 0  # the module's sink of the collective's D store, where registers write D (`fields.sinks_d`)
 
     def transposed(self, block_scales: bool = False) -> Problem:
         """The same launch as D^T = B^T A^T, what a swapped kernel computes (RecipeIR.transposed).
@@ -50,4 +51,4 @@ class Problem(NamedTuple):
             ops["scale_a"], ops["scale_b"] = self.operands["scale_b"], self.operands["scale_a"]
         return Problem(self.n, self.m, self.k, self.l, self.b, self.a, self.d.transposed(), ops,
                        {k: v.transposed() for k, v in self.aux.items()}, self.device_id, self.sm_count,
-                       self.max_active_clusters)
+                       self.max_active_clusters, self.d_sink)

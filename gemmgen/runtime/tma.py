@@ -121,6 +121,12 @@ class TmaTemplate:
             return self._args(addr, (m, n, l), strides[1], strides[2])
         return self._args(addr, (n, m, l), strides[0], strides[2])
 
+    def sink(self, addr: int) -> EncodeArgs:
+        """One element at `addr` under this template's box (`codegen.fields.sinks_d`): the box at
+        the origin writes that element, every other lies outside the map (strides of 16 bytes, the
+        least TMA takes)."""
+        return self._args(addr, (1, 1, 1), 16 // self.itemsize, 16 // self.itemsize)
+
     def _args(self, addr: int, dims: tuple[int, int, int], s1: int, s2: int) -> EncodeArgs:
         return EncodeArgs(self.dtype, 3, addr, dims, (s1 * self.itemsize, s2 * self.itemsize), self.box, (1, 1, 1),
                           INTERLEAVE_NONE, self.swizzle, L2_PROMOTION_128B, OOB_FILL_NONE)

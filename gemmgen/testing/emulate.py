@@ -82,6 +82,10 @@ class _ParamsBytes:
                     raise AssertionError(f"{what} reaches past the memory of the tensor at {start:#x}: {e}") from None
         raise AssertionError(f"{what}: address {addr:#x} is in none of the call's tensors")
 
+    def holds(self, addr: int) -> bool:
+        return any(t.data_ptr() <= addr < t.data_ptr() + t.untyped_storage().nbytes() - t.storage_offset() *
+                   t.element_size() for t in self._by_addr.values())
+
     def inside(self, lvalue: str, dtype: torch.dtype, length: int) -> torch.Tensor:
         return self.at(int.from_bytes(self.raw(lvalue), "little"), dtype, (length,), (1,), lvalue)
 

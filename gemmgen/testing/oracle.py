@@ -19,7 +19,7 @@ import shutil
 import struct
 import subprocess
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from ..codegen import GeneratedKernel, emitter, template_environment
 from ..codegen.evt import HALF_STRIDE, ParamBinding
 from ..codegen.fields import PAIR_BINDINGS, PAIR_LOADS
 from ..compile.toolchain import toolchain
-from ..config import TileScheduler
+from ..config import Arch, TileScheduler
 from ..errors import ToolchainError
 from ..ir import Reduction
 from ..runtime.problem import Problem, TensorArg
@@ -63,6 +63,14 @@ class OracleResult:
     can_implement: bool
     workspace_size: int
     pairs: dict | None = None  # an epilogue over column pairs: pairs.hpp's probe_pairs of the kernel
+
+    def confined(self, sink: int) -> OracleResult:
+        """CUTLASS's encode of D at `sink` (a kernel whose registers write D: `codegen.fields.sinks_d`)
+        confined to one element, as gemmgen encodes it (`TmaTemplate.sink`): CUTLASS's host code
+        takes D's extents from the problem, the rest of the map (type, box, swizzle) is what the
+        collective's store needs."""
+        encodes = [{**e, "dims": [1, 1, 1]} if e["addr"] == sink else e for e in self.encodes]
+        return replace(self, encodes=encodes)
 
 
 class _Slots:
@@ -130,6 +138,11 @@ class OracleProgram:
             d_args = (f"reinterpret_cast<ElementD*>(V[{d[0]}]), "
                       f"oracle::stride3<typename CollectiveEpilogue::StrideD>(V[{d[1]}], V[{d[2]}], V[{d[3]}])")
             atoms.append(("epilogue.tma_d", "p.epilogue.tma_store_d.aux_params_"))
+        elif epi.d_sink:  # a PairStore writes D, the collective's store goes to the sink (16-byte strides)
+            sink, stride = self.slots.add("d_sink.ptr"), self.slots.add("d_sink.stride")
+            d_args = (f"reinterpret_cast<ElementD*>(V[{sink}]), "
+                      f"oracle::stride3<typename CollectiveEpilogue::StrideD>(V[{stride}], 1, V[{stride}])")
+            atoms.append(("epilogue.tma_d", "p.epilogue.tma_store_d.aux_params_"))
         else:  # void D: a PairStore in the callbacks writes it
             d_args = "nullptr, {}"
         epilogue = f"{{{thread}, {c_ptr}, {c_stride}, {d_args}}}"
@@ -160,8 +173,8 @@ class OracleProgram:
             n_slots=len(self.slots.names), n_args=len(self.slots.names) + 1, slot=hw, mode=mode,
             problem_args=problem, mainloop_args=mainloop, epilogue_args=epilogue, workspace=workspace,
             scheduler_args=scheduler or [], fields=[(f.name, f.lvalue("p")) for f in kernel.fields], aux_sizes=atoms,
-            # an epilogue over column pairs: the probe of its registers' pairing (with D's element)
-            pairs_elements=[kernel.kernel_recipe.gemm.d.cutlass] if kernel.kernel_recipe.epilogue.pairs else [])
+            # an epilogue over column pairs: the probe of its registers' pairing (sm90's with D's element)
+            pairs_probes=[_pairs_probe(kernel)] if kernel.kernel_recipe.epilogue.pairs else [])
         self._build_dir = build_dir
         self.key = _digest([self])
         # a program built with others serves every OracleProgram of the same kernel part
@@ -283,7 +296,9 @@ class OracleProgram:
                                   "hw.device_id": problem.device_id, "hw.sm_count": problem.sm_count,
                                   "hw.max_active_clusters": problem.max_active_clusters, "workspace": workspace,
                                   "scheduler.splits": self.kernel.config.splits,
-                                  "scheduler.reduction_mode": int(not self.kernel.config.deterministic)}
+                                  "scheduler.reduction_mode": int(not self.kernel.config.deterministic),
+                                  "d_sink.ptr": problem.d_sink,
+                                  "d_sink.stride": 16 // self.kernel.kernel_recipe.gemm.d.nbytes}
 
         def put(prefix: str, t: TensorArg) -> None:
             values[f"{prefix}.ptr"] = t.ptr
@@ -307,7 +322,8 @@ class OracleProgram:
         return [str(values[n] & (2**64 - 1)) for n in self.slots.names]
 
     def run(self, problem: Problem, workspace: int = 0) -> OracleResult:
-        return self.run_argv(self.argv(problem, workspace))
+        result = self.run_argv(self.argv(problem, workspace))
+        return result.confined(problem.d_sink) if self.kernel.epilogue.d_sink else result
 
     def grouped_argv(self, values: dict[str, int]) -> list[str]:
         """A grouped kernel's argv from its slot values by name (see `_init_grouped`)."""
@@ -335,6 +351,13 @@ class OracleProgram:
             elif "pairs" in obj:
                 pairs = obj
         return OracleResult(encodes, fields, aux, launch, can, workspace, pairs)
+
+
+def _pairs_probe(kernel: GeneratedKernel) -> str:
+    """The C++ call of the host probe of an epilogue over column pairs (pairs.hpp, sm100.hpp)."""
+    if kernel.config.arch is Arch.SM100A:
+        return "gemmgen::epi::probe_pairs_sm100<GemmKernel>()"
+    return f"gemmgen::epi::probe_pairs<CollectiveEpilogue, TiledMma, {kernel.kernel_recipe.gemm.d.cutlass}>()"
 
 
 def _source(programs: list[OracleProgram]) -> str:

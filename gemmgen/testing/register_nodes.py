@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 
 from ..ir.ops import random_uniform
+from ..runtime.tma import EncodeArgs
 from .cpp_types import CppType, EpilogueSourceError
 
 
@@ -30,6 +31,14 @@ class ParamsView(Protocol):
     def mapped(self, lvalue: str, dtype: torch.dtype, rows_contiguous: bool) -> torch.Tensor:
         """The (L, rows, columns) tensor of `dtype` the tensor map at `lvalue` addresses, a writable
         view; the map's first dimension is the contiguous one: rows (M) when `rows_contiguous`."""
+        ...
+
+    def encoded(self, lvalue: str) -> EncodeArgs:
+        """What the tensor map at `lvalue` was encoded from."""
+        ...
+
+    def holds(self, addr: int) -> bool:
+        """Whether `addr` lies in one of the call's tensors."""
         ...
 
     def inside(self, lvalue: str, dtype: torch.dtype, length: int) -> torch.Tensor:

@@ -37,6 +37,8 @@ SOURCE = Path(__file__).with_name("stub_libcuda.c")
 _MAP = struct.Struct("<I6B5BxQ5Q4Q5II")  # struct StubMap
 _MAP_MAGIC = 0x4D544747
 _MAX_PARAMS = 4096
+#: Where the stub's cuModuleGetGlobal places a module's __device__ variables (plus each symbol's value).
+GLOBAL_BASE = 0x7E00_0000_0000
 
 
 def build(folder: Path) -> Path:

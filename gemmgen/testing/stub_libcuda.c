@@ -289,6 +289,40 @@ CUresult CUDAAPI cuModuleGetFunction(CUfunction *function, CUmodule module, cons
   return CUDA_SUCCESS;
 }
 
+/* Where a module's __device__ variables seem to live: this base plus the symbol's value (its offset
+   in its section). Nothing reads or writes there; the tests compare the addresses. */
+#define STUB_GLOBAL_BASE 0x7e0000000000ull
+
+/* The symbol called `name` in an ELF64 image's .symtab (24-byte Elf64_Sym entries, names in
+   .strtab): its value and size; 0 if there is none. */
+static int elf_symbol(const unsigned char *image, const char *name, uint64_t *value, uint64_t *size) {
+  uint64_t symtab_size, strtab_size;
+  const unsigned char *symtab = elf_section(image, ".symtab", &symtab_size);
+  const char *strtab = (const char *)elf_section(image, ".strtab", &strtab_size);
+  if (!symtab || !strtab) return 0;
+  for (uint64_t at = 0; at + 24 <= symtab_size; at += 24) {
+    uint32_t name_at;
+    memcpy(&name_at, symtab + at, 4);
+    if (name_at >= strtab_size || strcmp(strtab + name_at, name) != 0) continue;
+    memcpy(value, symtab + at + 8, 8);
+    memcpy(size, symtab + at + 16, 8);
+    return 1;
+  }
+  return 0;
+}
+
+CUresult CUDAAPI cuModuleGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUmodule module, const char *name) {
+  CUresult err = take_failure();
+  if (err) return err;
+  StubModule *m = (StubModule *)module;
+  uint64_t value, size;
+  if (!m || !name) return CUDA_ERROR_INVALID_VALUE;
+  if (!elf_symbol(m->image, name, &value, &size)) return CUDA_ERROR_NOT_FOUND;
+  if (dptr) *dptr = (CUdeviceptr)(STUB_GLOBAL_BASE + value);
+  if (bytes) *bytes = (size_t)size;
+  return CUDA_SUCCESS;
+}
+
 static StubFunction *as_function(CUfunction function) {
   StubFunction *f = (StubFunction *)function;
   return f && f->magic == STUB_FUNCTION_MAGIC ? f : NULL;

@@ -40,12 +40,14 @@ from collections.abc import Callable
 
 import torch
 
+from ..codegen.fields import D_SINK_HEADER
 from ..ir import LSE_IDENTITY, Op, Param
 from .cpp_types import CppType, EpilogueSourceError, declarations, parse_type, split_arguments
 from .register_nodes import ParamsView, coordinate, random_numbers, row_blocks
 
 _FUSION = "cutlass::epilogue::fusion::"
 _EPI = "gemmgen::epi::"
+_D_MAP = "(*{p}.epilogue.tma_store_d.get_tma_descriptor())"
 _ELEMENT = {"cutlass::bfloat16_t": torch.bfloat16, "cutlass::half_t": torch.float16, "float": torch.float32,
             "cutlass::float_e4m3_t": torch.float8_e4m3fn, "cutlass::float_e5m2_t": torch.float8_e5m2,
             "int32_t": torch.int32}
@@ -237,6 +239,8 @@ class EpilogueInterpreter:
         self.element_b = _element(_values(parse_type(self.decls["ElementB"])))
         # void: a PairStore among the callbacks writes D (pairs.hpp)
         self.element_d = None if self.decls["ElementD"] == "void" else _element(parse_type(self.decls["ElementD"]))
+        # ...or it does, and the collective's own store of D goes to the module's sink (`fields.sinks_d`)
+        self.d_sink = f"#include <{D_SINK_HEADER}>" in source
         c = self.decls["ElementC"]
         self.element_c = None if c == "void" else _element(parse_type(c))
         self.column_major = {name: self._column_major(name) for name in ("LayoutA", "LayoutB", "LayoutC", "LayoutD")}
@@ -268,12 +272,17 @@ class EpilogueInterpreter:
             d = _convert(d, self.element_d)
         if d.dtype != self.element_d:
             raise EpilogueSourceError(f"the callbacks give {d.dtype}, ElementD is {self.element_d}")
+        if self.d_sink:  # the map of one element must lie outside every tensor of the call
+            sink = params.encoded(_D_MAP)
+            if tuple(sink.dims) != (1, 1, 1) or params.holds(sink.addr):
+                raise AssertionError(f"the collective's store of D goes to {sink.addr:#x}, a map of {sink.dims} "
+                                     "elements: not a sink outside the call's tensors")
+            return
         if self.grouped:  # the current group's D, through the kernel's pointer and stride arrays
             target = params.group_matrix("{p}.epilogue.ptr_D", "{p}.epilogue.dD", self.element_d, acc,
                                          self.column_major["LayoutD"])
         else:
-            target = _matrix(params, "(*{p}.epilogue.tma_store_d.get_tma_descriptor())", self.element_d,
-                             self.column_major["LayoutD"], acc)
+            target = _matrix(params, _D_MAP, self.element_d, self.column_major["LayoutD"], acc)
         target.copy_(d.expand(acc.shape))
 
     def _visit(self, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView,

@@ -122,7 +122,10 @@ def test_one_bundle_holds_both_arches_and_a_missing_arch_is_named(sm100_kernels,
         bundles._FROM_ENV.clear()
 
 
-def test_inspect_reports_sm100_kernels_and_build_leaves_out_what_sm100_lacks(sm100_kernels, session_cache, tmp_path):
+def test_inspect_reports_sm100_kernels_and_every_example_generates_for_sm100(sm100_kernels, session_cache, tmp_path,
+                                                                            sm100_examples):
+    """inspect reports a kernel per arch; build names an arch a recipe needs (MXFP8: sm_100a), before
+    any compile; generate writes every example for sm_100a."""
     proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "inspect", str(EXAMPLES), "--recipe", BOTH,
                            "--arch", "sm_100a", "--arch", "sm_90a", "--json", "--cache-dir", str(session_cache.root)],
                           capture_output=True, text=True, timeout=300)
@@ -132,21 +135,16 @@ def test_inspect_reports_sm100_kernels_and_build_leaves_out_what_sm100_lacks(sm1
     assert rows[0]["entry"] == sm100_kernels[BOTH].entry
     assert {"UTCHMMA", "UTCHMMA.2CTA", "UTMALDG", "LDTM"} <= set(rows[0]["sass"]) and "HGMMA" in rows[1]["sass"]
     assert gg.KernelConfig.from_canonical(sm100_kernels[BOTH].config.canonical()).arch is SM100
-    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "build", str(EXAMPLES), "--recipe", "moe_swiglu",
-                           "--arch", "sm_100a", "--cache-dir", str(session_cache.root)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "build", str(EXAMPLES), "--recipe", "mxfp8_linear",
+                           "--arch", "sm_90a", "--cache-dir", str(session_cache.root)], capture_output=True, text=True,
                           timeout=300)
-    assert proc.returncode == 2 and "column pairs (gg.pairs) on sm_100a: not emitted yet" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "on sm_100a (B200) only" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "generate", str(EXAMPLES), "--arch", "sm_100a",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    left_out = sorted(line.split(":")[1].strip() for line in proc.stderr.splitlines()
-                      if "not built for sm_100a" in line)
-    assert left_out == ["moe_swiglu", "swiglu"]  # column pairs
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}.sm_100a.cu" for n in (
-        "gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination", "bias_gelu_aux", "quick_gelu_scaled",
-        "scaled_mm_fp8", "fp8_block_scaled", "mxfp8_linear", "fp8_quantized", "qk_norm", "residual_norm_stats",
-        "row_col_amax", "moe_up", "moe_fp8_block"))
+    assert "not built" not in proc.stderr  # every example
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}.sm_100a.cu" for n in sm100_examples)
     proc = subprocess.run([sys.executable, "-m", "gemmgen.cli", "inspect", str(EXAMPLES), "--arch", "sm_100"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "'sm_100' is the plain target" in proc.stderr and "use 'sm_100a'" in proc.stderr

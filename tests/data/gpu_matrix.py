@@ -214,9 +214,7 @@ def sm100_gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
 
     sm100 = gg.Arch.SM100A
     out = []
-    for recipe in load_recipes(ROOT / "examples" / "recipes.py").values():
-        if not gg.codegen.is_valid(recipe.default_config(sm100), recipe.ir):
-            continue  # a family the sm100 emitter does not build yet (its refusal: tests/codegen/test_sm100.py)
+    for recipe in load_recipes(ROOT / "examples" / "recipes.py").values():  # sm100 builds every example
         pair = gg.KernelConfig(tile=(256, 128, tile_k(recipe.ir)), cluster=(2, 1, 1), schedule=gg.Schedule.TWO_SM,
                                arch=sm100)
         _, n, k = DECODE_PROBLEM

@@ -25,6 +25,9 @@ SM100_KERNELS: dict[str, gg.KernelConfig | None] = {
     # MXFP8 (the block-scaled MMA, kind::mxf8f6f4): UE8M0 scales loaded with TMA and copied into
     # tensor memory (UTCCP), one SM
     "mxfp8_linear": None,
+    # column pairs: D of N/2 columns written from the registers (a PairStore), the collective's own
+    # store of D aimed at the module's sink (codegen.fields.sinks_d), one SM
+    "swiglu": None,
     # grouped (pointer-array) on a pair of SMs: per-group maps rewritten on the GPU, the group scheduler
     "moe_up": gg.KernelConfig(tile=(256, 128, 64), **TWO_SM),  # type: ignore[arg-type]
 }
@@ -64,6 +67,12 @@ VALUE_CONFIGS = {
     "mx_swapped_pair": ("mxfp8_linear", gg.KernelConfig(tile=(256, 64, 128), swap_ab=True, **TWO_SM)),  # type: ignore[arg-type]
     "mx_192_multicast": ("mxfp8_linear", gg.KernelConfig(tile=(128, 192, 128), cluster=(2, 2, 1), swap_ab=True,
                                                          schedule=gg.Schedule.ONE_SM, arch=SM100)),
+    # every path of column pairs on a pair of SMs (an N/2-column operand and aux output, a TMA aux
+    # store of an interleave, a sum over N of a half, D from the registers: pairs.hpp's probe under
+    # the pair's tensor-memory partition), and a backward's D of 2N columns (a DoubleStore) on one
+    # SM's 64-row tile (16-lane tensor-memory loads: the heuristic's choice for swiglu at small M)
+    "pair_ops_pair": ("pair_ops", gg.KernelConfig(tile=(256, 128, 64), **TWO_SM)),  # type: ignore[arg-type]
+    "double_d": ("swiglu_bwd", gg.KernelConfig(tile=(64, 128, 64), schedule=gg.Schedule.ONE_SM, arch=SM100)),
     # reductions over M (CUTLASS's Sm90RowReduction: its partials and tile counters) and over N
     "both_reductions": ("row_col_amax", gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM, arch=SM100)),
     # CUTLASS's sm100 stream-K scheduler on pairs in a 2 x 2 cluster after C and two reductions'
@@ -81,15 +90,19 @@ def grouped_value_kernels() -> dict[str, tuple[gg.Recipe, gg.KernelConfig]]:
     one SM's, swapped (one SM's 128 x 32 MMA, B200's choice for few rows per group), the derived
     backward kernel of a GroupedLinear, which reads dL/dD per group as C, on a pair, and the
     block-scaled example (DeepSeek's scales, each group's scale layouts written by the setup
-    kernel) on one SM (on a pair it is emulated: test_sm100_grouped.BLOCK_SCALED)."""
+    kernel) on one SM (on a pair it is emulated: test_sm100_grouped.BLOCK_SCALED), and the gated
+    experts over column pairs (moe_swiglu: a PairStore writes each group's D, the collective's is
+    void) on a pair."""
     from gemmgen.testing.grouped import moe_recipe
     from tests.data.gpu_matrix import ROOT, derived_grouped_recipe, load_recipes
 
-    moe_fp8_block = load_recipes(ROOT / "examples" / "recipes.py")["moe_fp8_block"]
+    examples = load_recipes(ROOT / "examples" / "recipes.py")
+    moe_fp8_block, moe_swiglu = examples["moe_fp8_block"], examples["moe_swiglu"]
 
     one = gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM, arch=SM100)
     swapped = gg.KernelConfig(tile=(128, 32, 64), schedule=gg.Schedule.ONE_SM, swap_ab=True, arch=SM100)
     pair = gg.KernelConfig(tile=(256, 128, 64), **TWO_SM)  # type: ignore[arg-type]
     block_one = gg.KernelConfig(tile=(128, 128, 128), schedule=gg.Schedule.ONE_SM, arch=SM100)
     return {"one_sm": (moe_recipe(), one), "swapped": (moe_recipe(), swapped),
-            "reads_c": (derived_grouped_recipe(), pair), "block_scaled": (moe_fp8_block, block_one)}
+            "reads_c": (derived_grouped_recipe(), pair), "block_scaled": (moe_fp8_block, block_one),
+            "gated": (moe_swiglu, pair)}

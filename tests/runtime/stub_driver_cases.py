@@ -208,6 +208,7 @@ def _launch_and_emulate(stub, kernels: dict) -> None:
     from gemmgen.testing.calls import TOLERANCE, args_with_nonzero_reference, emulated_shapes, given_outputs, unwritten
     from gemmgen.testing.emulate import emulate
     from gemmgen.testing.recording import encode_violations, launch_violations
+    from gemmgen.testing.stub_driver import GLOBAL_BASE
     from gemmgen.testing.tensors import assert_output_close
 
     for name, ck in kernels.items():
@@ -238,6 +239,9 @@ def _launch_and_emulate(stub, kernels: dict) -> None:
                     if field.kind == "desc":
                         args = stub.of(launch.params[offset:offset + 128])
                         assert args is None or encode_violations(args) == [], (where, field.name, args)
+                    if field.name == "epilogue.tma_d" and ck.generated.epilogue.d_sink:  # the module's sink,
+                        sink = stub.of(launch.params[offset:offset + 128])  # where cuModuleGetGlobal has it
+                        assert sink is not None and sink.addr >= GLOBAL_BASE and sink.dims == (1, 1, 1), where
                 _, launched, _ = prepared[-1]  # (outputs, (params, grid, workspace), device)
                 workspace = launched[2]
                 tensors = [a, b, *outs, *(v for v in ops.values() if isinstance(v, torch.Tensor))]

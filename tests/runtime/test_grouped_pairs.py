@@ -35,7 +35,11 @@ RECIPES = {
     # the forward's GEMM again: reads dL/dD (N/2, grad_d) and writes dL/dacc (N columns, TMA)
     "swiglu_bwd": moe_swiglu_recipe().backward().kernel,
 }
-CONFIGS = [gg.KernelConfig(), gg.KernelConfig(tile=(64, 128, 64), cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG)]
+SM100 = gg.Arch.SM100A
+#: sm_90a's default and a ping-pong kernel; sm_100a's one SM and pair (the pointer-array collective's void D)
+CONFIGS = [gg.KernelConfig(), gg.KernelConfig(tile=(64, 128, 64), cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG),
+           gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.ONE_SM, arch=SM100),
+           gg.KernelConfig(tile=(256, 128, 64), cluster=(2, 1, 1), schedule=gg.Schedule.TWO_SM, arch=SM100)]
 # (rows, K, N, groups), offsets: an empty group and rows after the last; one row, groups over
 # several tiles, K and N tails; the smallest pair
 SHAPES = [((37, 64, 48, 4), (5, 5, 20, 30)), ((300, 72, 136, 3), (1, 129, 300)), ((9, 24, 2, 2), (0, 9))]
@@ -108,24 +112,27 @@ def test_the_kernels_grouped_linears_backward_launches_compute_their_recipe(acti
         torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
 
 
-def test_the_grouped_register_visitors_take_per_group_pointers():
+@pytest.mark.parametrize("config", CONFIGS[::2], ids=lambda c: c.arch.value)
+def test_the_grouped_register_visitors_take_per_group_pointers(config):
     """A grouped kernel names its pair visitors' elements as pointers (pairs.hpp's TensorOf<E*>),
     stores no D of its own when D is N/2 wide, and has no TMA store of D in its Params."""
-    g = uncompiled(RECIPES["swiglu"], CONFIGS[0]).generated
+    g = uncompiled(RECIPES["swiglu"], config).generated
     assert "gemmgen::epi::PairStore<cutlass::bfloat16_t*," in g.source and not g.epilogue.stores_d
     assert {f.name for f in g.fields} >= {"epilogue.pair_store.d.ptr", "epilogue.pair_store.d.stride_m"}
     assert not {f.name for f in g.fields} & {"epilogue.tma_d", "epilogue.ptr_d", "epilogue.stride_d"}
-    bwd = uncompiled(RECIPES["swiglu_bwd"], CONFIGS[0]).generated
+    assert "using ElementD = void;" in g.source
+    bwd = uncompiled(RECIPES["swiglu_bwd"], config).generated
     assert "gemmgen::epi::PairLoad<cutlass::bfloat16_t*," in bwd.source and bwd.epilogue.stores_d
 
 
 @pytest.mark.parametrize("mistake", ["a dense visitor", "even and odd exchanged", "every group at the first's rows",
                                      "the row stride off by one"])
-def test_a_wrong_grouped_pairing_fails_the_check(mistake, monkeypatch):
-    """Each mistake fails the emulated call: the source's PairStore in the dense form, the pairs'
-    halves exchanged, the PairStore's per-group pointers all at D's first row, its row stride
-    wrong."""
-    recipe, config = RECIPES["swiglu"], CONFIGS[0]
+@pytest.mark.parametrize("config", CONFIGS[::2], ids=lambda c: c.arch.value)
+def test_a_wrong_grouped_pairing_fails_the_check(mistake, config, monkeypatch):
+    """Each mistake fails the emulated call (of sm_90a's kernel and sm_100a's): the source's
+    PairStore in the dense form, the pairs' halves exchanged, the PairStore's per-group pointers
+    all at D's first row, its row stride wrong."""
+    recipe = RECIPES["swiglu"]
     mutate = None
     if mistake == "a dense visitor":
         mutate = source_replaced("PairStore<cutlass::bfloat16_t*,", "PairStore<cutlass::bfloat16_t,")

@@ -12,6 +12,7 @@ from gemmgen.codegen.fields import KIND_SIZE
 from gemmgen.codegen.sm90 import scale_tma
 from gemmgen.ir.microscaling import blocked_shape
 from gemmgen.runtime.arguments import ArgumentBuilder, field_values, pack
+from gemmgen.runtime.base import STAND_IN_D_SINK
 from gemmgen.runtime.problem import Problem, TensorArg
 from gemmgen.testing.calls import dense
 from gemmgen.testing.oracle import OracleProgram, build_all
@@ -98,7 +99,7 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
 
     aux = {o.name: mn(o.dtype, o.columns) if o.reduce is None else reduced(o) for o in recipe.outputs[1:]}
     return Problem(m, n, k, l, a, b, mn(g.d, recipe.outputs[0].columns), operands, aux, 0, sm_count,
-                   max_active_clusters)
+                   max_active_clusters, STAND_IN_D_SINK)
 
 
 @pytest.fixture(scope="session")

@@ -195,18 +195,22 @@ def test_grouped_geometries_without_a_compiled_kernel_match_cutlass(grouped_orac
         else:
             ops["weight"] = torch.rand(rows)
     call = check_grouped_call(recipe.ir, a, b, offs, ops, require_cuda=False)
-    d = torch.empty(rows, n).bfloat16()
-    columns = args.columns(call, TensorArg(d.data_ptr(), (n, 1, 0)))
+    d_columns = recipe.ir.outputs[0].columns.extent(n)  # N/2 over column pairs: a PairStore's
+    d = torch.empty(rows, d_columns).bfloat16()
+    columns = args.columns(call, TensorArg(d.data_ptr(), (d_columns, 1, 0)))
     has_c = args.source is not None
     for sm_count, clusters in ((148, 0), (132, 66)):
         layout = BufferLayout.of(groups, len(columns), sm_count, has_c, SM100, scale_layouts=block_scaled)
         buffer = 1 << 40
         enc = RecordingEncoder()
-        v = args.values(call, columns, buffer, layout, sm_count, clusters, 0, enc, n)
+        v = args.values(call, columns, buffer, layout, sm_count, clusters, 0, enc, d_columns)
+        d_store = args.d_store  # the PairStore's pointer array and row stride, or the collective's D arrays
+        d_values = {"d.ptr": v[f"{d_store}.ptr"], "d.s0": v[f"{d_store}.stride_m"], "d.s1": 1,
+                    "d.s2": v[f"{d_store}.stride_l"]} if d_store else \
+            {"d.array": v["epilogue.ptr_d"], "d.strides": v["epilogue.stride_d"]}
         values = {"groups": groups, "shapes": v["problem.shapes"], "workspace": buffer,
                   "a.array": v["mainloop.ptr_a"], "a.strides": v["mainloop.stride_a"],
-                  "b.array": v["mainloop.ptr_b"], "b.strides": v["mainloop.stride_b"],
-                  "d.array": v["epilogue.ptr_d"], "d.strides": v["epilogue.stride_d"],
+                  "b.array": v["mainloop.ptr_b"], "b.strides": v["mainloop.stride_b"], **d_values,
                   "hw.device_id": 0, "hw.sm_count": sm_count, "hw.max_active_clusters": clusters,
                   **{f"operand.{b.name}.ptr": v[f"epilogue.{b.kind}.{b.name}.ptr"]
                      for b in oracle.kernel.epilogue.bindings if b.kind in ("row", "col")}}
@@ -221,7 +225,7 @@ def test_grouped_geometries_without_a_compiled_kernel_match_cutlass(grouped_orac
         assert expected.can_implement
         assert {c.addr: c.as_dict() for c in enc.calls} == \
             {c["addr"]: {key: val for key, val in c.items() if key != "encode"} for c in expected.encodes}
-        assert len(enc.calls) == 3 + int(has_c)  # A, B, D (and C): the fallback pair are copies
+        assert len(enc.calls) == 2 + int(not d_store) + int(has_c)  # A, B, D (and C): the fallback pair are copies
         compared = 0
         for f in oracle.kernel.fields:
             if f.kind == "desc":
@@ -237,3 +241,6 @@ def test_grouped_geometries_without_a_compiled_kernel_match_cutlass(grouped_orac
         assert compared >= 50, compared
         assert (layout.shapes >= expected.workspace_size > 0) and layout.mainloop_maps > 0
         assert list(args.scheduler(sm_count, clusters).grid) == expected.launch["grid"]
+        if recipe.ir.epilogue.pairs:  # pairs.hpp's premise under the pointer-array collective's partition
+            pairs = expected.pairs
+            assert pairs is not None and pairs["pairs"] > 0 and pairs["broken"] == 0 and not pairs["uncovered"], pairs

@@ -109,6 +109,9 @@ def _check_values(oracle: OracleProgram, p, where: str) -> None:
             assert field_bits(kinds[field], values[field]) == want["bits"], (where, field)
         compared += 1
     assert compared >= 25 and list(grid) == expected.launch["grid"], where
+    if kernel.kernel_recipe.epilogue.pairs:  # pairs.hpp's premise under this geometry's partition
+        pairs = expected.pairs
+        assert pairs is not None and pairs["pairs"] > 0 and pairs["broken"] == 0 and pairs["uncovered"] == 0, where
 
 
 @pytest.mark.parametrize("sm_count, max_active_clusters", [(148, 0), (132, 0), (148, 37), (114, 0), (16, 0)])

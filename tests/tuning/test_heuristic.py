@@ -187,21 +187,23 @@ def test_explain_cli(capsys):
 
 
 
-def test_explain_says_which_recipes_an_arch_does_not_build(capsys, examples):
-    """Over a whole file, a recipe whose family sm_100a does not build (column pairs, dense or
-    grouped) gets a line saying why, as `build` leaves it out, and the others their launches; named
-    by --recipe, or asked of the heuristic, it is a ConfigError naming the family, not an assertion."""
-    shape = ["--shape", "64", "4096", "4096", "--arch", "sm_100a"]
+def test_explain_says_which_recipes_an_arch_does_not_build(capsys, sm100_examples):
+    """Over a whole file, a recipe whose family an arch does not build (MXFP8 on sm_90a) gets a line
+    saying why, as `build` leaves it out, and the others their launches; named by --recipe, or asked
+    of the heuristic, it is a ConfigError naming the family, not an assertion. sm_100a builds every
+    example."""
+    shape = ["--shape", "64", "4096", "4096"]
     assert cli_main(["explain", str(EXAMPLES), *shape]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith(" ")]
-    refused = {line.split(":")[0] for line in lines if ": not built for sm_100a: column pairs (gg.pairs)" in line}
-    assert refused == {"swiglu", "moe_swiglu"}
+    refused = {line.split(":")[0] for line in lines if ": not built for sm_90a: block_scale=gemmgen.MXFP8" in line}
+    assert refused == {"mxfp8_linear"}
     assert any(line.startswith("moe_up: ") and "(heuristic)" in line for line in lines)
-    assert cli_main(["explain", str(EXAMPLES), *shape, "--recipe", "swiglu"]) == 2
-    assert "column pairs (gg.pairs) on sm_100a" in capsys.readouterr().err
-    for name in ("swiglu", "moe_swiglu"):
-        with pytest.raises(gg.ConfigError, match=r"column pairs \(gg.pairs\) on sm_100a"):
-            choose(examples[name].ir, 64, 4096, 4096, 8, arch=gg.Arch.SM100A)
+    assert cli_main(["explain", str(EXAMPLES), *shape, "--recipe", "mxfp8_linear"]) == 2
+    assert "on sm_100a (B200) only" in capsys.readouterr().err
+    with pytest.raises(gg.ConfigError, match=r"block_scale=gemmgen.MXFP8: the MMA scales microscaled fp8 on sm_100a"):
+        choose(sm100_examples["mxfp8_linear"].ir, 64, 4096, 4096, arch=gg.Arch.SM90A)
+    assert cli_main(["explain", str(EXAMPLES), *shape, "--arch", "sm_100a"]) == 0
+    assert "not built" not in capsys.readouterr().out
 
 
 def test_explain_backward_shows_the_derived_recipes_and_their_launches(capsys):

@@ -4,10 +4,10 @@ sm100 builders accept them; shared memory and tensor memory are B200's.
 
 gemmgen's sm100 kernels so far: dense and batched GEMMs (16-bit or fp8 A and B, fp8 with block
 scales through CUTLASS's blockwise main loop, microscaled MXFP8 through its block-scaled MMA)
-with any EVT epilogue, D's row blocks too, under CUTLASS's
+with any EVT epilogue, D's row blocks and column pairs too, under CUTLASS's
 cluster-launch-control scheduler or its stream-K scheduler (split-K too), and grouped
-(pointer-array) GEMMs under its group scheduler, block-scaled too. What it does not emit yet
-(`family_violations`, `reduction_violations`) is refused by name, with the fix.
+(pointer-array) GEMMs under its group scheduler, block-scaled or over column pairs too. What it
+does not emit (`reduction_violations`) is refused by name, with the fix.
 """
 
 from __future__ import annotations
@@ -99,15 +99,6 @@ def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
-def family_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """The recipe families gemmgen does not emit for sm_100a yet."""
-    out = []
-    if recipe.epilogue.pairs:
-        out.append("column pairs (gg.pairs) on sm_100a: not emitted yet; gemmgen runs recipes over column pairs on "
-                   "sm_90a GPUs (H100/H200) so far: build them with arch=Arch.SM90A for those")
-    return out
-
-
 def row_block_rows_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """D's row blocks (row_blocks.hpp's Sm100RowBlocks) are reduced within a thread's row: tensor
     memory's 32-lane loads give each thread one row of a CTA's 128 rows over 4 x 1 warps, which a
@@ -176,5 +167,4 @@ def stream_k_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 CONSTRAINTS = (schedule_violations, tile_violations, tile_k_violations, cluster_violations, pair_cluster_violations,
                smem_violations, reduction_violations, block_scale_violations, block_scaled_tile_violations,
                tile_scheduler_violations, microscaled_tile_violations,
-               stream_k_tile_violations, row_violations, row_block_violations, row_block_rows_violations,
-               family_violations)
+               stream_k_tile_violations, row_violations, row_block_violations, row_block_rows_violations)

@@ -58,12 +58,15 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
     e = "{p}.epilogue"
     if epilogue.source is not None:
         f.append(ParamField("epilogue.tma_c", desc(f"{e}.tma_load_c"), "desc"))
-    f.append(ParamField("epilogue.tma_d", desc(f"{e}.tma_store_d"), "desc"))
+    collective_d = epilogue.element_d != "void"  # else registers write each group's D (their bindings' fields)
+    if collective_d:
+        f.append(ParamField("epilogue.tma_d", desc(f"{e}.tma_store_d"), "desc"))
     if grouped:
         f.append(ParamField("epilogue.tensormaps", f"{e}.tensormaps", "ptr"))
         if epilogue.source is not None:
             f += [ParamField("epilogue.ptr_c", f"{e}.ptr_C", "ptr"), ParamField("epilogue.stride_c", f"{e}.dC", "ptr")]
-        f += [ParamField("epilogue.ptr_d", f"{e}.ptr_D", "ptr"), ParamField("epilogue.stride_d", f"{e}.dD", "ptr")]
+        if collective_d:
+            f += [ParamField("epilogue.ptr_d", f"{e}.ptr_D", "ptr"), ParamField("epilogue.stride_d", f"{e}.dD", "ptr")]
         return tuple(f + group_scheduler("{p}.scheduler.params_sm90_") + hw_info())
     s = "{p}.scheduler"
     if config.tile_scheduler is TileScheduler.STREAM_K:  # sm90's stream-K Params beside sm100's

@@ -8,12 +8,12 @@ their pointer-array forms for a grouped kernel); the epilogue is the same visito
 
 from __future__ import annotations
 
-from ...config import KernelConfig, Schedule, TileScheduler, kernel_id
+from ...config import Arch, KernelConfig, Schedule, TileScheduler, kernel_id
 from ...ir import RecipeIR
 from ...types import DType, Microscaling
 from ..common_types import block_scale_decls, epilogue_strides, epilogue_tile_type, problem_shape
 from ..evt import EpilogueCode
-from ..fields import reads_scale_layouts
+from ..fields import D_SINK_HEADER, reads_scale_layouts, sinks_d
 from .geometry import epilogue_tile_override
 
 #: The template that declares the kernel's types (included by kernel.cu.j2).
@@ -22,8 +22,10 @@ TYPES_TEMPLATE = "sm100/gemm_types.inc.j2"
 
 def headers(recipe: RecipeIR) -> tuple[str, ...]:
     """What an sm100 kernel's module includes besides every kernel's headers (gemmgen/include): a
-    microscaled kernel also CUTLASS's block-scaled collective."""
-    return ("gemmgen/sm100.hpp", *(("gemmgen/sm100_microscaling.hpp",) if recipe.gemm.microscaling else ()))
+    microscaled kernel also CUTLASS's block-scaled collective, one whose registers write D the sink
+    of its collective's store of D."""
+    return ("gemmgen/sm100.hpp", *(("gemmgen/sm100_microscaling.hpp",) if recipe.gemm.microscaling else ()),
+            *((D_SINK_HEADER,) if sinks_d(recipe, Arch.SM100A) else ()))
 
 _SM = {Schedule.ONE_SM: "1Sm", Schedule.TWO_SM: "2Sm"}
 
@@ -48,7 +50,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
     return dict(
         namespace=f"gemmgen_{kernel_id(recipe, config)}",
         element_a=_mainloop_element(g.a, g.microscaling), element_b=_mainloop_element(g.b, g.microscaling),
-        element_c=epi.element_c, element_d=g.d.cutlass,
+        element_c=epi.element_c, element_d=epi.element_d, descriptor_element_d=g.d.cutlass,
         mainloop_op_class=f"cutlass::arch::OpClass{'BlockScaled' if mx else ''}TensorOp",
         layout_a=g.layout_a.cutlass + per_group, layout_b=g.layout_b.cutlass + per_group,
         layout_d=g.layout_d.cutlass + per_group,

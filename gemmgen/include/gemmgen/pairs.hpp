@@ -384,6 +384,53 @@ PairsProbe probe_pairs() {
   for (int h : held) out.uncovered += h == 1 ? 0 : 1;
   return out;
 }
+
+// The same for an sm100 kernel, whose collective hands its visitors the partition of its
+// tensor-memory load (ConsumerStoreArgs::tiled_copy: the T2R copy of the CTA's accumulator divided
+// into epilogue tiles), built here as CollectiveEpilogue::store builds it.
+template <class GemmKernel>
+PairsProbe probe_pairs_sm100() {
+  using namespace cute;
+  using Mainloop = typename GemmKernel::CollectiveMainloop;
+  using Epilogue = typename GemmKernel::CollectiveEpilogue;
+  using EpilogueTile = typename Epilogue::EpilogueTile;
+  constexpr int kFragment = Epilogue::DispatchPolicy::FragmentSize;
+  typename Mainloop::TiledMma mma;
+  auto accumulators = Mainloop::TiledMma::make_fragment_C(
+      partition_shape_C(mma, take<0, 2>(typename Mainloop::TileShape{})));  // ((CTA_M, CTA_N), 1, 1)
+  // layouts only: host g++ cannot inline tensor-memory pointer arithmetic (cute::rotl and rotr)
+  auto acc = accumulators.layout()(make_coord(_, _), _0{}, _0{});  // (CTA_M, CTA_N)
+  auto first_subtile = flat_divide(acc, EpilogueTile{})(_, _, _0{}, _0{});
+  auto t2r = make_tmem_copy(typename Epilogue::CopyOpT2R{}, make_tensor(accumulators.data(), first_subtile));
+  constexpr int kRows = size<0>(decltype(acc){});
+  constexpr int kCols = size<1>(decltype(acc){});
+  auto tile = make_identity_tensor(make_shape(Int<kRows>{}, Int<kCols>{}));
+  static int held[kRows * kCols];
+  for (int& h : held) h = 0;
+  PairsProbe out;
+  for (int t = 0; t < int(size(t2r)); ++t) {
+    auto coords = t2r.get_slice(t).partition_D(flat_divide(tile, EpilogueTile{}));  // (T2R, T2R_M, T2R_N, EPI_M, EPI_N)
+    for (int em = 0; em < int(size<3>(coords)); ++em) {
+      for (int en = 0; en < int(size<4>(coords)); ++en) {
+        auto here = coords(_, _, _, em, en);
+        int n = int(size(here));
+        out.broken += (kFragment % 2 != 0 || n % kFragment != 0) ? 1 : 0;
+        for (int i = 0; i + 1 < n; i += 2) {
+          auto c0 = here(i);
+          auto c1 = here(i + 1);
+          ++out.pairs;
+          bool pair = get<0>(c0) == get<0>(c1) && get<1>(c0) % 2 == 0 && get<1>(c1) == get<1>(c0) + 1;
+          out.broken += pair ? 0 : 1;
+        }
+        for (int i = 0; i < n; ++i) {
+          ++held[get<0>(here(i)) * kCols + get<1>(here(i))];
+        }
+      }
+    }
+  }
+  for (int h : held) out.uncovered += h == 1 ? 0 : 1;
+  return out;
+}
 #endif
 
 }  // namespace gemmgen::epi
