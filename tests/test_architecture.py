@@ -118,7 +118,7 @@ PUBLIC = {
                       "e4m3", "e5m2", "f16", "f32", "fp16", "fp32"],
     "gemmgen.nn": ["ACTIVATIONS", "BlockScaledGroupedLinear", "BlockScaledLinear", "FusedLinear", "GroupedLinear",
                    "activation_of", "block_scaled_grouped_recipe", "block_scaled_linear_recipe", "fuse",
-                   "grouped_linear_recipe", "linear_recipe", "model_launches"],
+                   "grouped_linear_recipe", "linear_recipe", "model_launches", "MXFP8Linear", "mxfp8_linear_recipe"],
     "gemmgen.tuning": ["Device", "TuningTable", "add_tuning", "autotune", "config_for", "entry_key", "bucket",
                        "grouped_bucket", "tuned_config", "tuned_configs", "candidates", "generation", "device_ms"],
     "gemmgen.cli": ["main"],

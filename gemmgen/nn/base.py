@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from .. import dsl
+from ..config import Arch
 from ..errors import InvalidArgument, RecipeError
+from ..runtime.driver import current_arch
 
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -108,3 +110,9 @@ class RecipeModule(nn.Module):
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         self._set_recipes()
+
+
+def launch_arch(arch: Arch | str | None) -> Arch:
+    """The architecture a module's `launches` are for: `arch`, else the current CUDA device's
+    (sm_90a without one), as `gemmgen.warmup` has it: the kernels the op launches there."""
+    return Arch.parse(arch) if arch is not None else current_arch()

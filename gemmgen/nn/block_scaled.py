@@ -23,13 +23,13 @@ import torch
 from torch import nn
 
 from .. import tuning
-from ..config import KernelConfig
+from ..config import Arch, KernelConfig
 from ..dsl import DEEPSEEK_BLOCK_SCALE, Recipe, RowVector
 from ..errors import InvalidArgument
 from ..integrations.ops import caller, op
 from ..runtime.quantize import quantize_blockwise
 from ..types import DType, Layout, as_dtype
-from .base import COMPUTE_DTYPES, RecipeModule, activation_fn
+from .base import COMPUTE_DTYPES, RecipeModule, activation_fn, launch_arch
 from .grouped import GroupedLaunches, GroupedLinear
 
 _BLOCK = DEEPSEEK_BLOCK_SCALE[1]  # the weight's blocks are square: 128 x 128
@@ -62,7 +62,7 @@ def block_scaled_grouped_recipe(activation: str | None, bias: bool, dtype: torch
     return Recipe(name, lambda acc: act(acc), **kw)
 
 
-def _check_output_dtype(dtype: torch.dtype) -> None:
+def check_output_dtype(dtype: torch.dtype) -> None:
     if dtype not in COMPUTE_DTYPES:
         raise InvalidArgument(f"dtype: expected torch.bfloat16 or torch.float16 (the output's), got {dtype!r}")
 
@@ -94,7 +94,7 @@ def _block_quantized(weight: Any, scale: Any, dims: str, unquantized: str) -> tu
     return weight, scale
 
 
-def _check_input(x: Any, in_features: int, what: str) -> None:
+def check_input(x: Any, in_features: int, what: str) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != in_features:
         raise InvalidArgument(f"input: expected {what} (in_features = {in_features}), got "
                               f"{getattr(x, 'shape', type(x).__name__)}")
@@ -102,8 +102,8 @@ def _check_input(x: Any, in_features: int, what: str) -> None:
         raise InvalidArgument(f"input: expected a bf16, f16 or f32 tensor (quantized per call), got {x.dtype}")
 
 
-class _BlockScaledModule(RecipeModule):
-    """What the block-scaled layers share: built from weights (quantized or not) by `_take`."""
+class QuantizedModule(RecipeModule):
+    """What the quantized inference layers share: built from weights (quantized or not) by `_take`."""
 
     def _take(self, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
               activation: str | None, dtype: torch.dtype) -> None:
@@ -120,16 +120,13 @@ class _BlockScaledModule(RecipeModule):
         return layer
 
 
-class BlockScaledLinear(_BlockScaledModule):
-    """A Linear layer for inference with an e4m3 weight in 128 x 128 blocks and inputs quantized per
-    token and 128 features on each call (DeepSeek-V3's fp8 linear); bias and activation fused.
+class QuantizedLinear(QuantizedModule):
+    """What the quantized inference Linears share (BlockScaledLinear, MXFP8Linear): an nn.Linear's
+    initialisation or weights, quantized in the layer's format, and the kernel a forward launches."""
 
-    Buffers: `weight` (out, in) e4m3, `weight_scale` (ceil(out/128), ceil(in/128)) fp32, kept with
-    its rows contiguous in memory (as the kernel reads its transpose), and `bias` (out,) in `dtype`."""
-
-    weight: torch.Tensor
-    weight_scale: torch.Tensor
-    bias: torch.Tensor | None
+    in_features: int
+    out_features: int
+    recipe: Recipe
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None) -> None:
@@ -140,15 +137,34 @@ class BlockScaledLinear(_BlockScaledModule):
         self._take(linear.weight.detach(), None, linear.bias.detach() if bias else None, activation, dtype)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, activation: str | None = None,
-                    dtype: torch.dtype | None = None) -> BlockScaledLinear:
-        """`linear`'s weight quantized to e4m3 in 128 x 128 blocks (copies); output in `dtype`
-        (default: the weight's, if bf16 or f16, else bf16)."""
+    def from_linear(cls, linear: nn.Linear, activation: str | None = None, dtype: torch.dtype | None = None) -> Any:
+        """`linear`'s weight quantized in the layer's format (copies); output in `dtype` (default:
+        the weight's, if bf16 or f16, else bf16)."""
         if not isinstance(linear, nn.Linear):
             raise InvalidArgument(f"linear: expected a torch.nn.Linear, got {type(linear).__name__}")
         w = linear.weight.detach()
         out = dtype or (w.dtype if w.dtype in COMPUTE_DTYPES else torch.bfloat16)
         return cls._of(w, None, linear.bias.detach() if linear.bias is not None else None, activation, out)
+
+    def launches(self, tokens: int, training: bool = False, sm_count: int | None = None,
+                 device: tuning.Device | None = None, arch: Arch | str | None = None) -> tuple[Recipe, KernelConfig]:
+        """(recipe, config) of the kernel forward launches for an input of `tokens` rows, as
+        FusedLinear.launches: what to build ahead of time. `training` is accepted for
+        model_launches and changes nothing (the layer has no gradients)."""
+        return self.recipe, tuning.config_for(self.recipe, tokens, self.out_features, self.in_features, 1,
+                                              device=device, sm_count=sm_count, arch=launch_arch(arch))
+
+
+class BlockScaledLinear(QuantizedLinear):
+    """A Linear layer for inference with an e4m3 weight in 128 x 128 blocks and inputs quantized per
+    token and 128 features on each call (DeepSeek-V3's fp8 linear); bias and activation fused.
+
+    Buffers: `weight` (out, in) e4m3, `weight_scale` (ceil(out/128), ceil(in/128)) fp32, kept with
+    its rows contiguous in memory (as the kernel reads its transpose), and `bias` (out,) in `dtype`."""
+
+    weight: torch.Tensor
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
 
     @classmethod
     def from_quantized(cls, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
@@ -159,7 +175,7 @@ class BlockScaledLinear(_BlockScaledModule):
 
     def _take(self, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
               activation: str | None, dtype: torch.dtype) -> None:
-        _check_output_dtype(dtype)
+        check_output_dtype(dtype)
         weight, scale = _block_quantized(weight, scale, "(out_features, in_features)", "from_linear")
         out_features, in_features = weight.shape
         if bias is not None and tuple(bias.shape) != (out_features,):
@@ -176,27 +192,19 @@ class BlockScaledLinear(_BlockScaledModule):
         self._op = caller(self.recipe)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_input(x, self.in_features, f"a tensor of shape (..., {self.in_features})")
+        check_input(x, self.in_features, f"a tensor of shape (..., {self.in_features})")
         lead = x.shape[:-1]
         q, scale_a = quantize_blockwise(x.reshape(-1, self.in_features), (1, _BLOCK), scale_layout=Layout.COL)
         args = (q, self.weight.t(), scale_a, self.weight_scale.t())
         y = self._op(*args) if self.bias is None else self._op(*args, self.bias)
         return y.reshape(*lead, self.out_features)
 
-    def launches(self, tokens: int, training: bool = False, sm_count: int = 132,
-                 device: tuning.Device | None = None) -> tuple[Recipe, KernelConfig]:
-        """(recipe, config) of the kernel forward launches for an input of `tokens` rows, as
-        FusedLinear.launches: what to build ahead of time. `training` is accepted for
-        model_launches and changes nothing (the layer has no gradients)."""
-        return self.recipe, tuning.config_for(self.recipe, tokens, self.out_features, self.in_features, 1,
-                                              device=device, sm_count=sm_count)
-
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"activation={self.activation!r}, dtype={self.dtype}, weight=e4m3 in 128 x 128 blocks")
 
 
-class BlockScaledGroupedLinear(GroupedLaunches, _BlockScaledModule):
+class BlockScaledGroupedLinear(GroupedLaunches, QuantizedModule):
     """A mixture-of-experts layer's expert Linears for inference in fp8 with DeepSeek-V3's block
     scales, as one grouped kernel: each expert's e4m3 weight in 128 x 128 blocks, the tokens (sorted
     by expert) quantized per token and 128 features on each call; bias and activation fused.
@@ -241,7 +249,7 @@ class BlockScaledGroupedLinear(GroupedLaunches, _BlockScaledModule):
 
     def _take(self, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
               activation: str | None, dtype: torch.dtype) -> None:
-        _check_output_dtype(dtype)
+        check_output_dtype(dtype)
         activation_fn(activation)
         weight, scale = _block_quantized(weight, scale, "(num_experts, out_features, in_features)", "from_linears")
         experts, out_features, in_features = weight.shape
@@ -262,7 +270,7 @@ class BlockScaledGroupedLinear(GroupedLaunches, _BlockScaledModule):
         self._op = op(self.recipe).default
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        _check_input(x, self.in_features, f"(tokens, {self.in_features}) rows sorted by expert")
+        check_input(x, self.in_features, f"(tokens, {self.in_features}) rows sorted by expert")
         if x.dim() != 2:
             raise InvalidArgument(f"input: expected (tokens, {self.in_features}) rows sorted by expert, got shape "
                                   f"{tuple(x.shape)}")

@@ -12,7 +12,8 @@ GELUActivation count, not just nn.ReLU/GELU/SiLU.
 
 Other Linears stay as they are, unless `unpaired=True` swaps them too. With
 `quantize="fp8_block"` the replacements are BlockScaledLinear layers instead (e4m3 weights in
-128 x 128 blocks, inputs quantized per call: an fp8 inference model). A forward fx cannot trace
+128 x 128 blocks, inputs quantized per call: an fp8 inference model), with `quantize="mxfp8"`
+MXFP8Linear layers (a UE8M0 exponent per 32 values: B200s). A forward fx cannot trace
 (Python control flow on tensor values, say) keeps its activations separate, and the report says
 why when it owns an activation module. fuse assumes, as torch.fx users do, that a module is
 called from its parent's forward: it checks what it can see (calls and registrations) and cannot
@@ -33,17 +34,20 @@ from ..errors import InvalidArgument
 from .base import check_compute_dtype, unsupported
 from .block_scaled import BlockScaledLinear
 from .linear import FusedLinear
+from .microscaled import MXFP8Linear
 from .mlp import FusedMLP
 from .pairs import interleave_pairs
 
-QUANTIZE = ("fp8_block",)
+#: `quantize=`'s formats, and the inference layer each makes of a Linear.
+QUANTIZE: dict[str, type[BlockScaledLinear] | type[MXFP8Linear]] = {"fp8_block": BlockScaledLinear,
+                                                                     "mxfp8": MXFP8Linear}
 
 
 @dataclass(frozen=True)
 class _Target:
     """What fuse turns a Linear into: a FusedLinear computing in `compute_dtype` (default: the
-    weights' dtype), or with `quantize="fp8_block"` a BlockScaledLinear (output in `compute_dtype`,
-    default the weights' dtype if bf16/f16, else bf16)."""
+    weights' dtype), or with `quantize` that format's inference layer (`QUANTIZE`; output in
+    `compute_dtype`, default the weights' dtype if bf16/f16, else bf16)."""
 
     compute_dtype: torch.dtype | None
     quantize: str | None
@@ -69,7 +73,7 @@ class _Target:
 
     def replace(self, linear: nn.Linear, activation: str | None) -> nn.Module:
         if self.quantize is not None:
-            return BlockScaledLinear.from_linear(linear, activation, self.compute_dtype)
+            return QUANTIZE[self.quantize].from_linear(linear, activation, self.compute_dtype)
         return FusedLinear.from_linear(linear, activation, self.compute_dtype)
 
 
@@ -139,7 +143,8 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     (bf16/f16) is what the FusedLinears compute in: by default their weights' dtype, so fp32
     Linears are kept; with it, their weights are cast per call, as under autocast (mixed-precision
     training with fp32 master weights). `quantize="fp8_block"` makes the replacements
-    BlockScaledLinear layers (fp8 inference: no gradients), their output in `compute_dtype`; with
+    BlockScaledLinear layers, `quantize="mxfp8"` MXFP8Linear layers (fp8 inference: no gradients;
+    MXFP8 on B200s only), their output in `compute_dtype`; with
     `unpaired=True` every Linear of the model is quantized. `mlp=True` makes each fused pair whose
     activation's output only a further Linear consumes (Linear -> activation -> Linear) one
     FusedMLP, trained with the first layer's backward fused into the second's dgrad GEMM: the
@@ -162,7 +167,7 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     if not isinstance(mlp, bool):
         raise InvalidArgument(f"mlp: expected True or False, got {mlp!r}")
     if mlp and quantize is not None:
-        raise InvalidArgument("mlp: FusedMLP trains bf16/f16 layers; quantize='fp8_block' makes inference layers, "
+        raise InvalidArgument(f"mlp: FusedMLP trains bf16/f16 layers; quantize={quantize!r} makes inference layers, "
                               "so give one of mlp=True and quantize=")
     target = _Target(compute_dtype, quantize)
     modules = list(model.named_modules())
@@ -353,8 +358,8 @@ def _mlp_seconds(model: nn.Module, pairs: dict[int, _Pair], target: _Target, cal
 
 
 def _described(module: nn.Module) -> str:
-    if isinstance(module, BlockScaledLinear):
-        return f"BlockScaledLinear({module.recipe.name})"
+    if isinstance(module, BlockScaledLinear | MXFP8Linear):
+        return f"{type(module).__name__}({module.recipe.name})"
     assert isinstance(module, FusedLinear)
     cast = f", {module.weight.dtype} weights cast per call" if module.weight.dtype != module.compute_dtype else ""
     return f"FusedLinear({module.recipe.name}{cast})"

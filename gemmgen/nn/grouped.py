@@ -28,12 +28,22 @@ import torch
 from torch import nn
 
 from .. import tuning
+from ..config import Arch
 from ..dsl import Backward, Recipe, RowVector
 from ..errors import InvalidArgument
 from ..integrations.grouped import GroupedOp
 from ..integrations.ops import op
 from ..types import as_dtype
-from .base import GATED, RecipeModule, activation_fn, check_layer_dtype, check_parameter, unsupported, weight_rows
+from .base import (
+    GATED,
+    RecipeModule,
+    activation_fn,
+    check_layer_dtype,
+    check_parameter,
+    launch_arch,
+    unsupported,
+    weight_rows,
+)
 
 
 def _rows_aligned(bias: torch.Tensor) -> torch.Tensor:
@@ -78,30 +88,34 @@ class GroupedLaunches:
         activation)."""
         return weight_rows(self.out_features, self.activation)
 
-    def launches(self, rows: int | None = None, device: tuning.Device | None = None) -> tuple[Recipe, Any]:
+    def launches(self, rows: int | None = None, device: tuning.Device | None = None,
+                 arch: Arch | str | None = None) -> tuple[Recipe, Any]:
         """(recipe, config) of the kernel forward launches for `rows` rows of tokens (all experts'
-        together; None: the kernel for groups of many rows): what to build ahead of time, e.g.
+        together; None: the kernel for groups of many rows) on `arch` (default: the current
+        device's, sm_90a without one): what to build ahead of time, e.g.
         `gg.warmup([experts.launches(), experts.launches(decode_rows)])`. The kernel depends on the
         rows per expert on average (`gemmgen.tuning.grouped_choice`), never on how they split; with
         `device`, on an autotune result registered for it first (`tuning.choose_launch`)."""
+        target = launch_arch(arch)
         if rows is None:
-            return self.recipe, self.recipe.default_config()
+            return self.recipe, self.recipe.default_config(target)
         return self.recipe, tuning.config_for(self.recipe, rows, self.weight_rows, self.in_features,
-                                              self.num_experts, device=device)
+                                              self.num_experts, device=device, arch=target)
 
 
-    def backward_launches(self, rows: int | None = None, device: tuning.Device | None = None
-                          ) -> list[tuple[Recipe, Any]]:
+    def backward_launches(self, rows: int | None = None, device: tuning.Device | None = None,
+                          arch: Arch | str | None = None) -> list[tuple[Recipe, Any]]:
         """(recipe, config) of the gemmgen kernel a backward launches for `rows` rows of tokens:
         the derived one (the grouped GEMM again, writing dL/dacc: `integrations.grouped`), chosen
         as forward's is; none for fp8 experts (their gradients are torch's)."""
         derived = _derived(self.recipe)
         if derived is None:
             return []
+        target = launch_arch(arch)
         if rows is None:
-            return [(derived.kernel, derived.kernel.default_config())]
+            return [(derived.kernel, derived.kernel.default_config(target))]
         return [(derived.kernel, tuning.config_for(derived.kernel, rows, self.weight_rows, self.in_features,
-                                                   self.num_experts, device=device))]
+                                                   self.num_experts, device=device, arch=target))]
 
 
 class GroupedLinear(GroupedLaunches, RecipeModule):

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .. import tuning
-from ..config import KernelConfig
+from ..config import Arch, KernelConfig
 from ..dsl import Recipe, RowVector
 from ..errors import InvalidArgument
 from ..integrations.ops import caller
@@ -37,6 +37,7 @@ from .base import (
     check_compute_dtype,
     check_layer_dtype,
     check_parameter,
+    launch_arch,
     unsupported,
     weight_rows,
 )
@@ -276,21 +277,22 @@ class FusedLinear(RecipeModule):
         return InvalidArgument(f"input: expected a dense tensor of shape (..., {self.in_features}) (in_features), "
                                f"got {x.layout} {tuple(x.shape)}")
 
-    def launches(self, tokens: int, training: bool = False, sm_count: int = 132,
-                 device: tuning.Device | None = None) -> tuple[Recipe, KernelConfig]:
+    def launches(self, tokens: int, training: bool = False, sm_count: int | None = None,
+                 device: tuning.Device | None = None, arch: Arch | str | None = None) -> tuple[Recipe, KernelConfig]:
         """(recipe, config) of the kernel forward launches for an input of `tokens` rows, as the launch
-        policy decides (`tuning.choose_launch`): with `device` (`gemmgen.tuning.Device.current()` on
-        the GPU that will run the model) an autotune result registered for it first; `training`:
-        with gradients wanted, when the kernel also stores the pre-activation. What to build ahead
-        of time, e.g.
+        policy decides (`tuning.choose_launch`) on `arch` (default: the current device's, sm_90a
+        without one; `sm_count`: the arch's reference GPU's): with `device`
+        (`gemmgen.tuning.Device.current()` on the GPU that will run the model) an autotune result
+        registered for it first; `training`: with gradients wanted, when the kernel also stores the
+        pre-activation. What to build ahead of time, e.g.
         `gg.warmup([layer.launches(t) for t in (1, 512, 4096)] + [layer.launches(4096, training=True)])`."""
         saving = training and self.training_recipe is not None and not self.recompute
         recipe = self.training_recipe if saving and self.training_recipe is not None else self.recipe
         return recipe, tuning.config_for(recipe, tokens, self.weight_rows, self.in_features, 1, device=device,
-                                         sm_count=sm_count)
+                                         sm_count=sm_count, arch=launch_arch(arch))
 
-    def backward_launches(self, tokens: int, sm_count: int = 132, device: tuning.Device | None = None
-                          ) -> list[tuple[Recipe, KernelConfig]]:
+    def backward_launches(self, tokens: int, sm_count: int | None = None, device: tuning.Device | None = None,
+                          arch: Arch | str | None = None) -> list[tuple[Recipe, KernelConfig]]:
         """(recipe, config) of the gemmgen kernels a backward of `tokens` rows launches: the derived
         kernel with `recompute`, the fp32 weight-gradient GEMM with `accumulate_grad`."""
         out = []
@@ -298,11 +300,12 @@ class FusedLinear(RecipeModule):
             out.append((self._bwd.recipe, (tokens, self.weight_rows, self.in_features)))
         if self.accumulate_grad:
             out.append((weight_grad_recipe(self.compute_dtype), (self.weight_rows, self.in_features, tokens)))
-        return [(r, tuning.config_for(r, *shape, 1, device=device, sm_count=sm_count)) for r, shape in out]
+        target = launch_arch(arch)
+        return [(r, tuning.config_for(r, *shape, 1, device=device, sm_count=sm_count, arch=target)) for r, shape in out]
 
-    def config_for(self, tokens: int, sm_count: int = 132) -> KernelConfig:
+    def config_for(self, tokens: int, sm_count: int | None = None, arch: Arch | str | None = None) -> KernelConfig:
         """The config of `launches(tokens)` (inference, no device)."""
-        return self.launches(tokens, sm_count=sm_count)[1]
+        return self.launches(tokens, sm_count=sm_count, arch=arch)[1]
 
     def extra_repr(self) -> str:
         cast = f", compute_dtype={self.compute_dtype}" if self.weight.dtype != self.compute_dtype else ""

@@ -33,11 +33,11 @@ import torch
 from torch import nn
 
 from .. import tuning
-from ..config import KernelConfig
+from ..config import Arch, KernelConfig
 from ..dsl import Backward, Recipe
 from ..errors import InvalidArgument
 from ..integrations.ops import caller
-from .base import GATED, RecipeModule, activation_fn
+from .base import GATED, RecipeModule, activation_fn, launch_arch
 from .grads import weight_grad, weight_grad_recipe
 from .linear import FusedLinear, linear_recipe
 
@@ -167,20 +167,22 @@ class FusedMLP(RecipeModule):
             y = self.fc2(self.fc1(x2))
         return y.reshape(*lead, self.fc2.out_features)
 
-    def launches(self, tokens: int, training: bool = False, sm_count: int = 132,
-                 device: tuning.Device | None = None) -> list[tuple[Recipe, KernelConfig]]:
+    def launches(self, tokens: int, training: bool = False, sm_count: int | None = None,
+                 device: tuning.Device | None = None, arch: Arch | str | None = None
+                 ) -> list[tuple[Recipe, KernelConfig]]:
         """(recipe, config) of each gemmgen kernel a forward of `tokens` rows launches (with
         `training`, as it runs when gradients are wanted), as the launch policy decides (see
         FusedLinear.launches)."""
         m, hidden, n_in = tokens, self.fc1.weight_rows, self.fc1.in_features
-        fc2 = self.fc2.launches(tokens, sm_count=sm_count, device=device)
+        target = launch_arch(arch)
+        fc2 = self.fc2.launches(tokens, sm_count=sm_count, device=device, arch=target)
         if not training or self.recompute:
-            return [self.fc1.launches(tokens, sm_count=sm_count, device=device), fc2]
+            return [self.fc1.launches(tokens, sm_count=sm_count, device=device, arch=target), fc2]
         fc1 = self._backward.forward
-        return [(fc1, tuning.config_for(fc1, m, hidden, n_in, 1, device=device, sm_count=sm_count)), fc2]
+        return [(fc1, tuning.config_for(fc1, m, hidden, n_in, 1, device=device, sm_count=sm_count, arch=target)), fc2]
 
-    def backward_launches(self, tokens: int, sm_count: int = 132, device: tuning.Device | None = None
-                          ) -> list[tuple[Recipe, KernelConfig]]:
+    def backward_launches(self, tokens: int, sm_count: int | None = None, device: tuning.Device | None = None,
+                          arch: Arch | str | None = None) -> list[tuple[Recipe, KernelConfig]]:
         """(recipe, config) of the gemmgen kernels a backward of `tokens` rows launches: the derived
         kernel (its GEMM fc2's dgrad, or fc1's again with `recompute`), and with `accumulate_grad`
         the two fp32 weight-gradient GEMMs."""
@@ -191,7 +193,9 @@ class FusedMLP(RecipeModule):
         if self.accumulate_grad:
             wgrad = weight_grad_recipe(self.fc1.compute_dtype)
             kernels += [(wgrad, (rows, n_in, tokens)), (wgrad, (n_out, hidden, tokens))]
-        return [(r, tuning.config_for(r, *shape, 1, device=device, sm_count=sm_count)) for r, shape in kernels]
+        target = launch_arch(arch)
+        return [(r, tuning.config_for(r, *shape, 1, device=device, sm_count=sm_count, arch=target))
+                for r, shape in kernels]
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}, recompute={self.recompute}, accumulate_grad={self.accumulate_grad}"

@@ -203,3 +203,40 @@ def test_the_op_on_a_b200_chooses_an_sm100_kernel_before_compiling(examples, mon
     ops.kernel_for(recipe, a, b)  # type: ignore[arg-type]  # stand-ins for CUDA tensors
     assert [c.arch for c in compiled] == [SM100] and compiled[0] == choose(recipe.ir, 8192, 8192, 4096, arch=SM100,
                                                                            sm_count=148).config
+
+
+def test_model_launches_for_a_b200_are_what_the_op_launches_there(monkeypatch):
+    """`model_launches(model, tokens, arch="sm_100a")`, what to warm up for B200s: sm_100a's kernels
+    for 148 SMs, each the one the op compiles on a 10.0 device for that many tokens (a gated MLP
+    over column pairs and gated experts included); without `arch`, on a machine without a GPU,
+    sm_90a's as before."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch import nn
+
+    from gemmgen import tuning
+    from gemmgen.integrations import ops
+    from gemmgen.runtime import driver
+
+    mlp = gg.nn.FusedMLP(512, 1024, 512, activation="swiglu", device="meta")
+    experts = gg.nn.GroupedLinear(8, 512, 256, activation="swiglu", device="meta")
+    model = nn.Sequential(mlp, experts)
+    got = gg.nn.model_launches(model, (8, 4096), training_tokens=(4096,), arch="sm_100a")
+    assert got and {c.arch for _, c in got} == {SM100} and all(gg.codegen.is_valid(c, r.ir) for r, c in got)
+    assert {c.arch for _, c in gg.nn.model_launches(model, (8, 4096), training_tokens=(4096,))} == {Arch.SM90A}
+
+    compiled: list = []
+    monkeypatch.setattr(driver, "device_facts", lambda index: (148, (10, 0)))
+    monkeypatch.setattr(tuning.Device, "current", staticmethod(lambda index=0: tuning.Device("B200", "13.0")))
+    monkeypatch.setattr(ops, "_LAUNCHERS", {})
+    monkeypatch.setattr(ops, "_DEVICES", {})
+    cuda = torch.device("cuda", 0)
+    for layer in (mlp.fc1, mlp.fc2):
+        monkeypatch.setattr(type(layer.recipe), "compile", lambda self, config=None, **kw: compiled.append(config))
+        for tokens in (8, 4096):
+            a = SimpleNamespace(shape=torch.Size((tokens, layer.in_features)), device=cuda)
+            b = SimpleNamespace(shape=torch.Size((layer.in_features, layer.weight_rows)), device=cuda)
+            ops.kernel_for(layer.recipe, a, b)  # type: ignore[arg-type]  # stand-ins for CUDA tensors
+            assert (layer.recipe, compiled[-1]) == layer.launches(tokens, arch="sm_100a")
+            assert (layer.recipe, compiled[-1]) in got

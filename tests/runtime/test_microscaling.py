@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -242,3 +243,87 @@ def test_the_op_takes_microscaled_operands_and_traces():
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
     with pytest.raises(gg.InvalidArgument, match="scale_a: gemmgen has no gradient for block scales"):
         op(a, w.t(), scale_a.float().requires_grad_(True).to(scale_a.dtype), scale_b, bias).float().sum().backward()
+
+
+@pytest.mark.parametrize("activation, bias", [("silu", True), (None, False)])
+def test_mxfp8_linear_is_the_quantized_layer(activation, bias):
+    """MXFP8Linear.from_linear: the weight and each call's input quantized per 32 values of K (the
+    OCP floor rule), then x @ W^T + b and the activation: against that math in float64, every
+    value times its vector's power of two (on the CPU the op runs the recipe's reference), and
+    within fp8's precision of the bf16 layer; from_quantized takes the checkpoint's exponents in
+    row order and gives the same layer."""
+    gen = _gen()
+    linear = torch.nn.Linear(272, 300, bias=bias)  # in: a partial last vector of 32; out: past 256 rows
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(300, 272, generator=gen) * 0.05)
+    layer = gg.nn.MXFP8Linear.from_linear(linear, activation=activation)
+    assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight_scale.shape == (384, 12)
+    x = torch.randn(2, 7, 272, generator=gen)
+    y = layer(x)
+    assert y.shape == (2, 7, 300) and y.dtype == torch.bfloat16
+
+    def dequantized(q, blocked):  # each value times 2^(e - 127) of its row's vector of 32
+        e = microscaling.from_blocked(blocked, q.shape[0], 9).view(torch.uint8).double() - 127
+        return q.double() * torch.pow(2.0, e).repeat_interleave(32, dim=-1)[:, :272]
+
+    q, s = gg.quantize_mx(x.reshape(14, 272))
+    pre = dequantized(q, s) @ dequantized(layer.weight, layer.weight_scale).t()
+    if bias:
+        assert layer.bias is not None
+        pre = pre + layer.bias.double()
+    act = {None: lambda v: v, "silu": torch.nn.functional.silu}[activation]
+    want = act(pre).reshape(2, 7, 300)
+    assert want.abs().max() > 0
+    torch.testing.assert_close(y.double(), want, rtol=1.6e-2, atol=1.6e-2 * float(want.abs().max()))
+    exact = act(linear(x).detach().double())
+    assert float((y.double() - exact).norm() / exact.norm()) < 0.08  # e4m3 with power-of-two scales
+    rows = microscaling.from_blocked(layer.weight_scale, 300, 9)
+    again = gg.nn.MXFP8Linear.from_quantized(layer.weight, rows.view(torch.uint8), layer.bias, activation)
+    assert torch.equal(again.weight_scale, layer.weight_scale) and torch.equal(again(x), y)
+    fresh = gg.nn.MXFP8Linear(272, 300, bias=bias, activation=activation)
+    fresh.load_state_dict(layer.state_dict())
+    assert torch.equal(fresh(x), y)
+
+
+def test_mxfp8_linear_refuses_what_it_cannot_run_and_launches_on_sm100():
+    """Shapes, dtypes and scales are checked when the layer is built; its launches are sm_100a's,
+    and on sm_90a the policy names the arch that builds them."""
+    with pytest.raises(gg.InvalidArgument, match="in_features 264 is not a multiple of 16"):
+        gg.nn.MXFP8Linear(264, 128)
+    w = torch.randn(128, 256).to(torch.float8_e4m3fn)
+    with pytest.raises(gg.InvalidArgument, match=r"weight_scale: expected a torch.float8_e8m0fnu \(or uint8\) "
+                                                 r"tensor of shape \(128, 8\)"):
+        gg.nn.MXFP8Linear.from_quantized(w, torch.zeros(128, 2, dtype=torch.uint8))
+    with pytest.raises(gg.InvalidArgument, match=r"weight: expected torch\.float8_e4m3fn"):
+        gg.nn.MXFP8Linear.from_quantized(w.float(), torch.zeros(128, 8, dtype=torch.uint8))
+    with pytest.raises(gg.InvalidArgument, match=r"dtype: expected torch\.bfloat16 or torch\.float16"):
+        gg.nn.MXFP8Linear(256, 128, dtype=torch.float32)
+    layer = gg.nn.MXFP8Linear(256, 128, activation="gelu")
+    with pytest.raises(gg.InvalidArgument, match=r"input: expected a tensor of shape \(\.\.\., 256\)"):
+        layer(torch.randn(3, 128))
+    recipe, config = layer.launches(8, arch="sm_100a")
+    assert config.arch is SM100 and is_valid(config, recipe.ir)
+    assert gg.nn.model_launches(torch.nn.Sequential(layer), (8,), arch="sm_100a") == [(recipe, config)]
+    with pytest.raises(gg.ConfigError, match=r"block_scale=gemmgen.MXFP8: the MMA scales microscaled fp8 on sm_100a"):
+        layer.launches(8, arch="sm_90a")
+
+
+def test_fuse_quantizes_a_model_to_mxfp8():
+    """fuse(model, quantize="mxfp8", unpaired=True): each Linear (an activation's with it) becomes an
+    MXFP8Linear; the model stays within fp8's precision of the bf16 one; its launches are sm_100a's."""
+    gen = _gen()
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.SiLU(), torch.nn.Linear(512, 256))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    model = model.bfloat16()
+    x = torch.randn(9, 256, generator=gen).bfloat16()
+    with torch.no_grad():
+        exact = model(x).double()
+    fused: Any
+    fused, report = gg.nn.fuse(model, quantize="mxfp8", unpaired=True)
+    assert [type(m).__name__ for m in fused] == ["MXFP8Linear", "Identity", "MXFP8Linear"]
+    assert any("Linear + SiLU -> MXFP8Linear(mxfp8_linear_silu_bias_bf16)" in line for line in report), report
+    assert exact.abs().max() > 0 and float((fused(x).double() - exact).norm() / exact.norm()) < 0.1
+    launches = gg.nn.model_launches(fused, tokens=(1, 300), arch="sm_100a")
+    assert len(launches) == 4 and all(r.gemm.microscaling and c.arch is SM100 for r, c in launches)
