@@ -354,7 +354,7 @@ class OracleProgram:
 
 
 def _pairs_probe(kernel: GeneratedKernel) -> str:
-    """The C++ call of the host probe of an epilogue over column pairs (pairs.hpp, sm100.hpp)."""
+    """The C++ call of pairs.hpp's host probe of an epilogue over column pairs, for the kernel's arch."""
     if kernel.config.arch is Arch.SM100A:
         return "gemmgen::epi::probe_pairs_sm100<GemmKernel>()"
     return f"gemmgen::epi::probe_pairs<CollectiveEpilogue, TiledMma, {kernel.kernel_recipe.gemm.d.cutlass}>()"

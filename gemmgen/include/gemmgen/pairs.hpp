@@ -347,27 +347,24 @@ struct PairsProbe {
   long long uncovered = 0;  // tile elements held by no thread, or by more than one
 };
 
-template <class CollectiveEpilogue, class TiledMma, class SmemElementD>
-PairsProbe probe_pairs() {
+namespace detail {
+
+// The premise over one partition: `coords_of(t)` is thread t's registers' (m, n), (CPY, CPY_M,
+// CPY_N, EPI_M, EPI_N) over the Rows x Cols tile divided into epilogue tiles, in the order the
+// visitors index them per subtile; `threads` the partition's threads.
+template <int Rows, int Cols, int Fragment, class CoordsOf>
+PairsProbe probe_partition(int threads, CoordsOf const& coords_of) {
   using namespace cute;
-  using Tile = typename CollectiveEpilogue::CtaTileMNK;
-  constexpr int kFragment = CollectiveEpilogue::DispatchPolicy::FragmentSize;
-  constexpr int kRows = size<0>(Tile{});
-  constexpr int kCols = size<1>(Tile{});
-  TiledMma mma;
-  auto copy_c = make_tiled_copy_C_atom(typename CollectiveEpilogue::CopyAtomC{}, mma);
-  auto partition = make_tiled_copy_S(Copy_Atom<typename CollectiveEpilogue::CopyOpR2S, SmemElementD>{}, copy_c);
-  auto tile = make_identity_tensor(make_shape(Int<kRows>{}, Int<kCols>{}));
-  static int held[kRows * kCols];
+  static int held[Rows * Cols];
   for (int& h : held) h = 0;
   PairsProbe out;
-  for (int t = 0; t < int(size(mma)); ++t) {
-    auto coords = partition.get_thread_slice(t).partition_S(flat_divide(tile, typename CollectiveEpilogue::EpilogueTile{}));
+  for (int t = 0; t < threads; ++t) {
+    auto coords = coords_of(t);
     for (int em = 0; em < int(size<3>(coords)); ++em) {
       for (int en = 0; en < int(size<4>(coords)); ++en) {
         auto here = coords(_, _, _, em, en);
         int n = int(size(here));
-        out.broken += (kFragment % 2 != 0 || n % kFragment != 0) ? 1 : 0;
+        out.broken += (Fragment % 2 != 0 || n % Fragment != 0) ? 1 : 0;
         for (int i = 0; i + 1 < n; i += 2) {
           auto c0 = here(i);
           auto c1 = here(i + 1);
@@ -376,13 +373,30 @@ PairsProbe probe_pairs() {
           out.broken += pair ? 0 : 1;
         }
         for (int i = 0; i < n; ++i) {
-          ++held[get<0>(here(i)) * kCols + get<1>(here(i))];
+          ++held[get<0>(here(i)) * Cols + get<1>(here(i))];
         }
       }
     }
   }
   for (int h : held) out.uncovered += h == 1 ? 0 : 1;
   return out;
+}
+
+}  // namespace detail
+
+template <class CollectiveEpilogue, class TiledMma, class SmemElementD>
+PairsProbe probe_pairs() {
+  using namespace cute;
+  using Tile = typename CollectiveEpilogue::CtaTileMNK;
+  constexpr int kRows = size<0>(Tile{});
+  constexpr int kCols = size<1>(Tile{});
+  TiledMma mma;
+  auto copy_c = make_tiled_copy_C_atom(typename CollectiveEpilogue::CopyAtomC{}, mma);
+  auto partition = make_tiled_copy_S(Copy_Atom<typename CollectiveEpilogue::CopyOpR2S, SmemElementD>{}, copy_c);
+  auto tile = flat_divide(make_identity_tensor(make_shape(Int<kRows>{}, Int<kCols>{})),
+                          typename CollectiveEpilogue::EpilogueTile{});
+  return detail::probe_partition<kRows, kCols, CollectiveEpilogue::DispatchPolicy::FragmentSize>(
+      int(size(mma)), [&](int t) { return partition.get_thread_slice(t).partition_S(tile); });
 }
 
 // The same for an sm100 kernel, whose collective hands its visitors the partition of its
@@ -394,7 +408,6 @@ PairsProbe probe_pairs_sm100() {
   using Mainloop = typename GemmKernel::CollectiveMainloop;
   using Epilogue = typename GemmKernel::CollectiveEpilogue;
   using EpilogueTile = typename Epilogue::EpilogueTile;
-  constexpr int kFragment = Epilogue::DispatchPolicy::FragmentSize;
   typename Mainloop::TiledMma mma;
   auto accumulators = Mainloop::TiledMma::make_fragment_C(
       partition_shape_C(mma, take<0, 2>(typename Mainloop::TileShape{})));  // ((CTA_M, CTA_N), 1, 1)
@@ -404,32 +417,9 @@ PairsProbe probe_pairs_sm100() {
   auto t2r = make_tmem_copy(typename Epilogue::CopyOpT2R{}, make_tensor(accumulators.data(), first_subtile));
   constexpr int kRows = size<0>(decltype(acc){});
   constexpr int kCols = size<1>(decltype(acc){});
-  auto tile = make_identity_tensor(make_shape(Int<kRows>{}, Int<kCols>{}));
-  static int held[kRows * kCols];
-  for (int& h : held) h = 0;
-  PairsProbe out;
-  for (int t = 0; t < int(size(t2r)); ++t) {
-    auto coords = t2r.get_slice(t).partition_D(flat_divide(tile, EpilogueTile{}));  // (T2R, T2R_M, T2R_N, EPI_M, EPI_N)
-    for (int em = 0; em < int(size<3>(coords)); ++em) {
-      for (int en = 0; en < int(size<4>(coords)); ++en) {
-        auto here = coords(_, _, _, em, en);
-        int n = int(size(here));
-        out.broken += (kFragment % 2 != 0 || n % kFragment != 0) ? 1 : 0;
-        for (int i = 0; i + 1 < n; i += 2) {
-          auto c0 = here(i);
-          auto c1 = here(i + 1);
-          ++out.pairs;
-          bool pair = get<0>(c0) == get<0>(c1) && get<1>(c0) % 2 == 0 && get<1>(c1) == get<1>(c0) + 1;
-          out.broken += pair ? 0 : 1;
-        }
-        for (int i = 0; i < n; ++i) {
-          ++held[get<0>(here(i)) * kCols + get<1>(here(i))];
-        }
-      }
-    }
-  }
-  for (int h : held) out.uncovered += h == 1 ? 0 : 1;
-  return out;
+  auto tile = flat_divide(make_identity_tensor(make_shape(Int<kRows>{}, Int<kCols>{})), EpilogueTile{});
+  return detail::probe_partition<kRows, kCols, Epilogue::DispatchPolicy::FragmentSize>(
+      int(size(t2r)), [&](int t) { return t2r.get_slice(t).partition_D(tile); });
 }
 #endif
 
