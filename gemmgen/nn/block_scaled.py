@@ -67,7 +67,7 @@ def check_output_dtype(dtype: torch.dtype) -> None:
         raise InvalidArgument(f"dtype: expected torch.bfloat16 or torch.float16 (the output's), got {dtype!r}")
 
 
-def _check_in_features(in_features: int) -> None:
+def check_in_features(in_features: int) -> None:
     if in_features % 16:
         raise InvalidArgument(f"in_features {in_features} is not a multiple of 16 (TMA reads the fp8 input and "
                               "weight in 16-byte rows); keep the layer unquantized")
@@ -81,7 +81,7 @@ def _block_quantized(weight: Any, scale: Any, dims: str, unquantized: str) -> tu
     if not isinstance(weight, torch.Tensor) or weight.dim() != rank:
         raise InvalidArgument(f"weight: expected a {rank}-D {dims} tensor, got {weight!r:.60}")
     *lead, out_features, in_features = weight.shape
-    _check_in_features(in_features)
+    check_in_features(in_features)
     if scale is None:
         return quantize_blockwise(weight, (_BLOCK, _BLOCK), compact=True)
     blocks = (*lead, -(-out_features // _BLOCK), -(-in_features // _BLOCK))

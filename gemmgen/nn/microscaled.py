@@ -25,7 +25,7 @@ from ..ir.microscaling import scale_columns
 from ..runtime.quantize import quantize_mx, to_blocked_scales
 from ..types import MXFP8, DType, as_dtype
 from .base import activation_fn
-from .block_scaled import QuantizedLinear, check_input, check_output_dtype
+from .block_scaled import QuantizedLinear, check_in_features, check_input, check_output_dtype
 
 
 @functools.cache
@@ -80,9 +80,7 @@ class MXFP8Linear(QuantizedLinear):
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
             raise InvalidArgument(f"weight: expected a 2-D (out_features, in_features) tensor, got {weight!r:.60}")
         out_features, in_features = weight.shape
-        if in_features % 16:
-            raise InvalidArgument(f"in_features {in_features} is not a multiple of 16 (TMA reads the fp8 input and "
-                                  "weight in 16-byte rows); keep the layer unquantized")
+        check_in_features(in_features)
         if scale is None:
             weight, blocked = quantize_mx(weight)
         elif weight.dtype != torch.float8_e4m3fn:
