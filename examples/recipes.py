@@ -98,6 +98,18 @@ mxfp8_linear = gg.Recipe(
 )
 
 
+# An NVFP4 linear layer (B200, sm_100a): packed fp4 A and B with one e4m3 scale per 16 values of K
+# (gg.quantize_mx(x, gg.NVFP4, tensor_scale=...)), applied by the block-scaled MMA; the per-tensor
+# scales' product comes in as alpha; bf16 out
+nvfp4_linear = gg.Recipe(
+    "nvfp4_linear",
+    lambda acc, alpha, bias: acc * alpha + bias,
+    a=gg.e2m1, b=gg.e2m1, d=gg.bf16,
+    block_scale=gg.NVFP4,
+    operands={"alpha": gg.Scalar(), "bias": gg.RowVector(gg.bf16)},
+)
+
+
 # An activation quantized for the next fp8 layer: D = gelu(A @ B + bias) in e4m3, one fp32 scale per
 # token and 128 columns (DeepSeek-V3's 1 x 128 activation blocks), which the kernel reduces in its
 # epilogue; D and the scales are the next block-scaled GEMM's A and scale_a as they are

@@ -84,6 +84,7 @@ from .errors import UnknownOpError as _UnknownOpError
 from .tuning import add_tuning, autotune
 from .types import (
     MXFP8,
+    NVFP4,
     ColMajor,
     DType,
     Layout,
@@ -91,6 +92,7 @@ from .types import (
     OperandKind,
     RowMajor,
     bf16,
+    e2m1,
     e4m3,
     e5m2,
     f16,
@@ -105,18 +107,19 @@ if TYPE_CHECKING:  # loaded on first use by __getattr__: they import torch
     from .integrations.ops import op
     from .runtime.grouped import GroupedKernel
     from .runtime.kernel import Kernel
-    from .runtime.quantize import quantize_blockwise, quantize_mx, to_blocked_scales
+    from .runtime.quantize import nvfp4_tensor_scale, quantize_blockwise, quantize_mx, to_blocked_scales
 
 __all__ = [
-    "DEEPSEEK_BLOCK_SCALE", "MXFP8", "OPS", "Arch", "Backward", "ColMajor", "ColVector", "CompileError",
+    "DEEPSEEK_BLOCK_SCALE", "MXFP8", "NVFP4", "OPS", "Arch", "Backward", "ColMajor", "ColVector", "CompileError",
     "CompiledKernel", "ConfigError", "DType", "GemmgenError", "GemmgenWarning", "GroupedKernel", "InvalidArgument",
     "Kernel", "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "Microscaling",
     "NotDeterministic", "OperandGradient", "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector",
     "Scalar", "Schedule", "Seed", "TileScheduler", "ToolchainError", "Value", "__version__", "abs", "add_bundle",
-    "add_tuning", "amax", "autotune", "bf16", "build_bundle", "cast", "clamp", "column_index", "e4m3", "e5m2",
+    "add_tuning", "amax", "autotune", "bf16", "build_bundle", "cast", "clamp", "column_index", "e2m1", "e4m3", "e5m2",
     "cos", "eq", "erf", "exp", "exp_minus_max", "gather", "ge", "gt", "interleave", "le", "lt", "ne", "sin",
     "where", "f16", "f32", "fp16", "fp32", "i32", "gelu", "gelu_tanh", "leaky_relu", "logsumexp", "max", "maximum",
-    "min", "minimum", "nn", "op", "pairs", "quantize", "quantize_blockwise", "quantize_mx", "rand", "reduce_max",
+    "min", "minimum", "nn", "nvfp4_tensor_scale", "op", "pairs", "quantize", "quantize_blockwise", "quantize_mx",
+    "rand", "reduce_max",
     "reduce_min", "relu", "rms_norm", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh",
     "to_blocked_scales", "warmup"
 ]
@@ -125,6 +128,7 @@ _LAZY = {"nn": ("gemmgen.nn", None), "op": ("gemmgen.integrations.ops", "op"),
          "Kernel": ("gemmgen.runtime.kernel", "Kernel"), "GroupedKernel": ("gemmgen.runtime.grouped", "GroupedKernel"),
          "quantize_blockwise": ("gemmgen.runtime.quantize", "quantize_blockwise"),
          "quantize_mx": ("gemmgen.runtime.quantize", "quantize_mx"),
+         "nvfp4_tensor_scale": ("gemmgen.runtime.quantize", "nvfp4_tensor_scale"),
          "to_blocked_scales": ("gemmgen.runtime.quantize", "to_blocked_scales")}
 
 

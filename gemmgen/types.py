@@ -24,8 +24,9 @@ class _DTypeInfo:
 
 class DType(enum.Enum):
     """Element types gemmgen can declare. fp8 (e4m3, e5m2) is for A and B, i32 for row and column
-    vectors (indices: `gemmgen.gather`), i64 for random seeds (`gemmgen.Seed`), ue8m0 for the
-    scales of microscaled A and B (`Microscaling`); the rest for everything."""
+    vectors (indices: `gemmgen.gather`), i64 for random seeds (`gemmgen.Seed`), e2m1 (fp4, two per
+    byte: torch's float4_e2m1fn_x2) for NVFP4's A and B, ue8m0 and ue4m3 for the scales of
+    microscaled A and B (`Microscaling`); the rest for everything."""
 
     BF16 = "bf16"
     F16 = "f16"
@@ -35,6 +36,8 @@ class DType(enum.Enum):
     I32 = "i32"
     I64 = "i64"
     UE8M0 = "ue8m0"
+    E2M1 = "e2m1"
+    UE4M3 = "ue4m3"
 
     @property
     def info(self) -> _DTypeInfo:
@@ -46,7 +49,14 @@ class DType(enum.Enum):
 
     @property
     def nbytes(self) -> int:
+        """Bytes per element (0 for the packed fp4: `packed`)."""
         return self.info.bits // 8
+
+    @property
+    def packed(self) -> int:
+        """Elements per byte of its torch tensors: 2 for fp4 (torch's float4_e2m1fn_x2 holds a pair,
+        the even element in the low nibble, as CUTLASS packs them), else 1."""
+        return 2 if self.info.bits == 4 else 1
 
     @property
     def cutlass(self) -> str:
@@ -75,6 +85,9 @@ _DTYPE_INFO = {
     DType.I32: _DTypeInfo(32, "int32_t", "int32"),
     DType.I64: _DTypeInfo(64, "int64_t", "int64"),
     DType.UE8M0: _DTypeInfo(8, "cutlass::float_ue8m0_t", "float8_e8m0fnu"),
+    DType.E2M1: _DTypeInfo(4, "cutlass::float_e2m1_t", "float4_e2m1fn_x2"),
+    # torch has no unsigned e4m3: NVFP4's scales are float8_e4m3fn tensors of non-negative values
+    DType.UE4M3: _DTypeInfo(8, "cutlass::float_ue4m3_t", "float8_e4m3fn"),
 }
 
 _TORCH_DTYPES: dict[DType, torch.dtype] = {}
@@ -84,30 +97,40 @@ f16 = fp16 = DType.F16
 f32 = fp32 = DType.F32
 e4m3 = DType.E4M3
 e5m2 = DType.E5M2
+e2m1 = DType.E2M1
 i32 = DType.I32
 
 
 class Microscaling(enum.Enum):
-    """An OCP microscaling (MX) format of fp8 A and B, scaled by sm_100a's block-scaled tcgen05
-    MMA itself: one power-of-two scale (UE8M0) per `vector` consecutive K values of each row of A
-    and each column of B, read from tensor memory by the MMA (no rescaling in registers)."""
+    """A microscaled format of A and B, scaled by sm_100a's block-scaled tcgen05 MMA itself: one
+    scale per `vector` consecutive K values of each row of A and each column of B, read from tensor
+    memory by the MMA (no rescaling in registers). MXFP8 (OCP MX): fp8 values, a power of two
+    (UE8M0) per 32. NVFP4: fp4 (e2m1) values, an unsigned e4m3 per 16 (a per-tensor fp32 scale,
+    where one is used, goes in the epilogue: `gemmgen.quantize_nvfp4`)."""
 
     MXFP8 = "mxfp8"
+    NVFP4 = "nvfp4"
 
     @property
     def vector(self) -> int:
         """Values of K per scale."""
-        return 32
+        return 32 if self is Microscaling.MXFP8 else 16
 
     @property
     def scale_dtype(self) -> DType:
-        return DType.UE8M0
+        return DType.UE8M0 if self is Microscaling.MXFP8 else DType.UE4M3
+
+    @property
+    def elements(self) -> tuple[DType, ...]:
+        """The element types of A and B it scales."""
+        return (DType.E4M3, DType.E5M2) if self is Microscaling.MXFP8 else (DType.E2M1,)
 
     def __repr__(self) -> str:
         return f"gemmgen.{self.name}"
 
 
 MXFP8 = Microscaling.MXFP8
+NVFP4 = Microscaling.NVFP4
 
 
 class Layout(enum.Enum):

@@ -56,8 +56,10 @@ def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: b
     la, lb = as_layout(layout_a, "layout_a"), as_layout(layout_b, "layout_b")
     ld = as_layout(layout_d, "layout_d")
     for what, dt in (("a", da), ("b", db)):
-        if dt not in _AB_16BIT + _AB_FP8:
-            raise RecipeError(f"{what}: A and B may be bf16, f16, e4m3 or e5m2, not {dt.value}")
+        if dt not in _AB_16BIT + _AB_FP8 + (DType.E2M1,):
+            raise RecipeError(f"{what}: A and B may be bf16, f16, e4m3, e5m2 or e2m1 (NVFP4), not {dt.value}")
+    if DType.E2M1 in (da, db):
+        return _check_fp4(da, db, d, la, lb, ld, batched, grouped, block_scale)
     fp8 = da in _AB_FP8
     if fp8 != (db in _AB_FP8) or (not fp8 and da is not db):
         raise RecipeError(f"a/b: mixed input types ({da.value} x {db.value}) are not supported; give A and B the "
@@ -89,12 +91,38 @@ def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: b
     return GemmSpec(da, db, dd, la, lb, batched, layout_d=ld, grouped=grouped, block_scale=scale)
 
 
+def _check_fp4(da: DType, db: DType, d: Any, la: Layout, lb: Layout, ld: Layout, batched: bool, grouped: bool,
+               block_scale: Any) -> GemmSpec:
+    """fp4 (e2m1) A and B: NVFP4, both K-major (the MMA's kind::mxf4nvf4 reads packed fp4 K-major
+    only), with a 16-bit or fp32 D."""
+    if da is not db:
+        raise RecipeError(f"a/b: fp4 A takes fp4 B ({da.value} x {db.value}); declare a=gg.e2m1 and b=gg.e2m1")
+    if block_scale is not Microscaling.NVFP4:
+        raise RecipeError(f"block_scale: fp4 (e2m1) A and B are scaled per 16 values of K; declare "
+                          f"block_scale=gg.NVFP4, got {block_scale!r}")
+    if (la, lb) != (Layout.ROW, Layout.COL):
+        raise RecipeError(f"layout_a/layout_b: the MMA reads packed fp4 K-major only, so an NVFP4 GEMM needs "
+                          f"layout_a=RowMajor and layout_b=ColMajor (got {la.value}/{lb.value}); store the "
+                          "operand transposed (the weight as N x K/2 bytes, passed as its .t())")
+    dd = as_dtype(d if d is not None else DType.BF16, "d (dtype of D)")
+    if dd not in (DType.BF16, DType.F16, DType.F32):
+        raise RecipeError(f"d: an NVFP4 GEMM's D may be bf16, f16 or f32, not {dd.value}")
+    if not isinstance(batched, bool):
+        raise RecipeError(f"batched: expected True or False, got {batched!r}")
+    if grouped is not False:
+        raise RecipeError("grouped: NVFP4 in a grouped GEMM is not supported yet; declare grouped=False")
+    return GemmSpec(da, db, dd, la, lb, batched, layout_d=ld, microscaling=Microscaling.NVFP4)
+
+
 #: DeepSeek-V3's fp8 block scaling: activations per row and 128 K, weights per 128 x 128 block.
 DEEPSEEK_BLOCK_SCALE = (1, 128, 128)
 
 
 def _check_microscaling(value: Microscaling, fp8: bool, grouped: bool) -> Microscaling:
     """`block_scale=gg.MXFP8`: fp8 A and B whose scales the sm_100a MMA applies itself."""
+    if value is Microscaling.NVFP4:
+        raise RecipeError("block_scale: gg.NVFP4 scales fp4 A and B; declare a=gg.e2m1 and b=gg.e2m1 "
+                          "(fp8 takes gg.MXFP8)")
     if not fp8:
         raise RecipeError(f"block_scale: {value!r} scales fp8 A and B (e4m3/e5m2); declare a=gg.e4m3 and b=gg.e4m3 "
                           "(bf16/f16 need no scales)")
@@ -192,6 +220,9 @@ class Recipe:
             Or gg.MXFP8 (sm_100a): the MMA scales A and B itself by UE8M0 exponents, one per 32
             values of K of each row of A and each column of B: the call takes `scale_a` and
             `scale_b` (torch.float8_e8m0fnu) in the MMA's blocked order (gg.to_blocked_scales).
+            Or gg.NVFP4 (sm_100a) with a=gg.e2m1 and b=gg.e2m1: packed fp4 A (M x K/2 bytes,
+            torch.float4_e2m1fn_x2) and B (K/2 x N, column-major), scaled by the MMA with one
+            unsigned e4m3 (torch.float8_e4m3fn) per 16 values of K, in the same blocked order.
         config: the default KernelConfig for this recipe.
     """
 

@@ -56,8 +56,8 @@ class OpKind:
                                   "gg.rms_norm, gg.exp_minus_max), which gemmgen does not differentiate; call it on "
                                   "tensors that do not require grad (torch.no_grad()), or differentiate a recipe "
                                   "without them")
-        if self.recipe.ir.gemm.fp8 and (needed[0] or needed[1]):
-            raise InvalidArgument(f"{'a' if needed[0] else 'b'}: gemmgen has no gradient for fp8 A or B (fp8 "
+        if self.recipe.ir.gemm.quantized and (needed[0] or needed[1]):
+            raise InvalidArgument(f"{'a' if needed[0] else 'b'}: gemmgen has no gradient for fp8 or fp4 A or B (such "
                                   "training scales its gradients, which a plain derivative cannot know); detach "
                                   "them, or differentiate a bf16 copy")
         offset = len(needed) - len(self.recipe.operands)  # the operands come last

@@ -5,7 +5,6 @@ from .columns import Columns
 from .graph import (
     BLOCK_SCALE_OPERANDS,
     LSE_IDENTITY,
-    MICROSCALING_OPERANDS,
     BlockOp,
     EpilogueIR,
     GemmSpec,
@@ -18,11 +17,12 @@ from .graph import (
     content_key,
     f32,
     f32_bits,
+    microscaling_operands,
     normalize,
     post_order,
 )
 from .ops import BINARY_OPS, UNARY_OPS, Op, Param
 
 __all__ = ["BINARY_OPS", "BLOCK_SCALE_OPERANDS", "BlockOp", "Columns", "EpilogueIR", "GemmSpec", "LSE_IDENTITY",
-           "MICROSCALING_OPERANDS", "Node", "Op", "Operand", "Output", "Param", "RecipeIR", "Reduction", "RowBlocks",
-           "UNARY_OPS", "content_key", "f32", "f32_bits", "normalize", "post_order"]
+           "Node", "Op", "Operand", "Output", "Param", "RecipeIR", "Reduction", "RowBlocks",
+           "UNARY_OPS", "content_key", "f32", "f32_bits", "microscaling_operands", "normalize", "post_order"]

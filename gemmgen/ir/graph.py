@@ -176,10 +176,10 @@ class GemmSpec:
     scale_a * scale_b. The scales are the call's first operands (`RecipeIR.operands`). A grouped
     GEMM's are per row of A (M granularity 1) and per group's B, both K-major (`scale_layouts`).
 
-    `microscaling` (gg.MXFP8) is the MMA's own block scaling: A[m, k] counts as A[m, k] *
-    2^scale_a[m, k // 32] and B[k, n] as B[k, n] * 2^scale_b[n, k // 32] (UE8M0 exponents), read
-    by the tcgen05 MMA from tensor memory. The scales are the call's first operands, each in the
-    blocked order of the MMA (`runtime.microscaling`).
+    `microscaling` (gg.MXFP8, gg.NVFP4) is the MMA's own block scaling: A[m, k] counts as A[m, k] *
+    scale_a[m, k // v] and B[k, n] as B[k, n] * scale_b[n, k // v], v its vector (32 UE8M0
+    exponents, 16 unsigned e4m3 scales), read by the tcgen05 MMA from tensor memory. The scales are
+    the call's first operands, each in the blocked order of the MMA (`ir.microscaling`).
     """
 
     a: DType
@@ -203,6 +203,11 @@ class GemmSpec:
     def scaled(self) -> bool:
         """Whether the call passes scale_a and scale_b for the main loop (`RecipeIR.operands`)."""
         return self.declared_block_scale is not None
+
+    @property
+    def quantized(self) -> bool:
+        """A and B are fp8 or fp4: no gradient, and torch has no plain GEMM of them."""
+        return self.a.bits <= 8
 
     @property
     def fp8(self) -> bool:
@@ -264,8 +269,10 @@ class EpilogueIR:
 BLOCK_SCALE_OPERANDS = (Operand("scale_a", OperandKind.SCALE_A, DType.F32),
                         Operand("scale_b", OperandKind.SCALE_B, DType.F32))
 #: A microscaled recipe's (GemmSpec.microscaling): UE8M0 exponents in the MMA's blocked order.
-MICROSCALING_OPERANDS = (Operand("scale_a", OperandKind.SCALE_A, DType.UE8M0),
-                         Operand("scale_b", OperandKind.SCALE_B, DType.UE8M0))
+def microscaling_operands(fmt: Microscaling) -> tuple[Operand, Operand]:
+    """scale_a and scale_b of a microscaled recipe, in the format's scale type."""
+    return (Operand("scale_a", OperandKind.SCALE_A, fmt.scale_dtype),
+            Operand("scale_b", OperandKind.SCALE_B, fmt.scale_dtype))
 
 
 @dataclass(frozen=True)
@@ -281,7 +288,8 @@ class RecipeIR:
         """What a call passes after A and B, in order: the block scales (when the GEMM is
         block-scaled or microscaled), then the epilogue's operands."""
         g = self.gemm
-        scales = BLOCK_SCALE_OPERANDS if g.block_scale else MICROSCALING_OPERANDS if g.microscaling else ()
+        scales = BLOCK_SCALE_OPERANDS if g.block_scale else microscaling_operands(g.microscaling) \
+            if g.microscaling else ()
         return scales + self.epilogue.operands
 
     @property

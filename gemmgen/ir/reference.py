@@ -237,21 +237,24 @@ def reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: Mapp
         return evaluate_epilogue(recipe.epilogue, acc, ops)
     scales = {k: v.abs() for k, v in ops.items()  # (a microscaled GEMM's scales are positive already)
               if k in ("scale_a", "scale_b") and isinstance(v, torch.Tensor) and recipe.gemm.block_scale is not None}
-    acc_magnitude = accumulate(recipe.gemm, a.float().abs(), b.float().abs(), {**ops, **scales})
+    g = recipe.gemm
+    acc_magnitude = accumulate(g, microscaling.absolute(a, g.a), microscaling.absolute(b, g.b), {**ops, **scales})
     return evaluate_epilogue(recipe.epilogue, acc, ops, magnitudes=True, acc_magnitude=acc_magnitude)
 
 
 def accumulate(gemm: GemmSpec, a: torch.Tensor, b: torch.Tensor, operands: dict) -> torch.Tensor:
     """The fp32 accumulator A @ B; with block scales, each of A's and B's values times its block's
     scale (the same sum as the kernel's per-K-block rescaling, up to rounding); microscaled, each
-    times its vector's power of two, read from the blocked order (`microscaling`)."""
-    a32, b32 = a.to(torch.float32), b.to(torch.float32)
-    if gemm.microscaling is not None:
-        fmt, k = gemm.microscaling, a.shape[-1]
-        columns = microscaling.scale_columns(k, fmt)
+    times its vector's scale, read from the blocked order (`microscaling`; packed fp4 unpacked)."""
+    if gemm.microscaling is not None:  # packed fp4 unpacks along K: A's rows, B's columns
+        fmt = gemm.microscaling
+        a32, b32t = microscaling.values(a, gemm.a), microscaling.values(b.mT, gemm.b)
+        columns = microscaling.scale_columns(a32.shape[-1], fmt)
         a32 = microscaling.dequantize(a32, microscaling.from_blocked(operands["scale_a"], a.shape[-2], columns), fmt)
-        b32 = microscaling.dequantize(b32.mT, microscaling.from_blocked(operands["scale_b"], b.shape[-1], columns),
+        b32 = microscaling.dequantize(b32t, microscaling.from_blocked(operands["scale_b"], b.shape[-1], columns),
                                       fmt).mT
+    else:
+        a32, b32 = a.to(torch.float32), b.to(torch.float32)
     if gemm.block_scale is not None:
         gm, gn, gk = gemm.block_scale
         a32 = a32 * expand_block_scale(operands["scale_a"], gm, gk, a.shape[-2:])

@@ -105,15 +105,15 @@ def check_input(x: Any, in_features: int, what: str) -> None:
 class QuantizedModule(RecipeModule):
     """What the quantized inference layers share: built from weights (quantized or not) by `_take`."""
 
-    def _take(self, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+    def _take(self, weight: torch.Tensor, scale: Any, bias: torch.Tensor | None,
               activation: str | None, dtype: torch.dtype) -> None:
         raise NotImplementedError
 
     @classmethod
-    def _of(cls, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+    def _of(cls, weight: torch.Tensor, scale: Any, bias: torch.Tensor | None,
             activation: str | None, dtype: torch.dtype) -> Any:
-        """A layer holding `weight` (quantized here when `scale` is None), without __init__'s
-        random initialisation."""
+        """A layer holding `weight` (quantized here when `scale` is None, else with the format's
+        scales), without __init__'s random initialisation."""
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer._take(weight, scale, bias, activation, dtype)

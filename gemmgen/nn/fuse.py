@@ -13,7 +13,8 @@ GELUActivation count, not just nn.ReLU/GELU/SiLU.
 Other Linears stay as they are, unless `unpaired=True` swaps them too. With
 `quantize="fp8_block"` the replacements are BlockScaledLinear layers instead (e4m3 weights in
 128 x 128 blocks, inputs quantized per call: an fp8 inference model), with `quantize="mxfp8"`
-MXFP8Linear layers (a UE8M0 exponent per 32 values: B200s). A forward fx cannot trace
+MXFP8Linear layers (a UE8M0 exponent per 32 values: B200s), with `quantize="nvfp4"` NVFP4Linear
+layers (packed fp4, an e4m3 scale per 16 values: B200s). A forward fx cannot trace
 (Python control flow on tensor values, say) keeps its activations separate, and the report says
 why when it owns an activation module. fuse assumes, as torch.fx users do, that a module is
 called from its parent's forward: it checks what it can see (calls and registrations) and cannot
@@ -32,15 +33,15 @@ from torch import fx, nn
 
 from ..errors import InvalidArgument
 from .base import check_compute_dtype, unsupported
-from .block_scaled import BlockScaledLinear
+from .block_scaled import BlockScaledLinear, QuantizedLinear
 from .linear import FusedLinear
-from .microscaled import MXFP8Linear
+from .microscaled import MXFP8Linear, NVFP4Linear
 from .mlp import FusedMLP
 from .pairs import interleave_pairs
 
 #: `quantize=`'s formats, and the inference layer each makes of a Linear.
-QUANTIZE: dict[str, type[BlockScaledLinear] | type[MXFP8Linear]] = {"fp8_block": BlockScaledLinear,
-                                                                     "mxfp8": MXFP8Linear}
+QUANTIZE: dict[str, type[QuantizedLinear]] = {"fp8_block": BlockScaledLinear, "mxfp8": MXFP8Linear,
+                                              "nvfp4": NVFP4Linear}
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,11 @@ class _Target:
             return f"{type(linear).__name__} subclasses nn.Linear; its forward may differ"
         if _hooked(linear):
             return "it has hooks, which a replacement would drop"
-        if self.quantize is not None:
-            return None if linear.in_features % 16 == 0 else \
-                f"in_features {linear.in_features} is not a multiple of 16 (TMA reads fp8 inputs in 16-byte rows)"
+        if self.quantize is not None:  # TMA reads inputs in 16-byte rows: 16 fp8 values, 32 fp4
+            multiple = 32 if self.quantize == "nvfp4" else 16
+            return None if linear.in_features % multiple == 0 else \
+                f"in_features {linear.in_features} is not a multiple of {multiple} (TMA reads the quantized inputs " \
+                "in 16-byte rows)"
         reason = unsupported(linear.in_features, self.compute_dtype or linear.weight.dtype)
         if reason:
             return reason
@@ -143,8 +146,9 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     (bf16/f16) is what the FusedLinears compute in: by default their weights' dtype, so fp32
     Linears are kept; with it, their weights are cast per call, as under autocast (mixed-precision
     training with fp32 master weights). `quantize="fp8_block"` makes the replacements
-    BlockScaledLinear layers, `quantize="mxfp8"` MXFP8Linear layers (fp8 inference: no gradients;
-    MXFP8 on B200s only), their output in `compute_dtype`; with
+    BlockScaledLinear layers, `quantize="mxfp8"` MXFP8Linear and `quantize="nvfp4"` NVFP4Linear
+    layers (quantized inference: no gradients; MXFP8 and NVFP4 on B200s only), their output in
+    `compute_dtype`; with
     `unpaired=True` every Linear of the model is quantized. `mlp=True` makes each fused pair whose
     activation's output only a further Linear consumes (Linear -> activation -> Linear) one
     FusedMLP, trained with the first layer's backward fused into the second's dgrad GEMM: the
@@ -358,7 +362,7 @@ def _mlp_seconds(model: nn.Module, pairs: dict[int, _Pair], target: _Target, cal
 
 
 def _described(module: nn.Module) -> str:
-    if isinstance(module, BlockScaledLinear | MXFP8Linear):
+    if isinstance(module, QuantizedLinear):
         return f"{type(module).__name__}({module.recipe.name})"
     assert isinstance(module, FusedLinear)
     cast = f", {module.weight.dtype} weights cast per call" if module.weight.dtype != module.compute_dtype else ""

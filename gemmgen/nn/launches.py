@@ -11,10 +11,9 @@ from ..config import Arch, KernelConfig
 from ..dsl import Recipe
 from ..errors import InvalidArgument
 from .base import launch_arch
-from .block_scaled import BlockScaledGroupedLinear, BlockScaledLinear
+from .block_scaled import BlockScaledGroupedLinear, QuantizedLinear
 from .grouped import GroupedLinear
 from .linear import FusedLinear
-from .microscaled import MXFP8Linear
 from .mlp import FusedMLP
 
 
@@ -42,7 +41,7 @@ def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Ite
     mlps = [m for m in model.modules() if isinstance(m, FusedMLP)]
     inside = {id(layer) for mlp in mlps for layer in (mlp.fc1, mlp.fc2)}  # launched as the MLP launches them
     layers = [m for m in model.modules()
-              if isinstance(m, FusedLinear | BlockScaledLinear | MXFP8Linear) and id(m) not in inside]
+              if isinstance(m, FusedLinear | QuantizedLinear) and id(m) not in inside]
     tokens, training_tokens = tuple(tokens), tuple(training_tokens)
     found = [m.launches(t, sm_count=sm_count, device=device, arch=target) for m in layers for t in tokens]
     found += [m.launches(t, training=True, sm_count=sm_count, device=device, arch=target)

@@ -69,7 +69,7 @@ class ArgumentBuilder:
         # microscaled: (operand, Params prefix, the TMA of its scales) per A and B
         fmt = recipe.gemm.microscaling
         self.microscaling = fmt
-        self.microscales = [(f"scale_{x}", f"mainloop.layout_sf{x}", tma.scale_block_template(config, x))
+        self.microscales = [(f"scale_{x}", f"mainloop.layout_sf{x}", tma.scale_block_template(config, recipe, x))
                             for x in "ab"] if fmt is not None else []
         epi = recipe.epilogue
         matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX and o.columns is Columns.FULL]

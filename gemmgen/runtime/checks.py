@@ -49,6 +49,11 @@ def _need_tensor(name: str, t: object) -> torch.Tensor:
 
 
 def _dtype(name: str, t: torch.Tensor, want: DType) -> None:
+    if t.dtype != want.torch and want.packed > 1:  # no torch op converts to packed fp4
+        raise InvalidArgument(f"{name}: expected dtype {want.torch} (packed fp4 pairs, K/2 bytes per row: the "
+                              f"recipe declares {want.value}), got {t.dtype}; quantize it with "
+                              f"gg.quantize_mx(x, gg.NVFP4), or view packed uint8 codes as "
+                              f"{name}.view({want.torch})")
     if t.dtype != want.torch:
         raise InvalidArgument(f"{name}: expected dtype {want.torch} (the recipe declares {want.value}), got {t.dtype}; "
                               f"convert it with {name}.to({want.torch})")
@@ -196,11 +201,13 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
     _dtype("b", b, g.b)
     sa, sb = _shape("a", a, g.batched), _shape("b", b, g.batched)
     l = sa[0] if g.batched else 1  # noqa: E741
-    m, k = sa[-2], sa[-1]
+    # packed fp4 holds two values of K per byte (torch.float4_e2m1fn_x2): A is M x K/2, B K/2 x N
+    packed, k_name = g.a.packed, "K" if g.a.packed == 1 else "K/2"
+    m, k = sa[-2], sa[-1] * packed
     if g.batched and sb[0] != l:
         raise InvalidArgument(f"b: batch size {sb[0]} does not match a's {l}")
-    if sb[-2] != k:
-        raise InvalidArgument(f"b: expected {k} rows (K of a, shape {tuple(sa)}), got shape {tuple(sb)}")
+    if sb[-2] != sa[-1]:
+        raise InvalidArgument(f"b: expected {sa[-1]} rows ({k_name} of a, shape {tuple(sa)}), got shape {tuple(sb)}")
     n = sb[-1]
     _even_columns(recipe, n)
     if size_check is not None:
@@ -231,11 +238,14 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
         if t.device != device:
             raise InvalidArgument(f"{name}: on {t.device} but a is on {device}; put all tensors on one device")
     a_ptr, b_ptr = _aligned_ptr("a", a), _aligned_ptr("b", b)
-    am, ak, al = _matrix("a", a, m, k, g.layout_a, g.batched, l, ("M", "K"))
+    am, ak, al = _matrix("a", a, m, sa[-1], g.layout_a, g.batched, l, ("M", k_name))
     # B is K x N in torch terms and (N, K, L) in CUTLASS's: swap the per-mode strides.
-    bk, bn, bl = _matrix("b", b, k, n, g.layout_b, g.batched, l, ("K", "N"))
+    bk, bn, bl = _matrix("b", b, sb[-2], n, g.layout_b, g.batched, l, (k_name, "N"))
     ta, tb = TensorArg(a_ptr, (am, ak, al)), TensorArg(b_ptr, (bn, bk, bl))
-    extents = [_bytes(ta, g.a.nbytes, (m, k, l)), _bytes(tb, g.b.nbytes, (n, k, l))]
+    extents = [_bytes(ta, a.element_size(), (m, sa[-1], l)), _bytes(tb, b.element_size(), (n, sb[-2], l))]
+    if packed > 1:  # CUTLASS's strides count elements, two per byte (K contiguous: its stride stays 1)
+        ta, tb = (TensorArg(t.ptr, tuple(x if x == 1 else x * packed for x in t.strides))  # type: ignore[arg-type]
+                  for t in (ta, tb))
     for o in recipe.operands:
         v = checked[o.name]
         if o.kind.block_scale and g.microscaling is not None:
@@ -329,8 +339,9 @@ def _bytes(t: TensorArg, itemsize: int, extents: tuple[int, int, int]) -> int:
 def _describe(o: Operand, gemm: GemmSpec | None = None) -> str:
     if o.kind.block_scale and gemm is not None and gemm.microscaling is not None:
         rows, vector = "M" if o.kind is OperandKind.SCALE_A else "N", gemm.microscaling.vector
-        return (f"torch.float8_e8m0fnu (round_up({rows}, 128), round_up(ceil(K/{vector}), 4)), contiguous: one "
-                f"exponent per {vector} values of K of each {'row of A' if rows == 'M' else 'column of B'}, in the "
+        what = "exponent" if o.dtype is DType.UE8M0 else "scale"
+        return (f"{o.dtype.torch} (round_up({rows}, 128), round_up(ceil(K/{vector}), 4)), contiguous: one "
+                f"{what} per {vector} values of K of each {'row of A' if rows == 'M' else 'column of B'}, in the "
                 "MMA's blocked order (gg.to_blocked_scales, or gg.quantize_mx)")
     if o.kind.block_scale:
         assert gemm is not None and gemm.block_scale is not None
@@ -364,14 +375,15 @@ def microscaling_shape(o: Operand, gemm: GemmSpec, m: int, n: int, k: int) -> tu
 
 
 def _microscales(o: Operand, value: object, problem: tuple[int, int, int, int], gemm: GemmSpec) -> TensorArg:
-    """A microscaled GEMM's scales: UE8M0, contiguous (L, padded rows, padded scale columns) in the
+    """A microscaled GEMM's scales: UE8M0 or e4m3, contiguous (L, padded rows, padded scale columns) in the
     MMA's blocked order (`ir.microscaling`), which the kernel loads with TMA (16-byte aligned)."""
     m, n, k, l = problem  # noqa: E741
     t = _need_tensor(o.name, value)
-    if t.dtype == torch.uint8:  # exponent bytes: a view reads them as they are (`.to` would convert the numbers)
-        raise InvalidArgument(f"{o.name}: expected dtype torch.float8_e8m0fnu, got uint8; if it holds UE8M0 "
-                              f"exponents (2^(e - 127)), pass {o.name}.view(torch.float8_e8m0fnu)")
-    _dtype(o.name, t, DType.UE8M0)
+    if t.dtype == torch.uint8:  # scale bytes: a view reads them as they are (`.to` would convert the numbers)
+        what = "UE8M0 exponents (2^(e - 127))" if o.dtype is DType.UE8M0 else "e4m3 scales"
+        raise InvalidArgument(f"{o.name}: expected dtype {o.dtype.torch}, got uint8; if it holds {what}, pass "
+                              f"{o.name}.view({o.dtype.torch})")
+    _dtype(o.name, t, o.dtype)
     per_batch = microscaling_shape(o, gemm, m, n, k)
     if math.prod(per_batch) > INT32_MAX:  # CUTLASS's scale layout: int strides, the batch's the whole order
         raise InvalidArgument(f"{o.name}: {math.prod(per_batch)} scales per batch lie past the 2^31 - 1 bytes the "

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..ir import RecipeIR
-from ..types import Layout, OperandKind
+from ..types import DType, Layout, OperandKind
 from .checks import tma_readable
 from .quantize import random_block_scale
 
@@ -24,12 +24,17 @@ def example_call(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, device: s
     lead = (l,) if gemm.batched else ()  # of every matrix and scale of a batched recipe
     groups = (l,) if gemm.grouped else ()  # of a grouped recipe's B, its scales and its row vectors
 
-    def matrix(lead: tuple[int, ...], rows: int, cols: int, dtype: Any, layout: Layout) -> Any:
-        """In `layout`, its rows or columns 16 bytes apart (padded where the extent is odd), as TMA reads them."""
-        return tma_readable(torch.randn(*lead, rows, cols, generator=g, device=device).to(dtype), layout)
+    def matrix(lead: tuple[int, ...], rows: int, cols: int, dtype: DType, layout: Layout) -> Any:
+        """In `layout`, its rows or columns 16 bytes apart (padded where the extent is odd), as TMA
+        reads them; packed fp4 as random codes, its contiguous extent (K, even) in pairs."""
+        if dtype.packed > 1:
+            rows, cols = (rows, cols // 2) if layout is Layout.ROW else (rows // 2, cols)
+            codes = torch.randint(0, 256, (*lead, rows, cols), generator=g, device=device, dtype=torch.uint8)
+            return tma_readable(codes, layout).view(dtype.torch)
+        return tma_readable(torch.randn(*lead, rows, cols, generator=g, device=device).to(dtype.torch), layout)
 
-    args: tuple[Any, ...] = (matrix(lead, m, k, gemm.a.torch, gemm.layout_a),
-                             matrix(groups or lead, k, n, gemm.b.torch, gemm.layout_b))
+    args: tuple[Any, ...] = (matrix(lead, m, k, gemm.a, gemm.layout_a),
+                             matrix(groups or lead, k, n, gemm.b, gemm.layout_b))
     if gemm.grouped:
         ends = [m * (i + 1) // l for i in range(l)]
         args += (torch.tensor(ends, dtype=torch.int32, device=device),)
@@ -50,5 +55,5 @@ def example_call(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, device: s
             ops[o.name] = tma_readable(torch.randn(*lead[:bool(o.per_batch)], m, generator=g, device=device)
                                        .to(o.dtype.torch), Layout.ROW)
         else:  # N/2 columns when it meets the halves of column pairs (`ir.columns`); shared: no batch
-            ops[o.name] = matrix(lead if o.per_batch else (), m, o.columns.extent(n), o.dtype.torch, gemm.layout_d)
+            ops[o.name] = matrix(lead if o.per_batch else (), m, o.columns.extent(n), o.dtype, gemm.layout_d)
     return args, ops

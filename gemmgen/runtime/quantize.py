@@ -19,17 +19,28 @@ values of K of each row of A and each column of B, in the MMA's blocked order:
     w_q, scale_b = gg.quantize_mx(w)          # the weight as N x K: B is w_q.t()
     d = kernel(a_q, w_q.t(), scale_a, scale_b)
 
-Exponents computed elsewhere, (..., rows, ceil(K / 32)) in row order, go through
+An NVFP4 kernel (`block_scale=gg.NVFP4`) reads packed fp4 and one e4m3 scale per 16 values; a
+per-tensor scale keeps the e4m3 scales in range, and the epilogue multiplies it back:
+
+    sa, sw = gg.nvfp4_tensor_scale(a), gg.nvfp4_tensor_scale(w)
+    a_q, scale_a = gg.quantize_mx(a, gg.NVFP4, tensor_scale=sa)    # A: M x K/2 bytes
+    w_q, scale_b = gg.quantize_mx(w, gg.NVFP4, tensor_scale=sw)
+    d = kernel(a_q, w_q.t(), scale_a, scale_b, alpha=sa * sw)     # the epilogue: acc * alpha
+
+Scales computed elsewhere, (..., rows, ceil(K / vector)) in row order, go through
 gg.to_blocked_scales.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from ..errors import InvalidArgument
 from ..ir import GemmSpec, microscaling
-from ..ir.microscaling import UE8M0_BIAS, scale_columns, to_blocked
+from ..ir.microscaling import E2M1_MAX, UE8M0_BIAS, scale_columns, to_blocked
 from ..ir.ops import FP8_MAX, quantize_blocks, round_to
 from ..types import DType, Layout, Microscaling, OperandKind, as_dtype, as_layout
 from .checks import copy_in_layout
@@ -56,30 +67,73 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int], dtype: DType | s
     return q, copy_in_layout(scale, layout, 1 if compact else 4)  # 4 fp32: 16 bytes, for TMA
 
 
-def quantize_mx(x: torch.Tensor, scaling: Microscaling = Microscaling.MXFP8, dtype: DType | str = DType.E4M3
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q, scales) for `x` (..., R, K), quantized along K: q in fp8 `dtype` (x's shape, row-major),
-    scales UE8M0 (..., round_up(R, 128), round_up(ceil(K / 32), 4)) in the MMA's blocked order,
-    each vector's 2^(floor(log2 amax) - emax) as the OCP MX spec has it. x is approximately q times
-    its vector's scale."""
+def quantize_mx(x: torch.Tensor, scaling: Microscaling = Microscaling.MXFP8, dtype: DType | str | None = None,
+                tensor_scale: float | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scales) for `x` (..., R, K), quantized along K, scales in the MMA's blocked order
+    (..., round_up(R, 128), round_up(ceil(K / vector), 4)). MXFP8: q in fp8 `dtype` (x's shape,
+    row-major), scales UE8M0, each vector's 2^(floor(log2 amax) - emax) as the OCP MX spec has it.
+    NVFP4: q packed fp4 (torch.float4_e2m1fn_x2, (..., R, ceil(K / 2))), scales e4m3 (each vector's
+    amax / 6) of x / `tensor_scale`: 1 if None, a float, or a float tensor that broadcasts against x
+    with one value along K (one per tensor, `nvfp4_tensor_scale`, or one per row: (..., R, 1)). x is
+    approximately q times its vector's scale (times tensor_scale)."""
     if not isinstance(scaling, Microscaling):
-        raise InvalidArgument(f"scaling: expected gg.MXFP8, got {scaling!r}")
-    dt = as_dtype(dtype, "dtype")
-    if dt not in FP8_MAX:
-        raise InvalidArgument(f"dtype: expected gg.e4m3 or gg.e5m2, got {dt.value}")
+        raise InvalidArgument(f"scaling: expected gg.MXFP8 or gg.NVFP4, got {scaling!r}")
+    dt = as_dtype(scaling.elements[0] if dtype is None else dtype, "dtype")
+    if dt not in scaling.elements:
+        names = " or ".join(f"gg.{e.value}" for e in scaling.elements)
+        raise InvalidArgument(f"dtype: expected {names}, got {dt.value} ({scaling!r} quantizes to those)")
     if not (isinstance(x, torch.Tensor) and x.dim() >= 2 and x.is_floating_point()):
         raise InvalidArgument(f"x: expected a floating-point tensor of at least 2 dims, got {x!r:.80}")
+    if tensor_scale is not None:
+        if scaling is not Microscaling.NVFP4:
+            raise InvalidArgument(f"tensor_scale: {scaling!r}'s power-of-two scales span every fp32 range, so it "
+                                  "takes no tensor scale; drop tensor_scale=")
+        x = x.float() / _tensor_scale(tensor_scale, x)
     q, scales = microscaling.quantize(x, scaling, dt)
     return q.contiguous(), to_blocked(scales)
 
 
+def nvfp4_tensor_scale(x: torch.Tensor, per_row: bool = False) -> torch.Tensor:
+    """NVFP4's tensor scale of `x`: amax / (6 * 448), so that each vector's scale (its amax / 6
+    over it) fits e4m3 and the largest uses its whole range; 1 where x is all zeros. An fp32 0-dim
+    tensor on x's device, or with `per_row` one per row of K: (..., R, 1)."""
+    if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= (2 if per_row else 0)):
+        raise InvalidArgument(f"x: expected a floating-point tensor{' of at least 2 dims' if per_row else ''}, "
+                              f"got {x!r:.80}")
+    magnitude = x.detach().abs().float()
+    if per_row:
+        amax = magnitude.amax(dim=-1, keepdim=True) if x.shape[-1] else magnitude.new_zeros((*x.shape[:-1], 1))
+    else:
+        amax = magnitude.amax() if x.numel() else magnitude.new_zeros(())
+    return (amax / (E2M1_MAX * 448.0)).where(amax > 0, 1.0)
+
+
+def _tensor_scale(value: float | torch.Tensor, x: torch.Tensor) -> float | torch.Tensor:
+    """NVFP4's tensor scale as x divides by it: a positive float, or a float tensor of one value
+    along K that broadcasts against x (its values are not read here: that would synchronize)."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() <= x.dim() and \
+            (value.dim() == 0 or value.shape[-1] == 1) and value.device == x.device:
+        try:
+            if torch.broadcast_shapes(value.shape, x.shape) == x.shape:
+                return value.float()
+        except RuntimeError:
+            pass
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    raise InvalidArgument(f"tensor_scale: expected a positive finite float, or a float tensor on x's device with one "
+                          f"value along K that broadcasts against x {tuple(x.shape)} (per tensor: "
+                          f"gg.nvfp4_tensor_scale(x); per row: shape (..., R, 1)), got {value!r:.80}")
+
+
 def to_blocked_scales(scales: torch.Tensor) -> torch.Tensor:
-    """UE8M0 scales (..., rows, ceil(K / 32)) in row order -> the MMA's blocked order (..., round_up(rows,
-    128), round_up(ceil(K / 32), 4)), what a microscaled kernel's scale_a and scale_b take."""
-    if not (isinstance(scales, torch.Tensor) and scales.dim() >= 2 and scales.dtype == DType.UE8M0.torch):
-        raise InvalidArgument(f"scales: expected a torch.float8_e8m0fnu tensor of at least 2 dims (rows, "
-                              f"ceil(K / 32)), got {scales!r:.80}; exponent bytes view as "
-                              "scales.view(torch.float8_e8m0fnu)")
+    """Scales (..., rows, ceil(K / vector)) in row order -> the MMA's blocked order (..., round_up(rows,
+    128), round_up(ceil(K / vector), 4)), what a microscaled kernel's scale_a and scale_b take:
+    MXFP8's UE8M0 (torch.float8_e8m0fnu) or NVFP4's e4m3 (torch.float8_e4m3fn)."""
+    dtypes = (DType.UE8M0.torch, DType.UE4M3.torch)
+    if not (isinstance(scales, torch.Tensor) and scales.dim() >= 2 and scales.dtype in dtypes):
+        raise InvalidArgument(f"scales: expected a torch.float8_e8m0fnu (MXFP8) or torch.float8_e4m3fn (NVFP4) "
+                              f"tensor of at least 2 dims (rows, ceil(K / vector)), got {scales!r:.80}; MXFP8's "
+                              "exponent bytes view as scales.view(torch.float8_e8m0fnu)")
     return to_blocked(scales)
 
 
@@ -89,12 +143,14 @@ def random_block_scale(kind: OperandKind, gemm: GemmSpec, m: int, n: int, k: int
     shape and layout its kernel reads (inputs for tests, tuning and benchmarks; a grouped GEMM's
     `m` is its rows of A, and `lead` holds scale_b's groups)."""
     assert kind.block_scale
-    if gemm.microscaling is not None:  # exponents 2^-3 to 2^3, in the blocked order
+    if gemm.microscaling is not None:  # in the blocked order: 2^-3 to 2^3, or e4m3 from 0.25 to 4
         fmt = gemm.microscaling
-        rows = m if kind is OperandKind.SCALE_A else n
-        exponents = torch.randint(UE8M0_BIAS - 3, UE8M0_BIAS + 4, (*lead, rows, scale_columns(k, fmt)),
-                                  dtype=torch.uint8)
-        return to_blocked(exponents.view(fmt.scale_dtype.torch)).to(device)
+        shape = (*lead, m if kind is OperandKind.SCALE_A else n, scale_columns(k, fmt))
+        if fmt is Microscaling.NVFP4:
+            scales = (torch.rand(shape) * 3.75 + 0.25).to(fmt.scale_dtype.torch)
+        else:
+            scales = torch.randint(UE8M0_BIAS - 3, UE8M0_BIAS + 4, shape, dtype=torch.uint8).view(fmt.scale_dtype.torch)
+        return to_blocked(scales).to(device)
     assert gemm.block_scale is not None
     gm, gn, gk = gemm.block_scale
     k_blocks = -(-k // gk)

@@ -30,6 +30,7 @@ class TmaDataType(enum.IntEnum):  # CUtensorMapDataType
     FLOAT16 = 6
     FLOAT32 = 7
     BFLOAT16 = 9
+    U4X16_ALIGN8B = 13  # packed 4-bit elements, 16 per 8 bytes (NVFP4's A and B: dims count elements)
 
 
 class Swizzle(enum.IntEnum):  # CUtensorMapSwizzle
@@ -67,9 +68,12 @@ class EncodeArgs(NamedTuple):
 
 
 def _storage_type(dtype: DType) -> TmaDataType:
-    """How CUTLASS types the data of C/D/aux tensors."""
+    """How CUTLASS types the data of C/D/aux tensors (and of sm100's A and B: packed fp4 as
+    to_CUtensorMapDataType<float_e2m1_t> has it, since the block-scaled collective loads kind::mxf4nvf4's
+    operands as their own elements)."""
     return {DType.BF16: TmaDataType.BFLOAT16, DType.F16: TmaDataType.FLOAT16, DType.F32: TmaDataType.FLOAT32,
-            DType.E4M3: TmaDataType.UINT8, DType.E5M2: TmaDataType.UINT8}[dtype]
+            DType.E4M3: TmaDataType.UINT8, DType.E5M2: TmaDataType.UINT8,
+            DType.E2M1: TmaDataType.U4X16_ALIGN8B}[dtype]
 
 
 def _mainloop_type(dtype: DType, arch: Arch) -> TmaDataType:
@@ -104,7 +108,7 @@ class TmaTemplate:
     """What is fixed per kernel and tensor role; a call adds the address, extents and strides."""
 
     dtype: int
-    itemsize: int
+    bits: int  # per element: strides are given in elements and encoded in bytes
     box: tuple[int, int, int]
     swizzle: int
     contiguous_first: bool  # TMA dim 0 is M/N, not K (MN-major operand); M, not N (column-major C/D/aux)
@@ -125,10 +129,10 @@ class TmaTemplate:
         """One element at `addr` under this template's box (`codegen.fields.sinks_d`): the box at
         the origin writes that element, every other lies outside the map (strides of 16 bytes, the
         least TMA takes)."""
-        return self._args(addr, (1, 1, 1), 16 // self.itemsize, 16 // self.itemsize)
+        return self._args(addr, (1, 1, 1), 128 // self.bits, 128 // self.bits)
 
     def _args(self, addr: int, dims: tuple[int, int, int], s1: int, s2: int) -> EncodeArgs:
-        return EncodeArgs(self.dtype, 3, addr, dims, (s1 * self.itemsize, s2 * self.itemsize), self.box, (1, 1, 1),
+        return EncodeArgs(self.dtype, 3, addr, dims, (s1 * self.bits // 8, s2 * self.bits // 8), self.box, (1, 1, 1),
                           INTERLEAVE_NONE, self.swizzle, L2_PROMOTION_128B, OOB_FILL_NONE)
 
 
@@ -153,42 +157,51 @@ def mainloop_template(recipe: RecipeIR, config: KernelConfig, which: str) -> Tma
     else:
         swizzle, width = _swizzle_atom(tile_mn, dtype.bits)
         box = [min(width, tile_mn), tile_k, 1]
-    return TmaTemplate(int(_mainloop_type(dtype, config.arch)), dtype.nbytes,
+    return TmaTemplate(int(_mainloop_type(dtype, config.arch)), dtype.bits,
                        tuple(_split_multicast(box, multicast)), int(swizzle), not k_major)  # type: ignore[arg-type]
 
 
 def block_scale_template(scales_per_tile: int) -> TmaTemplate:
     """The TMA of M/N-major block scales (the blockwise main loop's tma_load_sfa/sfb): fp32 over
     (blocks, K blocks, L), one box of the tile's scales per K step, no swizzle."""
-    return TmaTemplate(int(TmaDataType.FLOAT32), 4, (scales_per_tile, 1, 1), int(Swizzle.NONE), True)
+    return TmaTemplate(int(TmaDataType.FLOAT32), 32, (scales_per_tile, 1, 1), int(Swizzle.NONE), True)
 
 
 @dataclass(frozen=True)
 class ScaleBlockTemplate:
     """The TMA of a microscaled operand's scales (the block-scaled main loop's tma_load_sfa/sfb),
-    over their blocked order (`ir.microscaling`): 16-bit words, dims (the 256 words of a block,
-    row blocks, K blocks, L), one box of the tile's row blocks per K tile, no swizzle."""
+    over their blocked order (`ir.microscaling`): 16-bit words, modes (the 256 words of a block,
+    row blocks, K blocks, L), one box of the tile's row blocks and K blocks per K tile, no swizzle.
+    `order` is the modes after the words as CuTe's TMA lays them out: those the box spans more than
+    one of first, then the rest, each group in mode order."""
 
-    box: tuple[int, int, int, int]
+    box: tuple[int, int, int, int]  # per mode, in mode order
+    order: tuple[int, int, int]
 
     def encode(self, addr: int, row_blocks: int, k_blocks: int, l: int) -> EncodeArgs:  # noqa: E741
         block = BLOCK_ROWS * BLOCK_COLUMNS
-        return EncodeArgs(int(TmaDataType.UINT16), 4, addr, (block // 2, row_blocks, k_blocks, l),
-                          (k_blocks * block, block, row_blocks * k_blocks * block), self.box, (1, 1, 1, 1),
-                          INTERLEAVE_NONE, int(Swizzle.NONE), L2_PROMOTION_128B, OOB_FILL_NONE)
+        dims = (row_blocks, k_blocks, l)
+        strides = (k_blocks * block, block, row_blocks * k_blocks * block)
+        return EncodeArgs(int(TmaDataType.UINT16), 4, addr, (block // 2, *(dims[i] for i in self.order)),
+                          tuple(strides[i] for i in self.order), (self.box[0], *(self.box[1 + i] for i in self.order)),
+                          (1, 1, 1, 1), INTERLEAVE_NONE, int(Swizzle.NONE), L2_PROMOTION_128B, OOB_FILL_NONE)
 
 
-def scale_block_template(config: KernelConfig, which: str) -> ScaleBlockTemplate:
+def scale_block_template(config: KernelConfig, recipe: RecipeIR, which: str) -> ScaleBlockTemplate:
     """The tile's row blocks of A's scales (which="a": its CTA's 128 rows) or B's (the MMA's N,
-    rounded up to whole blocks), split as make_tma_atom_{A,B}_sm100 splits them: A's among the CTAs
-    it is multicast to, B's also between the CTAs of a pair."""
+    rounded up to whole blocks) and its K tile's K blocks, split as make_tma_atom_{A,B}_sm100 splits
+    them: A's among the CTAs it is multicast to, B's also between the CTAs of a pair."""
+    fmt = recipe.gemm.microscaling
+    assert fmt is not None
     multicast_a, multicast_b = sm100.geometry.multicast(config)
     if which == "a":
         blocks, split = -(-config.cta_tile[0] // BLOCK_ROWS), multicast_a
     else:
         blocks, split = -(-config.tile[1] // BLOCK_ROWS), multicast_b * sm100.geometry.mma_ctas(config)
-    box = _split_multicast([BLOCK_ROWS * BLOCK_COLUMNS // 2, blocks, 1, 1], split)
-    return ScaleBlockTemplate(tuple(box))  # type: ignore[arg-type]
+    k_blocks = -(-config.tile[2] // (fmt.vector * BLOCK_COLUMNS))
+    box = _split_multicast([BLOCK_ROWS * BLOCK_COLUMNS // 2, blocks, k_blocks, 1], split)
+    order = sorted(range(3), key=lambda i: box[1 + i] == 1)  # stable: mode order within each group
+    return ScaleBlockTemplate(tuple(box), tuple(order))  # type: ignore[arg-type]
 
 
 def epilogue_template(recipe: RecipeIR, config: KernelConfig, dtype: DType) -> TmaTemplate:
@@ -197,6 +210,6 @@ def epilogue_template(recipe: RecipeIR, config: KernelConfig, dtype: DType) -> T
     em, en = (sm100.geometry.epilogue_copy_tile if config.arch is Arch.SM100A else epilogue_tile)(config, recipe)
     if recipe.gemm.layout_d is Layout.ROW:
         swizzle, width = _swizzle_atom(en, dtype.bits)  # a box spans one swizzle atom's width at most
-        return TmaTemplate(int(_storage_type(dtype)), dtype.nbytes, (min(width, en), em, 1), int(swizzle), False)
+        return TmaTemplate(int(_storage_type(dtype)), dtype.bits, (min(width, en), em, 1), int(swizzle), False)
     swizzle, width = _swizzle_atom(em, dtype.bits)
-    return TmaTemplate(int(_storage_type(dtype)), dtype.nbytes, (min(width, em), en, 1), int(swizzle), True)
+    return TmaTemplate(int(_storage_type(dtype)), dtype.bits, (min(width, em), en, 1), int(swizzle), True)

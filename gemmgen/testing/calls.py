@@ -83,6 +83,17 @@ def padded(rows: int, cols: int, dtype: torch.dtype, row_major: bool, lead: tupl
                           pad=16 // torch.empty((), dtype=dtype).element_size())
 
 
+def _ab(rows: int, cols: int, dtype: DType, row_major: bool, lead: tuple[int, ...]) -> torch.Tensor:
+    """A or B as `padded` makes them; packed fp4 as random codes, its contiguous extent (K, rounded
+    up to even) in pairs."""
+    if dtype.packed == 1:
+        return padded(rows, cols, dtype.torch, row_major, lead)
+    rows, cols = (rows, -(-cols // 2)) if row_major else (-(-rows // 2), cols)
+    codes = strided_matrix(lambda *shape: torch.randint(0, 256, shape, dtype=torch.uint8), rows, cols, torch.uint8,
+                           Layout.ROW if row_major else Layout.COL, lead, pad=16)
+    return codes.view(dtype.torch)
+
+
 def given_outputs(recipe: AnyRecipe, m: int, n: int, lead: tuple[int, ...], fill: float | None = float("nan")
                   ) -> tuple[torch.Tensor, ...]:
     """Outputs as a caller gives them (NaN-filled by default): M x N with padded rows, or a
@@ -107,8 +118,8 @@ def fresh_args(recipe: AnyRecipe, m: int, n: int, k: int, lead: tuple[int, ...],
     are `scalar`, or random when it is None."""
     ir = ir_of(recipe)
     g = ir.gemm
-    a = padded(m, k, g.a.torch, g.layout_a is Layout.ROW, lead)
-    b = padded(k, n, g.b.torch, g.layout_b is Layout.ROW, lead)
+    a = _ab(m, k, g.a, g.layout_a is Layout.ROW, lead)
+    b = _ab(k, n, g.b, g.layout_b is Layout.ROW, lead)
     ops: dict[str, Any] = {}
     for o in ir.operands:
         if o.kind.block_scale:

@@ -21,10 +21,11 @@ import torch
 
 from ..codegen.fields import ParamsLayout
 from ..compile import CompiledKernel
-from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS, exponents, from_blocked
+from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS, from_blocked, scale_values, values
 from ..ir.reference import expand_block_scale, group_bounds
 from ..runtime.grouped import MAX_COLUMNS, SCALE_LAYOUT_BYTES, SETUP
-from ..runtime.tma import EncodeArgs
+from ..runtime.tma import EncodeArgs, TmaDataType
+from ..types import DType, Microscaling
 from .visitors import EpilogueInterpreter
 
 
@@ -112,11 +113,21 @@ class _ParamsBytes:
         return args
 
     def mapped(self, lvalue: str, dtype: torch.dtype, rows_contiguous: bool) -> torch.Tensor:
+        """(L, rows, cols) of what the tensor map at `lvalue` addresses; packed fp4 (its dims count
+        elements, two per byte) unpacked to fp32."""
         args = self.encoded(lvalue)
         base = _as(self._by_addr[args.addr], dtype)
         item = base.element_size()
         d0, d1, d2 = args.dims
-        view = _within(base, (d2, d1, d0), (args.strides[1] // item, args.strides[0] // item, 1), lvalue)
+        packed = args.dtype == TmaDataType.U4X16_ALIGN8B
+        if packed != (dtype == DType.E2M1.torch):
+            raise AssertionError(f"{lvalue}: a tensor map of type {args.dtype} over {dtype} elements")
+        if packed and d0 % 2:
+            raise AssertionError(f"{lvalue}: {d0} packed fp4 elements along its contiguous dim, not whole bytes")
+        size = (d2, d1, d0 // 2 if packed else d0)
+        view = _within(base, size, (args.strides[1] // item, args.strides[0] // item, 1), lvalue)
+        if packed:
+            view = values(view, DType.E2M1)
         return view.transpose(1, 2) if rows_contiguous else view
 
 
@@ -181,25 +192,32 @@ def _microscales(view: _ParamsBytes, operand: str, vector: int, shape: torch.Siz
     """A microscaled operand's scales as the block-scaled main loop loads them: through its tensor
     map (16-bit words of whole 128 x 4 blocks, over row blocks, K blocks and L), each block's bytes
     in the blocked order (`ir.microscaling`); its layout fields must describe the same memory.
-    Each value's power of two: (L, M or N, K)."""
+    Each value's scale: (L, M or N, K)."""
     l, mn, k = shape  # noqa: E741
     lvalue = view.lvalue[f"mainloop.tma_sf{operand}"]
     args = view.encoded(lvalue)
     blocks, k_blocks = -(-mn // BLOCK_ROWS), -(-k // (vector * BLOCK_COLUMNS))
     block = BLOCK_ROWS * BLOCK_COLUMNS
-    if tuple(args.dims) != (block // 2, blocks, k_blocks, l) or args.strides[1] != block:
+    # (row blocks, K blocks, L) as the map's modes after the words, in whatever order it lists them
+    modes = {perm: ([args.dims[1 + perm.index(i)] for i in range(3)], [args.strides[perm.index(i)] for i in range(3)])
+             for perm in itertools.permutations(range(3))}
+    found = [(dims, strides) for dims, strides in modes.values()
+             if args.dims[0] == block // 2 and dims == [blocks, k_blocks, l] and strides[1] == block]
+    if not found:
         raise AssertionError(f"scale_{operand}: its tensor map addresses {args.dims} words with strides "
                              f"{args.strides}, want ({block // 2}, {blocks}, {k_blocks}, {l}) of whole blocks")
     field = {n: int.from_bytes(view.raw(view.lvalue[f"mainloop.layout_sf{operand}.{n}"]), "little", signed=True)
              for n in ("blocks", "k_blocks", "l", "block_stride", "batch_stride")}
     layout = (field["blocks"], field["k_blocks"], field["l"], field["block_stride"], field["batch_stride"])
-    if layout != (blocks, k_blocks, l, args.strides[0], args.strides[2]):
+    same = [strides for _, strides in found if layout == (blocks, k_blocks, l, strides[0], strides[2])]
+    if not same:
         raise AssertionError(f"scale_{operand}: its layout fields {field} describe other memory than its tensor "
                              f"map {args.dims}, strides {args.strides}")
-    raw = view.at(args.addr, torch.uint8, (l, blocks, k_blocks, block), (args.strides[2], args.strides[0], block, 1),
-                  lvalue)
+    strides = same[0]
+    raw = view.at(args.addr, torch.uint8, (l, blocks, k_blocks, block), (strides[2], strides[0], block, 1), lvalue)
     scales = from_blocked(raw.reshape(l, blocks * BLOCK_ROWS, k_blocks * BLOCK_COLUMNS), mn, -(-k // vector))
-    return exponents(scales).repeat_interleave(vector, dim=-1)[..., :k]
+    fmt = next(f for f in Microscaling if f.vector == vector)
+    return scale_values(scales.view(fmt.scale_dtype.torch), fmt).repeat_interleave(vector, dim=-1)[..., :k]
 
 
 def _group_scales(view: _ParamsBytes, operand: str, gran: int, gran_k: int, k_major: bool, mn: int, k: int

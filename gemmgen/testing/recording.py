@@ -9,8 +9,8 @@ from __future__ import annotations
 from ..codegen.sm90 import SM90_SMEM_CAPACITY
 from ..runtime.tma import EncodeArgs, Swizzle, TmaDataType
 
-_ITEMSIZE = {TmaDataType.UINT8: 1, TmaDataType.UINT16: 2, TmaDataType.UINT32: 4, TmaDataType.FLOAT16: 2,
-             TmaDataType.FLOAT32: 4, TmaDataType.BFLOAT16: 2}
+_BITS = {TmaDataType.UINT8: 8, TmaDataType.UINT16: 16, TmaDataType.UINT32: 32, TmaDataType.FLOAT16: 16,
+         TmaDataType.FLOAT32: 32, TmaDataType.BFLOAT16: 16, TmaDataType.U4X16_ALIGN8B: 4}
 _SWIZZLE_SPAN = {Swizzle.B32: 32, Swizzle.B64: 64, Swizzle.B128: 128}
 
 
@@ -20,11 +20,12 @@ class TensorMapRejected(AssertionError):
 
 def encode_violations(args: EncodeArgs) -> list[str]:
     """What cuTensorMapEncodeTiled's documented requirements say against `args` (the subset for the
-    non-interleaved, unpacked data types gemmgen uses); empty when the driver accepts them."""
+    non-interleaved data types gemmgen uses, 16U4_ALIGN8B's packed fp4 among them); empty when the
+    driver accepts them."""
     out = []
-    if args.dtype not in _ITEMSIZE:
+    if args.dtype not in _BITS:
         return [f"data type {args.dtype} is not one gemmgen encodes"]
-    item = _ITEMSIZE[TmaDataType(args.dtype)]
+    bits = _BITS[TmaDataType(args.dtype)]
     if not 1 <= args.rank <= 5 or not len(args.dims) == len(args.box) == len(args.elem_strides) == args.rank \
             or len(args.strides) != args.rank - 1:
         out.append(f"rank {args.rank} with dims {args.dims}, strides {args.strides}, box {args.box}")
@@ -36,7 +37,9 @@ def encode_violations(args: EncodeArgs) -> list[str]:
         out.append(f"global strides {args.strides} (bytes) must be multiples of 16 below 2^40")
     if not all(0 < b <= 256 for b in args.box):
         out.append(f"box {args.box} must be in [1, 256]")
-    inner = args.box[0] * item if args.box else 0
+    if bits == 4 and args.dims and args.dims[0] % 2:
+        out.append(f"global dim 0 = {args.dims[0]} of packed 4-bit elements must be a multiple of 2")
+    inner = args.box[0] * bits // 8 if args.box else 0
     if inner % 16:
         out.append(f"box inner dimension {inner} bytes is not a multiple of 16")
     if args.swizzle in _SWIZZLE_SPAN and inner > _SWIZZLE_SPAN[Swizzle(args.swizzle)]:

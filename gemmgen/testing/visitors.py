@@ -50,6 +50,7 @@ _EPI = "gemmgen::epi::"
 _D_MAP = "(*{p}.epilogue.tma_store_d.get_tma_descriptor())"
 _ELEMENT = {"cutlass::bfloat16_t": torch.bfloat16, "cutlass::half_t": torch.float16, "float": torch.float32,
             "cutlass::float_e4m3_t": torch.float8_e4m3fn, "cutlass::float_e5m2_t": torch.float8_e5m2,
+            "cutlass::float_e2m1_t": torch.float4_e2m1fn_x2,
             "int32_t": torch.int32}
 _COMPUTE = "float"
 _ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
@@ -176,8 +177,9 @@ def _element(t: CppType) -> torch.dtype:
 
 
 def _values(t: CppType) -> CppType:
-    """The element of A or B: a microscaled kernel's (`mx_float8_t<E>`) names it with its scales."""
-    return t.args[0] if t.name == "cutlass::mx_float8_t" else t
+    """The element of A or B: a microscaled kernel's (`mx_float8_t<E>`, `nv_float4_t<E>`) names it
+    with its scales."""
+    return t.args[0] if t.name in ("cutlass::mx_float8_t", "cutlass::nv_float4_t") else t
 
 
 def _member(lvalue: str, index: int, count: int) -> str:

@@ -29,12 +29,13 @@ def test_each_sm100_kernel_shows_tcgen05_tma_and_tensor_memory_in_its_sass(sm100
     for name, k in sm100_kernels.items():
         r = k.report
         two_sm = k.config.schedule is gg.Schedule.TWO_SM
-        mma = ("UTCQMMA" if k.recipe.gemm.fp8 else "UTCHMMA") + (".2CTA" if two_sm else "")
+        kind = "UTCOMMA" if k.recipe.gemm.a is gg.e2m1 else "UTCQMMA" if k.recipe.gemm.fp8 else "UTCHMMA"
+        mma = kind + (".2CTA" if two_sm else "")
         assert r.arch == "sm_100a" and r.sass is not None, name
         assert r.sass[mma] > 0 and r.sass["UTMALDG"] > 0 and r.sass["LDTM"] > 0, (name, r.sass)
         # cluster launch control hands out the tiles; the group scheduler is persistent
         assert (r.sass["UGETNEXTWORKID"] > 0) != k.recipe.gemm.grouped, name
-        assert (r.sass["UTCHMMA.2CTA"] + r.sass["UTCQMMA.2CTA"] > 0) == two_sm, name
+        assert (r.sass["UTCHMMA.2CTA"] + r.sass["UTCQMMA.2CTA"] + r.sass["UTCOMMA.2CTA"] > 0) == two_sm, name
         assert r.local_bytes == 0 and r.stack_bytes == 0, (name, r.local_bytes, r.stack_bytes)
         # a microscaled kernel copies its scales into tensor memory for the MMA; no other kernel does
         assert (r.sass["UTCCP"] > 0) == (k.recipe.gemm.microscaling is not None), (name, r.sass["UTCCP"])

@@ -25,6 +25,9 @@ SM100_KERNELS: dict[str, gg.KernelConfig | None] = {
     # MXFP8 (the block-scaled MMA, kind::mxf8f6f4): UE8M0 scales loaded with TMA and copied into
     # tensor memory (UTCCP), one SM
     "mxfp8_linear": None,
+    # NVFP4 (kind::mxf4nvf4, UTCOMMA): packed fp4 A and B (16U4_ALIGN8B maps), e4m3 scales per 16
+    # values, a 256-deep K tile, one SM
+    "nvfp4_linear": None,
     # column pairs: D of N/2 columns written from the registers (a PairStore), the collective's own
     # store of D aimed at the module's sink (codegen.fields.sinks_d), one SM
     "swiglu": None,
@@ -67,6 +70,14 @@ VALUE_CONFIGS = {
     "mx_swapped_pair": ("mxfp8_linear", gg.KernelConfig(tile=(256, 64, 128), swap_ab=True, **TWO_SM)),  # type: ignore[arg-type]
     "mx_192_multicast": ("mxfp8_linear", gg.KernelConfig(tile=(128, 192, 128), cluster=(2, 2, 1), swap_ab=True,
                                                          schedule=gg.Schedule.ONE_SM, arch=SM100)),
+    # MXFP8 with a 256-deep K tile: two K blocks of scales per box, which CuTe's map puts before the
+    # row blocks (tma.ScaleBlockTemplate.order)
+    "mx_k256": ("mxfp8_linear", gg.KernelConfig(tile=(128, 128, 256), schedule=gg.Schedule.ONE_SM, arch=SM100)),
+    # NVFP4 on a pair in a 2 x 1 cluster (each CTA's half of packed A and B, B's scales split
+    # between the pair), and swapped on one SM's 128 x 64 tile (the heuristic's small-M choice)
+    "nv_pair": ("nvfp4_linear", gg.KernelConfig(tile=(256, 256, 256), **TWO_SM)),  # type: ignore[arg-type]
+    "nv_swapped": ("nvfp4_linear", gg.KernelConfig(tile=(128, 64, 256), swap_ab=True, schedule=gg.Schedule.ONE_SM,
+                                                   arch=SM100)),
     # every path of column pairs on a pair of SMs (an N/2-column operand and aux output, a TMA aux
     # store of an interleave, a sum over N of a half, D from the registers: pairs.hpp's probe under
     # the pair's tensor-memory partition), and a backward's D of 2N columns (a DoubleStore) on one

@@ -160,7 +160,7 @@ def test_every_epilogue_field_changes_the_key():
     (lambda: gg.Recipe("r", aux={"q": gg.e4m3}), r"aux output 'q' is declared but never written"),
     (lambda: gg.Recipe("r", a=gg.e4m3, b=gg.bf16), r"mixed input types \(e4m3 x bf16\).*both fp8"),
     (lambda: gg.Recipe("r", a=gg.bf16, b=gg.f16), r"mixed input types \(bf16 x f16\)"),
-    (lambda: gg.Recipe("r", a=gg.f32, b=gg.f32), r"a: A and B may be bf16, f16, e4m3 or e5m2, not f32"),
+    (lambda: gg.Recipe("r", a=gg.f32, b=gg.f32), r"a: A and B may be bf16, f16, e4m3, e5m2 or e2m1 \(NVFP4\), not f32"),
     (lambda: gg.Recipe("r", layout_a="diagonal"), r"layout_a: expected gemmgen.RowMajor or gemmgen.ColMajor"),
     (lambda: gg.Recipe("r", d="int8"), r"d \(dtype of D\): expected a gemmgen dtype"),
     (lambda: gg.Recipe("bad name"), r"name: expected a C identifier"),

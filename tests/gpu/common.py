@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+import gemmgen as gg
 from gemmgen.ir import BlockOp, Op, Reduction
 from gemmgen.ir.reference import reference
 from gemmgen.runtime.quantize import random_block_scale
@@ -25,7 +26,24 @@ def matrix(rows, cols, dtype, layout, lead, pad_bytes, gen, exact):
             return torch.randint(-2, 3, shape, device="cuda", generator=gen)
         return torch.randn(*shape, device="cuda", generator=gen)
 
+    if dtype == torch.float4_e2m1fn_x2:  # packed fp4: K (the contiguous dim, K-major) in pairs of codes
+        rows, cols = (rows, -(-cols // 2)) if layout is Layout.ROW else (-(-rows // 2), cols)
+        return strided_matrix(lambda *shape: _fp4_codes(shape, gen, exact), rows, cols, torch.uint8, layout, lead,
+                              pad_bytes).view(dtype)
     return strided_matrix(values, rows, cols, dtype, layout, lead, pad_bytes // dtype.itemsize)
+
+
+#: fp4 codes of 0, 1, 2, -1 and -2 (e2m1), packed in pairs: the exact tier's small integers
+_FP4_SMALL = (0x0, 0x2, 0x4, 0xA, 0xC)
+
+
+def _fp4_codes(shape, gen, exact):
+    """Random bytes of two fp4 codes each: any code, or small integers for the exact tier."""
+    if not exact:
+        return torch.randint(0, 256, shape, device="cuda", generator=gen, dtype=torch.uint8)
+    small = torch.tensor(_FP4_SMALL, device="cuda", dtype=torch.uint8)
+    pick = torch.randint(0, len(_FP4_SMALL), (2, *shape), device="cuda", generator=gen)
+    return small[pick[0]] | (small[pick[1]] << 4)
 
 
 def whole_pairs(recipe, n):
@@ -41,9 +59,11 @@ def inputs(recipe, m, n, k, gen, exact, pad_bytes=0, batch=3):
     b = matrix(k, n, g.b.torch, g.layout_b, lead, pad_bytes, gen, exact)
     ops: dict[str, torch.Tensor | float] = {}
     for o in recipe.operands:
-        if o.kind.block_scale:  # powers of two keep exact-tier results exact
+        if o.kind.block_scale:  # powers of two keep exact-tier results exact (MXFP8's are already)
             s = random_block_scale(o.kind, g, m, n, k, lead, "cuda")
-            ops[o.name] = s.copy_(torch.exp2(torch.round(torch.log2(s)))) if exact else s
+            if exact and g.microscaling is not gg.MXFP8:
+                s = torch.exp2(torch.round(torch.log2(s.float()))).to(s.dtype)
+            ops[o.name] = s
         elif o.kind is OperandKind.SCALAR and o.per_batch:
             ops[o.name] = torch.full(lead, 2.0, device="cuda") if exact else torch.randn(lead, generator=gen,
                                                                                          device="cuda")

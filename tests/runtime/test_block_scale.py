@@ -299,5 +299,6 @@ def test_fuse_quantizes_a_model_to_block_scaled_fp8():
     launches = gg.nn.model_launches(fused, tokens=(1, 300), training_tokens=(300,))  # what to build ahead of time
     assert len(launches) == 6 and all(r.gemm.block_scale and is_valid(c, r.ir) for r, c in launches)
     assert {c.swap_ab for _, c in launches} == {True, False}  # a decode step swapped, 300 tokens not
-    with pytest.raises(gg.InvalidArgument, match=r"quantize: expected None or one of \['fp8_block', 'mxfp8'\]"):
+    with pytest.raises(gg.InvalidArgument,
+                       match=r"quantize: expected None or one of \['fp8_block', 'mxfp8', 'nvfp4'\]"):
         gg.nn.fuse(nn.Sequential(nn.Linear(16, 16)), quantize="int8")

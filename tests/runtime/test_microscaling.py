@@ -116,7 +116,8 @@ def test_quantize_mx_follows_the_ocp_floor_rule():
     assert int(microscaling.from_blocked(e5m2, 3, 3).view(torch.uint8)[0, 0]) == microscaling.UE8M0_BIAS + 2 - 15
     with pytest.raises(gg.InvalidArgument, match=r"dtype: expected gg.e4m3 or gg.e5m2, got bf16"):
         gg.quantize_mx(x, dtype=gg.bf16)
-    with pytest.raises(gg.InvalidArgument, match=r"scales: expected a torch.float8_e8m0fnu tensor"):
+    with pytest.raises(gg.InvalidArgument, match=r"scales: expected a torch.float8_e8m0fnu \(MXFP8\) or "
+                                                 r"torch.float8_e4m3fn \(NVFP4\) tensor"):
         gg.to_blocked_scales(torch.ones(3, 3))
 
 

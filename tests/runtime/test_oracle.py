@@ -47,9 +47,11 @@ def _up(x: int, m: int = 8) -> int:
 def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -> Problem:  # noqa: E741
     g = recipe.gemm
     n += n % 2 if recipe.epilogue.pairs else 0  # an epilogue over column pairs needs whole pairs
+    k += k % g.a.packed  # packed fp4 holds K in pairs
     addr = iter(0x7F00_0000_0000 + i * (1 << 34) for i in range(64))
-    fp8 = g.a.nbytes == 1  # A/B leading dimensions stay multiples of 16 bytes: 16 fp8 elements
-    per_ab, pad_ab = (16, 2 * pad) if fp8 else (8, pad)
+    # A/B leading dimensions stay multiples of 16 bytes: 8 16-bit elements, 16 fp8, 32 fp4
+    per_ab = 128 // g.a.bits
+    pad_ab = pad * per_ab // 8
 
     def batch(rows: int, ld: int) -> int:
         return rows * ld if l > 1 else 0
@@ -130,7 +132,7 @@ def _extents_aligned(kernel, p: Problem) -> bool:
     for vector, extent, gran in zip(_scale_vectors(kernel), (p.m, p.n), g.block_scale[:2] if g.block_scale else (),
                                     strict=False):
         scales = scales and -(-extent // gran) % vector == 0
-    return a_contig % (16 // g.a.nbytes) == 0 and b_contig % (16 // g.b.nbytes) == 0 and \
+    return a_contig % (128 // g.a.bits) == 0 and b_contig % (128 // g.b.bits) == 0 and \
         d_contig % max(8, 16 // g.d.nbytes) == 0 and scales
 
 

@@ -19,10 +19,13 @@ PAIR = gg.KernelConfig(tile=(256, 128, 64), cluster=(2, 1, 1), schedule=gg.Sched
 
 
 def _configs(recipe: gg.Recipe) -> list[gg.KernelConfig]:
-    """The recipe's sm100 default, the pair's tile and each swapped (where the emitter takes them)."""
+    """The recipe's sm100 default, the pair's tile (K as deep as the default's where only that one
+    is taken: NVFP4) and each swapped (where the emitter takes them)."""
     default = recipe.default_config(SM100)
-    out = [default, PAIR, dataclasses.replace(default, swap_ab=not default.swap_ab),
-           dataclasses.replace(PAIR, swap_ab=not default.swap_ab)]
+    pair = PAIR if gg.codegen.is_valid(PAIR, recipe.ir) else \
+        dataclasses.replace(PAIR, tile=(*PAIR.tile[:2], default.tile[2]))
+    out = [default, pair, dataclasses.replace(default, swap_ab=not default.swap_ab),
+           dataclasses.replace(pair, swap_ab=not default.swap_ab)]
     return [c for c in dict.fromkeys(out) if gg.codegen.is_valid(c, recipe.ir)]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ...config import KernelConfig, Schedule, TileScheduler
 from ...ir import RecipeIR, Reduction
+from ...types import Microscaling
 from ..rules import (
     arch_schedule_violations,
     block_scale_violations,
@@ -125,9 +126,10 @@ def block_scaled_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[st
 
 
 def microscaled_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """The block-scaled MMA (kind::mxf8f6f4) computes 128 rows per SM (one SM's M = 128, a pair's
-    256) and CUTLASS's block-scaled main loop takes a CTA tile N of 64, 128, 192 or 256 and reads
-    the scales of whole blocks of 4 vectors of K per K tile (tile K a multiple of 128 for MXFP8)."""
+    """The block-scaled MMA (kind::mxf8f6f4, kind::mxf4nvf4) computes 128 rows per SM (one SM's
+    M = 128, a pair's 256) and CUTLASS's block-scaled main loop takes a CTA tile N of 64, 128, 192
+    or 256 and reads the scales of whole blocks of 4 vectors of K per K tile (tile K a multiple of
+    128 for MXFP8; 256 for NVFP4, the one depth gemmgen has compiled)."""
     fmt = recipe.gemm.microscaling
     if fmt is None or cfg.schedule.arch is not cfg.arch:
         return []
@@ -143,6 +145,9 @@ def microscaled_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str
     if tk % (4 * fmt.vector):
         out.append(f"tile K = {tk}: a K tile of {fmt!r} reads whole blocks of 4 scales ({4 * fmt.vector} values of "
                    f"K); use tile K = {4 * fmt.vector}")
+    elif fmt is Microscaling.NVFP4 and tk != 256:
+        out.append(f"tile K = {tk}: gemmgen's NVFP4 kernels take tile K = 256 (128 bytes of packed fp4, the full "
+                   "swizzle span: the depth compiled and checked against CUTLASS); use tile K = 256")
     return out
 
 

@@ -58,7 +58,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         alignment_d=128 // g.d.bits,
         tile=config.tile, cta_tile=config.cta_tile, cluster=config.cluster,
         kernel_schedule=kernel_schedule(config.schedule, g.grouped, block_scaled=g.block_scale is not None,
-                                        microscaled=mx),
+                                        microscaling=g.microscaling),
         block_scale_decls=scale_decls, layout_pair_a=layout_pair_a, layout_pair_b=layout_pair_b,
         epilogue_schedule=f"cutlass::epilogue::{array}TmaWarpSpecialized{sm}",
         epilogue_tile=epilogue_tile_type(epilogue_tile_override(config, recipe)),
@@ -81,23 +81,30 @@ def setup_fill(recipe: RecipeIR, config: KernelConfig) -> str:
 
 
 def kernel_schedule(schedule: Schedule, grouped: bool = False, block_scaled: bool = False,
-                    microscaled: bool = False) -> str:
+                    microscaling: Microscaling | None = None) -> str:
     """CUTLASS's sm100 kernel schedule: one SM's MMA or a pair's; the pointer-array form for a
     grouped GEMM; the blockwise one (whose main loop scales each K tile's partial accumulator in
-    registers) for block scales; the block-scaled MMA's (kind::mxf8f6f4, scales in tensor memory)
-    for microscaled fp8."""
-    if microscaled:
-        return f"cutlass::gemm::KernelTmaWarpSpecialized{_SM[schedule]}Mxf8f6f4Sm100"
+    registers) for block scales; the block-scaled MMA's (scales in tensor memory) for microscaled
+    A and B: kind::mxf8f6f4 for MXFP8, kind::mxf4nvf4 (packed fp4, e4m3 scales per 16) for NVFP4."""
+    if microscaling is not None:
+        kind = _MMA_KIND[microscaling]
+        return f"cutlass::gemm::KernelTmaWarpSpecialized{_SM[schedule]}{kind}Sm100"
     blockwise = "Blockwise" if block_scaled else ""
     if grouped:
         return f"cutlass::gemm::KernelPtrArrayTmaWarpSpecialized{blockwise}{_SM[schedule][0]}SmSm100"
     return f"cutlass::gemm::KernelTmaWarpSpecialized{blockwise}{_SM[schedule]}Sm100"
 
 
+#: The schedule names of the block-scaled MMA's kinds, by microscaling format.
+_MMA_KIND = {Microscaling.MXFP8: "Mxf8f6f4", Microscaling.NVFP4: "Nvf4"}
+#: CUTLASS's pairs of element and scale type, by microscaling format.
+_SCALED_ELEMENT = {Microscaling.MXFP8: "cutlass::mx_float8_t", Microscaling.NVFP4: "cutlass::nv_float4_t"}
+
+
 def _mainloop_element(dtype: DType, fmt: Microscaling | None) -> str:
     """A or B as the mainloop builder takes it: the element, or CUTLASS's pair of element and
-    scale type for microscaled fp8 (`mx_float8_t`)."""
-    return dtype.cutlass if fmt is None else f"cutlass::mx_float8_t<{dtype.cutlass}>"
+    scale type for microscaled A and B (`mx_float8_t`, `nv_float4_t`)."""
+    return dtype.cutlass if fmt is None else f"{_SCALED_ELEMENT[fmt]}<{dtype.cutlass}>"
 
 
 def _block_scale_types(recipe: RecipeIR) -> tuple[list[tuple[str, str]], tuple[str, str]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ...config import KernelConfig, Schedule, TileScheduler
 from ...ir import RecipeIR
+from ...types import Microscaling
 from ..rules import (
     arch_schedule_violations,
     block_scale_violations,
@@ -78,12 +79,14 @@ def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 
 def microscaling_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
-    """Microscaled fp8 is scaled by sm_100a's block-scaled MMA; WGMMA has none."""
+    """Microscaled fp8 and fp4 are scaled by sm_100a's block-scaled MMA; WGMMA has none (nor fp4)."""
     fmt = recipe.gemm.microscaling
     if fmt is None:
         return []
-    return [f"block_scale={fmt!r}: the MMA scales microscaled fp8 on sm_100a (B200) only; build it with "
-            f"arch=Arch.SM100A, or declare block_scale=gg.DEEPSEEK_BLOCK_SCALE for sm_90a"]
+    mx = fmt is Microscaling.MXFP8
+    other = ", or declare block_scale=gg.DEEPSEEK_BLOCK_SCALE for sm_90a" if mx else " (sm_90a has no fp4 MMA)"
+    return [f"block_scale={fmt!r}: the MMA scales microscaled {'fp8' if mx else 'fp4'} on sm_100a (B200) only; "
+            f"build it with arch=Arch.SM100A{other}"]
 
 
 CONSTRAINTS = (tile_violations, tile_k_violations, schedule_violations, tile_scheduler_violations,
