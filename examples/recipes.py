@@ -225,3 +225,17 @@ moe_fp8_block = gg.Recipe(
     block_scale=gg.DEEPSEEK_BLOCK_SCALE,
     operands={"weight": gg.ColVector(gg.f32)},
 )
+
+
+# NVFP4 experts (B200, sm_100a) in one grouped kernel: packed fp4 tokens sorted by expert and fp4
+# expert weights, each with one e4m3 scale per 16 values of K (the tokens' each group's rows from a
+# block of their own: gg.quantize_mx(x, gg.NVFP4, offsets=offsets)); D = silu(acc * scale + bias_g)
+# * routing weight, `scale` each token's fp32 tensor scale times its expert's
+moe_nvfp4 = gg.Recipe(
+    "moe_nvfp4",
+    lambda acc, scale, bias, weight: gg.silu(acc * scale + bias) * weight,
+    a=gg.e2m1, b=gg.e2m1, d=gg.bf16,
+    grouped=True,
+    block_scale=gg.NVFP4,
+    operands={"scale": gg.ColVector(gg.f32), "bias": gg.RowVector(gg.bf16), "weight": gg.ColVector(gg.f32)},
+)

@@ -126,13 +126,16 @@ def block_scale_fields(tma: tuple[bool, bool]) -> list[ParamField]:
     return f
 
 
-def microscaling_fields() -> list[ParamField]:
-    """The block-scaled (MX) main loop's scales (sm100): tensor maps (a fallback pair beside them,
-    as A's and B's) and the layouts' dynamic extents and strides (`Sm1xxBlockScaledConfig`: row
-    blocks of 128, K blocks of 4 scales, L; the row-block and batch strides, in bytes)."""
+def microscaling_fields(grouped: bool = False) -> list[ParamField]:
+    """The block-scaled (MX, NVFP4) main loop's scales (sm100): tensor maps (a fallback pair beside
+    them, as A's and B's) and the layouts' dynamic extents and strides (`Sm1xxBlockScaledConfig`:
+    row blocks of 128, K blocks of 4 scales, L; the row-block and batch strides, in bytes); a
+    grouped kernel's per-group arrays of addresses and layouts instead of the layouts."""
     m = "{p}.mainloop"
     f = [ParamField(f"mainloop.tma_sf{x}{fallback}", desc(f"{m}.tma_load_sf{x}{fallback}"), "desc")
          for fallback in ("", "_fallback") for x in "ab"]
+    if grouped:
+        return f + grouped_block_scale_fields(m)
     for x in "ab":
         layout = f"{m}.layout_SF{x.upper()}"
         f += [ParamField(f"mainloop.layout_sf{x}.blocks", f"{layout}.shape<0, 1>()", "i32"),
@@ -169,9 +172,10 @@ def sinks_d(recipe: RecipeIR, arch: Arch) -> bool:
 
 def reads_scale_layouts(recipe: RecipeIR, config: KernelConfig) -> bool:
     """Whether a grouped kernel's main loop reads each group's scale layouts from memory (sm100's
-    blockwise one; sm90's derives them from the group's shape): its setup kernel then writes them
-    (grouped.hpp's `fill_scale_layouts`), after the group table (`runtime.grouped.BufferLayout`)."""
-    return recipe.gemm.grouped and recipe.gemm.block_scale is not None and config.arch is Arch.SM100A
+    blockwise and block-scaled ones; sm90's derives them from the group's shape): its setup kernel
+    then writes them (grouped.hpp's `fill_scale_layouts`), after the group table
+    (`runtime.grouped.BufferLayout`)."""
+    return recipe.gemm.grouped and recipe.gemm.scaled and config.arch is Arch.SM100A
 
 
 def group_problem(name: str, expr: str) -> list[ParamField]:

@@ -86,7 +86,7 @@ def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: b
                           "is RowMajor; drop layout_d=ColMajor")
     if isinstance(block_scale, Microscaling):
         return GemmSpec(da, db, dd, la, lb, batched, layout_d=ld, grouped=grouped,
-                        microscaling=_check_microscaling(block_scale, fp8, grouped))
+                        microscaling=_check_microscaling(block_scale, fp8))
     scale = _check_block_scale(block_scale, fp8, grouped)
     return GemmSpec(da, db, dd, la, lb, batched, layout_d=ld, grouped=grouped, block_scale=scale)
 
@@ -107,18 +107,21 @@ def _check_fp4(da: DType, db: DType, d: Any, la: Layout, lb: Layout, ld: Layout,
     dd = as_dtype(d if d is not None else DType.BF16, "d (dtype of D)")
     if dd not in (DType.BF16, DType.F16, DType.F32):
         raise RecipeError(f"d: an NVFP4 GEMM's D may be bf16, f16 or f32, not {dd.value}")
-    if not isinstance(batched, bool):
-        raise RecipeError(f"batched: expected True or False, got {batched!r}")
-    if grouped is not False:
-        raise RecipeError("grouped: NVFP4 in a grouped GEMM is not supported yet; declare grouped=False")
-    return GemmSpec(da, db, dd, la, lb, batched, layout_d=ld, microscaling=Microscaling.NVFP4)
+    if not isinstance(batched, bool) or not isinstance(grouped, bool):
+        raise RecipeError(f"batched/grouped: expected True or False, got {batched!r}/{grouped!r}")
+    if grouped and batched:
+        raise RecipeError("grouped/batched: a grouped GEMM's groups take the place of the batch; declare one of them")
+    if grouped and ld is not Layout.ROW:
+        raise RecipeError("layout_d: a grouped GEMM's D holds each group's rows one after another (T x N), so it "
+                          "is RowMajor; drop layout_d=ColMajor")
+    return GemmSpec(da, db, dd, la, lb, batched, layout_d=ld, grouped=grouped, microscaling=Microscaling.NVFP4)
 
 
 #: DeepSeek-V3's fp8 block scaling: activations per row and 128 K, weights per 128 x 128 block.
 DEEPSEEK_BLOCK_SCALE = (1, 128, 128)
 
 
-def _check_microscaling(value: Microscaling, fp8: bool, grouped: bool) -> Microscaling:
+def _check_microscaling(value: Microscaling, fp8: bool) -> Microscaling:
     """`block_scale=gg.MXFP8`: fp8 A and B whose scales the sm_100a MMA applies itself."""
     if value is Microscaling.NVFP4:
         raise RecipeError("block_scale: gg.NVFP4 scales fp4 A and B; declare a=gg.e2m1 and b=gg.e2m1 "
@@ -126,9 +129,6 @@ def _check_microscaling(value: Microscaling, fp8: bool, grouped: bool) -> Micros
     if not fp8:
         raise RecipeError(f"block_scale: {value!r} scales fp8 A and B (e4m3/e5m2); declare a=gg.e4m3 and b=gg.e4m3 "
                           "(bf16/f16 need no scales)")
-    if grouped:
-        raise RecipeError(f"block_scale: {value!r} in a grouped GEMM is not supported yet; scale grouped fp8 "
-                          f"per block with block_scale=gg.DEEPSEEK_BLOCK_SCALE {DEEPSEEK_BLOCK_SCALE}")
     return value
 
 

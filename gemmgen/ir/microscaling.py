@@ -9,6 +9,13 @@ the batch), each block of 512 bytes holding its (row r, column c) at (r % 32) * 
 + c. Padding holds 1 (UE8M0 127, e4m3 0x38): rows and K past the problem are read as zeros by the
 TMA, and a NaN scale there would turn them into NaN.
 
+A grouped GEMM's scale_a holds its tokens' scales in the same order, each group's rows starting a
+block of their own: group g, whose rows of A start at row s, starts at block s // 128 + g (so no
+group shares a block, each group's blocks follow the group before it, and the place depends on
+the group's first row alone: the setup kernel computes it per group, and torch ops without
+reading the offsets on the host). The whole holds (ceil(T / 128) + G) blocks of rows for T rows
+of A in G groups (`grouped_blocked_rows`); rows no group has are padding.
+
 NVFP4's values are fp4 (e2m1: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6), two per byte as torch's
 float4_e2m1fn_x2 and CUTLASS hold them: element 2i in the low nibble, 2i + 1 in the high one.
 
@@ -67,6 +74,42 @@ def from_blocked(blocked: torch.Tensor, rows: int, columns: int) -> torch.Tensor
     order = _bytes(blocked).reshape(*lead, pr // 128, pc // 4, 32, 4, 4)
     blocks = order.movedim(-2, -4).movedim(-3, -2)  # (.., rb, 4, 32, cb, 4)
     return blocks.reshape(*lead, pr, pc)[..., :rows, :columns].view(blocked.dtype)
+
+
+def grouped_blocked_rows(rows: int, groups: int) -> int:
+    """Rows of a grouped GEMM's scale_a in the grouped blocked order (T rows of A, G groups)."""
+    return (-(-rows // BLOCK_ROWS) + groups) * BLOCK_ROWS
+
+
+def grouped_row_places(offsets: torch.Tensor, rows: int) -> torch.Tensor:
+    """Where each of A's `rows` rows lies among the grouped blocked order's rows (int64, on the
+    offsets' device): group g's rows from block first // 128 + g on. Groups are bounded as
+    `reference.group_bounds` has them (each ends at its clamped running maximum of the offsets);
+    a row in no group (past the last group) keeps its place after it."""
+    import torch
+
+    ends = offsets.long().cummax(dim=0).values.clamp(0, rows)
+    firsts = torch.cat((ends.new_zeros(1), ends[:-1]))
+    row = torch.arange(rows, device=offsets.device)
+    group = torch.searchsorted(ends, row, right=True).clamp(max=len(ends) - 1)
+    first = firsts[group]
+    return (first // BLOCK_ROWS + group) * BLOCK_ROWS + row - first
+
+
+def to_grouped_blocked(scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """A grouped GEMM's token scales (T, C) in row order -> the grouped blocked order
+    (`grouped_blocked_rows(T, G)`, padded C), the padding 1."""
+    rows, columns = scales.shape
+    raw = _bytes(scales)
+    placed = raw.new_full((grouped_blocked_rows(rows, len(offsets)), columns), _one(scales))
+    placed[grouped_row_places(offsets, rows)] = raw
+    return to_blocked(placed.view(scales.dtype))
+
+
+def from_grouped_blocked(blocked: torch.Tensor, offsets: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
+    """The (rows, columns) token scales held by `blocked` in the grouped blocked order."""
+    placed = from_blocked(blocked, blocked.shape[-2], columns)
+    return placed[grouped_row_places(offsets, rows)]
 
 
 def scale_values(scales: torch.Tensor, fmt: Microscaling) -> torch.Tensor:

@@ -294,10 +294,15 @@ def _grouped_reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, opera
         if start == end:
             continue
         scales = {}
-        if recipe.gemm.block_scale is not None:  # the group's rows' scales and its B's
+        if recipe.gemm.scaled:  # the group's rows' scales and its B's
             scale_a, scale_b = operands["scale_a"], operands["scale_b"]
             assert isinstance(scale_a, torch.Tensor) and isinstance(scale_b, torch.Tensor)
-            scales = {"scale_a": scale_a[start:end], "scale_b": scale_b[g]}
+            if recipe.gemm.microscaling is not None:  # the group's blocks (microscaling's grouped blocked order)
+                first = (start // microscaling.BLOCK_ROWS + g) * microscaling.BLOCK_ROWS
+                scale_a = scale_a[first:first + -(-(end - start) // microscaling.BLOCK_ROWS) * microscaling.BLOCK_ROWS]
+            else:
+                scale_a = scale_a[start:end]
+            scales = {"scale_a": scale_a, "scale_b": scale_b[g]}
         acc = accumulate(recipe.gemm, a[start:end], b[g], scales)
         ops = {k: v if not isinstance(v, torch.Tensor) or kinds[k] == "scalar" else
                v[g] if kinds[k] == "row" else v[start:end] for k, v in operands.items() if k in kinds}

@@ -244,8 +244,7 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
     ta, tb = TensorArg(a_ptr, (am, ak, al)), TensorArg(b_ptr, (bn, bk, bl))
     extents = [_bytes(ta, a.element_size(), (m, sa[-1], l)), _bytes(tb, b.element_size(), (n, sb[-2], l))]
     if packed > 1:  # CUTLASS's strides count elements, two per byte (K contiguous: its stride stays 1)
-        ta, tb = (TensorArg(t.ptr, tuple(x if x == 1 else x * packed for x in t.strides))  # type: ignore[arg-type]
-                  for t in (ta, tb))
+        ta, tb = (unpacked(t, packed) for t in (ta, tb))
     for o in recipe.operands:
         v = checked[o.name]
         if o.kind.block_scale and g.microscaling is not None:
@@ -263,6 +262,12 @@ def check_call(recipe: RecipeIR, a: object, b: object, operands: dict[str, objec
         elif o.kind is not OperandKind.SCALAR:
             extents.append((n if o.kind is OperandKind.ROW else m) * o.dtype.nbytes)
     return CheckedCall(m, n, k, l, device, ta, tb, checked, tuple(extents))
+
+
+def unpacked(t: TensorArg, packed: int) -> TensorArg:
+    """A packed operand's strides in elements (`packed` per byte) from its strides in bytes: the
+    contiguous dim's stays 1."""
+    return TensorArg(t.ptr, tuple(x if x == 1 else x * packed for x in t.strides))  # type: ignore[arg-type]
 
 
 INT32_MAX = 2**31 - 1

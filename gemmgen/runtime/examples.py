@@ -42,7 +42,7 @@ def example_call(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, device: s
     for o in recipe.operands:
         if o.kind.block_scale:
             ops[o.name] = random_block_scale(o.kind, gemm, m, n, k,
-                                             (groups if o.kind is OperandKind.SCALE_B else ()) or lead, device)
+                                             (groups if o.kind is OperandKind.SCALE_B else ()) or lead, device, l)
         elif o.kind is OperandKind.SCALAR:
             ops[o.name] = torch.ones(lead, device=device) if o.per_batch else 1.0
         elif o.kind is OperandKind.SEED:  # read by the kernel at launch, as a training step's would be

@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from ..codegen import sm100
 from ..codegen.fields import REGISTER_LOADS, REGISTER_STORES, reads_scale_layouts
 from ..config import Arch, KernelConfig
 from ..errors import InvalidArgument
 from ..ir import Columns, EpilogueIR, Operand, RecipeIR
+from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS
 from ..ir.reference import evaluate_epilogue
 from ..types import OperandKind
 from . import driver, scheduler, tma
@@ -41,7 +43,8 @@ if TYPE_CHECKING:
 MODE_GROUPED = 4  # cutlass::gemm::GemmUniversalMode::kGrouped
 MAX_COLUMNS = 18  # gemmgen::grouped::MaxColumns
 SCALE_LAYOUT_BYTES = 20  # gemmgen::grouped::ScaleLayoutBytes: one group's scale layout of A or B
-SETUP = struct.Struct(f"<QQQiiiiii{MAX_COLUMNS}q{MAX_COLUMNS}q{MAX_COLUMNS}qQQ")  # gemmgen::grouped::Setup
+# gemmgen::grouped::Setup: its scalars, then base, per_row, per_block and per_group, then the layouts
+SETUP = struct.Struct(f"<QQQiiiiii{4 * (str(MAX_COLUMNS) + 'q')}QQ")
 SETUP_BASES = struct.calcsize("<QQQiiiiii")  # where Setup::base starts
 SETUP_BLOCK = 128  # threads per block of the setup kernel: one per group
 _MAP_BYTES = 128  # sizeof(cute::TmaDescriptor)
@@ -66,12 +69,14 @@ class BufferLayout:
 
     @classmethod
     def of(cls, groups: int, columns: int, sm_count: int, has_source: bool, arch: Arch = Arch.SM90A,
-           scale_layouts: bool = False) -> BufferLayout:
+           scale_layouts: bool = False, mainloop_map_count: int = 2) -> BufferLayout:
+        """`mainloop_map_count`: the maps the main loop rewrites per group (A's and B's, and a microscaled
+        kernel's two of scales: `codegen.sm100.smem.mainloop_maps`)."""
         # sm90: two epilogue warp groups' D maps, and C's; sm100: D's and C's
         d_maps = 1 if arch is Arch.SM100A else 2
         epilogue = sm_count * (d_maps + int(has_source)) * _MAP_BYTES
         mainloop_at = _round(epilogue, _MAP_ALIGN)
-        shapes_at = _round(mainloop_at + sm_count * 2 * _MAP_BYTES, _MAP_ALIGN)  # CUTLASS's workspace size
+        shapes_at = _round(mainloop_at + sm_count * mainloop_map_count * _MAP_BYTES, _MAP_ALIGN)  # CUTLASS's workspace
         table_at = _round(shapes_at + 12 * groups, 16)
         end = table_at + 8 * columns * groups
         if not scale_layouts:
@@ -83,12 +88,14 @@ class BufferLayout:
 
 
 class Column(NamedTuple):
-    """One per-group array the setup kernel fills: value(g) = base + per_row * first row + per_group * g."""
+    """One per-group array the setup kernel fills: value(g) = base + per_row * first row +
+    per_block * (first row // 128) + per_group * g."""
 
     field: str  # the Params field that points at the array
     base: int
     per_row: int
     per_group: int
+    per_block: int = 0
 
 
 class GroupedArguments:
@@ -106,13 +113,17 @@ class GroupedArguments:
         self.arch, self.cta_tile = config.arch, config.cta_tile
         self.swapped = config.swap_ab
         self.scale_layouts = reads_scale_layouts(recipe, config)  # the setup writes them
+        self.microscaling = g.microscaling
+        self.mainloop_map_count = sm100.smem.mainloop_maps(recipe) if config.arch is Arch.SM100A else 2
+        # a microscaled kernel's starting maps of its scales (the setup's layouts replace them per group)
+        self.scale_maps = [tma.scale_block_template(config, recipe, x) for x in "ab"] if g.microscaling else []
         epi = recipe.epilogue
         matrices = [o for o in epi.operands if o.kind is OperandKind.MATRIX]
         self.source = matrices[0] if matrices else None
         self.scalars = [o.name for o in epi.operands if o.kind is OperandKind.SCALAR]
         self.vectors = [o for o in epi.operands if o.kind in (OperandKind.ROW, OperandKind.COL)]
-        # the caller's A and B element sizes, and D's
-        self.items = (g.b.nbytes, g.a.nbytes, g.d.nbytes) if self.swapped else (g.a.nbytes, g.b.nbytes, g.d.nbytes)
+        # the caller's A and B element widths in bits (packed fp4: 4), and D's
+        self.bits = (g.b.bits, g.a.bits, g.d.bits) if self.swapped else (g.a.bits, g.b.bits, g.d.bits)
         # the tensor maps the kernel starts from: any shape, as it rewrites them per group before use
         self.a = tma.mainloop_template(recipe, config, "a")
         self.b = tma.mainloop_template(recipe, config, "b")
@@ -131,19 +142,25 @@ class GroupedArguments:
         """Pointers first (A, B, C, D, the vectors), then the strides (one int64 per group each):
         each pointer at the group's first row of A (A, C, D, column vectors) or at the group (B,
         row vectors), whichever of the kernel's operands the tensor is."""
-        ia, ib, idd = self.items
+        bits_a, bits_b, bits_d = self.bits
         kernel_a, kernel_b = ("b", "a") if self.swapped else ("a", "b")
-        cols = [Column(f"mainloop.ptr_{kernel_a}", call.a.ptr, call.a.strides[0] * ia, 0),
-                Column(f"mainloop.ptr_{kernel_b}", call.b.ptr, 0, call.b.strides[2] * ib)]
-        if self.recipe.gemm.block_scale is not None:  # fp32: scale_a from the group's first row, scale_b per group
+        cols = [Column(f"mainloop.ptr_{kernel_a}", call.a.ptr, call.a.strides[0] * bits_a // 8, 0),
+                Column(f"mainloop.ptr_{kernel_b}", call.b.ptr, 0, call.b.strides[2] * bits_b // 8)]
+        if self.recipe.gemm.scaled:
             sa, sb = call.operands["scale_a"], call.operands["scale_b"]
             assert isinstance(sa, TensorArg) and isinstance(sb, TensorArg)
-            cols += [Column(f"mainloop.ptr_sf{kernel_a}", sa.ptr, 4 * sa.strides[0], 0),
-                     Column(f"mainloop.ptr_sf{kernel_b}", sb.ptr, 0, 4 * sb.strides[2])]
+            if self.microscaling is not None:  # bytes: scale_a's group from block first // 128 + g on
+                # (ir.microscaling's grouped blocked order), scale_b's per group
+                block = sa.strides[0]
+                cols += [Column(f"mainloop.ptr_sf{kernel_a}", sa.ptr, 0, block, block),
+                         Column(f"mainloop.ptr_sf{kernel_b}", sb.ptr, 0, sb.strides[2])]
+            else:  # fp32: scale_a from the group's first row, scale_b per group
+                cols += [Column(f"mainloop.ptr_sf{kernel_a}", sa.ptr, 4 * sa.strides[0], 0),
+                         Column(f"mainloop.ptr_sf{kernel_b}", sb.ptr, 0, 4 * sb.strides[2])]
         c = call.operands[self.source.name] if self.source else None
         if isinstance(c, TensorArg):
             cols.append(Column("epilogue.ptr_c", c.ptr, c.strides[0] * self.source.dtype.nbytes, 0))  # type: ignore[union-attr]
-        cols.append(Column(self.d_field, d.ptr, d.strides[0] * idd, 0))
+        cols.append(Column(self.d_field, d.ptr, d.strides[0] * bits_d // 8, 0))
         for prefix, name in self.register_loads:
             m = call.operands[name]
             assert isinstance(m, TensorArg)
@@ -173,7 +190,8 @@ class GroupedArguments:
         layouts = [buffer + at if self.scale_layouts else 0 for at in layout.scale_layouts]
         return SETUP.pack(call.offsets, buffer + layout.shapes, buffer + layout.table, call.groups, call.rows,
                           call.n, call.k, len(columns), int(self.swapped), *[c.base for c in columns], *pad,
-                          *[c.per_row for c in columns], *pad, *[c.per_group for c in columns], *pad, *layouts)
+                          *[c.per_row for c in columns], *pad, *[c.per_block for c in columns], *pad,
+                          *[c.per_group for c in columns], *pad, *layouts)
 
     def values(self, call: GroupedCall, columns: list[Column], buffer: int, layout: BufferLayout, sm_count: int,
                max_active_clusters: int, device_id: int, encode: TensorMapEncoder, d_stride: int
@@ -196,8 +214,10 @@ class GroupedArguments:
         def at(name: str) -> int:
             return 0 if sm100 else int(v[name]) & ~15
 
-        v["mainloop.tma_a"] = encode(_rank2(self.a.operand(at("mainloop.ptr_a"), 1, 1, 1, (0, 0, 0))))
-        v["mainloop.tma_b"] = encode(_rank2(self.b.operand(at("mainloop.ptr_b"), 1, 1, 1, (0, 0, 0))))
+        # (the block-scaled collective's over the MMA's tile: CUTLASS's init_M, init_N and init_K)
+        ea, eb, ek = self.tile if self.microscaling else (1, 1, 1)
+        v["mainloop.tma_a"] = encode(_rank2(self.a.operand(at("mainloop.ptr_a"), ea, ek, 1, (0, 0, 0))))
+        v["mainloop.tma_b"] = encode(_rank2(self.b.operand(at("mainloop.ptr_b"), eb, ek, 1, (0, 0, 0))))
         if sm100:  # the maps for a fallback cluster: copies (gemmgen launches a static cluster)
             v["mainloop.tma_a_fallback"], v["mainloop.tma_b_fallback"] = v["mainloop.tma_a"], v["mainloop.tma_b"]
             v.update({f"mainloop.cluster_shape_fallback.{a}": 0 for a in "xyz"})
@@ -211,9 +231,16 @@ class GroupedArguments:
             m = call.operands[name]
             assert isinstance(m, TensorArg)
             v.update({f"{prefix}.stride_m": m.strides[0], f"{prefix}.stride_l": 0})
-        if self.recipe.gemm.block_scale is not None:  # sm100: the setup's per-group layouts; sm90: never read
+        if self.recipe.gemm.scaled:  # sm100: the setup's per-group layouts; sm90: never read
             v["mainloop.layout_sfa"], v["mainloop.layout_sfb"] = (
                 (buffer + layout.scale_layouts[0], buffer + layout.scale_layouts[1]) if self.scale_layouts else (0, 0))
+        if self.microscaling is not None:  # as CUTLASS starts them, at null: both over A's layout of one MMA
+            # tile (tile_atom_to_shape_SFA for B's too)
+            row_blocks = -(-self.tile[0] // BLOCK_ROWS)
+            k_blocks = -(-self.tile[2] // (self.microscaling.vector * BLOCK_COLUMNS))
+            for x, template in zip("ab", self.scale_maps, strict=True):
+                v[f"mainloop.tma_sf{x}"] = v[f"mainloop.tma_sf{x}_fallback"] = encode(
+                    template.encode(0, row_blocks, k_blocks, 1))
         v["epilogue.tensormaps"] = buffer + layout.epilogue_maps
         v["mainloop.tensormaps"] = buffer + layout.mainloop_maps
         v["workspace"] = buffer
@@ -227,7 +254,8 @@ class GroupedArguments:
 
     def scheduler(self, sm_count: int, max_active_clusters: int) -> scheduler.SchedulerPlan:
         """The group scheduler's Params and grid; its tiles are the CTAs' (half a pair's MMA tile)."""
-        return scheduler.group_plan(self.cta_tile, self.cluster, sm_count, max_active_clusters)
+        return scheduler.group_plan(self.cta_tile, self.cluster, sm_count, max_active_clusters,
+                                    occupancy=self.arch is not Arch.SM100A)
 
 
 def _rank2(args: tma.EncodeArgs) -> tma.EncodeArgs:
@@ -368,7 +396,7 @@ class GroupedKernel(KernelBase):
         plan.columns = self._args.columns(call, TensorArg(0, (strides[0], 1, 0)))
         plan.d_at = SETUP_BASES + 8 * next(i for i, c in enumerate(plan.columns) if c.field == self._args.d_field)
         plan.layout = BufferLayout.of(call.groups, len(plan.columns), plan.sm_count, self._args.source is not None,
-                                      self._config.arch, self._args.scale_layouts)
+                                      self._config.arch, self._args.scale_layouts, self._args.mainloop_map_count)
         plan.grid = self._args.scheduler(plan.sm_count, plan.clusters).grid
         plan.setup_grid = (-(-call.groups // SETUP_BLOCK), 1, 1)
         return plan

@@ -3,12 +3,14 @@ groups by offsets, one B per group (see docs/arguments.md, grouped GEMMs)."""
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 
 from ..errors import InvalidArgument, LayoutMismatch
 from ..ir import GemmSpec, Operand, RecipeIR
+from ..ir.microscaling import blocked_shape, grouped_blocked_rows
 from ..types import DType, Layout, OperandKind
 from .checks import (
     INT32_MAX,
@@ -21,6 +23,7 @@ from .checks import (
     _matrix,
     _need_tensor,
     _operand,
+    unpacked,
 )
 from .problem import TensorArg
 
@@ -55,14 +58,17 @@ def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, 
     if b.dim() != 3:
         raise InvalidArgument(f"b: expected a 3-D (groups, K, N) tensor, one K x N matrix per group, got shape "
                               f"{tuple(b.shape)}")
-    rows, k = a.shape
+    # packed fp4 holds two values of K per byte (torch.float4_e2m1fn_x2): A is rows x K/2, B G x K/2 x N
+    packed, k_name = g.a.packed, "K" if g.a.packed == 1 else "K/2"
+    rows, k = a.shape[0], a.shape[1] * packed
     groups, n = b.shape[0], b.shape[2]
     for extent, name in ((rows, "rows of a"), (n, "N"), (k, "K"), (groups, "groups")):
         if extent > INT32_MAX - 256:  # the kernel's per-group shapes and the setup's offsets are 32-bit
             raise InvalidArgument(f"{name} = {extent}: too large for the grouped kernel's 32-bit shapes; split "
                                   "the call")
-    if b.shape[1] != k:
-        raise InvalidArgument(f"b: expected (groups, {k}, N) (K of a, shape {tuple(a.shape)}), got {tuple(b.shape)}")
+    if b.shape[1] != a.shape[1]:
+        raise InvalidArgument(f"b: expected (groups, {a.shape[1]}, N) ({k_name} of a, shape {tuple(a.shape)}), got "
+                              f"{tuple(b.shape)}")
     _even_columns(recipe, n)
     offsets = _need_tensor("offsets", offsets)
     if offsets.dtype != torch.int32 or offsets.dim() != 1 or offsets.shape[0] != groups:
@@ -83,20 +89,29 @@ def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, 
         if o.name not in operands:
             raise InvalidArgument(f"{o.name}: missing operand; pass {o.name}=... ({_describe_grouped(o, g)})")
         value = operands[o.name]
-        checked[o.name] = _grouped_block_scale(o, value, (rows, n, k, groups), g) if o.kind.block_scale else \
-            _grouped_operand(o, value, rows, n, groups)
+        if o.kind.block_scale and g.microscaling is not None:
+            checked[o.name] = _grouped_microscales(o, value, (rows, n, k, groups), g)
+        elif o.kind.block_scale:
+            checked[o.name] = _grouped_block_scale(o, value, (rows, n, k, groups), g)
+        else:
+            checked[o.name] = _grouped_operand(o, value, rows, n, groups)
         if isinstance(value, torch.Tensor):
             named.append((o.name, value))
     for name, t in named:
         if t.device != device:
             raise InvalidArgument(f"{name}: on {t.device} but a is on {device}; put all tensors on one device")
-    ta = TensorArg(_aligned_ptr("a", a), _matrix("a", a, rows, k, Layout.ROW, False, 1, ("rows", "K")))
-    bk, bn, bl = _matrix("b", b, k, n, g.layout_b, True, groups, ("K", "N"))
+    ta = TensorArg(_aligned_ptr("a", a), _matrix("a", a, rows, a.shape[1], Layout.ROW, False, 1, ("rows", k_name)))
+    bk, bn, bl = _matrix("b", b, b.shape[1], n, g.layout_b, True, groups, (k_name, "N"))
     tb = TensorArg(_aligned_ptr("b", b), (bn, bk, bl))
-    extents = [_bytes(ta, g.a.nbytes, (rows, k, 1)), _bytes(tb, g.b.nbytes, (n, k, groups)), 4 * groups]
+    extents = [_bytes(ta, a.element_size(), (rows, a.shape[1], 1)),
+               _bytes(tb, b.element_size(), (n, b.shape[1], groups)), 4 * groups]
+    if packed > 1:  # CUTLASS's strides count elements, two per byte (K contiguous: its stride stays 1)
+        ta, tb = (unpacked(t, packed) for t in (ta, tb))
     for o in recipe.operands:
         v = checked[o.name]
-        if o.kind.block_scale:
+        if o.kind.block_scale and g.microscaling is not None:
+            extents.append(math.prod(grouped_microscaling_shape(o, g, rows, n, k, groups)))
+        elif o.kind.block_scale:
             extents.append(_bytes(v, 4, grouped_scale_extents(o, g, rows, n, k, groups)))  # type: ignore[arg-type]
         elif o.kind is OperandKind.MATRIX:
             extents.append(_bytes(v, o.dtype.nbytes, (rows, o.columns.extent(n), 1)))  # type: ignore[arg-type]
@@ -114,7 +129,49 @@ def grouped_input_spans(call: GroupedCall) -> tuple[Span, ...]:
     return tuple((name, p, p + e) for (name, p), e in zip(ptrs, call.extents, strict=True) if e)
 
 
+def grouped_microscaling_shape(o: Operand, gemm: GemmSpec, rows: int, n: int, k: int, groups: int
+                               ) -> tuple[int, ...]:
+    """A grouped microscaled GEMM's scales: scale_a every group's rows in the grouped blocked order
+    (`ir.microscaling`), scale_b (groups, padded N, padded scale columns) in the blocked order."""
+    assert gemm.microscaling is not None
+    if o.kind is OperandKind.SCALE_A:
+        return grouped_blocked_rows(rows, groups), blocked_shape(rows, k, gemm.microscaling)[1]
+    return (groups, *blocked_shape(n, k, gemm.microscaling))
+
+
+def _grouped_microscales(o: Operand, value: object, problem: tuple[int, int, int, int], gemm: GemmSpec
+                         ) -> TensorArg:
+    """A grouped microscaled GEMM's scales, contiguous (the TMA reads each group's blocks at its own
+    address, which the setup kernel computes): TensorArg strides (bytes per block of 128 rows, 0,
+    bytes per group)."""
+    rows, n, k, groups = problem
+    t = _need_tensor(o.name, value)
+    _dtype(o.name, t, o.dtype)
+    want = grouped_microscaling_shape(o, gemm, rows, n, k, groups)
+    if tuple(t.shape) != want:
+        raise InvalidArgument(f"{o.name}: expected shape {want} ({_describe_grouped(o, gemm)}), got "
+                              f"{tuple(t.shape)}")
+    if math.prod(want[-2:]) > INT32_MAX:
+        raise InvalidArgument(f"{o.name}: {math.prod(want[-2:])} scales lie past the 2^31 - 1 bytes the kernel's "
+                              "scale layout indexes in 32 bits; split the call")
+    if t.numel() == 0:
+        return TensorArg(0, (0, 0, 0))
+    if not t.is_contiguous():
+        raise LayoutMismatch(o.name, f"{o.name}: the blocked order is a contiguous tensor, got strides "
+                             f"{tuple(t.stride())}; pass {o.name}.contiguous() if it holds the blocked order")
+    block = 128 * want[-1]  # the bytes of one block of 128 rows
+    return TensorArg(_aligned_ptr(o.name, t), (block, 0, math.prod(want[-2:]) if len(want) == 3 else 0))
+
+
 def _describe_grouped(o: Operand, gemm: GemmSpec) -> str:
+    if o.kind.block_scale and gemm.microscaling is not None:
+        v, what = gemm.microscaling.vector, gemm.microscaling.scale_dtype.torch
+        if o.kind is OperandKind.SCALE_A:
+            return (f"{what} ((ceil(rows/128) + groups) * 128, round_up(ceil(K/{v}), 4)), contiguous: one scale per "
+                    f"{v} values of K of each row of a, each group's rows from a block of their own "
+                    "(gg.quantize_mx(x, fmt, offsets=offsets) or gg.to_blocked_scales(scales, offsets=offsets))")
+        return (f"{what} (groups, round_up(N, 128), round_up(ceil(K/{v}), 4)), contiguous: one scale per {v} values "
+                "of K of each column of each group's B, in the MMA's blocked order (gg.to_blocked_scales)")
     if o.kind.block_scale:
         assert gemm.block_scale is not None
         _, gn, gk = gemm.block_scale

@@ -40,7 +40,7 @@ import torch
 
 from ..errors import InvalidArgument
 from ..ir import GemmSpec, microscaling
-from ..ir.microscaling import E2M1_MAX, UE8M0_BIAS, scale_columns, to_blocked
+from ..ir.microscaling import E2M1_MAX, UE8M0_BIAS, grouped_blocked_rows, scale_columns, to_blocked
 from ..ir.ops import FP8_MAX, quantize_blocks, round_to
 from ..types import DType, Layout, Microscaling, OperandKind, as_dtype, as_layout
 from .checks import copy_in_layout
@@ -68,14 +68,17 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int], dtype: DType | s
 
 
 def quantize_mx(x: torch.Tensor, scaling: Microscaling = Microscaling.MXFP8, dtype: DType | str | None = None,
-                tensor_scale: float | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                tensor_scale: float | torch.Tensor | None = None, offsets: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, scales) for `x` (..., R, K), quantized along K, scales in the MMA's blocked order
     (..., round_up(R, 128), round_up(ceil(K / vector), 4)). MXFP8: q in fp8 `dtype` (x's shape,
     row-major), scales UE8M0, each vector's 2^(floor(log2 amax) - emax) as the OCP MX spec has it.
     NVFP4: q packed fp4 (torch.float4_e2m1fn_x2, (..., R, ceil(K / 2))), scales e4m3 (each vector's
     amax / 6) of x / `tensor_scale`: 1 if None, a float, or a float tensor that broadcasts against x
     with one value along K (one per tensor, `nvfp4_tensor_scale`, or one per row: (..., R, 1)). x is
-    approximately q times its vector's scale (times tensor_scale)."""
+    approximately q times its vector's scale (times tensor_scale). With `offsets` (a grouped GEMM's
+    int32 group ends), x is its tokens (T, K) and the scales are in the grouped blocked order, each
+    group's rows from a block of their own (`to_blocked_scales`)."""
     if not isinstance(scaling, Microscaling):
         raise InvalidArgument(f"scaling: expected gg.MXFP8 or gg.NVFP4, got {scaling!r}")
     dt = as_dtype(scaling.elements[0] if dtype is None else dtype, "dtype")
@@ -90,7 +93,7 @@ def quantize_mx(x: torch.Tensor, scaling: Microscaling = Microscaling.MXFP8, dty
                                   "takes no tensor scale; drop tensor_scale=")
         x = x.float() / _tensor_scale(tensor_scale, x)
     q, scales = microscaling.quantize(x, scaling, dt)
-    return q.contiguous(), to_blocked(scales)
+    return q.contiguous(), to_blocked_scales(scales, offsets)
 
 
 def nvfp4_tensor_scale(x: torch.Tensor, per_row: bool = False) -> torch.Tensor:
@@ -125,27 +128,39 @@ def _tensor_scale(value: float | torch.Tensor, x: torch.Tensor) -> float | torch
                           f"gg.nvfp4_tensor_scale(x); per row: shape (..., R, 1)), got {value!r:.80}")
 
 
-def to_blocked_scales(scales: torch.Tensor) -> torch.Tensor:
+def to_blocked_scales(scales: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
     """Scales (..., rows, ceil(K / vector)) in row order -> the MMA's blocked order (..., round_up(rows,
     128), round_up(ceil(K / vector), 4)), what a microscaled kernel's scale_a and scale_b take:
-    MXFP8's UE8M0 (torch.float8_e8m0fnu) or NVFP4's e4m3 (torch.float8_e4m3fn)."""
+    MXFP8's UE8M0 (torch.float8_e8m0fnu) or NVFP4's e4m3 (torch.float8_e4m3fn). With `offsets` (a
+    grouped GEMM's int32 group ends, on the scales' device), a grouped kernel's scale_a: the
+    tokens' scales (T, C) in the grouped blocked order ((ceil(T / 128) + G) * 128 rows, each group
+    from a block of its own: `ir.microscaling`), torch ops that never read the offsets on the host."""
     dtypes = (DType.UE8M0.torch, DType.UE4M3.torch)
     if not (isinstance(scales, torch.Tensor) and scales.dim() >= 2 and scales.dtype in dtypes):
         raise InvalidArgument(f"scales: expected a torch.float8_e8m0fnu (MXFP8) or torch.float8_e4m3fn (NVFP4) "
                               f"tensor of at least 2 dims (rows, ceil(K / vector)), got {scales!r:.80}; MXFP8's "
                               "exponent bytes view as scales.view(torch.float8_e8m0fnu)")
-    return to_blocked(scales)
+    if offsets is None:
+        return to_blocked(scales)
+    if not (isinstance(offsets, torch.Tensor) and offsets.dtype == torch.int32 and offsets.dim() == 1
+            and len(offsets) > 0 and offsets.device == scales.device and scales.dim() == 2):
+        raise InvalidArgument(f"offsets: expected a grouped GEMM's int32 group ends (G,) on the scales' device, with "
+                              f"the tokens' (T, C) scales, got {offsets!r:.80} for scales of shape "
+                              f"{tuple(scales.shape)}")
+    return microscaling.to_grouped_blocked(scales, offsets)
 
 
 def random_block_scale(kind: OperandKind, gemm: GemmSpec, m: int, n: int, k: int, lead: tuple[int, ...] = (),
-                       device: torch.device | str = "cpu") -> torch.Tensor:
+                       device: torch.device | str = "cpu", groups: int = 0) -> torch.Tensor:
     """Random scales between 0.5 and 2 for a block-scaled GEMM's `scale_a` or `scale_b`, in the
     shape and layout its kernel reads (inputs for tests, tuning and benchmarks; a grouped GEMM's
-    `m` is its rows of A, and `lead` holds scale_b's groups)."""
+    `m` is its rows of A, and `lead` holds scale_b's groups; a grouped microscaled GEMM's scale_a
+    is as many rows as its `groups` may place in the grouped blocked order, all random)."""
     assert kind.block_scale
     if gemm.microscaling is not None:  # in the blocked order: 2^-3 to 2^3, or e4m3 from 0.25 to 4
         fmt = gemm.microscaling
-        shape = (*lead, m if kind is OperandKind.SCALE_A else n, scale_columns(k, fmt))
+        rows = (grouped_blocked_rows(m, groups) if gemm.grouped else m) if kind is OperandKind.SCALE_A else n
+        shape = (*lead, rows, scale_columns(k, fmt))
         if fmt is Microscaling.NVFP4:
             scales = (torch.rand(shape) * 3.75 + 0.25).to(fmt.scale_dtype.torch)
         else:

@@ -350,10 +350,12 @@ def _sk_groups(raster: int, cluster_tiles_m: int, cluster_tiles_n: int, cluster_
 
 @functools.lru_cache(maxsize=256)
 def group_plan(tile: tuple[int, int, int], cluster: tuple[int, int, int], sm_count: int,
-               max_active_clusters: int = 0, max_swizzle: int = 1) -> SchedulerPlan:
+               max_active_clusters: int = 0, max_swizzle: int = 1, occupancy: bool = True) -> SchedulerPlan:
     """PersistentTileSchedulerSm90Group's Params and grid when the host does not know the groups'
     shapes (they are on the GPU): CUTLASS sizes the problem as one tile per SM, and the kernel
-    walks every group's tiles from the device-side shapes."""
+    walks every group's tiles from the device-side shapes. sm100's group scheduler wraps the same
+    Params but sizes a static cluster's grid without GH100's GPC occupancy (`occupancy=False`:
+    every SM, where a cluster of 4 fills 132 of sm90's 148)."""
     cm, cn = cluster[0], cluster[1]
     ctas_m, ctas_n = sm_count, 1  # get_tiled_cta_shape_mnl without host problem shapes
     log_swizzle = _log_swizzle(ctas_m, ctas_n, max_swizzle)
@@ -374,4 +376,4 @@ def group_plan(tile: tuple[int, int, int], cluster: tuple[int, int, int], sm_cou
     })
     # unlike the dense scheduler, the group scheduler does not truncate its max-active-clusters grid
     return SchedulerPlan(fields, _grid(blocks_m * blocks_n, raster, cm, cn, sm_count, max_active_clusters,
-                                       truncate_clusters=False))
+                                       truncate_clusters=False, occupancy=occupancy))

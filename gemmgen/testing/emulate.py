@@ -21,7 +21,7 @@ import torch
 
 from ..codegen.fields import ParamsLayout
 from ..compile import CompiledKernel
-from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS, from_blocked, scale_values, values
+from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS, blocked_shape, from_blocked, scale_values, values
 from ..ir.reference import expand_block_scale, group_bounds
 from ..runtime.grouped import MAX_COLUMNS, SCALE_LAYOUT_BYTES, SETUP
 from ..runtime.tma import EncodeArgs, TmaDataType
@@ -274,6 +274,7 @@ def emulate_grouped(compiled: CompiledKernel, setup: bytes, params: bytes, encod
             torch.tensor(table).t())
     lv = view.lvalue
     scale_config = _scale_config(compiled.generated.source)
+    vector = _microscaling_vector(compiled.generated.source)
     if "fill_scale_layouts<" in compiled.generated.source:
         _check_scale_layouts(view, fields, groups)
     if int.from_bytes(view.raw(lv["problem.groups"]), "little") != groups:
@@ -285,16 +286,42 @@ def emulate_grouped(compiled: CompiledKernel, setup: bytes, params: bytes, encod
         if m == 0 or n == 0:
             continue
         lda, ldb = view.entry(lv["mainloop.stride_a"]), view.entry(lv["mainloop.stride_b"])
-        a = view.at(view.entry(lv["mainloop.ptr_a"]), kernel.element_a, (m, k),
-                    (1, lda) if kernel.column_major["LayoutA"] else (lda, 1), "mainloop.ptr_a")  # (M, K)
-        b = view.at(view.entry(lv["mainloop.ptr_b"]), kernel.element_b, (n, k),
-                    (ldb, 1) if kernel.column_major["LayoutB"] else (1, ldb), "mainloop.ptr_b")  # (N, K)
-        a32, b32 = a.float(), b.float()
+        a32 = _group_operand(view, "a", kernel.element_a, m, k, lda, not kernel.column_major["LayoutA"])  # (M, K)
+        b32 = _group_operand(view, "b", kernel.element_b, n, k, ldb, kernel.column_major["LayoutB"])  # (N, K)
+        if vector is not None:
+            a32 = a32 * _group_microscales(view, "a", vector, m, k)
+            b32 = b32 * _group_microscales(view, "b", vector, n, k)
         if scale_config is not None:
             gm, gn, gk, a_k_major, b_k_major = scale_config
             a32 = a32 * _group_scales(view, "a", gm, gk, a_k_major, m, k)
             b32 = b32 * _group_scales(view, "b", gn, gk, b_k_major, n, k)
         kernel.run(torch.matmul(a32, b32.t()).reshape(1, m, n), view)
+
+
+def _group_operand(view: _ParamsBytes, operand: str, element: torch.dtype, rows: int, k: int, ld: int,
+                   k_major: bool) -> torch.Tensor:
+    """The current group's A or B as fp32 (rows, K), at its pointer array's entry with its leading
+    dimension `ld` (elements); packed fp4 (K-major: two values of K per byte) unpacked."""
+    field = f"mainloop.ptr_{operand}"
+    addr = view.entry(view.lvalue[field])
+    if element == DType.E2M1.torch:
+        if not k_major or ld % 2 or k % 2:
+            raise AssertionError(f"{field}: packed fp4 read {'K' if k_major else 'MN'}-major, leading dimension {ld}, "
+                                 f"K = {k}: not whole bytes along K")
+        return values(view.at(addr, torch.uint8, (rows, k // 2), (ld // 2, 1), field), DType.E2M1)
+    return view.at(addr, element, (rows, k), (ld, 1) if k_major else (1, ld), field).float()
+
+
+def _group_microscales(view: _ParamsBytes, operand: str, vector: int, mn: int, k: int) -> torch.Tensor:
+    """The current group's scales of A or B as the block-scaled main loop reads them: at its pointer
+    array's entry, the blocked order of the group's (M or N, K) (the layout the setup writes from
+    the group's shape), each value's scale: (M or N, K)."""
+    fmt = next(f for f in Microscaling if f.vector == vector)
+    rows, columns = blocked_shape(mn, k, fmt)
+    field = f"mainloop.ptr_sf{operand}"
+    raw = view.at(view.entry(view.lvalue[field]), torch.uint8, (rows, columns), (columns, 1), field)
+    scales = from_blocked(raw, mn, -(-k // vector))
+    return scale_values(scales.view(fmt.scale_dtype.torch), fmt).repeat_interleave(vector, dim=-1)[..., :k]
 
 
 def _check_scale_layouts(view: _ParamsBytes, setup: tuple, groups: int) -> None:
@@ -303,7 +330,7 @@ def _check_scale_layouts(view: _ParamsBytes, setup: tuple, groups: int) -> None:
     GEMM reads, inside the buffer, apart from the shapes, the table and each other."""
     shapes_at, table_at, columns = setup[1], setup[2], setup[7]
     regions = [(shapes_at, 12 * groups), (table_at, 8 * columns * groups)]
-    for operand, at in zip("ab", setup[9 + 3 * MAX_COLUMNS:], strict=True):
+    for operand, at in zip("ab", setup[9 + 4 * MAX_COLUMNS:], strict=True):
         if int.from_bytes(view.raw(view.lvalue[f"mainloop.layout_sf{operand}"]), "little") != at:
             raise AssertionError(f"scale_{operand}: the GEMM reads its layouts where the setup does not write them")
         view.at(at, torch.uint8, (SCALE_LAYOUT_BYTES * groups,), (1,), f"setup.scale_layouts[{operand}]")
@@ -320,9 +347,9 @@ def fill_groups(setup: tuple, offsets: list[int]) -> tuple[list[list[int]], list
     (tests/runtime/test_grouped_oracle.py runs the C++ on the host against this)."""
     groups, rows, n, k, columns, swapped = setup[3:9]
     c = MAX_COLUMNS
-    base, per_row, per_group = setup[9:9 + c], setup[9 + c:9 + 2 * c], setup[9 + 2 * c:9 + 3 * c]
+    base, per_row, per_block, per_group = (setup[9 + i * c:9 + (i + 1) * c] for i in range(4))
     bounds = group_bounds(offsets[:groups], rows)
     shapes = [[n, end - start, k] if swapped else [end - start, n, k] for start, end in bounds]
-    table = [[base[c] + per_row[c] * start + per_group[c] * g for c in range(columns)]
+    table = [[base[c] + per_row[c] * start + per_block[c] * (start // 128) + per_group[c] * g for c in range(columns)]
              for g, (start, _) in enumerate(bounds)]
     return shapes, table

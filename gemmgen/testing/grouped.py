@@ -13,8 +13,8 @@ from ..dsl import ColVector, Recipe, RowVector, pairs, silu
 from ..ir.reference import group_bounds, reference
 from ..nn import interleave_pairs
 from ..runtime.grouped import GroupedKernel
-from ..runtime.quantize import quantize_blockwise
-from ..types import ColMajor, bf16, f32
+from ..runtime.quantize import quantize_blockwise, quantize_mx
+from ..types import ColMajor, Microscaling, bf16, f32
 from .emulate import emulate_grouped
 from .recording import RecordingEncoder
 
@@ -96,15 +96,22 @@ def emulated_block_moe(kernel: CompiledKernel, shape: tuple[int, int, int, int],
     reference, the operands, the unquantized tokens and weights)."""
     rows, k, n, groups = shape
     a, b, offs, ops, x, w = block_grouped_inputs(rows, k, n, groups, offsets)
+    return (*_emulated_call(kernel, a, b, offs, ops, sm_count), ops, x, w)
+
+
+def _emulated_call(kernel: CompiledKernel, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
+                   ops: dict[str, torch.Tensor], sm_count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(D as the emulated setup kernel and GEMM write it, pre-filled with NaN; the fp32 reference,
+    non-zero) for one call of a grouped kernel."""
     enc = RecordingEncoder()
     grouped = GroupedKernel(kernel, encoder=enc, hardware=lambda i: (sm_count, 0), require_cuda=False)
-    out = torch.full((rows, n), float("nan")).bfloat16()
-    p = grouped.prepare(a, b, offs, **ops, out=out)
+    out = torch.full((a.shape[0], b.shape[-1]), float("nan")).bfloat16()
+    p = grouped.prepare(a, b, offsets, **ops, out=out)
     assert p.setup is not None and p.params is not None and p.buffer is not None
-    emulate_grouped(kernel, p.setup, p.params, enc, [a, b, offs, *ops.values(), out, p.buffer])
-    (want,) = reference(kernel.recipe, a, b, ops, offs)
+    emulate_grouped(kernel, p.setup, p.params, enc, [a, b, offsets, *ops.values(), out, p.buffer])
+    (want,) = reference(kernel.recipe, a, b, ops, offsets)
     assert want.float().nan_to_num().abs().sum() > 0
-    return out.float(), want.float(), ops, x, w
+    return out.float(), want.float()
 
 
 def fp8_grouped_inputs(rows: int = 37, k: int = 128, n: int = 48, groups: int = 4,
@@ -199,6 +206,40 @@ def block_grouped_inputs(rows: int = 37, k: int = 304, n: int = 136, groups: int
     b, scale_b = quantize_blockwise(w.mT, (128, 128), scale_layout=ColMajor, compact=True)
     ops = {"scale_a": scale_a, "scale_b": scale_b, "weight": torch.rand(rows, generator=gen) + 0.5}
     return a, b, torch.tensor(offsets, dtype=torch.int32), ops, x, w
+
+
+def moe_mx_recipe(fmt: Microscaling) -> Recipe:
+    """moe_up over microscaled tokens and experts (MXFP8: e4m3, NVFP4: packed fp4)."""
+    element = fmt.elements[0]
+    return Recipe(f"moe_{fmt.value}", MOE["epilogue"], grouped=True, a=element, b=element, block_scale=fmt,
+                  operands=MOE["operands"])
+
+
+def mx_grouped_inputs(fmt: Microscaling, rows: int = 37, k: int = 256, n: int = 136, groups: int = 4,
+                      offsets: Sequence[int] = (5, 5, 20, 30), gen: torch.Generator | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """moe_mx_recipe(fmt)'s: tokens quantized per row (their scales in the grouped blocked order,
+    `quantize_mx(..., offsets=)`), each expert's weight (N x K, passed as K x N) in the blocked
+    order per expert, each expert's bias and each token's routing weight."""
+    gen = gen or generator()
+    offs = torch.tensor(offsets, dtype=torch.int32)
+    x = torch.randn(rows, k, generator=gen) * (torch.rand(rows, 1, generator=gen) * 4 + 0.1)
+    w = torch.randn(groups, n, k, generator=gen) * 0.1
+    a, scale_a = quantize_mx(x, fmt, offsets=offs)
+    wq, scale_b = quantize_mx(w, fmt)
+    return a, wq.transpose(1, 2), offs, {"scale_a": scale_a, "scale_b": scale_b,
+                                         "bias": torch.randn(groups, n, generator=gen).bfloat16(),
+                                         "weight": torch.rand(rows, generator=gen) + 0.5}
+
+
+def emulated_mx_moe(kernel: CompiledKernel, shape: tuple[int, int, int, int], offsets: Sequence[int],
+                    sm_count: int = 132) -> tuple[torch.Tensor, torch.Tensor]:
+    """`emulated_moe` for a moe_mx_recipe kernel (`mx_grouped_inputs`)."""
+    rows, k, n, groups = shape
+    fmt = kernel.recipe.gemm.microscaling
+    assert fmt is not None
+    a, b, offs, ops = mx_grouped_inputs(fmt, rows, k, n, groups, offsets)
+    return _emulated_call(kernel, a, b, offs, ops, sm_count)
 
 
 def generator() -> torch.Generator:

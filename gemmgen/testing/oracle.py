@@ -191,9 +191,13 @@ class OracleProgram:
         groups = self.slots.add("groups")
         shapes = array("shapes", "typename GemmKernel::ProblemShape::UnderlyingProblemShape*")
         problem = f"{{int(V[{groups}]), {shapes}, nullptr}}"
-        mainloop = (f"{array('a.array', 'ElementA const**')}, {array('a.strides', 'typename GemmKernel::StrideA')}, "
-                    f"{array('b.array', 'ElementB const**')}, {array('b.strides', 'typename GemmKernel::StrideB')}")
-        if kernel.kernel_recipe.gemm.block_scale is not None:  # per-group scale pointers and layouts
+        # (a microscaled kernel's ElementA is CUTLASS's pair of element and scale type)
+        element_a, element_b = (f"typename CollectiveMainloop::ArrayElement{x}"
+                                if kernel.kernel_recipe.gemm.microscaling else f"Element{x}" for x in "AB")
+        mainloop = (f"{array('a.array', f'{element_a} const**')}, "
+                    f"{array('a.strides', 'typename GemmKernel::StrideA')}, "
+                    f"{array('b.array', f'{element_b} const**')}, {array('b.strides', 'typename GemmKernel::StrideB')}")
+        if kernel.kernel_recipe.gemm.scaled:  # per-group scale pointers and layouts
             scales = "decltype(typename CollectiveMainloop::Arguments{}.ptr_SFA)"  # sm90's and sm100's element
             mainloop += (f", {array('sfa.array', scales)}, {array('sfa.layouts', 'LayoutSFA*')}, "
                          f"{array('sfb.array', scales)}, {array('sfb.layouts', 'LayoutSFB*')}")

@@ -274,7 +274,14 @@ def grouped_choice(recipe: RecipeIR, rows: int, groups: int, arch: Arch = DEFAUL
                       f"{head} <= {GROUPED_SWAP_MAX_ROWS}; chose {default.name}, gemmgen's default: the epilogue "
                       "works on column pairs, which a swapped kernel would take from rows")
     swap = SM100_GROUPED_SWAP_CONFIG if arch is Arch.SM100A else GROUPED_SWAP_CONFIG
-    swapped = replace(swap, tile=(*swap.tile[:2], tile_k(recipe)))
+    # the narrowest tile N the recipe's kernels take (a microscaled main loop's: 64)
+    swapped = next((c for width in (swap.tile[1], 64)
+                    if is_valid(c := replace(swap, tile=(swap.tile[0], width, tile_k(recipe))), recipe)),
+                   default_config(recipe, arch))
+    if not swapped.swap_ab:
+        return Choice(swapped, m_bucket(max(rows, 1)), 0.0,
+                      f"{head} <= {GROUPED_SWAP_MAX_ROWS}; chose {swapped.name}, gemmgen's default: no swapped "
+                      "kernel of this recipe is valid")
     return Choice(swapped, m_bucket(max(rows, 1)), 0.0,
                   f"{head} <= {GROUPED_SWAP_MAX_ROWS}; chose {swapped.name}: swapped (D_g^T = B_g^T A_g^T), "
                   f"a group's rows along the tile's N ({swapped.tile[1]} wide)")

@@ -33,6 +33,9 @@ SM100_KERNELS: dict[str, gg.KernelConfig | None] = {
     "swiglu": None,
     # grouped (pointer-array) on a pair of SMs: per-group maps rewritten on the GPU, the group scheduler
     "moe_up": gg.KernelConfig(tile=(256, 128, 64), **TWO_SM),  # type: ignore[arg-type]
+    # grouped NVFP4 on a pair (UTCOMMA.2CTA): the block-scaled pointer-array collective, four maps
+    # rewritten per group, each group's scale layouts written by the setup kernel
+    "moe_nvfp4": gg.KernelConfig(tile=(256, 128, 256), **TWO_SM),  # type: ignore[arg-type]
 }
 
 SM100 = gg.Arch.SM100A
@@ -101,10 +104,11 @@ def grouped_value_kernels() -> dict[str, tuple[gg.Recipe, gg.KernelConfig]]:
     one SM's, swapped (one SM's 128 x 32 MMA, B200's choice for few rows per group), the derived
     backward kernel of a GroupedLinear, which reads dL/dD per group as C, on a pair, and the
     block-scaled example (DeepSeek's scales, each group's scale layouts written by the setup
-    kernel) on one SM (on a pair it is emulated: test_sm100_grouped.BLOCK_SCALED), and the gated
+    kernel) on one SM (on a pair it is emulated: test_sm100_grouped.BLOCK_SCALED), the gated
     experts over column pairs (moe_swiglu: a PairStore writes each group's D, the collective's is
-    void) on a pair."""
-    from gemmgen.testing.grouped import moe_recipe
+    void) on a pair, and microscaled experts: MXFP8 on a pair's 256-wide tile in a 4 x 1 cluster
+    (B's scales split between the pair and multicast), NVFP4 swapped."""
+    from gemmgen.testing.grouped import moe_mx_recipe, moe_recipe
     from tests.data.gpu_matrix import ROOT, derived_grouped_recipe, load_recipes
 
     examples = load_recipes(ROOT / "examples" / "recipes.py")
@@ -114,6 +118,9 @@ def grouped_value_kernels() -> dict[str, tuple[gg.Recipe, gg.KernelConfig]]:
     swapped = gg.KernelConfig(tile=(128, 32, 64), schedule=gg.Schedule.ONE_SM, swap_ab=True, arch=SM100)
     pair = gg.KernelConfig(tile=(256, 128, 64), **TWO_SM)  # type: ignore[arg-type]
     block_one = gg.KernelConfig(tile=(128, 128, 128), schedule=gg.Schedule.ONE_SM, arch=SM100)
+    mx_pair = gg.KernelConfig(tile=(256, 256, 128), cluster=(4, 1, 1), schedule=gg.Schedule.TWO_SM, arch=SM100)
+    nv_swapped = gg.KernelConfig(tile=(128, 64, 256), schedule=gg.Schedule.ONE_SM, swap_ab=True, arch=SM100)
     return {"one_sm": (moe_recipe(), one), "swapped": (moe_recipe(), swapped),
             "reads_c": (derived_grouped_recipe(), pair), "block_scaled": (moe_fp8_block, block_one),
-            "gated": (moe_swiglu, pair)}
+            "gated": (moe_swiglu, pair), "mx_pair": (moe_mx_recipe(gg.MXFP8), mx_pair),
+            "nv_swapped": (moe_mx_recipe(gg.NVFP4), nv_swapped)}

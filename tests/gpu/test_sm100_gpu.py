@@ -17,7 +17,7 @@ import torch
 import gemmgen as gg
 from gemmgen.integrations.ops import kernel_for
 from gemmgen.runtime.driver import current_arch
-from gemmgen.testing.grouped import block_grouped_inputs, moe_recipe
+from gemmgen.testing.grouped import block_grouped_inputs, moe_recipe, mx_grouped_inputs
 from tests.data.gpu_matrix import SM100_OP_PROBLEM, sm100_gpu_matrix
 from tests.gpu.common import as_tuple, check_kernels, compare, inputs
 
@@ -86,6 +86,29 @@ def test_block_scaled_groups_match_reference(shape, offsets):
         ops = {name: v.cuda() for name, v in ops.items()}
         want = recipe.reference(a, b, offs, **ops).float().cpu()
         assert want.nan_to_num().abs().sum() > 0
+        out = torch.full((rows, n), float("nan"), device="cuda").bfloat16()
+        kernel(a, b, offs, **ops, out=out)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float().cpu(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True, msg=config.name)
+
+
+@pytest.mark.parametrize("shape, offsets", [
+    ((37, 256, 136, 4), (5, 5, 20, 30)),  # an empty group, rows after the last; an N tail
+    ((1000, 512, 264, 8), (90, 90, 333, 334, 600, 700, 999, 1000)),  # groups inside blocks of 128 rows, M = 1
+], ids=["gaps", "large"])
+def test_nvfp4_groups_match_reference(shape, offsets):
+    """moe_nvfp4's sm_100a kernels (one SM, a pair, swapped; the tokens' scales in the grouped
+    blocked order, each group's scale layouts written by the setup kernel) against the reference
+    (fp32 on the CPU), output pre-filled with NaN."""
+    rows, k, n, groups = shape
+    for recipe, config in ((r, c) for r, c in sm100_gpu_matrix() if r.name == "moe_nvfp4"):
+        kernel = recipe.compile(config)
+        a, b, offs, ops = mx_grouped_inputs(gg.NVFP4, rows, k, n, groups, offsets)
+        ops = {**ops, "scale": torch.rand(rows) * 0.5 + 0.5}
+        want = recipe.reference(a, b, offs, **ops).float()
+        assert want.nan_to_num().abs().sum() > 0
+        a, b, offs = a.cuda(), b.cuda(), offs.cuda()
+        ops = {name: v.cuda() for name, v in ops.items()}
         out = torch.full((rows, n), float("nan"), device="cuda").bfloat16()
         kernel(a, b, offs, **ops, out=out)
         torch.cuda.synchronize()

@@ -246,7 +246,8 @@ def test_a_derived_backward_reading_c_matches_cutlass_and_computes_the_recipe(de
 def test_setup_kernel_arithmetic_on_the_host(tmp_path):
     """gemmgen/include/gemmgen/grouped.hpp's `fill`, compiled for the host by nvcc, against
     group_bounds and the column formula, for offsets that are sorted, decreasing and out of range,
-    unswapped and swapped (the problem (N, M_g, K)); and `fill_scale_layouts` (sm100's grouped
+    unswapped and swapped (the problem (N, M_g, K)), a column per block of 128 rows among them; and
+    `fill_scale_layouts` (sm100's grouped
     blockwise kernels) for DeepSeek's K-major scales: each group's layouts, CUTLASS's of the group's
     shape, in ScaleLayoutBytes each (its static_assert: SCALE_LAYOUT_BYTES, which sizes the arrays)."""
     from gemmgen.compile.toolchain import toolchain
@@ -267,7 +268,7 @@ int main(int argc, char** argv) {
   long long table[3 * 64];
   for (int g = 0; g < groups; ++g) offsets[g] = std::atoi(argv[g + 3]);
   gemmgen::grouped::Setup s{offsets, shapes, table, groups, std::atoi(argv[2]), 48, 300, 3, std::atoi(argv[1]),
-                            {1000, 7, 5}, {24, 0, 0}, {0, 1 << 20, 0}, {layouts[0], layouts[1]}};
+                            {1000, 7, 5}, {24, 0, 0}, {0, 0, 512}, {0, 1 << 20, 0}, {layouts[0], layouts[1]}};
   for (int g = 0; g < groups; ++g) gemmgen::grouped::fill_scale_layouts<Config, LayoutSFA, LayoutSFB>(s, g);
   for (int g = 0; g < groups; ++g) {
     std::printf("%d %d %d %lld %lld %lld", shapes[3 * g], shapes[3 * g + 1], shapes[3 * g + 2], table[g],
@@ -284,15 +285,16 @@ int main(int argc, char** argv) {
                     f"-L{nvcc_path().parent.parent / 'lib'}", "-o", str(exe), str(src)],
                    check=True, capture_output=True)
     for swapped in (0, 1):
-        for rows, offsets in ((37, [5, 5, 20, 30]), (37, [10, 4, 12]), (37, [-3, 50, 60]), (1, [1]), (9, [0, 0, 9])):
+        for rows, offsets in ((37, [5, 5, 20, 30]), (37, [10, 4, 12]), (37, [-3, 50, 60]), (1, [1]), (9, [0, 0, 9]),
+                              (300, [130, 260, 300])):
             out = subprocess.run([str(exe), str(swapped), str(rows), *map(str, offsets)], check=True,
                                  capture_output=True, text=True).stdout.split("\n")
             pad = [0] * (MAX_COLUMNS - 3)  # ...and emulate.fill_groups, which the emulation runs, agrees
             shapes, table = fill_groups((0, 0, 0, len(offsets), rows, 48, 300, 3, swapped, 1000, 7, 5, *pad,
-                                         24, 0, 0, *pad, 0, 1 << 20, 0, *pad), offsets)
+                                         24, 0, 0, *pad, 0, 0, 512, *pad, 0, 1 << 20, 0, *pad), offsets)
             for g, (start, end) in enumerate(group_bounds(offsets, rows)):
                 shape = [48, end - start, 300] if swapped else [end - start, 48, 300]
-                columns = [1000 + 24 * start, 7 + (1 << 20) * g, 5]
+                columns = [1000 + 24 * start, 7 + (1 << 20) * g, 5 + 512 * (start // 128)]
                 # K-major (blocks of M or N, blocks of K, L; the M or N blocks' stride, L's): A per row,
                 # B per 128 columns, 3 blocks of K
                 blocks_a, blocks_b = shape[0], -(-shape[1] // 128)

@@ -20,7 +20,7 @@ import torch
 import gemmgen as gg
 from gemmgen.codegen import is_valid, violations
 from gemmgen.ir import microscaling
-from gemmgen.ir.reference import accumulate
+from gemmgen.ir.reference import accumulate, group_bounds
 from gemmgen.runtime.checks import check_call
 from gemmgen.tuning.heuristic import choose
 
@@ -40,8 +40,6 @@ def _gen() -> torch.Generator:
 
 @pytest.mark.parametrize("kw, match", [
     ({"a": gg.bf16, "b": gg.bf16}, r"block_scale: gemmgen.MXFP8 scales fp8 A and B \(e4m3/e5m2\); declare a=gg.e4m3"),
-    ({"grouped": True}, r"block_scale: gemmgen.MXFP8 in a grouped GEMM is not supported yet; scale grouped fp8 per "
-                        r"block with block_scale=gg.DEEPSEEK_BLOCK_SCALE"),
     ({"block_scale": "mxfp8"}, r"block_scale: expected \(M, N, K\) granularity ints such as \(1, 128, 128\), or "
                                r"gg.MXFP8, got 'mxfp8'"),
     ({"operands": {"scale_a": gg.ColVector(gg.f32)}, "epilogue": lambda acc, scale_a: acc * scale_a},
@@ -328,3 +326,56 @@ def test_fuse_quantizes_a_model_to_mxfp8():
     assert exact.abs().max() > 0 and float((fused(x).double() - exact).norm() / exact.norm()) < 0.1
     launches = gg.nn.model_launches(fused, tokens=(1, 300), arch="sm_100a")
     assert len(launches) == 4 and all(r.gemm.microscaling and c.arch is SM100 for r, c in launches)
+
+
+@pytest.mark.parametrize("rows, offsets", [(37, (5, 5, 20, 30)), (400, (130, 131, 260, 399, 399)),
+                                          (300, (-3, 500, 200)), (1, (1,))])
+@pytest.mark.parametrize("fmt", [gg.MXFP8, gg.NVFP4])
+def test_the_grouped_blocked_order_gives_each_group_blocks_of_its_own(rows, offsets, fmt):
+    """A grouped kernel's scale_a (`to_blocked_scales(..., offsets=)`): (ceil(T/128) + G) blocks of
+    rows, group g's from block first // 128 + g on, each group's region the blocked order of its
+    own rows' scales (what the setup kernel's pointer and CUTLASS's layout of the group's shape
+    read), no two groups' regions overlapping; offsets out of order or range bounded as the
+    kernel bounds them."""
+    gen = _gen()
+    offs = torch.tensor(offsets, dtype=torch.int32)
+    columns = microscaling.scale_columns(200, fmt)
+    scales = torch.randint(1, 120, (rows, columns), dtype=torch.uint8, generator=gen).view(fmt.scale_dtype.torch)
+    blocked = gg.to_blocked_scales(scales, offsets=offs)
+    assert blocked.shape == ((-(-rows // 128) + len(offsets)) * 128, -(-columns // 4) * 4)
+    taken: set[int] = set()
+    for g, (start, end) in enumerate(group_bounds(offsets, rows)):
+        first = (start // 128 + g) * 128
+        count = -(-(end - start) // 128) * 128
+        region = blocked[first:first + count]
+        assert region.shape[0] == count and not taken & set(range(first, first + count))
+        taken |= set(range(first, first + count))
+        want = scales[start:end].view(torch.uint8)
+        assert torch.equal(microscaling.from_blocked(region, end - start, columns).view(torch.uint8), want)
+    back = microscaling.from_grouped_blocked(blocked, offs, rows, columns)  # rows in no group kept too
+    assert torch.equal(back.view(torch.uint8), scales.view(torch.uint8))
+    q, from_x = gg.quantize_mx(torch.randn(rows, 200, generator=gen), fmt, offsets=offs)
+    assert from_x.shape == blocked.shape and q.shape[0] == rows
+    with pytest.raises(gg.InvalidArgument, match=r"offsets: expected a grouped GEMM's int32 group ends"):
+        gg.to_blocked_scales(scales, offsets=offs.long())
+
+
+def test_a_grouped_call_checks_the_grouped_blocked_scales():
+    """Their dtype, shape (with the function that makes them) and contiguity, before any launch."""
+    from gemmgen.runtime.grouped_checks import check_grouped_call
+    from gemmgen.testing.grouped import moe_mx_recipe, mx_grouped_inputs
+
+    recipe = moe_mx_recipe(gg.MXFP8)
+    a, b, offs, inputs = mx_grouped_inputs(gg.MXFP8, 37, 256, 136, 4, (5, 5, 20, 30))
+    ops: dict[str, object] = {**inputs}
+    call = check_grouped_call(recipe.ir, a, b, offs, ops, require_cuda=False)
+    # bytes per block of 128 rows, and per group (scale_b's: 136 columns of B padded to 256 rows)
+    assert call.operands["scale_a"].strides == (128 * 8, 0, 0)  # type: ignore[union-attr]
+    assert call.operands["scale_b"].strides == (128 * 8, 0, 256 * 8)  # type: ignore[union-attr]
+    with pytest.raises(gg.InvalidArgument, match=r"scale_a: expected shape \(640, 8\) \(torch.float8_e8m0fnu "
+                                                 r"\(\(ceil\(rows/128\) \+ groups\) \* 128, .*\("
+                                                 r"gg.quantize_mx\(x, fmt, offsets=offsets\)"):
+        check_grouped_call(recipe.ir, a, b, offs, {**ops, "scale_a": inputs["scale_a"][:128]}, require_cuda=False)
+    with pytest.raises(gg.LayoutMismatch, match=r"scale_b: the blocked order is a contiguous tensor"):
+        check_grouped_call(recipe.ir, a, b, offs, {**ops, "scale_b": inputs["scale_b"].mT.contiguous().mT},
+                           require_cuda=False)

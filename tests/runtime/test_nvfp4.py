@@ -65,7 +65,7 @@ def _unpack(packed: torch.Tensor) -> torch.Tensor:
     ({"layout_b": gg.RowMajor}, r"layout_a/layout_b: the MMA reads packed fp4 K-major only, so an NVFP4 GEMM needs "
                                 r"layout_a=RowMajor and layout_b=ColMajor \(got row/row\)"),
     ({"d": gg.e4m3}, r"d: an NVFP4 GEMM's D may be bf16, f16 or f32, not e4m3"),
-    ({"grouped": True}, r"grouped: NVFP4 in a grouped GEMM is not supported yet"),
+    ({"grouped": True, "batched": True}, r"grouped/batched: a grouped GEMM's groups take the place of the batch"),
 ])
 def test_the_dsl_names_what_nvfp4_needs(kw, match):
     with pytest.raises(gg.RecipeError, match=match):

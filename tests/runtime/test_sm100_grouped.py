@@ -5,6 +5,8 @@ B200. The sm90 grouped kernels: test_grouped_kernel.py and test_grouped_oracle.p
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -20,8 +22,11 @@ from gemmgen.testing.grouped import (
     cpu_grouped_kernel,
     emulated_block_moe,
     emulated_moe,
+    emulated_mx_moe,
     grouped_inputs,
+    moe_mx_recipe,
     moe_recipe,
+    mx_grouped_inputs,
     params_field,
 )
 from gemmgen.testing.oracle import OracleProgram, build_all, field_bits
@@ -76,6 +81,35 @@ def test_sm100_block_scaled_groups_compute_the_recipe(name, shape, offsets):
     torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
 
 
+#: Microscaled experts (moe_up over MXFP8 and NVFP4 tokens and weights) on one SM, on a pair and
+#: swapped (128 x 64: the narrowest tile N of the block-scaled main loop, B200's choice for few rows)
+MICROSCALED = {f"{fmt.value}_{kind}": (fmt, gg.KernelConfig(tile=(*tile, 128 if fmt is gg.MXFP8 else 256), **kw))
+               for fmt in (gg.MXFP8, gg.NVFP4)
+               for kind, tile, kw in (("one", (128, 128), {"schedule": gg.Schedule.ONE_SM, "arch": SM100}),
+                                      ("pair", (256, 128), {"schedule": gg.Schedule.TWO_SM, "cluster": (2, 1, 1),
+                                                            "arch": SM100}),
+                                      ("swapped", (128, 64), {"schedule": gg.Schedule.ONE_SM, "swap_ab": True,
+                                                              "arch": SM100}))}
+
+
+@pytest.mark.parametrize("name", MICROSCALED)
+@pytest.mark.parametrize("shape, offsets", [
+    ((37, 256, 136, 4), (5, 5, 20, 30)),  # an empty group, rows after the last group
+    ((400, 512, 64, 5), (130, 131, 260, 399, 399)),  # groups starting inside a block of 128 rows, an empty last
+])
+def test_sm100_microscaled_groups_compute_the_recipe(name, shape, offsets):
+    """Microscaled experts: the setup block turned into the group arrays, each group's scales of its
+    tokens at block first // 128 + g of the grouped blocked order, then per group packed or fp8 A
+    and B and both scales as the block-scaled main loop reads them, against the reference; rows in
+    no group stay NaN."""
+    fmt, config = MICROSCALED[name]
+    assert gg.codegen.is_valid(config, moe_mx_recipe(fmt).ir)
+    ck = uncompiled(moe_mx_recipe(fmt), config)
+    assert "fill_scale_layouts<" in ck.generated.source
+    out, want = emulated_mx_moe(ck, shape, offsets, sm_count=148)
+    torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+
+
 def test_a_wrong_layout_in_an_sm100_grouped_kernel_fails_the_check():
     """The check reads each group's D as the source lays it out: column-major, it fails."""
     ck = uncompiled(moe_recipe(), PAIR, source_replaced("using LayoutD = cutlass::layout::RowMajor *;",
@@ -105,6 +139,25 @@ def test_b200_chooses_a_grouped_kernel_by_rows_per_group(recipe):
     assert len(candidates) >= 3 and all(c.arch is SM100 and gg.codegen.is_valid(c, recipe) for c in candidates)
 
 
+@pytest.mark.parametrize("fmt", [gg.MXFP8, gg.NVFP4])
+def test_b200_chooses_microscaled_experts_the_block_scaled_main_loop_takes(fmt):
+    """Few rows per group: swapped 128 x 64 (the block-scaled main loop's narrowest N; 128 x 32 is
+    refused); many: gemmgen's default, tile K 128 bytes of A."""
+    recipe = moe_mx_recipe(fmt).ir
+    few = gg.tuning.grouped_choice(recipe, 64, 8, SM100).config
+    many = gg.tuning.grouped_choice(recipe, 4096, 8, SM100).config
+    assert few.swap_ab and few.tile == (128, 64, 1024 // recipe.gemm.a.bits) and gg.codegen.is_valid(few, recipe)
+    assert not many.swap_ab and gg.codegen.is_valid(many, recipe)
+    candidates = gg.tuning.tuner.candidates(recipe, 4096, 512, 1024, 8, arch=SM100)
+    assert candidates and all(gg.codegen.is_valid(c, recipe) for c in candidates)
+
+
+def _maps(encodes) -> set[str]:
+    """Distinct encode calls, compared in full: a grouped kernel's maps all start at null, so their
+    addresses tell none apart (and gemmgen encodes a fallback map's copy once)."""
+    return {json.dumps({k: v for k, v in e.items() if k != "encode"}, sort_keys=True) for e in encodes}
+
+
 def _oracle_values(field, groups: int, sm_count: int, clusters: int) -> dict[str, int]:
     """The Arguments the oracle takes: the group arrays, the workspace (the buffer's start, where
     gemmgen keeps CUTLASS's workspace), hardware."""
@@ -117,10 +170,11 @@ def _oracle_values(field, groups: int, sm_count: int, clusters: int) -> dict[str
 
 @pytest.fixture(scope="module")
 def grouped_oracles(sm100_kernels, tmp_path_factory):
-    """CUTLASS's sm100 host code for the compiled pair's grouped kernel and VALUE_KERNELS (built at
-    once, or in the background from the session's start: tests/data/oracle_sets.py)."""
+    """CUTLASS's sm100 host code for the compiled grouped kernels (on a pair: bf16 and NVFP4) and
+    VALUE_KERNELS (built at once, or in the background from the session's start:
+    tests/data/oracle_sets.py)."""
     build = tmp_path_factory.mktemp("oracle100-grouped")
-    programs = {"pair": OracleProgram(sm100_kernels["moe_up"].generated, build)}
+    programs = {name: OracleProgram(sm100_kernels[name].generated, build) for name in COMPILED}
     programs.update({name: OracleProgram(render_kernel(recipe.ir, config), build)
                      for name, (recipe, config) in VALUE_KERNELS.items()})
     build_all(list(programs.values()), build)
@@ -132,30 +186,50 @@ def _vectors(generated, field) -> dict[str, int]:
             for b in generated.epilogue.bindings if b.kind in ("row", "col")}
 
 
+#: The grouped kernels the suite compiles (tests/data/sm100.py), on a pair of SMs: bf16, and NVFP4
+#: (the block-scaled pointer-array collective, four maps rewritten per group, each group's scale
+#: layouts written by the setup kernel), with their MMA's SASS marker.
+COMPILED = {"moe_up": "UTCHMMA.2CTA", "moe_nvfp4": "UTCOMMA.2CTA"}
+
+
+def _compiled_call(name: str, recipe) -> tuple[tuple, dict]:
+    """A call of a compiled grouped kernel: 8 groups over 1000 rows, rows 800-999 in no group."""
+    offsets = range(100, 900, 100)
+    if recipe.ir.gemm.microscaling is None:
+        a, b, offs, bias, weight = grouped_inputs(rows=1000, k=264, n=136, groups=8, offsets=offsets)
+        return (a, b, offs), {"bias": bias, "weight": weight}
+    a, b, offs, ops = mx_grouped_inputs(recipe.ir.gemm.microscaling, 1000, 512, 136, 8, offsets)
+    return (a, b, offs), {**ops, "scale": torch.rand(1000) * 0.01 + 0.01}
+
+
 @pytest.mark.oracle
+@pytest.mark.parametrize("name", COMPILED)
 @pytest.mark.parametrize("sm_count, clusters", [(148, 0), (132, 0), (16, 0), (148, 74), (148, 37)])
-def test_the_compiled_pair_matches_cutlass(sm100_kernels, grouped_oracles, sm_count, clusters):
-    """The compiled 2-SM grouped kernel: tcgen05 for the pair, TMA, tensor memory, no spills and no
+def test_the_compiled_pairs_match_cutlass(sm100_kernels, sm100_examples, grouped_oracles, name, sm_count, clusters):
+    """The compiled 2-SM grouped kernels: tcgen05 for the pair, TMA, tensor memory, no spills and no
     cluster launch control (the group scheduler is persistent); every Params field, encode call,
     the grid, shared memory and the workspace against CUTLASS's host code given the same arrays;
     its emulation against the reference."""
-    ck = sm100_kernels["moe_up"]
+    ck = sm100_kernels[name]
     r = ck.report
-    assert r.sass["UTCHMMA.2CTA"] > 0 and r.sass["UTMALDG"] > 0 and r.sass["LDTM"] > 0 and r.sass["UTMASTG"] > 0
+    assert r.sass[COMPILED[name]] > 0 and r.sass["UTMALDG"] > 0 and r.sass["LDTM"] > 0 and r.sass["UTMASTG"] > 0
     assert r.sass["UGETNEXTWORKID"] == 0 and r.local_bytes == 0 and r.stack_bytes == 0
+    recipe = sm100_examples[name]
     k = cpu_grouped_kernel(ck, sm_count, clusters)
     enc = k._encode
-    a, b, offsets, bias, weight = grouped_inputs(rows=1000, k=264, n=136, groups=8, offsets=range(100, 900, 100))
+    (a, b, offsets), ops = _compiled_call(name, recipe)
     out = torch.full((1000, 136), float("nan")).bfloat16()  # rows 800-999 are in no group: left as they are
-    p = k.prepare(a, b, offsets, bias=bias, weight=weight, out=out)
+    p = k.prepare(a, b, offsets, **ops, out=out)
     field = params_field(ck, p.params)
     values = {**_oracle_values(field, 8, sm_count, clusters), **_vectors(ck.generated, field)}
+    if recipe.ir.gemm.scaled:
+        values.update({f"sf{x}.{part}": field(f"mainloop.{kind}_sf{x}") for x in "ab"
+                       for part, kind in (("array", "ptr"), ("layouts", "layout"))})
     assert set(values) >= {"operand.bias.ptr", "operand.weight.ptr"}
-    oracle = grouped_oracles["pair"]
+    oracle = grouped_oracles[name]
     expected = oracle.run_argv(oracle.grouped_argv(values))
     assert expected.can_implement
-    assert {c.addr: c.as_dict() for c in enc.calls} == \
-        {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
+    assert _maps(c.as_dict() for c in enc.calls) == _maps(expected.encodes)
     for f, offset, _ in ck.params_layout.fields:
         if f.kind == "desc":
             ours = enc.of(p.params[offset:offset + 128])
@@ -164,10 +238,10 @@ def test_the_compiled_pair_matches_cutlass(sm100_kernels, grouped_oracles, sm_co
         else:
             assert field(f.name) == expected.fields[f.name]["bits"], f.name
     assert list(p.grid) == expected.launch["grid"] and expected.launch["smem"] == ck.info.smem_bytes
-    layout = BufferLayout.of(8, 8, sm_count, False, SM100)
-    assert field("problem.shapes") - field("epilogue.tensormaps") == layout.shapes >= expected.workspace_size > 0
-    emulate_grouped(ck, p.setup, p.params, enc, [a, b, offsets, bias, weight, out, p.buffer])
-    want = moe_recipe().reference(a, b, offsets, bias=bias, weight=weight).float()
+    assert field("problem.shapes") - field("epilogue.tensormaps") >= expected.workspace_size > 0
+    emulate_grouped(ck, p.setup, p.params, enc, [a, b, offsets, *ops.values(), out, p.buffer])
+    want = recipe.reference(a, b, offsets, **ops).float()
+    assert want.nan_to_num().abs().sum() > 0
     torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
 
 
@@ -182,9 +256,13 @@ def test_grouped_geometries_without_a_compiled_kernel_match_cutlass(grouped_orac
     args = GroupedArguments(kernel_ir, config)
     rows, depth, n, groups = 1000, 264, 136, 8
     offsets = (100, 100, 333, 334, 600, 700, 999, 999)
-    block_scaled = recipe.ir.gemm.block_scale is not None
+    block_scaled = recipe.ir.gemm.scaled
     ops: dict[str, object]
-    if block_scaled:
+    fmt = recipe.ir.gemm.microscaling
+    if fmt is not None:
+        a, b, offs, scales = mx_grouped_inputs(fmt, rows, 512, n, groups, offsets)
+        ops = {k: v for k, v in scales.items() if k in {o.name for o in recipe.ir.operands}}
+    elif block_scaled:
         a, b, offs, scales, _, _ = block_grouped_inputs(rows, 272, n, groups, offsets)
         ops = dict(scales)
     else:
@@ -200,7 +278,8 @@ def test_grouped_geometries_without_a_compiled_kernel_match_cutlass(grouped_orac
     columns = args.columns(call, TensorArg(d.data_ptr(), (d_columns, 1, 0)))
     has_c = args.source is not None
     for sm_count, clusters in ((148, 0), (132, 66)):
-        layout = BufferLayout.of(groups, len(columns), sm_count, has_c, SM100, scale_layouts=block_scaled)
+        layout = BufferLayout.of(groups, len(columns), sm_count, has_c, SM100, scale_layouts=block_scaled,
+                                 mainloop_map_count=args.mainloop_map_count)
         buffer = 1 << 40
         enc = RecordingEncoder()
         v = args.values(call, columns, buffer, layout, sm_count, clusters, 0, enc, d_columns)
@@ -223,15 +302,16 @@ def test_grouped_geometries_without_a_compiled_kernel_match_cutlass(grouped_orac
                            for part, field in (("array", "ptr"), ("layouts", "layout"))})
         expected = oracle.run_argv(oracle.grouped_argv(values))
         assert expected.can_implement
-        assert {c.addr: c.as_dict() for c in enc.calls} == \
-            {c["addr"]: {key: val for key, val in c.items() if key != "encode"} for c in expected.encodes}
-        assert len(enc.calls) == 2 + int(not d_store) + int(has_c)  # A, B, D (and C): the fallback pair are copies
+        assert _maps(c.as_dict() for c in enc.calls) == _maps(expected.encodes)
+        # A, B, D (and C; and a microscaled kernel's scales): the fallback maps are copies
+        assert len(enc.calls) == 2 + int(not d_store) + int(has_c) + 2 * int(fmt is not None)
         compared = 0
         for f in oracle.kernel.fields:
-            if f.kind == "desc":
+            if f.kind == "desc":  # each in full: every map starts at null, so the addresses tell none apart
                 ours = enc.of(v[f.name])  # type: ignore[arg-type]
                 theirs = expected.encodes[expected.fields[f.name]["desc"] - 1]
-                assert ours is not None and ours.addr == theirs["addr"], f.name
+                assert ours is not None and ours.as_dict() == {key: val for key, val in theirs.items()
+                                                               if key != "encode"}, f.name
             elif f.name in v:
                 assert field_bits(f.kind, v[f.name]) == expected.fields[f.name]["bits"], f.name
             else:  # only constants keep the probe's default: a field the builder forgot fails here

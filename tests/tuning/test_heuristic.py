@@ -220,7 +220,7 @@ def test_explain_backward_shows_the_derived_recipes_and_their_launches(capsys):
     assert cli_main(["explain", str(EXAMPLES), "--shape", "64", "64", "64", "--backward"]) == 0
     out = capsys.readouterr().out
     no_backward = ("fp8_quantized", "qk_norm")  # D per block of its rows: not differentiated
-    assert len(re.findall(r"^  \w+_bwd(_recompute)?: ", out, re.M)) == 2 * 16
+    assert len(re.findall(r"^  \w+_bwd(_recompute)?: ", out, re.M)) == 2 * 17
     assert [line.split(".backward()")[0].split()[-1] for line in out.splitlines() if "no backward" in line] == \
         list(no_backward)
 

@@ -46,12 +46,13 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
     if recipe.gemm.block_scale is not None and not grouped:  # read with cp.async: no tensor maps
         f += block_scale_fields((False, False))
     if recipe.gemm.microscaling is not None:
-        f += microscaling_fields()
+        f += microscaling_fields(grouped)
     if grouped:  # the per-SM copies of the maps it rewrites, and the per-group arrays
         f += [ParamField("mainloop.tensormaps", f"{m}.tensormaps", "ptr"),
               ParamField("mainloop.ptr_a", f"{m}.ptr_A", "ptr"), ParamField("mainloop.stride_a", f"{m}.dA", "ptr"),
               ParamField("mainloop.ptr_b", f"{m}.ptr_B", "ptr"), ParamField("mainloop.stride_b", f"{m}.dB", "ptr")]
-        if recipe.gemm.block_scale is not None:  # per group: the scales' address and layout (read on the GPU)
+        if recipe.gemm.block_scale is not None:  # per group: the scales' address and layout (read on the GPU;
+            # a microscaled kernel's: microscaling_fields)
             f += grouped_block_scale_fields(m)
     for b in epilogue.bindings:
         f += binding_fields(b)

@@ -24,9 +24,9 @@ TMEM_COLUMNS = 512
 #: cluster-launch-control responses, the tensor-memory address), rounded up.
 KERNEL_CARVEOUT = 512
 #: A grouped kernel's tensor maps in shared memory, which it rewrites per group: the builder's
-#: carveout counts A's and B's; the kernel's SharedStorage also holds C's and D's.
-GROUPED_MAINLOOP_MAPS = 2 * 128
-GROUPED_MAPS = 4 * 128
+#: carveout counts A's and B's (a microscaled kernel's also its scales'); the kernel's SharedStorage
+#: also holds C's and D's.
+MAP_BYTES = 128
 #: SharedStorage's alignment padding and the epilogue's barriers: 896-1408 bytes in the kernels measured.
 KERNEL_PADDING = 2048
 _PIPELINE_BARRIERS = 16  # two mbarriers per mainloop stage
@@ -69,9 +69,17 @@ def epilogue_smem_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
     return _EPILOGUE_BUFFERS * m * n * sum(widths)
 
 
+def mainloop_maps(recipe: RecipeIR) -> int:
+    """The tensor maps a grouped kernel's main loop rewrites per group (A and B, and a microscaled
+    kernel's two of scales); none for one GEMM."""
+    if not recipe.gemm.grouped:
+        return 0
+    return 4 if recipe.gemm.microscaling is not None else 2
+
+
 def carveout(recipe: RecipeIR) -> int:
     """What the builder keeps out of the stages besides the epilogue (Sm100DenseGemmTmaUmmaCarveout)."""
-    return KERNEL_CARVEOUT + (GROUPED_MAINLOOP_MAPS if recipe.gemm.grouped else 0)
+    return KERNEL_CARVEOUT + mainloop_maps(recipe) * MAP_BYTES
 
 
 def stage_count(cfg: KernelConfig, recipe: RecipeIR) -> int:
@@ -88,7 +96,7 @@ def smem_fit(cfg: KernelConfig, recipe: RecipeIR) -> int:
 
 def smem_need(cfg: KernelConfig, recipe: RecipeIR) -> int:
     """Shared memory the kernel takes (an upper bound: its SharedStorageSize, padding included)."""
-    maps = GROUPED_MAPS if recipe.gemm.grouped else 0
+    maps = (mainloop_maps(recipe) + 2) * MAP_BYTES if recipe.gemm.grouped else 0  # and C's and D's
     return stage_count(cfg, recipe) * stage_bytes(cfg, recipe) + epilogue_smem_bytes(cfg, recipe) + maps + \
         KERNEL_PADDING
 

@@ -87,8 +87,8 @@ def kernel_schedule(schedule: Schedule, grouped: bool = False, block_scaled: boo
     registers) for block scales; the block-scaled MMA's (scales in tensor memory) for microscaled
     A and B: kind::mxf8f6f4 for MXFP8, kind::mxf4nvf4 (packed fp4, e4m3 scales per 16) for NVFP4."""
     if microscaling is not None:
-        kind = _MMA_KIND[microscaling]
-        return f"cutlass::gemm::KernelTmaWarpSpecialized{_SM[schedule]}{kind}Sm100"
+        array = "PtrArray" if grouped else ""
+        return f"cutlass::gemm::Kernel{array}TmaWarpSpecialized{_SM[schedule]}{_MMA_KIND[microscaling]}Sm100"
     blockwise = "Blockwise" if block_scaled else ""
     if grouped:
         return f"cutlass::gemm::KernelPtrArrayTmaWarpSpecialized{blockwise}{_SM[schedule][0]}SmSm100"

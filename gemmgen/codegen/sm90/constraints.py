@@ -89,7 +89,8 @@ def microscaling_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
             f"build it with arch=Arch.SM100A{other}"]
 
 
-CONSTRAINTS = (tile_violations, tile_k_violations, schedule_violations, tile_scheduler_violations,
-               stream_k_schedule_violations, cluster_violations,
-               register_violations, smem_violations, row_block_violations,
-               block_scale_violations, microscaling_violations)
+#: Each config's violations in this order: a recipe sm_90a cannot build at all (microscaled A and
+#: B) is told so first.
+CONSTRAINTS = (microscaling_violations, tile_violations, tile_k_violations, schedule_violations,
+               tile_scheduler_violations, stream_k_schedule_violations, cluster_violations,
+               register_violations, smem_violations, row_block_violations, block_scale_violations)

@@ -199,7 +199,7 @@ def mainloop_stage_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
 def _stage_bytes(cfg: KernelConfig, recipe: RecipeIR, scales: int) -> int:
     tm, tn, tk = cfg.tile
     g = recipe.gemm
-    raw = tm * tk * g.a.nbytes + tn * tk * g.b.nbytes + 4 * scales
+    raw = (tm * tk * g.a.bits + tn * tk * g.b.bits) // 8 + 4 * scales
     return _round(raw, _STAGE_ALIGN) + 16  # + the pipeline's full/empty barriers
 
 

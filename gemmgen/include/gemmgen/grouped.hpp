@@ -26,14 +26,17 @@ struct Setup {
   int k;
   int columns;
   int swapped;         // nonzero: the kernel computes D_g^T = B_g^T A_g^T, its problem is (N, M_g, K)
-  // column c of group g: base[c] + per_row[c] * (group's first row) + per_group[c] * g
+  // column c of group g: base[c] + per_row[c] * first + per_block[c] * (first / 128) + per_group[c] * g,
+  // first the group's first row (per_block: a microscaled kernel's scales of A, whose groups each
+  // start a block of 128 rows: ir/microscaling.py's grouped blocked order)
   long long base[MaxColumns];
   long long per_row[MaxColumns];
+  long long per_block[MaxColumns];
   long long per_group[MaxColumns];
   // where fill_scale_layouts writes each group's scale layouts of A and B (null for `fill`)
   void* scale_layouts[2];
 };
-static_assert(sizeof(Setup) == 48 + 3 * 8 * MaxColumns + 16, "gemmgen/runtime/grouped.py packs Setup by hand");
+static_assert(sizeof(Setup) == 48 + 4 * 8 * MaxColumns + 16, "gemmgen/runtime/grouped.py packs Setup by hand");
 
 CUTLASS_HOST_DEVICE int clamp_row(int offset, int lo, int rows) {
   return offset < lo ? lo : (offset > rows ? rows : offset);
@@ -49,12 +52,13 @@ CUTLASS_HOST_DEVICE void fill(Setup const& s, int g) {
   s.shapes[3 * g + 1] = s.swapped ? end - first : s.n;
   s.shapes[3 * g + 2] = s.k;
   for (int c = 0; c < s.columns; ++c) {
-    s.table[c * s.groups + g] = s.base[c] + s.per_row[c] * first + s.per_group[c] * g;
+    s.table[c * s.groups + g] = s.base[c] + s.per_row[c] * first + s.per_block[c] * (first / 128) + s.per_group[c] * g;
   }
 }
 
-// `fill`, and each group's scale layouts as CUTLASS's blockwise scale config derives them from the
-// group's (M, N, K): sm100's grouped blockwise main loop reads them per group (sm90's derives them).
+// `fill`, and each group's scale layouts as CUTLASS's scale config (blockwise, or the block-scaled
+// MMA's) derives them from the group's (M, N, K): sm100's grouped main loops read them per group
+// (sm90's blockwise one derives them).
 template <class ScaleConfig, class LayoutSFA, class LayoutSFB>
 CUTLASS_HOST_DEVICE void fill_scale_layouts(Setup const& s, int g) {
   static_assert(sizeof(LayoutSFA) == ScaleLayoutBytes && sizeof(LayoutSFB) == ScaleLayoutBytes,
