@@ -51,8 +51,8 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
         f += [ParamField("mainloop.tensormaps", f"{m}.tensormaps", "ptr"),
               ParamField("mainloop.ptr_a", f"{m}.ptr_A", "ptr"), ParamField("mainloop.stride_a", f"{m}.dA", "ptr"),
               ParamField("mainloop.ptr_b", f"{m}.ptr_B", "ptr"), ParamField("mainloop.stride_b", f"{m}.dB", "ptr")]
-        if recipe.gemm.block_scale is not None:  # per group: the scales' address and layout (read on the GPU;
-            # a microscaled kernel's: microscaling_fields)
+        # per group: the block scales' address and layout, read on the GPU (microscaled: above)
+        if recipe.gemm.block_scale is not None:
             f += grouped_block_scale_fields(m)
     for b in epilogue.bindings:
         f += binding_fields(b)
