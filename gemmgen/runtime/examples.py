@@ -26,9 +26,9 @@ def example_call(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, device: s
 
     def matrix(lead: tuple[int, ...], rows: int, cols: int, dtype: DType, layout: Layout) -> Any:
         """In `layout`, its rows or columns 16 bytes apart (padded where the extent is odd), as TMA
-        reads them; packed fp4 as random codes, its contiguous extent (K, even) in pairs."""
+        reads them; packed fp4 as random codes, its contiguous extent (K, rounded up to even) in pairs."""
         if dtype.packed > 1:
-            rows, cols = (rows, cols // 2) if layout is Layout.ROW else (rows // 2, cols)
+            rows, cols = (rows, -(-cols // 2)) if layout is Layout.ROW else (-(-rows // 2), cols)
             codes = torch.randint(0, 256, (*lead, rows, cols), generator=g, device=device, dtype=torch.uint8)
             return tma_readable(codes, layout).view(dtype.torch)
         return tma_readable(torch.randn(*lead, rows, cols, generator=g, device=device).to(dtype.torch), layout)

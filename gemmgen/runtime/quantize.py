@@ -25,7 +25,10 @@ per-tensor scale keeps the e4m3 scales in range, and the epilogue multiplies it 
     sa, sw = gg.nvfp4_tensor_scale(a), gg.nvfp4_tensor_scale(w)
     a_q, scale_a = gg.quantize_mx(a, gg.NVFP4, tensor_scale=sa)    # A: M x K/2 bytes
     w_q, scale_b = gg.quantize_mx(w, gg.NVFP4, tensor_scale=sw)
-    d = kernel(a_q, w_q.t(), scale_a, scale_b, alpha=sa * sw)     # the epilogue: acc * alpha
+    d = kernel(a_q, w_q.t(), scale_a, scale_b, alpha=float(sa * sw))  # the epilogue: acc * alpha
+
+A gg.Scalar is a host value (`float` reads the GPU's); a per-token gg.ColVector of scales avoids
+that read, as gg.nn.NVFP4Linear does.
 
 Scales computed elsewhere, (..., rows, ceil(K / vector)) in row order, go through
 gg.to_blocked_scales.

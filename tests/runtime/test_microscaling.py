@@ -10,7 +10,6 @@ its SASS (test_sm100.py: UTCCP, the scales' copy into tensor memory).
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
@@ -22,6 +21,7 @@ from gemmgen.codegen import is_valid, violations
 from gemmgen.ir import microscaling
 from gemmgen.ir.reference import accumulate, group_bounds
 from gemmgen.runtime.checks import check_call
+from gemmgen.testing.grouped import generator
 from gemmgen.tuning.heuristic import choose
 
 SM100 = gg.Arch.SM100A
@@ -31,11 +31,6 @@ def _recipe(**kw):
     kw.setdefault("block_scale", gg.MXFP8)
     return gg.Recipe("mx", kw.pop("epilogue", None), a=kw.pop("a", gg.e4m3), b=kw.pop("b", gg.e4m3), **kw)
 
-
-def _gen() -> torch.Generator:
-    seed = int.from_bytes(os.urandom(4), "little")  # fresh inputs each run
-    print(f"seed {seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -80,7 +75,7 @@ def _cutlass_offset(row: int, column: int, row_blocks: int, k_blocks: int, batch
 @pytest.mark.parametrize("rows, k", [(1, 32), (130, 129), (128, 128), (300, 4096), (257, 1000)])
 def test_the_blocked_order_is_cutlasss_and_torchs(rows, k):
     """`to_blocked` puts each scale where CUTLASS's layout and torch's swizzle put it; padding is 2^0."""
-    gen = _gen()
+    gen = generator()
     columns = microscaling.scale_columns(k, gg.MXFP8)
     scales = torch.randint(0, 255, (2, rows, columns), dtype=torch.uint8, generator=gen)
     blocked = microscaling.to_blocked(scales)
@@ -123,7 +118,7 @@ def test_quantize_mx_follows_the_ocp_floor_rule():
 def test_the_reference_multiplies_each_value_by_its_power_of_two(m, n, k, batch):
     """acc = (A * 2^scale_a per row and 32 K) @ (B * 2^scale_b per column and 32 K), in fp64 here from
     the logical scales, against the reference reading them in blocked order; non-zero, fresh inputs."""
-    gen = _gen()
+    gen = generator()
     recipe = _recipe(batched=bool(batch))
     a = torch.randn(*batch, m, k, generator=gen).to(torch.float8_e4m3fn)
     b = torch.randn(*batch, n, k, generator=gen).to(torch.float8_e4m3fn).mT
@@ -144,7 +139,7 @@ def test_the_reference_multiplies_each_value_by_its_power_of_two(m, n, k, batch)
 
 def test_quantized_operands_reproduce_the_product():
     """gg.quantize_mx's A and weight, through the reference, give A @ W^T within fp8's error."""
-    gen = _gen()
+    gen = generator()
     a, w = torch.randn(70, 300, generator=gen), torch.randn(40, 300, generator=gen)
     (aq, sa), (wq, sb) = gg.quantize_mx(a), gg.quantize_mx(w)
     d = _recipe(d=gg.f32).reference(aq, wq.t(), scale_a=sa, scale_b=sb)
@@ -153,7 +148,7 @@ def test_quantized_operands_reproduce_the_product():
 
 
 def _call(m=70, n=40, k=304, **change):
-    gen = _gen()
+    gen = generator()
     a = torch.randn(m, k, generator=gen).to(torch.float8_e4m3fn)
     b = torch.randn(n, k, generator=gen).to(torch.float8_e4m3fn).t()
     _, sa = gg.quantize_mx(torch.randn(m, k, generator=gen))
@@ -229,7 +224,7 @@ def test_the_heuristic_picks_block_scaled_tiles_at_every_size():
 def test_the_op_takes_microscaled_operands_and_traces():
     """The op (CPU: the reference) takes the scales as they are, in a non-contiguous view too (it holds
     the same blocked order), traces with fake tensors, and refuses their gradients."""
-    gen = _gen()
+    gen = generator()
     recipe = _recipe(epilogue=lambda acc, bias: acc + bias, operands={"bias": gg.RowVector(gg.bf16)})
     op = gg.op(recipe)
     (a, scale_a), (w, scale_b) = gg.quantize_mx(torch.randn(9, 96, generator=gen)), \
@@ -251,7 +246,7 @@ def test_mxfp8_linear_is_the_quantized_layer(activation, bias):
     value times its vector's power of two (on the CPU the op runs the recipe's reference), and
     within fp8's precision of the bf16 layer; from_quantized takes the checkpoint's exponents in
     row order and gives the same layer."""
-    gen = _gen()
+    gen = generator()
     linear = torch.nn.Linear(272, 300, bias=bias)  # in: a partial last vector of 32; out: past 256 rows
     with torch.no_grad():
         linear.weight.copy_(torch.randn(300, 272, generator=gen) * 0.05)
@@ -310,7 +305,7 @@ def test_mxfp8_linear_refuses_what_it_cannot_run_and_launches_on_sm100():
 def test_fuse_quantizes_a_model_to_mxfp8():
     """fuse(model, quantize="mxfp8", unpaired=True): each Linear (an activation's with it) becomes an
     MXFP8Linear; the model stays within fp8's precision of the bf16 one; its launches are sm_100a's."""
-    gen = _gen()
+    gen = generator()
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.SiLU(), torch.nn.Linear(512, 256))
     with torch.no_grad():
         for p in model.parameters():
@@ -337,7 +332,7 @@ def test_the_grouped_blocked_order_gives_each_group_blocks_of_its_own(rows, offs
     own rows' scales (what the setup kernel's pointer and CUTLASS's layout of the group's shape
     read), no two groups' regions overlapping; offsets out of order or range bounded as the
     kernel bounds them."""
-    gen = _gen()
+    gen = generator()
     offs = torch.tensor(offsets, dtype=torch.int32)
     columns = microscaling.scale_columns(200, fmt)
     scales = torch.randint(1, 120, (rows, columns), dtype=torch.uint8, generator=gen).view(fmt.scale_dtype.torch)

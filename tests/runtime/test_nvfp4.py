@@ -11,7 +11,6 @@ of packed A and B and of the scales through those maps (test_sm100_emulation.py)
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -22,6 +21,7 @@ from gemmgen.codegen import is_valid, violations
 from gemmgen.ir import microscaling
 from gemmgen.ir.reference import accumulate
 from gemmgen.runtime.checks import check_call
+from gemmgen.testing.grouped import generator
 from gemmgen.tuning.heuristic import choose
 
 SM100 = gg.Arch.SM100A
@@ -32,11 +32,6 @@ def _recipe(**kw):
     kw.setdefault("block_scale", gg.NVFP4)
     return gg.Recipe("nv", kw.pop("epilogue", None), a=kw.pop("a", gg.e2m1), b=kw.pop("b", gg.e2m1), **kw)
 
-
-def _gen() -> torch.Generator:
-    seed = int.from_bytes(os.urandom(4), "little")  # fresh inputs each run
-    print(f"seed {seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 def _e2m1(code: torch.Tensor) -> torch.Tensor:
@@ -95,7 +90,7 @@ def test_quantize_mx_scales_each_16_values_and_keeps_a_tensor_scale():
     """NVFP4: each vector of 16 gets its amax / 6 in e4m3, the values their nearest fp4 of x over
     it; a zero vector holds zeros; the scales' padding is 1 (e4m3 0x38). Small values underflow
     e4m3's scales without a tensor scale and keep fp4's precision with one."""
-    gen = _gen()
+    gen = generator()
     x = torch.randn(3, 72, generator=gen)
     x[1, 16:32] = 0.0
     q, blocked = gg.quantize_mx(x, gg.NVFP4)
@@ -135,7 +130,7 @@ def test_the_reference_multiplies_each_value_by_its_scale(m, n, k, batch):
     """acc = (A * scale_a per row and 16 K) @ (B * scale_b per column and 16 K), in float64 here from
     the OCP decoding and the logical scales, against the reference reading packed values and the
     blocked order; non-zero, fresh inputs."""
-    gen = _gen()
+    gen = generator()
     recipe = _recipe(batched=bool(batch))
     a = torch.randint(0, 256, (*batch, m, k // 2), dtype=torch.uint8, generator=gen).view(FP4)
     w = torch.randint(0, 256, (*batch, n, k // 2), dtype=torch.uint8, generator=gen).view(FP4)
@@ -155,7 +150,7 @@ def test_the_reference_multiplies_each_value_by_its_scale(m, n, k, batch):
 def test_quantized_operands_reproduce_the_product():
     """quantize_mx's NVFP4 A and weight with tensor scales, through the reference with alpha, give
     A @ W^T within fp4's error."""
-    gen = _gen()
+    gen = generator()
     a, w = torch.randn(70, 320, generator=gen), torch.randn(40, 320, generator=gen) * 0.02
     ta, tw = gg.nvfp4_tensor_scale(a), gg.nvfp4_tensor_scale(w)
     (aq, sa), (wq, sb) = gg.quantize_mx(a, gg.NVFP4, tensor_scale=ta), gg.quantize_mx(w, gg.NVFP4, tensor_scale=tw)
@@ -166,7 +161,7 @@ def test_quantized_operands_reproduce_the_product():
 
 
 def _call(m=70, n=40, k=320, **change):
-    gen = _gen()
+    gen = generator()
     a, sa = gg.quantize_mx(torch.randn(m, k, generator=gen), gg.NVFP4)
     w, sb = gg.quantize_mx(torch.randn(n, k, generator=gen), gg.NVFP4)
     args = {"a": a, "b": w.t(), "scale_a": sa, "scale_b": sb, **change}
@@ -207,7 +202,7 @@ def test_a_row_of_packed_a_must_be_whole_16_bytes():
     with pytest.raises(gg.LayoutMismatch, match=r"a: row stride 40 must be a multiple of 16 elements .* or make "
                                                  r"K/2 a multiple of 16") as e:
         _call(k=80)
-    gen = _gen()
+    gen = generator()
     a, sa = gg.quantize_mx(torch.randn(70, 80, generator=gen), gg.NVFP4)
     w, sb = gg.quantize_mx(torch.randn(40, 80, generator=gen), gg.NVFP4)
     fix = str(e.value).split("Pass a copy in padded storage: ")[1].split("; or make")[0]
@@ -247,7 +242,7 @@ def test_the_heuristic_picks_nvfp4_tiles_at_every_size():
 def test_the_op_takes_packed_operands_and_traces():
     """The op (CPU: the reference) takes packed A and B and e4m3 scales, traces with fake tensors,
     and refuses gradients of A."""
-    gen = _gen()
+    gen = generator()
     recipe = _recipe(epilogue=lambda acc, alpha, bias: acc * alpha + bias,
                      operands={"alpha": gg.Scalar(), "bias": gg.RowVector(gg.bf16)})
     op = gg.op(recipe)
@@ -268,7 +263,7 @@ def test_nvfp4_linear_is_the_quantized_layer(activation, bias):
     activation: against that math in float64 from the OCP decoding (on the CPU the op runs the
     recipe's reference), and within fp4's precision of the float layer; from_quantized takes the
     checkpoint's scales in row order and gives the same layer, and so does a state dict."""
-    gen = _gen()
+    gen = generator()
     linear = torch.nn.Linear(288, 300, bias=bias)  # in: a partial last K block of 64; out: past 256 rows
     with torch.no_grad():
         linear.weight.copy_(torch.randn(300, 288, generator=gen) * 0.05)
@@ -320,7 +315,7 @@ def test_nvfp4_linear_refuses_what_it_cannot_run_and_launches_on_sm100():
 
 
 def test_fuse_quantizes_a_model_to_nvfp4():
-    gen = _gen()
+    gen = generator()
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.SiLU(), torch.nn.Linear(512, 256),
                                 torch.nn.Linear(256, 48))
     with torch.no_grad():
