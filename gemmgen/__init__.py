@@ -1,4 +1,5 @@
-"""gemmgen: fused GEMM kernels for Hopper, declared in Python, emitted as CUTLASS 3.x, compiled by NVRTC.
+"""gemmgen: fused GEMM kernels for Hopper (sm_90a) and Blackwell (sm_100a), declared in Python,
+emitted as CUTLASS 3.x, compiled by NVRTC.
 
 The layers, bottom up: `ir` (the epilogue IR and its op table), `config` (kernel configs),
 `codegen` (per architecture), `compile` (NVRTC, cache, bundles), `runtime` (calling kernels from
@@ -9,10 +10,11 @@ Importing gemmgen imports no torch: the torch integration (`gemmgen.op`, `gemmge
 `gemmgen.quantize_blockwise`, `gemmgen.quantize_mx`) loads when first used.
 """
 
-from typing import TYPE_CHECKING, Any
+import typing as _typing
+from types import ModuleType as _ModuleType
 
 from ._version import __version__
-from .aot import add_bundle, build_bundle, warmup
+from .aot import add_bundle, build_bundle, unfused_report, warmup
 from .compile import CompiledKernel
 from .config import Arch, KernelConfig, Schedule, TileScheduler
 from .dsl import (
@@ -102,7 +104,7 @@ from .types import (
     i32,
 )
 
-if TYPE_CHECKING:  # loaded on first use by __getattr__: they import torch
+if _typing.TYPE_CHECKING:  # loaded on first use by __getattr__: they import torch
     from . import nn
     from .integrations.ops import op
     from .runtime.grouped import GroupedKernel
@@ -121,7 +123,7 @@ __all__ = [
     "min", "minimum", "nn", "nvfp4_tensor_scale", "op", "pairs", "quantize", "quantize_blockwise", "quantize_mx",
     "rand", "reduce_max",
     "reduce_min", "relu", "rms_norm", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh",
-    "to_blocked_scales", "warmup"
+    "to_blocked_scales", "unfused_report", "warmup"
 ]
 
 _LAZY = {"nn": ("gemmgen.nn", None), "op": ("gemmgen.integrations.ops", "op"),
@@ -132,7 +134,7 @@ _LAZY = {"nn": ("gemmgen.nn", None), "op": ("gemmgen.integrations.ops", "op"),
          "to_blocked_scales": ("gemmgen.runtime.quantize", "to_blocked_scales")}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     """The torch integration, loaded lazily; `gg.softplus` and friends name the op that does not
     exist and list the ones that do."""
     if name in _LAZY:
@@ -144,3 +146,10 @@ def __getattr__(name: str) -> Any:
     if name.startswith("_"):
         raise AttributeError(name)
     raise _UnknownOpError(f"gemmgen has no op or name {name!r}; epilogue ops are: {', '.join(OPS)}")
+
+
+def __dir__() -> list[str]:
+    """What `dir(gemmgen)` and tab completion show: `__all__` (the lazy torch integration too, not
+    imported by listing it) and the layers' packages, not the helpers this module imports."""
+    layers = (k for k, v in globals().items() if isinstance(v, _ModuleType) and not k.startswith("_"))
+    return sorted({*__all__, *layers})

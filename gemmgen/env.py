@@ -6,6 +6,7 @@ heard. `VARIABLES` documents them; docs/deployment.md's table and the CLI's help
 
 from __future__ import annotations
 
+import enum
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +31,11 @@ VARIABLES: tuple[Variable, ...] = (
              "autotune tables (`gemmgen tune` output) to register, separated by ':'; remote:NAME is a table "
              "in the remote cache tier"),
     Variable("GEMMGEN_JIT", "1",
-             "0 (or false, no, off) forbids compiling at run time (lazy first calls, warm-up, autotune): a kernel "
-             "in no bundle and not in the cache raises gemmgen.KernelNotAvailable; `gemmgen build`, "
-             "`gemmgen inspect` and gemmgen.build_bundle compile regardless"),
+             "1: a call whose kernel no bundle or cache holds waits for its compile; 0 (or false, no, off) "
+             "forbids compiling at run time (lazy first calls, warm-up, autotune): such a kernel raises "
+             "gemmgen.KernelNotAvailable; async: it compiles in a background process while the calls run the "
+             "recipe unfused in torch (waiting instead under CUDA-graph capture and deterministic mode). "
+             "`gemmgen build`, `gemmgen inspect` and gemmgen.build_bundle compile regardless"),
     Variable("GEMMGEN_REMOTE_CACHE", "(none)",
              "a remote cache tier between the local cache and compiling: redis://HOST:PORT/DB (rediss:// for TLS) "
              "or an fsspec URL (file:///shared/gemmgen, s3://bucket/prefix, ...); hits are validated, misses "
@@ -94,9 +97,35 @@ def tuning_paths() -> list[str]:
     return out
 
 
+class JitMode(enum.Enum):
+    """What a call does when no bundle or cache holds its kernel (GEMMGEN_JIT)."""
+
+    WAIT = "1"  # compile it, the call waiting
+    OFF = "0"  # raise KernelNotAvailable
+    ASYNC = "async"  # compile it in the background, running the recipe unfused meanwhile
+
+
+_OFF = ("0", "false", "no", "off")
+_ON = ("1", "true", "yes", "on")
+
+
+def jit_mode() -> JitMode:
+    """GEMMGEN_JIT: 1 (the default), 0 or async."""
+    value = (_get("GEMMGEN_JIT") or "1").strip().lower()
+    if value in _OFF:
+        return JitMode.OFF
+    if value in _ON:
+        return JitMode.WAIT
+    if value == JitMode.ASYNC.value:
+        return JitMode.ASYNC
+    raise InvalidArgument(f"GEMMGEN_JIT={value!r}: expected 1 (compile on first use), 0 (never compile at run "
+                          "time) or async (compile in the background, running unfused meanwhile)")
+
+
 def jit_enabled() -> bool:
-    """GEMMGEN_JIT=0 forbids compiling: every kernel must come from a bundle or the cache."""
-    return _flag("GEMMGEN_JIT")
+    """Whether a kernel may be compiled at run time (GEMMGEN_JIT is not 0): every kernel must
+    otherwise come from a bundle, the cache or the remote tier."""
+    return jit_mode() is not JitMode.OFF
 
 
 def remote_cache_url() -> str | None:

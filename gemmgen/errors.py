@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class GemmgenError(Exception):
     """Base class of every error gemmgen raises on purpose."""
@@ -52,3 +55,17 @@ class KernelNotAvailable(GemmgenError, RuntimeError):
 class GemmgenWarning(UserWarning):
     """Something gemmgen worked around and an operator should know of: a damaged cache or bundle
     entry not served, a read-only cache written elsewhere, a kernel kept only in memory."""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """A " (did you mean 'x'?)" suffix naming the choice closest to a mistyped `name`, else "": what
+    a typo needs is the right name, not a list to read."""
+    options = list(choices)
+    close = difflib.get_close_matches(name, options, n=1) or [c for c in options if c.lower() == name.lower()]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class ReadOnlyOption(InvalidArgument, AttributeError):
+    """A layer's option (one its constructor takes, such as `activation`) was assigned after
+    construction, where the layer's kernels and parameters were made for the old value: construct a
+    new layer instead. Also an AttributeError, as Python's read-only attributes raise."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import re
 
 import grimp
@@ -134,6 +135,28 @@ def test_the_public_names_import(module):
     assert not missing, missing
     if hasattr(loaded, "__all__"):
         assert all(hasattr(loaded, name) for name in loaded.__all__), "__all__ names what the module lacks"
+
+
+def test_the_public_face_lists_its_names_and_only_those():
+    """`gemmgen.__all__` names every public name, the lazy torch integration included (op, nn, the
+    quantize helpers); `dir(gemmgen)` shows them and not the typing helpers the module imports,
+    without importing torch."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys, types, gemmgen as gg; d = dir(gg); "
+            "public = [k for k, v in vars(gg).items() if not k.startswith('_') "
+            "and not isinstance(v, types.ModuleType)]; "
+            "print(json.dumps({'dir': d, 'all': gg.__all__, 'public': public, 'torch': 'torch' in sys.modules}))")
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert not out["torch"]
+    assert "Any" not in out["dir"] and "TYPE_CHECKING" not in out["dir"]
+    assert set(out["all"]) <= set(out["dir"]), set(out["all"]) - set(out["dir"])
+    assert set(out["public"]) <= set(out["all"]), set(out["public"]) - set(out["all"])
+    assert len(out["all"]) == len(set(out["all"]))
+    assert {"op", "nn", "bf16", "f16", "f32", "e4m3", "e5m2", "e2m1", "MXFP8", "NVFP4", "quantize_mx", "Recipe",
+            "quantize_blockwise", "nvfp4_tensor_scale", "to_blocked_scales", "KernelConfig"} <= set(out["all"])
+    assert set(PUBLIC["gemmgen"]) <= set(out["all"])
 
 
 def test_importing_gemmgen_imports_no_torch():

@@ -12,7 +12,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .. import env
 from ..compile import CompiledKernel, KernelCache, KernelReport, build_many, default_cache, report_table
+from ..compile.background import BACKGROUND
 from ..compile.parallel import with_origin
 from ..config import DEFAULT_ARCH, Arch, KernelConfig
 from ..dsl import Recipe
@@ -68,7 +70,11 @@ def warmup(items: Items, shapes: dict | None = None, jobs: int | None = None, ca
     warms up each process alone.
 
     The kernels are `arch`'s: by default the current CUDA device's (`Arch.of_device`), sm_90a
-    without one. A recipe's own config serves its arch only; on another, gemmgen's default does."""
+    without one. A recipe's own config serves its arch only; on another, gemmgen's default does.
+
+    Under GEMMGEN_JIT=async a warm-up in one process returns at once: the kernels found are loaded
+    and returned, the others compile in background workers while calls run their recipes unfused
+    (`unfused_report` says for how long). A distributed warm-up compiles as under GEMMGEN_JIT=1."""
     items = list(items)
     target = Arch.parse(arch) if arch is not None else current_arch()
     if shapes is not None:
@@ -81,6 +87,8 @@ def warmup(items: Items, shapes: dict | None = None, jobs: int | None = None, ca
         pairs = pairs_of(items, target)
     cache = cache or default_cache()
     pg = process_group(group, distributed)
+    if pg is None and env.jit_mode() is env.JitMode.ASYNC:
+        return _warmup_in_background(pairs, cache, quiet)
     if pg is None:
         kernels = build(pairs, cache, jobs, quiet)
         if not quiet:
@@ -92,6 +100,33 @@ def warmup(items: Items, shapes: dict | None = None, jobs: int | None = None, ca
         print(report_table([k.report for k in kernels]), file=sys.stderr)
         print(share.summary(), file=sys.stderr, flush=True)
     return kernels
+
+
+def _warmup_in_background(pairs: list[tuple[Recipe, KernelConfig]], cache: KernelCache, quiet: bool
+                          ) -> list[CompiledKernel]:
+    """GEMMGEN_JIT=async: what a bundle, the cache or the remote tier holds, loaded; the rest
+    requested from the background builds (each once: a call of the op later finds it pending)."""
+    found = [(r, c) for r, c in pairs if BACKGROUND.request(r.ir, c, cache, r.name) is None]
+    kernels = build(found, cache, quiet=True)
+    if not quiet:
+        pending = len(dict.fromkeys(pairs)) - len(dict.fromkeys(found))
+        print(f"gemmgen: {len(kernels)} kernel(s) loaded, {pending} compiling in the background (GEMMGEN_JIT="
+              "async): calls run their recipes unfused until each is ready; gemmgen.unfused_report() says how long",
+              file=sys.stderr, flush=True)
+    return kernels
+
+
+def unfused_report() -> str:
+    """Under GEMMGEN_JIT=async: each kernel compiled in the background by this process, its state
+    (compiling, ready, failed), how long calls ran its recipe unfused (from the request until it
+    was ready, or until now) and how many calls did."""
+    builds = BACKGROUND.builds()
+    rows = [["recipe", "config", "state", "unfused s", "unfused calls"]]
+    rows += [[b.name, b.config.name, b.state, f"{b.unfused_seconds:.1f}", str(b.unfused_calls)] for b in builds]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines) if builds else "gemmgen: no kernel was compiled in the background by this process"
 
 
 def with_tuned_winners(pairs: list[tuple[Recipe, KernelConfig]], tuning: TuningTable | None,

@@ -17,7 +17,7 @@ import jinja2
 
 from .._version import __version__
 from ..config import Arch, KernelConfig, kernel_id, kernel_recipe
-from ..errors import ConfigError
+from ..errors import ConfigError, ToolchainError
 from ..ir import RecipeIR
 from . import rules, sm90, sm100
 from .emitter import Emitter, SassRequirement
@@ -25,8 +25,8 @@ from .evt import EpilogueCode, build_epilogue
 from .fields import ParamField, ParamsLayout
 
 __all__ = ["EMITTERS", "INFO_FIELDS", "Emitter", "EpilogueCode", "GeneratedKernel", "ParamField", "ParamsLayout",
-           "SassRequirement", "emitter", "is_valid", "kernel_id", "render_kernel", "template_environment", "validate",
-           "violations"]
+           "SassRequirement", "emitter", "is_valid", "kernel_id", "render_kernel", "template_environment",
+           "templates_dir", "validate", "violations"]
 
 #: The code generator of each architecture.
 EMITTERS: dict[Arch, Emitter] = {Arch.SM90A: sm90.EMITTER, Arch.SM100A: sm100.EMITTER}
@@ -51,7 +51,7 @@ def validate(cfg: KernelConfig, recipe: RecipeIR) -> None:
         raise ConfigError(f"config: expected a gemmgen.KernelConfig, got {cfg!r}")
     rules.raise_violations(violations(cfg, recipe), cfg, recipe)
 
-#: Fields of the `<entry>_info` array every kernel exports (see gemmgen/codegen/templates/kernel.cu.j2).
+#: Fields of the `<entry>_info` array every kernel exports (see templates/kernel.cu.j2).
 INFO_FIELDS: tuple[tuple[str, str], ...] = (
     ("params_size", "sizeof(Params)"),
     ("params_align", "alignof(Params)"),
@@ -62,14 +62,24 @@ INFO_FIELDS: tuple[tuple[str, str], ...] = (
 )
 
 
-#: The templates: kernel.cu.j2 (the entry points, shared), sm90/ and sm100/ (the types each arch's kernel
-#: instantiates).
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+@functools.cache
+def templates_dir() -> Path:
+    """The jinja2 kernel templates: kernel.cu.j2 (the entry points, shared), sm90/ and sm100/ (the
+    types each arch's kernel instantiates). They live in the repository's top-level templates/; a
+    wheel ships them inside the package (pyproject.toml's force-include), so the same lookup serves
+    a checkout, an editable install and an installed wheel."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "templates", package.parent / "templates"):
+        if (candidate / "kernel.cu.j2").is_file():
+            return candidate
+    raise ToolchainError(f"gemmgen's kernel templates are missing: neither {package / 'templates'} (an "
+                         f"installed wheel) nor {package.parent / 'templates'} (a checkout) holds kernel.cu.j2; "
+                         "reinstall gemmgen")
 
 
 @functools.cache
 def template_environment() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
 
 

@@ -14,25 +14,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..config import Arch
-from ..ir import BlockOp, Columns, EpilogueIR, Node, Op, Operand, Param, RecipeIR, Reduction, f32_bits, post_order
+from ..ir import BlockOp, Columns, EpilogueIR, Node, Op, Param, RecipeIR, Reduction, f32_bits, post_order
 from ..ir.ops import FP8_MAX, RANDOM_OPS
 from ..types import DType, Layout, OperandKind
 from .fields import REGISTER_LOADS, REGISTER_STORES, sinks_d
-
-FUSION = "cutlass::epilogue::fusion"
-ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
-COMPUTE = "float"
-
-EPI = "gemmgen::epi"  # gemmgen/include/gemmgen/epilogue.hpp: each op's functor (`ir.Op.functor`)
-
-#: (load, store) descriptors of an aux tensor's epilogue tile, stages and smem layout, per arch;
-#: each takes the kernel's `EpilogueDescriptor` (declared by the arch's types template).
-AUX_DESCRIPTORS = {
-    Arch.SM90A: ("cutlass::epilogue::collective::detail::AuxLoadDescriptor",
-                 "cutlass::epilogue::collective::detail::AuxStoreDescriptor"),
-    Arch.SM100A: ("cutlass::epilogue::collective::detail::Sm100AuxLoadDescriptor",
-                  "cutlass::epilogue::collective::detail::Sm100AuxStoreDescriptor"),
-}
+from .visitor_types import (
+    AUX_DESCRIPTORS,
+    COMPUTE,
+    EPI,
+    FUSION,
+    HALF_STRIDE,
+    REDUCTION_KIND,
+    ROUND,
+    aux_store_type,
+    aux_stride_type,
+    load_type,
+    register_element,
+    scalar_reduction_type,
+    vector_reduction_type,
+)
 
 
 @dataclass
@@ -45,6 +45,7 @@ class _VNode:
     fn: str | None = None
     out: str = COMPUTE
     binding: ParamBinding | None = None  # runtime data this node reads (operand) or writes (aux output)
+    scalar: str | None = None  # fn's F where fn is Map<F>::Fn: an elementwise op, which a region may inline
 
     @property
     def is_compute(self) -> bool:
@@ -83,6 +84,14 @@ class ParamBinding:
 
 
 @dataclass(frozen=True)
+class RegionFunctor:
+    """An elementwise region's functor (`_fuse_regions`): its struct's name and C++ definition."""
+
+    name: str
+    source: str
+
+
+@dataclass(frozen=True)
 class EpilogueCode:
     decls: tuple[tuple[str, str], ...]  # (name, C++ type), in dependency order
     callbacks: str  # the type passed to the epilogue CollectiveBuilder
@@ -93,6 +102,7 @@ class EpilogueCode:
     arguments: tuple  # the callbacks' Arguments nesting: tuples of sub-trees, ParamBinding or None
     element_d: str = ""  # the collective's D element: D's, or "void" where a PairStore writes D
     d_sink: bool = False  # registers write D and the collective's D store goes to a sink (`fields.sinks_d`)
+    functors: tuple[RegionFunctor, ...] = ()  # each elementwise region's straight-line functor (`_fuse_regions`)
 
     @property
     def stores_d(self) -> bool:
@@ -101,9 +111,25 @@ class EpilogueCode:
         return self.element_d != "void" and not self.d_sink
 
 
+def _compute_node(label: str, node: Node, nodes: tuple[Node, ...], of_ir: dict[int, int]) -> _VNode:
+    """A compute node of `node`: a fragment functor of pairs.hpp, or an elementwise functor F as
+    Map<F>::Fn (`scalar` F), its remaining args as children."""
+    fn, args = _functor(node, nodes)
+    out = node.dtype.cutlass if node.op is Op.CAST else COMPUTE  # type: ignore[union-attr]
+    children = [of_ir[a] for a in args]
+    if node.op.pairs:
+        return _VNode(label, children=children, fn=fn, out=out)
+    return _scalar_node(label, children, fn, out)
+
+
+def _scalar_node(label: str, children: list[int], scalar: str, out: str = COMPUTE) -> _VNode:
+    return _VNode(label, children=children, fn=f"{EPI}::Map<{scalar}>::Fn", out=out, scalar=scalar)
+
+
 def _functor(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
-    """The Map<...>::Fn functor for a compute node and the args that remain visitor children: a
-    compile-time parameter (leaky_relu's slope) and a constant operand are template arguments."""
+    """The functor of a compute node (a pair functor whole, an elementwise one as the F of
+    Map<F>::Fn) and the args that remain visitor children: a compile-time parameter (leaky_relu's
+    slope) and a constant operand are template arguments."""
     ns = EPI
     if node.op.pairs:  # a functor of the whole fragment (pairs.hpp); a constant side built in
         consts = [nodes[a] for a in node.args if nodes[a].op is Op.CONST]
@@ -114,7 +140,7 @@ def _functor(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
             return f"{ns}::InterleaveConst<{value:#010x}u, {str(const_even).lower()}>::Fn", kept
         return f"{ns}::{node.op.functor}", list(node.args)
     if node.op.param is Param.SLOPE:
-        return f"{ns}::Map<{ns}::{node.op.functor}<{f32_bits(node.attr):#010x}u>>::Fn", list(node.args)  # type: ignore[arg-type]
+        return f"{ns}::{node.op.functor}<{f32_bits(node.attr):#010x}u>", list(node.args)  # type: ignore[arg-type]
     base = f"{ns}::{node.op.functor}"
     if node.op is Op.WHERE:  # constant branches built in (a constant condition was folded by the IR)
         _, x, y = (nodes[a] for a in node.args)
@@ -122,43 +148,22 @@ def _functor(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
         which = "X" * (x.op is Op.CONST) + "Y" * (y.op is Op.CONST)
         if which:
             kept = [a for a in node.args if nodes[a].op is not Op.CONST]
-            return f"{ns}::Map<{ns}::SelectConst{which}<{', '.join(bits)}>>::Fn", kept
+            return f"{ns}::SelectConst{which}<{', '.join(bits)}>", kept
     if len(node.args) == 2:
         lhs, rhs = (nodes[a] for a in node.args)
         if rhs.op is Op.CONST:
-            return f"{ns}::Map<{ns}::WithRhs<{base}, {f32_bits(rhs.attr):#010x}u>>::Fn", [node.args[0]]  # type: ignore[arg-type]
+            return f"{ns}::WithRhs<{base}, {f32_bits(rhs.attr):#010x}u>", [node.args[0]]  # type: ignore[arg-type]
         if lhs.op is Op.CONST:
-            return f"{ns}::Map<{ns}::WithLhs<{base}, {f32_bits(lhs.attr):#010x}u>>::Fn", [node.args[1]]  # type: ignore[arg-type]
-    return f"{ns}::Map<{base}>::Fn", list(node.args)
+            return f"{ns}::WithLhs<{base}, {f32_bits(lhs.attr):#010x}u>", [node.args[1]]  # type: ignore[arg-type]
+    return base, list(node.args)
 
-
-#: An N/2- or 2N-column tensor's strides (pairs.hpp): rows, contiguous columns, batches.
-HALF_STRIDE = "cute::Stride<int64_t, cute::_1, int64_t>"
-
-
-def _register_element(dtype: DType, recipe: RecipeIR) -> str:
-    """The element a register visitor of pairs.hpp takes: a grouped kernel's is `Element*`, an array
-    of per-group pointers (CUTLASS's form for its broadcasts), each at its group's first row."""
-    return f"{dtype.cutlass}*" if recipe.gemm.grouped else dtype.cutlass
-
-
-def _aux_stride(layout: Layout) -> str:
-    """An M x N aux tensor in D's layout, with a batch stride."""
-    if layout is Layout.ROW:
-        return "cute::Stride<int64_t, cute::_1, int64_t>"
-    return "cute::Stride<cute::_1, int64_t, int64_t>"
-
-
-def _shared_stride(aux_stride: str) -> str:
-    """A matrix shared by every batch: D's layout, a static batch stride of 0."""
-    return aux_stride.removesuffix("int64_t>") + "cute::_0>"
 
 
 def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     ir = recipe.epilogue
     load_desc, store_desc = AUX_DESCRIPTORS[arch]
     d = recipe.gemm.d
-    aux_stride = _aux_stride(recipe.gemm.layout_d)
+    aux_stride = aux_stride_type(recipe.gemm.layout_d)
     source = ir.source
     element_c = ir.operand(source).dtype.cutlass if source else "void"
 
@@ -173,7 +178,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             operand = ir.operand(ir.nodes[n.args[0]].name)  # type: ignore[arg-type]
             parity = int(n.op is Op.PAIR_ODD)
             of_ir[i] = len(vnodes)
-            load = f"{EPI}::DoubleLoad<{_register_element(operand.dtype, recipe)}, {HALF_STRIDE}, {parity}>"
+            load = f"{EPI}::DoubleLoad<{register_element(operand.dtype, recipe)}, {HALF_STRIDE}, {parity}>"
             kind = REGISTER_LOADS[Columns.DOUBLE][parity]
             half = ParamBinding(kind, operand.name, operand.dtype)
             vnodes.append(_VNode(f"{kind}_{operand.name}", load, binding=half))
@@ -191,20 +196,18 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             kind = {OperandKind.SCALAR: "scalar", OperandKind.ROW: "row", OperandKind.COL: "col",
                     OperandKind.MATRIX: "aux_load" if operand.per_batch else "shared_load"}[operand.kind]
             if operand.columns is Columns.HALF:
-                load = f"{EPI}::PairLoad<{_register_element(operand.dtype, recipe)}, {HALF_STRIDE}>"
+                load = f"{EPI}::PairLoad<{register_element(operand.dtype, recipe)}, {HALF_STRIDE}>"
                 v = _VNode(f"in_{n.name}", load,
                            binding=ParamBinding(REGISTER_LOADS[Columns.HALF][0], operand.name, operand.dtype))
             else:
                 binding = None if n.name == source else ParamBinding(
                     kind, operand.name, operand.dtype, per_batch=bool(operand.per_batch),
                     column_major=recipe.gemm.layout_d is Layout.COL)
-                v = _VNode(f"in_{n.name}", _load_type(operand, n.name == source, aux_stride, load_desc,
+                v = _VNode(f"in_{n.name}", load_type(operand, n.name == source, aux_stride, load_desc,
                                                       _grouping(recipe), _rows_in_place(recipe, arch)),
                            binding=binding)
         else:
-            fn, args = _functor(n, ir.nodes)
-            out = n.dtype.cutlass if n.op is Op.CAST else COMPUTE  # type: ignore[union-attr]
-            v = _VNode(f"{n.op.key}{i}", children=[of_ir[a] for a in args], fn=fn, out=out)
+            v = _compute_node(f"{n.op.key}{i}", n, ir.nodes, of_ir)
         of_ir[i] = len(vnodes)
         vnodes.append(v)
 
@@ -222,22 +225,22 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             mask = _VNode(f"once_{o.name}", children=[src], fn=f"{EPI}::PairSumMask")
             vnodes.append(mask)
             kind = REDUCTION_KIND[o.dim]  # type: ignore[index]  # a sum is over M or N (`Reduced`)
-            vnodes.append(_VNode(f"{o.reduce.value}_{o.name}", _vector_reduction_type(kind, o.reduce, arch),
+            vnodes.append(_VNode(f"{o.reduce.value}_{o.name}", vector_reduction_type(kind, o.reduce, arch),
                                  [len(vnodes) - 1], binding=ParamBinding(kind, o.name, o.dtype)))
             continue
         if o.reduce is None and o.columns is Columns.HALF:
-            store = _VNode(f"aux_{o.name}", f"{EPI}::PairStore<{_register_element(o.dtype, recipe)}, {HALF_STRIDE}>",
+            store = _VNode(f"aux_{o.name}", f"{EPI}::PairStore<{register_element(o.dtype, recipe)}, {HALF_STRIDE}>",
                            [src],
                            binding=ParamBinding(REGISTER_STORES[Columns.HALF], o.name, o.dtype))
         elif o.reduce is not None and o.dim is None:
-            store = _VNode(f"{o.reduce.value}_{o.name}", _scalar_reduction_type(o.reduce), [src],
+            store = _VNode(f"{o.reduce.value}_{o.name}", scalar_reduction_type(o.reduce), [src],
                            binding=ParamBinding("amax", o.name, o.dtype))
         elif o.reduce is not None:
             kind = REDUCTION_KIND[o.dim]  # type: ignore[index]
-            store = _VNode(f"{o.reduce.value}_{o.name}", _vector_reduction_type(kind, o.reduce, arch), [src],
+            store = _VNode(f"{o.reduce.value}_{o.name}", vector_reduction_type(kind, o.reduce, arch), [src],
                            binding=ParamBinding(kind, o.name, o.dtype, log_sum_exp=o.reduce is Reduction.LSE))
         else:
-            store = _VNode(f"aux_{o.name}", _aux_store_type(o.dtype, aux_stride, store_desc), [src],
+            store = _VNode(f"aux_{o.name}", aux_store_type(o.dtype, aux_stride, store_desc), [src],
                            binding=ParamBinding("aux_store", o.name, o.dtype))
         vnodes.append(store)
         for v in vnodes[:-1]:
@@ -247,7 +250,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     d_columns = ir.outputs[0].columns
     paired_d = d_columns is not Columns.FULL
     if d_columns is Columns.HALF:  # D has N/2 columns: written by a PairStore at the root, not by the collective
-        vnodes.append(_VNode("pair_d", f"{EPI}::PairStore<{_register_element(d, recipe)}, {HALF_STRIDE}>",
+        vnodes.append(_VNode("pair_d", f"{EPI}::PairStore<{register_element(d, recipe)}, {HALF_STRIDE}>",
                              [of_ir[ir.outputs[0].node]],
                              binding=ParamBinding(REGISTER_STORES[Columns.HALF], "d", d)))
     elif d_columns is Columns.DOUBLE:  # 2N: by a DoubleStore at the root
@@ -267,7 +270,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     converts = vnodes[root].is_compute and vnodes[root].out == COMPUTE and consumers[root] == 0
     if root_gives_d and not blocked and not converts:
         # D's value is shared, stored, cast or loaded: give D a node of its own that converts.
-        vnodes.append(_VNode("to_d", children=[root], fn=f"{EPI}::Map<{EPI}::Identity>::Fn"))
+        vnodes.append(_scalar_node("to_d", [root], f"{EPI}::Identity"))
         consumers.append(0)
         consumers[root] += 1
         root = len(vnodes) - 1
@@ -276,10 +279,15 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     void_d = paired_d and not sink
     element_d = "void" if void_d else d.cutlass
 
+    vnodes, root, functors = _fuse_regions(vnodes, root)
+    consumers = [0] * len(vnodes)
+    for v in vnodes:
+        for c in v.children:
+            consumers[c] += 1
     reachable = _reachable(vnodes, root)
     is_tree = all(consumers[i] == (0 if i == root else 1) for i in range(len(vnodes))) and \
         len(reachable) == len(vnodes)
-    names = [f"{v.label.title().replace('_', '')}" for v in vnodes]
+    names = [_type_name(v.label) for v in vnodes]
     decls: list[tuple[str, str]] = [(names[i], v.type) for i, v in enumerate(vnodes)]
     if is_tree:
         paths = _tree_paths(vnodes, root)
@@ -295,7 +303,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
         bindings = _bindings(vnodes, paths)
         return EpilogueCode(tuple(decls), _callbacks(evt_name[root], d, void_d), element_c, source, "tree",
                             bindings, _tree_arguments(vnodes, root, {b.path: b for b in bindings}, paths), element_d,
-                            sink)
+                            sink, functors)
 
     order = _topological(vnodes, root)
     pos = {n: k for k, n in enumerate(order)}
@@ -305,7 +313,77 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     bindings = _bindings(vnodes, {n: ((k, len(order)),) for k, n in enumerate(order)})
     by_path = {b.path: b for b in bindings}
     return EpilogueCode(tuple(decls), _callbacks("EpilogueDag", d, void_d), element_c, source, "dag", bindings,
-                        tuple(by_path.get(((k, len(order)),)) for k in range(len(order))), element_d, sink)
+                        tuple(by_path.get(((k, len(order)),)) for k in range(len(order))), element_d, sink, functors)
+
+
+def _type_name(label: str) -> str:
+    """A visitor node's C++ type name: its label in CamelCase (`in_bias` -> `InBias`)."""
+    return label.title().replace("_", "")
+
+
+def _fuse_regions(vnodes: list[_VNode], root: int) -> tuple[list[_VNode], int, tuple[RegionFunctor, ...]]:
+    """Each maximal region of elementwise compute nodes as one Sm90Compute over a generated
+    straight-line functor. Every level of an Sm90EVT tree costs the compiler's front end seconds
+    (docs/measurements.md); one N-ary compute node per region keeps loads, stores, reductions, pair
+    functors and values with several consumers as visitor nodes, and nothing else.
+
+    A node is inlined into the region of its consumers when it and they are elementwise
+    (`_VNode.scalar`), they all lie in one region, and it gives fp32 (a cast's rounding is its
+    node's output conversion, so a cast ends a region). A region computes such a value once and
+    reads each input once, so a value it uses twice (x * sigmoid(1.702 x)) no longer makes the
+    epilogue a DAG. The result: the nodes left, re-indexed; the root's new index; the regions'
+    functors."""
+    users: list[list[int]] = [[] for _ in vnodes]
+    for i, v in enumerate(vnodes):
+        for c in v.children:
+            users[c].append(i)
+    region = list(range(len(vnodes)))  # the node whose region each node's value is computed in
+    inlined: set[int] = set()
+    for i in reversed(_topological(vnodes, root)):  # users before the values they read
+        v = vnodes[i]
+        regions = {region[u] for u in users[i]}
+        if i != root and v.scalar is not None and v.out == COMPUTE and len(regions) == 1 and \
+                all(vnodes[u].scalar is not None for u in users[i]):
+            inlined.add(i)
+            region[i] = regions.pop()
+    kept = [i for i in range(len(vnodes)) if i not in inlined]
+    index = {old: new for new, old in enumerate(kept)}
+    out: list[_VNode] = []
+    functors: list[RegionFunctor] = []
+    for i in kept:
+        v = vnodes[i]
+        if v.scalar is not None and any(c in inlined for c in v.children):
+            name = f"Fused{_type_name(v.label)}"
+            struct, inputs = _region_functor(name, vnodes, i, inlined)
+            functors.append(RegionFunctor(name, struct))
+            out.append(replace(v, children=[index[c] for c in inputs], fn=f"{EPI}::Map<{name}>::Fn", scalar=None))
+        else:
+            out.append(replace(v, children=[index[c] for c in v.children]))
+    return out, index[root], tuple(functors)
+
+
+def _region_functor(name: str, vnodes: list[_VNode], top: int, inlined: set[int]) -> tuple[str, list[int]]:
+    """The C++ struct of the region ending at `top`: one statement per op, named as the op's
+    visitor node would be, each input a parameter (once), as the emulation
+    (`testing.visitors`) parses it back. Its inputs, in parameter order."""
+    def inside(i: int) -> bool:
+        return i == top or i in inlined
+
+    order = post_order([top], lambda i: tuple(vnodes[i].children) if inside(i) else ())
+    inputs = [i for i in order if not inside(i)]
+
+    def call(i: int) -> str:
+        scalar = vnodes[i].scalar
+        assert scalar is not None
+        return f"{scalar.replace(EPI + '::', '')}{{}}({', '.join(vnodes[c].label for c in vnodes[i].children)})"
+
+    body = [f"    float const {vnodes[i].label} = {call(i)};" for i in order if i in inlined]
+    params = ", ".join(f"float {vnodes[i].label}" for i in inputs)
+    ops = len(body) + 1
+    comment = f"// {_type_name(vnodes[top].label)}'s elementwise region: {ops} ops in one compute node, in fp32"
+    struct = "\n".join([comment, f"struct {name} {{", f"  CUTLASS_DEVICE float operator()({params}) const {{",
+                        f"    using namespace {EPI};", *body, f"    return {call(top)};", "  }", "};"])
+    return struct, inputs
 
 
 def _double_nodes(ir: EpilogueIR) -> set[int]:
@@ -326,13 +404,13 @@ def _double_store(name: str, dtype: DType, recipe: RecipeIR, node: int, of_ir: d
         arg = recipe.epilogue.nodes[a]
         if arg.op is Op.CONST:
             bits = f"{f32_bits(arg.attr):#010x}u"  # type: ignore[arg-type]
-            vnodes.append(_VNode(f"const_{name}_{k}", children=[of_ir[args[1 - k]]],
-                                 fn=f"{EPI}::Map<{EPI}::SelectConstXY<{bits}, {bits}>>::Fn"))
+            vnodes.append(_scalar_node(f"const_{name}_{k}", [of_ir[args[1 - k]]],
+                                       f"{EPI}::SelectConstXY<{bits}, {bits}>"))
             children.append(len(vnodes) - 1)
         else:
             children.append(of_ir[a])
     binding = ParamBinding(REGISTER_STORES[Columns.DOUBLE], name, dtype)
-    store = f"{EPI}::DoubleStore<{_register_element(dtype, recipe)}, {HALF_STRIDE}>"
+    store = f"{EPI}::DoubleStore<{register_element(dtype, recipe)}, {HALF_STRIDE}>"
     return _VNode(f"double_{name}", store, children, binding=binding)
 
 
@@ -409,97 +487,6 @@ def _rows_in_place(recipe: RecipeIR, arch: Arch) -> bool:
     beside the accumulator's (copied, a 128-column fp32 row spilled: docs/blackwell.md)."""
     return arch is Arch.SM100A and recipe.epilogue.row_blocks is not None
 
-
-def _load_type(operand: Operand, is_source: bool, aux_stride: str, descriptor: str,
-               grouping: str | None = None, rows_in_place: bool = False) -> str:
-    """A grouped kernel's vectors are arrays of per-group pointers (CUTLASS's `Element*` form). The
-    vector along the grouped mode starts at the group's first row of A, any element: it is read
-    element by element (Alignment 1), not in 16-byte vectors. A vector per batch has a dynamic
-    batch stride (the broadcasts allow one); a scalar's always is one (0 when shared: the value). A
-    row vector is read in place where `rows_in_place` (`_rows_in_place`)."""
-    kind, e = operand.kind, operand.dtype.cutlass
-    v = f"{e}*" if grouping else e
-    batch = "int64_t" if operand.per_batch else "cute::_0"
-    if kind is OperandKind.SCALAR:
-        return f"{FUSION}::Sm90ScalarBroadcast<{e}, cute::Stride<cute::_0, cute::_0, int64_t>>"
-    if kind is OperandKind.ROW:
-        align = ", 1" if grouping == "N" else ""
-        stride = f"cute::Stride<cute::_0, cute::_1, {batch}>"
-        row = f"{FUSION}::Sm90RowBroadcast<0, TileShape, {v}, {COMPUTE}, {stride}{align}>"
-        return f"{EPI}::Sm100RowBroadcastInPlace<{row}>" if rows_in_place else row
-    if kind is OperandKind.COL:
-        align = ", 1" if grouping else ""
-        stride = f"cute::Stride<cute::_1, cute::_0, {batch}>"
-        return f"{FUSION}::Sm90ColBroadcast<0, TileShape, {v}, {COMPUTE}, {stride}{align}>"
-    if is_source:
-        return f"{FUSION}::Sm90SrcFetch<{e}>"
-    if not operand.per_batch:  # one matrix for every batch: CUTLASS's register load (no TMA, no smem), batch stride 0
-        return f"{FUSION}::Sm90AuxLoad<0, void, {e}, {_shared_stride(aux_stride)}, void, void>"
-    desc = f"{descriptor}<EpilogueDescriptor, {aux_stride}, {e}>"
-    return (f"{FUSION}::Sm90AuxLoad<{desc}::Stages, typename {desc}::EpilogueTile, {e}, {aux_stride}, "
-            f"typename {desc}::SmemLayoutAtom, typename {desc}::CopyOpS2R>")
-
-
-#: (per element, into global memory) functors of a reduction over M and N: max |x| (CUTLASS's fp8
-#: amax), a signed max or min. Each thread reduces its part of a tile from the reduction's identity,
-#: then combines it atomically, once per thread and tile, into the batch's fp32, which must start at
-#: the identity (the runtime fills it). Max and min do not depend on the order they combine in.
-_SCALAR_REDUCE_FN = {
-    Reduction.AMAX: ("cutlass::maximum_absolute_value_reduction", "cutlass::atomic_maximum"),
-    Reduction.MAX: ("cutlass::maximum", "cutlass::atomic_maximum"),
-    Reduction.MIN: ("cutlass::minimum", f"{EPI}::AtomicMinimum"),  # gemmgen/include/gemmgen/atomics.hpp
-}
-
-
-def _scalar_reduction_type(reduce: Reduction) -> str:
-    """Sm90ScalarReduction into one fp32 per batch (dynamic batch stride)."""
-    reg, gmem = _SCALAR_REDUCE_FN[reduce]
-    return (f"{FUSION}::Sm90ScalarReduction<{reg}, {gmem}, float, {COMPUTE}, {ROUND}, "
-            f"cute::Stride<cute::_0, cute::_0, int64_t>>")
-
-
-#: The visitor reducing over M (dim 0, to a row vector) or over N (dim 1, to a column vector).
-REDUCTION_KIND = {0: "row_reduction", 1: "col_reduction"}
-
-#: (per element, across lanes, across warps and tiles) functors of each reduction. They are not
-#: atomics, so CUTLASS's reductions take their deterministic path: each CTA writes its tile's
-#: partial to the workspace and the last CTA of a row (column) of tiles combines them in a fixed
-#: order (the workspace's tile counters must start at 0: the runtime zeroes the workspace).
-_VECTOR_REDUCE_FN = {
-    Reduction.SUM: ("cutlass::plus", "cutlass::plus", "cutlass::plus"),
-    Reduction.AMAX: ("cutlass::maximum_absolute_value_reduction", "cutlass::maximum", "cutlass::maximum"),
-    Reduction.MAX: ("cutlass::maximum", "cutlass::maximum", "cutlass::maximum"),
-    Reduction.MIN: ("cutlass::minimum", "cutlass::minimum", "cutlass::minimum"),
-    Reduction.LSE: (f"{EPI}::LseCombine",) * 3,  # gemmgen/include/gemmgen/lse.hpp
-}
-
-#: The state a log-sum-exp reduces in (its ElementCompute): {max, sum of exp(x - max)}.
-LSE_STATE = f"{EPI}::LseState"
-
-
-def _vector_reduction_type(kind: str, reduce: Reduction, arch: Arch = Arch.SM90A) -> str:
-    """A reduction into fp32, one vector per batch (dynamic batch stride); a log-sum-exp's state is a
-    pair (`LSE_STATE`), the others' fp32. Over the kernel's N: CUTLASS's Sm90ColReduction; over its
-    M: on sm_90a gemmgen's Sm90RowReduction (gemmgen/include/gemmgen/row_reduction.hpp: CUTLASS's,
-    with its state in shared memory rather than spilled), on sm_100a CUTLASS's own, whose per-thread
-    state the tensor-memory loads' layout keeps in registers (docs/blackwell.md)."""
-    reg, shuffle, gmem = _VECTOR_REDUCE_FN[reduce]
-    compute = LSE_STATE if reduce is Reduction.LSE else COMPUTE
-    if kind == "row_reduction" and arch is Arch.SM100A:
-        return (f"{FUSION}::Sm90RowReduction<{reg}, {shuffle}, {gmem}, 0, TileShape, float, {compute}, {ROUND}, "
-                "cute::Stride<cute::_0, cute::_1, int64_t>>")
-    if kind == "row_reduction":
-        return (f"{EPI}::Sm90RowReduction<{reg}, {shuffle}, {gmem}, TileShape, EpilogueSchedule, float, {compute}, "
-                f"{ROUND}, cute::Stride<cute::_0, cute::_1, int64_t>>")
-    return (f"{FUSION}::Sm90ColReduction<{reg}, {shuffle}, {gmem}, 0, TileShape, float, {compute}, {ROUND}, "
-            "cute::Stride<cute::_1, cute::_0, int64_t>>")
-
-
-def _aux_store_type(dtype: DType, aux_stride: str, descriptor: str) -> str:
-    e = dtype.cutlass
-    desc = f"{descriptor}<EpilogueDescriptor, {aux_stride}, {e}>"
-    return (f"{FUSION}::Sm90AuxStore<{desc}::Stages, typename {desc}::EpilogueTile, {e}, {ROUND}, {aux_stride}, "
-            f"typename {desc}::SmemLayoutAtom, typename {desc}::CopyOpR2S>")
 
 
 def _reachable(vnodes: list[_VNode], root: int) -> set[int]:

@@ -14,7 +14,7 @@ from .cache import Artifact
 
 @dataclass(frozen=True)
 class KernelInfo:
-    """Facts about the instantiation, exported by the kernel itself (see gemmgen/codegen/templates/kernel.cu.j2)."""
+    """Facts about the instantiation, exported by the kernel itself (see templates/kernel.cu.j2)."""
 
     params_size: int
     params_align: int
@@ -42,6 +42,7 @@ class KernelReport:
     cached: bool = False  # not compiled by this call (from the cache or a bundle)
     origin: str = "compiled"  # "compiled", "cache", "bundle", "remote" (the remote tier) or "peer" (another rank)
     arch: str = "sm_90a"  # the GPU architecture it is built for (`gemmgen.Arch` value)
+    compile_peak_bytes: int | None = None  # the compiling process's peak resident memory (Linux; None elsewhere)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,7 +77,8 @@ def compiled_kernel(recipe: RecipeIR, config: KernelConfig, kernel: GeneratedKer
         smem_bytes=info.smem_bytes, static_smem_bytes=meta["static_smem_bytes"], local_bytes=meta["local_bytes"],
         stack_bytes=meta.get("stack_bytes"),  # None in entries compiled before gemmgen recorded it
         sass=meta["sass"], compile_seconds=meta["compile_seconds"], phases=meta["phases"], epilogue=meta["epilogue"],
-        cached=origin != "compiled", origin=origin, arch=config.arch.value)
+        cached=origin != "compiled", origin=origin, arch=config.arch.value,
+        compile_peak_bytes=meta.get("compile_peak_bytes"))  # None in entries compiled before it was recorded
     by_name = {name: (offset, default) for name, offset, default in meta["layout"]}
     layout = ParamsLayout(info.params_size, tuple((f, *by_name[f.name]) for f in kernel.fields))
     return CompiledKernel(recipe, config, kernel.entry, key, art.files["kernel.cubin"], kernel.source, info, report,
@@ -87,7 +89,8 @@ def report_table(reports: list[KernelReport]) -> str:
     """A fixed-width table of kernel reports: the SASS markers of the arches among them."""
     arches = {r.arch for r in reports} or {next(iter(EMITTERS)).value}
     marks = list(dict.fromkeys(m for a, e in EMITTERS.items() if a.value in arches for m in e.sass_markers))
-    head = ["kernel", "config", "regs", "smem", "local", "stack", *marks, "compile s", "fe/nvvm/ptx s", "status"]
+    head = ["kernel", "config", "regs", "smem", "local", "stack", *marks, "compile s", "fe/nvvm/ptx s", "peak GB",
+            "status"]
     rows = []
     for r in reports:
         sass = r.sass or {}
@@ -95,7 +98,7 @@ def report_table(reports: list[KernelReport]) -> str:
         rows.append([r.name, r.config, _s(r.registers), str(r.smem_bytes), _s(r.local_bytes), _s(r.stack_bytes),
                      *(_s(sass.get(m)) if r.sass is None or m in sass else "-" for m in marks),  # "-": not its arch's
                      f"{r.compile_seconds:.1f}", phases,
-                     r.origin])
+                     "?" if r.compile_peak_bytes is None else f"{r.compile_peak_bytes / 2**30:.2f}", r.origin])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in [head, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -80,6 +80,7 @@ def compile_artifact(kernel: GeneratedKernel) -> Artifact:
     meta: dict[str, Any] = {
         "entry": kernel.entry, "recipe": kernel.recipe.name, "config": kernel.config.binary().name, "info": info,
         "compile_seconds": round(result.wall_seconds, 3), "phases": {k: round(v, 3) for k, v in result.phases.items()},
+        "compile_peak_bytes": result.peak_bytes,
         "layout": [[f.name, offset, default] for f, (offset, default) in zip(kernel.fields, probe, strict=True)],
         "epilogue": kernel.epilogue.layout, "registers": None, "local_bytes": None, "stack_bytes": None,
         "static_smem_bytes": None, "sass": None,

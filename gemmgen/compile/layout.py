@@ -1,4 +1,4 @@
-"""Reading the layout probe (codegen/templates/kernel.cu.j2, `<entry>_layout`) out of NVRTC's PTX.
+"""Reading the layout probe (templates/kernel.cu.j2, `<entry>_layout`) out of NVRTC's PTX.
 
 The probe stores, for field i, its byte offset to out[2i] and its default value to out[2i+1].
 NVRTC folds both to immediates, so the PTX is a list of `mov.u64 %rdN, IMM;` and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -63,6 +64,14 @@ def nvrtc_build() -> str:
     return "; ".join(header)
 
 
+def _trim_heap() -> None:
+    """Return the C heap's free pages to the system (glibc's malloc_trim; a no-op elsewhere)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 @dataclass(frozen=True)
 class NvrtcResult:
     cubin: bytes
@@ -70,6 +79,35 @@ class NvrtcResult:
     log: str
     wall_seconds: float
     phases: dict[str, float] = field(default_factory=dict)  # front_end / nvvm / ptx (seconds)
+    peak_bytes: int | None = None  # the process's peak resident memory during the compile (`_PeakMemory`)
+
+
+class _PeakMemory:
+    """The peak resident memory of this process over a span, from Linux's high-water mark
+    (`VmHWM`), which writing 5 to /proc/self/clear_refs resets (Linux 4.0+). NVRTC compiles in
+    the calling thread, so the span's peak is the compile's, plus what the process already held
+    and any other thread's allocations; elsewhere (no procfs, or the reset refused) it is None,
+    not the process's lifetime peak. The heap's free memory is handed back first (glibc's
+    malloc_trim): a worker that compiled before would otherwise count what an earlier compile
+    freed but the allocator kept."""
+
+    def __init__(self) -> None:
+        _trim_heap()
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.ok = True
+        except OSError:
+            self.ok = False
+
+    def peak(self) -> int | None:
+        if not self.ok:
+            return None
+        try:
+            status = Path("/proc/self/status").read_text()
+        except OSError:
+            return None
+        kb = next((line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")), None)
+        return int(kb) * 1024 if kb is not None else None
 
 
 def compile_cubin(source: str, name: str, arch: str, include_dirs: tuple[Path, ...],
@@ -87,16 +125,18 @@ def compile_cubin(source: str, name: str, arch: str, include_dirs: tuple[Path, .
                                              [include.encode() for include, _ in headers])
         _check(err, "nvrtcCreateProgram")
         try:
+            memory = _PeakMemory()
             start = time.perf_counter()
             (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])
             wall = time.perf_counter() - start
+            peak = memory.peak()
             log = _log(nvrtc, prog)
             if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
                 raise CompileError(_format_failure(name, log, source_path))
             cubin = _output(prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
             ptx = _output(prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
             phases = parse_time_report(timing.read_text()) if timing.is_file() else {}
-            return NvrtcResult(cubin, ptx.rstrip(b"\0").decode(), log, wall, phases)
+            return NvrtcResult(cubin, ptx.rstrip(b"\0").decode(), log, wall, phases, peak)
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
 

@@ -22,7 +22,7 @@ def traced_outputs(trace: Trace, result: Any, gemm: GemmSpec, aux: Mapping[str, 
     extra = [k for k in values if k != "d" and k not in aux]
     if extra:
         raise RecipeError(f"epilogue returned output {extra[0]!r} that is not declared; declare it with "
-                          f"aux={{{extra[0]!r}: gg.bf16}}")
+                          f"aux={{{extra[0]!r}: gg.{_declared_dtype(values[extra[0]])}}}")
     never = [k for k in aux if k not in values]
     if never:
         raise RecipeError(f"aux output {never[0]!r} is declared but never written; return it from the "
@@ -55,6 +55,13 @@ def traced_outputs(trace: Trace, result: Any, gemm: GemmSpec, aux: Mapping[str, 
             raise RecipeError(f"output {name!r}: expected a traced value, got {type(v).__name__}")
         outs.append(Output(name, v._index, dtype, reduce, dim, over_batch=over_batch, blocks=blocks))
     return outs
+
+
+def _declared_dtype(value: Any) -> str:
+    """The dtype to suggest for an undeclared output, one the declaration then accepts: fp32 for a
+    reduction and a block's factors (nothing else is allowed there), bf16 for an M x N value."""
+    fp32 = isinstance(value, Reduced) or (isinstance(value, BlockOutput) and value.factor)
+    return "f32" if fp32 else "bf16"
 
 
 def _check_row_blocks(values: Mapping[str, Any], gemm: GemmSpec, aux: Mapping[str, DType]) -> None:

@@ -39,6 +39,7 @@ from ..types import DType, Layout, Microscaling, OperandKind, as_dtype, as_layou
 from .backward import OperandGradient, declarations, operand_gradients, replay
 from .operands import OperandDecl, check_operand
 from .outputs import traced_outputs
+from .summary import summary
 from .values import OUTPUT_DTYPES, SeedValue, Trace, Value, tracing
 
 if TYPE_CHECKING:  # the runtime and the reference import torch: loaded when first used
@@ -400,21 +401,23 @@ class Recipe:
 
     def compile(self, config: KernelConfig | None = None, *, cache: KernelCache | None = None) -> KernelBase:
         """The kernel as a callable on torch tensors (a gemmgen.Kernel, or a GroupedKernel for a grouped
-        recipe); compiles or loads from cache. Without `config`: the default config for the current
-        CUDA device's arch (sm_90a where torch sees no GPU)."""
+        recipe); compiles or loads from cache. Without `config`: the recipe's default config for the
+        current CUDA device's arch (sm_90a where torch sees no GPU): the recipe's own `config=`, else
+        gemmgen's default, not necessarily what a call of a given shape launches through the op (the
+        launch policy picks per shape: `gemmgen.tuning.choose_launch(recipe, m, n, k).config`)."""
         from ..runtime.driver import current_arch
         from ..runtime.kernel import kernel_for_compiled
 
         return kernel_for_compiled(self.build(config or self.default_config(current_arch()), cache=cache))
 
     def build(self, config: KernelConfig | None = None, *, cache: KernelCache | None = None) -> CompiledKernel:
-        """Compile (or load from a bundle or the cache) the kernel for `config`."""
+        """Compile (or load from a bundle or the cache) the kernel for `config`; without it, the
+        recipe's default config (as `compile`), not the config a call of some shape launches
+        (`gemmgen.tuning.choose_launch(recipe, m, n, k).config` names that one)."""
         return build_kernel(self.ir, config or self.default_config(), cache=cache)
 
     def __repr__(self) -> str:
-        g = self.gemm
-        return (f"Recipe({self.name!r}, {g.a.value}x{g.b.value}->{g.d.value}, "
-                f"{g.layout_a.value}/{g.layout_b.value}, outputs={[o.name for o in self.outputs]})")
+        return summary(self.name, self.gemm, self.operands, self.outputs, self.config)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,9 @@ from typing import Any
 
 import torch
 
-from .. import tuning
+from .. import env, tuning
+from ..compile import default_cache
+from ..compile.background import BACKGROUND
 from ..config import DEFAULT_ARCH, Arch, KernelConfig
 from ..dsl import Recipe
 from ..errors import InvalidArgument, LayoutMismatch
@@ -39,6 +41,7 @@ from ..types import Layout, OperandKind
 from .dense import DenseOp
 from .grouped import GroupedOp
 from .kinds import OpKind
+from .pending import PendingKernel, run_unfused
 
 _LIB: torch.library.Library | None = None
 _LOCK = threading.Lock()
@@ -91,16 +94,8 @@ def _define_op(recipe: Recipe) -> Any:
     def cuda_impl(a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
         return call_realigning(recipe.ir, launcher, a, b, args)
 
-    def evaluate(a: torch.Tensor, b: torch.Tensor, *args: Any) -> tuple[torch.Tensor, ...]:
-        kind.check(a, b, args, require_cuda=False)  # what the GPU path would refuse
-        with torch.autocast("cpu", enabled=False):  # the recipe's own precision, as the kernel computes
-            return kind.reference(a, b, args)
-
     def cpu_impl(a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
-        outs = kind.outputs(a, b, a.device)
-        for dst, src in zip(outs, call_realigning(recipe.ir, evaluate, a, b, args), strict=True):
-            dst.copy_(src)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return call_realigning(recipe.ir, lambda a, b, *args: run_unfused(kind, a, b, args), a, b, args)
 
     def fake_impl(a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
         outs = kind.outputs(a, b, a.device)
@@ -136,9 +131,9 @@ class Launcher:
         self.recipe = recipe
         self._kind = kind_of(recipe)
         self._key = self._kind.key  # bound once: asked on every call
-        self._by_shape: dict[tuple, KernelBase] = {}
-        self._by_bucket: dict[tuple, KernelBase] = {}
-        self._by_config: dict[tuple[int, KernelConfig], KernelBase] = {}
+        self._by_shape: dict[tuple, KernelBase | PendingKernel] = {}
+        self._by_bucket: dict[tuple, KernelBase | PendingKernel] = {}
+        self._by_config: dict[tuple[int, KernelConfig], KernelBase | PendingKernel] = {}
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
         kernel = self._by_shape.get(self._key(a, b))
@@ -146,7 +141,8 @@ class Launcher:
             kernel = self.kernel_for(a, b, args)
         return kernel(a, b, *args)
 
-    def kernel_for(self, a: torch.Tensor, b: torch.Tensor, args: tuple | None = None) -> KernelBase:
+    def kernel_for(self, a: torch.Tensor, b: torch.Tensor, args: tuple | None = None
+                   ) -> KernelBase | PendingKernel:
         """The kernel for this call's problem. `args` (the operands, positionally) are checked with A
         and B before a kernel is compiled for them, so a mistake costs no half-minute compile."""
         key = self._kind.key(a, b)
@@ -165,10 +161,20 @@ class Launcher:
                     self._kind.check(a, b, args, require_cuda=index >= 0, config=config)
                 kernel = self._by_config.get((index, config))
                 if kernel is None:
-                    kernel = self._by_config[index, config] = self.recipe.compile(config)
+                    kernel = self._by_config[index, config] = self._obtain(config)
                 put_bounded(self._by_bucket, bucket, kernel, _MAX_SHAPES)
             put_bounded(self._by_shape, key, kernel, _MAX_SHAPES)
         return kernel
+
+
+    def _obtain(self, config: KernelConfig) -> KernelBase | PendingKernel:
+        """The kernel of `config`: loaded or compiled now, or (GEMMGEN_JIT=async, and nothing holds
+        it yet) a PendingKernel that runs the recipe unfused while a worker compiles it."""
+        if env.jit_mode() is env.JitMode.ASYNC:
+            build = BACKGROUND.request(self.recipe.ir, config, default_cache(), self.recipe.name)
+            if build is not None:
+                return PendingKernel(self.recipe, config, self._kind, build)
+        return self.recipe.compile(config)
 
 
 def launcher_for(recipe: Recipe) -> Launcher:
@@ -179,7 +185,8 @@ def launcher_for(recipe: Recipe) -> Launcher:
     return launcher
 
 
-def kernel_for(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, args: tuple | None = None) -> KernelBase:
+def kernel_for(recipe: Recipe, a: torch.Tensor, b: torch.Tensor, args: tuple | None = None
+               ) -> KernelBase | PendingKernel:
     """The kernel a call of `recipe` on these tensors launches (`Launcher.kernel_for`)."""
     return launcher_for(recipe).kernel_for(a, b, args)
 

@@ -16,8 +16,8 @@ from . import microscaling
 from .graph import BlockOp, EpilogueIR, GemmSpec, Operand, Output, RecipeIR, Reduction
 from .ops import COMPARISONS, FP8_MAX, RANDOM_OPS, Op, quantize_blocks, random_uniform, round_to
 
-__all__ = ["FP8_MAX", "accumulate", "evaluate_epilogue", "expand_block_scale", "group_bounds", "reference",
-           "round_to"]
+__all__ = ["FP8_MAX", "accumulate", "error_scale", "evaluate_epilogue", "expand_block_scale", "group_bounds",
+           "reference", "round_to"]
 
 
 def _broadcast(t: torch.Tensor, operand: Operand) -> torch.Tensor:
@@ -74,6 +74,15 @@ def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, tor
     if not round_outputs:
         return outs
     return tuple(round_to(v, o.dtype) for v, o in zip(outs, ir.outputs, strict=True))
+
+
+def error_scale(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor | float],
+                output: int = 0) -> torch.Tensor:
+    """The scale of an unreduced output's rounding error (`_magnitudes`): what the same formulas
+    computed with last-place differences in exp, tanh or erf (another libm's) can be off by,
+    relative to."""
+    node = ir.outputs[output].node
+    return _magnitudes(ir, _values(ir, acc, operands), None)[node]
 
 
 #: The largest |f'| of the unary ops whose derivative is bounded (sin, cos, erf: at most 2/sqrt(pi)).

@@ -14,6 +14,7 @@ scales), `MXFP8Linear` and `NVFP4Linear` (MXFP8 and NVFP4 inference Linears for 
     nv = gemmgen.nn.NVFP4Linear.from_linear(linear)             # sm_100a: fp4, an e4m3 scale per 16
     w1 = gemmgen.nn.interleave_pairs(w_gate, w_up)  # B's columns for an epilogue over column pairs
     model, report = gemmgen.nn.fuse(model)   # Linear + activation pairs -> FusedLinear
+    model, report = gemmgen.nn.fuse(model, mlp=True)   # and MLPs -> FusedMLP; the state_dict stays the model's
     gemmgen.warmup(gemmgen.nn.model_launches(model, tokens=(1, 16, 4096)))   # build ahead of time
 """
 
@@ -30,10 +31,11 @@ from .grouped import GroupedLinear, grouped_linear_recipe
 from .launches import model_launches
 from .linear import FusedLinear, linear_recipe
 from .microscaled import MXFP8Linear, NVFP4Linear, mxfp8_linear_recipe, nvfp4_linear_recipe
-from .mlp import FusedMLP, mlp_backward
+from .mlp import FusedMLP, MLPSecondLayer, mlp_backward
 from .pairs import interleave_pairs, split_pairs
 
 __all__ = ["ACTIVATIONS", "BlockScaledGroupedLinear", "BlockScaledLinear", "FusedLinear", "FusedMLP", "GroupedLinear",
-           "MXFP8Linear", "NVFP4Linear", "activation_of", "block_scaled_grouped_recipe", "block_scaled_linear_recipe",
-           "fuse", "grouped_linear_recipe", "interleave_pairs", "linear_recipe", "mlp_backward", "model_launches",
-           "mxfp8_linear_recipe", "nvfp4_linear_recipe", "split_pairs", "weight_grad_recipe"]
+           "MLPSecondLayer", "MXFP8Linear", "NVFP4Linear", "activation_of", "block_scaled_grouped_recipe",
+           "block_scaled_linear_recipe", "fuse", "grouped_linear_recipe", "interleave_pairs", "linear_recipe",
+           "mlp_backward", "model_launches", "mxfp8_linear_recipe", "nvfp4_linear_recipe", "split_pairs",
+           "weight_grad_recipe"]

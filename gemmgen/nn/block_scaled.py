@@ -29,7 +29,7 @@ from ..errors import InvalidArgument
 from ..integrations.ops import caller, op
 from ..runtime.quantize import quantize_blockwise
 from ..types import DType, Layout, as_dtype
-from .base import COMPUTE_DTYPES, RecipeModule, activation_fn, launch_arch
+from .base import COMPUTE_DTYPES, RecipeModule, activation_fn, dense_output, launch_arch
 from .grouped import GroupedLaunches, GroupedLinear
 
 _BLOCK = DEEPSEEK_BLOCK_SCALE[1]  # the weight's blocks are square: 128 x 128
@@ -103,7 +103,49 @@ def check_input(x: Any, in_features: int, what: str) -> None:
 
 
 class QuantizedModule(RecipeModule):
-    """What the quantized inference layers share: built from weights (quantized or not) by `_take`."""
+    """What the quantized inference layers share: built from weights (quantized or not) by `_take`;
+    `in_features`, `out_features`, `activation`, `dtype` (and `num_experts`) read-only; `.to()`,
+    `.half()` and the like move the quantized buffers but keep their formats (`_apply`)."""
+
+    _options = ("num_experts", "in_features", "out_features", "activation", "dtype")
+    #: the buffers in the layer's quantized format (the weight and its scales), which a cast would undo
+    _quantized = ("weight", "weight_scale", "weight_tensor_scale")
+    dtype: torch.dtype
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        """`.to()`, `.cuda()`, `.half()`, `.float()` and the like, as they act on an nn.Linear: the
+        layer moves with them, but its quantized buffers keep their dtypes (a cast would undo the
+        quantization), and what it returns follows a conversion: its kernels write bf16 or f16
+        (`dtype`, and the bias, become that); for another dtype (fp32, fp64) they keep writing
+        `dtype` and the output is cast (`output_dtype`)."""
+        order = list(self._buffers)
+        kept: dict[str, torch.Tensor] = {}
+        for name in self._quantized:
+            t = self._buffers.pop(name, None)
+            if t is not None:
+                kept[name] = t
+        probe = fn(torch.zeros((), dtype=self.output_dtype, device=kept["weight"].device))
+        try:
+            out = super()._apply(fn, recurse)  # the bias, and the recipes
+        finally:
+            for name, t in kept.items():  # moved, never cast
+                moved = t.to(probe.device)
+                self._buffers[name] = moved.share_memory_() if probe.is_shared() and not moved.is_shared() else moved
+            self._buffers.update([(name, self._buffers.pop(name)) for name in order])  # in their order
+        if probe.dtype in COMPUTE_DTYPES:
+            self.__dict__["dtype"] = probe.dtype
+        self.__dict__["_output_dtype"] = probe.dtype
+        bias = self._buffers.get("bias")
+        if bias is not None and bias.dtype != self.dtype:
+            self._buffers["bias"] = bias.to(self.dtype)
+        self._set_recipes()
+        return out
+
+    @property
+    def output_dtype(self) -> torch.dtype:
+        """The dtype forward returns: `dtype`, or where a conversion asked for a dtype the kernels
+        do not write (`.float()`), that one."""
+        return self.__dict__.get("_output_dtype") or self.dtype
 
     def _take(self, weight: torch.Tensor, scale: Any, bias: torch.Tensor | None,
               activation: str | None, dtype: torch.dtype) -> None:
@@ -197,7 +239,7 @@ class BlockScaledLinear(QuantizedLinear):
         q, scale_a = quantize_blockwise(x.reshape(-1, self.in_features), (1, _BLOCK), scale_layout=Layout.COL)
         args = (q, self.weight.t(), scale_a, self.weight_scale.t())
         y = self._op(*args) if self.bias is None else self._op(*args, self.bias)
-        return y.reshape(*lead, self.out_features)
+        return dense_output(y, (*lead, self.out_features), self.output_dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -276,7 +318,8 @@ class BlockScaledGroupedLinear(GroupedLaunches, QuantizedModule):
                                   f"{tuple(x.shape)}")
         q, scale_a = quantize_blockwise(x, (1, _BLOCK), compact=True)
         args = (q, self.weight.mT, offsets, scale_a, self.weight_scale.mT)
-        return self._op(*args) if self.bias is None else self._op(*args, self.bias)
+        y = self._op(*args) if self.bias is None else self._op(*args, self.bias)
+        return dense_output(y, y.shape, self.output_dtype)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "

@@ -32,12 +32,11 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from ..errors import InvalidArgument
-from .base import check_compute_dtype, unsupported
+from .base import RecipeModule, check_compute_dtype, unsupported
 from .block_scaled import BlockScaledLinear, QuantizedLinear
 from .linear import FusedLinear
 from .microscaled import MXFP8Linear, NVFP4Linear
-from .mlp import FusedMLP
-from .pairs import interleave_pairs
+from .mlp import FusedMLP, MLPSecondLayer
 
 #: `quantize=`'s formats, and the inference layer each makes of a Linear.
 QUANTIZE: dict[str, type[QuantizedLinear]] = {"fp8_block": BlockScaledLinear, "mxfp8": MXFP8Linear,
@@ -152,12 +151,17 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     `unpaired=True` every Linear of the model is quantized. `mlp=True` makes each fused pair whose
     activation's output only a further Linear consumes (Linear -> activation -> Linear) one
     FusedMLP, trained with the first layer's backward fused into the second's dgrad GEMM: the
-    FusedMLP takes the first Linear's place and the activation and second Linear become Identity,
-    so those parameters move under its `fc1` and `fc2` (the report says so). With `mlp=True` a
-    gated MLP too, a module whose whole forward is `down(act(gate(x)) * up(x))` (Llama's, Qwen's,
-    Mistral's; act a SiLU or erf-GELU module), becomes one gated FusedMLP ("swiglu", "geglu") in
-    its place: its fc1 holds gate's and up's rows interleaved (new parameters, copied once: give
-    an optimizer the fused model's), fc2 is down's weight (the report names both).
+    FusedMLP takes the first Linear's place, holding its parameters as its own `weight` and `bias`,
+    the activation becomes Identity and the second Linear an MLPSecondLayer holding that Linear's
+    parameters, which the FusedMLP runs (`FusedMLP.chain`). With `mlp=True` a gated MLP too, a
+    module whose whole forward is `down(act(gate(x)) * up(x))` (Llama's, Qwen's, Mistral's; act a
+    SiLU or erf-GELU module), becomes one gated FusedMLP ("swiglu", "geglu") in its place, with
+    the module's children as its own (`FusedMLP.gated`): its fc1 is gate's and up's rows
+    interleaved at call time. Either way the parameters stay where the model had them: fusion
+    never changes the model's state_dict (keys, shapes, layouts), so checkpoints load strictly
+    into the fused model and its state_dict into the unfused one, and the parameters an optimizer
+    already holds are the ones that get the gradients. Modules inside gemmgen's own (a model
+    fused before) are left alone.
 
     Returns the model (changed in place; a bare nn.Linear with `unpaired` comes back as a new
     FusedLinear) and a report: a line per fused pair, per swapped Linear, per Linear kept for its
@@ -174,13 +178,16 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
         raise InvalidArgument(f"mlp: FusedMLP trains bf16/f16 layers; quantize={quantize!r} makes inference layers, "
                               "so give one of mlp=True and quantize=")
     target = _Target(compute_dtype, quantize)
-    modules = list(model.named_modules())
+    done = {id(c) for m in model.modules() if isinstance(m, RecipeModule | MLPSecondLayer)
+            for c in m.modules() if c is not m}
+    modules = [(n, m) for n, m in model.named_modules() if id(m) not in done]
     report: list[str] = []
     replacement: dict[int, nn.Module] = {}
     gated = _gated_mlps(model, modules, target) if mlp else {}
     inside = {id(c) for qualified in gated for c in model.get_submodule(qualified).modules()}
     pairs, notes, untraced, calls = _find_pairs(model, modules, target)
     seconds = _mlp_seconds(model, pairs, target, calls) if mlp else {}
+    inside |= {id(fc2) for _, fc2 in seconds.values()}  # the second layers of FusedMLPs
     for qualified, m in modules:
         name = qualified or "(model)"
         if qualified in gated:
@@ -208,11 +215,12 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
         second = seconds.get(id(m))
         if second is not None:
             fc2_name, fc2 = second
-            fused_mlp = replacement[id(m)] = FusedMLP.from_linears(m, pair.activation, fc2, compute_dtype)
-            replacement[id(pair.act)] = replacement[id(fc2)] = nn.Identity()
+            holder = MLPSecondLayer(fc2, fc2_name, name)
+            fused_mlp = replacement[id(m)] = FusedMLP.chain(m, pair.activation, fc2, holder, compute_dtype)
+            replacement[id(pair.act)], replacement[id(fc2)] = nn.Identity(), holder
             report.append(f"{name}: Linear + {type(pair.act).__name__} + Linear ({fc2_name}) -> FusedMLP("
-                          f"{fused_mlp.fc1.recipe.name}, {fused_mlp.fc2.recipe.name}) ({pair.act_name} and {fc2_name} "
-                          f"are now Identity; parameters {name}.fc1.*, {name}.fc2.*)")
+                          f"{fused_mlp.fc1.recipe.name}, {fused_mlp.fc2.recipe.name}) ({pair.act_name} is now "
+                          f"Identity, {fc2_name} an MLPSecondLayer holding its parameters; state_dict unchanged)")
             continue
         fused = replacement[id(m)] = target.replace(m, pair.activation)
         replacement.setdefault(id(pair.act), nn.Identity())
@@ -234,7 +242,7 @@ def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]], target: 
     untraced: dict[str, str] = {}
     for owner_name, owner in modules:
         children = list(owner.children())
-        if not any(isinstance(c, nn.Linear) for c in children):
+        if isinstance(owner, RecipeModule) or not any(isinstance(c, nn.Linear) for c in children):
             continue
         try:
             graph = _ChildrenAsLeaves().trace(owner)
@@ -274,7 +282,7 @@ def _gated_mlps(model: nn.Module, modules: list[tuple[str, nn.Module]], target: 
     registered = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
     out = {}
     for qualified, owner in modules:
-        found = _gated_children(owner)
+        found = None if isinstance(owner, RecipeModule) else _gated_children(owner)
         if found is None:
             continue
         gate, up, down = (owner.get_submodule(n) for n in found[:3])
@@ -292,21 +300,15 @@ def _gated_mlps(model: nn.Module, modules: list[tuple[str, nn.Module]], target: 
         activation = _GATED.get(activation_of(act) or "")
         if activation is None:
             continue
-        fc1 = nn.Linear(gate.in_features, 2 * gate.out_features, bias=gate.bias is not None,
-                        device=gate.weight.device, dtype=gate.weight.dtype)
-        with torch.no_grad():
-            fc1.weight.copy_(interleave_pairs(gate.weight, up.weight))
-            if fc1.bias is not None and gate.bias is not None and up.bias is not None:
-                fc1.bias.copy_(interleave_pairs(gate.bias, up.bias))
         try:
-            fused = FusedMLP.from_linears(fc1, activation, down, target.compute_dtype)
+            fused = FusedMLP.gated(owner, found, activation, target.compute_dtype)
         except InvalidArgument:  # down does not take gate's outputs: not the MLP it looks like
             continue
         name = qualified or "(model)"
         g, u, d, a = found
         out[qualified] = (fused, f"{name}: {d}({a}({g}(x)) * {u}(x)) -> FusedMLP({fused.fc1.recipe.name}, "
-                                 f"{fused.fc2.recipe.name}) ({g} and {u} interleaved into new parameters "
-                                 f"{_qualified(qualified, 'fc1')}.*; {d}'s are {_qualified(qualified, 'fc2')}.*)")
+                                 f"{fused.fc2.recipe.name}) ({g}, {u}, {d} and {a} are its children, state_dict "
+                                 f"unchanged; {g}'s and {u}'s rows interleaved at call time)")
     return out
 
 
@@ -344,7 +346,7 @@ def _mlp_seconds(model: nn.Module, pairs: dict[int, _Pair], target: _Target, cal
                  ) -> dict[int, tuple[str, nn.Linear]]:
     """For each fusable pair followed by a Linear that can join it as a FusedMLP's second layer (a
     plain, unhooked Linear registered and called once, that no other pair starts, of the first
-    one's compute dtype and bias), that Linear, by the id of the first."""
+    one's compute dtype and bias, taking its outputs), that Linear, by the id of the first."""
     registered = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
     starts = {lin_id for lin_id in pairs}
     out = {}
@@ -356,6 +358,7 @@ def _mlp_seconds(model: nn.Module, pairs: dict[int, _Pair], target: _Target, cal
         assert isinstance(first, nn.Linear)
         if (target.kept_because(fc2) is None and id(fc2) not in starts and registered[id(fc2)] == 1
                 and calls[id(fc2)] == 1 and (first.bias is None) == (fc2.bias is None)
+                and first.out_features == fc2.in_features
                 and (target.compute_dtype or first.weight.dtype) == (target.compute_dtype or fc2.weight.dtype)):
             out[lin_id] = (name, fc2)
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -10,6 +11,7 @@ from ..dsl import Matrix, Recipe
 from ..errors import InvalidArgument
 from ..integrations.ops import caller, direct_call_allowed, kernel_for
 from ..types import DType, Layout, as_dtype
+from .pairs import interleave_pairs, split_pairs
 
 
 @functools.cache
@@ -21,26 +23,73 @@ def weight_grad_recipe(dtype: torch.dtype) -> Recipe:
                   d=DType.F32, layout_a=Layout.COL, layout_b=Layout.ROW, operands={"main_grad": Matrix(DType.F32)})
 
 
+def main_grad(weight: torch.Tensor) -> torch.Tensor:
+    """`weight.main_grad`, Megatron-LM's and Transformer Engine's fp32 gradient-accumulation buffer:
+    created as zeros if the weight has none, refused by name if it is not fp32 of the weight's shape."""
+    buffer = getattr(weight, "main_grad", None)
+    if buffer is None:
+        buffer = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        weight.main_grad = buffer  # type: ignore[attr-defined]
+    elif not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.float32 or buffer.shape != weight.shape:
+        raise InvalidArgument(f"main_grad: expected an fp32 tensor of the weight's shape {tuple(weight.shape)}, got "
+                              f"{getattr(buffer, 'dtype', type(buffer).__name__)} "
+                              f"{tuple(getattr(buffer, 'shape', ()))}; delete it to have gemmgen create one")
+    return buffer
+
+
 def weight_grad(weight: torch.Tensor, grad_out: torch.Tensor, x: torch.Tensor, accumulate: bool
                 ) -> torch.Tensor | None:
     """The gradient of the kernel's B = W^T (in x out) for y = x W^T: x^T @ dL/dy, in the
     parameters' precision as nn.Linear's backward; or with `accumulate`, None after adding
-    dL/dW = dL/dy^T @ x in fp32 into `weight.main_grad` (Megatron-LM's and Transformer Engine's
-    gradient-accumulation buffer, created as zeros if the weight has none)."""
+    dL/dW = dL/dy^T @ x in fp32 into `weight.main_grad` (`main_grad`)."""
     if not accumulate:
         return torch.matmul(x.t(), grad_out)
-    main_grad = getattr(weight, "main_grad", None)
-    if main_grad is None:
-        main_grad = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        weight.main_grad = main_grad  # type: ignore[attr-defined]
-    elif not isinstance(main_grad, torch.Tensor) or main_grad.dtype != torch.float32 or \
-            main_grad.shape != weight.shape:
-        raise InvalidArgument(f"main_grad: expected an fp32 tensor of the weight's shape {tuple(weight.shape)}, got "
-                              f"{getattr(main_grad, 'dtype', type(main_grad).__name__)} "
-                              f"{tuple(getattr(main_grad, 'shape', ()))}; delete it to have gemmgen create one")
-    recipe, a = weight_grad_recipe(grad_out.dtype), grad_out.t()
-    if main_grad.is_cuda and direct_call_allowed((a, x, main_grad)):  # D written over C: beta = 1 in place
-        kernel_for(recipe, a, x, (main_grad,))(a, x, main_grad, out=main_grad)
-    else:  # the op (tracing, a dispatch mode, the CPU): a new tensor, copied back
-        main_grad.copy_(caller(recipe)(a, x, main_grad))
+    accumulate_into(main_grad(weight), grad_out, x)
     return None
+
+
+def pairs_weight_grad(even: torch.Tensor, odd: torch.Tensor, grad_out: torch.Tensor, x: torch.Tensor,
+                      accumulate: bool) -> torch.Tensor | None:
+    """`weight_grad` for a kernel whose W interleaves the rows of two parameters kept apart (a
+    gated MLP's gate and up, `interleave_pairs`): the interleaved gradient of B (autograd takes it
+    apart), or with `accumulate`, None after adding each half into its own weight's `main_grad`
+    (through an interleaved fp32 copy of the two: two more weight-sized copies per backward)."""
+    if not accumulate:
+        return torch.matmul(x.t(), grad_out)
+    into_even, into_odd = main_grad(even), main_grad(odd)
+    both = interleave_pairs(into_even, into_odd)
+    accumulate_into(both, grad_out, x)
+    from_even, from_odd = split_pairs(both)
+    into_even.copy_(from_even)
+    into_odd.copy_(from_odd)
+    return None
+
+
+def accumulate_into(buffer: torch.Tensor, grad_out: torch.Tensor, x: torch.Tensor) -> None:
+    """buffer += dL/dy^T @ x in fp32, as one GEMM whose C is the buffer (`weight_grad_recipe`)."""
+    recipe, a = weight_grad_recipe(grad_out.dtype), grad_out.t()
+    if buffer.is_cuda and direct_call_allowed((a, x, buffer)):  # D written over C: beta = 1 in place
+        kernel_for(recipe, a, x, (buffer,))(a, x, buffer, out=buffer)
+    else:  # the op (tracing, a dispatch mode, the CPU): a new tensor, copied back
+        buffer.copy_(caller(recipe)(a, x, buffer))
+
+
+class _IntoMainGrad(torch.autograd.Function):
+    """The identity on a weight, whose gradient goes into its fp32 `main_grad` instead of `.grad`."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor) -> torch.Tensor:
+        ctx.weight = weight
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> None:
+        main_grad(ctx.weight).add_(grad.float())
+        return None
+
+
+def accumulating(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` for torch math (a layer's reference path, where gemmgen has no kernel for its
+    dtype) whose gradient autograd adds into `weight.main_grad` in fp32, as `accumulate_grad=True`
+    promises, instead of setting `.grad`."""
+    return _IntoMainGrad.apply(weight)

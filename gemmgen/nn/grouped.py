@@ -33,15 +33,21 @@ from ..dsl import Backward, Recipe, RowVector
 from ..errors import InvalidArgument
 from ..integrations.grouped import GroupedOp
 from ..integrations.ops import op
+from ..ir.reference import group_bounds
 from ..types import as_dtype
 from .base import (
+    COMPUTE_DTYPES,
     GATED,
     RecipeModule,
     activation_fn,
+    call_dtypes,
     check_layer_dtype,
     check_parameter,
+    dense_output,
     launch_arch,
+    reference_linear,
     unsupported,
+    warn_no_kernel,
     weight_rows,
 )
 
@@ -123,10 +129,16 @@ class GroupedLinear(GroupedLaunches, RecipeModule):
     one grouped kernel: `weight` is (num_experts, rows, in_features), each expert's as nn.Linear
     stores it, and `bias` (num_experts, rows), where rows is out_features, or 2 x out_features
     for a gated activation (gate and up interleaved). It computes in the parameters' dtype (bf16
-    or f16); an input of another dtype is cast only under autocast, as for nn.Linear."""
+    or f16), following `.to()` and `.half()`, or under autocast in autocast's, as nn.Linear does;
+    otherwise an input of another dtype is an error. With fp32 or fp64 parameters (`.float()`),
+    for which gemmgen has no kernel, it says so once and computes each expert's rows with torch
+    ops (reading the offsets on the host). The output is contiguous (`base.dense_output`).
+    `num_experts`, `in_features`, `out_features` and `activation` are read-only."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
+    _derived = ("recipe", "_ops")
+    _options = ("num_experts", "in_features", "out_features", "activation", "compute_dtype")
 
     def __init__(self, num_experts: int, in_features: int, out_features: int, bias: bool = True,
                  activation: str | None = None, dtype: torch.dtype = torch.bfloat16,
@@ -139,17 +151,32 @@ class GroupedLinear(GroupedLaunches, RecipeModule):
             raise InvalidArgument(f"GroupedLinear: {reason}")
         activation_fn(activation, gated=True)  # a bad name is refused before anything is allocated
         self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
-        self.activation, self.compute_dtype = activation, dtype
+        self.activation = activation
         rows = self.weight_rows
         self.weight = nn.Parameter(torch.empty(num_experts, rows, in_features, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.empty(num_experts, rows, dtype=dtype, device=device)) if bias else None
         self._set_recipes()
         self.reset_parameters()
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the layer computes in outside autocast: its weight's."""
+        return self.weight.dtype
+
     def _set_recipes(self) -> None:
-        """The recipe and its op (the grouped op itself: its Autograd kernel is the backward)."""
-        self.recipe = grouped_linear_recipe(self.activation, self.bias is not None, self.compute_dtype)
-        self._op = op(self.recipe).default
+        """The recipe (of the dtype it computes in, bf16 for fp32 parameters, as under bf16
+        autocast), and its op (the grouped op itself: its Autograd kernel is the backward)."""
+        self._ops: dict[tuple[torch.dtype, bool], Any] = {}
+        dtype = self.compute_dtype if self.compute_dtype in COMPUTE_DTYPES else torch.bfloat16
+        self.recipe = grouped_linear_recipe(self.activation, self.bias is not None, dtype)
+        self._op_for(dtype)
+
+    def _op_for(self, dtype: torch.dtype) -> Any:
+        key = (dtype, self.bias is not None)
+        found = self._ops.get(key)
+        if found is None:
+            found = self._ops[key] = op(grouped_linear_recipe(self.activation, key[1], dtype)).default
+        return found
 
     def reset_parameters(self) -> None:
         """Each expert initialised as nn.Linear initialises itself."""
@@ -189,21 +216,38 @@ class GroupedLinear(GroupedLaunches, RecipeModule):
         return layer
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        dtype = self.compute_dtype
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.in_features:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise InvalidArgument(f"input: expected (tokens, {self.in_features}) rows sorted by expert, got {got}")
-        if x.dtype != dtype:
-            if not torch.is_autocast_enabled(x.device.type):
-                raise InvalidArgument(f"input: dtype {x.dtype}, but this layer computes in {dtype}; cast the input "
-                                      f"(input.to({dtype})) or run under torch.autocast, as for nn.Linear")
-            x = x.to(dtype)
+        dtype, _ = call_dtypes(x, self.weight.dtype, None)
         rows = self.weight_rows
         what = "2 x out_features: gate and up interleaved" if rows != self.out_features else "out_features"
         check_parameter("weight", self.weight, (self.num_experts, rows, self.in_features),
                         f"(num_experts, {what}, in_features)")
-        w = self.weight.transpose(1, 2)
-        return self._op(x, w, offsets) if self.bias is None else self._op(x, w, offsets, _rows_aligned(self.bias))
+        if dtype not in COMPUTE_DTYPES:
+            warn_no_kernel(self, dtype)
+            return self.reference(x, offsets)
+        x = x.to(dtype) if x.dtype != dtype else x
+        weight, bias = self.weight, self.bias
+        if weight.dtype != dtype:  # autocast's
+            weight = weight.to(dtype)
+            bias = bias.to(dtype) if bias is not None else None
+        w, run = weight.transpose(1, 2), self._op_for(dtype)
+        y = run(x, w, offsets) if bias is None else run(x, w, offsets, _rows_aligned(bias))
+        return dense_output(y, y.shape)
+
+    def reference(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Each expert's rows through its Linear and the activation with torch ops in x's dtype
+        (the rows after the last expert's end zero): what the layer runs where gemmgen has no
+        kernel. It reads the offsets on the host."""
+        bounds = group_bounds(offsets.tolist(), x.shape[0])
+        weight = self.weight.to(x.dtype)
+        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        pieces = [reference_linear(x[lo:hi], weight[e], bias[e] if bias is not None else None, self.activation)
+                  for e, (lo, hi) in enumerate(bounds)]
+        end = bounds[-1][1] if bounds else 0
+        pieces.append(x.new_zeros(x.shape[0] - end, self.out_features))
+        return torch.cat(pieces)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "

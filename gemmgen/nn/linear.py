@@ -13,12 +13,18 @@ in one launch) instead; with `accumulate_grad=True` the weight gradient is added
 A gated activation (`activation="swiglu"` or `"geglu"`: act(gate) * up) takes a weight of
 2 x out_features rows, gate and up interleaved (`gemmgen.nn.interleave_pairs(w_gate, w_up)`), and
 writes out_features columns from its pairs of accumulator columns (docs/pairs.md).
+
+As a drop-in nn.Linear the layer computes in the dtype nn.Linear would (`base.call_dtypes`): its
+parameters', following `.to()`, `.half()` and `.float()`, or autocast's; it returns that dtype
+(with `compute_dtype=`, the input's), and a contiguous output of nn.Linear's shape. Where gemmgen
+has no kernel for that dtype (fp32, fp64) it says so once and runs the same math with torch ops.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,20 +34,25 @@ from .. import tuning
 from ..config import Arch, KernelConfig
 from ..dsl import Recipe, RowVector
 from ..errors import InvalidArgument
-from ..integrations.ops import caller
+from ..integrations.ops import OpCaller, caller
 from ..types import as_dtype
 from .base import (
+    COMPUTE_DTYPES,
     GATED,
     RecipeModule,
     activation_fn,
+    call_dtypes,
     check_compute_dtype,
     check_layer_dtype,
     check_parameter,
+    dense_output,
     launch_arch,
+    reference_linear,
     unsupported,
+    warn_no_kernel,
     weight_rows,
 )
-from .grads import weight_grad, weight_grad_recipe
+from .grads import accumulating, weight_grad, weight_grad_recipe
 from .pairs import interleave_pairs, split_pairs
 
 
@@ -84,6 +95,31 @@ def _activation_backward(activation: str, g: torch.Tensor, pre: torch.Tensor) ->
     return torch.ops.aten.gelu_backward(g, pre, approximate="tanh" if activation == "gelu_tanh" else "none")
 
 
+@dataclass(frozen=True)
+class LinearKernels:
+    """The gemmgen ops a FusedLinear launches computing in one dtype: forward's (`op`), forward's
+    with gradients wanted (`op_saving_pre`: also storing the pre-activation; None without an
+    activation) and, with `recompute`, backward's derived kernel (`bwd`). Made once per activation,
+    bias, dtype and recompute (`linear_kernels`) and captured by each forward, so that backward
+    runs what its forward saved for whatever the layer's options are by then."""
+
+    recipe: Recipe
+    training_recipe: Recipe | None
+    op: OpCaller
+    op_saving_pre: OpCaller | None
+    bwd: OpCaller | None
+
+
+@functools.cache
+def linear_kernels(activation: str | None, bias: bool, dtype: torch.dtype, recompute: bool) -> LinearKernels:
+    """A FusedLinear's `LinearKernels` (shared by every layer of the same kind)."""
+    recipe = linear_recipe(activation, bias, dtype)
+    training = linear_recipe(activation, bias, dtype, save_pre_activation=True) if activation else None
+    saving = caller(training) if training is not None and not recompute else None
+    bwd = caller(linear_backward(activation, bias, dtype)) if activation and recompute else None
+    return LinearKernels(recipe, training, caller(recipe), saving, bwd)
+
+
 class _LinearFunction(torch.autograd.Function):
     """Forward: the fused kernel (with `pre` stored when the activation needs it for backward).
     Backward: as nn.Linear + activation would run it (the activation's aten backward on `pre`, then
@@ -93,38 +129,38 @@ class _LinearFunction(torch.autograd.Function):
     bias gradient in one launch) before the dgrad and wgrad GEMMs."""
 
     @staticmethod
-    def forward(ctx: Any, layer: FusedLinear, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
-                ) -> torch.Tensor:
+    def forward(ctx: Any, layer: FusedLinear, kernels: LinearKernels, accumulate: bool, x: torch.Tensor,
+                w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         args = (x, w) if bias is None else (x, w, bias)
-        if layer.activation is None or layer.recompute:
-            y, pre = layer._op(*args), None
-        else:
-            assert layer._op_saving_pre is not None, "a layer with an activation has a training recipe"
-            y, pre = layer._op_saving_pre(*args)
-        ctx.layer, ctx.has_bias = layer, bias is not None
-        ctx.save_for_backward(x, w, bias if layer.recompute else None, pre)
+        if kernels.op_saving_pre is not None:
+            y, pre = kernels.op_saving_pre(*args)
+        else:  # no activation, or recompute
+            y, pre = kernels.op(*args), None
+        ctx.layer, ctx.kernels, ctx.accumulate, ctx.has_bias = layer, kernels, accumulate, bias is not None
+        ctx.save_for_backward(x, w, bias if kernels.bwd is not None else None, pre)
         return y
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         layer: FusedLinear = ctx.layer
+        kernels: LinearKernels = ctx.kernels
         x, w, bias, pre = ctx.saved_tensors
-        _, need_x, need_w, need_b = ctx.needs_input_grad
+        _, _, _, need_x, need_w, need_b = ctx.needs_input_grad
         gb = None
         if layer.activation is None:
             g_pre = g
-        elif layer._bwd is not None:  # recompute: the derived kernel
-            outs = layer._bwd.by_name(x, w, {"bias": bias, "grad_d": g.contiguous()})
+        elif kernels.bwd is not None:  # recompute: the derived kernel
+            outs = kernels.bwd.by_name(x, w, {"bias": bias, "grad_d": g.contiguous()})
             g_pre = outs["d"]
             # over column pairs the bias gradient, a sum over M, is torch's (below)
             gb = outs["grad_bias"].to(bias.dtype) if ctx.has_bias and need_b and "grad_bias" in outs else None
         else:
             g_pre = _activation_backward(layer.activation, g, pre)
         gx = g_pre @ w.t() if need_x else None
-        gw = weight_grad(layer.weight, g_pre, x, layer.accumulate_grad) if need_w else None
+        gw = weight_grad(layer.weight, g_pre, x, ctx.accumulate) if need_w else None
         if gb is None and ctx.has_bias and need_b:
             gb = g_pre.sum(0)
-        return None, gx, gw, gb
+        return None, None, None, gx, gw, gb
 
 
 @functools.cache
@@ -134,11 +170,11 @@ def linear_backward(activation: str, bias: bool, dtype: torch.dtype) -> Recipe:
     return linear_recipe(activation, bias, dtype).backward(recompute=True).kernel
 
 
-def _training_flags(recompute: object, accumulate_grad: object) -> tuple[bool, bool]:
-    for name, value in (("recompute", recompute), ("accumulate_grad", accumulate_grad)):
-        if not isinstance(value, bool):
-            raise InvalidArgument(f"{name}: expected True or False, got {value!r}")
-    return bool(recompute), bool(accumulate_grad)
+def training_flag(name: str, value: object) -> bool:
+    """`recompute=` or `accumulate_grad=` as the layers take them: True or False."""
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name}: expected True or False, got {value!r}")
+    return value
 
 
 def _require_supported(in_features: int, dtype: torch.dtype) -> None:
@@ -148,15 +184,22 @@ def _require_supported(in_features: int, dtype: torch.dtype) -> None:
 
 
 class FusedLinear(RecipeModule):
-    """nn.Linear plus activation as one gemmgen kernel. It computes in `compute_dtype` (bf16 or
-    f16): the parameters' dtype unless `from_linear` was given another, in which case parameters
-    (fp32 master weights, say) are cast to it on every call, as autocast casts nn.Linear's. Like
-    nn.Linear under autocast, an input of another dtype is cast only when autocast is on (or the
-    parameters are cast anyway); otherwise it is an error, as nn.Linear's would be."""
+    """nn.Linear plus activation as one gemmgen kernel. It computes in its parameters' dtype (bf16
+    or f16), following `.to()`, `.half()` and `.float()`, unless `from_linear` was given a
+    `compute_dtype`, in which case parameters (fp32 master weights, say) are cast to it on every
+    call and the output is in the input's dtype. Like nn.Linear, under autocast it computes in and
+    returns autocast's dtype, and otherwise an input of another dtype than the parameters' is an
+    error. Where gemmgen has no kernel for the dtype (fp32, fp64 parameters outside autocast) it
+    says so once (a GemmgenWarning) and runs the same math with torch ops in that dtype.
+
+    `in_features`, `out_features`, `activation` and `compute_dtype` are read-only (construct a new
+    layer for others); `recompute` and `accumulate_grad` may be changed and apply from the next
+    forward."""
 
     weight: torch.Tensor  # as nn.Linear declares them: from_linear shares the Linear's
     bias: torch.Tensor | None
-    _derived = ("recipe", "training_recipe", "_op", "_op_saving_pre", "_bwd")
+    _derived = ("_kernels",)
+    _options = ("in_features", "out_features", "activation", "compute_dtype")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None,
@@ -164,9 +207,7 @@ class FusedLinear(RecipeModule):
         super().__init__()
         _require_supported(in_features, check_layer_dtype(dtype))
         activation_fn(activation, gated=True)  # a bad name is refused before anything is allocated
-        self.in_features, self.out_features, self.activation = in_features, out_features, activation
-        self.compute_dtype = dtype
-        self.recompute, self.accumulate_grad = _training_flags(recompute, accumulate_grad)
+        self._configure(in_features, out_features, activation, None, recompute, accumulate_grad)
         rows = weight_rows(out_features, activation)
         self.weight = nn.Parameter(torch.empty(rows, in_features, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.empty(rows, dtype=dtype, device=device)) if bias else None
@@ -185,13 +226,40 @@ class FusedLinear(RecipeModule):
                     compute_dtype: torch.dtype | None = None, recompute: bool = False,
                     accumulate_grad: bool = False) -> FusedLinear:
         """A FusedLinear sharing `linear`'s parameters (no copy), computing in `compute_dtype`
-        (default: the weights' dtype)."""
+        (default: the weights' dtype, whatever it becomes)."""
         if not isinstance(linear, nn.Linear):
             raise InvalidArgument(f"linear: expected a torch.nn.Linear, got {type(linear).__name__}")
+        out_features = cls._checked_linear(linear, activation, compute_dtype)
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        fused._configure(linear.in_features, out_features, activation, compute_dtype, recompute, accumulate_grad)
+        fused.weight = linear.weight
+        fused.bias = linear.bias
+        fused._set_recipes()
+        return fused
+
+    @classmethod
+    def sharing(cls, parameters: dict[str, Any], in_features: int, out_features: int, activation: str | None,
+                compute_dtype: torch.dtype | None) -> FusedLinear:
+        """A FusedLinear registered nowhere whose `weight` and `bias` are the entries of
+        `parameters`: the very dict another module registers its own in (`module._parameters`),
+        so that `.to()`, load_state_dict (`assign=True` too) and replaced parameters reach it. How
+        a FusedMLP that `fuse` put into a model runs parameters that the model keeps where they were
+        (the same state_dict keys)."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.__dict__["_parameters"] = parameters
+        layer._configure(in_features, out_features, activation, compute_dtype, False, False)
+        layer._set_recipes()
+        return layer
+
+    @staticmethod
+    def _checked_linear(linear: nn.Linear, activation: str | None, compute_dtype: torch.dtype | None) -> int:
+        """The out_features of a FusedLinear made of `linear` (half its rows for a gated activation),
+        after refusing what gemmgen cannot run."""
         check_compute_dtype(compute_dtype)
         activation_fn(activation, gated=True)
-        dtype = compute_dtype or linear.weight.dtype
-        _require_supported(linear.in_features, dtype)
+        _require_supported(linear.in_features, compute_dtype or linear.weight.dtype)
         out_features = linear.out_features
         if activation in GATED:
             if out_features % 2:
@@ -199,49 +267,115 @@ class FusedLinear(RecipeModule):
                                       "takes its rows in pairs, gate and up interleaved: give a Linear of 2 x F rows "
                                       "(gemmgen.nn.interleave_pairs(w_gate, w_up))")
             out_features //= 2
-        fused = cls.__new__(cls)
-        nn.Module.__init__(fused)
-        fused.in_features, fused.out_features, fused.activation = linear.in_features, out_features, activation
-        fused.compute_dtype = dtype
-        fused.recompute, fused.accumulate_grad = _training_flags(recompute, accumulate_grad)
-        fused.weight = linear.weight
-        fused.bias = linear.bias
-        fused._set_recipes()
-        return fused
+        return out_features
+
+    def _configure(self, in_features: int, out_features: int, activation: str | None,
+                   compute_dtype: torch.dtype | None, recompute: bool, accumulate_grad: bool) -> None:
+        """The options, set once (`_options` are read-only after this)."""
+        self.in_features, self.out_features, self.activation = in_features, out_features, activation
+        self._fixed_dtype = compute_dtype
+        self._recompute = training_flag("recompute", recompute)
+        self._accumulate_grad = training_flag("accumulate_grad", accumulate_grad)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the layer computes in outside autocast: `from_linear`'s `compute_dtype`, else
+        its weight's (after `.half()`, torch.float16)."""
+        return self._fixed_dtype or self.weight.dtype
+
+    @property
+    def recompute(self) -> bool:
+        """Whether backward recomputes the GEMM (the derived kernel) instead of storing the
+        pre-activation in forward; may be changed, and applies from the next forward."""
+        return self._recompute
+
+    @recompute.setter
+    def recompute(self, value: bool) -> None:
+        self._recompute = training_flag("recompute", value)
+        self._set_recipes()
+
+    @property
+    def accumulate_grad(self) -> bool:
+        """Whether backward adds the weight gradient in fp32 into `weight.main_grad` instead of
+        setting `.grad`; may be changed, and applies from the next forward."""
+        return self._accumulate_grad
+
+    @accumulate_grad.setter
+    def accumulate_grad(self, value: bool) -> None:
+        self._accumulate_grad = training_flag("accumulate_grad", value)
 
     def _set_recipes(self) -> None:
-        """The inference recipe and, with an activation, the training one that also stores `pre`."""
-        activation, bias, dtype = self.activation, self.bias is not None, self.compute_dtype
-        self.recipe = linear_recipe(activation, bias, dtype)
-        self.training_recipe = linear_recipe(activation, bias, dtype, save_pre_activation=True) if activation else None
-        self._op = caller(self.recipe)
-        self._op_saving_pre = caller(self.training_recipe) if self.training_recipe is not None else None
-        self._bwd = caller(linear_backward(activation, bias, dtype)) if activation and self.recompute else None
+        """Forget the kernels made for other dtypes or options, and make those of the dtype the
+        layer computes in now (so that a traced forward finds them)."""
+        self._kernels: dict[tuple[torch.dtype, bool], LinearKernels] = {}
+        self.kernels(self.kernel_dtype)
+
+    def kernels(self, dtype: torch.dtype) -> LinearKernels:
+        """The layer's kernels computing in `dtype` (bf16 or f16), with its bias as it is now."""
+        key = (dtype, self.bias is not None)
+        found = self._kernels.get(key)
+        if found is None:
+            found = self._kernels[key] = linear_kernels(self.activation, key[1], dtype, self._recompute)
+        return found
+
+    @property
+    def kernel_dtype(self) -> torch.dtype:
+        """The dtype of the kernels `recipe` and `launches` name: `compute_dtype`, or for a layer
+        without kernels in it (fp32 parameters), bf16, as it computes under bf16 autocast."""
+        dtype = self.compute_dtype
+        return dtype if dtype in COMPUTE_DTYPES else torch.bfloat16
+
+    @property
+    def recipe(self) -> Recipe:
+        """The recipe of forward's kernel (in `kernel_dtype`)."""
+        return self.kernels(self.kernel_dtype).recipe
+
+    @property
+    def training_recipe(self) -> Recipe | None:
+        """The recipe of forward's kernel with gradients wanted: it also stores the pre-activation
+        (None without an activation)."""
+        return self.kernels(self.kernel_dtype).training_recipe
+
+    @property
+    def _op(self) -> OpCaller:
+        return self.kernels(self.kernel_dtype).op
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2, w, bias, lead = self.inputs(x)
+        self._check_input_type(x)
+        dtype, out_dtype = call_dtypes(x, self.weight.dtype, self._fixed_dtype)
+        if dtype not in COMPUTE_DTYPES:
+            warn_no_kernel(self, dtype)
+            return self.reference(x)
+        x2, lead = self.rows(x, dtype)
+        w, bias = self.kernel_parameters(dtype)
+        kernels = self.kernels(dtype)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x2, w, bias)):
-            y = _LinearFunction.apply(self, x2, w, bias)
+            y = _LinearFunction.apply(self, kernels, self._accumulate_grad, x2, w, bias)
         else:
-            y = self._op(x2, w) if bias is None else self._op(x2, w, bias)
-        return y.reshape(*lead, self.out_features)
+            y = kernels.op(x2, w) if bias is None else kernels.op(x2, w, bias)
+        return dense_output(y, (*lead, self.out_features), out_dtype)
 
-    def inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Size]:
-        """What the kernel takes for an input x (..., in_features): x as rows (M, in_features), the
-        weight as B (W^T, a column-major view) and the bias in the compute dtype
-        (`kernel_parameters`), x cast as nn.Linear's input under autocast would be, and x's
-        leading dims, to reshape the output with."""
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's math by torch ops in x's dtype (the parameters cast to it): what it runs
+        where gemmgen has no kernel (fp32, fp64). With `accumulate_grad` the weight's gradient
+        goes into its `main_grad` here too."""
+        weight = accumulating(self.weight) if self._accumulate_grad else self.weight
+        bias = self.bias
+        if weight.dtype != x.dtype:
+            weight = weight.to(x.dtype)
+            bias = bias.to(x.dtype) if bias is not None else None
+        return reference_linear(x, weight, bias, self.activation)
+
+    def _check_input_type(self, x: object) -> None:
         if not isinstance(x, torch.Tensor):
             raise InvalidArgument(f"input: expected a torch.Tensor of shape (..., {self.in_features}), got "
                                   f"{type(x).__name__}")
-        w, bias = self.kernel_parameters()
-        dtype = self.compute_dtype
+
+    def rows(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Size]:
+        """x (..., in_features) as the kernel's rows (M, in_features) in `dtype` (cast as
+        autocast would cast nn.Linear's input), and its leading dims, to reshape the output with."""
         if x.dtype != dtype:
-            if self.weight.dtype != dtype or torch.is_autocast_enabled(x.device.type):  # parameters cast anyway
-                x = x.to(dtype)
-            else:
-                raise InvalidArgument(f"input: dtype {x.dtype}, but this layer computes in {dtype}; cast the "
-                                      f"input (input.to({dtype})) or run under torch.autocast, as for nn.Linear")
+            x = x.to(dtype)
         shape = x.shape
         if not shape or shape[-1] != self.in_features:
             raise self._wrong_input(x)
@@ -252,20 +386,23 @@ class FusedLinear(RecipeModule):
             raise self._wrong_input(x) from None
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
-        return x2, w, bias, lead
+        return x2, lead
 
-    def kernel_parameters(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def kernel_parameters(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The weight as the kernel's B (W^T, a column-major view) and the bias, checked against
-        the layer's shape and cast to the compute dtype (per call, as autocast casts nn.Linear's)."""
+        the layer's shape and cast to `dtype` (default `compute_dtype`; per call, as autocast casts
+        nn.Linear's)."""
+        dtype = dtype or self.compute_dtype
         w, bias = self.weight, self.bias
         rows = self.weight_rows
         what = "2 x out_features: gate and up interleaved" if rows != self.out_features else "out_features"
         check_parameter("weight", w, (rows, self.in_features), f"({what}, in_features)")
         if bias is not None:
             check_parameter("bias", bias, (rows,), f"({what},)")
-        if w.dtype != self.compute_dtype:
-            w = w.to(self.compute_dtype)
-            bias = bias.to(self.compute_dtype) if bias is not None else None
+        if w.dtype != dtype:
+            w = w.to(dtype)
+        if bias is not None and bias.dtype != dtype:
+            bias = bias.to(dtype)
         return w.t(), bias
 
     @property
@@ -285,9 +422,11 @@ class FusedLinear(RecipeModule):
         (`gemmgen.tuning.Device.current()` on the GPU that will run the model) an autotune result
         registered for it first; `training`: with gradients wanted, when the kernel also stores the
         pre-activation. What to build ahead of time, e.g.
-        `gg.warmup([layer.launches(t) for t in (1, 512, 4096)] + [layer.launches(4096, training=True)])`."""
-        saving = training and self.training_recipe is not None and not self.recompute
-        recipe = self.training_recipe if saving and self.training_recipe is not None else self.recipe
+        `gg.warmup([layer.launches(t) for t in (1, 512, 4096)] + [layer.launches(4096, training=True)])`.
+        The kernels are `kernel_dtype`'s."""
+        kernels = self.kernels(self.kernel_dtype)
+        saving = training and kernels.training_recipe is not None and not self._recompute
+        recipe = kernels.training_recipe if saving and kernels.training_recipe is not None else kernels.recipe
         return recipe, tuning.config_for(recipe, tokens, self.weight_rows, self.in_features, 1, device=device,
                                          sm_count=sm_count, arch=launch_arch(arch))
 
@@ -296,10 +435,11 @@ class FusedLinear(RecipeModule):
         """(recipe, config) of the gemmgen kernels a backward of `tokens` rows launches: the derived
         kernel with `recompute`, the fp32 weight-gradient GEMM with `accumulate_grad`."""
         out = []
-        if self._bwd is not None:
-            out.append((self._bwd.recipe, (tokens, self.weight_rows, self.in_features)))
-        if self.accumulate_grad:
-            out.append((weight_grad_recipe(self.compute_dtype), (self.weight_rows, self.in_features, tokens)))
+        bwd = self.kernels(self.kernel_dtype).bwd
+        if bwd is not None:
+            out.append((bwd.recipe, (tokens, self.weight_rows, self.in_features)))
+        if self._accumulate_grad:
+            out.append((weight_grad_recipe(self.kernel_dtype), (self.weight_rows, self.in_features, tokens)))
         target = launch_arch(arch)
         return [(r, tuning.config_for(r, *shape, 1, device=device, sm_count=sm_count, arch=target)) for r, shape in out]
 
@@ -308,7 +448,8 @@ class FusedLinear(RecipeModule):
         return self.launches(tokens, sm_count=sm_count, arch=arch)[1]
 
     def extra_repr(self) -> str:
-        cast = f", compute_dtype={self.compute_dtype}" if self.weight.dtype != self.compute_dtype else ""
+        fixed = self._fixed_dtype
+        cast = f", compute_dtype={fixed}" if fixed is not None and self.weight.dtype != fixed else ""
         training = "".join(f", {k}=True" for k in ("recompute", "accumulate_grad") if getattr(self, k))
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"activation={self.activation!r}{cast}{training}")

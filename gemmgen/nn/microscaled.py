@@ -28,7 +28,7 @@ from ..integrations.ops import caller
 from ..ir.microscaling import scale_columns
 from ..runtime.quantize import nvfp4_tensor_scale, quantize_mx, to_blocked_scales
 from ..types import MXFP8, NVFP4, DType, as_dtype
-from .base import activation_fn
+from .base import activation_fn, dense_output
 from .block_scaled import QuantizedLinear, check_in_features, check_input, check_output_dtype
 
 
@@ -116,7 +116,7 @@ class MXFP8Linear(QuantizedLinear):
         q, scale_a = quantize_mx(x.reshape(-1, self.in_features))
         args = (q, self.weight.t(), scale_a, self.weight_scale)
         y = self._op(*args) if self.bias is None else self._op(*args, self.bias)
-        return y.reshape(*lead, self.out_features)
+        return dense_output(y, (*lead, self.out_features), self.output_dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -187,6 +187,9 @@ class NVFP4Linear(QuantizedLinear):
         self.register_buffer("weight_scale", blocked.contiguous())
         self.register_buffer("weight_tensor_scale", tensor_scale.float().reshape(()))
         self.register_buffer("bias", bias.to(dtype).contiguous() if bias is not None else None)
+        self._set_recipes()
+
+    def _set_recipes(self) -> None:
         self.recipe = nvfp4_linear_recipe(self.activation, self.bias is not None, self.dtype)
         self._op = caller(self.recipe)
 
@@ -198,7 +201,7 @@ class NVFP4Linear(QuantizedLinear):
         q, scale_a = quantize_mx(rows, NVFP4, tensor_scale=x_scale)
         args = (q, self.weight.t(), scale_a, self.weight_scale, x_scale.reshape(-1) * self.weight_tensor_scale)
         y = self._op(*args) if self.bias is None else self._op(*args, self.bias)
-        return y.reshape(*lead, self.out_features)
+        return dense_output(y, (*lead, self.out_features), self.output_dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

@@ -22,24 +22,49 @@ fc1's bias gradient, a sum over the tokens, is then torch's.
 
 `accumulate_grad=True` adds the weight gradients in fp32 into each weight's `main_grad` (created
 as zeros if missing), as Megatron-LM and Transformer Engine do, instead of setting `.grad`.
+
+As a drop-in module it follows `.to()`, `.half()`, `.float()` and autocast as nn.Linear does
+(`FusedLinear`), and returns a contiguous output of the unfused MLP's shape and dtype.
+
+`fuse(model, mlp=True)` puts FusedMLPs into models without changing their state_dict (the same
+keys, shapes and layouts, so checkpoints load strictly both ways and gradients reach the
+parameters the model had): `FusedMLP.chain` in place of a Linear -> activation -> Linear, holding
+the first Linear's parameters as its own and running the second's from an `MLPSecondLayer` left in
+that Linear's place; `FusedMLP.gated` in place of a gated MLP module, with the module's own
+children (gate, up, down, activation) under their names, interleaving gate's and up's rows at
+call time (`_fc1_parameters`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .. import tuning
 from ..config import Arch, KernelConfig
 from ..dsl import Backward, Recipe
 from ..errors import InvalidArgument
-from ..integrations.ops import caller
-from .base import GATED, RecipeModule, activation_fn, launch_arch
-from .grads import weight_grad, weight_grad_recipe
-from .linear import FusedLinear, linear_recipe
+from ..integrations.ops import OpCaller, caller
+from .base import (
+    COMPUTE_DTYPES,
+    GATED,
+    ReadOnlyOptions,
+    RecipeModule,
+    activation_fn,
+    call_dtypes,
+    check_parameter,
+    dense_output,
+    launch_arch,
+    warn_no_kernel,
+)
+from .grads import accumulating, pairs_weight_grad, weight_grad, weight_grad_recipe
+from .linear import FusedLinear, linear_recipe, training_flag
+from .pairs import interleave_pairs
 
 
 @functools.cache
@@ -55,56 +80,119 @@ def mlp_backward(activation: str, bias: bool, dtype: torch.dtype, recompute: boo
     return fc1.backward(recompute=True, recompute_d=True)
 
 
+@dataclass(frozen=True)
+class MLPKernels:
+    """The gemmgen ops a FusedMLP launches computing in one dtype: each layer's forward, fc1's
+    forward that also stores what backward reads (`fc1_saving`), and backward's derived kernel
+    (`bwd`). Made once per kind (`mlp_kernels`) and captured by each forward, so that backward runs
+    what its forward saved for whatever the module's options are by then."""
+
+    backward: Backward
+    fc1: OpCaller
+    fc1_saving: OpCaller
+    bwd: OpCaller
+    fc2: OpCaller
+
+    @property
+    def recompute(self) -> bool:
+        return self.backward.recompute
+
+
+@functools.cache
+def mlp_kernels(activation: str, bias1: bool, bias2: bool, dtype: torch.dtype, recompute: bool) -> MLPKernels:
+    """A FusedMLP's `MLPKernels` (shared by every module of the same kind)."""
+    backward = mlp_backward(activation, bias1, dtype, recompute)
+    return MLPKernels(backward, caller(linear_recipe(activation, bias1, dtype)), caller(backward.forward),
+                      caller(backward.kernel), caller(linear_recipe(None, bias2, dtype)))
+
+
 class _MLPFunction(torch.autograd.Function):
     """Both layers as one autograd node, so that backward can fuse across their boundary."""
 
     @staticmethod
-    def forward(ctx: Any, mlp: FusedMLP, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None,
-                w2: torch.Tensor, b2: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx: Any, mlp: FusedMLP, kernels: MLPKernels, accumulate: bool, x: torch.Tensor,
+                w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None) -> torch.Tensor:
         args1 = (x, w1) if b1 is None else (x, w1, b1)
-        if mlp.recompute:
-            h, saved = mlp.fc1._op(*args1), None
+        if kernels.recompute:
+            h, saved = kernels.fc1(*args1), None
         else:
-            h, saved = mlp._fc1_saving(*args1)
-        y = mlp.fc2._op(h, w2) if b2 is None else mlp.fc2._op(h, w2, b2)
-        ctx.mlp, ctx.has_b2 = mlp, b2 is not None
-        ctx.save_for_backward(x, w1, b1, w2, saved, None if mlp.recompute else h)
+            h, saved = kernels.fc1_saving(*args1)
+        y = kernels.fc2(h, w2) if b2 is None else kernels.fc2(h, w2, b2)
+        ctx.mlp, ctx.kernels, ctx.accumulate, ctx.has_b2 = mlp, kernels, accumulate, b2 is not None
+        ctx.save_for_backward(x, w1, b1, w2, saved, None if kernels.recompute else h)
         return y
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         mlp: FusedMLP = ctx.mlp
+        kernels: MLPKernels = ctx.kernels
         x, w1, b1, w2, saved, h = ctx.saved_tensors
-        _, need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad
+        _, _, _, need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad
         g = g.contiguous()
         w2_rows = w2.t()  # W2 as stored (out x hidden): the dgrad GEMM's B, row-major
-        if mlp.recompute:
+        if kernels.recompute:
             inputs = {"bias": b1, "grad_d": torch.matmul(g, w2_rows)}
             a, b = x, w1
         else:
             inputs, a, b = {"saved_acc": saved, "bias": b1}, g, w2_rows
-        outs = mlp._bwd.by_name(a, b, inputs)
+        outs = kernels.bwd.by_name(a, b, inputs)
         g_acc1 = outs["d"]
-        if mlp.recompute:
+        if kernels.recompute:
             h = outs["fwd_d"]
         gx = torch.matmul(g_acc1, w1.t()) if need_x else None
-        gw1 = weight_grad(mlp.fc1.weight, g_acc1, x, mlp.accumulate_grad) if need_w1 else None
+        gw1 = mlp._fc1_weight_grad(g_acc1, x, ctx.accumulate) if need_w1 else None
         gb1 = None
         if b1 is not None and need_b1:  # over column pairs a sum over M: torch's
             gb1 = outs["grad_bias"].to(b1.dtype) if "grad_bias" in outs else g_acc1.sum(0).to(b1.dtype)
-        gw2 = weight_grad(mlp.fc2.weight, g, h, mlp.accumulate_grad) if need_w2 else None
+        gw2 = weight_grad(mlp.fc2.weight, g, h, ctx.accumulate) if need_w2 else None
         gb2 = g.sum(0) if ctx.has_b2 and need_b2 else None
-        return None, gx, gw1, gb1, gw2, gb2
+        return None, None, None, gx, gw1, gb1, gw2, gb2
+
+
+class MLPSecondLayer(ReadOnlyOptions):
+    """What `fuse(model, mlp=True)` leaves in the place of the second Linear of a Linear ->
+    activation -> Linear that it made one FusedMLP (`FusedMLP.chain`, in the first Linear's
+    place): that Linear's `weight` and `bias`, registered where the model had them (the same
+    state_dict keys; the FusedMLP runs them), and a forward that returns its input, as the FusedMLP
+    has already applied the layer to it."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    _options = ("in_features", "out_features")
+
+    def __init__(self, linear: nn.Linear, name: str, applied_by: str) -> None:
+        """`linear`'s parameters (shared), for the model's `name` (where it is, for reprs), whose
+        FusedMLP is at `applied_by`."""
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.name, self.applied_by = name, applied_by
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"applied by the FusedMLP at {self.applied_by!r}")
 
 
 class FusedMLP(RecipeModule):
     """Linear(in, hidden) -> activation -> Linear(hidden, out) as gemmgen kernels, trained with
     fc1's activation derivative and bias gradient inside fc2's dgrad GEMM (module docstring).
-    `fc1` and `fc2` are FusedLinear layers (fc2 without activation) holding the parameters."""
+    `fc1` and `fc2` are FusedLinear layers (fc2 without activation) holding the parameters: its
+    children when built by the constructor or `from_linears`, and views of the parameters a model
+    keeps where they were when `fuse` built it (`chain`, `gated`).
+
+    It computes as FusedLinear does: in the parameters' dtype (following `.to()`), or autocast's,
+    or `compute_dtype`; in torch ops where gemmgen has no kernel (fp32, fp64), said once.
+    `activation` is read-only; `recompute` and `accumulate_grad` may be changed and apply from the
+    next forward."""
 
     fc1: FusedLinear
     fc2: FusedLinear
-    _derived = ("_fc1_saving", "_backward", "_bwd")
+    _derived = ("_kernels", "_pairs_key")
+    _options = ("activation",)
 
     def __init__(self, in_features: int, hidden_features: int, out_features: int, activation: str = "gelu",
                  bias: bool = True, dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None,
@@ -118,54 +206,234 @@ class FusedMLP(RecipeModule):
     @classmethod
     def from_linears(cls, fc1: nn.Linear, activation: str, fc2: nn.Linear, compute_dtype: torch.dtype | None = None,
                      recompute: bool = False, accumulate_grad: bool = False) -> FusedMLP:
-        """A FusedMLP sharing the two Linears' parameters (no copy)."""
-        _check_activation(activation)
-        if not (isinstance(fc1, nn.Linear) and isinstance(fc2, nn.Linear)):
-            raise InvalidArgument(f"fc1, fc2: expected torch.nn.Linear layers, got {type(fc1).__name__} and "
-                                  f"{type(fc2).__name__}")
-        hidden = fc1.out_features // 2 if activation in GATED else fc1.out_features
-        if hidden != fc2.in_features or (fc1.bias is None) != (fc2.bias is None):
-            gate_up = f" ({activation}: half of fc1's rows, gate and up interleaved)" if activation in GATED else ""
-            raise InvalidArgument(f"fc1, fc2: fc1's {hidden} outputs{gate_up} must feed fc2's {fc2.in_features} "
-                                  "inputs, and both have a bias or neither; keep them as separate layers")
+        """A FusedMLP sharing the two Linears' parameters (no copy), as its children `fc1` and
+        `fc2` (so its state_dict keys are fc1.* and fc2.*; `fuse` keeps a model's own)."""
+        _check_linears(fc1, activation, fc2)
         mlp = cls.__new__(cls)
         nn.Module.__init__(mlp)
         mlp.fc1 = FusedLinear.from_linear(fc1, activation, compute_dtype)
         mlp.fc2 = FusedLinear.from_linear(fc2, None, compute_dtype)
-        if mlp.fc1.compute_dtype != mlp.fc2.compute_dtype:
-            raise InvalidArgument(f"fc1, fc2: weights of {fc1.weight.dtype} and {fc2.weight.dtype}; give "
-                                  "compute_dtype= so that both layers compute in one type")
+        mlp._check_dtypes(fc1.weight, fc2.weight)
         mlp._configure(recompute, accumulate_grad)
         return mlp
 
+    @classmethod
+    def chain(cls, fc1: nn.Linear, activation: str, fc2: nn.Linear, second: MLPSecondLayer,
+              compute_dtype: torch.dtype | None = None) -> FusedMLP:
+        """A FusedMLP to take `fc1`'s place in a model where fc1 -> activation -> fc2 ran, with
+        `second` (an MLPSecondLayer of fc2) in fc2's: it registers fc1's parameters as its own
+        `weight` and `bias`, and reads fc2's from `second`, so that the model's state_dict keys stay
+        the Linears' (what `fuse(mlp=True)` makes)."""
+        _check_linears(fc1, activation, fc2)
+        hidden = FusedLinear._checked_linear(fc1, activation, compute_dtype)
+        FusedLinear._checked_linear(fc2, None, compute_dtype)
+        mlp = cls.__new__(cls)
+        nn.Module.__init__(mlp)
+        mlp.register_parameter("weight", cast(nn.Parameter, fc1.weight))
+        mlp.register_parameter("bias", cast("nn.Parameter | None", fc1.bias))
+        mlp.__dict__["_second"] = second
+        mlp.__dict__["fc1"] = FusedLinear.sharing(mlp._parameters, fc1.in_features, hidden, activation, compute_dtype)
+        mlp.__dict__["fc2"] = FusedLinear.sharing(second._parameters, fc2.in_features, fc2.out_features, None,
+                                                  compute_dtype)
+        mlp._check_dtypes(fc1.weight, fc2.weight)
+        mlp._configure(False, False)
+        return mlp
+
+    @classmethod
+    def gated(cls, owner: nn.Module, names: tuple[str, str, str, str], activation: str,
+              compute_dtype: torch.dtype | None = None) -> FusedMLP:
+        """A FusedMLP to take the place of `owner`, a gated MLP whose forward is
+        `down(act(gate(x)) * up(x))` (`names`: its children gate, up, down and act): its children
+        are owner's, under the same names (so the state_dict keys, and the parameters gradients
+        reach, stay the module's), and fc1's weight is gate's and up's rows interleaved at call
+        time (`_fc1_parameters`). What `fuse(mlp=True)` makes of Llama's MLP."""
+        gate, up, down = (owner.get_submodule(n) for n in names[:3])
+        if not (isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) and isinstance(down, nn.Linear)):
+            raise InvalidArgument(f"{', '.join(names[:3])}: expected torch.nn.Linear layers")
+        if activation not in GATED:
+            raise InvalidArgument(f"activation: a gated MLP takes one of {sorted(GATED)}, got {activation!r}")
+        if gate.weight.shape != up.weight.shape or (gate.bias is None) != (up.bias is None):
+            raise InvalidArgument(f"{names[0]}, {names[1]}: the gate and up projections differ in shape or bias")
+        if gate.out_features != down.in_features or (gate.bias is None) != (down.bias is None):
+            raise InvalidArgument(f"{names[0]}, {names[2]}: {names[0]}'s {gate.out_features} outputs must feed "
+                                  f"{names[2]}'s {down.in_features} inputs, and all have a bias or none")
+        FusedLinear._checked_linear(gate, None, compute_dtype)
+        FusedLinear._checked_linear(down, None, compute_dtype)
+        mlp = cls.__new__(cls)
+        nn.Module.__init__(mlp)
+        for name, child in owner.named_children():
+            mlp.add_module(name, child)
+        pairs: dict[str, Any] = {}
+        mlp.__dict__["_gated"] = names[:3]
+        mlp.__dict__["_pairs_parameters"] = pairs
+        mlp._forget_pairs(compute_dtype or gate.weight.dtype)
+        mlp.__dict__["fc1"] = FusedLinear.sharing(pairs, gate.in_features, gate.out_features, activation,
+                                                  compute_dtype)
+        mlp.__dict__["fc2"] = FusedLinear.sharing(down._parameters, down.in_features, down.out_features, None,
+                                                  compute_dtype)
+        mlp._check_dtypes(gate.weight, down.weight)
+        mlp._configure(False, False)
+        return mlp
+
+    def _check_dtypes(self, w1: torch.Tensor, w2: torch.Tensor) -> None:
+        if self.fc1.compute_dtype != self.fc2.compute_dtype:
+            raise InvalidArgument(f"fc1, fc2: weights of {w1.dtype} and {w2.dtype}; give compute_dtype= so that "
+                                  "both layers compute in one type")
+
     def _configure(self, recompute: bool, accumulate_grad: bool) -> None:
-        for name, value in (("recompute", recompute), ("accumulate_grad", accumulate_grad)):
-            if not isinstance(value, bool):
-                raise InvalidArgument(f"{name}: expected True or False, got {value!r}")
-        self.recompute, self.accumulate_grad = recompute, accumulate_grad
+        self._recompute = training_flag("recompute", recompute)
+        self._accumulate_grad = training_flag("accumulate_grad", accumulate_grad)
         self._set_recipes()
-        self.recompute = self._backward.recompute  # a gated fc1 with a bias always recomputes
 
     @property
     def activation(self) -> str:
-        assert self.fc1.activation is not None
-        return self.fc1.activation
+        """fc1's activation (read-only: its kernels were made for it)."""
+        return str(self.fc1.activation)
+
+    @property
+    def recompute(self) -> bool:
+        """Whether backward recomputes fc1's GEMM instead of storing its accumulator and h (always,
+        for a gated fc1 with a bias); may be changed, and applies from the next forward."""
+        fc1, fc2 = self.fc1.bias is not None, self.fc2.bias is not None
+        return self._kernels_for(self.fc1.kernel_dtype, fc1, fc2).recompute
+
+    @recompute.setter
+    def recompute(self, value: bool) -> None:
+        self._recompute = training_flag("recompute", value)
+        self._set_recipes()
+
+    @property
+    def accumulate_grad(self) -> bool:
+        """Whether backward adds the weight gradients in fp32 into each weight's `main_grad`
+        instead of setting `.grad`; may be changed, and applies from the next forward."""
+        return self._accumulate_grad
+
+    @accumulate_grad.setter
+    def accumulate_grad(self, value: bool) -> None:
+        self._accumulate_grad = training_flag("accumulate_grad", value)
+
+    @property
+    def _backward(self) -> Backward:
+        fc1, fc2 = self.fc1.bias is not None, self.fc2.bias is not None
+        return self._kernels_for(self.fc1.kernel_dtype, fc1, fc2).backward
 
     def _set_recipes(self) -> None:
-        bias = self.fc1.bias is not None
-        self._backward = mlp_backward(self.activation, bias, self.fc1.compute_dtype, self.recompute)
-        self._fc1_saving = caller(self._backward.forward)
-        self._bwd = caller(self._backward.kernel)
+        """Forget kernels made for other dtypes or options, re-read a gated MLP's gate and up (the
+        dtype or device may have changed), and make the kernels of the dtype it computes in now."""
+        self._kernels: dict[tuple[torch.dtype, bool, bool], MLPKernels] = {}
+        names = self.__dict__.get("_gated")
+        if names is not None:
+            gate, _ = self._gate_up()
+            self._forget_pairs(self.fc1._fixed_dtype or gate.weight.dtype)
+            self.fc2.__dict__["_parameters"] = self._modules[names[2]]._parameters  # type: ignore[union-attr]
+        self._kernels_for(self.fc1.kernel_dtype, self.fc1.bias is not None, self.fc2.bias is not None)
+
+    def _kernels_for(self, dtype: torch.dtype, bias1: bool, bias2: bool) -> MLPKernels:
+        key = (dtype, bias1, bias2)
+        found = self._kernels.get(key)
+        if found is None:
+            found = self._kernels[key] = mlp_kernels(self.activation, bias1, bias2, dtype, self._recompute)
+        return found
+
+    def _gate_up(self) -> tuple[nn.Linear, nn.Linear]:
+        gate, up, _ = self.__dict__["_gated"]
+        return self._modules[gate], self._modules[up]  # type: ignore[return-value]
+
+    def _weight(self) -> torch.Tensor:
+        """The weight whose dtype the module follows: fc1's (gate's, for a gated module)."""
+        return self._gate_up()[0].weight if self.__dict__.get("_gated") else self.fc1.weight
+
+    def _forget_pairs(self, dtype: torch.dtype) -> None:
+        """Free a gated module's interleaved copy of gate and up (`_pairs`), leaving in fc1's
+        parameter dict meta tensors of its shape and `dtype` (what fc1's recipe and launches read)."""
+        gate, _ = self._gate_up()
+        pairs = self.__dict__["_pairs_parameters"]
+        rows = 2 * gate.out_features
+        pairs["weight"] = torch.empty((rows, gate.in_features), dtype=dtype, device="meta")
+        pairs["bias"] = torch.empty(rows, dtype=dtype, device="meta") if gate.bias is not None else None
+        self.__dict__["_pairs_key"] = None
+
+    def _pairs(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A gated module's fc1 weight and bias in `dtype`, for calls without gradients: gate's and
+        up's rows interleaved, made again only when one of them has changed (another tensor, or
+        written in place: its version), and kept in fc1's parameter dict (so `fc1.weight` is it).
+        The copy costs the memory of gate and up once more while kept; a forward with gradients
+        wanted, `.to()` and the like free it (`_forget_pairs`)."""
+        gate, up = self._gate_up()
+        key = (dtype, tuple(_identity(t) for t in (gate.weight, up.weight, gate.bias, up.bias)))
+        kept: tuple[torch.dtype, tuple[tuple[object, int, int], ...]] | None = self.__dict__.get("_pairs_key")
+        fresh = kept is not None and kept[0] == dtype and all(
+            a[0] is b[0] and a[1] == b[1] and a[2] == b[2] >= 0 for a, b in zip(kept[1], key[1], strict=True))
+        pairs = self.__dict__["_pairs_parameters"]
+        if not fresh:
+            with torch.no_grad():
+                pairs["weight"] = _interleaved(gate.weight, up.weight, dtype)
+                pairs["bias"] = _interleaved(gate.bias, up.bias, dtype) if gate.bias is not None else None
+            self.__dict__["_pairs_key"] = key
+        return pairs["weight"], pairs["bias"]
+
+    def _fc1_parameters(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """fc1's weight as its kernel's B (W1^T) and its bias, in `dtype`. A gated module's are
+        gate's and up's rows interleaved: with gradients wanted, per call (a copy of gate and up,
+        whose gradient autograd takes apart again), else kept until they change (`_pairs`)."""
+        if not self.__dict__.get("_gated"):
+            return self.fc1.kernel_parameters(dtype)
+        gate, up = self._gate_up()
+        hidden, n_in = self.fc1.out_features, self.fc1.in_features
+        for name, layer in zip(self.__dict__["_gated"], (gate, up), strict=False):
+            check_parameter(f"{name}.weight", layer.weight, (hidden, n_in), "(hidden, in_features)")
+        tracked = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (gate.weight, up.weight, gate.bias, up.bias))
+        w1: torch.Tensor
+        b1: torch.Tensor | None
+        if tracked or torch.compiler.is_compiling():
+            if not torch.compiler.is_compiling() and self.__dict__["_pairs_key"] is not None:
+                self._forget_pairs(dtype)
+            w1 = _interleaved(gate.weight, up.weight, dtype)
+            b1 = _interleaved(gate.bias, up.bias, dtype) if gate.bias is not None else None
+        else:
+            w1, b1 = self._pairs(dtype)
+        return w1.t(), b1
+
+    def _fc1_weight_grad(self, g_acc1: torch.Tensor, x: torch.Tensor, accumulate: bool) -> torch.Tensor | None:
+        """fc1's weight gradient, for its kernel's B (`grads.weight_grad`); a gated module's into
+        gate's and up's own `main_grad` with `accumulate`."""
+        if not self.__dict__.get("_gated"):
+            return weight_grad(self.fc1.weight, g_acc1, x, accumulate)
+        gate, up = self._gate_up()
+        return pairs_weight_grad(gate.weight, up.weight, g_acc1, x, accumulate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2, w1, b1, lead = self.fc1.inputs(x)
-        w2, b2 = self.fc2.kernel_parameters()
+        self.fc1._check_input_type(x)
+        dtype, out_dtype = call_dtypes(x, self._weight().dtype, self.fc1._fixed_dtype)
+        if dtype not in COMPUTE_DTYPES:
+            warn_no_kernel(self, dtype)
+            return self.reference(x)
+        x2, lead = self.fc1.rows(x, dtype)
+        w1, b1 = self._fc1_parameters(dtype)
+        w2, b2 = self.fc2.kernel_parameters(dtype)
+        kernels = self._kernels_for(dtype, b1 is not None, b2 is not None)
         params = (x2, w1, b1, w2, b2)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params):
-            y = _MLPFunction.apply(self, *params)
+            y = _MLPFunction.apply(self, kernels, self._accumulate_grad, *params)
         else:
-            y = self.fc2(self.fc1(x2))
-        return y.reshape(*lead, self.fc2.out_features)
+            h = kernels.fc1(x2, w1) if b1 is None else kernels.fc1(x2, w1, b1)
+            y = kernels.fc2(h, w2) if b2 is None else kernels.fc2(h, w2, b2)
+        return dense_output(y, (*lead, self.fc2.out_features), out_dtype)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP's math by torch ops in x's dtype: what it runs where gemmgen has no kernel (fp32,
+        fp64 parameters outside autocast); `accumulate_grad` holds here too."""
+        names = self.__dict__.get("_gated")
+        if names is None:
+            return self.fc2.reference(self.fc1.reference(x))
+        gate, up = self._gate_up()
+        pre = []
+        for layer in (gate, up):
+            w = accumulating(layer.weight) if self._accumulate_grad else layer.weight
+            pre.append(F.linear(x, w.to(x.dtype), None if layer.bias is None else layer.bias.to(x.dtype)))
+        act = F.silu if self.activation == "swiglu" else F.gelu  # the gated activations' (base.ACTIVATIONS)
+        return self.fc2.reference(act(pre[0]) * pre[1])
 
     def launches(self, tokens: int, training: bool = False, sm_count: int | None = None,
                  device: tuning.Device | None = None, arch: Arch | str | None = None
@@ -188,17 +456,38 @@ class FusedMLP(RecipeModule):
         the two fp32 weight-gradient GEMMs."""
         hidden, n_in, n_out = self.fc1.out_features, self.fc1.in_features, self.fc2.out_features
         rows = self.fc1.weight_rows  # fc1's GEMM's N: 2 x hidden for a gated activation
-        kernels = [(self._backward.kernel, (tokens, rows if self.recompute else hidden, n_in if self.recompute
-                                            else n_out))]
-        if self.accumulate_grad:
-            wgrad = weight_grad_recipe(self.fc1.compute_dtype)
+        recompute = self.recompute
+        kernels = [(self._backward.kernel, (tokens, rows if recompute else hidden, n_in if recompute else n_out))]
+        if self._accumulate_grad:
+            wgrad = weight_grad_recipe(self.fc1.kernel_dtype)
             kernels += [(wgrad, (rows, n_in, tokens)), (wgrad, (n_out, hidden, tokens))]
         target = launch_arch(arch)
         return [(r, tuning.config_for(r, *shape, 1, device=device, sm_count=sm_count, arch=target))
                 for r, shape in kernels]
 
     def extra_repr(self) -> str:
-        return f"activation={self.activation!r}, recompute={self.recompute}, accumulate_grad={self.accumulate_grad}"
+        second = self.__dict__.get("_second")
+        sizes = ""
+        if second is not None or self.__dict__.get("_gated"):
+            sizes = (f"in_features={self.fc1.in_features}, hidden_features={self.fc1.out_features}, "
+                     f"out_features={self.fc2.out_features}, ")
+        where = f", fc2's parameters at {second.name!r}" if second is not None else ""
+        return (f"{sizes}activation={self.activation!r}, recompute={self.recompute}, "
+                f"accumulate_grad={self.accumulate_grad}{where}")
+
+
+def _identity(t: torch.Tensor | None) -> tuple[object, int, int]:
+    """What tells a tensor's contents apart without reading them: the tensor object, its memory and
+    its version, which in-place writes (optimizer steps, load_state_dict) advance; -1 for an
+    inference tensor, which has none (never taken as unchanged)."""
+    if t is None:
+        return None, 0, 0
+    return t, t.data_ptr(), -1 if t.is_inference() else t._version
+
+
+def _interleaved(even: torch.Tensor, odd: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`interleave_pairs` of the two in `dtype` (cast first: a bf16 copy of fp32 master weights)."""
+    return interleave_pairs(even.to(dtype), odd.to(dtype))
 
 
 def _check_activation(activation: object) -> None:
@@ -206,3 +495,17 @@ def _check_activation(activation: object) -> None:
         raise InvalidArgument(f"activation: a FusedMLP needs one of relu, gelu, gelu_tanh, silu, swiglu, geglu, got "
                               f"{activation!r}")
     activation_fn(activation, gated=True)
+
+
+def _check_linears(fc1: object, activation: str, fc2: object) -> None:
+    """Two Linears that make a FusedMLP with `activation`: fc1's outputs (half its rows for a gated
+    activation) feed fc2, and both have a bias or neither."""
+    _check_activation(activation)
+    if not (isinstance(fc1, nn.Linear) and isinstance(fc2, nn.Linear)):
+        raise InvalidArgument(f"fc1, fc2: expected torch.nn.Linear layers, got {type(fc1).__name__} and "
+                              f"{type(fc2).__name__}")
+    hidden = fc1.out_features // 2 if activation in GATED else fc1.out_features
+    if hidden != fc2.in_features or (fc1.bias is None) != (fc2.bias is None):
+        gate_up = f" ({activation}: half of fc1's rows, gate and up interleaved)" if activation in GATED else ""
+        raise InvalidArgument(f"fc1, fc2: fc1's {hidden} outputs{gate_up} must feed fc2's {fc2.in_features} "
+                              "inputs, and both have a bias or neither; keep them as separate layers")

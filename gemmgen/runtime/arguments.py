@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..codegen import sm100
-from ..codegen.evt import REDUCTION_KIND
 from ..codegen.fields import REGISTER_LOADS, REGISTER_STORES, ParamsLayout, sinks_d
 from ..codegen.sm90.geometry import scale_tma, scales_per_tile
+from ..codegen.visitor_types import REDUCTION_KIND
 from ..config import Arch, KernelConfig, Schedule, TileScheduler
 from ..errors import InvalidArgument
 from ..ir import LSE_IDENTITY, Columns, RecipeIR, Reduction

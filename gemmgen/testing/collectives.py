@@ -25,6 +25,8 @@ def collectives_check_source(kernels: Sequence[GeneratedKernel]) -> str:
         for spelling in ("resolved", "builder"):
             ctx = type_context(k.kernel_recipe, k.config, k.epilogue, spelling)
             ctx["namespace"] = f"k{i}_{spelling}"
+            if spelling == "builder":  # the same functor types, not a second definition of each
+                ctx["epilogue_functors"] = tuple(f"using k{i}_resolved::{f.name};" for f in k.epilogue.functors)
             parts.append(env.get_template(TYPES_TEMPLATE).render(**ctx))
         for t in ("CollectiveMainloop", "CollectiveEpilogue", "GemmKernel"):
             parts.append(f"static_assert(cute::is_same_v<k{i}_resolved::{t}, k{i}_builder::{t}>, "

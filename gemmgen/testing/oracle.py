@@ -1,6 +1,6 @@
 """CUTLASS's own host code as an oracle for gemmgen's argument building (needs nvcc; tests only).
 
-For a generated kernel, `OracleProgram` renders its part of gemmgen/codegen/templates/oracle_host.cu.j2
+For a generated kernel, `OracleProgram` renders its part of templates/oracle_host.cu.j2
 (the kernel's very types plus a function that runs CUTLASS's host code on argv), and runs it per
 problem. `build_oracles` compiles several kernels' parts of one arch into one program with the pip
 wheel's nvcc (CUTLASS's headers are parsed once: a program of eight kernels takes about as long as
@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from ..codegen import GeneratedKernel, emitter, template_environment
-from ..codegen.evt import HALF_STRIDE, ParamBinding
+from ..codegen.evt import ParamBinding
 from ..codegen.fields import PAIR_BINDINGS, PAIR_LOADS
+from ..codegen.visitor_types import HALF_STRIDE
 from ..compile.toolchain import toolchain
 from ..config import Arch, TileScheduler
 from ..errors import ToolchainError

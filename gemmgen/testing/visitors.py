@@ -34,15 +34,14 @@ Stream> its uniform random number.
 from __future__ import annotations
 
 import dataclasses
-import re
 import struct
-from collections.abc import Callable
 
 import torch
 
 from ..codegen.fields import D_SINK_HEADER
-from ..ir import LSE_IDENTITY, Op, Param
+from ..ir import LSE_IDENTITY
 from .cpp_types import CppType, EpilogueSourceError, declarations, parse_type, split_arguments
+from .functors import compute_function, region_functors
 from .register_nodes import ParamsView, coordinate, random_numbers, row_blocks
 
 _FUSION = "cutlass::epilogue::fusion::"
@@ -77,97 +76,6 @@ _VECTOR_REDUCTIONS = {
     ("cutlass::minimum", "cutlass::minimum", "cutlass::minimum"): "min",
     (f"{_EPI}LseCombine",) * 3: "lse",  # lse.hpp: in the state {max, sum of exp(x - max)}
 }
-
-
-def _f32(bits: int) -> float:
-    return struct.unpack("<f", struct.pack("<I", bits))[0]
-
-
-#: The ops by the functor a kernel's source names (`ir.Op.functor`; Identity: D's own conversion node).
-_BY_FUNCTOR = {op.functor: op for op in Op if op.functor is not None and op.functor != "Identity"}
-
-
-def scalar_function(name: str) -> Callable[..., torch.Tensor]:
-    """What `gemmgen::epi::<name>` computes: its op's formula in the op table."""
-    if name == "Identity":
-        return lambda x: x
-    op = _BY_FUNCTOR.get(name)
-    if op is None or op.param is not Param.NONE:
-        raise EpilogueSourceError(f"unknown functor gemmgen::epi::{name}")
-    return lambda *args: op.apply(args)
-
-
-def _even(x: torch.Tensor) -> torch.Tensor:
-    """Each pair's even column in both of its columns (a column-constant value is its own)."""
-    return x if x.shape[-1] == 1 else x[..., 0::2].repeat_interleave(2, dim=-1)
-
-
-def _odd(x: torch.Tensor) -> torch.Tensor:
-    return x if x.shape[-1] == 1 else x[..., 1::2].repeat_interleave(2, dim=-1)
-
-
-def _interleave(even: torch.Tensor, odd: torch.Tensor) -> torch.Tensor:
-    even, odd = torch.broadcast_tensors(even, odd)
-    if even.shape[-1] == 1:
-        raise EpilogueSourceError("Interleave of two column-constant values")
-    out = odd.clone()
-    out[..., 0::2] = even[..., 0::2]
-    return out
-
-
-def _sum_once(x: torch.Tensor) -> torch.Tensor:
-    if x.shape[-1] == 1:
-        raise EpilogueSourceError("PairSumMask of a column-constant value")
-    out = x.clone()
-    out[..., 1::2] = 0.0
-    return out
-
-
-#: pairs.hpp's fragment functors, on whole (L, M, N) tensors.
-_PAIR_FUNCTORS: dict[str, Callable[..., torch.Tensor]] = {
-    "PairEven": _even, "PairOdd": _odd, "Interleave": _interleave, "PairSumMask": _sum_once}
-
-
-def _functor(t: CppType) -> Callable[..., torch.Tensor]:
-    """The ComputeFn of an Sm90Compute: `gemmgen::epi::Map<F>::Fn`, or one of pairs.hpp's."""
-    base = t.name.removeprefix(_EPI)
-    if not t.args and not t.member and base in _PAIR_FUNCTORS:
-        return _PAIR_FUNCTORS[base]
-    if base == "InterleaveConst" and t.member == "::Fn" and len(t.args) == 2:
-        constant, const_even = _constant(t.args[0]), t.args[1].name
-        if const_even not in ("true", "false"):
-            raise EpilogueSourceError(f"compute function {t}")
-        return (lambda x: _interleave(constant, x)) if const_even == "true" else (lambda x: _interleave(x, constant))
-    if t.name != f"{_EPI}Map" or t.member != "::Fn" or len(t.args) != 1:
-        raise EpilogueSourceError(f"compute function {t} is not a gemmgen::epi::Map<F>::Fn")
-    f = t.args[0]
-    base = f.name.removeprefix(_EPI)
-    if base in ("WithRhs", "WithLhs"):
-        fn, constant = scalar_function(f.args[0].name.removeprefix(_EPI)), _constant(f.args[1])
-        if base == "WithRhs":
-            return lambda x: fn(x, constant)
-        return lambda x: fn(constant, x)
-    if base.startswith("SelectConst"):  # where() with constant branches: SelectConst{X,Y,XY}<bits...>
-        which, consts = base.removeprefix("SelectConst"), [_constant(a) for a in f.args]
-        select = scalar_function("Select")
-        if which == "X":
-            return lambda c, y: select(c, consts[0], y)
-        if which == "Y":
-            return lambda c, x: select(c, x, consts[0])
-        return lambda c: select(c, consts[0], consts[1])
-    op = _BY_FUNCTOR.get(base)
-    if op is not None and op.param is Param.SLOPE:
-        slope = float(_constant(f.args[0]))
-        return lambda x: op.apply((x,), slope)
-    return scalar_function(base)
-
-
-def _constant(t: CppType) -> torch.Tensor:
-    """A functor's constant: its fp32 bits as an unsigned literal (`0x3fd9db23u`)."""
-    m = re.fullmatch(r"0x([0-9a-f]{8})u", t.name)
-    if not m:
-        raise EpilogueSourceError(f"constant {t} is not fp32 bits")
-    return torch.tensor(_f32(int(m.group(1), 16)), dtype=torch.float32)
 
 
 def _element(t: CppType) -> torch.dtype:
@@ -227,6 +135,7 @@ class EpilogueInterpreter:
 
     def __init__(self, source: str) -> None:
         self.decls = declarations(source)
+        self.regions = region_functors(source)
         collective = next((v for v in self.decls.values() if v.startswith(_COLLECTIVE_EPILOGUE + "<")), None)
         built = self.decls.get("CollectiveEpilogue", "")
         if collective is not None:
@@ -337,7 +246,8 @@ class EpilogueInterpreter:
                 raise EpilogueSourceError(f"compute node {t}")
             if not inputs:
                 raise EpilogueSourceError(f"compute node {t} without inputs")
-            return _convert(_functor(fn)(*(x.to(torch.float32) for x in inputs)), _element(element_out))
+            fn_of = compute_function(fn, self.regions)
+            return _convert(fn_of(*(x.to(torch.float32) for x in inputs)), _element(element_out))
         if t.name == f"{_EPI}Sm90RowReduction" or kind in ("Sm90RowReduction", "Sm90ColReduction"):
             return self._vector_reduction(kind != "Sm90ColReduction", t, lvalue, acc, params, inputs)
         if inputs and kind not in ("Sm90AuxStore", "Sm90ScalarReduction"):

@@ -29,12 +29,18 @@ tokens per expert), `choose` gives GROUPED_SWAP_CONFIG (sm_100a: SM100_GROUPED_S
 swapped, each group's rows along the tile's N (not for an epilogue over column pairs, which must
 stay the kernel's columns); otherwise gemmgen's default. So a grouped recipe needs at most two
 kernels, unless autotune (`grouped_candidates`) found others faster.
+
+Ties: candidates whose scores agree to SCORE_PLACES decimals tie (a smaller difference is float
+noise, not a preference), and the tie-break is the candidate order: the first of them in
+`candidate_configs` (the arch's table, most preferred first) wins, every time. `ties` lists them
+and `tie_summary` says so in words; `choose`'s reasons and `gemmgen explain` include it.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..codegen import is_valid, validate
@@ -218,10 +224,16 @@ def _candidates(small_m: bool, swapped_only: bool, k: int, arch: Arch) -> tuple[
     return tuple(replace(c, tile=(c.tile[0], c.tile[1], k)) for c in listed)
 
 
+#: Scores equal to this many decimal places tie; the candidate order breaks the tie (`ties`).
+SCORE_PLACES = 9
+#: The tie-break, in words (`tie_summary`, `gemmgen explain`).
+TIE_BREAK = "candidate order, the first in gemmgen/tuning/heuristic.py's list (most preferred first) wins"
+
+
 def ranked(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int | None = None,  # noqa: E741
            arch: Arch = DEFAULT_ARCH) -> list[tuple[float, KernelConfig, str]]:
-    """Every valid candidate on `arch` for the M bucket of `m`, best first (stable: ties keep
-    candidate order); `sm_count` defaults to the arch's reference GPU's."""
+    """Every valid candidate on `arch` for the M bucket of `m`, best first (ties, to SCORE_PLACES,
+    in candidate order); `sm_count` defaults to the arch's reference GPU's."""
     mb = m_bucket(max(m, 1))
     sms = sm_count or arch.sm_count
     scored = [(*_score(cfg, mb, max(n, 1), max(k, 1), max(l, 1), sms), i, cfg)
@@ -229,8 +241,20 @@ def ranked(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int |
     if not scored:  # the recipe's family is not built on this arch: the default config's ConfigError says so
         validate(default_config(recipe, arch), recipe)
         raise AssertionError(f"no candidate config on {arch.value} is valid for {recipe.name!r}, but the default is")
-    scored.sort(key=lambda t: (-round(t[0], 9), t[2]))
+    scored.sort(key=lambda t: (-round(t[0], SCORE_PLACES), t[2]))
     return [(score, cfg, why) for score, why, _, cfg in scored]
+
+
+def ties(order: list[tuple[float, KernelConfig, str]]) -> list[KernelConfig]:
+    """The configs of a `ranked` order that tie with its first on the score (to SCORE_PLACES), in
+    candidate order: the tie-break chose the first. One config when nothing ties."""
+    best = round(order[0][0], SCORE_PLACES)
+    return [cfg for score, cfg, _ in order if round(score, SCORE_PLACES) == best]
+
+
+def tie_summary(names: Sequence[str], score: float) -> str:
+    """The words for a tie of `names` (the winner first) at `score`, and how it was broken."""
+    return f"{len(names)} candidates score {score:.3f} ({', '.join(names)}); tie-break: {TIE_BREAK}"
 
 
 def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int | None = None,  # noqa: E741
@@ -248,8 +272,10 @@ def choose(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int |
     lines = [w for _, _, w in sorted(order, key=lambda t: listed.index(t[1]))]
     swapped = "; a reduction over M: swapped kernels only (codegen.sm100.constraints.reduction_violations)" \
         if needs_swap(recipe, arch) else ""
-    return Choice(cfg, mb, score, f"M={m} -> bucket {mb}{swapped}; chose {why}\n  considered:\n    "
-                  + "\n    ".join(lines))
+    tied = ties(order)
+    tie = tie_summary([c.name for c in tied], score) if len(tied) > 1 else None
+    return Choice(cfg, mb, score, f"M={m} -> bucket {mb}{swapped}; chose {why}\n" + (f"  tie: {tie}\n" if tie else "")
+                  + "  considered:\n    " + "\n    ".join(lines))
 
 
 def few_rows_per_group(rows: int, groups: int) -> bool:

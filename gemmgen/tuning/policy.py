@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..config import DEFAULT_ARCH, Arch, KernelConfig
 from ..dsl import Recipe
-from ..errors import GemmgenError
+from ..errors import GemmgenError, did_you_mean
 from .heuristic import choose
 from .shapes import problem_shape
 from .table import Device, problem_bucket, tuned_config
@@ -80,7 +80,8 @@ def launches_for_shapes(recipes: dict[str, Recipe], shapes: dict, sm_count: int 
         if name.startswith("_"):
             continue
         if name not in by_name:
-            raise GemmgenError(f"shapes: no recipe named {name!r}; recipes are {sorted(by_name)}")
+            raise GemmgenError(f"shapes: no recipe named {name!r}{did_you_mean(name, by_name)}; recipes are "
+                               f"{sorted(by_name)}")
         out[name] = [(tuple(p), choose_launch(by_name[name], *problem_shape(p, f"shapes[{name!r}]"),
                                               sm_count=sm_count, arch=arch)) for p in problems]
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import re
 import time
 from collections.abc import Callable
 
@@ -123,29 +124,34 @@ def test_random_epilogues_are_valid_kernel_types(type_checks):
 
 def _two_rows(layout: str) -> gg.Recipe:
     """Non-commutative ops over two row vectors of one type, a constant on the left and a matrix:
-    a tree (whose `acc - c` reads no Params, so that exchanging its inputs moves no operand), or
-    (`x` shared) a graph."""
+    one elementwise region, a tree (whose `acc - c` reads no Params, so that exchanging its inputs
+    moves no operand), or (`x` read by D's region and by a reduction's) a graph."""
     def tree(acc, u, v, c):
         return (2.0 - (acc - c) * u) / (1.5 + gg.abs(v))
 
     def dag(acc, u, v, c):
-        x = acc * u - v
-        return x / (2.0 - gg.tanh(x * c))
+        x = acc * c - u
+        return {"d": x / (2.0 - gg.tanh(x * v)), "sum_sq": gg.sum(x * x, dim=1)}
 
-    return gg.Recipe(f"two_rows_{layout}", tree if layout == "tree" else dag,
-                     operands={"u": gg.RowVector(gg.bf16), "v": gg.RowVector(gg.bf16), "c": gg.Matrix(gg.bf16)})
+    operands: dict[str, gg.Scalar | gg.RowVector | gg.ColVector | gg.Matrix | gg.Seed] = {
+        "u": gg.RowVector(gg.bf16), "v": gg.RowVector(gg.bf16), "c": gg.Matrix(gg.bf16)}
+    if layout == "tree":
+        return gg.Recipe("two_rows_tree", tree, operands=operands)
+    return gg.Recipe("two_rows_dag", dag, operands=operands, aux={"sum_sq": gg.f32})
 
 
-def _exchange_sub_inputs(source: str) -> str:
-    """The Sub node's two inputs exchanged: an Sm90EVT's children, or a graph node's edges."""
+def _exchange_children(source: str) -> str:
+    """A compute node's first two inputs exchanged: the outermost Sm90EVT's children, or the Sub
+    node's edges in a graph."""
     lines = source.splitlines()
-    for i, line in enumerate(lines):
-        name, _, decl = line.removeprefix("using ").partition(" = ")
-        if line.startswith("using EVTSub") and len(parse_type(decl.rstrip(";")).args) == 3:
-            t = parse_type(decl.rstrip(";"))
-            lines[i] = f"using {name} = {CppType(t.name, (t.args[0], t.args[2], t.args[1]))};"
-        elif name == "EpilogueDag":
-            t = parse_type(decl.rstrip(";"))
+    trees = [i for i, line in enumerate(lines) if line.startswith("using EVT")]
+    dags = [i for i, line in enumerate(lines) if line.startswith("using EpilogueDag = ")]
+    for i in [*reversed(trees), *dags]:
+        name, _, decl = lines[i].removeprefix("using ").partition(" = ")
+        t = parse_type(decl.rstrip(";"))
+        if i in trees and len(t.args) >= 3:
+            lines[i] = f"using {name} = {CppType(t.name, (t.args[0], t.args[2], t.args[1], *t.args[3:]))};"
+        elif i in dags:
             ops = [o.name for o in t.args[2:]]
             k = next(j for j, o in enumerate(ops) if o.startswith("Sub"))
             seqs = list(t.args[1].args)
@@ -155,7 +161,14 @@ def _exchange_sub_inputs(source: str) -> str:
         else:
             continue
         return "\n".join(lines)
-    raise AssertionError("no Sub node")
+    raise AssertionError("no compute node of two inputs")
+
+
+def _exchange_statement_arguments(source: str) -> str:
+    """Inside a region's functor, the subtraction's two arguments exchanged."""
+    mutated, count = re.subn(r"\bSub\{\}\((\w+), (\w+)\)", r"Sub{}(\2, \1)", source, count=1)
+    assert count == 1, "no subtraction in a region's functor"
+    return mutated
 
 
 def _exchange_vector_places(generated):
@@ -167,11 +180,12 @@ def _exchange_vector_places(generated):
 
 
 _SOURCE_MUTATIONS = {
-    "children exchanged": _exchange_sub_inputs,
-    "constant on the other side": lambda s: s.replace("WithLhs<gemmgen::epi::Sub", "WithRhs<gemmgen::epi::Sub"),
+    "children exchanged": _exchange_children,
+    "a statement's arguments exchanged": _exchange_statement_arguments,
+    "constant on the other side": lambda s: s.replace("WithLhs<Sub", "WithRhs<Sub"),
     "bf16 vector read as f16": lambda s: s.replace("Sm90RowBroadcast<0, TileShape, cutlass::bfloat16_t",
                                                    "Sm90RowBroadcast<0, TileShape, cutlass::half_t", 1),
-    "add for sub": lambda s: s.replace("Map<gemmgen::epi::Sub>", "Map<gemmgen::epi::Add>", 1),
+    "add for sub": lambda s: s.replace("Sub{}(", "Add{}(", 1),
 }
 
 
@@ -198,7 +212,7 @@ def test_a_wrong_kernel_fails_the_check(layout, mistake):
 def test_interpreter_reads_the_callbacks_the_collective_gets(examples):
     """The interpreter starts from the CollectiveEpilogue's FusionCallbacks argument, not from a
     declaration it guesses: the example with a graph epilogue is interpreted from EpilogueDag."""
-    r = examples["quick_gelu_scaled"]
+    r = examples["residual_norm_stats"]
     interp = EpilogueInterpreter(render_kernel(r.ir, r.default_config()).source)
     assert interp.callbacks.name == "cutlass::epilogue::fusion::Sm90TopologicalVisitor"
-    assert interp.element_d == torch.float16 and interp.element_c is None
+    assert interp.element_d == torch.bfloat16 and interp.element_c == torch.bfloat16

@@ -47,6 +47,8 @@ def test_every_kernel_is_on_the_hopper_path(compiled):
         assert k.info.cluster_size == k.config.cluster[0] * k.config.cluster[1]
         assert k.info.params_size > 0 and k.info.params_align in (8, 16, 32, 64, 128)
         assert r.phases["front_end"] > 0 and r.compile_seconds > 0
+        # the compile's peak resident memory (Linux's high-water mark, reset before it): NVRTC takes GBs
+        assert r.compile_peak_bytes is not None and 2**30 < r.compile_peak_bytes < 16 * 2**30, (name, r)
         assert k.cubin[:4] == b"\x7fELF"
 
 
@@ -54,7 +56,10 @@ def _named(recipe: gg.Recipe, config: gg.KernelConfig) -> set[str]:
     """The CUTLASS, CuTe and gemmgen names the source of `recipe`'s kernel under `config` spells, its
     tile, its cluster and its schedule."""
     source = render_kernel(recipe.ir, config).source
-    return set(re.findall(r"\b(?:cutlass|cute|gemmgen)::[\w:]+", source)) | \
+    # the functors a region's statements call, under its `using namespace gemmgen::epi`
+    statements = [line for line in source.splitlines() if line.startswith(("    float const ", "    return "))]
+    in_regions = {f"gemmgen::epi::{name}" for line in statements for name in re.findall(r"\b([A-Z]\w*)\b", line)}
+    return set(re.findall(r"\b(?:cutlass|cute|gemmgen)::[\w:]+", source)) | in_regions | \
         {f"tile {config.tile}", f"cluster {config.cluster}", f"{config.schedule.value} swap_ab={config.swap_ab}"}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -173,6 +174,43 @@ def test_mistakes_raise_named_errors(build, match):
         return
     with pytest.raises(gg.RecipeError, match=match):
         build()
+
+
+@pytest.mark.parametrize("epilogue, d", [
+    (lambda acc: {"d": acc, "extra": gg.amax(acc)}, None),
+    (lambda acc: {"d": acc, "extra": gg.sum(acc, dim=1)}, None),
+    (lambda acc: {"d": acc, "extra": gg.reduce_min(acc, dim=0)}, None),
+    (lambda acc: {"d": acc, "extra": gg.relu(acc)}, None),
+    (lambda acc: dict(zip(("d", "extra"), gg.quantize(acc), strict=True)), gg.e4m3),
+    (lambda acc: dict(zip(("d", "extra"), gg.rms_norm(acc, 128), strict=True)), None),
+])
+def test_an_undeclared_outputs_suggested_declaration_works_when_applied(epilogue, d):
+    """The fix for an output the recipe does not declare is the declaration it needs: gg.f32 for a
+    reduction or a block's factors (a suggested gg.bf16 there was itself refused), as written."""
+    kw = {"d": d} if d is not None else {}
+    with pytest.raises(gg.RecipeError, match="not declared") as e:
+        gg.Recipe("r", epilogue, **kw)
+    fix = re.search(r"declare it with aux=(\{.*\})$", str(e.value))
+    assert fix, str(e.value)
+    r = gg.Recipe("r", epilogue, aux=eval(fix.group(1), {"gg": gg}), **kw)
+    assert [o.name for o in r.outputs] == ["d", "extra"]
+
+
+def test_a_recipes_repr_shows_what_a_user_needs():
+    """Name, A x B -> D with layouts, what the call takes, what it returns, and the config."""
+    config = gg.KernelConfig(tile=(128, 128, 64), schedule=gg.Schedule.PINGPONG)
+    r = gg.Recipe("bias_gelu_aux", lambda acc, bias: {"d": gg.gelu(acc + bias), "pre": acc + bias,
+                                                       "amax_d": gg.amax(gg.gelu(acc + bias))},
+                  operands={"bias": gg.RowVector(gg.bf16)}, aux={"pre": gg.bf16, "amax_d": gg.f32},
+                  layout_a=gg.ColMajor, config=config)
+    assert repr(r) == ("Recipe('bias_gelu_aux', bf16 col x bf16 col -> bf16 row, operands={bias: RowVector(bf16)}, "
+                       "outputs={d: bf16, pre: bf16, amax_d: f32 amax}, config=128x128x64_c1x1x1_pingpong_auto)")
+    moe = gg.Recipe("moe", lambda acc, w: {"d": acc * w, "rows": gg.sum(acc, dim=1)},
+                    operands={"w": gg.ColVector(gg.f32)}, aux={"rows": gg.f32}, a=gg.e4m3, b=gg.e4m3, batched=True,
+                    block_scale=gg.DEEPSEEK_BLOCK_SCALE)
+    assert repr(moe) == ("Recipe('moe', batched, e4m3 row x e4m3 col -> bf16 row, block_scale=(1, 128, 128), "
+                         "operands={w: ColVector(f32)}, outputs={d: bf16, rows: f32 sum(dim=1)}, "
+                         "config=None (per shape))")
 
 
 def test_fp8_inputs_default_to_bf16_output_and_may_mix():

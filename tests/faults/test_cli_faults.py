@@ -1,6 +1,6 @@
 """The CLI never shows a traceback for a user mistake: a bad recipes file is named with its line,
 numbers are validated by argparse, and every option has help; `--version` and the environment
-variables are in the help."""
+variables are in the top-level help."""
 
 from __future__ import annotations
 
@@ -85,11 +85,61 @@ def _parsers(p: argparse.ArgumentParser):
                 yield from _parsers(sub)
 
 
-def test_every_option_has_help_and_every_help_lists_the_environment():
+def test_every_option_has_help_and_the_top_level_help_lists_the_environment():
+    """`gemmgen --help` lists every environment variable; each command's help points there rather
+    than repeating the block (tests/test_cli.py checks the alignment)."""
     for p in _parsers(parser()):
         for action in p._actions:
             if not isinstance(action, argparse._SubParsersAction):
                 assert action.help, f"{p.prog}: {action.option_strings or action.dest} has no help"
-        text = p.format_help()
-        for v in env.VARIABLES:
-            assert v.name in text, f"{p.prog} --help does not mention {v.name}"
+    text = parser().format_help()
+    for v in env.VARIABLES:
+        assert v.name in text, f"gemmgen --help does not mention {v.name}"
+
+
+def _out_err(args: list[str], capsys) -> tuple[int, str, str]:
+    rc = main(args)
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err + out.out
+    return rc, out.out, out.err
+
+
+def test_a_repeated_shape_explains_every_shape(capsys):
+    """`--shape` twice: each problem is explained (the last one alone was, silently)."""
+    rc, out, _ = _out_err(["explain", str(EXAMPLES), "--shape", "16", "4096", "4096", "--shape", "8192", "4096",
+                           "4096", "--recipe", "gemm_bf16", "--top", "1"], capsys)
+    assert rc == 0
+    heads = [line for line in out.splitlines() if not line.startswith(" ")]
+    assert len(heads) == 2 and "16x4096x4096" in heads[0] and "8192x4096x4096" in heads[1], out
+    assert "bucket 16" in heads[0] and "bucket 8192" in heads[1]
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`gemmgen explain ... | head`: the reader goes away; no BrokenPipeError traceback, the exit
+    status of a tool SIGPIPE ended."""
+    proc = subprocess.Popen([sys.executable, "-m", "gemmgen.cli", "explain", str(EXAMPLES), "--shape", "4096", "4096",
+                             "4096"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before anything is written: every write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert err == "", err
+
+
+def test_a_fix_is_spelled_as_the_user_types_it(capsys):
+    """On the CLI an arch is `--arch sm_100a`, not the API's `arch=Arch.SM100A`: in an error and in
+    the line saying why a recipe is not built."""
+    rc, _, err = _out_err(["explain", str(EXAMPLES), "--shape", "64", "4096", "4096", "--recipe", "mxfp8_linear"],
+                          capsys)
+    assert rc == 2 and "build it with --arch sm_100a" in err and "Arch.SM100A" not in err, err
+    rc, out, err = _out_err(["explain", str(EXAMPLES), "--shape", "64", "4096", "4096"], capsys)
+    assert rc == 0 and "Arch.SM100A" not in out + err and "--arch sm_100a" in out
+
+
+def test_a_recipe_name_typo_gets_a_did_you_mean(capsys, tmp_path):
+    rc, _, err = _out_err(["explain", str(EXAMPLES), "--shape", "8", "64", "64", "--recipe", "bias_gleu"], capsys)
+    assert rc == 2 and "did you mean 'bias_gelu'?" in err, err
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text('{"bias_gleu": [[8, 4096, 4096]]}')
+    rc, _, err = _out_err(["build", str(EXAMPLES), "--shapes", str(shapes)], capsys)
+    assert rc == 2 and "did you mean 'bias_gelu'?" in err, err

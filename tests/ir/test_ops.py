@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import gemmgen as gg
-from gemmgen.codegen.evt import EPI
+from gemmgen.codegen.visitor_types import EPI
 from gemmgen.compile.toolchain import gemmgen_include_dir
 from gemmgen.ir import Op, Param, f32_bits
 from gemmgen.ir.ops import random_uniform
-from gemmgen.testing.visitors import _PAIR_FUNCTORS, scalar_function
+from gemmgen.testing.functors import _PAIR_FUNCTORS, scalar_function
 
 EPILOGUE_HPP = gemmgen_include_dir() / "gemmgen" / "epilogue.hpp"
 PAIR_FUNCTORS_HPP = gemmgen_include_dir() / "gemmgen" / "pair_functors.hpp"
@@ -141,7 +141,7 @@ def test_cpp_functors_compute_the_tables_formulas(tmp_path):
         cases.append((Op.WHERE, (x, -1.0, 2.0)))
         lines.append(f"  p({EPI}::SelectConstXY<{f32_bits(2.0)}u, {f32_bits(-3.0)}u>{{}}({_cpp(x)}));")
         cases.append((Op.WHERE, (x, 2.0, -3.0)))
-    out = _host_program(tmp_path, "#include <limits>\n#include <gemmgen/epilogue.hpp>\n"
+    out = host_program(tmp_path, "#include <limits>\n#include <gemmgen/epilogue.hpp>\n"
                         'static void p(float r) { std::printf("%.9g\\n", r); }\n'
                         "int main() {\n" + "\n".join(lines) + "\n}\n").split()
     assert len(out) == len(cases) > 100
@@ -179,7 +179,7 @@ def test_cpp_pair_functors_compute_the_tables_formulas(tmp_path):
              "PairSumMask": "PairSumMask<A>{}(x)",
              "ConstEven": f"InterleaveConst<{f32_bits(2.5)}u, true>::Fn<A>{{}}(y)",
              "ConstOdd": f"InterleaveConst<{f32_bits(-1.5)}u, false>::Fn<A>{{}}(x)"}
-    rows = _host_program(
+    rows = host_program(
         tmp_path,
         "#include <gemmgen/pair_functors.hpp>\nusing namespace gemmgen::epi;\n"
         "using A = cutlass::Array<float, 8, true>;\n"
@@ -209,7 +209,7 @@ def test_cpp_random_numbers_are_the_references(tmp_path):
              for s in (0, 1, 65535) for b in (0, 1, 7) for r, c in ((0, 0), (1, 0), (0, 1), (4095, 2**24 - 1))]
     body = "".join(f"  p(random_uniform(random_stream({seed}ull, {s}u, {b}u), {r}u, {c}u));\n"
                    for seed, s, b, r, c in cases)
-    out = _host_program(tmp_path, "#include <gemmgen/epilogue.hpp>\nusing namespace gemmgen::epi;\n"
+    out = host_program(tmp_path, "#include <gemmgen/epilogue.hpp>\nusing namespace gemmgen::epi;\n"
                         'static void p(float r) { std::printf("%.9g\\n", r); }\n'
                         "int main() {\n" + body + "}\n").split()
     t = torch.tensor
@@ -217,7 +217,7 @@ def test_cpp_random_numbers_are_the_references(tmp_path):
     assert torch.equal(torch.tensor([float(v) for v in out]), want) and len(set(want.tolist())) == len(cases)
 
 
-def _host_program(tmp_path, source: str) -> str:
+def host_program(tmp_path, source: str) -> str:
     """The output of `source` (which includes gemmgen headers) built with g++ on host stand-ins for
     the two CUTLASS headers the functor headers include (macros, bit casts and a plain Array)."""
     stub = tmp_path / "stub" / "cutlass"

@@ -116,15 +116,15 @@ def test_sequential_pairs_fuse_and_positions_stay(gen):
 
 def test_mlp_fuses_linear_activation_linear_into_one_fused_mlp(gen):
     """`mlp=True`: Linear -> GELU -> Linear becomes one FusedMLP in the first Linear's place (the
-    others Identity, the parameters under it, as the report says); a second Linear that starts a
-    pair of its own, or is used twice, stays a layer of its own."""
+    activation Identity, the second Linear an MLPSecondLayer holding its parameters, so the
+    state_dict keeps its keys, as the report says); a second Linear that starts a pair of its own,
+    or is used twice, stays a layer of its own."""
     model = nn.Sequential(_linear(64, 128), nn.GELU(), _linear(128, 32), nn.Linear(32, 8).bfloat16())
     fused, report = _fuse(copy.deepcopy(model), mlp=True)
-    assert [type(m).__name__ for m in fused] == ["FusedMLP", "Identity", "Identity", "Linear"]
+    assert [type(m).__name__ for m in fused] == ["FusedMLP", "Identity", "MLPSecondLayer", "Linear"]
     assert report == ["0: Linear + GELU + Linear (2) -> FusedMLP(linear_gelu_bias_bf16, linear_none_bias_bf16) (1 "
-                      "and 2 are now Identity; parameters 0.fc1.*, 0.fc2.*)"]
-    assert list(fused.state_dict()) == ["0.fc1.weight", "0.fc1.bias", "0.fc2.weight", "0.fc2.bias", "3.weight",
-                                        "3.bias"]
+                      "is now Identity, 2 an MLPSecondLayer holding its parameters; state_dict unchanged)"]
+    assert list(fused.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias", "3.weight", "3.bias"]
     x = torch.randn(5, 64, generator=gen).bfloat16().requires_grad_()
     want = model(x)
     assert want.float().abs().max() > 0
@@ -149,16 +149,16 @@ class _ScaledGate(GatedMLP):
 @pytest.mark.parametrize("act, activation", [(nn.SiLU(), "swiglu"), (GELUActivation(), "geglu")])
 def test_mlp_fuses_a_gated_mlp_module_into_one_gated_fused_mlp(gen, act, activation):
     """`mlp=True` on Llama's MLP (inside a model): the module becomes one gated FusedMLP whose fc1
-    is gate's and up's rows interleaved and fc2 down's, as the report says; forward and every
-    gradient (mapped back to gate and up) are the original module's."""
+    is gate's and up's rows interleaved and fc2 down's, its children the module's (the state_dict
+    unchanged), as the report says; forward and every gradient are the original module's."""
     mlp_ref = GatedMLP(act)
     ref = nn.Sequential(mlp_ref, nn.Linear(64, 8, dtype=torch.bfloat16))
     fused, report = _fuse(copy.deepcopy(ref), mlp=True)
     assert isinstance(fused[0], gg.nn.FusedMLP) and fused[0].activation == activation, report
     assert report == [f"0: down_proj(act_fn(gate_proj(x)) * up_proj(x)) -> FusedMLP(linear_{activation}_bf16, "
-                      f"linear_none_bf16) (gate_proj and up_proj interleaved into new parameters 0.fc1.*; "
-                      f"down_proj's are 0.fc2.*)"]
-    assert list(fused.state_dict()) == ["0.fc1.weight", "0.fc2.weight", "1.weight", "1.bias"]
+                      f"linear_none_bf16) (gate_proj, up_proj, down_proj and act_fn are its children, state_dict "
+                      f"unchanged; gate_proj's and up_proj's rows interleaved at call time)"]
+    assert list(fused.state_dict()) == list(ref.state_dict())
     x = torch.randn(3, 5, 64, generator=gen).bfloat16().requires_grad_()
     y_ref, y = ref(x), fused(x)
     assert y_ref.float().abs().max() > 0
@@ -166,9 +166,9 @@ def test_mlp_fuses_a_gated_mlp_module_into_one_gated_fused_mlp(gen, act, activat
     g = torch.randn(y.shape, generator=gen).bfloat16()
     theirs = torch.autograd.grad(y_ref, [x, mlp_ref.gate_proj.weight, mlp_ref.up_proj.weight,
                                          mlp_ref.down_proj.weight], g)
-    mine = torch.autograd.grad(y, [x, fused[0].fc1.weight, fused[0].fc2.weight], g)
-    d_gate, d_up = gg.nn.split_pairs(mine[1])
-    for got, want in zip((mine[0], d_gate, d_up, mine[2]), theirs, strict=True):
+    mlp: Any = fused[0]
+    mine = torch.autograd.grad(y, [x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight], g)
+    for got, want in zip(mine, theirs, strict=True):
         scale = want.float().abs().max().item()
         assert scale > 0
         torch.testing.assert_close(got.float(), want.float(), rtol=5e-2, atol=5e-2 * scale)

@@ -175,7 +175,7 @@ def test_explain_cli(capsys):
     assert cli_main(["explain", str(EXAMPLES), "--shape", "1000", "4096", "4096", "--recipe", "gemm_bf16"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("gemm_bf16: ") and " (heuristic): M=1000 -> bucket 1024; chose " in out
-    assert "considered:" in out
+    assert "\n  best 5 of " in out  # the default --top
     assert cli_main(["explain", str(EXAMPLES), "--shape", "1000", "4096", "4096", "--recipe", "bias_gelu"]) == 0
     assert capsys.readouterr().out == ("bias_gelu: 128x256x64_c2x1x1_cooperative_auto (recipe): the recipe declares "
                                        "config=128x256x64_c2x1x1_cooperative_auto: used at every shape no autotune "

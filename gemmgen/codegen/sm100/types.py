@@ -31,7 +31,7 @@ _SM = {Schedule.ONE_SM: "1Sm", Schedule.TWO_SM: "2Sm"}
 
 
 def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, collectives: str = "builder") -> dict:
-    """What codegen/templates/sm100/gemm_types.inc.j2 binds. `recipe` is the kernel-side view
+    """What templates/sm100/gemm_types.inc.j2 binds. `recipe` is the kernel-side view
     (`GeneratedKernel.kernel_recipe`). sm100 kernels are spelled through the builders only
     (`collectives` is accepted for the shared signature)."""
     g = recipe.gemm
@@ -66,7 +66,8 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         tile_scheduler=("cutlass::gemm::StreamKScheduler" if config.tile_scheduler is TileScheduler.STREAM_K
                         else "void"),
         setup_fill=setup_fill(recipe, config),
-        stage_count=stage_count, epilogue_decls=epi.decls, callbacks=epi.callbacks, types_template=TYPES_TEMPLATE)
+        stage_count=stage_count, epilogue_decls=epi.decls,
+        epilogue_functors=tuple(f.source for f in epi.functors), callbacks=epi.callbacks, types_template=TYPES_TEMPLATE)
 
 
 def setup_fill(recipe: RecipeIR, config: KernelConfig) -> str:

@@ -23,7 +23,7 @@ TYPES_TEMPLATE = "sm90/gemm_types.inc.j2"
 
 
 def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, collectives: str = "resolved") -> dict:
-    """What codegen/templates/sm90/gemm_types.inc.j2 binds: the kernel's CUTLASS types and constants.
+    """What templates/sm90/gemm_types.inc.j2 binds: the kernel's CUTLASS types and constants.
     `recipe` is the kernel-side view (`GeneratedKernel.kernel_recipe`)."""
     g = recipe.gemm
     c_bits = DType.F32.bits if epi.element_c == "void" else _bits_of(epi.element_c)
@@ -53,6 +53,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         stride_a=_stride_pair("A", g), stride_b=_stride_pair("B", g),
         stride_c=stride_c, stride_d=stride_d,
         tile_scheduler=tile_scheduler(config.tile_scheduler, g.grouped), epilogue_decls=epi.decls,
+        epilogue_functors=tuple(f.source for f in epi.functors),
         callbacks=epi.callbacks, setup_fill="gemmgen::grouped::fill",  # sm90's main loop derives the scale layouts
         collectives=COLLECTIVES[collectives], types_template=TYPES_TEMPLATE,
         # the builder's choices: two consumer warp groups side by side in M for the cooperative
