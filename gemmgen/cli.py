@@ -11,7 +11,7 @@ import re
 import shutil
 import sys
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -303,26 +303,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer (>= 1)")
-    return value
+def _at_least(minimum: int, what: str) -> Callable[[str], int]:
+    """argparse type: an integer >= `minimum` (`what` names such a number in the error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is not {what} (>= {minimum})")
+        return value
+
+    return parse
 
 
-def _count(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is not a count (>= 0)")
-    return value
+_positive = _at_least(1, "a positive integer")
+_count = _at_least(0, "a count")
 
 
 def _arch(text: str) -> Arch:

@@ -37,8 +37,8 @@ class PendingBuild:
     unfused_calls: int = 0  # calls that ran the recipe unfused while it compiled
 
     def ready(self) -> bool:
-        """Compiled and in the cache (a failed build is not ready: `wait` raises its error)."""
-        return self.future.done() and self.future.exception() is None
+        """Compiled and in the cache (a failed or abandoned build is not ready: `wait` raises why)."""
+        return self.state == "ready"
 
     def wait(self) -> None:
         """Block until the build ends; raise its error if it failed."""
@@ -48,6 +48,8 @@ class PendingBuild:
     def state(self) -> str:
         if not self.future.done():
             return "compiling"
+        if self.future.cancelled():  # the pool was shut down before it started
+            return "abandoned"
         return "failed" if self.future.exception() is not None else "ready"
 
     @property

@@ -18,6 +18,7 @@ from gemmgen.errors import GemmgenWarning
 from gemmgen.integrations import ops
 from gemmgen.integrations.pending import PendingKernel
 from gemmgen.testing.calls import fresh_args
+from tests.compile.slow_compiler import slow_compile
 
 SLOW = 6.0  # seconds the stand-in compiler takes: far more than an unfused call
 
@@ -47,22 +48,22 @@ class _Fused:
 def background(monkeypatch, tmp_path, compiled, session_cache):
     """GEMMGEN_JIT=async with an empty cache, a stand-in compiler of SLOW seconds in a spawned
     worker, and kernels that load from that cache (a hit, no NVRTC) into `_Fused` stand-ins."""
-    cache = KernelCache(tmp_path / "cache")
-    builds = BackgroundBuilds(worker=_slow_compile(), jobs=1)
+    store = KernelCache(tmp_path / "cache")
+    builds = BackgroundBuilds(worker=slow_compile, jobs=1)
     monkeypatch.setenv("GEMMGEN_JIT", "async")
     monkeypatch.setenv("SLOW_COMPILER_SECONDS", str(SLOW))
     monkeypatch.setenv("SLOW_COMPILER_SOURCE", str(session_cache.root))
     monkeypatch.setattr(ops, "BACKGROUND", builds)
     monkeypatch.setattr(importlib.import_module("gemmgen.aot.warmup"), "BACKGROUND", builds)
-    monkeypatch.setattr(ops, "default_cache", lambda: cache)
+    monkeypatch.setattr(ops, "default_cache", lambda: store)
     loaded: list[_Fused] = []
 
-    def compile_from_cache(self, config=None, *, cache_=None):
+    def compile_from_cache(self, config=None, *, cache=None):
         from gemmgen.compile import build_kernel
 
         monkeypatch.setenv("GEMMGEN_JIT", "0")  # a hit: compiling here would be the bug
         try:
-            fused = _Fused(self, build_kernel(self.ir, config, cache))
+            fused = _Fused(self, build_kernel(self.ir, config, store))
         finally:
             monkeypatch.setenv("GEMMGEN_JIT", "async")
         loaded.append(fused)
@@ -73,12 +74,6 @@ def background(monkeypatch, tmp_path, compiled, session_cache):
     yield builds, loaded
     builds.shutdown()
     ops._LAUNCHERS.clear()
-
-
-def _slow_compile():
-    from tests.compile.slow_compiler import slow_compile
-
-    return slow_compile
 
 
 def _call(recipe: gg.Recipe, seed: int):
