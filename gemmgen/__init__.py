@@ -4,10 +4,11 @@ emitted as CUTLASS 3.x, compiled by NVRTC.
 The layers, bottom up: `ir` (the epilogue IR and its op table), `config` (kernel configs),
 `codegen` (per architecture), `compile` (NVRTC, cache, bundles), `runtime` (calling kernels from
 torch), `dsl` (`Recipe`), `tuning` (which config a call launches), `aot` (warm-up, bundles),
-and the integrations: `integrations` (torch ops), `nn` (modules), `cli`.
+and the integrations: `integrations` (torch ops), `training` (low-precision recipes), `nn`
+(modules), `cli`.
 
 Importing gemmgen imports no torch: the torch integration (`gemmgen.op`, `gemmgen.nn`,
-`gemmgen.quantize_blockwise`, `gemmgen.quantize_mx`) loads when first used.
+`gemmgen.training`, `gemmgen.quantize_blockwise`, `gemmgen.quantize_mx`) loads when first used.
 """
 
 import typing as _typing
@@ -105,7 +106,7 @@ from .types import (
 )
 
 if _typing.TYPE_CHECKING:  # loaded on first use by __getattr__: they import torch
-    from . import nn
+    from . import nn, training
     from .integrations.ops import op
     from .runtime.grouped import GroupedKernel
     from .runtime.kernel import Kernel
@@ -123,10 +124,10 @@ __all__ = [
     "min", "minimum", "nn", "nvfp4_tensor_scale", "op", "pairs", "quantize", "quantize_blockwise", "quantize_mx",
     "rand", "reduce_max",
     "reduce_min", "relu", "rms_norm", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh",
-    "to_blocked_scales", "unfused_report", "warmup"
+    "to_blocked_scales", "training", "unfused_report", "warmup"
 ]
 
-_LAZY = {"nn": ("gemmgen.nn", None), "op": ("gemmgen.integrations.ops", "op"),
+_LAZY = {"nn": ("gemmgen.nn", None), "training": ("gemmgen.training", None), "op": ("gemmgen.integrations.ops", "op"),
          "Kernel": ("gemmgen.runtime.kernel", "Kernel"), "GroupedKernel": ("gemmgen.runtime.grouped", "GroupedKernel"),
          "quantize_blockwise": ("gemmgen.runtime.quantize", "quantize_blockwise"),
          "quantize_mx": ("gemmgen.runtime.quantize", "quantize_mx"),

@@ -392,6 +392,53 @@ def _training_table(activation: str, shape: tuple[int, int, int, int], reps: int
           f"{t_recompute:.3f} | {t_eager / t_saved:.2f} | {t_compiled / t_saved:.2f}", flush=True)
 
 
+def _low_precision_row(activation: str, shape: tuple[int, int, int, int], reps: int) -> None:
+    """One MLP block's training step in bf16 and in Float8Blockwise (the same weights), median of
+    `reps` CUDA-event timings of whole steps, inputs rotated through more than L2; each model's
+    gradients against the fp32 MLP's first (signal-to-noise >= 20 dB, torchao's floor at LLM shapes)."""
+    import copy
+
+    import gemmgen as gg
+
+    tokens, n_in, hidden, n_out = shape
+    torch.manual_seed(0)
+    gated = activation == "swiglu"
+    bf16 = gg.nn.FusedMLP(n_in, hidden, n_out, activation, bias=not gated, device="cuda")
+    low = gg.nn.FusedMLP(n_in, hidden, n_out, activation, bias=not gated, device="cuda",
+                         precision=gg.training.Float8Blockwise())
+    low.load_state_dict(bf16.state_dict())
+    exact = copy.deepcopy(bf16).float()  # fp32: its reference math (gemmgen says so once)
+    sets = [(torch.randn(tokens, n_in, device="cuda", dtype=torch.bfloat16).requires_grad_(),
+             torch.randn(tokens, n_out, device="cuda", dtype=torch.bfloat16))
+            for _ in range(max(2, -(-L2_BYTES // (tokens * (n_in + n_out) * 2))))]
+    x, g = sets[0]
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=False):
+        want = torch.autograd.grad(exact(x.float()), [x, *exact.parameters()], g.float())
+    for model in (bf16, low):
+        got = torch.autograd.grad(model(x), [x, *model.parameters()], g)
+        for a, b in zip(got, want, strict=True):
+            snr = float(20 * torch.log10(b.double().norm() / (a.double() - b.double()).norm()))
+            assert snr >= 20, (activation, snr)
+
+    def timed(model: Any) -> float:
+        times = []
+        for i in range(reps + 2):
+            x, g = sets[i % len(sets)]
+            model.zero_grad(set_to_none=True)
+            x.grad = None
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            model(x).backward(g)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times[2:])[reps // 2]  # the first two warm up
+
+    t_bf16, t_low = timed(bf16), timed(low)
+    print(f"{activation} | {tokens},{n_in},{hidden},{n_out} | {t_bf16:.3f} | {t_low:.3f} | {t_bf16 / t_low:.2f}",
+          flush=True)
+
+
 def _timed(fn, sets, reps: int) -> float | None:
     """device_ms of `fn` over the buffer sets (each ends with its output); None where torch refuses."""
     from gemmgen.tuning import device_ms
@@ -505,6 +552,11 @@ def main() -> int:
               "eager/gemmgen | compile/gemmgen")
         for activation in ("gelu", "swiglu"):
             _training_table(activation, TRAINING_BENCH_MLP, args.reps)
+        print("# Low precision: the same FusedMLP in bf16 and in Float8Blockwise (bf16 master weights), gradients "
+              "of each checked against the fp32 MLP (>= 20 dB) first")
+        print("activation | tokens,in,hidden,out | bf16 ms | Float8Blockwise ms | bf16/fp8")
+        for activation in ("gelu", "swiglu"):
+            _low_precision_row(activation, TRAINING_BENCH_MLP, args.reps)
         return 0
     recipes = load_recipes(ROOT / "examples" / "recipes.py")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; median of {args.reps} CUDA-graph "

@@ -24,7 +24,6 @@ from ..config import DEFAULT_ARCH, Arch, KernelConfig, default_config
 from ..errors import RecipeError
 from ..ir import (
     BLOCK_SCALE_OPERANDS,
-    Columns,
     EpilogueIR,
     GemmSpec,
     Node,
@@ -37,6 +36,7 @@ from ..ir import (
 from ..ir.autodiff import GRAD_PREFIX, RECOMPUTED_D, SAVED_ACC, NotDifferentiable, derive
 from ..types import DType, Layout, Microscaling, OperandKind, as_dtype, as_layout
 from .backward import OperandGradient, declarations, operand_gradients, replay
+from .checks import check_grouped_epilogue, check_reductions
 from .operands import OperandDecl, check_operand
 from .outputs import traced_outputs
 from .summary import summary
@@ -159,40 +159,6 @@ def _check_block_scale(value: Any, fp8: bool, grouped: bool) -> tuple[int, int, 
     return (m, n, k)
 
 
-def _check_grouped_epilogue(ir: EpilogueIR) -> None:
-    """What a grouped kernel's epilogue can read and write: CUTLASS's grouped (pointer-array)
-    epilogue addresses C, D and the broadcast vectors per group, but not the extra tensor maps of
-    auxiliary loads and stores; gemmgen's register visitors (column pairs) take per-group pointers
-    too."""
-    if any(n.op is Op.ROW_INDEX for n in ir.nodes):
-        raise RecipeError("epilogue: gg.row_index() in a grouped GEMM is not supported yet (a group's kernel "
-                          "numbers its rows from the group's first); declare the recipe without grouped=True")
-    matrices = [o.name for o in ir.operands if o.kind is OperandKind.MATRIX and o.columns is Columns.FULL]
-    if len(matrices) > 1:
-        raise RecipeError(f"operands {matrices}: a grouped GEMM's epilogue reads at most one M x N matrix "
-                          "(it is loaded as C); combine the others before the GEMM")
-    # each is a per-group pointer array the setup kernel fills (grouped.hpp's MaxColumns)
-    per_group = [o.name for o in ir.operands if o.kind in (OperandKind.ROW, OperandKind.COL)
-                 or (o.kind is OperandKind.MATRIX and o.columns is not Columns.FULL)]
-    if len(per_group) > 8:
-        raise RecipeError(f"operands {per_group}: a grouped GEMM's epilogue reads at most 8 row or column vectors "
-                          "and matrices of column pairs; combine some before the GEMM")
-    extra = [o.name for o in ir.outputs[1:]]
-    if extra:
-        raise RecipeError(f"aux output {extra[0]!r}: a grouped GEMM writes D only (auxiliary outputs and "
-                          "reductions are not supported there yet); return D's value alone")
-
-
-def _check_reductions(ir: EpilogueIR) -> None:
-    """A reduction over M of a value at N/2 columns (one of column pairs' halves) is not built: the
-    kernel reduces its own N columns, of which such a value holds every other one."""
-    for o in ir.outputs:
-        if o.dim == 0 and o.columns is not Columns.FULL:
-            raise RecipeError(f"aux output {o.name!r}: a reduction over M (dim=0) of a value of column pairs (at "
-                              f"{o.columns.value} columns) is not supported; reduce it over N (dim=1), or reduce a "
-                              "full-width value over M")
-
-
 class Recipe:
     """A fused GEMM: D = epilogue(A @ B, operands...), plus optional auxiliary outputs.
 
@@ -250,18 +216,18 @@ class Recipe:
             if v not in OUTPUT_DTYPES:
                 raise RecipeError(f"aux output {k!r}: may be bf16, f16, f32, e4m3 or e5m2, not {v.value}")
         self.ir = RecipeIR(name, self.gemm, self._trace())
-        _check_reductions(self.ir.epilogue)
+        check_reductions(self.ir.epilogue)
         if grouped:
-            _check_grouped_epilogue(self.ir.epilogue)
+            check_grouped_epilogue(self.ir.epilogue)
         if self.ir.epilogue.row_blocks is not None and self.gemm.layout_d is Layout.COL:
             raise RecipeError("layout_d: the blocks of gg.quantize, gg.rms_norm and gg.exp_minus_max are columns of a "
                               "row of a row-major D; declare the recipe with layout_d=RowMajor (the default)")
         if self.ir.epilogue.pairs and self.gemm.layout_d is Layout.COL:
             raise RecipeError("layout_d: column pairs (gg.pairs) read and write row-major tensors from the "
                               "registers; declare the recipe with layout_d=RowMajor (the default)")
-        if self.ir.epilogue.pairs and self.gemm.scaled:
-            raise RecipeError("epilogue: column pairs (gg.pairs) with block_scale are not supported yet; scale the "
-                              "GEMM per row and column instead (gg.ColVector / gg.RowVector operands)")
+        if self.ir.epilogue.pairs and self.gemm.microscaling is not None:
+            raise RecipeError(f"epilogue: column pairs (gg.pairs) with block_scale={self.gemm.microscaling!r} are not "
+                              "supported yet; scale the GEMM per row and column instead (gg.ColVector / gg.RowVector)")
         if config is not None:
             validate(config, self.ir)
         self.config = config
@@ -360,8 +326,8 @@ class Recipe:
 
     def backward(self, *, a: Any = None, b: Any = None, layout_a: Any = None, layout_b: Any = None,
                  d: Any = None, saved: Any = None, wrt: Sequence[str] | None = None,
-                 grad_outputs: Sequence[str] = ("d",), recompute: bool = False, recompute_d: bool = False
-                 ) -> Backward:
+                 grad_outputs: Sequence[str] = ("d",), recompute: bool = False, recompute_d: bool = False,
+                 block_scale: Any = None) -> Backward:
         """The recipes a training step runs for this one (`dsl.backward`, docs/training.md): the
         forward, saving its accumulator where the backward needs it, and the backward GEMM's
         epilogue, derived from this recipe's IR: its D is dL/dacc, its aux outputs the operands'
@@ -371,6 +337,8 @@ class Recipe:
             a, b, layout_a, layout_b: the backward GEMM's A and B, whose product is dL/dD (dL/dY
                 and the next layer's weight, K x N with N this recipe's N: row-major for a weight
                 stored out x in). Default: this recipe's A type (bf16 for fp8), both row-major.
+            block_scale: the backward GEMM's block scales, for fp8 a and b (its A's along K:
+                dL/dY's per row; its B's: the next layer's weight's), as `Recipe(block_scale=)`.
             d: the type of dL/dacc (default: as a). saved: the type the forward saves its
                 accumulator in, or with `recompute` the type of dL/dD (default: as d).
             wrt: the operands whose gradients to compute (default: all of the epilogue's but seeds).
@@ -386,7 +354,8 @@ class Recipe:
                 gradient, instead of keeping it from the forward.
         """
         return _derive_backward(self, a=a, b=b, layout_a=layout_a, layout_b=layout_b, d=d, saved=saved, wrt=wrt,
-                               grad_outputs=grad_outputs, recompute=recompute, recompute_d=recompute_d)
+                               grad_outputs=grad_outputs, recompute=recompute, recompute_d=recompute_d,
+                               block_scale=block_scale)
 
     def default_config(self, arch: Arch = DEFAULT_ARCH) -> KernelConfig:
         """The recipe's own `config=` (when it targets `arch`), else gemmgen's default for its math
@@ -509,7 +478,7 @@ class Backward:
 def _derive_backward(recipe: Recipe, *, a: Any = None, b: Any = None, layout_a: Any = None, layout_b: Any = None,
                     d: Any = None, saved: Any = None, wrt: Sequence[str] | None = None,
                     grad_outputs: Sequence[str] = ("d",), recompute: bool = False,
-                    recompute_d: bool = False, _pairs_checked: bool = False) -> Backward:
+                    recompute_d: bool = False, block_scale: Any = None, _pairs_checked: bool = False) -> Backward:
     """`Recipe.backward`'s body (its docstring says what the arguments mean)."""
     gemm = recipe.ir.gemm
     where = f"{recipe.name}.backward()"
@@ -533,10 +502,11 @@ def _derive_backward(recipe: Recipe, *, a: Any = None, b: Any = None, layout_a: 
         try:
             return _derive_backward(recipe, a=a, b=b, layout_a=layout_a, layout_b=layout_b, d=d, saved=saved,
                                     wrt=wrt, grad_outputs=grad_outputs, recompute=False, recompute_d=recompute_d,
-                                    _pairs_checked=True)
+                                    block_scale=block_scale, _pairs_checked=True)
         except RecipeError:
             recompute = True
-    given = [k for k, v in (("a", a), ("b", b), ("layout_a", layout_a), ("layout_b", layout_b)) if v is not None]
+    given = [k for k, v in (("a", a), ("b", b), ("layout_a", layout_a), ("layout_b", layout_b),
+                            ("block_scale", block_scale)) if v is not None]
     if recompute and given:
         raise RecipeError(f"{where}: {given[0]}= describes the next layer's GEMM, but with recompute=True (always "
                           "for a grouped GEMM or one over column pairs) the backward kernel is this recipe's own GEMM "
@@ -578,7 +548,8 @@ def _derive_backward(recipe: Recipe, *, a: Any = None, b: Any = None, layout_a: 
         dtype_a = as_dtype(a if a is not None else grad_default, "a (dtype of the backward GEMM's A: dL/dY)")
         ab = {"a": dtype_a, "b": as_dtype(b if b is not None else dtype_a, "b (dtype of the backward GEMM's B)"),
               "layout_a": as_layout(layout_a if layout_a is not None else Layout.ROW, "layout_a"),
-              "layout_b": as_layout(layout_b if layout_b is not None else Layout.ROW, "layout_b")}
+              "layout_b": as_layout(layout_b if layout_b is not None else Layout.ROW, "layout_b"),
+              "block_scale": block_scale}
     name = f"{recipe.name}_bwd{'_recompute' if recompute else ''}"
     kernel = Recipe(name, replay(derived.epilogue), d=grad_dtype, batched=gemm.batched, layout_d=gemm.layout_d,
                     grouped=gemm.grouped, operands=declarations(derived.epilogue.operands),

@@ -33,12 +33,15 @@ def round_to(x: torch.Tensor, dtype: DType) -> torch.Tensor:
     return (x if limit is None else x.clamp(-limit, limit)).to(dtype.torch)
 
 
-def quantize_blocks(x: torch.Tensor, block: tuple[int, int], dtype: DType) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_blocks(x: torch.Tensor, block: tuple[int, int], dtype: DType, power_of_two: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x / its block's scale in fp32, the scales (..., ceil(R / block[0]), ceil(C / block[1]))) for x
     (..., R, C): each block's scale is its largest magnitude over fp8 `dtype`'s largest value, so its
     values span the fp8 range, and 1 for a block of zeros or one holding a NaN (NaN > 0 is false);
     a partial block at an edge is the rest of its values. What gg.quantize_blockwise returns and what
-    an epilogue's gg.quantize stores, one formula for both."""
+    an epilogue's gg.quantize stores, one formula for both. With `power_of_two`, each scale is that
+    one rounded up to a power of two (so the division is exact and nothing saturates), as
+    Transformer Engine's blockwise recipe rounds its scales."""
     br, bc = block
     rows, cols = x.shape[-2], x.shape[-1]
     nr, nc = -(-rows // br), -(-cols // bc)
@@ -50,6 +53,9 @@ def quantize_blocks(x: torch.Tensor, block: tuple[int, int], dtype: DType) -> tu
     blocks = values.unflatten(-1, (nc, bc)).unflatten(-3, (nr, br))  # (..., nr, br, nc, bc): views
     amax = blocks.abs().amax(dim=(-3, -1))
     scale = (amax / FP8_MAX[dtype]).where(amax > 0, 1.0)
+    if power_of_two:  # scale = m * 2^e with m in [0.5, 1): 2^e, or 2^(e - 1) where m is 0.5 itself
+        mantissa, exponent = scale.frexp()
+        scale = scale.new_ones(scale.shape).ldexp(exponent - (mantissa == 0.5).int())
     scaled = (blocks / scale[..., :, None, :, None]).flatten(-2).flatten(-3, -2)[..., :rows, :cols]
     return scaled, scale
 

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from ..errors import InvalidArgument
+from ..training import Precision, as_precision
 from .base import RecipeModule, check_compute_dtype, unsupported
 from .block_scaled import BlockScaledLinear, QuantizedLinear
 from .linear import FusedLinear
@@ -51,6 +52,7 @@ class _Target:
 
     compute_dtype: torch.dtype | None
     quantize: str | None
+    precision: Precision | None = None
 
     def kept_because(self, linear: nn.Module) -> str | None:
         """Why this nn.Linear cannot be replaced, or None if it can."""
@@ -66,6 +68,11 @@ class _Target:
         reason = unsupported(linear.in_features, self.compute_dtype or linear.weight.dtype)
         if reason:
             return reason
+        if self.precision is not None:
+            odd = [f"{n} {v}" for n, v in (("in_features", linear.in_features), ("out_features", linear.out_features))
+                   if v % 16]
+            if odd:
+                return f"{' and '.join(odd)} not a multiple of 16 ({self.precision} reads fp8 rows along both)"
         w = linear.weight
         cast = self.compute_dtype not in (None, w.dtype)  # then a fresh aligned copy is used
         if not cast and w.device.type != "meta" and (
@@ -76,7 +83,7 @@ class _Target:
     def replace(self, linear: nn.Linear, activation: str | None) -> nn.Module:
         if self.quantize is not None:
             return QUANTIZE[self.quantize].from_linear(linear, activation, self.compute_dtype)
-        return FusedLinear.from_linear(linear, activation, self.compute_dtype)
+        return FusedLinear.from_linear(linear, activation, self.compute_dtype, precision=self.precision)
 
 
 class _ChildrenAsLeaves(fx.Tracer):
@@ -137,7 +144,8 @@ def _qualified(prefix: str, key: str) -> str:
 
 
 def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype | None = None,
-         quantize: str | None = None, mlp: bool = False) -> tuple[nn.Module, list[str]]:
+         quantize: str | None = None, mlp: bool = False, precision: Precision | None = None
+         ) -> tuple[nn.Module, list[str]]:
     """Replace each nn.Linear (bf16/f16 weights) whose output only an activation module consumes
     by a FusedLinear that computes both (see the module docstring for the rules). `unpaired=True`
     also swaps the other such Linears for FusedLinear without activation: the same math launched
@@ -161,7 +169,11 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     never changes the model's state_dict (keys, shapes, layouts), so checkpoints load strictly
     into the fused model and its state_dict into the unfused one, and the parameters an optimizer
     already holds are the ones that get the gradients. Modules inside gemmgen's own (a model
-    fused before) are left alone.
+    fused before) are left alone. `precision` (`gemmgen.training.Float8Blockwise()`, say) trains
+    the FusedLinears and FusedMLPs in that low precision (docs/training.md); a Linear whose
+    features are not multiples of 16 is then kept, and gated MLPs are not made FusedMLPs (gemmgen
+    has no block-scaled kernel over column pairs yet): their gate Linear and activation are fused
+    as any pair.
 
     Returns the model (changed in place; a bare nn.Linear with `unpaired` comes back as a new
     FusedLinear) and a report: a line per fused pair, per swapped Linear, per Linear kept for its
@@ -177,13 +189,16 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     if mlp and quantize is not None:
         raise InvalidArgument(f"mlp: FusedMLP trains bf16/f16 layers; quantize={quantize!r} makes inference layers, "
                               "so give one of mlp=True and quantize=")
-    target = _Target(compute_dtype, quantize)
+    if precision is not None and quantize is not None:
+        raise InvalidArgument(f"precision: trains layers in a low precision; quantize={quantize!r} makes inference "
+                              "layers, so give one of precision= and quantize=")
+    target = _Target(compute_dtype, quantize, as_precision(precision, "fuse"))
     done = {id(c) for m in model.modules() if isinstance(m, RecipeModule | MLPSecondLayer)
             for c in m.modules() if c is not m}
     modules = [(n, m) for n, m in model.named_modules() if id(m) not in done]
     report: list[str] = []
     replacement: dict[int, nn.Module] = {}
-    gated = _gated_mlps(model, modules, target) if mlp else {}
+    gated = _gated_mlps(model, modules, target) if mlp and precision is None else {}
     inside = {id(c) for qualified in gated for c in model.get_submodule(qualified).modules()}
     pairs, notes, untraced, calls = _find_pairs(model, modules, target)
     seconds = _mlp_seconds(model, pairs, target, calls) if mlp else {}
@@ -216,7 +231,8 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
         if second is not None:
             fc2_name, fc2 = second
             holder = MLPSecondLayer(fc2, fc2_name, name)
-            fused_mlp = replacement[id(m)] = FusedMLP.chain(m, pair.activation, fc2, holder, compute_dtype)
+            fused_mlp = replacement[id(m)] = FusedMLP.chain(m, pair.activation, fc2, holder, compute_dtype,
+                                                            target.precision)
             replacement[id(pair.act)], replacement[id(fc2)] = nn.Identity(), holder
             report.append(f"{name}: Linear + {type(pair.act).__name__} + Linear ({fc2_name}) -> FusedMLP("
                           f"{fused_mlp.fc1.recipe.name}, {fused_mlp.fc2.recipe.name}) ({pair.act_name} is now "

@@ -32,10 +32,11 @@ from torch import nn
 
 from .. import tuning
 from ..config import Arch, KernelConfig
-from ..dsl import Recipe, RowVector
+from ..dsl import Recipe
 from ..errors import InvalidArgument
 from ..integrations.ops import OpCaller, caller
-from ..types import as_dtype
+from ..training import Precision
+from .activations import activation_backward, linear_recipe
 from .base import (
     COMPUTE_DTYPES,
     GATED,
@@ -53,46 +54,14 @@ from .base import (
     weight_rows,
 )
 from .grads import accumulating, weight_grad, weight_grad_recipe
-from .pairs import interleave_pairs, split_pairs
-
-
-@functools.cache
-def linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype, save_pre_activation: bool = False) -> Recipe:
-    """The recipe of a Linear layer (x @ W^T with W stored out x in) plus bias and activation. With
-    `save_pre_activation`, the kernel also stores `pre` (x @ W^T + b, before the activation) as an
-    aux output, for the activation's backward: what the unfused Linear's output would have been."""
-    act = activation_fn(activation, gated=True)
-    d = as_dtype(dtype, "dtype")
-    name = f"linear_{activation or 'none'}{'_bias' if bias else ''}_{d.value}{'_pre' if save_pre_activation else ''}"
-    kw: dict = {"a": d, "b": d, "d": d, "layout_a": "row", "layout_b": "col"}
-    if save_pre_activation:
-        kw["aux"] = {"pre": d}
-    if bias:
-        kw["operands"] = {"bias": RowVector(d)}
-        if save_pre_activation:
-            return Recipe(name, lambda acc, bias: {"d": act(acc + bias), "pre": acc + bias}, **kw)
-        return Recipe(name, lambda acc, bias: act(acc + bias), **kw)
-    if save_pre_activation:
-        return Recipe(name, lambda acc: {"d": act(acc), "pre": acc}, **kw)
-    return Recipe(name, lambda acc: act(acc), **kw)
-
-
-def _activation_backward(activation: str, g: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
-    """dL/dpre from dL/dy and the saved pre-activation: the same aten kernels the unfused
-    activation module's backward runs (a gated one's on the gate, times up, and act(gate) for up,
-    interleaved as the pre-activation's columns are)."""
-    if activation in GATED:
-        gate, up = split_pairs(pre, dim=-1)
-        if activation == "swiglu":
-            d_gate, act = torch.ops.aten.silu_backward(g * up, gate), torch.nn.functional.silu(gate)
-        else:
-            d_gate, act = torch.ops.aten.gelu_backward(g * up, gate), torch.nn.functional.gelu(gate)
-        return interleave_pairs(d_gate, g * act, dim=-1)
-    if activation == "relu":
-        return torch.ops.aten.threshold_backward(g, pre, 0)
-    if activation == "silu":
-        return torch.ops.aten.silu_backward(g, pre)
-    return torch.ops.aten.gelu_backward(g, pre, approximate="tanh" if activation == "gelu_tanh" else "none")
+from .low_precision import (
+    LinearGemms,
+    LowPrecisionLinear,
+    WeightCache,
+    check_precision,
+    forward_operands,
+    linear_gemms,
+)
 
 
 @dataclass(frozen=True)
@@ -155,7 +124,7 @@ class _LinearFunction(torch.autograd.Function):
             # over column pairs the bias gradient, a sum over M, is torch's (below)
             gb = outs["grad_bias"].to(bias.dtype) if ctx.has_bias and need_b and "grad_bias" in outs else None
         else:
-            g_pre = _activation_backward(layer.activation, g, pre)
+            g_pre = activation_backward(layer.activation, g, pre)
         gx = g_pre @ w.t() if need_x else None
         gw = weight_grad(layer.weight, g_pre, x, ctx.accumulate) if need_w else None
         if gb is None and ctx.has_bias and need_b:
@@ -199,15 +168,15 @@ class FusedLinear(RecipeModule):
     weight: torch.Tensor  # as nn.Linear declares them: from_linear shares the Linear's
     bias: torch.Tensor | None
     _derived = ("_kernels",)
-    _options = ("in_features", "out_features", "activation", "compute_dtype")
+    _options = ("in_features", "out_features", "activation", "compute_dtype", "precision")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None,
-                 recompute: bool = False, accumulate_grad: bool = False) -> None:
+                 recompute: bool = False, accumulate_grad: bool = False, precision: Precision | None = None) -> None:
         super().__init__()
         _require_supported(in_features, check_layer_dtype(dtype))
         activation_fn(activation, gated=True)  # a bad name is refused before anything is allocated
-        self._configure(in_features, out_features, activation, None, recompute, accumulate_grad)
+        self._configure(in_features, out_features, activation, None, recompute, accumulate_grad, precision)
         rows = weight_rows(out_features, activation)
         self.weight = nn.Parameter(torch.empty(rows, in_features, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.empty(rows, dtype=dtype, device=device)) if bias else None
@@ -224,15 +193,16 @@ class FusedLinear(RecipeModule):
     @classmethod
     def from_linear(cls, linear: nn.Linear, activation: str | None = None,
                     compute_dtype: torch.dtype | None = None, recompute: bool = False,
-                    accumulate_grad: bool = False) -> FusedLinear:
+                    accumulate_grad: bool = False, precision: Precision | None = None) -> FusedLinear:
         """A FusedLinear sharing `linear`'s parameters (no copy), computing in `compute_dtype`
-        (default: the weights' dtype, whatever it becomes)."""
+        (default: the weights' dtype, whatever it becomes), its GEMMs in `precision`."""
         if not isinstance(linear, nn.Linear):
             raise InvalidArgument(f"linear: expected a torch.nn.Linear, got {type(linear).__name__}")
         out_features = cls._checked_linear(linear, activation, compute_dtype)
         fused = cls.__new__(cls)
         nn.Module.__init__(fused)
-        fused._configure(linear.in_features, out_features, activation, compute_dtype, recompute, accumulate_grad)
+        fused._configure(linear.in_features, out_features, activation, compute_dtype, recompute, accumulate_grad,
+                         precision)
         fused.weight = linear.weight
         fused.bias = linear.bias
         fused._set_recipes()
@@ -249,7 +219,7 @@ class FusedLinear(RecipeModule):
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.__dict__["_parameters"] = parameters
-        layer._configure(in_features, out_features, activation, compute_dtype, False, False)
+        layer._configure(in_features, out_features, activation, compute_dtype, False, False, None)
         layer._set_recipes()
         return layer
 
@@ -270,8 +240,11 @@ class FusedLinear(RecipeModule):
         return out_features
 
     def _configure(self, in_features: int, out_features: int, activation: str | None,
-                   compute_dtype: torch.dtype | None, recompute: bool, accumulate_grad: bool) -> None:
+                   compute_dtype: torch.dtype | None, recompute: bool, accumulate_grad: bool,
+                   precision: Precision | None) -> None:
         """The options, set once (`_options` are read-only after this)."""
+        self.precision = check_precision(precision, in_features, out_features, activation, "FusedLinear")
+        self._weights = WeightCache()
         self.in_features, self.out_features, self.activation = in_features, out_features, activation
         self._fixed_dtype = compute_dtype
         self._recompute = training_flag("recompute", recompute)
@@ -327,14 +300,24 @@ class FusedLinear(RecipeModule):
 
     @property
     def recipe(self) -> Recipe:
-        """The recipe of forward's kernel (in `kernel_dtype`)."""
+        """The recipe of forward's kernel (in `kernel_dtype`; with `precision`, its fprop's)."""
+        if self.precision is not None:
+            return self._gemms.fprop.recipe
         return self.kernels(self.kernel_dtype).recipe
 
     @property
     def training_recipe(self) -> Recipe | None:
         """The recipe of forward's kernel with gradients wanted: it also stores the pre-activation
         (None without an activation)."""
+        if self.precision is not None:
+            return None if self._gemms.fprop_saving is None else self._gemms.fprop_saving.recipe
         return self.kernels(self.kernel_dtype).training_recipe
+
+    @property
+    def _gemms(self) -> LinearGemms:
+        """The kernels of a layer with a `precision` (in `kernel_dtype`)."""
+        assert self.precision is not None
+        return linear_gemms(self.precision, self.activation, self.bias is not None, self.kernel_dtype)
 
     @property
     def _op(self) -> OpCaller:
@@ -347,6 +330,8 @@ class FusedLinear(RecipeModule):
             warn_no_kernel(self, dtype)
             return self.reference(x)
         x2, lead = self.rows(x, dtype)
+        if self.precision is not None:
+            return dense_output(self._low_precision(x2, dtype), (*lead, self.out_features), out_dtype)
         w, bias = self.kernel_parameters(dtype)
         kernels = self.kernels(dtype)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x2, w, bias)):
@@ -354,6 +339,18 @@ class FusedLinear(RecipeModule):
         else:
             y = kernels.op(x2, w) if bias is None else kernels.op(x2, w, bias)
         return dense_output(y, (*lead, self.out_features), out_dtype)
+
+    def _low_precision(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """forward in `precision` (nn.low_precision): the weight as it is (a bf16 or fp32 master
+        weight, quantized once per optimizer step), the bias cast to `dtype`."""
+        w, bias = self.weight, self.bias
+        self.kernel_parameters(dtype)  # the shapes checked
+        gemms = linear_gemms(self.precision, self.activation, bias is not None, dtype)
+        bias = bias.to(dtype) if bias is not None and bias.dtype != dtype else bias
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, bias)):
+            return LowPrecisionLinear.apply(gemms, self._weights, self.activation, self._accumulate_grad, x, w, bias)
+        args = forward_operands(gemms, x, self._weights.get(w, gemms))
+        return gemms.fprop(*args) if bias is None else gemms.fprop(*args, bias)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The layer's math by torch ops in x's dtype (the parameters cast to it): what it runs
@@ -424,9 +421,12 @@ class FusedLinear(RecipeModule):
         pre-activation. What to build ahead of time, e.g.
         `gg.warmup([layer.launches(t) for t in (1, 512, 4096)] + [layer.launches(4096, training=True)])`.
         The kernels are `kernel_dtype`'s."""
-        kernels = self.kernels(self.kernel_dtype)
-        saving = training and kernels.training_recipe is not None and not self._recompute
-        recipe = kernels.training_recipe if saving and kernels.training_recipe is not None else kernels.recipe
+        if self.precision is not None:
+            recipe = self.training_recipe if training and self.training_recipe is not None else self.recipe
+        else:
+            kernels = self.kernels(self.kernel_dtype)
+            saving = training and kernels.training_recipe is not None and not self._recompute
+            recipe = kernels.training_recipe if saving and kernels.training_recipe is not None else kernels.recipe
         return recipe, tuning.config_for(recipe, tokens, self.weight_rows, self.in_features, 1, device=device,
                                          sm_count=sm_count, arch=launch_arch(arch))
 
@@ -434,11 +434,16 @@ class FusedLinear(RecipeModule):
                           arch: Arch | str | None = None) -> list[tuple[Recipe, KernelConfig]]:
         """(recipe, config) of the gemmgen kernels a backward of `tokens` rows launches: the derived
         kernel with `recompute`, the fp32 weight-gradient GEMM with `accumulate_grad`."""
-        out = []
+        out: list[tuple[Recipe, tuple[int, int, int]]] = []
         bwd = self.kernels(self.kernel_dtype).bwd
-        if bwd is not None:
+        if self.precision is not None:  # dgrad, and wgrad (fp32, or into main_grad)
+            gemms = self._gemms
+            wgrad = gemms.wgrad_accumulate if self._accumulate_grad else gemms.wgrad
+            out = [(gemms.dgrad.recipe, (tokens, self.in_features, self.weight_rows)),
+                   (wgrad.recipe, (self.weight_rows, self.in_features, tokens))]
+        elif bwd is not None:
             out.append((bwd.recipe, (tokens, self.weight_rows, self.in_features)))
-        if self._accumulate_grad:
+        if self._accumulate_grad and self.precision is None:
             out.append((weight_grad_recipe(self.kernel_dtype), (self.weight_rows, self.in_features, tokens)))
         target = launch_arch(arch)
         return [(r, tuning.config_for(r, *shape, 1, device=device, sm_count=sm_count, arch=target)) for r, shape in out]
@@ -451,5 +456,6 @@ class FusedLinear(RecipeModule):
         fixed = self._fixed_dtype
         cast = f", compute_dtype={fixed}" if fixed is not None and self.weight.dtype != fixed else ""
         training = "".join(f", {k}=True" for k in ("recompute", "accumulate_grad") if getattr(self, k))
+        precision = f", precision={self.precision}" if self.precision is not None else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"activation={self.activation!r}{cast}{training}")
+                f"activation={self.activation!r}{cast}{training}{precision}")

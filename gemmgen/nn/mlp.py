@@ -50,6 +50,7 @@ from ..config import Arch, KernelConfig
 from ..dsl import Backward, Recipe
 from ..errors import InvalidArgument
 from ..integrations.ops import OpCaller, caller
+from ..training import Precision
 from .base import (
     COMPUTE_DTYPES,
     GATED,
@@ -64,6 +65,7 @@ from .base import (
 )
 from .grads import accumulating, pairs_weight_grad, weight_grad, weight_grad_recipe
 from .linear import FusedLinear, linear_recipe, training_flag
+from .low_precision import LowPrecisionMLP, MLPGemms, WeightCache, check_precision, forward_operands, mlp_gemms
 from .pairs import interleave_pairs
 
 
@@ -192,34 +194,35 @@ class FusedMLP(RecipeModule):
     fc1: FusedLinear
     fc2: FusedLinear
     _derived = ("_kernels", "_pairs_key")
-    _options = ("activation",)
+    _options = ("activation", "precision")
 
     def __init__(self, in_features: int, hidden_features: int, out_features: int, activation: str = "gelu",
                  bias: bool = True, dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None,
-                 recompute: bool = False, accumulate_grad: bool = False) -> None:
+                 recompute: bool = False, accumulate_grad: bool = False, precision: Precision | None = None) -> None:
         _check_activation(activation)
         super().__init__()
-        self.fc1 = FusedLinear(in_features, hidden_features, bias, activation, dtype, device)
-        self.fc2 = FusedLinear(hidden_features, out_features, bias, None, dtype, device)
-        self._configure(recompute, accumulate_grad)
+        self.fc1 = FusedLinear(in_features, hidden_features, bias, activation, dtype, device, precision=precision)
+        self.fc2 = FusedLinear(hidden_features, out_features, bias, None, dtype, device, precision=precision)
+        self._configure(recompute, accumulate_grad, precision)
 
     @classmethod
     def from_linears(cls, fc1: nn.Linear, activation: str, fc2: nn.Linear, compute_dtype: torch.dtype | None = None,
-                     recompute: bool = False, accumulate_grad: bool = False) -> FusedMLP:
+                     recompute: bool = False, accumulate_grad: bool = False, precision: Precision | None = None
+                     ) -> FusedMLP:
         """A FusedMLP sharing the two Linears' parameters (no copy), as its children `fc1` and
         `fc2` (so its state_dict keys are fc1.* and fc2.*; `fuse` keeps a model's own)."""
         _check_linears(fc1, activation, fc2)
         mlp = cls.__new__(cls)
         nn.Module.__init__(mlp)
-        mlp.fc1 = FusedLinear.from_linear(fc1, activation, compute_dtype)
-        mlp.fc2 = FusedLinear.from_linear(fc2, None, compute_dtype)
+        mlp.fc1 = FusedLinear.from_linear(fc1, activation, compute_dtype, precision=precision)
+        mlp.fc2 = FusedLinear.from_linear(fc2, None, compute_dtype, precision=precision)
         mlp._check_dtypes(fc1.weight, fc2.weight)
-        mlp._configure(recompute, accumulate_grad)
+        mlp._configure(recompute, accumulate_grad, precision)
         return mlp
 
     @classmethod
     def chain(cls, fc1: nn.Linear, activation: str, fc2: nn.Linear, second: MLPSecondLayer,
-              compute_dtype: torch.dtype | None = None) -> FusedMLP:
+              compute_dtype: torch.dtype | None = None, precision: Precision | None = None) -> FusedMLP:
         """A FusedMLP to take `fc1`'s place in a model where fc1 -> activation -> fc2 ran, with
         `second` (an MLPSecondLayer of fc2) in fc2's: it registers fc1's parameters as its own
         `weight` and `bias`, and reads fc2's from `second`, so that the model's state_dict keys stay
@@ -236,7 +239,7 @@ class FusedMLP(RecipeModule):
         mlp.__dict__["fc2"] = FusedLinear.sharing(second._parameters, fc2.in_features, fc2.out_features, None,
                                                   compute_dtype)
         mlp._check_dtypes(fc1.weight, fc2.weight)
-        mlp._configure(False, False)
+        mlp._configure(False, False, precision)
         return mlp
 
     @classmethod
@@ -272,7 +275,7 @@ class FusedMLP(RecipeModule):
         mlp.__dict__["fc2"] = FusedLinear.sharing(down._parameters, down.in_features, down.out_features, None,
                                                   compute_dtype)
         mlp._check_dtypes(gate.weight, down.weight)
-        mlp._configure(False, False)
+        mlp._configure(False, False, None)
         return mlp
 
     def _check_dtypes(self, w1: torch.Tensor, w2: torch.Tensor) -> None:
@@ -280,7 +283,15 @@ class FusedMLP(RecipeModule):
             raise InvalidArgument(f"fc1, fc2: weights of {w1.dtype} and {w2.dtype}; give compute_dtype= so that "
                                   "both layers compute in one type")
 
-    def _configure(self, recompute: bool, accumulate_grad: bool) -> None:
+    def _configure(self, recompute: bool, accumulate_grad: bool, precision: Precision | None) -> None:
+        fc1, fc2 = self.fc1, self.fc2
+        self.__dict__["precision"] = check_precision(precision, fc1.in_features, fc2.in_features, fc1.activation,
+                                                     "FusedMLP")
+        if self.precision is not None and fc1.activation in GATED and fc1.bias is not None:
+            raise InvalidArgument(f"FusedMLP: a gated activation ({fc1.activation}) with biases under precision="
+                                  f"{self.precision}: its backward would recompute fc1's GEMM, which the low-precision "
+                                  "step does not do yet; use bias=False (Llama's MLP has none) or leave precision= out")
+        self._weights = (WeightCache(), WeightCache())
         self._recompute = training_flag("recompute", recompute)
         self._accumulate_grad = training_flag("accumulate_grad", accumulate_grad)
         self._set_recipes()
@@ -311,6 +322,13 @@ class FusedMLP(RecipeModule):
     @accumulate_grad.setter
     def accumulate_grad(self, value: bool) -> None:
         self._accumulate_grad = training_flag("accumulate_grad", value)
+
+    @property
+    def _gemms(self) -> MLPGemms:
+        """The kernels of a module with a `precision` (in fc1's `kernel_dtype`)."""
+        assert self.precision is not None
+        return mlp_gemms(self.precision, self.activation, self.fc1.bias is not None, self.fc2.bias is not None,
+                         self.fc1.kernel_dtype)
 
     @property
     def _backward(self) -> Backward:
@@ -412,6 +430,8 @@ class FusedMLP(RecipeModule):
         x2, lead = self.fc1.rows(x, dtype)
         w1, b1 = self._fc1_parameters(dtype)
         w2, b2 = self.fc2.kernel_parameters(dtype)
+        if self.precision is not None:
+            return dense_output(self._low_precision(x2, dtype, b1, b2), (*lead, self.fc2.out_features), out_dtype)
         kernels = self._kernels_for(dtype, b1 is not None, b2 is not None)
         params = (x2, w1, b1, w2, b2)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params):
@@ -420,6 +440,21 @@ class FusedMLP(RecipeModule):
             h = kernels.fc1(x2, w1) if b1 is None else kernels.fc1(x2, w1, b1)
             y = kernels.fc2(h, w2) if b2 is None else kernels.fc2(h, w2, b2)
         return dense_output(y, (*lead, self.fc2.out_features), out_dtype)
+
+    def _low_precision(self, x: torch.Tensor, dtype: torch.dtype, b1: torch.Tensor | None,
+                       b2: torch.Tensor | None) -> torch.Tensor:
+        """forward in `precision` (nn.low_precision): the weights as they are (bf16 or fp32 master
+        weights, quantized once per optimizer step), the biases in `dtype`."""
+        if self.fc2.out_features % 16:
+            raise InvalidArgument(f"FusedMLP: out_features = {self.fc2.out_features} is not a multiple of 16: "
+                                  f"{self.precision} reads fp8 rows along it; leave precision= out")
+        gemms = mlp_gemms(self.precision, self.activation, b1 is not None, b2 is not None, dtype)
+        params = (x, self.fc1.weight, b1, self.fc2.weight, b2)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params):
+            return LowPrecisionMLP.apply(gemms, self._weights, self._accumulate_grad, *params)
+        q1, q2 = self._weights[0].get(params[1], gemms.fc1), self._weights[1].get(params[3], gemms.fc2)
+        h = gemms.fc1.fprop(*forward_operands(gemms.fc1, x, q1), *(() if b1 is None else (b1,)))
+        return gemms.fc2.fprop(*forward_operands(gemms.fc2, h, q2), *(() if b2 is None else (b2,)))
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP's math by torch ops in x's dtype: what it runs where gemmgen has no kernel (fp32,
@@ -443,6 +478,11 @@ class FusedMLP(RecipeModule):
         FusedLinear.launches)."""
         m, hidden, n_in = tokens, self.fc1.weight_rows, self.fc1.in_features
         target = launch_arch(arch)
+        if self.precision is not None:
+            gemms = self._gemms
+            fc1 = gemms.fc1_saving if training else gemms.fc1.fprop
+            return [(r.recipe, tuning.config_for(r.recipe, *shape, 1, device=device, sm_count=sm_count, arch=target))
+                    for r, shape in ((fc1, (m, hidden, n_in)), (gemms.fc2.fprop, (m, self.fc2.out_features, hidden)))]
         fc2 = self.fc2.launches(tokens, sm_count=sm_count, device=device, arch=target)
         if not training or self.recompute:
             return [self.fc1.launches(tokens, sm_count=sm_count, device=device, arch=target), fc2]
@@ -458,7 +498,12 @@ class FusedMLP(RecipeModule):
         rows = self.fc1.weight_rows  # fc1's GEMM's N: 2 x hidden for a gated activation
         recompute = self.recompute
         kernels = [(self._backward.kernel, (tokens, rows if recompute else hidden, n_in if recompute else n_out))]
-        if self._accumulate_grad:
+        if self.precision is not None:  # fc2's dgrad with fc1's epilogue, fc1's dgrad, both wgrads
+            g = self._gemms
+            wgrads = [(f.wgrad_accumulate if self._accumulate_grad else f.wgrad).recipe for f in (g.fc1, g.fc2)]
+            kernels = [(g.bwd.recipe, (tokens, hidden, n_out)), (g.fc1.dgrad.recipe, (tokens, n_in, hidden)),
+                       (wgrads[0], (hidden, n_in, tokens)), (wgrads[1], (n_out, hidden, tokens))]
+        elif self._accumulate_grad:
             wgrad = weight_grad_recipe(self.fc1.kernel_dtype)
             kernels += [(wgrad, (rows, n_in, tokens)), (wgrad, (n_out, hidden, tokens))]
         target = launch_arch(arch)
@@ -472,8 +517,9 @@ class FusedMLP(RecipeModule):
             sizes = (f"in_features={self.fc1.in_features}, hidden_features={self.fc1.out_features}, "
                      f"out_features={self.fc2.out_features}, ")
         where = f", fc2's parameters at {second.name!r}" if second is not None else ""
+        precision = f", precision={self.precision}" if self.precision is not None else ""
         return (f"{sizes}activation={self.activation!r}, recompute={self.recompute}, "
-                f"accumulate_grad={self.accumulate_grad}{where}")
+                f"accumulate_grad={self.accumulate_grad}{precision}{where}")
 
 
 def _identity(t: torch.Tensor | None) -> tuple[object, int, int]:

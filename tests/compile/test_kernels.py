@@ -59,7 +59,13 @@ def _named(recipe: gg.Recipe, config: gg.KernelConfig) -> set[str]:
     # the functors a region's statements call, under its `using namespace gemmgen::epi`
     statements = [line for line in source.splitlines() if line.startswith(("    float const ", "    return "))]
     in_regions = {f"gemmgen::epi::{name}" for line in statements for name in re.findall(r"\b([A-Z]\w*)\b", line)}
-    return set(re.findall(r"\b(?:cutlass|cute|gemmgen)::[\w:]+", source)) | in_regions | \
+    # a blockwise main loop's scale granularity (a granularity of 1 loads that operand's scales by
+    # cp.async, not TMA) and, apart, its scale tensors' majors
+    scales = set()
+    for args in re.findall(r"BlockwiseScaleConfig<([^>]*)>", source):
+        parts = [a.strip() for a in args.split(",")]
+        scales |= {f"scale granularity ({', '.join(parts[:3])})", f"scale majors ({', '.join(parts[3:])})"}
+    return set(re.findall(r"\b(?:cutlass|cute|gemmgen)::[\w:]+", source)) | in_regions | scales | \
         {f"tile {config.tile}", f"cluster {config.cluster}", f"{config.schedule.value} swap_ab={config.swap_ab}"}
 
 

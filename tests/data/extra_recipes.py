@@ -220,3 +220,37 @@ def _block_softmax(acc, bias):
 
 block_softmax = gg.Recipe("block_softmax", _block_softmax, operands={"bias": gg.RowVector(gg.bf16)},
                           aux={"max": gg.f32})
+
+
+# Low-precision training (gemmgen.training.Float8Blockwise, made as gemmgen/nn/low_precision.py makes
+# them): the weight gradient dW = dY^T X with both operands quantized per row and 128 tokens (DeepGEMM's
+# "1D1D": CUTLASS's blockwise main loop at granularity (1, 1, 128), both operands' scales loaded by
+# cp.async), added in fp32 to main_grad, read as C (D written over it: beta = 1); fc1's forward saving
+# its accumulator (bf16) beside gelu(acc + bias); and fc2's dgrad GEMM (dY per token and 128 features,
+# W2's 128 x 128 blocks transposed) carrying fc1's derived epilogue: gelu' of the saved accumulator and
+# bias, and the bias gradient as a sum over M.
+def _float8_training():
+    from gemmgen.training import Float8Blockwise, Gemm
+
+    precision = Float8Blockwise()
+    wgrad = gg.Recipe("weight_grad_accumulate", lambda acc, main_grad: acc + main_grad, d=gg.f32,
+                      operands={"main_grad": gg.Matrix(gg.f32)})
+    fc1 = gg.Recipe("fc1", lambda acc, bias: gg.gelu(acc + bias), operands={"bias": gg.RowVector(gg.bf16)})
+    backward = precision.backward(fc1)
+    return precision.recipe(wgrad, Gemm.WGRAD), backward.forward, backward.kernel
+
+
+weight_grad_accumulate_fp8block_wgrad, fc1_fp8block_fprop_train, fc1_fp8block_fprop_bwd = _float8_training()
+
+
+# Llama's gated MLP in Float8Blockwise: fc1 over column pairs (SwiGLU) from e4m3 operands with
+# DeepSeek-V3's block scales, saving its 2F-column accumulator, and fc2's dgrad GEMM carrying its
+# derived epilogue (the saved accumulator read as pairs' halves, dL/dgate and dL/dup interleaved).
+def _float8_gated():
+    from gemmgen.training import Float8Blockwise
+
+    backward = Float8Blockwise().backward(gg.Recipe("swiglu_fc1", _swiglu))
+    return backward.forward, backward.kernel
+
+
+swiglu_fc1_fp8block_fprop_train, swiglu_fc1_fp8block_fprop_bwd = _float8_gated()

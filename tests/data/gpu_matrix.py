@@ -32,6 +32,9 @@ TRAINING_PROBLEMS = ((300, 1024, 512), (300, 264, 1024))
 TRAINING_MLP = (300, 512, 1024, 264)
 TRAINING_MLP_CASES = (("gelu", False, False), ("gelu", True, False), ("silu", False, True), ("swiglu", True, False))
 OP_BACKWARD_PROBLEM = (77, 264, 256)
+#: tests/gpu/test_training_gpu.py's low-precision FusedMLPs (tokens, in, hidden, out: out a multiple
+#: of 16, as fp8 rows need), gelu with biases and Llama's SwiGLU without.
+TRAINING_FP8_MLP = (300, 512, 1024, 256)
 #: scripts/gpu_bench.py's training-step table (tokens, in, hidden, out): an MLP block of 4096 tokens,
 #: Llama-3 8B's sizes, with gelu (and biases) and with Llama's SwiGLU (no biases), its activation
 #: saved or recomputed.
@@ -277,6 +280,12 @@ def training_launches() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         out += gg.nn.model_launches(mlp, tokens=(), training_tokens=(tokens,))
         llama = gg.nn.FusedMLP(n_in, hidden, n_out, "swiglu", bias=False, recompute=recompute, device="meta")
         out += gg.nn.model_launches(llama, tokens=(), training_tokens=(tokens,))
+    precision = gg.training.Float8Blockwise()
+    for shape, tokens_of in ((TRAINING_FP8_MLP, TRAINING_FP8_MLP[0]), (TRAINING_BENCH_MLP, TRAINING_BENCH_MLP[0])):
+        _, n_in, hidden, n_out = shape
+        for activation, bias in (("gelu", True), ("swiglu", False)):
+            low = gg.nn.FusedMLP(n_in, hidden, n_out, activation, bias=bias, precision=precision, device="meta")
+            out += gg.nn.model_launches(low, tokens=(), training_tokens=(tokens_of,))
     residual = load_recipes(ROOT / "examples" / "recipes.py")["bias_silu_residual"]
     derived = DenseOp(residual).derived
     assert derived is not None

@@ -355,7 +355,7 @@ def test_fused_linear_gradients_match_linear_and_activation(gen, activation, bia
 @pytest.mark.parametrize("activation", [a for a in TORCH_ACTIVATIONS if a])
 def test_activation_backward_is_the_torch_modules(gen, activation):
     """FusedLinear's backward runs the same aten kernel as the activation module's: equal bits."""
-    from gemmgen.nn.linear import _activation_backward
+    from gemmgen.nn.activations import activation_backward as _activation_backward
 
     pre, g = torch.randn(256, generator=gen) * 3, torch.randn(256, generator=gen)
     x = pre.clone().requires_grad_()

@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 
 import gemmgen as gg
+from gemmgen.ir import Columns
 from gemmgen.ir.reference import reference
 from gemmgen.runtime.quantize import random_block_scale
 from gemmgen.testing.calls import dense
-from gemmgen.testing.tensors import assert_output_close
+from gemmgen.testing.tensors import FP32_UNIT_ROUNDOFF, assert_output_close
 
 # One ulp of the output type: the two sides differ only in fp32 rounding order before the final cast.
 TOL = {torch.bfloat16: (2**-7, 2**-7), torch.float16: (2**-10, 2**-10), torch.float32: (1e-5, 1e-5),
@@ -209,6 +210,16 @@ def _independent(name, acc, ops):
         gate_only = torch.stack((gate, torch.zeros_like(gate)), dim=-1).flatten(-2)
         return (h.bfloat16(), F.silu(gate) * up, rot.bfloat16(), gate_only.bfloat16(), (h * h).sum(dim=-1),
                 h.abs().flatten(-2).max(dim=-1).values)
+    if name == "weight_grad_accumulate_fp8block_wgrad":  # fp32, added to main_grad
+        return (acc + f["main_grad"],)
+    if name == "fc1_fp8block_fprop_train":  # and the accumulator saved in bf16
+        return F.gelu(acc + f["bias"]).bfloat16(), acc.bfloat16()
+    if name == "swiglu_fc1_fp8block_fprop_train":
+        return (F.silu(acc[..., 0::2]) * acc[..., 1::2]).bfloat16(), acc.bfloat16()
+    if name == "fc1_fp8block_fprop_bwd":
+        name = "bias_gelu_bwd"
+    if name == "swiglu_fc1_fp8block_fprop_bwd":
+        name = "swiglu_bwd"
     if name == "swiglu_bwd":  # torch's silu_backward on the saved gate, times up; silu(gate) for up
         gate, up = f["saved_acc"][..., 0::2], f["saved_acc"][..., 1::2]
         d = torch.stack((torch.ops.aten.silu_backward(acc * up, gate), acc * F.silu(gate)), dim=-1).flatten(-2)
@@ -244,6 +255,12 @@ def test_reference_matches_independent_torch(examples, extra, shape, gen):
             assert g.shape == o.shape((*lead, m, n))
             assert w.abs().max() > 0, "reference must not be all zeros"
             rtol, atol = TOL[g.dtype]
+            if g.dtype == torch.float32 and o.reduce is None and o.columns is Columns.FULL:
+                # an fp32 D holds a sum of K terms itself: its error scales with what was summed
+                terms = _accumulator(recipe, a.float().abs(), b.float().abs(), ops).float()
+                bound = rtol * w.float().abs() + k * FP32_UNIT_ROUNDOFF * terms + atol
+                assert ((g.float() - w.float()).abs() <= bound).all(), f"{recipe.name}.{o.name}"
+                continue
             assert_output_close(o, g, w, mag, (m, n), rtol, atol, f"{recipe.name}.{o.name} seed={gen.initial_seed()}")
 
 

@@ -1,0 +1,236 @@
+"""The layers' training step in a low precision (`precision=`, `gemmgen.training`): every GEMM of
+forward and backward a gemmgen kernel over quantized operands.
+
+FusedLinear: fprop (the layer's epilogue, saving the pre-activation where backward needs it), then
+in backward the activation's derivative (aten, on the saved pre-activation), dgrad and wgrad.
+FusedMLP: fc1's fprop saving its accumulator, fc2's fprop; in backward **fc2's dgrad GEMM carries
+fc1's derived epilogue** (the activation's derivative from the saved accumulator, fc1's bias
+gradient as a sum over the tokens), as in bf16, then fc2's wgrad and fc1's dgrad and wgrad.
+
+What is quantized where (Float8Blockwise): X per token and 128 features for fprop and along the
+tokens for wgrad (kept from the forward, or with `save_original_input` quantized again in
+backward); dY (and dL/dacc1 in the MLP) per token for dgrad and along the tokens for wgrad; W in
+128 x 128 blocks for both of its GEMMs, once per optimizer step (`WeightCache`). The quantizing
+copies run as torch ops today; the forward output's and dgrad's own quantized copies are
+written by their GEMM's epilogue in a later step of the low-precision issue (docs/training.md).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..dsl import Matrix, Recipe
+from ..errors import InvalidArgument
+from ..integrations.ops import OpCaller, caller, direct_call_allowed, kernel_for
+from ..training import Gemm, Operand, Precision, QuantizedWeight, as_precision
+from ..types import DType
+from .activations import activation_backward, linear_recipe
+from .grads import main_grad
+
+
+@functools.cache
+def weight_grad_recipe(accumulate: bool) -> Recipe:
+    """dW = dY^T X in fp32 (the wgrad GEMM's own epilogue, before a precision makes it fp8);
+    with `accumulate`, main_grad + dY^T X, whose C is main_grad (beta = 1)."""
+    if accumulate:
+        return Recipe("weight_grad_accumulate", lambda acc, main_grad: acc + main_grad, d=DType.F32,
+                      operands={"main_grad": Matrix(DType.F32)})
+    return Recipe("weight_grad", lambda acc: acc, d=DType.F32)
+
+
+@dataclass(frozen=True)
+class LinearGemms:
+    """A low-precision Linear's kernels: `fprop` (with `fprop_saving` also writing the
+    pre-activation, for the activation's backward), `dgrad` (no epilogue) and `wgrad` (fp32;
+    `wgrad_accumulate` into main_grad)."""
+
+    precision: Precision
+    fprop: OpCaller
+    fprop_saving: OpCaller | None
+    dgrad: OpCaller
+    wgrad: OpCaller
+    wgrad_accumulate: OpCaller
+
+    def operand(self, t: torch.Tensor, gemm: Gemm, which: str) -> Operand:
+        recipe = {Gemm.FPROP: self.fprop, Gemm.DGRAD: self.dgrad, Gemm.WGRAD: self.wgrad}[gemm].recipe
+        return self.precision.operand(t, gemm, which, recipe)
+
+    def weight(self, w: torch.Tensor) -> QuantizedWeight:
+        return self.precision.weight(w, self.fprop.recipe, self.dgrad.recipe)
+
+
+@functools.cache
+def linear_gemms(precision: Precision, activation: str | None, bias: bool, dtype: torch.dtype) -> LinearGemms:
+    """The kernels of a low-precision FusedLinear (shared by every layer of the same kind)."""
+    p = precision
+    fprop = caller(p.recipe(linear_recipe(activation, bias, dtype), Gemm.FPROP))
+    saving = caller(p.recipe(linear_recipe(activation, bias, dtype, save_pre_activation=True), Gemm.FPROP)) \
+        if activation else None
+    dgrad = caller(p.recipe(linear_recipe(None, False, dtype), Gemm.DGRAD))
+    wgrad = caller(p.recipe(weight_grad_recipe(False), Gemm.WGRAD))
+    accumulate = caller(p.recipe(weight_grad_recipe(True), Gemm.WGRAD))
+    return LinearGemms(p, fprop, saving, dgrad, wgrad, accumulate)
+
+
+def check_precision(value: object, in_features: int, out_features: int, activation: str | None,
+                    where: str) -> Precision | None:
+    """A layer's `precision=`: None, or a precision whose GEMMs can take the layer."""
+    precision = as_precision(value, where)
+    if precision is None:
+        return None
+    for name, features in (("in_features", in_features), ("out_features", out_features)):
+        if features % 16:
+            raise InvalidArgument(f"{where}: {name} = {features} is not a multiple of 16: {precision} reads fp8 rows "
+                                  f"along it (16-byte rows for TMA); leave precision= out for this layer")
+    return precision
+
+
+class WeightCache:
+    """A layer's weights quantized once per optimizer step, not once per micro-batch: held until
+    the weight's values change (`Precision.weight_version`: an in-place step, a replaced or cast
+    parameter). Not state: it is not in the state_dict, and `.to()` forgets it (a moved weight's
+    version differs)."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, QuantizedWeight] = {}
+        self.quantized = 0  # how many times a weight was quantized (tests count them)
+
+    def get(self, w: torch.Tensor, gemms: LinearGemms) -> QuantizedWeight:
+        key = id(w)
+        held = self._held.get(key)
+        if held is None or held.version != gemms.precision.weight_version(w):
+            held = self._held[key] = gemms.weight(w)
+            self.quantized += 1
+        return held
+
+
+def forward_operands(gemms: LinearGemms, x: torch.Tensor, qw: QuantizedWeight) -> tuple[torch.Tensor, ...]:
+    """fprop's A, B, scale_a, scale_b for input rows `x` and the quantized weight."""
+    xq = gemms.operand(x, Gemm.FPROP, "a")
+    return xq.data, qw.rows.data, xq.scale, qw.rows.scale
+
+
+def saved_input(gemms: LinearGemms, x: torch.Tensor) -> torch.Tensor | Operand:
+    """What forward keeps of its input for wgrad: X along the tokens (wgrad's B), or X itself."""
+    return x if gemms.precision.save_original_input else gemms.operand(x.t(), Gemm.WGRAD, "b")
+
+
+def input_grad(gemms: LinearGemms, g: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
+    """dX = dL/dacc W by the dgrad kernel."""
+    gq = gemms.operand(g, Gemm.DGRAD, "a")
+    return gemms.dgrad(gq.data, qw.columns.data, gq.scale, qw.columns.scale)
+
+
+def weight_gradient(gemms: LinearGemms, weight: torch.Tensor, g: torch.Tensor, saved: torch.Tensor | Operand,
+                    accumulate: bool) -> torch.Tensor | None:
+    """dW = dL/dacc^T X by the wgrad kernel, in the weight's dtype; with `accumulate`, None after
+    adding it into `weight.main_grad` in fp32 (on the GPU in place: beta = 1)."""
+    ga = gemms.operand(g.t(), Gemm.WGRAD, "a")
+    xb = saved if isinstance(saved, Operand) else gemms.operand(saved.t(), Gemm.WGRAD, "b")
+    args = (ga.data, xb.data, ga.scale, xb.scale)
+    if not accumulate:
+        return gemms.wgrad(*args).to(weight.dtype)
+    buffer = main_grad(weight)
+    if buffer.is_cuda and direct_call_allowed((*args, buffer)):
+        kernel_for(gemms.wgrad_accumulate.recipe, ga.data, xb.data, (*args[2:], buffer))(*args, buffer, out=buffer)
+    else:  # the op (tracing, a dispatch mode, the CPU): a new tensor, copied back
+        buffer.copy_(gemms.wgrad_accumulate(*args, buffer))
+    return None
+
+
+class LowPrecisionLinear(torch.autograd.Function):
+    """A FusedLinear's step in its precision: forward the fprop kernel, backward the activation's
+    aten derivative on the saved pre-activation, then the dgrad and wgrad kernels and the bias sum."""
+
+    @staticmethod
+    def forward(ctx: Any, gemms: LinearGemms, cache: WeightCache, activation: str | None, accumulate: bool,
+                x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        qw = cache.get(weight, gemms)
+        args = forward_operands(gemms, x, qw) + (() if bias is None else (bias,))
+        if gemms.fprop_saving is not None:
+            y, pre = gemms.fprop_saving(*args)
+        else:
+            y, pre = gemms.fprop(*args), None
+        ctx.gemms, ctx.qw, ctx.activation, ctx.accumulate = gemms, qw, activation, accumulate
+        ctx.has_bias = bias is not None
+        saved = saved_input(gemms, x)
+        ctx.saved_operand = saved if isinstance(saved, Operand) else None
+        ctx.save_for_backward(weight, pre, saved if isinstance(saved, torch.Tensor) else None)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        weight, pre, x = ctx.saved_tensors
+        _, _, _, _, need_x, need_w, need_b = ctx.needs_input_grad
+        g = g.contiguous()
+        g_pre = g if ctx.activation is None else activation_backward(ctx.activation, g, pre)
+        gx = input_grad(ctx.gemms, g_pre, ctx.qw) if need_x else None
+        saved = ctx.saved_operand if ctx.saved_operand is not None else x
+        gw = weight_gradient(ctx.gemms, weight, g_pre, saved, ctx.accumulate) if need_w else None
+        gb = g_pre.sum(0) if ctx.has_bias and need_b else None
+        return None, None, None, None, gx, gw, gb
+
+
+@dataclass(frozen=True)
+class MLPGemms:
+    """A low-precision FusedMLP's kernels: each layer's (`LinearGemms`), fc1's fprop also saving its
+    accumulator (`fc1_saving`), and fc2's dgrad carrying fc1's derived epilogue (`bwd`)."""
+
+    fc1: LinearGemms
+    fc1_saving: OpCaller
+    bwd: OpCaller
+    fc2: LinearGemms
+
+
+@functools.cache
+def mlp_gemms(precision: Precision, activation: str, bias1: bool, bias2: bool, dtype: torch.dtype) -> MLPGemms:
+    """The kernels of a low-precision FusedMLP (shared by every module of the same kind)."""
+    backward = precision.backward(linear_recipe(activation, bias1, dtype))
+    return MLPGemms(linear_gemms(precision, activation, bias1, dtype), caller(backward.forward),
+                    caller(backward.kernel), linear_gemms(precision, None, bias2, dtype))
+
+
+class LowPrecisionMLP(torch.autograd.Function):
+    """A FusedMLP's step in its precision, both layers one autograd node so that backward fuses
+    across their boundary: fc2's dgrad kernel turns dL/dY into dL/dacc1 and fc1's bias gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, gemms: MLPGemms, caches: tuple[WeightCache, WeightCache], accumulate: bool,
+                x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
+                b2: torch.Tensor | None) -> torch.Tensor:
+        q1, q2 = caches[0].get(w1, gemms.fc1), caches[1].get(w2, gemms.fc2)
+        h, saved_acc = gemms.fc1_saving(*forward_operands(gemms.fc1, x, q1), *(() if b1 is None else (b1,)))
+        y = gemms.fc2.fprop(*forward_operands(gemms.fc2, h, q2), *(() if b2 is None else (b2,)))
+        ctx.gemms, ctx.q, ctx.accumulate, ctx.has_b2 = gemms, (q1, q2), accumulate, b2 is not None
+        kept = (saved_input(gemms.fc1, x), saved_input(gemms.fc2, h))
+        ctx.operands = tuple(k if isinstance(k, Operand) else None for k in kept)
+        ctx.save_for_backward(w1, b1, w2, saved_acc, *(k if isinstance(k, torch.Tensor) else None for k in kept))
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        gemms: MLPGemms = ctx.gemms
+        q1, q2 = ctx.q
+        w1, b1, w2, saved_acc, x, h = ctx.saved_tensors
+        kept_x, kept_h = (o if o is not None else t for o, t in zip(ctx.operands, (x, h), strict=True))
+        _, _, _, need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad
+        g = g.contiguous()
+        gq = gemms.fc2.operand(g, Gemm.DGRAD, "a")
+        outs = gemms.bwd.by_name(gq.data, q2.columns.data, {"scale_a": gq.scale, "scale_b": q2.columns.scale,
+                                                            "saved_acc": saved_acc, "bias": b1})
+        g_acc1 = outs["d"]
+        gx = input_grad(gemms.fc1, g_acc1, q1) if need_x else None
+        gw1 = weight_gradient(gemms.fc1, w1, g_acc1, kept_x, ctx.accumulate) if need_w1 else None
+        gb1 = outs["grad_bias"].to(b1.dtype) if b1 is not None and need_b1 else None
+        gw2 = weight_gradient(gemms.fc2, w2, g, kept_h, ctx.accumulate) if need_w2 else None
+        gb2 = g.sum(0) if ctx.has_b2 and need_b2 else None
+        return None, None, None, gx, gw1, gb1, gw2, gb2
+
+
+__all__ = ["LinearGemms", "LowPrecisionLinear", "LowPrecisionMLP", "MLPGemms", "WeightCache", "check_precision",
+           "forward_operands", "input_grad", "linear_gemms", "mlp_gemms", "saved_input", "weight_grad_recipe",
+           "weight_gradient"]

@@ -1,0 +1,9 @@
+"""Low-precision training: the precision objects that `gemmgen.nn`'s layers and `fuse` take
+(`precision=`), each one recipe's every choice (docs/training.md#low-precision-training).
+
+    mlp = gemmgen.nn.FusedMLP(4096, 14336, 4096, precision=gemmgen.training.Float8Blockwise())
+"""
+
+from .precision import Float8Blockwise, Gemm, Operand, Precision, QuantizedWeight, as_precision
+
+__all__ = ["Float8Blockwise", "Gemm", "Operand", "Precision", "QuantizedWeight", "as_precision"]
