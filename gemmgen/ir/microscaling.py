@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..types import DType, Microscaling
-from .ops import round_to
+from .ops import FP8_MAX, round_to
 
 if TYPE_CHECKING:
     import torch
@@ -148,10 +148,12 @@ def dequantize(x: torch.Tensor, scales: torch.Tensor, fmt: Microscaling) -> torc
     return x.float() * per_value
 
 
-def quantize(x: torch.Tensor, fmt: Microscaling, dtype: DType) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(x: torch.Tensor, fmt: Microscaling, dtype: DType, round_up: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """(values in `dtype`, scales (..., rows, ceil(K / vector)) in logical order) for x (..., rows,
     K), each vector of K scaled to span its type. MXFP8: the OCP MX spec's floor rule, 2^(floor(log2
-    amax) - emax of `dtype`), the values saturating, a vector of zeros 2^0. NVFP4: amax / 6 rounded
+    amax) - emax of `dtype`), the values saturating, a vector of zeros 2^0; with `round_up`,
+    2^ceil(log2(amax / the type's largest value)) instead (nothing saturates). NVFP4: amax / 6 rounded
     to e4m3 (saturating at 448), the values rounded to nearest fp4 (ties to even), packed in pairs
     along K (K odd: a zero last value); a vector whose scale is 0 holds zeros."""
     values_ = x.float()
@@ -165,7 +167,11 @@ def quantize(x: torch.Tensor, fmt: Microscaling, dtype: DType) -> tuple[torch.Te
         per_value = scale.float().repeat_interleave(fmt.vector, dim=-1)
         scaled = (padded / per_value.where(per_value > 0, 1.0)).where(per_value > 0, 0.0)
         return _pack_e2m1(scaled[..., : k + k % 2]), scale
-    exponent = amax.where(amax > 0, 1.0).log2().floor() - _EMAX[dtype]
+    if round_up:  # 2^ceil(log2(amax / max)), so nothing saturates (Transformer Engine's MXFP8 training rule)
+        mantissa, power = (amax / FP8_MAX[dtype]).where(amax > 0, 1.0).frexp()
+        exponent = (power - (mantissa == 0.5).int()).float()
+    else:
+        exponent = amax.where(amax > 0, 1.0).log2().floor() - _EMAX[dtype]
     exponent = exponent.where(amax > 0, 0.0).clamp(-UE8M0_BIAS, UE8M0_BIAS)
     scaled = padded / exponent.exp2().repeat_interleave(fmt.vector, dim=-1)
     q = round_to(scaled[..., :k], dtype)

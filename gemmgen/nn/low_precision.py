@@ -29,11 +29,12 @@ from ..integrations.ops import OpCaller, caller, direct_call_allowed, kernel_for
 from ..training import Gemm, Operand, Precision, QuantizedWeight, as_precision
 from ..types import DType
 from .activations import activation_backward, linear_recipe
+from .base import GATED
 from .grads import main_grad
 
 
 @functools.cache
-def weight_grad_recipe(accumulate: bool) -> Recipe:
+def fp32_weight_grad_recipe(accumulate: bool) -> Recipe:
     """dW = dY^T X in fp32 (the wgrad GEMM's own epilogue, before a precision makes it fp8);
     with `accumulate`, main_grad + dY^T X, whose C is main_grad (beta = 1)."""
     if accumulate:
@@ -71,8 +72,8 @@ def linear_gemms(precision: Precision, activation: str | None, bias: bool, dtype
     saving = caller(p.recipe(linear_recipe(activation, bias, dtype, save_pre_activation=True), Gemm.FPROP)) \
         if activation else None
     dgrad = caller(p.recipe(linear_recipe(None, False, dtype), Gemm.DGRAD))
-    wgrad = caller(p.recipe(weight_grad_recipe(False), Gemm.WGRAD))
-    accumulate = caller(p.recipe(weight_grad_recipe(True), Gemm.WGRAD))
+    wgrad = caller(p.recipe(fp32_weight_grad_recipe(False), Gemm.WGRAD))
+    accumulate = caller(p.recipe(fp32_weight_grad_recipe(True), Gemm.WGRAD))
     return LinearGemms(p, fprop, saving, dgrad, wgrad, accumulate)
 
 
@@ -82,6 +83,9 @@ def check_precision(value: object, in_features: int, out_features: int, activati
     precision = as_precision(value, where)
     if precision is None:
         return None
+    if activation in GATED and not precision.column_pairs:
+        raise InvalidArgument(f"{where}: a gated activation ({activation}) with precision={precision}: gemmgen has no "
+                              "microscaled kernel over column pairs yet; use Float8Blockwise() or leave precision= out")
     for name, features in (("in_features", in_features), ("out_features", out_features)):
         if features % 16:
             raise InvalidArgument(f"{where}: {name} = {features} is not a multiple of 16: {precision} reads fp8 rows "
@@ -93,13 +97,19 @@ class WeightCache:
     """A layer's weights quantized once per optimizer step, not once per micro-batch: held until
     the weight's values change (`Precision.weight_version`: an in-place step, a replaced or cast
     parameter). Not state: it is not in the state_dict, and `.to()` forgets it (a moved weight's
-    version differs)."""
+    version differs). Under CUDA-graph capture nothing is held: the graph quantizes on each replay."""
 
     def __init__(self) -> None:
         self._held: dict[int, QuantizedWeight] = {}
         self.quantized = 0  # how many times a weight was quantized (tests count them)
 
     def get(self, w: torch.Tensor, gemms: LinearGemms) -> QuantizedWeight:
+        if w.is_cuda and torch.cuda.is_current_stream_capturing():
+            # a CUDA graph replays what it captured: the quantization goes into the graph, so that
+            # each replay quantizes the weight's values of then (a held copy would go stale after
+            # the next optimizer step)
+            self.quantized += 1
+            return gemms.weight(w)
         key = id(w)
         held = self._held.get(key)
         if held is None or held.version != gemms.precision.weight_version(w):
@@ -232,5 +242,5 @@ class LowPrecisionMLP(torch.autograd.Function):
 
 
 __all__ = ["LinearGemms", "LowPrecisionLinear", "LowPrecisionMLP", "MLPGemms", "WeightCache", "check_precision",
-           "forward_operands", "input_grad", "linear_gemms", "mlp_gemms", "saved_input", "weight_grad_recipe",
+           "forward_operands", "input_grad", "linear_gemms", "mlp_gemms", "saved_input", "fp32_weight_grad_recipe",
            "weight_gradient"]

@@ -33,9 +33,10 @@ import torch
 from ..dsl import DEEPSEEK_BLOCK_SCALE, Backward, Recipe
 from ..dsl.backward import declarations, replay
 from ..errors import InvalidArgument
+from ..ir import microscaling
 from ..ir.ops import quantize_blocks, round_to
 from ..runtime.checks import copy_in_layout
-from ..types import DType, Layout
+from ..types import DType, Layout, Microscaling
 
 
 class Gemm(enum.Enum):
@@ -77,6 +78,9 @@ class Precision:
     deterministic."""
 
     save_original_input: bool = False
+
+    #: whether its kernels take an epilogue over column pairs (a gated MLP's fc1)
+    column_pairs: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.save_original_input, bool):
@@ -178,6 +182,48 @@ class Float8Blockwise(Precision):
         return QuantizedWeight(self.weight_version(w), rows, columns)
 
 
+@dataclass(frozen=True, repr=False)
+class MXFP8(Precision):
+    """MXFP8 training (Transformer Engine's MXFP8BlockScaling), on sm_100a (B200) only: e4m3 for
+    every operand in 1 x 32 blocks along each GEMM's K, one E8M0 scale per block rounded *up*,
+    2^ceil(log2(amax / 448)) (the rounding that trained an 8B model on 15T tokens like bf16; the OCP
+    spec's floor makes the largest values saturate). No transpose is exact here: the weight's
+    column-wise copy is quantized from the weight again, along out_features. Column pairs (SwiGLU)
+    have no microscaled kernel yet."""
+
+    dtype: ClassVar[DType] = DType.E4M3
+    column_pairs: ClassVar[bool] = False
+
+    def recipe(self, recipe: Recipe, gemm: Gemm) -> Recipe:
+        g = recipe.ir.gemm
+        if g.a.bits != 16 or g.scaled or g.grouped or g.batched:
+            raise InvalidArgument(f"recipe: expected a plain bf16 or f16 GEMM's recipe to run in MXFP8, got {recipe!r}")
+        ir = recipe.ir.epilogue
+        return Recipe(f"{recipe.name}_mxfp8_{gemm.value}", replay(ir), a=self.dtype, b=self.dtype, d=g.d,
+                      layout_a=Layout.ROW, layout_b=Layout.COL, layout_d=g.layout_d,
+                      operands=declarations(ir.operands), aux={o.name: o.dtype for o in recipe.outputs[1:]},
+                      block_scale=Microscaling.MXFP8)
+
+    def backward(self, recipe: Recipe) -> Backward:
+        return self.recipe(recipe, Gemm.FPROP).backward(a=self.dtype, b=self.dtype, layout_b=Layout.COL,
+                                                        block_scale=Microscaling.MXFP8)
+
+    def quantize(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, scales): `t` (R x K) in e4m3 per 32 values along K (row-major), and its UE8M0
+        scales (R, ceil(K / 32)) in row order: the recipe's one quantizer."""
+        return microscaling.quantize(t, Microscaling.MXFP8, self.dtype, round_up=True)
+
+    def operand(self, t: torch.Tensor, gemm: Gemm, which: str, recipe: Recipe) -> Operand:
+        q, scale = self.quantize(t.contiguous())
+        blocked = microscaling.to_blocked(scale)
+        return Operand(q.contiguous(), blocked) if which == "a" else Operand(q.contiguous().t(), blocked)
+
+    def weight(self, w: torch.Tensor, fprop: Recipe, dgrad: Recipe) -> QuantizedWeight:
+        rows = self.operand(w.detach(), Gemm.FPROP, "b", fprop)  # along in_features
+        columns = self.operand(w.detach().t(), Gemm.DGRAD, "b", dgrad)  # along out_features
+        return QuantizedWeight(self.weight_version(w), rows, columns)
+
+
 def as_precision(value: object, where: str) -> Precision | None:
     """`precision=` as layers and `fuse` take it: None (bf16, the default) or a precision object."""
     if value is None or (isinstance(value, Precision) and type(value) is not Precision):
@@ -186,4 +232,4 @@ def as_precision(value: object, where: str) -> Precision | None:
                           f"such as gemmgen.training.Float8Blockwise(), got {value!r}")
 
 
-__all__ = ["Float8Blockwise", "Gemm", "Operand", "Precision", "QuantizedWeight", "as_precision"]
+__all__ = ["MXFP8", "Float8Blockwise", "Gemm", "Operand", "Precision", "QuantizedWeight", "as_precision"]

@@ -158,3 +158,20 @@ def test_float8_blockwise_mlp_matches_its_cpu_reference_and_the_floors(activatio
         b = b.double()
         snr = float(20 * torch.log10(b.norm() / (a.cpu().double() - b).norm()))
         assert snr >= 40, snr  # the same quantized operands: only the fp32 sums' order differs
+
+
+def test_a_cuda_graph_of_a_float8_layer_follows_its_weight():
+    """A captured forward of a Float8Blockwise FusedLinear, replayed after the weight changed in
+    place (an optimizer step), gives what an eager call gives: the quantization is in the graph."""
+    from gemmgen.training import Float8Blockwise
+
+    layer = gg.nn.FusedLinear(512, 256, precision=Float8Blockwise()).cuda()
+    x = torch.randn(64, 512, device="cuda").bfloat16()
+    layer(x)  # the kernels loaded, the weight quantized (and held) outside the graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        y = layer(x)
+    with torch.no_grad():
+        layer.weight.mul_(-0.5)  # in place, as an optimizer step
+        graph.replay()
+        torch.testing.assert_close(y, layer(x), rtol=0, atol=0)

@@ -22,7 +22,7 @@ import torch
 
 import gemmgen as gg
 from gemmgen.errors import InvalidArgument
-from gemmgen.training import Float8Blockwise, Gemm
+from gemmgen.training import Float8Blockwise, Gemm, Precision
 from tests.nn.dispatched import DispatchedOps
 
 _E4M3_MAX = 448.0
@@ -209,7 +209,7 @@ class _GatedMLP(torch.nn.Module):
         return {"fc1.weight": gg.nn.interleave_pairs(gate, up), "fc2.weight": down}
 
 
-def _mlp_pair(activation: str, precision: Float8Blockwise, sizes: tuple[int, int, int] = (256, 512, 128)):
+def _mlp_pair(activation: str, precision: Precision, sizes: tuple[int, int, int] = (256, 512, 128)):
     """The low-precision FusedMLP and the unfused torch MLP in fp32 with its (bf16) weights."""
     torch.manual_seed(1)
     gated = activation == "swiglu"
@@ -283,6 +283,21 @@ def test_weights_are_quantized_once_per_optimizer_step():
     assert layer._weights.quantized == 2
 
 
+def test_a_captured_cuda_graph_quantizes_the_weight_on_each_replay(monkeypatch):
+    """Under CUDA-graph capture the weight is quantized inside the graph, not taken from the cache:
+    a replay after an optimizer step must not use the values of before it. (CPU stand-in: the
+    capture flag and the weight's device are faked; tests/gpu/test_training_gpu.py replays a graph.)"""
+    layer = gg.nn.FusedLinear(128, 128, precision=Float8Blockwise())
+    layer(torch.randn(8, 128).bfloat16())
+    assert layer._weights.quantized == 1
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    gemms = layer._gemms
+    for expected in (2, 3):
+        layer._weights.get(layer.weight, gemms)
+        assert layer._weights.quantized == expected
+
+
 def test_saving_the_original_input_gives_the_same_gradients():
     """save_original_input keeps bf16 X and quantizes it again in backward: the same bits."""
     grads = []
@@ -339,3 +354,19 @@ def test_what_a_precision_cannot_take_is_refused_by_name():
     with pytest.raises(AttributeError, match="precision"):
         layer.precision = None
     assert repr(p) == "Float8Blockwise()" and "precision=Float8Blockwise()" in repr(layer)
+
+
+def test_fuse_takes_a_precision():
+    """fuse(precision=) trains the fused layers in it, keeps the state_dict, and keeps (saying why)
+    a Linear whose features fp8 rows cannot take."""
+    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.GELU(), torch.nn.Linear(256, 128),
+                                torch.nn.ReLU(), torch.nn.Linear(128, 100)).bfloat16()
+    keys = list(model.state_dict())
+    fused, report = gg.nn.fuse(model, mlp=True, unpaired=True, precision=Float8Blockwise())
+    assert list(fused.state_dict()) == keys
+    layers = [m for m in fused.modules() if isinstance(m, gg.nn.FusedLinear)]
+    assert layers and all(m.precision == Float8Blockwise() for m in layers)
+    assert any("out_features 100 not a multiple of 16" in line for line in report)
+    fused(torch.randn(4, 128).bfloat16()).float().sum().backward()
+    with pytest.raises(InvalidArgument, match="one of precision= and quantize="):
+        gg.nn.fuse(model, precision=Float8Blockwise(), quantize="fp8_block")
