@@ -59,6 +59,7 @@ from .low_precision import (
     LowPrecisionLinear,
     WeightCache,
     check_precision,
+    check_recompute,
     forward_operands,
     linear_gemms,
 )
@@ -247,7 +248,7 @@ class FusedLinear(RecipeModule):
         self._weights = WeightCache()
         self.in_features, self.out_features, self.activation = in_features, out_features, activation
         self._fixed_dtype = compute_dtype
-        self._recompute = training_flag("recompute", recompute)
+        self._recompute = check_recompute(training_flag("recompute", recompute), self.precision, "FusedLinear")
         self._accumulate_grad = training_flag("accumulate_grad", accumulate_grad)
 
     @property
@@ -264,7 +265,7 @@ class FusedLinear(RecipeModule):
 
     @recompute.setter
     def recompute(self, value: bool) -> None:
-        self._recompute = training_flag("recompute", value)
+        self._recompute = check_recompute(training_flag("recompute", value), self.precision, "FusedLinear")
         self._set_recipes()
 
     @property

@@ -93,6 +93,15 @@ def check_precision(value: object, in_features: int, out_features: int, activati
     return precision
 
 
+def check_recompute(recompute: bool, precision: Precision | None, where: str) -> bool:
+    """`recompute=`, refused with a precision: the low-precision step keeps the pre-activation
+    (or fc1's accumulator) and has no recomputing backward yet."""
+    if recompute and precision is not None:
+        raise InvalidArgument(f"{where}: recompute=True with precision={precision}: the low-precision step keeps "
+                              "the pre-activation and does not recompute it yet; leave recompute= out")
+    return recompute
+
+
 class WeightCache:
     """A layer's weights quantized once per optimizer step, not once per micro-batch: held until
     the weight's values change (`Precision.weight_version`: an in-place step, a replaced or cast
@@ -242,5 +251,6 @@ class LowPrecisionMLP(torch.autograd.Function):
 
 
 __all__ = ["LinearGemms", "LowPrecisionLinear", "LowPrecisionMLP", "MLPGemms", "WeightCache", "check_precision",
+           "check_recompute",
            "forward_operands", "input_grad", "linear_gemms", "mlp_gemms", "saved_input", "fp32_weight_grad_recipe",
            "weight_gradient"]

@@ -65,7 +65,15 @@ from .base import (
 )
 from .grads import accumulating, pairs_weight_grad, weight_grad, weight_grad_recipe
 from .linear import FusedLinear, linear_recipe, training_flag
-from .low_precision import LowPrecisionMLP, MLPGemms, WeightCache, check_precision, forward_operands, mlp_gemms
+from .low_precision import (
+    LowPrecisionMLP,
+    MLPGemms,
+    WeightCache,
+    check_precision,
+    check_recompute,
+    forward_operands,
+    mlp_gemms,
+)
 from .pairs import interleave_pairs
 
 
@@ -193,6 +201,7 @@ class FusedMLP(RecipeModule):
 
     fc1: FusedLinear
     fc2: FusedLinear
+    precision: Precision | None
     _derived = ("_kernels", "_pairs_key")
     _options = ("activation", "precision")
 
@@ -292,7 +301,7 @@ class FusedMLP(RecipeModule):
                                   f"{self.precision}: its backward would recompute fc1's GEMM, which the low-precision "
                                   "step does not do yet; use bias=False (Llama's MLP has none) or leave precision= out")
         self._weights = (WeightCache(), WeightCache())
-        self._recompute = training_flag("recompute", recompute)
+        self._recompute = check_recompute(training_flag("recompute", recompute), self.precision, "FusedMLP")
         self._accumulate_grad = training_flag("accumulate_grad", accumulate_grad)
         self._set_recipes()
 
@@ -310,7 +319,7 @@ class FusedMLP(RecipeModule):
 
     @recompute.setter
     def recompute(self, value: bool) -> None:
-        self._recompute = training_flag("recompute", value)
+        self._recompute = check_recompute(training_flag("recompute", value), self.precision, "FusedMLP")
         self._set_recipes()
 
     @property
@@ -480,9 +489,9 @@ class FusedMLP(RecipeModule):
         target = launch_arch(arch)
         if self.precision is not None:
             gemms = self._gemms
-            fc1 = gemms.fc1_saving if training else gemms.fc1.fprop
+            first = gemms.fc1_saving if training else gemms.fc1.fprop
             return [(r.recipe, tuning.config_for(r.recipe, *shape, 1, device=device, sm_count=sm_count, arch=target))
-                    for r, shape in ((fc1, (m, hidden, n_in)), (gemms.fc2.fprop, (m, self.fc2.out_features, hidden)))]
+                    for r, shape in ((first, (m, hidden, n_in)), (gemms.fc2.fprop, (m, self.fc2.out_features, hidden)))]
         fc2 = self.fc2.launches(tokens, sm_count=sm_count, device=device, arch=target)
         if not training or self.recompute:
             return [self.fc1.launches(tokens, sm_count=sm_count, device=device, arch=target), fc2]

@@ -81,6 +81,8 @@ class Precision:
 
     #: whether its kernels take an epilogue over column pairs (a gated MLP's fc1)
     column_pairs: ClassVar[bool] = True
+    #: what its kernels' names end in before the GEMM's
+    suffix: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.save_original_input, bool):
@@ -92,16 +94,29 @@ class Precision:
                  if getattr(self, f.name) != f.default]
         return f"{type(self).__name__}({', '.join(given)})"
 
+    def block_scale(self, gemm: Gemm) -> tuple[int, int, int] | Microscaling:
+        """The `Recipe(block_scale=)` of its kernel for `gemm`."""
+        raise NotImplementedError
+
     def recipe(self, recipe: Recipe, gemm: Gemm) -> Recipe:
         """`recipe` (a bf16 or f16 GEMM's: its epilogue, D and aux dtypes) as this precision runs
-        `gemm`: the same epilogue over quantized A and B."""
-        raise NotImplementedError
+        `gemm`: the same epilogue over its quantized A and B (K-major, e4m3)."""
+        g = recipe.ir.gemm
+        if g.a.bits != 16 or g.scaled or g.grouped or g.batched:
+            raise InvalidArgument(f"recipe: expected a plain bf16 or f16 GEMM's recipe to run in {self}, got "
+                                  f"{recipe!r}")
+        ir = recipe.ir.epilogue
+        return Recipe(f"{recipe.name}_{self.suffix}_{gemm.value}", replay(ir), a=DType.E4M3, b=DType.E4M3, d=g.d,
+                      layout_a=Layout.ROW, layout_b=Layout.COL, layout_d=g.layout_d,
+                      operands=declarations(ir.operands), aux={o.name: o.dtype for o in recipe.outputs[1:]},
+                      block_scale=self.block_scale(gemm))
 
     def backward(self, recipe: Recipe) -> Backward:
         """The derived backward (`Recipe.backward`) of `recipe` (a bf16 or f16 layer's, followed by
         another layer) in this precision: the forward is fprop's recipe saving its accumulator, the
         kernel the next layer's dgrad GEMM carrying this recipe's derivative."""
-        raise NotImplementedError
+        return self.recipe(recipe, Gemm.FPROP).backward(a=DType.E4M3, b=DType.E4M3, layout_b=Layout.COL,
+                                                        block_scale=self.block_scale(Gemm.DGRAD))
 
     def operand(self, t: torch.Tensor, gemm: Gemm, which: str, recipe: Recipe) -> Operand:
         """`t`, whose last dimension is `gemm`'s K (A as M x K, B as N x K), quantized as `recipe`
@@ -137,6 +152,7 @@ class Float8Blockwise(Precision):
 
     power_of_two_scales: bool = False
 
+    suffix: ClassVar[str] = "fp8block"
     block: ClassVar[int] = 128
     dtype: ClassVar[DType] = DType.E4M3
 
@@ -145,20 +161,8 @@ class Float8Blockwise(Precision):
         if not isinstance(self.power_of_two_scales, bool):
             raise InvalidArgument(f"power_of_two_scales: expected True or False, got {self.power_of_two_scales!r}")
 
-    def recipe(self, recipe: Recipe, gemm: Gemm) -> Recipe:
-        g = recipe.ir.gemm
-        if g.a.bits != 16 or g.scaled or g.grouped or g.batched:
-            raise InvalidArgument(f"recipe: expected a plain bf16 or f16 GEMM's recipe to run in fp8, got {recipe!r}")
-        scale = (1, 1, self.block) if gemm is Gemm.WGRAD else DEEPSEEK_BLOCK_SCALE
-        ir = recipe.ir.epilogue
-        return Recipe(f"{recipe.name}_fp8block_{gemm.value}", replay(ir), a=self.dtype, b=self.dtype, d=g.d,
-                      layout_a=Layout.ROW, layout_b=Layout.COL, layout_d=g.layout_d,
-                      operands=declarations(ir.operands), aux={o.name: o.dtype for o in recipe.outputs[1:]},
-                      block_scale=scale)
-
-    def backward(self, recipe: Recipe) -> Backward:
-        return self.recipe(recipe, Gemm.FPROP).backward(a=self.dtype, b=self.dtype, layout_b=Layout.COL,
-                                                        block_scale=DEEPSEEK_BLOCK_SCALE)
+    def block_scale(self, gemm: Gemm) -> tuple[int, int, int]:
+        return (1, 1, self.block) if gemm is Gemm.WGRAD else DEEPSEEK_BLOCK_SCALE
 
     def quantize(self, t: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(q, scales): `t` (R x C) in e4m3 per `block`, with t's shape and memory order, and its
@@ -191,22 +195,12 @@ class MXFP8(Precision):
     column-wise copy is quantized from the weight again, along out_features. Column pairs (SwiGLU)
     have no microscaled kernel yet."""
 
+    suffix: ClassVar[str] = "mxfp8"
     dtype: ClassVar[DType] = DType.E4M3
     column_pairs: ClassVar[bool] = False
 
-    def recipe(self, recipe: Recipe, gemm: Gemm) -> Recipe:
-        g = recipe.ir.gemm
-        if g.a.bits != 16 or g.scaled or g.grouped or g.batched:
-            raise InvalidArgument(f"recipe: expected a plain bf16 or f16 GEMM's recipe to run in MXFP8, got {recipe!r}")
-        ir = recipe.ir.epilogue
-        return Recipe(f"{recipe.name}_mxfp8_{gemm.value}", replay(ir), a=self.dtype, b=self.dtype, d=g.d,
-                      layout_a=Layout.ROW, layout_b=Layout.COL, layout_d=g.layout_d,
-                      operands=declarations(ir.operands), aux={o.name: o.dtype for o in recipe.outputs[1:]},
-                      block_scale=Microscaling.MXFP8)
-
-    def backward(self, recipe: Recipe) -> Backward:
-        return self.recipe(recipe, Gemm.FPROP).backward(a=self.dtype, b=self.dtype, layout_b=Layout.COL,
-                                                        block_scale=Microscaling.MXFP8)
+    def block_scale(self, gemm: Gemm) -> Microscaling:
+        return Microscaling.MXFP8
 
     def quantize(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(q, scales): `t` (R x K) in e4m3 per 32 values along K (row-major), and its UE8M0

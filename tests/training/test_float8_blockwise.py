@@ -350,7 +350,11 @@ def test_what_a_precision_cannot_take_is_refused_by_name():
         gg.nn.FusedLinear(128, 128, precision="fp8")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="power_of_two_scales"):
         Float8Blockwise(power_of_two_scales=1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="recompute=True with precision"):
+        gg.nn.FusedMLP(128, 256, 128, precision=p, recompute=True)
     layer = gg.nn.FusedLinear(128, 128, precision=p)
+    with pytest.raises(InvalidArgument, match="recompute=True with precision"):
+        layer.recompute = True
     with pytest.raises(AttributeError, match="precision"):
         layer.precision = None
     assert repr(p) == "Float8Blockwise()" and "precision=Float8Blockwise()" in repr(layer)
