@@ -16,10 +16,12 @@ from pathlib import Path
 import torch
 
 from gemmgen.testing.loss_parity import Run, relative_gap, train
-from gemmgen.training import MXFP8, Float8Blockwise
+from gemmgen.training import MXFP8, Float8Blockwise, Float8Tensorwise
 
-PRECISIONS = {"Float8Blockwise": Float8Blockwise(), "MXFP8": MXFP8()}
-COLORS = {"bf16": "#1f77b4", "Float8Blockwise": "#d62728", "MXFP8": "#2ca02c"}
+PRECISIONS = {"Float8Blockwise": Float8Blockwise(), "Float8Tensorwise current": Float8Tensorwise(),
+              "Float8Tensorwise delayed": Float8Tensorwise(scaling="delayed"), "MXFP8": MXFP8()}
+COLORS = {"bf16": "#1f77b4", "Float8Blockwise": "#d62728", "Float8Tensorwise current": "#ff7f0e",
+          "Float8Tensorwise delayed": "#9467bd", "MXFP8": "#2ca02c"}
 
 
 def _smoothed(curve: tuple[float, ...], window: int = 15) -> list[float]:
@@ -67,6 +69,8 @@ def main() -> None:
     parser.add_argument("--activation", default="gelu", help="the FusedMLPs' activation (gated: no biases)")
     parser.add_argument("--argmax", action="store_true", help="labels: the teacher's argmax (separable)")
     parser.add_argument("--svg", type=Path, help="write the first seed's curves here")
+    parser.add_argument("--only", action="append", choices=sorted(PRECISIONS),
+                        help="train bf16 and this precision only (repeatable; default: every one)")
     args = parser.parse_args()
     print(f"# {datetime.date.today()}, {platform.node()}, torch {torch.__version__}, {args.steps} steps, "
           f"labels {'argmax' if args.argmax else 'sampled'}, activation {args.activation}")
@@ -74,6 +78,8 @@ def main() -> None:
     for seed in range(args.seeds):
         runs = {"bf16": train(None, args.steps, seed, args.activation, sampled=not args.argmax)}
         for name, precision in PRECISIONS.items():
+            if args.only and name not in args.only:
+                continue
             if args.activation in ("swiglu", "geglu") and not precision.column_pairs:
                 continue  # no microscaled kernel over column pairs yet
             runs[name] = train(precision, args.steps, seed, args.activation, sampled=not args.argmax)

@@ -67,6 +67,11 @@ class Background:
         if last:
             self.close()
 
+    @property
+    def busy(self) -> bool:
+        """Whether its workers are running (until the last job ends, or `close`)."""
+        return self._pool is not None
+
     def future(self, name: str) -> cf.Future | None:
         return self._futures.get(name)
 

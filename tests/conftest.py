@@ -14,6 +14,7 @@ from tests.data import EXAMPLES, EXTRA
 
 _ORACLES = pytest.StashKey[bool]()
 _NEEDS = pytest.StashKey[list[str]]()
+_THREADS = pytest.StashKey[tuple[Background, int]]()
 #: The session fixtures whose NVRTC work the background pool does.
 POOL_FIXTURES = ("compiled", "type_checks", "sm100_kernels", "grouped_families")
 
@@ -121,8 +122,26 @@ def session_pool(request, session_cache, examples, sm100_examples, extra):
               "sm100_kernels": lambda: _kernel_jobs(sk.sm100_pairs(sm100_examples), session_cache),
               "grouped_families": lambda: _kernel_jobs(sk.compiled_grouped_pairs(examples), session_cache)}
     pool.start({name: phases[name]() for name in request.config.stash.get(_NEEDS, [])})
+    if pool.busy:
+        # While the pool's two workers hold both cores, the session's torch ops run on one thread:
+        # two OpenMP threads sharing a core with the compiles spin (a loss-parity run beside two busy
+        # processes, 2026-12-06: 12.0 s on 2 threads, 7.5 s on 1); `pytest_runtest_setup` gives the
+        # threads back once the pool is done.
+        import torch
+
+        request.config.stash[_THREADS] = (pool, torch.get_num_threads())
+        torch.set_num_threads(1)
     yield pool
     pool.close()
+
+
+def pytest_runtest_setup(item):
+    held = item.config.stash.get(_THREADS, None)
+    if held is not None and not held[0].busy:
+        import torch
+
+        torch.set_num_threads(held[1])
+        del item.config.stash[_THREADS]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -57,7 +57,7 @@ def operand_gradients(forward: RecipeIR, derived: Derivative) -> tuple[OperandGr
 def declarations(operands: tuple[Operand, ...]) -> dict[str, OperandDecl]:
     """The DSL declaration of each IR operand, by name."""
     make: dict[OperandKind, Callable[[Operand], OperandDecl]] = {
-        OperandKind.SCALAR: lambda o: Scalar(per_batch=bool(o.per_batch)),
+        OperandKind.SCALAR: lambda o: Scalar(tensor=bool(o.per_batch)),  # (L,) in a batched GEMM
         OperandKind.ROW: lambda o: RowVector(o.dtype, bool(o.per_batch)),
         OperandKind.COL: lambda o: ColVector(o.dtype, bool(o.per_batch)),
         OperandKind.MATRIX: lambda o: Matrix(o.dtype, bool(o.per_batch)),

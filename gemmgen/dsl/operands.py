@@ -16,11 +16,15 @@ _VECTOR_DTYPES = (*_MATRIX_DTYPES, DType.I32)  # i32: indices (gemmgen.gather)
 @dataclass(frozen=True)
 class Scalar:
     """A scalar operand: a runtime fp32 value, or a compile-time constant when `value` is given.
-    With `per_batch` (a batched recipe's), one fp32 per batch: an (L,) tensor."""
+    A call passes a runtime scalar as a Python number; with `tensor`, as a one-element fp32 tensor
+    on the kernel's device that the kernel reads at launch (a scale computed on the GPU: no device
+    sync, and a CUDA graph replays with the value it holds then). With `per_batch` (a batched
+    recipe's), one fp32 per batch: an (L,) tensor."""
 
     value: float | None = None
     dtype: DType = DType.F32
     per_batch: bool = False
+    tensor: bool = False
     kind = OperandKind.SCALAR
 
 
@@ -95,19 +99,30 @@ def check_operand(name: str, decl: Any, batched: bool, grouped: bool) -> Operand
     per_batch = _per_batch(name, decl, batched, grouped)
     if isinstance(decl, Scalar):
         if decl.value is not None:
-            if per_batch:
-                raise RecipeError(f"operand {name!r}: a compile-time constant is the same in every batch; drop "
-                                  "per_batch=True, or drop value= to pass one fp32 per batch at run time")
+            if per_batch or decl.tensor is True:
+                raise RecipeError(f"operand {name!r}: a compile-time constant is fixed when the kernel is built; "
+                                  "drop per_batch= and tensor=, or drop value= to pass the scalar at run time")
             return constant(decl.value, f"operand {name!r} constant value")
         if as_dtype(decl.dtype, f"operand {name!r} dtype") is not DType.F32:
             raise RecipeError(f"operand {name!r}: runtime scalars are fp32; declare gg.Scalar() (dtype f32)")
-        return Operand(name, OperandKind.SCALAR, DType.F32, per_batch=per_batch)
+        return Operand(name, OperandKind.SCALAR, DType.F32, per_batch=per_batch or _tensor(name, decl, grouped))
     dtype = as_dtype(decl.dtype, f"operand {name!r} dtype")
     allowed = _MATRIX_DTYPES if isinstance(decl, Matrix) else _VECTOR_DTYPES
     if dtype not in allowed:
         raise RecipeError(f"operand {name!r}: {decl.kind.value} operands may be "
                           f"{', '.join(d.value for d in allowed)}, not {dtype.value}")
     return Operand(name, decl.kind, dtype, per_batch=per_batch)
+
+
+def _tensor(name: str, decl: Scalar, grouped: bool) -> bool:
+    """A runtime scalar passed as a tensor (`Scalar.tensor`): in the IR a scalar per batch, read
+    through its pointer (a non-batched GEMM's one batch: a one-element tensor)."""
+    if not isinstance(decl.tensor, bool):
+        raise RecipeError(f"operand {name!r}: tensor must be True or False, got {decl.tensor!r}")
+    if decl.tensor and grouped:
+        raise RecipeError(f"operand {name!r}: a scalar read from a tensor (tensor=True) in a grouped GEMM is not "
+                          "supported yet; drop tensor=True and pass a Python number")
+    return decl.tensor
 
 
 def _per_batch(name: str, decl: Scalar | RowVector | ColVector | Matrix, batched: bool, grouped: bool) -> bool:

@@ -54,7 +54,8 @@ class Operand:
 
     `per_batch` says whether a batched GEMM's operand has one value, vector or matrix per batch:
     a scalar (L,), a row vector (L, N), a column vector (L, M), a matrix (L, M, N); else every
-    batch reads the same one. None takes the kind's default: scalars and vectors are shared by
+    batch reads the same one. A scalar per batch is read through its pointer: a non-batched GEMM's
+    is a one-element tensor (`gg.Scalar(tensor=True)`). None takes the kind's default: scalars and vectors are shared by
     every batch, matrices are per batch. It enters the key only where it is not the default."""
 
     name: str

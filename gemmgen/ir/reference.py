@@ -20,13 +20,16 @@ __all__ = ["FP8_MAX", "accumulate", "error_scale", "evaluate_epilogue", "expand_
            "reference", "round_to"]
 
 
-def _broadcast(t: torch.Tensor, operand: Operand) -> torch.Tensor:
+def _broadcast(t: torch.Tensor, operand: Operand, batched: bool) -> torch.Tensor:
     """Shape an operand so it broadcasts against the (L, M, N) / (M, N) output: a row vector
     (N,) -> (1, N), a column vector (M,) -> (M, 1); one per batch (`Operand.per_batch`) keeps its
-    leading L: (L, N) -> (L, 1, N), (L, M) -> (L, M, 1), a scalar's (L,) -> (L, 1, 1)."""
+    leading L: (L, N) -> (L, 1, N), (L, M) -> (L, M, 1), a scalar's (L,) -> (L, 1, 1) (a
+    non-batched GEMM's one-element tensor -> ())."""
     t = t.to(torch.float32)
     if operand.kind is OperandKind.MATRIX:
         return t
+    if operand.kind is OperandKind.SCALAR and not batched:
+        return t.reshape(())
     batch = (t.shape[0],) if operand.per_batch else ()
     shape = {OperandKind.ROW: (1, -1), OperandKind.COL: (-1, 1), OperandKind.SCALAR: (1, 1) if batch else ()}
     return t.reshape((*batch, *shape[operand.kind]))
@@ -163,7 +166,7 @@ def _values(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, torch.Tensor 
         elif node.op is Op.INPUT:
             raw = operands[node.name]  # type: ignore[index]
             t = raw if isinstance(raw, torch.Tensor) else torch.tensor(float(raw))
-            v = _broadcast(t, ir.operand(node.name))  # type: ignore[arg-type]
+            v = _broadcast(t, ir.operand(node.name), acc.dim() == 3)  # type: ignore[arg-type]
         else:
             v = node.op.apply(tuple(values[a] for a in node.args), node.attr, node.dtype)
         values.append(v.to(torch.float32))

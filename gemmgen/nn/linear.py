@@ -350,7 +350,7 @@ class FusedLinear(RecipeModule):
         bias = bias.to(dtype) if bias is not None and bias.dtype != dtype else bias
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, bias)):
             return LowPrecisionLinear.apply(gemms, self._weights, self.activation, self._accumulate_grad, x, w, bias)
-        args = forward_operands(gemms, x, self._weights.get(w, gemms))
+        args = forward_operands(gemms, self._weights, x, self._weights.get(w, gemms))
         return gemms.fprop(*args) if bias is None else gemms.fprop(*args, bias)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ import torch
 from ..dsl import Matrix, Recipe
 from ..errors import InvalidArgument
 from ..integrations.ops import OpCaller, caller, direct_call_allowed, kernel_for
-from ..training import Gemm, Operand, Precision, QuantizedWeight, as_precision
+from ..training import AmaxHistory, Gemm, Operand, Precision, QuantizedWeight, as_precision
 from ..types import DType
 from .activations import activation_backward, linear_recipe
 from .base import GATED
@@ -56,12 +56,12 @@ class LinearGemms:
     wgrad: OpCaller
     wgrad_accumulate: OpCaller
 
-    def operand(self, t: torch.Tensor, gemm: Gemm, which: str) -> Operand:
+    def operand(self, t: torch.Tensor, gemm: Gemm, which: str, history: AmaxHistory | None = None) -> Operand:
         recipe = {Gemm.FPROP: self.fprop, Gemm.DGRAD: self.dgrad, Gemm.WGRAD: self.wgrad}[gemm].recipe
-        return self.precision.operand(t, gemm, which, recipe)
+        return self.precision.operand(t, gemm, which, recipe, history)
 
-    def weight(self, w: torch.Tensor) -> QuantizedWeight:
-        return self.precision.weight(w, self.fprop.recipe, self.dgrad.recipe)
+    def weight(self, w: torch.Tensor, history: AmaxHistory | None = None) -> QuantizedWeight:
+        return self.precision.weight(w, self.fprop.recipe, self.dgrad.recipe, history)
 
 
 @functools.cache
@@ -105,15 +105,30 @@ def check_recompute(recompute: bool, precision: Precision | None, where: str) ->
 class WeightCache:
     """A layer's weights quantized once per optimizer step, not once per micro-batch: held until
     the weight's values change (`Precision.weight_version`: an in-place step, a replaced or cast
-    parameter). Not state: it is not in the state_dict, and `.to()` forgets it (a moved weight's
-    version differs). Under CUDA-graph capture nothing is held: the graph quantizes on each replay."""
+    parameter). Under delayed scaling it also keeps the amax history of each of the layer's
+    tensors (`history`), advanced when the weight changes: once per optimizer step. Not state: it
+    is not in the state_dict, and `.to()` forgets the weights (a moved weight's version differs).
+    Under CUDA-graph capture nothing is held: the graph quantizes on each replay."""
 
     def __init__(self) -> None:
         self._held: dict[int, QuantizedWeight] = {}
+        self._histories: dict[str, AmaxHistory | None] = {}
         self.quantized = 0  # how many times a weight was quantized (tests count them)
 
+    def history(self, tensor: str, precision: Precision) -> AmaxHistory | None:
+        """The amax history of the layer's `tensor` ("input", "weight" or "grad"), where
+        `precision` scales from one."""
+        if tensor not in self._histories:
+            self._histories[tensor] = precision.history()
+        return self._histories[tensor]
+
     def get(self, w: torch.Tensor, gemms: LinearGemms) -> QuantizedWeight:
+        history = self.history("weight", gemms.precision)
         if w.is_cuda and torch.cuda.is_current_stream_capturing():
+            if history is not None:
+                raise InvalidArgument(f"{gemms.precision}: delayed scaling advances its amax histories once per "
+                                      "optimizer step, which a replayed CUDA graph does not see; use "
+                                      "scaling='current' in a captured step")
             # a CUDA graph replays what it captured: the quantization goes into the graph, so that
             # each replay quantizes the weight's values of then (a held copy would go stale after
             # the next optimizer step)
@@ -122,34 +137,42 @@ class WeightCache:
         key = id(w)
         held = self._held.get(key)
         if held is None or held.version != gemms.precision.weight_version(w):
-            held = self._held[key] = gemms.weight(w)
+            if held is not None:  # an optimizer step: the histories' next scales
+                for h in self._histories.values():
+                    if h is not None:
+                        h.advance()
+            held = self._held[key] = gemms.weight(w, history)
             self.quantized += 1
         return held
 
 
-def forward_operands(gemms: LinearGemms, x: torch.Tensor, qw: QuantizedWeight) -> tuple[torch.Tensor, ...]:
+def forward_operands(gemms: LinearGemms, cache: WeightCache, x: torch.Tensor, qw: QuantizedWeight
+                     ) -> tuple[torch.Tensor, ...]:
     """fprop's A, B, scale_a, scale_b for input rows `x` and the quantized weight."""
-    xq = gemms.operand(x, Gemm.FPROP, "a")
+    xq = gemms.operand(x, Gemm.FPROP, "a", cache.history("input", gemms.precision))
     return xq.data, qw.rows.data, xq.scale, qw.rows.scale
 
 
-def saved_input(gemms: LinearGemms, x: torch.Tensor) -> torch.Tensor | Operand:
+def saved_input(gemms: LinearGemms, cache: WeightCache, x: torch.Tensor) -> torch.Tensor | Operand:
     """What forward keeps of its input for wgrad: X along the tokens (wgrad's B), or X itself."""
-    return x if gemms.precision.save_original_input else gemms.operand(x.t(), Gemm.WGRAD, "b")
+    if gemms.precision.save_original_input:
+        return x
+    return gemms.operand(x.t(), Gemm.WGRAD, "b", cache.history("input", gemms.precision))
 
 
-def input_grad(gemms: LinearGemms, g: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
+def input_grad(gemms: LinearGemms, cache: WeightCache, g: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     """dX = dL/dacc W by the dgrad kernel."""
-    gq = gemms.operand(g, Gemm.DGRAD, "a")
+    gq = gemms.operand(g, Gemm.DGRAD, "a", cache.history("grad", gemms.precision))
     return gemms.dgrad(gq.data, qw.columns.data, gq.scale, qw.columns.scale)
 
 
-def weight_gradient(gemms: LinearGemms, weight: torch.Tensor, g: torch.Tensor, saved: torch.Tensor | Operand,
-                    accumulate: bool) -> torch.Tensor | None:
+def weight_gradient(gemms: LinearGemms, cache: WeightCache, weight: torch.Tensor, g: torch.Tensor,
+                    saved: torch.Tensor | Operand, accumulate: bool) -> torch.Tensor | None:
     """dW = dL/dacc^T X by the wgrad kernel, in the weight's dtype; with `accumulate`, None after
     adding it into `weight.main_grad` in fp32 (on the GPU in place: beta = 1)."""
-    ga = gemms.operand(g.t(), Gemm.WGRAD, "a")
-    xb = saved if isinstance(saved, Operand) else gemms.operand(saved.t(), Gemm.WGRAD, "b")
+    p = gemms.precision
+    ga = gemms.operand(g.t(), Gemm.WGRAD, "a", cache.history("grad", p))
+    xb = saved if isinstance(saved, Operand) else gemms.operand(saved.t(), Gemm.WGRAD, "b", cache.history("input", p))
     args = (ga.data, xb.data, ga.scale, xb.scale)
     if not accumulate:
         return gemms.wgrad(*args).to(weight.dtype)
@@ -169,14 +192,14 @@ class LowPrecisionLinear(torch.autograd.Function):
     def forward(ctx: Any, gemms: LinearGemms, cache: WeightCache, activation: str | None, accumulate: bool,
                 x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         qw = cache.get(weight, gemms)
-        args = forward_operands(gemms, x, qw) + (() if bias is None else (bias,))
+        args = forward_operands(gemms, cache, x, qw) + (() if bias is None else (bias,))
         if gemms.fprop_saving is not None:
             y, pre = gemms.fprop_saving(*args)
         else:
             y, pre = gemms.fprop(*args), None
-        ctx.gemms, ctx.qw, ctx.activation, ctx.accumulate = gemms, qw, activation, accumulate
+        ctx.gemms, ctx.cache, ctx.qw, ctx.activation, ctx.accumulate = gemms, cache, qw, activation, accumulate
         ctx.has_bias = bias is not None
-        saved = saved_input(gemms, x)
+        saved = saved_input(gemms, cache, x)
         ctx.saved_operand = saved if isinstance(saved, Operand) else None
         ctx.save_for_backward(weight, pre, saved if isinstance(saved, torch.Tensor) else None)
         return y
@@ -187,9 +210,9 @@ class LowPrecisionLinear(torch.autograd.Function):
         _, _, _, _, need_x, need_w, need_b = ctx.needs_input_grad
         g = g.contiguous()
         g_pre = g if ctx.activation is None else activation_backward(ctx.activation, g, pre)
-        gx = input_grad(ctx.gemms, g_pre, ctx.qw) if need_x else None
+        gx = input_grad(ctx.gemms, ctx.cache, g_pre, ctx.qw) if need_x else None
         saved = ctx.saved_operand if ctx.saved_operand is not None else x
-        gw = weight_gradient(ctx.gemms, weight, g_pre, saved, ctx.accumulate) if need_w else None
+        gw = weight_gradient(ctx.gemms, ctx.cache, weight, g_pre, saved, ctx.accumulate) if need_w else None
         gb = g_pre.sum(0) if ctx.has_bias and need_b else None
         return None, None, None, None, gx, gw, gb
 
@@ -222,10 +245,10 @@ class LowPrecisionMLP(torch.autograd.Function):
                 x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
                 b2: torch.Tensor | None) -> torch.Tensor:
         q1, q2 = caches[0].get(w1, gemms.fc1), caches[1].get(w2, gemms.fc2)
-        h, saved_acc = gemms.fc1_saving(*forward_operands(gemms.fc1, x, q1), *(() if b1 is None else (b1,)))
-        y = gemms.fc2.fprop(*forward_operands(gemms.fc2, h, q2), *(() if b2 is None else (b2,)))
-        ctx.gemms, ctx.q, ctx.accumulate, ctx.has_b2 = gemms, (q1, q2), accumulate, b2 is not None
-        kept = (saved_input(gemms.fc1, x), saved_input(gemms.fc2, h))
+        h, saved_acc = gemms.fc1_saving(*forward_operands(gemms.fc1, caches[0], x, q1), *(() if b1 is None else (b1,)))
+        y = gemms.fc2.fprop(*forward_operands(gemms.fc2, caches[1], h, q2), *(() if b2 is None else (b2,)))
+        ctx.gemms, ctx.caches, ctx.q, ctx.accumulate, ctx.has_b2 = gemms, caches, (q1, q2), accumulate, b2 is not None
+        kept = (saved_input(gemms.fc1, caches[0], x), saved_input(gemms.fc2, caches[1], h))
         ctx.operands = tuple(k if isinstance(k, Operand) else None for k in kept)
         ctx.save_for_backward(w1, b1, w2, saved_acc, *(k if isinstance(k, torch.Tensor) else None for k in kept))
         return y
@@ -238,14 +261,15 @@ class LowPrecisionMLP(torch.autograd.Function):
         kept_x, kept_h = (o if o is not None else t for o, t in zip(ctx.operands, (x, h), strict=True))
         _, _, _, need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad
         g = g.contiguous()
-        gq = gemms.fc2.operand(g, Gemm.DGRAD, "a")
+        c1, c2 = ctx.caches
+        gq = gemms.fc2.operand(g, Gemm.DGRAD, "a", c2.history("grad", gemms.fc2.precision))
         outs = gemms.bwd.by_name(gq.data, q2.columns.data, {"scale_a": gq.scale, "scale_b": q2.columns.scale,
                                                             "saved_acc": saved_acc, "bias": b1})
         g_acc1 = outs["d"]
-        gx = input_grad(gemms.fc1, g_acc1, q1) if need_x else None
-        gw1 = weight_gradient(gemms.fc1, w1, g_acc1, kept_x, ctx.accumulate) if need_w1 else None
+        gx = input_grad(gemms.fc1, c1, g_acc1, q1) if need_x else None
+        gw1 = weight_gradient(gemms.fc1, c1, w1, g_acc1, kept_x, ctx.accumulate) if need_w1 else None
         gb1 = outs["grad_bias"].to(b1.dtype) if b1 is not None and need_b1 else None
-        gw2 = weight_gradient(gemms.fc2, w2, g, kept_h, ctx.accumulate) if need_w2 else None
+        gw2 = weight_gradient(gemms.fc2, c2, w2, g, kept_h, ctx.accumulate) if need_w2 else None
         gb2 = g.sum(0) if ctx.has_b2 and need_b2 else None
         return None, None, None, gx, gw1, gb1, gw2, gb2
 

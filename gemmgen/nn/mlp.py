@@ -462,8 +462,9 @@ class FusedMLP(RecipeModule):
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params):
             return LowPrecisionMLP.apply(gemms, self._weights, self._accumulate_grad, *params)
         q1, q2 = self._weights[0].get(params[1], gemms.fc1), self._weights[1].get(params[3], gemms.fc2)
-        h = gemms.fc1.fprop(*forward_operands(gemms.fc1, x, q1), *(() if b1 is None else (b1,)))
-        return gemms.fc2.fprop(*forward_operands(gemms.fc2, h, q2), *(() if b2 is None else (b2,)))
+        caches = self._weights
+        h = gemms.fc1.fprop(*forward_operands(gemms.fc1, caches[0], x, q1), *(() if b1 is None else (b1,)))
+        return gemms.fc2.fprop(*forward_operands(gemms.fc2, caches[1], h, q2), *(() if b2 is None else (b2,)))
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP's math by torch ops in x's dtype: what it runs where gemmgen has no kernel (fp32,

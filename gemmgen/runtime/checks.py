@@ -456,7 +456,7 @@ def _operand(o: Operand, value: object, m: int, n: int, l: int, batched: bool,  
     if o.kind is OperandKind.SEED:
         return _seed(o.name, value)
     if o.per_batch and o.kind is not OperandKind.MATRIX:
-        return _per_batch(o, value, m, n, l)
+        return _per_batch(o, value, m, n, l, batched)
     if o.kind is OperandKind.SCALAR:
         if isinstance(value, numbers.Real) and not isinstance(value, bool):
             return f32(value)  # as the kernel reads it, and the reference computes with it
@@ -503,7 +503,7 @@ def _seed(name: str, value: object) -> TensorArg | int:
     return TensorArg(_aligned_ptr(name, value))  # 16-byte aligned, as every tensor a call reads
 
 
-def _per_batch(o: Operand, value: object, m: int, n: int, l: int) -> TensorArg:  # noqa: E741
+def _per_batch(o: Operand, value: object, m: int, n: int, l: int, batched: bool) -> TensorArg:  # noqa: E741
     """A scalar or vector per batch (`Operand.per_batch`): (L,), (L, N) or (L, M), its TensorArg's
     strides (0, 0, batch stride). Its address is 16-byte aligned, as every tensor's. A scalar is
     read one fp32 at a time (any batch stride); a vector 16 bytes at a time, so each batch's must
@@ -513,8 +513,11 @@ def _per_batch(o: Operand, value: object, m: int, n: int, l: int) -> TensorArg: 
     _dtype(o.name, t, o.dtype)
     length = 0 if o.kind is OperandKind.SCALAR else n if o.kind is OperandKind.ROW else m
     want = (l,) if o.kind is OperandKind.SCALAR else (l, length)
-    if tuple(t.shape) != want:
-        raise InvalidArgument(f"{o.name}: expected shape {want} ({_describe(o)}), got {tuple(t.shape)}")
+    one = o.kind is OperandKind.SCALAR and l == 1 and t.dim() == 0  # a 0-d tensor: one batch's value
+    if tuple(t.shape) != want and not one:
+        what = _describe(o) if batched or o.kind is not OperandKind.SCALAR else \
+            "a one-element fp32 tensor: gg.Scalar(tensor=True)"
+        raise InvalidArgument(f"{o.name}: expected shape {want} ({what}), got {tuple(t.shape)}")
     if t.numel() == 0:
         return TensorArg(0)
     batch_stride = t.stride(0) if l > 1 else 0

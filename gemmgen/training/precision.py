@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -32,9 +34,10 @@ import torch
 
 from ..dsl import DEEPSEEK_BLOCK_SCALE, Backward, Recipe
 from ..dsl.backward import declarations, replay
+from ..dsl.operands import OperandDecl, Scalar
 from ..errors import InvalidArgument
-from ..ir import microscaling
-from ..ir.ops import quantize_blocks, round_to
+from ..ir import EpilogueIR, microscaling
+from ..ir.ops import FP8_MAX, quantize_blocks, round_to
 from ..runtime.checks import copy_in_layout
 from ..types import DType, Layout, Microscaling
 
@@ -94,38 +97,67 @@ class Precision:
                  if getattr(self, f.name) != f.default]
         return f"{type(self).__name__}({', '.join(given)})"
 
-    def block_scale(self, gemm: Gemm) -> tuple[int, int, int] | Microscaling:
+    def block_scale(self, gemm: Gemm) -> tuple[int, int, int] | Microscaling | None:
         """The `Recipe(block_scale=)` of its kernel for `gemm`."""
         raise NotImplementedError
 
+    def dtypes(self, gemm: Gemm) -> tuple[DType, DType]:
+        """`gemm`'s A and B types."""
+        return DType.E4M3, DType.E4M3
+
+    def epilogue(self, ir: EpilogueIR) -> tuple[Callable[..., Any], dict[str, OperandDecl]]:
+        """The epilogue function and operand declarations of a kernel running `ir` over this
+        precision's accumulator (block scales apply in the main loop: the accumulator is the
+        bf16 GEMM's already)."""
+        return replay(ir), declarations(ir.operands)
+
     def recipe(self, recipe: Recipe, gemm: Gemm) -> Recipe:
         """`recipe` (a bf16 or f16 GEMM's: its epilogue, D and aux dtypes) as this precision runs
-        `gemm`: the same epilogue over its quantized A and B (K-major, e4m3)."""
+        `gemm`: the same epilogue over its quantized A and B (K-major)."""
         g = recipe.ir.gemm
         if g.a.bits != 16 or g.scaled or g.grouped or g.batched:
             raise InvalidArgument(f"recipe: expected a plain bf16 or f16 GEMM's recipe to run in {self}, got "
                                   f"{recipe!r}")
-        ir = recipe.ir.epilogue
-        return Recipe(f"{recipe.name}_{self.suffix}_{gemm.value}", replay(ir), a=DType.E4M3, b=DType.E4M3, d=g.d,
-                      layout_a=Layout.ROW, layout_b=Layout.COL, layout_d=g.layout_d,
-                      operands=declarations(ir.operands), aux={o.name: o.dtype for o in recipe.outputs[1:]},
-                      block_scale=self.block_scale(gemm))
+        return self._converted(recipe, gemm, f"{recipe.name}_{self.suffix}_{gemm.value}")
 
     def backward(self, recipe: Recipe) -> Backward:
         """The derived backward (`Recipe.backward`) of `recipe` (a bf16 or f16 layer's, followed by
-        another layer) in this precision: the forward is fprop's recipe saving its accumulator, the
-        kernel the next layer's dgrad GEMM carrying this recipe's derivative."""
-        return self.recipe(recipe, Gemm.FPROP).backward(a=DType.E4M3, b=DType.E4M3, layout_b=Layout.COL,
-                                                        block_scale=self.block_scale(Gemm.DGRAD))
+        another layer) in this precision: derived in bf16, then the forward saving its accumulator
+        run as fprop and the kernel (the next layer's dgrad GEMM carrying this recipe's
+        derivative) as dgrad."""
+        derived = recipe.backward()
+        if derived.recompute:
+            raise InvalidArgument(f"{recipe.name}: its backward recomputes the forward's GEMM (an epilogue over column "
+                                  f"pairs that does more than take them), which {self} does not run yet")
+        self.recipe(recipe, Gemm.FPROP)  # refuses what this precision cannot run
+        name = f"{recipe.name}_{self.suffix}_{Gemm.FPROP.value}"
+        return Backward(self._converted(derived.forward, Gemm.FPROP, f"{name}_train"),
+                        self._converted(derived.kernel, Gemm.DGRAD, f"{name}_bwd"),
+                        derived.gradients, derived.recompute, derived.rest)
 
-    def operand(self, t: torch.Tensor, gemm: Gemm, which: str, recipe: Recipe) -> Operand:
+    def _converted(self, recipe: Recipe, gemm: Gemm, name: str) -> Recipe:
+        g, ir = recipe.ir.gemm, recipe.ir.epilogue
+        fn, operands = self.epilogue(ir)
+        a, b = self.dtypes(gemm)
+        return Recipe(name, fn, a=a, b=b, d=g.d, layout_a=Layout.ROW, layout_b=Layout.COL, layout_d=g.layout_d,
+                      operands=operands, aux={o.name: o.dtype for o in recipe.outputs[1:]},
+                      block_scale=self.block_scale(gemm))
+
+    def operand(self, t: torch.Tensor, gemm: Gemm, which: str, recipe: Recipe,
+                history: AmaxHistory | None = None) -> Operand:
         """`t`, whose last dimension is `gemm`'s K (A as M x K, B as N x K), quantized as `recipe`
-        (made by `self.recipe` for `gemm`) reads it as `which` ("a" or "b")."""
+        (made by `self.recipe` for `gemm`) reads it as `which` ("a" or "b"); `history` is the
+        tensor's under delayed scaling (`self.history()`)."""
         raise NotImplementedError
 
-    def weight(self, w: torch.Tensor, fprop: Recipe, dgrad: Recipe) -> QuantizedWeight:
+    def weight(self, w: torch.Tensor, fprop: Recipe, dgrad: Recipe,
+               history: AmaxHistory | None = None) -> QuantizedWeight:
         """W (out x in) quantized for fprop's and dgrad's B."""
         raise NotImplementedError
+
+    def history(self) -> AmaxHistory | None:
+        """A new tensor's amax history, where this precision scales from one (delayed scaling)."""
+        return None
 
     @staticmethod
     def weight_version(w: torch.Tensor) -> tuple[Any, ...]:
@@ -172,14 +204,16 @@ class Float8Blockwise(Precision):
         q.copy_(round_to(scaled, self.dtype))
         return q, scale
 
-    def operand(self, t: torch.Tensor, gemm: Gemm, which: str, recipe: Recipe) -> Operand:
+    def operand(self, t: torch.Tensor, gemm: Gemm, which: str, recipe: Recipe,
+                history: AmaxHistory | None = None) -> Operand:
         layout = recipe.ir.gemm.scale_layouts[which == "b"]
         q, scale = self.quantize(t.contiguous(), (1, self.block))
         if which == "a":
             return Operand(q, copy_in_layout(scale, layout, 4))
         return Operand(q.t(), _transposed_scale(scale, layout))
 
-    def weight(self, w: torch.Tensor, fprop: Recipe, dgrad: Recipe) -> QuantizedWeight:
+    def weight(self, w: torch.Tensor, fprop: Recipe, dgrad: Recipe,
+               history: AmaxHistory | None = None) -> QuantizedWeight:
         q, scale = self.quantize(w.detach(), (self.block, self.block))  # (out, in), (out / 128, in / 128)
         rows = Operand(q.t(), _transposed_scale(scale, fprop.ir.gemm.scale_layouts[1]))
         columns = Operand(q.t().contiguous().t(), copy_in_layout(scale, dgrad.ir.gemm.scale_layouts[1], 4))
@@ -207,15 +241,160 @@ class MXFP8(Precision):
         scales (R, ceil(K / 32)) in row order: the recipe's one quantizer."""
         return microscaling.quantize(t, Microscaling.MXFP8, self.dtype, round_up=True)
 
-    def operand(self, t: torch.Tensor, gemm: Gemm, which: str, recipe: Recipe) -> Operand:
+    def operand(self, t: torch.Tensor, gemm: Gemm, which: str, recipe: Recipe,
+                history: AmaxHistory | None = None) -> Operand:
         q, scale = self.quantize(t.contiguous())
         blocked = microscaling.to_blocked(scale)
         return Operand(q.contiguous(), blocked) if which == "a" else Operand(q.contiguous().t(), blocked)
 
-    def weight(self, w: torch.Tensor, fprop: Recipe, dgrad: Recipe) -> QuantizedWeight:
+    def weight(self, w: torch.Tensor, fprop: Recipe, dgrad: Recipe,
+               history: AmaxHistory | None = None) -> QuantizedWeight:
         rows = self.operand(w.detach(), Gemm.FPROP, "b", fprop)  # along in_features
         columns = self.operand(w.detach().t(), Gemm.DGRAD, "b", dgrad)  # along out_features
         return QuantizedWeight(self.weight_version(w), rows, columns)
+
+
+class Scaling(enum.Enum):
+    """How a per-tensor recipe picks each tensor's scale."""
+
+    CURRENT = "current"  # from the tensor's own amax, before quantizing it
+    DELAYED = "delayed"  # from the amaxes of earlier steps (`AmaxHistory`)
+
+
+class AmaxAlgorithm(enum.Enum):
+    """Which amax of the history a delayed scale is computed from (Transformer Engine's
+    `amax_compute_algo`)."""
+
+    MAX = "max"  # the largest of the history
+    MOST_RECENT = "most_recent"  # the last step's
+
+
+class AmaxHistory:
+    """One tensor's amaxes under delayed scaling, as Transformer Engine's DelayedScaling keeps
+    them: the scale comes from the amaxes of earlier steps, so a tensor is quantized before its own
+    amax is known (values past it saturate), and each quantization records its amax into the
+    current step's slot. `advance`, once per optimizer step, takes the history's amax for the next
+    steps and opens a new slot. Everything stays on the tensor's device (no sync); the scale of a
+    call is a new tensor, so an operand saved for backward keeps the scale it was quantized with."""
+
+    def __init__(self, length: int, algorithm: AmaxAlgorithm, margin: int) -> None:
+        self.length, self.algorithm, self.margin = length, algorithm, margin
+        self.amaxes: torch.Tensor | None = None  # (length,), [0] the current step's
+        self.amax: torch.Tensor | None = None  # (1,): what the scales come from; NaN before a first step
+
+    def record(self, t: torch.Tensor, dtype: DType) -> torch.Tensor:
+        """The scale (1,) to quantize `t` in `dtype` with (from the earlier steps' amax; 1 before
+        the first step ends, as Transformer Engine starts), after recording t's amax."""
+        if self.amaxes is None or self.amaxes.device != t.device:
+            self.amaxes = torch.zeros(self.length, dtype=torch.float32, device=t.device)
+            self.amax = torch.full((1,), float("nan"), dtype=torch.float32, device=t.device)
+        assert self.amax is not None
+        self.amaxes[0] = torch.maximum(self.amaxes[0], t.detach().abs().amax().float())
+        return (self.amax * 2.0**self.margin / FP8_MAX[dtype]).nan_to_num(1.0)
+
+    def advance(self) -> None:
+        """End a step: the amax of the history (kept as it was where that is 0 or not finite),
+        then a new slot for the next step's amaxes."""
+        if self.amaxes is None or self.amax is None:
+            return
+        amax = (self.amaxes.max() if self.algorithm is AmaxAlgorithm.MAX else self.amaxes[0]).reshape(1)
+        self.amax = torch.where((amax > 0) & amax.isfinite(), amax, self.amax)
+        self.amaxes = self.amaxes.roll(1)
+        self.amaxes[0] = 0.0
+
+
+def _prescaled(ir: EpilogueIR) -> Callable[..., Any]:
+    """`ir`'s epilogue over the accumulator times scale_a times scale_b: a per-tensor scaled GEMM's
+    accumulator dequantized before anything else reads it (the saved accumulator included)."""
+    inner = replay(ir)
+
+    def epilogue(acc: Any, scale_a: Any, scale_b: Any, **operands: Any) -> Any:
+        return inner(acc * scale_a * scale_b, **operands)
+
+    params = [inspect.Parameter("acc", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in ("scale_a", "scale_b")]
+    params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY) for o in ir.operands]
+    epilogue.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return epilogue
+
+
+@dataclass(frozen=True, repr=False)
+class Float8Tensorwise(Precision):
+    """Per-tensor fp8 (Transformer Engine's Float8CurrentScaling and DelayedScaling, format
+    HYBRID): X and W in e4m3, gradients in e5m2, one fp32 scale per tensor, so a tensor's
+    transposed copy is the same values transposed. `scaling="current"` takes each tensor's scale
+    from its own amax (one more reduction before quantizing); "delayed" from its amax history
+    (`AmaxHistory`: `amax_history_len` steps, `amax_compute_algo` "max" or "most_recent", the
+    scale `margin` powers of two below the range's top), advanced once per optimizer step. The
+    kernels read both operands' scales from device tensors (`gg.Scalar(tensor=True)`) and multiply
+    the accumulator by them before the epilogue; no block scales, no fp32 promotion beyond the main
+    loop's own."""
+
+    scaling: str = "current"
+    amax_history_len: int = 1024
+    amax_compute_algo: str = "max"
+    margin: int = 0
+
+    suffix: ClassVar[str] = "fp8tensor"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _choice("scaling", self.scaling, Scaling)
+        _choice("amax_compute_algo", self.amax_compute_algo, AmaxAlgorithm)
+        for name, least in (("amax_history_len", 1), ("margin", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise InvalidArgument(f"{name}: expected an int >= {least}, got {value!r}")
+
+    @property
+    def delayed(self) -> bool:
+        return Scaling(self.scaling) is Scaling.DELAYED
+
+    def block_scale(self, gemm: Gemm) -> None:
+        return None
+
+    def dtypes(self, gemm: Gemm) -> tuple[DType, DType]:
+        """fprop reads X and W in e4m3; dgrad and wgrad read the gradient (their A) in e5m2."""
+        return (DType.E4M3 if gemm is Gemm.FPROP else DType.E5M2), DType.E4M3
+
+    def epilogue(self, ir: EpilogueIR) -> tuple[Callable[..., Any], dict[str, OperandDecl]]:
+        return _prescaled(ir), {"scale_a": Scalar(tensor=True), "scale_b": Scalar(tensor=True),
+                                **declarations(ir.operands)}
+
+    def history(self) -> AmaxHistory | None:
+        if not self.delayed:
+            return None
+        return AmaxHistory(self.amax_history_len, AmaxAlgorithm(self.amax_compute_algo), self.margin)
+
+    def quantize(self, t: torch.Tensor, dtype: DType, history: AmaxHistory | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, scale): `t` in fp8 `dtype` with t's shape, and its fp32 scale (1,) (a value is
+        stored as value / scale, saturating): the recipe's one quantizer. Current scaling: the
+        scale is t's amax over dtype's largest value (1 for zeros or a NaN); delayed: `history`'s."""
+        if history is not None:
+            scale = history.record(t, dtype)
+        else:
+            amax = t.detach().abs().amax().float().reshape(1)
+            scale = (amax / FP8_MAX[dtype]).where(amax > 0, 1.0)
+        q = t.new_empty(t.shape, dtype=dtype.torch)
+        q.copy_(round_to(t.detach().float() / scale, dtype))
+        return q, scale
+
+    def operand(self, t: torch.Tensor, gemm: Gemm, which: str, recipe: Recipe,
+                history: AmaxHistory | None = None) -> Operand:
+        q, scale = self.quantize(t.contiguous(), self.dtypes(gemm)[which == "b"], history)
+        return Operand(q, scale) if which == "a" else Operand(q.t(), scale)
+
+    def weight(self, w: torch.Tensor, fprop: Recipe, dgrad: Recipe,
+               history: AmaxHistory | None = None) -> QuantizedWeight:
+        q, scale = self.quantize(w, DType.E4M3, history)  # (out, in): one scale, so both copies are exact
+        return QuantizedWeight(self.weight_version(w), Operand(q.t(), scale), Operand(q.t().contiguous().t(), scale))
+
+
+def _choice(name: str, value: object, choices: type[enum.Enum]) -> None:
+    allowed = [c.value for c in choices]
+    if value not in allowed:
+        raise InvalidArgument(f"{name}: expected one of {allowed}, got {value!r}")
 
 
 def as_precision(value: object, where: str) -> Precision | None:
@@ -226,4 +405,5 @@ def as_precision(value: object, where: str) -> Precision | None:
                           f"such as gemmgen.training.Float8Blockwise(), got {value!r}")
 
 
-__all__ = ["MXFP8", "Float8Blockwise", "Gemm", "Operand", "Precision", "QuantizedWeight", "as_precision"]
+__all__ = ["MXFP8", "AmaxAlgorithm", "AmaxHistory", "Float8Blockwise", "Float8Tensorwise", "Gemm", "Operand",
+           "Precision", "QuantizedWeight", "Scaling", "as_precision"]

@@ -254,3 +254,17 @@ def _float8_gated():
 
 
 swiglu_fc1_fp8block_fprop_train, swiglu_fc1_fp8block_fprop_bwd = _float8_gated()
+
+
+# Float8Tensorwise (one scale per tensor, Transformer Engine's HYBRID format): fc2's dgrad GEMM over e5m2
+# dY and e4m3 W2 (CUTLASS's fp8 main loop, mixed formats), each operand's fp32 scale read from a device
+# tensor at launch (gg.Scalar(tensor=True): the scalar broadcast through its pointer) and multiplied into
+# the accumulator before fc1's derived epilogue (gelu' of the saved accumulator and bias, the bias sum).
+def _float8_tensorwise():
+    from gemmgen.training import Float8Tensorwise
+
+    fc1 = gg.Recipe("fc1", lambda acc, bias: gg.gelu(acc + bias), operands={"bias": gg.RowVector(gg.bf16)})
+    return Float8Tensorwise().backward(fc1).kernel
+
+
+fc1_fp8tensor_fprop_bwd = _float8_tensorwise()

@@ -280,12 +280,13 @@ def training_launches() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         out += gg.nn.model_launches(mlp, tokens=(), training_tokens=(tokens,))
         llama = gg.nn.FusedMLP(n_in, hidden, n_out, "swiglu", bias=False, recompute=recompute, device="meta")
         out += gg.nn.model_launches(llama, tokens=(), training_tokens=(tokens,))
-    precision = gg.training.Float8Blockwise()
-    for shape, tokens_of in ((TRAINING_FP8_MLP, TRAINING_FP8_MLP[0]), (TRAINING_BENCH_MLP, TRAINING_BENCH_MLP[0])):
-        _, n_in, hidden, n_out = shape
-        for activation, bias in (("gelu", True), ("swiglu", False)):
-            low = gg.nn.FusedMLP(n_in, hidden, n_out, activation, bias=bias, precision=precision, device="meta")
-            out += gg.nn.model_launches(low, tokens=(), training_tokens=(tokens_of,))
+    blockwise, tensorwise = gg.training.Float8Blockwise(), gg.training.Float8Tensorwise()
+    for shape, precisions in ((TRAINING_FP8_MLP, (blockwise, tensorwise)), (TRAINING_BENCH_MLP, (blockwise,))):
+        tokens, n_in, hidden, n_out = shape
+        for precision in precisions:
+            for activation, bias in (("gelu", True), ("swiglu", False)):
+                low = gg.nn.FusedMLP(n_in, hidden, n_out, activation, bias=bias, precision=precision, device="meta")
+                out += gg.nn.model_launches(low, tokens=(), training_tokens=(tokens,))
     residual = load_recipes(ROOT / "examples" / "recipes.py")["bias_silu_residual"]
     derived = DenseOp(residual).derived
     assert derived is not None

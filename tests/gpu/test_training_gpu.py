@@ -135,19 +135,20 @@ def test_gated_fused_mlp_trains_like_llamas_mlp(bias):
         assert _relative(fused(x), want_y) <= 2 * _relative(unfused(x), want_y) + 2**-8
 
 
+@pytest.mark.parametrize("precision", ["Float8Blockwise", "Float8Tensorwise"])
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
-def test_float8_blockwise_mlp_matches_its_cpu_reference_and_the_floors(activation):
-    """A FusedMLP in Float8Blockwise on the GPU (its 6 fp8 kernels, from the bundle) against the
-    same module's step on the CPU (the kernels' recipes evaluated by their references, which
-    tests/training checks bit-exactly against the recipe's definition) and against the fp32 MLP
-    (torchao's floors, 17 dB). 300 tokens: a K tail in both weight gradients."""
-    from gemmgen.training import Float8Blockwise
+def test_float8_mlp_matches_its_cpu_reference(activation, precision):
+    """A FusedMLP in Float8Blockwise or Float8Tensorwise (current scaling) on the GPU (its 6 fp8
+    kernels, from the bundle) against the same module's step on the CPU (the kernels' recipes
+    evaluated by their references, which tests/training checks bit-exactly against the recipe's
+    definition). 300 tokens: a K tail in both weight gradients."""
     from tests.data.gpu_matrix import TRAINING_FP8_MLP
 
     tokens, n_in, hidden, n_out = TRAINING_FP8_MLP
     torch.manual_seed(0)
     gated = activation == "swiglu"
-    gpu = gg.nn.FusedMLP(n_in, hidden, n_out, activation, bias=not gated, precision=Float8Blockwise()).cuda()
+    low = getattr(gg.training, precision)()
+    gpu = gg.nn.FusedMLP(n_in, hidden, n_out, activation, bias=not gated, precision=low).cuda()
     cpu = copy.deepcopy(gpu).cpu()
     x = torch.randn(tokens, n_in).bfloat16()
     g = torch.randn(tokens, n_out).bfloat16()

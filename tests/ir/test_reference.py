@@ -218,6 +218,8 @@ def _independent(name, acc, ops):
         return (F.silu(acc[..., 0::2]) * acc[..., 1::2]).bfloat16(), acc.bfloat16()
     if name == "fc1_fp8block_fprop_bwd":
         name = "bias_gelu_bwd"
+    if name == "fc1_fp8tensor_fprop_bwd":  # the accumulator times both operands' per-tensor scales first
+        acc, name = acc * f["scale_a"] * f["scale_b"], "bias_gelu_bwd"
     if name == "swiglu_fc1_fp8block_fprop_bwd":
         name = "swiglu_bwd"
     if name == "swiglu_bwd":  # torch's silu_backward on the saved gate, times up; silu(gate) for up

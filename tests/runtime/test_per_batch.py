@@ -191,7 +191,7 @@ def test_the_dsl_refuses_per_batch_where_there_are_no_batches():
         gg.Recipe("t", lambda acc, w: acc + w, grouped=True, operands={"w": shared})
     with pytest.raises(gg.RecipeError, match=r"operand 'bias': per_batch=True in a grouped GEMM"):
         gg.Recipe("t", lambda acc, bias: acc + bias, grouped=True, operands={"bias": row})
-    with pytest.raises(gg.RecipeError, match=r"operand 'k': a compile-time constant is the same in every batch"):
+    with pytest.raises(gg.RecipeError, match=r"operand 'k': a compile-time constant is fixed when the kernel is built"):
         gg.Recipe("t", lambda acc, k: acc * k, batched=True, operands={"k": gg.Scalar(value=2.0, per_batch=True)})
     with pytest.raises(gg.RecipeError, match=r"operand 'bias': per_batch must be True or False, got 'yes'"):
         gg.Recipe("t", lambda acc, bias: acc + bias, batched=True,
@@ -244,3 +244,30 @@ def test_the_op_takes_tensors_per_batch_and_differentiates_them(gen):
         assert theirs.grad.abs().max() > 0
         torch.testing.assert_close(mine.grad.double(), theirs.grad, rtol=0, atol=2e-2 * theirs.grad.abs().max().item(),
                                    msg=name)
+
+
+def test_a_scalar_read_from_a_tensor():
+    """gg.Scalar(tensor=True) in a non-batched GEMM (a per-tensor fp8 scale computed on the GPU):
+    the op takes a one-element fp32 tensor (0-d or (1,)), the emulated kernel reads it through the
+    scalar broadcast's pointer (the value field left at its default), for plain and swapped
+    kernels, M = 1 and K tails; the DSL refuses what it cannot be."""
+    recipe = gg.Recipe("tensor_scale", lambda acc, s, bias: acc * s + bias, a=gg.e5m2, b=gg.e4m3,
+                       operands={"s": gg.Scalar(tensor=True), "bias": gg.RowVector(gg.bf16)})
+    assert "Tensor s" in schema(recipe)
+    configs = [gg.KernelConfig(tile=(128, 128, 128)), gg.KernelConfig(tile=(128, 32, 128), swap_ab=True)]
+    for config in configs:
+        ck = uncompiled(recipe, config)
+        for m, n, k in ((1, 16, 32), (130, 48, 160)):
+            a, b, ops, _ = args_with_nonzero_reference(recipe, m, n, k, ())
+            for s in (torch.tensor(0.375), torch.tensor([-2.5])):
+                drawn = {**ops, "s": s}
+                assert_computes(ck, (m, n, k, 1), f"tensor scalar {config.name}",
+                                (a, b, drawn, reference(recipe.ir, a, b, drawn)))
+    with pytest.raises(gg.InvalidArgument, match=r"s: expected shape \(1,\) \(a one-element fp32 tensor"):
+        uncompiled_kernel(recipe).prepare(a, b, s=torch.ones(2), bias=ops["bias"])
+    with pytest.raises(gg.RecipeError, match="operand 'k': a compile-time constant is fixed"):
+        gg.Recipe("t", lambda acc, k: acc * k, operands={"k": gg.Scalar(value=2.0, tensor=True)})
+    with pytest.raises(gg.RecipeError, match=r"operand 'k': a scalar read from a tensor \(tensor=True\) in a grouped"):
+        gg.Recipe("t", lambda acc, k: acc * k, grouped=True, operands={"k": gg.Scalar(tensor=True)})
+    with pytest.raises(gg.RecipeError, match="operand 'k': tensor must be True or False"):
+        gg.Recipe("t", lambda acc, k: acc * k, operands={"k": gg.Scalar(tensor=1)})  # type: ignore[arg-type]

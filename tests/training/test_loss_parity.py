@@ -9,7 +9,7 @@ import functools
 import pytest
 
 from gemmgen.testing.loss_parity import Run, relative_gap, train
-from gemmgen.training import MXFP8, Float8Blockwise, Precision
+from gemmgen.training import MXFP8, Float8Blockwise, Float8Tensorwise, Precision
 
 BATCH = 128  # half of scripts/loss_parity.py's 256: half the CPU, the same 300 steps
 
@@ -21,6 +21,7 @@ def _bf16(activation: str) -> Run:
 
 @pytest.mark.parametrize(("precision", "activation"), [
     (Float8Blockwise(), "gelu"), (Float8Blockwise(), "swiglu"),  # SwiGLU: Llama's MLP, no biases
+    (Float8Tensorwise(scaling="delayed"), "gelu"),  # its first step at scale 1, as Transformer Engine's
     (MXFP8(), "gelu")], ids=repr)
 def test_each_precision_trains_within_half_a_percent_of_bf16(precision: Precision, activation: str):
     baseline = _bf16(activation)
