@@ -157,16 +157,23 @@ stream_k = gg.Recipe(
 # SelectConstX / Y / XY), erf, sin and cos. Each where() is continuous where its condition flips, so
 # the emulation's and the reference's accumulators, which differ in their last bits, agree at ties;
 # the step function's conditions (never true on finite inputs) leave it at 0 (its functor's both
-# sides are checked on the host, tests/ir/test_ops.py).
-def _select_ops(acc, bias):
+# sides are checked on the host, tests/ir/test_ops.py). Then a dropout (gg.rand's stream 0) and a
+# value stochastically rounded to bf16 (stream 1), under the swapped pingpong kernel the heuristic
+# picks for a decode step (tile N = 16): the swapped kernel's random numbers must be the recipe's, its
+# rows being the recipe's columns. (The suite compiles this kernel: its functors, random numbers and
+# config are compiled nowhere else.)
+def _select_ops(acc, bias, seed):
     a = gg.where(acc > bias, gg.erf(acc - bias), gg.sin(acc - bias) * gg.cos(acc))
     b = gg.where(acc <= 0.5, 0.5, acc)
     c = gg.where(gg.ge(acc, -1.0), acc, -1.0)
     e = gg.where(gg.lt(acc, -1e30) + gg.eq(acc, 3e38) + gg.ne(acc, acc), 1.0, 0.0)
-    return a + b * c - e
+    return {"d": gg.where(gg.rand(seed) < 0.125, 0.0, a + b * c - e), "rounded": gg.stochastic_round(a, seed)}
 
 
-select_ops = gg.Recipe("select_ops", _select_ops, operands={"bias": gg.RowVector(gg.bf16)})
+select_ops = gg.Recipe("select_ops", _select_ops, operands={"bias": gg.RowVector(gg.bf16), "seed": gg.Seed()},
+                       aux={"rounded": gg.bf16},
+                       config=gg.KernelConfig(tile=(64, 16, 64), cluster=(2, 1, 1), schedule=gg.Schedule.PINGPONG,
+                                              swap_ab=True))
 
 
 # A derived backward (Recipe.backward): the epilogue of the GEMM whose accumulator is dL/dD for the

@@ -199,7 +199,9 @@ def _independent(name, acc, ops):
         first = torch.where(acc > bias, torch.erf(acc - bias), torch.sin(acc - bias) * torch.cos(acc))
         second = torch.clamp(acc, min=0.5) * torch.clamp(acc, min=-1.0)  # where(acc <= 0.5, 0.5, acc) ...
         step = torch.where((acc < -1e30) | (acc == 3e38) | (acc != acc), one, torch.tensor(0.0))
-        return ((first + second - step).bfloat16(),)
+        dropped = _uniform(ops["seed"], 0, acc.shape) < 0.125
+        rounded = _rounded_bf16(first, _uniform(ops["seed"], 1, acc.shape))
+        return torch.where(dropped, 0.0, first + second - step).bfloat16(), rounded.bfloat16()
     if name == "swiglu":  # B's columns interleave gate and up
         return ((F.silu(acc[..., 0::2]) * acc[..., 1::2]).bfloat16(),)
     if name == "pair_ops":

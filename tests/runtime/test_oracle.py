@@ -247,9 +247,9 @@ def test_arguments_match_cutlass(recipe_kernels, oracles, shape):
 
 
 @pytest.mark.parametrize("sm_count, max_active_clusters", [(132, 0), (114, 0), (132, 66), (16, 0)])
-def test_grid_follows_hardware_info(compiled, oracles, sm_count, max_active_clusters):
+def test_grid_follows_hardware_info(recipe_kernels, oracles, sm_count, max_active_clusters):
     for name in ("bias_gelu", "gemm_bf16", "swapped"):  # a 2x1 cluster, no cluster, a swapped kernel
-        kernel = compiled[name]
+        kernel = recipe_kernels[name]
         _check(kernel, oracles[name], kernel_problem(kernel, 4096, 2048, 512, 2, 0, sm_count=sm_count,
                                                      max_active_clusters=max_active_clusters))
 
