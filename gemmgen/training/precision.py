@@ -114,10 +114,7 @@ class Precision:
     def recipe(self, recipe: Recipe, gemm: Gemm) -> Recipe:
         """`recipe` (a bf16 or f16 GEMM's: its epilogue, D and aux dtypes) as this precision runs
         `gemm`: the same epilogue over its quantized A and B (K-major)."""
-        g = recipe.ir.gemm
-        if g.a.bits != 16 or g.scaled or g.grouped or g.batched:
-            raise InvalidArgument(f"recipe: expected a plain bf16 or f16 GEMM's recipe to run in {self}, got "
-                                  f"{recipe!r}")
+        self._check_plain(recipe)
         return self._converted(recipe, gemm, f"{recipe.name}_{self.suffix}_{gemm.value}")
 
     def backward(self, recipe: Recipe) -> Backward:
@@ -125,17 +122,24 @@ class Precision:
         another layer) in this precision: derived in bf16, then the forward saving its accumulator
         run as fprop and the kernel (the next layer's dgrad GEMM carrying this recipe's
         derivative) as dgrad."""
+        self._check_plain(recipe)
         derived = recipe.backward()
         if derived.recompute:
             raise InvalidArgument(f"{recipe.name}: its backward recomputes the forward's GEMM (an epilogue over column "
                                   f"pairs that does more than take them), which {self} does not run yet")
-        self.recipe(recipe, Gemm.FPROP)  # refuses what this precision cannot run
         name = f"{recipe.name}_{self.suffix}_{Gemm.FPROP.value}"
         return Backward(self._converted(derived.forward, Gemm.FPROP, f"{name}_train"),
                         self._converted(derived.kernel, Gemm.DGRAD, f"{name}_bwd"),
                         derived.gradients, derived.recompute, derived.rest)
 
+    def _check_plain(self, recipe: Recipe) -> None:
+        g = recipe.ir.gemm
+        if g.a.bits != 16 or g.scaled or g.grouped or g.batched:
+            raise InvalidArgument(f"recipe: expected a plain bf16 or f16 GEMM's recipe to run in {self}, got "
+                                  f"{recipe!r}")
+
     def _converted(self, recipe: Recipe, gemm: Gemm, name: str) -> Recipe:
+        """`recipe` (bf16 or f16, its epilogue, D and aux types kept) as this precision runs `gemm`."""
         g, ir = recipe.ir.gemm, recipe.ir.epilogue
         fn, operands = self.epilogue(ir)
         a, b = self.dtypes(gemm)

@@ -315,6 +315,11 @@ def test_nvfp4_linear_refuses_what_it_cannot_run_and_launches_on_sm100():
 
 
 def test_fuse_quantizes_a_model_to_nvfp4():
+    """fuse(quantize="nvfp4") on a three-GEMM model: the layers it makes, the report, and the output
+    within fp4's precision of the float model. Three GEMMs over fp4 weights and activations land at
+    a relative error of 0.23 (median of 200 fresh draws, 2026-12-06; 99th percentile 0.264, largest
+    0.270), hence the bound of 0.3; the middle layer's scales shuffled give 0.42 (measured the same
+    day). Each layer's numerics are checked exactly above."""
     gen = generator()
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.SiLU(), torch.nn.Linear(512, 256),
                                 torch.nn.Linear(256, 48))
@@ -328,6 +333,6 @@ def test_fuse_quantizes_a_model_to_nvfp4():
     assert isinstance(fused, torch.nn.Sequential)
     assert [type(m).__name__ for m in fused] == ["NVFP4Linear", "Identity", "NVFP4Linear", "NVFP4Linear"]
     assert any("Linear + SiLU -> NVFP4Linear(nvfp4_linear_silu_bias_bf16)" in line for line in report), report
-    assert exact.abs().max() > 0 and float((fused(x).double() - exact).norm() / exact.norm()) < 0.25
+    assert exact.abs().max() > 0 and float((fused(x).double() - exact).norm() / exact.norm()) < 0.3
     launches = gg.nn.model_launches(fused, tokens=(1, 300), arch="sm_100a")
     assert all(r.gemm.microscaling is gg.NVFP4 and c.arch is SM100 for r, c in launches)
