@@ -22,7 +22,7 @@ import torch
 
 import gemmgen as gg
 from gemmgen.errors import InvalidArgument
-from gemmgen.training import Float8Blockwise, Gemm, Precision
+from gemmgen.training import Float8Blockwise, Float8Tensorwise, Gemm, Precision
 from tests.nn.dispatched import DispatchedOps
 
 _E4M3_MAX = 448.0
@@ -254,12 +254,13 @@ def test_fused_mlp_signal_to_noise_is_above_torchaos_floors(activation, sizes, t
         assert _snr(got, want) >= floor, name
 
 
+@pytest.mark.parametrize("precision", [Float8Blockwise(), Float8Tensorwise()], ids=repr)
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
-def test_fused_mlp_backward_launches_gemmgen_kernels_for_every_gemm(activation):
+def test_fused_mlp_backward_launches_gemmgen_kernels_for_every_gemm(activation, precision):
     """fc2's dgrad carrying fc1's derivative (and bias gradient), fc1's dgrad, both wgrads: 4 gemmgen
     kernels and no torch GEMM. The rest are the quantizing copies of dY and dL/dacc1 (torch ops until
     the dual-quantizing epilogue writes them) and fc2's bias sum."""
-    low, _ = _mlp_pair(activation, Float8Blockwise())
+    low, _ = _mlp_pair(activation, precision)
     x = torch.randn(64, 256).bfloat16().requires_grad_()
     y = low(x)
     with DispatchedOps() as ops:
