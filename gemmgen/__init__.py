@@ -57,6 +57,7 @@ from .dsl import (
     ne,
     pairs,
     quantize,
+    quantize_columns,
     rand,
     reduce_max,
     reduce_min,
@@ -121,7 +122,8 @@ __all__ = [
     "add_tuning", "amax", "autotune", "bf16", "build_bundle", "cast", "clamp", "column_index", "e2m1", "e4m3", "e5m2",
     "cos", "eq", "erf", "exp", "exp_minus_max", "gather", "ge", "gt", "interleave", "le", "lt", "ne", "sin",
     "where", "f16", "f32", "fp16", "fp32", "i32", "gelu", "gelu_tanh", "leaky_relu", "logsumexp", "max", "maximum",
-    "min", "minimum", "nn", "nvfp4_tensor_scale", "op", "pairs", "quantize", "quantize_blockwise", "quantize_mx",
+    "min", "minimum", "nn", "nvfp4_tensor_scale", "op", "pairs", "quantize", "quantize_blockwise", "quantize_columns",
+    "quantize_mx",
     "rand", "reduce_max",
     "reduce_min", "relu", "rms_norm", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh",
     "to_blocked_scales", "training", "unfused_report", "warmup"

@@ -92,12 +92,19 @@ _DTYPE_INFO = {
 
 _TORCH_DTYPES: dict[DType, torch.dtype] = {}
 
+#: bfloat16 (`torch.bfloat16`).
 bf16 = DType.BF16
+#: IEEE half precision (`torch.float16`); `fp16` is the same.
 f16 = fp16 = DType.F16
+#: IEEE single precision (`torch.float32`), as D, aux outputs and reductions; `fp32` is the same.
 f32 = fp32 = DType.F32
+#: fp8 with 4 exponent and 3 mantissa bits (`torch.float8_e4m3fn`; largest finite value 448).
 e4m3 = DType.E4M3
+#: fp8 with 5 exponent and 2 mantissa bits (`torch.float8_e5m2`; largest finite value 57344).
 e5m2 = DType.E5M2
+#: fp4 (NVFP4's values: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6), two per byte (`torch.float4_e2m1fn_x2`).
 e2m1 = DType.E2M1
+#: int32 (`torch.int32`): index vectors, such as `gemmgen.gather`'s.
 i32 = DType.I32
 
 
@@ -106,7 +113,7 @@ class Microscaling(enum.Enum):
     scale per `vector` consecutive K values of each row of A and each column of B, read from tensor
     memory by the MMA (no rescaling in registers). MXFP8 (OCP MX): fp8 values, a power of two
     (UE8M0) per 32. NVFP4: fp4 (e2m1) values, an unsigned e4m3 per 16 (a per-tensor fp32 scale,
-    where one is used, goes in the epilogue: `gemmgen.quantize_nvfp4`)."""
+    where one is used, goes in the epilogue: `gemmgen.nvfp4_tensor_scale`)."""
 
     MXFP8 = "mxfp8"
     NVFP4 = "nvfp4"
@@ -129,7 +136,9 @@ class Microscaling(enum.Enum):
         return f"gemmgen.{self.name}"
 
 
+#: OCP MX fp8 (`block_scale=gemmgen.MXFP8`, sm_100a): e4m3 or e5m2 values, a UE8M0 scale per 32 values of K.
 MXFP8 = Microscaling.MXFP8
+#: NVIDIA's fp4 (`block_scale=gemmgen.NVFP4`, sm_100a): e2m1 values, an unsigned e4m3 scale per 16 values of K.
 NVFP4 = Microscaling.NVFP4
 
 
@@ -149,7 +158,9 @@ class Layout(enum.Enum):
         return Layout.COL if self is Layout.ROW else Layout.ROW
 
 
+#: Row-major: the last dim contiguous.
 RowMajor = Layout.ROW
+#: Column-major: dim -2 contiguous (a row-major tensor's `.mT`).
 ColMajor = Layout.COL
 
 

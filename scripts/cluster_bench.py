@@ -1,4 +1,4 @@
-"""What the cluster paths cost on this machine (CPU only; docs/measurements.md has the figures).
+"""What the cluster paths cost on this machine (CPU only; docs/design/measurements.md has the figures).
 
     python scripts/cluster_bench.py [--cache DIR] [--ranks 1 2 4] [--kernels 8]
 

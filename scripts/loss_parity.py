@@ -1,4 +1,4 @@
-"""Loss parity of gemmgen's low-precision recipes against bf16 (docs/training.md): trains the
+"""Loss parity of gemmgen's low-precision recipes against bf16 (docs/design/training.md): trains the
 parity model (gemmgen/testing/loss_parity.py) under bf16 and each precision, prints each run's
 held-out loss and relative gap, and draws the training curves as an SVG.
 

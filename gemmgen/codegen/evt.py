@@ -28,6 +28,7 @@ from .visitor_types import (
     ROUND,
     aux_store_type,
     aux_stride_type,
+    column_blocks_type,
     load_type,
     register_element,
     scalar_reduction_type,
@@ -66,6 +67,7 @@ class ParamBinding:
     kind: str  # "row" | "col" | "scalar" | "aux_load" | "shared_load" | "aux_store" | "amax" | "row_reduction"
     #          | "col_reduction" | "seed" (coordinates.hpp's Random: a seed operand's SeedArguments)
     #          | "row_blocks" (row_blocks.hpp: D per block of its rows, writing the blocks' factors)
+    #          | "column_blocks" (column_blocks.hpp: a transposed copy per block of rows, and its scales)
     #          | fields.PAIR_BINDINGS (N/2- and 2N-column tensors: gemmgen/include/gemmgen/pairs.hpp)
     name: str  # operand or aux output name
     dtype: DType
@@ -214,7 +216,7 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
     # Aux stores and reductions pass their input through, so they sit in-line: consumers of the
     # stored value read it from the last store in its chain.
     for o in ir.outputs[1:]:
-        if o.reduce is Reduction.BLOCK_SCALE:  # written by D's row blocks at the root
+        if o.reduce in (Reduction.BLOCK_SCALE, Reduction.COLUMN_BLOCK_SCALE):  # written by their blocks' node
             continue
         if o.columns is Columns.DOUBLE:  # off any chain: nothing reads a 2N-column value
             vnodes.append(_double_store(o.name, o.dtype, recipe, o.node, of_ir, vnodes))
@@ -239,6 +241,9 @@ def build_epilogue(recipe: RecipeIR, arch: Arch = Arch.SM90A) -> EpilogueCode:
             kind = REDUCTION_KIND[o.dim]  # type: ignore[index]
             store = _VNode(f"{o.reduce.value}_{o.name}", vector_reduction_type(kind, o.reduce, arch), [src],
                            binding=ParamBinding(kind, o.name, o.dtype, log_sum_exp=o.reduce is Reduction.LSE))
+        elif o.column_blocks is not None:  # column_blocks.hpp: the copy and its scales
+            store = _VNode(f"columns_{o.name}", column_blocks_type(o.column_blocks), [src],
+                           binding=ParamBinding("column_blocks", o.name, o.dtype))
         else:
             store = _VNode(f"aux_{o.name}", aux_store_type(o.dtype, aux_stride, store_desc), [src],
                            binding=ParamBinding("aux_store", o.name, o.dtype))
@@ -324,7 +329,7 @@ def _type_name(label: str) -> str:
 def _fuse_regions(vnodes: list[_VNode], root: int) -> tuple[list[_VNode], int, tuple[RegionFunctor, ...]]:
     """Each maximal region of elementwise compute nodes as one Sm90Compute over a generated
     straight-line functor. Every level of an Sm90EVT tree costs the compiler's front end seconds
-    (docs/measurements.md); one N-ary compute node per region keeps loads, stores, reductions, pair
+    (docs/design/measurements.md); one N-ary compute node per region keeps loads, stores, reductions, pair
     functors and values with several consumers as visitor nodes, and nothing else.
 
     A node is inlined into the region of its consumers when it and they are elementwise
@@ -484,7 +489,7 @@ def _rows_in_place(recipe: RecipeIR, arch: Arch) -> bool:
     """Whether the kernel's row vectors are read from shared memory where they are used
     (row_blocks.hpp's Sm100RowBroadcastInPlace) rather than copied into registers per subtile: in
     an sm_100a kernel with D's row blocks, where each thread holds a 128-column row of a subtile
-    beside the accumulator's (copied, a 128-column fp32 row spilled: docs/blackwell.md)."""
+    beside the accumulator's (copied, a 128-column fp32 row spilled: docs/design/blackwell.md)."""
     return arch is Arch.SM100A and recipe.epilogue.row_blocks is not None
 
 

@@ -276,6 +276,14 @@ def binding_fields(b: Binding) -> list[ParamField]:
         return [ParamField(f"{n}.ptr", f"{node}.ptr_factor", "ptr"),
                 *(ParamField(f"{n}.stride_{mode}", f"cute::get<{i}>({node}.dFactor)", "i64")
                   for i, mode in enumerate("mnl"))]
+    if b.kind == "column_blocks":  # column_blocks.hpp: the copy's pointer and (N, M, L) strides (M's is 1),
+        #                             the scales' pointer and (N, M / Block, L) strides
+        return [ParamField(f"{n}.ptr", f"{node}.ptr_q", "ptr"),
+                ParamField(f"{n}.stride_n", f"cute::get<0>({node}.dQ)", "i64"),
+                ParamField(f"{n}.stride_l", f"cute::get<2>({node}.dQ)", "i64"),
+                ParamField(f"{n}.scale_ptr", f"{node}.ptr_scale", "ptr"),
+                *(ParamField(f"{n}.scale_stride_{mode}", f"cute::get<{i}>({node}.dScale)", "i64")
+                  for i, mode in enumerate("nml"))]
     if b.kind == "shared_load":  # Sm90AuxLoad<0>: a pointer and the stride between rows (columns, column-major)
         return [ParamField(f"{n}.ptr", f"{node}.ptr_aux", "ptr"),
                 ParamField(f"{n}.null_default", f"{node}.null_default", element_kind(b.dtype)),

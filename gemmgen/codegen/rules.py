@@ -74,7 +74,8 @@ def row_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     ir = recipe.epilogue
     if ir.along_rows and cfg.swap_ab:
         what = "adjacent column pairs (gg.pairs)" if ir.pairs else \
-            "blocks of columns of a row (gg.quantize, gg.rms_norm, gg.exp_minus_max)"
+            "blocks of columns of a row (gg.quantize, gg.rms_norm, gg.exp_minus_max)" if ir.row_blocks else \
+            "blocks of rows of a column (gg.quantize_columns)"
         return [f"swap_ab=True: this recipe's epilogue works on {what}, which a swapped kernel would take from "
                 "rows; use swap_ab=False"]
     return []

@@ -6,7 +6,8 @@ sm90 visitors)."""
 from __future__ import annotations
 
 from ..config import Arch
-from ..ir import Operand, RecipeIR, Reduction
+from ..ir import ColumnBlocks, Operand, RecipeIR, Reduction, f32_bits
+from ..ir.ops import FP8_MAX
 from ..types import DType, Layout, OperandKind
 
 FUSION = "cutlass::epilogue::fusion"
@@ -121,7 +122,7 @@ def vector_reduction_type(kind: str, reduce: Reduction, arch: Arch = Arch.SM90A)
     pair (`LSE_STATE`), the others' fp32. Over the kernel's N: CUTLASS's Sm90ColReduction; over its
     M: on sm_90a gemmgen's Sm90RowReduction (gemmgen/include/gemmgen/row_reduction.hpp: CUTLASS's,
     with its state in shared memory rather than spilled), on sm_100a CUTLASS's own, whose per-thread
-    state the tensor-memory loads' layout keeps in registers (docs/blackwell.md)."""
+    state the tensor-memory loads' layout keeps in registers (docs/design/blackwell.md)."""
     reg, shuffle, gmem = _VECTOR_REDUCE_FN[reduce]
     compute = LSE_STATE if reduce is Reduction.LSE else COMPUTE
     if kind == "row_reduction" and arch is Arch.SM100A:
@@ -139,3 +140,11 @@ def aux_store_type(dtype: DType, aux_stride: str, descriptor: str) -> str:
     desc = f"{descriptor}<EpilogueDescriptor, {aux_stride}, {e}>"
     return (f"{FUSION}::Sm90AuxStore<{desc}::Stages, typename {desc}::EpilogueTile, {e}, {ROUND}, {aux_stride}, "
             f"typename {desc}::SmemLayoutAtom, typename {desc}::CopyOpR2S>")
+
+
+def column_blocks_type(blocks: ColumnBlocks) -> str:
+    """column_blocks.hpp's store of a transposed copy quantized per block of rows (gg.quantize's
+    scale rule: its fp8 type's largest value), over the kernel's resolved epilogue subtile."""
+    qmax = f32_bits(FP8_MAX[blocks.dtype])
+    return (f"{EPI}::Sm90ColumnBlocksStore<{qmax:#010x}u, {blocks.block}, {blocks.dtype.cutlass}, TileShape, "
+            "typename EpilogueDescriptor::EpilogueTile>")

@@ -50,6 +50,9 @@ class KernelReport:
 
 @dataclass(frozen=True)
 class CompiledKernel:
+    """A built kernel: its cubin and generated source, the config it was built under, and its report
+    (`report`: registers, shared and local memory, SASS counts, compile time, where it came from)."""
+
     recipe: RecipeIR  # as declared
     config: KernelConfig
     entry: str

@@ -1,4 +1,4 @@
-"""Builds that do not block the caller (GEMMGEN_JIT=async, docs/deployment.md).
+"""Builds that do not block the caller (GEMMGEN_JIT=async, docs/design/deployment.md).
 
 A kernel that no bundle, the cache or the remote tier holds is compiled by a worker process while
 the caller goes on (the op runs the recipe unfused meanwhile: `integrations.pending`); the caller

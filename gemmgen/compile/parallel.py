@@ -48,7 +48,7 @@ def default_jobs() -> int:
 
 def expected_compile_seconds(kernel: GeneratedKernel) -> float:
     """A rough compile cost, to order and balance compiles: it grows with the epilogue, which the
-    generated source's length tracks (docs/measurements.md: 21-42 s for the test kernels)."""
+    generated source's length tracks (docs/design/measurements.md: 21-42 s for the test kernels)."""
     return 12.0 + len(kernel.source) / 800.0
 
 

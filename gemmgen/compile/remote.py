@@ -5,7 +5,7 @@ no cross-machine lock: the interface is `get(name) -> bytes | None` and `put(nam
 Triton's and Inductor's remote caches. Two backends: Redis (`redis://`, `rediss://`, `unix://`)
 and fsspec (`file://`, `s3://`, `gs://`, `memory://`, ...).
 
-What the tier promises (docs/deployment.md):
+What the tier promises (docs/design/deployment.md):
 
 - a hit is unpacked, checked against its key and digests, then validated as the kernel asked for
   (`validate.kernel_problem`); a value that fails is reported once, not served, and replaced by the

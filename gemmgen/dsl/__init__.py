@@ -6,6 +6,7 @@ from .recipe import DEEPSEEK_BLOCK_SCALE, Backward, Recipe
 from .values import (
     OPS,
     BlockOutput,
+    ColumnBlockOutput,
     Reduced,
     Value,
     abs,
@@ -35,6 +36,7 @@ from .values import (
     ne,
     pairs,
     quantize,
+    quantize_columns,
     rand,
     reduce_max,
     reduce_min,
@@ -52,8 +54,10 @@ from .values import (
 
 __all__ = [
     "DEEPSEEK_BLOCK_SCALE", "OPS", "Backward", "ColVector", "Matrix", "OperandDecl", "OperandGradient", "BlockOutput",
+    "ColumnBlockOutput",
     "Recipe", "Reduced", "RowVector", "Scalar", "Seed", "Value", "abs", "amax", "cast", "clamp", "column_index", "cos",
     "eq", "erf", "exp", "exp_minus_max", "gather", "ge", "gt", "interleave", "le", "lt", "ne", "sin", "where",
-    "gelu", "gelu_tanh", "leaky_relu", "logsumexp", "max", "maximum", "min", "minimum", "pairs", "quantize", "rand",
+    "gelu", "gelu_tanh", "leaky_relu", "logsumexp", "max", "maximum", "min", "minimum", "pairs", "quantize",
+    "quantize_columns", "rand",
     "rms_norm", "reduce_max", "reduce_min", "relu", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh"
 ]

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import RecipeError
-from ..ir import BlockOp, GemmSpec, Output, Reduction, RowBlocks
+from ..ir import BlockOp, ColumnBlocks, GemmSpec, Output, Reduction, RowBlocks
 from ..ir.ops import FP8_MAX
 from ..types import DType
-from .values import BLOCK_EXAMPLES, BlockOutput, Reduced, Trace, Value
+from .values import BLOCK_EXAMPLES, COLUMN_BLOCKS_EXAMPLE, BlockOutput, ColumnBlockOutput, Reduced, Trace, Value
 
 
 def traced_outputs(trace: Trace, result: Any, gemm: GemmSpec, aux: Mapping[str, DType]) -> list[Output]:
@@ -28,12 +28,17 @@ def traced_outputs(trace: Trace, result: Any, gemm: GemmSpec, aux: Mapping[str, 
         raise RecipeError(f"aux output {never[0]!r} is declared but never written; return it from the "
                           f"epilogue as {{'d': ..., {never[0]!r}: ...}}")
     _check_row_blocks(values, gemm, aux)
+    copy_dtype = _check_column_blocks(values, gemm, aux)
     outs = []
     for name in ["d", *aux]:
         v = values[name]
         dtype = gemm.d if name == "d" else aux[name]
-        reduce, dim, over_batch, blocks = None, None, False, None
-        if isinstance(v, BlockOutput):
+        reduce, dim, over_batch, blocks, columns = None, None, False, None, None
+        if isinstance(v, ColumnBlockOutput):
+            columns = ColumnBlocks(v.block, copy_dtype)  # type: ignore[arg-type]
+            reduce = Reduction.COLUMN_BLOCK_SCALE if v.factor else None
+            v = v.value
+        elif isinstance(v, BlockOutput):
             blocks = RowBlocks(v.op, v.block, v.stat._index, v.constant)
             reduce, dim = (Reduction.BLOCK_SCALE, 1) if v.factor else (None, None)
             v = v.value
@@ -53,8 +58,37 @@ def traced_outputs(trace: Trace, result: Any, gemm: GemmSpec, aux: Mapping[str, 
             raise RecipeError(f"output {name!r} is a constant; an output must depend on the accumulator or an operand")
         if not isinstance(v, Value) or v._trace is not trace:
             raise RecipeError(f"output {name!r}: expected a traced value, got {type(v).__name__}")
-        outs.append(Output(name, v._index, dtype, reduce, dim, over_batch=over_batch, blocks=blocks))
+        outs.append(Output(name, v._index, dtype, reduce, dim, over_batch=over_batch, blocks=blocks,
+                           column_blocks=columns))
     return outs
+
+
+def _check_column_blocks(values: Mapping[str, Any], gemm: GemmSpec, aux: Mapping[str, DType]) -> DType | None:
+    """gg.quantize_columns's copy is an fp8 aux output and its scales an fp32 one, both from one call
+    (one per recipe), in a recipe that is neither grouped nor batched; the copy's fp8 type."""
+    returned = {k: v for k, v in values.items() if isinstance(v, ColumnBlockOutput)}
+    if not returned:
+        return None
+    fix = COLUMN_BLOCKS_EXAMPLE
+    first = next(iter(returned.values()))
+    for name, v in returned.items():
+        if name == "d":
+            raise RecipeError(f"output 'd': gg.quantize_columns's values are a transposed copy, an aux output; {fix}")
+        if v.call is not first.call:
+            raise RecipeError(f"output {name!r}: one gg.quantize_columns call per recipe; {fix}")
+        if v.factor and aux[name] is not DType.F32:
+            raise RecipeError(f"aux output {name!r}: gg.quantize_columns's scales are fp32; declare "
+                              f"aux={{{name!r}: gg.f32}}")
+        if not v.factor and aux[name] not in FP8_MAX:
+            raise RecipeError(f"aux output {name!r}: gg.quantize_columns stores its copy in an fp8 type, and "
+                              f"{name!r} is declared {aux[name].value}; declare aux={{{name!r}: gg.e4m3}} (or gg.e5m2)")
+    if len(returned) < 2:
+        raise RecipeError(f"output {next(iter(returned))!r}: return both of gg.quantize_columns's values, the copy "
+                          f"and its scales; {fix}")
+    if gemm.grouped or gemm.batched:
+        raise RecipeError(f"gg.quantize_columns: a {'grouped' if gemm.grouped else 'batched'} recipe's tokens are "
+                          "not one K; quantize columns in a plain GEMM's epilogue")
+    return next(aux[k] for k, v in returned.items() if not v.factor)
 
 
 def _declared_dtype(value: Any) -> str:
@@ -67,7 +101,7 @@ def _declared_dtype(value: Any) -> str:
 def _check_row_blocks(values: Mapping[str, Any], gemm: GemmSpec, aux: Mapping[str, DType]) -> None:
     """gg.quantize's, gg.rms_norm's and gg.exp_minus_max's values are D (in an fp8 type for
     gg.quantize) and their factors an fp32 aux output (gg.quantize's required), both from one call."""
-    returned = {k: v for k, v in values.items() if isinstance(v, BlockOutput)}
+    returned = {k: v for k, v in values.items() if isinstance(v, BlockOutput) and not isinstance(v, ColumnBlockOutput)}
     if not returned:
         return
     first = next(iter(returned.values()))

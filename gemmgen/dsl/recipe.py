@@ -8,7 +8,7 @@ the recorded graph into the IR. Nothing is parsed from source. Mistakes raise Re
 declaration, naming the operand or op and the fix.
 
 `recipe.backward()` derives the recipes a training step runs (`Backward`, `ir.autodiff`): the
-forward saving what the backward reads, and the backward GEMM's epilogue (docs/training.md).
+forward saving what the backward reads, and the backward GEMM's epilogue (docs/design/training.md).
 """
 
 from __future__ import annotations
@@ -328,7 +328,7 @@ class Recipe:
                  d: Any = None, saved: Any = None, wrt: Sequence[str] | None = None,
                  grad_outputs: Sequence[str] = ("d",), recompute: bool = False, recompute_d: bool = False,
                  block_scale: Any = None) -> Backward:
-        """The recipes a training step runs for this one (`dsl.backward`, docs/training.md): the
+        """The recipes a training step runs for this one (`dsl.backward`, docs/design/training.md): the
         forward, saving its accumulator where the backward needs it, and the backward GEMM's
         epilogue, derived from this recipe's IR: its D is dL/dacc, its aux outputs the operands'
         gradients (`Backward.gradients`).
@@ -484,10 +484,11 @@ def _derive_backward(recipe: Recipe, *, a: Any = None, b: Any = None, layout_a: 
     where = f"{recipe.name}.backward()"
     if not isinstance(recompute, bool) or not isinstance(recompute_d, bool):
         raise RecipeError(f"{where}: recompute and recompute_d are True or False")
-    if recipe.ir.epilogue.row_blocks is not None:
+    if recipe.ir.epilogue.row_blocks is not None or recipe.ir.epilogue.column_blocks is not None:
         raise RecipeError(f"{where}: D is computed per block of its rows (gg.quantize, gg.rms_norm, "
-                          "gg.exp_minus_max), which gemmgen does not differentiate; differentiate the recipe "
-                          "without them, and apply them in the forward only")
+                          "gg.exp_minus_max) or a copy per block of its columns (gg.quantize_columns), which "
+                          "gemmgen does not differentiate; differentiate the recipe without them, and apply them "
+                          "in the forward only")
     d_only = ""
     if gemm.grouped:
         d_only = "a grouped GEMM writes D only"

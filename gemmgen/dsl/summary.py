@@ -29,9 +29,12 @@ def summary(name: str, g: GemmSpec, operands: Sequence[Operand], outputs: Sequen
 
 
 def _reduction(o: Output) -> str:
-    """What an output reduces: ' amax', ' sum(dim=1)', ' block factors'; '' for an M x N value."""
+    """What an output reduces: ' amax', ' sum(dim=1)', ' block factors'; '' for an M x N value
+    (' transposed, per column' for gg.quantize_columns's copy)."""
     if o.reduce is None:
-        return ""
+        return " transposed, per column" if o.column_blocks else ""
     if o.reduce is Reduction.BLOCK_SCALE:
         return " block factors"
+    if o.reduce is Reduction.COLUMN_BLOCK_SCALE:
+        return " column block scales"
     return f" {o.reduce.value}" + (f"(dim={o.dim})" if o.dim is not None else "")

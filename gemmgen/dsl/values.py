@@ -211,7 +211,7 @@ def _lift(x: Any, op_name: str) -> Value:
     if isinstance(x, Reduced):
         raise _reduced_misuse()
     if isinstance(x, BlockOutput):
-        raise _block_misuse(x.op)
+        raise x._error()
     if isinstance(x, SeedValue):
         raise _seed_misuse(x.name)
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
@@ -459,8 +459,12 @@ class BlockOutput:
         self.op, self.value, self.stat, self.block, self.constant = op, value, stat, block, constant
         self.call, self.factor = call, factor
 
+    def _error(self) -> RecipeError:
+        return RecipeError(f"gg.{self.op.value}(...) gives outputs, not values to compute with: return them, "
+                           f"{BLOCK_EXAMPLES[self.op]}")
+
     def _misuse(self, *args: Any) -> Any:
-        raise _block_misuse(self.op)
+        raise self._error()
 
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _misuse
     __truediv__ = __rtruediv__ = __neg__ = __pos__ = __abs__ = __pow__ = _misuse
@@ -478,11 +482,6 @@ BLOCK_EXAMPLES = {
     BlockOp.EXP: "p, m = gg.exp_minus_max(x, block=128); return {'d': p, 'max': m}, declared with "
                  "aux={'max': gg.f32}",
 }
-
-
-def _block_misuse(op: BlockOp) -> RecipeError:
-    return RecipeError(f"gg.{op.value}(...) gives outputs, not values to compute with: return them, "
-                       f"{BLOCK_EXAMPLES[op]}")
 
 
 def _block_width(block: Any, op_name: str) -> int:
@@ -505,6 +504,37 @@ def quantize(x: Any, block: int = 128) -> tuple[BlockOutput, BlockOutput]:
     call = object()
     return (BlockOutput(BlockOp.QUANTIZE, v, v, width, 0.0, call, factor=False),
             BlockOutput(BlockOp.QUANTIZE, v, v, width, 0.0, call, factor=True))
+
+
+class ColumnBlockOutput(BlockOutput):
+    """One of the two outputs of `gg.quantize_columns`: the transposed copy (an fp8 aux output) or
+    its scales (fp32, one per column and block of rows). Returned from the epilogue under aux
+    names; not values to compute with."""
+
+    def _error(self) -> RecipeError:
+        return RecipeError(f"gg.quantize_columns(...) gives outputs, not values to compute with: return them, "
+                           f"{COLUMN_BLOCKS_EXAMPLE}")
+
+    def __repr__(self) -> str:
+        return f"gemmgen.quantize_columns({self.stat!r}, block={self.block})[{int(self.factor)}]"
+
+
+COLUMN_BLOCKS_EXAMPLE = ("q_t, scale_t = gg.quantize_columns(y); return {'d': y, 'y_t': q_t, 'y_t_scale': scale_t}, "
+                         "declared with aux={'y_t': gg.e4m3, 'y_t_scale': gg.f32}")
+
+
+def quantize_columns(x: Any, block: int = 128) -> tuple[ColumnBlockOutput, ColumnBlockOutput]:
+    """(copy, scales): x stored transposed, (N, M) with M contiguous, and quantized per `block`
+    rows of each column by gg.quantize's rule: the K-major copy a weight-gradient GEMM reads, whose
+    K is D's rows (the tokens). Its scales (N, ceil(M / block)) are in the layout a block-scaled
+    GEMM reads its operands' along K. Return both under aux names declared in an fp8 type and
+    gg.f32; D and other outputs are written as well. block=128 only (a CTA's tile of rows)."""
+    if block != 128 or isinstance(block, bool):
+        raise RecipeError(f"quantize_columns: block={block!r}; expected 128 rows (DeepSeek-V3's 128 x 1 blocks)")
+    v = _reduced_value(x, "quantize_columns")
+    call = object()
+    return (ColumnBlockOutput(BlockOp.QUANTIZE, v, v, block, 0.0, call, factor=False),
+            ColumnBlockOutput(BlockOp.QUANTIZE, v, v, block, 0.0, call, factor=True))
 
 
 def rms_norm(x: Any, block: int, eps: float = 1e-6, weight: Any = None) -> tuple[BlockOutput, BlockOutput]:
@@ -565,5 +595,5 @@ def _reduce_dim(dim: Any, op_name: str, optional: bool) -> int | None:
 #: reductions.
 OPS: tuple[str, ...] = (*(op.symbol for op in Op if op.symbol), *dict.fromkeys(op.dsl for op in Op if op.dsl),
                         "clamp", "amax", "sum", "reduce_max", "reduce_min", "logsumexp", "gather", "quantize",
-                        "rms_norm", "exp_minus_max", "row_index", "column_index", "rand")
+                        "quantize_columns", "rms_norm", "exp_minus_max", "row_index", "column_index", "rand")
 

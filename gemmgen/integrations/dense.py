@@ -23,7 +23,7 @@ from ..ir.reference import accumulate, evaluate_epilogue
 from ..runtime.base import allocate_output
 from ..runtime.checks import check_call, problem_size_check
 from ..runtime.output_checks import block_factors_layout
-from ..types import DType, OperandKind
+from ..types import DType, Layout, OperandKind
 from .kinds import OpKind
 
 
@@ -37,8 +37,10 @@ class DenseOp(OpKind):
     def outputs(self, a: torch.Tensor, b: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
         gemm = self.recipe.ir.gemm
         shape = (*((a.shape[0],) if gemm.batched else ()), a.shape[-2], b.shape[-1])
-        return [allocate_output(o.shape(shape), o.dtype.torch, device, gemm.layout_d) if o.reduce is None
-                else _block_factors(o.shape(shape), device) if o.reduce is Reduction.BLOCK_SCALE
+        return [allocate_output(o.shape(shape), o.dtype.torch, device, Layout.ROW if o.column_blocks else gemm.layout_d)
+                if o.reduce is None
+                else _block_factors(o.shape(shape), device) if o.reduce in (Reduction.BLOCK_SCALE,
+                                                                             Reduction.COLUMN_BLOCK_SCALE)
                 else torch.zeros(o.shape(shape), dtype=o.dtype.torch, device=device) for o in self.recipe.outputs]
 
     def check(self, a: Any, b: Any, args: tuple, require_cuda: bool, config: KernelConfig | None = None) -> None:

@@ -48,7 +48,7 @@ class GroupedOp(OpKind):
 
     def key(self, a: torch.Tensor, b: torch.Tensor) -> tuple:
         """A's rows, B's shape (groups, K, N), the device and the tuning generation (0.3 us on the CPU
-        machine: docs/measurements.md)."""
+        machine: docs/design/measurements.md)."""
         return a.shape[0], b.shape, a.get_device(), tuning.generation()
 
     def problem(self, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, int]:

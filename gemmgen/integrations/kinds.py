@@ -51,6 +51,10 @@ class OpKind:
 
     def refuse_undifferentiable(self, needed: tuple[bool, ...]) -> None:
         """fp8 A and B, block scales and D's row blocks have no gradient gemmgen computes: say so."""
+        if self.recipe.ir.epilogue.column_blocks is not None and any(needed):
+            raise InvalidArgument(f"{self.recipe.name}: it writes a column-quantized copy (gg.quantize_columns), "
+                                  "which gemmgen does not differentiate; call it on tensors that do not require "
+                                  "grad (torch.no_grad()), as a low-precision layer's forward does")
         if self.recipe.ir.epilogue.row_blocks is not None and any(needed):
             raise InvalidArgument(f"{self.recipe.name}: D is computed per block of its rows (gg.quantize, "
                                   "gg.rms_norm, gg.exp_minus_max), which gemmgen does not differentiate; call it on "

@@ -16,7 +16,7 @@ can (`call_realigning`), as torch ops accept any strides.
 
 `caller(recipe)` returns what modules call: in eager code with nothing to differentiate and no
 dispatch mode active it launches the kernel directly (the dispatcher costs a few microseconds per
-call: docs/measurements.md); anything torch must see (tracing, fake tensors, modes, autograd, CPU
+call: docs/design/measurements.md); anything torch must see (tracing, fake tensors, modes, autograd, CPU
 tensors) goes through the op.
 """
 

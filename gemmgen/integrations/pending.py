@@ -4,7 +4,7 @@ The unfused path is the recipe's own semantics (`Recipe.reference`: the GEMM wit
 accumulation in torch, then the epilogue's ops, each output rounded to its dtype) on the caller's
 tensors and device. It gives the same math as the fused kernel up to rounding order, not the same
 bits, so numerics change once, when the kernel arrives: why async is not the default
-(docs/deployment.md). Under CUDA-graph capture (a graph would keep the unfused path forever) and in
+(docs/design/deployment.md). Under CUDA-graph capture (a graph would keep the unfused path forever) and in
 deterministic mode (results must not depend on when a compile ends) a call waits for the compile
 instead, and says so once per kernel.
 """

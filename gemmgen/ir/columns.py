@@ -11,7 +11,7 @@ matrix operand takes the width of what it is combined with (FULL when nothing de
 pair's gradient does.
 
 The kernel computes a HALF value in both registers of its pair (each thread holds a row's
-adjacent columns: `docs/pairs.md`), so elementwise ops need nothing new; only the ops on
+adjacent columns: `docs/design/pairs.md`), so elementwise ops need nothing new; only the ops on
 pairs, the loads and stores of HALF tensors and reductions over N see the pairing.
 """
 

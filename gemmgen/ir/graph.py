@@ -85,6 +85,9 @@ class Reduction(enum.Enum):
     #: the factor of each block of D's rows (`RowBlocks`): the scale gg.quantize divides by, the
     #: 1 / rms gg.rms_norm multiplies by, the max gg.exp_minus_max subtracts; one per row and block
     BLOCK_SCALE = "block_scale"
+    #: the scale of each block of rows of a column (`ColumnBlocks`): what gg.quantize_columns divides
+    #: by, one per column and block, of the transposed copy (N, ceil(M / block))
+    COLUMN_BLOCK_SCALE = "column_block_scale"
 
     @property
     def identity(self) -> float:
@@ -121,6 +124,18 @@ class RowBlocks:
 
 
 @dataclass(frozen=True)
+class ColumnBlocks:
+    """A value stored transposed, (N, M) with M contiguous, and quantized per block of `block` rows
+    of each column (gg.quantize_columns): the copy a weight-gradient GEMM reads K-major, K being
+    D's rows (the tokens). The output of `Reduction.COLUMN_BLOCK_SCALE` with the same `ColumnBlocks`
+    holds each block's scale (gemmgen/include/gemmgen/column_blocks.hpp). `dtype` is the copy's fp8
+    type, whose largest value the scales map each block's largest magnitude to."""
+
+    block: int
+    dtype: DType
+
+
+@dataclass(frozen=True)
 class Output:
     """An epilogue output: `d` is the GEMM's D; others are auxiliary M x N outputs, or with
     `reduce` fp32 reductions of a value, per batch: over M and N when `dim` is None (one value,
@@ -130,7 +145,10 @@ class Output:
 
     `blocks` computes D per block of columns of each row (gg.quantize, gg.rms_norm,
     gg.exp_minus_max: `RowBlocks`); the output of `Reduction.BLOCK_SCALE` with the same `blocks`
-    holds each block's factor, one per row and block: (L, M, ceil(N / block)) or (M, ceil(N / block))."""
+    holds each block's factor, one per row and block: (L, M, ceil(N / block)) or (M, ceil(N / block)).
+    `column_blocks` stores the value transposed and quantized per block of rows of each column
+    (`ColumnBlocks`): (L, N, M) or (N, M), and its scales' output (L, N, ceil(M / block)) or
+    (N, ceil(M / block))."""
 
     name: str
     node: int
@@ -140,9 +158,14 @@ class Output:
     columns: Columns = Columns.FULL  # N/2 for a value of column pairs' halves (`ir.columns`)
     over_batch: bool = False
     blocks: RowBlocks | None = None
+    column_blocks: ColumnBlocks | None = None
 
     def shape(self, problem: tuple[int, ...]) -> tuple[int, ...]:
         """This output's shape for a problem whose accumulator is `problem`, (L, M, N) or (M, N)."""
+        if self.column_blocks is not None:
+            m, n = problem[-2], problem[-1]
+            rows = -(-m // self.column_blocks.block) if self.reduce is Reduction.COLUMN_BLOCK_SCALE else m
+            return (*problem[:-2], n, rows)
         if self.reduce is Reduction.BLOCK_SCALE:
             assert self.blocks is not None
             return (*problem[:-1], -(-problem[-1] // self.blocks.block))
@@ -260,10 +283,17 @@ class EpilogueIR:
         return self.outputs[0].blocks
 
     @property
+    def column_blocks(self) -> ColumnBlocks | None:
+        """How a value is stored transposed and quantized per block of rows of each column
+        (gg.quantize_columns), if one is."""
+        return next((o.column_blocks for o in self.outputs if o.column_blocks is not None), None)
+
+    @property
     def along_rows(self) -> bool:
         """Whether the epilogue combines neighbouring columns of a row (column pairs, D's row
-        blocks): only an unswapped kernel's tiles hold them (a swapped kernel's columns are rows)."""
-        return self.pairs or self.row_blocks is not None
+        blocks) or neighbouring rows of a column (gg.quantize_columns): only an unswapped kernel's
+        tiles hold them as the recipe's (a swapped kernel's columns are rows)."""
+        return self.pairs or self.row_blocks is not None or self.column_blocks is not None
 
 
 #: The block scales' operands, first among a block-scaled recipe's operands.
@@ -338,7 +368,9 @@ class RecipeIR:
             "outputs": [[o.name, o.node, o.dtype.value, *([o.reduce.value] if o.reduce else []),
                          *([o.dim] if o.dim is not None else []), *_columns(o.columns),
                          *([["over_batch", True]] if o.over_batch else []),
-                         *([_row_blocks(o.blocks)] if o.blocks else [])]
+                         *([_row_blocks(o.blocks)] if o.blocks else []),
+                         *([["column_blocks", o.column_blocks.block, o.column_blocks.dtype.value]]
+                           if o.column_blocks else [])]
                         for o in self.epilogue.outputs],
             "operands": [[o.name, o.kind.value, o.dtype.value, *_columns(o.columns), *o.batching]
                          for o in self.epilogue.operands],

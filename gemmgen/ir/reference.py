@@ -71,6 +71,7 @@ def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, tor
     scales = _magnitudes(ir, values, acc_magnitude) if magnitudes else values
     n = acc.shape[-1]
     outs = tuple(_row_blocks(ir, o, values, scales if magnitudes else None, acc.shape) if o.blocks else
+                 _column_blocks(o, values, scales if magnitudes else None, acc.shape) if o.column_blocks else
                  _reduced((scales if o.reduce is Reduction.SUM else values)[o.node].expand(
                      *acc.shape[:-1], o.columns.extent(n)), o.reduce, o.dim, magnitudes, o.over_batch)
                  for o in ir.outputs)
@@ -213,6 +214,23 @@ def _row_blocks(ir: EpilogueIR, o: Output, values: list[torch.Tensor], magnitude
     if magnitudes is None:
         return scaled
     return magnitudes[o.node].expand(shape) * per_value
+
+
+def _column_blocks(o: Output, values: list[torch.Tensor], magnitudes: list[torch.Tensor] | None,
+                   shape: torch.Size) -> torch.Tensor:
+    """A value transposed and quantized per block of rows of each column (`ColumnBlocks`), or the
+    blocks' scales (`Reduction.COLUMN_BLOCK_SCALE`): gg.quantize's formula (`ops.quantize_blocks`)
+    over the rows of x^T. With `magnitudes`, the copy's is the scale of its rounding error."""
+    blocks = o.column_blocks
+    assert blocks is not None
+    scaled, factor = quantize_blocks(values[o.node].expand(shape).transpose(-1, -2), (1, blocks.block),
+                                     blocks.dtype)
+    if o.reduce is Reduction.COLUMN_BLOCK_SCALE:
+        return factor
+    if magnitudes is None:
+        return scaled
+    per_value = factor.repeat_interleave(blocks.block, -1)[..., :shape[-2]]
+    return magnitudes[o.node].expand(shape).transpose(-1, -2) / per_value
 
 
 def _reduced(v: torch.Tensor, reduce: Reduction | None, dim: int | None, magnitude: bool = False,

@@ -30,6 +30,7 @@ def _gated(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return gated
 
 
+#: The activations a layer takes (`activation=`), by name: None is none; the gated ones act on column pairs.
 ACTIVATIONS = {
     None: lambda x: x,
     "relu": dsl.relu,

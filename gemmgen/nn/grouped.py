@@ -14,7 +14,7 @@ same offsets (bf16 on the GPU).
 A gated activation (`"swiglu"`, `"geglu"`: act(gate) * up, the experts of Mixtral, DeepSeek and
 Qwen MoE models) takes weights of 2 x out_features rows per expert, gate and up interleaved
 (`interleave_pairs`), and writes out_features columns: the up projection's whole epilogue in the
-grouped kernel, over its accumulator's column pairs (docs/pairs.md).
+grouped kernel, over its accumulator's column pairs (docs/design/pairs.md).
 """
 
 from __future__ import annotations

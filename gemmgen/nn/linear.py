@@ -12,7 +12,7 @@ in one launch) instead; with `accumulate_grad=True` the weight gradient is added
 
 A gated activation (`activation="swiglu"` or `"geglu"`: act(gate) * up) takes a weight of
 2 x out_features rows, gate and up interleaved (`gemmgen.nn.interleave_pairs(w_gate, w_up)`), and
-writes out_features columns from its pairs of accumulator columns (docs/pairs.md).
+writes out_features columns from its pairs of accumulator columns (docs/design/pairs.md).
 
 As a drop-in nn.Linear the layer computes in the dtype nn.Linear would (`base.call_dtypes`): its
 parameters', following `.to()`, `.half()` and `.float()`, or autocast's; it returns that dtype

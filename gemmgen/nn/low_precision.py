@@ -11,8 +11,9 @@ What is quantized where (Float8Blockwise): X per token and 128 features for fpro
 tokens for wgrad (kept from the forward, or with `save_original_input` quantized again in
 backward); dY (and dL/dacc1 in the MLP) per token for dgrad and along the tokens for wgrad; W in
 128 x 128 blocks for both of its GEMMs, once per optimizer step (`WeightCache`). The quantizing
-copies run as torch ops today; the forward output's and dgrad's own quantized copies are
-written by their GEMM's epilogue in a later step of the low-precision issue (docs/training.md).
+copies of X and dY run as torch ops; in a FusedMLP under Float8Blockwise, fc1's kernel writes h
+and fc2's dgrad kernel writes dL/dacc1 quantized both ways from their epilogues
+(`Precision.quantizing_backward`: gg.quantize and gg.quantize_columns; docs/design/training.md).
 """
 
 from __future__ import annotations
@@ -146,10 +147,11 @@ class WeightCache:
         return held
 
 
-def forward_operands(gemms: LinearGemms, cache: WeightCache, x: torch.Tensor, qw: QuantizedWeight
+def forward_operands(gemms: LinearGemms, cache: WeightCache, x: torch.Tensor | Operand, qw: QuantizedWeight
                      ) -> tuple[torch.Tensor, ...]:
-    """fprop's A, B, scale_a, scale_b for input rows `x` and the quantized weight."""
-    xq = gemms.operand(x, Gemm.FPROP, "a", cache.history("input", gemms.precision))
+    """fprop's A, B, scale_a, scale_b for input rows `x` (or their quantized copy, fprop's A as an
+    epilogue wrote it) and the quantized weight."""
+    xq = x if isinstance(x, Operand) else gemms.operand(x, Gemm.FPROP, "a", cache.history("input", gemms.precision))
     return xq.data, qw.rows.data, xq.scale, qw.rows.scale
 
 
@@ -160,18 +162,20 @@ def saved_input(gemms: LinearGemms, cache: WeightCache, x: torch.Tensor) -> torc
     return gemms.operand(x.t(), Gemm.WGRAD, "b", cache.history("input", gemms.precision))
 
 
-def input_grad(gemms: LinearGemms, cache: WeightCache, g: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
-    """dX = dL/dacc W by the dgrad kernel."""
-    gq = gemms.operand(g, Gemm.DGRAD, "a", cache.history("grad", gemms.precision))
+def input_grad(gemms: LinearGemms, cache: WeightCache, g: torch.Tensor | Operand, qw: QuantizedWeight
+               ) -> torch.Tensor:
+    """dX = dL/dacc W by the dgrad kernel (`g` quantized here, or an Operand: dgrad's A already)."""
+    gq = g if isinstance(g, Operand) else gemms.operand(g, Gemm.DGRAD, "a", cache.history("grad", gemms.precision))
     return gemms.dgrad(gq.data, qw.columns.data, gq.scale, qw.columns.scale)
 
 
-def weight_gradient(gemms: LinearGemms, cache: WeightCache, weight: torch.Tensor, g: torch.Tensor,
+def weight_gradient(gemms: LinearGemms, cache: WeightCache, weight: torch.Tensor, g: torch.Tensor | Operand,
                     saved: torch.Tensor | Operand, accumulate: bool) -> torch.Tensor | None:
     """dW = dL/dacc^T X by the wgrad kernel, in the weight's dtype; with `accumulate`, None after
-    adding it into `weight.main_grad` in fp32 (on the GPU in place: beta = 1)."""
+    adding it into `weight.main_grad` in fp32 (on the GPU in place: beta = 1). `g` is dL/dacc, or
+    an Operand: wgrad's A already (dL/dacc^T along the tokens, as an epilogue wrote it)."""
     p = gemms.precision
-    ga = gemms.operand(g.t(), Gemm.WGRAD, "a", cache.history("grad", p))
+    ga = g if isinstance(g, Operand) else gemms.operand(g.t(), Gemm.WGRAD, "a", cache.history("grad", p))
     xb = saved if isinstance(saved, Operand) else gemms.operand(saved.t(), Gemm.WGRAD, "b", cache.history("input", p))
     args = (ga.data, xb.data, ga.scale, xb.scale)
     if not accumulate:
@@ -220,20 +224,27 @@ class LowPrecisionLinear(torch.autograd.Function):
 @dataclass(frozen=True)
 class MLPGemms:
     """A low-precision FusedMLP's kernels: each layer's (`LinearGemms`), fc1's fprop also saving its
-    accumulator (`fc1_saving`), and fc2's dgrad carrying fc1's derived epilogue (`bwd`)."""
+    accumulator (`fc1_saving`), and fc2's dgrad carrying fc1's derived epilogue (`bwd`). Where the
+    precision quantizes in the epilogue (`Precision.quantizing_backward`), `fc1_quantizing` and
+    `bwd_quantizing` are those two kernels writing their D as the next GEMMs read it: h as fc2's
+    fprop A and wgrad B, dL/dacc1 as fc1's dgrad A and wgrad A; else None."""
 
     fc1: LinearGemms
     fc1_saving: OpCaller
     bwd: OpCaller
     fc2: LinearGemms
+    fc1_quantizing: OpCaller | None = None
+    bwd_quantizing: OpCaller | None = None
 
 
 @functools.cache
 def mlp_gemms(precision: Precision, activation: str, bias1: bool, bias2: bool, dtype: torch.dtype) -> MLPGemms:
     """The kernels of a low-precision FusedMLP (shared by every module of the same kind)."""
-    backward = precision.backward(linear_recipe(activation, bias1, dtype))
+    recipe = linear_recipe(activation, bias1, dtype)
+    backward, quantizing = precision.backward(recipe), precision.quantizing_backward(recipe)
     return MLPGemms(linear_gemms(precision, activation, bias1, dtype), caller(backward.forward),
-                    caller(backward.kernel), linear_gemms(precision, None, bias2, dtype))
+                    caller(backward.kernel), linear_gemms(precision, None, bias2, dtype),
+                    *((caller(quantizing.forward), caller(quantizing.kernel)) if quantizing else ()))
 
 
 class LowPrecisionMLP(torch.autograd.Function):
@@ -245,10 +256,18 @@ class LowPrecisionMLP(torch.autograd.Function):
                 x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
                 b2: torch.Tensor | None) -> torch.Tensor:
         q1, q2 = caches[0].get(w1, gemms.fc1), caches[1].get(w2, gemms.fc2)
-        h, saved_acc = gemms.fc1_saving(*forward_operands(gemms.fc1, caches[0], x, q1), *(() if b1 is None else (b1,)))
+        fc1_args = (*forward_operands(gemms.fc1, caches[0], x, q1), *(() if b1 is None else (b1,)))
+        h: torch.Tensor | Operand
+        kept_h: torch.Tensor | Operand
+        if gemms.fc1_quantizing is not None:  # h quantized by fc1's epilogue for both of fc2's GEMMs that read it
+            hq, h_scale, h_t, h_t_scale, saved_acc = gemms.fc1_quantizing(*fc1_args)
+            h, kept_h = Operand(hq, h_scale), Operand(h_t.t(), h_t_scale.t())
+        else:
+            h_bf16, saved_acc = gemms.fc1_saving(*fc1_args)
+            h, kept_h = h_bf16, saved_input(gemms.fc2, caches[1], h_bf16)
         y = gemms.fc2.fprop(*forward_operands(gemms.fc2, caches[1], h, q2), *(() if b2 is None else (b2,)))
         ctx.gemms, ctx.caches, ctx.q, ctx.accumulate, ctx.has_b2 = gemms, caches, (q1, q2), accumulate, b2 is not None
-        kept = (saved_input(gemms.fc1, caches[0], x), saved_input(gemms.fc2, caches[1], h))
+        kept = (saved_input(gemms.fc1, caches[0], x), kept_h)
         ctx.operands = tuple(k if isinstance(k, Operand) else None for k in kept)
         ctx.save_for_backward(w1, b1, w2, saved_acc, *(k if isinstance(k, torch.Tensor) else None for k in kept))
         return y
@@ -263,11 +282,17 @@ class LowPrecisionMLP(torch.autograd.Function):
         g = g.contiguous()
         c1, c2 = ctx.caches
         gq = gemms.fc2.operand(g, Gemm.DGRAD, "a", c2.history("grad", gemms.fc2.precision))
-        outs = gemms.bwd.by_name(gq.data, q2.columns.data, {"scale_a": gq.scale, "scale_b": q2.columns.scale,
-                                                            "saved_acc": saved_acc, "bias": b1})
-        g_acc1 = outs["d"]
+        operands = {"scale_a": gq.scale, "scale_b": q2.columns.scale, "saved_acc": saved_acc, "bias": b1}
+        g_acc1: torch.Tensor | Operand
+        g_acc1_t: torch.Tensor | Operand
+        if gemms.bwd_quantizing is not None:  # dL/dacc1 quantized by the kernel for fc1's dgrad and wgrad
+            outs = gemms.bwd_quantizing.by_name(gq.data, q2.columns.data, operands)
+            g_acc1, g_acc1_t = Operand(outs["d"], outs["d_scale"]), Operand(outs["d_t"], outs["d_t_scale"])
+        else:
+            outs = gemms.bwd.by_name(gq.data, q2.columns.data, operands)
+            g_acc1 = g_acc1_t = outs["d"]
         gx = input_grad(gemms.fc1, c1, g_acc1, q1) if need_x else None
-        gw1 = weight_gradient(gemms.fc1, c1, w1, g_acc1, kept_x, ctx.accumulate) if need_w1 else None
+        gw1 = weight_gradient(gemms.fc1, c1, w1, g_acc1_t, kept_x, ctx.accumulate) if need_w1 else None
         gb1 = outs["grad_bias"].to(b1.dtype) if b1 is not None and need_b1 else None
         gw2 = weight_gradient(gemms.fc2, c2, w2, g, kept_h, ctx.accumulate) if need_w2 else None
         gb2 = g.sum(0) if ctx.has_b2 and need_b2 else None

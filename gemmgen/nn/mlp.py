@@ -16,7 +16,7 @@ fc2's weight gradient): one more GEMM, and no hidden-sized tensor kept from the 
 A gated activation (`activation="swiglu"` or `"geglu"`, Llama's and its successors' MLP: fc1's
 weight holds 2 x hidden rows, gate and up interleaved) works the same: fc2's dgrad GEMM (dL/dh,
 hidden columns) reads fc1's saved accumulator (2 x hidden columns) as its pairs and writes
-dL/dgate and dL/dup interleaved (docs/pairs.md). With a bias, fc1 always recomputes (its
+dL/dgate and dL/dup interleaved (docs/design/pairs.md). With a bias, fc1 always recomputes (its
 derived epilogue would add the bias to the saved accumulator's pairs, which it does not yet);
 fc1's bias gradient, a sum over the tokens, is then torch's.
 
@@ -490,7 +490,7 @@ class FusedMLP(RecipeModule):
         target = launch_arch(arch)
         if self.precision is not None:
             gemms = self._gemms
-            first = gemms.fc1_saving if training else gemms.fc1.fprop
+            first = (gemms.fc1_quantizing or gemms.fc1_saving) if training else gemms.fc1.fprop
             return [(r.recipe, tuning.config_for(r.recipe, *shape, 1, device=device, sm_count=sm_count, arch=target))
                     for r, shape in ((first, (m, hidden, n_in)), (gemms.fc2.fprop, (m, self.fc2.out_features, hidden)))]
         fc2 = self.fc2.launches(tokens, sm_count=sm_count, device=device, arch=target)
@@ -511,7 +511,8 @@ class FusedMLP(RecipeModule):
         if self.precision is not None:  # fc2's dgrad with fc1's epilogue, fc1's dgrad, both wgrads
             g = self._gemms
             wgrads = [(f.wgrad_accumulate if self._accumulate_grad else f.wgrad).recipe for f in (g.fc1, g.fc2)]
-            kernels = [(g.bwd.recipe, (tokens, hidden, n_out)), (g.fc1.dgrad.recipe, (tokens, n_in, hidden)),
+            kernels = [((g.bwd_quantizing or g.bwd).recipe, (tokens, hidden, n_out)),
+                       (g.fc1.dgrad.recipe, (tokens, n_in, hidden)),
                        (wgrads[0], (hidden, n_in, tokens)), (wgrads[1], (n_out, hidden, tokens))]
         elif self._accumulate_grad:
             wgrad = weight_grad_recipe(self.fc1.kernel_dtype)

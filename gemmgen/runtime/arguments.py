@@ -98,16 +98,17 @@ class ArgumentBuilder:
         self.loads = [("epilogue.tma_c" if i == 0 else f"epilogue.aux_load.{o.name}.tma", o.name,
                        tma.epilogue_template(recipe, config, o.dtype)) for i, o in enumerate(matrices)]
         self.stores = [(f"epilogue.aux_store.{o.name}.tma", o.name, tma.epilogue_template(recipe, config, o.dtype))
-                       for o in epi.outputs[1:] if o.reduce is None and o.name not in half_stores]
+                       for o in epi.outputs[1:] if o.reduce is None and o.name not in half_stores
+                       and o.column_blocks is None]
         self.reductions = [(f"epilogue.amax.{o.name}", o.name) for o in epi.outputs[1:]
-                           if o.reduce is not None and o.dim is None]
+                           if o.reduce is not None and o.dim is None and o.column_blocks is None]
         # vector reductions: (visitor kind, Params field prefix, output name), in the outputs' order
         kinds = {o.name: REDUCTION_KIND[o.dim] for o in epi.outputs[1:] if o.dim is not None and o.blocks is None}
         self.vector_reductions = [(kind, f"epilogue.{kind}.{name}", name) for name, kind in kinds.items()]
         # where each starts: its Reduction's identity (0 but for max and min; a log-sum-exp's state a pair)
         self.identities: list[tuple[str, float]] = []
         for o in epi.outputs[1:]:
-            if o.reduce is not None and o.blocks is None:
+            if o.reduce is not None and o.blocks is None and o.column_blocks is None:
                 prefix = f"epilogue.{'amax' if o.dim is None else REDUCTION_KIND[o.dim]}.{o.name}"
                 if o.reduce is Reduction.LSE:
                     self.identities += zip((f"{prefix}.identity", f"{prefix}.identity_sum"), LSE_IDENTITY,
@@ -135,6 +136,11 @@ class ArgumentBuilder:
         # the factors of D's row blocks (row_blocks.hpp): a pointer and (M, N / block, L) strides
         maps.update({o.name: (f"epilogue.row_blocks.{o.name}", "blocks") for o in epi.outputs
                      if o.reduce is Reduction.BLOCK_SCALE})
+        # a copy's column blocks (column_blocks.hpp): its pointer and (N, M, L) strides, its scales'
+        copies = {o.column_blocks: o.name for o in epi.outputs if o.column_blocks and o.reduce is None}
+        maps.update({o.name: (f"epilogue.column_blocks.{copies[o.column_blocks]}",
+                              "column_scales" if o.reduce else "column_blocks")
+                     for o in epi.outputs if o.column_blocks})
         self.by_index = [maps[o.name] for o in epi.outputs]
         self.outputs = [o.name for o in epi.outputs]
 
@@ -294,6 +300,14 @@ class ArgumentBuilder:
             return ((f"{field}.ptr", t.ptr.to_bytes(8, "little")),)
         if template == "half":
             return tuple((f, struct.pack("<q", x)) for f, x in _half_tensor(field, t).items())
+        if template == "column_blocks":  # (N, M, L) strides, M's 1
+            return ((f"{field}.ptr", t.ptr.to_bytes(8, "little")),
+                    (f"{field}.stride_n", struct.pack("<q", t.strides[0])),
+                    (f"{field}.stride_l", struct.pack("<q", t.strides[2])))
+        if template == "column_scales":
+            strides = tuple((f"{field}.scale_stride_{mode}", struct.pack("<q", x))
+                            for mode, x in zip("nml", t.strides, strict=True))
+            return ((f"{field}.scale_ptr", t.ptr.to_bytes(8, "little")), *strides)
         if template == "blocks":
             strides = tuple((f"{field}.stride_{mode}", struct.pack("<q", x)) for mode, x in zip("mnl", t.strides,
                                                                                                strict=True))

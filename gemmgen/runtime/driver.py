@@ -52,7 +52,7 @@ def encode_tensor_map(args: EncodeArgs) -> bytes:
     encodes into a CUtensorMap object which CPython allocates at 16-byte alignment (48 mod 64 for
     every object with cuda-bindings 13.0.3), while cuda.h requires the map 64-byte aligned (and
     CUDA 13 declares it alignas(128)). The map is used as encoded: the bit later CUTLASS releases
-    clear on drivers up to 13.1 is reserved on Hopper (docs/arguments.md, Verification)."""
+    clear on drivers up to 13.1 is reserved on Hopper (docs/design/arguments.md, Verification)."""
     buf = ctypes.create_string_buffer(_MAP_BYTES + _MAP_ALIGN)
     at = -ctypes.addressof(buf) % _MAP_ALIGN + ctypes.addressof(buf)
     err = _encode_tiled()(at, args.dtype, args.rank, args.addr, _u64s(args.dims), _u64s(args.strides),

@@ -1,5 +1,5 @@
 """Checking a grouped (MoE) call's tensors: `checks.check_call`'s rules for rows of A split into
-groups by offsets, one B per group (see docs/arguments.md, grouped GEMMs)."""
+groups by offsets, one B per group (see docs/design/arguments.md, grouped GEMMs)."""
 
 from __future__ import annotations
 

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from ..errors import InvalidArgument, NotDeterministic
-from ..ir import Reduction
+from ..ir import Output, Reduction
 from ..ir.reference import evaluate_epilogue
+from ..types import Layout
 from . import driver
 from .arguments import ArgumentBuilder, TensorMapEncoder
 from .base import Hardware, KernelBase, argument_signature, padded_strides, put_bounded, seed_signature
@@ -283,7 +284,7 @@ class Kernel(KernelBase):
                     targ = check_block_factors_output(name, t, shape, plan.device) if reduced == BLOCK_FACTORS \
                         else check_reduction_output(name, t, shape, plan.device, modes) if reduced else \
                         check_output(name, t, o.dtype, shape, plan.device, self._ir.gemm.batched, plan.call.l,
-                                     self._ir.gemm.layout_d)
+                                     self._layout(o))
                     hit = (targ, output_span(t))
                     put_bounded(plan.out_checked, okey, hit)
                 if plan.input_spans is None:
@@ -299,6 +300,10 @@ class Kernel(KernelBase):
             check_outputs_disjoint(given)
         return tuple(tensors), tuple(targs)
 
+    def _layout(self, o: Output) -> Layout:
+        """An M x N output's memory order: D's, but a column-quantized copy's, (N, M) row-major."""
+        return Layout.ROW if o.column_blocks else self._ir.gemm.layout_d
+
     def _fresh_outputs(self, shape: tuple[int, ...], l: int, device: torch.device  # noqa: E741
                        ) -> tuple[_FreshOutput, ...]:
         """(shape, template, torch strides, (M, N, L) mode strides, reduced) of each output gemmgen
@@ -308,7 +313,8 @@ class Kernel(KernelBase):
         layouts: list[_FreshOutput] = []
         m, n = shape[-2], shape[-1]
         for o in self._ir.epilogue.outputs:
-            if o.reduce is Reduction.BLOCK_SCALE:  # as a block-scaled GEMM reads its A's (`block_factors_layout`)
+            if o.reduce in (Reduction.BLOCK_SCALE, Reduction.COLUMN_BLOCK_SCALE):
+                # as a block-scaled GEMM reads its scales (`block_factors_layout`)
                 bshape = o.shape(shape)
                 strides, modes = block_factors_layout(bshape, l)
                 layouts.append((bshape, torch.empty(0, dtype=torch.float32, device=device), strides, modes,
@@ -324,7 +330,7 @@ class Kernel(KernelBase):
                 layouts.append((rshape, template, strides, modes, REDUCED_FROM_IDENTITY if zero else REDUCED))
                 continue
             oshape = o.shape(shape)  # N/2 columns for a pair's half (`ir.columns`)
-            strides = padded_strides(oshape, o.dtype.torch, self._ir.gemm.layout_d)
+            strides = padded_strides(oshape, o.dtype.torch, self._layout(o))
             layouts.append((oshape, torch.empty(0, dtype=o.dtype.torch, device=device), strides,
                             (strides[-2], strides[-1], strides[0] if len(shape) == 3 and l > 1 else 0), MATRIX))
         return tuple(layouts)

@@ -96,11 +96,12 @@ def _ab(rows: int, cols: int, dtype: DType, row_major: bool, lead: tuple[int, ..
 
 def given_outputs(recipe: AnyRecipe, m: int, n: int, lead: tuple[int, ...], fill: float | None = float("nan")
                   ) -> tuple[torch.Tensor, ...]:
-    """Outputs as a caller gives them (NaN-filled by default): M x N with padded rows, or a
-    reduction's contiguous fp32 values per batch."""
+    """Outputs as a caller gives them (NaN-filled by default): M x N with padded rows (a
+    column-quantized copy N x M), or a reduction's contiguous fp32 values per batch."""
     ir = ir_of(recipe)
     row_major = ir.gemm.layout_d is Layout.ROW
     return tuple(torch.full(o.shape((*lead, m, n)), fill if fill is not None else 1.0) if o.reduce is not None
+                 else padded(n, m, o.dtype.torch, True, lead, fill=fill) if o.column_blocks  # (N, M) row-major
                  else padded(m, o.columns.extent(n), o.dtype.torch, row_major, lead, fill=fill)
                  for o in ir.epilogue.outputs)
 

@@ -1,6 +1,6 @@
 """Loss parity of a low-precision recipe against bf16 on a small model, on the CPU references:
 the third tier of the low-precision checks (tests/training/test_loss_parity.py,
-scripts/loss_parity.py, docs/training.md#low-precision-training).
+scripts/loss_parity.py, docs/design/training.md#numerics).
 
 The model is a stack of two FusedMLPs (128 -> 512 -> 128, twice; gated ones without biases)
 with fp32 master weights under bf16 autocast, trained by AdamW on a classification over 128

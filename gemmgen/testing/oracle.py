@@ -278,6 +278,15 @@ class OracleProgram:
             s = [self.slots.add(f"aux.{b.name}.{part}") for part in ("ptr", "s0", "s1", "s2")]
             return (f"{{reinterpret_cast<float*>(V[{s[0]}]), "
                     f"oracle::stride3<cute::Stride<int64_t, int64_t, int64_t>>(V[{s[1]}], V[{s[2]}], V[{s[3]}])}}")
+        if b.kind == "column_blocks":  # column_blocks.hpp's {ptr_q, dQ (N, M, L), ptr_scale, dScale}
+            scales = next(o.name for o in self.kernel.kernel_recipe.outputs
+                          if o.column_blocks and o.reduce is not None)
+            q = [self.slots.add(f"aux.{b.name}.{part}") for part in ("ptr", "s0", "s1", "s2")]
+            f = [self.slots.add(f"aux.{scales}.{part}") for part in ("ptr", "s0", "s1", "s2")]
+            return (f"{{reinterpret_cast<{e}*>(V[{q[0]}]), "
+                    f"oracle::stride3<cute::Stride<int64_t, cute::_1, int64_t>>(V[{q[1]}], V[{q[2]}], V[{q[3]}]), "
+                    f"reinterpret_cast<float*>(V[{f[0]}]), "
+                    f"oracle::stride3<cute::Stride<int64_t, int64_t, int64_t>>(V[{f[1]}], V[{f[2]}], V[{f[3]}])}}")
         if b.kind == "shared_load":  # Sm90AuxLoad<0>: {ptr_aux, null_default, dAux}, the batch stride static 0
             s = [self.slots.add(f"operand.{b.name}.{part}") for part in ("ptr", "s0", "s1")]
             modes = "cute::_1, int64_t" if b.column_major else "int64_t, cute::_1"
@@ -445,7 +454,7 @@ def start_all(programs: list[OracleProgram], build_dir: Path, workers: int = 2) 
     will need, built while its other work leaves a core idle; `build_all` and `OracleProgram.build`
     of the same kernels wait for them. Each call's kernels of one arch are one program, since in
     the background the CPU a program costs counts, not its wall time (CUTLASS's headers are parsed
-    once per program: docs/testing.md); `workers` programs build at once. `stop_background` ends
+    once per program: docs/design/testing.md); `workers` programs build at once. `stop_background` ends
     what is still running."""
     global _BACKGROUND
     if _BACKGROUND is None:

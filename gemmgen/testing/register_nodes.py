@@ -1,7 +1,8 @@
 """The register nodes of gemmgen's own headers, evaluated on the CPU as the interpreter of
 `visitors` walks a kernel's callbacks (tests only): coordinates.hpp's Coordinate and Random, and
-row_blocks.hpp's Sm90RowBlocks. Each takes the node's type as the kernel source spells it
-and reads its Params where the device would (`ParamsView`)."""
+row_blocks.hpp's Sm90RowBlocks and column_blocks.hpp's Sm90ColumnBlocksStore. Each takes the
+node's type as the kernel source spells it and reads its Params where the device would
+(`ParamsView`)."""
 
 from __future__ import annotations
 
@@ -133,6 +134,42 @@ def row_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, i
     if name == "ExpMinusMaxBlock":
         return torch.exp(_bits_f32(policy.args[0]) * (value - spread))
     return value * spread
+
+
+def column_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, inputs: tuple[torch.Tensor, ...],
+                  element: torch.dtype, tile_m: int) -> torch.Tensor:
+    """Sm90ColumnBlocksStore<QmaxBits, Block, ElementQ, TileShape, EpilogueTile>: its input passes
+    on. Per column and block of `Block` rows (a tile starts at a multiple of the block: the header's
+    static_asserts), the block's scale is QuantizeBlock's (max |x| of its values inside the problem,
+    NaN propagated, over Qmax; 1 where that is not above 0), and each value / scale, converted to
+    ElementQ saturating (cvt.rn.satfinite), is stored at (n, m) through ptr_q and dQ (M's stride
+    1), the scale at (n, m / Block) through ptr_scale and dScale unless that is null."""
+    if len(t.args) != 5 or len(inputs) != 1:
+        raise EpilogueSourceError(f"column blocks node {t} with {len(inputs)} inputs")
+    qmax, block = _bits_f32(t.args[0]), int(t.args[1].name)
+    if block % 16 or tile_m % block:
+        raise EpilogueSourceError(f"{t}: blocks of {block} rows in tiles of {tile_m} (the header's static_asserts)")
+    x = inputs[0].to(torch.float32).expand(acc.shape)
+    l_, m, n = acc.shape
+    blocks = -(-m // block)
+    padded = x.new_zeros((l_, blocks * block, n))
+    padded[:, :m] = x
+    amax = padded.reshape(l_, blocks, block, n).abs().amax(dim=2)  # (L, blocks, N); NaN propagates
+    scale = torch.where(amax > 0, amax / qmax, 1.0)
+    q = x / scale.repeat_interleave(block, dim=1)[:, :m]  # a division, as the device divides
+    limit = torch.finfo(element).max
+    sn, sl = (struct.unpack("<q", params.raw(f"cute::get<{i}>({lvalue}.dQ)"))[0] for i in (0, 2))
+    if not (l_ and m and n):
+        return inputs[0]
+    copy = params.pointer(f"{lvalue}.ptr_q", element, (l_ - 1) * sl + (n - 1) * sn + m)
+    if copy is None:
+        raise AssertionError(f"{lvalue}.ptr_q: null, and the node stores its copy through it")
+    copy.as_strided((l_, n, m), (sl, sn, 1)).copy_(q.clamp(-limit, limit).transpose(1, 2).to(element))
+    fn, fm, fl = (struct.unpack("<q", params.raw(f"cute::get<{i}>({lvalue}.dScale)"))[0] for i in range(3))
+    scales = params.pointer(f"{lvalue}.ptr_scale", torch.float32, (l_ - 1) * fl + (n - 1) * fn + (blocks - 1) * fm + 1)
+    if scales is not None:
+        scales.as_strided((l_, n, blocks), (fl, fn, fm)).copy_(scale.transpose(1, 2))
+    return inputs[0]
 
 
 def _bits_f32(t: CppType) -> float:

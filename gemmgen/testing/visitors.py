@@ -42,7 +42,7 @@ from ..codegen.fields import D_SINK_HEADER
 from ..ir import LSE_IDENTITY
 from .cpp_types import CppType, EpilogueSourceError, declarations, parse_type, split_arguments
 from .functors import compute_function, region_functors
-from .register_nodes import ParamsView, coordinate, random_numbers, row_blocks
+from .register_nodes import ParamsView, column_blocks, coordinate, random_numbers, row_blocks
 
 _FUSION = "cutlass::epilogue::fusion::"
 _EPI = "gemmgen::epi::"
@@ -211,6 +211,10 @@ class EpilogueInterpreter:
             return random_numbers(t, lvalue, acc, params, inputs)
         if t.name == f"{_EPI}Sm90RowBlocks":
             return row_blocks(t, lvalue, acc, params, inputs, self._resolve)
+        if t.name == f"{_EPI}Sm90ColumnBlocksStore":
+            if len(t.args) != 5:
+                raise EpilogueSourceError(f"column blocks node {t}")
+            return column_blocks(t, lvalue, acc, params, inputs, _element(t.args[2]), self._tile(t.args[3])[0])
         if t.name == f"{_EPI}Sm100RowBroadcastInPlace":  # the same row broadcast, read from shared memory in place
             if len(t.args) != 1 or self._resolve(t.args[0]).name != f"{_FUSION}Sm90RowBroadcast":
                 raise EpilogueSourceError(f"in-place row broadcast {t}")

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..dsl import DEEPSEEK_BLOCK_SCALE, Backward, Recipe
+from ..dsl import DEEPSEEK_BLOCK_SCALE, Backward, Recipe, cast, quantize, quantize_columns
 from ..dsl.backward import declarations, replay
 from ..dsl.operands import OperandDecl, Scalar
 from ..errors import InvalidArgument
@@ -132,6 +132,28 @@ class Precision:
                         self._converted(derived.kernel, Gemm.DGRAD, f"{name}_bwd"),
                         derived.gradients, derived.recompute, derived.rest)
 
+    def quantizing(self, recipe: Recipe, gemm: Gemm, name: str) -> Recipe | None:
+        """`recipe` (a bf16 or f16 GEMM's) as this precision runs `gemm`, its D written as the next
+        GEMMs read it (item 2 of the low-precision issue): rounded to D's type, then quantized per
+        row (the next fprop's or dgrad's A, scales `d_scale`) and stored transposed, quantized per
+        column (the weight gradient's operand along the tokens: `d_t`, `d_t_scale`), by the
+        epilogue; bit for bit the layer's torch quantizers of the rounded D. None where this
+        precision has no such epilogue: the layer quantizes D with torch."""
+        return None
+
+    def quantizing_backward(self, recipe: Recipe) -> Backward | None:
+        """`backward(recipe)` with both kernels' D written quantized (`quantizing`): the forward's
+        activation as the next layer's fprop A and wgrad B, the backward kernel's dL/dacc as this
+        layer's dgrad A and wgrad A. None where either has no such epilogue."""
+        self._check_plain(recipe)
+        derived = recipe.backward()
+        name = f"{recipe.name}_{self.suffix}_{Gemm.FPROP.value}"
+        forward = self.quantizing(derived.forward, Gemm.FPROP, f"{name}_train_q")
+        kernel = self.quantizing(derived.kernel, Gemm.DGRAD, f"{name}_bwd_q")
+        if derived.recompute or forward is None or kernel is None:
+            return None
+        return Backward(forward, kernel, derived.gradients, derived.recompute, derived.rest)
+
     def _check_plain(self, recipe: Recipe) -> None:
         g = recipe.ir.gemm
         if g.a.bits != 16 or g.scaled or g.grouped or g.batched:
@@ -199,6 +221,30 @@ class Float8Blockwise(Precision):
 
     def block_scale(self, gemm: Gemm) -> tuple[int, int, int]:
         return (1, 1, self.block) if gemm is Gemm.WGRAD else DEEPSEEK_BLOCK_SCALE
+
+    def quantizing(self, recipe: Recipe, gemm: Gemm, name: str) -> Recipe | None:
+        """gg.quantize and gg.quantize_columns of D rounded to its type, in 1 x 128 and 128 x 1 blocks;
+        not with power-of-two scales or `save_original_input` (the epilogue's rule is the plain
+        one, and that choice keeps D itself), nor over column pairs (D of N/2 columns)."""
+        ir = recipe.ir.epilogue
+        if self.power_of_two_scales or self.save_original_input or ir.pairs:
+            return None
+        fn, operands = self.epilogue(ir)
+        rounded_to, block = recipe.ir.gemm.d, self.block
+
+        def epilogue(acc: Any, **values: Any) -> dict[str, Any]:
+            out = fn(acc, **values)
+            d = cast(out.pop("d"), rounded_to)
+            q, scale = quantize(d, block=block)
+            q_t, scale_t = quantize_columns(d, block=block)
+            return {"d": q, "d_scale": scale, "d_t": q_t, "d_t_scale": scale_t, **out}
+
+        epilogue.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+        a, b = self.dtypes(gemm)
+        aux = {"d_scale": DType.F32, "d_t": self.dtype, "d_t_scale": DType.F32,
+               **{o.name: o.dtype for o in recipe.outputs[1:]}}
+        return Recipe(name, epilogue, a=a, b=b, d=self.dtype, layout_a=Layout.ROW, layout_b=Layout.COL,
+                      operands=operands, aux=aux, block_scale=self.block_scale(gemm))
 
     def quantize(self, t: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(q, scales): `t` (R x C) in e4m3 per `block`, with t's shape and memory order, and its

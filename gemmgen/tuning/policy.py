@@ -39,6 +39,10 @@ class Source(enum.Enum):
 
 @dataclass(frozen=True)
 class Launch:
+    """What `choose_launch` answers: the config a call launches, which step of the launch policy chose
+    it (`source`: an autotune result, the recipe's `config=`, or the heuristic), the problem's tuning
+    bucket, and why, in one line."""
+
     config: KernelConfig
     source: Source
     bucket: tuple[int, int, int, int]  # the tuning bucket of the problem (`table.problem_bucket`)

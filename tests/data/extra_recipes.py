@@ -275,3 +275,20 @@ def _float8_tensorwise():
 
 
 fc1_fp8tensor_fprop_bwd = _float8_tensorwise()
+
+
+# A Float8Blockwise FusedMLP's fc1 forward and fc2 dgrad as nn launches them, each writing its D as the
+# next GEMMs read it (Precision.quantizing_backward): rounded to bf16, then quantized per token and 128
+# columns (gg.quantize: the next fprop's or dgrad's A) and stored transposed, quantized per column and
+# 128 tokens (gg.quantize_columns: the wgrad GEMM's operand, K-major), each with its scales. The forward
+# keeps its accumulator for the backward; the backward also sums fc1's bias gradient over M.
+def _float8_quantizing():
+    from gemmgen.training import Float8Blockwise
+
+    fc1 = gg.Recipe("fc1", lambda acc, bias: gg.gelu(acc + bias), operands={"bias": gg.RowVector(gg.bf16)})
+    backward = Float8Blockwise().quantizing_backward(fc1)
+    assert backward is not None
+    return backward.forward, backward.kernel
+
+
+fc1_fp8block_fprop_train_q, fc1_fp8block_fprop_bwd_q = _float8_quantizing()

@@ -1,7 +1,7 @@
 """The NVRTC type checks of tests/codegen: every example under every config the heuristic can
 choose, and random recipes, in one translation unit that NVRTC compiles on one core for about two
 minutes, in the session's background pool (tests/background.py) from the session's start. (One
-unit, since most of a unit's time is what every kernel in it shares: docs/testing.md.)"""
+unit, since most of a unit's time is what every kernel in it shares: docs/design/testing.md.)"""
 
 from __future__ import annotations
 

@@ -99,7 +99,11 @@ def make_problem(recipe, m, n, k, l, pad, sm_count=132, max_active_clusters=0) -
         modes = {None: (0, 0, 1), 1: (1, 0, m), 0: (0, 1, n)}[o.dim]
         return TensorArg(next(addr), (*modes[:2], modes[2] if l > 1 and not o.over_batch else 0))
 
-    aux = {o.name: mn(o.dtype, o.columns) if o.reduce is None else reduced(o) for o in recipe.outputs[1:]}
+    def column_blocks(o) -> TensorArg:  # gg.quantize_columns's copy (N, M) and its scales (N, M blocks), N-major
+        return TensorArg(next(addr), (_up(m, 16) + 16 * pad, 1, 0) if o.reduce is None else (1, _up(n, 4) + 4 * pad, 0))
+
+    aux = {o.name: column_blocks(o) if o.column_blocks else mn(o.dtype, o.columns) if o.reduce is None else reduced(o)
+           for o in recipe.outputs[1:]}
     return Problem(m, n, k, l, a, b, mn(g.d, recipe.outputs[0].columns), operands, aux, 0, sm_count,
                    max_active_clusters, STAND_IN_D_SINK)
 

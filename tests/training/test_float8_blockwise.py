@@ -239,7 +239,7 @@ def test_fused_mlp_signal_to_noise_is_above_torchaos_floors(activation, sizes, t
     LLM shapes), each gradient >= 17 dB (20) (torchao's Float8Linear floors). Measured here 25-28 dB.
     ReLU is left out: its derivative is a mask taken at the quantized pre-activation, so near-zero
     elements flip and its dX and fc1 gradients measure 16 dB against fp32 whatever the GEMMs do
-    (docs/training.md#low-precision-training)."""
+    (docs/design/training.md#numerics)."""
     low, ref = _mlp_pair(activation, Float8Blockwise(), sizes)
     x = torch.randn(tokens, sizes[0]).bfloat16()
     g = torch.randn(tokens, sizes[2])
@@ -258,8 +258,8 @@ def test_fused_mlp_signal_to_noise_is_above_torchaos_floors(activation, sizes, t
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
 def test_fused_mlp_backward_launches_gemmgen_kernels_for_every_gemm(activation, precision):
     """fc2's dgrad carrying fc1's derivative (and bias gradient), fc1's dgrad, both wgrads: 4 gemmgen
-    kernels and no torch GEMM. The rest are the quantizing copies of dY and dL/dacc1 (torch ops until
-    the dual-quantizing epilogue writes them) and fc2's bias sum."""
+    kernels and no torch GEMM. The rest are dY's quantizing copies and fc2's bias sum (and, but in
+    Float8Blockwise's GELU MLP, whose dgrad kernel writes them, dL/dacc1's copies)."""
     low, _ = _mlp_pair(activation, precision)
     x = torch.randn(64, 256).bfloat16().requires_grad_()
     y = low(x)
@@ -267,6 +267,37 @@ def test_fused_mlp_backward_launches_gemmgen_kernels_for_every_gemm(activation, 
         y.backward(torch.randn_like(y))
     assert ops.ops["gemmgen"] == 4
     assert not {"mm", "addmm", "bmm", "matmul", "_grouped_mm", "silu_backward", "gelu_backward"} & set(ops.ops)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu", "silu"])
+def test_the_mlps_quantized_copies_come_from_its_epilogues(activation, monkeypatch):
+    """Float8Blockwise's FusedMLP (issue 57 item 2): fc1's kernel writes h, and fc2's dgrad kernel
+    dL/dacc1, rounded to bf16 and quantized both ways by the epilogue (per token and 128 features
+    for the next fprop or dgrad, per feature and 128 tokens, transposed, for the wgrad). The
+    output and every gradient are bit-equal to the step whose torch ops quantize the bf16 h and
+    dL/dacc1 (fused equals unfused), at 200 tokens (a partial last block of tokens), and the step
+    runs 4 torch quantizations fewer (each one amax; X's and dY's two each and the two weights'
+    remain: 6)."""
+    from gemmgen.nn import low_precision
+
+    x = torch.randn(200, 256, generator=torch.Generator().manual_seed(5)).bfloat16()
+    g = torch.randn(200, 128, generator=torch.Generator().manual_seed(6))
+    steps = []
+    for fused in (True, False):
+        low_precision.mlp_gemms.cache_clear()
+        if not fused:
+            monkeypatch.setattr(Float8Blockwise, "quantizing", lambda self, recipe, gemm, name: None)
+        low, _ = _mlp_pair(activation, Float8Blockwise())
+        gemms = low_precision.mlp_gemms(Float8Blockwise(), activation, True, True, torch.bfloat16)
+        assert (gemms.fc1_quantizing is not None) == fused and (gemms.bwd_quantizing is not None) == fused
+        with DispatchedOps() as ops:
+            y, gx, grads = _grads(low, x, g)
+        steps.append((y, gx, grads, ops.ops["amax"]))
+    low_precision.mlp_gemms.cache_clear()
+    (y, gx, grads, fused_amax), (y0, gx0, grads0, unfused_amax) = steps
+    assert torch.equal(y, y0) and torch.equal(gx, gx0)
+    assert grads.keys() == grads0.keys() and all(torch.equal(grads[n], grads0[n]) for n in grads)
+    assert (fused_amax, unfused_amax) == (6, 10)
 
 
 def test_weights_are_quantized_once_per_optimizer_step():

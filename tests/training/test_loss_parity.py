@@ -1,6 +1,6 @@
 """The third tier of the low-precision checks: a small model trained for 300 steps under each
 precision ends within 0.5% relative loss of the bf16 run (gemmgen/testing/loss_parity.py says how
-the model and data are built; docs/training.md shows the curves)."""
+the model and data are built; docs/design/training.md shows the curves)."""
 
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ def reduction_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     rows of the tensor-memory loads. A reduction over the recipe's M alone is computed by a swapped
     kernel, in which it is one over the kernel's N; a recipe reducing over both M and N reduces over
     the kernel's M with CUTLASS's Sm90RowReduction (gemmgen's, row_reduction.hpp, is sm_90a's WGMMA
-    layout), all but a log-sum-exp, whose two-word state that node spilled (docs/blackwell.md); a
+    layout), all but a log-sum-exp, whose two-word state that node spilled (docs/design/blackwell.md); a
     swapped kernel takes it over its N where the reductions over the other dim are no log-sum-exp."""
     reduced = [o for o in recipe.epilogue.outputs if o.dim is not None and o.blocks is None]
     dims = {o.dim: o for o in reduced}
@@ -116,7 +116,7 @@ def row_block_rows_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 def block_scaled_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """CUTLASS's sm100 blockwise main loop scales each K tile's partial accumulator in registers; at
     a CTA tile N of 256 that spilled (fp8_block_scaled on a pair's 256x256x128: a 280-byte stack
-    frame), where 128 did not (168 registers: docs/blackwell.md). So a block-scaled kernel takes a
+    frame), where 128 did not (168 registers: docs/design/blackwell.md). So a block-scaled kernel takes a
     CTA tile N of at most 128. (The scales' blocks per tile: `rules.block_scale_violations`.)"""
     n = cfg.cta_tile[1]
     if recipe.gemm.block_scale is not None and n > 128:
@@ -155,7 +155,7 @@ def stream_k_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """CUTLASS's sm100 stream-K scheduler runs a CTA tile N of 192 data-parallel whatever it is
     asked (ForceDataParallel), so a split count would be ignored; and its kernels spilled registers
     at a CTA tile N of 256 (a 256-byte stack frame for gemm_bf16 and bias_gelu, 992 with D's row
-    blocks: docs/blackwell.md), where 128 kept every tested recipe in registers. So stream-K takes
+    blocks: docs/design/blackwell.md), where 128 kept every tested recipe in registers. So stream-K takes
     a CTA tile N of at most 128. (Its arguments: `rules.tile_scheduler_violations`.)"""
     if cfg.tile_scheduler is not TileScheduler.STREAM_K:
         return []
@@ -169,7 +169,17 @@ def stream_k_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
-CONSTRAINTS = (schedule_violations, tile_violations, tile_k_violations, cluster_violations, pair_cluster_violations,
+def column_block_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """gg.quantize_columns has an sm_90a node only (column_blocks.hpp stages a CTA's WGMMA fragments);
+    tensor memory's loads give each thread a row, and its sm_100a node is not written."""
+    if recipe.epilogue.column_blocks is None:
+        return []
+    return ["gg.quantize_columns: sm_100a kernels do not write a column-quantized copy yet (sm_90a only); build "
+            "with --arch sm_90a (arch=Arch.SM90A), or quantize the copy after the GEMM"]
+
+
+CONSTRAINTS = (column_block_violations, schedule_violations, tile_violations, tile_k_violations, cluster_violations,
+               pair_cluster_violations,
                smem_violations, reduction_violations, block_scale_violations, block_scaled_tile_violations,
                tile_scheduler_violations, microscaled_tile_violations,
                stream_k_tile_violations, row_violations, row_block_violations, row_block_rows_violations)

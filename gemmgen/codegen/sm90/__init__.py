@@ -22,9 +22,10 @@ def required_sass(config: KernelConfig, recipe: RecipeIR) -> SassRequirement:
     """Every sm90 kernel gemmgen emits multiplies with WGMMA, loads A and B with TMA and hands
     registers between its producer and consumer warpgroups; it stores D with TMA, but where D and
     every aux output have N/2 columns (`ir.columns`: written from the registers, pairs.hpp). D's
-    row blocks (row_blocks.hpp) and reductions over M or N combine across lanes: SHFL."""
+    row blocks (row_blocks.hpp), a copy's column blocks (column_blocks.hpp) and reductions over M or N
+    combine across lanes: SHFL."""
     tma_store = any(o.reduce is None and o.columns is Columns.FULL for o in recipe.outputs)
-    lanes = (("SHFL",),) if any(o.dim is not None for o in recipe.outputs) else ()
+    lanes = (("SHFL",),) if any(o.dim is not None for o in recipe.outputs) or recipe.epilogue.column_blocks else ()
     return (("HGMMA", "QGMMA"), ("UTMALDG",), *((("UTMASTG",),) if tma_store else ()), ("USETMAXREG",), ("SYNCS",),
             *lanes)
 

@@ -19,7 +19,7 @@ from ..rules import (
     tile_k_violations,
     tile_scheduler_violations,
 )
-from .geometry import MAX_ACCUMULATORS_PER_THREAD, accumulators_per_thread
+from .geometry import MAX_ACCUMULATORS_PER_THREAD, accumulators_per_thread, epilogue_tile
 from .smem import SM90_SMEM_CAPACITY, smem_need, stage_count
 
 
@@ -78,6 +78,20 @@ def smem_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
+def column_block_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """gg.quantize_columns's blocks of rows lie in one epilogue subtile (column_blocks.hpp): the
+    cooperative schedule's, whose M is the tile's (128 rows; pingpong's subtile has 64)."""
+    blocks = recipe.epilogue.column_blocks
+    if blocks is None:
+        return []
+    em, _ = epilogue_tile(cfg, recipe)
+    if em % blocks.block:
+        return [f"schedule {cfg.schedule.value}, tile M = {cfg.tile[0]}: gg.quantize_columns's blocks of "
+                f"{blocks.block} rows must lie in one epilogue subtile, which has {em} rows here; use "
+                "Schedule.COOPERATIVE with tile M = 128 or 256"]
+    return []
+
+
 def microscaling_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """Microscaled fp8 and fp4 are scaled by sm_100a's block-scaled MMA; WGMMA has none (nor fp4)."""
     fmt = recipe.gemm.microscaling
@@ -93,4 +107,5 @@ def microscaling_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 #: B) is told so first.
 CONSTRAINTS = (microscaling_violations, tile_violations, tile_k_violations, schedule_violations,
                tile_scheduler_violations, stream_k_schedule_violations, cluster_violations,
-               register_violations, smem_violations, row_block_violations, block_scale_violations)
+               register_violations, smem_violations, row_block_violations, column_block_violations,
+               block_scale_violations)

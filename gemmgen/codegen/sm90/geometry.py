@@ -9,7 +9,7 @@ from ...ir import RecipeIR
 
 #: fp32 accumulators a consumer thread can hold without spilling: it has 240 registers (setmaxnreg),
 #: and the mainloop's addressing and the epilogue need the rest. 128 never spilled in gemmgen's
-#: kernels, more did (docs/measurements.md, "Accumulator registers").
+#: kernels, more did (docs/design/measurements.md, "Accumulator registers").
 MAX_ACCUMULATORS_PER_THREAD = 128
 
 

@@ -34,7 +34,7 @@ _STAGE_ALIGN = 128  # compute_stage_count_or_override rounds stage and carveout 
 #: pipeline barriers (the builder's KernelSmemCarveout)...
 _GROUPED_CARVEOUT = 2 * 128 + 16 * 8
 #: ...and the grouped kernel's shared storage adds those and the epilogue's tensor maps: at most this
-#: much over the stages and the epilogue storage (docs/measurements.md, "Grouped shared storage").
+#: much over the stages and the epilogue storage (docs/design/measurements.md, "Grouped shared storage").
 _GROUPED_KERNEL_EXTRA = 1024
 
 
@@ -118,6 +118,8 @@ def _visitor(b: ParamBinding, cfg: KernelConfig, recipe: RecipeIR, stages: Epilo
     if b.kind == "row_reduction":  # row_reduction.hpp: each consumer warp's value of each column, a tile count
         state = 8 if b.log_sum_exp else 4
         return struct([Storage(4 * consumer_warpgroups(cfg) * cfg.tile[1] * state, _VECTOR_ALIGN), Storage(4, 4)])
+    if b.kind == "column_blocks":  # column_blocks.hpp: the subtile's values, fp32, each column padded by 4
+        return Storage(4 * en * (em + 4), 16)
     return EMPTY  # column vectors and scalars are read from global memory
 
 

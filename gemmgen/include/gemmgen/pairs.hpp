@@ -1,4 +1,4 @@
-// gemmgen: epilogues over adjacent column pairs (gemmgen.pairs, gemmgen.interleave; docs/pairs.md).
+// gemmgen: epilogues over adjacent column pairs (gemmgen.pairs, gemmgen.interleave; docs/design/pairs.md).
 //
 // Each thread of a WGMMA accumulator holds its rows' columns in adjacent pairs (2c, 2c+1), and the
 // epilogue visits them in fragments of an even size that start at an even column: the fragment's

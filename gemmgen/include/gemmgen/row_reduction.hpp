@@ -4,7 +4,7 @@
 // CUTLASS's Sm90RowReduction holds each thread's values of every column of the CTA tile in
 // registers until the tile's last epilogue subtile, indexed by the subtile the runtime loop is
 // at: the compiler puts that array on the stack (480-688 bytes in most configs,
-// docs/measurements.md). This node has its Arguments, Params and workspace (it derives from it:
+// docs/design/measurements.md). This node has its Arguments, Params and workspace (it derives from it:
 // the same host code, the same partials and tile counters, the same final reduction), and differs
 // in where the state lives while a tile's subtiles go by:
 //   visit():  each thread reduces its values of each column of the subtile in registers (one per
