@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gemmgen.codegen import GeneratedKernel, render_kernel
 from tests.data.session_kernels import grouped_pairs, recipe_pairs, sm100_pairs
-from tests.data.sm100 import VALUE_CONFIGS, grouped_value_kernels
+from tests.data.sm100 import VALUE_CONFIGS, grouped_value_kernels, mxfp8_training_kernels
 
 
 def oracle_kernels(examples: dict, extra: dict) -> list[list[GeneratedKernel]]:
@@ -21,5 +21,5 @@ def oracle_kernels(examples: dict, extra: dict) -> list[list[GeneratedKernel]]:
     grouped = [p for pairs in grouped_pairs(sm90).values() for p in pairs]
     dense = [(r, c) for r, c in recipe_pairs(sm90, extra) if not r.ir.gemm.grouped]
     sm100 = sm100_pairs(examples) + [(recipes[name], config) for name, config in VALUE_CONFIGS.values()] + \
-        list(grouped_value_kernels().values())
+        list(grouped_value_kernels().values()) + list(mxfp8_training_kernels().values())
     return [[render_kernel(r.ir, c) for r, c in pairs] for pairs in (grouped, dense, sm100)]

@@ -124,3 +124,19 @@ def grouped_value_kernels() -> dict[str, tuple[gg.Recipe, gg.KernelConfig]]:
             "reads_c": (derived_grouped_recipe(), pair), "block_scaled": (moe_fp8_block, block_one),
             "gated": (moe_swiglu, pair), "mx_pair": (moe_mx_recipe(gg.MXFP8), mx_pair),
             "nv_swapped": (moe_mx_recipe(gg.NVFP4), nv_swapped)}
+
+
+def mxfp8_training_kernels() -> dict[str, tuple[gg.Recipe, gg.KernelConfig]]:
+    """An MXFP8 FusedMLP's training step (gemmgen.training.MXFP8) as nn launches it on a B200, by
+    recipe name: fc1's forward saving its accumulator, fc2's fprop, fc2's dgrad carrying fc1's
+    derived epilogue (gelu' of the saved accumulator, the bias gradient), fc1's dgrad, the fp32
+    weight gradient (both operands along the tokens) and its main_grad accumulation; each under the
+    config a step of 300 tokens launches. Checked by value (tests/runtime/test_sm100_oracle.py)
+    and emulated (tests/runtime/test_sm100_emulation.py); not compiled by the suite."""
+    out: dict[str, tuple[gg.Recipe, gg.KernelConfig]] = {}
+    for accumulate in (False, True):
+        mlp = gg.nn.FusedMLP(256, 512, 128, precision=gg.training.MXFP8(), accumulate_grad=accumulate,
+                             device="meta")
+        for recipe, config in mlp.launches(300, training=True, arch=SM100) + mlp.backward_launches(300, arch=SM100):
+            out.setdefault(recipe.name, (recipe, config))
+    return out

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+import gemmgen as gg
 from gemmgen.codegen import render_kernel
 from gemmgen.codegen.sm100.geometry import mma_ctas
 from gemmgen.ir.microscaling import blocked_shape
@@ -17,7 +18,7 @@ from gemmgen.runtime import scheduler
 from gemmgen.runtime.arguments import ArgumentBuilder
 from gemmgen.testing.oracle import OracleProgram, build_all, field_bits
 from gemmgen.testing.recording import RecordingEncoder
-from tests.data.sm100 import STREAM_K_ORACLES, VALUE_CONFIGS
+from tests.data.sm100 import STREAM_K_ORACLES, VALUE_CONFIGS, mxfp8_training_kernels
 from tests.runtime.test_oracle import PROBLEMS, STREAM_K_PROBLEMS, WORKSPACE, _check, kernel_problem
 
 pytestmark = pytest.mark.oracle
@@ -31,6 +32,8 @@ def sm100_oracles(sm100_kernels, sm100_examples, extra, tmp_path_factory):
     recipes = {**sm100_examples, **extra}
     programs.update({name: OracleProgram(render_kernel(recipes[recipe].ir, config), build)
                      for name, (recipe, config) in VALUE_CONFIGS.items()})
+    programs.update({name: OracleProgram(render_kernel(recipe.ir, config), build)
+                     for name, (recipe, config) in MXFP8_TRAINING.items()})
     build_all(list(programs.values()), build)
     return programs
 
@@ -72,19 +75,36 @@ def test_the_sm100_grid_follows_the_raster_order():
     assert tall.fields["scheduler.raster_order"] == scheduler.RASTER_ALONG_M and tall.grid == (70_000, 1, 1)
 
 
+MXFP8_TRAINING = mxfp8_training_kernels()
+
+
+@pytest.mark.parametrize("name", MXFP8_TRAINING)
+def test_mxfp8_training_kernels_match_cutlass(sm100_oracles, name):
+    """An MXFP8 FusedMLP step's kernels (issue 57) as nn launches them: every field, encode call and
+    the grid against CUTLASS's host code, by value."""
+    oracle = sm100_oracles[name]
+    assert oracle.kernel.recipe.gemm.microscaling is gg.MXFP8
+    for shape in PROBLEMS:
+        if not _past_32_bits(oracle, shape):
+            _check_values(oracle, kernel_problem(oracle.kernel, *shape, sm_count=148), f"{name} {shape}")
+
+
+def _past_32_bits(oracle: OracleProgram, shape) -> bool:
+    """Problems gemmgen refuses where CUTLASS's 32-bit arithmetic wraps: a reduction's partial values
+    (test_oracle's case) or a microscaled kernel's scales (`_scales_wrap`)."""
+    reductions = any(f.name.startswith(("epilogue.col_reduction", "epilogue.row_reduction"))
+                     for f in oracle.kernel.fields)
+    return (shape[3] == 2**28 and reductions) or _scales_wrap(oracle.kernel.recipe, shape)
+
+
 @pytest.mark.parametrize("name", VALUE_CONFIGS)
 def test_sm100_geometries_without_a_compiled_kernel_match_cutlass(sm100_oracles, name):
     """Every field gemmgen writes, every encode call and the grid, against CUTLASS's host code
     (values compared by name: with no compiled kernel there is no probed layout to pack into)."""
     oracle = sm100_oracles[name]
     for shape in PROBLEMS:
-        p = kernel_problem(oracle.kernel, *shape, sm_count=148)
-        if shape[3] == 2**28 and any(f.name.startswith(("epilogue.col_reduction", "epilogue.row_reduction"))
-                                     for f in oracle.kernel.fields):
-            continue  # past CUTLASS's 32-bit reduction arithmetic: gemmgen refuses it (test_oracle's case)
-        if _scales_wrap(oracle.kernel.recipe, shape):
-            continue
-        _check_values(oracle, p, f"{name} {shape}")
+        if not _past_32_bits(oracle, shape):
+            _check_values(oracle, kernel_problem(oracle.kernel, *shape, sm_count=148), f"{name} {shape}")
 
 
 def _check_values(oracle: OracleProgram, p, where: str) -> None:

@@ -300,6 +300,24 @@ def test_the_mlps_quantized_copies_come_from_its_epilogues(activation, monkeypat
     assert (fused_amax, unfused_amax) == (6, 10)
 
 
+@pytest.mark.parametrize("precision", [Float8Blockwise(), Float8Tensorwise()], ids=repr)
+def test_a_low_precision_mlp_under_torch_compile_gives_eager_bits(precision):
+    """torch.compile (AOTAutograd) of a FusedMLP step in a precision: the output and every gradient
+    bit-equal to eager's. Not fullgraph: the step breaks the graph where it quantizes its weights once
+    per optimizer step (`WeightCache`, Python state); docs/training.md says so."""
+    torch.manual_seed(0)
+    mlp = gg.nn.FusedMLP(256, 512, 128, activation="gelu", precision=precision)
+    x, g = torch.randn(200, 256).bfloat16(), torch.randn(200, 128).bfloat16()
+    steps = []
+    for run in (mlp, torch.compile(mlp, backend="aot_eager")):
+        mlp.zero_grad()
+        xs = x.clone().requires_grad_(True)
+        y = run(xs)
+        y.backward(g)
+        steps.append((y.detach(), xs.grad, *(p.grad for p in mlp.parameters())))
+    assert all(torch.equal(a, b) for a, b in zip(*steps, strict=True))
+
+
 def test_weights_are_quantized_once_per_optimizer_step():
     """Micro-batches between steps share the quantized weight; a step (in place) makes a new one."""
     layer = gg.nn.FusedLinear(128, 128, precision=Float8Blockwise())
