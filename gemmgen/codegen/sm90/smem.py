@@ -207,10 +207,24 @@ def _stage_bytes(cfg: KernelConfig, recipe: RecipeIR, scales: int) -> int:
 
 def stage_count(cfg: KernelConfig, recipe: RecipeIR) -> int:
     """Mainloop stages: the explicit count, or what StageCountAutoCarveout will choose
-    (compute_stage_count_or_override)."""
+    (compute_stage_count_or_override), one fewer while the kernel's bound (`smem_need`) passes an
+    sm_90 block's shared memory: CUTLASS's count leaves out the block scales' padding, so a
+    block-scaled kernel's may not fit (the kernel then spells its count out: `explicit_stages`)."""
     if cfg.stages is not None:
         return cfg.stages
-    return _stages(cfg, recipe, epilogue_smem_bytes(cfg, recipe))
+    stages = _stages(cfg, recipe, epilogue_smem_bytes(cfg, recipe))
+    while stages > 2 and _need(cfg, recipe, stages) > SM90_SMEM_CAPACITY:
+        stages -= 1
+    return stages
+
+
+def explicit_stages(cfg: KernelConfig, recipe: RecipeIR) -> int | None:
+    """The stage count a kernel spells out (StageCount<N>): the config's own, or `stage_count`'s
+    where it is below CUTLASS's automatic count; None where that count is CUTLASS's."""
+    if cfg.stages is not None:
+        return cfg.stages
+    stages = stage_count(cfg, recipe)
+    return None if stages == _stages(cfg, recipe, epilogue_smem_bytes(cfg, recipe)) else stages
 
 
 def _stages(cfg: KernelConfig, recipe: RecipeIR, epilogue_bytes: int) -> int:
@@ -229,9 +243,13 @@ def smem_need(cfg: KernelConfig, recipe: RecipeIR) -> int:
     Block scales are stored apart from the tiles, one 128-byte aligned array per operand for all
     stages, and they leave the kernel's tensors off the 512- or 1024-byte alignment the epilogue's
     swizzled buffers give them: bounded by rounding the two arrays up to 1 KB together."""
+    return _need(cfg, recipe, stage_count(cfg, recipe))
+
+
+def _need(cfg: KernelConfig, recipe: RecipeIR, stages: int) -> int:
+    """`smem_need` under `stages` mainloop stages."""
     epilogue_bytes = epilogue_smem_bytes(cfg, recipe)
     extra = _GROUPED_KERNEL_EXTRA if recipe.gemm.grouped else 0
-    stages = _stages(cfg, recipe, epilogue_bytes)
     ms, ns = scales_per_tile(cfg, recipe)
     scales = _round(_round(4 * ms * stages, _STAGE_ALIGN) + _round(4 * ns * stages, _STAGE_ALIGN), 1024) \
         if ms + ns else 0

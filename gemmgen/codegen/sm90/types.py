@@ -13,6 +13,7 @@ from ...types import DType
 from ..common_types import block_scale_decls, epilogue_strides, epilogue_tile_type, problem_shape
 from ..evt import EpilogueCode
 from .geometry import epilogue_tile_override, scales_per_tile
+from .smem import explicit_stages
 
 #: How the kernel names its mainloop and epilogue collectives: "resolved" spells out the types
 #: CUTLASS's CollectiveBuilders resolve to (what gemmgen emits: it compiles faster); "builder" names
@@ -27,9 +28,10 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
     `recipe` is the kernel-side view (`GeneratedKernel.kernel_recipe`)."""
     g = recipe.gemm
     c_bits = DType.F32.bits if epi.element_c == "void" else _bits_of(epi.element_c)
+    stages = explicit_stages(config, recipe)
     stage_count = ("cutlass::gemm::collective::StageCountAutoCarveout<"
                    "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"
-                   if config.stages is None else f"cutlass::gemm::collective::StageCount<{config.stages}>")
+                   if stages is None else f"cutlass::gemm::collective::StageCount<{stages}>")
     scale_decls, (layout_pair_a, layout_pair_b) = _block_scale_types(recipe)
     stride_c, stride_d = epilogue_strides(recipe)
     # a grouped kernel names its layouts as pointers: CUTLASS's tag for a stride per group
@@ -48,7 +50,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         kernel_schedule=kernel_schedule(config.schedule, g.grouped, block_scaled=g.block_scale is not None),
         mainloop_policy=_mainloop_policy(recipe), problem_shape=problem_shape(recipe),
         epilogue_schedule=epilogue_schedule(config.schedule, g.grouped), stage_count=stage_count,
-        mainloop_stages=_mainloop_stages(config, recipe, stage_count),
+        mainloop_stages=_mainloop_stages(config, recipe, stage_count, stages),
         block_scale_decls=scale_decls, layout_pair_a=layout_pair_a, layout_pair_b=layout_pair_b,
         stride_a=_stride_pair("A", g), stride_b=_stride_pair("B", g),
         stride_c=stride_c, stride_d=stride_d,
@@ -100,15 +102,16 @@ def _stride_pair(operand: str, gemm: GemmSpec) -> str:
     return f"cute::tuple<{stride}, cutlass::detail::TagToStride{operand}_t<LayoutSF{operand}{per_group}>>"
 
 
-def _mainloop_stages(config: KernelConfig, recipe: RecipeIR, stage_count: str) -> str:
+def _mainloop_stages(config: KernelConfig, recipe: RecipeIR, stage_count: str, stages: int | None) -> str:
     """The builder's stage count: what fits beside the epilogue (`smem.stage_count` models it).
-    The blockwise builder counts the scales too, and takes no explicit count: one is spelled out."""
+    The blockwise builder counts the scales too, and takes no explicit count: one is spelled out
+    (`stages`, `smem.explicit_stages`)."""
     capacity = _smem_capacity(recipe.gemm.grouped)
     if recipe.gemm.block_scale is None:
         return (f"cutlass::gemm::collective::detail::compute_stage_count_or_override<\n    {capacity}, ElementA, "
                 f"ElementB, TileShape>({stage_count}{{}})")
-    if config.stages is not None:
-        return str(config.stages)
+    if stages is not None:
+        return str(stages)
     ms, ns = scales_per_tile(config, recipe)
     return (f"cutlass::gemm::collective::detail::compute_stage_count_with_blockwise_scale<\n    {capacity}, "
             f"ElementA, ElementB, ElementAccumulator, TileShape, {ms}, {ns}>({stage_count}{{}})")
