@@ -20,6 +20,17 @@ _REDUCTIONS: tuple[tuple[Callable[..., Any], bool], ...] = (
     (gg.reduce_max, False), (gg.reduce_min, False), (gg.logsumexp, True))
 
 
+def random_recipes(rng: random.Random, count: int) -> list[gg.Recipe]:
+    """`count` random recipes (`random_recipe`), named random0 ..., drawn again where the DSL refuses a draw."""
+    recipes: list[gg.Recipe] = []
+    while len(recipes) < count:
+        try:
+            recipes.append(random_recipe(rng, len(recipes)))
+        except gg.RecipeError:
+            continue
+    return recipes
+
+
 def random_recipe(rng: random.Random, index: int) -> gg.Recipe:
     """Recipe `random<index>`: random operands (every kind, dtype and both scalar forms; a batched
     recipe's scalars and vectors shared by the batches or one per batch, its matrices one per batch

@@ -10,7 +10,7 @@ import random
 import gemmgen as gg
 from gemmgen.codegen import GeneratedKernel, render_kernel
 from gemmgen.testing.collectives import collectives_check_source
-from gemmgen.testing.random_recipes import random_recipe
+from gemmgen.testing.random_recipes import random_recipes
 from gemmgen.tuning.heuristic import SWAP_MAX_M, candidate_configs
 
 
@@ -44,12 +44,7 @@ def random_kernels(seed: int) -> list[GeneratedKernel]:
     """30 random recipes, each under a random candidate config and a random swapped one
     (test_epilogue_source.test_random_epilogues_are_valid_kernel_types)."""
     rng = random.Random(seed)
-    recipes: list[gg.Recipe] = []
-    while len(recipes) < 30:
-        try:
-            recipes.append(random_recipe(rng, len(recipes)))
-        except gg.RecipeError:
-            continue
+    recipes = random_recipes(rng, 30)
     kernels = []
     for r in recipes:
         listed = candidate_configs(r.ir, SWAP_MAX_M)

@@ -16,7 +16,7 @@ import torch
 import gemmgen as gg
 from gemmgen.codegen import violations
 from gemmgen.integrations.grouped import GroupedOp
-from gemmgen.testing.random_recipes import random_recipe
+from gemmgen.testing.random_recipes import random_recipes
 from gemmgen.tuning.heuristic import candidate_configs, choose, m_bucket
 
 ARCHES = (gg.Arch.SM90A, gg.Arch.SM100A)
@@ -25,13 +25,7 @@ TOKENS = (1, 8, 200, 4096)
 
 def _random_recipes(seed: int, count: int) -> list[gg.Recipe]:
     """`count` random recipes (tests/codegen's generator) and each one's derived backward where it has one."""
-    rng = random.Random(seed)
-    recipes: list[gg.Recipe] = []
-    while len(recipes) < count:
-        try:
-            recipes.append(random_recipe(rng, len(recipes)))
-        except gg.RecipeError:
-            continue
+    recipes = random_recipes(random.Random(seed), count)
     derived = []
     for r in recipes:
         try:
