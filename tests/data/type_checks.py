@@ -37,6 +37,10 @@ def example_kernels(examples: dict, extra: dict) -> list[GeneratedKernel]:
                if gg.codegen.is_valid(c, r.ir)]
     kernels += [render_kernel(r.ir, c or r.default_config()) for r in extra.values() for c in configs
                 if c is None or gg.codegen.is_valid(c, r.ir)]
+    # an explicit stage count on the blockwise builder, which takes it only as a carveout
+    explicit = gg.KernelConfig(tile=(128, 128, 128), stages=3)
+    block_scaled = sorted(n for n, r in extra.items() if r.ir.gemm.block_scale is not None)
+    kernels += [render_kernel(extra[n].ir, explicit) for n in block_scaled[:2]]
     return kernels
 
 

@@ -227,6 +227,17 @@ def explicit_stages(cfg: KernelConfig, recipe: RecipeIR) -> int | None:
     return None if stages == _stages(cfg, recipe, epilogue_smem_bytes(cfg, recipe)) else stages
 
 
+def blockwise_carveout(cfg: KernelConfig, recipe: RecipeIR, stages: int) -> int:
+    """The StageCountAutoCarveout bytes for which the blockwise builder chooses `stages`: it takes
+    no StageCount<N> (compute_stage_count_with_blockwise_scale has no such overload), so the
+    builder's spelling of an explicit count is the shared memory left beside that many stages."""
+    capacity = SM90_SMEM_CAPACITY - (_GROUPED_CARVEOUT if recipe.gemm.grouped else 0)
+    left = capacity // _STAGE_ALIGN * _STAGE_ALIGN - stages * mainloop_stage_bytes(cfg, recipe)
+    if left < 0:
+        raise ValueError(f"{stages} stages of {cfg.tile} exceed an sm_90 block's shared memory")
+    return left // _STAGE_ALIGN * _STAGE_ALIGN
+
+
 def _stages(cfg: KernelConfig, recipe: RecipeIR, epilogue_bytes: int) -> int:
     if cfg.stages is not None:
         return cfg.stages

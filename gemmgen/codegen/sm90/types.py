@@ -13,7 +13,7 @@ from ...types import DType
 from ..common_types import block_scale_decls, epilogue_strides, epilogue_tile_type, problem_shape
 from ..evt import EpilogueCode
 from .geometry import epilogue_tile_override, scales_per_tile
-from .smem import explicit_stages
+from .smem import blockwise_carveout, explicit_stages
 
 #: How the kernel names its mainloop and epilogue collectives: "resolved" spells out the types
 #: CUTLASS's CollectiveBuilders resolve to (what gemmgen emits: it compiles faster); "builder" names
@@ -29,9 +29,7 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
     g = recipe.gemm
     c_bits = DType.F32.bits if epi.element_c == "void" else _bits_of(epi.element_c)
     stages = explicit_stages(config, recipe)
-    stage_count = ("cutlass::gemm::collective::StageCountAutoCarveout<"
-                   "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"
-                   if stages is None else f"cutlass::gemm::collective::StageCount<{stages}>")
+    stage_count = _stage_count(config, recipe, stages)
     scale_decls, (layout_pair_a, layout_pair_b) = _block_scale_types(recipe)
     stride_c, stride_d = epilogue_strides(recipe)
     # a grouped kernel names its layouts as pointers: CUTLASS's tag for a stride per group
@@ -100,6 +98,17 @@ def _stride_pair(operand: str, gemm: GemmSpec) -> str:
         return stride
     per_group = " *" if gemm.grouped else ""
     return f"cute::tuple<{stride}, cutlass::detail::TagToStride{operand}_t<LayoutSF{operand}{per_group}>>"
+
+
+def _stage_count(config: KernelConfig, recipe: RecipeIR, stages: int | None) -> str:
+    """The builders' StageCountType: what the epilogue leaves, or `stages` spelled out (for the
+    blockwise builder, as the carveout that leaves room for exactly that many)."""
+    carveout = "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))"
+    if stages is None:
+        return f"cutlass::gemm::collective::StageCountAutoCarveout<{carveout}>"
+    if recipe.gemm.block_scale is None:
+        return f"cutlass::gemm::collective::StageCount<{stages}>"
+    return f"cutlass::gemm::collective::StageCountAutoCarveout<{blockwise_carveout(config, recipe, stages)}>"
 
 
 def _mainloop_stages(config: KernelConfig, recipe: RecipeIR, stage_count: str, stages: int | None) -> str:
