@@ -53,7 +53,7 @@ from .base import (
     warn_no_kernel,
     weight_rows,
 )
-from .grads import accumulating, weight_grad, weight_grad_recipe
+from .grads import accumulating, weight_grad
 from .low_precision import (
     LinearGemms,
     LowPrecisionLinear,
@@ -63,6 +63,7 @@ from .low_precision import (
     forward_operands,
     linear_gemms,
 )
+from .plan import linear_plan
 
 
 @dataclass(frozen=True)
@@ -422,32 +423,15 @@ class FusedLinear(RecipeModule):
         pre-activation. What to build ahead of time, e.g.
         `gg.warmup([layer.launches(t) for t in (1, 512, 4096)] + [layer.launches(4096, training=True)])`.
         The kernels are `kernel_dtype`'s."""
-        if self.precision is not None:
-            recipe = self.training_recipe if training and self.training_recipe is not None else self.recipe
-        else:
-            kernels = self.kernels(self.kernel_dtype)
-            saving = training and kernels.training_recipe is not None and not self._recompute
-            recipe = kernels.training_recipe if saving and kernels.training_recipe is not None else kernels.recipe
-        return recipe, tuning.config_for(recipe, tokens, self.weight_rows, self.in_features, 1, device=device,
-                                         sm_count=sm_count, arch=launch_arch(arch))
+        return linear_plan(self, tokens, training)[0].launch(sm_count, device, launch_arch(arch))
 
     def backward_launches(self, tokens: int, sm_count: int | None = None, device: tuning.Device | None = None,
                           arch: Arch | str | None = None) -> list[tuple[Recipe, KernelConfig]]:
         """(recipe, config) of the gemmgen kernels a backward of `tokens` rows launches: the derived
-        kernel with `recompute`, the fp32 weight-gradient GEMM with `accumulate_grad`."""
-        out: list[tuple[Recipe, tuple[int, int, int]]] = []
-        bwd = self.kernels(self.kernel_dtype).bwd
-        if self.precision is not None:  # dgrad, and wgrad (fp32, or into main_grad)
-            gemms = self._gemms
-            wgrad = gemms.wgrad_accumulate if self._accumulate_grad else gemms.wgrad
-            out = [(gemms.dgrad.recipe, (tokens, self.in_features, self.weight_rows)),
-                   (wgrad.recipe, (self.weight_rows, self.in_features, tokens))]
-        elif bwd is not None:
-            out.append((bwd.recipe, (tokens, self.weight_rows, self.in_features)))
-        if self._accumulate_grad and self.precision is None:
-            out.append((weight_grad_recipe(self.kernel_dtype), (self.weight_rows, self.in_features, tokens)))
+        kernel with `recompute`, the fp32 weight-gradient GEMM with `accumulate_grad`; every GEMM of
+        the step, torch's too, is `gemmgen.nn.plan.linear_plan`'s."""
         target = launch_arch(arch)
-        return [(r, tuning.config_for(r, *shape, 1, device=device, sm_count=sm_count, arch=target)) for r, shape in out]
+        return [g.launch(sm_count, device, target) for g in linear_plan(self, tokens) if g.backward and g.recipe]
 
     def config_for(self, tokens: int, sm_count: int | None = None, arch: Arch | str | None = None) -> KernelConfig:
         """The config of `launches(tokens)` (inference, no device)."""

@@ -63,7 +63,7 @@ from .base import (
     launch_arch,
     warn_no_kernel,
 )
-from .grads import accumulating, pairs_weight_grad, weight_grad, weight_grad_recipe
+from .grads import accumulating, pairs_weight_grad, weight_grad
 from .linear import FusedLinear, linear_recipe, training_flag
 from .low_precision import (
     LowPrecisionMLP,
@@ -75,6 +75,7 @@ from .low_precision import (
     mlp_gemms,
 )
 from .pairs import interleave_pairs
+from .plan import mlp_plan
 
 
 @functools.cache
@@ -486,40 +487,17 @@ class FusedMLP(RecipeModule):
         """(recipe, config) of each gemmgen kernel a forward of `tokens` rows launches (with
         `training`, as it runs when gradients are wanted), as the launch policy decides (see
         FusedLinear.launches)."""
-        m, hidden, n_in = tokens, self.fc1.weight_rows, self.fc1.in_features
         target = launch_arch(arch)
-        if self.precision is not None:
-            gemms = self._gemms
-            first = (gemms.fc1_quantizing or gemms.fc1_saving) if training else gemms.fc1.fprop
-            return [(r.recipe, tuning.config_for(r.recipe, *shape, 1, device=device, sm_count=sm_count, arch=target))
-                    for r, shape in ((first, (m, hidden, n_in)), (gemms.fc2.fprop, (m, self.fc2.out_features, hidden)))]
-        fc2 = self.fc2.launches(tokens, sm_count=sm_count, device=device, arch=target)
-        if not training or self.recompute:
-            return [self.fc1.launches(tokens, sm_count=sm_count, device=device, arch=target), fc2]
-        fc1 = self._backward.forward
-        return [(fc1, tuning.config_for(fc1, m, hidden, n_in, 1, device=device, sm_count=sm_count, arch=target)), fc2]
+        return [g.launch(sm_count, device, target) for g in mlp_plan(self, tokens, training) if not g.backward]
 
     def backward_launches(self, tokens: int, sm_count: int | None = None, device: tuning.Device | None = None,
                           arch: Arch | str | None = None) -> list[tuple[Recipe, KernelConfig]]:
         """(recipe, config) of the gemmgen kernels a backward of `tokens` rows launches: the derived
         kernel (its GEMM fc2's dgrad, or fc1's again with `recompute`), and with `accumulate_grad`
-        the two fp32 weight-gradient GEMMs."""
-        hidden, n_in, n_out = self.fc1.out_features, self.fc1.in_features, self.fc2.out_features
-        rows = self.fc1.weight_rows  # fc1's GEMM's N: 2 x hidden for a gated activation
-        recompute = self.recompute
-        kernels = [(self._backward.kernel, (tokens, rows if recompute else hidden, n_in if recompute else n_out))]
-        if self.precision is not None:  # fc2's dgrad with fc1's epilogue, fc1's dgrad, both wgrads
-            g = self._gemms
-            wgrads = [(f.wgrad_accumulate if self._accumulate_grad else f.wgrad).recipe for f in (g.fc1, g.fc2)]
-            kernels = [((g.bwd_quantizing or g.bwd).recipe, (tokens, hidden, n_out)),
-                       (g.fc1.dgrad.recipe, (tokens, n_in, hidden)),
-                       (wgrads[0], (hidden, n_in, tokens)), (wgrads[1], (n_out, hidden, tokens))]
-        elif self._accumulate_grad:
-            wgrad = weight_grad_recipe(self.fc1.kernel_dtype)
-            kernels += [(wgrad, (rows, n_in, tokens)), (wgrad, (n_out, hidden, tokens))]
+        the two fp32 weight-gradient GEMMs; every GEMM of the step, torch's too, is
+        `gemmgen.nn.plan.mlp_plan`'s."""
         target = launch_arch(arch)
-        return [(r, tuning.config_for(r, *shape, 1, device=device, sm_count=sm_count, arch=target))
-                for r, shape in kernels]
+        return [g.launch(sm_count, device, target) for g in mlp_plan(self, tokens) if g.backward and g.recipe]
 
     def extra_repr(self) -> str:
         second = self.__dict__.get("_second")

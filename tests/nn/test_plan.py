@@ -1,0 +1,75 @@
+"""gemmgen.nn.plan against what a step runs: every GEMM a FusedLinear's or a FusedMLP's training
+step dispatches (gemmgen's kernels by recipe, torch's matmuls), with its (M, N, K), is the plan's,
+and nothing else is: the inventory `gemmgen advise` costs is the one the layers launch."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import gemmgen as gg
+from gemmgen.nn.plan import Pass, linear_plan, mlp_plan
+
+_TORCH_GEMMS = {"mm", "addmm", "bmm", "matmul", "_grouped_mm"}
+
+
+class Gemms(TorchDispatchMode):
+    """The GEMMs a region dispatches: ("torch", m, n, k) or (recipe name, m, n, k)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket).removeprefix("aten.")
+        if func.namespace == "aten" and name in _TORCH_GEMMS:
+            a, b = args[-2], args[-1]
+            self.found["torch", a.shape[-2], b.shape[-1], a.shape[-1]] += 1
+        elif func.namespace == "gemmgen":
+            a, b = args[0], args[1]
+            self.found[func._opname.rsplit("_", 1)[0], a.shape[-2], b.shape[-1], a.shape[-1]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _planned(plan) -> collections.Counter:
+    return collections.Counter(("torch" if g.recipe is None else g.recipe.name, g.m, g.n, g.k) for g in plan)
+
+
+def _step(module: torch.nn.Module, tokens: int, features: int = 256) -> collections.Counter:
+    x = torch.randn(tokens, features, dtype=torch.bfloat16, requires_grad=True)
+    with Gemms() as gemms:
+        y = module(x)
+        y.backward(torch.randn_like(y))
+    return gemms.found
+
+
+LINEARS = [dict(activation=None), dict(activation="gelu"), dict(activation="silu", recompute=True),
+           dict(activation="gelu", accumulate_grad=True), dict(activation=None, precision="blockwise")]
+
+
+@pytest.mark.parametrize("options", LINEARS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_a_linears_step_runs_its_plans_gemms(options):
+    options = dict(options)
+    if options.pop("precision", None):
+        options["precision"] = gg.training.Float8Blockwise()
+    layer = gg.nn.FusedLinear(256, 384, bias=True, dtype=torch.bfloat16, **options)
+    plan = linear_plan(layer, 72)
+    assert plan[0].pass_ is Pass.FPROP and {g.pass_ for g in plan[1:]} <= {Pass.DGRAD, Pass.WGRAD}
+    assert _step(layer, 72) == _planned(plan)
+
+
+MLPS = [dict(activation="gelu"), dict(activation="swiglu", bias=False), dict(activation="gelu", recompute=True),
+        dict(activation="swiglu", bias=False, accumulate_grad=True),
+        dict(activation="gelu", precision="blockwise"), dict(activation="swiglu", bias=False, precision="blockwise")]
+
+
+@pytest.mark.parametrize("options", MLPS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_an_mlps_step_runs_its_plans_gemms(options):
+    options = dict(options)
+    if options.pop("precision", None):
+        options["precision"] = gg.training.Float8Blockwise()
+    mlp = gg.nn.FusedMLP(256, 384, 128, dtype=torch.bfloat16, **options)
+    assert _step(mlp, 72) == _planned(mlp_plan(mlp, 72))
