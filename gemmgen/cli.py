@@ -1,5 +1,6 @@
 """`gemmgen build | inspect | generate | explain | tune RECIPES.py`: compile a file's recipes, report
-their kernels, write their CUTLASS sources, explain which config a call launches, and autotune."""
+their kernels, write their CUTLASS sources, explain which config a call launches, and autotune;
+`gemmgen advise CONFIG.json`: a model's training step as GEMMs, their kernels, waves and time."""
 
 from __future__ import annotations
 
@@ -355,6 +356,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version",
                    version=f"gemmgen {__version__} ({', '.join(a.value for a in Arch)})")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_advise(sub)
     for name, fn, help_ in (("build", cmd_build, "compile every recipe of a file in parallel and print the report"),
                             ("inspect", cmd_inspect, "print the kernel report (compiles what is not cached)"),
                             ("generate", cmd_generate, "write the generated CUTLASS sources"),
@@ -412,6 +414,38 @@ def parser() -> argparse.ArgumentParser:
             sp.add_argument("--tuning", default=None,
                             help="autotune results (`gemmgen tune`): build each winner, ship the file in the bundle")
     return p
+
+
+def _add_advise(sub: Any) -> None:
+    help_ = "a model's training step as GEMMs: each one's kernel, tiles, waves and modelled time, advice and cliffs"
+    sp = sub.add_parser("advise", help=help_, description=help_ + " (docs/advise.md)",
+                        epilog="environment variables: `gemmgen --help` lists them")
+    sp.add_argument("config", help="a Hugging Face config.json (examples/models/ has four)")
+    sp.add_argument("--tokens", type=_positive, required=True, help="tokens per step and rank: micro-batch x sequence")
+    sp.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree (default 1)")
+    sp.add_argument("--cp", type=_positive, default=1, help="context-parallel degree: divides the sequence (default 1)")
+    sp.add_argument("--ep", type=_positive, default=1, help="expert-parallel degree (default 1)")
+    sp.add_argument("--sp", action="store_true", help="sequence parallelism (communication only: same GEMMs)")
+    sp.add_argument("--precision", default="bf16", help="bf16 (default), fp8-blockwise, fp8-tensorwise, mxfp8")
+    sp.add_argument("--gpu", default="h100", help="h100 (default), h200 or b200")
+    sp.add_argument("--json", action="store_true", help="print one JSON object (docs/advise.md has the schema)")
+    sp.add_argument("--plot", default=None, metavar="FILE.png", help="also draw the waves and the roofline")
+    sp.add_argument("--no-scan", action="store_true", help="leave out the FFN and hidden size scans and the plans")
+    sp.set_defaults(fn=cmd_advise)
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from . import advise  # torch and the layers: loaded by this command alone, not by `gemmgen --help`
+
+    gpu = advise.gpu(args.gpu)
+    spec = advise.load_config(args.config)
+    plan = advise.ParallelPlan(tp=args.tp, cp=args.cp, ep=args.ep, sp=args.sp)
+    found = advise.advise(spec, args.tokens, gpu, plan, advise.precision(args.precision, gpu), args.precision,
+                          scan=not args.no_scan)
+    print(json.dumps(advise.to_json(found), indent=2) if args.json else advise.table(found))
+    if args.plot:
+        print(f"gemmgen: wrote {advise.plot(found, args.plot)}", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

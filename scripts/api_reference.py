@@ -3,12 +3,12 @@
     python scripts/api_reference.py            # writes docs/api.md
     python scripts/api_reference.py --check    # exit status 1 if docs/api.md is not what it would write
 
-The public names are `gemmgen.__all__`, `gemmgen.nn.__all__`, `gemmgen.training.__all__` and the few
-names of other packages the user docs call (`EXTRA`). Each gets its kind, its signature (a class's
-constructor; a dataclass's fields) and its docstring's first paragraph; a class also its public
-methods and properties with their docstring's first line. The output depends on nothing but the
-code: names sorted, default values by a repr with no addresses. tests/test_docs.py holds docs/api.md
-to it.
+The public names are `gemmgen.__all__`, `gemmgen.nn.__all__`, `gemmgen.training.__all__`,
+`gemmgen.advise.__all__` and the few names of other packages the user docs call (`EXTRA`). Each
+gets its kind, its signature (a class's constructor; a dataclass's fields) and its docstring's
+first paragraph; a class also its public methods and properties with their docstring's first line.
+The output depends on nothing but the code: names sorted, default values by a repr with no
+addresses. tests/test_docs.py holds docs/api.md to it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "api.md"
 #: The modules whose `__all__` is public, in the page's order.
-MODULES = ("gemmgen", "gemmgen.nn", "gemmgen.training")
+MODULES = ("gemmgen", "gemmgen.nn", "gemmgen.training", "gemmgen.advise")
 #: Names of other packages the user docs (README.md, docs/*.md) call, by module.
 EXTRA = {
     "gemmgen.tuning": ("choose_launch", "Launch", "Source", "Device"),

@@ -174,8 +174,8 @@ def test_the_api_reference_is_what_the_docstrings_say():
 
 
 def test_every_public_name_has_a_docstring():
-    """Every name of gemmgen's, gemmgen.nn's and gemmgen.training's `__all__` says what it is: a
-    docstring, or for a constant a `#:` comment above it (an enum member: its enum's docstring)."""
+    """Every name of gemmgen's, gemmgen.nn's, gemmgen.training's and gemmgen.advise's `__all__` says
+    what it is: a docstring, or for a constant a `#:` comment above it (an enum member: its enum's docstring)."""
     api = _api_reference()
     missing = []
     for module_name in api.MODULES:

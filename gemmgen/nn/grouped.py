@@ -109,12 +109,17 @@ class GroupedLaunches:
                                               self.num_experts, device=device, arch=target)
 
 
+    @property
+    def derived_backward(self) -> Backward | None:
+        """The recipe's derived backward (`Recipe.backward`), None where torch differentiates."""
+        return _derived(self.recipe)
+
     def backward_launches(self, rows: int | None = None, device: tuning.Device | None = None,
                           arch: Arch | str | None = None) -> list[tuple[Recipe, Any]]:
         """(recipe, config) of the gemmgen kernel a backward launches for `rows` rows of tokens:
         the derived one (the grouped GEMM again, writing dL/dacc: `integrations.grouped`), chosen
         as forward's is; none for fp8 experts (their gradients are torch's)."""
-        derived = _derived(self.recipe)
+        derived = self.derived_backward
         if derived is None:
             return []
         target = launch_arch(arch)

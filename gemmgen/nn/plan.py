@@ -132,3 +132,20 @@ def mlp_plan(mlp, tokens: int, training: bool = True, name: str = "mlp") -> list
             _bf16_wgrad(fc2, "dW = dL/dacc^T x", n_out, hidden, t, mlp._accumulate_grad, mlp.fc1.kernel_dtype),
             PlannedGemm(fc1, Pass.DGRAD, "dx = dL/dacc W", t, n_in, rows, None),
             _bf16_wgrad(fc1, "dW = dL/dacc^T x", rows, n_in, t, mlp._accumulate_grad, mlp.fc1.kernel_dtype)]
+
+
+def grouped_plan(layer, rows: int, training: bool = True, name: str = "experts") -> list[PlannedGemm]:  # type: ignore[no-untyped-def]
+    """A GroupedLinear's GEMMs for `rows` routed rows over its experts: the grouped kernel, then with
+    `training` its derived kernel (the grouped GEMM again, writing dL/dacc) and dx and dW by
+    `torch._grouped_mm` (dW's groups split K: each expert's rows)."""
+    e, wr, n_in = layer.num_experts, layer.weight_rows, layer.in_features
+    out = [PlannedGemm(name, Pass.FPROP, "y_e = act(x_e W_e^T + b_e)", rows, wr, n_in, layer.recipe, e)]
+    if not training:
+        return out
+    derived = layer.derived_backward
+    dacc = (PlannedGemm(name, Pass.DGRAD, "dL/dacc: the grouped GEMM again, its epilogue derived", rows, wr, n_in,
+                        derived.kernel, e) if derived is not None else
+            PlannedGemm(name, Pass.DGRAD, "acc again, differentiated by autograd", rows, wr, n_in, None, e))
+    return [*out, dacc,
+            PlannedGemm(name, Pass.DGRAD, "dx_e = dL/dacc_e W_e", rows, n_in, wr, None, e),
+            PlannedGemm(name, Pass.WGRAD, "dW_e^T = x_e^T dL/dacc_e (groups split K)", n_in, wr, rows, None, e)]

@@ -137,7 +137,30 @@ STREAM_K_FIXUP_K_TILES = 2
 STREAM_K_MARGIN = 0.03
 
 
-def _score(cfg: KernelConfig, m: int, n: int, k: int, l: int, sm_count: int) -> tuple[float, str]:  # noqa: E741
+@dataclass(frozen=True)
+class Waves:
+    """How a config's kernel covers a problem, in the heuristic's terms: MMA tiles along the
+    kernel's M and N (swapped: the problem's N and M; rounded up to whole clusters), `waves` of them
+    on the SMs (a pair's tile takes two), `useful` the fraction of the tiles' area the problem
+    covers, and `quantization` the fraction of the SMs' time that does work: the last wave's
+    emptiness for a persistent kernel, the stream-K decomposition's balance for a stream-K one."""
+
+    tiles_m: int
+    tiles_n: int
+    tiles: int
+    waves: float
+    useful: float
+    quantization: float
+    how: str
+
+    @property
+    def efficiency(self) -> float:
+        """useful x quantization: the share of the launched MMA work that is the problem's."""
+        return self.useful * self.quantization
+
+
+def wave_model(cfg: KernelConfig, m: int, n: int, k: int, l: int, sm_count: int) -> Waves:  # noqa: E741
+    """`cfg`'s kernel on the problem (M, N, K, L) on `sm_count` SMs (see Waves)."""
     if cfg.swap_ab:  # the kernel's problem is N x M
         m, n = n, m
     tm, tn, _ = cfg.tile
@@ -145,15 +168,21 @@ def _score(cfg: KernelConfig, m: int, n: int, k: int, l: int, sm_count: int) -> 
     tiles_m = -(-m // (tm * cm)) * cm
     tiles_n = -(-n // (tn * cn)) * cn
     tiles = tiles_m * tiles_n * l
-    padding = (m * n) / (tiles_m * tm * tiles_n * tn)
+    useful = (m * n) / (tiles_m * tm * tiles_n * tn)
     waves = tiles * (2 if cfg.schedule is Schedule.TWO_SM else 1) / sm_count  # a pair's tile takes two SMs
     quantization = waves / math.ceil(waves)
     how = f"{tiles} tiles = {waves:.2f} waves on {sm_count} SMs"
     if cfg.tile_scheduler is TileScheduler.STREAM_K:
         quantization, how = _stream_k_balance(m, n, k, l, cfg, sm_count)
+    return Waves(tiles_m, tiles_n, tiles, waves, useful, quantization, how)
+
+
+def _score(cfg: KernelConfig, m: int, n: int, k: int, l: int, sm_count: int) -> tuple[float, str]:  # noqa: E741
+    w = wave_model(cfg, m, n, k, l, sm_count)
+    tm, tn, _ = cfg.tile
     reuse = (tm * tn / (tm + tn)) / (256 * 128 / (256 + 128))
-    score = padding * quantization * reuse
-    why = (f"{cfg.name}: {how} (quantization {quantization:.2f}), useful fraction {padding:.2f}, "
+    score = w.useful * w.quantization * reuse
+    why = (f"{cfg.name}: {w.how} (quantization {w.quantization:.2f}), useful fraction {w.useful:.2f}, "
            f"reuse {reuse:.2f} -> {score:.3f}")
     return score, why
 

@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import gemmgen as gg
-from gemmgen.nn.plan import Pass, linear_plan, mlp_plan
+from gemmgen.nn.plan import Pass, grouped_plan, linear_plan, mlp_plan
 
 _TORCH_GEMMS = {"mm", "addmm", "bmm", "matmul", "_grouped_mm"}
 
@@ -26,7 +26,7 @@ class Gemms(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket).removeprefix("aten.")
         if func.namespace == "aten" and name in _TORCH_GEMMS:
-            a, b = args[-2], args[-1]
+            a, b = args[1:3] if name == "addmm" else args[:2]
             self.found["torch", a.shape[-2], b.shape[-1], a.shape[-1]] += 1
         elif func.namespace == "gemmgen":
             a, b = args[0], args[1]
@@ -73,3 +73,17 @@ def test_an_mlps_step_runs_its_plans_gemms(options):
         options["precision"] = gg.training.Float8Blockwise()
     mlp = gg.nn.FusedMLP(256, 384, 128, dtype=torch.bfloat16, **options)
     assert _step(mlp, 72) == _planned(mlp_plan(mlp, 72))
+
+
+@pytest.mark.parametrize("activation", [None, "swiglu"])
+def test_a_grouped_linears_step_runs_its_plans_gemms(activation):
+    """The grouped kernel and its derived kernel, then dx and dW by torch._grouped_mm (issue 58 moves
+    those two into gemmgen)."""
+    experts = gg.nn.GroupedLinear(4, 256, 128, bias=False, activation=activation, dtype=torch.bfloat16)
+    x = torch.randn(40, 256, dtype=torch.bfloat16, requires_grad=True)
+    offsets = torch.tensor([8, 8, 30, 40], dtype=torch.int32)
+    with Gemms() as gemms:
+        y = experts(x, offsets)
+        y.backward(torch.randn_like(y))
+    planned = grouped_plan(experts, 40)
+    assert gemms.found == _planned(planned)

@@ -1,0 +1,111 @@
+"""Each GEMM of a rank's training step: the kernel gemmgen launches and why, its tiles and waves,
+and a roofline time; the advice rules over them (`rules`), per layer and per step.
+
+The time model: a GEMM gemmgen runs takes max(FLOPs / (roof x efficiency), minimum bytes /
+bandwidth), where efficiency is the launch's wave model (`tuning.heuristic.wave_model`: useful
+tile area x wave or stream-K balance) and the roof is calibrated so that the model gives the GPU's
+anchor throughput at the anchor's shape (`gpus`). A GEMM torch runs is put at the anchor's
+throughput whatever its shape (no tile model of cuBLAS). A model, not a measurement."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from ..config import KernelConfig
+from ..nn import linear_recipe
+from ..nn.plan import Pass, PlannedGemm
+from ..tuning import choose_launch
+from ..tuning.heuristic import Waves, wave_model
+from .gpus import Gpu
+
+
+@dataclass(frozen=True)
+class GemmAnalysis:
+    """One GEMM of the step (`gemm`), `repeats` times (once per model layer that has it)."""
+
+    gemm: PlannedGemm
+    repeats: int
+    kind: str  # "bf16" or "fp8": which roof
+    config: KernelConfig | None  # None: torch runs it
+    why: str
+    waves: Waves | None
+    flops: int
+    bytes: int
+    compute_us: float
+    memory_us: float
+
+    @property
+    def predicted_us(self) -> float:
+        return max(self.compute_us, self.memory_us)
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_us >= self.memory_us else "memory"
+
+    @property
+    def engine(self) -> str:
+        return "torch" if self.config is None else "gemmgen"
+
+    @property
+    def last_wave_use(self) -> float | None:
+        """The share of the last wave's SMs that have a tile (persistent kernels)."""
+        if self.waves is None:
+            return None
+        w = self.waves.waves
+        return 1.0 if w == int(w) else w - int(w)
+
+
+def _bytes(g: PlannedGemm, a_bytes: int, d_bytes: int) -> int:
+    """The minimum traffic: A, B and D once (B per group, or D per group where the groups split K)."""
+    a, b, d = g.m * g.k, g.k * g.n, g.m * g.n
+    if g.groups > 1:
+        if g.pass_ is Pass.WGRAD:
+            d *= g.groups
+        else:
+            b *= g.groups
+    return (a + b) * a_bytes + d * d_bytes
+
+
+def _kind(g: PlannedGemm) -> str:
+    return "bf16" if g.recipe is None or g.recipe.ir.gemm.a.bits == 16 else "fp8"
+
+
+def analyze(g: PlannedGemm, repeats: int, gpu: Gpu) -> GemmAnalysis:
+    """`g` on `gpu` as gemmgen's launch policy picks its kernel (no device: the heuristic, or the
+    recipe's config)."""
+    kind = _kind(g)
+    flops = 2 * g.m * g.n * g.k
+    memory_us = 0.0
+    if g.recipe is None:
+        size = _bytes(g, 2, 2)
+        return GemmAnalysis(g, repeats, kind, None, "torch computes it (torch.matmul / torch._grouped_mm)", None,
+                            flops, size, flops / (gpu.anchor(kind).tflops * 1e6), size / (gpu.bandwidth_tb_s * 1e6))
+    launch = choose_launch(g.recipe, g.m, g.n, g.k, g.groups, sm_count=gpu.sm_count, arch=gpu.arch)
+    ir = g.recipe.ir.gemm
+    size = _bytes(g, ir.a.bits // 8, max(ir.d.bits // 8, 1))
+    memory_us = size / (gpu.bandwidth_tb_s * 1e6)
+    waves = _waves(launch.config, g, gpu)
+    compute_us = flops / (roof_tflops(gpu, kind) * 1e6 * waves.efficiency)
+    return GemmAnalysis(g, repeats, kind, launch.config, launch.why, waves, flops, size, compute_us, memory_us)
+
+
+def _waves(cfg: KernelConfig, g: PlannedGemm, gpu: Gpu) -> Waves:
+    """The wave model of `cfg` on `g`; a grouped GEMM's rows split evenly over its groups."""
+    if g.groups > 1:
+        return wave_model(cfg, -(-g.m // g.groups), g.n, g.k, g.groups, gpu.sm_count)
+    return wave_model(cfg, g.m, g.n, g.k, 1, gpu.sm_count)
+
+
+@functools.cache
+def roof_tflops(gpu: Gpu, kind: str) -> float:
+    """The compute roof: the anchor's throughput over the efficiency the wave model gives the
+    kernel gemmgen launches for a plain bf16 linear layer at the anchor's shape, so that the model
+    reproduces the anchor there."""
+    anchor = gpu.anchor(kind)
+    m, n, k = anchor.shape
+    recipe = linear_recipe(None, False, torch.bfloat16)
+    launch = choose_launch(recipe, m, n, k, sm_count=gpu.sm_count, arch=gpu.arch)
+    return anchor.tflops / wave_model(launch.config, m, n, k, 1, gpu.sm_count).efficiency
