@@ -108,9 +108,9 @@ def mlp_plan(mlp, tokens: int, training: bool = True, name: str = "mlp") -> list
         return [*forward,
                 PlannedGemm(fc2, Pass.DGRAD, "dL/dacc1 = act'(acc1) (dL/dy W2)", t, hidden, n_out,
                             (g.bwd_quantizing or g.bwd).recipe),
-                PlannedGemm(fc2, Pass.WGRAD, "dW2 = dL/dy^T h", n_out, hidden, t, wgrads[1]),
                 PlannedGemm(fc1, Pass.DGRAD, "dx = dL/dacc1 W1", t, n_in, rows, g.fc1.dgrad.recipe),
-                PlannedGemm(fc1, Pass.WGRAD, "dW1 = dL/dacc1^T x", rows, n_in, t, wgrads[0])]
+                PlannedGemm(fc1, Pass.WGRAD, "dW1 = dL/dacc1^T x", rows, n_in, t, wgrads[0]),
+                PlannedGemm(fc2, Pass.WGRAD, "dW2 = dL/dy^T h", n_out, hidden, t, wgrads[1])]
     recompute = mlp.recompute
     if not training or recompute:
         first_recipe = linear_plan(mlp.fc1, t, training=False)[0].recipe
@@ -129,9 +129,9 @@ def mlp_plan(mlp, tokens: int, training: bool = True, name: str = "mlp") -> list
         dacc1 = [PlannedGemm(fc2, Pass.DGRAD, "dL/dacc1 = act'(acc1) (dL/dy W2)", t, hidden, n_out,
                              mlp._backward.kernel)]
     return [*forward, *dacc1,
-            _bf16_wgrad(fc2, "dW = dL/dacc^T x", n_out, hidden, t, mlp._accumulate_grad, mlp.fc1.kernel_dtype),
             PlannedGemm(fc1, Pass.DGRAD, "dx = dL/dacc W", t, n_in, rows, None),
-            _bf16_wgrad(fc1, "dW = dL/dacc^T x", rows, n_in, t, mlp._accumulate_grad, mlp.fc1.kernel_dtype)]
+            _bf16_wgrad(fc1, "dW = dL/dacc^T x", rows, n_in, t, mlp._accumulate_grad, mlp.fc1.kernel_dtype),
+            _bf16_wgrad(fc2, "dW = dL/dacc^T x", n_out, hidden, t, mlp._accumulate_grad, mlp.fc1.kernel_dtype)]
 
 
 def grouped_plan(layer, rows: int, training: bool = True, name: str = "experts") -> list[PlannedGemm]:  # type: ignore[no-untyped-def]

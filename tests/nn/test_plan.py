@@ -1,6 +1,6 @@
 """gemmgen.nn.plan against what a step runs: every GEMM a FusedLinear's or a FusedMLP's training
 step dispatches (gemmgen's kernels by recipe, torch's matmuls), with its (M, N, K), is the plan's,
-and nothing else is: the inventory `gemmgen advise` costs is the one the layers launch."""
+in the plan's order, and nothing else is: the inventory `gemmgen advise` costs is the one the layers launch."""
 
 from __future__ import annotations
 
@@ -21,24 +21,24 @@ class Gemms(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.found: collections.Counter = collections.Counter()
+        self.found: list[tuple] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket).removeprefix("aten.")
         if func.namespace == "aten" and name in _TORCH_GEMMS:
             a, b = args[1:3] if name == "addmm" else args[:2]
-            self.found["torch", a.shape[-2], b.shape[-1], a.shape[-1]] += 1
+            self.found.append(("torch", a.shape[-2], b.shape[-1], a.shape[-1]))
         elif func.namespace == "gemmgen":
             a, b = args[0], args[1]
-            self.found[func._opname.rsplit("_", 1)[0], a.shape[-2], b.shape[-1], a.shape[-1]] += 1
+            self.found.append((func._opname.rsplit("_", 1)[0], a.shape[-2], b.shape[-1], a.shape[-1]))
         return func(*args, **(kwargs or {}))
 
 
-def _planned(plan) -> collections.Counter:
-    return collections.Counter(("torch" if g.recipe is None else g.recipe.name, g.m, g.n, g.k) for g in plan)
+def _planned(plan) -> list[tuple]:
+    return [("torch" if g.recipe is None else g.recipe.name, g.m, g.n, g.k) for g in plan]
 
 
-def _step(module: torch.nn.Module, tokens: int, features: int = 256) -> collections.Counter:
+def _step(module: torch.nn.Module, tokens: int, features: int = 256) -> list[tuple]:
     x = torch.randn(tokens, features, dtype=torch.bfloat16, requires_grad=True)
     with Gemms() as gemms:
         y = module(x)
