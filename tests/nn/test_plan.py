@@ -4,8 +4,6 @@ in the plan's order, and nothing else is: the inventory `gemmgen advise` costs i
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
