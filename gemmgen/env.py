@@ -51,6 +51,10 @@ VARIABLES: tuple[Variable, ...] = (
              "seconds a distributed warm-up waits for the slowest rank (its compiles included) before failing"),
     Variable("GEMMGEN_DEBUG_DIR", "the system's temporary folder",
              "where the source of a kernel NVRTC rejected is written (under gemmgen-failed/)"),
+    Variable("GEMMGEN_NVTX", "0",
+             "1 (or true, yes, on): each launch in an NVTX range naming its recipe, config and problem, for "
+             "Nsight Systems and Nsight Compute (read at the process's first launch; "
+             "gemmgen.runtime.nvtx.enable() switches it later); 0: no range, no cost"),
 )
 
 
@@ -148,6 +152,16 @@ def distributed_enabled() -> bool:
 
 def warmup_timeout() -> float:
     return _seconds("GEMMGEN_WARMUP_TIMEOUT", 3600.0)
+
+
+def nvtx_enabled() -> bool:
+    """GEMMGEN_NVTX: 0 (the default) or 1."""
+    value = (_get("GEMMGEN_NVTX") or "0").strip().lower()
+    if value in _OFF:
+        return False
+    if value in _ON:
+        return True
+    raise InvalidArgument(f"GEMMGEN_NVTX={value!r}: expected 1 (name each launch in an NVTX range) or 0")
 
 
 def _flag(name: str) -> bool:

@@ -117,7 +117,7 @@ def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "re
     emit = emitter(config.arch)
     epi = build_epilogue(view, config.arch)
     fields = emit.param_fields(view, code, epi)
-    entry = f"gemmgen_{recipe.name}_{kernel_id(recipe, code)}"
+    entry = f"gemmgen_{recipe.name}_{code.name}_{kernel_id(recipe, code)}"  # readable in a profiler
     source = template_environment().get_template("kernel.cu.j2").render(
         version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=code.name, entry=entry,
         epilogue_layout=epi.layout, info_fields=INFO_FIELDS,

@@ -19,7 +19,7 @@ import torch
 from ..codegen.fields import D_SINK_SYMBOL, sinks_d
 from ..errors import InvalidArgument, LayoutMismatch
 from ..types import Layout, OperandKind
-from . import driver
+from . import driver, nvtx
 from .arguments import ParamsWriter, TensorMapEncoder
 from .checks import TMA_ALIGN
 from .tma import EncodeArgs
@@ -67,12 +67,25 @@ class KernelBase:
         """D, or (D, aux...) when the recipe has aux outputs."""
         outputs, launch, index = self._prepare(a, b, args, out, operands)
         if launch is not None:
-            if driver.current_device() == index:
-                self._launch(index, launch)
-            else:  # tensors on another GPU than the current one (one process driving several GPUs)
-                with torch.cuda.device(index):
-                    self._launch(index, launch)
+            if nvtx.active():  # GEMMGEN_NVTX: off by default, a global's read
+                with nvtx.launch_range(self._range_name(a, b)):
+                    self._launch_on(index, launch)
+            else:
+                self._launch_on(index, launch)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def _launch_on(self, index: int, launch: tuple) -> None:
+        if driver.current_device() == index:
+            self._launch(index, launch)
+        else:  # tensors on another GPU than the current one (one process driving several GPUs)
+            with torch.cuda.device(index):
+                self._launch(index, launch)
+
+    def _range_name(self, a: torch.Tensor, b: torch.Tensor) -> str:
+        """The launch's NVTX range (`runtime.nvtx`): recipe, config, M x N x K (x L: batch or groups)."""
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        extra = (b.shape[0],) if b.dim() == 3 else ()
+        return nvtx.range_name(self._ir.name, self._config.binary().name, (m, n, k, *extra))
 
     # ---- what each kind of kernel supplies
 

@@ -438,6 +438,43 @@ def case_an_sm100_grouped_call_on_a_b200_launches_the_recipes_math(stub, kernels
         stand_in_device(STREAM)
 
 
+def case_nvtx_ranges_name_each_launch(stub, kernels):
+    """GEMMGEN_NVTX (runtime.nvtx): off by default, no range; on, each launch (a grouped call's two)
+    inside one range named `gemmgen <recipe> <config> <M>x<N>x<K>[x<L>]`, the config as the kernel's
+    symbol spells it; `enable(False)` stops it."""
+    import os
+
+    from gemmgen.runtime import nvtx
+    from gemmgen.runtime.grouped import GroupedKernel
+    from gemmgen.runtime.kernel import Kernel
+    from gemmgen.testing.calls import args_with_nonzero_reference
+    from gemmgen.testing.grouped import grouped_inputs
+
+    ranges: list = []
+    torch.cuda.nvtx.range_push = lambda name: ranges.append([name, stub.launches])
+    torch.cuda.nvtx.range_pop = lambda: ranges[-1].append(stub.launches)
+    ck = kernels["bias_gelu"]
+    kernel = Kernel(ck, require_cuda=False)
+    a, b, ops, _ = args_with_nonzero_reference(ck.recipe, 100, 72, 64, ())
+    nvtx.enabled = None  # as a process starts
+    assert "GEMMGEN_NVTX" not in os.environ
+    kernel(a, b, **ops)
+    assert ranges == [] and nvtx.enabled is False  # read once, at the first launch
+    nvtx.enable()
+    kernel(a, b, **ops)
+    config = ck.config.binary().name
+    assert ranges[-1][0] == f"gemmgen bias_gelu {config} 100x72x64" and f"_{config}_" in ck.entry, (ranges, ck.entry)
+    assert ranges[-1][2] == ranges[-1][1] + 1  # the launch inside the range
+    g = kernels["moe_up"]
+    x, w, offsets, gb, weight = grouped_inputs()
+    GroupedKernel(g, require_cuda=False)(x, w, offsets, bias=gb, weight=weight)
+    assert ranges[-1][0] == f"gemmgen moe_up {g.config.binary().name} {x.shape[0]}x{w.shape[-1]}x{x.shape[1]}x" \
+        f"{w.shape[0]}" and ranges[-1][2] == ranges[-1][1] + 2, ranges[-1]
+    nvtx.enable(False)
+    kernel(a, b, **ops)
+    assert len(ranges) == 2
+
+
 CASES = {name: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
