@@ -36,6 +36,7 @@ from ..training import Precision, as_precision
 from .base import RecipeModule, check_compute_dtype, unsupported
 from .block_scaled import BlockScaledLinear, QuantizedLinear
 from .linear import FusedLinear
+from .low_precision import check_recompute
 from .microscaled import MXFP8Linear, NVFP4Linear
 from .mlp import FusedMLP, MLPSecondLayer
 
@@ -144,8 +145,8 @@ def _qualified(prefix: str, key: str) -> str:
 
 
 def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype | None = None,
-         quantize: str | None = None, mlp: bool = False, precision: Precision | None = None
-         ) -> tuple[nn.Module, list[str]]:
+         quantize: str | None = None, mlp: bool = False, precision: Precision | None = None,
+         recompute: bool = False, accumulate_grad: bool = False) -> tuple[nn.Module, list[str]]:
     """Replace each nn.Linear (bf16/f16 weights) whose output only an activation module consumes
     by a FusedLinear that computes both (see the module docstring for the rules). `unpaired=True`
     also swaps the other such Linears for FusedLinear without activation: the same math launched
@@ -173,7 +174,9 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     the FusedLinears and FusedMLPs in that low precision (docs/training.md); a Linear whose
     features are not multiples of 16 is then kept, and gated MLPs are not made FusedMLPs (gemmgen
     has no block-scaled kernel over column pairs yet): their gate Linear and activation are fused
-    as any pair.
+    as any pair. `recompute` and `accumulate_grad` set those options (FusedLinear's, FusedMLP's)
+    on every layer fuse makes: backward recomputes the fused GEMM instead of keeping its
+    accumulator, and weight gradients are added in fp32 into each weight's `main_grad`.
 
     Returns the model (changed in place; a bare nn.Linear with `unpaired` comes back as a new
     FusedLinear) and a report: a line per fused pair, per swapped Linear, per Linear kept for its
@@ -192,7 +195,14 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     if precision is not None and quantize is not None:
         raise InvalidArgument(f"precision: trains layers in a low precision; quantize={quantize!r} makes inference "
                               "layers, so give one of precision= and quantize=")
+    for name, value in (("recompute", recompute), ("accumulate_grad", accumulate_grad)):
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"{name}: expected True or False, got {value!r}")
+        if value and quantize is not None:
+            raise InvalidArgument(f"{name}: a training option; quantize={quantize!r} makes inference layers (no "
+                                  f"gradients), so give one of {name}=True and quantize=")
     target = _Target(compute_dtype, quantize, as_precision(precision, "fuse"))
+    check_recompute(recompute, target.precision, "fuse")
     done = {id(c) for m in model.modules() if isinstance(m, RecipeModule | MLPSecondLayer)
             for c in m.modules() if c is not m}
     modules = [(n, m) for n, m in model.named_modules() if id(m) not in done]
@@ -242,6 +252,12 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
         replacement.setdefault(id(pair.act), nn.Identity())
         report.append(f"{name}: Linear + {type(pair.act).__name__} -> {_described(fused)}"
                       + f" ({pair.act_name} is now Identity)")
+    for made in replacement.values():  # the layers' own setters check each option against the layer
+        if isinstance(made, FusedLinear | FusedMLP):
+            if recompute:
+                made.recompute = True
+            if accumulate_grad:
+                made.accumulate_grad = True
     _replace(model, replacement)
     return replacement.get(id(model), model), report
 

@@ -508,3 +508,42 @@ def test_model_launches_lists_each_kernel_a_fused_model_needs_once():
     assert got[0][1].swap_ab and not got[1][1].swap_ab and got[2][0] is first.training_recipe
     assert second.launches(8) == got[0]
     assert gg.nn.model_launches(nn.Sequential(nn.ReLU()), (8,)) == []
+
+
+def test_training_options_apply_to_every_layer_fuse_makes(gen):
+    """`fuse(recompute=True, accumulate_grad=True)`: each FusedLinear and FusedMLP it makes (a pair,
+    an MLP chain, a gated MLP) has both; a step then leaves the fused weights' gradients in fp32
+    `main_grad` (no `.grad`; the biases' stay `.grad`), equal to the unfused model's, and the
+    output is the unfused one."""
+    model = nn.ModuleDict({"pair": nn.Sequential(_linear(64, 96), nn.SiLU()),
+                           "chain": nn.Sequential(_linear(64, 128), nn.GELU(), _linear(128, 64)),
+                           "gated": GatedMLP(nn.SiLU())})
+    fused, report = _fuse(copy.deepcopy(model), mlp=True, recompute=True, accumulate_grad=True)
+    made = [m for m in fused.modules() if isinstance(m, gg.nn.FusedLinear | gg.nn.FusedMLP)
+            and not any(m is c for p in fused.modules() if isinstance(p, gg.nn.FusedMLP) for c in (p.fc1, p.fc2))]
+    assert sorted(type(m).__name__ for m in made) == ["FusedLinear", "FusedMLP", "FusedMLP"], report
+    assert all(m.recompute and m.accumulate_grad for m in made)
+    x = torch.randn(9, 64, generator=gen).bfloat16()
+    outs = [fused[k](x) for k in ("pair", "chain", "gated")]
+    wants = [model[k](x) for k in ("pair", "chain", "gated")]
+    for got, want in zip(outs, wants, strict=True):
+        torch.testing.assert_close(got, want, **BF16_TOL)
+    sum(o.float().sum() for o in outs).backward()
+    sum(w.float().sum() for w in wants).backward()
+    for (name, p), (_, q) in zip(fused.named_parameters(), model.named_parameters(), strict=True):
+        assert q.grad is not None, name
+        if name.endswith("weight"):  # weights into main_grad; a bias's gradient stays .grad
+            assert p.grad is None and p.main_grad.dtype == torch.float32, name
+            torch.testing.assert_close(p.main_grad, q.grad.float(), rtol=2e-2, atol=5e-2)
+        else:
+            torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=5e-2)
+
+
+def test_training_options_are_refused_where_they_cannot_apply():
+    seq = nn.Sequential(_linear(64, 64), nn.GELU())
+    with pytest.raises(gg.InvalidArgument, match="recompute: a training option; quantize='fp8_block'"):
+        gg.nn.fuse(copy.deepcopy(seq), quantize="fp8_block", recompute=True)
+    with pytest.raises(gg.InvalidArgument, match=r"fuse: recompute=True with precision="):
+        gg.nn.fuse(copy.deepcopy(seq), precision=gg.training.Float8Blockwise(), recompute=True)
+    with pytest.raises(gg.InvalidArgument, match="accumulate_grad: expected True or False, got 1"):
+        gg.nn.fuse(copy.deepcopy(seq), accumulate_grad=1)  # type: ignore[arg-type]
