@@ -45,6 +45,10 @@ QUANTIZE: dict[str, type[QuantizedLinear]] = {"fp8_block": BlockScaledLinear, "m
                                               "nvfp4": NVFP4Linear}
 
 
+#: The report's line for a Linear no activation module follows.
+KEPT_UNPAIRED = "kept (no activation module follows it; unpaired=True swaps it for a FusedLinear)"
+
+
 @dataclass(frozen=True)
 class _Target:
     """What fuse turns a Linear into: a FusedLinear computing in `compute_dtype` (default: the
@@ -179,8 +183,9 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     accumulator, and weight gradients are added in fp32 into each weight's `main_grad`.
 
     Returns the model (changed in place; a bare nn.Linear with `unpaired` comes back as a new
-    FusedLinear) and a report: a line per fused pair, per swapped Linear, per Linear kept for its
-    dtype or class, per pair not fused (and why), and per forward fx could not trace.
+    FusedLinear) and a report: a line per fused pair or MLP, per swapped Linear, per Linear kept
+    (for its dtype, class or sizes, or with no activation after it), per pair not fused (and why),
+    and per forward fx could not trace: every Linear outside gemmgen's modules is named.
     """
     if not isinstance(model, nn.Module):
         raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -225,8 +230,7 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
             continue
         why_kept = target.kept_because(m)
         if why_kept:
-            if unpaired or id(m) in notes:  # only where fuse would have changed it
-                report.append(f"{name}: kept ({why_kept})")
+            report.append(f"{name}: kept ({why_kept})")
             continue
         pair = pairs.get(id(m))
         if pair is None:
@@ -234,8 +238,11 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
             if unpaired:
                 fused = replacement[id(m)] = target.replace(m, None)
                 report.append(f"{name}: {note + '; ' if note else ''}Linear -> {_described(fused)}")
-            elif note:
-                report.append(f"{name}: {note}")
+            else:
+                owner = qualified.rpartition(".")[0]
+                kept = (f"kept ({owner or 'the model'}'s forward was not traced; unpaired=True swaps it for a "
+                        "FusedLinear)" if owner in untraced else KEPT_UNPAIRED)
+                report.append(f"{name}: {note or kept}")
             continue
         second = seconds.get(id(m))
         if second is not None:

@@ -288,7 +288,8 @@ def test_compute_dtype_returns_what_nn_linear_returned():
     ref = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 32), nn.SiLU(), nn.Linear(32, 8))
     fused: Any
     fused, report = gg.nn.fuse(copy.deepcopy(ref), compute_dtype=torch.bfloat16)
-    assert len(report) == 2 and type(fused[4]) is nn.Linear, report
+    assert len(report) == 3 and report[2] == "4: kept (no activation module follows it; unpaired=True swaps it " \
+        "for a FusedLinear)" and type(fused[4]) is nn.Linear, report
     x = _x(5, 64, dtype=torch.float32)
     first = fused[0](x)
     assert first.dtype == ref[0](x).dtype == torch.float32

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import gemmgen as gg
+from gemmgen.nn.fuse import KEPT_UNPAIRED
 
 BF16_TOL: dict[str, Any] = {"rtol": 2e-2, "atol": 2e-2}
 
@@ -71,7 +72,8 @@ def test_gated_mlp_fuses_the_gate_with_its_activation_module(gen):
     ref = GatedMLP(GELUActivation("tanh"))
     fused, report = _fuse(copy.deepcopy(ref))
     assert report == [
-        "gate_proj: Linear + GELUActivation -> FusedLinear(linear_gelu_tanh_bf16) (act_fn is now Identity)"]
+        "gate_proj: Linear + GELUActivation -> FusedLinear(linear_gelu_tanh_bf16) (act_fn is now Identity)",
+        f"up_proj: {KEPT_UNPAIRED}", f"down_proj: {KEPT_UNPAIRED}"]  # every Linear is named
     assert isinstance(fused.act_fn, nn.Identity) and fused.gate_proj.activation == "gelu_tanh"
     x = torch.randn(3, 5, 64, generator=gen).bfloat16().requires_grad_()
     with _Recording() as mode, torch.no_grad():
@@ -103,7 +105,7 @@ def test_sequential_pairs_fuse_and_positions_stay(gen):
     assert report == ["0: Linear + GELU -> FusedLinear(linear_gelu_tanh_bias_bf16) (1 is now Identity)",
                       "2: Linear + SiLU -> FusedLinear(linear_silu_bias_bf16) (3 is now Identity)",
                       "4: kept (weights are torch.float32; gemmgen computes in bf16/f16 (compute_dtype= casts "
-                      "them per call))"]
+                      "them per call))", f"6: {KEPT_UNPAIRED}"]
     x = torch.randn(5, 64, generator=gen).bfloat16()
     want = model[:4](x)
     assert want.float().abs().max() > 0
@@ -123,7 +125,8 @@ def test_mlp_fuses_linear_activation_linear_into_one_fused_mlp(gen):
     fused, report = _fuse(copy.deepcopy(model), mlp=True)
     assert [type(m).__name__ for m in fused] == ["FusedMLP", "Identity", "MLPSecondLayer", "Linear"]
     assert report == ["0: Linear + GELU + Linear (2) -> FusedMLP(linear_gelu_bias_bf16, linear_none_bias_bf16) (1 "
-                      "is now Identity, 2 an MLPSecondLayer holding its parameters; state_dict unchanged)"]
+                      "is now Identity, 2 an MLPSecondLayer holding its parameters; state_dict unchanged)",
+                      f"3: {KEPT_UNPAIRED}"]
     assert list(fused.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias", "3.weight", "3.bias"]
     x = torch.randn(5, 64, generator=gen).bfloat16().requires_grad_()
     want = model(x)
@@ -157,7 +160,7 @@ def test_mlp_fuses_a_gated_mlp_module_into_one_gated_fused_mlp(gen, act, activat
     assert isinstance(fused[0], gg.nn.FusedMLP) and fused[0].activation == activation, report
     assert report == [f"0: down_proj(act_fn(gate_proj(x)) * up_proj(x)) -> FusedMLP(linear_{activation}_bf16, "
                       f"linear_none_bf16) (gate_proj, up_proj, down_proj and act_fn are its children, state_dict "
-                      f"unchanged; gate_proj's and up_proj's rows interleaved at call time)"]
+                      f"unchanged; gate_proj's and up_proj's rows interleaved at call time)", f"1: {KEPT_UNPAIRED}"]
     assert list(fused.state_dict()) == list(ref.state_dict())
     x = torch.randn(3, 5, 64, generator=gen).bfloat16().requires_grad_()
     y_ref, y = ref(x), fused(x)
@@ -297,6 +300,7 @@ def test_pairs_that_would_change_the_model_are_not_fused(gen, unpaired):
             "shared_act.b: Linear + ReLU -> FusedLinear(linear_relu_bias_bf16) (shared_act.act is now Identity)",
             "act_on_input.a: not fused (act_on_input.act runs 2 times in traced forwards, 1 of them on other "
             "values)",
+            f"act_on_input.b: {KEPT_UNPAIRED}",
             "run_twice.a: not fused (run_twice.act runs 2 times in traced forwards, 1 of them on other values)",
             "run_twice.b: not fused (it runs 2 times in traced forwards)",
             "f32.a: not fused (f32.act runs 2 times in traced forwards, 1 of them on other values)",
@@ -305,6 +309,7 @@ def test_pairs_that_would_change_the_model_are_not_fused(gen, unpaired):
             "pre.fc: not fused (its output also feeds other ops than the activation)",
             "branchy: forward not traced by torch.fx (TraceError: symbolically traced variables cannot be used as "
             "inputs to control flow); activations in it stay separate",
+            "branchy.fc: kept (branchy's forward was not traced; unpaired=True swaps it for a FusedLinear)",
             "s1.fc: not fused (it is registered under 2 names)",
             "sub.0: kept (_LinearSubclass subclasses nn.Linear; its forward may differ)",
         ]
@@ -344,7 +349,7 @@ def test_a_formula_is_not_taken_for_an_activation():
 
 def test_a_bare_linear_comes_back_as_a_fused_linear_when_unpaired(gen):
     linear = _linear(16, 8)
-    assert gg.nn.fuse(linear) == (linear, [])
+    assert gg.nn.fuse(linear) == (linear, [f"(model): {KEPT_UNPAIRED}"])
     fused, report = _fuse(linear, unpaired=True)
     assert isinstance(fused, gg.nn.FusedLinear) and fused.weight is linear.weight
     assert report == ["(model): Linear -> FusedLinear(linear_none_bias_bf16)"]
