@@ -180,9 +180,21 @@ def rank_layers(spec: ModelSpec, plan: ParallelPlan, tokens: int, precision: Any
     def linear(n_in: int, n_out: int, bias: bool = False) -> FusedLinear:
         return FusedLinear(n_in, n_out, bias=bias, device="meta", dtype=torch.bfloat16, precision=precision)
 
-    def mlp(n_in: int, hidden: int, act: str) -> FusedMLP:
-        return FusedMLP(n_in, hidden, n_in, activation=act, bias=False, device="meta", dtype=torch.bfloat16,
-                        precision=precision)
+    def mlp(name: str, n_in: int, hidden: int, act: str, repeats: int) -> list[RankLayer]:
+        """A FusedMLP; where the precision has no kernel over its gated pairs, what `fuse` makes of
+        the module instead: gate with its activation, up and down, three FusedLinears."""
+        try:
+            return [RankLayer(name, FusedMLP(n_in, hidden, n_in, activation=act, bias=False, device="meta",
+                                             dtype=torch.bfloat16, precision=precision), repeats, t)]
+        except InvalidArgument:
+            if act not in _GATED.values():
+                raise
+            base = {"swiglu": "silu", "geglu": "gelu"}[act]
+            gate = FusedLinear(n_in, hidden, bias=False, activation=base, device="meta", dtype=torch.bfloat16,
+                               precision=precision)
+            return [RankLayer(f"{name}.gate", gate, repeats, t),
+                    RankLayer(f"{name}.up", linear(n_in, hidden), repeats, t),
+                    RankLayer(f"{name}.down", linear(hidden, n_in), repeats, t)]
 
     out: list[RankLayer] = []
     layers, heads = spec.layers, spec.heads // tp
@@ -206,7 +218,7 @@ def rank_layers(spec: ModelSpec, plan: ParallelPlan, tokens: int, precision: Any
                 RankLayer("attn.o", linear(heads * spec.head_dim, spec.hidden), layers, t)]
     dense = spec.layers - spec.moe_layers
     if dense:
-        out.append(RankLayer("mlp", mlp(spec.hidden, spec.intermediate // tp, spec.activation), dense, t))
+        out += mlp("mlp", spec.hidden, spec.intermediate // tp, spec.activation, dense)
     if spec.moe_layers:
         local = spec.experts // plan.ep
         rows = t * spec.experts_per_token  # balanced: the EP group's tokens x top-k over its experts
@@ -219,7 +231,7 @@ def rank_layers(spec: ModelSpec, plan: ParallelPlan, tokens: int, precision: Any
                 RankLayer("moe.experts.down", GroupedLinear(local, ffn, spec.hidden, bias=False, device="meta"),
                           spec.moe_layers, rows)]
         if spec.shared_experts:
-            out.append(RankLayer("moe.shared", mlp(spec.hidden, spec.moe_intermediate * spec.shared_experts // tp,
-                                                   spec.activation), spec.moe_layers, t))
+            out += mlp("moe.shared", spec.hidden, spec.moe_intermediate * spec.shared_experts // tp, spec.activation,
+                       spec.moe_layers)
     out.append(RankLayer("lm_head", linear(spec.hidden, -(-spec.vocab // tp)), 1, t))
     return out
