@@ -101,7 +101,7 @@ using Params = typename GemmKernel::Params;
 
 extern "C" __global__ void
 __launch_bounds__(gemmgen_08f70061dd59::GemmKernel::MaxThreadsPerBlock, gemmgen_08f70061dd59::GemmKernel::MinBlocksPerMultiprocessor)
-gemmgen_bias_gelu_08f70061dd59(CUTLASS_GRID_CONSTANT gemmgen_08f70061dd59::Params const params) {
+gemmgen_bias_gelu_128x256x64_c2x1x1_cooperative_auto_08f70061dd59(CUTLASS_GRID_CONSTANT gemmgen_08f70061dd59::Params const params) {
   extern __shared__ char smem[];
   gemmgen_08f70061dd59::GemmKernel op;
   op(params, smem);
@@ -110,7 +110,7 @@ gemmgen_bias_gelu_08f70061dd59(CUTLASS_GRID_CONSTANT gemmgen_08f70061dd59::Param
 namespace gemmgen_08f70061dd59 {
 
 // Facts the host needs about this instantiation, read from the cubin's symbol table.
-extern "C" __device__ const unsigned long long gemmgen_bias_gelu_08f70061dd59_info[] = {
+extern "C" __device__ const unsigned long long gemmgen_bias_gelu_128x256x64_c2x1x1_cooperative_auto_08f70061dd59_info[] = {
     sizeof(Params),  // params_size
     alignof(Params),  // params_align
     GemmKernel::SharedStorageSize,  // smem_bytes
@@ -127,7 +127,7 @@ static_assert(sizeof(cute::TmaDescriptor) == 128 && alignof(cute::TmaDescriptor)
 // field the host writes and that field's default value, as NVRTC lays Params out.
 __device__ alignas(128) char layout_buffer[sizeof(Params)];
 
-extern "C" __global__ void gemmgen_bias_gelu_08f70061dd59_layout(unsigned long long* out) {
+extern "C" __global__ void gemmgen_bias_gelu_128x256x64_c2x1x1_cooperative_auto_08f70061dd59_layout(unsigned long long* out) {
   Params& p = *reinterpret_cast<Params*>(layout_buffer);
   Params const d{};
   out[0] = gemmgen::probe::offset(p, p.mode);  // mode

@@ -100,7 +100,7 @@ using Params = typename GemmKernel::Params;
 
 extern "C" __global__ void
 __launch_bounds__(gemmgen_7fb5e6c7e642::GemmKernel::MaxThreadsPerBlock, gemmgen_7fb5e6c7e642::GemmKernel::MinBlocksPerMultiprocessor)
-gemmgen_bias_gelu_aux_7fb5e6c7e642(CUTLASS_GRID_CONSTANT gemmgen_7fb5e6c7e642::Params const params) {
+gemmgen_bias_gelu_aux_128x128x64_c1x1x1_pingpong_auto_7fb5e6c7e642(CUTLASS_GRID_CONSTANT gemmgen_7fb5e6c7e642::Params const params) {
   extern __shared__ char smem[];
   gemmgen_7fb5e6c7e642::GemmKernel op;
   op(params, smem);
@@ -109,7 +109,7 @@ gemmgen_bias_gelu_aux_7fb5e6c7e642(CUTLASS_GRID_CONSTANT gemmgen_7fb5e6c7e642::P
 namespace gemmgen_7fb5e6c7e642 {
 
 // Facts the host needs about this instantiation, read from the cubin's symbol table.
-extern "C" __device__ const unsigned long long gemmgen_bias_gelu_aux_7fb5e6c7e642_info[] = {
+extern "C" __device__ const unsigned long long gemmgen_bias_gelu_aux_128x128x64_c1x1x1_pingpong_auto_7fb5e6c7e642_info[] = {
     sizeof(Params),  // params_size
     alignof(Params),  // params_align
     GemmKernel::SharedStorageSize,  // smem_bytes
@@ -126,7 +126,7 @@ static_assert(sizeof(cute::TmaDescriptor) == 128 && alignof(cute::TmaDescriptor)
 // field the host writes and that field's default value, as NVRTC lays Params out.
 __device__ alignas(128) char layout_buffer[sizeof(Params)];
 
-extern "C" __global__ void gemmgen_bias_gelu_aux_7fb5e6c7e642_layout(unsigned long long* out) {
+extern "C" __global__ void gemmgen_bias_gelu_aux_128x128x64_c1x1x1_pingpong_auto_7fb5e6c7e642_layout(unsigned long long* out) {
   Params& p = *reinterpret_cast<Params*>(layout_buffer);
   Params const d{};
   out[0] = gemmgen::probe::offset(p, p.mode);  // mode

@@ -103,7 +103,7 @@ using Params = typename GemmKernel::Params;
 
 extern "C" __global__ void
 __launch_bounds__(gemmgen_0b7d636a65a1::GemmKernel::MaxThreadsPerBlock, gemmgen_0b7d636a65a1::GemmKernel::MinBlocksPerMultiprocessor)
-gemmgen_bias_silu_residual_0b7d636a65a1(CUTLASS_GRID_CONSTANT gemmgen_0b7d636a65a1::Params const params) {
+gemmgen_bias_silu_residual_128x128x64_c1x1x1_cooperative_auto_0b7d636a65a1(CUTLASS_GRID_CONSTANT gemmgen_0b7d636a65a1::Params const params) {
   extern __shared__ char smem[];
   gemmgen_0b7d636a65a1::GemmKernel op;
   op(params, smem);
@@ -112,7 +112,7 @@ gemmgen_bias_silu_residual_0b7d636a65a1(CUTLASS_GRID_CONSTANT gemmgen_0b7d636a65
 namespace gemmgen_0b7d636a65a1 {
 
 // Facts the host needs about this instantiation, read from the cubin's symbol table.
-extern "C" __device__ const unsigned long long gemmgen_bias_silu_residual_0b7d636a65a1_info[] = {
+extern "C" __device__ const unsigned long long gemmgen_bias_silu_residual_128x128x64_c1x1x1_cooperative_auto_0b7d636a65a1_info[] = {
     sizeof(Params),  // params_size
     alignof(Params),  // params_align
     GemmKernel::SharedStorageSize,  // smem_bytes
@@ -129,7 +129,7 @@ static_assert(sizeof(cute::TmaDescriptor) == 128 && alignof(cute::TmaDescriptor)
 // field the host writes and that field's default value, as NVRTC lays Params out.
 __device__ alignas(128) char layout_buffer[sizeof(Params)];
 
-extern "C" __global__ void gemmgen_bias_silu_residual_0b7d636a65a1_layout(unsigned long long* out) {
+extern "C" __global__ void gemmgen_bias_silu_residual_128x128x64_c1x1x1_cooperative_auto_0b7d636a65a1_layout(unsigned long long* out) {
   Params& p = *reinterpret_cast<Params*>(layout_buffer);
   Params const d{};
   out[0] = gemmgen::probe::offset(p, p.mode);  // mode

@@ -94,7 +94,7 @@ using Params = typename GemmKernel::Params;
 
 extern "C" __global__ void
 __launch_bounds__(gemmgen_b5464e20a83d::GemmKernel::MaxThreadsPerBlock, gemmgen_b5464e20a83d::GemmKernel::MinBlocksPerMultiprocessor)
-gemmgen_fp8_block_scaled_b5464e20a83d(CUTLASS_GRID_CONSTANT gemmgen_b5464e20a83d::Params const params) {
+gemmgen_fp8_block_scaled_128x128x128_c1x1x1_cooperative_auto_b5464e20a83d(CUTLASS_GRID_CONSTANT gemmgen_b5464e20a83d::Params const params) {
   extern __shared__ char smem[];
   gemmgen_b5464e20a83d::GemmKernel op;
   op(params, smem);
@@ -103,7 +103,7 @@ gemmgen_fp8_block_scaled_b5464e20a83d(CUTLASS_GRID_CONSTANT gemmgen_b5464e20a83d
 namespace gemmgen_b5464e20a83d {
 
 // Facts the host needs about this instantiation, read from the cubin's symbol table.
-extern "C" __device__ const unsigned long long gemmgen_fp8_block_scaled_b5464e20a83d_info[] = {
+extern "C" __device__ const unsigned long long gemmgen_fp8_block_scaled_128x128x128_c1x1x1_cooperative_auto_b5464e20a83d_info[] = {
     sizeof(Params),  // params_size
     alignof(Params),  // params_align
     GemmKernel::SharedStorageSize,  // smem_bytes
@@ -120,7 +120,7 @@ static_assert(sizeof(cute::TmaDescriptor) == 128 && alignof(cute::TmaDescriptor)
 // field the host writes and that field's default value, as NVRTC lays Params out.
 __device__ alignas(128) char layout_buffer[sizeof(Params)];
 
-extern "C" __global__ void gemmgen_fp8_block_scaled_b5464e20a83d_layout(unsigned long long* out) {
+extern "C" __global__ void gemmgen_fp8_block_scaled_128x128x128_c1x1x1_cooperative_auto_b5464e20a83d_layout(unsigned long long* out) {
   Params& p = *reinterpret_cast<Params*>(layout_buffer);
   Params const d{};
   out[0] = gemmgen::probe::offset(p, p.mode);  // mode

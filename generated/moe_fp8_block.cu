@@ -96,14 +96,14 @@ using Params = typename GemmKernel::Params;
 
 extern "C" __global__ void
 __launch_bounds__(gemmgen_64ccc60368c5::GemmKernel::MaxThreadsPerBlock, gemmgen_64ccc60368c5::GemmKernel::MinBlocksPerMultiprocessor)
-gemmgen_moe_fp8_block_64ccc60368c5(CUTLASS_GRID_CONSTANT gemmgen_64ccc60368c5::Params const params) {
+gemmgen_moe_fp8_block_128x128x128_c1x1x1_cooperative_auto_64ccc60368c5(CUTLASS_GRID_CONSTANT gemmgen_64ccc60368c5::Params const params) {
   extern __shared__ char smem[];
   gemmgen_64ccc60368c5::GemmKernel op;
   op(params, smem);
 }
 
 // Launched before the GEMM, on the same stream: the per-group problem shapes, pointers and strides.
-extern "C" __global__ void gemmgen_moe_fp8_block_64ccc60368c5_groups(gemmgen::grouped::Setup const setup) {
+extern "C" __global__ void gemmgen_moe_fp8_block_128x128x128_c1x1x1_cooperative_auto_64ccc60368c5_groups(gemmgen::grouped::Setup const setup) {
   int const g = blockIdx.x * blockDim.x + threadIdx.x;
   if (g < setup.groups) {
     gemmgen::grouped::fill(setup, g);
@@ -113,7 +113,7 @@ extern "C" __global__ void gemmgen_moe_fp8_block_64ccc60368c5_groups(gemmgen::gr
 namespace gemmgen_64ccc60368c5 {
 
 // Facts the host needs about this instantiation, read from the cubin's symbol table.
-extern "C" __device__ const unsigned long long gemmgen_moe_fp8_block_64ccc60368c5_info[] = {
+extern "C" __device__ const unsigned long long gemmgen_moe_fp8_block_128x128x128_c1x1x1_cooperative_auto_64ccc60368c5_info[] = {
     sizeof(Params),  // params_size
     alignof(Params),  // params_align
     GemmKernel::SharedStorageSize,  // smem_bytes
@@ -130,7 +130,7 @@ static_assert(sizeof(cute::TmaDescriptor) == 128 && alignof(cute::TmaDescriptor)
 // field the host writes and that field's default value, as NVRTC lays Params out.
 __device__ alignas(128) char layout_buffer[sizeof(Params)];
 
-extern "C" __global__ void gemmgen_moe_fp8_block_64ccc60368c5_layout(unsigned long long* out) {
+extern "C" __global__ void gemmgen_moe_fp8_block_128x128x128_c1x1x1_cooperative_auto_64ccc60368c5_layout(unsigned long long* out) {
   Params& p = *reinterpret_cast<Params*>(layout_buffer);
   Params const d{};
   out[0] = gemmgen::probe::offset(p, p.mode);  // mode

@@ -108,14 +108,14 @@ using Params = typename GemmKernel::Params;
 
 extern "C" __global__ void
 __launch_bounds__(gemmgen_8a92c52949d6::GemmKernel::MaxThreadsPerBlock, gemmgen_8a92c52949d6::GemmKernel::MinBlocksPerMultiprocessor)
-gemmgen_moe_swiglu_8a92c52949d6(CUTLASS_GRID_CONSTANT gemmgen_8a92c52949d6::Params const params) {
+gemmgen_moe_swiglu_128x128x64_c1x1x1_cooperative_auto_8a92c52949d6(CUTLASS_GRID_CONSTANT gemmgen_8a92c52949d6::Params const params) {
   extern __shared__ char smem[];
   gemmgen_8a92c52949d6::GemmKernel op;
   op(params, smem);
 }
 
 // Launched before the GEMM, on the same stream: the per-group problem shapes, pointers and strides.
-extern "C" __global__ void gemmgen_moe_swiglu_8a92c52949d6_groups(gemmgen::grouped::Setup const setup) {
+extern "C" __global__ void gemmgen_moe_swiglu_128x128x64_c1x1x1_cooperative_auto_8a92c52949d6_groups(gemmgen::grouped::Setup const setup) {
   int const g = blockIdx.x * blockDim.x + threadIdx.x;
   if (g < setup.groups) {
     gemmgen::grouped::fill(setup, g);
@@ -125,7 +125,7 @@ extern "C" __global__ void gemmgen_moe_swiglu_8a92c52949d6_groups(gemmgen::group
 namespace gemmgen_8a92c52949d6 {
 
 // Facts the host needs about this instantiation, read from the cubin's symbol table.
-extern "C" __device__ const unsigned long long gemmgen_moe_swiglu_8a92c52949d6_info[] = {
+extern "C" __device__ const unsigned long long gemmgen_moe_swiglu_128x128x64_c1x1x1_cooperative_auto_8a92c52949d6_info[] = {
     sizeof(Params),  // params_size
     alignof(Params),  // params_align
     GemmKernel::SharedStorageSize,  // smem_bytes
@@ -142,7 +142,7 @@ static_assert(sizeof(cute::TmaDescriptor) == 128 && alignof(cute::TmaDescriptor)
 // field the host writes and that field's default value, as NVRTC lays Params out.
 __device__ alignas(128) char layout_buffer[sizeof(Params)];
 
-extern "C" __global__ void gemmgen_moe_swiglu_8a92c52949d6_layout(unsigned long long* out) {
+extern "C" __global__ void gemmgen_moe_swiglu_128x128x64_c1x1x1_cooperative_auto_8a92c52949d6_layout(unsigned long long* out) {
   Params& p = *reinterpret_cast<Params*>(layout_buffer);
   Params const d{};
   out[0] = gemmgen::probe::offset(p, p.mode);  // mode

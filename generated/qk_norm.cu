@@ -93,7 +93,7 @@ using Params = typename GemmKernel::Params;
 
 extern "C" __global__ void
 __launch_bounds__(gemmgen_80240ff033d7::GemmKernel::MaxThreadsPerBlock, gemmgen_80240ff033d7::GemmKernel::MinBlocksPerMultiprocessor)
-gemmgen_qk_norm_80240ff033d7(CUTLASS_GRID_CONSTANT gemmgen_80240ff033d7::Params const params) {
+gemmgen_qk_norm_128x128x64_c1x1x1_cooperative_auto_80240ff033d7(CUTLASS_GRID_CONSTANT gemmgen_80240ff033d7::Params const params) {
   extern __shared__ char smem[];
   gemmgen_80240ff033d7::GemmKernel op;
   op(params, smem);
@@ -102,7 +102,7 @@ gemmgen_qk_norm_80240ff033d7(CUTLASS_GRID_CONSTANT gemmgen_80240ff033d7::Params 
 namespace gemmgen_80240ff033d7 {
 
 // Facts the host needs about this instantiation, read from the cubin's symbol table.
-extern "C" __device__ const unsigned long long gemmgen_qk_norm_80240ff033d7_info[] = {
+extern "C" __device__ const unsigned long long gemmgen_qk_norm_128x128x64_c1x1x1_cooperative_auto_80240ff033d7_info[] = {
     sizeof(Params),  // params_size
     alignof(Params),  // params_align
     GemmKernel::SharedStorageSize,  // smem_bytes
@@ -119,7 +119,7 @@ static_assert(sizeof(cute::TmaDescriptor) == 128 && alignof(cute::TmaDescriptor)
 // field the host writes and that field's default value, as NVRTC lays Params out.
 __device__ alignas(128) char layout_buffer[sizeof(Params)];
 
-extern "C" __global__ void gemmgen_qk_norm_80240ff033d7_layout(unsigned long long* out) {
+extern "C" __global__ void gemmgen_qk_norm_128x128x64_c1x1x1_cooperative_auto_80240ff033d7_layout(unsigned long long* out) {
   Params& p = *reinterpret_cast<Params*>(layout_buffer);
   Params const d{};
   out[0] = gemmgen::probe::offset(p, p.mode);  // mode

@@ -105,7 +105,7 @@ using Params = typename GemmKernel::Params;
 
 extern "C" __global__ void
 __launch_bounds__(gemmgen_cad2e453cc24::GemmKernel::MaxThreadsPerBlock, gemmgen_cad2e453cc24::GemmKernel::MinBlocksPerMultiprocessor)
-gemmgen_quick_gelu_scaled_cad2e453cc24(CUTLASS_GRID_CONSTANT gemmgen_cad2e453cc24::Params const params) {
+gemmgen_quick_gelu_scaled_128x128x64_c1x1x1_cooperative_auto_cad2e453cc24(CUTLASS_GRID_CONSTANT gemmgen_cad2e453cc24::Params const params) {
   extern __shared__ char smem[];
   gemmgen_cad2e453cc24::GemmKernel op;
   op(params, smem);
@@ -114,7 +114,7 @@ gemmgen_quick_gelu_scaled_cad2e453cc24(CUTLASS_GRID_CONSTANT gemmgen_cad2e453cc2
 namespace gemmgen_cad2e453cc24 {
 
 // Facts the host needs about this instantiation, read from the cubin's symbol table.
-extern "C" __device__ const unsigned long long gemmgen_quick_gelu_scaled_cad2e453cc24_info[] = {
+extern "C" __device__ const unsigned long long gemmgen_quick_gelu_scaled_128x128x64_c1x1x1_cooperative_auto_cad2e453cc24_info[] = {
     sizeof(Params),  // params_size
     alignof(Params),  // params_align
     GemmKernel::SharedStorageSize,  // smem_bytes
@@ -131,7 +131,7 @@ static_assert(sizeof(cute::TmaDescriptor) == 128 && alignof(cute::TmaDescriptor)
 // field the host writes and that field's default value, as NVRTC lays Params out.
 __device__ alignas(128) char layout_buffer[sizeof(Params)];
 
-extern "C" __global__ void gemmgen_quick_gelu_scaled_cad2e453cc24_layout(unsigned long long* out) {
+extern "C" __global__ void gemmgen_quick_gelu_scaled_128x128x64_c1x1x1_cooperative_auto_cad2e453cc24_layout(unsigned long long* out) {
   Params& p = *reinterpret_cast<Params*>(layout_buffer);
   Params const d{};
   out[0] = gemmgen::probe::offset(p, p.mode);  // mode

@@ -96,7 +96,7 @@ using Params = typename GemmKernel::Params;
 
 extern "C" __global__ void
 __launch_bounds__(gemmgen_942efea065c5::GemmKernel::MaxThreadsPerBlock, gemmgen_942efea065c5::GemmKernel::MinBlocksPerMultiprocessor)
-gemmgen_residual_norm_stats_942efea065c5(CUTLASS_GRID_CONSTANT gemmgen_942efea065c5::Params const params) {
+gemmgen_residual_norm_stats_128x128x64_c1x1x1_cooperative_auto_942efea065c5(CUTLASS_GRID_CONSTANT gemmgen_942efea065c5::Params const params) {
   extern __shared__ char smem[];
   gemmgen_942efea065c5::GemmKernel op;
   op(params, smem);
@@ -105,7 +105,7 @@ gemmgen_residual_norm_stats_942efea065c5(CUTLASS_GRID_CONSTANT gemmgen_942efea06
 namespace gemmgen_942efea065c5 {
 
 // Facts the host needs about this instantiation, read from the cubin's symbol table.
-extern "C" __device__ const unsigned long long gemmgen_residual_norm_stats_942efea065c5_info[] = {
+extern "C" __device__ const unsigned long long gemmgen_residual_norm_stats_128x128x64_c1x1x1_cooperative_auto_942efea065c5_info[] = {
     sizeof(Params),  // params_size
     alignof(Params),  // params_align
     GemmKernel::SharedStorageSize,  // smem_bytes
@@ -122,7 +122,7 @@ static_assert(sizeof(cute::TmaDescriptor) == 128 && alignof(cute::TmaDescriptor)
 // field the host writes and that field's default value, as NVRTC lays Params out.
 __device__ alignas(128) char layout_buffer[sizeof(Params)];
 
-extern "C" __global__ void gemmgen_residual_norm_stats_942efea065c5_layout(unsigned long long* out) {
+extern "C" __global__ void gemmgen_residual_norm_stats_128x128x64_c1x1x1_cooperative_auto_942efea065c5_layout(unsigned long long* out) {
   Params& p = *reinterpret_cast<Params*>(layout_buffer);
   Params const d{};
   out[0] = gemmgen::probe::offset(p, p.mode);  // mode

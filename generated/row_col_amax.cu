@@ -98,7 +98,7 @@ using Params = typename GemmKernel::Params;
 
 extern "C" __global__ void
 __launch_bounds__(gemmgen_582a913a7d2a::GemmKernel::MaxThreadsPerBlock, gemmgen_582a913a7d2a::GemmKernel::MinBlocksPerMultiprocessor)
-gemmgen_row_col_amax_582a913a7d2a(CUTLASS_GRID_CONSTANT gemmgen_582a913a7d2a::Params const params) {
+gemmgen_row_col_amax_128x128x64_c1x1x1_cooperative_auto_582a913a7d2a(CUTLASS_GRID_CONSTANT gemmgen_582a913a7d2a::Params const params) {
   extern __shared__ char smem[];
   gemmgen_582a913a7d2a::GemmKernel op;
   op(params, smem);
@@ -107,7 +107,7 @@ gemmgen_row_col_amax_582a913a7d2a(CUTLASS_GRID_CONSTANT gemmgen_582a913a7d2a::Pa
 namespace gemmgen_582a913a7d2a {
 
 // Facts the host needs about this instantiation, read from the cubin's symbol table.
-extern "C" __device__ const unsigned long long gemmgen_row_col_amax_582a913a7d2a_info[] = {
+extern "C" __device__ const unsigned long long gemmgen_row_col_amax_128x128x64_c1x1x1_cooperative_auto_582a913a7d2a_info[] = {
     sizeof(Params),  // params_size
     alignof(Params),  // params_align
     GemmKernel::SharedStorageSize,  // smem_bytes
@@ -124,7 +124,7 @@ static_assert(sizeof(cute::TmaDescriptor) == 128 && alignof(cute::TmaDescriptor)
 // field the host writes and that field's default value, as NVRTC lays Params out.
 __device__ alignas(128) char layout_buffer[sizeof(Params)];
 
-extern "C" __global__ void gemmgen_row_col_amax_582a913a7d2a_layout(unsigned long long* out) {
+extern "C" __global__ void gemmgen_row_col_amax_128x128x64_c1x1x1_cooperative_auto_582a913a7d2a_layout(unsigned long long* out) {
   Params& p = *reinterpret_cast<Params*>(layout_buffer);
   Params const d{};
   out[0] = gemmgen::probe::offset(p, p.mode);  // mode

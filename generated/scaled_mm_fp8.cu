@@ -104,7 +104,7 @@ using Params = typename GemmKernel::Params;
 
 extern "C" __global__ void
 __launch_bounds__(gemmgen_60d9b4603bd0::GemmKernel::MaxThreadsPerBlock, gemmgen_60d9b4603bd0::GemmKernel::MinBlocksPerMultiprocessor)
-gemmgen_scaled_mm_fp8_60d9b4603bd0(CUTLASS_GRID_CONSTANT gemmgen_60d9b4603bd0::Params const params) {
+gemmgen_scaled_mm_fp8_128x128x128_c1x1x1_cooperative_auto_60d9b4603bd0(CUTLASS_GRID_CONSTANT gemmgen_60d9b4603bd0::Params const params) {
   extern __shared__ char smem[];
   gemmgen_60d9b4603bd0::GemmKernel op;
   op(params, smem);
@@ -113,7 +113,7 @@ gemmgen_scaled_mm_fp8_60d9b4603bd0(CUTLASS_GRID_CONSTANT gemmgen_60d9b4603bd0::P
 namespace gemmgen_60d9b4603bd0 {
 
 // Facts the host needs about this instantiation, read from the cubin's symbol table.
-extern "C" __device__ const unsigned long long gemmgen_scaled_mm_fp8_60d9b4603bd0_info[] = {
+extern "C" __device__ const unsigned long long gemmgen_scaled_mm_fp8_128x128x128_c1x1x1_cooperative_auto_60d9b4603bd0_info[] = {
     sizeof(Params),  // params_size
     alignof(Params),  // params_align
     GemmKernel::SharedStorageSize,  // smem_bytes
@@ -130,7 +130,7 @@ static_assert(sizeof(cute::TmaDescriptor) == 128 && alignof(cute::TmaDescriptor)
 // field the host writes and that field's default value, as NVRTC lays Params out.
 __device__ alignas(128) char layout_buffer[sizeof(Params)];
 
-extern "C" __global__ void gemmgen_scaled_mm_fp8_60d9b4603bd0_layout(unsigned long long* out) {
+extern "C" __global__ void gemmgen_scaled_mm_fp8_128x128x128_c1x1x1_cooperative_auto_60d9b4603bd0_layout(unsigned long long* out) {
   Params& p = *reinterpret_cast<Params*>(layout_buffer);
   Params const d{};
   out[0] = gemmgen::probe::offset(p, p.mode);  // mode
