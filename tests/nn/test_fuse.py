@@ -4,6 +4,7 @@ where the model provably computes the same function (CPU: the op evaluates the r
 from __future__ import annotations
 
 import copy
+import math
 import os
 from typing import Any
 
@@ -343,8 +344,62 @@ class _SiLUByHand(nn.Module):
         return x * torch.sigmoid(x)
 
 
-def test_a_formula_is_not_taken_for_an_activation():
-    assert gg.nn.activation_of(_SiLUByHand()) is None
+class _NewGELU(nn.Module):
+    """transformers.activations.NewGELUActivation (GPT-2's gelu_new), as transformers writes it."""
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class _FastGELU(nn.Module):
+    """transformers.activations.FastGELUActivation (gelu_fast)."""
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
+class _QuickGELU(nn.Module):
+    """transformers' quick_gelu: no gemmgen activation computes it."""
+
+    def forward(self, x):
+        return x * torch.sigmoid(1.702 * x)
+
+
+class _AlmostGELU(_NewGELU):
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(0.8 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class _ScaledSiLU(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.ones(()))
+
+    def forward(self, x):
+        return x * torch.sigmoid(x) * self.scale
+
+
+class _RowSum(nn.Module):
+    def forward(self, x):
+        return x * torch.sigmoid(x) + 0 * x.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize(("module", "expected"), [
+    (_NewGELU(), "gelu_tanh"), (_FastGELU(), "gelu_tanh"), (_SiLUByHand(), "silu"), (_QuickGELU(), None),
+    (_AlmostGELU(), None), (_ScaledSiLU(), None), (_RowSum(), None)])
+def test_a_formula_is_recognised_by_what_it_computes(module, expected):
+    """transformers spells gelu_new and gelu_fast out; each is the tanh GELU, and fuses as one. A
+    formula that is no gemmgen activation (quick_gelu, a constant off), holds a buffer, or is not
+    elementwise (a row sum) is not taken for one."""
+    assert gg.nn.activation_of(module) == expected
+
+
+def test_a_gpt2_style_mlp_fuses_its_spelled_out_gelu(gen):
+    model = nn.Sequential(_linear(64, 256), _NewGELU(), _linear(256, 64))
+    fused, report = _fuse(copy.deepcopy(model))
+    assert report[0] == "0: Linear + _NewGELU -> FusedLinear(linear_gelu_tanh_bias_bf16) (1 is now Identity)", report
+    x = torch.randn(7, 64, generator=gen).bfloat16()
+    torch.testing.assert_close(fused(x), model(x), **BF16_TOL)
 
 
 def test_a_bare_linear_comes_back_as_a_fused_linear_when_unpaired(gen):
