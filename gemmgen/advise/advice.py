@@ -11,8 +11,7 @@ from typing import Any
 from ..errors import GemmgenError, InvalidArgument
 from ..nn import FusedLinear, FusedMLP, GroupedLinear
 from ..nn.plan import PlannedGemm, grouped_plan, linear_plan, mlp_plan
-from ..tuning.heuristic import wave_model
-from .analysis import GemmAnalysis, analyze
+from .analysis import GemmAnalysis, analyze, waves_of
 from .gpus import Gpu
 from .model import ModelSpec, ParallelPlan, RankLayer, rank_layers
 
@@ -39,7 +38,8 @@ class Finding:
 class Cliff:
     """The nearest cliffs in one dimension: `drop_to` the largest value below `current` where some
     GEMM runs a wave fewer, `fill_to` the largest value with the current waves, `next_cliff` the
-    value that adds one; or, for sizes scanned by the time model, `best` and its gain."""
+    value that adds one; for sizes scanned by the time model those are None and `detail` names the
+    best size and its gain."""
 
     dimension: str
     current: int
@@ -112,8 +112,8 @@ def step(spec: ModelSpec, plan: ParallelPlan, tokens: int, precision: Any, gpu: 
 def advise(spec: ModelSpec, tokens: int, gpu: Gpu, plan: ParallelPlan | None = None, precision: Any = None,
            precision_name: str = "bf16", scan: bool = True) -> Advice:
     """The advice for `spec` trained at `tokens` tokens per step and rank (micro-batch x sequence)
-    under `plan` (default: one GPU) and `precision` (None: bf16) on `gpu`. `scan`: also the FFN and hidden size cliffs
-    and the plan ranking (each analyses the step again at other sizes)."""
+    under `plan` (default: one GPU) and `precision` (None: bf16) on `gpu`. `scan`: also the FFN and
+    hidden size cliffs and the plan ranking (each analyses the step again at other sizes)."""
     if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
         raise InvalidArgument(f"tokens: expected a positive int (micro-batch x sequence), got {tokens!r}")
     plan = plan or ParallelPlan()
@@ -239,12 +239,7 @@ RULES: tuple[Callable[[ModelSpec, ParallelPlan, list[GemmAnalysis]], list[Findin
 def _waves_at(a: GemmAnalysis, rows: int, gpu: Gpu) -> int:
     """The launched config's whole waves if the GEMM had `rows` rows (M) instead."""
     assert a.config is not None
-    g = a.gemm
-    if g.groups > 1:
-        w = wave_model(a.config, -(-rows // g.groups), g.n, g.k, g.groups, gpu.sm_count)
-    else:
-        w = wave_model(a.config, rows, g.n, g.k, 1, gpu.sm_count)
-    return math.ceil(w.waves)
+    return math.ceil(waves_of(a.config, replace(a.gemm, m=rows), gpu).waves)
 
 
 def token_cliff(gemms: list[GemmAnalysis], tokens: int, gpu: Gpu) -> Cliff:

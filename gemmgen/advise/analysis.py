@@ -78,7 +78,6 @@ def analyze(g: PlannedGemm, repeats: int, gpu: Gpu) -> GemmAnalysis:
     recipe's config)."""
     kind = _kind(g)
     flops = 2 * g.m * g.n * g.k
-    memory_us = 0.0
     if g.recipe is None:
         size = _bytes(g, 2, 2)
         return GemmAnalysis(g, repeats, kind, None, "torch computes it (torch.matmul / torch._grouped_mm)", None,
@@ -87,12 +86,12 @@ def analyze(g: PlannedGemm, repeats: int, gpu: Gpu) -> GemmAnalysis:
     ir = g.recipe.ir.gemm
     size = _bytes(g, ir.a.bits // 8, max(ir.d.bits // 8, 1))
     memory_us = size / (gpu.bandwidth_tb_s * 1e6)
-    waves = _waves(launch.config, g, gpu)
+    waves = waves_of(launch.config, g, gpu)
     compute_us = flops / (roof_tflops(gpu, kind) * 1e6 * waves.efficiency)
     return GemmAnalysis(g, repeats, kind, launch.config, launch.why, waves, flops, size, compute_us, memory_us)
 
 
-def _waves(cfg: KernelConfig, g: PlannedGemm, gpu: Gpu) -> Waves:
+def waves_of(cfg: KernelConfig, g: PlannedGemm, gpu: Gpu) -> Waves:
     """The wave model of `cfg` on `g`; a grouped GEMM's rows split evenly over its groups."""
     if g.groups > 1:
         return wave_model(cfg, -(-g.m // g.groups), g.n, g.k, g.groups, gpu.sm_count)

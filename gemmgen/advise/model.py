@@ -137,18 +137,25 @@ class ParallelPlan:
         return f"tp{self.tp}" + (f"-cp{self.cp}" if self.cp > 1 else "") + (f"-ep{self.ep}" if self.ep > 1 else "") \
             + ("-sp" if self.sp else "")
 
-    def broken_rules(self, spec: ModelSpec) -> list[str]:
-        """The rules of Megatron-LM's argument checks this plan breaks for `spec`, each a sentence."""
+    def indivisible(self, spec: ModelSpec) -> list[str]:
+        """The sizes this plan cannot split evenly (no rank's layers exist then), each a sentence."""
         out = []
         if spec.heads % self.tp:
             out.append(f"attention heads ({spec.heads}) not divisible by TP {self.tp}")
-        if spec.kv_heads % self.tp and self.tp % spec.kv_heads:
-            out.append(f"KV heads ({spec.kv_heads}) neither a multiple nor a divisor of TP {self.tp}")
         ffn = spec.moe_intermediate if spec.experts and not spec.dense_layers else spec.intermediate
         if ffn % self.tp:
             out.append(f"FFN size ({ffn}) not divisible by TP {self.tp}")
         if spec.experts and spec.experts % self.ep:
             out.append(f"experts ({spec.experts}) not divisible by EP {self.ep}")
+        return out
+
+    def broken_rules(self, spec: ModelSpec) -> list[str]:
+        """The rules of Megatron-LM's argument checks this plan breaks for `spec`, each a sentence:
+        `indivisible`'s, and those a rank can still run (KV heads replicated, EP on a dense model)."""
+        out = self.indivisible(spec)
+        if spec.kv_heads % self.tp and self.tp % spec.kv_heads:
+            out.insert(1 if spec.heads % self.tp else 0,
+                       f"KV heads ({spec.kv_heads}) neither a multiple nor a divisor of TP {self.tp}")
         if not spec.experts and self.ep > 1:
             out.append(f"EP {self.ep} on a dense model (no experts to split)")
         return out
@@ -171,9 +178,9 @@ def rank_layers(spec: ModelSpec, plan: ParallelPlan, tokens: int, precision: Any
     gate and up, row-parallel o and down, a vocabulary-parallel LM head; KV heads replicated where
     there are fewer than TP. Routed experts: `experts / ep` per rank, each rank's tokens x top-k
     rows spread over them (balanced routing, as the model's load-balancing loss aims for)."""
-    broken = plan.broken_rules(spec)
-    if any("not divisible" in b for b in broken):
-        raise InvalidArgument(f"plan {plan.name}: {'; '.join(broken)}; choose degrees that divide the model")
+    if plan.indivisible(spec):
+        raise InvalidArgument(f"plan {plan.name}: {'; '.join(plan.broken_rules(spec))}; choose degrees that divide "
+                              "the model")
     t = -(-tokens // plan.cp)
     tp = plan.tp
 

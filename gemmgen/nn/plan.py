@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import tuning
-from ..config import Arch, KernelConfig
+from ..config import DEFAULT_ARCH, Arch, KernelConfig
 from ..dsl import Recipe
 from .grads import weight_grad_recipe
 
@@ -49,7 +49,7 @@ class PlannedGemm:
         return self.pass_ is not Pass.FPROP
 
     def launch(self, sm_count: int | None = None, device: tuning.Device | None = None,
-               arch: Arch = Arch.SM90A) -> tuple[Recipe, KernelConfig]:
+               arch: Arch = DEFAULT_ARCH) -> tuple[Recipe, KernelConfig]:
         """(recipe, config) the launch policy chooses for this GEMM (`tuning.choose_launch`)."""
         if self.recipe is None:
             raise ValueError(f"{self.layer} {self.what}: torch computes it; gemmgen launches no kernel")

@@ -67,7 +67,7 @@ class KernelBase:
         """D, or (D, aux...) when the recipe has aux outputs."""
         outputs, launch, index = self._prepare(a, b, args, out, operands)
         if launch is not None:
-            if nvtx.active():  # GEMMGEN_NVTX: off by default, a global's read
+            if nvtx.enabled is not False and nvtx.active():  # GEMMGEN_NVTX, off by default: one global read
                 with nvtx.launch_range(self._range_name(a, b)):
                     self._launch_on(index, launch)
             else:
