@@ -91,6 +91,7 @@ from .types import (
     NVFP4,
     ColMajor,
     DType,
+    Grouping,
     Layout,
     Microscaling,
     OperandKind,
@@ -115,7 +116,8 @@ if _typing.TYPE_CHECKING:  # loaded on first use by __getattr__: they import tor
 
 __all__ = [
     "DEEPSEEK_BLOCK_SCALE", "MXFP8", "NVFP4", "OPS", "Arch", "Backward", "ColMajor", "ColVector", "CompileError",
-    "CompiledKernel", "ConfigError", "DType", "GemmgenError", "GemmgenWarning", "GroupedKernel", "InvalidArgument",
+    "CompiledKernel", "ConfigError", "DType", "GemmgenError", "GemmgenWarning", "GroupedKernel", "Grouping",
+    "InvalidArgument",
     "Kernel", "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "Microscaling",
     "NotDeterministic", "OperandGradient", "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector",
     "Scalar", "Schedule", "Seed", "TileScheduler", "ToolchainError", "Value", "__version__", "abs", "add_bundle",

@@ -158,6 +158,16 @@ class Layout(enum.Enum):
         return Layout.COL if self is Layout.ROW else Layout.ROW
 
 
+class Grouping(enum.Enum):
+    """What a grouped GEMM's groups split (`Recipe(grouped=...)`): `ROWS`, the MoE forward's and
+    dgrad's (each group's rows of A through its own B: D is T x N); `K`, the experts' weight
+    gradient's (each group's K, its tokens, into its own D: D is G x M x N, with no padding of a
+    group's tokens)."""
+
+    ROWS = "rows"
+    K = "k"
+
+
 #: Row-major: the last dim contiguous.
 RowMajor = Layout.ROW
 #: Column-major: dim -2 contiguous (a row-major tensor's `.mT`).

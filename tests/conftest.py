@@ -252,6 +252,12 @@ def fp8_kernels(grouped_families):
 
 
 @pytest.fixture(scope="session")
+def k_grouped_kernel(grouped_families):
+    """The experts' K-grouped weight gradient into main_grad (its default)."""
+    return grouped_families["k_grouped"][0]
+
+
+@pytest.fixture(scope="session")
 def gated_grouped_kernel(grouped_families):
     """The gated experts' grouped kernel over column pairs (moe_swiglu, its default)."""
     return grouped_families["gated"][0]

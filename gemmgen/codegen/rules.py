@@ -67,6 +67,15 @@ def tile_scheduler_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     return []
 
 
+def k_grouped_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """A K-grouped kernel (a weight gradient: `GemmSpec.k_grouped`) is built unswapped: its M and N
+    are a layer's features, never the small dimension a swap is for."""
+    if recipe.gemm.k_grouped and cfg.swap_ab:
+        return ["swap_ab=True: a K-grouped GEMM's M and N are a layer's features, and its swapped form is not "
+                "built; use swap_ab=False"]
+    return []
+
+
 def row_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """An epilogue over neighbouring columns of a row (column pairs, D's quantization blocks:
     `EpilogueIR.along_rows`) takes them from the accumulator's columns, which are the recipe's only in

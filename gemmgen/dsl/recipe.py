@@ -34,9 +34,9 @@ from ..ir import (
     normalize,
 )
 from ..ir.autodiff import GRAD_PREFIX, RECOMPUTED_D, SAVED_ACC, NotDifferentiable, derive
-from ..types import DType, Layout, Microscaling, OperandKind, as_dtype, as_layout
+from ..types import DType, Grouping, Layout, Microscaling, OperandKind, as_dtype, as_layout
 from .backward import OperandGradient, declarations, operand_gradients, replay
-from .checks import check_grouped_epilogue, check_reductions
+from .checks import check_grouped_epilogue, check_k_grouped, check_reductions, grouping_of
 from .operands import OperandDecl, check_operand
 from .outputs import traced_outputs
 from .summary import summary
@@ -51,7 +51,7 @@ _AB_16BIT = (DType.BF16, DType.F16)
 _AB_FP8 = (DType.E4M3, DType.E5M2)
 
 
-def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: bool, grouped: bool,
+def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: bool, grouped: Any,
                 block_scale: Any = None, layout_d: Any = Layout.ROW) -> GemmSpec:
     da, db = as_dtype(a, "a (dtype of A)"), as_dtype(b, "b (dtype of B)")
     la, lb = as_layout(layout_a, "layout_a"), as_layout(layout_b, "layout_b")
@@ -59,12 +59,18 @@ def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: b
     for what, dt in (("a", da), ("b", db)):
         if dt not in _AB_16BIT + _AB_FP8 + (DType.E2M1,):
             raise RecipeError(f"{what}: A and B may be bf16, f16, e4m3, e5m2 or e2m1 (NVFP4), not {dt.value}")
-    if DType.E2M1 in (da, db):
-        return _check_fp4(da, db, d, la, lb, ld, batched, grouped, block_scale)
+    grouping = grouping_of(grouped)
+    if DType.E2M1 in (da, db) and grouping is not Grouping.K:
+        return _check_fp4(da, db, d, la, lb, ld, batched, grouping is not None, block_scale)
     fp8 = da in _AB_FP8
     if fp8 != (db in _AB_FP8) or (not fp8 and da is not db):
         raise RecipeError(f"a/b: mixed input types ({da.value} x {db.value}) are not supported; give A and B the "
                           "same 16-bit dtype, or make both fp8 (e4m3 and e5m2 may be mixed)")
+    if grouping is Grouping.K:
+        if batched:
+            raise RecipeError("grouped/batched: a grouped GEMM's groups take the place of the batch; declare one "
+                              "of them")
+        return check_k_grouped(da, d, la, lb, ld, fp8, block_scale)
     if fp8 and (la, lb) != (Layout.ROW, Layout.COL):
         raise RecipeError(f"layout_a/layout_b: fp8 WGMMA reads A and B K-major only, so an fp8 GEMM needs "
                           f"layout_a=RowMajor and layout_b=ColMajor (got {la.value}/{lb.value}); store the "
@@ -75,10 +81,9 @@ def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: b
         raise RecipeError(f"d: D may be bf16, f16, f32, e4m3 or e5m2, not {dd.value}")
     if not isinstance(batched, bool):
         raise RecipeError(f"batched: expected True or False, got {batched!r}")
-    if not isinstance(grouped, bool):
-        raise RecipeError(f"grouped: expected True or False, got {grouped!r}")
-    if grouped and batched:
+    if grouping is not None and batched:
         raise RecipeError("grouped/batched: a grouped GEMM's groups take the place of the batch; declare one of them")
+    grouped = grouping is not None
     if grouped and la is not Layout.ROW:
         raise RecipeError("layout_a: a grouped GEMM's A holds each group's rows one after another (T x K), so "
                           f"it must be RowMajor, not {la.value}")
@@ -175,6 +180,10 @@ class Recipe:
         grouped: a grouped (MoE) GEMM: A is T x K with the rows of G groups one after another, B is
             G x K x N, and the kernel takes `offsets` (int32, G): where each group's rows end.
             Row vectors are per group (G x N); column vectors and matrices are per row of A.
+            `grouped=gg.Grouping.K`: the groups split K instead (the experts' weight gradient): A is
+            M x T (the `.t()` of a tokens-major T x M tensor: layout_a=gg.ColMajor), B is T x N
+            (layout_b=gg.RowMajor), offsets say where each group's tokens end, and D is G x M x N
+            with D_g = A_g @ B_g; a matrix operand (C) is G x M x N too. bf16 or f16 A and B.
         operands: name -> gg.Scalar / gg.RowVector / gg.ColVector / gg.Matrix declaration.
         aux: name -> dtype of each auxiliary output: an M x N tensor, or gg.f32 for a reduction
             (`gg.amax(x)`, `gg.amax(x, dim)`, `gg.sum(x, dim)`, `gg.reduce_max(x, dim)`,
@@ -195,7 +204,8 @@ class Recipe:
 
     def __init__(self, name: str, epilogue: Callable[..., Any] | None = None, *, a: Any = DType.BF16,
                  b: Any = DType.BF16, d: Any = None, layout_a: Any = Layout.ROW, layout_b: Any = Layout.COL,
-                 batched: bool = False, grouped: bool = False, operands: Mapping[str, OperandDecl] | None = None,
+                 batched: bool = False, grouped: bool | Grouping = False,
+                 operands: Mapping[str, OperandDecl] | None = None,
                  aux: Mapping[str, Any] | None = None, block_scale: Any = None,
                  config: KernelConfig | None = None, layout_d: Any = Layout.ROW) -> None:
         if not isinstance(name, str) or not name.isidentifier():
@@ -217,8 +227,8 @@ class Recipe:
                 raise RecipeError(f"aux output {k!r}: may be bf16, f16, f32, e4m3 or e5m2, not {v.value}")
         self.ir = RecipeIR(name, self.gemm, self._trace())
         check_reductions(self.ir.epilogue)
-        if grouped:
-            check_grouped_epilogue(self.ir.epilogue)
+        if self.gemm.grouped:
+            check_grouped_epilogue(self.ir.epilogue, self.gemm.k_grouped)
         if self.ir.epilogue.row_blocks is not None and self.gemm.layout_d is Layout.COL:
             raise RecipeError("layout_d: the blocks of gg.quantize, gg.rms_norm and gg.exp_minus_max are columns of a "
                               "row of a row-major D; declare the recipe with layout_d=RowMajor (the default)")

@@ -18,6 +18,7 @@ def summary(name: str, g: GemmSpec, operands: Sequence[Operand], outputs: Sequen
     operands={...}, outputs={...}, config=...)`: what the call takes after A and B (the block
     scales by `block_scale=`), what it returns, and which kernel (None: chosen per shape)."""
     flags = "".join(f"{flag}, " for flag in ("batched", "grouped") if getattr(g, flag))
+    flags = flags.replace("grouped", "K-grouped") if g.k_grouped else flags
     scale = g.declared_block_scale
     scaled = "" if scale is None else f"block_scale={scale.name if isinstance(scale, Microscaling) else scale}, "
     takes = ", ".join(f"{o.name}: {_KINDS[o.kind]}" + ("" if o.kind is OperandKind.SEED else f"({o.dtype.value})")

@@ -34,7 +34,7 @@ def _block_factors(shape: tuple[int, ...], device: torch.device) -> torch.Tensor
 
 
 class DenseOp(OpKind):
-    def outputs(self, a: torch.Tensor, b: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
+    def outputs(self, a: torch.Tensor, b: torch.Tensor, args: tuple, device: torch.device) -> list[torch.Tensor]:
         gemm = self.recipe.ir.gemm
         shape = (*((a.shape[0],) if gemm.batched else ()), a.shape[-2], b.shape[-1])
         return [allocate_output(o.shape(shape), o.dtype.torch, device, Layout.ROW if o.column_blocks else gemm.layout_d)

@@ -1,17 +1,20 @@
-"""The op of a grouped (MoE) recipe: `op(a, b, offsets, *operands) -> d`.
+"""The op of a grouped (MoE) recipe: `op(a, b, offsets, *operands) -> d`; a K-grouped one's
+(`KGroupedOp`) is a weight gradient, D per group.
 
 The CUDA implementation launches the kernel the launch policy picks from the rows per group on
 average (never from the groups' sizes, which only the GPU knows). Rows of D after the last group's
 end are not written (unspecified), as with `torch._grouped_mm`.
 
-Backward never reads the offsets on the host either. Where every gradient asked for follows from
-dL/dacc (a bias's: its sum over each group's rows), it launches the recipe's derived backward kernel
-(`Recipe.backward(recompute=True)`: the grouped GEMM again, whose epilogue turns dL/dD into dL/dacc),
-then dacc maps back to A (per group, dacc B_g^T) and to B (per group, A_g^T dacc) with torch's own
-grouped GEMM (`torch._grouped_mm`, which takes the same offsets). Otherwise (a routing weight's
-gradient needs the accumulator itself) it follows the unfused model: the accumulator is recomputed by
-`torch._grouped_mm`, the epilogue differentiated in fp32 with autograd (row vectors gathered per row
-of A by each row's group, so their gradients sum back per group), then the same two GEMMs.
+Backward never reads the offsets on the host either, and with 16-bit A and B launches gemmgen
+kernels only. Where every gradient asked for follows from dL/dacc (a bias's: its sum over each
+group's rows), it launches the recipe's derived backward kernel (`Recipe.backward(recompute=True)`:
+the grouped GEMM again, whose epilogue turns dL/dD into dL/dacc). Otherwise (a routing weight's
+gradient needs the accumulator itself) it follows the unfused model: the accumulator is recomputed
+by a grouped GEMM into fp32, the epilogue differentiated in fp32 with autograd (row vectors gathered
+per row of A by each row's group, so their gradients sum back per group). Then dacc maps back to A
+with a grouped GEMM (per group, dacc B_g^T) and to B with a K-grouped one (`KGroupedOp`: per group,
+A_g^T dacc over the group's tokens, none padded). Block-scaled operands (dequantized to bf16) take
+`torch._grouped_mm` for these three.
 """
 
 from __future__ import annotations
@@ -24,20 +27,20 @@ import torch
 
 from .. import tuning
 from ..config import KernelConfig
-from ..dsl import Backward, Recipe
+from ..dsl import Backward, Matrix, Recipe
 from ..errors import InvalidArgument, RecipeError
 from ..ir.reference import evaluate_epilogue, expand_block_scale
 from ..runtime.base import allocate_output
 from ..runtime.grouped import operands_per_row, row_groups, vectors_as_matrices
 from ..runtime.grouped_checks import check_grouped_call
-from ..types import OperandKind
+from ..types import DType, Grouping, Layout, OperandKind, as_dtype
 from .kinds import OpKind
 
 
 class GroupedOp(OpKind):
     extra_inputs = ("Tensor offsets",)
 
-    def outputs(self, a: torch.Tensor, b: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
+    def outputs(self, a: torch.Tensor, b: torch.Tensor, args: tuple, device: torch.device) -> list[torch.Tensor]:
         d = self.recipe.ir.outputs[0]  # N/2 columns over column pairs (`ir.columns`)
         return [allocate_output(d.shape((a.shape[0], b.shape[-1])), self.recipe.ir.gemm.d.torch, device)]
 
@@ -104,7 +107,7 @@ class GroupedOp(OpKind):
         needs = dict(zip(self.names, needed[3:], strict=True))
         if self.sums_of_dacc(needs):
             return self.fused_vjp(inputs, grad, needed, call)
-        return self.torch_vjp(inputs, grad, needed, mm_dtype)
+        return self.torch_vjp(inputs, grad, needed, mm_dtype, call)
 
     def fused_vjp(self, inputs: list, grad: torch.Tensor, needed: tuple[bool, ...],
                   call: Callable[[Recipe], Any]) -> tuple:
@@ -135,14 +138,14 @@ class GroupedOp(OpKind):
             else:
                 value = wide.sum(1) if kind is OperandKind.COL else wide.sum()
             out[g.operand] = value.to(v.dtype)
-        ga, gb = _input_gradients(g_acc, a, b, ends, covered, needed)
+        ga, gb = _input_gradients(g_acc, a, b, ends, covered, needed, call)
         return (ga, gb, None, *[out.get(name) for name in self.names])
 
-    def torch_vjp(self, inputs: list, grad: torch.Tensor, needed: tuple[bool, ...], mm_dtype: torch.dtype
-                  ) -> tuple:
-        """The unfused model's gradients: the accumulator recomputed by `torch._grouped_mm` in the
-        operands' precision (block-scaled operands dequantized first), the epilogue differentiated
-        in fp32 with autograd."""
+    def torch_vjp(self, inputs: list, grad: torch.Tensor, needed: tuple[bool, ...], mm_dtype: torch.dtype,
+                  call: Callable[[Recipe], Any]) -> tuple:
+        """The unfused model's gradients: the accumulator recomputed in the operands' precision (a
+        gemmgen grouped GEMM into fp32; block-scaled operands dequantized first, through
+        `torch._grouped_mm`), the epilogue differentiated in fp32 with autograd."""
         recipe = self.recipe
         a, b, offsets, *rest = inputs
         gemm = recipe.ir.gemm
@@ -156,8 +159,11 @@ class GroupedOp(OpKind):
             a_mm = (a.float() * expand_block_scale(scale_a, 1, gk, a.shape)).to(mm_dtype)
             b_mm = (b.float() * expand_block_scale(scale_b, gk, gn, b.shape)).to(mm_dtype)
         ends, group, covered = row_groups(offsets, rows, b.shape[0])
-        with torch.enable_grad():
+        if mm_dtype in (torch.bfloat16, torch.float16) and gemm.block_scale is None:  # a gemmgen kernel
+            acc = call(grouped_accumulator_recipe(mm_dtype, gemm.layout_b))(a_mm, b_mm, ends)
+        else:
             acc = torch._grouped_mm(a_mm, b_mm, offs=ends).float()
+        with torch.enable_grad():
             acc = torch.where(covered.unsqueeze(1), acc, 0.0).requires_grad_(True)  # rows in no group
             leaves = {k: v.detach().float().requires_grad_(True) for k, v in ops.items()
                       if needs[k] and isinstance(v, torch.Tensor)}
@@ -172,23 +178,103 @@ class GroupedOp(OpKind):
                 g_acc = a.new_zeros(rows, b.shape[-1])
             else:
                 g_acc = torch.where(covered.unsqueeze(1), got[0], 0.0).to(a.dtype)
-            ga, gb = _input_gradients(g_acc, a, b, ends, covered, needed)
+            ga, gb = _input_gradients(g_acc, a, b, ends, covered, needed, call)
         by_name = {k: g_leaf[k].to(v.dtype) for k, v in ops.items() if g_leaf.get(k) is not None}
         return (ga, gb, None, *[by_name.get(name) for name in self.names])
 
 
+class KGroupedOp(GroupedOp):
+    """A K-grouped recipe's op (`gg.Grouping.K`): `op(a, b, offsets, *operands) -> d`, a the M x T
+    `.t()` of a tokens-major tensor, b T x N, d G x M x N (G: offsets' length). A weight gradient:
+    it is not differentiated itself."""
+
+    def outputs(self, a: torch.Tensor, b: torch.Tensor, args: tuple, device: torch.device) -> list[torch.Tensor]:
+        groups = args[0].shape[0]
+        return [allocate_output((groups, a.shape[0], b.shape[-1]), self.recipe.ir.gemm.d.torch, device)]
+
+    def key(self, a: torch.Tensor, b: torch.Tensor) -> tuple:
+        """M, the tokens and N, the device and the tuning generation (the groups' count and sizes
+        change no config)."""
+        return a.shape, b.shape[-1], a.get_device(), tuning.generation()
+
+    def problem(self, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, int]:
+        """(M, N, the tokens, 1): each group's M x N, over K = the tokens of all groups together."""
+        return a.shape[0], b.shape[-1], a.shape[1], 1
+
+    @functools.cached_property
+    def derived(self) -> Backward | None:
+        return None
+
+    def vjp(self, inputs: list, grads: tuple, needed: tuple[bool, ...], call: Callable[[Recipe], Any]) -> tuple:
+        if any(needed):
+            raise InvalidArgument(f"{self.recipe.name}: a K-grouped GEMM is a weight gradient, which gemmgen does "
+                                  "not differentiate; call it on tensors that do not require grad (torch.no_grad())")
+        return tuple(None for _ in needed)
+
+
+@functools.cache
+def grouped_accumulator_recipe(dtype: torch.dtype, layout_b: Layout) -> Recipe:
+    """A grouped GEMM's fp32 accumulator alone: what a backward recomputes where the epilogue's
+    gradient needs it (a routing weight's)."""
+    d = as_dtype(dtype, "dtype")
+    return Recipe(f"grouped_accumulator_{d.value}_{layout_b.value}", a=d, b=d, d=DType.F32, layout_b=layout_b,
+                  grouped=True)
+
+
+@functools.cache
+def grouped_input_grad_recipe(dtype: torch.dtype) -> Recipe:
+    """dX of a group of expert Linears: dacc_e (rows x N) times W_e (N x K, the weights stacked as
+    G x N x K and read row-major), each group's rows through its own expert, as the forward."""
+    d = as_dtype(dtype, "dtype")
+    return Recipe(f"grouped_input_grad_{d.value}", a=d, b=d, d=d, layout_b=Layout.ROW, grouped=True)
+
+
+@functools.cache
+def grouped_weight_grad_recipe(dtype: torch.dtype, accumulate: bool) -> Recipe:
+    """The experts' weight gradient as one K-grouped GEMM (`gg.Grouping.K`): dW_e = dY_e^T X_e over
+    expert e's tokens, called with (dY.t(), X, offsets), no token padded. `accumulate`: fp32 D
+    added to the experts' fp32 `main_grad` (G x out x in, read as C: beta = 1), as Megatron-style
+    training keeps it; else D in `dtype`."""
+    d = as_dtype(dtype, "dtype")
+    kw: dict[str, Any] = {"a": d, "b": d, "layout_a": Layout.COL, "layout_b": Layout.ROW, "grouped": Grouping.K}
+    if accumulate:
+        return Recipe(f"grouped_weight_grad_accumulate_{d.value}", lambda acc, main_grad: acc + main_grad,
+                      d=DType.F32, operands={"main_grad": Matrix(DType.F32)}, **kw)
+    return Recipe(f"grouped_weight_grad_{d.value}", d=d, **kw)
+
+
 def _input_gradients(g_acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor,
-                     covered: torch.Tensor, needed: tuple[bool, ...]) -> tuple[torch.Tensor | None, ...]:
+                     covered: torch.Tensor, needed: tuple[bool, ...], call: Callable[[Recipe], Any]
+                     ) -> tuple[torch.Tensor | None, ...]:
     """dA (per group, dacc B_g^T; rows in no group zero) and dB (per group, A_g^T dacc), where
-    `needed`; `g_acc` is zero in rows in no group."""
-    g_acc = _rows_16_bytes_apart(g_acc)  # torch._grouped_mm wants 16-byte strides (N odd: padded)
+    `needed`; `g_acc` is zero in rows in no group. Both are gemmgen ops (16-bit A and B): dA a
+    grouped GEMM over the groups' rows, dB a K-grouped one over their tokens, no token padded;
+    other dtypes take `torch._grouped_mm`'s. `call(recipe)` launches a recipe (`ops.caller`)."""
+    g_acc = _rows_16_bytes_apart(g_acc)  # TMA reads rows 16 bytes apart (N odd: padded)
     ga = gb = None
+    kernels = a.dtype in (torch.bfloat16, torch.float16) and g_acc.dtype == a.dtype == b.dtype
+    dgrad = grouped_input_grad_recipe(a.dtype) if kernels else None
+    wgrad = grouped_weight_grad_recipe(a.dtype, accumulate=False) if kernels else None
     if needed[0]:
-        ga = torch.where(covered.unsqueeze(1), torch._grouped_mm(g_acc, b.transpose(-1, -2), offs=ends),
-                         0.0).to(a.dtype)
+        bt = b.transpose(-1, -2)
+        value = call(dgrad)(g_acc, _rows_16_bytes_apart_3d(bt), ends) if dgrad is not None else \
+            torch._grouped_mm(g_acc, bt, offs=ends)
+        ga = torch.where(covered.unsqueeze(1), value, 0.0).to(a.dtype)
     if needed[1]:
-        gb = torch._grouped_mm(a.t(), g_acc, offs=ends).to(b.dtype)
+        gb = call(wgrad)(_rows_16_bytes_apart(a).t(), g_acc, ends) if wgrad is not None else \
+            torch._grouped_mm(a.t(), g_acc, offs=ends)
+        gb = gb.to(b.dtype)
     return ga, gb
+
+
+def _rows_16_bytes_apart_3d(t: torch.Tensor) -> torch.Tensor:
+    """A (G, rows, N) tensor whose rows are contiguous and 16 bytes apart: `t` or a padded copy."""
+    per = 16 // t.element_size()
+    if t.shape[-1] == 1 or (t.stride(-1) == 1 and t.stride(-2) % per == 0 and
+                            (t.shape[0] == 1 or t.stride(0) % per == 0)):
+        return t
+    wide = t.new_zeros(t.shape[0], t.shape[1], t.shape[2] + (-t.shape[2] % per))[..., :t.shape[2]]
+    return wide.copy_(t)
 
 
 def _rows_16_bytes_apart(t: torch.Tensor) -> torch.Tensor:

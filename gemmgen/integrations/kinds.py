@@ -24,8 +24,9 @@ class OpKind:
         self.recipe = recipe
         self.names = [o.name for o in recipe.operands]
 
-    def outputs(self, a: torch.Tensor, b: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
-        """Fresh outputs with the kernel's shapes, dtypes and strides (the fake implementation's)."""
+    def outputs(self, a: torch.Tensor, b: torch.Tensor, args: tuple, device: torch.device) -> list[torch.Tensor]:
+        """Fresh outputs with the kernel's shapes, dtypes and strides (the fake implementation's);
+        `args` are the inputs after A and B (a K-grouped op's offsets say how many groups D has)."""
         raise NotImplementedError
 
     def check(self, a: Any, b: Any, args: tuple, require_cuda: bool, config: KernelConfig | None = None) -> None:

@@ -39,7 +39,7 @@ from ..runtime.base import KernelBase, put_bounded
 from ..runtime.checks import copy_in_layout, tma_readable
 from ..types import Layout, OperandKind
 from .dense import DenseOp
-from .grouped import GroupedOp
+from .grouped import GroupedOp, KGroupedOp
 from .kinds import OpKind
 from .pending import PendingKernel, run_unfused
 
@@ -59,6 +59,8 @@ def _library() -> torch.library.Library:
 
 
 def kind_of(recipe: Recipe) -> OpKind:
+    if recipe.ir.gemm.k_grouped:
+        return KGroupedOp(recipe)
     return GroupedOp(recipe) if recipe.ir.gemm.grouped else DenseOp(recipe)
 
 
@@ -98,7 +100,7 @@ def _define_op(recipe: Recipe) -> Any:
         return call_realigning(recipe.ir, lambda a, b, *args: run_unfused(kind, a, b, args), a, b, args)
 
     def fake_impl(a: torch.Tensor, b: torch.Tensor, *args: Any) -> Any:
-        outs = kind.outputs(a, b, a.device)
+        outs = kind.outputs(a, b, args, a.device)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def backward(ctx: Any, *grads: Any) -> tuple:

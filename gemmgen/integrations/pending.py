@@ -28,7 +28,7 @@ def run_unfused(kind: OpKind, a: torch.Tensor, b: torch.Tensor, args: tuple) -> 
     """The recipe's outputs computed by its reference in torch, in the outputs' dtypes and layouts
     (what the op returns), on `a`'s device."""
     kind.check(a, b, args, require_cuda=False)  # what the kernel's path would refuse
-    outs = kind.outputs(a, b, a.device)
+    outs = kind.outputs(a, b, args, a.device)
     with torch.autocast(a.device.type, enabled=False):  # the recipe's own precision, as the kernel computes
         refs = kind.reference(a, b, args)
     for dst, src in zip(outs, refs, strict=True):

@@ -187,7 +187,11 @@ class GemmSpec:
 
     `grouped` is the MoE form: A (T x K) holds the rows of G groups one after another (group g's
     rows end at offsets[g]), B is G x K x N (one matrix per group), and D (T x N) gets each row
-    from its own group's B.
+    from its own group's B. With `k_grouped` the groups split K instead (`Grouping.K`, the experts'
+    weight gradient): A (M x T, column-major: a T x M tensor's `.t()`) and B (T x N, row-major) hold
+    the K columns and rows of G groups one after another (group g's tokens end at offsets[g]), and
+    D (G x M x N) gets D_g = A_g @ B_g, a sum over the group's tokens alone; an empty group's D_g is
+    the epilogue of a zero accumulator.
 
     `layout_d` is the memory order of D and of every M x N epilogue tensor (C, aux loads and
     stores): row-major unless a recipe declares column-major D; a swapped kernel's view of the
@@ -217,6 +221,7 @@ class GemmSpec:
     grouped: bool = False
     block_scale: tuple[int, int, int] | None = None
     microscaling: Microscaling | None = None
+    k_grouped: bool = False  # with `grouped`: the groups split K (Grouping.K)
 
     @property
     def declared_block_scale(self) -> tuple[int, int, int] | Microscaling | None:
@@ -346,7 +351,7 @@ class RecipeIR:
         scale = None if g.block_scale is None else (g.block_scale[1], g.block_scale[0], g.block_scale[2])
         gemm = GemmSpec(a=g.b, b=g.a, d=g.d, layout_a=g.layout_b.transposed, layout_b=g.layout_a.transposed,
                         batched=g.batched, accumulator=g.accumulator, layout_d=g.layout_d.transposed,
-                        grouped=g.grouped, block_scale=scale, microscaling=g.microscaling)
+                        grouped=g.grouped, block_scale=scale, microscaling=g.microscaling, k_grouped=g.k_grouped)
         operands = tuple(replace(o, kind=o.kind.transposed) for o in self.epilogue.operands)
         outputs = tuple(o.transposed for o in self.epilogue.outputs)
         nodes = tuple(replace(n, op=n.op.transposed) for n in self.epilogue.nodes)
@@ -358,6 +363,7 @@ class RecipeIR:
         g = self.gemm
         layout_d = [] if g.layout_d is Layout.ROW else [g.layout_d.value]
         grouped = [["grouped", True]] if g.grouped else []
+        grouped += [["k_grouped", True]] if g.k_grouped else []
         block_scale = [["block_scale", list(g.block_scale)]] if g.block_scale else []
         microscaling = [["microscaling", g.microscaling.value]] if g.microscaling else []
         return {

@@ -258,6 +258,9 @@ def reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: Mapp
     """fp32 GEMM on the CPU followed by the epilogue; one tensor per output (`d` first). With
     `magnitudes`, sums are of their terms' absolute values (see `evaluate_epilogue`)."""
     ops = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in operands.items()}
+    if recipe.gemm.k_grouped:
+        assert offsets is not None
+        return _k_grouped_reference(recipe, a.detach().cpu(), b.detach().cpu(), ops, offsets.detach().cpu())
     if recipe.gemm.grouped:
         assert offsets is not None
         return _grouped_reference(recipe, a.detach().cpu(), b.detach().cpu(), ops, offsets.detach().cpu())
@@ -310,6 +313,24 @@ def group_bounds(offsets: list[int], rows: int) -> list[tuple[int, int]]:
         bounds.append((start, end))
         start = end
     return bounds
+
+
+def _k_grouped_reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor,
+                         operands: dict[str, torch.Tensor | float], offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A K-grouped GEMM (`GemmSpec.k_grouped`): a is M x T, b is T x N, and group g's D (G x M x N)
+    is the epilogue of a[:, first:end] @ b[first:end] with its own matrices (C); an empty group's
+    accumulator is zero, whatever the offsets hold (`group_bounds`)."""
+    ir = recipe.epilogue
+    m, tokens = a.shape
+    bounds = group_bounds(offsets.tolist(), tokens)
+    d = torch.empty((len(bounds), m, b.shape[-1]), dtype=torch.float32)
+    kinds = {o.name: o.kind.value for o in ir.operands}
+    for g, (start, end) in enumerate(bounds):
+        acc = accumulate(recipe.gemm, a[:, start:end], b[start:end], {})
+        ops = {k: v[g] if isinstance(v, torch.Tensor) and kinds[k] == "matrix" else v
+               for k, v in operands.items() if k in kinds}
+        d[g] = evaluate_epilogue(ir, acc, ops, round_outputs=False)[0]
+    return (round_to(d, ir.outputs[0].dtype),)
 
 
 def _grouped_reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor | float],

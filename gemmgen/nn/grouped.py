@@ -6,10 +6,10 @@ grouped gemmgen kernel.
 
 Forward is `activation(x_e @ W_e^T + b_e)` for the rows of each expert e, one grouped gemmgen op
 (torch.ops.gemmgen.*) whose offsets stay on the GPU: no host sync, CUDA-graph safe. Rows after the
-last expert's end are not written (unspecified, as with `torch._grouped_mm`). Backward is the op's:
-one derived gemmgen kernel (the grouped GEMM again, its epilogue turning dL/dy into dL/dacc, of
-which the bias gradient is each expert's sum), then dx and dW through `torch._grouped_mm` with the
-same offsets (bf16 on the GPU).
+last expert's end are not written (unspecified, as with `torch._grouped_mm`). Backward is the op's,
+gemmgen kernels only (16-bit experts): one derived kernel (the grouped GEMM again, its epilogue
+turning dL/dy into dL/dacc, of which the bias gradient is each expert's sum), then dx by a grouped
+GEMM and dW by a K-grouped one (each expert's tokens its K, none padded), with the same offsets.
 
 A gated activation (`"swiglu"`, `"geglu"`: act(gate) * up, the experts of Mixtral, DeepSeek and
 Qwen MoE models) takes weights of 2 x out_features rows per expert, gate and up interleaved
@@ -50,6 +50,7 @@ from .base import (
     warn_no_kernel,
     weight_rows,
 )
+from .plan import grouped_plan
 
 
 def _rows_aligned(bias: torch.Tensor) -> torch.Tensor:
@@ -116,17 +117,17 @@ class GroupedLaunches:
 
     def backward_launches(self, rows: int | None = None, device: tuning.Device | None = None,
                           arch: Arch | str | None = None) -> list[tuple[Recipe, Any]]:
-        """(recipe, config) of the gemmgen kernel a backward launches for `rows` rows of tokens:
-        the derived one (the grouped GEMM again, writing dL/dacc: `integrations.grouped`), chosen
-        as forward's is; none for fp8 experts (their gradients are torch's)."""
-        derived = self.derived_backward
-        if derived is None:
-            return []
+        """(recipe, config) of the gemmgen kernels a backward launches for `rows` rows of tokens
+        (None: the kernels for groups of many rows), chosen as forward's is: the derived one (the
+        grouped GEMM again, writing dL/dacc) or the accumulator again, then dx's grouped GEMM and
+        dW's K-grouped one (`gemmgen.nn.plan.grouped_plan`); none for fp8 experts (their gradients
+        are torch's)."""
         target = launch_arch(arch)
+        planned = [g for g in grouped_plan(self, rows or 1) if g.backward]
+        recipes = [g.recipe for g in planned if g.recipe is not None]
         if rows is None:
-            return [(derived.kernel, derived.kernel.default_config(target))]
-        return [(derived.kernel, tuning.config_for(derived.kernel, rows, self.weight_rows, self.in_features,
-                                                   self.num_experts, device=device, arch=target))]
+            return [(r, r.default_config(target)) for r in recipes]
+        return [g.launch(None, device, target) for g in planned if g.recipe is not None]
 
 
 class GroupedLinear(GroupedLaunches, RecipeModule):

@@ -13,6 +13,12 @@ import torch
 from .. import tuning
 from ..config import DEFAULT_ARCH, Arch, KernelConfig
 from ..dsl import Recipe
+from ..integrations.grouped import (
+    grouped_accumulator_recipe,
+    grouped_input_grad_recipe,
+    grouped_weight_grad_recipe,
+)
+from ..types import DType
 from .grads import weight_grad_recipe
 
 
@@ -136,16 +142,22 @@ def mlp_plan(mlp, tokens: int, training: bool = True, name: str = "mlp") -> list
 
 def grouped_plan(layer, rows: int, training: bool = True, name: str = "experts") -> list[PlannedGemm]:  # type: ignore[no-untyped-def]
     """A GroupedLinear's GEMMs for `rows` routed rows over its experts: the grouped kernel, then with
-    `training` its derived kernel (the grouped GEMM again, writing dL/dacc) and dx and dW by
-    `torch._grouped_mm` (dW's groups split K: each expert's rows)."""
+    `training` its derived kernel (the grouped GEMM again, writing dL/dacc; or the accumulator
+    again, which autograd differentiates), dx (a grouped GEMM) and dW (a K-grouped one: each
+    expert's rows are its K), gemmgen kernels where the experts are 16-bit (`integrations.grouped`)."""
     e, wr, n_in = layer.num_experts, layer.weight_rows, layer.in_features
     out = [PlannedGemm(name, Pass.FPROP, "y_e = act(x_e W_e^T + b_e)", rows, wr, n_in, layer.recipe, e)]
     if not training:
         return out
+    g = layer.recipe.ir.gemm
+    kernels = g.a in (DType.BF16, DType.F16) and not g.scaled
     derived = layer.derived_backward
+    accumulator = grouped_accumulator_recipe(g.a.torch, g.layout_b) if kernels else None
     dacc = (PlannedGemm(name, Pass.DGRAD, "dL/dacc: the grouped GEMM again, its epilogue derived", rows, wr, n_in,
                         derived.kernel, e) if derived is not None else
-            PlannedGemm(name, Pass.DGRAD, "acc again, differentiated by autograd", rows, wr, n_in, None, e))
+            PlannedGemm(name, Pass.DGRAD, "acc again, differentiated by autograd", rows, wr, n_in, accumulator, e))
+    dgrad = grouped_input_grad_recipe(g.a.torch) if kernels else None
+    wgrad = grouped_weight_grad_recipe(g.a.torch, accumulate=False) if kernels else None
     return [*out, dacc,
-            PlannedGemm(name, Pass.DGRAD, "dx_e = dL/dacc_e W_e", rows, n_in, wr, None, e),
-            PlannedGemm(name, Pass.WGRAD, "dW_e^T = x_e^T dL/dacc_e (groups split K)", n_in, wr, rows, None, e)]
+            PlannedGemm(name, Pass.DGRAD, "dx_e = dL/dacc_e W_e", rows, n_in, wr, dgrad, e),
+            PlannedGemm(name, Pass.WGRAD, "dW_e^T = x_e^T dL/dacc_e (groups split K)", n_in, wr, rows, wgrad, e)]

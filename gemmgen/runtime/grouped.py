@@ -43,9 +43,12 @@ if TYPE_CHECKING:
 MODE_GROUPED = 4  # cutlass::gemm::GemmUniversalMode::kGrouped
 MAX_COLUMNS = 18  # gemmgen::grouped::MaxColumns
 SCALE_LAYOUT_BYTES = 20  # gemmgen::grouped::ScaleLayoutBytes: one group's scale layout of A or B
-# gemmgen::grouped::Setup: its scalars, then base, per_row, per_block and per_group, then the layouts
-SETUP = struct.Struct(f"<QQQiiiiii{4 * (str(MAX_COLUMNS) + 'q')}QQ")
-SETUP_BASES = struct.calcsize("<QQQiiiiii")  # where Setup::base starts
+# gemmgen::grouped::Setup: its scalars (offsets, shapes, table; groups, rows, n, k, columns, swapped,
+# m, k_grouped; zero), then base, per_row, per_block and per_group, then the layouts
+SETUP_SCALARS = "<QQQiiiiiiiiq"
+SETUP_FIELDS = 12  # how many scalars SETUP unpacks before the columns
+SETUP = struct.Struct(f"{SETUP_SCALARS}{4 * (str(MAX_COLUMNS) + 'q')}QQ")
+SETUP_BASES = struct.calcsize(SETUP_SCALARS)  # where Setup::base starts
 SETUP_BLOCK = 128  # threads per block of the setup kernel: one per group
 _MAP_BYTES = 128  # sizeof(cute::TmaDescriptor)
 _MAP_ALIGN = 64  # MinTensorMapWorkspaceAlignment
@@ -138,6 +141,24 @@ class GroupedArguments:
         self.d_store = None if self.d else f"epilogue.{REGISTER_STORES[d_columns]}.d"
         self.d_field = f"{self.d_store}.ptr" if self.d_store else "epilogue.ptr_d"
 
+    def k_grouped_columns(self, call: GroupedCall, d: TensorArg) -> list[Column]:
+        """A K-grouped call's columns (`GemmSpec.k_grouped`): A's and B's pointers at the group's
+        first token (A's column, B's row), C's and D's at the group's matrix; then the strides: A's
+        and B's leading dimensions and C's and D's row strides, the same for every group."""
+        bits_a, bits_b, bits_d = self.bits
+        cols = [Column("mainloop.ptr_a", call.a.ptr, call.a.strides[1] * bits_a // 8, 0),
+                Column("mainloop.ptr_b", call.b.ptr, call.b.strides[0] * bits_b // 8, 0)]
+        c = call.operands[self.source.name] if self.source else None
+        if isinstance(c, TensorArg):
+            cols.append(Column("epilogue.ptr_c", c.ptr, 0, c.strides[2] * self.source.dtype.nbytes))  # type: ignore[union-attr]
+        cols.append(Column(self.d_field, d.ptr, 0, d.strides[2] * bits_d // 8))
+        cols += [Column("mainloop.stride_a", call.a.strides[1], 0, 0),
+                 Column("mainloop.stride_b", call.b.strides[0], 0, 0)]
+        if isinstance(c, TensorArg):
+            cols.append(Column("epilogue.stride_c", c.strides[0], 0, 0))
+        cols.append(Column("epilogue.stride_d", d.strides[0], 0, 0))
+        return cols
+
     def columns(self, call: GroupedCall, d: TensorArg) -> list[Column]:
         """Pointers first (A, B, C, D, the vectors), then the strides (one int64 per group each):
         each pointer at the group's first row of A (A, C, D, column vectors) or at the group (B,
@@ -185,11 +206,15 @@ class GroupedArguments:
             cols.append(Column("epilogue.stride_d", d.strides[0], 0, 0))
         return cols
 
-    def setup(self, call: GroupedCall, columns: list[Column], buffer: int, layout: BufferLayout) -> bytes:
+    def setup(self, call: GroupedCall, columns: list[Column], buffer: int, layout: BufferLayout, zero: int = 0
+              ) -> bytes:
+        """The setup kernel's block; `zero`, a K-grouped call's: the address of max(M, N) zero
+        elements of A's type, which an empty group's A and B point at (grouped.hpp)."""
         pad = [0] * (MAX_COLUMNS - len(columns))
         layouts = [buffer + at if self.scale_layouts else 0 for at in layout.scale_layouts]
         return SETUP.pack(call.offsets, buffer + layout.shapes, buffer + layout.table, call.groups, call.rows,
-                          call.n, call.k, len(columns), int(self.swapped), *[c.base for c in columns], *pad,
+                          call.n, call.k, len(columns), int(self.swapped), call.m, int(self.recipe.gemm.k_grouped),
+                          zero, *[c.base for c in columns], *pad,
                           *[c.per_row for c in columns], *pad, *[c.per_block for c in columns], *pad,
                           *[c.per_group for c in columns], *pad, *layouts)
 
@@ -282,13 +307,14 @@ class _GroupedPlan:
 
     call: GroupedCall
     device_index: int
-    d_shape: tuple[int, int]
+    d_shape: tuple[int, ...]
     d_strides: tuple[int, ...]
     d_template: torch.Tensor  # empty, D's dtype, on the call's device: D is its new_empty_strided
     bytes_template: torch.Tensor  # empty, uint8, on the call's device: the buffer is its new_empty
     columns: list[Column] | None = None  # None: nothing to launch (an empty dimension, or K = 0)
     d_at: int = 0  # where D's column's base (D's address, set per call) sits in the setup block
     layout: BufferLayout = BufferLayout(0, 0, 0, 0, 0)
+    zero: torch.Tensor | None = None  # K-grouped: what an empty group's A and B read (`GroupedArguments.setup`)
     sm_count: int = 0
     clusters: int = 0
     grid: tuple[int, int, int] = (0, 0, 0)
@@ -370,8 +396,9 @@ class GroupedKernel(KernelBase):
         blocks = plan.blocks.get(addr)
         if blocks is None:  # the setup block with D's base 0, patched per call: D is allocated per call
             fields = self._args.values(call, plan.columns, addr, plan.layout, plan.sm_count, plan.clusters,
-                                       max(plan.device_index, 0), self._encode, plan.d_strides[0])
-            blocks = (bytes(self._writer.write(fields)), self._args.setup(call, plan.columns, addr, plan.layout))
+                                       max(plan.device_index, 0), self._encode, plan.d_strides[-2])
+            zero = plan.zero.data_ptr() if plan.zero is not None else 0
+            blocks = (bytes(self._writer.write(fields)), self._args.setup(call, plan.columns, addr, plan.layout, zero))
             put_bounded(plan.blocks, addr, blocks)
         params, setup = blocks
         setup = setup[:plan.d_at] + d.data_ptr().to_bytes(8, "little") + setup[plan.d_at + 8:]
@@ -381,19 +408,30 @@ class GroupedKernel(KernelBase):
         """Check every argument and work out what does not depend on D's or the buffer's address."""
         call = check_grouped_call(self._ir, a, b, offsets, operands, require_cuda=self._require_cuda)
         device_index = self._device_index(call.device)
-        shape = (call.rows, self._ir.outputs[0].columns.extent(call.n))  # N/2 or 2N columns: `ir.columns`
+        k_grouped = self._ir.gemm.k_grouped
+        # K-grouped: a G x M x N D; else rows x N (N/2 or 2N columns over pairs: `ir.columns`)
+        shape: tuple[int, ...] = (call.groups, call.m, call.n) if k_grouped else \
+            (call.rows, self._ir.outputs[0].columns.extent(call.n))
         strides = padded_strides(shape, self._ir.gemm.d.torch)
         if out is not None:
-            check_output("out", out, self._ir.gemm.d, shape, call.device, False, 1)
+            if k_grouped:
+                check_output("out", out, self._ir.gemm.d, shape, call.device, True, call.groups)
+            else:
+                check_output("out", out, self._ir.gemm.d, shape, call.device, False, 1)
             check_no_alias("out", output_span(out), grouped_input_spans(call))
             strides = tuple(out.stride())
         plan = _GroupedPlan(call, device_index, shape, strides, torch.empty(0, dtype=self._ir.gemm.d.torch,
                                                                             device=call.device),
                             torch.empty(0, dtype=torch.uint8, device=call.device))
-        if 0 in (call.rows, call.n, call.groups, call.k):
+        # nothing to launch where D is empty; K = 0 (rows-grouped; a K-grouped D_g is then the epilogue of zero)
+        if 0 in ((call.m, call.n, call.groups) if k_grouped else (call.rows, call.n, call.groups, call.k)):
             return plan
         plan.sm_count, plan.clusters = self._hardware(device_index)
-        plan.columns = self._args.columns(call, TensorArg(0, (strides[0], 1, 0)))
+        if k_grouped:
+            plan.columns = self._args.k_grouped_columns(call, TensorArg(0, (strides[1], 1, strides[0])))
+            plan.zero = torch.zeros(max(call.m, call.n), dtype=self._ir.gemm.a.torch, device=call.device)
+        else:
+            plan.columns = self._args.columns(call, TensorArg(0, (strides[0], 1, 0)))
         plan.d_at = SETUP_BASES + 8 * next(i for i, c in enumerate(plan.columns) if c.field == self._args.d_field)
         plan.layout = BufferLayout.of(call.groups, len(plan.columns), plan.sm_count, self._args.source is not None,
                                       self._config.arch, self._args.scale_layouts, self._args.mainloop_map_count)

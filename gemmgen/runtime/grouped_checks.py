@@ -41,6 +41,7 @@ class GroupedCall(NamedTuple):
     offsets: int  # address of the int32 offsets
     operands: dict[str, TensorArg | float]  # row vectors: (0, 0, group stride); columns: contiguous; C: (ld, 1, 0)
     extents: tuple[int, ...]  # bytes each input spans (alias checks): a, b, offsets, tensor operands
+    m: int = 0  # K-grouped (`check_k_grouped_call`): every group's M; rows and k are then the tokens
 
 
 def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, operands: dict[str, object],
@@ -49,6 +50,8 @@ def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, 
     synchronize): their values cannot be checked here, and need not be, as the kernel clamps them
     (reference.group_bounds)."""
     g = recipe.gemm
+    if g.k_grouped:
+        return check_k_grouped_call(recipe, a, b, offsets, operands, require_cuda)
     a, b = _need_tensor("a", a), _need_tensor("b", b)
     _dtype("a", a, g.a)
     _dtype("b", b, g.b)
@@ -70,19 +73,9 @@ def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, 
         raise InvalidArgument(f"b: expected (groups, {a.shape[1]}, N) ({k_name} of a, shape {tuple(a.shape)}), got "
                               f"{tuple(b.shape)}")
     _even_columns(recipe, n)
-    offsets = _need_tensor("offsets", offsets)
-    if offsets.dtype != torch.int32 or offsets.dim() != 1 or offsets.shape[0] != groups:
-        raise InvalidArgument(f"offsets: expected an int32 tensor of {groups} entries (one per group of b: where "
-                              f"its rows of a end), got {offsets.dtype} of shape {tuple(offsets.shape)}")
-    if groups > 1 and offsets.stride(0) != 1:
-        raise LayoutMismatch("offsets", "offsets: expected a contiguous tensor; use offsets.contiguous()")
-    device = a.device
-    if require_cuda and device.type != "cuda":
-        raise InvalidArgument(f"a: expected a CUDA tensor, got one on {device}; move it with a.cuda()")
-    names = {o.name for o in recipe.operands}
-    unknown = sorted(set(operands) - names)
-    if unknown:
-        raise InvalidArgument(f"{unknown[0]}: not an operand of this recipe; it takes {sorted(names) or 'none'}")
+    offsets = _offsets(offsets, groups, "one per group of b: where its rows of a end")
+    device = _device(a, require_cuda)
+    _known_operands(recipe, operands)
     named: list[tuple[str, torch.Tensor]] = [("a", a), ("b", b), ("offsets", offsets)]
     checked: dict[str, TensorArg | float] = {}
     for o in recipe.operands:
@@ -120,6 +113,85 @@ def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, 
         elif o.kind is OperandKind.COL:
             extents.append(rows * o.dtype.nbytes)
     return GroupedCall(rows, n, k, groups, device, ta, tb, offsets.data_ptr(), checked, tuple(extents))
+
+
+def _offsets(offsets: object, groups: int | None, what: str) -> torch.Tensor:
+    """The int32 group ends (`groups` of them where the other arguments say how many)."""
+    t = _need_tensor("offsets", offsets)
+    if t.dtype != torch.int32 or t.dim() != 1 or (groups is not None and t.shape[0] != groups):
+        entries = f"{groups} entries" if groups is not None else "one entry per group"
+        raise InvalidArgument(f"offsets: expected an int32 tensor of {entries} ({what}), got {t.dtype} of shape "
+                              f"{tuple(t.shape)}")
+    if t.shape[0] > 1 and t.stride(0) != 1:
+        raise LayoutMismatch("offsets", "offsets: expected a contiguous tensor; use offsets.contiguous()")
+    return t
+
+
+def _device(a: torch.Tensor, require_cuda: bool) -> torch.device:
+    if require_cuda and a.device.type != "cuda":
+        raise InvalidArgument(f"a: expected a CUDA tensor, got one on {a.device}; move it with a.cuda()")
+    return a.device
+
+
+def _known_operands(recipe: RecipeIR, operands: dict[str, object]) -> None:
+    names = {o.name for o in recipe.operands}
+    unknown = sorted(set(operands) - names)
+    if unknown:
+        raise InvalidArgument(f"{unknown[0]}: not an operand of this recipe; it takes {sorted(names) or 'none'}")
+
+
+def check_k_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, operands: dict[str, object],
+                         require_cuda: bool = True) -> GroupedCall:
+    """`check_grouped_call` for a K-grouped recipe (`Grouping.K`, a weight gradient): a is M x T
+    (column-major: the `.t()` of the tokens-major output gradient), b is T x N (row-major: the
+    layer's input), offsets (int32, G) say where each group's tokens end, a matrix operand (C) is
+    G x M x N. The GroupedCall's rows and k are T, its m is M."""
+    g = recipe.gemm
+    a, b = _need_tensor("a", a), _need_tensor("b", b)
+    _dtype("a", a, g.a)
+    _dtype("b", b, g.b)
+    if a.dim() != 2 or b.dim() != 2 or b.shape[0] != a.shape[1]:
+        raise InvalidArgument(f"a/b: a K-grouped GEMM takes a (M, tokens) and b (tokens, N), the tokens of every "
+                              f"group one after another (a is grad_out.t() and b the input, both tokens-major), got "
+                              f"a {tuple(a.shape)} and b {tuple(b.shape)}")
+    (m, tokens), n = a.shape, b.shape[1]
+    for extent, name in ((m, "M"), (n, "N"), (tokens, "tokens")):
+        if extent > INT32_MAX - 256:  # the kernel's per-group shapes and the setup's offsets are 32-bit
+            raise InvalidArgument(f"{name} = {extent}: too large for the grouped kernel's 32-bit shapes; split "
+                                  "the call")
+    offsets = _offsets(offsets, None, "where each group's tokens end")
+    groups = offsets.shape[0]
+    device = _device(a, require_cuda)
+    _known_operands(recipe, operands)
+    named: list[tuple[str, torch.Tensor]] = [("a", a), ("b", b), ("offsets", offsets)]
+    checked: dict[str, TensorArg | float] = {}
+    extents = []
+    for o in recipe.operands:
+        if o.name not in operands:
+            what = "a Python number" if o.kind is OperandKind.SCALAR else \
+                f"a (groups, M, N) = ({groups}, {m}, {n}) {o.dtype.value} tensor"
+            raise InvalidArgument(f"{o.name}: missing operand; pass {o.name}=... ({what})")
+        value = operands[o.name]
+        if o.kind is OperandKind.SCALAR:
+            checked[o.name] = _operand(o, value, m, n, 1, False)
+            continue
+        t = _need_tensor(o.name, value)
+        _dtype(o.name, t, o.dtype)
+        if tuple(t.shape) != (groups, m, n):
+            raise InvalidArgument(f"{o.name}: expected a (groups, M, N) = ({groups}, {m}, {n}) tensor, one M x N "
+                                  f"matrix per group, got shape {tuple(t.shape)}")
+        arg = TensorArg(_aligned_ptr(o.name, t), _matrix(o.name, t, m, n, Layout.ROW, True, groups, ("M", "N")))
+        checked[o.name] = arg
+        named.append((o.name, t))
+        extents.append(_bytes(arg, o.dtype.nbytes, (m, n, groups)))
+    for name, t in named:
+        if t.device != device:
+            raise InvalidArgument(f"{name}: on {t.device} but a is on {device}; put all tensors on one device")
+    ta = TensorArg(_aligned_ptr("a", a), _matrix("a", a, m, tokens, Layout.COL, False, 1, ("M", "tokens")))
+    tb = TensorArg(_aligned_ptr("b", b), _matrix("b", b, tokens, n, Layout.ROW, False, 1, ("tokens", "N")))
+    extents = [_bytes(ta, a.element_size(), (m, tokens, 1)), _bytes(tb, b.element_size(), (tokens, n, 1)),
+               4 * groups, *extents]
+    return GroupedCall(tokens, n, tokens, groups, device, ta, tb, offsets.data_ptr(), checked, tuple(extents), m)
 
 
 def grouped_input_spans(call: GroupedCall) -> tuple[Span, ...]:

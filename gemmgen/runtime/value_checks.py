@@ -17,7 +17,7 @@ def check_values(recipe: RecipeIR, a: object, b: object, operands: dict[str, obj
     layout rules: `Recipe.reference` accepts what a kernel of the recipe accepts, in any layout.
     Each tensor is checked as a TMA-readable copy of itself, so only a value can be refused."""
     g = recipe.gemm
-    layouts = {"a": Layout.ROW if g.grouped else g.layout_a, "b": g.layout_b}
+    layouts = {"a": Layout.ROW if g.grouped and not g.k_grouped else g.layout_a, "b": g.layout_b}
     layouts |= {o.name: Layout.COL if o.kind is OperandKind.SCALE_A else Layout.ROW for o in recipe.operands}
 
     def copy(name: str, value: object) -> object:

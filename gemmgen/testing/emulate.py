@@ -23,7 +23,7 @@ from ..codegen.fields import ParamsLayout
 from ..compile import CompiledKernel
 from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS, blocked_shape, from_blocked, scale_values, values
 from ..ir.reference import expand_block_scale, group_bounds
-from ..runtime.grouped import MAX_COLUMNS, SCALE_LAYOUT_BYTES, SETUP
+from ..runtime.grouped import MAX_COLUMNS, SCALE_LAYOUT_BYTES, SETUP, SETUP_FIELDS
 from ..runtime.tma import EncodeArgs, TmaDataType
 from ..types import DType, Microscaling
 from .visitors import EpilogueInterpreter
@@ -330,7 +330,7 @@ def _check_scale_layouts(view: _ParamsBytes, setup: tuple, groups: int) -> None:
     GEMM reads, inside the buffer, apart from the shapes, the table and each other."""
     shapes_at, table_at, columns = setup[1], setup[2], setup[7]
     regions = [(shapes_at, 12 * groups), (table_at, 8 * columns * groups)]
-    for operand, at in zip("ab", setup[9 + 4 * MAX_COLUMNS:], strict=True):
+    for operand, at in zip("ab", setup[SETUP_FIELDS + 4 * MAX_COLUMNS:], strict=True):
         if int.from_bytes(view.raw(view.lvalue[f"mainloop.layout_sf{operand}"]), "little") != at:
             raise AssertionError(f"scale_{operand}: the GEMM reads its layouts where the setup does not write them")
         view.at(at, torch.uint8, (SCALE_LAYOUT_BYTES * groups,), (1,), f"setup.scale_layouts[{operand}]")
@@ -345,11 +345,19 @@ def fill_groups(setup: tuple, offsets: list[int]) -> tuple[list[list[int]], list
     """What gemmgen/include/gemmgen/grouped.hpp's `fill` writes for a Setup block (its fields, as
     runtime.grouped.SETUP unpacks them): each group's (M, N, K) and its column values
     (tests/runtime/test_grouped_oracle.py runs the C++ on the host against this)."""
-    groups, rows, n, k, columns, swapped = setup[3:9]
+    groups, rows, n, k, columns, swapped, m, k_grouped, zero = setup[3:SETUP_FIELDS]
     c = MAX_COLUMNS
-    base, per_row, per_block, per_group = (setup[9 + i * c:9 + (i + 1) * c] for i in range(4))
+    base, per_row, per_block, per_group = (setup[SETUP_FIELDS + i * c:SETUP_FIELDS + (i + 1) * c] for i in range(4))
     bounds = group_bounds(offsets[:groups], rows)
-    shapes = [[n, end - start, k] if swapped else [end - start, n, k] for start, end in bounds]
-    table = [[base[c] + per_row[c] * start + per_block[c] * (start // 128) + per_group[c] * g for c in range(columns)]
-             for g, (start, _) in enumerate(bounds)]
+    if k_grouped:  # an empty group: K = 1 over zeros (A's and B's columns, which move with its first token)
+        shapes = [[m, n, max(end - start, 1)] for start, end in bounds]
+    else:
+        shapes = [[n, end - start, k] if swapped else [end - start, n, k] for start, end in bounds]
+
+    def value(c: int, g: int, start: int, end: int) -> int:
+        if k_grouped and start == end and (per_row[c] or per_block[c]):
+            return zero
+        return base[c] + per_row[c] * start + per_block[c] * (start // 128) + per_group[c] * g
+
+    table = [[value(c, g, start, end) for c in range(columns)] for g, (start, end) in enumerate(bounds)]
     return shapes, table

@@ -317,6 +317,10 @@ def grouped_choice(recipe: RecipeIR, rows: int, groups: int, arch: Arch = DEFAUL
     """A grouped kernel's config from the rows of A and the number of groups (not how the rows
     split, which only the GPU knows): swapped when the groups average at most
     GROUPED_SWAP_MAX_ROWS rows, else gemmgen's default."""
+    if recipe.gemm.k_grouped:  # every group an M x N problem: nothing for a swap to gain
+        default = default_config(recipe, arch)
+        return Choice(default, m_bucket(max(rows, 1)), 0.0,
+                      f"K-grouped: each group's {rows} rows of D in full; chose {default.name}, gemmgen's default")
     average = -(-max(rows, 0) // max(groups, 1))
     head = f"grouped: {rows} rows in {groups} groups, {average} per group on average"
     if not few_rows_per_group(rows, groups):

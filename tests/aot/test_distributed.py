@@ -26,7 +26,7 @@ from gemmgen.testing.servers import redis_server, why_no_redis
 from tests.data import EXAMPLES, ROOT
 
 pytestmark = pytest.mark.distributed
-NAMES = ["gemm_bf16", "bias_gelu", "scaled_mm_fp8", "fp8_quantized", "qk_norm", "row_col_amax", "moe_up",
+NAMES = ["gemm_bf16", "bias_gelu", "scaled_mm_fp8", "moe_swiglu", "qk_norm", "row_col_amax", "moe_up",
          "moe_fp8_block"]  # kernels the session compiles (tests/data/session_kernels.COMPILED)
 WORLD = 4
 STATED_TIMEOUT = 60  # GEMMGEN_WARMUP_TIMEOUT the ranks run under: no wait may last longer

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import gemmgen as gg
 from gemmgen.aot import load_recipes
+from gemmgen.integrations.grouped import grouped_weight_grad_recipe
 from gemmgen.tuning.heuristic import GROUPED_SWAP_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,6 +203,8 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     for layer in grouped_linear_layers():  # ...and their backward's derived kernels
         out += layer.backward_launches(GROUPED_LINEAR_ROWS)
     out.append((derived_grouped_recipe(), DERIVED_GROUPED_CONFIG))  # test_grouped_gpu's pointer-array C
+    wgrad = grouped_weight_grad_recipe(torch.bfloat16, accumulate=True)  # ...and its K-grouped weight gradient
+    out.append((wgrad, wgrad.default_config()))
     fp8_experts = gg.nn.block_scaled_grouped_recipe("silu", True, torch.bfloat16)  # ...and its fp8 form
     out += [(fp8_experts, fp8_experts.default_config()), (fp8_experts, config_for(fp8_experts, 1, 256, 512, 1))]
     return list(dict.fromkeys(out))

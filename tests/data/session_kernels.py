@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 import gemmgen as gg
 from gemmgen.aot import load_recipes
 from gemmgen.config import Arch
+from gemmgen.integrations.grouped import grouped_weight_grad_recipe
 from gemmgen.testing.grouped import moe_recipe
 from tests.data import EXAMPLES
 from tests.data.gpu_matrix import (
@@ -30,7 +33,7 @@ Pairs = list[tuple[gg.Recipe, gg.KernelConfig]]
 #: compiles in some kernel. The others are checked without NVRTC: their arguments against CUTLASS's
 #: host code, their data flow by emulation and their types by the type check (`recipe_kernels`);
 #: `gemmgen build examples/recipes.py` compiles every example.
-COMPILED = ("gemm_bf16", "bias_gelu", "scaled_mm_fp8", "fp8_quantized", "qk_norm", "row_col_amax", "moe_up",
+COMPILED = ("gemm_bf16", "bias_gelu", "scaled_mm_fp8", "qk_norm", "row_col_amax", "moe_up",
             "moe_swiglu", "moe_fp8_block", "every_op", "row_extrema", "block_scaled_swapped", "stream_k",
             "select_ops", "pair_ops", "swiglu_bwd", "block_softmax", "weight_grad_accumulate_fp8block_wgrad",
             "fc1_fp8block_fprop_train_q")
@@ -75,14 +78,15 @@ def grouped_pairs(examples: dict) -> dict[str, Pairs]:
     """`grouped_families`: the grouped test kernels of tests/data/gpu_matrix.py, by family:
     `moe_recipe()` under CHECKED_GROUPED_CONFIGS (its default is the example moe_up's kernel),
     moe_fp8 under FP8_GROUPED_CONFIGS, the example moe_fp8_block under BLOCK_GROUPED_CONFIGS, the
-    example moe_swiglu (gated experts over column pairs), and GroupedLinear's derived backward
-    kernel, which reads C."""
-    swiglu = examples["moe_swiglu"]
+    example moe_swiglu (gated experts over column pairs), GroupedLinear's derived backward
+    kernel, which reads C, and the experts' K-grouped weight gradient into main_grad."""
+    swiglu, wgrad = examples["moe_swiglu"], grouped_weight_grad_recipe(torch.bfloat16, accumulate=True)
     return {"grouped": [(moe_recipe(), c) for c in CHECKED_GROUPED_CONFIGS],
             "fp8": [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS],
             "block": [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS],
             "gated": [(swiglu, swiglu.default_config())],
-            "derived": [(derived_grouped_recipe(), DERIVED_GROUPED_CONFIG)]}
+            "derived": [(derived_grouped_recipe(), DERIVED_GROUPED_CONFIG)],
+            "k_grouped": [(wgrad, wgrad.default_config())]}
 
 
 def is_compiled_grouped(recipe_name: str, config: gg.KernelConfig) -> bool:

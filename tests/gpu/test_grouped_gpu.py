@@ -158,6 +158,30 @@ def _grad(t: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.gpu
+def test_k_grouped_weight_gradient_on_gpu():
+    """The experts' K-grouped weight gradient into main_grad on CUDA (issue 58 item 1): experts of 0,
+    1, 127, 129 and 4096 tokens, none padded, against per-expert fp64 torch; D pre-filled with NaN,
+    so an expert the kernel skipped shows."""
+    from gemmgen.integrations.grouped import grouped_weight_grad_recipe
+
+    sizes = (0, 1, 127, 129, 0, 4096)
+    m, n = 136, 72
+    dy = torch.randn(sum(sizes), m, device="cuda").bfloat16()
+    x = torch.randn(sum(sizes), n, device="cuda").bfloat16()
+    offsets = torch.tensor(sizes, device="cuda").cumsum(0).int()
+    main_grad = torch.randn(len(sizes), m, n, device="cuda")
+    kernel = grouped_weight_grad_recipe(torch.bfloat16, accumulate=True).compile()
+    out = torch.full_like(main_grad, float("nan"))
+    kernel(dy.t(), x, offsets, main_grad=main_grad, out=out)
+    torch.cuda.synchronize()
+    start = 0
+    for g, size in enumerate(sizes):
+        want = dy[start:start + size].double().t() @ x[start:start + size].double() + main_grad[g].double()
+        torch.testing.assert_close(out[g].double(), want, rtol=1e-5, atol=1e-3)
+        start += size
+
+
+@pytest.mark.gpu
 def test_grouped_linear_on_gpu():
     """The module on CUDA (the grouped kernel), forward against the experts' Linears in float64,
     eager and under torch.compile; gradients (through the derived backward kernel) against theirs."""

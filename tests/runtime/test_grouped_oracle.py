@@ -28,6 +28,10 @@ from tests.data.gpu_matrix import (
     moe_fp8_recipe,
 )
 from tests.data.session_kernels import is_compiled_grouped
+from tests.runtime.test_k_grouped import SIZES as K_GROUPED_SIZES
+from tests.runtime.test_k_grouped import _inputs as k_grouped_inputs
+from tests.runtime.test_k_grouped import _per_expert as per_expert_weight_grad
+from tests.runtime.test_k_grouped import zero_buffer
 
 BLOCK_INDEX = pytest.mark.parametrize("index", range(len(BLOCK_GROUPED_CONFIGS)),
                                       ids=[c.name for c in BLOCK_GROUPED_CONFIGS])
@@ -124,13 +128,16 @@ def fp8_and_block_oracles(fp8_kernels, block_kernels, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def grouped_oracles(grouped_kernels, gated_grouped_kernel, derived_grouped_kernel, tmp_path_factory):
+def grouped_oracles(grouped_kernels, gated_grouped_kernel, derived_grouped_kernel, k_grouped_kernel,
+                    tmp_path_factory):
     """CUTLASS's host code for each of moe_up's kernels (by config name), the gated experts'
-    ("gated") and the derived backward kernel's ("derived"), built at once (two programs)."""
+    ("gated"), the derived backward kernel's ("derived") and the K-grouped weight gradient's
+    ("k_grouped", test_k_grouped), built at once."""
     from gemmgen.testing.oracle import OracleProgram, build_all
 
     build = tmp_path_factory.mktemp("grouped-oracle")
-    kernels = {**grouped_kernels, "gated": gated_grouped_kernel, "derived": derived_grouped_kernel}
+    kernels = {**grouped_kernels, "gated": gated_grouped_kernel, "derived": derived_grouped_kernel,
+               "k_grouped": k_grouped_kernel}
     programs = {name: OracleProgram(k.generated, build) for name, k in kernels.items()}
     build_all(list(programs.values()), build)
     return programs
@@ -246,7 +253,8 @@ def test_a_derived_backward_reading_c_matches_cutlass_and_computes_the_recipe(de
 def test_setup_kernel_arithmetic_on_the_host(tmp_path):
     """gemmgen/include/gemmgen/grouped.hpp's `fill`, compiled for the host by nvcc, against
     group_bounds and the column formula, for offsets that are sorted, decreasing and out of range,
-    unswapped and swapped (the problem (N, M_g, K)), a column per block of 128 rows among them; and
+    unswapped and swapped (the problem (N, M_g, K)) and K-grouped (the problem (M, N, K_g), an empty
+    group's K = 1 over the zero buffer), a column per block of 128 rows among them; and
     `fill_scale_layouts` (sm100's grouped
     blockwise kernels) for DeepSeek's K-major scales: each group's layouts, CUTLASS's of the group's
     shape, in ScaleLayoutBytes each (its static_assert: SCALE_LAYOUT_BYTES, which sizes the arrays)."""
@@ -267,8 +275,10 @@ int main(int argc, char** argv) {
   int groups = argc - 3, offsets[64], shapes[3 * 64], layouts[2][5 * 64];
   long long table[3 * 64];
   for (int g = 0; g < groups; ++g) offsets[g] = std::atoi(argv[g + 3]);
-  gemmgen::grouped::Setup s{offsets, shapes, table, groups, std::atoi(argv[2]), 48, 300, 3, std::atoi(argv[1]),
-                            {1000, 7, 5}, {24, 0, 0}, {0, 0, 512}, {0, 1 << 20, 0}, {layouts[0], layouts[1]}};
+  int const mode = std::atoi(argv[1]);  // 0: rows, 1: rows swapped, 2: K-grouped
+  gemmgen::grouped::Setup s{offsets, shapes, table, groups, std::atoi(argv[2]), 48, 300, 3, mode == 1, 64,
+                            mode == 2, 999, {1000, 7, 5}, {24, 0, 0}, {0, 0, 512}, {0, 1 << 20, 0},
+                            {layouts[0], layouts[1]}};
   for (int g = 0; g < groups; ++g) gemmgen::grouped::fill_scale_layouts<Config, LayoutSFA, LayoutSFB>(s, g);
   for (int g = 0; g < groups; ++g) {
     std::printf("%d %d %d %lld %lld %lld", shapes[3 * g], shapes[3 * g + 1], shapes[3 * g + 2], table[g],
@@ -284,21 +294,24 @@ int main(int argc, char** argv) {
     subprocess.run([str(nvcc_path()), "-std=c++17", "-w", *(f"-I{d}" for d in tc.include_dirs),
                     f"-L{nvcc_path().parent.parent / 'lib'}", "-o", str(exe), str(src)],
                    check=True, capture_output=True)
-    for swapped in (0, 1):
+    for mode in (0, 1, 2):
         for rows, offsets in ((37, [5, 5, 20, 30]), (37, [10, 4, 12]), (37, [-3, 50, 60]), (1, [1]), (9, [0, 0, 9]),
                               (300, [130, 260, 300])):
-            out = subprocess.run([str(exe), str(swapped), str(rows), *map(str, offsets)], check=True,
+            out = subprocess.run([str(exe), str(mode), str(rows), *map(str, offsets)], check=True,
                                  capture_output=True, text=True).stdout.split("\n")
             pad = [0] * (MAX_COLUMNS - 3)  # ...and emulate.fill_groups, which the emulation runs, agrees
-            shapes, table = fill_groups((0, 0, 0, len(offsets), rows, 48, 300, 3, swapped, 1000, 7, 5, *pad,
-                                         24, 0, 0, *pad, 0, 0, 512, *pad, 0, 1 << 20, 0, *pad), offsets)
+            shapes, table = fill_groups((0, 0, 0, len(offsets), rows, 48, 300, 3, int(mode == 1), 64, int(mode == 2),
+                                         999, 1000, 7, 5, *pad, 24, 0, 0, *pad, 0, 0, 512, *pad, 0, 1 << 20, 0, *pad),
+                                        offsets)
             for g, (start, end) in enumerate(group_bounds(offsets, rows)):
-                shape = [48, end - start, 300] if swapped else [end - start, 48, 300]
+                shape = {0: [end - start, 48, 300], 1: [48, end - start, 300], 2: [64, 48, max(end - start, 1)]}[mode]
                 columns = [1000 + 24 * start, 7 + (1 << 20) * g, 5 + 512 * (start // 128)]
+                if mode == 2 and start == end:  # an empty group of tokens: K = 1 over zeros, for what moves with them
+                    columns = [999, 7 + (1 << 20) * g, 999]
                 # K-major (blocks of M or N, blocks of K, L; the M or N blocks' stride, L's): A per row,
-                # B per 128 columns, 3 blocks of K
-                blocks_a, blocks_b = shape[0], -(-shape[1] // 128)
-                layouts = [blocks_a, 3, 1, 3, 3 * blocks_a, blocks_b, 3, 1, 3, 3 * blocks_b]
+                # B per 128 columns, the blocks of K
+                blocks_a, blocks_b, kb = shape[0], -(-shape[1] // 128), -(-shape[2] // 128)
+                layouts = [blocks_a, kb, 1, kb, kb * blocks_a, blocks_b, kb, 1, kb, kb * blocks_b]
                 assert list(map(int, out[g].split())) == [*shape, *columns, *layouts]
                 assert [*shape, *columns] == [*shapes[g], *table[g]]
 
@@ -328,3 +341,40 @@ def test_block_scaled_arguments_match_cutlass(block_kernels, fp8_and_block_oracl
     assert list(p.grid) == expected.launch["grid"]
     if block_kernel.cubin:  # NVRTC's figure
         assert expected.launch["smem"] == block_kernel.info.smem_bytes
+
+
+@pytest.mark.oracle
+def test_the_k_grouped_weight_gradient_matches_cutlass_and_each_expert(k_grouped_kernel, grouped_oracles):
+    """The experts' weight gradient (test_k_grouped): Hopper code without spills (HGMMA, TMA
+    loads and stores); every Params field against CUTLASS's host code given the same per-group
+    arrays, the tensor maps it encodes, grid and shared memory; the compiled kernel's emulation
+    against per-expert fp64 torch."""
+    ck = k_grouped_kernel
+    r = ck.report
+    assert r.sass["HGMMA"] > 0 and r.sass["UTMALDG"] > 0 and r.sass["UTMASTG"] > 0 and r.local_bytes == 0
+    assert "cutlass::layout::ColumnMajor *" in ck.source  # A: tokens-major dY, seen M-major
+    k = cpu_grouped_kernel(ck, 132, 0)
+    enc = k._encode
+    dy, x, offsets, main_grad = k_grouped_inputs()
+    out = torch.full((len(K_GROUPED_SIZES), 136, 72), float("nan"))
+    p = k.prepare(dy.t(), x, offsets, main_grad=main_grad, out=out)
+    field = params_field(ck, p.params)
+    values = {"groups": len(K_GROUPED_SIZES), "shapes": field("problem.shapes"), "workspace": field("workspace"),
+              "a.array": field("mainloop.ptr_a"), "a.strides": field("mainloop.stride_a"),
+              "b.array": field("mainloop.ptr_b"), "b.strides": field("mainloop.stride_b"),
+              "c.array": field("epilogue.ptr_c"), "c.strides": field("epilogue.stride_c"),
+              "d.array": field("epilogue.ptr_d"), "d.strides": field("epilogue.stride_d"),
+              "hw.device_id": 0, "hw.sm_count": 132, "hw.max_active_clusters": 0}
+    oracle = grouped_oracles["k_grouped"]
+    expected = oracle.run_argv(oracle.grouped_argv(values))
+    assert expected.can_implement
+    assert {c.addr: c.as_dict() for c in enc.calls} == \
+        {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
+    for f, _, _ in ck.params_layout.fields:
+        if f.kind != "desc":
+            assert field(f.name) == expected.fields[f.name]["bits"], f.name
+    assert list(p.grid) == expected.launch["grid"] and expected.launch["smem"] == ck.info.smem_bytes
+    zero = zero_buffer(k, p)
+    emulate_grouped(ck, p.setup, p.params, enc, [dy, x, offsets, main_grad, out, p.buffer, zero])
+    want = per_expert_weight_grad(dy, x, K_GROUPED_SIZES, main_grad)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)

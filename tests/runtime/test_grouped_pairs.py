@@ -105,8 +105,14 @@ def test_the_kernels_grouped_linears_backward_launches_compute_their_recipe(acti
 
     rows, k, n, groups = shape
     layer = GroupedLinear(groups, k, n // 2 if activation == "swiglu" else n, activation=activation, device="meta")
-    launches = {c.name: (r, c) for rows_ in (None, groups) for r, c in layer.backward_launches(rows_)}
+    derived = layer.derived_backward
+    assert derived is not None
+    every = [(r, c) for rows_ in (None, groups) for r, c in layer.backward_launches(rows_)]
+    launches = {c.name: (r, c) for r, c in every if r is derived.kernel}
     assert len(launches) == (1 if activation == "swiglu" else 2), list(launches)  # pairs: never swapped
+    # ...then dx's grouped GEMM and dW's K-grouped one (test_k_grouped emulates those)
+    assert {r.name for r, _ in every if r is not derived.kernel} == {"grouped_input_grad_bf16",
+                                                                      "grouped_weight_grad_bf16"}
     for recipe, config in launches.values():
         out, want = _emulated(recipe, uncompiled(recipe, config), rows, k, n, groups, offsets)
         torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2, equal_nan=True)

@@ -5,8 +5,8 @@ RMSNorm per head, its statistic reduced in the epilogue, as QK-norm needs) and g
 torch written out here (and F.rms_norm, and gg.quantize_blockwise), the emulated kernels, mistakes
 that must fail the emulation, the scales' layout as a block-scaled GEMM reads it, empty problems,
 and misuse refused naming the fix. The compiled kernels' checks (SASS, local memory, oracle) are
-with the other compiled kernels' (examples/recipes.py's fp8_quantized and qk_norm,
-tests/data/extra_recipes.py's block_softmax)."""
+with the other compiled kernels' (examples/recipes.py's qk_norm, tests/data/extra_recipes.py's
+block_softmax and fc1_fp8block_fprop_train_q, whose D is quantized per block as fp8_quantized's)."""
 
 from __future__ import annotations
 
@@ -239,7 +239,7 @@ def test_row_blocks_have_no_gradient():
 
 def test_a_binary_without_the_quads_shuffles_is_refused():
     """The quad's shuffles prove the blocks' reduction is in the binary: a record without them (SHFL
-    counted 0, all else as fp8_quantized's compiled kernel's) fails the binary check every source
+    counted 0, all else as fp8_quantized's kernel's when compiled) fails the binary check every source
     goes through."""
     from gemmgen.codegen import render_kernel
     from gemmgen.compile.validate import sass_problem

@@ -19,6 +19,7 @@ from ..rules import (
     arch_schedule_violations,
     block_scale_violations,
     cluster_violations,
+    k_grouped_violations,
     row_block_violations,
     row_violations,
     tile_k_violations,
@@ -182,4 +183,5 @@ CONSTRAINTS = (column_block_violations, schedule_violations, tile_violations, ti
                pair_cluster_violations,
                smem_violations, reduction_violations, block_scale_violations, block_scaled_tile_violations,
                tile_scheduler_violations, microscaled_tile_violations,
-               stream_k_tile_violations, row_violations, row_block_violations, row_block_rows_violations)
+               stream_k_tile_violations, row_violations, row_block_violations, row_block_rows_violations,
+               k_grouped_violations)

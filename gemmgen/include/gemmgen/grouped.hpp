@@ -15,17 +15,23 @@ constexpr int ScaleLayoutBytes = 20;
 
 // Group g's rows of A are [first, end): it ends at offsets[g] and starts where the groups before
 // it end, each clamped to [0, rows] (reference.group_bounds). Whatever the offsets hold, no row is
-// outside A and no row is in two groups.
+// outside A and no row is in two groups. A K-grouped kernel's (a weight gradient's) "rows" are the
+// tokens, which are K: group g's problem is (m, n, end - first), and an empty group's is K = 1 over
+// `zero` (CUTLASS's grouped main loop leaves the accumulators unset for K = 0, so D_g would be
+// garbage): A's and B's pointers, the columns that move with the group's first token, point there.
 struct Setup {
   int const* offsets;  // groups entries: where each group's rows end
   int* shapes;         // groups x (M, N, K): cutlass::gemm::GroupProblemShape's problem_shapes
   long long* table;    // columns x groups 64-bit values: per-group pointers, then strides
   int groups;
-  int rows;            // of A (and D)
+  int rows;            // of A (and D); K-grouped: the tokens
   int n;
   int k;
   int columns;
   int swapped;         // nonzero: the kernel computes D_g^T = B_g^T A_g^T, its problem is (N, M_g, K)
+  int m;               // K-grouped: every group's M (0 otherwise)
+  int k_grouped;       // nonzero: the groups split K
+  long long zero;      // K-grouped: the address of max(m, n) zero elements
   // column c of group g: base[c] + per_row[c] * first + per_block[c] * (first / 128) + per_group[c] * g,
   // first the group's first row (per_block: a microscaled kernel's scales of A, whose groups each
   // start a block of 128 rows: ir/microscaling.py's grouped blocked order)
@@ -36,7 +42,7 @@ struct Setup {
   // where fill_scale_layouts writes each group's scale layouts of A and B (null for `fill`)
   void* scale_layouts[2];
 };
-static_assert(sizeof(Setup) == 48 + 4 * 8 * MaxColumns + 16, "gemmgen/runtime/grouped.py packs Setup by hand");
+static_assert(sizeof(Setup) == 64 + 4 * 8 * MaxColumns + 16, "gemmgen/runtime/grouped.py packs Setup by hand");
 
 CUTLASS_HOST_DEVICE int clamp_row(int offset, int lo, int rows) {
   return offset < lo ? lo : (offset > rows ? rows : offset);
@@ -48,11 +54,20 @@ CUTLASS_HOST_DEVICE void fill(Setup const& s, int g) {
     first = clamp_row(s.offsets[i], first, s.rows);
   }
   int const end = clamp_row(s.offsets[g], first, s.rows);
-  s.shapes[3 * g + 0] = s.swapped ? s.n : end - first;
-  s.shapes[3 * g + 1] = s.swapped ? end - first : s.n;
-  s.shapes[3 * g + 2] = s.k;
+  bool const empty_k = s.k_grouped && end == first;
+  if (s.k_grouped) {
+    s.shapes[3 * g + 0] = s.m;
+    s.shapes[3 * g + 1] = s.n;
+    s.shapes[3 * g + 2] = empty_k ? 1 : end - first;
+  } else {
+    s.shapes[3 * g + 0] = s.swapped ? s.n : end - first;
+    s.shapes[3 * g + 1] = s.swapped ? end - first : s.n;
+    s.shapes[3 * g + 2] = s.k;
+  }
   for (int c = 0; c < s.columns; ++c) {
-    s.table[c * s.groups + g] = s.base[c] + s.per_row[c] * first + s.per_block[c] * (first / 128) + s.per_group[c] * g;
+    bool const moves = s.per_row[c] != 0 || s.per_block[c] != 0;
+    s.table[c * s.groups + g] = empty_k && moves ? s.zero
+        : s.base[c] + s.per_row[c] * first + s.per_block[c] * (first / 128) + s.per_group[c] * g;
   }
 }
 

@@ -1,0 +1,146 @@
+"""The K-grouped GEMM (`gg.Grouping.K`, issue 58 item 1): the experts' weight gradient
+dW_e = dY_e^T X_e over each expert's tokens, with no token padded. The recipe and its refusals,
+the reference against per-expert fp64 torch, the setup's groups (grouped.hpp's `fill`, run on
+the host in test_grouped_oracle), the kernel's data flow emulated through its tensor maps on both
+arches (an empty group included: K = 1 over zeros); the compiled kernel against CUTLASS's host code
+is test_grouped_oracle's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gemmgen as gg
+from gemmgen.integrations.grouped import grouped_weight_grad_recipe
+from gemmgen.runtime.grouped import SETUP, SETUP_FIELDS
+from gemmgen.testing.checks import uncompiled
+from gemmgen.testing.emulate import emulate_grouped
+from gemmgen.testing.grouped import cpu_grouped_kernel
+from gemmgen.tuning.heuristic import candidate_configs
+
+#: Expert sizes of the issue's bar: empty experts, a group of 1, 127 and 129 (a K tile's tail either side).
+SIZES = (0, 1, 127, 129, 0, 40)
+
+
+def _inputs(sizes=SIZES, m: int = 136, n: int = 72, seed: int = 0):
+    """dY (tokens x M), X (tokens x N), the experts' ends and a main_grad (G x M x N), fresh values."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = sum(sizes)
+    dy = torch.randn(tokens, m, generator=gen).bfloat16()
+    x = torch.randn(tokens, n, generator=gen).bfloat16()
+    offsets = torch.tensor(sizes, dtype=torch.int64).cumsum(0).int()
+    main_grad = torch.randn(len(sizes), m, n, generator=gen)
+    return dy, x, offsets, main_grad
+
+
+def _per_expert(dy: torch.Tensor, x: torch.Tensor, sizes, main_grad: torch.Tensor | None) -> torch.Tensor:
+    """fp64 torch, one expert at a time."""
+    out, start = [], 0
+    for g, size in enumerate(sizes):
+        w = dy[start:start + size].double().t() @ x[start:start + size].double()
+        out.append(w + main_grad[g].double() if main_grad is not None else w)
+        start += size
+    return torch.stack(out)
+
+
+def zero_buffer(kernel, prepared) -> torch.Tensor:
+    """The call's zeros that its setup block names (Setup::zero), from the kernel's plans."""
+    at = SETUP.unpack(prepared.setup)[SETUP_FIELDS - 1]
+    return next(p.zero for p in kernel._plans.values() if p.zero is not None and p.zero.data_ptr() == at)
+
+
+def test_the_recipe_and_what_it_refuses():
+    r = grouped_weight_grad_recipe(torch.bfloat16, accumulate=True)
+    assert r.gemm.k_grouped and r.gemm.grouped and "K-grouped" in repr(r)
+    assert ["k_grouped", True] in r.ir.canonical()["gemm"]  # in the cache key
+    with pytest.raises(gg.RecipeError, match=r"layout_a=gg\.ColMajor, layout_b=gg\.RowMajor"):
+        gg.Recipe("w", grouped=gg.Grouping.K)
+    with pytest.raises(gg.RecipeError, match="bf16 or f16 A and B"):
+        gg.Recipe("w", a=gg.e4m3, b=gg.e4m3, layout_a=gg.ColMajor, layout_b=gg.RowMajor, grouped="k")
+    with pytest.raises(gg.RecipeError, match="operand 'bias'"):
+        gg.Recipe("w", lambda acc, bias: acc + bias, layout_a=gg.ColMajor, layout_b=gg.RowMajor, grouped="k",
+                  operands={"bias": gg.RowVector(gg.bf16)})
+    with pytest.raises(gg.RecipeError, match=r"gg\.Grouping\.K"):
+        gg.Recipe("w", grouped="tokens")
+    with pytest.raises(gg.ConfigError, match="swap_ab=True: a K-grouped GEMM"):
+        r.source(gg.KernelConfig(tile=(128, 32, 64), swap_ab=True))
+    assert not any(c.swap_ab for c in candidate_configs(r.ir, 16) if gg.codegen.is_valid(c, r.ir))
+
+
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_the_reference_is_each_expert_in_fp64(accumulate):
+    sizes = (0, 1, 127, 129, 4096, 0)
+    dy, x, offsets, main_grad = _inputs(sizes, m=24, n=40)
+    r = grouped_weight_grad_recipe(torch.bfloat16, accumulate)
+    got = r.reference(dy.t(), x, offsets, **({"main_grad": main_grad} if accumulate else {}))
+    want = _per_expert(dy, x, sizes, main_grad if accumulate else None)
+    assert got.shape == (6, 24, 40) and got.dtype == (torch.float32 if accumulate else torch.bfloat16)
+    tol = dict(rtol=1e-5, atol=1e-4) if accumulate else dict(rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(got.double(), want, **tol)
+
+
+def test_bad_calls_are_refused_naming_the_argument():
+    k = cpu_grouped_kernel(uncompiled(grouped_weight_grad_recipe(torch.bfloat16, True),
+                                      gg.KernelConfig(tile=(128, 128, 64))))
+    dy, x, offsets, main_grad = _inputs()
+    with pytest.raises(gg.InvalidArgument, match=r"a/b: a K-grouped GEMM takes a \(M, tokens\)"):
+        k.prepare(dy, x, offsets, main_grad=main_grad)  # dY itself, not its .t()
+    with pytest.raises(gg.LayoutMismatch, match="a: expected a column-major tensor"):
+        k.prepare(dy.t().contiguous(), x, offsets, main_grad=main_grad)
+    with pytest.raises(gg.InvalidArgument, match=r"main_grad: expected a \(groups, M, N\) = \(6, 136, 72\)"):
+        k.prepare(dy.t(), x, offsets, main_grad=main_grad[:5])
+    with pytest.raises(gg.InvalidArgument, match="offsets: expected an int32 tensor of one entry per group"):
+        k.prepare(dy.t(), x, offsets.long(), main_grad=main_grad)
+
+
+@pytest.mark.parametrize("arch", [gg.Arch.SM90A, gg.Arch.SM100A])
+def test_the_kernel_computes_each_expert_through_its_tensor_maps(arch):
+    """The rendered kernel's Params and setup block, emulated: each expert's M x N from its own
+    tokens' columns of dY^T and rows of X (127 and 129: K tiles' tails), main_grad added; an
+    empty expert gets main_grad alone, through K = 1 over the call's zero buffer. Made to fail
+    once: with that buffer filled with ones the empty experts' D is off by one."""
+    r = grouped_weight_grad_recipe(torch.bfloat16, accumulate=True)
+    ck = uncompiled(r, r.default_config(arch))
+    k = cpu_grouped_kernel(ck, 148 if arch is gg.Arch.SM100A else 132)
+    dy, x, offsets, main_grad = _inputs()
+    want = _per_expert(dy, x, SIZES, main_grad)
+    for zeros in (True, False):
+        out = torch.full((len(SIZES), 136, 72), float("nan"))
+        p = k.prepare(dy.t(), x, offsets, main_grad=main_grad, out=out)
+        zero = zero_buffer(k, p)
+        assert zero.numel() == 136 and not zero.any()
+        zero.fill_(0.0 if zeros else 1.0)
+        emulate_grouped(ck, p.setup, p.params, k._encode, [dy, x, offsets, main_grad, out, p.buffer, zero])
+        if zeros:
+            torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
+        else:
+            assert (out[0].double() - want[0] - 1.0).abs().max() < 1e-4  # the empty expert read the buffer
+            torch.testing.assert_close(out[1:4].double(), want[1:4], rtol=1e-5, atol=1e-4)
+        zero.zero_()
+
+
+def test_the_backwards_grouped_gemms_compute_through_their_tensor_maps():
+    """GroupedLinear's backward GEMMs besides the K-grouped one (`integrations.grouped`), rendered
+    and emulated: dX_e = dacc_e W_e (the weights G x N x K, read row-major) and the accumulator
+    recomputed in fp32, each group's rows through its own expert (an empty group, a row in none)."""
+    from gemmgen.integrations.grouped import grouped_accumulator_recipe, grouped_input_grad_recipe
+
+    gen = torch.Generator().manual_seed(1)
+    rows, k_in, n_out, sizes = 300, 72, 136, (0, 1, 127, 129, 40)
+    offsets = torch.tensor(sizes).cumsum(0).int()
+    x = torch.randn(rows, k_in, generator=gen).bfloat16()
+    w = torch.randn(len(sizes), n_out, k_in, generator=gen).bfloat16()  # nn.Linear's out x in, per expert
+    dacc = torch.randn(rows, n_out, generator=gen).bfloat16()
+    for recipe, a, b, width in ((grouped_input_grad_recipe(torch.bfloat16), dacc, w, k_in),
+                                (grouped_accumulator_recipe(torch.bfloat16, gg.ColMajor), x, w.transpose(1, 2), n_out)):
+        ck = uncompiled(recipe, recipe.default_config())
+        k = cpu_grouped_kernel(ck)
+        out = torch.full((rows, width), float("nan"), dtype=recipe.gemm.d.torch)
+        p = k.prepare(a, b, offsets, out=out)
+        emulate_grouped(ck, p.setup, p.params, k._encode, [a, b, offsets, out, p.buffer])
+        start = 0
+        for g, size in enumerate(sizes):
+            want = a[start:start + size].double() @ b[g].double()
+            torch.testing.assert_close(out[start:start + size].double(), want, rtol=1.6e-2, atol=2e-2)
+            start += size
+        assert out[start:].isnan().all()  # a row in no group: not written
