@@ -67,7 +67,7 @@ def grouping_of(grouped: Any) -> Grouping | None:
 
 
 def check_k_grouped(da: DType, d: Any, la: Layout, lb: Layout, ld: Layout, fp8: bool, block_scale: Any
-                     ) -> GemmSpec:
+                    ) -> GemmSpec:
     """`grouped=gg.Grouping.K`: the experts' weight gradient, D_g = A_g @ B_g over group g's tokens,
     which are K: A is the M x T `.t()` of a tokens-major T x M tensor (the output gradient) and B the
     T x N tokens-major tensor (the layer's input), so A is column-major and B row-major."""

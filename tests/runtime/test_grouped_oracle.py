@@ -74,6 +74,18 @@ def _fields_match(kernel, field, expected) -> None:
     assert len(names) >= 30, len(names)
 
 
+def _matches_cutlass(ck, field, enc, p, expected) -> None:
+    """The oracle's run against a prepared call: it can implement it, and the tensor maps encoded,
+    every Params field but the maps, the grid and the shared memory are CUTLASS's."""
+    assert expected.can_implement
+    assert {c.addr: c.as_dict() for c in enc.calls} == \
+        {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
+    for f, _, _ in ck.params_layout.fields:
+        if f.kind != "desc":
+            assert field(f.name) == expected.fields[f.name]["bits"], f.name
+    assert list(p.grid) == expected.launch["grid"] and expected.launch["smem"] == ck.info.smem_bytes
+
+
 @pytest.mark.oracle
 @pytest.mark.parametrize("index", range(len(FP8_GROUPED_CONFIGS)), ids=[c.name for c in FP8_GROUPED_CONFIGS])
 def test_fp8_groups(fp8_kernels, fp8_and_block_oracles, index, tmp_path):
@@ -235,13 +247,7 @@ def test_a_derived_backward_reading_c_matches_cutlass_and_computes_the_recipe(de
     values = {**_oracle_values(field, groups, 132, 0), **_vector_values(ck, field),
               "c.array": field("epilogue.ptr_c"), "c.strides": field("epilogue.stride_c")}
     expected = grouped_oracles["derived"].run_argv(grouped_oracles["derived"].grouped_argv(values))
-    assert expected.can_implement
-    assert {c.addr: c.as_dict() for c in enc.calls} == \
-        {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
-    for f, _, _ in ck.params_layout.fields:
-        if f.kind != "desc":
-            assert field(f.name) == expected.fields[f.name]["bits"], f.name
-    assert list(p.grid) == expected.launch["grid"] and expected.launch["smem"] == ck.info.smem_bytes
+    _matches_cutlass(ck, field, enc, p, expected)
     assert field("problem.shapes") - field("workspace") >= expected.workspace_size > 0  # C's maps included
     emulate_grouped(ck, p.setup, p.params, enc, [a, b, offsets, bias, grad_d, out, p.buffer])
     want = derived_grouped_recipe().reference(a, b, offsets, bias=bias, grad_d=grad_d).float()
@@ -359,21 +365,11 @@ def test_the_k_grouped_weight_gradient_matches_cutlass_and_each_expert(k_grouped
     out = torch.full((len(K_GROUPED_SIZES), 136, 72), float("nan"))
     p = k.prepare(dy.t(), x, offsets, main_grad=main_grad, out=out)
     field = params_field(ck, p.params)
-    values = {"groups": len(K_GROUPED_SIZES), "shapes": field("problem.shapes"), "workspace": field("workspace"),
-              "a.array": field("mainloop.ptr_a"), "a.strides": field("mainloop.stride_a"),
-              "b.array": field("mainloop.ptr_b"), "b.strides": field("mainloop.stride_b"),
-              "c.array": field("epilogue.ptr_c"), "c.strides": field("epilogue.stride_c"),
-              "d.array": field("epilogue.ptr_d"), "d.strides": field("epilogue.stride_d"),
-              "hw.device_id": 0, "hw.sm_count": 132, "hw.max_active_clusters": 0}
+    values = {**_oracle_values(field, len(K_GROUPED_SIZES), 132, 0),
+              "c.array": field("epilogue.ptr_c"), "c.strides": field("epilogue.stride_c")}
     oracle = grouped_oracles["k_grouped"]
     expected = oracle.run_argv(oracle.grouped_argv(values))
-    assert expected.can_implement
-    assert {c.addr: c.as_dict() for c in enc.calls} == \
-        {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
-    for f, _, _ in ck.params_layout.fields:
-        if f.kind != "desc":
-            assert field(f.name) == expected.fields[f.name]["bits"], f.name
-    assert list(p.grid) == expected.launch["grid"] and expected.launch["smem"] == ck.info.smem_bytes
+    _matches_cutlass(ck, field, enc, p, expected)
     zero = zero_buffer(k, p)
     emulate_grouped(ck, p.setup, p.params, enc, [dy, x, offsets, main_grad, out, p.buffer, zero])
     want = per_expert_weight_grad(dy, x, K_GROUPED_SIZES, main_grad)
