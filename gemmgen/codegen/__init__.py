@@ -10,13 +10,13 @@ compiled. The config's `arch` picks the emitter.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import jinja2
 
 from .._version import __version__
-from ..config import Arch, KernelConfig, kernel_id, kernel_recipe
+from ..config import Arch, KernelConfig, default_config, kernel_id, kernel_recipe
 from ..errors import ConfigError, ToolchainError
 from ..ir import RecipeIR
 from . import rules, sm90, sm100
@@ -25,8 +25,8 @@ from .evt import EpilogueCode, build_epilogue
 from .fields import ParamField, ParamsLayout
 
 __all__ = ["EMITTERS", "INFO_FIELDS", "Emitter", "EpilogueCode", "GeneratedKernel", "ParamField", "ParamsLayout",
-           "SassRequirement", "emitter", "is_valid", "kernel_id", "render_kernel", "template_environment",
-           "templates_dir", "validate", "violations"]
+           "SassRequirement", "emitter", "fitting_default", "is_valid", "kernel_id", "render_kernel",
+           "template_environment", "templates_dir", "validate", "violations"]
 
 #: The code generator of each architecture.
 EMITTERS: dict[Arch, Emitter] = {Arch.SM90A: sm90.EMITTER, Arch.SM100A: sm100.EMITTER}
@@ -43,6 +43,18 @@ def violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 
 def is_valid(cfg: KernelConfig, recipe: RecipeIR) -> bool:
     return not violations(cfg, recipe)
+
+
+def fitting_default(recipe: RecipeIR, arch: Arch) -> KernelConfig:
+    """gemmgen's default config for the recipe on `arch` (`config.default_config`), or where its
+    epilogue's shared memory leaves the main loop one stage, the same with tile N, then K, halved:
+    the first of those its architecture takes (none: the default, whose violations then say why)."""
+    default = default_config(recipe, arch)
+    tm, tn, tk = default.tile
+    for tile in ((tm, tn, tk), (tm, tn // 2, tk), (tm, tn, tk // 2), (tm, tn // 2, tk // 2)):
+        if is_valid(config := replace(default, tile=tile), recipe):
+            return config
+    return default
 
 
 def validate(cfg: KernelConfig, recipe: RecipeIR) -> None:

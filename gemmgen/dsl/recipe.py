@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..codegen import render_kernel, validate
+from ..codegen import fitting_default, render_kernel, validate
 from ..compile import CompiledKernel, KernelCache, build_kernel
-from ..config import DEFAULT_ARCH, Arch, KernelConfig, default_config
+from ..config import DEFAULT_ARCH, Arch, KernelConfig
 from ..errors import RecipeError
 from ..ir import (
     BLOCK_SCALE_OPERANDS,
@@ -369,10 +369,11 @@ class Recipe:
 
     def default_config(self, arch: Arch = DEFAULT_ARCH) -> KernelConfig:
         """The recipe's own `config=` (when it targets `arch`), else gemmgen's default for its math
-        on `arch` (`config.default_config`)."""
+        on `arch` (`codegen.fitting_default`: 128 x 128 tiles, narrower where the epilogue's shared
+        memory leaves the main loop one stage)."""
         if self.config is not None and self.config.arch is arch:
             return self.config
-        return default_config(self.ir, arch)
+        return fitting_default(self.ir, arch)
 
     def source(self, config: KernelConfig | None = None) -> str:
         """The generated CUTLASS C++ for this recipe under `config`."""

@@ -43,8 +43,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..codegen import is_valid, validate
-from ..config import DEFAULT_ARCH, Arch, KernelConfig, Schedule, TileScheduler, default_config, needs_swap, tile_k
+from ..codegen import fitting_default, is_valid, validate
+from ..config import DEFAULT_ARCH, Arch, KernelConfig, Schedule, TileScheduler, needs_swap, tile_k
 from ..ir import RecipeIR
 from ..runtime.scheduler import config_decomposition
 
@@ -268,7 +268,7 @@ def ranked(recipe: RecipeIR, m: int, n: int, k: int, l: int = 1, sm_count: int |
     scored = [(*_score(cfg, mb, max(n, 1), max(k, 1), max(l, 1), sms), i, cfg)
               for i, cfg in enumerate(candidate_configs(recipe, mb, arch)) if is_valid(cfg, recipe)]
     if not scored:  # the recipe's family is not built on this arch: the default config's ConfigError says so
-        validate(default_config(recipe, arch), recipe)
+        validate(fitting_default(recipe, arch), recipe)
         raise AssertionError(f"no candidate config on {arch.value} is valid for {recipe.name!r}, but the default is")
     scored.sort(key=lambda t: (-round(t[0], SCORE_PLACES), t[2]))
     return [(score, cfg, why) for score, why, _, cfg in scored]
@@ -318,17 +318,17 @@ def grouped_choice(recipe: RecipeIR, rows: int, groups: int, arch: Arch = DEFAUL
     split, which only the GPU knows): swapped when the groups average at most
     GROUPED_SWAP_MAX_ROWS rows, else gemmgen's default."""
     if recipe.gemm.k_grouped:  # every group an M x N problem: nothing for a swap to gain
-        default = default_config(recipe, arch)
+        default = fitting_default(recipe, arch)
         return Choice(default, m_bucket(max(rows, 1)), 0.0,
                       f"K-grouped: each group's {rows} rows of D in full; chose {default.name}, gemmgen's default")
     average = -(-max(rows, 0) // max(groups, 1))
     head = f"grouped: {rows} rows in {groups} groups, {average} per group on average"
     if not few_rows_per_group(rows, groups):
-        default = default_config(recipe, arch)
+        default = fitting_default(recipe, arch)
         return Choice(default, m_bucket(max(rows, 1)), 0.0,
                       f"{head} > {GROUPED_SWAP_MAX_ROWS}; chose {default.name}, gemmgen's default")
     if recipe.epilogue.pairs:  # a swapped kernel would take the column pairs from rows
-        default = default_config(recipe, arch)
+        default = fitting_default(recipe, arch)
         return Choice(default, m_bucket(max(rows, 1)), 0.0,
                       f"{head} <= {GROUPED_SWAP_MAX_ROWS}; chose {default.name}, gemmgen's default: the epilogue "
                       "works on column pairs, which a swapped kernel would take from rows")
@@ -336,7 +336,7 @@ def grouped_choice(recipe: RecipeIR, rows: int, groups: int, arch: Arch = DEFAUL
     # the narrowest tile N the recipe's kernels take (a microscaled main loop's: 64)
     swapped = next((c for width in (swap.tile[1], 64)
                     if is_valid(c := replace(swap, tile=(swap.tile[0], width, tile_k(recipe))), recipe)),
-                   default_config(recipe, arch))
+                   fitting_default(recipe, arch))
     if not swapped.swap_ab:
         return Choice(swapped, m_bucket(max(rows, 1)), 0.0,
                       f"{head} <= {GROUPED_SWAP_MAX_ROWS}; chose {swapped.name}, gemmgen's default: no swapped "

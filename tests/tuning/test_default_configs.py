@@ -90,3 +90,15 @@ def test_every_example_and_coverage_recipe_gets_valid_configs(sm100_examples, ex
     recipes = [r for r in [*sm100_examples.values(), *extra.values()] if arch not in _refused_on(r)]
     bad = {r.name: p for r in recipes if (p := _problems(r, arch))}
     assert not bad, bad
+
+
+def test_a_default_whose_epilogue_crowds_out_the_main_loop_is_narrowed():
+    """Seed 1023's random44 (two fp32 matrices read, two aux outputs): the 128 x 128 x 64 default
+    leaves its main loop one stage; gemmgen's default is then the same tile at half its N, valid,
+    and the launch policy's grouped and fallback paths take the same (codegen.fitting_default)."""
+    recipe = next(r for r in _random_recipes(1023, 48) if r.name == "random44")
+    plain = gg.config.default_config(recipe.ir)
+    assert any("leaves room for 1 mainloop stage" in v for v in gg.codegen.violations(plain, recipe.ir))
+    chosen = recipe.default_config()
+    assert chosen.tile == (128, 64, 64) and gg.codegen.is_valid(chosen, recipe.ir)
+    assert dataclasses.replace(chosen, tile=plain.tile) == plain  # only the tile changed
