@@ -140,6 +140,17 @@ def test_the_readme_stays_under_10_kb():
     assert len((ROOT / "README.md").read_bytes()) <= 10 * 1024
 
 
+def test_the_user_pages_stay_near_40_kb():
+    """The user pages (docs/*.md but the generated api.md) lead with what to do, about 40 KB in all:
+    how things work inside, and what was measured, belongs in docs/design/."""
+    sizes = {p.name: len(p.read_bytes()) for p in sorted((ROOT / "docs").glob("*.md")) if p != API_PAGE}
+    total, limit = sum(sizes.values()), 41 * 1024
+    assert total <= limit, (
+        f"the user pages hold {total} bytes, over {limit}: "
+        + ", ".join(f"{name} {size}" for name, size in sorted(sizes.items(), key=lambda kv: -kv[1]))
+        + "; move design material (how it works inside, internals, measurements) to docs/design/ and link to it")
+
+
 def test_the_faults_table_names_tests_that_exist():
     """docs/design/faults.md names, per fault, the test that shows it: each must be a test function."""
     text = (ROOT / "docs" / "design" / "faults.md").read_text()
