@@ -1,6 +1,7 @@
 """`gemmgen build | inspect | generate | explain | tune RECIPES.py`: compile a file's recipes, report
 their kernels, write their CUTLASS sources, explain which config a call launches, and autotune;
-`gemmgen advise CONFIG.json`: a model's training step as GEMMs, their kernels, waves and time."""
+`gemmgen advise CONFIG.json`: a model's training step as GEMMs, their kernels, waves and time;
+`gemmgen profile -- python train.py`: gemmgen's launches measured by Nsight Compute, beside that model."""
 
 from __future__ import annotations
 
@@ -357,6 +358,7 @@ def parser() -> argparse.ArgumentParser:
                    version=f"gemmgen {__version__} ({', '.join(a.value for a in Arch)})")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_advise(sub)
+    _add_profile(sub)
     for name, fn, help_ in (("build", cmd_build, "compile every recipe of a file in parallel and print the report"),
                             ("inspect", cmd_inspect, "print the kernel report (compiles what is not cached)"),
                             ("generate", cmd_generate, "write the generated CUTLASS sources"),
@@ -445,6 +447,38 @@ def cmd_advise(args: argparse.Namespace) -> int:
     print(json.dumps(advise.to_json(found), indent=2) if args.json else advise.table(found))
     if args.plot:
         print(f"gemmgen: wrote {advise.plot(found, args.plot)}", file=sys.stderr)
+    return 0
+
+
+def _add_profile(sub: Any) -> None:
+    help_ = "measure gemmgen's launches in a script with Nsight Compute, beside advise's model of each"
+    sp = sub.add_parser("profile", help=help_, description=help_ + " (docs/advise.md)",
+                        epilog="environment variables: `gemmgen --help` lists them")
+    sp.add_argument("--recipe", default=None, help="only this recipe's kernels (default: every gemmgen kernel)")
+    sp.add_argument("--launch-skip", type=int, default=0, help="launches of those kernels to pass over (default 0)")
+    sp.add_argument("--launch-count", type=_positive, default=1, help="launches to profile (default 1)")
+    sp.add_argument("--clock-control", default="base", choices=("base", "none"),
+                    help="base (default): locked base clocks, repeatable; none: the GPU's own boost")
+    sp.add_argument("--gpu", default=None, help="h100, h200 or b200 (default: this machine's GPU)")
+    sp.add_argument("--ncu", default=None, metavar="PATH", help="Nsight Compute's ncu (default: on PATH)")
+    sp.add_argument("--out", default="gemmgen-profile", metavar="DIR",
+                    help="where the report, the launch log and profile.json go (default ./gemmgen-profile)")
+    sp.add_argument("--json", action="store_true", help="print the JSON (also written to DIR/profile.json)")
+    sp.add_argument("command", nargs=argparse.REMAINDER, help="-- then the script, e.g. -- python train.py")
+    sp.set_defaults(fn=cmd_profile)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from .advise import profile  # torch: loaded by this command alone
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    out = Path(args.out)
+    result = profile.profile(command, out, gpu=args.gpu or profile.detect_gpu(), recipe=args.recipe,
+                             skip=args.launch_skip, count=args.launch_count, clock_control=args.clock_control,
+                             ncu=args.ncu)
+    (out / "profile.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2) if args.json else profile.table(result))
+    print(f"gemmgen: wrote {out / 'profile.json'}", file=sys.stderr)
     return 0
 
 

@@ -55,6 +55,9 @@ VARIABLES: tuple[Variable, ...] = (
              "1 (or true, yes, on): each launch in an NVTX range naming its recipe, config and problem, for "
              "Nsight Systems and Nsight Compute (read at the process's first launch; "
              "gemmgen.runtime.nvtx.enable() switches it later); 0: no range, no cost"),
+    Variable("GEMMGEN_LAUNCH_LOG", "(none)",
+             "a file each launch appends one JSON line to (its kernel, config, problem and process; read at the "
+             "process's first launch): what `gemmgen profile` pairs with Nsight Compute's measurements"),
 )
 
 
@@ -162,6 +165,12 @@ def nvtx_enabled() -> bool:
     if value in _ON:
         return True
     raise InvalidArgument(f"GEMMGEN_NVTX={value!r}: expected 1 (name each launch in an NVTX range) or 0")
+
+
+def launch_log() -> Path | None:
+    """GEMMGEN_LAUNCH_LOG: the launch log's path, if any."""
+    value = _get("GEMMGEN_LAUNCH_LOG")
+    return Path(value) if value else None
 
 
 def _flag(name: str) -> bool:

@@ -58,15 +58,16 @@ class GemmAnalysis:
         return 1.0 if w == int(w) else w - int(w)
 
 
-def _bytes(g: PlannedGemm, a_bytes: int, d_bytes: int) -> int:
-    """The minimum traffic: A, B and D once (B per group, or D per group where the groups split K)."""
-    a, b, d = g.m * g.k, g.k * g.n, g.m * g.n
-    if g.groups > 1:
-        if g.pass_ is Pass.WGRAD:
-            d *= g.groups
+def min_bytes(m: int, n: int, k: int, groups: int, split_k: bool, a_bits: int, d_bits: int) -> int:
+    """The minimum traffic: A, B and D once (B per group, or D per group where the groups split K);
+    A and B of `a_bits` (fp4 packs two to a byte), D of `d_bits`."""
+    a, b, d = m * k, k * n, m * n
+    if groups > 1:
+        if split_k:
+            d *= groups
         else:
-            b *= g.groups
-    return (a + b) * a_bytes + d * d_bytes
+            b *= groups
+    return ((a + b) * a_bits + d * d_bits) // 8
 
 
 def _kind(g: PlannedGemm) -> str:
@@ -77,25 +78,59 @@ def analyze(g: PlannedGemm, repeats: int, gpu: Gpu) -> GemmAnalysis:
     """`g` on `gpu` as gemmgen's launch policy picks its kernel (no device: the heuristic, or the
     recipe's config)."""
     kind = _kind(g)
-    flops = 2 * g.m * g.n * g.k
+    split_k = g.pass_ is Pass.WGRAD
     if g.recipe is None:
-        size = _bytes(g, 2, 2)
+        flops, size = 2 * g.m * g.n * g.k, min_bytes(g.m, g.n, g.k, g.groups, split_k, 16, 16)
         return GemmAnalysis(g, repeats, kind, None, "torch computes it (torch.matmul / torch._grouped_mm)", None,
                             flops, size, flops / (gpu.anchor(kind).tflops * 1e6), size / (gpu.bandwidth_tb_s * 1e6))
     launch = choose_launch(g.recipe, g.m, g.n, g.k, g.groups, sm_count=gpu.sm_count, arch=gpu.arch)
     ir = g.recipe.ir.gemm
-    size = _bytes(g, ir.a.bits // 8, max(ir.d.bits // 8, 1))
-    memory_us = size / (gpu.bandwidth_tb_s * 1e6)
-    waves = waves_of(launch.config, g, gpu)
+    t = timed(launch.config, g.m, g.n, g.k, g.groups, split_k, ir.a.bits, ir.d.bits, gpu)
+    return GemmAnalysis(g, repeats, kind, launch.config, launch.why, t.waves, t.flops, t.bytes, t.compute_us,
+                        t.memory_us)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """A kernel's modelled time on a problem (`timed`): its waves, FLOPs, minimum bytes, and the
+    compute and memory roofs' times."""
+
+    waves: Waves
+    flops: int
+    bytes: int
+    compute_us: float
+    memory_us: float
+
+    @property
+    def predicted_us(self) -> float:
+        return max(self.compute_us, self.memory_us)
+
+
+def timed(cfg: KernelConfig, m: int, n: int, k: int, groups: int, split_k: bool, a_bits: int, d_bits: int,
+          gpu: Gpu, batch: int = 1) -> Timed:
+    """The time model of `cfg`'s kernel on (m, n, k) over `groups` (rows split evenly over them, or K
+    where `split_k`) or `batch` whole problems, A of `a_bits` and D of `d_bits`, on `gpu`."""
+    kind = "bf16" if a_bits == 16 else "fp8"
+    flops = 2 * m * n * k * batch
+    size = min_bytes(m, n, k, groups, split_k, a_bits, d_bits) * batch
+    waves = wave_model(cfg, m, n, k, batch, gpu.sm_count) if batch > 1 else _waves(cfg, m, n, k, groups, split_k, gpu)
     compute_us = flops / (roof_tflops(gpu, kind) * 1e6 * waves.efficiency)
-    return GemmAnalysis(g, repeats, kind, launch.config, launch.why, waves, flops, size, compute_us, memory_us)
+    return Timed(waves, flops, size, compute_us, size / (gpu.bandwidth_tb_s * 1e6))
 
 
 def waves_of(cfg: KernelConfig, g: PlannedGemm, gpu: Gpu) -> Waves:
-    """The wave model of `cfg` on `g`; a grouped GEMM's rows split evenly over its groups."""
-    if g.groups > 1:
-        return wave_model(cfg, -(-g.m // g.groups), g.n, g.k, g.groups, gpu.sm_count)
-    return wave_model(cfg, g.m, g.n, g.k, 1, gpu.sm_count)
+    """The wave model of `cfg` on `g` (see `_waves`; a weight gradient's groups split K)."""
+    return _waves(cfg, g.m, g.n, g.k, g.groups, g.pass_ is Pass.WGRAD, gpu)
+
+
+def _waves(cfg: KernelConfig, m: int, n: int, k: int, groups: int, split_k: bool, gpu: Gpu) -> Waves:
+    """The wave model over `groups`: the rows split evenly over them, or where `split_k` (a
+    K-grouped GEMM) K, each group then a whole M x N of tiles."""
+    if groups == 1:
+        return wave_model(cfg, m, n, k, 1, gpu.sm_count)
+    if split_k:
+        return wave_model(cfg, m, n, -(-k // groups), groups, gpu.sm_count)
+    return wave_model(cfg, -(-m // groups), n, k, groups, gpu.sm_count)
 
 
 @functools.cache

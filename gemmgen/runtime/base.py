@@ -11,6 +11,8 @@ loading per device, the device and context a launch needs.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -68,7 +70,7 @@ class KernelBase:
         outputs, launch, index = self._prepare(a, b, args, out, operands)
         if launch is not None:
             if nvtx.enabled is not False and nvtx.active():  # GEMMGEN_NVTX, off by default: one global read
-                with nvtx.launch_range(self._range_name(a, b)):
+                with nvtx.named_launch(lambda: self._launch_record(a, b, args)):
                     self._launch_on(index, launch)
             else:
                 self._launch_on(index, launch)
@@ -81,11 +83,15 @@ class KernelBase:
             with torch.cuda.device(index):
                 self._launch(index, launch)
 
-    def _range_name(self, a: torch.Tensor, b: torch.Tensor) -> str:
-        """The launch's NVTX range (`runtime.nvtx`): recipe, config, M x N x K (x L: batch or groups)."""
+    def _launch_record(self, a: torch.Tensor, b: torch.Tensor, args: tuple) -> nvtx.LaunchRecord:
+        """The launch as `runtime.nvtx` names and logs it: recipe, config, M x N x K (x L: batch or
+        groups; a K-grouped call's groups are its offsets)."""
+        gemm = self._ir.gemm
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-        extra = (b.shape[0],) if b.dim() == 3 else ()
-        return nvtx.range_name(self._ir.name, self._config.binary().name, (m, n, k, *extra))
+        extra = (b.shape[0],) if b.dim() == 3 else (args[0].numel(),) if gemm.k_grouped else ()
+        return nvtx.LaunchRecord(self.compiled.entry, self._ir.name, self._config.binary().name,
+                                 json.dumps(self._config.canonical()), (m, n, k, *extra), self._config.arch.value,
+                                 gemm.a.bits, gemm.d.bits, gemm.grouped, gemm.k_grouped, os.getpid())
 
     # ---- what each kind of kernel supplies
 

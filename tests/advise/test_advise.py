@@ -42,10 +42,13 @@ def runs() -> dict[str, ga.Advice]:
 
 def _independent_tiles(a: ga.GemmAnalysis, sm_count: int, m: int | None = None) -> tuple[int, float]:
     """(tiles, waves) counted here: the kernel's M x N (swapped: N x M; a grouped GEMM's rows split
-    evenly; `m`: another M) over the config's tile and cluster, a 2-SM pair's tile taking two SMs."""
+    evenly, except a weight gradient's, whose groups split K: each group a whole M x N; `m`: another
+    M) over the config's tile and cluster, a 2-SM pair's tile taking two SMs."""
     c, g = a.config, a.gemm
     assert c is not None
-    rows = -(-(g.m if m is None else m) // g.groups)
+    rows = g.m if m is None else m
+    if g.pass_ is not Pass.WGRAD:
+        rows = -(-rows // g.groups)
     m, n = (g.n, rows) if c.swap_ab else (rows, g.n)
     per_m = math.ceil(m / (c.tile[0] * c.cluster[0])) * c.cluster[0]
     per_n = math.ceil(n / (c.tile[1] * c.cluster[1])) * c.cluster[1]

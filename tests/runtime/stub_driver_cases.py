@@ -475,6 +475,45 @@ def case_nvtx_ranges_name_each_launch(stub, kernels):
     assert len(ranges) == 2
 
 
+def case_the_launch_log_records_each_launch(stub, kernels):
+    """GEMMGEN_LAUNCH_LOG (runtime.nvtx, what `gemmgen profile` pairs with ncu's rows): read at the
+    first launch; then each launch appends its symbol, config, problem and process, ranges off."""
+    import json
+    import os
+    import tempfile
+
+    from gemmgen.config import KernelConfig
+    from gemmgen.runtime import nvtx
+    from gemmgen.runtime.grouped import GroupedKernel
+    from gemmgen.runtime.kernel import Kernel
+    from gemmgen.testing.calls import args_with_nonzero_reference
+    from gemmgen.testing.grouped import grouped_inputs
+
+    torch.cuda.nvtx.range_push = lambda name: (_ for _ in ()).throw(AssertionError("a range, with GEMMGEN_NVTX unset"))
+    ck, g = kernels["bias_gelu"], kernels["moe_up"]
+    a, b, ops, _ = args_with_nonzero_reference(ck.recipe, 100, 72, 64, ())
+    x, w, offsets, gb, weight = grouped_inputs()
+    with tempfile.TemporaryDirectory() as folder:
+        log = os.path.join(folder, "launches.jsonl")
+        os.environ["GEMMGEN_LAUNCH_LOG"] = log
+        try:
+            nvtx.enabled = None  # as a process starts
+            kernel = Kernel(ck, require_cuda=False)
+            kernel(a, b, **ops)
+            GroupedKernel(g, require_cuda=False)(x, w, offsets, bias=gb, weight=weight)
+            kernel(a, b, **ops)
+        finally:
+            del os.environ["GEMMGEN_LAUNCH_LOG"]
+            nvtx.enabled = None
+        records = nvtx.read_log(log)
+    assert [r.symbol for r in records] == [ck.entry, g.entry, ck.entry], records
+    dense, grouped = records[0], records[1]
+    assert dense.problem == (100, 72, 64) and not dense.grouped and dense.pid == os.getpid()
+    assert KernelConfig.from_canonical(json.loads(dense.canonical)) == ck.config and dense.config in ck.entry
+    assert (dense.a_bits, dense.d_bits, dense.arch) == (16, 16, "sm_90a")
+    assert grouped.problem == (x.shape[0], w.shape[-1], x.shape[1], w.shape[0]) and grouped.grouped
+
+
 CASES = {name: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
