@@ -22,39 +22,21 @@ from gemmgen.cli import main
 from gemmgen.codegen import render_kernel
 from gemmgen.errors import GemmgenError, InvalidArgument, ToolchainError
 from gemmgen.runtime.nvtx import LaunchRecord
+from tests.advise.ncu_pages import CANONICAL, ENTRY, NCU, record_fields
 
 #: Nsight Compute 2024.1.1's own output, run here without a GPU: `ncu --query-metrics --chips gh100`
 #: (its head, the rows of the metrics profile takes and their neighbours, its last line), the raw
 #: page of a public report (`--import R --csv --page raw --print-units base --print-kernel-base
 #: function --metrics ...`, LC_ALL=C: an RTX 3080's kernels) and the same page under de_DE.UTF-8.
-NCU = Path(__file__).parents[1] / "data" / "ncu"
 QUERY = (NCU / "query_metrics_gh100.txt").read_text()
-
-ENTRY = "gemmgen_gemm_bf16_128x256x64_c2x1x1_cooperative_auto_0123456789ab"
-
-
-def _raw_csv(rows: list[dict[str, str]], metrics: list[str]) -> str:
-    """A raw page laid out as tests/data/ncu/raw_page.csv: the fixed columns, then the metrics, a
-    units row under the header, every cell quoted; one of ncu's own lines before."""
-    fixed = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
-             "Grid Size", "Device", "CC"]
-    units = {"gpu__time_duration.sum": "nsecond", "dram__bytes_read.sum": "byte", "dram__bytes_write.sum": "byte",
-             "sm__cycles_elapsed.avg.per_second": "hz"}
-
-    def line(cells: list[str]) -> str:
-        return ",".join(f'"{c}"' for c in cells)
-
-    out = ["==PROF== Connected to process 4242 (/usr/bin/python3.11)", line(fixed + metrics),
-           line([""] * len(fixed) + [units.get(m, "") for m in metrics])]
-    out += [line([r.get(c, "") for c in fixed + metrics]) for r in rows]
-    return "\n".join(out) + "\n"
 
 
 def _record(symbol: str = ENTRY, problem: tuple[int, ...] = (4096, 4096, 4096), **kw) -> LaunchRecord:
-    fields = dict(recipe="gemm_bf16", config="128x256x64_c2x1x1_cooperative_auto",
-                  canonical=json.dumps(gg.KernelConfig(tile=(128, 256, 64), cluster=(2, 1, 1)).canonical()),
-                  arch="sm_90a", a_bits=16, d_bits=16, grouped=False, k_grouped=False, pid=4242)
-    return LaunchRecord(symbol=symbol, problem=problem, **{**fields, **kw})
+    return LaunchRecord(**record_fields(symbol, problem, **kw))
+
+
+def test_the_shared_canonical_is_gemmgens():
+    assert json.loads(CANONICAL) == gg.KernelConfig(tile=(128, 256, 64), cluster=(2, 1, 1)).canonical()
 
 
 # ---- the metric set
@@ -188,13 +170,13 @@ STAND_IN = textwrap.dedent('''\
     report; `--import` prints the report as the raw page."""
     import json, os, re, subprocess, sys
     sys.path.insert(0, {tests!r})
-    from test_profile import QUERY, _raw_csv
+    from ncu_pages import NCU, raw_csv
     argv = sys.argv[1:]
     if ("--query-metrics" in argv or "--import" in argv) and os.environ.get("LC_ALL") != "C":
         sys.exit("stand-in ncu: numbers are read under LC_ALL=C")
     if "--query-metrics" in argv:
         assert argv[argv.index("--query-metrics") + 1:] == ["--chips", "gh100"], argv
-        print(QUERY)
+        print((NCU / "query_metrics_gh100.txt").read_text())
         sys.exit(0)
     flags = ("--import", "--page", "--metrics", "--kernel-name", "--launch-skip", "--launch-count", "--clock-control",
              "--target-processes", "--export")
@@ -202,7 +184,7 @@ STAND_IN = textwrap.dedent('''\
     if "--import" in argv:
         assert "--print-units" in argv and argv[argv.index("--print-units") + 1] == "base", argv
         report = json.load(open(opts["--import"]))
-        print(_raw_csv(report["rows"], opts["--metrics"].split(",")))
+        print(raw_csv(report["rows"], opts["--metrics"].split(",")))
         sys.exit(0)
     command = argv[argv.index("--force-overwrite") + 1:]
     rc = subprocess.call(command)
@@ -231,11 +213,12 @@ SCRIPT = textwrap.dedent('''\
     sys.path.insert(0, {tests!r})
     import torch
     from gemmgen.runtime import nvtx
-    from test_profile import ENTRY, _record
+    from ncu_pages import ENTRY, record_fields
     torch.cuda.nvtx.range_push = torch.cuda.nvtx.range_pop = lambda *a: None
     for m in (1024, 2048, 4096):
-        for record in (_record(ENTRY.replace("gemm_bf16", "bias_gelu"), recipe="bias_gelu", pid=os.getpid()),
-                       _record(problem=(m, 4096, 4096), pid=os.getpid())):
+        for fields in (record_fields(ENTRY.replace("gemm_bf16", "bias_gelu"), recipe="bias_gelu", pid=os.getpid()),
+                       record_fields(problem=(m, 4096, 4096), pid=os.getpid())):
+            record = nvtx.LaunchRecord(**fields)
             if nvtx.enabled is not False and nvtx.active():
                 with nvtx.named_launch(lambda: record):
                     pass

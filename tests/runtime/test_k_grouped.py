@@ -144,3 +144,36 @@ def test_the_backwards_grouped_gemms_compute_through_their_tensor_maps():
             torch.testing.assert_close(out[start:start + size].double(), want, rtol=1.6e-2, atol=2e-2)
             start += size
         assert out[start:].isnan().all()  # a row in no group: not written
+
+
+def test_512_experts_most_of_them_empty_compute_through_their_tensor_maps():
+    """The issue's largest expert count: 512 experts over 700 tokens (most empty, some of 1, a few of
+    dozens: a routed batch), both GEMMs a GroupedLinear's backward launches per expert count, rendered
+    and emulated: the K-grouped weight gradient (each expert's tokens its K) and the rows-grouped dX
+    (each expert's rows through its own weights), against per-expert fp64 torch."""
+    from gemmgen.integrations.grouped import grouped_input_grad_recipe
+
+    gen = torch.Generator().manual_seed(512)
+    sizes = [0] * 512
+    for expert in torch.randint(0, 512, (700,), generator=gen).tolist():  # routing skewed to a few experts
+        sizes[expert % 8 if expert % 3 else expert] += 1
+    assert sizes.count(0) > 300 and 1 in sizes and max(sizes) > 20
+    dy, x, offsets, _ = _inputs(tuple(sizes), m=24, n=40, seed=5)
+    r = grouped_weight_grad_recipe(torch.bfloat16, accumulate=False)
+    ck = uncompiled(r, r.default_config())
+    k = cpu_grouped_kernel(ck)
+    out = torch.full((512, 24, 40), float("nan"), dtype=torch.bfloat16)
+    p = k.prepare(dy.t(), x, offsets, out=out)
+    emulate_grouped(ck, p.setup, p.params, k._encode, [dy, x, offsets, out, p.buffer, zero_buffer(k, p)])
+    torch.testing.assert_close(out.double(), _per_expert(dy, x, sizes, None), rtol=1.6e-2, atol=2e-2)
+    # dX_e = dY_e W_e, W of 512 experts (out x in, row-major)
+    w = torch.randn(512, 24, 40, generator=gen).bfloat16()
+    r = grouped_input_grad_recipe(torch.bfloat16)
+    ck = uncompiled(r, r.default_config())
+    k = cpu_grouped_kernel(ck)
+    dx = torch.full((dy.shape[0], 40), float("nan"), dtype=torch.bfloat16)
+    p = k.prepare(dy, w, offsets, out=dx)
+    emulate_grouped(ck, p.setup, p.params, k._encode, [dy, w, offsets, dx, p.buffer])
+    want = torch.cat([dy[s:e].double() @ w[g].double() for g, (s, e) in
+                      enumerate(zip([0, *offsets[:-1].tolist()], offsets.tolist(), strict=True))])
+    torch.testing.assert_close(dx.double(), want, rtol=1.6e-2, atol=2e-2)
