@@ -204,7 +204,7 @@ class Recipe:
 
     def __init__(self, name: str, epilogue: Callable[..., Any] | None = None, *, a: Any = DType.BF16,
                  b: Any = DType.BF16, d: Any = None, layout_a: Any = Layout.ROW, layout_b: Any = Layout.COL,
-                 batched: bool = False, grouped: bool | Grouping = False,
+                 batched: bool = False, grouped: bool | Grouping | str = False,
                  operands: Mapping[str, OperandDecl] | None = None,
                  aux: Mapping[str, Any] | None = None, block_scale: Any = None,
                  config: KernelConfig | None = None, layout_d: Any = Layout.ROW) -> None:

@@ -154,8 +154,9 @@ def test_a_launchs_figures_are_the_time_models_and_ncus(problem, grouped, k_grou
     assert got["time_us"] == 2000.0 and got["dram_bytes"] == 4e8 and got["grid_size"] == 132
     assert got["tflops"] == pytest.approx(flops / 2000.0 / 1e6) and got["sm_mhz"] == 1755.0
     cfg = gg.KernelConfig(tile=(128, 256, 64), cluster=(2, 1, 1))
+    m, n, k = problem[:3]
     l = problem[3] if len(problem) > 3 else 1  # noqa: E741
-    t = timed(cfg, *problem[:3], l if grouped else 1, k_grouped, 16, 16, gpu, batch=1 if grouped else l)
+    t = timed(cfg, m, n, k, l if grouped else 1, k_grouped, 16, 16, gpu, batch=1 if grouped else l)
     assert t.flops == flops and model["time_us"] == t.predicted_us and model["min_bytes"] == t.bytes
     assert out["ratio"]["time"] == pytest.approx(2000.0 / t.predicted_us)
     assert model["tensor_pipe_pct"] == pytest.approx(100 * flops / (989.4e6 * t.predicted_us))
