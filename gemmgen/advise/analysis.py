@@ -23,14 +23,10 @@ from .gpus import Gpu
 
 
 @dataclass(frozen=True)
-class GemmAnalysis:
-    """One GEMM of the step (`gemm`), `repeats` times (once per model layer that has it)."""
+class Timed:
+    """A modelled time (`timed`, `analyze`): the kernel's waves (None where torch runs it), FLOPs,
+    minimum bytes, and the compute and memory roofs' times."""
 
-    gemm: PlannedGemm
-    repeats: int
-    kind: str  # "bf16" or "fp8": which roof
-    config: KernelConfig | None  # None: torch runs it
-    why: str
     waves: Waves | None
     flops: int
     bytes: int
@@ -44,6 +40,17 @@ class GemmAnalysis:
     @property
     def bound(self) -> str:
         return "compute" if self.compute_us >= self.memory_us else "memory"
+
+
+@dataclass(frozen=True)
+class GemmAnalysis(Timed):
+    """One GEMM of the step (`gemm`), `repeats` times (once per model layer that has it), timed."""
+
+    gemm: PlannedGemm
+    repeats: int
+    kind: str  # "bf16" or "fp8": which roof
+    config: KernelConfig | None  # None: torch runs it
+    why: str
 
     @property
     def engine(self) -> str:
@@ -81,29 +88,14 @@ def analyze(g: PlannedGemm, repeats: int, gpu: Gpu) -> GemmAnalysis:
     split_k = g.pass_ is Pass.WGRAD
     if g.recipe is None:
         flops, size = 2 * g.m * g.n * g.k, min_bytes(g.m, g.n, g.k, g.groups, split_k, 16, 16)
-        return GemmAnalysis(g, repeats, kind, None, "torch computes it (torch.matmul / torch._grouped_mm)", None,
-                            flops, size, flops / (gpu.anchor(kind).tflops * 1e6), size / (gpu.bandwidth_tb_s * 1e6))
+        return GemmAnalysis(None, flops, size, flops / (gpu.anchor(kind).tflops * 1e6),
+                            size / (gpu.bandwidth_tb_s * 1e6), g, repeats, kind, None,
+                            "torch computes it (torch.matmul / torch._grouped_mm)")
     launch = choose_launch(g.recipe, g.m, g.n, g.k, g.groups, sm_count=gpu.sm_count, arch=gpu.arch)
     ir = g.recipe.ir.gemm
     t = timed(launch.config, g.m, g.n, g.k, g.groups, split_k, ir.a.bits, ir.d.bits, gpu)
-    return GemmAnalysis(g, repeats, kind, launch.config, launch.why, t.waves, t.flops, t.bytes, t.compute_us,
-                        t.memory_us)
-
-
-@dataclass(frozen=True)
-class Timed:
-    """A kernel's modelled time on a problem (`timed`): its waves, FLOPs, minimum bytes, and the
-    compute and memory roofs' times."""
-
-    waves: Waves
-    flops: int
-    bytes: int
-    compute_us: float
-    memory_us: float
-
-    @property
-    def predicted_us(self) -> float:
-        return max(self.compute_us, self.memory_us)
+    return GemmAnalysis(t.waves, t.flops, t.bytes, t.compute_us, t.memory_us, g, repeats, kind, launch.config,
+                        launch.why)
 
 
 def timed(cfg: KernelConfig, m: int, n: int, k: int, groups: int, split_k: bool, a_bits: int, d_bits: int,

@@ -213,6 +213,8 @@ def launch_json(row: dict[str, str], record: LaunchRecord, metrics: dict[str, st
     cfg = KernelConfig.from_canonical(json.loads(record.canonical))
     t = timed(cfg, m, n, k, l if record.grouped else 1, record.k_grouped, record.a_bits, record.d_bits, gpu,
               batch=1 if record.grouped else l)
+    waves = t.waves
+    assert waves is not None  # `timed` models a kernel's waves
     kind = "bf16" if record.a_bits == 16 else "fp8"
     spec = gpu.spec_tflops[kind] * 1e6  # FLOPs per microsecond
     ns, read, written, hz = (got.get(key) for key in ("duration_ns", "dram_read_bytes", "dram_write_bytes", "sm_hz"))
@@ -227,8 +229,7 @@ def launch_json(row: dict[str, str], record: LaunchRecord, metrics: dict[str, st
                      "sm_mhz": hz / 1e6 if hz else None},
         "predicted": {"time_us": t.predicted_us, "tflops": t.flops / t.predicted_us / 1e6,
                       "tensor_pipe_pct": 100 * t.flops / (spec * t.predicted_us), "min_bytes": t.bytes,
-                      "tiles": t.waves.tiles, "waves": t.waves.waves,
-                      "bound": "compute" if t.compute_us >= t.memory_us else "memory"},
+                      "tiles": waves.tiles, "waves": waves.waves, "bound": t.bound},
         "ratio": {"time": duration_us / t.predicted_us if duration_us else None,
                   "dram_bytes": dram / t.bytes if dram is not None and t.bytes else None},
     }
