@@ -429,7 +429,7 @@ def _row_blocks_root(recipe: RecipeIR, value: int, of_ir: dict[int, int], arch: 
     blocks = ir.row_blocks
     assert blocks is not None
     if blocks.op is BlockOp.QUANTIZE:
-        policy = f"{EPI}::QuantizeBlock<{f32_bits(FP8_MAX[recipe.gemm.d]):#010x}u>"
+        policy = f"{EPI}::QuantizeBlock<{f32_bits(FP8_MAX[recipe.gemm.d]):#010x}u{', true' * blocks.power_of_two}>"
     elif blocks.op is BlockOp.EXP:
         policy = f"{EPI}::ExpMinusMaxBlock<{f32_bits(blocks.constant):#010x}u>"
     else:

@@ -147,4 +147,4 @@ def column_blocks_type(blocks: ColumnBlocks) -> str:
     scale rule: its fp8 type's largest value), over the kernel's resolved epilogue subtile."""
     qmax = f32_bits(FP8_MAX[blocks.dtype])
     return (f"{EPI}::Sm90ColumnBlocksStore<{qmax:#010x}u, {blocks.block}, {blocks.dtype.cutlass}, TileShape, "
-            "typename EpilogueDescriptor::EpilogueTile>")
+            f"typename EpilogueDescriptor::EpilogueTile{', true' * blocks.power_of_two}>")

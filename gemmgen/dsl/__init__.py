@@ -1,12 +1,11 @@
 """What a user writes: operand declarations, traced epilogue values and ops, and `Recipe`."""
 
 from .backward import OperandGradient
+from .blocks import BlockOutput, ColumnBlockOutput, exp_minus_max, quantize, quantize_columns, rms_norm
 from .operands import ColVector, Matrix, OperandDecl, RowVector, Scalar, Seed
 from .recipe import DEEPSEEK_BLOCK_SCALE, Backward, Recipe
 from .values import (
     OPS,
-    BlockOutput,
-    ColumnBlockOutput,
     Reduced,
     Value,
     abs,
@@ -18,7 +17,6 @@ from .values import (
     eq,
     erf,
     exp,
-    exp_minus_max,
     gather,
     ge,
     gelu,
@@ -35,13 +33,10 @@ from .values import (
     minimum,
     ne,
     pairs,
-    quantize,
-    quantize_columns,
     rand,
     reduce_max,
     reduce_min,
     relu,
-    rms_norm,
     row_index,
     sigmoid,
     silu,

@@ -11,7 +11,8 @@ from ..errors import RecipeError
 from ..ir import BlockOp, ColumnBlocks, GemmSpec, Output, Reduction, RowBlocks
 from ..ir.ops import FP8_MAX
 from ..types import DType
-from .values import BLOCK_EXAMPLES, COLUMN_BLOCKS_EXAMPLE, BlockOutput, ColumnBlockOutput, Reduced, Trace, Value
+from .blocks import BLOCK_EXAMPLES, COLUMN_BLOCKS_EXAMPLE, BlockOutput, ColumnBlockOutput
+from .values import Reduced, Trace, Value
 
 
 def traced_outputs(trace: Trace, result: Any, gemm: GemmSpec, aux: Mapping[str, DType]) -> list[Output]:
@@ -35,11 +36,11 @@ def traced_outputs(trace: Trace, result: Any, gemm: GemmSpec, aux: Mapping[str, 
         dtype = gemm.d if name == "d" else aux[name]
         reduce, dim, over_batch, blocks, columns = None, None, False, None, None
         if isinstance(v, ColumnBlockOutput):
-            columns = ColumnBlocks(v.block, copy_dtype)  # type: ignore[arg-type]
+            columns = ColumnBlocks(v.block, copy_dtype, v.power_of_two)  # type: ignore[arg-type]
             reduce = Reduction.COLUMN_BLOCK_SCALE if v.factor else None
             v = v.value
         elif isinstance(v, BlockOutput):
-            blocks = RowBlocks(v.op, v.block, v.stat._index, v.constant)
+            blocks = RowBlocks(v.op, v.block, v.stat._index, v.constant, v.power_of_two)
             reduce, dim = (Reduction.BLOCK_SCALE, 1) if v.factor else (None, None)
             v = v.value
         if isinstance(v, Reduced):

@@ -121,6 +121,7 @@ class RowBlocks:
     block: int
     stat: int
     constant: float = 0.0  # RMS_NORM's eps, EXP's scale; fp32-rounded
+    power_of_two: bool = False  # QUANTIZE's scales rounded up to a power of two (ops.quantize_blocks)
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ class ColumnBlocks:
 
     block: int
     dtype: DType
+    power_of_two: bool = False  # the scales rounded up to a power of two (ops.quantize_blocks)
 
 
 @dataclass(frozen=True)
@@ -375,7 +377,8 @@ class RecipeIR:
                          *([o.dim] if o.dim is not None else []), *_columns(o.columns),
                          *([["over_batch", True]] if o.over_batch else []),
                          *([_row_blocks(o.blocks)] if o.blocks else []),
-                         *([["column_blocks", o.column_blocks.block, o.column_blocks.dtype.value]]
+                         *([["column_blocks", o.column_blocks.block, o.column_blocks.dtype.value,
+                             *(["power_of_two"] if o.column_blocks.power_of_two else [])]]
                            if o.column_blocks else [])]
                         for o in self.epilogue.outputs],
             "operands": [[o.name, o.kind.value, o.dtype.value, *_columns(o.columns), *o.batching]
@@ -384,7 +387,8 @@ class RecipeIR:
 
 
 def _row_blocks(blocks: RowBlocks) -> list:
-    return ["blocks", blocks.op.value, blocks.block, blocks.stat, *([blocks.constant] if blocks.constant else [])]
+    return ["blocks", blocks.op.value, blocks.block, blocks.stat, *([blocks.constant] if blocks.constant else []),
+            *(["power_of_two"] if blocks.power_of_two else [])]
 
 
 def _columns(columns: Columns) -> list[str]:

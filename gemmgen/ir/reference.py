@@ -194,7 +194,7 @@ def _row_blocks(ir: EpilogueIR, o: Output, values: list[torch.Tensor], magnitude
         return f.repeat_interleave(width, -1)[..., :n]
 
     if blocks.op is BlockOp.QUANTIZE:
-        scaled, factor = quantize_blocks(value, (1, width), ir.outputs[0].dtype)
+        scaled, factor = quantize_blocks(value, (1, width), ir.outputs[0].dtype, blocks.power_of_two)
         per_value = 1.0 / spread(factor)
     elif blocks.op is BlockOp.EXP:
         factor = grouped(stat, -math.inf).amax(dim=-1)  # NaN propagates
@@ -224,7 +224,7 @@ def _column_blocks(o: Output, values: list[torch.Tensor], magnitudes: list[torch
     blocks = o.column_blocks
     assert blocks is not None
     scaled, factor = quantize_blocks(values[o.node].expand(shape).transpose(-1, -2), (1, blocks.block),
-                                     blocks.dtype)
+                                     blocks.dtype, blocks.power_of_two)
     if o.reduce is Reduction.COLUMN_BLOCK_SCALE:
         return factor
     if magnitudes is None:

@@ -259,7 +259,11 @@ class LowPrecisionMLP(torch.autograd.Function):
         fc1_args = (*forward_operands(gemms.fc1, caches[0], x, q1), *(() if b1 is None else (b1,)))
         h: torch.Tensor | Operand
         kept_h: torch.Tensor | Operand
-        if gemms.fc1_quantizing is not None:  # h quantized by fc1's epilogue for both of fc2's GEMMs that read it
+        if gemms.fc1_quantizing is not None and gemms.fc2.precision.save_original_input:
+            # h quantized by fc1's epilogue for fc2's fprop, and h itself kept (quantized again in the backward)
+            hq, h_scale, kept_h, saved_acc = gemms.fc1_quantizing(*fc1_args)
+            h = Operand(hq, h_scale)
+        elif gemms.fc1_quantizing is not None:  # h quantized by fc1's epilogue for both of fc2's GEMMs that read it
             hq, h_scale, h_t, h_t_scale, saved_acc = gemms.fc1_quantizing(*fc1_args)
             h, kept_h = Operand(hq, h_scale), Operand(h_t.t(), h_t_scale.t())
         else:

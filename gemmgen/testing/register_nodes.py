@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -94,8 +94,9 @@ def row_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, i
     static_asserts), the block's statistic of its in-bounds elements gives its factor, which each
     value of the block takes (the values pass on in fp32: the collective converts them to
     ElementD) and which is stored at (row, block) through the Params' pointer and strides, unless
-    null. QuantizeBlock<Qmax>: max |x|, NaN propagated, as epi::Max does, over Qmax, 1 where the
-    max is not above 0; D = v / scale. RmsNormBlock<Block, Eps>: rsqrt(sum of x^2 / count + Eps),
+    null. QuantizeBlock<Qmax[, true]>: max |x|, NaN propagated, as epi::Max does, over Qmax, 1 where
+    the max is not above 0 (with `true`, rounded up to a power of two: `_power_of_two_at_least`);
+    D = v / scale. RmsNormBlock<Block, Eps>: rsqrt(sum of x^2 / count + Eps),
     count the block's columns inside the problem; D = v * rstd. ExpMinusMaxBlock<Scale>: max x, NaN
     propagated, the factor itself; D = exp(Scale * (v - max))."""
     if len(t.args) != 5 or len(inputs) not in (1, 2):
@@ -113,9 +114,9 @@ def row_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, i
     padded = stat.new_full((l_, m, blocks * block), identity)
     padded[..., :n] = stat
     grouped = padded.reshape(l_, m, blocks, block)
-    if name == "QuantizeBlock" and len(policy.args) == 1:
+    if name == "QuantizeBlock" and len(policy.args) in (1, 2):
         amax = grouped.abs().amax(dim=-1)  # NaN propagates
-        factor = torch.where(amax > 0, amax / _bits_f32(policy.args[0]), 1.0)
+        factor = _rounded(torch.where(amax > 0, amax / _bits_f32(policy.args[0]), 1.0), policy.args[1:])
     elif name == "RmsNormBlock" and len(policy.args) == 2 and int(policy.args[0].name) == block:
         counts = (n - torch.arange(0, n, block)).clamp(max=block)  # a partial last block's columns
         factor = ((grouped * grouped).sum(dim=-1) / counts + _bits_f32(policy.args[1])).rsqrt()
@@ -138,13 +139,14 @@ def row_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, i
 
 def column_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, inputs: tuple[torch.Tensor, ...],
                   element: torch.dtype, tile_m: int) -> torch.Tensor:
-    """Sm90ColumnBlocksStore<QmaxBits, Block, ElementQ, TileShape, EpilogueTile>: its input passes
-    on. Per column and block of `Block` rows (a tile starts at a multiple of the block: the header's
-    static_asserts), the block's scale is QuantizeBlock's (max |x| of its values inside the problem,
-    NaN propagated, over Qmax; 1 where that is not above 0), and each value / scale, converted to
+    """Sm90ColumnBlocksStore<QmaxBits, Block, ElementQ, TileShape, EpilogueTile[, true]>: its input
+    passes on. Per column and block of `Block` rows (a tile starts at a multiple of the block: the
+    header's static_asserts), the block's scale is QuantizeBlock's (max |x| of its values inside the
+    problem, NaN propagated, over Qmax; 1 where that is not above 0; with `true` rounded up to a
+    power of two), and each value / scale, converted to
     ElementQ saturating (cvt.rn.satfinite), is stored at (n, m) through ptr_q and dQ (M's stride
     1), the scale at (n, m / Block) through ptr_scale and dScale unless that is null."""
-    if len(t.args) != 5 or len(inputs) != 1:
+    if len(t.args) not in (5, 6) or len(inputs) != 1:
         raise EpilogueSourceError(f"column blocks node {t} with {len(inputs)} inputs")
     qmax, block = _bits_f32(t.args[0]), int(t.args[1].name)
     if block % 16 or tile_m % block:
@@ -155,7 +157,7 @@ def column_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView
     padded = x.new_zeros((l_, blocks * block, n))
     padded[:, :m] = x
     amax = padded.reshape(l_, blocks, block, n).abs().amax(dim=2)  # (L, blocks, N); NaN propagates
-    scale = torch.where(amax > 0, amax / qmax, 1.0)
+    scale = _rounded(torch.where(amax > 0, amax / qmax, 1.0), t.args[5:])
     q = x / scale.repeat_interleave(block, dim=1)[:, :m]  # a division, as the device divides
     limit = torch.finfo(element).max
     sn, sl = (struct.unpack("<q", params.raw(f"cute::get<{i}>({lvalue}.dQ)"))[0] for i in (0, 2))
@@ -170,6 +172,22 @@ def column_blocks(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView
     if scales is not None:
         scales.as_strided((l_, n, blocks), (fl, fn, fm)).copy_(scale.transpose(1, 2))
     return inputs[0]
+
+
+def _rounded(scale: torch.Tensor, power_of_two: Sequence[CppType]) -> torch.Tensor:
+    """A quantize policy's scales, rounded up to a power of two where its last template argument is
+    `true` (epilogue.hpp's power_of_two_at_least): 2 ** ceil(log2 s) in float64, where every fp32
+    scale and its logarithm are exact enough that ceil cannot round across a power (an independent
+    route to ops.quantize_blocks' frexp), and 1 for 0 and infinity, as the header has it."""
+    if not power_of_two:
+        return scale
+    if len(power_of_two) != 1 or power_of_two[0].name not in ("true", "false"):
+        raise EpilogueSourceError(f"quantize policy's rounding {power_of_two}")
+    if power_of_two[0].name == "false":
+        return scale
+    s = scale.double()
+    up = torch.exp2(torch.ceil(torch.log2(s)))
+    return torch.where((s > 0) & torch.isfinite(s), up, 1.0).float()
 
 
 def _bits_f32(t: CppType) -> float:

@@ -212,7 +212,7 @@ class EpilogueInterpreter:
         if t.name == f"{_EPI}Sm90RowBlocks":
             return row_blocks(t, lvalue, acc, params, inputs, self._resolve)
         if t.name == f"{_EPI}Sm90ColumnBlocksStore":
-            if len(t.args) != 5:
+            if len(t.args) not in (5, 6):
                 raise EpilogueSourceError(f"column blocks node {t}")
             return column_blocks(t, lvalue, acc, params, inputs, _element(t.args[2]), self._tile(t.args[3])[0])
         if t.name == f"{_EPI}Sm100RowBroadcastInPlace":  # the same row broadcast, read from shared memory in place

@@ -137,7 +137,9 @@ class Precision:
         GEMMs read it (item 2 of the low-precision issue): rounded to D's type, then quantized per
         row (the next fprop's or dgrad's A, scales `d_scale`) and stored transposed, quantized per
         column (the weight gradient's operand along the tokens: `d_t`, `d_t_scale`), by the
-        epilogue; bit for bit the layer's torch quantizers of the rounded D. None where this
+        epilogue; bit for bit the layer's torch quantizers of the rounded D. With
+        `save_original_input`, a forward's D is kept as it is instead of its column copy
+        (`d_original`: the layer saves it and quantizes it again in the backward). None where this
         precision has no such epilogue: the layer quantizes D with torch."""
         return None
 
@@ -223,26 +225,31 @@ class Float8Blockwise(Precision):
         return (1, 1, self.block) if gemm is Gemm.WGRAD else DEEPSEEK_BLOCK_SCALE
 
     def quantizing(self, recipe: Recipe, gemm: Gemm, name: str) -> Recipe | None:
-        """gg.quantize and gg.quantize_columns of D rounded to its type, in 1 x 128 and 128 x 1 blocks;
-        not with power-of-two scales or `save_original_input` (the epilogue's rule is the plain
-        one, and that choice keeps D itself), nor over column pairs (D of N/2 columns)."""
+        """gg.quantize and gg.quantize_columns of D rounded to its type, in 1 x 128 and 128 x 1 blocks,
+        the scales rounded as this precision's (`power_of_two_scales`); under `save_original_input`
+        a forward keeps D (rounded) in place of the column copy; not over column pairs (D of N/2
+        columns)."""
         ir = recipe.ir.epilogue
-        if self.power_of_two_scales or self.save_original_input or ir.pairs:
+        if ir.pairs:
             return None
         fn, operands = self.epilogue(ir)
-        rounded_to, block = recipe.ir.gemm.d, self.block
+        rounded_to, block, pow2 = recipe.ir.gemm.d, self.block, self.power_of_two_scales
+        keep = self.save_original_input and gemm is Gemm.FPROP
 
         def epilogue(acc: Any, **values: Any) -> dict[str, Any]:
             out = fn(acc, **values)
             d = cast(out.pop("d"), rounded_to)
-            q, scale = quantize(d, block=block)
-            q_t, scale_t = quantize_columns(d, block=block)
+            q, scale = quantize(d, block=block, power_of_two=pow2)
+            if keep:
+                return {"d": q, "d_scale": scale, "d_original": d, **out}
+            q_t, scale_t = quantize_columns(d, block=block, power_of_two=pow2)
             return {"d": q, "d_scale": scale, "d_t": q_t, "d_t_scale": scale_t, **out}
 
         epilogue.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
         a, b = self.dtypes(gemm)
-        aux = {"d_scale": DType.F32, "d_t": self.dtype, "d_t_scale": DType.F32,
-               **{o.name: o.dtype for o in recipe.outputs[1:]}}
+        copies = {"d_original": rounded_to} if keep else {"d_t": self.dtype, "d_t_scale": DType.F32}
+        aux = {"d_scale": DType.F32, **copies, **{o.name: o.dtype for o in recipe.outputs[1:]}}
+        name += "_pow2" * pow2 + "_orig" * keep
         return Recipe(name, epilogue, a=a, b=b, d=self.dtype, layout_a=Layout.ROW, layout_b=Layout.COL,
                       operands=operands, aux=aux, block_scale=self.block_scale(gemm))
 

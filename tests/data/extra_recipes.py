@@ -96,7 +96,10 @@ column_stats = gg.Recipe(
 # is a pair (lse.hpp); and each batch's signed max and min over M and N (atomic combines: CUTLASS's
 # max, gemmgen's AtomicMinimum), which start from -inf and +inf; each row's target logit (a gather
 # through the column's coordinate, coordinates.hpp: with the log-sum-exp, a cross-entropy); batched,
-# a bias and a target per batch and a position bias shared by every batch, D in bf16.
+# a bias and a target per batch and a position bias shared by every batch, D in bf16. Under CUTLASS's
+# stream-K scheduler across a 2x1 cluster (the suite's compiled stream-K kernel on sm_90a, its
+# scheduler's workspace after the reductions'): a split tile's epilogue, and so each reduction, runs
+# once, on its last peer.
 def _row_extrema(acc, bias, position, target):
     y = acc + bias + position
     return {"d": y, "row_max": gg.reduce_max(y, dim=1), "row_min": gg.reduce_min(y, dim=1),
@@ -111,6 +114,7 @@ row_extrema = gg.Recipe(
     operands={"bias": gg.RowVector(gg.bf16, per_batch=True), "position": gg.Matrix(gg.bf16, per_batch=False),
               "target": gg.ColVector(gg.i32, per_batch=True)},
     aux={"row_max": gg.f32, "row_min": gg.f32, "lse": gg.f32, "max": gg.f32, "min": gg.f32, "target_logit": gg.f32},
+    config=gg.KernelConfig(tile=(128, 128, 64), cluster=(2, 1, 1), tile_scheduler=gg.TileScheduler.STREAM_K),
 )
 
 
@@ -137,7 +141,8 @@ block_scaled_swapped = gg.Recipe(
 
 # CUTLASS's stream-K scheduler (per problem: data-parallel, split-K or stream-K, the fp32 partial
 # sums of split tiles reduced in a fixed order in the workspace), batched, across a 2x1 cluster,
-# with each row's sum (its workspace comes first, then the scheduler's).
+# with each row's sum (its workspace comes first, then the scheduler's). Checked without NVRTC (its
+# arguments, data flow and types); row_extrema is the stream-K kernel the suite compiles.
 def _stream_k(acc, bias):
     y = gg.silu(acc + bias)
     return {"d": y, "row_sum": gg.sum(y, dim=1)}

@@ -34,8 +34,8 @@ Pairs = list[tuple[gg.Recipe, gg.KernelConfig]]
 #: host code, their data flow by emulation and their types by the type check (`recipe_kernels`);
 #: `gemmgen build examples/recipes.py` compiles every example.
 COMPILED = ("gemm_bf16", "bias_gelu", "scaled_mm_fp8", "qk_norm", "row_col_amax", "moe_up",
-            "moe_swiglu", "moe_fp8_block", "every_op", "row_extrema", "block_scaled_swapped", "stream_k",
-            "select_ops", "pair_ops", "swiglu_bwd", "block_softmax", "weight_grad_accumulate_fp8block_wgrad",
+            "moe_swiglu", "moe_fp8_block", "every_op", "row_extrema", "block_scaled_swapped", "select_ops",
+            "pair_ops", "swiglu_bwd", "block_softmax", "weight_grad_accumulate_fp8block_wgrad",
             "fc1_fp8block_fprop_train_q")
 
 

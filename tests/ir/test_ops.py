@@ -4,6 +4,7 @@ functors it names compute its formulas."""
 
 from __future__ import annotations
 
+import math
 import pickle
 import re
 import shutil
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 import gemmgen as gg
+from gemmgen import DType
 from gemmgen.codegen.visitor_types import EPI
 from gemmgen.compile.toolchain import gemmgen_include_dir
 from gemmgen.ir import Op, Param, f32_bits
@@ -215,6 +217,37 @@ def test_cpp_random_numbers_are_the_references(tmp_path):
     t = torch.tensor
     want = torch.stack([random_uniform(seed, s, t(b), t(r), t(c)) for seed, s, b, r, c in cases])
     assert torch.equal(torch.tensor([float(v) for v in out]), want) and len(set(want.tolist())) == len(cases)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to run the epilogue functors on the host")
+def test_cpp_power_of_two_rounding_is_the_quantizers(tmp_path):
+    """epilogue.hpp's power_of_two_at_least (what QuantizeBlock<Qmax, true> rounds each scale with)
+    on the host, bit for bit against ir.ops.quantize_blocks' power-of-two scales: every fp32 scale
+    it can see, from 0 and subnormals (one bit, two bits, the largest) through 2^-126, powers of
+    two and their neighbours, to the largest finite (which rounds to infinity) and infinity."""
+    from gemmgen.ir.ops import quantize_blocks
+
+    tiny = 2.0**-149
+    s = torch.tensor([0.0, tiny, 2 * tiny, 3 * tiny, 2.0**-127, 2.0**-126 - tiny, 2.0**-126, 2.0**-126 + 2.0**-149 * 2,
+                      0.75, 1.0, 1.0 + 2.0**-23, 1.5, 2.0 - 2.0**-23, 448.0, 2.0**127, 1.5 * 2.0**127,
+                      float(torch.finfo(torch.float32).max), math.inf], dtype=torch.float32)
+    mantissas = torch.randint(1, 2**20, (200,), generator=torch.Generator().manual_seed(7)).double()  # times 448 exact
+    s = torch.cat([s, (mantissas * 2.0 ** torch.randint(-165, 105, (200,), generator=torch.Generator().manual_seed(8))
+                       .double()).float()])
+    body = "".join(f"  p(power_of_two_at_least(__uint_as_float({b}u)));\n" for b in s.view(torch.int32).tolist())
+    out = host_program(tmp_path, "#include <gemmgen/epilogue.hpp>\nusing namespace gemmgen::epi;\n"
+                       'static void p(float r) { std::printf("%a\\n", r); }\n'
+                       "int main() {\n" + body + "}\n").split()
+    got = torch.tensor([float.fromhex(v) for v in out], dtype=torch.float32)
+    # quantize_blocks' scale of a one-value block holding s * 448 is s (where that is exact) rounded
+    _, want = quantize_blocks((s.double() * 448).float()[:, None, None], (1, 1), DType.E4M3, power_of_two=True)
+    exact = (s.double() * 448).float().double() / 448 == s.double()
+    assert exact.sum() > 180 and got.shape == s.shape
+    assert torch.equal(got[exact], want.flatten()[exact]), \
+        [(a, b, c) for a, b, c in zip(s, got, want.flatten(), strict=True) if a != c]
+    mantissa, exponent = s.frexp()  # the rest (the largest finite, whose s * 448 overflows): frexp's rule
+    assert torch.equal(got, torch.ones_like(s).ldexp(exponent - (mantissa == 0.5).int()))
+    assert (got[0], got[16], got[17]) == (1.0, math.inf, 1.0)  # 0, the largest finite, infinity
 
 
 def host_program(tmp_path, source: str) -> str:

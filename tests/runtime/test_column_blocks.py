@@ -14,26 +14,28 @@ import pytest
 import torch
 
 import gemmgen as gg
-from gemmgen.testing.checks import assert_computes, source_replaced, uncompiled, uncompiled_kernel
+from gemmgen.testing.checks import assert_computes, emulated_call, source_replaced, uncompiled, uncompiled_kernel
 from tests.data import extra_recipes
 
 
-def _dual(copy=gg.e4m3, d=gg.e4m3) -> gg.Recipe:
+def _dual(copy=gg.e4m3, d=gg.e4m3, power_of_two: bool = False) -> gg.Recipe:
     """gelu(acc + bias) quantized per row (D) and per column (the transposed copy), from bf16 A and B."""
     def epilogue(acc, bias):
         h = gg.gelu(acc + bias)
-        q, scale = gg.quantize(h, block=128)
-        q_t, scale_t = gg.quantize_columns(h, block=128)
+        q, scale = gg.quantize(h, block=128, power_of_two=power_of_two)
+        q_t, scale_t = gg.quantize_columns(h, block=128, power_of_two=power_of_two)
         return {"d": q, "scale": scale, "h_t": q_t, "h_t_scale": scale_t}
 
     return gg.Recipe("dual", epilogue, d=d, operands={"bias": gg.RowVector(gg.bf16)},
                      aux={"scale": gg.f32, "h_t": copy, "h_t_scale": gg.f32})
 
 
-def _by_columns(x: torch.Tensor, qmax: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _by_columns(x: torch.Tensor, qmax: float, dtype: torch.dtype, power_of_two: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantization per column and block of 128 rows, written out with torch alone: a block's scale
-    is max |x| / qmax (1 for a block of zeros or with a NaN), its values x / scale, saturated to
-    the fp8 type; the copy (N, M), the scales (N, blocks)."""
+    is max |x| / qmax (1 for a block of zeros or with a NaN; with `power_of_two` the least power of
+    two not below it, found by doubling), its values x / scale, saturated to the fp8 type; the copy
+    (N, M), the scales (N, blocks)."""
     m, n = x.shape
     copy = torch.empty(n, m, dtype=dtype)
     scales = torch.empty(n, -(-m // 128))
@@ -42,9 +44,18 @@ def _by_columns(x: torch.Tensor, qmax: float, dtype: torch.dtype) -> tuple[torch
             part = x[i:i + 128, j]
             amax = part.abs().max()  # NaN propagates
             scale = amax / qmax if amax > 0 else torch.tensor(1.0)
+            if power_of_two and amax > 0:
+                scale = _least_power_of_two_not_below(scale)
             copy[j, i:i + 128] = (part / scale).clamp(-qmax, qmax).to(dtype)
             scales[j, b] = scale
     return copy, scales
+
+
+def _least_power_of_two_not_below(s: torch.Tensor) -> torch.Tensor:
+    p = torch.tensor(2.0**-149)  # the least fp32 power of two; every fp32 scale is at least that
+    while p < s:
+        p = p * 2
+    return p
 
 
 @pytest.mark.parametrize("copy", [gg.e4m3, gg.e5m2])
@@ -79,6 +90,43 @@ def test_emulated_kernels_write_the_copy():
     assert "Sm90ColumnBlocksStore<0x43e00000u, 128, cutlass::float_e4m3_t, TileShape," in src
     for shape in ((1, 128, 16, 1), (200, 272, 72, 1), (257, 16, 24, 1), (129, 200, 8, 1), (7, 40, 129, 1)):
         assert_computes(ck, shape, "dual")
+
+
+def test_power_of_two_scales_both_ways_bit_for_bit():
+    """gg.quantize and gg.quantize_columns with power_of_two (Transformer Engine's blockwise scales:
+    Float8Blockwise(power_of_two_scales=True)'s fused epilogues): the emulated kernel, through the
+    Params gemmgen builds, writes D, the copy and both scales bit-equal to quantization written out
+    here (scales found by doubling from 2^-149), as does the recipe's reference, on a partial last
+    block of rows and columns and blocks of zeros; the scales are powers of two, some of them above
+    the plain rule's. The kernel spells the rounding in both nodes, and it is another kernel."""
+    recipe = _dual(power_of_two=True)
+    ck = uncompiled(recipe, gg.KernelConfig(tile=(128, 128, 64)))
+    src = ck.generated.source
+    assert recipe.ir.key != _dual().ir.key and ck.entry != uncompiled(_dual(), ck.config).entry  # another kernel
+    assert "QuantizeBlock<0x43e00000u, true>" in src
+    assert "Sm90ColumnBlocksStore<0x43e00000u, 128, cutlass::float_e4m3_t, TileShape, " \
+           "typename EpilogueDescriptor::EpilogueTile, true>" in src
+    m, n, k = 200, 272, 64
+    a = torch.randn(m, k, generator=torch.Generator().manual_seed(3)).bfloat16()
+    b = torch.randn(n, k, generator=torch.Generator().manual_seed(4)).bfloat16().t()  # column-major
+    b[:, 5] = 0.0
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(5)).bfloat16()
+    bias[5] = -20.0  # gelu(-20) is 0: blocks of zeros, scale 1
+    outs, _, _ = emulated_call(ck, (m, n, k, 1), (a, b, {"bias": bias}, None))
+    q, scale, q_t, scale_t = outs
+    y = (a.float() @ b.float()) + bias.float()
+    h = 0.5 * y * (1.0 + (y * (1.0 / math.sqrt(2.0))).erf())
+    want_t, want_scale_t = _by_columns(h, 448.0, torch.float8_e4m3fn, power_of_two=True)
+    rows_t, rows_scale = _by_columns(h.t().contiguous(), 448.0, torch.float8_e4m3fn, power_of_two=True)
+    assert torch.equal(scale_t, want_scale_t) and torch.equal(q_t.view(torch.uint8), want_t.view(torch.uint8))
+    assert torch.equal(scale, rows_scale) and torch.equal(q.view(torch.uint8), rows_t.view(torch.uint8))
+    for s in (scale, scale_t):
+        assert torch.equal(s.frexp().mantissa, torch.full_like(s, 0.5))  # powers of two
+    ref = recipe.reference(a, b, bias=bias)  # the recipe's reference (the torch path) agrees bit for bit
+    bits = [[t.view(torch.uint8) if t.dtype.itemsize == 1 else t for t in ts] for ts in (ref, outs)]
+    assert len(ref) == 4 and all(torch.equal(x, y) for x, y in zip(*bits, strict=True))
+    plain = torch.where(h.abs().amax(0) > 0, h.abs().amax(0) / 448.0, 1.0)
+    assert (want_scale_t[:, 0] > plain).any()
 
 
 @pytest.mark.parametrize("mistake", ["block", "fp8 maximum", "copy strides", "scale strides"])

@@ -258,6 +258,9 @@ def test_grid_follows_hardware_info(recipe_kernels, oracles, sm_count, max_activ
                                                      max_active_clusters=max_active_clusters))
 
 
+#: The stream-K kernel the suite compiles (reductions over N and atomic extrema before the scheduler's
+#: workspace, a 2x1 cluster, batched)
+STREAM_K = "row_extrema"
 #: Problems (M, N, K, L) for which CUTLASS's stream-K heuristic picks each decomposition on each
 #: of the hardware settings below, stream-K units in several groups on some (the test checks both).
 STREAM_K_PROBLEMS = [(256, 1408, 4096, 1), (256, 256, 8192, 1), (200, 100, 40000, 1), (129, 1000, 4097, 3),
@@ -268,17 +271,17 @@ STREAM_K_PROBLEMS = [(256, 1408, 4096, 1), (256, 256, 8192, 1), (200, 100, 40000
 @pytest.mark.parametrize("sm_count, max_active_clusters", [(132, 0), (114, 0), (132, 66), (16, 0)])
 def test_stream_k_decompositions_match_cutlass(compiled, oracles, sm_count, max_active_clusters):
     """The stream-K scheduler's Params (data-parallel, split-K and stream-K), its one-wave grid, and
-    its workspace after the row sum's, against CUTLASS's host code."""
+    its workspace after the reductions', against CUTLASS's host code."""
     from gemmgen.runtime.scheduler import decompose, stream_k_plan
 
-    kernel = compiled["stream_k"]
+    kernel = compiled[STREAM_K]
     kinds, groups = set(), set()
     for m, n, k, l in STREAM_K_PROBLEMS:  # noqa: E741
         shape = (m, n, -(-k // kernel.config.tile[2]), l, kernel.config.tile, kernel.config.cluster, sm_count,
                  max_active_clusters)
         kinds.add(decompose(*shape).kind)
         groups.add(stream_k_plan(*shape).fields["scheduler.sk_groups.divisor"])
-        _check(kernel, oracles["stream_k"], kernel_problem(kernel, m, n, k, l, 0, sm_count=sm_count,
+        _check(kernel, oracles[STREAM_K], kernel_problem(kernel, m, n, k, l, 0, sm_count=sm_count,
                                                            max_active_clusters=max_active_clusters))
     assert kinds == {"data-parallel", "split-K", "stream-K"}
     if sm_count > 16:  # 16 SMs: too few tiles along the rasterized dimension to group
@@ -296,11 +299,11 @@ def test_stream_k_split_counts_match_cutlass(compiled, oracles, extra, session_c
     from gemmgen.compile import build_kernel
     from gemmgen.runtime.scheduler import decompose
 
-    base = compiled["stream_k"]
-    kernel = build_kernel(extra["stream_k"].ir, replace(base.config, splits=splits), session_cache)
+    base = compiled[STREAM_K]
+    kernel = build_kernel(extra[STREAM_K].ir, replace(base.config, splits=splits), session_cache)
     assert kernel.cache_key == base.cache_key and kernel.entry == base.entry and kernel.config.splits == splits
-    oracle = OracleProgram(kernel.generated, oracles["stream_k"].exe.parent)
-    assert oracle.exe == oracles["stream_k"].exe  # one oracle serves every split count: an argument
+    oracle = OracleProgram(kernel.generated, oracles[STREAM_K].exe.parent)
+    assert oracle.exe == oracles[STREAM_K].exe  # one oracle serves every split count: an argument
     tk = kernel.config.tile[2]
     for sm_count in (132, 16):
         counts = set()
@@ -323,11 +326,11 @@ def test_nondeterministic_reduction_matches_cutlass(compiled, oracles, extra, se
     from gemmgen.compile import build_kernel
     from gemmgen.runtime.scheduler import stream_k_plan
 
-    base = compiled["stream_k"]
-    kernel = build_kernel(extra["stream_k"].ir, replace(base.config, splits=splits, deterministic=False), session_cache)
+    base = compiled[STREAM_K]
+    kernel = build_kernel(extra[STREAM_K].ir, replace(base.config, splits=splits, deterministic=False), session_cache)
     assert kernel.cache_key == base.cache_key and not kernel.config.deterministic
-    oracle = OracleProgram(kernel.generated, oracles["stream_k"].exe.parent)
-    assert oracle.exe == oracles["stream_k"].exe
+    oracle = OracleProgram(kernel.generated, oracles[STREAM_K].exe.parent)
+    assert oracle.exe == oracles[STREAM_K].exe
     for m, n, k, l in STREAM_K_PROBLEMS:  # noqa: E741
         shape = (m, n, -(-k // kernel.config.tile[2]), l, kernel.config.tile, kernel.config.cluster, 132, 0, splits)
         nondeterministic, deterministic = stream_k_plan(*shape, deterministic=False), stream_k_plan(*shape)

@@ -269,15 +269,21 @@ def test_fused_mlp_backward_launches_gemmgen_kernels_for_every_gemm(activation, 
     assert not {"mm", "addmm", "bmm", "matmul", "_grouped_mm", "silu_backward", "gelu_backward"} & set(ops.ops)
 
 
-@pytest.mark.parametrize("activation", ["gelu", "relu", "silu"])
-def test_the_mlps_quantized_copies_come_from_its_epilogues(activation, monkeypatch):
+@pytest.mark.parametrize("activation, precision, amax", [
+    ("gelu", Float8Blockwise(), (6, 10)), ("relu", Float8Blockwise(), (6, 10)), ("silu", Float8Blockwise(), (6, 10)),
+    ("gelu", Float8Blockwise(power_of_two_scales=True), (6, 10)),
+    ("gelu", Float8Blockwise(save_original_input=True), (7, 10))], ids=str)
+def test_the_mlps_quantized_copies_come_from_its_epilogues(activation, precision, amax, monkeypatch):
     """Float8Blockwise's FusedMLP (issue 57 item 2): fc1's kernel writes h, and fc2's dgrad kernel
     dL/dacc1, rounded to bf16 and quantized both ways by the epilogue (per token and 128 features
     for the next fprop or dgrad, per feature and 128 tokens, transposed, for the wgrad). The
     output and every gradient are bit-equal to the step whose torch ops quantize the bf16 h and
     dL/dacc1 (fused equals unfused), at 200 tokens (a partial last block of tokens), and the step
     runs 4 torch quantizations fewer (each one amax; X's and dY's two each and the two weights'
-    remain: 6)."""
+    remain: 6). With power-of-two scales too (Transformer Engine's blockwise default), whose
+    epilogues round their scales as the torch quantizer does; and with save_original_input, where
+    fc1's epilogue writes h quantized per row beside h itself (kept, quantized again in the
+    backward): 3 torch quantizations fewer."""
     from gemmgen.nn import low_precision
 
     x = torch.randn(200, 256, generator=torch.Generator().manual_seed(5)).bfloat16()
@@ -287,8 +293,8 @@ def test_the_mlps_quantized_copies_come_from_its_epilogues(activation, monkeypat
         low_precision.mlp_gemms.cache_clear()
         if not fused:
             monkeypatch.setattr(Float8Blockwise, "quantizing", lambda self, recipe, gemm, name: None)
-        low, _ = _mlp_pair(activation, Float8Blockwise())
-        gemms = low_precision.mlp_gemms(Float8Blockwise(), activation, True, True, torch.bfloat16)
+        low, _ = _mlp_pair(activation, precision)
+        gemms = low_precision.mlp_gemms(precision, activation, True, True, torch.bfloat16)
         assert (gemms.fc1_quantizing is not None) == fused and (gemms.bwd_quantizing is not None) == fused
         with DispatchedOps() as ops:
             y, gx, grads = _grads(low, x, g)
@@ -297,7 +303,7 @@ def test_the_mlps_quantized_copies_come_from_its_epilogues(activation, monkeypat
     (y, gx, grads, fused_amax), (y0, gx0, grads0, unfused_amax) = steps
     assert torch.equal(y, y0) and torch.equal(gx, gx0)
     assert grads.keys() == grads0.keys() and all(torch.equal(grads[n], grads0[n]) for n in grads)
-    assert (fused_amax, unfused_amax) == (6, 10)
+    assert (fused_amax, unfused_amax) == amax
 
 
 @pytest.mark.parametrize("precision", [Float8Blockwise(), Float8Tensorwise()], ids=repr)
@@ -424,3 +430,24 @@ def test_fuse_takes_a_precision():
     fused(torch.randn(4, 128).bfloat16()).float().sum().backward()
     with pytest.raises(InvalidArgument, match="one of precision= and quantize="):
         gg.nn.fuse(model, precision=Float8Blockwise(), quantize="fp8_block")
+
+
+@pytest.mark.parametrize("precision", [Float8Blockwise(power_of_two_scales=True),
+                                       Float8Blockwise(save_original_input=True)], ids=repr)
+def test_the_quantizing_kernels_of_each_variant_compute_their_recipes(precision):
+    """fc1's forward and fc2's dgrad kernels as the variant quantizes (power-of-two scales in both
+    nodes; h kept beside its row copy), emulated through the Params and tensor maps gemmgen builds
+    against their recipes' references, on a partial last block of tokens and of features, M = 1 and
+    a K tail; the compiled kernels' checks are the plain variant's (tests/data/extra_recipes.py)."""
+    from gemmgen.testing.checks import assert_computes, uncompiled
+
+    fc1 = gg.Recipe("fc1", lambda acc, bias: gg.gelu(acc + bias), operands={"bias": gg.RowVector(gg.bf16)})
+    backward = precision.quantizing_backward(fc1)
+    assert backward is not None
+    for recipe in (backward.forward, backward.kernel):
+        ck = uncompiled(recipe, recipe.default_config())
+        assert ("true>" in ck.generated.source) == precision.power_of_two_scales
+        for shape in ((200, 272, 256, 1), (1, 128, 128, 1), (129, 136, 200, 1)):
+            assert_computes(ck, shape, recipe.name)
+    names = {o.name for o in backward.forward.outputs}
+    assert ("d_original" in names, "d_t" in names) == (precision.save_original_input, not precision.save_original_input)

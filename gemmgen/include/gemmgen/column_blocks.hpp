@@ -4,9 +4,9 @@
 //
 // A pass-through node of the epilogue tree: its value goes on unchanged, as Sm90AuxStore's does.
 // Each column's block of `Block` rows takes one scale, its largest |x| over the fp8 type's largest
-// value, 1 where that is not above 0 (QuantizeBlock, row_blocks.hpp: gg.quantize's rule). The node
-// writes x / scale in ElementQ at Q(n, m, l), an (N, M, L) tensor with M contiguous, and the scale
-// at S(n, m / Block, l), at any strides.
+// value, 1 where that is not above 0, rounded up to a power of two with PowerOfTwo (QuantizeBlock,
+// row_blocks.hpp: gg.quantize's rule). The node writes x / scale in ElementQ at Q(n, m, l), an
+// (N, M, L) tensor with M contiguous, and the scale at S(n, m / Block, l), at any strides.
 //
 // A block's rows lie across the accumulator's threads (a WGMMA warp holds 16 rows, its warpgroup 64,
 // the cooperative schedule's two warpgroups 128), so the node stages the subtile's values in shared
@@ -30,9 +30,10 @@
 
 namespace gemmgen::epi {
 
-template <uint32_t QmaxBits, int Block, class ElementQ, class CtaTileShapeMNK, class EpilogueTile>
+template <uint32_t QmaxBits, int Block, class ElementQ, class CtaTileShapeMNK, class EpilogueTile,
+          bool PowerOfTwo = false>
 struct Sm90ColumnBlocksStore {
-  using Policy = QuantizeBlock<QmaxBits>;
+  using Policy = QuantizeBlock<QmaxBits, PowerOfTwo>;
   static constexpr int EpiM = cute::size<0>(EpilogueTile{});
   static constexpr int EpiN = cute::size<1>(EpilogueTile{});
   static constexpr int Chunk = 16;  // a thread's rows of one column: one 16-byte vector of fp8

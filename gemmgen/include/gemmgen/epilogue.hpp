@@ -18,6 +18,26 @@ CUTLASS_DEVICE float from_bits(uint32_t bits) { return __uint_as_float(bits); }
 
 CUTLASS_DEVICE float nan_or(float a, float b, float r) { return (a != a || b != b) ? a + b : r; }
 
+// The smallest power of two not below s >= 0, s itself where it is one: a block scale rounded as
+// ir.ops.quantize_blocks rounds it with power_of_two (torch.frexp's m * 2^e gives 2^e, or s where
+// m is 0.5). 0 and infinity give 1, frexp's exponent of both being 0.
+CUTLASS_DEVICE float power_of_two_at_least(float s) {
+  uint32_t bits = __float_as_uint(s);
+  if (bits == 0u || bits >= 0x7f800000u) {
+    return 1.0f;
+  }
+  if (bits >= 0x00800000u) {  // normal: the exponent one up where any mantissa bit is set
+    return __uint_as_float((bits + 0x007fffffu) & 0xff800000u);
+  }
+  bits -= 1u;  // subnormal: the next power of two of its bits (2^-126 at most, a normal)
+  bits |= bits >> 1;
+  bits |= bits >> 2;
+  bits |= bits >> 4;
+  bits |= bits >> 8;
+  bits |= bits >> 16;
+  return __uint_as_float(bits + 1u);
+}
+
 struct Identity { CUTLASS_DEVICE float operator()(float x) const { return x; } };
 struct Add { CUTLASS_DEVICE float operator()(float x, float y) const { return x + y; } };
 struct Sub { CUTLASS_DEVICE float operator()(float x, float y) const { return x - y; } };
