@@ -243,7 +243,7 @@ def test_build_bundle_ships_kernels_named_in_python_with_their_tuning(compiled, 
     assert with_tuned_winners(pairs, None) == pairs
     table.entries.pop(next(iter(table.entries)))  # bias_gelu's winner: compiled for gemm_bf16 only
     out = tmp_path / "bundle"
-    stream_k = extra["stream_k"]  # with a split count: the same binary, bundled once
+    stream_k = extra["row_extrema"]  # the suite's compiled stream-K kernel; with a split count: the same binary
     split = replace(stream_k.default_config(), splits=4)
     gg.build_bundle([bias_gelu, (gemm, gemm.default_config()), stream_k, (stream_k, split)], out, tuning=table,
                     cache=session_cache, quiet=True)

@@ -30,9 +30,24 @@
 
 namespace gemmgen::epi {
 
+// Where the copy and its scales go.
+template <class ElementQ>
+struct ColumnBlocksArguments {
+  using StrideQ = cute::Stride<int64_t, cute::_1, int64_t>;  // (N, M, L): M contiguous
+  using StrideScale = cute::Stride<int64_t, int64_t, int64_t>;  // (N, M / Block, L): any layout
+
+  ElementQ* ptr_q = nullptr;
+  StrideQ dQ = {};
+  float* ptr_scale = nullptr;  // null: the scales are not written
+  StrideScale dScale = {};
+};
+
 template <uint32_t QmaxBits, int Block, class ElementQ, class CtaTileShapeMNK, class EpilogueTile,
           bool PowerOfTwo = false>
-struct Sm90ColumnBlocksStore {
+struct Sm90ColumnBlocksStore : NoLoadNode<ColumnBlocksArguments<ElementQ>> {
+  using Base = NoLoadNode<ColumnBlocksArguments<ElementQ>>;
+  using typename Base::Arguments;
+  using typename Base::Params;
   using Policy = QuantizeBlock<QmaxBits, PowerOfTwo>;
   static constexpr int EpiM = cute::size<0>(EpilogueTile{});
   static constexpr int EpiN = cute::size<1>(EpilogueTile{});
@@ -47,38 +62,15 @@ struct Sm90ColumnBlocksStore {
   static_assert(EpiM % Block == 0, "the epilogue subtile must hold whole blocks of rows");
   static_assert(cute::size<0>(CtaTileShapeMNK{}) % EpiM == 0, "whole subtiles per tile");
 
-  using StrideQ = cute::Stride<int64_t, cute::_1, int64_t>;  // (N, M, L): M contiguous
-  using StrideScale = cute::Stride<int64_t, int64_t, int64_t>;  // (N, M / Block, L): any layout
-
   struct SharedStorage {
     alignas(16) float values[EpiN * RowPitch];
   };
 
-  struct Arguments {
-    ElementQ* ptr_q = nullptr;
-    StrideQ dQ = {};
-    float* ptr_scale = nullptr;  // null: the scales are not written
-    StrideScale dScale = {};
-  };
-  using Params = Arguments;
-
   template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) { return args; }
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const&, Arguments const& args) {
+  static bool can_implement(ProblemShape const&, Arguments const& args) {  // 16-byte stores of the copy
     return args.ptr_q != nullptr && reinterpret_cast<uintptr_t>(args.ptr_q) % 16 == 0 &&
            cute::get<0>(args.dQ) % 16 == 0 && cute::get<2>(args.dQ) % 16 == 0;
   }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
 
   CUTLASS_HOST_DEVICE Sm90ColumnBlocksStore() {}
   CUTLASS_HOST_DEVICE Sm90ColumnBlocksStore(Params const& params, SharedStorage const& shared_storage)
@@ -86,11 +78,6 @@ struct Sm90ColumnBlocksStore {
 
   Params params;
   float* staged = nullptr;
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
-  }
 
   template <int Threads, class ArgsTuple>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {

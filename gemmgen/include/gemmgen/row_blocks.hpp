@@ -29,6 +29,7 @@
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
 #include <gemmgen/epilogue.hpp>
+#include <gemmgen/no_load_node.hpp>
 
 namespace gemmgen::epi {
 
@@ -62,40 +63,21 @@ struct ExpMinusMaxBlock {
   CUTLASS_DEVICE static float apply(float v, float max) { return expf(from_bits(ScaleBits) * (v - max)); }
 };
 
-// The node's host side and Params, the same on both arches: where the factors go, if anywhere.
-struct RowBlocksParams {
+// Where the factors go, if anywhere.
+struct RowBlocksArguments {
   using StrideFactor = cute::Stride<int64_t, int64_t, int64_t>;  // (M, N / Block, L): any layout
 
+  float* ptr_factor = nullptr;  // null: the factors are not written
+  StrideFactor dFactor = {};
+};
+
+// The node's host side and Params, the same on both arches.
+struct RowBlocksParams : NoLoadNode<RowBlocksArguments> {
   struct SharedStorage {};
-  struct Arguments {
-    float* ptr_factor = nullptr;  // null: the factors are not written
-    StrideFactor dFactor = {};
-  };
-  using Params = Arguments;
-
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) { return args; }
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const&, Arguments const&) { return true; }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
 
   CUTLASS_HOST_DEVICE RowBlocksParams() {}
   CUTLASS_HOST_DEVICE RowBlocksParams(Params const& params, SharedStorage const&) : params(params) {}
   Params params;
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
-  }
 
   // this tile's factors: its rows, its blocks of columns
   template <int Block, class ProblemShape, class TileCoord, class TileShape>
