@@ -227,7 +227,8 @@ class MLPGemms:
     accumulator (`fc1_saving`), and fc2's dgrad carrying fc1's derived epilogue (`bwd`). Where the
     precision quantizes in the epilogue (`Precision.quantizing_backward`), `fc1_quantizing` and
     `bwd_quantizing` are those two kernels writing their D as the next GEMMs read it: h as fc2's
-    fprop A and wgrad B, dL/dacc1 as fc1's dgrad A and wgrad A; else None."""
+    fprop A and wgrad B (under `save_original_input`, fprop A and h itself, kept), dL/dacc1 as
+    fc1's dgrad A and wgrad A; else None."""
 
     fc1: LinearGemms
     fc1_saving: OpCaller
