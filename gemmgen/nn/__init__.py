@@ -1,6 +1,7 @@
 """Drop-in modules: `FusedLinear` (one fused gemmgen kernel per forward), `FusedMLP` (two
 layers whose backward fuses the first one's activation derivative into the second's dgrad GEMM), `GroupedLinear` (a
-mixture-of-experts layer's expert Linears as one grouped kernel), `BlockScaledLinear` and
+mixture-of-experts layer's expert Linears as one grouped kernel), `GroupedExperts` (transformers' 3-d experts
+modules as two grouped kernels), `BlockScaledLinear` and
 `BlockScaledGroupedLinear` (an fp8 inference Linear, and fp8 experts, with DeepSeek-V3's block
 scales), `MXFP8Linear` and `NVFP4Linear` (MXFP8 and NVFP4 inference Linears for B200s) and
 `fuse(model)`.
@@ -14,7 +15,7 @@ scales), `MXFP8Linear` and `NVFP4Linear` (MXFP8 and NVFP4 inference Linears for 
     nv = gemmgen.nn.NVFP4Linear.from_linear(linear)             # sm_100a: fp4, an e4m3 scale per 16
     w1 = gemmgen.nn.interleave_pairs(w_gate, w_up)  # B's columns for an epilogue over column pairs
     model, report = gemmgen.nn.fuse(model)   # Linear + activation pairs -> FusedLinear
-    model, report = gemmgen.nn.fuse(model, mlp=True)   # and MLPs -> FusedMLP; the state_dict stays the model's
+    model, report = gemmgen.nn.fuse(model, mlp=True)   # and MLPs -> FusedMLP, experts -> GroupedExperts
     gemmgen.warmup(gemmgen.nn.model_launches(model, tokens=(1, 16, 4096)))   # build ahead of time
 """
 
@@ -25,6 +26,7 @@ from .block_scaled import (
     block_scaled_grouped_recipe,
     block_scaled_linear_recipe,
 )
+from .experts import GroupedExperts
 from .fuse import activation_of, fuse
 from .grads import weight_grad_recipe
 from .grouped import GroupedLinear, grouped_linear_recipe
@@ -34,7 +36,8 @@ from .microscaled import MXFP8Linear, NVFP4Linear, mxfp8_linear_recipe, nvfp4_li
 from .mlp import FusedMLP, MLPSecondLayer, mlp_backward
 from .pairs import interleave_pairs, split_pairs
 
-__all__ = ["ACTIVATIONS", "BlockScaledGroupedLinear", "BlockScaledLinear", "FusedLinear", "FusedMLP", "GroupedLinear",
+__all__ = ["ACTIVATIONS", "BlockScaledGroupedLinear", "BlockScaledLinear", "FusedLinear", "FusedMLP", "GroupedExperts",
+           "GroupedLinear",
            "MLPSecondLayer", "MXFP8Linear", "NVFP4Linear", "activation_of", "block_scaled_grouped_recipe",
            "block_scaled_linear_recipe", "fuse", "grouped_linear_recipe", "interleave_pairs", "linear_recipe",
            "mlp_backward", "model_launches", "mxfp8_linear_recipe", "nvfp4_linear_recipe", "split_pairs",

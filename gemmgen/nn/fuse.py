@@ -29,17 +29,18 @@ from collections import Counter
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import fx, nn
 
 from ..errors import InvalidArgument
 from ..training import Precision, as_precision
 from .base import RecipeModule, check_compute_dtype, unsupported
 from .block_scaled import BlockScaledLinear, QuantizedLinear
+from .experts import GroupedExperts, experts_call
 from .linear import FusedLinear
 from .low_precision import check_recompute
 from .microscaled import MXFP8Linear, NVFP4Linear
 from .mlp import FusedMLP, MLPSecondLayer
+from .recognize import ChildrenAsLeaves, activation_of, activation_of_call, hooked
 
 #: `quantize=`'s formats, and the inference layer each makes of a Linear.
 QUANTIZE: dict[str, type[QuantizedLinear]] = {"fp8_block": BlockScaledLinear, "mxfp8": MXFP8Linear,
@@ -64,7 +65,7 @@ class _Target:
         """Why this nn.Linear cannot be replaced, or None if it can."""
         if type(linear) is not nn.Linear:
             return f"{type(linear).__name__} subclasses nn.Linear; its forward may differ"
-        if _hooked(linear):
+        if hooked(linear):
             return "it has hooks, which a replacement would drop"
         if self.quantize is not None:  # TMA reads inputs in 16-byte rows: 16 fp8 values, 32 fp4
             multiple = 32 if self.quantize == "nvfp4" else 16
@@ -90,88 +91,6 @@ class _Target:
         if self.quantize is not None:
             return QUANTIZE[self.quantize].from_linear(linear, activation, self.compute_dtype)
         return FusedLinear.from_linear(linear, activation, self.compute_dtype, precision=self.precision)
-
-
-class _ChildrenAsLeaves(fx.Tracer):
-    """Traces one module's own forward: each submodule it calls stays a single call_module node."""
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return True
-
-
-def activation_of(module: nn.Module) -> str | None:
-    """The FusedLinear activation that `module` computes, or None. It has no parameters, buffers or
-    submodules, and its traced forward is either one relu, gelu or silu call on its input, or a
-    formula of its input alone that computes one of them: transformers' gelu_new and gelu_fast
-    spell the tanh GELU out (`_formula_activation`)."""
-    if any(True for _ in module.children()) or any(True for _ in module.parameters()) \
-            or any(True for _ in module.buffers()):
-        return None
-    try:
-        graph = fx.symbolic_trace(module).graph
-    except Exception:  # a forward that refuses tracing is not one of ours
-        return None
-    nodes = list(graph.nodes)
-    if [n.op for n in nodes].count("placeholder") != 1 or nodes[-1].op != "output":
-        return None
-    if len(nodes) != 3:
-        return _formula_activation(module, nodes)
-    x, call, out = nodes
-    if out.args[0] is not call or not call.args or call.args[0] is not x:
-        return None
-    if any(isinstance(a, fx.Node) for a in (*call.args[1:], *call.kwargs.values())):
-        return None
-    return _activation_of_call(call)
-
-
-#: What a formula module may call: elementwise functions of tensors and Python numbers.
-_ELEMENTWISE = frozenset({operator.add, operator.sub, operator.mul, operator.truediv, operator.pow, operator.neg,
-                          torch.tanh, torch.sigmoid, torch.erf, torch.exp, torch.pow, torch.mul, torch.add,
-                          F.silu, F.gelu, F.relu, F.sigmoid, F.tanh, torch.relu})
-_ELEMENTWISE_METHODS = frozenset({"tanh", "sigmoid", "erf", "exp", "pow", "mul", "add", "relu"})
-#: The activations a formula is compared with, each in fp64 (gelu_tanh: transformers' gelu_new).
-_FORMULAS = {"gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "silu": F.silu,
-             "relu": F.relu}
-
-
-def _formula_activation(module: nn.Module, nodes: list[fx.Node]) -> str | None:
-    """The activation a traced formula computes: every call elementwise (`_ELEMENTWISE`), and its
-    values on a probe of 4000 fp64 points over [-30, 30] and at +-1e4 within 1e-7 (relative) of one
-    activation's, shape kept; None otherwise."""
-    for n in nodes[1:-1]:
-        if not ((n.op == "call_function" and n.target in _ELEMENTWISE)
-                or (n.op == "call_method" and n.target in _ELEMENTWISE_METHODS)):
-            return None
-    probe = torch.cat([torch.linspace(-30, 30, 4000, dtype=torch.float64),
-                       torch.tensor([-1e4, 1e4], dtype=torch.float64)]).reshape(-1, 3)
-    try:
-        with torch.no_grad():
-            got = module(probe)
-    except Exception:
-        return None
-    if not isinstance(got, torch.Tensor) or got.shape != probe.shape or got.dtype != torch.float64:
-        return None
-    for name, fn in _FORMULAS.items():
-        want = fn(probe)
-        if torch.allclose(got, want, rtol=1e-7, atol=1e-9):
-            return name
-    return None
-
-
-def _activation_of_call(call: fx.Node) -> str | None:
-    """The activation an fx call node applies to its first argument, or None."""
-    if call.op == "call_method":
-        return "relu" if call.target == "relu" else None
-    if call.op != "call_function":
-        return None
-    if call.target in (F.relu, torch.relu):
-        return "relu"
-    if call.target is F.silu:
-        return "silu"
-    if call.target is F.gelu:
-        approximate = call.kwargs.get("approximate", call.args[1] if len(call.args) > 1 else "none")
-        return {"none": "gelu", "tanh": "gelu_tanh"}.get(str(approximate))
-    return None
 
 
 @dataclass(frozen=True)
@@ -254,7 +173,8 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     report: list[str] = []
     replacement: dict[int, nn.Module] = {}
     gated = _gated_mlps(model, modules, target) if mlp and precision is None else {}
-    inside = {id(c) for qualified in gated for c in model.get_submodule(qualified).modules()}
+    experts = _experts(model, modules, target)
+    inside = {id(c) for qualified in (*gated, *experts) for c in model.get_submodule(qualified).modules()}
     pairs, notes, untraced, calls = _find_pairs(model, modules, target)
     seconds = _mlp_seconds(model, pairs, target, calls) if mlp else {}
     inside |= {id(fc2) for _, fc2 in seconds.values()}  # the second layers of FusedMLPs
@@ -264,9 +184,22 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
             replacement[id(m)], line = gated[qualified]
             report.append(line)
             continue
+        if qualified in experts:
+            grouped, line = experts[qualified]
+            if grouped is not None:
+                replacement[id(m)] = grouped
+            report.append(line)
+            continue
         if qualified in untraced:
             report.append(untraced[qualified])
-        if not isinstance(m, nn.Linear) or id(m) in inside:
+        if id(m) in inside:
+            continue
+        if not isinstance(m, nn.Linear):
+            if _linear_like(m):
+                what = ("transformers' Conv1D (GPT-2's x @ W + b, W stored in x out), which fuse does not fuse yet"
+                        if type(m).__name__ == "Conv1D" else f"{type(m).__name__} is not an nn.Linear: fuse swaps "
+                        "nn.Linear modules and transformers' experts modules")
+                report.append(f"{name}: kept ({what})")
             continue
         why_kept = target.kept_because(m)
         if why_kept:
@@ -324,7 +257,7 @@ def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]], target: 
         if isinstance(owner, RecipeModule) or not any(isinstance(c, nn.Linear) for c in children):
             continue
         try:
-            graph = _ChildrenAsLeaves().trace(owner)
+            graph = ChildrenAsLeaves().trace(owner)
         except Exception as e:  # forwards fail to trace in many ways; the report names it
             if not any(activation_of(c) for c in children):
                 continue  # nothing lost: no activation module here to fuse
@@ -369,7 +302,7 @@ def _gated_mlps(model: nn.Module, modules: list[tuple[str, nn.Module]], target: 
         if not (isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) and isinstance(down, nn.Linear)):
             continue
         linears = (gate, up, down)
-        if (any(registered[id(m)] > 1 or _hooked(m) for m in (owner, *linears, act))
+        if (any(registered[id(m)] > 1 or hooked(m) for m in (owner, *linears, act))
                 or any(target.kept_because(m) for m in linears)
                 or len({m.weight.dtype for m in linears}) > 1 or len({m.bias is None for m in linears}) > 1
                 or gate.weight.shape != up.weight.shape
@@ -391,6 +324,65 @@ def _gated_mlps(model: nn.Module, modules: list[tuple[str, nn.Module]], target: 
     return out
 
 
+def _experts(model: nn.Module, modules: list[tuple[str, nn.Module]], target: _Target
+             ) -> dict[str, tuple[GroupedExperts | None, str]]:
+    """Each experts module of transformers 5 (3-d `gate_up_proj` and `down_proj`, called with the
+    routed tokens: `experts.EXPERTS_CALL`), by name: its GroupedExperts (None where kept) and the
+    report line."""
+    registered = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
+    out: dict[str, tuple[GroupedExperts | None, str]] = {}
+    for qualified, m in modules:
+        params = m._parameters
+        if isinstance(m, RecipeModule) or not experts_call(m) or not any(
+                (p := params.get(n)) is not None and p.dim() == 3 for n in ("gate_up_proj", "up_proj")):
+            continue
+        name = qualified or "(model)"
+        act = getattr(m, "act_fn", None)
+        activation = _GATED.get(activation_of(act) or "") if isinstance(act, nn.Module) else None
+        why = _experts_kept_because(m, activation, target, registered[id(m)])
+        if why is not None:
+            out[qualified] = (None, f"{name}: kept ({why})")
+            continue
+        assert activation is not None
+        made = GroupedExperts.from_experts(m, activation, target.compute_dtype, concatenated=bool(m.is_concatenated))
+        up, down = made.projections()
+        out[qualified] = (made, f"{name}: {type(m).__name__} -> GroupedExperts({up.recipe.name}, {down.recipe.name}) "
+                                f"(routed tokens sorted by expert, no padding; its parameters, state_dict unchanged)")
+    return out
+
+
+def _experts_kept_because(m: nn.Module, activation: str | None, target: _Target, registered: int) -> str | None:
+    """Why the experts module `m` (whose activation module computes `activation`'s gate) is kept."""
+    if target.quantize is not None:
+        return f"quantize={target.quantize!r} makes Linears; no layer of it holds 3-d experts"
+    if target.precision is not None:
+        return f"gemmgen trains grouped experts in bf16 or f16; {target.precision} applies to Linears and MLPs"
+    if registered > 1 or hooked(m):
+        return "it is registered under several names or has hooks, which a replacement would drop"
+    if not getattr(m, "has_gate", False) or "gate_up_proj" not in m._parameters:
+        return "experts without a gate (an up projection only) have no grouped layer in gemmgen yet"
+    if getattr(m, "is_transposed", True) or getattr(m, "has_post_expert_norm", True) \
+            or getattr(m, "_is_expert_parallel", True) or not isinstance(getattr(m, "is_concatenated", None), bool):
+        return ("its layout is not transformers' default (is_transposed, has_post_expert_norm or expert "
+                "parallelism), which GroupedExperts does not run")
+    gate = getattr(type(m), "_apply_gate", None)
+    if getattr(gate, "__name__", None) != "_default_apply_gate":
+        return f"{type(m).__name__} computes its own gate (_apply_gate), which no gemmgen activation matches"
+    if activation is None:
+        return (f"its activation {type(getattr(m, 'act_fn', None)).__name__} has no gated kernel (gemmgen gates "
+                "with silu or erf-gelu)")
+    params = [p for p in m.parameters(recurse=False)]
+    if len({p.dtype for p in params}) > 1:
+        return "its parameters differ in dtype"
+    dtype = target.compute_dtype or params[0].dtype
+    _, hidden, intermediate = m._parameters["down_proj"].shape  # type: ignore[union-attr]
+    for what, size in (("hidden size", hidden), ("intermediate size", intermediate)):
+        reason = unsupported(size, dtype)
+        if reason:
+            return f"{what} {size}: {reason}"
+    return None
+
+
 def _gated_children(owner: nn.Module) -> tuple[str, str, str, str] | None:
     """(gate, up, down, act) child names if `owner.forward` is exactly down(act(gate(x)) * up(x))
     (either order of the product) and they are all its children, else None."""
@@ -398,7 +390,7 @@ def _gated_children(owner: nn.Module) -> tuple[str, str, str, str] | None:
     if len(children) != 4:
         return None
     try:
-        graph = _ChildrenAsLeaves().trace(owner)
+        graph = ChildrenAsLeaves().trace(owner)
     except Exception:  # not traceable: not provably the gated MLP
         return None
     nodes = list(graph.nodes)
@@ -475,14 +467,27 @@ def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, target: _Target
                                           _next_linear(user, owner_name, owner))
             return
     for u in users:
-        if u.args and u.args[0] is node and _activation_of_call(u) is not None:
+        if u.args and u.args[0] is node and activation_of_call(u) is not None:
             name = getattr(u.target, "__name__", u.target)
             notes[id(linear)] = (f"{type(owner).__name__}.forward applies {name} to it in code; fuse swaps modules, "
                                  f"so make the activation a module")
             return
+    if any(_chunked_into_activation(u, owner) for u in users):
+        notes[id(linear)] = ("its output is split (chunk) and one half goes through an activation: a chunked GLU "
+                             "(ModernBERT's Wi), which fuse does not fuse yet")
+        return
     if len(users) > 1 and any(u.op == "call_module" and activation_of(owner.get_submodule(str(u.target)))
                               for u in users if "." not in str(u.target)):
         notes[id(linear)] = "its output also feeds other ops than the activation"
+
+
+def _chunked_into_activation(node: fx.Node, owner: nn.Module) -> bool:
+    """Whether `node` chunks its input and a piece goes to an activation module of `owner`."""
+    if not ((node.op == "call_method" and node.target == "chunk") or
+            (node.op == "call_function" and node.target is torch.chunk)):
+        return False
+    return any(a.op == "call_module" and "." not in str(a.target) and activation_of(owner.get_submodule(str(a.target)))
+               for piece in node.users if piece.target is operator.getitem for a in piece.users)
 
 
 def _next_linear(act: fx.Node, owner_name: str, owner: nn.Module) -> tuple[str, nn.Linear] | None:
@@ -508,7 +513,7 @@ def _unsafe(pair: _Pair, lin_id: int, calls: Counter[int], registered: Counter[i
     if calls[lin_id] > 1:
         return f"it runs {calls[lin_id]} times in traced forwards"
     act_id = id(pair.act)
-    if _hooked(pair.act):
+    if hooked(pair.act):
         return f"{pair.act_name} has hooks, which Identity would drop"
     if registered[act_id] > 1:
         return f"{pair.act_name} is registered under {registered[act_id]} names"
@@ -518,10 +523,12 @@ def _unsafe(pair: _Pair, lin_id: int, calls: Counter[int], registered: Counter[i
     return None
 
 
-def _hooked(module: nn.Module) -> bool:
-    """Whether hooks are registered on `module` itself (a replacement would silently drop them)."""
-    return any(getattr(module, name, None) for name in (
-        "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
+def _linear_like(m: nn.Module) -> bool:
+    """Whether `m`, not an nn.Linear, holds a 2-d `weight` that is not an embedding table: a GEMM
+    of its own (GPT-2's Conv1D, a router) that the report names as kept."""
+    weight = m._parameters.get("weight")
+    return (weight is not None and weight.dim() == 2 and not isinstance(m, nn.Embedding | nn.EmbeddingBag)
+            and not isinstance(m, RecipeModule | MLPSecondLayer))
 
 
 def _replace(model: nn.Module, replacement: dict[int, nn.Module]) -> None:

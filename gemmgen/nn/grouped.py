@@ -130,7 +130,22 @@ class GroupedLaunches:
         return [g.launch(None, device, target) for g in planned if g.recipe is not None]
 
 
-class GroupedLinear(GroupedLaunches, RecipeModule):
+class GroupedOps(RecipeModule):
+    """A module launching grouped ops (`grouped_linear`), each resolved once per activation, dtype
+    and bias (in `_set_recipes`, so that a traced forward finds them made)."""
+
+    _ops: dict[tuple[str | None, torch.dtype, bool], Any]
+
+    def op_for(self, activation: str | None, dtype: torch.dtype, bias: bool) -> Any:
+        """The grouped op of `grouped_linear_recipe(activation, bias, dtype)`."""
+        key = (activation, dtype, bias)
+        found = self._ops.get(key)
+        if found is None:
+            found = self._ops[key] = op(grouped_linear_recipe(activation, bias, dtype)).default
+        return found
+
+
+class GroupedLinear(GroupedLaunches, GroupedOps):
     """`num_experts` nn.Linear layers (plus activation) applied to the rows of their own experts in
     one grouped kernel: `weight` is (num_experts, rows, in_features), each expert's as nn.Linear
     stores it, and `bias` (num_experts, rows), where rows is out_features, or 2 x out_features
@@ -172,17 +187,10 @@ class GroupedLinear(GroupedLaunches, RecipeModule):
     def _set_recipes(self) -> None:
         """The recipe (of the dtype it computes in, bf16 for fp32 parameters, as under bf16
         autocast), and its op (the grouped op itself: its Autograd kernel is the backward)."""
-        self._ops: dict[tuple[torch.dtype, bool], Any] = {}
+        self._ops = {}
         dtype = self.compute_dtype if self.compute_dtype in COMPUTE_DTYPES else torch.bfloat16
         self.recipe = grouped_linear_recipe(self.activation, self.bias is not None, dtype)
-        self._op_for(dtype)
-
-    def _op_for(self, dtype: torch.dtype) -> Any:
-        key = (dtype, self.bias is not None)
-        found = self._ops.get(key)
-        if found is None:
-            found = self._ops[key] = op(grouped_linear_recipe(self.activation, key[1], dtype)).default
-        return found
+        self.op_for(self.activation, dtype, self.bias is not None)
 
     def reset_parameters(self) -> None:
         """Each expert initialised as nn.Linear initialises itself."""
@@ -225,37 +233,54 @@ class GroupedLinear(GroupedLaunches, RecipeModule):
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.in_features:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise InvalidArgument(f"input: expected (tokens, {self.in_features}) rows sorted by expert, got {got}")
-        dtype, _ = call_dtypes(x, self.weight.dtype, None)
         rows = self.weight_rows
         what = "2 x out_features: gate and up interleaved" if rows != self.out_features else "out_features"
         check_parameter("weight", self.weight, (self.num_experts, rows, self.in_features),
                         f"(num_experts, {what}, in_features)")
-        if dtype not in COMPUTE_DTYPES:
-            warn_no_kernel(self, dtype)
-            return self.reference(x, offsets)
-        x = x.to(dtype) if x.dtype != dtype else x
-        weight, bias = self.weight, self.bias
-        if weight.dtype != dtype:  # autocast's
-            weight = weight.to(dtype)
-            bias = bias.to(dtype) if bias is not None else None
-        w, run = weight.transpose(1, 2), self._op_for(dtype)
-        y = run(x, w, offsets) if bias is None else run(x, w, offsets, _rows_aligned(bias))
-        return dense_output(y, y.shape)
+        return grouped_linear(self, self.activation, x, offsets, self.weight, self.bias)
 
     def reference(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """Each expert's rows through its Linear and the activation with torch ops in x's dtype
         (the rows after the last expert's end zero): what the layer runs where gemmgen has no
         kernel. It reads the offsets on the host."""
-        bounds = group_bounds(offsets.tolist(), x.shape[0])
-        weight = self.weight.to(x.dtype)
-        bias = self.bias.to(x.dtype) if self.bias is not None else None
-        pieces = [reference_linear(x[lo:hi], weight[e], bias[e] if bias is not None else None, self.activation)
-                  for e, (lo, hi) in enumerate(bounds)]
-        end = bounds[-1][1] if bounds else 0
-        pieces.append(x.new_zeros(x.shape[0] - end, self.out_features))
-        return torch.cat(pieces)
+        return grouped_reference(x, offsets, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "
                 f"out_features={self.out_features}, bias={self.bias is not None}, activation={self.activation!r}")
 
+
+
+def grouped_linear(layer: GroupedOps, activation: str | None, x: torch.Tensor, offsets: torch.Tensor,
+                   weight: torch.Tensor, bias: torch.Tensor | None, fixed: torch.dtype | None = None) -> torch.Tensor:
+    """activation(x_e @ W_e^T + b_e) for the rows of each expert e of `x` (sorted by expert,
+    `offsets` where each expert's rows end), `weight` E x rows x in, by `layer`'s grouped op, in
+    the dtype nn.Linear would compute in (`base.call_dtypes`; `fixed`: a compute dtype the
+    parameters are cast to per call). Where gemmgen has no kernel for that dtype, `layer` says so
+    once and the math runs by torch ops (`grouped_reference`)."""
+    dtype, out_dtype = call_dtypes(x, weight.dtype, fixed)
+    if dtype not in COMPUTE_DTYPES:
+        warn_no_kernel(layer, dtype)
+        return grouped_reference(x, offsets, weight, bias, activation)
+    x = x.to(dtype) if x.dtype != dtype else x
+    if weight.dtype != dtype:  # autocast's, or a fixed compute dtype
+        weight = weight.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+    run, w = layer.op_for(activation, dtype, bias is not None), weight.transpose(1, 2)
+    y = run(x, w, offsets) if bias is None else run(x, w, offsets, _rows_aligned(bias))
+    return dense_output(y, y.shape, out_dtype)
+
+
+def grouped_reference(x: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      activation: str | None) -> torch.Tensor:
+    """Each expert's rows of `x` through its Linear (`weight[e]`, `bias[e]`) and the activation by
+    torch ops in x's dtype, the rows after the last expert's end zero. It reads the offsets on the
+    host."""
+    bounds = group_bounds(offsets.tolist(), x.shape[0])
+    weight = weight.to(x.dtype)
+    bias = bias.to(x.dtype) if bias is not None else None
+    pieces = [reference_linear(x[lo:hi], weight[e], bias[e] if bias is not None else None, activation)
+              for e, (lo, hi) in enumerate(bounds)]
+    end = bounds[-1][1] if bounds else 0
+    pieces.append(x.new_zeros(x.shape[0] - end, weight.shape[1] // 2 if activation in GATED else weight.shape[1]))
+    return torch.cat(pieces)

@@ -12,6 +12,7 @@ from ..dsl import Recipe
 from ..errors import InvalidArgument
 from .base import launch_arch
 from .block_scaled import BlockScaledGroupedLinear, QuantizedLinear
+from .experts import GroupedExperts
 from .grouped import GroupedLinear
 from .linear import FusedLinear
 from .mlp import FusedMLP
@@ -52,7 +53,8 @@ def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Ite
     found += [k for m in mlps for t in training_tokens
               for k in (*m.launches(t, training=True, sm_count=sm_count, device=device, arch=target),
                         *m.backward_launches(t, sm_count=sm_count, device=device, arch=target))]
-    grouped = [m for m in model.modules() if isinstance(m, GroupedLinear | BlockScaledGroupedLinear)]
+    grouped: list = [m for m in model.modules() if isinstance(m, GroupedLinear | BlockScaledGroupedLinear)]
+    grouped += [p for m in model.modules() if isinstance(m, GroupedExperts) for p in m.projections()]
     found += [m.launches(rows, device=device, arch=target) for m in grouped for rows in (None, m.num_experts)]
     found += [k for m in grouped if training_tokens for rows in (None, m.num_experts)
               for k in m.backward_launches(rows, device=device, arch=target)]

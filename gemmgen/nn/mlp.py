@@ -74,7 +74,7 @@ from .low_precision import (
     forward_operands,
     mlp_gemms,
 )
-from .pairs import interleave_pairs
+from .pairs import contents_key, interleave_pairs, same_contents
 from .plan import mlp_plan
 
 
@@ -388,10 +388,9 @@ class FusedMLP(RecipeModule):
         The copy costs the memory of gate and up once more while kept; a forward with gradients
         wanted, `.to()` and the like free it (`_forget_pairs`)."""
         gate, up = self._gate_up()
-        key = (dtype, tuple(_identity(t) for t in (gate.weight, up.weight, gate.bias, up.bias)))
+        key = (dtype, tuple(contents_key(t) for t in (gate.weight, up.weight, gate.bias, up.bias)))
         kept: tuple[torch.dtype, tuple[tuple[object, int, int], ...]] | None = self.__dict__.get("_pairs_key")
-        fresh = kept is not None and kept[0] == dtype and all(
-            a[0] is b[0] and a[1] == b[1] and a[2] == b[2] >= 0 for a, b in zip(kept[1], key[1], strict=True))
+        fresh = kept is not None and kept[0] == dtype and same_contents(kept[1], key[1])
         pairs = self.__dict__["_pairs_parameters"]
         if not fresh:
             with torch.no_grad():
@@ -509,15 +508,6 @@ class FusedMLP(RecipeModule):
         precision = f", precision={self.precision}" if self.precision is not None else ""
         return (f"{sizes}activation={self.activation!r}, recompute={self.recompute}, "
                 f"accumulate_grad={self.accumulate_grad}{precision}{where}")
-
-
-def _identity(t: torch.Tensor | None) -> tuple[object, int, int]:
-    """What tells a tensor's contents apart without reading them: the tensor object, its memory and
-    its version, which in-place writes (optimizer steps, load_state_dict) advance; -1 for an
-    inference tensor, which has none (never taken as unchanged)."""
-    if t is None:
-        return None, 0, 0
-    return t, t.data_ptr(), -1 if t.is_inference() else t._version
 
 
 def _interleaved(even: torch.Tensor, odd: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

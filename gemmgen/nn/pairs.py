@@ -24,6 +24,21 @@ def interleave_pairs(even: torch.Tensor, odd: torch.Tensor, dim: int = 0) -> tor
     return torch.stack((even, odd), dim=d + 1).flatten(d, d + 1)
 
 
+def contents_key(t: torch.Tensor | None) -> tuple[object, int, int]:
+    """What tells a tensor's contents apart without reading them: the tensor object, its memory and
+    its version, which in-place writes (optimizer steps, load_state_dict) advance; -1 for an
+    inference tensor, which has none (never taken as unchanged). How a kept interleaved copy knows
+    it is stale."""
+    if t is None:
+        return None, 0, 0
+    return t, t.data_ptr(), -1 if t.is_inference() else t._version
+
+
+def same_contents(kept: tuple[tuple[object, int, int], ...], now: tuple[tuple[object, int, int], ...]) -> bool:
+    """Whether tensors keyed `now` (`contents_key`) hold what those keyed `kept` held."""
+    return all(a[0] is b[0] and a[1] == b[1] and a[2] == b[2] >= 0 for a, b in zip(kept, now, strict=True))
+
+
 def split_pairs(x: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(even, odd): the views `interleave_pairs` undoes (every other index along `dim`)."""
     if x.shape[dim] % 2:

@@ -1,0 +1,158 @@
+"""`GroupedExperts` (issue 59: transformers' 3-d experts as gemmgen grouped kernels) against an
+fp64 loop over each routed token's experts written here from the definition, with odd and empty
+groups, a group of one, expert-parallel sentinels, both gate/up layouts, gradients, the kept
+interleaved copy going stale, and bad inputs. CPU: the grouped ops evaluate their recipes."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import gemmgen as gg
+from gemmgen.errors import InvalidArgument, ReadOnlyOption
+
+
+class Experts(nn.Module):
+    """transformers 5's experts layout: gate and up the halves of gate_up_proj (E, 2I, H)."""
+
+    def __init__(self, e: int, hidden: int, inter: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.randn(e, 2 * inter, hidden) / hidden ** 0.5)
+        self.down_proj = nn.Parameter(torch.randn(e, hidden, inter) / inter ** 0.5)
+        if bias:
+            self.gate_up_proj_bias = nn.Parameter(torch.randn(e, 2 * inter) / 4)
+            self.down_proj_bias = nn.Parameter(torch.randn(e, hidden) / 4)
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError  # only its parameters are read
+
+
+def loop(m: nn.Module, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, act=F.silu) -> torch.Tensor:
+    """Each token's sum over its top-k experts e in range of w_e * down_e(act(gate_e(x)) * up_e(x)), fp64."""
+    gate_up, down_proj = m.get_parameter("gate_up_proj"), m.get_parameter("down_proj")
+    e, two_i, _ = gate_up.shape
+    i = two_i // 2
+    gu, down = gate_up.double(), down_proj.double()
+    b1 = getattr(m, "gate_up_proj_bias", None)
+    b2 = getattr(m, "down_proj_bias", None)
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for k in range(index.shape[1]):
+            j = int(index[t, k])
+            if not 0 <= j < e:
+                continue
+            pre = gu[j] @ x[t].double() + (b1[j].double() if b1 is not None else 0)
+            h = act(pre[:i]) * pre[i:]
+            y = down[j] @ h + (b2[j].double() if b2 is not None else 0)
+            out[t] += float(weights[t, k]) * y
+    return out
+
+
+def routing(tokens: int, e: int, top_k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    index = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, generator=g).softmax(-1)
+    return index, weights
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_the_fp64_loop_with_odd_empty_and_single_groups(bias: bool) -> None:
+    torch.manual_seed(0)
+    e, hidden, inter = 6, 64, 40
+    ref = Experts(e, hidden, inter, bias).bfloat16()
+    layer = gg.nn.GroupedExperts.from_experts(ref, "swiglu")
+    tokens = 37
+    index, weights = routing(tokens, e - 2, 2, 1)  # experts 4 and 5 get nothing
+    index[0, 0] = 4  # expert 4: a group of one
+    x = torch.randn(tokens, hidden).bfloat16()
+    got = layer(x, index, weights)
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape and got.is_contiguous()
+    want = loop(ref, x, index, weights)
+    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_interleaved_and_concatenated_layouts_agree_and_sentinels_count_for_nothing() -> None:
+    torch.manual_seed(1)
+    e, hidden, inter = 4, 32, 16
+    ref = Experts(e, hidden, inter).bfloat16()
+    concat = gg.nn.GroupedExperts.from_experts(ref, "geglu")
+    inter_ref = copy.deepcopy(ref)
+    with torch.no_grad():
+        w = ref.gate_up_proj
+        inter_ref.gate_up_proj.copy_(gg.nn.interleave_pairs(w[:, :inter], w[:, inter:], dim=1))
+    interleaved = gg.nn.GroupedExperts.from_experts(inter_ref, "geglu", concatenated=False)
+    index, weights = routing(20, e, 2, 2)
+    index[3, 1] = e  # expert parallelism's sentinel: another rank's expert
+    x = torch.randn(20, hidden).bfloat16()
+    got = concat(x, index, weights)
+    assert torch.equal(got, interleaved(x, index, weights))
+    torch.testing.assert_close(got.double(), loop(ref, x, index, weights, F.gelu), rtol=2e-2, atol=2e-2)
+
+
+def test_gradients_reach_the_shared_parameters_and_match_fp64() -> None:
+    torch.manual_seed(2)
+    e, hidden, inter = 4, 32, 24
+    ref = Experts(e, hidden, inter, bias=True).bfloat16()
+    layer = gg.nn.GroupedExperts.from_experts(ref, "swiglu")
+    assert layer.gate_up_proj is ref.gate_up_proj and list(layer.state_dict()) == list(ref.state_dict())
+    index, weights = routing(29, e, 2, 3)
+    x = torch.randn(29, hidden).bfloat16().requires_grad_()
+    layer(x, index, weights).float().square().sum().backward()
+    exact = copy.deepcopy(ref).double()
+    xd = x.detach().double().requires_grad_()
+    loop(exact, xd, index, weights).square().sum().backward()
+    for got, want in ((x.grad, xd.grad), (ref.gate_up_proj.grad, exact.gate_up_proj.grad),
+                      (ref.down_proj.grad, exact.down_proj.grad), (ref.down_proj_bias.grad, exact.down_proj_bias.grad)):
+        assert got is not None and want is not None
+        assert (got.double() - want).norm() / want.norm() < 2e-2
+
+
+def test_the_kept_interleaved_copy_follows_in_place_updates() -> None:
+    torch.manual_seed(3)
+    ref = Experts(4, 32, 16).bfloat16()
+    layer = gg.nn.GroupedExperts.from_experts(ref, "swiglu")
+    index, weights = routing(9, 4, 1, 4)
+    x = torch.randn(9, 32).bfloat16()
+    with torch.no_grad():
+        before = layer(x, index, weights)
+        ref.gate_up_proj.mul_(2)  # an optimizer step, say: the same tensor, a new version
+        after = layer(x, index, weights)
+    assert not torch.equal(before, after)
+    torch.testing.assert_close(after.double(), loop(ref, x, index, weights), rtol=2e-2, atol=2e-2)
+
+
+def test_dtype_conversions_pickling_and_read_only_options() -> None:
+    ref = Experts(4, 32, 16).bfloat16()
+    layer = gg.nn.GroupedExperts.from_experts(ref, "swiglu")
+    index, weights = routing(5, 4, 2, 5)
+    x = torch.randn(5, 32)
+    with pytest.warns(gg.GemmgenWarning, match="no kernel computing in torch.float32"):
+        got = layer.float()(x, index, weights)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), loop(layer, x, index, weights), rtol=1e-5, atol=1e-5)
+    clone = pickle.loads(pickle.dumps(layer.bfloat16()))
+    assert torch.equal(clone(x.bfloat16(), index, weights), layer(x.bfloat16(), index, weights))
+    with pytest.raises(ReadOnlyOption, match="activation"):
+        layer.activation = "geglu"
+
+
+def test_bad_inputs_name_the_argument() -> None:
+    layer = gg.nn.GroupedExperts.from_experts(Experts(4, 32, 16).bfloat16(), "swiglu")
+    x = torch.randn(5, 32).bfloat16()
+    index, weights = routing(5, 4, 2, 6)
+    with pytest.raises(InvalidArgument, match="hidden_states: expected \\(tokens, 32\\)"):
+        layer(x[:, :16], index, weights)
+    with pytest.raises(InvalidArgument, match="top_k_index: expected integer expert ids"):
+        layer(x, index.float(), weights)
+    with pytest.raises(InvalidArgument, match="top_k_weights"):
+        layer(x, index, weights[:, :1])
+    with pytest.raises(InvalidArgument, match="activation: expected one of"):
+        gg.nn.GroupedExperts.from_experts(Experts(4, 32, 16), "silu")
+    with pytest.raises(InvalidArgument, match="experts: expected a module with 3-d parameters"):
+        gg.nn.GroupedExperts.from_experts(nn.Linear(4, 4), "swiglu")

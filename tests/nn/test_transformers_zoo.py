@@ -1,0 +1,213 @@
+"""`fuse()` on real model code (issue 59): Hugging Face transformers' own modeling files, tiny
+configs, random init, nothing downloaded. Per family: what fuse makes of it and a report line for
+every GEMM it keeps; logits and gradients as close to the fp64 model as the unfused bf16 model's;
+the state_dict unchanged, loading strictly both ways and through save_pretrained/from_pretrained of
+the plain class; generate(); dtype conversions; a fused Mixtral trains. CPU: gemmgen's ops
+evaluate their recipes' references (the grouped experts' too)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import gemmgen as gg
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (pyproject's [test])")
+
+SMALL: dict[str, Any] = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+                         "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+
+def _configs() -> dict[str, Any]:
+    tf = transformers
+    ids = {k: SMALL[k] for k in ("pad_token_id", "bos_token_id", "eos_token_id")}
+    return {
+        "llama": tf.LlamaConfig(**SMALL),
+        "qwen2": tf.Qwen2Config(**SMALL),
+        "qwen3": tf.Qwen3Config(**SMALL, head_dim=16),
+        "mixtral": tf.MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2),
+        "qwen3_moe": tf.Qwen3MoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                                       decoder_sparse_step=1, head_dim=16),
+        "deepseek_v3": tf.DeepseekV3Config(**{**SMALL, "num_key_value_heads": 4}, moe_intermediate_size=64,
+                                           n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                                           first_k_dense_replace=1, n_group=1, topk_group=1, q_lora_rank=32,
+                                           kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16),
+        "gpt2": tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=64, **ids),
+        "bert": tf.BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                              vocab_size=128, pad_token_id=0),
+        "modernbert": tf.ModernBertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                          num_attention_heads=4, vocab_size=128, pad_token_id=0, bos_token_id=1,
+                                          eos_token_id=2, cls_token_id=1, sep_token_id=2),
+    }
+
+
+MASKED = ("bert", "modernbert")  # the encoders: AutoModelForMaskedLM
+FAMILIES = ("llama", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt2", "bert", "modernbert")
+
+#: What fuse(mlp=True) makes of each family's MLPs and experts, counted by the report's lines.
+EXPECTED = {
+    "llama": {"FusedMLP": 2}, "qwen2": {"FusedMLP": 2}, "qwen3": {"FusedMLP": 2},
+    "mixtral": {"GroupedExperts": 2}, "qwen3_moe": {"GroupedExperts": 2},
+    "deepseek_v3": {"FusedMLP": 2, "GroupedExperts": 1},  # a dense layer, the shared experts, the routed ones
+    "gpt2": {}, "bert": {"FusedLinear": 3}, "modernbert": {"FusedLinear": 1},  # its head's dense + GELU
+}
+
+#: What the report says of the MLPs fuse keeps, by family: a phrase of each such MLP's line.
+KEPT = {"gpt2": ("mlp.c_fc", "transformers' Conv1D"), "modernbert": ("mlp.Wi", "a chunked GLU")}
+
+
+def _model(family: str, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    torch.manual_seed(0)
+    config = _configs()[family]
+    auto = transformers.AutoModelForMaskedLM if family in MASKED else transformers.AutoModelForCausalLM
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' own notes on tiny configs
+        model = auto.from_config(config)
+    return model.to(dtype).eval()
+
+
+def _ids(seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 128, (2, 9), generator=g)
+
+
+def _fp64(model: nn.Module) -> nn.Module:
+    """The model in fp64, its experts run by transformers' eager loop (its grouped_mm is 16/32-bit)."""
+    exact = copy.deepcopy(model).double()
+    for m in exact.modules():
+        config: Any = getattr(m, "config", None)
+        if getattr(config, "_experts_implementation", None) is not None:
+            config._experts_implementation = "eager"
+    return exact
+
+
+def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return model(ids).logits.double()
+
+
+def _gemm_modules(model: nn.Module) -> list[str]:
+    """Every module a report must name: nn.Linear, other modules with a 2-d weight (GPT-2's Conv1D,
+    routers) and transformers' 3-d experts."""
+    return [n for n, m in model.named_modules()
+            if isinstance(m, nn.Linear) or (isinstance(m._parameters.get("weight"), torch.Tensor)
+                                             and m._parameters["weight"].dim() == 2 and not isinstance(m, nn.Embedding))
+            or "gate_up_proj" in m._parameters]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def zoo(request: pytest.FixtureRequest) -> tuple[str, nn.Module, nn.Module, list[str]]:
+    family = request.param
+    model = _model(family)
+    fused, report = gg.nn.fuse(copy.deepcopy(model), mlp=True)
+    return family, model, fused, report
+
+
+def test_fuse_makes_what_each_family_allows_and_names_every_other_gemm(zoo) -> None:
+    family, model, _, report = zoo
+    made = {kind: sum(f"-> {kind}(" in line for line in report) for kind in ("FusedMLP", "GroupedExperts",
+                                                                          "FusedLinear")}
+    assert {k: v for k, v in made.items() if v} == EXPECTED[family], report
+    named = {line.split(":")[0] for line in report}
+    inside = {f"{prefix}.{child}" for line in report if "are its children" in line
+              for prefix in [line.split(":")[0]] for child in ("gate_proj", "up_proj", "down_proj")}
+    missing = [n for n in _gemm_modules(model) if n not in named and n not in inside]
+    assert not missing, f"{family}: the report names no line for {missing}"
+    if family in KEPT:
+        module, phrase = KEPT[family]
+        lines = [line for line in report if line.split(":")[0].endswith(module)]
+        assert lines and all(phrase in line for line in lines), lines
+
+
+def test_fused_logits_are_as_close_to_fp64_as_the_unfused_models(zoo) -> None:
+    family, model, fused, _ = zoo
+    exact = _fp64(model)
+    ids = _ids()
+    want = _logits(exact, ids)
+    unfused_err = (_logits(model, ids) - want).abs().max().item()
+    fused_err = (_logits(fused, ids) - want).abs().max().item()
+    assert fused_err <= 2 * unfused_err + 1e-2, (family, fused_err, unfused_err)
+
+
+def test_fused_gradients_are_as_close_to_fp64_as_the_unfused_models(zoo) -> None:
+    family, model, fused, _ = zoo
+    exact = _fp64(model)
+    ids = _ids(2)
+    grads = []
+    for m in (exact, model, fused):
+        m.zero_grad()
+        _logits(m, ids).logsumexp(-1).mean().backward()
+        grads.append({n: p.grad.double() for n, p in m.named_parameters() if p.grad is not None})
+    want, unfused, got = grads
+    assert set(got) == set(want) == set(unfused)
+    for name, g in want.items():
+        scale = g.norm().item() + 1e-12
+        unfused_err = (unfused[name] - g).norm().item() / scale
+        fused_err = (got[name] - g).norm().item() / scale
+        assert fused_err <= 2 * unfused_err + 2e-2, (family, name, fused_err, unfused_err)
+
+
+def test_the_state_dict_is_unchanged_and_loads_strictly_both_ways(zoo, tmp_path) -> None:
+    family, model, fused, _ = zoo
+    assert [(k, v.shape) for k, v in fused.state_dict().items()] == \
+        [(k, v.shape) for k, v in model.state_dict().items()]
+    plain = _model(family)
+    plain.load_state_dict(fused.state_dict(), strict=True)
+    fresh, _ = gg.nn.fuse(_model(family), mlp=True)
+    fresh.load_state_dict(model.state_dict(), strict=True)
+    ids = _ids()
+    assert torch.equal(_logits(fresh, ids), _logits(fused, ids))
+    fused.save_pretrained(tmp_path)
+    auto = transformers.AutoModelForMaskedLM if family in MASKED else transformers.AutoModelForCausalLM
+    loaded = auto.from_pretrained(tmp_path, torch_dtype=torch.bfloat16).eval()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name  # nothing initialised afresh
+
+
+def test_generate_gives_the_unfused_models_tokens(zoo) -> None:
+    family, model, fused, _ = zoo
+    if family in MASKED:
+        pytest.skip("an encoder: no generate()")
+    ids = _ids(3)
+    kw = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+    assert torch.equal(fused.generate(ids, **kw), model.generate(ids, **kw))
+
+
+@pytest.mark.parametrize("family", ["mixtral", "llama"])
+def test_fused_models_follow_dtype_conversions(family: str) -> None:
+    model = _model(family)
+    fused, _ = gg.nn.fuse(copy.deepcopy(model), mlp=True)
+    ids = _ids()
+    with pytest.warns(gg.GemmgenWarning, match="no kernel computing in torch.float32"):
+        got = fused.float()(ids).logits
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, model.float()(ids).logits, rtol=1e-5, atol=1e-5)
+    half = fused.half()(ids).logits
+    assert half.dtype == torch.float16 and torch.isfinite(half).all()
+
+
+def test_a_fused_mixtral_trains_as_the_unfused_one() -> None:
+    model = _model("mixtral").train()
+    fused, report = gg.nn.fuse(copy.deepcopy(model), mlp=True)
+    assert sum("GroupedExperts" in line for line in report) == 2
+    losses = []
+    for m in (model, fused):
+        torch.manual_seed(5)
+        opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+        curve = []
+        for _ in range(12):
+            ids = _ids(100)
+            loss = m(ids, labels=ids).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+        losses.append(curve)
+    unfused, got = losses
+    assert got[-1] < got[0] - 0.1, got  # it learns
+    assert abs(got[-1] - unfused[-1]) / unfused[-1] < 0.02, (got, unfused)
