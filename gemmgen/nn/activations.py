@@ -14,14 +14,18 @@ from .pairs import interleave_pairs, split_pairs
 
 
 @functools.cache
-def linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype, save_pre_activation: bool = False) -> Recipe:
-    """The recipe of a Linear layer (x @ W^T with W stored out x in) plus bias and activation. With
-    `save_pre_activation`, the kernel also stores `pre` (x @ W^T + b, before the activation) as an
-    aux output, for the activation's backward: what the unfused Linear's output would have been."""
+def linear_recipe(activation: str | None, bias: bool, dtype: torch.dtype, save_pre_activation: bool = False,
+                  weight_in_out: bool = False) -> Recipe:
+    """The recipe of a Linear layer (x @ W^T with W stored out x in; with `weight_in_out`, x @ W
+    with W stored in x out, as GPT-2's Conv1D holds it: B read N-major) plus bias and activation.
+    With `save_pre_activation`, the kernel also stores `pre` (x @ W^T + b, before the activation)
+    as an aux output, for the activation's backward: what the unfused Linear's output would have
+    been."""
     act = activation_fn(activation, gated=True)
     d = as_dtype(dtype, "dtype")
-    name = f"linear_{activation or 'none'}{'_bias' if bias else ''}_{d.value}{'_pre' if save_pre_activation else ''}"
-    kw: dict = {"a": d, "b": d, "d": d, "layout_a": "row", "layout_b": "col"}
+    name = (f"linear_{activation or 'none'}{'_bias' if bias else ''}_{d.value}{'_pre' if save_pre_activation else ''}"
+            f"{'_kn' if weight_in_out else ''}")
+    kw: dict = {"a": d, "b": d, "d": d, "layout_a": "row", "layout_b": "row" if weight_in_out else "col"}
     if save_pre_activation:
         kw["aux"] = {"pre": d}
     if bias:

@@ -11,7 +11,10 @@ computes (its own trace is one relu, gelu or silu call, or an elementwise formul
 them), so wrappers such as Hugging Face's GELUActivation count, and GPT-2's gelu_new written out,
 not just nn.ReLU/GELU/SiLU.
 
-Other Linears stay as they are, unless `unpaired=True` swaps them too. With
+transformers' Conv1D (GPT-2's) counts as a Linear, its weight read as stored (in x out). With
+`mlp=True`, gated and chunked-GLU MLPs become FusedMLPs; transformers 5's 3-d experts modules
+become GroupedExperts whatever the options (`_experts`). Other Linears stay as they are, unless
+`unpaired=True` swaps them too. With
 `quantize="fp8_block"` the replacements are BlockScaledLinear layers instead (e4m3 weights in
 128 x 128 blocks, inputs quantized per call: an fp8 inference model), with `quantize="mxfp8"`
 MXFP8Linear layers (a UE8M0 exponent per 32 values: B200s), with `quantize="nvfp4"` NVFP4Linear
@@ -40,7 +43,18 @@ from .linear import FusedLinear
 from .low_precision import check_recompute
 from .microscaled import MXFP8Linear, NVFP4Linear
 from .mlp import FusedMLP, MLPSecondLayer
-from .recognize import ChildrenAsLeaves, activation_of, activation_of_call, hooked
+from .recognize import (
+    ChildrenAsLeaves,
+    activation_of,
+    activation_of_call,
+    chunked_children,
+    features,
+    gated_children,
+    hooked,
+    is_conv1d,
+    is_gemm_layer,
+    linear_like,
+)
 
 #: `quantize=`'s formats, and the inference layer each makes of a Linear.
 QUANTIZE: dict[str, type[QuantizedLinear]] = {"fp8_block": BlockScaledLinear, "mxfp8": MXFP8Linear,
@@ -62,32 +76,40 @@ class _Target:
     precision: Precision | None = None
 
     def kept_because(self, linear: nn.Module) -> str | None:
-        """Why this nn.Linear cannot be replaced, or None if it can."""
-        if type(linear) is not nn.Linear:
+        """Why this nn.Linear (or transformers' Conv1D) cannot be replaced, or None if it can."""
+        conv = is_conv1d(linear)
+        if type(linear) is not nn.Linear and not conv:
             return f"{type(linear).__name__} subclasses nn.Linear; its forward may differ"
         if hooked(linear):
             return "it has hooks, which a replacement would drop"
+        in_features, out_features = features(linear)
+        if conv and (self.quantize is not None or self.precision is not None):
+            return (f"{'quantize' if self.quantize else 'precision'}= takes weights stored out x in (nn.Linear's); "
+                    "this Conv1D stores its weight in x out")
         if self.quantize is not None:  # TMA reads inputs in 16-byte rows: 16 fp8 values, 32 fp4
             multiple = 32 if self.quantize == "nvfp4" else 16
-            return None if linear.in_features % multiple == 0 else \
-                f"in_features {linear.in_features} is not a multiple of {multiple} (TMA reads the quantized inputs " \
+            return None if in_features % multiple == 0 else \
+                f"in_features {in_features} is not a multiple of {multiple} (TMA reads the quantized inputs " \
                 "in 16-byte rows)"
-        reason = unsupported(linear.in_features, self.compute_dtype or linear.weight.dtype)
+        w = linear.get_parameter("weight")
+        reason = unsupported(in_features, self.compute_dtype or w.dtype)
         if reason:
             return reason
         if self.precision is not None:
-            odd = [f"{n} {v}" for n, v in (("in_features", linear.in_features), ("out_features", linear.out_features))
+            odd = [f"{n} {v}" for n, v in (("in_features", in_features), ("out_features", out_features))
                    if v % 16]
             if odd:
                 return f"{' and '.join(odd)} not a multiple of 16 ({self.precision} reads fp8 rows along both)"
-        w = linear.weight
         cast = self.compute_dtype not in (None, w.dtype)  # then a fresh aligned copy is used
         if not cast and w.device.type != "meta" and (
                 w.data_ptr() % 16 or w.stride(1) != 1 or (w.stride(0) * w.element_size()) % 16):
             return "weight: not in 16-byte aligned rows (a view into other memory?); the op would copy it every call"
         return None
 
-    def replace(self, linear: nn.Linear, activation: str | None) -> nn.Module:
+    def replace(self, linear: nn.Module, activation: str | None) -> nn.Module:
+        if is_conv1d(linear):
+            return FusedLinear.from_conv1d(linear, activation, self.compute_dtype)
+        assert isinstance(linear, nn.Linear)
         if self.quantize is not None:
             return QUANTIZE[self.quantize].from_linear(linear, activation, self.compute_dtype)
         return FusedLinear.from_linear(linear, activation, self.compute_dtype, precision=self.precision)
@@ -127,9 +149,12 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     the activation becomes Identity and the second Linear an MLPSecondLayer holding that Linear's
     parameters, which the FusedMLP runs (`FusedMLP.chain`). With `mlp=True` a gated MLP too, a
     module whose whole forward is `down(act(gate(x)) * up(x))` (Llama's, Qwen's, Mistral's; act a
-    SiLU or erf-GELU module), becomes one gated FusedMLP ("swiglu", "geglu") in its place, with
-    the module's children as its own (`FusedMLP.gated`): its fc1 is gate's and up's rows
-    interleaved at call time. Either way the parameters stay where the model had them: fusion
+    SiLU or erf-GELU module), or a chunked GLU's `down(act(a) * b)`, `a, b = wi(x).chunk(2, -1)`
+    (ModernBERT's), becomes one gated FusedMLP ("swiglu", "geglu") in its place, with the module's
+    children as its own (`FusedMLP.gated`): its fc1 is gate's and up's rows interleaved at call
+    time. Each experts module of transformers 5 (Mixtral's, Qwen-MoE's, DeepSeek's routed experts:
+    3-d gate_up_proj and down_proj) becomes a GroupedExperts sharing its parameters, the router
+    left as it is. Either way the parameters stay where the model had them: fusion
     never changes the model's state_dict (keys, shapes, layouts), so checkpoints load strictly
     into the fused model and its state_dict into the unfused one, and the parameters an optimizer
     already holds are the ones that get the gradients. Modules inside gemmgen's own (a model
@@ -194,12 +219,10 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
             report.append(untraced[qualified])
         if id(m) in inside:
             continue
-        if not isinstance(m, nn.Linear):
-            if _linear_like(m):
-                what = ("transformers' Conv1D (GPT-2's x @ W + b, W stored in x out), which fuse does not fuse yet"
-                        if type(m).__name__ == "Conv1D" else f"{type(m).__name__} is not an nn.Linear: fuse swaps "
-                        "nn.Linear modules and transformers' experts modules")
-                report.append(f"{name}: kept ({what})")
+        if not is_gemm_layer(m):
+            if linear_like(m):
+                report.append(f"{name}: kept ({type(m).__name__} is not an nn.Linear: fuse swaps nn.Linear, "
+                              "transformers' Conv1D and its experts modules)")
             continue
         why_kept = target.kept_because(m)
         if why_kept:
@@ -210,7 +233,7 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
             note = f"not fused ({notes[id(m)]})" if id(m) in notes else ""
             if unpaired:
                 fused = replacement[id(m)] = target.replace(m, None)
-                report.append(f"{name}: {note + '; ' if note else ''}Linear -> {_described(fused)}")
+                report.append(f"{name}: {note + '; ' if note else ''}{type(m).__name__} -> {_described(fused)}")
             else:
                 owner = qualified.rpartition(".")[0]
                 kept = (f"kept ({owner or 'the model'}'s forward was not traced; unpaired=True swaps it for a "
@@ -230,7 +253,7 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
             continue
         fused = replacement[id(m)] = target.replace(m, pair.activation)
         replacement.setdefault(id(pair.act), nn.Identity())
-        report.append(f"{name}: Linear + {type(pair.act).__name__} -> {_described(fused)}"
+        report.append(f"{name}: {type(m).__name__} + {type(pair.act).__name__} -> {_described(fused)}"
                       + f" ({pair.act_name} is now Identity)")
     for made in replacement.values():  # the layers' own setters check each option against the layer
         if isinstance(made, FusedLinear | FusedMLP):
@@ -254,7 +277,7 @@ def _find_pairs(model: nn.Module, modules: list[tuple[str, nn.Module]], target: 
     untraced: dict[str, str] = {}
     for owner_name, owner in modules:
         children = list(owner.children())
-        if isinstance(owner, RecipeModule) or not any(isinstance(c, nn.Linear) for c in children):
+        if isinstance(owner, RecipeModule) or not any(is_gemm_layer(c) for c in children):
             continue
         try:
             graph = ChildrenAsLeaves().trace(owner)
@@ -294,9 +317,10 @@ def _gated_mlps(model: nn.Module, modules: list[tuple[str, nn.Module]], target: 
     registered = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
     out = {}
     for qualified, owner in modules:
-        found = None if isinstance(owner, RecipeModule) else _gated_children(owner)
+        found = None if isinstance(owner, RecipeModule) else gated_children(owner) or chunked_children(owner)
         if found is None:
             continue
+        chunked = found[0] == found[1]
         gate, up, down = (owner.get_submodule(n) for n in found[:3])
         act = owner.get_submodule(found[3])
         if not (isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) and isinstance(down, nn.Linear)):
@@ -313,14 +337,19 @@ def _gated_mlps(model: nn.Module, modules: list[tuple[str, nn.Module]], target: 
         if activation is None:
             continue
         try:
-            fused = FusedMLP.gated(owner, found, activation, target.compute_dtype)
+            fused = FusedMLP.gated(owner, found, activation, target.compute_dtype, chunked)
         except InvalidArgument:  # down does not take gate's outputs: not the MLP it looks like
             continue
         name = qualified or "(model)"
         g, u, d, a = found
-        out[qualified] = (fused, f"{name}: {d}({a}({g}(x)) * {u}(x)) -> FusedMLP({fused.fc1.recipe.name}, "
-                                 f"{fused.fc2.recipe.name}) ({g}, {u}, {d} and {a} are its children, state_dict "
-                                 f"unchanged; {g}'s and {u}'s rows interleaved at call time)")
+        kernels = f"FusedMLP({fused.fc1.recipe.name}, {fused.fc2.recipe.name})"
+        if chunked:
+            out[qualified] = (fused, f"{name}: {d}({a}(a) * b), a, b = {g}(x).chunk(2) -> {kernels} ({g}, {d} and "
+                                     f"{a} are its children, state_dict unchanged; {g}'s halves interleaved at call "
+                                     "time)")
+        else:
+            out[qualified] = (fused, f"{name}: {d}({a}({g}(x)) * {u}(x)) -> {kernels} ({g}, {u}, {d} and {a} are its "
+                                     f"children, state_dict unchanged; {g}'s and {u}'s rows interleaved at call time)")
     return out
 
 
@@ -383,36 +412,6 @@ def _experts_kept_because(m: nn.Module, activation: str | None, target: _Target,
     return None
 
 
-def _gated_children(owner: nn.Module) -> tuple[str, str, str, str] | None:
-    """(gate, up, down, act) child names if `owner.forward` is exactly down(act(gate(x)) * up(x))
-    (either order of the product) and they are all its children, else None."""
-    children = dict(owner.named_children())
-    if len(children) != 4:
-        return None
-    try:
-        graph = ChildrenAsLeaves().trace(owner)
-    except Exception:  # not traceable: not provably the gated MLP
-        return None
-    nodes = list(graph.nodes)
-    ops = sorted(n.op for n in nodes)
-    if ops != ["call_function", *["call_module"] * 4, "output", "placeholder"]:
-        return None
-    x, out = nodes[0], nodes[-1]
-    down = out.args[0]
-    if not isinstance(down, fx.Node) or down.op != "call_module" or len(down.args) != 1 or down.kwargs:
-        return None
-    mul = down.args[0]
-    if not isinstance(mul, fx.Node) or mul.target not in (operator.mul, torch.mul) or mul.kwargs:
-        return None
-    for act, up in (mul.args, reversed(mul.args)):
-        if (isinstance(act, fx.Node) and isinstance(up, fx.Node) and act.op == up.op == "call_module"
-                and up.args == (x,) and len(act.args) == 1 and isinstance(act.args[0], fx.Node)
-                and act.args[0].op == "call_module" and act.args[0].args == (x,)):
-            names = (str(act.args[0].target), str(up.target), str(down.target), str(act.target))
-            return names if set(names) == set(children) else None
-    return None
-
-
 def _mlp_seconds(model: nn.Module, pairs: dict[int, _Pair], target: _Target, calls: Counter[int]
                  ) -> dict[int, tuple[str, nn.Linear]]:
     """For each fusable pair followed by a Linear that can join it as a FusedMLP's second layer (a
@@ -426,7 +425,8 @@ def _mlp_seconds(model: nn.Module, pairs: dict[int, _Pair], target: _Target, cal
             continue
         name, fc2 = pair.then
         first = next(m for m in model.modules() if id(m) == lin_id)
-        assert isinstance(first, nn.Linear)
+        if not isinstance(first, nn.Linear):  # a Conv1D: FusedMLP holds out x in weights
+            continue
         if (target.kept_because(fc2) is None and id(fc2) not in starts and registered[id(fc2)] == 1
                 and calls[id(fc2)] == 1 and (first.bias is None) == (fc2.bias is None)
                 and first.out_features == fc2.in_features
@@ -450,7 +450,7 @@ def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, target: _Target
     if node.op != "call_module" or "." in str(node.target):
         return
     linear = owner.get_submodule(str(node.target))
-    if not isinstance(linear, nn.Linear):
+    if not is_gemm_layer(linear):
         return
     users = list(node.users)
     user = users[0] if len(users) == 1 else None
@@ -474,7 +474,7 @@ def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, target: _Target
             return
     if any(_chunked_into_activation(u, owner) for u in users):
         notes[id(linear)] = ("its output is split (chunk) and one half goes through an activation: a chunked GLU "
-                             "(ModernBERT's Wi), which fuse does not fuse yet")
+                             "(ModernBERT's Wi), which fuse(mlp=True) fuses as a whole MLP")
         return
     if len(users) > 1 and any(u.op == "call_module" and activation_of(owner.get_submodule(str(u.target)))
                               for u in users if "." not in str(u.target)):
@@ -521,14 +521,6 @@ def _unsafe(pair: _Pair, lin_id: int, calls: Counter[int], registered: Counter[i
         return (f"{pair.act_name} runs {calls[act_id]} times in traced forwards, "
                 f"{calls[act_id] - pairs_per_act[act_id]} of them on other values")
     return None
-
-
-def _linear_like(m: nn.Module) -> bool:
-    """Whether `m`, not an nn.Linear, holds a 2-d `weight` that is not an embedding table: a GEMM
-    of its own (GPT-2's Conv1D, a router) that the report names as kept."""
-    weight = m._parameters.get("weight")
-    return (weight is not None and weight.dim() == 2 and not isinstance(m, nn.Embedding | nn.EmbeddingBag)
-            and not isinstance(m, RecipeModule | MLPSecondLayer))
 
 
 def _replace(model: nn.Module, replacement: dict[int, nn.Module]) -> None:

@@ -37,14 +37,18 @@ def main_grad(weight: torch.Tensor) -> torch.Tensor:
     return buffer
 
 
-def weight_grad(weight: torch.Tensor, grad_out: torch.Tensor, x: torch.Tensor, accumulate: bool
-                ) -> torch.Tensor | None:
-    """The gradient of the kernel's B = W^T (in x out) for y = x W^T: x^T @ dL/dy, in the
-    parameters' precision as nn.Linear's backward; or with `accumulate`, None after adding
-    dL/dW = dL/dy^T @ x in fp32 into `weight.main_grad` (`main_grad`)."""
+def weight_grad(weight: torch.Tensor, grad_out: torch.Tensor, x: torch.Tensor, accumulate: bool,
+                weight_in_out: bool = False) -> torch.Tensor | None:
+    """The gradient of the kernel's B (in x out: W^T, or W itself where the weight is stored
+    `weight_in_out`, as GPT-2's Conv1D) for y = x B: x^T @ dL/dy, in the parameters' precision as
+    nn.Linear's backward; or with `accumulate`, None after adding dL/dW in fp32 into
+    `weight.main_grad` (`main_grad`): dL/dy^T @ x, or x^T @ dL/dy for a weight stored in x out."""
     if not accumulate:
         return torch.matmul(x.t(), grad_out)
-    accumulate_into(main_grad(weight), grad_out, x)
+    if weight_in_out:
+        accumulate_into(main_grad(weight), x, grad_out)
+    else:
+        accumulate_into(main_grad(weight), grad_out, x)
     return None
 
 
@@ -65,13 +69,31 @@ def pairs_weight_grad(even: torch.Tensor, odd: torch.Tensor, grad_out: torch.Ten
     return None
 
 
-def accumulate_into(buffer: torch.Tensor, grad_out: torch.Tensor, x: torch.Tensor) -> None:
-    """buffer += dL/dy^T @ x in fp32, as one GEMM whose C is the buffer (`weight_grad_recipe`)."""
-    recipe, a = weight_grad_recipe(grad_out.dtype), grad_out.t()
-    if buffer.is_cuda and direct_call_allowed((a, x, buffer)):  # D written over C: beta = 1 in place
-        kernel_for(recipe, a, x, (buffer,))(a, x, buffer, out=buffer)
+def halves_weight_grad(weight: torch.Tensor, grad_out: torch.Tensor, x: torch.Tensor, accumulate: bool
+                       ) -> torch.Tensor | None:
+    """`pairs_weight_grad` for gate and up held as the two halves of one weight's rows (a chunked
+    GLU's): the interleaved gradient of B (autograd takes it apart into the halves' views), or
+    with `accumulate`, None after adding it into the weight's own `main_grad`, half by half."""
+    if not accumulate:
+        return torch.matmul(x.t(), grad_out)
+    buffer = main_grad(weight)
+    half = buffer.shape[0] // 2
+    both = interleave_pairs(buffer[:half], buffer[half:])
+    accumulate_into(both, grad_out, x)
+    from_even, from_odd = split_pairs(both)
+    buffer[:half].copy_(from_even)
+    buffer[half:].copy_(from_odd)
+    return None
+
+
+def accumulate_into(buffer: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> None:
+    """buffer += left^T @ right in fp32 (dL/dy^T @ x for an out x in weight), as one GEMM whose C
+    is the buffer (`weight_grad_recipe`: the tokens are its K)."""
+    recipe, a = weight_grad_recipe(left.dtype), left.t()
+    if buffer.is_cuda and direct_call_allowed((a, right, buffer)):  # D written over C: beta = 1 in place
+        kernel_for(recipe, a, right, (buffer,))(a, right, buffer, out=buffer)
     else:  # the op (tracing, a dispatch mode, the CPU): a new tensor, copied back
-        buffer.copy_(caller(recipe)(a, x, buffer))
+        buffer.copy_(caller(recipe)(a, right, buffer))
 
 
 class _IntoMainGrad(torch.autograd.Function):

@@ -82,12 +82,13 @@ class LinearKernels:
 
 
 @functools.cache
-def linear_kernels(activation: str | None, bias: bool, dtype: torch.dtype, recompute: bool) -> LinearKernels:
+def linear_kernels(activation: str | None, bias: bool, dtype: torch.dtype, recompute: bool,
+                   weight_in_out: bool = False) -> LinearKernels:
     """A FusedLinear's `LinearKernels` (shared by every layer of the same kind)."""
-    recipe = linear_recipe(activation, bias, dtype)
-    training = linear_recipe(activation, bias, dtype, save_pre_activation=True) if activation else None
+    recipe = linear_recipe(activation, bias, dtype, weight_in_out=weight_in_out)
+    training = linear_recipe(activation, bias, dtype, True, weight_in_out) if activation else None
     saving = caller(training) if training is not None and not recompute else None
-    bwd = caller(linear_backward(activation, bias, dtype)) if activation and recompute else None
+    bwd = caller(linear_backward(activation, bias, dtype, weight_in_out)) if activation and recompute else None
     return LinearKernels(recipe, training, caller(recipe), saving, bwd)
 
 
@@ -128,17 +129,17 @@ class _LinearFunction(torch.autograd.Function):
         else:
             g_pre = activation_backward(layer.activation, g, pre)
         gx = g_pre @ w.t() if need_x else None
-        gw = weight_grad(layer.weight, g_pre, x, ctx.accumulate) if need_w else None
+        gw = weight_grad(layer.weight, g_pre, x, ctx.accumulate, layer.weight_in_out) if need_w else None
         if gb is None and ctx.has_bias and need_b:
             gb = g_pre.sum(0)
         return None, None, None, gx, gw, gb
 
 
 @functools.cache
-def linear_backward(activation: str, bias: bool, dtype: torch.dtype) -> Recipe:
+def linear_backward(activation: str, bias: bool, dtype: torch.dtype, weight_in_out: bool = False) -> Recipe:
     """The derived kernel a recomputing layer's backward launches: its GEMM again, reading dL/dy
     (`grad_d`) and writing dL/dpre and the bias gradient (`Recipe.backward(recompute=True)`)."""
-    return linear_recipe(activation, bias, dtype).backward(recompute=True).kernel
+    return linear_recipe(activation, bias, dtype, weight_in_out=weight_in_out).backward(recompute=True).kernel
 
 
 def training_flag(name: str, value: object) -> bool:
@@ -170,7 +171,7 @@ class FusedLinear(RecipeModule):
     weight: torch.Tensor  # as nn.Linear declares them: from_linear shares the Linear's
     bias: torch.Tensor | None
     _derived = ("_kernels",)
-    _options = ("in_features", "out_features", "activation", "compute_dtype", "precision")
+    _options = ("in_features", "out_features", "activation", "compute_dtype", "precision", "weight_in_out")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None,
@@ -211,6 +212,32 @@ class FusedLinear(RecipeModule):
         return fused
 
     @classmethod
+    def from_conv1d(cls, conv: nn.Module, activation: str | None = None, compute_dtype: torch.dtype | None = None,
+                    recompute: bool = False, accumulate_grad: bool = False) -> FusedLinear:
+        """A FusedLinear sharing the parameters of transformers' `Conv1D` (GPT-2's x @ W + b, W
+        stored in x out): its kernel reads W as it is stored (B N-major), so nothing is transposed
+        or copied, and its `weight` stays (in_features, out_features) (`weight_in_out`)."""
+        weight, bias = (conv._parameters.get(n) if isinstance(conv, nn.Module) else None for n in ("weight", "bias"))
+        if weight is None or weight.dim() != 2 or type(conv).__name__ != "Conv1D":
+            raise InvalidArgument(f"conv: expected transformers' Conv1D (a 2-d weight, in x out), got "
+                                  f"{type(conv).__name__}")
+        check_compute_dtype(compute_dtype)
+        if activation in GATED:
+            raise InvalidArgument(f"activation: {activation} reads gate and up interleaved in an out x in weight; a "
+                                  "Conv1D takes relu, gelu, gelu_tanh, silu or None")
+        activation_fn(activation, gated=True)
+        in_features, out_features = weight.shape
+        _require_supported(in_features, compute_dtype or weight.dtype)
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        fused._configure(in_features, out_features, activation, compute_dtype, recompute, accumulate_grad, None,
+                         weight_in_out=True)
+        fused.weight = weight
+        fused.bias = bias
+        fused._set_recipes()
+        return fused
+
+    @classmethod
     def sharing(cls, parameters: dict[str, Any], in_features: int, out_features: int, activation: str | None,
                 compute_dtype: torch.dtype | None) -> FusedLinear:
         """A FusedLinear registered nowhere whose `weight` and `bias` are the entries of
@@ -243,8 +270,9 @@ class FusedLinear(RecipeModule):
 
     def _configure(self, in_features: int, out_features: int, activation: str | None,
                    compute_dtype: torch.dtype | None, recompute: bool, accumulate_grad: bool,
-                   precision: Precision | None) -> None:
+                   precision: Precision | None, weight_in_out: bool = False) -> None:
         """The options, set once (`_options` are read-only after this)."""
+        self.weight_in_out = weight_in_out  # W stored in x out (GPT-2's Conv1D), read N-major
         self.precision = check_precision(precision, in_features, out_features, activation, "FusedLinear")
         self._weights = WeightCache()
         self.in_features, self.out_features, self.activation = in_features, out_features, activation
@@ -290,7 +318,8 @@ class FusedLinear(RecipeModule):
         key = (dtype, self.bias is not None)
         found = self._kernels.get(key)
         if found is None:
-            found = self._kernels[key] = linear_kernels(self.activation, key[1], dtype, self._recompute)
+            found = self._kernels[key] = linear_kernels(self.activation, key[1], dtype, self._recompute,
+                                                        self.weight_in_out)
         return found
 
     @property
@@ -363,7 +392,7 @@ class FusedLinear(RecipeModule):
         if weight.dtype != x.dtype:
             weight = weight.to(x.dtype)
             bias = bias.to(x.dtype) if bias is not None else None
-        return reference_linear(x, weight, bias, self.activation)
+        return reference_linear(x, weight.t() if self.weight_in_out else weight, bias, self.activation)
 
     def _check_input_type(self, x: object) -> None:
         if not isinstance(x, torch.Tensor):
@@ -388,21 +417,24 @@ class FusedLinear(RecipeModule):
         return x2, lead
 
     def kernel_parameters(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The weight as the kernel's B (W^T, a column-major view) and the bias, checked against
-        the layer's shape and cast to `dtype` (default `compute_dtype`; per call, as autocast casts
-        nn.Linear's)."""
+        """The weight as the kernel's B (W^T, a column-major view; W itself where it is stored in x
+        out) and the bias, checked against the layer's shape and cast to `dtype` (default
+        `compute_dtype`; per call, as autocast casts nn.Linear's)."""
         dtype = dtype or self.compute_dtype
         w, bias = self.weight, self.bias
         rows = self.weight_rows
         what = "2 x out_features: gate and up interleaved" if rows != self.out_features else "out_features"
-        check_parameter("weight", w, (rows, self.in_features), f"({what}, in_features)")
+        if self.weight_in_out:
+            check_parameter("weight", w, (self.in_features, rows), "(in_features, out_features), as Conv1D holds it")
+        else:
+            check_parameter("weight", w, (rows, self.in_features), f"({what}, in_features)")
         if bias is not None:
             check_parameter("bias", bias, (rows,), f"({what},)")
         if w.dtype != dtype:
             w = w.to(dtype)
         if bias is not None and bias.dtype != dtype:
             bias = bias.to(dtype)
-        return w.t(), bias
+        return (w if self.weight_in_out else w.t()), bias
 
     @property
     def weight_rows(self) -> int:
@@ -442,5 +474,6 @@ class FusedLinear(RecipeModule):
         cast = f", compute_dtype={fixed}" if fixed is not None and self.weight.dtype != fixed else ""
         training = "".join(f", {k}=True" for k in ("recompute", "accumulate_grad") if getattr(self, k))
         precision = f", precision={self.precision}" if self.precision is not None else ""
+        stored = ", weight_in_out=True" if self.weight_in_out else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"activation={self.activation!r}{cast}{training}{precision}")
+                f"activation={self.activation!r}{cast}{training}{precision}{stored}")

@@ -63,7 +63,7 @@ from .base import (
     launch_arch,
     warn_no_kernel,
 )
-from .grads import accumulating, pairs_weight_grad, weight_grad
+from .grads import accumulating, halves_weight_grad, pairs_weight_grad, weight_grad
 from .linear import FusedLinear, linear_recipe, training_flag
 from .low_precision import (
     LowPrecisionMLP,
@@ -74,7 +74,7 @@ from .low_precision import (
     forward_operands,
     mlp_gemms,
 )
-from .pairs import contents_key, interleave_pairs, same_contents
+from .pairs import GateUpHalf, contents_key, interleave_pairs, same_contents
 from .plan import mlp_plan
 
 
@@ -254,14 +254,27 @@ class FusedMLP(RecipeModule):
 
     @classmethod
     def gated(cls, owner: nn.Module, names: tuple[str, str, str, str], activation: str,
-              compute_dtype: torch.dtype | None = None) -> FusedMLP:
+              compute_dtype: torch.dtype | None = None, chunked: bool = False) -> FusedMLP:
         """A FusedMLP to take the place of `owner`, a gated MLP whose forward is
         `down(act(gate(x)) * up(x))` (`names`: its children gate, up, down and act): its children
         are owner's, under the same names (so the state_dict keys, and the parameters gradients
         reach, stay the module's), and fc1's weight is gate's and up's rows interleaved at call
-        time (`_fc1_parameters`). What `fuse(mlp=True)` makes of Llama's MLP."""
-        gate, up, down = (owner.get_submodule(n) for n in names[:3])
-        if not (isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) and isinstance(down, nn.Linear)):
+        time (`_fc1_parameters`). What `fuse(mlp=True)` makes of Llama's MLP. `chunked`: gate and
+        up are the halves of one Linear's rows (`names[0]`, also `names[1]`), as in a chunked GLU
+        `down(act(a) * b)` with `a, b = wi(x).chunk(2, dim=-1)` (ModernBERT's)."""
+        wi = owner.get_submodule(names[0])
+        gate: nn.Module | GateUpHalf
+        up: nn.Module | GateUpHalf
+        if chunked:
+            if not isinstance(wi, nn.Linear) or names[1] != names[0] or wi.out_features % 2:
+                raise InvalidArgument(f"{names[0]}: a chunked GLU's gate and up are the halves of one torch.nn.Linear "
+                                      "of an even number of outputs, named twice in names")
+            gate, up = GateUpHalf(wi, 0), GateUpHalf(wi, 1)
+        else:
+            gate, up = wi, owner.get_submodule(names[1])
+        down = owner.get_submodule(names[2])
+        if not (isinstance(gate, nn.Linear | GateUpHalf) and isinstance(up, nn.Linear | GateUpHalf)
+                and isinstance(down, nn.Linear)):
             raise InvalidArgument(f"{', '.join(names[:3])}: expected torch.nn.Linear layers")
         if activation not in GATED:
             raise InvalidArgument(f"activation: a gated MLP takes one of {sorted(GATED)}, got {activation!r}")
@@ -270,7 +283,7 @@ class FusedMLP(RecipeModule):
         if gate.out_features != down.in_features or (gate.bias is None) != (down.bias is None):
             raise InvalidArgument(f"{names[0]}, {names[2]}: {names[0]}'s {gate.out_features} outputs must feed "
                                   f"{names[2]}'s {down.in_features} inputs, and all have a bias or none")
-        FusedLinear._checked_linear(gate, None, compute_dtype)
+        FusedLinear._checked_linear(wi, None, compute_dtype)  # type: ignore[arg-type]
         FusedLinear._checked_linear(down, None, compute_dtype)
         mlp = cls.__new__(cls)
         nn.Module.__init__(mlp)
@@ -278,6 +291,7 @@ class FusedMLP(RecipeModule):
             mlp.add_module(name, child)
         pairs: dict[str, Any] = {}
         mlp.__dict__["_gated"] = names[:3]
+        mlp.__dict__["_chunked"] = chunked
         mlp.__dict__["_pairs_parameters"] = pairs
         mlp._forget_pairs(compute_dtype or gate.weight.dtype)
         mlp.__dict__["fc1"] = FusedLinear.sharing(pairs, gate.in_features, gate.out_features, activation,
@@ -363,8 +377,12 @@ class FusedMLP(RecipeModule):
             found = self._kernels[key] = mlp_kernels(self.activation, bias1, bias2, dtype, self._recompute)
         return found
 
-    def _gate_up(self) -> tuple[nn.Linear, nn.Linear]:
+    def _gate_up(self) -> tuple[nn.Linear | GateUpHalf, nn.Linear | GateUpHalf]:
         gate, up, _ = self.__dict__["_gated"]
+        if self.__dict__.get("_chunked"):
+            wi = self._modules[gate]
+            assert isinstance(wi, nn.Linear)
+            return GateUpHalf(wi, 0), GateUpHalf(wi, 1)
         return self._modules[gate], self._modules[up]  # type: ignore[return-value]
 
     def _weight(self) -> torch.Tensor:
@@ -395,7 +413,7 @@ class FusedMLP(RecipeModule):
         if not fresh:
             with torch.no_grad():
                 pairs["weight"] = _interleaved(gate.weight, up.weight, dtype)
-                pairs["bias"] = _interleaved(gate.bias, up.bias, dtype) if gate.bias is not None else None
+                pairs["bias"] = _interleaved_bias(gate, up, dtype)
             self.__dict__["_pairs_key"] = key
         return pairs["weight"], pairs["bias"]
 
@@ -405,9 +423,13 @@ class FusedMLP(RecipeModule):
         whose gradient autograd takes apart again), else kept until they change (`_pairs`)."""
         if not self.__dict__.get("_gated"):
             return self.fc1.kernel_parameters(dtype)
-        gate, up = self._gate_up()
         hidden, n_in = self.fc1.out_features, self.fc1.in_features
-        for name, layer in zip(self.__dict__["_gated"], (gate, up), strict=False):
+        names = self.__dict__["_gated"]
+        if self.__dict__.get("_chunked"):
+            check_parameter(f"{names[0]}.weight", self.get_submodule(names[0]).get_parameter("weight"),
+                            (2 * hidden, n_in), "(2 x hidden, in_features): its halves gate and up")
+        gate, up = self._gate_up()
+        for name, layer in zip(names, (gate, up), strict=False):
             check_parameter(f"{name}.weight", layer.weight, (hidden, n_in), "(hidden, in_features)")
         tracked = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (gate.weight, up.weight, gate.bias, up.bias))
@@ -417,7 +439,7 @@ class FusedMLP(RecipeModule):
             if not torch.compiler.is_compiling() and self.__dict__["_pairs_key"] is not None:
                 self._forget_pairs(dtype)
             w1 = _interleaved(gate.weight, up.weight, dtype)
-            b1 = _interleaved(gate.bias, up.bias, dtype) if gate.bias is not None else None
+            b1 = _interleaved_bias(gate, up, dtype)
         else:
             w1, b1 = self._pairs(dtype)
         return w1.t(), b1
@@ -427,6 +449,9 @@ class FusedMLP(RecipeModule):
         gate's and up's own `main_grad` with `accumulate`."""
         if not self.__dict__.get("_gated"):
             return weight_grad(self.fc1.weight, g_acc1, x, accumulate)
+        if self.__dict__.get("_chunked"):
+            wi = self._modules[self.__dict__["_gated"][0]]
+            return halves_weight_grad(wi.weight, g_acc1, x, accumulate)  # type: ignore[union-attr, arg-type]
         gate, up = self._gate_up()
         return pairs_weight_grad(gate.weight, up.weight, g_acc1, x, accumulate)
 
@@ -472,11 +497,16 @@ class FusedMLP(RecipeModule):
         names = self.__dict__.get("_gated")
         if names is None:
             return self.fc2.reference(self.fc1.reference(x))
-        gate, up = self._gate_up()
-        pre = []
-        for layer in (gate, up):
-            w = accumulating(layer.weight) if self._accumulate_grad else layer.weight
-            pre.append(F.linear(x, w.to(x.dtype), None if layer.bias is None else layer.bias.to(x.dtype)))
+        # a chunked GLU's one Linear, whose output's halves are gate and up; else gate's and up's
+        layers: list[nn.Linear | GateUpHalf] = [cast(nn.Linear, self._modules[names[0]])] \
+            if self.__dict__.get("_chunked") else list(self._gate_up())
+        pre: list[torch.Tensor] = []
+        for layer in layers:
+            w, b = layer.weight, layer.bias
+            w = accumulating(w) if self._accumulate_grad else w
+            pre.append(F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype)))
+        if len(pre) == 1:
+            pre = list(pre[0].chunk(2, dim=-1))
         act = F.silu if self.activation == "swiglu" else F.gelu  # the gated activations' (base.ACTIVATIONS)
         return self.fc2.reference(act(pre[0]) * pre[1])
 
@@ -508,6 +538,12 @@ class FusedMLP(RecipeModule):
         precision = f", precision={self.precision}" if self.precision is not None else ""
         return (f"{sizes}activation={self.activation!r}, recompute={self.recompute}, "
                 f"accumulate_grad={self.accumulate_grad}{precision}{where}")
+
+
+def _interleaved_bias(gate: nn.Linear | GateUpHalf, up: nn.Linear | GateUpHalf, dtype: torch.dtype
+                      ) -> torch.Tensor | None:
+    """gate's and up's biases interleaved in `dtype` (`_interleaved`), None where they have none."""
+    return None if gate.bias is None or up.bias is None else _interleaved(gate.bias, up.bias, dtype)
 
 
 def _interleaved(even: torch.Tensor, odd: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """What `fuse` recognises in a model's modules: the activation a module computes (by its traced
-forward, or by its values where it spells a formula out), and whether hooks are registered on it."""
+forward, or by its values where it spells a formula out), gated and chunked-GLU MLPs by their
+traced forwards, transformers' Conv1D and other GEMM layers, and whether hooks are registered."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import operator
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+
+from .base import RecipeModule
+from .mlp import MLPSecondLayer
 
 
 class ChildrenAsLeaves(fx.Tracer):
@@ -96,3 +100,111 @@ def hooked(module: nn.Module) -> bool:
     """Whether hooks are registered on `module` itself (a replacement would silently drop them)."""
     return any(getattr(module, name, None) for name in (
         "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
+
+
+def gated_children(owner: nn.Module) -> tuple[str, str, str, str] | None:
+    """(gate, up, down, act) child names if `owner.forward` is exactly down(act(gate(x)) * up(x))
+    (either order of the product) and they are all its children, else None."""
+    children = dict(owner.named_children())
+    if len(children) != 4:
+        return None
+    try:
+        graph = ChildrenAsLeaves().trace(owner)
+    except Exception:  # not traceable: not provably the gated MLP
+        return None
+    nodes = list(graph.nodes)
+    ops = sorted(n.op for n in nodes)
+    if ops != ["call_function", *["call_module"] * 4, "output", "placeholder"]:
+        return None
+    x, out = nodes[0], nodes[-1]
+    down = out.args[0]
+    if not isinstance(down, fx.Node) or down.op != "call_module" or len(down.args) != 1 or down.kwargs:
+        return None
+    mul = down.args[0]
+    if not isinstance(mul, fx.Node) or mul.target not in (operator.mul, torch.mul) or mul.kwargs:
+        return None
+    for act, up in (mul.args, reversed(mul.args)):
+        if (isinstance(act, fx.Node) and isinstance(up, fx.Node) and act.op == up.op == "call_module"
+                and up.args == (x,) and len(act.args) == 1 and isinstance(act.args[0], fx.Node)
+                and act.args[0].op == "call_module" and act.args[0].args == (x,)):
+            names = (str(act.args[0].target), str(up.target), str(down.target), str(act.target))
+            return names if set(names) == set(children) else None
+    return None
+
+
+def chunked_children(owner: nn.Module) -> tuple[str, str, str, str] | None:
+    """(wi, wi, down, act) child names if `owner.forward` is exactly a chunked GLU,
+    `down(act(a) * b)` with `a, b = wi(x).chunk(2, dim=-1)` (ModernBERT's MLP; a Dropout child of
+    p = 0 may stand before down), else None."""
+    children = dict(owner.named_children())
+    try:
+        graph = ChildrenAsLeaves().trace(owner)
+    except Exception:  # not traceable: not provably the chunked GLU
+        return None
+    nodes = list(graph.nodes)
+    if [n.op for n in nodes].count("placeholder") != 1 or len(nodes) not in (9, 10):
+        return None
+    x, out = nodes[0], nodes[-1]
+    down = out.args[0]
+    if not isinstance(down, fx.Node) or down.op != "call_module" or len(down.args) != 1 or down.kwargs:
+        return None
+    mul = down.args[0]
+    used = {str(down.target)}
+    if isinstance(mul, fx.Node) and mul.op == "call_module":  # a dropout that drops nothing
+        drop = children.get(str(mul.target))
+        if not isinstance(drop, nn.Dropout) or drop.p != 0 or len(mul.args) != 1:
+            return None
+        used.add(str(mul.target))
+        mul = mul.args[0]
+    if not isinstance(mul, fx.Node) or mul.target not in (operator.mul, torch.mul) or mul.kwargs or len(mul.args) != 2:
+        return None
+    act, second = mul.args
+    if not (isinstance(act, fx.Node) and isinstance(second, fx.Node) and act.op == "call_module"
+            and len(act.args) == 1 and isinstance(act.args[0], fx.Node)):
+        return None
+    first = act.args[0]
+    pieces = [(p.target, p.args) for p in (first, second)]
+    if any(target is not operator.getitem for target, _ in pieces) or first.args[0] is not second.args[0] \
+            or (first.args[1], second.args[1]) != (0, 1):
+        return None
+    chunk = first.args[0]
+    if not (isinstance(chunk, fx.Node) and chunk.op == "call_method" and chunk.target == "chunk"
+            and chunk.args[1:] in ((2,), (2, -1)) and chunk.kwargs in ({}, {"dim": -1})
+            and (chunk.args[1:] == (2, -1) or chunk.kwargs == {"dim": -1})):
+        return None
+    wi = chunk.args[0]
+    if not (isinstance(wi, fx.Node) and wi.op == "call_module" and wi.args == (x,) and not wi.kwargs):
+        return None
+    names = (str(wi.target), str(wi.target), str(down.target), str(act.target))
+    return names if used | {names[0], names[3]} == set(children) else None
+
+
+def is_conv1d(m: nn.Module) -> bool:
+    """Whether `m` is transformers' Conv1D (GPT-2's x @ W + b, W a 2-d in x out weight), known by
+    its class (fuse does not import transformers)."""
+    cls = type(m)
+    weight = m._parameters.get("weight")
+    return (cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.")
+            and weight is not None and weight.dim() == 2)
+
+
+def is_gemm_layer(m: nn.Module) -> bool:
+    """Whether fuse may replace `m` by a FusedLinear: an nn.Linear (of any class; `kept_because`
+    refuses subclasses by name) or transformers' Conv1D."""
+    return isinstance(m, nn.Linear) or is_conv1d(m)
+
+
+def features(m: nn.Module) -> tuple[int, int]:
+    """(in_features, out_features) of an nn.Linear or a Conv1D."""
+    if isinstance(m, nn.Linear):
+        return m.in_features, m.out_features
+    rows, cols = m._parameters["weight"].shape  # type: ignore[union-attr]
+    return rows, cols
+
+
+def linear_like(m: nn.Module) -> bool:
+    """Whether `m`, not an nn.Linear, holds a 2-d `weight` that is not an embedding table: a GEMM
+    of its own (GPT-2's Conv1D, a router) that the report names as kept."""
+    weight = m._parameters.get("weight")
+    return (weight is not None and weight.dim() == 2 and not isinstance(m, nn.Embedding | nn.EmbeddingBag)
+            and not isinstance(m, RecipeModule | MLPSecondLayer))

@@ -7,6 +7,7 @@ import collections
 import copy
 import pickle
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -286,3 +287,50 @@ def test_a_gated_mlps_backward_fuses_the_gated_derivative_into_one_kernel():
     assert not saving.recompute and _backward_ops(saving) == {"mm": 3, "gemmgen": 1}
     recomputing = gg.nn.FusedMLP(40, 48, 24, activation="swiglu")
     assert recomputing.recompute and _backward_ops(recomputing) == {"mm": 4, "gemmgen": 1, "sum": 2}
+
+
+class ChunkedGLU(nn.Module):
+    """As transformers writes ModernBERT's MLP: gate and up the halves of one Linear's outputs."""
+
+    def __init__(self, hidden: int, inter: int, bias: bool, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.Wi = nn.Linear(hidden, 2 * inter, bias=bias)
+        self.act = nn.GELU()
+        self.drop = nn.Dropout(dropout)
+        self.Wo = nn.Linear(inter, hidden, bias=bias)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_, gate = self.Wi(hidden_states).chunk(2, dim=-1)  # transformers names them input, gate
+        return self.Wo(self.drop(self.act(input_) * gate))
+
+
+@pytest.mark.parametrize(("bias", "recompute", "accumulate_grad"),
+                         [(False, False, False), (True, False, False), (False, True, False), (False, False, True)])
+def test_a_chunked_glu_fuses_and_trains_as_the_unfused_one(bias: bool, recompute: bool, accumulate_grad: bool) -> None:
+    torch.manual_seed(7)
+    unfused = ChunkedGLU(48, 40, bias).bfloat16()
+    fused, report = gg.nn.fuse(copy.deepcopy(unfused), mlp=True, recompute=recompute, accumulate_grad=accumulate_grad)
+    assert isinstance(fused, gg.nn.FusedMLP) and fused.activation == "geglu", report
+    assert list(fused.state_dict()) == list(unfused.state_dict())
+    x = torch.randn(2, 7, 48).bfloat16()
+    exact = copy.deepcopy(unfused).double()
+    xd = x.double().requires_grad_()
+    want = exact(xd)
+    xf = x.clone().requires_grad_()
+    got = fused(xf)
+    assert got.shape == (2, 7, 48) and got.dtype == torch.bfloat16 and got.is_contiguous()
+    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
+    g = torch.randn_like(want)
+    want.backward(g)
+    got.backward(g.bfloat16())
+    wi: Any = fused.get_submodule("Wi").weight
+    got_wi = wi.main_grad if accumulate_grad else wi.grad
+    assert got_wi is not None and got_wi.shape == (80, 48) and exact.Wi.weight.grad is not None
+    assert xf.grad is not None and xd.grad is not None
+    for mine, ref in ((got_wi, exact.Wi.weight.grad), (xf.grad, xd.grad)):
+        assert (mine.double() - ref).norm() / ref.norm() < 2e-2
+
+
+def test_a_chunked_glu_with_dropout_is_left_with_the_reason() -> None:
+    _, report = gg.nn.fuse(ChunkedGLU(48, 40, False, dropout=0.1).bfloat16(), mlp=True)
+    assert any(line.startswith("Wi: not fused") and "chunked GLU" in line for line in report), report

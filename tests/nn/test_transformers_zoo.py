@@ -55,11 +55,13 @@ EXPECTED = {
     "llama": {"FusedMLP": 2}, "qwen2": {"FusedMLP": 2}, "qwen3": {"FusedMLP": 2},
     "mixtral": {"GroupedExperts": 2}, "qwen3_moe": {"GroupedExperts": 2},
     "deepseek_v3": {"FusedMLP": 2, "GroupedExperts": 1},  # a dense layer, the shared experts, the routed ones
-    "gpt2": {}, "bert": {"FusedLinear": 3}, "modernbert": {"FusedLinear": 1},  # its head's dense + GELU
+    "gpt2": {"FusedLinear": 2}, "bert": {"FusedLinear": 3},
+    "modernbert": {"FusedMLP": 2, "FusedLinear": 1},  # chunked GLUs; its head's dense + GELU
 }
 
 #: What the report says of the MLPs fuse keeps, by family: a phrase of each such MLP's line.
-KEPT = {"gpt2": ("mlp.c_fc", "transformers' Conv1D"), "modernbert": ("mlp.Wi", "a chunked GLU")}
+KEPT = {"gpt2": ("mlp.c_fc", "Conv1D + NewGELUActivation -> FusedLinear(linear_gelu_tanh_bias_bf16_kn)"),
+        "modernbert": ("mlp", "Wo(act(a) * b), a, b = Wi(x).chunk(2) -> FusedMLP(linear_geglu_bf16")}
 
 
 def _model(family: str, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
@@ -114,9 +116,8 @@ def test_fuse_makes_what_each_family_allows_and_names_every_other_gemm(zoo) -> N
                                                                           "FusedLinear")}
     assert {k: v for k, v in made.items() if v} == EXPECTED[family], report
     named = {line.split(":")[0] for line in report}
-    inside = {f"{prefix}.{child}" for line in report if "are its children" in line
-              for prefix in [line.split(":")[0]] for child in ("gate_proj", "up_proj", "down_proj")}
-    missing = [n for n in _gemm_modules(model) if n not in named and n not in inside]
+    mlps = [line.split(":")[0] + "." for line in report if "are its children" in line]
+    missing = [n for n in _gemm_modules(model) if n not in named and not n.startswith(tuple(mlps))]
     assert not missing, f"{family}: the report names no line for {missing}"
     if family in KEPT:
         module, phrase = KEPT[family]
@@ -211,3 +212,33 @@ def test_a_fused_mixtral_trains_as_the_unfused_one() -> None:
     unfused, got = losses
     assert got[-1] < got[0] - 0.1, got  # it learns
     assert abs(got[-1] - unfused[-1]) / unfused[-1] < 0.02, (got, unfused)
+
+
+@pytest.mark.parametrize(("recompute", "accumulate_grad"), [(False, False), (True, False), (False, True)])
+def test_a_conv1d_fuses_with_its_weight_as_stored(recompute: bool, accumulate_grad: bool) -> None:
+    """GPT-2's Conv1D (x @ W + b, W in x out) as a FusedLinear reading W N-major: the same
+    parameters (no copy, no transpose), forward and every gradient as the Conv1D + GELU's in fp64."""
+    from transformers.pytorch_utils import Conv1D
+
+    torch.manual_seed(4)
+    conv = Conv1D(72, 48).bfloat16()  # nf = 72 out, nx = 48 in
+    fused = gg.nn.FusedLinear.from_conv1d(conv, "gelu_tanh", recompute=recompute, accumulate_grad=accumulate_grad)
+    assert fused.weight is conv.weight and fused.weight.shape == (48, 72)
+    assert fused.recipe.ir.gemm.layout_b.value == "row"
+    x = torch.randn(3, 5, 48).bfloat16().requires_grad_()
+    y = fused(x)
+    assert y.shape == (3, 5, 72) and y.dtype == torch.bfloat16 and y.is_contiguous()
+    exact = copy.deepcopy(conv).double()
+    xd = x.detach().double().requires_grad_()
+    want = torch.nn.functional.gelu(exact(xd), approximate="tanh")
+    torch.testing.assert_close(y.double(), want, rtol=2e-2, atol=2e-2)
+    g = torch.randn_like(want)
+    y.backward(g.bfloat16())
+    want.backward(g)
+    weight: Any = conv.weight
+    got_w = weight.main_grad if accumulate_grad else weight.grad
+    assert got_w is not None and exact.weight.grad is not None and xd.grad is not None and x.grad is not None
+    assert got_w.shape == (48, 72)
+    for got, ref in ((got_w, exact.weight.grad), (x.grad, xd.grad), (conv.bias.grad, exact.bias.grad)):
+        assert got is not None and ref is not None
+        assert (got.double() - ref).norm() / ref.norm() < 2e-2
