@@ -61,6 +61,10 @@ QUANTIZE: dict[str, type[QuantizedLinear]] = {"fp8_block": BlockScaledLinear, "m
                                               "nvfp4": NVFP4Linear}
 
 
+#: Where the activation modules torch and transformers define live: one of theirs that fuse does not
+#: recognise is named in the report as an unknown activation.
+ACTIVATION_MODULES = frozenset({"torch.nn.modules.activation", "transformers.activations"})
+
 #: The report's line for a Linear no activation module follows.
 KEPT_UNPAIRED = "kept (no activation module follows it; unpaired=True swaps it for a FusedLinear)"
 
@@ -197,18 +201,21 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     modules = [(n, m) for n, m in model.named_modules() if id(m) not in done]
     report: list[str] = []
     replacement: dict[int, nn.Module] = {}
-    gated = _gated_mlps(model, modules, target) if mlp and precision is None else {}
+    gated = _gated_mlps(model, modules, target) if mlp else {}
     experts = _experts(model, modules, target)
-    inside = {id(c) for qualified in (*gated, *experts) for c in model.get_submodule(qualified).modules()}
+    inside = {id(c) for made in (gated, experts) for qualified, (layer, _) in made.items() if layer is not None
+              for c in model.get_submodule(qualified).modules()}
     pairs, notes, untraced, calls = _find_pairs(model, modules, target)
     seconds = _mlp_seconds(model, pairs, target, calls) if mlp else {}
     inside |= {id(fc2) for _, fc2 in seconds.values()}  # the second layers of FusedMLPs
     for qualified, m in modules:
         name = qualified or "(model)"
         if qualified in gated:
-            replacement[id(m)], line = gated[qualified]
+            mlp_made, line = gated[qualified]
             report.append(line)
-            continue
+            if mlp_made is not None:
+                replacement[id(m)] = mlp_made
+                continue
         if qualified in experts:
             grouped, line = experts[qualified]
             if grouped is not None:
@@ -310,37 +317,28 @@ _GATED = {"silu": "swiglu", "gelu": "geglu"}
 
 
 def _gated_mlps(model: nn.Module, modules: list[tuple[str, nn.Module]], target: _Target
-                ) -> dict[str, tuple[FusedMLP, str]]:
-    """Each module whose forward is exactly `down(act(gate(x)) * up(x))` over children of its own
-    that nothing else registers (plain, unhooked Linears of one dtype, all with a bias or none, and
-    an activation module with a gated form), by name: its gated FusedMLP and the report line."""
+                ) -> dict[str, tuple[FusedMLP | None, str]]:
+    """Each module whose forward is exactly `down(act(gate(x)) * up(x))` (or a chunked GLU's) over
+    children of its own, by name: its gated FusedMLP (None where it is not made: its children are
+    then fused one by one) and the report line, which says why where it is not."""
     registered = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
-    out = {}
+    out: dict[str, tuple[FusedMLP | None, str]] = {}
     for qualified, owner in modules:
         found = None if isinstance(owner, RecipeModule) else gated_children(owner) or chunked_children(owner)
         if found is None:
             continue
-        chunked = found[0] == found[1]
-        gate, up, down = (owner.get_submodule(n) for n in found[:3])
-        act = owner.get_submodule(found[3])
-        if not (isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) and isinstance(down, nn.Linear)):
-            continue
-        linears = (gate, up, down)
-        if (any(registered[id(m)] > 1 or hooked(m) for m in (owner, *linears, act))
-                or any(target.kept_because(m) for m in linears)
-                or len({m.weight.dtype for m in linears}) > 1 or len({m.bias is None for m in linears}) > 1
-                or gate.weight.shape != up.weight.shape
-                or next(owner.parameters(recurse=False), None) is not None
-                or next(owner.buffers(recurse=False), None) is not None):
-            continue
-        activation = _GATED.get(activation_of(act) or "")
-        if activation is None:
-            continue
-        try:
-            fused = FusedMLP.gated(owner, found, activation, target.compute_dtype, chunked)
-        except InvalidArgument:  # down does not take gate's outputs: not the MLP it looks like
-            continue
         name = qualified or "(model)"
+        why = _gated_kept_because(owner, found, target, registered)
+        if why is not None:
+            out[qualified] = (None, f"{name}: not a FusedMLP ({why}); its Linears are fused one by one")
+            continue
+        activation = _GATED[activation_of(owner.get_submodule(found[3])) or ""]
+        try:
+            fused = FusedMLP.gated(owner, found, activation, target.compute_dtype, found[0] == found[1])
+        except InvalidArgument as e:  # down does not take gate's outputs: not the MLP it looks like
+            out[qualified] = (None, f"{name}: not a FusedMLP ({e}); its Linears are fused one by one")
+            continue
+        chunked = found[0] == found[1]
         g, u, d, a = found
         kernels = f"FusedMLP({fused.fc1.recipe.name}, {fused.fc2.recipe.name})"
         if chunked:
@@ -351,6 +349,32 @@ def _gated_mlps(model: nn.Module, modules: list[tuple[str, nn.Module]], target: 
             out[qualified] = (fused, f"{name}: {d}({a}({g}(x)) * {u}(x)) -> {kernels} ({g}, {u}, {d} and {a} are its "
                                      f"children, state_dict unchanged; {g}'s and {u}'s rows interleaved at call time)")
     return out
+
+
+def _gated_kept_because(owner: nn.Module, found: tuple[str, str, str, str], target: _Target,
+                        registered: Counter[int]) -> str | None:
+    """Why the gated MLP `owner` (children `found`: gate, up, down, act) is not made a FusedMLP."""
+    if target.precision is not None:
+        return f"{target.precision} has no kernel over gate and up column pairs yet"
+    gate, up, down = (owner.get_submodule(n) for n in found[:3])
+    act = owner.get_submodule(found[3])
+    linears = (gate, up, down)
+    if not all(isinstance(m, nn.Linear) for m in linears):
+        return "its projections are not all nn.Linear"
+    if any(registered[id(m)] > 1 or hooked(m) for m in (owner, *linears, act)):
+        return "a module of it is registered under several names or has hooks, which a replacement would drop"
+    for child, m in zip(found, linears, strict=False):
+        if why := target.kept_because(m):
+            return f"{child}: {why}"
+    if len({m.weight.dtype for m in linears}) > 1 or len({m.bias is None for m in linears}) > 1:
+        return "its Linears differ in dtype or in having a bias"
+    if gate.weight.shape != up.weight.shape:
+        return "gate and up differ in shape"
+    if next(owner.parameters(recurse=False), None) is not None or next(owner.buffers(recurse=False), None) is not None:
+        return "it holds parameters or buffers of its own, which its forward may read"
+    if _GATED.get(activation_of(act) or "") is None:
+        return f"its activation {type(act).__name__} has no gated kernel (gemmgen gates with silu or erf-gelu)"
+    return None
 
 
 def _experts(model: nn.Module, modules: list[tuple[str, nn.Module]], target: _Target
@@ -465,6 +489,10 @@ def _pair_from(node: fx.Node, owner_name: str, owner: nn.Module, target: _Target
             else:
                 pairs[id(linear)] = _Pair(_qualified(owner_name, str(user.target)), act, activation,
                                           _next_linear(user, owner_name, owner))
+            return
+        if type(act).__module__ in ACTIVATION_MODULES:
+            notes[id(linear)] = (f"{_qualified(owner_name, str(user.target))} ({type(act).__name__}) computes no "
+                                 "activation gemmgen fuses (relu, gelu, gelu_tanh, silu)")
             return
     for u in users:
         if u.args and u.args[0] is node and activation_of_call(u) is not None:

@@ -180,13 +180,17 @@ def test_mlp_fuses_a_gated_mlp_module_into_one_gated_fused_mlp(gen, act, activat
 
 def test_mlp_leaves_a_module_that_only_looks_gated():
     """A gated MLP with another step in its forward, an activation without a gated form (tanh GELU)
-    or a hook keeps its Linears; only the usual gate + activation pair fuses."""
+    or a hook keeps its Linears; only the usual gate + activation pair fuses. The report says why
+    of each module that has the gated form."""
     hooked = GatedMLP(nn.SiLU())
     hooked.register_forward_hook(lambda *args: None)
-    for module in (_ScaledGate(nn.SiLU()), GatedMLP(GELUActivation("tanh")), hooked):
+    for module, why in ((_ScaledGate(nn.SiLU()), None), (GatedMLP(GELUActivation("tanh")), "has no gated kernel"),
+                        (hooked, "has hooks")):
         fused, report = _fuse(module, mlp=True)
         assert isinstance(fused, GatedMLP) and isinstance(fused.up_proj, nn.Linear), report
-        assert all("FusedMLP" not in line for line in report), report
+        assert all("-> FusedMLP(" not in line for line in report), report
+        said = [line for line in report if line.startswith("(model): not a FusedMLP")]
+        assert (why is None and not said) or (len(said) == 1 and why in said[0]), report
 
 
 class _TwiceSecond(nn.Module):

@@ -242,3 +242,22 @@ def test_a_conv1d_fuses_with_its_weight_as_stored(recompute: bool, accumulate_gr
     for got, ref in ((got_w, exact.weight.grad), (x.grad, xd.grad), (conv.bias.grad, exact.bias.grad)):
         assert got is not None and ref is not None
         assert (got.double() - ref).norm() / ref.norm() < 2e-2
+
+
+def test_the_report_says_why_an_mlp_is_left() -> None:
+    """An activation gemmgen has no kernel for (GPT-2 with quick_gelu) and a gated MLP whose
+    intermediate size TMA cannot read (100) are named with their reasons."""
+    tf = transformers
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gpt2 = tf.AutoModelForCausalLM.from_config(tf.GPT2Config(
+            n_embd=64, n_layer=1, n_head=4, vocab_size=128, activation_function="quick_gelu", bos_token_id=1,
+            eos_token_id=2)).bfloat16()
+        llama = tf.AutoModelForCausalLM.from_config(tf.LlamaConfig(**{**SMALL, "intermediate_size": 100,
+                                                                      "num_hidden_layers": 1})).bfloat16()
+    _, report = gg.nn.fuse(gpt2, mlp=True)
+    assert "transformer.h.0.mlp.c_fc: not fused (transformer.h.0.mlp.act (QuickGELUActivation) computes no " \
+           "activation gemmgen fuses" in "\n".join(report), report
+    _, report = gg.nn.fuse(llama, mlp=True)
+    assert "model.layers.0.mlp: not a FusedMLP (down_proj: in_features 100 is not a multiple of 8" \
+           in "\n".join(report), report
