@@ -126,7 +126,7 @@ class _Pair:
     act_name: str  # qualified, as model.named_modules() names it
     act: nn.Module
     activation: str
-    then: tuple[str, nn.Linear] | None = None  # (qualified name, Linear) alone consuming the activation's output
+    then: tuple[str, nn.Module] | None = None  # (qualified name, Linear) alone consuming the activation's output
 
 
 def _qualified(prefix: str, key: str) -> str:
@@ -206,7 +206,7 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     inside = {id(c) for made in (gated, experts) for qualified, (layer, _) in made.items() if layer is not None
               for c in model.get_submodule(qualified).modules()}
     pairs, notes, untraced, calls = _find_pairs(model, modules, target)
-    seconds = _mlp_seconds(model, pairs, target, calls) if mlp else {}
+    seconds, not_mlps = _mlp_seconds(model, pairs, target, calls) if mlp else ({}, {})
     inside |= {id(fc2) for _, fc2 in seconds.values()}  # the second layers of FusedMLPs
     for qualified, m in modules:
         name = qualified or "(model)"
@@ -260,8 +260,9 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
             continue
         fused = replacement[id(m)] = target.replace(m, pair.activation)
         replacement.setdefault(id(pair.act), nn.Identity())
+        not_mlp = f"; not a FusedMLP: {not_mlps[id(m)]}" if id(m) in not_mlps else ""
         report.append(f"{name}: {type(m).__name__} + {type(pair.act).__name__} -> {_described(fused)}"
-                      + f" ({pair.act_name} is now Identity)")
+                      + f" ({pair.act_name} is now Identity{not_mlp})")
     for made in replacement.values():  # the layers' own setters check each option against the layer
         if isinstance(made, FusedLinear | FusedMLP):
             if recompute:
@@ -437,26 +438,32 @@ def _experts_kept_because(m: nn.Module, activation: str | None, target: _Target,
 
 
 def _mlp_seconds(model: nn.Module, pairs: dict[int, _Pair], target: _Target, calls: Counter[int]
-                 ) -> dict[int, tuple[str, nn.Linear]]:
+                 ) -> tuple[dict[int, tuple[str, nn.Linear]], dict[int, str]]:
     """For each fusable pair followed by a Linear that can join it as a FusedMLP's second layer (a
     plain, unhooked Linear registered and called once, that no other pair starts, of the first
-    one's compute dtype and bias, taking its outputs), that Linear, by the id of the first."""
+    one's compute dtype and bias, taking its outputs), that Linear, by the id of the first; and
+    for each pair followed by a Linear or Conv1D that cannot, why not."""
     registered = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
     starts = {lin_id for lin_id in pairs}
-    out = {}
+    out, why_not = {}, {}
     for lin_id, pair in pairs.items():
         if pair.then is None:
             continue
         name, fc2 = pair.then
         first = next(m for m in model.modules() if id(m) == lin_id)
-        if not isinstance(first, nn.Linear):  # a Conv1D: FusedMLP holds out x in weights
-            continue
-        if (target.kept_because(fc2) is None and id(fc2) not in starts and registered[id(fc2)] == 1
-                and calls[id(fc2)] == 1 and (first.bias is None) == (fc2.bias is None)
-                and first.out_features == fc2.in_features
-                and (target.compute_dtype or first.weight.dtype) == (target.compute_dtype or fc2.weight.dtype)):
+        if not isinstance(first, nn.Linear) or not isinstance(fc2, nn.Linear):
+            why_not[lin_id] = "FusedMLP holds nn.Linear layers, and this MLP's are transformers' Conv1D"
+        elif why := target.kept_because(fc2):
+            why_not[lin_id] = f"{name}: {why}"
+        elif id(fc2) in starts or registered[id(fc2)] != 1 or calls[id(fc2)] != 1:
+            why_not[lin_id] = f"{name} starts a pair of its own, or is registered or called more than once"
+        elif (first.bias is None) != (fc2.bias is None) or first.out_features != fc2.in_features:
+            why_not[lin_id] = f"{name} differs from it in having a bias, or does not take its outputs"
+        elif (target.compute_dtype or first.weight.dtype) != (target.compute_dtype or fc2.weight.dtype):
+            why_not[lin_id] = f"{name} computes in another dtype"
+        else:
             out[lin_id] = (name, fc2)
-    return out
+    return out, why_not
 
 
 def _described(module: nn.Module) -> str:
@@ -518,15 +525,15 @@ def _chunked_into_activation(node: fx.Node, owner: nn.Module) -> bool:
                for piece in node.users if piece.target is operator.getitem for a in piece.users)
 
 
-def _next_linear(act: fx.Node, owner_name: str, owner: nn.Module) -> tuple[str, nn.Linear] | None:
-    """The Linear child of `owner` that alone consumes the activation node's output, as its only
-    argument (a FusedMLP's second layer), or None."""
+def _next_linear(act: fx.Node, owner_name: str, owner: nn.Module) -> tuple[str, nn.Module] | None:
+    """The Linear (or Conv1D) child of `owner` that alone consumes the activation node's output, as
+    its only argument (a FusedMLP's second layer, if it is a plain Linear), or None."""
     users = list(act.users)
     if len(users) != 1 or users[0].op != "call_module" or "." in str(users[0].target):
         return None
     nxt = users[0]
     linear = owner.get_submodule(str(nxt.target))
-    if type(linear) is not nn.Linear or nxt.args != (act,) or nxt.kwargs:
+    if not is_gemm_layer(linear) or nxt.args != (act,) or nxt.kwargs:
         return None
     return _qualified(owner_name, str(nxt.target)), linear
 
