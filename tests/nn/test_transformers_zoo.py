@@ -265,3 +265,20 @@ def test_the_report_says_why_an_mlp_is_left() -> None:
     _, report = gg.nn.fuse(llama, mlp=True)
     assert "model.layers.0.mlp: not a FusedMLP (down_proj: in_features 100 is not a multiple of 8" \
            in "\n".join(report), report
+
+
+def test_a_fused_mixtral_compiles_whole_and_gives_eager_bits() -> None:
+    """torch.compile(fullgraph=True) over the fused model, GroupedExperts' routing included (no
+    graph break, no host sync): the same logits and gradients as eager (aot_eager: torch's own
+    kernels for the rest, gemmgen's ops as in eager)."""
+    fused, _ = gg.nn.fuse(_model("mixtral").train(), mlp=True)
+    compiled_copy = copy.deepcopy(fused)
+    ids = _ids(7)
+    fused(ids, labels=ids).loss.backward()
+    compiled = torch.compile(compiled_copy, fullgraph=True, backend="aot_eager")
+    compiled(ids, labels=ids).loss.backward()
+    for (name, eager), got in zip(fused.named_parameters(), compiled_copy.parameters(), strict=True):
+        if eager.grad is None or got.grad is None:
+            assert eager.grad is None and got.grad is None, name
+        else:
+            assert torch.equal(eager.grad, got.grad), name
