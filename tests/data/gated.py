@@ -1,12 +1,15 @@
 """Llama's MLP unfused, down(silu(gate(x)) * up(x)) (or GEGLU's, gelu for silu): the reference a
 gated FusedMLP is checked against (tests/nn/test_mlp.py, tests/gpu/test_training_gpu.py,
-scripts/gpu_bench.py --training)."""
+scripts/gpu_bench.py --training); and transformers 5's experts layout with an fp64 loop over each
+routed token's experts, what GroupedExperts is checked against (tests/nn/test_grouped_experts.py,
+tests/gpu/test_grouped_gpu.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import gemmgen as gg
@@ -42,3 +45,49 @@ class LlamaMLP(nn.Module):
         if "gate.bias" in by_name:
             out.append(gg.nn.interleave_pairs(by_name["gate.bias"], by_name["up.bias"]))
         return [*out, *(g for n, g in by_name.items() if n.startswith("down."))]
+
+
+class Experts(nn.Module):
+    """transformers 5's experts layout: gate and up the halves of gate_up_proj (E, 2I, H)."""
+
+    def __init__(self, e: int, hidden: int, inter: int, bias: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.randn(e, 2 * inter, hidden, device=device) / hidden ** 0.5)
+        self.down_proj = nn.Parameter(torch.randn(e, hidden, inter, device=device) / inter ** 0.5)
+        if bias:
+            self.gate_up_proj_bias = nn.Parameter(torch.randn(e, 2 * inter, device=device) / 4)
+            self.down_proj_bias = nn.Parameter(torch.randn(e, hidden, device=device) / 4)
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError  # only its parameters are read
+
+
+def experts_reference(m: nn.Module, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor,
+                      act: Callable[[torch.Tensor], torch.Tensor] = F.silu) -> torch.Tensor:
+    """Each token's sum over its top-k experts e in range of w_e * down_e(act(gate_e(x)) * up_e(x)), fp64."""
+    gate_up, down_proj = m.get_parameter("gate_up_proj"), m.get_parameter("down_proj")
+    e, two_i, _ = gate_up.shape
+    i = two_i // 2
+    gu, down = gate_up.double(), down_proj.double()
+    b1 = getattr(m, "gate_up_proj_bias", None)
+    b2 = getattr(m, "down_proj_bias", None)
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for k in range(index.shape[1]):
+            j = int(index[t, k])
+            if not 0 <= j < e:
+                continue
+            pre = gu[j] @ x[t].double() + (b1[j].double() if b1 is not None else 0)
+            h = act(pre[:i]) * pre[i:]
+            y = down[j] @ h + (b2[j].double() if b2 is not None else 0)
+            out[t] += float(weights[t, k]) * y
+    return out
+
+
+def routing(tokens: int, e: int, top_k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    index = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, generator=g).softmax(-1)
+    return index, weights

@@ -202,6 +202,7 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         out.append((gated, gated.default_config()))
     for layer in grouped_linear_layers():  # ...and their backward's derived kernels
         out += layer.backward_launches(GROUPED_LINEAR_ROWS)
+    out += gg.nn.model_launches(grouped_experts_layer(), (), training_tokens=(GROUPED_LINEAR_ROWS,))
     out.append((derived_grouped_recipe(), DERIVED_GROUPED_CONFIG))  # test_grouped_gpu's pointer-array C
     wgrad = grouped_weight_grad_recipe(torch.bfloat16, accumulate=True)  # ...and its K-grouped weight gradient
     out.append((wgrad, wgrad.default_config()))
@@ -260,6 +261,18 @@ def grouped_linear_layers() -> list[gg.nn.GroupedLinear]:
     return [gg.nn.GroupedLinear(4, 64, 128, activation="silu", device="meta"),
             gg.nn.GroupedLinear(4, 64, 96, activation="swiglu", device="meta"),
             gg.nn.GroupedLinear(4, 64, 96, bias=False, activation="geglu", device="meta")]
+
+
+#: tests/gpu/test_grouped_gpu.py's GroupedExperts: experts, hidden size, intermediate size (SwiGLU, biases)
+GROUPED_EXPERTS = (4, 64, 96)
+
+
+def grouped_experts_layer() -> gg.nn.GroupedExperts:
+    """tests/gpu/test_grouped_gpu.py's GroupedExperts (transformers' 3-d experts), on the meta device."""
+    from tests.data.gated import Experts
+
+    return gg.nn.GroupedExperts.from_experts(Experts(*GROUPED_EXPERTS, bias=True, device="meta").bfloat16(),
+                                             "swiglu")
 
 
 def training_launches() -> list[tuple[gg.Recipe, gg.KernelConfig]]:

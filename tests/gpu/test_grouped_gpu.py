@@ -23,13 +23,16 @@ from gemmgen.testing.grouped import (
     unfused_grouped,
 )
 from gemmgen.tuning.heuristic import choose
+from tests.data.gated import Experts, experts_reference, routing
 from tests.data.gpu_matrix import (
     BLOCK_GROUPED_CONFIGS,
     FP8_GROUPED_CONFIGS,
     GROUPED_CONFIGS,
+    GROUPED_EXPERTS,
     GROUPED_LINEAR_ROWS,
     GROUPED_TUNE_PROBLEM,
     TUNE_CANDIDATES,
+    grouped_experts_layer,
     grouped_linear_layers,
     moe_fp8_recipe,
 )
@@ -50,6 +53,7 @@ def test_the_gpu_bundle_holds_every_grouped_kernel_the_gpu_checks_launch(example
     wanted += [layer.launches(rows) for layer in (experts, fp8_experts, gated, geglu) for rows in (12, 300)]
     wanted.append((moe_swiglu_recipe(), moe_swiglu_recipe().default_config()))
     wanted += [k for layer in grouped_linear_layers() for k in layer.backward_launches(GROUPED_LINEAR_ROWS)]
+    wanted += gg.nn.model_launches(grouped_experts_layer(), (), training_tokens=(GROUPED_LINEAR_ROWS,))
     wanted += [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS]
     wanted += [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS] + [(moe_recipe(), c) for c in GROUPED_CONFIGS]
     wanted += [(moe_recipe(), c) for c in gg.tuning.candidates(moe_recipe().ir, *GROUPED_TUNE_PROBLEM,
@@ -326,3 +330,36 @@ def test_block_scaled_grouped_linear_on_gpu():
     assert layer.launches(12)[1].swap_ab
     torch.testing.assert_close(layer(x.cuda(), offsets.cuda()).float().cpu(), cpu(x, offsets).float(), rtol=1.6e-2,
                                atol=1e-2)
+
+
+@pytest.mark.gpu
+def test_grouped_experts_on_gpu():
+    """transformers' 3-d experts as GroupedExperts on CUDA (issue 59): the routed pairs sorted and
+    counted on the device, an expert with no tokens, both grouped kernels; forward eager and under
+    torch.compile(fullgraph=True), and every gradient, against an fp64 loop over each token's
+    experts."""
+    torch.manual_seed(0)
+    e, hidden, inter = GROUPED_EXPERTS
+    ref = Experts(e, hidden, inter, bias=True).bfloat16()
+    layer = gg.nn.GroupedExperts.from_experts(copy.deepcopy(ref).cuda(), "swiglu")
+    tokens = GROUPED_LINEAR_ROWS // 2
+    index, weights = routing(tokens, e - 1, 2, 1)  # the last expert gets nothing
+    x = torch.randn(tokens, hidden).bfloat16()
+    exact = copy.deepcopy(ref).double()
+    x64 = x.double().requires_grad_(True)
+    want = experts_reference(exact, x64, index, weights)
+    xc = x.cuda().requires_grad_(True)
+    got = layer(xc, index.cuda(), weights.cuda())
+    scale = float(want.detach().abs().max())
+    torch.testing.assert_close(got.double().cpu(), want.detach(), rtol=1.6e-2, atol=1.6e-2 * scale)
+    compiled = torch.compile(layer, fullgraph=True)
+    torch.testing.assert_close(compiled(xc.detach(), index.cuda(), weights.cuda()).double().cpu(), want.detach(),
+                               rtol=1.6e-2, atol=1.6e-2 * scale)
+    grad = torch.randn(tokens, hidden)
+    got.float().backward(grad.cuda())
+    want.backward(grad.double())
+    pairs = [(getattr(layer, n).grad, getattr(exact, n).grad)
+             for n in ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias")]
+    for mine, theirs in [(xc.grad, x64.grad), *pairs]:
+        assert mine is not None and theirs is not None and theirs.norm() > 0
+        assert (mine.double().cpu() - theirs).norm() / theirs.norm() < 1e-2

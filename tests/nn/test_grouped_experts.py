@@ -15,50 +15,8 @@ from torch import nn
 
 import gemmgen as gg
 from gemmgen.errors import InvalidArgument, ReadOnlyOption
-
-
-class Experts(nn.Module):
-    """transformers 5's experts layout: gate and up the halves of gate_up_proj (E, 2I, H)."""
-
-    def __init__(self, e: int, hidden: int, inter: int, bias: bool = False) -> None:
-        super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.randn(e, 2 * inter, hidden) / hidden ** 0.5)
-        self.down_proj = nn.Parameter(torch.randn(e, hidden, inter) / inter ** 0.5)
-        if bias:
-            self.gate_up_proj_bias = nn.Parameter(torch.randn(e, 2 * inter) / 4)
-            self.down_proj_bias = nn.Parameter(torch.randn(e, hidden) / 4)
-
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError  # only its parameters are read
-
-
-def loop(m: nn.Module, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, act=F.silu) -> torch.Tensor:
-    """Each token's sum over its top-k experts e in range of w_e * down_e(act(gate_e(x)) * up_e(x)), fp64."""
-    gate_up, down_proj = m.get_parameter("gate_up_proj"), m.get_parameter("down_proj")
-    e, two_i, _ = gate_up.shape
-    i = two_i // 2
-    gu, down = gate_up.double(), down_proj.double()
-    b1 = getattr(m, "gate_up_proj_bias", None)
-    b2 = getattr(m, "down_proj_bias", None)
-    out = torch.zeros(x.shape, dtype=torch.float64)
-    for t in range(x.shape[0]):
-        for k in range(index.shape[1]):
-            j = int(index[t, k])
-            if not 0 <= j < e:
-                continue
-            pre = gu[j] @ x[t].double() + (b1[j].double() if b1 is not None else 0)
-            h = act(pre[:i]) * pre[i:]
-            y = down[j] @ h + (b2[j].double() if b2 is not None else 0)
-            out[t] += float(weights[t, k]) * y
-    return out
-
-
-def routing(tokens: int, e: int, top_k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    index = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(tokens)])
-    weights = torch.rand(tokens, top_k, generator=g).softmax(-1)
-    return index, weights
+from tests.data.gated import Experts, routing
+from tests.data.gated import experts_reference as loop
 
 
 @pytest.mark.parametrize("bias", [False, True])
