@@ -202,7 +202,7 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         out.append((gated, gated.default_config()))
     for layer in grouped_linear_layers():  # ...and their backward's derived kernels
         out += layer.backward_launches(GROUPED_LINEAR_ROWS)
-    out += gg.nn.model_launches(grouped_experts_layer(), (), training_tokens=(GROUPED_LINEAR_ROWS,))
+    out += grouped_experts_launches()
     out.append((derived_grouped_recipe(), DERIVED_GROUPED_CONFIG))  # test_grouped_gpu's pointer-array C
     wgrad = grouped_weight_grad_recipe(torch.bfloat16, accumulate=True)  # ...and its K-grouped weight gradient
     out.append((wgrad, wgrad.default_config()))
@@ -273,6 +273,16 @@ def grouped_experts_layer() -> gg.nn.GroupedExperts:
 
     return gg.nn.GroupedExperts.from_experts(Experts(*GROUPED_EXPERTS, bias=True, device="meta").bfloat16(),
                                              "swiglu")
+
+
+def grouped_experts_launches() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
+    """What the GroupedExperts GPU test launches: model_launches' kernels for it, and each
+    projection's forward and backward kernels for its routed rows (what the runtime picks for them)."""
+    experts = grouped_experts_layer()
+    out = gg.nn.model_launches(experts, (), training_tokens=(GROUPED_LINEAR_ROWS,))
+    for projection in experts.projections():
+        out += [projection.launches(GROUPED_LINEAR_ROWS), *projection.backward_launches(GROUPED_LINEAR_ROWS)]
+    return list(dict.fromkeys(out))
 
 
 def training_launches() -> list[tuple[gg.Recipe, gg.KernelConfig]]:

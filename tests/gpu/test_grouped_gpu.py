@@ -32,7 +32,7 @@ from tests.data.gpu_matrix import (
     GROUPED_LINEAR_ROWS,
     GROUPED_TUNE_PROBLEM,
     TUNE_CANDIDATES,
-    grouped_experts_layer,
+    grouped_experts_launches,
     grouped_linear_layers,
     moe_fp8_recipe,
 )
@@ -53,7 +53,7 @@ def test_the_gpu_bundle_holds_every_grouped_kernel_the_gpu_checks_launch(example
     wanted += [layer.launches(rows) for layer in (experts, fp8_experts, gated, geglu) for rows in (12, 300)]
     wanted.append((moe_swiglu_recipe(), moe_swiglu_recipe().default_config()))
     wanted += [k for layer in grouped_linear_layers() for k in layer.backward_launches(GROUPED_LINEAR_ROWS)]
-    wanted += gg.nn.model_launches(grouped_experts_layer(), (), training_tokens=(GROUPED_LINEAR_ROWS,))
+    wanted += grouped_experts_launches()
     wanted += [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS]
     wanted += [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS] + [(moe_recipe(), c) for c in GROUPED_CONFIGS]
     wanted += [(moe_recipe(), c) for c in gg.tuning.candidates(moe_recipe().ir, *GROUPED_TUNE_PROBLEM,
