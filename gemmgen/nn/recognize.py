@@ -102,24 +102,34 @@ def hooked(module: nn.Module) -> bool:
         "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
 
 
+def _down_call(owner: nn.Module) -> tuple[list[fx.Node], fx.Node] | None:
+    """`owner.forward` traced with its children as calls (its nodes) and the child call whose one
+    argument-only result it returns (an MLP's down projection), or None: what the gated and
+    chunked-GLU matchers read."""
+    try:
+        graph = ChildrenAsLeaves().trace(owner)
+    except Exception:  # not traceable: not provably an MLP
+        return None
+    nodes = list(graph.nodes)
+    down = nodes[-1].args[0] if nodes and nodes[-1].op == "output" else None
+    if not isinstance(down, fx.Node) or down.op != "call_module" or len(down.args) != 1 or down.kwargs:
+        return None
+    return nodes, down
+
+
 def gated_children(owner: nn.Module) -> tuple[str, str, str, str] | None:
     """(gate, up, down, act) child names if `owner.forward` is exactly down(act(gate(x)) * up(x))
     (either order of the product) and they are all its children, else None."""
     children = dict(owner.named_children())
     if len(children) != 4:
         return None
-    try:
-        graph = ChildrenAsLeaves().trace(owner)
-    except Exception:  # not traceable: not provably the gated MLP
+    traced = _down_call(owner)
+    if traced is None:
         return None
-    nodes = list(graph.nodes)
-    ops = sorted(n.op for n in nodes)
-    if ops != ["call_function", *["call_module"] * 4, "output", "placeholder"]:
+    nodes, down = traced
+    if sorted(n.op for n in nodes) != ["call_function", *["call_module"] * 4, "output", "placeholder"]:
         return None
-    x, out = nodes[0], nodes[-1]
-    down = out.args[0]
-    if not isinstance(down, fx.Node) or down.op != "call_module" or len(down.args) != 1 or down.kwargs:
-        return None
+    x = nodes[0]
     mul = down.args[0]
     if not isinstance(mul, fx.Node) or mul.target not in (operator.mul, torch.mul) or mul.kwargs:
         return None
@@ -137,17 +147,15 @@ def chunked_children(owner: nn.Module) -> tuple[str, str, str, str] | None:
     `down(act(a) * b)` with `a, b = wi(x).chunk(2, dim=-1)` (ModernBERT's MLP; a Dropout child of
     p = 0 may stand before down), else None."""
     children = dict(owner.named_children())
-    try:
-        graph = ChildrenAsLeaves().trace(owner)
-    except Exception:  # not traceable: not provably the chunked GLU
+    if len(children) not in (3, 4):  # wi, act, down and perhaps a dropout
         return None
-    nodes = list(graph.nodes)
+    traced = _down_call(owner)
+    if traced is None:
+        return None
+    nodes, down = traced
     if [n.op for n in nodes].count("placeholder") != 1 or len(nodes) not in (9, 10):
         return None
-    x, out = nodes[0], nodes[-1]
-    down = out.args[0]
-    if not isinstance(down, fx.Node) or down.op != "call_module" or len(down.args) != 1 or down.kwargs:
-        return None
+    x = nodes[0]
     mul = down.args[0]
     used = {str(down.target)}
     if isinstance(mul, fx.Node) and mul.op == "call_module":  # a dropout that drops nothing
