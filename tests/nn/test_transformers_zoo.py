@@ -282,3 +282,14 @@ def test_a_fused_mixtral_compiles_whole_and_gives_eager_bits() -> None:
             assert eager.grad is None and got.grad is None, name
         else:
             assert torch.equal(eager.grad, got.grad), name
+
+
+def test_from_conv1d_refuses_what_it_cannot_run_by_name() -> None:
+    from transformers.pytorch_utils import Conv1D
+
+    from gemmgen.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="conv: expected transformers' Conv1D"):
+        gg.nn.FusedLinear.from_conv1d(nn.Linear(16, 16))
+    with pytest.raises(InvalidArgument, match="activation: swiglu reads gate and up interleaved"):
+        gg.nn.FusedLinear.from_conv1d(Conv1D(32, 16).bfloat16(), "swiglu")
