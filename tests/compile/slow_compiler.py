@@ -21,3 +21,10 @@ def slow_compile(kernel: GeneratedKernel, key: str, root: str) -> tuple[str, Non
         raise RuntimeError(f"the session cache has no {kernel.entry} ({key[:12]}) to stand in with")
     KernelCache(root, kernel.arch).put(key, art)
     return "compiled", None, []
+
+
+def sleeping_compile(kernel: GeneratedKernel, key: str, root: str) -> tuple[str, None, list[str]]:
+    """A compile of SLOW_COMPILER_SECONDS that stores nothing (tests/compile/async_step_child.py,
+    where `Recipe.compile` stands in for loading what it would have stored)."""
+    time.sleep(float(os.environ["SLOW_COMPILER_SECONDS"]))
+    return "compiled", None, []

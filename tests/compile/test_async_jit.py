@@ -5,7 +5,12 @@ instead under deterministic mode (and CUDA-graph capture), saying why."""
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,3 +144,33 @@ def test_deterministic_mode_waits_for_the_compile_and_says_why(background, examp
         torch.use_deterministic_algorithms(False)
     assert len(loaded) == 1 and loaded[0].calls == 1
     assert builds.builds()[0].unfused_calls == 0
+
+
+def test_a_models_first_training_step_starts_without_waiting_for_a_compile(tmp_path):
+    """gemmgen.testing.first_step's model (a FusedMLP and a FusedLinear) fused and warmed up on a
+    cold cache under GEMMGEN_JIT=async, in a child process that calls the ops as a GPU process does
+    (tests/compile/async_step_child.py: the compiler takes SLOW seconds a kernel): warm-up and the
+    first step end long before any compile could; the steps before the builds end run unfused,
+    the bits of the CPU path; every kernel `model_launches` lists for the step was requested once,
+    by warm-up; the step after the builds launches each kernel, and nothing runs unfused again."""
+    from gemmgen.testing.first_step import fused_model, training_step
+
+    result = tmp_path / "result.json"
+    env = {**os.environ, "GEMMGEN_JIT": "async", "SLOW_COMPILER_SECONDS": str(SLOW)}
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("async_step_child.py")),
+                           str(tmp_path / "cache"), str(result)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, f"the child failed:\n{done.stdout}\n{done.stderr}"
+    got = json.loads(result.read_text())
+    waited = got["load_seconds"] + got["first_step_seconds"]
+    assert waited < SLOW / 2, f"load, warm-up and the first step took {waited:.1f} s: something waited for a compile"
+    launches = got["launches"]
+    assert len(launches) == 3 and sorted(name for name, _, _ in got["requested"]) == launches, got["requested"]
+    assert all(state == "compiling" and calls > 0 for _, state, calls in got["requested"]), got["requested"]
+    assert got["after"] == [[name, "ready", calls] for name, _, calls in got["requested"]], \
+        "a call ran unfused after its kernel was ready"
+    assert got["stand_in_calls"] == {"linear_gelu_bias_bf16_train": 1, "linear_gelu_bias_bf16_bwd": 1,
+                                     "linear_none_bias_bf16": 2}, "the step after the builds did not launch each kernel"
+    assert all(" ready " in line for line in got["report"].splitlines()[2:]) and len(got["report"].splitlines()) == 5
+    model = fused_model()
+    for seed, step in enumerate(got["steps"]):
+        assert step == training_step(model, seed), f"step {seed} differs from the unfused CPU path's"
