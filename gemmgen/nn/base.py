@@ -205,3 +205,13 @@ def dense_output(y: torch.Tensor, shape: Sequence[int], dtype: torch.dtype | Non
     if dtype is not None and y.dtype != dtype:
         return y.to(dtype, memory_format=torch.contiguous_format)
     return y if y.is_contiguous() else y.contiguous()
+
+
+def conv1d_sizes(layer: object) -> tuple[int, int] | None:
+    """(in_features, out_features) of transformers' Conv1D (GPT-2's x @ W + b), known by its
+    class's name and 2-d weight (in x out) without importing transformers; None for anything else."""
+    weight = layer._parameters.get("weight") if isinstance(layer, nn.Module) else None
+    if type(layer).__name__ != "Conv1D" or weight is None or weight.dim() != 2:
+        return None
+    rows, cols = weight.shape
+    return rows, cols

@@ -12,7 +12,8 @@ them), so wrappers such as Hugging Face's GELUActivation count, and GPT-2's gelu
 not just nn.ReLU/GELU/SiLU.
 
 transformers' Conv1D (GPT-2's) counts as a Linear, its weight read as stored (in x out). With
-`mlp=True`, gated and chunked-GLU MLPs become FusedMLPs; transformers 5's 3-d experts modules
+`mlp=True`, Conv1D -> activation -> Conv1D becomes one FusedMLP as two Linears do, and gated and
+chunked-GLU MLPs become FusedMLPs; transformers 5's 3-d experts modules
 become GroupedExperts whatever the options (`_experts`). Other Linears stay as they are, unless
 `unpaired=True` swaps them too. With
 `quantize="fp8_block"` the replacements are BlockScaledLinear layers instead (e4m3 weights in
@@ -208,6 +209,7 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     pairs, notes, untraced, calls = _find_pairs(model, modules, target)
     seconds, not_mlps = _mlp_seconds(model, pairs, target, calls) if mlp else ({}, {})
     inside |= {id(fc2) for _, fc2 in seconds.values()}  # the second layers of FusedMLPs
+    first_of = {id(fc2): qualified for qualified, m in modules if id(m) in seconds for _, fc2 in [seconds[id(m)]]}
     for qualified, m in modules:
         name = qualified or "(model)"
         if qualified in gated:
@@ -224,6 +226,9 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
             continue
         if qualified in untraced:
             report.append(untraced[qualified])
+        if id(m) in first_of:
+            report.append(f"{name}: the second layer of the FusedMLP at {first_of[id(m)]} (now an MLPSecondLayer "
+                          "holding its parameters)")
         if id(m) in inside:
             continue
         if not is_gemm_layer(m):
@@ -254,7 +259,8 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
             fused_mlp = replacement[id(m)] = FusedMLP.chain(m, pair.activation, fc2, holder, compute_dtype,
                                                             target.precision)
             replacement[id(pair.act)], replacement[id(fc2)] = nn.Identity(), holder
-            report.append(f"{name}: Linear + {type(pair.act).__name__} + Linear ({fc2_name}) -> FusedMLP("
+            kind = type(m).__name__
+            report.append(f"{name}: {kind} + {type(pair.act).__name__} + {kind} ({fc2_name}) -> FusedMLP("
                           f"{fused_mlp.fc1.recipe.name}, {fused_mlp.fc2.recipe.name}) ({pair.act_name} is now "
                           f"Identity, {fc2_name} an MLPSecondLayer holding its parameters; state_dict unchanged)")
             continue
@@ -438,7 +444,7 @@ def _experts_kept_because(m: nn.Module, activation: str | None, target: _Target,
 
 
 def _mlp_seconds(model: nn.Module, pairs: dict[int, _Pair], target: _Target, calls: Counter[int]
-                 ) -> tuple[dict[int, tuple[str, nn.Linear]], dict[int, str]]:
+                 ) -> tuple[dict[int, tuple[str, nn.Module]], dict[int, str]]:
     """For each fusable pair followed by a Linear that can join it as a FusedMLP's second layer (a
     plain, unhooked Linear registered and called once, that no other pair starts, of the first
     one's compute dtype and bias, taking its outputs), that Linear, by the id of the first; and
@@ -451,13 +457,14 @@ def _mlp_seconds(model: nn.Module, pairs: dict[int, _Pair], target: _Target, cal
             continue
         name, fc2 = pair.then
         first = next(m for m in model.modules() if id(m) == lin_id)
-        if not isinstance(first, nn.Linear) or not isinstance(fc2, nn.Linear):
-            why_not[lin_id] = "FusedMLP holds nn.Linear layers, and this MLP's are transformers' Conv1D"
+        if is_conv1d(first) != is_conv1d(fc2):
+            why_not[lin_id] = (f"a FusedMLP's layers are two nn.Linear or two Conv1D, and these are a "
+                               f"{type(first).__name__} and a {type(fc2).__name__}")
         elif why := target.kept_because(fc2):
             why_not[lin_id] = f"{name}: {why}"
         elif id(fc2) in starts or registered[id(fc2)] != 1 or calls[id(fc2)] != 1:
             why_not[lin_id] = f"{name} starts a pair of its own, or is registered or called more than once"
-        elif (first.bias is None) != (fc2.bias is None) or first.out_features != fc2.in_features:
+        elif (first.bias is None) != (fc2.bias is None) or features(first)[1] != features(fc2)[0]:
             why_not[lin_id] = f"{name} differs from it in having a bias, or does not take its outputs"
         elif (target.compute_dtype or first.weight.dtype) != (target.compute_dtype or fc2.weight.dtype):
             why_not[lin_id] = f"{name} computes in another dtype"

@@ -46,6 +46,7 @@ from .base import (
     check_compute_dtype,
     check_layer_dtype,
     check_parameter,
+    conv1d_sizes,
     dense_output,
     launch_arch,
     reference_linear,
@@ -149,7 +150,8 @@ def training_flag(name: str, value: object) -> bool:
     return value
 
 
-def _require_supported(in_features: int, dtype: torch.dtype) -> None:
+def require_supported(in_features: int, dtype: torch.dtype) -> None:
+    """Refuse a layer of `in_features` that gemmgen cannot run in `dtype`, saying why."""
     reason = unsupported(in_features, dtype)
     if reason:
         raise InvalidArgument(f"FusedLinear: {reason}; keep nn.Linear for this layer")
@@ -177,7 +179,7 @@ class FusedLinear(RecipeModule):
                  dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None,
                  recompute: bool = False, accumulate_grad: bool = False, precision: Precision | None = None) -> None:
         super().__init__()
-        _require_supported(in_features, check_layer_dtype(dtype))
+        require_supported(in_features, check_layer_dtype(dtype))
         activation_fn(activation, gated=True)  # a bad name is refused before anything is allocated
         self._configure(in_features, out_features, activation, None, recompute, accumulate_grad, precision)
         rows = weight_rows(out_features, activation)
@@ -217,17 +219,8 @@ class FusedLinear(RecipeModule):
         """A FusedLinear sharing the parameters of transformers' `Conv1D` (GPT-2's x @ W + b, W
         stored in x out): its kernel reads W as it is stored (B N-major), so nothing is transposed
         or copied, and its `weight` stays (in_features, out_features) (`weight_in_out`)."""
-        weight, bias = (conv._parameters.get(n) if isinstance(conv, nn.Module) else None for n in ("weight", "bias"))
-        if weight is None or weight.dim() != 2 or type(conv).__name__ != "Conv1D":
-            raise InvalidArgument(f"conv: expected transformers' Conv1D (a 2-d weight, in x out), got "
-                                  f"{type(conv).__name__}")
-        check_compute_dtype(compute_dtype)
-        if activation in GATED:
-            raise InvalidArgument(f"activation: {activation} reads gate and up interleaved in an out x in weight; a "
-                                  "Conv1D takes relu, gelu, gelu_tanh, silu or None")
-        activation_fn(activation, gated=True)
-        in_features, out_features = weight.shape
-        _require_supported(in_features, compute_dtype or weight.dtype)
+        in_features, out_features = cls._checked_conv1d(conv, activation, compute_dtype, "conv")
+        weight, bias = conv.get_parameter("weight"), conv._parameters.get("bias")
         fused = cls.__new__(cls)
         nn.Module.__init__(fused)
         fused._configure(in_features, out_features, activation, compute_dtype, recompute, accumulate_grad, None,
@@ -239,18 +232,37 @@ class FusedLinear(RecipeModule):
 
     @classmethod
     def sharing(cls, parameters: dict[str, Any], in_features: int, out_features: int, activation: str | None,
-                compute_dtype: torch.dtype | None) -> FusedLinear:
+                compute_dtype: torch.dtype | None, weight_in_out: bool = False) -> FusedLinear:
         """A FusedLinear registered nowhere whose `weight` and `bias` are the entries of
         `parameters`: the very dict another module registers its own in (`module._parameters`),
         so that `.to()`, load_state_dict (`assign=True` too) and replaced parameters reach it. How
         a FusedMLP that `fuse` put into a model runs parameters that the model keeps where they were
-        (the same state_dict keys)."""
+        (the same state_dict keys). `weight_in_out`: the weight is a Conv1D's (`from_conv1d`)."""
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.__dict__["_parameters"] = parameters
-        layer._configure(in_features, out_features, activation, compute_dtype, False, False, None)
+        layer._configure(in_features, out_features, activation, compute_dtype, False, False, None,
+                         weight_in_out=weight_in_out)
         layer._set_recipes()
         return layer
+
+    @staticmethod
+    def _checked_conv1d(conv: object, activation: str | None, compute_dtype: torch.dtype | None,
+                        name: str) -> tuple[int, int]:
+        """(in_features, out_features) of a FusedLinear made of transformers' Conv1D `conv` (the
+        argument `name`), after refusing what gemmgen cannot run."""
+        sizes = conv1d_sizes(conv)
+        if sizes is None:
+            raise InvalidArgument(f"{name}: expected transformers' Conv1D (a 2-d weight, in x out), got "
+                                  f"{type(conv).__name__}")
+        check_compute_dtype(compute_dtype)
+        if activation in GATED:
+            raise InvalidArgument(f"activation: {activation} reads gate and up interleaved in an out x in weight; a "
+                                  "Conv1D takes relu, gelu, gelu_tanh, silu or None")
+        activation_fn(activation, gated=True)
+        assert isinstance(conv, nn.Module)
+        require_supported(sizes[0], compute_dtype or conv._parameters["weight"].dtype)  # type: ignore[union-attr]
+        return sizes
 
     @staticmethod
     def _checked_linear(linear: nn.Linear, activation: str | None, compute_dtype: torch.dtype | None) -> int:
@@ -258,7 +270,7 @@ class FusedLinear(RecipeModule):
         after refusing what gemmgen cannot run."""
         check_compute_dtype(compute_dtype)
         activation_fn(activation, gated=True)
-        _require_supported(linear.in_features, compute_dtype or linear.weight.dtype)
+        require_supported(linear.in_features, compute_dtype or linear.weight.dtype)
         out_features = linear.out_features
         if activation in GATED:
             if out_features % 2:

@@ -51,6 +51,7 @@ from ..dsl import Backward, Recipe
 from ..errors import InvalidArgument
 from ..integrations.ops import OpCaller, caller
 from ..training import Precision
+from ..types import Layout
 from .base import (
     COMPUTE_DTYPES,
     GATED,
@@ -59,6 +60,7 @@ from .base import (
     activation_fn,
     call_dtypes,
     check_parameter,
+    conv1d_sizes,
     dense_output,
     launch_arch,
     warn_no_kernel,
@@ -79,13 +81,15 @@ from .plan import mlp_plan
 
 
 @functools.cache
-def mlp_backward(activation: str, bias: bool, dtype: torch.dtype, recompute: bool) -> Backward:
+def mlp_backward(activation: str, bias: bool, dtype: torch.dtype, recompute: bool,
+                 weight_in_out: bool = False) -> Backward:
     """fc1's derived backward (`Recipe.backward`): for fc2's dgrad GEMM (A = dL/dY, B = W2 as
-    stored, out x hidden, row-major), reading the saved accumulator; with `recompute`, fc1's own
-    GEMM again, reading dL/dh and also writing h (`fwd_d`)."""
-    fc1 = linear_recipe(activation, bias, dtype)
+    stored: out x hidden, row-major; with `weight_in_out`, GPT-2's Conv1D, hidden x out, read as
+    a column-major B), reading the saved accumulator; with `recompute`, fc1's own GEMM again,
+    reading dL/dh and also writing h (`fwd_d`)."""
+    fc1 = linear_recipe(activation, bias, dtype, weight_in_out=weight_in_out)
     if not recompute:
-        saving = fc1.backward()
+        saving = fc1.backward(layout_b=Layout.COL if weight_in_out else None)
         if not saving.recompute:  # a gated fc1 with a bias recomputes (Recipe.backward)
             return saving
     return fc1.backward(recompute=True, recompute_d=True)
@@ -110,11 +114,14 @@ class MLPKernels:
 
 
 @functools.cache
-def mlp_kernels(activation: str, bias1: bool, bias2: bool, dtype: torch.dtype, recompute: bool) -> MLPKernels:
-    """A FusedMLP's `MLPKernels` (shared by every module of the same kind)."""
-    backward = mlp_backward(activation, bias1, dtype, recompute)
-    return MLPKernels(backward, caller(linear_recipe(activation, bias1, dtype)), caller(backward.forward),
-                      caller(backward.kernel), caller(linear_recipe(None, bias2, dtype)))
+def mlp_kernels(activation: str, bias1: bool, bias2: bool, dtype: torch.dtype, recompute: bool,
+                weight_in_out: bool = False) -> MLPKernels:
+    """A FusedMLP's `MLPKernels` (shared by every module of the same kind); `weight_in_out`: both
+    layers' weights stored in x out (GPT-2's Conv1D)."""
+    backward = mlp_backward(activation, bias1, dtype, recompute, weight_in_out)
+    return MLPKernels(backward, caller(linear_recipe(activation, bias1, dtype, weight_in_out=weight_in_out)),
+                      caller(backward.forward), caller(backward.kernel),
+                      caller(linear_recipe(None, bias2, dtype, weight_in_out=weight_in_out)))
 
 
 class _MLPFunction(torch.autograd.Function):
@@ -140,7 +147,7 @@ class _MLPFunction(torch.autograd.Function):
         x, w1, b1, w2, saved, h = ctx.saved_tensors
         _, _, _, need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad
         g = g.contiguous()
-        w2_rows = w2.t()  # W2 as stored (out x hidden): the dgrad GEMM's B, row-major
+        w2_rows = w2.t()  # W2 as out x hidden: the dgrad GEMM's B (row-major; a Conv1D's, column-major)
         if kernels.recompute:
             inputs = {"bias": b1, "grad_d": torch.matmul(g, w2_rows)}
             a, b = x, w1
@@ -155,7 +162,7 @@ class _MLPFunction(torch.autograd.Function):
         gb1 = None
         if b1 is not None and need_b1:  # over column pairs a sum over M: torch's
             gb1 = outs["grad_bias"].to(b1.dtype) if "grad_bias" in outs else g_acc1.sum(0).to(b1.dtype)
-        gw2 = weight_grad(mlp.fc2.weight, g, h, ctx.accumulate) if need_w2 else None
+        gw2 = weight_grad(mlp.fc2.weight, g, h, ctx.accumulate, mlp.fc2.weight_in_out) if need_w2 else None
         gb2 = g.sum(0) if ctx.has_b2 and need_b2 else None
         return None, None, None, gx, gw1, gb1, gw2, gb2
 
@@ -171,14 +178,18 @@ class MLPSecondLayer(ReadOnlyOptions):
     bias: torch.Tensor | None
     _options = ("in_features", "out_features")
 
-    def __init__(self, linear: nn.Linear, name: str, applied_by: str) -> None:
-        """`linear`'s parameters (shared), for the model's `name` (where it is, for reprs), whose
-        FusedMLP is at `applied_by`."""
+    def __init__(self, linear: nn.Module, name: str, applied_by: str) -> None:
+        """`linear`'s parameters (shared; an nn.Linear's or a Conv1D's), for the model's `name`
+        (where it is, for reprs), whose FusedMLP is at `applied_by`."""
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        sizes = conv1d_sizes(linear)
+        if sizes is None:
+            assert isinstance(linear, nn.Linear), "FusedMLP.chain refuses other layers"
+            sizes = linear.in_features, linear.out_features
+        self.in_features, self.out_features = sizes
         self.name, self.applied_by = name, applied_by
-        self.weight = linear.weight
-        self.bias = linear.bias
+        self.weight = linear.get_parameter("weight")
+        self.bias = linear._parameters.get("bias")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -231,24 +242,38 @@ class FusedMLP(RecipeModule):
         return mlp
 
     @classmethod
-    def chain(cls, fc1: nn.Linear, activation: str, fc2: nn.Linear, second: MLPSecondLayer,
+    def chain(cls, fc1: nn.Module, activation: str, fc2: nn.Module, second: MLPSecondLayer,
               compute_dtype: torch.dtype | None = None, precision: Precision | None = None) -> FusedMLP:
         """A FusedMLP to take `fc1`'s place in a model where fc1 -> activation -> fc2 ran, with
         `second` (an MLPSecondLayer of fc2) in fc2's: it registers fc1's parameters as its own
         `weight` and `bias`, and reads fc2's from `second`, so that the model's state_dict keys stay
-        the Linears' (what `fuse(mlp=True)` makes)."""
-        _check_linears(fc1, activation, fc2)
-        hidden = FusedLinear._checked_linear(fc1, activation, compute_dtype)
-        FusedLinear._checked_linear(fc2, None, compute_dtype)
+        the Linears' (what `fuse(mlp=True)` makes). fc1 and fc2 are nn.Linear layers, or both
+        transformers' Conv1D (GPT-2's MLP: its kernels read the weights as stored, in x out)."""
+        conv = conv1d_sizes(fc1) is not None
+        if conv:  # GPT-2's: both layers transformers' Conv1D, their weights stored in x out
+            if precision is not None:
+                raise InvalidArgument(f"precision: {precision} reads weights stored out x in (nn.Linear's); fc1 "
+                                      "and fc2 are Conv1D layers: leave precision= out")
+            _check_activation(activation)
+            n_in, hidden = FusedLinear._checked_conv1d(fc1, activation, compute_dtype, "fc1")
+            n_hidden, n_out = FusedLinear._checked_conv1d(fc2, None, compute_dtype, "fc2")
+            if hidden != n_hidden or (fc1.bias is None) != (fc2.bias is None):
+                raise InvalidArgument(f"fc1, fc2: fc1's {hidden} outputs must feed fc2's {n_hidden} inputs, and "
+                                      "both have a bias or neither; keep them as separate layers")
+        else:
+            _check_linears(fc1, activation, fc2)
+            assert isinstance(fc1, nn.Linear) and isinstance(fc2, nn.Linear), "_check_linears refuses others"
+            n_in, hidden = fc1.in_features, FusedLinear._checked_linear(fc1, activation, compute_dtype)
+            FusedLinear._checked_linear(fc2, None, compute_dtype)
+            n_hidden, n_out = fc2.in_features, fc2.out_features
         mlp = cls.__new__(cls)
         nn.Module.__init__(mlp)
-        mlp.register_parameter("weight", cast(nn.Parameter, fc1.weight))
-        mlp.register_parameter("bias", cast("nn.Parameter | None", fc1.bias))
+        mlp.register_parameter("weight", fc1.get_parameter("weight"))
+        mlp.register_parameter("bias", fc1._parameters.get("bias"))
         mlp.__dict__["_second"] = second
-        mlp.__dict__["fc1"] = FusedLinear.sharing(mlp._parameters, fc1.in_features, hidden, activation, compute_dtype)
-        mlp.__dict__["fc2"] = FusedLinear.sharing(second._parameters, fc2.in_features, fc2.out_features, None,
-                                                  compute_dtype)
-        mlp._check_dtypes(fc1.weight, fc2.weight)
+        mlp.__dict__["fc1"] = FusedLinear.sharing(mlp._parameters, n_in, hidden, activation, compute_dtype, conv)
+        mlp.__dict__["fc2"] = FusedLinear.sharing(second._parameters, n_hidden, n_out, None, compute_dtype, conv)
+        mlp._check_dtypes(fc1.get_parameter("weight"), fc2.get_parameter("weight"))
         mlp._configure(False, False, precision)
         return mlp
 
@@ -374,7 +399,8 @@ class FusedMLP(RecipeModule):
         key = (dtype, bias1, bias2)
         found = self._kernels.get(key)
         if found is None:
-            found = self._kernels[key] = mlp_kernels(self.activation, bias1, bias2, dtype, self._recompute)
+            found = self._kernels[key] = mlp_kernels(self.activation, bias1, bias2, dtype, self._recompute,
+                                                     self.fc1.weight_in_out)
         return found
 
     def _gate_up(self) -> tuple[nn.Linear | GateUpHalf, nn.Linear | GateUpHalf]:
@@ -448,7 +474,7 @@ class FusedMLP(RecipeModule):
         """fc1's weight gradient, for its kernel's B (`grads.weight_grad`); a gated module's into
         gate's and up's own `main_grad` with `accumulate`."""
         if not self.__dict__.get("_gated"):
-            return weight_grad(self.fc1.weight, g_acc1, x, accumulate)
+            return weight_grad(self.fc1.weight, g_acc1, x, accumulate, self.fc1.weight_in_out)
         if self.__dict__.get("_chunked"):
             wi = self._modules[self.__dict__["_gated"][0]]
             return halves_weight_grad(wi.weight, g_acc1, x, accumulate)  # type: ignore[union-attr, arg-type]

@@ -85,13 +85,18 @@ def linear_plan(layer, tokens: int, training: bool = True, name: str = "linear")
         out.append(PlannedGemm(name, Pass.DGRAD, "dL/dacc: fprop's GEMM again, its epilogue derived", t, rows,
                                n_in, bwd.recipe))
     return [*out, PlannedGemm(name, Pass.DGRAD, "dx = dL/dacc W", t, n_in, rows, None),
-            _bf16_wgrad(name, "dW = dL/dacc^T x", rows, n_in, t, layer._accumulate_grad, layer.kernel_dtype)]
+            _bf16_wgrad(name, "dW = dL/dacc^T x", rows, n_in, t, layer._accumulate_grad, layer.kernel_dtype,
+                        layer.weight_in_out)]
 
 
-def _bf16_wgrad(name: str, what: str, rows: int, n_in: int, t: int, accumulate: bool, dtype: torch.dtype
-                ) -> PlannedGemm:
-    """A bf16 layer's weight gradient: gemmgen's fp32 GEMM into main_grad (`accumulate_grad`), else
-    torch's x^T dL/dacc (the kernel's B = W^T: in x out)."""
+def _bf16_wgrad(name: str, what: str, rows: int, n_in: int, t: int, accumulate: bool, dtype: torch.dtype,
+                weight_in_out: bool = False) -> PlannedGemm:
+    """A bf16 layer's weight gradient: gemmgen's fp32 GEMM into main_grad (`accumulate_grad`; x^T
+    dL/dacc for a weight stored in x out, as GPT-2's Conv1D), else torch's x^T dL/dacc (the
+    kernel's B = W^T: in x out)."""
+    if accumulate and weight_in_out:
+        return PlannedGemm(name, Pass.WGRAD, "dW = x^T dL/dacc, into main_grad", n_in, rows, t,
+                           weight_grad_recipe(dtype))
     if accumulate:
         return PlannedGemm(name, Pass.WGRAD, what + ", into main_grad", rows, n_in, t, weight_grad_recipe(dtype))
     return PlannedGemm(name, Pass.WGRAD, what.replace("dW = dL/dacc^T x", "dW^T = x^T dL/dacc"), n_in, rows, t, None)
@@ -136,8 +141,10 @@ def mlp_plan(mlp, tokens: int, training: bool = True, name: str = "mlp") -> list
                              mlp._backward.kernel)]
     return [*forward, *dacc1,
             PlannedGemm(fc1, Pass.DGRAD, "dx = dL/dacc W", t, n_in, rows, None),
-            _bf16_wgrad(fc1, "dW = dL/dacc^T x", rows, n_in, t, mlp._accumulate_grad, mlp.fc1.kernel_dtype),
-            _bf16_wgrad(fc2, "dW = dL/dacc^T x", n_out, hidden, t, mlp._accumulate_grad, mlp.fc1.kernel_dtype)]
+            _bf16_wgrad(fc1, "dW = dL/dacc^T x", rows, n_in, t, mlp._accumulate_grad, mlp.fc1.kernel_dtype,
+                        mlp.fc1.weight_in_out),
+            _bf16_wgrad(fc2, "dW = dL/dacc^T x", n_out, hidden, t, mlp._accumulate_grad, mlp.fc1.kernel_dtype,
+                        mlp.fc2.weight_in_out)]
 
 
 def grouped_plan(layer, rows: int, training: bool = True, name: str = "experts") -> list[PlannedGemm]:  # type: ignore[no-untyped-def]

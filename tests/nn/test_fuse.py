@@ -127,6 +127,7 @@ def test_mlp_fuses_linear_activation_linear_into_one_fused_mlp(gen):
     assert [type(m).__name__ for m in fused] == ["FusedMLP", "Identity", "MLPSecondLayer", "Linear"]
     assert report == ["0: Linear + GELU + Linear (2) -> FusedMLP(linear_gelu_bias_bf16, linear_none_bias_bf16) (1 "
                       "is now Identity, 2 an MLPSecondLayer holding its parameters; state_dict unchanged)",
+                      "2: the second layer of the FusedMLP at 0 (now an MLPSecondLayer holding its parameters)",
                       f"3: {KEPT_UNPAIRED}"]
     assert list(fused.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias", "3.weight", "3.bias"]
     x = torch.randn(5, 64, generator=gen).bfloat16().requires_grad_()

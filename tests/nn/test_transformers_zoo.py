@@ -55,14 +55,14 @@ EXPECTED = {
     "llama": {"FusedMLP": 2}, "qwen2": {"FusedMLP": 2}, "qwen3": {"FusedMLP": 2},
     "mixtral": {"GroupedExperts": 2}, "qwen3_moe": {"GroupedExperts": 2},
     "deepseek_v3": {"FusedMLP": 2, "GroupedExperts": 1},  # a dense layer, the shared experts, the routed ones
-    "gpt2": {"FusedLinear": 2}, "bert": {"FusedLinear": 3},
+    "gpt2": {"FusedMLP": 2}, "bert": {"FusedLinear": 3},  # GPT-2's: Conv1D + GELU + Conv1D
     "modernbert": {"FusedMLP": 2, "FusedLinear": 1},  # chunked GLUs; its head's dense + GELU
 }
 
-#: What the report says of the MLPs fuse keeps, by family: a phrase of each such MLP's line.
-KEPT = {"gpt2": ("mlp.c_fc", "Conv1D + NewGELUActivation -> FusedLinear(linear_gelu_tanh_bias_bf16_kn) (transformer"
-                             ".h.0.mlp.act is now Identity; not a FusedMLP: FusedMLP holds nn.Linear layers, and this "
-                             "MLP's are transformers' Conv1D)"),
+#: What the report says of the MLPs fuse makes from spellings of their own, by family: a phrase of
+#: each such MLP's line.
+KEPT = {"gpt2": ("mlp.c_fc", "Conv1D + NewGELUActivation + Conv1D (transformer.h.0.mlp.c_proj) -> FusedMLP("
+                             "linear_gelu_tanh_bias_bf16_kn, linear_none_bias_bf16_kn)"),
         "modernbert": ("mlp", "Wo(act(a) * b), a, b = Wi(x).chunk(2) -> FusedMLP(linear_geglu_bf16")}
 
 
@@ -293,3 +293,67 @@ def test_from_conv1d_refuses_what_it_cannot_run_by_name() -> None:
         gg.nn.FusedLinear.from_conv1d(nn.Linear(16, 16))
     with pytest.raises(InvalidArgument, match="activation: swiglu reads gate and up interleaved"):
         gg.nn.FusedLinear.from_conv1d(Conv1D(32, 16).bfloat16(), "swiglu")
+
+
+@pytest.mark.parametrize(("recompute", "accumulate_grad"), [(False, False), (True, False), (False, True)])
+def test_gpt2s_mlp_is_one_fused_mlp_over_its_conv1ds(recompute: bool, accumulate_grad: bool) -> None:
+    """transformers' GPT2MLP (Conv1D -> gelu_new -> Conv1D, weights in x out) made one FusedMLP: its
+    kernels read both weights as stored (fc1 and fc2 N-major, the derived dgrad's B, W2 as out x
+    hidden, column-major); forward and every gradient as the module's in fp64; the state_dict
+    unchanged; the second Conv1D named in the report."""
+    from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+
+    torch.manual_seed(5)
+    config = transformers.GPT2Config(n_embd=48, resid_pdrop=0.0)
+    block = nn.Module()
+    block.mlp = GPT2MLP(80, config).bfloat16()
+    keys = {k: v.shape for k, v in block.state_dict().items()}
+    exact = copy.deepcopy(block.mlp).double()
+    fused: Any
+    fused, report = gg.nn.fuse(block, mlp=True, recompute=recompute, accumulate_grad=accumulate_grad)
+    mlp = fused.mlp.c_fc
+    assert isinstance(mlp, gg.nn.FusedMLP) and mlp.fc1.weight_in_out and mlp.fc2.weight_in_out, report
+    assert mlp.weight is block.mlp.c_fc.weight and mlp.weight.shape == (48, 80)
+    assert mlp._backward.kernel.ir.gemm.layout_b.value == ("row" if recompute else "col")
+    assert "mlp.c_proj: the second layer of the FusedMLP at mlp.c_fc" in "\n".join(report), report
+    assert {k: v.shape for k, v in fused.state_dict().items()} == keys
+    x = torch.randn(3, 7, 48).bfloat16().requires_grad_()
+    y = fused.mlp(x)
+    assert y.shape == (3, 7, 48) and y.dtype == torch.bfloat16 and y.is_contiguous()
+    xd = x.detach().double().requires_grad_()
+    want = exact(xd)
+    torch.testing.assert_close(y.double(), want, rtol=2e-2, atol=2e-2)
+    g = torch.randn_like(want)
+    y.backward(g.bfloat16())
+    want.backward(g)
+    got_grads = {n: (getattr(p, "main_grad", None) if accumulate_grad and p.dim() == 2 else p.grad)
+                 for n, p in block.mlp.named_parameters()}
+    for name, ref in [*((n, p.grad) for n, p in exact.named_parameters()), ("x", xd.grad)]:
+        got = x.grad if name == "x" else got_grads[name]
+        assert got is not None and ref is not None, name
+        assert got.shape == ref.shape and (got.double() - ref).norm() / ref.norm() < 2e-2, name
+
+
+def test_a_conv1d_and_a_linear_make_no_fused_mlp_and_the_report_says_why() -> None:
+    from transformers.pytorch_utils import Conv1D
+
+    from gemmgen.errors import InvalidArgument
+    from gemmgen.training import Float8Blockwise
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.act, self.down = Conv1D(64, 32), nn.GELU(), nn.Linear(64, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.down(self.act(self.up(x)))
+
+    _, report = gg.nn.fuse(Mixed().bfloat16(), mlp=True)
+    assert "not a FusedMLP: a FusedMLP's layers are two nn.Linear or two Conv1D, and these are a Conv1D and a " \
+           "Linear" in report[0], report
+    up, down = Conv1D(64, 32).bfloat16(), Conv1D(32, 64).bfloat16()
+    second = gg.nn.MLPSecondLayer(down, "down", "up")
+    with pytest.raises(InvalidArgument, match=r"precision: Float8Blockwise.* fc1 and fc2 are Conv1D layers"):
+        gg.nn.FusedMLP.chain(up, "gelu", down, second, precision=Float8Blockwise())
+    with pytest.raises(InvalidArgument, match="fc2: expected transformers' Conv1D"):
+        gg.nn.FusedMLP.chain(up, "gelu", nn.Linear(64, 32).bfloat16(), second)
