@@ -260,13 +260,15 @@ class LowPrecisionMLP(torch.autograd.Function):
         fc1_args = (*forward_operands(gemms.fc1, caches[0], x, q1), *(() if b1 is None else (b1,)))
         h: torch.Tensor | Operand
         kept_h: torch.Tensor | Operand
-        if gemms.fc1_quantizing is not None and gemms.fc2.precision.save_original_input:
-            # h quantized by fc1's epilogue for fc2's fprop, and h itself kept (quantized again in the backward)
-            hq, h_scale, kept_h, saved_acc = gemms.fc1_quantizing(*fc1_args)
-            h = Operand(hq, h_scale)
-        elif gemms.fc1_quantizing is not None:  # h quantized by fc1's epilogue for both of fc2's GEMMs that read it
-            hq, h_scale, h_t, h_t_scale, saved_acc = gemms.fc1_quantizing(*fc1_args)
-            h, kept_h = Operand(hq, h_scale), Operand(h_t.t(), h_t_scale.t())
+        p = gemms.fc2.precision
+        if gemms.fc1_quantizing is not None:
+            # h quantized by fc1's epilogue for both of fc2's GEMMs that read it (with save_original_input
+            # for its fprop, h itself kept and quantized again in the backward)
+            history = caches[1].history("input", p)
+            operands = {"scale_a": fc1_args[2], "scale_b": fc1_args[3], "bias": b1,
+                        **p.quantizing_operands(Gemm.FPROP, history, x.device)}
+            outs = gemms.fc1_quantizing.by_name(fc1_args[0], fc1_args[1], operands)
+            (h, kept_h), saved_acc = p.quantized(outs, Gemm.FPROP, operands, history), outs["saved_acc"]
         else:
             h_bf16, saved_acc = gemms.fc1_saving(*fc1_args)
             h, kept_h = h_bf16, saved_input(gemms.fc2, caches[1], h_bf16)
@@ -291,8 +293,10 @@ class LowPrecisionMLP(torch.autograd.Function):
         g_acc1: torch.Tensor | Operand
         g_acc1_t: torch.Tensor | Operand
         if gemms.bwd_quantizing is not None:  # dL/dacc1 quantized by the kernel for fc1's dgrad and wgrad
+            history = c1.history("grad", gemms.fc1.precision)
+            operands |= gemms.fc1.precision.quantizing_operands(Gemm.DGRAD, history, g.device)
             outs = gemms.bwd_quantizing.by_name(gq.data, q2.columns.data, operands)
-            g_acc1, g_acc1_t = Operand(outs["d"], outs["d_scale"]), Operand(outs["d_t"], outs["d_t_scale"])
+            g_acc1, g_acc1_t = gemms.fc1.precision.quantized(outs, Gemm.DGRAD, operands, history)
         else:
             outs = gemms.bwd.by_name(gq.data, q2.columns.data, operands)
             g_acc1 = g_acc1_t = outs["d"]

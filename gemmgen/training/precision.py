@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..dsl import DEEPSEEK_BLOCK_SCALE, Backward, Recipe, cast, quantize, quantize_columns
+from ..dsl import DEEPSEEK_BLOCK_SCALE, Backward, Recipe, amax, cast, quantize, quantize_columns
 from ..dsl.backward import declarations, replay
 from ..dsl.operands import OperandDecl, Scalar
 from ..errors import InvalidArgument
@@ -142,6 +142,19 @@ class Precision:
         (`d_original`: the layer saves it and quantizes it again in the backward). None where this
         precision has no such epilogue: the layer quantizes D with torch."""
         return None
+
+    def quantizing_operands(self, gemm: Gemm, history: AmaxHistory | None, device: torch.device
+                            ) -> dict[str, torch.Tensor]:
+        """What `quantizing(..., gemm, ...)`'s kernel reads beyond the recipe's operands (the D
+        tensor's history is `history`): nothing here; a delayed scale under Float8Tensorwise."""
+        return {}
+
+    def quantized(self, outs: dict[str, torch.Tensor], gemm: Gemm, operands: dict[str, torch.Tensor],
+                  history: AmaxHistory | None) -> tuple[Operand, Operand | torch.Tensor]:
+        """The operands a `quantizing` kernel's outputs `outs` are, given the `operands` it read:
+        (the next fprop's A, or this layer's dgrad A, from a DGRAD kernel; the next wgrad's B from
+        an FPROP kernel, its A from a DGRAD one, or under `save_original_input` D itself, kept)."""
+        raise NotImplementedError
 
     def quantizing_backward(self, recipe: Recipe) -> Backward | None:
         """`backward(recipe)` with both kernels' D written quantized (`quantizing`): the forward's
@@ -253,6 +266,15 @@ class Float8Blockwise(Precision):
         return Recipe(name, epilogue, a=a, b=b, d=self.dtype, layout_a=Layout.ROW, layout_b=Layout.COL,
                       operands=operands, aux=aux, block_scale=self.block_scale(gemm))
 
+    def quantized(self, outs: dict[str, torch.Tensor], gemm: Gemm, operands: dict[str, torch.Tensor],
+                  history: AmaxHistory | None) -> tuple[Operand, Operand | torch.Tensor]:
+        rows = Operand(outs["d"], outs["d_scale"])
+        if "d_original" in outs:
+            return rows, outs["d_original"]
+        if gemm is Gemm.FPROP:  # the next wgrad's B: K x N, K-major (a column-major view)
+            return rows, Operand(outs["d_t"].t(), outs["d_t_scale"].t())
+        return rows, Operand(outs["d_t"], outs["d_t_scale"])  # this layer's wgrad A
+
     def quantize(self, t: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(q, scales): `t` (R x C) in e4m3 per `block`, with t's shape and memory order, and its
         fp32 scales (ceil(R / block[0]), ceil(C / block[1])): the recipe's one quantizer."""
@@ -340,14 +362,24 @@ class AmaxHistory:
         self.amax: torch.Tensor | None = None  # (1,): what the scales come from; NaN before a first step
 
     def record(self, t: torch.Tensor, dtype: DType) -> torch.Tensor:
-        """The scale (1,) to quantize `t` in `dtype` with (from the earlier steps' amax; 1 before
-        the first step ends, as Transformer Engine starts), after recording t's amax."""
-        if self.amaxes is None or self.amaxes.device != t.device:
-            self.amaxes = torch.zeros(self.length, dtype=torch.float32, device=t.device)
-            self.amax = torch.full((1,), float("nan"), dtype=torch.float32, device=t.device)
+        """The scale (1,) to quantize `t` in `dtype` with (`scale`), after recording t's amax."""
+        scale = self.scale(dtype, t.device)
+        self.add(t.detach().abs().amax())
+        return scale
+
+    def scale(self, dtype: DType, device: torch.device) -> torch.Tensor:
+        """The scale (1,) a tensor of this history is quantized in `dtype` with: from the earlier
+        steps' amax; 1 before the first step ends, as Transformer Engine starts."""
+        if self.amaxes is None or self.amaxes.device != device:
+            self.amaxes = torch.zeros(self.length, dtype=torch.float32, device=device)
+            self.amax = torch.full((1,), float("nan"), dtype=torch.float32, device=device)
         assert self.amax is not None
-        self.amaxes[0] = torch.maximum(self.amaxes[0], t.detach().abs().amax().float())
         return (self.amax * 2.0**self.margin / FP8_MAX[dtype]).nan_to_num(1.0)
+
+    def add(self, amax: torch.Tensor) -> None:
+        """Record a tensor's amax (one value; an epilogue's `gg.amax`, or torch's) in this step's slot."""
+        assert self.amaxes is not None, "scale() first: it places the history on the tensor's device"
+        self.amaxes[0] = torch.maximum(self.amaxes[0], amax.detach().float().reshape(()))
 
     def advance(self) -> None:
         """End a step: the amax of the history (kept as it was where that is 0 or not finite),
@@ -417,6 +449,47 @@ class Float8Tensorwise(Precision):
     def epilogue(self, ir: EpilogueIR) -> tuple[Callable[..., Any], dict[str, OperandDecl]]:
         return _prescaled(ir), {"scale_a": Scalar(tensor=True), "scale_b": Scalar(tensor=True),
                                 **declarations(ir.operands)}
+
+    def quantizing(self, recipe: Recipe, gemm: Gemm, name: str) -> Recipe | None:
+        """Delayed scaling: D rounded to its type, divided by its tensor's delayed scale (the
+        operand `scale_d`, from the tensor's amax history) and stored in the fp8 type the next
+        GEMMs read it in (e4m3 for an activation, e5m2 for a gradient), with its amax (`d_amax`:
+        max |D| over the tensor, NaNs skipped) for the history; bit for bit `quantize` of the
+        rounded D, whose weight-gradient copy is the same values transposed. None for current
+        scaling (its scale needs the whole tensor's amax before the first value is stored),
+        under `save_original_input` and over column pairs: the layer quantizes with torch."""
+        ir = recipe.ir.epilogue
+        if not self.delayed or self.save_original_input or ir.pairs:
+            return None
+        fn, operands = self.epilogue(ir)
+        rounded_to = recipe.ir.gemm.d
+
+        def epilogue(acc: Any, scale_d: Any, **values: Any) -> dict[str, Any]:
+            out = fn(acc, **values)
+            d = cast(out.pop("d"), rounded_to)
+            return {"d": d / scale_d, "d_amax": amax(d), **out}
+
+        signature = inspect.signature(fn)
+        params = [*signature.parameters.values(), inspect.Parameter("scale_d", inspect.Parameter.KEYWORD_ONLY)]
+        epilogue.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        a, b = self.dtypes(gemm)
+        aux = {"d_amax": DType.F32, **{o.name: o.dtype for o in recipe.outputs[1:]}}
+        return Recipe(name, epilogue, a=a, b=b, d=a, layout_a=Layout.ROW, layout_b=Layout.COL,
+                      operands={**operands, "scale_d": Scalar(tensor=True)}, aux=aux)
+
+    def quantizing_operands(self, gemm: Gemm, history: AmaxHistory | None, device: torch.device
+                            ) -> dict[str, torch.Tensor]:
+        assert history is not None, "delayed scaling keeps a history per tensor"
+        return {"scale_d": history.scale(self.dtypes(gemm)[0], device)}
+
+    def quantized(self, outs: dict[str, torch.Tensor], gemm: Gemm, operands: dict[str, torch.Tensor],
+                  history: AmaxHistory | None) -> tuple[Operand, Operand | torch.Tensor]:
+        assert history is not None, "delayed scaling keeps a history per tensor"
+        history.add(outs["d_amax"])
+        d, scale = outs["d"], operands["scale_d"]
+        if gemm is Gemm.FPROP:  # the next wgrad's B: K x N, K-major (a column-major view)
+            return Operand(d, scale), Operand(d.t().contiguous().t(), scale)
+        return Operand(d, scale), Operand(d.t().contiguous(), scale)  # this layer's wgrad A
 
     def history(self) -> AmaxHistory | None:
         if not self.delayed:

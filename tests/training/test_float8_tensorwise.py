@@ -203,3 +203,67 @@ def test_what_it_cannot_take_is_refused_by_name(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     with pytest.raises(InvalidArgument, match="use scaling='current' in a captured step"):
         layer._weights.get(layer.weight, layer._gemms)
+
+
+def test_delayed_mlps_h_and_gradient_come_quantized_from_its_epilogues(monkeypatch):
+    """Float8Tensorwise(scaling="delayed")'s FusedMLP (issue 57 item 2): fc1's kernel writes h, and
+    fc2's dgrad kernel dL/dacc1, rounded to bf16, divided by their delayed scales (from the
+    histories) and stored in e4m3 and e5m2, with each tensor's amax for its history. Over three
+    steps (the weights changed in place between them, so the histories advance and the scales
+    leave 1), the outputs, every gradient and every history's amaxes are bit-equal to the steps
+    whose torch ops quantize the bf16 h and dL/dacc1 (fused equals unfused), at 200 tokens; each
+    step runs 4 torch quantizations fewer (h's and dL/dacc1's two each; X's and dY's two each and
+    the weights', once per step, remain: 6)."""
+    from gemmgen.nn import low_precision
+    from tests.nn.dispatched import DispatchedOps
+
+    precision = Float8Tensorwise(scaling="delayed")
+    runs = []
+    for fused in (True, False):
+        low_precision.mlp_gemms.cache_clear()
+        if not fused:
+            monkeypatch.setattr(Float8Tensorwise, "quantizing", lambda self, recipe, gemm, name: None)
+        low, _ = _mlp_pair("gelu", precision)
+        gemms = low_precision.mlp_gemms(precision, "gelu", True, True, torch.bfloat16)
+        assert (gemms.fc1_quantizing is not None) == fused and (gemms.bwd_quantizing is not None) == fused
+        steps, amax_ops = [], []
+        for step in range(3):
+            x = torch.randn(200, 256, generator=torch.Generator().manual_seed(10 + step)).bfloat16() * (step + 1)
+            g = torch.randn(200, 128, generator=torch.Generator().manual_seed(20 + step)) * 4.0**step
+            with DispatchedOps() as ops:
+                steps.append(_grads(low, x, g))
+            amax_ops.append(ops.ops["amax"])
+            with torch.no_grad():
+                for p in low.parameters():
+                    p.mul_(0.5 + step)  # an optimizer step: in place, so the histories advance
+        histories = [(c.history(n, precision).amaxes, c.history(n, precision).amax)
+                     for c in low._weights for n in ("input", "weight", "grad")]
+        runs.append((steps, amax_ops, histories))
+    monkeypatch.undo()
+    low_precision.mlp_gemms.cache_clear()
+    (steps, fused_amax, fused_h), (steps0, unfused_amax, unfused_h) = runs
+    for (y, gx, grads), (y0, gx0, grads0) in zip(steps, steps0, strict=True):
+        assert torch.equal(y, y0) and torch.equal(gx, gx0)
+        assert grads.keys() == grads0.keys() and all(torch.equal(grads[n], grads0[n]) for n in grads)
+    for (amaxes, amax), (amaxes0, amax0) in zip(fused_h, unfused_h, strict=True):
+        assert torch.equal(amaxes, amaxes0) and torch.equal(amax, amax0)
+        assert amax.isfinite().all(), "a history never advanced: the steps quantized with scale 1 only"
+    assert [u - f for f, u in zip(fused_amax, unfused_amax, strict=True)] == [4, 4, 4], (fused_amax, unfused_amax)
+
+
+def test_the_delayed_quantizing_kernels_compute_their_recipes():
+    """fc1's forward (e4m3 x e4m3 -> h in e4m3, its amax and the saved accumulator) and fc2's dgrad
+    (e5m2 x e4m3 -> dL/dacc1 in e5m2, its amax and the bias gradient), emulated through the Params
+    and tensor maps gemmgen builds against their recipes' references, on a partial last tile, M = 1
+    and a K tail; current scaling has no such kernels (its scale needs the whole tensor first)."""
+    from gemmgen.testing.checks import assert_computes, uncompiled
+
+    fc1 = gg.Recipe("fc1", lambda acc, bias: gg.gelu(acc + bias), operands={"bias": gg.RowVector(gg.bf16)})
+    assert Float8Tensorwise().quantizing_backward(fc1) is None
+    backward = Float8Tensorwise(scaling="delayed").quantizing_backward(fc1)
+    assert backward is not None
+    for recipe, d in ((backward.forward, gg.e4m3), (backward.kernel, gg.e5m2)):
+        assert recipe.ir.gemm.d == d and "d_amax" in {o.name for o in recipe.outputs}
+        ck = uncompiled(recipe, recipe.default_config())
+        for shape in ((200, 272, 256, 1), (1, 128, 128, 1), (129, 136, 200, 1)):
+            assert_computes(ck, shape, recipe.name)
