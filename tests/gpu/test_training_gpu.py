@@ -161,6 +161,33 @@ def test_float8_mlp_matches_its_cpu_reference(activation, precision):
         assert snr >= 40, snr  # the same quantized operands: only the fp32 sums' order differs
 
 
+def test_a_delayed_float8_mlp_matches_its_cpu_reference_once_its_scales_move():
+    """A GELU FusedMLP in Float8Tensorwise(scaling="delayed") on the GPU (fc1's and fc2's dgrad
+    kernels write h and dL/dacc1 in fp8 with their amaxes) against the same module's steps on the
+    CPU: two steps, the weights changed in place between them (an optimizer step), so the second
+    step quantizes with scales from the first step's amaxes; 300 tokens."""
+    from tests.data.gpu_matrix import TRAINING_FP8_MLP
+
+    tokens, n_in, hidden, n_out = TRAINING_FP8_MLP
+    torch.manual_seed(0)
+    low = gg.training.Float8Tensorwise(scaling="delayed")
+    gpu = gg.nn.FusedMLP(n_in, hidden, n_out, "gelu", precision=low).cuda()
+    cpu = copy.deepcopy(gpu).cpu()
+    for step in range(2):
+        x = torch.randn(tokens, n_in).bfloat16() * (step + 1)
+        g = torch.randn(tokens, n_out).bfloat16()
+        got, want = _grads(gpu, x.cuda(), g.cuda()), _grads(cpu, x, g)
+        with torch.no_grad():
+            for module in (gpu, cpu):
+                for p in module.parameters():
+                    p.mul_(0.75)
+    for a, b in zip(got, want, strict=True):
+        assert not a.isnan().any()
+        b = b.double()
+        snr = float(20 * torch.log10(b.norm() / (a.cpu().double() - b).norm()))
+        assert snr >= 40, snr  # the same quantized operands: only the fp32 sums' order differs
+
+
 def test_a_cuda_graph_of_a_float8_layer_follows_its_weight():
     """A captured forward of a Float8Blockwise FusedLinear, replayed after the weight changed in
     place (an optimizer step), gives what an eager call gives: the quantization is in the graph."""
