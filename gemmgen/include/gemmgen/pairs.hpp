@@ -19,6 +19,7 @@
 
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
+#include <gemmgen/no_load_node.hpp>
 #include <gemmgen/pair_functors.hpp>
 
 namespace gemmgen::epi {
@@ -111,46 +112,17 @@ CUTLASS_DEVICE auto registers(Coordinates const& coords) {
   return cute::make_tensor<Element>(cute::take<0, 3>(cute::shape(coords)));
 }
 
-// What a visitor without a workspace or a producer load needs (as CUTLASS's Stages=0 nodes).
+// A visitor that loads nothing and keeps its Params' address for its consumer callbacks: the host
+// side and load phase of every such node (NoLoadNode), an empty shared storage.
 template <class Arguments_>
-struct RegisterNode {
-  using Arguments = Arguments_;
-  using Params = Arguments;
+struct RegisterNode : NoLoadNode<Arguments_> {
+  using typename NoLoadNode<Arguments_>::Params;
   struct SharedStorage {};
-
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const&, Arguments const&) {
-    return true;
-  }
-
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;
-  }
-
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
 
   CUTLASS_HOST_DEVICE RegisterNode() {}
   CUTLASS_HOST_DEVICE RegisterNode(Params const& params, SharedStorage const&) : params_ptr(&params) {}
 
   Params const* params_ptr = nullptr;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(fusion::detail::ProducerLoadArgs<Args...> const&) {
-    return fusion::detail::EmptyProducerLoadCallbacks{};
-  }
 };
 
 }  // namespace detail
