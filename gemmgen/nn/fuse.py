@@ -209,7 +209,7 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     pairs, notes, untraced, calls = _find_pairs(model, modules, target)
     seconds, not_mlps = _mlp_seconds(model, pairs, target, calls) if mlp else ({}, {})
     inside |= {id(fc2) for _, fc2 in seconds.values()}  # the second layers of FusedMLPs
-    first_of = {id(fc2): qualified for qualified, m in modules if id(m) in seconds for _, fc2 in [seconds[id(m)]]}
+    first_of = {id(seconds[id(m)][1]): qualified for qualified, m in modules if id(m) in seconds}  # fc2 -> fc1's name
     for qualified, m in modules:
         name = qualified or "(model)"
         if qualified in gated:
