@@ -4,7 +4,9 @@ at once, the step runs its recipes unfused while background workers compile); th
 gemmgen.testing.first_step's (a FusedMLP and a FusedLinear, 3 kernels for a training step).
 
     python scripts/first_step.py --jit async
-    python scripts/first_step.py --jit 1 --jobs 2
+    python scripts/first_step.py --jit 1
+
+Both compile with gemmgen's default number of workers (as many as the cores and the memory allow).
 
 On a machine without a GPU the step runs the recipes' reference in torch whatever the mode: what
 the figures show there is how long warm-up keeps a step waiting, with NVRTC's real compiles.
@@ -23,7 +25,6 @@ import time
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jit", choices=("1", "async"), required=True)
-    parser.add_argument("--jobs", type=int, default=None, help="compile workers (default: gemmgen's)")
     args = parser.parse_args()
     os.environ["GEMMGEN_JIT"] = args.jit
     cache_dir = tempfile.mkdtemp(prefix="gemmgen-first-step-")  # cold
@@ -35,13 +36,11 @@ def main() -> None:
     from gemmgen.compile.background import BACKGROUND
     from gemmgen.testing.first_step import TOKENS, fused_model, training_step
 
-    if args.jobs:
-        BACKGROUND._jobs = args.jobs
     start = time.monotonic()
     model = fused_model()
     fused = time.monotonic()
     launches = gg.nn.model_launches(model, (), training_tokens=(TOKENS,))
-    gg.warmup(launches, jobs=args.jobs, quiet=True)
+    gg.warmup(launches, quiet=True)
     warmed = time.monotonic()
     training_step(model, 0)
     stepped = time.monotonic()
