@@ -208,10 +208,13 @@ def dense_output(y: torch.Tensor, shape: Sequence[int], dtype: torch.dtype | Non
 
 
 def conv1d_sizes(layer: object) -> tuple[int, int] | None:
-    """(in_features, out_features) of transformers' Conv1D (GPT-2's x @ W + b), known by its
-    class's name and 2-d weight (in x out) without importing transformers; None for anything else."""
+    """(in_features, out_features) of transformers' Conv1D (GPT-2's x @ W + b), known by its class
+    (its name and module) and 2-d weight (in x out) without importing transformers; None for
+    anything else. The one test of what a Conv1D is (fuse's, the layers')."""
+    cls = type(layer)
     weight = layer._parameters.get("weight") if isinstance(layer, nn.Module) else None
-    if type(layer).__name__ != "Conv1D" or weight is None or weight.dim() != 2:
+    if cls.__name__ != "Conv1D" or not cls.__module__.startswith("transformers.") or weight is None \
+            or weight.dim() != 2:
         return None
     rows, cols = weight.shape
     return rows, cols

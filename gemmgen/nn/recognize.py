@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from .base import RecipeModule
+from .base import RecipeModule, conv1d_sizes
 from .mlp import MLPSecondLayer
 
 
@@ -188,12 +188,8 @@ def chunked_children(owner: nn.Module) -> tuple[str, str, str, str] | None:
 
 
 def is_conv1d(m: nn.Module) -> bool:
-    """Whether `m` is transformers' Conv1D (GPT-2's x @ W + b, W a 2-d in x out weight), known by
-    its class (fuse does not import transformers)."""
-    cls = type(m)
-    weight = m._parameters.get("weight")
-    return (cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.")
-            and weight is not None and weight.dim() == 2)
+    """Whether `m` is transformers' Conv1D (`base.conv1d_sizes`)."""
+    return conv1d_sizes(m) is not None
 
 
 def is_gemm_layer(m: nn.Module) -> bool:
@@ -206,8 +202,9 @@ def features(m: nn.Module) -> tuple[int, int]:
     """(in_features, out_features) of an nn.Linear or a Conv1D."""
     if isinstance(m, nn.Linear):
         return m.in_features, m.out_features
-    rows, cols = m._parameters["weight"].shape  # type: ignore[union-attr]
-    return rows, cols
+    sizes = conv1d_sizes(m)
+    assert sizes is not None, f"{type(m).__name__} is neither an nn.Linear nor a Conv1D"
+    return sizes
 
 
 def linear_like(m: nn.Module) -> bool:
