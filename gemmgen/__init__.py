@@ -112,7 +112,13 @@ if _typing.TYPE_CHECKING:  # loaded on first use by __getattr__: they import tor
     from .integrations.ops import op
     from .runtime.grouped import GroupedKernel
     from .runtime.kernel import Kernel
-    from .runtime.quantize import nvfp4_tensor_scale, quantize_blockwise, quantize_mx, to_blocked_scales
+    from .runtime.quantize import (
+        nvfp4_tensor_scale,
+        quantize_blockwise,
+        quantize_k_grouped,
+        quantize_mx,
+        to_blocked_scales,
+    )
 
 __all__ = [
     "DEEPSEEK_BLOCK_SCALE", "MXFP8", "NVFP4", "OPS", "Arch", "Backward", "ColMajor", "ColVector", "CompileError",
@@ -125,7 +131,7 @@ __all__ = [
     "cos", "eq", "erf", "exp", "exp_minus_max", "gather", "ge", "gt", "interleave", "le", "lt", "ne", "sin",
     "where", "f16", "f32", "fp16", "fp32", "i32", "gelu", "gelu_tanh", "leaky_relu", "logsumexp", "max", "maximum",
     "min", "minimum", "nn", "nvfp4_tensor_scale", "op", "pairs", "quantize", "quantize_blockwise", "quantize_columns",
-    "quantize_mx",
+    "quantize_k_grouped", "quantize_mx",
     "rand", "reduce_max",
     "reduce_min", "relu", "rms_norm", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh",
     "to_blocked_scales", "training", "unfused_report", "warmup"
@@ -134,6 +140,7 @@ __all__ = [
 _LAZY = {"nn": ("gemmgen.nn", None), "training": ("gemmgen.training", None), "op": ("gemmgen.integrations.ops", "op"),
          "Kernel": ("gemmgen.runtime.kernel", "Kernel"), "GroupedKernel": ("gemmgen.runtime.grouped", "GroupedKernel"),
          "quantize_blockwise": ("gemmgen.runtime.quantize", "quantize_blockwise"),
+         "quantize_k_grouped": ("gemmgen.runtime.quantize", "quantize_k_grouped"),
          "quantize_mx": ("gemmgen.runtime.quantize", "quantize_mx"),
          "nvfp4_tensor_scale": ("gemmgen.runtime.quantize", "nvfp4_tensor_scale"),
          "to_blocked_scales": ("gemmgen.runtime.quantize", "to_blocked_scales")}

@@ -47,11 +47,12 @@ def is_valid(cfg: KernelConfig, recipe: RecipeIR) -> bool:
 
 def fitting_default(recipe: RecipeIR, arch: Arch) -> KernelConfig:
     """gemmgen's default config for the recipe on `arch` (`config.default_config`), or where its
-    epilogue's shared memory leaves the main loop one stage, the same with tile N, then K, halved:
-    the first of those its architecture takes (none: the default, whose violations then say why)."""
+    epilogue's shared memory leaves the main loop one stage, the same with tile N, then K, halved
+    (then tile N quartered: an sm_100a K-grouped fp8 kernel's): the first of those its
+    architecture takes (none: the default, whose violations then say why)."""
     default = default_config(recipe, arch)
     tm, tn, tk = default.tile
-    for tile in ((tm, tn, tk), (tm, tn // 2, tk), (tm, tn, tk // 2), (tm, tn // 2, tk // 2)):
+    for tile in ((tm, tn, tk), (tm, tn // 2, tk), (tm, tn, tk // 2), (tm, tn // 2, tk // 2), (tm, tn // 4, tk)):
         if is_valid(config := replace(default, tile=tile), recipe):
             return config
     return default

@@ -66,26 +66,41 @@ def grouping_of(grouped: Any) -> Grouping | None:
                           f"{grouped!r}") from None
 
 
-def check_k_grouped(da: DType, d: Any, la: Layout, lb: Layout, ld: Layout, fp8: bool, block_scale: Any
-                    ) -> GemmSpec:
+def check_k_grouped(da: DType, db: DType, d: Any, la: Layout, lb: Layout, ld: Layout, fp8: bool,
+                    block_scale: Any) -> GemmSpec:
     """`grouped=gg.Grouping.K`: the experts' weight gradient, D_g = A_g @ B_g over group g's tokens,
-    which are K: A is the M x T `.t()` of a tokens-major T x M tensor (the output gradient) and B the
-    T x N tokens-major tensor (the layer's input), so A is column-major and B row-major."""
-    if fp8 or block_scale is not None:
-        raise RecipeError("grouped: a K-grouped GEMM takes bf16 or f16 A and B for now (fp8 WGMMA reads K-major "
-                          "operands, and tokens-major ones are not: the transposed copies are not built yet); "
-                          "declare a=gg.bf16, b=gg.bf16 without block_scale")
-    if (la, lb) != (Layout.COL, Layout.ROW):
-        raise RecipeError(f"layout_a/layout_b: a K-grouped GEMM's K is the tokens, and both operands hold each "
-                          f"group's tokens one after another: A (M x T) is the .t() of a T x M tensor and B is "
-                          f"T x N, so declare layout_a=gg.ColMajor, layout_b=gg.RowMajor (got {la.value}/{lb.value})")
+    which are K. bf16: A is the M x T `.t()` of a tokens-major T x M tensor (the output gradient)
+    and B the T x N tokens-major tensor (the layer's input), so A is column-major and B row-major.
+    fp8: WGMMA reads K-major operands only, so A and B are tokens-contiguous copies (M x T'
+    row-major, and the .t() of an N x T' one), each group's tokens aligned
+    (`GemmSpec.token_align`), scaled per 128 tokens of each row and column (block_scale=(1, 1, 128),
+    DeepSeek-V3's "1D1D" weight gradient) or per tensor in the epilogue."""
+    dd = as_dtype(d if d is not None else (DType.F32 if fp8 else da), "d (dtype of D)")
+    if dd not in OUTPUT_DTYPES:
+        raise RecipeError(f"d: D may be bf16, f16, f32, e4m3 or e5m2, not {dd.value}")
     if ld is not Layout.ROW:
         raise RecipeError("layout_d: a K-grouped GEMM's D is G x M x N, each group's M x N row-major; drop "
                           "layout_d=ColMajor")
-    dd = as_dtype(d if d is not None else da, "d (dtype of D)")
-    if dd not in OUTPUT_DTYPES:
-        raise RecipeError(f"d: D may be bf16, f16, f32, e4m3 or e5m2, not {dd.value}")
-    return GemmSpec(da, da, dd, la, lb, layout_d=ld, grouped=True, k_grouped=True)
+    if not fp8:
+        if block_scale is not None:
+            raise RecipeError("block_scale: block scaling is for fp8 A and B (e4m3/e5m2); bf16/f16 need no scales")
+        if (la, lb) != (Layout.COL, Layout.ROW):
+            raise RecipeError(f"layout_a/layout_b: a K-grouped GEMM's K is the tokens, and both operands hold each "
+                              f"group's tokens one after another: A (M x T) is the .t() of a T x M tensor and B is "
+                              f"T x N, so declare layout_a=gg.ColMajor, layout_b=gg.RowMajor (got "
+                              f"{la.value}/{lb.value})")
+        return GemmSpec(da, da, dd, la, lb, layout_d=ld, grouped=True, k_grouped=True)
+    if block_scale not in (None, (1, 1, 128), [1, 1, 128]):
+        raise RecipeError(f"block_scale: a K-grouped fp8 GEMM's scales are per row of A, column of B and 128 of "
+                          f"each group's tokens; declare block_scale=(1, 1, 128), or leave it out to scale per "
+                          f"tensor in the epilogue (got {block_scale!r})")
+    if (la, lb) != (Layout.ROW, Layout.COL):
+        raise RecipeError(f"layout_a/layout_b: fp8 WGMMA reads A and B K-major only, and a K-grouped GEMM's K is the "
+                          f"tokens: A is an M x T' tokens-contiguous copy and B the .t() of an N x T' one (each "
+                          f"group's tokens aligned: gg.quantize_k_grouped), so declare layout_a=gg.RowMajor, "
+                          f"layout_b=gg.ColMajor (got {la.value}/{lb.value})")
+    scale = None if block_scale is None else (1, 1, 128)
+    return GemmSpec(da, db, dd, la, lb, layout_d=ld, grouped=True, k_grouped=True, block_scale=scale)
 
 
 __all__ = ["check_grouped_epilogue", "check_k_grouped", "check_reductions", "grouping_of"]

@@ -70,7 +70,7 @@ def _check_gemm(a: Any, b: Any, d: Any, layout_a: Any, layout_b: Any, batched: b
         if batched:
             raise RecipeError("grouped/batched: a grouped GEMM's groups take the place of the batch; declare one "
                               "of them")
-        return check_k_grouped(da, d, la, lb, ld, fp8, block_scale)
+        return check_k_grouped(da, db, d, la, lb, ld, fp8, block_scale)
     if fp8 and (la, lb) != (Layout.ROW, Layout.COL):
         raise RecipeError(f"layout_a/layout_b: fp8 WGMMA reads A and B K-major only, so an fp8 GEMM needs "
                           f"layout_a=RowMajor and layout_b=ColMajor (got {la.value}/{lb.value}); store the "

@@ -204,7 +204,9 @@ class GemmSpec:
     columns, and the main loop adds each K block's partial product into the fp32 accumulator times
     its two scales (CUTLASS's blockwise fp8 main loop): acc = sum over K blocks of (A_kb @ B_kb) *
     scale_a * scale_b. The scales are the call's first operands (`RecipeIR.operands`). A grouped
-    GEMM's are per row of A (M granularity 1) and per group's B, both K-major (`scale_layouts`).
+    GEMM's are per row of A (M granularity 1) and per group's B, both K-major (`scale_layouts`). A
+    K-grouped fp8 GEMM's (a weight gradient's) are (1, 1, 128): per row of A and column of B and 128
+    of each group's tokens, the blocks restarting at each group's first token.
 
     `microscaling` (gg.MXFP8, gg.NVFP4) is the MMA's own block scaling: A[m, k] counts as A[m, k] *
     scale_a[m, k // v] and B[k, n] as B[k, n] * scale_b[n, k // v], v its vector (32 UE8M0
@@ -251,8 +253,21 @@ class GemmSpec:
         and `scale_b` (K blocks x N blocks, per group when grouped). M/N-major for one GEMM, where
         CUTLASS may load them with TMA; K-major for a grouped one, whose main loop reads each
         group's scales as a compact K-major block from the group's first row (a slice of the
-        caller's tensor only in that order)."""
-        return (Layout.ROW, Layout.COL) if self.grouped else (Layout.COL, Layout.ROW)
+        caller's tensor only in that order). A K-grouped GEMM's are M/N-major: group g's K blocks
+        are whole rows of (blocks, M) and (blocks, N) tensors from row g + first token // 128 on,
+        found without a prefix sum (`reference.k_grouped_scale_block`)."""
+        return (Layout.ROW, Layout.COL) if self.grouped and not self.k_grouped else (Layout.COL, Layout.ROW)
+
+    @property
+    def token_align(self) -> int:
+        """A K-grouped fp8 GEMM's alignment of each group's tokens in its operands; 0 for any other.
+        fp8 WGMMA reads K-major operands only, so A and B are tokens-contiguous copies (M x T' and
+        N x T'), and TMA needs each group's first byte 16-byte aligned: group g's tokens start at
+        column 16 * (g + ceil(first / 16)) of copies 16 * (G + ceil(T / 16)) columns wide, with
+        zeros between the groups (`reference.k_grouped_token_column`). No token is padded into a
+        block: each group's partial K tile is masked by its extent, and its 128-token scale blocks
+        start at its first token."""
+        return 16 if self.k_grouped and self.fp8 else 0
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from .graph import BlockOp, EpilogueIR, GemmSpec, Operand, Output, RecipeIR, Red
 from .ops import COMPARISONS, FP8_MAX, RANDOM_OPS, Op, quantize_blocks, random_uniform, round_to
 
 __all__ = ["FP8_MAX", "accumulate", "error_scale", "evaluate_epilogue", "expand_block_scale", "group_bounds",
-           "reference", "round_to"]
+           "k_grouped_scale_block", "k_grouped_scale_blocks", "k_grouped_token_column", "k_grouped_tokens",
+           "k_grouped_width", "reference", "round_to"]
 
 
 def _broadcast(t: torch.Tensor, operand: Operand, batched: bool) -> torch.Tensor:
@@ -315,18 +316,64 @@ def group_bounds(offsets: list[int], rows: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def k_grouped_token_column(group: int, first: int, align: int) -> int:
+    """Where group `group`, whose first token is `first`, starts in a K-grouped GEMM's operands:
+    `first`, or over fp8 copies (`GemmSpec.token_align`) the aligned column align * (group +
+    ceil(first / align)). Each group ends at least one column before the next starts, whatever its
+    size, so an empty group's own column is a zero one."""
+    return align * (group + -(-first // align)) if align else first
+
+
+def k_grouped_width(tokens: int, groups: int, align: int) -> int:
+    """The columns of a K-grouped GEMM's operands over `tokens` tokens in `groups` groups, aligned
+    per group (`k_grouped_token_column`); `tokens` when not aligned."""
+    return align * (groups + -(-tokens // align)) if align else tokens
+
+
+def k_grouped_tokens(width: int, groups: int, align: int) -> int:
+    """The most tokens operands `width` columns wide hold in `groups` aligned groups (the inverse of
+    `k_grouped_width`: the tokens a kernel clamps the offsets to)."""
+    return width - align * groups if align else width
+
+
+def k_grouped_scale_block(group: int, first: int, block: int = 128) -> int:
+    """The first of group `group`'s scale blocks (of `block` tokens, from its first token `first`)
+    in a K-grouped GEMM's scale tensors: group + first // block. Group g needs ceil(n_g / block)
+    blocks, and 1 + (first + n_g) // block - first // block of them lie before the next group's,
+    so no two groups share one and no prefix sum is needed (`k_grouped_scale_blocks` in all)."""
+    return group + first // block
+
+
+def k_grouped_scale_blocks(tokens: int, groups: int, block: int = 128) -> int:
+    """The scale blocks (rows of scale_a and scale_b) of a K-grouped GEMM over at most `tokens`
+    tokens in `groups` groups (`k_grouped_scale_block`; over fp8 copies, `tokens` is what their width
+    holds: `k_grouped_tokens`)."""
+    return groups + tokens // block
+
+
 def _k_grouped_reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor,
                          operands: dict[str, torch.Tensor | float], offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """A K-grouped GEMM (`GemmSpec.k_grouped`): a is M x T, b is T x N, and group g's D (G x M x N)
     is the epilogue of a[:, first:end] @ b[first:end] with its own matrices (C); an empty group's
-    accumulator is zero, whatever the offsets hold (`group_bounds`)."""
+    accumulator is zero, whatever the offsets hold (`group_bounds`). Over fp8 copies the group's
+    columns are aligned (`k_grouped_token_column`) and its scales are rows of scale_a (blocks x M)
+    and scale_b (blocks x N) from `k_grouped_scale_block` on."""
     ir = recipe.epilogue
-    m, tokens = a.shape
-    bounds = group_bounds(offsets.tolist(), tokens)
+    gemm = recipe.gemm
+    m, width = a.shape
+    bounds = group_bounds(offsets.tolist(), k_grouped_tokens(width, len(offsets), gemm.token_align))
     d = torch.empty((len(bounds), m, b.shape[-1]), dtype=torch.float32)
     kinds = {o.name: o.kind.value for o in ir.operands}
     for g, (start, end) in enumerate(bounds):
-        acc = accumulate(recipe.gemm, a[:, start:end], b[start:end], {})
+        at = k_grouped_token_column(g, start, gemm.token_align)
+        scales = {}
+        if gemm.block_scale is not None:
+            scale_a, scale_b = operands["scale_a"], operands["scale_b"]
+            assert isinstance(scale_a, torch.Tensor) and isinstance(scale_b, torch.Tensor)
+            block = gemm.block_scale[2]
+            first, blocks = k_grouped_scale_block(g, start, block), -(-(end - start) // block)
+            scales = {"scale_a": scale_a[first:first + blocks].t(), "scale_b": scale_b[first:first + blocks]}
+        acc = accumulate(gemm, a[:, at:at + end - start], b[at:at + end - start], scales)
         ops = {k: v[g] if isinstance(v, torch.Tensor) and kinds[k] == "matrix" else v
                for k, v in operands.items() if k in kinds}
         d[g] = evaluate_epilogue(ir, acc, ops, round_outputs=False)[0]

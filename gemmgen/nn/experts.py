@@ -31,8 +31,18 @@ from torch import nn
 
 from ..dsl import Recipe
 from ..errors import InvalidArgument
-from .base import COMPUTE_DTYPES, GATED, check_compute_dtype, check_parameter, unsupported
-from .grouped import GroupedLaunches, GroupedOps, grouped_linear, grouped_linear_recipe
+from ..training import Precision
+from .base import COMPUTE_DTYPES, GATED, call_dtypes, check_compute_dtype, check_parameter, unsupported
+from .grouped import (
+    GroupedLaunches,
+    GroupedOps,
+    check_grouped_precision,
+    grouped_linear,
+    grouped_linear_recipe,
+    rows_aligned,
+)
+from .low_precision import WeightCache
+from .low_precision_grouped import GroupedGemms, grouped_gemms, low_precision_grouped
 from .pairs import contents_key, interleave_pairs, same_contents
 
 #: The arguments of the experts modules this module replaces, as transformers names them.
@@ -42,13 +52,16 @@ EXPERTS_CALL = ("hidden_states", "top_k_index", "top_k_weights")
 @dataclass(frozen=True)
 class ExpertProjection(GroupedLaunches):
     """One of a GroupedExperts' two grouped GEMMs, as `model_launches` and the plans read a
-    GroupedLinear: its recipe and sizes (`GroupedLaunches.launches`)."""
+    GroupedLinear: its recipe and sizes (`GroupedLaunches.launches`); with a `precision`, its
+    kernels in it (`low_precision_gemms`, whose fprop `recipe` is)."""
 
     recipe: Recipe
     num_experts: int
     in_features: int
     out_features: int
     activation: str | None
+    precision: Precision | None = None
+    low_precision_gemms: GroupedGemms | None = None
 
 
 class GroupedExperts(GroupedOps):
@@ -73,15 +86,19 @@ class GroupedExperts(GroupedOps):
     activation: str
     concatenated: bool
     _fixed_dtype: torch.dtype | None
+    precision: Precision | None = None
+    _weights: tuple[WeightCache, WeightCache]
     _derived = ("_ops", "_pairs", "_pairs_key")
-    _options = ("num_experts", "hidden_size", "intermediate_size", "activation", "concatenated", "compute_dtype")
+    _options = ("num_experts", "hidden_size", "intermediate_size", "activation", "concatenated", "compute_dtype",
+                "precision")
 
     @classmethod
     def from_experts(cls, experts: nn.Module, activation: str, compute_dtype: torch.dtype | None = None,
-                     concatenated: bool = True) -> GroupedExperts:
+                     concatenated: bool = True, precision: Precision | None = None) -> GroupedExperts:
         """A GroupedExperts sharing `experts`' parameters (no copy, the same names), which must be
         `gate_up_proj` and `down_proj` as the class docstring describes (and the biases if it has
-        them); `activation` ("swiglu" or "geglu") is what it applies to gate and up."""
+        them); `activation` ("swiglu" or "geglu") is what it applies to gate and up; `precision`
+        (`gemmgen.training.Float8Blockwise()`) trains both projections in fp8, as GroupedLinear."""
         if activation not in GATED:
             raise InvalidArgument(f"activation: expected one of {sorted(GATED)} (act(gate) * up), got {activation!r}")
         check_compute_dtype(compute_dtype)
@@ -99,7 +116,11 @@ class GroupedExperts(GroupedOps):
             reason = unsupported(k, compute_dtype or gate_up.dtype)
             if reason:
                 raise InvalidArgument(f"experts: {n} {k}: {reason}")
+        checked = check_grouped_precision(precision, hidden, rows, activation)
+        check_grouped_precision(precision, rows // 2, hidden, None)
         layer = cls()
+        layer.precision = checked
+        layer._weights = (WeightCache(), WeightCache())  # gate_up_proj's and down_proj's fp8 copies
         for name in ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"):
             layer.register_parameter(name, experts._parameters.get(name))
         layer.num_experts, layer.hidden_size, layer.intermediate_size = num_experts, hidden, rows // 2
@@ -123,15 +144,35 @@ class GroupedExperts(GroupedOps):
         self._ops = {}
         self.__dict__["_pairs_key"] = None
         self.__dict__.pop("_pairs", None)
-        self.op_for(self.activation, self.kernel_dtype, self.gate_up_proj_bias is not None)
-        self.op_for(None, self.kernel_dtype, self.down_proj_bias is not None)
+        if self.precision is None:
+            self.op_for(self.activation, self.kernel_dtype, self.gate_up_proj_bias is not None)
+            self.op_for(None, self.kernel_dtype, self.down_proj_bias is not None)
 
     def projections(self) -> tuple[ExpertProjection, ExpertProjection]:
         """The up projection (with the gated activation) and the down projection, as grouped GEMMs."""
         dtype, e, h, i = self.kernel_dtype, self.num_experts, self.hidden_size, self.intermediate_size
         up = grouped_linear_recipe(self.activation, self.gate_up_proj_bias is not None, dtype)
         down = grouped_linear_recipe(None, self.down_proj_bias is not None, dtype)
-        return ExpertProjection(up, e, h, i, self.activation), ExpertProjection(down, e, i, h, None)
+        if self.precision is None:
+            return ExpertProjection(up, e, h, i, self.activation), ExpertProjection(down, e, i, h, None)
+        kernels = [grouped_gemms(self.precision, r, act) for r, act in ((up, True), (down, False))]
+        return (ExpertProjection(kernels[0].fprop.recipe, e, h, i, self.activation, self.precision, kernels[0]),
+                ExpertProjection(kernels[1].fprop.recipe, e, i, h, None, self.precision, kernels[1]))
+
+    def _low_precision(self, which: int, activation: str | None, x: torch.Tensor, offsets: torch.Tensor,
+                       weight: torch.Tensor, bias: torch.Tensor | None, source: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+        """One projection in `precision` (`nn.low_precision_grouped`): x, weight and bias in the
+        dtype the experts compute in (bf16 for fp32 masters), the weight quantized once per
+        optimizer step (`source`: the parameter an interleaved weight is made from)."""
+        assert self.precision is not None
+        dtype, _ = call_dtypes(x, weight.dtype, self._fixed_dtype)
+        dtype = dtype if dtype in COMPUTE_DTYPES else torch.bfloat16
+        gemms = grouped_gemms(self.precision, grouped_linear_recipe(activation, bias is not None, dtype),
+                              activation is not None)
+        x = x.to(dtype) if x.dtype != dtype else x
+        bias = None if bias is None else rows_aligned(bias.to(dtype))
+        return low_precision_grouped(gemms, self._weights[which], x, offsets, weight, bias, source)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
@@ -156,8 +197,13 @@ class GroupedExperts(GroupedOps):
                                      right=True, out_int32=True)
         rows = x[order // top_k]
         w_up, b_up = self._gate_up()
-        gated = grouped_linear(self, self.activation, rows, offsets, w_up, b_up, self._fixed_dtype)
-        y = grouped_linear(self, None, gated, offsets, self.down_proj, self.down_proj_bias, self._fixed_dtype)
+        if self.precision is not None:
+            gated = self._low_precision(0, self.activation, rows, offsets, w_up, b_up,
+                                        self.gate_up_proj if self.concatenated else None)
+            y = self._low_precision(1, None, gated, offsets, self.down_proj, self.down_proj_bias)
+        else:
+            gated = grouped_linear(self, self.activation, rows, offsets, w_up, b_up, self._fixed_dtype)
+            y = grouped_linear(self, None, gated, offsets, self.down_proj, self.down_proj_bias, self._fixed_dtype)
         # ids outside [0, E) (expert parallelism's sentinels) count for nothing, as in transformers
         routed = (expert_ids >= 0) & (expert_ids < e)
         y = torch.where(routed.unsqueeze(-1), y * weights.reshape(-1)[order].unsqueeze(-1), 0)
@@ -186,9 +232,10 @@ class GroupedExperts(GroupedOps):
 
     def extra_repr(self) -> str:
         bias = self.gate_up_proj_bias is not None
+        precision = f", precision={self.precision}" if self.precision is not None else ""
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
                 f"intermediate_size={self.intermediate_size}, activation={self.activation!r}, bias={bias}, "
-                f"concatenated={self.concatenated}")
+                f"concatenated={self.concatenated}{precision}")
 
 
 def _interleaved(t: torch.Tensor | None) -> Any:

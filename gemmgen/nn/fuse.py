@@ -404,7 +404,8 @@ def _experts(model: nn.Module, modules: list[tuple[str, nn.Module]], target: _Ta
             out[qualified] = (None, f"{name}: kept ({why})")
             continue
         assert activation is not None
-        made = GroupedExperts.from_experts(m, activation, target.compute_dtype, concatenated=bool(m.is_concatenated))
+        made = GroupedExperts.from_experts(m, activation, target.compute_dtype, concatenated=bool(m.is_concatenated),
+                                           precision=target.precision)
         up, down = made.projections()
         out[qualified] = (made, f"{name}: {type(m).__name__} -> GroupedExperts({up.recipe.name}, {down.recipe.name}) "
                                 f"(routed tokens sorted by expert, no padding; its parameters, state_dict unchanged)")
@@ -415,8 +416,8 @@ def _experts_kept_because(m: nn.Module, activation: str | None, target: _Target,
     """Why the experts module `m` (whose activation module computes `activation`'s gate) is kept."""
     if target.quantize is not None:
         return f"quantize={target.quantize!r} makes Linears; no layer of it holds 3-d experts"
-    if target.precision is not None:
-        return f"gemmgen trains grouped experts in bf16 or f16; {target.precision} applies to Linears and MLPs"
+    if target.precision is not None and not target.precision.grouped:
+        return f"{target.precision} has no grouped kernels yet (Float8Blockwise has)"
     if registered > 1 or hooked(m):
         return "it is registered under several names or has hooks, which a replacement would drop"
     if not getattr(m, "has_gate", False) or "gate_up_proj" not in m._parameters:
@@ -440,6 +441,8 @@ def _experts_kept_because(m: nn.Module, activation: str | None, target: _Target,
         reason = unsupported(size, dtype)
         if reason:
             return f"{what} {size}: {reason}"
+        if target.precision is not None and size % 16:
+            return f"{what} {size} is not a multiple of 16 ({target.precision} reads fp8 rows along it)"
     return None
 
 

@@ -34,6 +34,7 @@ from ..errors import InvalidArgument
 from ..integrations.grouped import GroupedOp
 from ..integrations.ops import op
 from ..ir.reference import group_bounds
+from ..training import Precision
 from ..types import as_dtype
 from .base import (
     COMPUTE_DTYPES,
@@ -50,10 +51,23 @@ from .base import (
     warn_no_kernel,
     weight_rows,
 )
+from .low_precision import WeightCache, check_precision
+from .low_precision_grouped import GroupedGemms, grouped_gemms, low_precision_grouped
 from .plan import grouped_plan
 
 
-def _rows_aligned(bias: torch.Tensor) -> torch.Tensor:
+def check_grouped_precision(value: object, in_features: int, weight_rows: int, activation: str | None
+                            ) -> Precision | None:
+    """A GroupedLinear's `precision=`: None, or a precision with grouped kernels of its own whose
+    fp8 rows the layer's features fit (`low_precision.check_precision`)."""
+    precision = check_precision(value, in_features, weight_rows, activation, "GroupedLinear")
+    if precision is not None and not precision.grouped:
+        raise InvalidArgument(f"GroupedLinear: precision={precision} has no grouped kernels yet; use "
+                              "gemmgen.training.Float8Blockwise() or leave precision= out")
+    return precision
+
+
+def rows_aligned(bias: torch.Tensor) -> torch.Tensor:
     """The experts' biases with each row 16-byte aligned, as the kernel reads them in 16-byte
     vectors: a padded copy (differentiable, traceable) where out_features is not a multiple of 8
     (bf16/f16), in place of the op's copy after its check refuses the layout."""
@@ -120,8 +134,8 @@ class GroupedLaunches:
         """(recipe, config) of the gemmgen kernels a backward launches for `rows` rows of tokens
         (None: the kernels for groups of many rows), chosen as forward's is: the derived one (the
         grouped GEMM again, writing dL/dacc) or the accumulator again, then dx's grouped GEMM and
-        dW's K-grouped one (`gemmgen.nn.plan.grouped_plan`); none for fp8 experts (their gradients
-        are torch's)."""
+        dW's K-grouped one (`gemmgen.nn.plan.grouped_plan`); with a `precision`, its fp8 kernels;
+        none for BlockScaledGroupedLinear's fp8 experts (their gradients are torch's)."""
         target = launch_arch(arch)
         planned = [g for g in grouped_plan(self, rows or 1) if g.backward]
         recipes = [g.recipe for g in planned if g.recipe is not None]
@@ -153,17 +167,20 @@ class GroupedLinear(GroupedLaunches, GroupedOps):
     or f16), following `.to()` and `.half()`, or under autocast in autocast's, as nn.Linear does;
     otherwise an input of another dtype is an error. With fp32 or fp64 parameters (`.float()`),
     for which gemmgen has no kernel, it says so once and computes each expert's rows with torch
-    ops (reading the offsets on the host). The output is contiguous (`base.dense_output`).
-    `num_experts`, `in_features`, `out_features` and `activation` are read-only."""
+    ops (reading the offsets on the host). The output is contiguous (`base.dense_output`). With
+    `precision=gemmgen.training.Float8Blockwise()` every GEMM of its step is an fp8 gemmgen kernel,
+    the weight gradient a K-grouped one over each expert's tokens, none padded
+    (`nn.low_precision_grouped`); the parameters stay bf16 or fp32. `num_experts`, `in_features`,
+    `out_features`, `activation` and `precision` are read-only."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
     _derived = ("recipe", "_ops")
-    _options = ("num_experts", "in_features", "out_features", "activation", "compute_dtype")
+    _options = ("num_experts", "in_features", "out_features", "activation", "compute_dtype", "precision")
 
     def __init__(self, num_experts: int, in_features: int, out_features: int, bias: bool = True,
                  activation: str | None = None, dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, precision: Precision | None = None) -> None:
         super().__init__()
         if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts < 1:
             raise InvalidArgument(f"num_experts: expected a positive int, got {num_experts!r}")
@@ -171,6 +188,9 @@ class GroupedLinear(GroupedLaunches, GroupedOps):
         if reason:
             raise InvalidArgument(f"GroupedLinear: {reason}")
         activation_fn(activation, gated=True)  # a bad name is refused before anything is allocated
+        self.precision = check_grouped_precision(precision, in_features, weight_rows(out_features, activation),
+                                                 activation)
+        self._weights = WeightCache()
         self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
         self.activation = activation
         rows = self.weight_rows
@@ -190,7 +210,19 @@ class GroupedLinear(GroupedLaunches, GroupedOps):
         self._ops = {}
         dtype = self.compute_dtype if self.compute_dtype in COMPUTE_DTYPES else torch.bfloat16
         self.recipe = grouped_linear_recipe(self.activation, self.bias is not None, dtype)
-        self.op_for(self.activation, dtype, self.bias is not None)
+        if self.precision is not None:  # forward's kernel is fprop's in the precision
+            self.recipe = self.low_precision_gemms.fprop.recipe
+        else:
+            self.op_for(self.activation, dtype, self.bias is not None)
+
+    @property
+    def low_precision_gemms(self) -> GroupedGemms:
+        """The kernels of a layer with a `precision` (nn.low_precision_grouped), in the dtype it
+        computes in outside autocast."""
+        assert self.precision is not None
+        dtype = self.compute_dtype if self.compute_dtype in COMPUTE_DTYPES else torch.bfloat16
+        return grouped_gemms(self.precision, grouped_linear_recipe(self.activation, self.bias is not None, dtype),
+                             self.activation is not None)
 
     def reset_parameters(self) -> None:
         """Each expert initialised as nn.Linear initialises itself."""
@@ -202,7 +234,8 @@ class GroupedLinear(GroupedLaunches, GroupedOps):
 
 
     @classmethod
-    def from_linears(cls, linears: Sequence[nn.Linear], activation: str | None = None) -> GroupedLinear:
+    def from_linears(cls, linears: Sequence[nn.Linear], activation: str | None = None,
+                     precision: Precision | None = None) -> GroupedLinear:
         """A GroupedLinear holding a copy of the experts' parameters, stacked (one tensor each). For
         a gated activation each Linear holds 2 x out_features rows, gate and up interleaved
         (`interleave_pairs(gate_proj.weight, up_proj.weight)`)."""
@@ -222,7 +255,7 @@ class GroupedLinear(GroupedLaunches, GroupedOps):
                                       "(gemmgen.nn.interleave_pairs(w_gate, w_up))")
             out_features //= 2
         layer = cls(len(linears), first.in_features, out_features, first.bias is not None, activation,
-                    first.weight.dtype, first.weight.device)
+                    first.weight.dtype, first.weight.device, precision)
         with torch.no_grad():
             layer.weight.copy_(torch.stack([m.weight for m in linears]))
             if layer.bias is not None:
@@ -237,7 +270,22 @@ class GroupedLinear(GroupedLaunches, GroupedOps):
         what = "2 x out_features: gate and up interleaved" if rows != self.out_features else "out_features"
         check_parameter("weight", self.weight, (self.num_experts, rows, self.in_features),
                         f"(num_experts, {what}, in_features)")
+        if self.precision is not None:
+            return self._low_precision(x, offsets)
         return grouped_linear(self, self.activation, x, offsets, self.weight, self.bias)
+
+    def _low_precision(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """forward in `precision` (nn.low_precision_grouped): the weights as they are (bf16 or fp32
+        masters, quantized once per optimizer step), x and the bias in the kernels' dtype."""
+        assert self.precision is not None
+        dtype, out_dtype = call_dtypes(x, self.weight.dtype, None)
+        dtype = dtype if dtype in COMPUTE_DTYPES else torch.bfloat16  # fp32 masters: bf16 kernels
+        gemms = grouped_gemms(self.precision, grouped_linear_recipe(self.activation, self.bias is not None, dtype),
+                              self.activation is not None)
+        x = x.to(dtype) if x.dtype != dtype else x
+        bias = None if self.bias is None else rows_aligned(self.bias.to(dtype))
+        y = low_precision_grouped(gemms, self._weights, x, offsets, self.weight, bias)
+        return dense_output(y, y.shape, out_dtype)
 
     def reference(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """Each expert's rows through its Linear and the activation with torch ops in x's dtype
@@ -246,8 +294,10 @@ class GroupedLinear(GroupedLaunches, GroupedOps):
         return grouped_reference(x, offsets, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
+        precision = f", precision={self.precision}" if self.precision is not None else ""
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "
-                f"out_features={self.out_features}, bias={self.bias is not None}, activation={self.activation!r}")
+                f"out_features={self.out_features}, bias={self.bias is not None}, activation={self.activation!r}"
+                f"{precision}")
 
 
 
@@ -267,7 +317,7 @@ def grouped_linear(layer: GroupedOps, activation: str | None, x: torch.Tensor, o
         weight = weight.to(dtype)
         bias = bias.to(dtype) if bias is not None else None
     run, w = layer.op_for(activation, dtype, bias is not None), weight.transpose(1, 2)
-    y = run(x, w, offsets) if bias is None else run(x, w, offsets, _rows_aligned(bias))
+    y = run(x, w, offsets) if bias is None else run(x, w, offsets, rows_aligned(bias))
     return dense_output(y, y.shape, out_dtype)
 
 

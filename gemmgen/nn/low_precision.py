@@ -18,9 +18,10 @@ and fc2's dgrad kernel writes dL/dacc1 quantized both ways from their epilogues
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -112,7 +113,7 @@ class WeightCache:
     Under CUDA-graph capture nothing is held: the graph quantizes on each replay."""
 
     def __init__(self) -> None:
-        self._held: dict[int, QuantizedWeight] = {}
+        self._held: tuple[int, QuantizedWeight] | None = None  # (id of the weight, its copies): one weight
         self._histories: dict[str, AmaxHistory | None] = {}
         self.quantized = 0  # how many times a weight was quantized (tests count them)
 
@@ -123,7 +124,10 @@ class WeightCache:
             self._histories[tensor] = precision.history()
         return self._histories[tensor]
 
-    def get(self, w: torch.Tensor, gemms: LinearGemms) -> QuantizedWeight:
+    def get(self, w: torch.Tensor, gemms: QuantizesWeights, source: torch.Tensor | None = None) -> QuantizedWeight:
+        """`w` quantized by `gemms`, held until its values change; with `source`, the parameter `w`
+        is made from per call (an interleaved copy), whose values decide instead. One weight per
+        cache: another one replaces it (a moved or replaced parameter)."""
         history = self.history("weight", gemms.precision)
         if w.is_cuda and torch.cuda.is_current_stream_capturing():
             if history is not None:
@@ -135,16 +139,29 @@ class WeightCache:
             # the next optimizer step)
             self.quantized += 1
             return gemms.weight(w)
-        key = id(w)
-        held = self._held.get(key)
-        if held is None or held.version != gemms.precision.weight_version(w):
+        values = w if source is None else source
+        key = id(values)
+        held = self._held[1] if self._held is not None and self._held[0] == key else None
+        if held is None or held.version != gemms.precision.weight_version(values):
             if held is not None:  # an optimizer step: the histories' next scales
                 for h in self._histories.values():
                     if h is not None:
                         h.advance()
-            held = self._held[key] = gemms.weight(w, history)
+            held = gemms.weight(w, history)
+            if source is not None:
+                held = dataclasses.replace(held, version=gemms.precision.weight_version(source))
+            self._held = (key, held)
             self.quantized += 1
         return held
+
+
+class QuantizesWeights(Protocol):
+    """What `WeightCache.get` quantizes with: a layer's kernels (`LinearGemms`, `GroupedGemms`)."""
+
+    @property
+    def precision(self) -> Precision: ...
+
+    def weight(self, w: torch.Tensor, history: AmaxHistory | None = None) -> QuantizedWeight: ...
 
 
 def forward_operands(gemms: LinearGemms, cache: WeightCache, x: torch.Tensor | Operand, qw: QuantizedWeight
@@ -308,7 +325,8 @@ class LowPrecisionMLP(torch.autograd.Function):
         return None, None, None, gx, gw1, gb1, gw2, gb2
 
 
-__all__ = ["LinearGemms", "LowPrecisionLinear", "LowPrecisionMLP", "MLPGemms", "WeightCache", "check_precision",
+__all__ = ["LinearGemms", "LowPrecisionLinear", "LowPrecisionMLP", "MLPGemms", "QuantizesWeights", "WeightCache",
+           "check_precision",
            "check_recompute",
            "forward_operands", "input_grad", "linear_gemms", "mlp_gemms", "saved_input", "fp32_weight_grad_recipe",
            "weight_gradient"]

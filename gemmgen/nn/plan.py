@@ -151,11 +151,21 @@ def grouped_plan(layer, rows: int, training: bool = True, name: str = "experts")
     """A GroupedLinear's GEMMs for `rows` routed rows over its experts: the grouped kernel, then with
     `training` its derived kernel (the grouped GEMM again, writing dL/dacc; or the accumulator
     again, which autograd differentiates), dx (a grouped GEMM) and dW (a K-grouped one: each
-    expert's rows are its K), gemmgen kernels where the experts are 16-bit (`integrations.grouped`)."""
+    expert's rows are its K), gemmgen kernels where the experts are 16-bit (`integrations.grouped`)
+    or the layer has a precision (`nn.low_precision_grouped`)."""
     e, wr, n_in = layer.num_experts, layer.weight_rows, layer.in_features
     out = [PlannedGemm(name, Pass.FPROP, "y_e = act(x_e W_e^T + b_e)", rows, wr, n_in, layer.recipe, e)]
     if not training:
         return out
+    if getattr(layer, "precision", None) is not None:  # nn.low_precision_grouped's kernels
+        gemms = layer.low_precision_gemms
+        derived = [] if gemms.dacc is None else [
+            PlannedGemm(name, Pass.DGRAD, "dL/dacc: the grouped GEMM again, its epilogue derived", rows, wr, n_in,
+                        gemms.dacc.recipe, e)]
+        return [*out, *derived,
+                PlannedGemm(name, Pass.DGRAD, "dx_e = dL/dacc_e W_e", rows, n_in, wr, gemms.dgrad.recipe, e),
+                PlannedGemm(name, Pass.WGRAD, "dW_e = dL/dacc_e^T x_e (groups split K)", wr, n_in, rows,
+                            gemms.wgrad.recipe, e)]
     g = layer.recipe.ir.gemm
     kernels = g.a in (DType.BF16, DType.F16) and not g.scaled
     derived = layer.derived_backward

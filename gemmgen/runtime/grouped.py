@@ -29,7 +29,7 @@ from ..errors import InvalidArgument
 from ..ir import Columns, EpilogueIR, Operand, RecipeIR
 from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS
 from ..ir.reference import evaluate_epilogue
-from ..types import OperandKind
+from ..types import Layout, OperandKind
 from . import driver, scheduler, tma
 from .arguments import TensorMapEncoder
 from .base import Hardware, KernelBase, argument_signature, padded_strides, put_bounded
@@ -44,9 +44,9 @@ MODE_GROUPED = 4  # cutlass::gemm::GemmUniversalMode::kGrouped
 MAX_COLUMNS = 18  # gemmgen::grouped::MaxColumns
 SCALE_LAYOUT_BYTES = 20  # gemmgen::grouped::ScaleLayoutBytes: one group's scale layout of A or B
 # gemmgen::grouped::Setup: its scalars (offsets, shapes, table; groups, rows, n, k, columns, swapped,
-# m, k_grouped; zero), then base, per_row, per_block and per_group, then the layouts
-SETUP_SCALARS = "<QQQiiiiiiiiq"
-SETUP_FIELDS = 12  # how many scalars SETUP unpacks before the columns
+# m, k_grouped, token_align, reserved; zero), then base, per_row, per_block and per_group, then the layouts
+SETUP_SCALARS = "<QQQiiiiiiiiiiq"
+SETUP_FIELDS = 14  # how many scalars SETUP unpacks before the columns
 SETUP = struct.Struct(f"{SETUP_SCALARS}{4 * (str(MAX_COLUMNS) + 'q')}QQ")
 SETUP_BASES = struct.calcsize(SETUP_SCALARS)  # where Setup::base starts
 SETUP_BLOCK = 128  # threads per block of the setup kernel: one per group
@@ -143,17 +143,27 @@ class GroupedArguments:
 
     def k_grouped_columns(self, call: GroupedCall, d: TensorArg) -> list[Column]:
         """A K-grouped call's columns (`GemmSpec.k_grouped`): A's and B's pointers at the group's
-        first token (A's column, B's row), C's and D's at the group's matrix; then the strides: A's
-        and B's leading dimensions and C's and D's row strides, the same for every group."""
+        first token (A's column, B's row; over fp8 copies its aligned column), block scales from
+        the group's first block (`reference.k_grouped_scale_block`: a row per block, with `per_block`
+        and `per_group`), C's and D's at the group's matrix; then the strides: A's and B's leading
+        dimensions and C's and D's row strides, the same for every group."""
         bits_a, bits_b, bits_d = self.bits
+        g = self.recipe.gemm
+        # a token's step is A's column stride and B's row stride, whichever is contiguous
         cols = [Column("mainloop.ptr_a", call.a.ptr, call.a.strides[1] * bits_a // 8, 0),
                 Column("mainloop.ptr_b", call.b.ptr, call.b.strides[0] * bits_b // 8, 0)]
+        if g.scaled:  # fp32 (blocks, M) and (blocks, N)
+            for x in "ab":
+                sf = call.operands[f"scale_{x}"]
+                assert isinstance(sf, TensorArg)
+                cols.append(Column(f"mainloop.ptr_sf{x}", sf.ptr, 0, 4 * sf.strides[0], 4 * sf.strides[0]))
         c = call.operands[self.source.name] if self.source else None
         if isinstance(c, TensorArg):
             cols.append(Column("epilogue.ptr_c", c.ptr, 0, c.strides[2] * self.source.dtype.nbytes))  # type: ignore[union-attr]
         cols.append(Column(self.d_field, d.ptr, 0, d.strides[2] * bits_d // 8))
-        cols += [Column("mainloop.stride_a", call.a.strides[1], 0, 0),
-                 Column("mainloop.stride_b", call.b.strides[0], 0, 0)]
+        lda = call.a.strides[0 if g.layout_a is Layout.ROW else 1]
+        ldb = call.b.strides[0 if g.layout_b is Layout.ROW else 1]
+        cols += [Column("mainloop.stride_a", lda, 0, 0), Column("mainloop.stride_b", ldb, 0, 0)]
         if isinstance(c, TensorArg):
             cols.append(Column("epilogue.stride_c", c.strides[0], 0, 0))
         cols.append(Column("epilogue.stride_d", d.strides[0], 0, 0))
@@ -214,7 +224,7 @@ class GroupedArguments:
         layouts = [buffer + at if self.scale_layouts else 0 for at in layout.scale_layouts]
         return SETUP.pack(call.offsets, buffer + layout.shapes, buffer + layout.table, call.groups, call.rows,
                           call.n, call.k, len(columns), int(self.swapped), call.m, int(self.recipe.gemm.k_grouped),
-                          zero, *[c.base for c in columns], *pad,
+                          self.recipe.gemm.token_align, 0, zero, *[c.base for c in columns], *pad,
                           *[c.per_row for c in columns], *pad, *[c.per_block for c in columns], *pad,
                           *[c.per_group for c in columns], *pad, *layouts)
 
@@ -429,7 +439,9 @@ class GroupedKernel(KernelBase):
         plan.sm_count, plan.clusters = self._hardware(device_index)
         if k_grouped:
             plan.columns = self._args.k_grouped_columns(call, TensorArg(0, (strides[1], 1, strides[0])))
-            plan.zero = torch.zeros(max(call.m, call.n), dtype=self._ir.gemm.a.torch, device=call.device)
+            # what an empty group reads: A's and B's zeros, or over fp8 copies (their own zero column) zero scales
+            zero_type = torch.float32 if self._ir.gemm.token_align else self._ir.gemm.a.torch
+            plan.zero = torch.zeros(max(call.m, call.n), dtype=zero_type, device=call.device)
         else:
             plan.columns = self._args.columns(call, TensorArg(0, (strides[0], 1, 0)))
         plan.d_at = SETUP_BASES + 8 * next(i for i, c in enumerate(plan.columns) if c.field == self._args.d_field)

@@ -11,6 +11,7 @@ import torch
 from ..errors import InvalidArgument, LayoutMismatch
 from ..ir import GemmSpec, Operand, RecipeIR
 from ..ir.microscaling import blocked_shape, grouped_blocked_rows
+from ..ir.reference import k_grouped_scale_blocks, k_grouped_tokens
 from ..types import DType, Layout, OperandKind
 from .checks import (
     INT32_MAX,
@@ -145,22 +146,31 @@ def check_k_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object
     """`check_grouped_call` for a K-grouped recipe (`Grouping.K`, a weight gradient): a is M x T
     (column-major: the `.t()` of the tokens-major output gradient), b is T x N (row-major: the
     layer's input), offsets (int32, G) say where each group's tokens end, a matrix operand (C) is
-    G x M x N. The GroupedCall's rows and k are T, its m is M."""
+    G x M x N. fp8: a is M x T' and b T' x N, both tokens-contiguous copies with each group's
+    tokens aligned (`GemmSpec.token_align`, gg.quantize_k_grouped), and the scales (blocks, M) and
+    (blocks, N). The GroupedCall's rows and k are the tokens the offsets are clamped to, its m is M."""
     g = recipe.gemm
     a, b = _need_tensor("a", a), _need_tensor("b", b)
     _dtype("a", a, g.a)
     _dtype("b", b, g.b)
+    copies = "copies of dY and X from gg.quantize_k_grouped, passed as a and b.t()" if g.token_align else \
+        "a is grad_out.t() and b the input, both tokens-major"
     if a.dim() != 2 or b.dim() != 2 or b.shape[0] != a.shape[1]:
         raise InvalidArgument(f"a/b: a K-grouped GEMM takes a (M, tokens) and b (tokens, N), the tokens of every "
-                              f"group one after another (a is grad_out.t() and b the input, both tokens-major), got "
-                              f"a {tuple(a.shape)} and b {tuple(b.shape)}")
-    (m, tokens), n = a.shape, b.shape[1]
-    for extent, name in ((m, "M"), (n, "N"), (tokens, "tokens")):
+                              f"group one after another ({copies}), got a {tuple(a.shape)} and b {tuple(b.shape)}")
+    (m, width), n = a.shape, b.shape[1]
+    for extent, name in ((m, "M"), (n, "N"), (width, "tokens")):
         if extent > INT32_MAX - 256:  # the kernel's per-group shapes and the setup's offsets are 32-bit
             raise InvalidArgument(f"{name} = {extent}: too large for the grouped kernel's 32-bit shapes; split "
                                   "the call")
     offsets = _offsets(offsets, None, "where each group's tokens end")
     groups = offsets.shape[0]
+    align = g.token_align
+    tokens = k_grouped_tokens(width, groups, align)
+    if align and (width % align or tokens < 0):
+        raise InvalidArgument(f"a/b: {width} columns of tokens for {groups} groups; a K-grouped fp8 GEMM's copies are "
+                              f"{align} * (groups + ceil(tokens / {align})) columns wide, each group's tokens aligned "
+                              f"({copies})")
     device = _device(a, require_cuda)
     _known_operands(recipe, operands)
     named: list[tuple[str, torch.Tensor]] = [("a", a), ("b", b), ("offsets", offsets)]
@@ -170,26 +180,43 @@ def check_k_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object
         if o.name not in operands:
             what = "a Python number" if o.kind is OperandKind.SCALAR else \
                 f"a (groups, M, N) = ({groups}, {m}, {n}) {o.dtype.value} tensor"
+            if o.kind.block_scale:
+                what = f"fp32 ({k_grouped_scale_blocks(tokens, groups)}, {m if o.kind is OperandKind.SCALE_A else n})"
             raise InvalidArgument(f"{o.name}: missing operand; pass {o.name}=... ({what})")
         value = operands[o.name]
         if o.kind is OperandKind.SCALAR:
             checked[o.name] = _operand(o, value, m, n, 1, False)
             continue
         t = _need_tensor(o.name, value)
+        named.append((o.name, t))
+        if o.kind.block_scale:  # (blocks, M or N), contiguous: each group's blocks a compact M/N-major layout
+            columns = m if o.kind is OperandKind.SCALE_A else n
+            shape = (k_grouped_scale_blocks(tokens, groups), columns)
+            if t.dtype != torch.float32 or tuple(t.shape) != shape:
+                raise InvalidArgument(f"{o.name}: expected fp32 scales of shape {shape} (groups + {tokens} // 128 "
+                                      f"blocks of 128 tokens, {tokens} the most a and b hold, each group's from "
+                                      f"block g + first // 128: gg.quantize_k_grouped), got {t.dtype} "
+                                      f"{tuple(t.shape)}")
+            if not t.is_contiguous():
+                raise LayoutMismatch(o.name, f"{o.name}: expected contiguous scales (each group's blocks a compact "
+                                     f"M/N-major layout), got strides {tuple(t.stride())}; call {o.name}.contiguous()")
+            arg = TensorArg(_aligned_ptr(o.name, t), (columns, 1, 0))
+            checked[o.name] = arg
+            extents.append(4 * math.prod(shape))
+            continue
         _dtype(o.name, t, o.dtype)
         if tuple(t.shape) != (groups, m, n):
             raise InvalidArgument(f"{o.name}: expected a (groups, M, N) = ({groups}, {m}, {n}) tensor, one M x N "
                                   f"matrix per group, got shape {tuple(t.shape)}")
         arg = TensorArg(_aligned_ptr(o.name, t), _matrix(o.name, t, m, n, Layout.ROW, True, groups, ("M", "N")))
         checked[o.name] = arg
-        named.append((o.name, t))
         extents.append(_bytes(arg, o.dtype.nbytes, (m, n, groups)))
     for name, t in named:
         if t.device != device:
             raise InvalidArgument(f"{name}: on {t.device} but a is on {device}; put all tensors on one device")
-    ta = TensorArg(_aligned_ptr("a", a), _matrix("a", a, m, tokens, Layout.COL, False, 1, ("M", "tokens")))
-    tb = TensorArg(_aligned_ptr("b", b), _matrix("b", b, tokens, n, Layout.ROW, False, 1, ("tokens", "N")))
-    extents = [_bytes(ta, a.element_size(), (m, tokens, 1)), _bytes(tb, b.element_size(), (tokens, n, 1)),
+    ta = TensorArg(_aligned_ptr("a", a), _matrix("a", a, m, width, g.layout_a, False, 1, ("M", "tokens")))
+    tb = TensorArg(_aligned_ptr("b", b), _matrix("b", b, width, n, g.layout_b, False, 1, ("tokens", "N")))
+    extents = [_bytes(ta, a.element_size(), (m, width, 1)), _bytes(tb, b.element_size(), (width, n, 1)),
                4 * groups, *extents]
     return GroupedCall(tokens, n, tokens, groups, device, ta, tb, offsets.data_ptr(), checked, tuple(extents), m)
 

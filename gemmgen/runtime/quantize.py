@@ -45,6 +45,7 @@ from ..errors import InvalidArgument
 from ..ir import GemmSpec, microscaling
 from ..ir.microscaling import E2M1_MAX, UE8M0_BIAS, grouped_blocked_rows, scale_columns, to_blocked
 from ..ir.ops import FP8_MAX, quantize_blocks, round_to
+from ..ir.reference import k_grouped_scale_blocks, k_grouped_tokens, k_grouped_width
 from ..types import DType, Layout, Microscaling, OperandKind, as_dtype, as_layout
 from .checks import copy_in_layout
 
@@ -151,6 +152,54 @@ def to_blocked_scales(scales: torch.Tensor, offsets: torch.Tensor | None = None)
                               f"the tokens' (T, C) scales, got {offsets!r:.80} for scales of shape "
                               f"{tuple(scales.shape)}")
     return microscaling.to_grouped_blocked(scales, offsets)
+
+
+def quantize_k_grouped(x: torch.Tensor, offsets: torch.Tensor, dtype: DType | str = DType.E4M3,
+                       power_of_two: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(copy, scales) for a K-grouped fp8 GEMM (`grouped=gg.Grouping.K`, block_scale=(1, 1, 128)):
+    x (T, C) tokens-major, split into groups by `offsets` (int32 ends, on x's device), quantized
+    along the tokens per 128 of each group's tokens and each column (`quantize_blockwise`'s
+    formula; with `power_of_two` its scales rounded up to powers of two).
+
+    copy: (C, T') in `dtype`, tokens-contiguous, group g's tokens from column 16 * (g + ceil(first /
+    16)) on and zeros around them (`GemmSpec.token_align`: TMA reads each group from a 16-byte
+    aligned address); T' = 16 * (G + ceil(T / 16)). scales: fp32 (G + T16 // 128, C) with T16 =
+    16 * ceil(T / 16), the most tokens a copy T' wide holds (what a kernel sizes them by), group g's
+    blocks from row g + first // 128 on, 1 in rows no group uses. A weight gradient dW = dY^T X
+    takes a = the copy of dY, b = the copy of X, transposed (`.t()`). Only torch ops on x's device:
+    no host sync, the offsets stay where they are."""
+    dt = as_dtype(dtype, "dtype")
+    if dt not in FP8_MAX:
+        raise InvalidArgument(f"dtype: expected gg.e4m3 or gg.e5m2, got {dt.value}")
+    if not (isinstance(x, torch.Tensor) and x.dim() == 2 and x.is_floating_point()):
+        raise InvalidArgument(f"x: expected a floating-point (tokens, columns) tensor, got {x!r:.80}")
+    if not (isinstance(offsets, torch.Tensor) and offsets.dim() == 1 and offsets.dtype == torch.int32
+            and offsets.device == x.device and offsets.numel() > 0):
+        raise InvalidArgument(f"offsets: expected the groups' int32 ends (G,) on x's device ({x.device}), got "
+                              f"{offsets!r:.80}")
+    tokens, columns = x.shape
+    groups = offsets.numel()
+    align, block = 16, 128
+    ends = offsets.long().clamp(0, tokens).cummax(0).values  # reference.group_bounds, on the device
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    t = torch.arange(tokens, device=x.device)
+    group = torch.searchsorted(ends, t, right=True)  # G past the last group's end: in no group
+    inside = group < groups
+    t, group = t[inside], group[inside]
+    first = starts[group]
+    column = align * (group + (first + align - 1) // align) + t - first  # reference.k_grouped_token_column
+    row = group + first // block + (t - first) // block  # reference.k_grouped_scale_block
+    width = k_grouped_width(tokens, groups, align)
+    amax = x.new_zeros((k_grouped_scale_blocks(k_grouped_tokens(width, groups, align), groups), columns),
+                       dtype=torch.float32)
+    amax.scatter_reduce_(0, row[:, None].expand(-1, columns), x[t].float().abs(), "amax")
+    scales = (amax / FP8_MAX[dt]).where(amax > 0, 1.0)
+    if power_of_two:
+        mantissa, exponent = scales.frexp()
+        scales = scales.new_ones(scales.shape).ldexp(exponent - (mantissa == 0.5).int())
+    copy = torch.zeros((columns, width), dtype=dt.torch, device=x.device)
+    copy[:, column] = round_to(x[t].float() / scales[row], dt).to(dt.torch).t()
+    return copy, scales
 
 
 def random_block_scale(kind: OperandKind, gemm: GemmSpec, m: int, n: int, k: int, lead: tuple[int, ...] = (),

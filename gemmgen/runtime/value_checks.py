@@ -18,7 +18,8 @@ def check_values(recipe: RecipeIR, a: object, b: object, operands: dict[str, obj
     Each tensor is checked as a TMA-readable copy of itself, so only a value can be refused."""
     g = recipe.gemm
     layouts = {"a": Layout.ROW if g.grouped and not g.k_grouped else g.layout_a, "b": g.layout_b}
-    layouts |= {o.name: Layout.COL if o.kind is OperandKind.SCALE_A else Layout.ROW for o in recipe.operands}
+    layouts |= {o.name: Layout.COL if o.kind is OperandKind.SCALE_A and not g.k_grouped else Layout.ROW
+                for o in recipe.operands}
 
     def copy(name: str, value: object) -> object:
         if not isinstance(value, torch.Tensor) or value.layout is not torch.strided:

@@ -22,7 +22,7 @@ import torch
 from ..codegen.fields import ParamsLayout
 from ..compile import CompiledKernel
 from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS, blocked_shape, from_blocked, scale_values, values
-from ..ir.reference import expand_block_scale, group_bounds
+from ..ir.reference import expand_block_scale, group_bounds, k_grouped_token_column
 from ..runtime.grouped import MAX_COLUMNS, SCALE_LAYOUT_BYTES, SETUP, SETUP_FIELDS
 from ..runtime.tma import EncodeArgs, TmaDataType
 from ..types import DType, Microscaling
@@ -345,7 +345,7 @@ def fill_groups(setup: tuple, offsets: list[int]) -> tuple[list[list[int]], list
     """What gemmgen/include/gemmgen/grouped.hpp's `fill` writes for a Setup block (its fields, as
     runtime.grouped.SETUP unpacks them): each group's (M, N, K) and its column values
     (tests/runtime/test_grouped_oracle.py runs the C++ on the host against this)."""
-    groups, rows, n, k, columns, swapped, m, k_grouped, zero = setup[3:SETUP_FIELDS]
+    groups, rows, n, k, columns, swapped, m, k_grouped, token_align, _, zero = setup[3:SETUP_FIELDS]
     c = MAX_COLUMNS
     base, per_row, per_block, per_group = (setup[SETUP_FIELDS + i * c:SETUP_FIELDS + (i + 1) * c] for i in range(4))
     bounds = group_bounds(offsets[:groups], rows)
@@ -354,10 +354,13 @@ def fill_groups(setup: tuple, offsets: list[int]) -> tuple[list[list[int]], list
     else:
         shapes = [[n, end - start, k] if swapped else [end - start, n, k] for start, end in bounds]
 
+    align = token_align if k_grouped else 0
+
     def value(c: int, g: int, start: int, end: int) -> int:
-        if k_grouped and start == end and (per_row[c] or per_block[c]):
+        if k_grouped and start == end and (per_block[c] if align else per_row[c] or per_block[c]):
             return zero
-        return base[c] + per_row[c] * start + per_block[c] * (start // 128) + per_group[c] * g
+        at = k_grouped_token_column(g, start, align)
+        return base[c] + per_row[c] * at + per_block[c] * (start // 128) + per_group[c] * g
 
     table = [[value(c, g, start, end) for c in range(columns)] for g, (start, end) in enumerate(bounds)]
     return shapes, table

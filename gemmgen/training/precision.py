@@ -39,7 +39,8 @@ from ..errors import InvalidArgument
 from ..ir import EpilogueIR, microscaling
 from ..ir.ops import FP8_MAX, quantize_blocks, round_to
 from ..runtime.checks import copy_in_layout
-from ..types import DType, Layout, Microscaling
+from ..runtime.quantize import quantize_k_grouped
+from ..types import DType, Grouping, Layout, Microscaling
 
 
 class Gemm(enum.Enum):
@@ -86,6 +87,8 @@ class Precision:
     column_pairs: ClassVar[bool] = True
     #: what its kernels' names end in before the GEMM's
     suffix: ClassVar[str] = ""
+    #: whether it runs a GroupedLinear's step (grouped and K-grouped kernels of its own)
+    grouped: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.save_original_input, bool):
@@ -116,6 +119,17 @@ class Precision:
         `gemm`: the same epilogue over its quantized A and B (K-major)."""
         self._check_plain(recipe)
         return self._converted(recipe, gemm, f"{recipe.name}_{self.suffix}_{gemm.value}")
+
+    def grouped_recipe(self, recipe: Recipe, gemm: Gemm) -> Recipe:
+        """`recipe` (a grouped bf16 or f16 GEMM's: rows-grouped for fprop and dgrad, K-grouped for
+        wgrad) as this precision runs `gemm` over the experts: the same epilogue and grouping over
+        its quantized A and B (K-major)."""
+        g = recipe.ir.gemm
+        if not self.grouped or g.a.bits != 16 or g.scaled or not g.grouped:
+            raise InvalidArgument(f"recipe: expected a grouped bf16 or f16 GEMM's recipe to run in {self}, got "
+                                  f"{recipe!r}")
+        grouping = Grouping.K if g.k_grouped else Grouping.ROWS
+        return self._converted(recipe, gemm, f"{recipe.name}_{self.suffix}_{gemm.value}", grouping)
 
     def backward(self, recipe: Recipe) -> Backward:
         """The derived backward (`Recipe.backward`) of `recipe` (a bf16 or f16 layer's, followed by
@@ -175,14 +189,14 @@ class Precision:
             raise InvalidArgument(f"recipe: expected a plain bf16 or f16 GEMM's recipe to run in {self}, got "
                                   f"{recipe!r}")
 
-    def _converted(self, recipe: Recipe, gemm: Gemm, name: str) -> Recipe:
+    def _converted(self, recipe: Recipe, gemm: Gemm, name: str, grouping: Grouping | None = None) -> Recipe:
         """`recipe` (bf16 or f16, its epilogue, D and aux types kept) as this precision runs `gemm`."""
         g, ir = recipe.ir.gemm, recipe.ir.epilogue
         fn, operands = self.epilogue(ir)
         a, b = self.dtypes(gemm)
         return Recipe(name, fn, a=a, b=b, d=g.d, layout_a=Layout.ROW, layout_b=Layout.COL, layout_d=g.layout_d,
                       operands=operands, aux={o.name: o.dtype for o in recipe.outputs[1:]},
-                      block_scale=self.block_scale(gemm))
+                      block_scale=self.block_scale(gemm), grouped=grouping or False)
 
     def operand(self, t: torch.Tensor, gemm: Gemm, which: str, recipe: Recipe,
                 history: AmaxHistory | None = None) -> Operand:
@@ -194,6 +208,20 @@ class Precision:
     def weight(self, w: torch.Tensor, fprop: Recipe, dgrad: Recipe,
                history: AmaxHistory | None = None) -> QuantizedWeight:
         """W (out x in) quantized for fprop's and dgrad's B."""
+        raise NotImplementedError
+
+    def experts(self, w: torch.Tensor) -> QuantizedWeight:
+        """The experts' weights (E x out x in) quantized for a GroupedLinear's fprop and dgrad B
+        (a precision with `grouped` kernels)."""
+        raise NotImplementedError
+
+    def tokens(self, t: torch.Tensor) -> Operand:
+        """`t` (tokens x C) quantized along C as a grouped kernel's A (`grouped`)."""
+        raise NotImplementedError
+
+    def along_tokens(self, t: torch.Tensor, offsets: torch.Tensor) -> Operand:
+        """`t` (tokens x C) quantized along each group's tokens for the K-grouped weight gradient
+        (`grouped`)."""
         raise NotImplementedError
 
     def history(self) -> AmaxHistory | None:
@@ -228,6 +256,7 @@ class Float8Blockwise(Precision):
     suffix: ClassVar[str] = "fp8block"
     block: ClassVar[int] = 128
     dtype: ClassVar[DType] = DType.E4M3
+    grouped: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -297,6 +326,26 @@ class Float8Blockwise(Precision):
         rows = Operand(q.t(), _transposed_scale(scale, fprop.ir.gemm.scale_layouts[1]))
         columns = Operand(q.t().contiguous().t(), copy_in_layout(scale, dgrad.ir.gemm.scale_layouts[1], 4))
         return QuantizedWeight(self.weight_version(w), rows, columns)
+
+    def experts(self, w: torch.Tensor) -> QuantizedWeight:
+        """The experts' weights (E x out x in) quantized for the grouped fprop's and dgrad's B, per
+        expert in 128 x 128 blocks; the scales compact, as grouped kernels read them."""
+        q, scale = self.quantize(w.detach(), (self.block, self.block))  # (E, out / 128, in / 128) scales
+        rows = Operand(q.mT, copy_in_layout(scale.mT, Layout.COL, 1))  # B: (E, in, out), in contiguous
+        columns = Operand(q.mT.contiguous().mT, copy_in_layout(scale, Layout.COL, 1))  # B: (E, out, in), out contiguous
+        return QuantizedWeight(self.weight_version(w), rows, columns)
+
+    def tokens(self, t: torch.Tensor) -> Operand:
+        """`t` (tokens x C) per token and 128 of C, as a grouped kernel's A (its scales compact)."""
+        q, scale = self.quantize(t.contiguous(), (1, self.block))
+        return Operand(q, scale)
+
+    def along_tokens(self, t: torch.Tensor, offsets: torch.Tensor) -> Operand:
+        """`t` (tokens x C) along each expert's tokens for the K-grouped weight gradient: its
+        tokens-contiguous copy (C x T', each expert's tokens aligned) and scales per 128 of them
+        (gg.quantize_k_grouped)."""
+        copy, scales = quantize_k_grouped(t, offsets, self.dtype, self.power_of_two_scales)
+        return Operand(copy, scales)
 
 
 @dataclass(frozen=True, repr=False)

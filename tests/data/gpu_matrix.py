@@ -206,6 +206,10 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     out.append((derived_grouped_recipe(), DERIVED_GROUPED_CONFIG))  # test_grouped_gpu's pointer-array C
     wgrad = grouped_weight_grad_recipe(torch.bfloat16, accumulate=True)  # ...and its K-grouped weight gradient
     out.append((wgrad, wgrad.default_config()))
+    float8 = float8_grouped_layer()  # ...its Float8Blockwise step, and its K-grouped fp8 weight gradient alone
+    out += [float8.launches(GROUPED_LINEAR_ROWS), *float8.backward_launches(GROUPED_LINEAR_ROWS)]
+    fp8_wgrad = k_grouped_fp8_recipe()
+    out.append((fp8_wgrad, fp8_wgrad.default_config()))
     fp8_experts = gg.nn.block_scaled_grouped_recipe("silu", True, torch.bfloat16)  # ...and its fp8 form
     out += [(fp8_experts, fp8_experts.default_config()), (fp8_experts, config_for(fp8_experts, 1, 256, 512, 1))]
     return list(dict.fromkeys(out))
@@ -261,6 +265,21 @@ def grouped_linear_layers() -> list[gg.nn.GroupedLinear]:
     return [gg.nn.GroupedLinear(4, 64, 128, activation="silu", device="meta"),
             gg.nn.GroupedLinear(4, 64, 96, activation="swiglu", device="meta"),
             gg.nn.GroupedLinear(4, 64, 96, bias=False, activation="geglu", device="meta")]
+
+
+def float8_grouped_layer(device: str = "meta") -> gg.nn.GroupedLinear:
+    """tests/gpu/test_grouped_gpu.py's GroupedLinear under Float8Blockwise: 4 SwiGLU experts,
+    256 -> 128, no biases."""
+    return gg.nn.GroupedLinear(4, 256, 128, bias=False, activation="swiglu", device=device,
+                               precision=gg.training.Float8Blockwise())
+
+
+def k_grouped_fp8_recipe() -> gg.Recipe:
+    """The experts' fp8 weight gradient (K-grouped, (1, 1, 128) scales) into main_grad, as
+    tests/gpu/test_grouped_gpu.py compiles it."""
+    return gg.Recipe("k_grouped_fp8", lambda acc, main_grad: acc + main_grad, a=gg.e4m3, b=gg.e4m3, d=gg.f32,
+                     layout_a=gg.RowMajor, layout_b=gg.ColMajor, grouped=gg.Grouping.K, block_scale=(1, 1, 128),
+                     operands={"main_grad": gg.Matrix(gg.f32)})
 
 
 #: tests/gpu/test_grouped_gpu.py's GroupedExperts: experts, hidden size, intermediate size (SwiGLU, biases)

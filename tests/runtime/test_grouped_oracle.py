@@ -141,15 +141,15 @@ def fp8_and_block_oracles(fp8_kernels, block_kernels, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def grouped_oracles(grouped_kernels, gated_grouped_kernel, derived_grouped_kernel, k_grouped_kernel,
-                    tmp_path_factory):
+                    k_grouped_fp8_kernel, tmp_path_factory):
     """CUTLASS's host code for each of moe_up's kernels (by config name), the gated experts'
-    ("gated"), the derived backward kernel's ("derived") and the K-grouped weight gradient's
-    ("k_grouped", test_k_grouped), built at once."""
+    ("gated"), the derived backward kernel's ("derived") and the K-grouped weight gradients'
+    ("k_grouped" and "k_grouped_fp8", test_k_grouped), built at once."""
     from gemmgen.testing.oracle import OracleProgram, build_all
 
     build = tmp_path_factory.mktemp("grouped-oracle")
     kernels = {**grouped_kernels, "gated": gated_grouped_kernel, "derived": derived_grouped_kernel,
-               "k_grouped": k_grouped_kernel}
+               "k_grouped": k_grouped_kernel, "k_grouped_fp8": k_grouped_fp8_kernel}
     programs = {name: OracleProgram(k.generated, build) for name, k in kernels.items()}
     build_all(list(programs.values()), build)
     return programs
@@ -260,7 +260,8 @@ def test_setup_kernel_arithmetic_on_the_host(tmp_path):
     """gemmgen/include/gemmgen/grouped.hpp's `fill`, compiled for the host by nvcc, against
     group_bounds and the column formula, for offsets that are sorted, decreasing and out of range,
     unswapped and swapped (the problem (N, M_g, K)) and K-grouped (the problem (M, N, K_g), an empty
-    group's K = 1 over the zero buffer), a column per block of 128 rows among them; and
+    group's K = 1 over the zero buffer; over fp8 copies, each group at its aligned column and an
+    empty one's scales at the zero buffer), a column per block of 128 rows among them; and
     `fill_scale_layouts` (sm100's grouped
     blockwise kernels) for DeepSeek's K-major scales: each group's layouts, CUTLASS's of the group's
     shape, in ScaleLayoutBytes each (its static_assert: SCALE_LAYOUT_BYTES, which sizes the arrays)."""
@@ -281,10 +282,10 @@ int main(int argc, char** argv) {
   int groups = argc - 3, offsets[64], shapes[3 * 64], layouts[2][5 * 64];
   long long table[3 * 64];
   for (int g = 0; g < groups; ++g) offsets[g] = std::atoi(argv[g + 3]);
-  int const mode = std::atoi(argv[1]);  // 0: rows, 1: rows swapped, 2: K-grouped
+  int const mode = std::atoi(argv[1]);  // 0: rows, 1: rows swapped, 2: K-grouped, 3: K-grouped fp8 (aligned)
   gemmgen::grouped::Setup s{offsets, shapes, table, groups, std::atoi(argv[2]), 48, 300, 3, mode == 1, 64,
-                            mode == 2, 999, {1000, 7, 5}, {24, 0, 0}, {0, 0, 512}, {0, 1 << 20, 0},
-                            {layouts[0], layouts[1]}};
+                            mode >= 2, mode == 3 ? 16 : 0, 0, 999, {1000, 7, 5}, {24, 0, 0}, {0, 0, 512},
+                            {0, 1 << 20, 0}, {layouts[0], layouts[1]}};
   for (int g = 0; g < groups; ++g) gemmgen::grouped::fill_scale_layouts<Config, LayoutSFA, LayoutSFB>(s, g);
   for (int g = 0; g < groups; ++g) {
     std::printf("%d %d %d %lld %lld %lld", shapes[3 * g], shapes[3 * g + 1], shapes[3 * g + 2], table[g],
@@ -300,20 +301,24 @@ int main(int argc, char** argv) {
     subprocess.run([str(nvcc_path()), "-std=c++17", "-w", *(f"-I{d}" for d in tc.include_dirs),
                     f"-L{nvcc_path().parent.parent / 'lib'}", "-o", str(exe), str(src)],
                    check=True, capture_output=True)
-    for mode in (0, 1, 2):
+    for mode in (0, 1, 2, 3):
         for rows, offsets in ((37, [5, 5, 20, 30]), (37, [10, 4, 12]), (37, [-3, 50, 60]), (1, [1]), (9, [0, 0, 9]),
                               (300, [130, 260, 300])):
             out = subprocess.run([str(exe), str(mode), str(rows), *map(str, offsets)], check=True,
                                  capture_output=True, text=True).stdout.split("\n")
             pad = [0] * (MAX_COLUMNS - 3)  # ...and emulate.fill_groups, which the emulation runs, agrees
-            shapes, table = fill_groups((0, 0, 0, len(offsets), rows, 48, 300, 3, int(mode == 1), 64, int(mode == 2),
-                                         999, 1000, 7, 5, *pad, 24, 0, 0, *pad, 0, 0, 512, *pad, 0, 1 << 20, 0, *pad),
+            shapes, table = fill_groups((0, 0, 0, len(offsets), rows, 48, 300, 3, int(mode == 1), 64,
+                                         int(mode >= 2), 16 if mode == 3 else 0, 0, 999, 1000, 7, 5, *pad,
+                                         24, 0, 0, *pad, 0, 0, 512, *pad, 0, 1 << 20, 0, *pad),
                                         offsets)
             for g, (start, end) in enumerate(group_bounds(offsets, rows)):
-                shape = {0: [end - start, 48, 300], 1: [48, end - start, 300], 2: [64, 48, max(end - start, 1)]}[mode]
-                columns = [1000 + 24 * start, 7 + (1 << 20) * g, 5 + 512 * (start // 128)]
+                shape = {0: [end - start, 48, 300], 1: [48, end - start, 300]}.get(mode, [64, 48, max(end - start, 1)])
+                at = 16 * (g + -(-start // 16)) if mode == 3 else start  # fp8 copies: the group's aligned column
+                columns = [1000 + 24 * at, 7 + (1 << 20) * g, 5 + 512 * (start // 128)]
                 if mode == 2 and start == end:  # an empty group of tokens: K = 1 over zeros, for what moves with them
                     columns = [999, 7 + (1 << 20) * g, 999]
+                if mode == 3 and start == end:  # ...over fp8 copies: its own (zero) column, zero scales
+                    columns = [1000 + 24 * at, 7 + (1 << 20) * g, 999]
                 # K-major (blocks of M or N, blocks of K, L; the M or N blocks' stride, L's): A per row,
                 # B per 128 columns, the blocks of K
                 blocks_a, blocks_b, kb = shape[0], -(-shape[1] // 128), -(-shape[2] // 128)
@@ -373,4 +378,36 @@ def test_the_k_grouped_weight_gradient_matches_cutlass_and_each_expert(k_grouped
     zero = zero_buffer(k, p)
     emulate_grouped(ck, p.setup, p.params, enc, [dy, x, offsets, main_grad, out, p.buffer, zero])
     want = per_expert_weight_grad(dy, x, K_GROUPED_SIZES, main_grad)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.oracle
+def test_the_k_grouped_fp8_weight_gradient_matches_cutlass_and_each_expert(k_grouped_fp8_kernel, grouped_oracles):
+    """The experts' fp8 weight gradient (test_k_grouped's, rendered: compiled by hand, 0 local,
+    docs/design/training.md#moe-in-fp8): every Params field but the kernel's constants (its per-group
+    scale pointers among them) against CUTLASS's host code given the same per-group arrays, the
+    tensor maps it encodes and the grid; the rendered kernel's emulation against per-expert fp64
+    of the values gg.quantize_k_grouped's copies stand for."""
+    from tests.runtime.test_k_grouped import FP8_SIZES, _fp8_inputs
+
+    ck = k_grouped_fp8_kernel
+    assert "Sm90BlockwiseScaleConfig<1, 1, 128>" in ck.source  # M/N-major scales: each expert's blocks whole rows
+    k = cpu_grouped_kernel(ck, 132, 0)
+    enc = k._encode
+    a, b, offsets, scale_a, scale_b, main_grad, want = _fp8_inputs()
+    out = torch.full((len(FP8_SIZES), 136, 72), float("nan"))
+    p = k.prepare(a, b, offsets, scale_a=scale_a, scale_b=scale_b, main_grad=main_grad, out=out)
+    field = params_field(ck, p.params)
+    values = {**_oracle_values(field, len(FP8_SIZES), 132, 0), "c.array": field("epilogue.ptr_c"),
+              "c.strides": field("epilogue.stride_c"), "sfa.array": field("mainloop.ptr_sfa"), "sfa.layouts": 0,
+              "sfb.array": field("mainloop.ptr_sfb"), "sfb.layouts": 0}
+    oracle = grouped_oracles["k_grouped_fp8"]
+    expected = oracle.run_argv(oracle.grouped_argv(values))
+    assert expected.can_implement
+    assert {c.addr: c.as_dict() for c in enc.calls} == \
+        {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
+    _fields_match(ck, field, expected)
+    assert list(p.grid) == expected.launch["grid"]
+    zero = zero_buffer(k, p)
+    emulate_grouped(ck, p.setup, p.params, enc, [a, b, offsets, scale_a, scale_b, main_grad, out, p.buffer, zero])
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)

@@ -126,6 +126,18 @@ def block_scaled_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[st
     return []
 
 
+def k_grouped_block_scale_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """A K-grouped fp8 kernel's scales are per column of B ((1, 1, 128)): each thread of CUTLASS's
+    sm100 blockwise main loop then holds a scale per column of its tile, which spilled at a CTA
+    tile N of 128 (a 240-byte stack frame) and of 64 (8 bytes), and not at 32 (168 registers, 0
+    stack; docs/design/training.md#moe-in-fp8)."""
+    n = cfg.cta_tile[1]
+    if recipe.gemm.k_grouped and recipe.gemm.block_scale is not None and n > 32:
+        return [f"tile N = {cfg.tile[1]}: an sm_100a K-grouped fp8 kernel (scales per column of B) of CTA tile N {n} "
+                "spills registers (measured at 64 and 128); use tile N = 32"]
+    return []
+
+
 def microscaled_tile_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
     """The block-scaled MMA (kind::mxf8f6f4, kind::mxf4nvf4) computes 128 rows per SM (one SM's
     M = 128, a pair's 256) and CUTLASS's block-scaled main loop takes a CTA tile N of 64, 128, 192
@@ -184,4 +196,4 @@ CONSTRAINTS = (column_block_violations, schedule_violations, tile_violations, ti
                smem_violations, reduction_violations, block_scale_violations, block_scaled_tile_violations,
                tile_scheduler_violations, microscaled_tile_violations,
                stream_k_tile_violations, row_violations, row_block_violations, row_block_rows_violations,
-               k_grouped_violations)
+               k_grouped_violations, k_grouped_block_scale_violations)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ...config import Arch, KernelConfig, Schedule, TileScheduler, kernel_id
 from ...ir import RecipeIR
-from ...types import DType, Microscaling
+from ...types import DType, Layout, Microscaling
 from ..common_types import block_scale_decls, epilogue_strides, epilogue_tile_type, problem_shape
 from ..evt import EpilogueCode
 from ..fields import D_SINK_HEADER, reads_scale_layouts, sinks_d
@@ -121,7 +121,7 @@ def _block_scale_types(recipe: RecipeIR) -> tuple[list[tuple[str, str]], tuple[s
     if g is None:
         return [], ("LayoutA", "LayoutB")
     config = f"{g[0]}, {g[1]}, {g[2]}"
-    if gemm.grouped:
+    if gemm.scale_layouts[0] is Layout.ROW:  # GemmSpec.scale_layouts: a rows-grouped kernel's, both K-major
         config += ", cute::UMMA::Major::K, cute::UMMA::Major::K"
     decls = block_scale_decls(f"cutlass::detail::Sm100BlockwiseScaleConfig<{config}>")
     per_group = " *" if gemm.grouped else ""

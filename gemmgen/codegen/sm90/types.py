@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...config import KernelConfig, Schedule, TileScheduler, kernel_id
 from ...ir import GemmSpec, RecipeIR
-from ...types import DType
+from ...types import DType, Layout
 from ..common_types import block_scale_decls, epilogue_strides, epilogue_tile_type, problem_shape
 from ..evt import EpilogueCode
 from .geometry import epilogue_tile_override, scales_per_tile
@@ -83,7 +83,7 @@ def _block_scale_types(recipe: RecipeIR) -> tuple[list[tuple[str, str]], tuple[s
     if g is None:
         return [], ("LayoutA", "LayoutB")
     config = f"{g[0]}, {g[1]}, {g[2]}"
-    if gemm.grouped:  # GemmSpec.scale_layouts: both K-major
+    if gemm.scale_layouts[0] is Layout.ROW:  # GemmSpec.scale_layouts: a rows-grouped kernel's, both K-major
         config += ", cute::GMMA::Major::K, cute::GMMA::Major::K"
     decls = block_scale_decls(f"cutlass::detail::Sm90BlockwiseScaleConfig<{config}>")
     per_group = " *" if gemm.grouped else ""

@@ -19,6 +19,9 @@ constexpr int ScaleLayoutBytes = 20;
 // tokens, which are K: group g's problem is (m, n, end - first), and an empty group's is K = 1 over
 // `zero` (CUTLASS's grouped main loop leaves the accumulators unset for K = 0, so D_g would be
 // garbage): A's and B's pointers, the columns that move with the group's first token, point there.
+// Over fp8 copies (`token_align`, GemmSpec.token_align) group g's tokens start at the aligned column
+// token_align * (g + ceil(first / token_align)), and an empty group reads its own column there (a
+// zero between groups) with zero scales: the scale columns (per_block) point at `zero`.
 struct Setup {
   int const* offsets;  // groups entries: where each group's rows end
   int* shapes;         // groups x (M, N, K): cutlass::gemm::GroupProblemShape's problem_shapes
@@ -31,9 +34,11 @@ struct Setup {
   int swapped;         // nonzero: the kernel computes D_g^T = B_g^T A_g^T, its problem is (N, M_g, K)
   int m;               // K-grouped: every group's M (0 otherwise)
   int k_grouped;       // nonzero: the groups split K
-  long long zero;      // K-grouped: the address of max(m, n) zero elements
-  // column c of group g: base[c] + per_row[c] * first + per_block[c] * (first / 128) + per_group[c] * g,
-  // first the group's first row (per_block: a microscaled kernel's scales of A, whose groups each
+  int token_align;     // K-grouped over fp8 copies: each group's tokens start at a multiple of it (else 0)
+  int reserved;
+  long long zero;      // K-grouped: the address of max(m, n) zero elements (fp8: zero fp32 scales)
+  // column c of group g: base[c] + per_row[c] * at + per_block[c] * (first / 128) + per_group[c] * g,
+  // first the group's first row, `at` it or its aligned column (token_align) (per_block: a microscaled kernel's scales of A, whose groups each
   // start a block of 128 rows: ir/microscaling.py's grouped blocked order)
   long long base[MaxColumns];
   long long per_row[MaxColumns];
@@ -42,7 +47,7 @@ struct Setup {
   // where fill_scale_layouts writes each group's scale layouts of A and B (null for `fill`)
   void* scale_layouts[2];
 };
-static_assert(sizeof(Setup) == 64 + 4 * 8 * MaxColumns + 16, "gemmgen/runtime/grouped.py packs Setup by hand");
+static_assert(sizeof(Setup) == 72 + 4 * 8 * MaxColumns + 16, "gemmgen/runtime/grouped.py packs Setup by hand");
 
 CUTLASS_HOST_DEVICE int clamp_row(int offset, int lo, int rows) {
   return offset < lo ? lo : (offset > rows ? rows : offset);
@@ -64,10 +69,12 @@ CUTLASS_HOST_DEVICE void fill(Setup const& s, int g) {
     s.shapes[3 * g + 1] = s.swapped ? end - first : s.n;
     s.shapes[3 * g + 2] = s.k;
   }
+  int const align = s.k_grouped ? s.token_align : 0;
+  long long const at = align ? align * (g + (first + align - 1) / align) : first;
   for (int c = 0; c < s.columns; ++c) {
-    bool const moves = s.per_row[c] != 0 || s.per_block[c] != 0;
-    s.table[c * s.groups + g] = empty_k && moves ? s.zero
-        : s.base[c] + s.per_row[c] * first + s.per_block[c] * (first / 128) + s.per_group[c] * g;
+    bool const to_zero = empty_k && (align ? s.per_block[c] != 0 : s.per_row[c] != 0 || s.per_block[c] != 0);
+    s.table[c * s.groups + g] = to_zero ? s.zero
+        : s.base[c] + s.per_row[c] * at + s.per_block[c] * (first / 128) + s.per_group[c] * g;
   }
 }
 
