@@ -43,7 +43,10 @@ and where it is a swapped kernel (small M), another runs the best unswapped conf
 The training-step table (`--training`): an MLP block of 4096 tokens, 4096 -> 14336 -> 4096 (bf16),
 forward and backward, in torch eager, torch.compile and gemmgen's FusedMLP (its accumulator saved,
 and recomputed), each step timed whole with CUDA events: with GELU and biases, and Llama's SwiGLU
-MLP without biases (gemmgen: fc1 over column pairs, its backward fused into fc2's dgrad GEMM).
+MLP without biases (gemmgen: fc1 over column pairs, its backward fused into fc2's dgrad GEMM). Then
+the same MLP in bf16 and in Float8Blockwise; and an experts layer's step (Mixtral's gate and up
+projections, SwiGLU, tokens spread evenly): `torch._grouped_mm` with its autograd, gemmgen's
+GroupedLinear in bf16 and in Float8Blockwise (its weight gradient K-grouped, no token padded).
 
     python scripts/gpu_bench.py [--reps N] [--training]
 """
@@ -439,6 +442,67 @@ def _low_precision_row(activation: str, shape: tuple[int, int, int, int], reps: 
           flush=True)
 
 
+def _experts_training_row(shape: tuple[int, int, int, int], reps: int) -> None:
+    """One experts layer's training step (forward + backward: dx and dW), SwiGLU without biases:
+    `torch._grouped_mm` and its autograd, gemmgen's GroupedLinear in bf16 and in Float8Blockwise
+    (the same bf16 weights); median of `reps` CUDA-event timings of whole steps, inputs rotated
+    through more than L2; each way's output and gradients against the experts in fp32 first
+    (>= 20 dB: a wrong fast step is no result)."""
+    import gemmgen as gg
+
+    rows, experts, n_in, n_out = shape
+    torch.manual_seed(0)
+    bf16 = gg.nn.GroupedLinear(experts, n_in, n_out, bias=False, activation="swiglu", device="cuda")
+    low = gg.nn.GroupedLinear(experts, n_in, n_out, bias=False, activation="swiglu", device="cuda",
+                              precision=gg.training.Float8Blockwise())
+    low.load_state_dict(bf16.state_dict())
+    weight = bf16.weight.detach().clone().requires_grad_()  # torch's: (E, 2 x out, in), gate and up interleaved
+
+    def grouped_mm(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        acc = torch._grouped_mm(x, weight.transpose(1, 2), offs=offsets)
+        return F.silu(acc[:, 0::2]) * acc[:, 1::2]
+
+    offsets = (torch.arange(1, experts + 1, device="cuda") * (rows // experts)).int()
+    sets = [(torch.randn(rows, n_in, device="cuda", dtype=torch.bfloat16).requires_grad_(),
+             torch.randn(rows, n_out, device="cuda", dtype=torch.bfloat16))
+            for _ in range(max(2, -(-L2_BYTES // (rows * (n_in + n_out) * 2))))]
+    x, g = sets[0]
+    w32 = bf16.weight.detach().float().requires_grad_()
+    x32 = x.detach().float().requires_grad_()
+    pieces, start = [], 0
+    for e, end in enumerate(offsets.tolist()):
+        acc = x32[start:end] @ w32[e].t()
+        pieces.append(F.silu(acc[:, 0::2]) * acc[:, 1::2])
+        start = end
+    y32 = torch.cat(pieces)
+    want = [*torch.autograd.grad(y32, [x32, w32], g.float()), y32.detach()]
+    ways: dict[str, tuple[Any, torch.Tensor]] = {"_grouped_mm": (grouped_mm, weight), "bf16": (bf16, bf16.weight),
+                                                "Float8Blockwise": (low, low.weight)}
+    for name, (layer, w) in ways.items():
+        y = layer(x, offsets)
+        got = [*torch.autograd.grad(y, [x, w], g), y.detach()]
+        for a, b in zip(got, want, strict=True):
+            snr = float(20 * torch.log10(b.double().norm() / (a.double() - b.double()).norm()))
+            assert snr >= 20, (name, snr)
+
+    def timed(layer: Any, w: torch.Tensor) -> float:
+        times = []
+        for i in range(reps + 2):
+            x, g = sets[i % len(sets)]
+            w.grad, x.grad = None, None
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            layer(x, offsets).backward(g)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times[2:])[reps // 2]  # the first two warm up
+
+    t = {name: timed(layer, w) for name, (layer, w) in ways.items()}
+    print(f"{rows},{experts},{n_in},{n_out} | {t['_grouped_mm']:.3f} | {t['bf16']:.3f} | {t['Float8Blockwise']:.3f} | "
+          f"{t['_grouped_mm'] / t['Float8Blockwise']:.2f} | {t['bf16'] / t['Float8Blockwise']:.2f}", flush=True)
+
+
 def _timed(fn, sets, reps: int) -> float | None:
     """device_ms of `fn` over the buffer sets (each ends with its output); None where torch refuses."""
     from gemmgen.tuning import device_ms
@@ -557,6 +621,12 @@ def main() -> int:
         print("activation | tokens,in,hidden,out | bf16 ms | Float8Blockwise ms | bf16/fp8")
         for activation in ("gelu", "swiglu"):
             _low_precision_row(activation, TRAINING_BENCH_MLP, args.reps)
+        from tests.data.gpu_matrix import TRAINING_BENCH_EXPERTS
+
+        print("# Experts (SwiGLU, no biases, tokens spread evenly): torch._grouped_mm with its autograd, gemmgen's "
+              "GroupedLinear in bf16 and in Float8Blockwise; each checked against the fp32 experts (>= 20 dB) first")
+        print("rows,experts,in,out | _grouped_mm ms | bf16 ms | Float8Blockwise ms | _grouped_mm/fp8 | bf16/fp8")
+        _experts_training_row(TRAINING_BENCH_EXPERTS, args.reps)
         return 0
     recipes = load_recipes(ROOT / "examples" / "recipes.py")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; median of {args.reps} CUDA-graph "

@@ -258,12 +258,6 @@ def k_grouped_kernel(grouped_families):
 
 
 @pytest.fixture(scope="session")
-def k_grouped_fp8_kernel(grouped_families):
-    """The experts' K-grouped fp8 weight gradient into main_grad (its default), rendered."""
-    return grouped_families["k_grouped"][1]
-
-
-@pytest.fixture(scope="session")
 def gated_grouped_kernel(grouped_families):
     """The gated experts' grouped kernel over column pairs (moe_swiglu, its default)."""
     return grouped_families["gated"][0]

@@ -40,6 +40,9 @@ TRAINING_FP8_MLP = (300, 512, 1024, 256)
 #: Llama-3 8B's sizes, with gelu (and biases) and with Llama's SwiGLU (no biases), its activation
 #: saved or recomputed.
 TRAINING_BENCH_MLP = (4096, 4096, 14336, 4096)
+#: scripts/gpu_bench.py --training's experts layer: routed rows, experts, in, out (SwiGLU, no biases):
+#: Mixtral 8x7B's gate and up projections for 4096 tokens, top-2, spread evenly
+TRAINING_BENCH_EXPERTS = (8192, 8, 4096, 14336)
 #: (M, N, K) of tests/gpu/test_gpu.py's BlockScaledLinear calls (silu, bias): a decode step and 300 tokens.
 BLOCK_LINEAR_PROBLEMS = ((8, 384, 512), (300, 384, 512))
 #: The swapped kernel each example recipe also runs under: the heuristic's pick for a decode step.
@@ -334,6 +337,11 @@ def training_launches() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
             for activation, bias in (("gelu", True), ("swiglu", False)):
                 low = gg.nn.FusedMLP(n_in, hidden, n_out, activation, bias=bias, precision=precision, device="meta")
                 out += gg.nn.model_launches(low, tokens=(), training_tokens=(tokens,))
+    rows, experts, n_in, n_out = TRAINING_BENCH_EXPERTS  # ...its experts layer, bf16 and Float8Blockwise
+    for expert_precision in (None, blockwise):
+        layer = gg.nn.GroupedLinear(experts, n_in, n_out, bias=False, activation="swiglu", device="meta",
+                                    precision=expert_precision)
+        out += [layer.launches(rows), *layer.backward_launches(rows)]
     residual = load_recipes(ROOT / "examples" / "recipes.py")["bias_silu_residual"]
     derived = DenseOp(residual).derived
     assert derived is not None

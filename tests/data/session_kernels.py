@@ -20,7 +20,6 @@ from tests.data.gpu_matrix import (
     DERIVED_GROUPED_CONFIG,
     FP8_GROUPED_CONFIGS,
     derived_grouped_recipe,
-    k_grouped_fp8_recipe,
     moe_fp8_recipe,
 )
 from tests.data.sm100 import SM100_KERNELS
@@ -71,10 +70,8 @@ def sm100_pairs(examples: dict) -> Pairs:
 #: The grouped test configs checked without NVRTC (`grouped_families` hands them out rendered, not
 #: compiled), each naming nothing its family's compiled kernels do not: moe_fp8's default (its
 #: swapped kernel compiles the same main loop) and moe_fp8_block swapped (the default compiles its
-#: main loop, moe_fp8 swapped its tile); and the K-grouped fp8 weight gradient (its main loop is
-#: moe_fp8_block's, its setup the bf16 one's: compiled by hand, docs/design/training.md#moe-in-fp8).
-UNCOMPILED_GROUPED = (("moe_fp8", FP8_GROUPED_CONFIGS[0]), ("moe_fp8_block", BLOCK_GROUPED_CONFIGS[2]),
-                      ("k_grouped_fp8", k_grouped_fp8_recipe().default_config()))
+#: main loop, moe_fp8 swapped its tile).
+UNCOMPILED_GROUPED = (("moe_fp8", FP8_GROUPED_CONFIGS[0]), ("moe_fp8_block", BLOCK_GROUPED_CONFIGS[2]))
 
 
 def grouped_pairs(examples: dict) -> dict[str, Pairs]:
@@ -82,16 +79,14 @@ def grouped_pairs(examples: dict) -> dict[str, Pairs]:
     `moe_recipe()` under CHECKED_GROUPED_CONFIGS (its default is the example moe_up's kernel),
     moe_fp8 under FP8_GROUPED_CONFIGS, the example moe_fp8_block under BLOCK_GROUPED_CONFIGS, the
     example moe_swiglu (gated experts over column pairs), GroupedLinear's derived backward
-    kernel, which reads C, and the experts' K-grouped weight gradient into main_grad (bf16, and fp8
-    per 128 tokens)."""
+    kernel, which reads C, and the experts' K-grouped weight gradient into main_grad."""
     swiglu, wgrad = examples["moe_swiglu"], grouped_weight_grad_recipe(torch.bfloat16, accumulate=True)
-    fp8_wgrad = k_grouped_fp8_recipe()
     return {"grouped": [(moe_recipe(), c) for c in CHECKED_GROUPED_CONFIGS],
             "fp8": [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS],
             "block": [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS],
             "gated": [(swiglu, swiglu.default_config())],
             "derived": [(derived_grouped_recipe(), DERIVED_GROUPED_CONFIG)],
-            "k_grouped": [(wgrad, wgrad.default_config()), (fp8_wgrad, fp8_wgrad.default_config())]}
+            "k_grouped": [(wgrad, wgrad.default_config())]}
 
 
 def is_compiled_grouped(recipe_name: str, config: gg.KernelConfig) -> bool:

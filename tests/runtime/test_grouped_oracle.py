@@ -141,15 +141,15 @@ def fp8_and_block_oracles(fp8_kernels, block_kernels, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def grouped_oracles(grouped_kernels, gated_grouped_kernel, derived_grouped_kernel, k_grouped_kernel,
-                    k_grouped_fp8_kernel, tmp_path_factory):
+                    tmp_path_factory):
     """CUTLASS's host code for each of moe_up's kernels (by config name), the gated experts'
-    ("gated"), the derived backward kernel's ("derived") and the K-grouped weight gradients'
-    ("k_grouped" and "k_grouped_fp8", test_k_grouped), built at once."""
+    ("gated"), the derived backward kernel's ("derived") and the K-grouped weight gradient's
+    ("k_grouped", test_k_grouped), built at once."""
     from gemmgen.testing.oracle import OracleProgram, build_all
 
     build = tmp_path_factory.mktemp("grouped-oracle")
     kernels = {**grouped_kernels, "gated": gated_grouped_kernel, "derived": derived_grouped_kernel,
-               "k_grouped": k_grouped_kernel, "k_grouped_fp8": k_grouped_fp8_kernel}
+               "k_grouped": k_grouped_kernel}
     programs = {name: OracleProgram(k.generated, build) for name, k in kernels.items()}
     build_all(list(programs.values()), build)
     return programs
@@ -380,34 +380,3 @@ def test_the_k_grouped_weight_gradient_matches_cutlass_and_each_expert(k_grouped
     want = per_expert_weight_grad(dy, x, K_GROUPED_SIZES, main_grad)
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
 
-
-@pytest.mark.oracle
-def test_the_k_grouped_fp8_weight_gradient_matches_cutlass_and_each_expert(k_grouped_fp8_kernel, grouped_oracles):
-    """The experts' fp8 weight gradient (test_k_grouped's, rendered: compiled by hand, 0 local,
-    docs/design/training.md#moe-in-fp8): every Params field but the kernel's constants (its per-group
-    scale pointers among them) against CUTLASS's host code given the same per-group arrays, the
-    tensor maps it encodes and the grid; the rendered kernel's emulation against per-expert fp64
-    of the values gg.quantize_k_grouped's copies stand for."""
-    from tests.runtime.test_k_grouped import FP8_SIZES, _fp8_inputs
-
-    ck = k_grouped_fp8_kernel
-    assert "Sm90BlockwiseScaleConfig<1, 1, 128>" in ck.source  # M/N-major scales: each expert's blocks whole rows
-    k = cpu_grouped_kernel(ck, 132, 0)
-    enc = k._encode
-    a, b, offsets, scale_a, scale_b, main_grad, want = _fp8_inputs()
-    out = torch.full((len(FP8_SIZES), 136, 72), float("nan"))
-    p = k.prepare(a, b, offsets, scale_a=scale_a, scale_b=scale_b, main_grad=main_grad, out=out)
-    field = params_field(ck, p.params)
-    values = {**_oracle_values(field, len(FP8_SIZES), 132, 0), "c.array": field("epilogue.ptr_c"),
-              "c.strides": field("epilogue.stride_c"), "sfa.array": field("mainloop.ptr_sfa"), "sfa.layouts": 0,
-              "sfb.array": field("mainloop.ptr_sfb"), "sfb.layouts": 0}
-    oracle = grouped_oracles["k_grouped_fp8"]
-    expected = oracle.run_argv(oracle.grouped_argv(values))
-    assert expected.can_implement
-    assert {c.addr: c.as_dict() for c in enc.calls} == \
-        {c["addr"]: {key: v for key, v in c.items() if key != "encode"} for c in expected.encodes}
-    _fields_match(ck, field, expected)
-    assert list(p.grid) == expected.launch["grid"]
-    zero = zero_buffer(k, p)
-    emulate_grouped(ck, p.setup, p.params, enc, [a, b, offsets, scale_a, scale_b, main_grad, out, p.buffer, zero])
-    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
