@@ -33,6 +33,13 @@ def round_to(x: torch.Tensor, dtype: DType) -> torch.Tensor:
     return (x if limit is None else x.clamp(-limit, limit)).to(dtype.torch)
 
 
+def power_of_two_above(scale: torch.Tensor) -> torch.Tensor:
+    """Each (positive) scale rounded up to a power of two, as Transformer Engine's blockwise recipe
+    rounds its scales: scale = m * 2^e with m in [0.5, 1) gives 2^e, or 2^(e - 1) where m is 0.5."""
+    mantissa, exponent = scale.frexp()
+    return scale.new_ones(scale.shape).ldexp(exponent - (mantissa == 0.5).int())
+
+
 def quantize_blocks(x: torch.Tensor, block: tuple[int, int], dtype: DType, power_of_two: bool = False
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x / its block's scale in fp32, the scales (..., ceil(R / block[0]), ceil(C / block[1]))) for x
@@ -53,9 +60,8 @@ def quantize_blocks(x: torch.Tensor, block: tuple[int, int], dtype: DType, power
     blocks = values.unflatten(-1, (nc, bc)).unflatten(-3, (nr, br))  # (..., nr, br, nc, bc): views
     amax = blocks.abs().amax(dim=(-3, -1))
     scale = (amax / FP8_MAX[dtype]).where(amax > 0, 1.0)
-    if power_of_two:  # scale = m * 2^e with m in [0.5, 1): 2^e, or 2^(e - 1) where m is 0.5 itself
-        mantissa, exponent = scale.frexp()
-        scale = scale.new_ones(scale.shape).ldexp(exponent - (mantissa == 0.5).int())
+    if power_of_two:
+        scale = power_of_two_above(scale)
     scaled = (blocks / scale[..., :, None, :, None]).flatten(-2).flatten(-3, -2)[..., :rows, :cols]
     return scaled, scale
 

@@ -32,17 +32,17 @@ from torch import nn
 from ..dsl import Recipe
 from ..errors import InvalidArgument
 from ..training import Precision
-from .base import COMPUTE_DTYPES, GATED, call_dtypes, check_compute_dtype, check_parameter, unsupported
+from .base import COMPUTE_DTYPES, GATED, check_compute_dtype, check_parameter, unsupported
 from .grouped import (
     GroupedLaunches,
     GroupedOps,
     check_grouped_precision,
     grouped_linear,
+    grouped_linear_in,
     grouped_linear_recipe,
-    rows_aligned,
 )
 from .low_precision import WeightCache
-from .low_precision_grouped import GroupedGemms, grouped_gemms, low_precision_grouped
+from .low_precision_grouped import GroupedGemms, grouped_gemms
 from .pairs import contents_key, interleave_pairs, same_contents
 
 #: The arguments of the experts modules this module replaces, as transformers names them.
@@ -116,8 +116,8 @@ class GroupedExperts(GroupedOps):
             reason = unsupported(k, compute_dtype or gate_up.dtype)
             if reason:
                 raise InvalidArgument(f"experts: {n} {k}: {reason}")
-        checked = check_grouped_precision(precision, hidden, rows, activation)
-        check_grouped_precision(precision, rows // 2, hidden, None)
+        checked = check_grouped_precision(precision, hidden, rows, activation, "GroupedExperts (gate_up_proj)")
+        check_grouped_precision(precision, rows // 2, hidden, None, "GroupedExperts (down_proj)")
         layer = cls()
         layer.precision = checked
         layer._weights = (WeightCache(), WeightCache())  # gate_up_proj's and down_proj's fp8 copies
@@ -159,21 +159,6 @@ class GroupedExperts(GroupedOps):
         return (ExpertProjection(kernels[0].fprop.recipe, e, h, i, self.activation, self.precision, kernels[0]),
                 ExpertProjection(kernels[1].fprop.recipe, e, i, h, None, self.precision, kernels[1]))
 
-    def _low_precision(self, which: int, activation: str | None, x: torch.Tensor, offsets: torch.Tensor,
-                       weight: torch.Tensor, bias: torch.Tensor | None, source: torch.Tensor | None = None
-                       ) -> torch.Tensor:
-        """One projection in `precision` (`nn.low_precision_grouped`): x, weight and bias in the
-        dtype the experts compute in (bf16 for fp32 masters), the weight quantized once per
-        optimizer step (`source`: the parameter an interleaved weight is made from)."""
-        assert self.precision is not None
-        dtype, _ = call_dtypes(x, weight.dtype, self._fixed_dtype)
-        dtype = dtype if dtype in COMPUTE_DTYPES else torch.bfloat16
-        gemms = grouped_gemms(self.precision, grouped_linear_recipe(activation, bias is not None, dtype),
-                              activation is not None)
-        x = x.to(dtype) if x.dtype != dtype else x
-        bias = None if bias is None else rows_aligned(bias.to(dtype))
-        return low_precision_grouped(gemms, self._weights[which], x, offsets, weight, bias, source)
-
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         x, index, weights = hidden_states, top_k_index, top_k_weights
@@ -197,10 +182,11 @@ class GroupedExperts(GroupedOps):
                                      right=True, out_int32=True)
         rows = x[order // top_k]
         w_up, b_up = self._gate_up()
-        if self.precision is not None:
-            gated = self._low_precision(0, self.activation, rows, offsets, w_up, b_up,
-                                        self.gate_up_proj if self.concatenated else None)
-            y = self._low_precision(1, None, gated, offsets, self.down_proj, self.down_proj_bias)
+        if self.precision is not None:  # nn.low_precision_grouped's step, each weight quantized once per step
+            gated = grouped_linear_in(self.precision, self._weights[0], self.activation, rows, offsets, w_up, b_up,
+                                      self._fixed_dtype, self.gate_up_proj if self.concatenated else None)
+            y = grouped_linear_in(self.precision, self._weights[1], None, gated, offsets, self.down_proj,
+                                  self.down_proj_bias, self._fixed_dtype)
         else:
             gated = grouped_linear(self, self.activation, rows, offsets, w_up, b_up, self._fixed_dtype)
             y = grouped_linear(self, None, gated, offsets, self.down_proj, self.down_proj_bias, self._fixed_dtype)

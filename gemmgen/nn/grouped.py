@@ -56,13 +56,13 @@ from .low_precision_grouped import GroupedGemms, grouped_gemms, low_precision_gr
 from .plan import grouped_plan
 
 
-def check_grouped_precision(value: object, in_features: int, weight_rows: int, activation: str | None
-                            ) -> Precision | None:
-    """A GroupedLinear's `precision=`: None, or a precision with grouped kernels of its own whose
-    fp8 rows the layer's features fit (`low_precision.check_precision`)."""
-    precision = check_precision(value, in_features, weight_rows, activation, "GroupedLinear")
+def check_grouped_precision(value: object, in_features: int, weight_rows: int, activation: str | None,
+                            where: str = "GroupedLinear") -> Precision | None:
+    """A grouped layer's `precision=` (`where` names the layer): None, or a precision with grouped
+    kernels of its own whose fp8 rows the layer's features fit (`low_precision.check_precision`)."""
+    precision = check_precision(value, in_features, weight_rows, activation, where)
     if precision is not None and not precision.grouped:
-        raise InvalidArgument(f"GroupedLinear: precision={precision} has no grouped kernels yet; use "
+        raise InvalidArgument(f"{where}: precision={precision} has no grouped kernels yet; use "
                               "gemmgen.training.Float8Blockwise() or leave precision= out")
     return precision
 
@@ -275,16 +275,9 @@ class GroupedLinear(GroupedLaunches, GroupedOps):
         return grouped_linear(self, self.activation, x, offsets, self.weight, self.bias)
 
     def _low_precision(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        """forward in `precision` (nn.low_precision_grouped): the weights as they are (bf16 or fp32
-        masters, quantized once per optimizer step), x and the bias in the kernels' dtype."""
         assert self.precision is not None
-        dtype, out_dtype = call_dtypes(x, self.weight.dtype, None)
-        dtype = dtype if dtype in COMPUTE_DTYPES else torch.bfloat16  # fp32 masters: bf16 kernels
-        gemms = grouped_gemms(self.precision, grouped_linear_recipe(self.activation, self.bias is not None, dtype),
-                              self.activation is not None)
-        x = x.to(dtype) if x.dtype != dtype else x
-        bias = None if self.bias is None else rows_aligned(self.bias.to(dtype))
-        y = low_precision_grouped(gemms, self._weights, x, offsets, self.weight, bias)
+        _, out_dtype = call_dtypes(x, self.weight.dtype, None)
+        y = grouped_linear_in(self.precision, self._weights, self.activation, x, offsets, self.weight, self.bias)
         return dense_output(y, y.shape, out_dtype)
 
     def reference(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -319,6 +312,21 @@ def grouped_linear(layer: GroupedOps, activation: str | None, x: torch.Tensor, o
     run, w = layer.op_for(activation, dtype, bias is not None), weight.transpose(1, 2)
     y = run(x, w, offsets) if bias is None else run(x, w, offsets, rows_aligned(bias))
     return dense_output(y, y.shape, out_dtype)
+
+
+def grouped_linear_in(precision: Precision, cache: WeightCache, activation: str | None, x: torch.Tensor,
+                      offsets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      fixed: torch.dtype | None = None, source: torch.Tensor | None = None) -> torch.Tensor:
+    """`grouped_linear` in `precision` (nn.low_precision_grouped): the weights as they are (bf16 or
+    fp32 masters, quantized once per optimizer step into `cache`; `source`, the parameter an
+    interleaved weight is made from), x and the bias in the dtype the layer computes in (bf16 for
+    fp32 masters; `fixed`: a compute dtype)."""
+    dtype, _ = call_dtypes(x, weight.dtype, fixed)
+    dtype = dtype if dtype in COMPUTE_DTYPES else torch.bfloat16
+    gemms = grouped_gemms(precision, grouped_linear_recipe(activation, bias is not None, dtype), activation is not None)
+    x = x.to(dtype) if x.dtype != dtype else x
+    bias = None if bias is None else rows_aligned(bias.to(dtype))
+    return low_precision_grouped(gemms, cache, x, offsets, weight, bias, source)
 
 
 def grouped_reference(x: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

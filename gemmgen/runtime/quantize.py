@@ -44,7 +44,7 @@ import torch
 from ..errors import InvalidArgument
 from ..ir import GemmSpec, microscaling
 from ..ir.microscaling import E2M1_MAX, UE8M0_BIAS, grouped_blocked_rows, scale_columns, to_blocked
-from ..ir.ops import FP8_MAX, quantize_blocks, round_to
+from ..ir.ops import FP8_MAX, power_of_two_above, quantize_blocks, round_to
 from ..ir.reference import k_grouped_scale_blocks, k_grouped_tokens, k_grouped_width
 from ..types import DType, Layout, Microscaling, OperandKind, as_dtype, as_layout
 from .checks import copy_in_layout
@@ -195,8 +195,7 @@ def quantize_k_grouped(x: torch.Tensor, offsets: torch.Tensor, dtype: DType | st
     amax.scatter_reduce_(0, row[:, None].expand(-1, columns), x[t].float().abs(), "amax")
     scales = (amax / FP8_MAX[dt]).where(amax > 0, 1.0)
     if power_of_two:
-        mantissa, exponent = scales.frexp()
-        scales = scales.new_ones(scales.shape).ldexp(exponent - (mantissa == 0.5).int())
+        scales = power_of_two_above(scales)
     copy = torch.zeros((columns, width), dtype=dt.torch, device=x.device)
     copy[:, column] = round_to(x[t].float() / scales[row], dt).to(dt.torch).t()
     return copy, scales

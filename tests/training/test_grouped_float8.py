@@ -214,6 +214,18 @@ def test_it_is_a_drop_in_for_the_bf16_layer_and_refuses_by_name():
         gg.nn.GroupedLinear(4, 104, 160, precision=Float8Blockwise())
     with pytest.raises(gg.ReadOnlyOption if hasattr(gg, "ReadOnlyOption") else Exception, match="read-only"):
         layer.precision = None
+    half = layer.half()(x.half(), offsets)  # .to() is followed: f16 kernels, the weights quantized again
+    assert half.dtype == torch.float16 and layer._weights.quantized == 2 and torch.isfinite(half[:297]).all()
+    masters = layer.float()(x.float(), offsets)  # fp32 masters: bf16 kernels, an fp32 output
+    assert masters.dtype == torch.float32 and layer._weights.quantized == 3
+
+
+def test_grouped_experts_refuse_a_precision_their_sizes_do_not_fit_naming_the_projection():
+    from tests.data.gated import Experts
+
+    with pytest.raises(InvalidArgument, match=r"GroupedExperts \(down_proj\): in_features = 104 is not a multiple"):
+        gg.nn.GroupedExperts.from_experts(Experts(4, 64, 104, bias=False).bfloat16(), "swiglu",
+                                          precision=Float8Blockwise())
 
 
 class _Calls(TorchDispatchMode):
