@@ -309,8 +309,9 @@ class Recipe:
 
     def reference(self, a: torch.Tensor, b: torch.Tensor, *args: Any, **operands: Any) -> Any:
         """The fused op in fp32 on the CPU. Returns D, or (D, aux...) when the recipe has aux outputs.
-        A grouped recipe takes `reference(a, b, offsets, **operands)`. The operands are checked as
-        the kernel checks them (dtypes, shapes), in any layout."""
+        A grouped recipe takes `reference(a, b, offsets, **operands)`, or in the masked layout
+        `reference(a3, b, masked_m, **operands)` (a3: groups x max_m x K). The operands are checked
+        as the kernel checks them (dtypes, shapes), in any layout."""
         from ..ir.reference import reference
 
         offsets = None

@@ -29,7 +29,7 @@ from .. import tuning
 from ..config import KernelConfig
 from ..dsl import Backward, Matrix, Recipe
 from ..errors import InvalidArgument, RecipeError
-from ..ir.reference import evaluate_epilogue, expand_block_scale
+from ..ir.reference import evaluate_epilogue, expand_block_scale, masked_rows, row_operands
 from ..runtime.base import allocate_output
 from ..runtime.grouped import operands_per_row, row_groups, vectors_as_matrices
 from ..runtime.grouped_checks import check_grouped_call
@@ -42,7 +42,11 @@ class GroupedOp(OpKind):
 
     def outputs(self, a: torch.Tensor, b: torch.Tensor, args: tuple, device: torch.device) -> list[torch.Tensor]:
         d = self.recipe.ir.outputs[0]  # N/2 columns over column pairs (`ir.columns`)
-        return [allocate_output(d.shape((a.shape[0], b.shape[-1])), self.recipe.ir.gemm.d.torch, device)]
+        shape = d.shape((a.shape[-2], b.shape[-1]))
+        if a.dim() == 3:  # the masked layout: (groups, max_m, N)
+            out = allocate_output((a.shape[0] * shape[0], shape[1]), self.recipe.ir.gemm.d.torch, device)
+            return [out.view(a.shape[0], *shape)]
+        return [allocate_output(shape, self.recipe.ir.gemm.d.torch, device)]
 
     def check(self, a: Any, b: Any, args: tuple, require_cuda: bool, config: KernelConfig | None = None) -> None:
         offsets, *operands = args
@@ -50,13 +54,13 @@ class GroupedOp(OpKind):
                            require_cuda=require_cuda)
 
     def key(self, a: torch.Tensor, b: torch.Tensor) -> tuple:
-        """A's rows, B's shape (groups, K, N), the device and the tuning generation (0.3 us on the CPU
-        machine: docs/design/measurements.md)."""
-        return a.shape[0], b.shape, a.get_device(), tuning.generation()
+        """A's rows (the masked layout's groups and max_m), B's shape (groups, K, N), the device and
+        the tuning generation (0.3 us on the CPU machine: docs/design/measurements.md)."""
+        return a.shape[:-1], b.shape, a.get_device(), tuning.generation()
 
     def problem(self, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, int]:
-        """(rows of A, N, K, groups)."""
-        return a.shape[0], b.shape[-1], b.shape[-2], b.shape[0]
+        """(rows of A, N, K, groups); the masked layout's rows are groups * max_m, the most it holds."""
+        return a.shape[:-1].numel(), b.shape[-1], b.shape[-2], b.shape[0]
 
     def reference(self, a: torch.Tensor, b: torch.Tensor, args: tuple) -> tuple[torch.Tensor, ...]:
         offsets, *operands = args
@@ -93,6 +97,8 @@ class GroupedOp(OpKind):
         else as the unfused model computes them (`torch_vjp`)."""
         recipe, (grad,) = self.recipe, grads
         self.refuse_undifferentiable(needed)
+        if inputs[0].dim() == 3:
+            return self.masked_vjp(inputs, grad, needed, call)
         a, b, _, *rest = inputs
         mm_dtype = torch.bfloat16 if recipe.ir.gemm.fp8 else a.dtype  # e4m3 and e5m2 values are exact in bf16
         if a.is_cuda and mm_dtype != torch.bfloat16:
@@ -108,6 +114,33 @@ class GroupedOp(OpKind):
         if self.sums_of_dacc(needs):
             return self.fused_vjp(inputs, grad, needed, call)
         return self.torch_vjp(inputs, grad, needed, mm_dtype, call)
+
+    def masked_vjp(self, inputs: list, grad: torch.Tensor, needed: tuple[bool, ...],
+                   call: Callable[[Recipe], Any]) -> tuple:
+        """Gradients of a masked-layout call (A (groups, max_m, K), `masked_m`), by `vjp` over the
+        offsets layout of every group's max_m rows: the rows past masked_m (which the forward read
+        nowhere) and their gradient zeroed first, in copies. The layout is decode's; training pays
+        for the copies and for the padding rows' share of dA's and dB's GEMMs."""
+        a, b, masked_m, *rest = inputs
+        groups, max_m = a.shape[:2]
+        ends, _, covered = row_groups(masked_m, groups * max_m, groups, max_m)
+        flat_a, flat_ops = masked_rows(self.recipe.ir, a, dict(zip(self.names, rest, strict=True)))
+        per_row = row_operands(self.recipe.ir)
+
+        def kept(t: Any) -> Any:  # rows in no group zeroed (fp8: their bits): their garbage reaches nothing
+            if not isinstance(t, torch.Tensor):
+                return t
+            bits = t.view(torch.uint8) if t.element_size() == 1 else t
+            zeroed = torch.where(covered.view(-1, *[1] * (t.dim() - 1)), bits, torch.zeros((), dtype=bits.dtype))
+            return zeroed.view(t.dtype)
+
+        flat_grad = kept(grad.flatten(0, 1))
+        flat_inputs = [kept(flat_a), b, ends, *[kept(v) if k in per_row else v for k, v in flat_ops.items()]]
+        got = self.vjp(flat_inputs, (flat_grad,), needed, call)
+        ga = None if got[0] is None else got[0].view(a.shape)
+        shaped = [g.view(v.shape) if g is not None and k in per_row else g
+                  for g, (k, v) in zip(got[3:], zip(self.names, rest, strict=True), strict=True)]
+        return (ga, got[1], None, *shaped)
 
     def fused_vjp(self, inputs: list, grad: torch.Tensor, needed: tuple[bool, ...],
                   call: Callable[[Recipe], Any]) -> tuple:

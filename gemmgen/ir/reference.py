@@ -18,7 +18,8 @@ from .ops import COMPARISONS, FP8_MAX, RANDOM_OPS, Op, quantize_blocks, random_u
 
 __all__ = ["FP8_MAX", "accumulate", "error_scale", "evaluate_epilogue", "expand_block_scale", "group_bounds",
            "k_grouped_scale_block", "k_grouped_scale_blocks", "k_grouped_token_column", "k_grouped_tokens",
-           "k_grouped_width", "reference", "round_to"]
+           "k_grouped_width", "masked_group_bounds", "masked_rows", "reference", "round_to",
+           "row_operands"]
 
 
 def _broadcast(t: torch.Tensor, operand: Operand, batched: bool) -> torch.Tensor:
@@ -264,7 +265,14 @@ def reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: Mapp
         return _k_grouped_reference(recipe, a.detach().cpu(), b.detach().cpu(), ops, offsets.detach().cpu())
     if recipe.gemm.grouped:
         assert offsets is not None
-        return _grouped_reference(recipe, a.detach().cpu(), b.detach().cpu(), ops, offsets.detach().cpu())
+        if a.dim() == 3:  # the masked layout: (groups, max_m, K), offsets each group's count (masked_m)
+            groups, max_m = a.shape[:2]
+            flat = masked_rows(recipe, a.detach().cpu(), ops)
+            bounds = masked_group_bounds(offsets.tolist(), max_m)
+            (d,) = _grouped_reference(recipe, flat[0], b.detach().cpu(), flat[1], bounds)
+            return (d.view(groups, max_m, d.shape[-1]),)
+        bounds = group_bounds(offsets.tolist(), a.shape[0])
+        return _grouped_reference(recipe, a.detach().cpu(), b.detach().cpu(), ops, bounds)
     a, b = a.detach().cpu(), b.detach().cpu()
     acc = accumulate(recipe.gemm, a, b, ops)
     if not magnitudes:
@@ -314,6 +322,31 @@ def group_bounds(offsets: list[int], rows: int) -> list[tuple[int, int]]:
         bounds.append((start, end))
         start = end
     return bounds
+
+
+def masked_group_bounds(masked_m: list[int], max_m: int) -> list[tuple[int, int]]:
+    """`group_bounds` of the masked layout (DeepGEMM's, for decode: A is groups x max_m x K, read
+    as groups * max_m rows): group g's rows start at g * max_m, and it has masked_m[g] of them,
+    clamped to [0, max_m]; the rest of its max_m rows are in no group (grouped.hpp's `fill`)."""
+    return [(g * max_m, g * max_m + min(max(int(m), 0), max_m)) for g, m in enumerate(masked_m)]
+
+
+def masked_rows(recipe: RecipeIR, a: torch.Tensor, operands: Mapping[str, torch.Tensor | float]
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+    """A masked-layout call's A (groups, max_m, K) and every operand that has one entry per row of A
+    (a matrix (groups, max_m, N), a column vector (groups, max_m), blockwise scale_a (groups,
+    max_m, K blocks)) with their first two dimensions as one: the rows the kernel reads."""
+    per_row = row_operands(recipe)
+    return a.flatten(0, 1), {k: v.flatten(0, 1) if k in per_row and isinstance(v, torch.Tensor) and v.dim() >= 2
+                             else v for k, v in operands.items()}
+
+
+def row_operands(recipe: RecipeIR) -> frozenset[str]:
+    """The operands of a rows-grouped recipe with one entry per row of A (a matrix, a column
+    vector, blockwise scale_a): those the masked layout gives a leading (groups, max_m)."""
+    return frozenset(o.name for o in recipe.operands
+                     if o.kind in (OperandKind.MATRIX, OperandKind.COL)
+                     or (o.kind is OperandKind.SCALE_A and recipe.gemm.block_scale is not None))
 
 
 def k_grouped_token_column(group: int, first: int, align: int) -> int:
@@ -381,14 +414,14 @@ def _k_grouped_reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor,
 
 
 def _grouped_reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor | float],
-                       offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Each group's rows through its own B and its own row vectors (and block scales: its rows' and
-    its B's); rows after the last group's end are not written by the kernel, and are NaN here."""
+                       bounds: list[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
+    """Each group's rows (`bounds`) through its own B and its own row vectors (and block scales: its
+    rows' and its B's); rows in no group are not written by the kernel, and are NaN here."""
     ir = recipe.epilogue
     rows = a.shape[0]
     d = torch.full(ir.outputs[0].shape((rows, b.shape[-1])), math.nan, dtype=torch.float32)  # N/2 over pairs
     kinds = {o.name: o.kind.value for o in ir.operands}
-    for g, (start, end) in enumerate(group_bounds(offsets.tolist(), rows)):
+    for g, (start, end) in enumerate(bounds):
         if start == end:
             continue
         scales = {}

@@ -33,7 +33,7 @@ from ..dsl import Backward, Recipe, RowVector
 from ..errors import InvalidArgument
 from ..integrations.grouped import GroupedOp
 from ..integrations.ops import op
-from ..ir.reference import group_bounds
+from ..ir.reference import group_bounds, masked_group_bounds
 from ..training import Precision
 from ..types import as_dtype
 from .base import (
@@ -262,10 +262,13 @@ class GroupedLinear(GroupedLaunches, GroupedOps):
                 layer.bias.copy_(torch.stack([m.bias for m in linears]))
         return layer
 
-    def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.in_features:
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise InvalidArgument(f"input: expected (tokens, {self.in_features}) rows sorted by expert, got {got}")
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor | None = None, masked_m: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """`x` (tokens, in_features) sorted by expert with `offsets` (int32, where each expert's rows
+        end), or the masked layout: `x` (num_experts, max_m, in_features) with `masked_m` (int32, how
+        many of each expert's max_m rows are tokens), giving (num_experts, max_m, out); rows past
+        masked_m are neither read nor written (DeepGEMM's layout for CUDA-graph decode)."""
+        offsets = self._groups(x, offsets, masked_m)
         rows = self.weight_rows
         what = "2 x out_features: gate and up interleaved" if rows != self.out_features else "out_features"
         check_parameter("weight", self.weight, (self.num_experts, rows, self.in_features),
@@ -274,17 +277,36 @@ class GroupedLinear(GroupedLaunches, GroupedOps):
             return self._low_precision(x, offsets)
         return grouped_linear(self, self.activation, x, offsets, self.weight, self.bias)
 
+    def _groups(self, x: object, offsets: torch.Tensor | None, masked_m: torch.Tensor | None) -> torch.Tensor:
+        """The call's offsets or masked_m, after checking that x is shaped for the one given."""
+        masked = masked_m is not None
+        want = f"({self.num_experts}, max_m, {self.in_features}) with masked_m" if masked else \
+            f"(tokens, {self.in_features}) rows sorted by expert"
+        if (offsets is None) == (masked_m is None):
+            raise InvalidArgument("offsets/masked_m: pass one: offsets for x (tokens, in_features) sorted by expert, "
+                                  "or masked_m for the masked layout x (num_experts, max_m, in_features)")
+        shaped = isinstance(x, torch.Tensor) and x.dim() == 2 + masked and x.shape[-1] == self.in_features and \
+            (not masked or x.shape[0] == self.num_experts)
+        if not shaped:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise InvalidArgument(f"input: expected {want}, got {got}")
+        if masked and self.precision is not None:
+            raise InvalidArgument(f"masked_m: precision={self.precision} takes x (tokens, in_features) with offsets; "
+                                  "the masked layout runs 16-bit experts (leave precision= out)")
+        return masked_m if masked_m is not None else offsets  # type: ignore[return-value]
+
     def _low_precision(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         assert self.precision is not None
         _, out_dtype = call_dtypes(x, self.weight.dtype, None)
         y = grouped_linear_in(self.precision, self._weights, self.activation, x, offsets, self.weight, self.bias)
         return dense_output(y, y.shape, out_dtype)
 
-    def reference(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def reference(self, x: torch.Tensor, offsets: torch.Tensor | None = None,
+                  masked_m: torch.Tensor | None = None) -> torch.Tensor:
         """Each expert's rows through its Linear and the activation with torch ops in x's dtype
-        (the rows after the last expert's end zero): what the layer runs where gemmgen has no
-        kernel. It reads the offsets on the host."""
-        return grouped_reference(x, offsets, self.weight, self.bias, self.activation)
+        (rows in no expert zero): what the layer runs where gemmgen has no kernel. It reads the
+        offsets (or masked_m) on the host."""
+        return grouped_reference(x, self._groups(x, offsets, masked_m), self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
         precision = f", precision={self.precision}" if self.precision is not None else ""
@@ -332,13 +354,15 @@ def grouped_linear_in(precision: Precision, cache: WeightCache, activation: str 
 def grouped_reference(x: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                       activation: str | None) -> torch.Tensor:
     """Each expert's rows of `x` through its Linear (`weight[e]`, `bias[e]`) and the activation by
-    torch ops in x's dtype, the rows after the last expert's end zero. It reads the offsets on the
-    host."""
-    bounds = group_bounds(offsets.tolist(), x.shape[0])
+    torch ops in x's dtype, rows in no expert zero. It reads the offsets on the host; a 3-D `x` is
+    the masked layout, `offsets` its masked_m (`reference.masked_group_bounds`)."""
+    rows = x.shape[:-1].numel()
+    bounds = masked_group_bounds(offsets.tolist(), x.shape[1]) if x.dim() == 3 else \
+        group_bounds(offsets.tolist(), rows)
+    flat = x.reshape(rows, x.shape[-1])
     weight = weight.to(x.dtype)
     bias = bias.to(x.dtype) if bias is not None else None
-    pieces = [reference_linear(x[lo:hi], weight[e], bias[e] if bias is not None else None, activation)
-              for e, (lo, hi) in enumerate(bounds)]
-    end = bounds[-1][1] if bounds else 0
-    pieces.append(x.new_zeros(x.shape[0] - end, weight.shape[1] // 2 if activation in GATED else weight.shape[1]))
-    return torch.cat(pieces)
+    out = x.new_zeros(rows, weight.shape[1] // 2 if activation in GATED else weight.shape[1])
+    for e, (lo, hi) in enumerate(bounds):
+        out[lo:hi] = reference_linear(flat[lo:hi], weight[e], bias[e] if bias is not None else None, activation)
+    return out.view(*x.shape[:-1], out.shape[-1])

@@ -2,6 +2,11 @@
 
     kernel = moe.compile()
     d = kernel(a, b, offsets, bias=bias)   # a: rows x K, b: G x K x N, offsets: int32 (G,)
+    d = kernel(a3, b, masked_m, bias=bias) # the masked layout: a3 G x max_m x K, d G x max_m x N
+
+In the masked layout (DeepGEMM's, for decode under CUDA graphs: fixed shapes) group g's rows are
+its first masked_m[g] of a3[g]; the other rows are neither read nor written. The kernel is the
+same; only the setup kernel's rows differ (`Setup::masked_rows`).
 
 A call checks its arguments (gemmgen.InvalidArgument before any launch), allocates D and one
 device buffer, and launches two kernels on the current stream. The first (`<entry>_groups`,
@@ -28,7 +33,7 @@ from ..config import Arch, KernelConfig
 from ..errors import InvalidArgument
 from ..ir import Columns, EpilogueIR, Operand, RecipeIR
 from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS
-from ..ir.reference import evaluate_epilogue
+from ..ir.reference import evaluate_epilogue, masked_rows
 from ..types import Layout, OperandKind
 from . import driver, scheduler, tma
 from .arguments import TensorMapEncoder
@@ -44,7 +49,7 @@ MODE_GROUPED = 4  # cutlass::gemm::GemmUniversalMode::kGrouped
 MAX_COLUMNS = 18  # gemmgen::grouped::MaxColumns
 SCALE_LAYOUT_BYTES = 20  # gemmgen::grouped::ScaleLayoutBytes: one group's scale layout of A or B
 # gemmgen::grouped::Setup: its scalars (offsets, shapes, table; groups, rows, n, k, columns, swapped,
-# m, k_grouped, token_align, reserved; zero), then base, per_row, per_block and per_group, then the layouts
+# m, k_grouped, token_align, masked_rows; zero), then base, per_row, per_block and per_group, then the layouts
 SETUP_SCALARS = "<QQQiiiiiiiiiiq"
 SETUP_FIELDS = 14  # how many scalars SETUP unpacks before the columns
 SETUP = struct.Struct(f"{SETUP_SCALARS}{4 * (str(MAX_COLUMNS) + 'q')}QQ")
@@ -224,7 +229,7 @@ class GroupedArguments:
         layouts = [buffer + at if self.scale_layouts else 0 for at in layout.scale_layouts]
         return SETUP.pack(call.offsets, buffer + layout.shapes, buffer + layout.table, call.groups, call.rows,
                           call.n, call.k, len(columns), int(self.swapped), call.m, int(self.recipe.gemm.k_grouped),
-                          self.recipe.gemm.token_align, 0, zero, *[c.base for c in columns], *pad,
+                          self.recipe.gemm.token_align, call.masked, zero, *[c.base for c in columns], *pad,
                           *[c.per_row for c in columns], *pad, *[c.per_block for c in columns], *pad,
                           *[c.per_group for c in columns], *pad, *layouts)
 
@@ -397,6 +402,8 @@ class GroupedKernel(KernelBase):
             plan = self._remember(key, lambda: self._plan(a, b, offsets, named, out))
         call = plan.call
         d = out if out is not None else plan.d_template.new_empty_strided(plan.d_shape, plan.d_strides)
+        if call.masked and out is None:  # the masked layout: D is (groups, max_m, N) (`out` is already)
+            d = d.view(call.groups, call.masked, d.shape[-1])
         if plan.columns is None:
             if call.k == 0 and 0 not in (call.rows, call.n, call.groups):
                 self._epilogue_of_zero(d, call, self._named(args, operands), offsets)
@@ -426,10 +433,16 @@ class GroupedKernel(KernelBase):
         if out is not None:
             if k_grouped:
                 check_output("out", out, self._ir.gemm.d, shape, call.device, True, call.groups)
+            elif call.masked:  # (groups, max_m, N), its rows one stride apart: D's rows as the kernel writes them
+                check_output("out", out, self._ir.gemm.d, (call.groups, call.masked, shape[1]), call.device, True,
+                             call.groups)
+                if out.stride(0) != call.masked * out.stride(1) and call.groups > 1:
+                    raise InvalidArgument(f"out: the masked layout's D is (groups, max_m, N) with its groups and "
+                                          f"rows one stride apart, got strides {tuple(out.stride())}")
             else:
                 check_output("out", out, self._ir.gemm.d, shape, call.device, False, 1)
             check_no_alias("out", output_span(out), grouped_input_spans(call))
-            strides = tuple(out.stride())
+            strides = tuple(out.stride()[1:] if call.masked else out.stride())
         plan = _GroupedPlan(call, device_index, shape, strides, torch.empty(0, dtype=self._ir.gemm.d.torch,
                                                                             device=call.device),
                             torch.empty(0, dtype=torch.uint8, device=call.device))
@@ -453,13 +466,16 @@ class GroupedKernel(KernelBase):
 
     def _epilogue_of_zero(self, d: torch.Tensor, call: GroupedCall, operands: dict, offsets: torch.Tensor) -> None:
         """K = 0: each group's epilogue applied to a zero accumulator, by torch ops on the stream (no
-        sync); rows after the last group's end are left as they are, as the kernel leaves them."""
-        _, group, covered = row_groups(offsets, call.rows, call.groups)
+        sync); rows in no group are left as they are, as the kernel leaves them."""
+        _, group, covered = row_groups(offsets, call.rows, call.groups, call.masked)
         acc = torch.zeros((call.rows, call.n), dtype=torch.float32, device=d.device)  # D: N/2 wide over pairs
         epilogue_operands = {o.name: operands[o.name] for o in self._ir.epilogue.operands}
+        if call.masked:  # per row of A: (groups, max_m, ...) as rows
+            epilogue_operands = masked_rows(self._ir, d, epilogue_operands)[1]
         value = evaluate_epilogue(vectors_as_matrices(self._ir), acc,
                                   operands_per_row(self._ir, epilogue_operands, group))[0]
-        d.copy_(torch.where(covered.reshape(-1, 1), value, d))
+        flat = d.view(call.rows, d.shape[-1])
+        flat.copy_(torch.where(covered.reshape(-1, 1), value, flat))
 
 
 def vectors_as_matrices(ir: RecipeIR) -> EpilogueIR:
@@ -479,9 +495,17 @@ def operands_per_row(ir: RecipeIR, operands: dict[str, Any], group: torch.Tensor
             for k, v in operands.items()}
 
 
-def row_groups(offsets: torch.Tensor, rows: int, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def row_groups(offsets: torch.Tensor, rows: int, groups: int, masked: int = 0
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(clamped group ends, each row's group (clamped to a valid index), whether the row is in a
-    group), by torch ops on the offsets' device: reference.group_bounds, without reading them."""
+    group), by torch ops on the offsets' device: reference.group_bounds, without reading them; with
+    `masked` (max_m), the masked layout's (`offsets` each group's count: reference.masked_group_bounds),
+    its ends each group's last row + 1, over all groups * max_m rows."""
+    if masked:
+        index = torch.arange(rows, device=offsets.device)
+        group = index // masked
+        ends = torch.arange(1, groups + 1, device=offsets.device, dtype=offsets.dtype) * masked
+        return ends, group, index % masked < offsets.clamp(0, masked)[group]
     ends = torch.cummax(offsets.clamp(0, rows), 0).values
     group = torch.searchsorted(ends, torch.arange(rows, device=offsets.device, dtype=offsets.dtype), right=True)
     return ends, group.clamp(max=max(groups - 1, 0)), group < groups

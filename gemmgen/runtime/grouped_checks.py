@@ -11,7 +11,7 @@ import torch
 from ..errors import InvalidArgument, LayoutMismatch
 from ..ir import GemmSpec, Operand, RecipeIR
 from ..ir.microscaling import blocked_shape, grouped_blocked_rows
-from ..ir.reference import k_grouped_scale_blocks, k_grouped_tokens
+from ..ir.reference import k_grouped_scale_blocks, k_grouped_tokens, row_operands
 from ..types import DType, Layout, OperandKind
 from .checks import (
     INT32_MAX,
@@ -43,6 +43,7 @@ class GroupedCall(NamedTuple):
     operands: dict[str, TensorArg | float]  # row vectors: (0, 0, group stride); columns: contiguous; C: (ld, 1, 0)
     extents: tuple[int, ...]  # bytes each input spans (alias checks): a, b, offsets, tensor operands
     m: int = 0  # K-grouped (`check_k_grouped_call`): every group's M; rows and k are then the tokens
+    masked: int = 0  # the masked layout (`check_masked_call`): each group's max_m rows, offsets their counts
 
 
 def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, operands: dict[str, object],
@@ -54,6 +55,8 @@ def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, 
     if g.k_grouped:
         return check_k_grouped_call(recipe, a, b, offsets, operands, require_cuda)
     a, b = _need_tensor("a", a), _need_tensor("b", b)
+    if a.dim() == 3:
+        return check_masked_call(recipe, a, b, offsets, operands, require_cuda)
     _dtype("a", a, g.a)
     _dtype("b", b, g.b)
     if a.dim() != 2:
@@ -116,15 +119,57 @@ def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, 
     return GroupedCall(rows, n, k, groups, device, ta, tb, offsets.data_ptr(), checked, tuple(extents))
 
 
-def _offsets(offsets: object, groups: int | None, what: str) -> torch.Tensor:
-    """The int32 group ends (`groups` of them where the other arguments say how many)."""
-    t = _need_tensor("offsets", offsets)
+def check_masked_call(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, masked_m: object,
+                      operands: dict[str, object], require_cuda: bool = True) -> GroupedCall:
+    """`check_grouped_call` for the masked layout (DeepGEMM's, for CUDA-graph decode): a is (groups,
+    max_m, K), group g's first masked_m[g] rows its tokens (int32 on the GPU, clamped to [0, max_m]
+    by the kernel: `reference.masked_group_bounds`); every per-row operand has the same leading
+    (groups, max_m). The call is checked as the rows-grouped one over a's groups * max_m rows."""
+    g = recipe.gemm
+    if g.microscaling is not None:
+        raise InvalidArgument("a: the masked layout (a 3-D a) is not supported for microscaled kernels, whose "
+                              "scales follow the offsets' grouped blocked order; pass a as (rows, K) with offsets")
+    if b.dim() != 3 or b.shape[0] != a.shape[0]:
+        raise InvalidArgument(f"a/b: the masked layout takes a (groups, max_m, K) and b (groups, K, N), got a "
+                              f"{tuple(a.shape)} and b {tuple(b.shape)}")
+    groups, max_m = a.shape[:2]
+    masked_m = _offsets(masked_m, groups, "how many of each group's max_m rows of a are tokens: masked_m",
+                        "masked_m")
+    flat_a = _rows_of(a, "a", groups, max_m, "(groups, max_m, K)")
+    flat: dict[str, object] = dict(operands)
+    per_row = row_operands(recipe)
+    for o in recipe.operands:
+        if o.name in per_row and o.name in operands:
+            what = "(groups, max_m)" if o.kind is OperandKind.COL else \
+                f"(groups, max_m, {'K blocks' if o.kind.block_scale else 'N'})"
+            flat[o.name] = _rows_of(_need_tensor(o.name, operands[o.name]), o.name, groups, max_m, what)
+    call = check_grouped_call(recipe, flat_a, b, masked_m, flat, require_cuda)
+    return call._replace(masked=max_m)
+
+
+def _rows_of(t: torch.Tensor, name: str, groups: int, max_m: int, what: str) -> torch.Tensor:
+    """A masked-layout tensor with its (groups, max_m) as one dimension of rows: a view (the kernel
+    addresses the caller's memory), so the two must be one stride apart."""
+    if t.dim() < 2 or tuple(t.shape[:2]) != (groups, max_m) or t.dim() != len(what.split(",")):
+        raise InvalidArgument(f"{name}: the masked layout takes {what} = ({groups}, {max_m}, ...) (a's groups and "
+                              f"max_m), got shape {tuple(t.shape)}")
+    try:
+        return t.view(groups * max_m, *t.shape[2:])
+    except RuntimeError:
+        raise LayoutMismatch(name, f"{name}: its groups and max_m rows must be one stride apart (strides "
+                             f"{tuple(t.stride())}); pass {name}.contiguous()") from None
+
+
+def _offsets(offsets: object, groups: int | None, what: str, name: str = "offsets") -> torch.Tensor:
+    """The int32 group ends (`groups` of them where the other arguments say how many), or the
+    masked layout's counts (`name`); a layout refusal names the call's argument, `offsets`."""
+    t = _need_tensor(name, offsets)
     if t.dtype != torch.int32 or t.dim() != 1 or (groups is not None and t.shape[0] != groups):
         entries = f"{groups} entries" if groups is not None else "one entry per group"
-        raise InvalidArgument(f"offsets: expected an int32 tensor of {entries} ({what}), got {t.dtype} of shape "
+        raise InvalidArgument(f"{name}: expected an int32 tensor of {entries} ({what}), got {t.dtype} of shape "
                               f"{tuple(t.shape)}")
     if t.shape[0] > 1 and t.stride(0) != 1:
-        raise LayoutMismatch("offsets", "offsets: expected a contiguous tensor; use offsets.contiguous()")
+        raise LayoutMismatch("offsets", f"{name}: expected a contiguous tensor; use {name}.contiguous()")
     return t
 
 

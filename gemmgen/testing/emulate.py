@@ -22,7 +22,7 @@ import torch
 from ..codegen.fields import ParamsLayout
 from ..compile import CompiledKernel
 from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS, blocked_shape, from_blocked, scale_values, values
-from ..ir.reference import expand_block_scale, group_bounds, k_grouped_token_column
+from ..ir.reference import expand_block_scale, group_bounds, k_grouped_token_column, masked_group_bounds
 from ..runtime.grouped import MAX_COLUMNS, SCALE_LAYOUT_BYTES, SETUP, SETUP_FIELDS
 from ..runtime.tma import EncodeArgs, TmaDataType
 from ..types import DType, Microscaling
@@ -345,10 +345,10 @@ def fill_groups(setup: tuple, offsets: list[int]) -> tuple[list[list[int]], list
     """What gemmgen/include/gemmgen/grouped.hpp's `fill` writes for a Setup block (its fields, as
     runtime.grouped.SETUP unpacks them): each group's (M, N, K) and its column values
     (tests/runtime/test_grouped_oracle.py runs the C++ on the host against this)."""
-    groups, rows, n, k, columns, swapped, m, k_grouped, token_align, _, zero = setup[3:SETUP_FIELDS]
+    groups, rows, n, k, columns, swapped, m, k_grouped, token_align, masked, zero = setup[3:SETUP_FIELDS]
     c = MAX_COLUMNS
     base, per_row, per_block, per_group = (setup[SETUP_FIELDS + i * c:SETUP_FIELDS + (i + 1) * c] for i in range(4))
-    bounds = group_bounds(offsets[:groups], rows)
+    bounds = masked_group_bounds(offsets[:groups], masked) if masked else group_bounds(offsets[:groups], rows)
     if k_grouped:  # an empty group: K = 1 over zeros (A's and B's columns, which move with its first token)
         shapes = [[m, n, max(end - start, 1)] for start, end in bounds]
     else:

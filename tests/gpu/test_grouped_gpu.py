@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import gemmgen as gg
+from gemmgen.ir.reference import group_bounds
 from gemmgen.runtime.grouped import GroupedKernel
 from gemmgen.testing.grouped import (
     assert_gradients,
@@ -98,6 +99,40 @@ def test_grouped_on_gpu(session_cache, config, shape, offsets):
     covered = new[-1]
     torch.testing.assert_close(again[:covered].float().cpu(), want[:covered], rtol=1.6e-2, atol=1e-2,
                                msg=f"replay with offsets {new}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", GROUPED_CONFIGS, ids=[c.name for c in GROUPED_CONFIGS])
+def test_masked_layout_on_gpu(session_cache, config):
+    """The masked layout (a (groups, max_m, K), masked_m on the GPU) against the reference, D
+    pre-filled with NaN and NaN in every row past a group's count (the kernel reads none); then a CUDA
+    graph of the call replayed after masked_m changed on the GPU (decode's use of it)."""
+    kernel = GroupedKernel(moe_recipe().build(config, cache=session_cache))
+    groups, max_m, k, n = 6, 40, 264, 136
+    a = torch.randn(groups, max_m, k, device="cuda").bfloat16()
+    b = torch.randn(groups, n, k, device="cuda").bfloat16().transpose(1, 2)
+    bias, weight = torch.randn(groups, n, device="cuda").bfloat16(), torch.rand(groups, max_m, device="cuda")
+    counts = torch.tensor([0, 1, 17, 40, 55, -3], dtype=torch.int32, device="cuda")  # clamped to [0, 40]
+    past = torch.arange(max_m, device="cuda")[None, :] >= counts.clamp(0, max_m)[:, None]
+    a[past], weight[past] = float("nan"), float("nan")
+    out = torch.full((groups, max_m, n), float("nan"), device="cuda").bfloat16()
+    kernel(a, b, counts, bias=bias, weight=weight, out=out)
+    want = moe_recipe().reference(a, b, counts, bias=bias, weight=weight).float()
+    assert want.nan_to_num().abs().sum() > 0
+    torch.testing.assert_close(out.float().cpu(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+    graph = torch.cuda.CUDAGraph()
+    again = torch.full_like(out, float("nan"))
+    with torch.cuda.graph(graph):
+        kernel(a, b, counts, bias=bias, weight=weight, out=again)
+    counts.copy_(torch.tensor([3, 0, 40, 9, 1, 22], dtype=torch.int32))
+    a.nan_to_num_(0.5)  # rows now counted must hold numbers
+    weight.nan_to_num_(0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = moe_recipe().reference(a, b, counts, bias=bias, weight=weight).float()
+    kept = ~(torch.arange(max_m)[None, :] >= counts.cpu()[:, None])
+    torch.testing.assert_close(again.float().cpu()[kept], want[kept], rtol=1.6e-2, atol=1e-2,
+                               msg="replay with new masked_m")
 
 
 @pytest.mark.gpu
@@ -278,6 +313,15 @@ def test_grouped_linear_on_gpu():
     want = experts_loop([m.cpu() for m in linears], x.cpu(), offsets.cpu(), "silu")
     torch.testing.assert_close(layer(x, offsets).double().cpu(), want, rtol=1.6e-2,
                                atol=1.6e-2 * float(want.abs().max()))
+    masked = x.new_full((4, 3, 64), float("nan"))  # the masked layout, 4 x 3 rows: the 12 rows' kernel
+    ends = [3, 3, 6, 8]
+    for e, (start, end) in enumerate(group_bounds(ends, 8)):
+        masked[e, :end - start] = x[start:end]
+    got = layer(masked, masked_m=torch.tensor([3, 0, 3, 2], dtype=torch.int32, device="cuda"))
+    want = experts_loop([m.cpu() for m in linears], x[:8].cpu(), torch.tensor(ends), "silu")
+    for e, (start, end) in enumerate(group_bounds(ends, 8)):
+        torch.testing.assert_close(got[e, :end - start].double().cpu(), want[start:end], rtol=1.6e-2,
+                                   atol=1.6e-2 * float(want.abs().max()))
 
 
 @pytest.mark.gpu

@@ -100,3 +100,42 @@ def test_block_scaled_op_realigns_scales_and_refuses_their_gradients(examples):
     assert weight.grad is not None and (weight.grad.double() - want).norm() / want.norm() < 1e-2
     with pytest.raises(InvalidArgument, match="scale_a: gemmgen has no gradient for block scales"):
         op(a, b, offsets, ops["scale_a"].requires_grad_(True), ops["scale_b"], ops["weight"]).sum().backward()
+
+
+def test_the_masked_layout_through_the_op_and_its_gradients():
+    """The op on the masked layout (a (groups, max_m, K), masked_m for offsets), NaN in every row past
+    a group's count: D (groups, max_m, N), also as the fake implementation says, and every gradient
+    against per-group fp64 torch; the rows past the counts get a zero gradient, their NaN nowhere."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = gg.op(moe_recipe())
+    groups, max_m, k, n = 4, 7, 64, 48
+    a, b, bias = torch.randn(groups, max_m, k).bfloat16(), torch.randn(groups, k, n).bfloat16(), \
+        torch.randn(groups, n).bfloat16()
+    weight = torch.rand(groups, max_m)
+    masked = torch.tensor([3, 0, 7, 9], dtype=torch.int32)  # empty, full, over max_m: clamped
+    counts = masked.clamp(0, max_m).tolist()
+    for g, count in enumerate(counts):
+        a[g, count:], weight[g, count:] = float("nan"), float("nan")
+    with FakeTensorMode() as mode:
+        fake = op(*(mode.from_tensor(t) for t in (a, b, masked, bias, weight)))
+    assert fake.shape == (groups, max_m, n) and fake.stride() == (max_m * n, n, 1)
+    leaves = [t.clone().requires_grad_(True) for t in (a, b, bias, weight)]
+    d = op(leaves[0], leaves[1], masked, leaves[2], leaves[3])
+    assert d.shape == (groups, max_m, n) and d.dtype == torch.bfloat16
+    grad = torch.randn(groups, max_m, n)
+    d.float().backward(grad)
+    ref = [t.double().requires_grad_(True) for t in (a, b, bias, weight)]
+    loss = torch.zeros((), dtype=torch.float64)
+    for g, count in enumerate(counts):
+        y = torch.nn.functional.silu(ref[0][g, :count] @ ref[1][g] + ref[2][g]) * ref[3][g, :count, None]
+        torch.testing.assert_close(d[g, :count].double(), y, rtol=1.6e-2, atol=1e-2)
+        loss = loss + (y * grad[g, :count].double()).sum()
+    loss.backward()
+    for name, mine, want in zip(("a", "b", "bias", "weight"), leaves, ref, strict=True):
+        assert mine.grad is not None and want.grad is not None and not mine.grad.isnan().any(), name
+        error = (mine.grad.double() - want.grad.nan_to_num()).norm() / want.grad.nan_to_num().norm()
+        assert error < 1e-2, (name, float(error))
+    assert leaves[0].grad is not None and leaves[3].grad is not None
+    for g, count in enumerate(counts):  # no gradient reaches a row past its group's count
+        assert (leaves[0].grad[g, count:] == 0).all() and (leaves[3].grad[g, count:] == 0).all()

@@ -302,3 +302,47 @@ def test_block_scaled_grouped_linear_mistakes_and_trace():
     with pytest.raises(InvalidArgument, match=r"weight: expected torch.float8_e4m3fn"):
         gg.nn.BlockScaledGroupedLinear.from_quantized(layer.weight.float(), layer.weight_scale)
     assert "num_experts=2, in_features=256, out_features=128, bias=True" in repr(layer)
+
+
+@pytest.mark.parametrize("activation", [None, "swiglu"])
+def test_grouped_linear_takes_the_masked_layout(activation):
+    """`layer(x, masked_m=...)` on x (experts, max_m, in): each expert's first masked_m rows as the
+    same tokens sorted by expert would give (offsets), forward and gradients; the rows past them
+    neither read (NaN there reaches nothing) nor given a gradient. Refusals name the argument."""
+    torch.manual_seed(0)
+    layer = gg.nn.GroupedLinear(4, 64, 24, activation=activation)
+    x = torch.randn(4, 9, 64).bfloat16()
+    masked = torch.tensor([2, 9, 0, 5], dtype=torch.int32)
+    keep = torch.arange(9)[None, :] < masked[:, None]
+    x[~keep] = float("nan")
+    tokens = x[keep].clone().requires_grad_(True)
+    y_rows = layer(tokens, torch.cumsum(masked, 0).int())
+    grad = torch.randn_like(y_rows.float())
+    y_rows.float().backward(grad)
+    assert layer.weight.grad is not None and layer.bias is not None and layer.bias.grad is not None
+    want_w, want_b = layer.weight.grad.clone(), layer.bias.grad.clone()
+    layer.zero_grad()
+    xm = x.clone().requires_grad_(True)
+    y = layer(xm, masked_m=masked)
+    assert y.shape == (4, 9, 24) and y.dtype == torch.bfloat16 and y.is_contiguous()
+    torch.testing.assert_close(y[keep], y_rows, rtol=0, atol=0)
+    full = torch.zeros(4, 9, 24)
+    full[keep] = grad
+    y.float().backward(full)
+    assert xm.grad is not None and layer.weight.grad is not None and layer.bias.grad is not None
+    torch.testing.assert_close(xm.grad[keep], tokens.grad, rtol=0, atol=0)
+    assert (xm.grad[~keep] == 0).all()
+    torch.testing.assert_close(layer.weight.grad.float(), want_w.float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(layer.bias.grad.float(), want_b.float(), rtol=1e-2, atol=1e-2)
+    ref = layer.reference(x, masked_m=masked)
+    assert ref.shape == (4, 9, 24) and (ref[~keep] == 0).all()
+    torch.testing.assert_close(y[keep].float(), ref[keep].float(), rtol=1.6e-2, atol=1e-2)
+    with pytest.raises(gg.InvalidArgument, match="offsets/masked_m: pass one"):
+        layer(x, masked, masked_m=masked)
+    with pytest.raises(gg.InvalidArgument, match=r"input: expected \(4, max_m, 64\) with masked_m, got \(9, 64\)"):
+        layer(x[0], masked_m=masked)
+    with pytest.raises(gg.InvalidArgument, match=r"input: expected \(tokens, 64\) rows sorted by expert"):
+        layer(x, torch.cumsum(masked, 0).int())
+    fp8 = gg.nn.GroupedLinear(4, 128, 128, precision=gg.training.Float8Blockwise())
+    with pytest.raises(gg.InvalidArgument, match=r"masked_m: precision=Float8Blockwise\(\) takes x \(tokens"):
+        fp8(torch.randn(4, 9, 128).bfloat16(), masked_m=masked)

@@ -13,7 +13,7 @@ from gemmgen.errors import InvalidArgument
 from gemmgen.ir.reference import group_bounds
 from gemmgen.runtime.grouped import SETUP, BufferLayout
 from gemmgen.testing.checks import uncompiled
-from gemmgen.testing.emulate import fill_groups
+from gemmgen.testing.emulate import emulate_grouped, fill_groups
 from gemmgen.testing.grouped import (
     block_grouped_inputs,
     cpu_grouped_kernel,
@@ -285,3 +285,69 @@ def test_emulated_block_scaled_groups_compute_the_recipe(block_kernels, index, s
         if start < end:
             exact = (x[start:end].double() @ w[g].double().T) * ops["weight"][start:end, None].double()
             assert (out[start:end].double() - exact).norm() / exact.norm() < 0.06  # e4m3: 3 mantissa bits
+
+
+def _masked_inputs(groups: int, max_m: int, k: int, n: int, masked: list[int]) -> tuple[torch.Tensor, ...]:
+    """moe_up's inputs in the masked layout: (groups, max_m, K) tokens and (groups, max_m) routing
+    weights, NaN in every row past its group's count (what the kernel must not read)."""
+    a = torch.randn(groups, max_m, k + 8).bfloat16()[..., :k]  # rows 8 apart from K
+    b = torch.randn(groups, n, k).bfloat16().transpose(1, 2)
+    weight = torch.rand(groups, max_m)
+    for g, count in enumerate(masked):
+        a[g, max(count, 0):] = float("nan")
+        weight[g, max(count, 0):] = float("nan")
+    return a, b, torch.tensor(masked, dtype=torch.int32), torch.randn(groups, n).bfloat16(), weight
+
+
+@CONFIG
+@pytest.mark.parametrize("shape, masked", [
+    ((5, 19, 72, 40), [3, 0, 19, 40, -2]),  # empty, full, over max_m and negative: clamped
+    ((3, 130, 64, 48), [1, 129, 130]),  # M = 1, a group over two tiles, N and K tails
+])
+def test_emulated_masked_layout_computes_the_recipe(grouped_kernels, config, shape, masked):
+    """The masked layout (DeepGEMM's, for CUDA-graph decode): A (groups, max_m, K), masked_m on the
+    device. The same kernel, its setup told each group's rows start at g * max_m: both launches
+    emulated from the Params (the setup block's masked rows included) against the reference, the rows
+    past each count NaN in A and in the routing weights, D pre-filled with NaN, which they keep."""
+    kernel = _moe_up(grouped_kernels, config)
+    k = cpu_grouped_kernel(kernel)
+    enc = k._encode
+    groups, max_m, depth, n = shape
+    a, b, counts, bias, weight = _masked_inputs(groups, max_m, depth, n, masked)
+    out = torch.full((groups, max_m, n), float("nan")).bfloat16()
+    p = k.prepare(a, b, counts, bias=bias, weight=weight, out=out)
+    assert SETUP.unpack(p.setup)[3:5] == (groups, groups * max_m) and SETUP.unpack(p.setup)[12] == max_m
+    emulate_grouped(kernel, p.setup, p.params, enc, [a, b, counts, bias, weight, out, p.buffer])
+    want = moe_recipe().reference(a, b, counts, bias=bias, weight=weight).float()
+    assert want.shape == (groups, max_m, n) and want.nan_to_num().abs().sum() > 0
+    for g, count in enumerate(masked):  # the reference's own rows, against per-group torch
+        rows = min(max(count, 0), max_m)
+        exact = torch.nn.functional.silu(a[g, :rows].double() @ b[g].double() + bias[g].double()) * \
+            weight[g, :rows, None].double()
+        torch.testing.assert_close(want[g, :rows].double(), exact, rtol=1.6e-2, atol=1e-2)
+        assert want[g, rows:].isnan().all()
+    torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+    d = k.prepare(a, b, counts, bias=bias, weight=weight).output
+    assert d.shape == (groups, max_m, n) and d.stride() == (max_m * n, n, 1)
+
+
+def test_masked_layout_calls_are_checked(grouped_kernel):
+    k = cpu_grouped_kernel(grouped_kernel)
+    a, b, counts, bias, weight = _masked_inputs(4, 6, 64, 48, [1, 2, 3, 4])
+    with pytest.raises(InvalidArgument, match=r"masked_m: expected an int32 tensor of 4 entries \(how many of each "
+                                              r"group's max_m rows"):
+        k.prepare(a, b, counts[:3], bias=bias, weight=weight)
+    with pytest.raises(InvalidArgument, match=r"a/b: the masked layout takes a \(groups, max_m, K\) and b \(groups, "
+                                              r"K, N\), got a \(4, 6, 64\) and b \(3, 64, 48\)"):
+        k.prepare(a, b[:3], counts, bias=bias, weight=weight)
+    with pytest.raises(InvalidArgument, match=r"weight: the masked layout takes \(groups, max_m\) = \(4, 6, \.\.\.\)"):
+        k.prepare(a, b, counts, bias=bias, weight=weight.flatten())
+    with pytest.raises(gg.LayoutMismatch, match=r"a: its groups and max_m rows must be one stride apart"):
+        k.prepare(a.transpose(0, 1).contiguous().transpose(0, 1), b, counts, bias=bias, weight=weight)
+    with pytest.raises(InvalidArgument, match=r"out: expected shape \(4, 6, 48\)"):
+        k.prepare(a, b, counts, bias=bias, weight=weight, out=torch.empty(24, 48).bfloat16())
+    out = torch.full((4, 6, 48), float("nan")).bfloat16()  # K = 0: each counted row the epilogue of zero
+    p = k.prepare(a[..., :0], b[:, :0], counts, bias=bias, weight=weight.nan_to_num(), out=out)
+    assert p.params is None
+    for g in range(4):
+        assert not out[g, :g + 1].isnan().any() and out[g, g + 1:].isnan().all()

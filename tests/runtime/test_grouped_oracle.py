@@ -261,10 +261,11 @@ def test_setup_kernel_arithmetic_on_the_host(tmp_path):
     group_bounds and the column formula, for offsets that are sorted, decreasing and out of range,
     unswapped and swapped (the problem (N, M_g, K)) and K-grouped (the problem (M, N, K_g), an empty
     group's K = 1 over the zero buffer; over fp8 copies, each group at its aligned column and an
-    empty one's scales at the zero buffer), a column per block of 128 rows among them; and
-    `fill_scale_layouts` (sm100's grouped
-    blockwise kernels) for DeepSeek's K-major scales: each group's layouts, CUTLASS's of the group's
-    shape, in ScaleLayoutBytes each (its static_assert: SCALE_LAYOUT_BYTES, which sizes the arrays)."""
+    empty one's scales at the zero buffer) and in the masked layout (group g's rows from g * 7, as
+    many as its entry says, clamped to [0, 7]), a column per block of 128 rows among them; and
+    `fill_scale_layouts` (sm100's grouped blockwise kernels) for DeepSeek's K-major scales: each
+    group's layouts, CUTLASS's of the group's shape, in ScaleLayoutBytes each (its static_assert:
+    SCALE_LAYOUT_BYTES, which sizes the arrays)."""
     from gemmgen.compile.toolchain import toolchain
     from gemmgen.testing.oracle import nvcc_path
 
@@ -282,9 +283,11 @@ int main(int argc, char** argv) {
   int groups = argc - 3, offsets[64], shapes[3 * 64], layouts[2][5 * 64];
   long long table[3 * 64];
   for (int g = 0; g < groups; ++g) offsets[g] = std::atoi(argv[g + 3]);
-  int const mode = std::atoi(argv[1]);  // 0: rows, 1: rows swapped, 2: K-grouped, 3: K-grouped fp8 (aligned)
+  int const mode = std::atoi(argv[1]);  // 0: rows, 1: rows swapped, 2: K-grouped, 3: K-grouped fp8 (aligned),
+                                       // 4: rows, masked (7 rows per group)
   gemmgen::grouped::Setup s{offsets, shapes, table, groups, std::atoi(argv[2]), 48, 300, 3, mode == 1, 64,
-                            mode >= 2, mode == 3 ? 16 : 0, 0, 999, {1000, 7, 5}, {24, 0, 0}, {0, 0, 512},
+                            mode == 2 || mode == 3, mode == 3 ? 16 : 0, mode == 4 ? 7 : 0, 999, {1000, 7, 5},
+                            {24, 0, 0}, {0, 0, 512},
                             {0, 1 << 20, 0}, {layouts[0], layouts[1]}};
   for (int g = 0; g < groups; ++g) gemmgen::grouped::fill_scale_layouts<Config, LayoutSFA, LayoutSFB>(s, g);
   for (int g = 0; g < groups; ++g) {
@@ -301,18 +304,21 @@ int main(int argc, char** argv) {
     subprocess.run([str(nvcc_path()), "-std=c++17", "-w", *(f"-I{d}" for d in tc.include_dirs),
                     f"-L{nvcc_path().parent.parent / 'lib'}", "-o", str(exe), str(src)],
                    check=True, capture_output=True)
-    for mode in (0, 1, 2, 3):
+    for mode in (0, 1, 2, 3, 4):
         for rows, offsets in ((37, [5, 5, 20, 30]), (37, [10, 4, 12]), (37, [-3, 50, 60]), (1, [1]), (9, [0, 0, 9]),
                               (300, [130, 260, 300])):
             out = subprocess.run([str(exe), str(mode), str(rows), *map(str, offsets)], check=True,
                                  capture_output=True, text=True).stdout.split("\n")
             pad = [0] * (MAX_COLUMNS - 3)  # ...and emulate.fill_groups, which the emulation runs, agrees
             shapes, table = fill_groups((0, 0, 0, len(offsets), rows, 48, 300, 3, int(mode == 1), 64,
-                                         int(mode >= 2), 16 if mode == 3 else 0, 0, 999, 1000, 7, 5, *pad,
-                                         24, 0, 0, *pad, 0, 0, 512, *pad, 0, 1 << 20, 0, *pad),
+                                         int(mode in (2, 3)), 16 if mode == 3 else 0, 7 if mode == 4 else 0, 999,
+                                         1000, 7, 5, *pad, 24, 0, 0, *pad, 0, 0, 512, *pad, 0, 1 << 20, 0, *pad),
                                         offsets)
-            for g, (start, end) in enumerate(group_bounds(offsets, rows)):
-                shape = {0: [end - start, 48, 300], 1: [48, end - start, 300]}.get(mode, [64, 48, max(end - start, 1)])
+            bounds = [(7 * g, 7 * g + min(max(n, 0), 7)) for g, n in enumerate(offsets)] if mode == 4 else \
+                group_bounds(offsets, rows)
+            for g, (start, end) in enumerate(bounds):
+                shape = {0: [end - start, 48, 300], 1: [48, end - start, 300], 4: [end - start, 48, 300]}.get(
+                    mode, [64, 48, max(end - start, 1)])
                 at = 16 * (g + -(-start // 16)) if mode == 3 else start  # fp8 copies: the group's aligned column
                 columns = [1000 + 24 * at, 7 + (1 << 20) * g, 5 + 512 * (start // 128)]
                 if mode == 2 and start == end:  # an empty group of tokens: K = 1 over zeros, for what moves with them

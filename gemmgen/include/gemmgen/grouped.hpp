@@ -15,15 +15,18 @@ constexpr int ScaleLayoutBytes = 20;
 
 // Group g's rows of A are [first, end): it ends at offsets[g] and starts where the groups before
 // it end, each clamped to [0, rows] (reference.group_bounds). Whatever the offsets hold, no row is
-// outside A and no row is in two groups. A K-grouped kernel's (a weight gradient's) "rows" are the
-// tokens, which are K: group g's problem is (m, n, end - first), and an empty group's is K = 1 over
-// `zero` (CUTLASS's grouped main loop leaves the accumulators unset for K = 0, so D_g would be
-// garbage): A's and B's pointers, the columns that move with the group's first token, point there.
+// outside A and no row is in two groups. In the masked layout (`masked_rows`, DeepGEMM's: A is
+// groups x masked_rows x K) group g's rows start at g * masked_rows and `offsets` holds how many
+// there are (masked_m), clamped to [0, masked_rows] (reference.masked_group_bounds); rows past them
+// are neither read nor written. A K-grouped kernel's (a weight gradient's) "rows" are the tokens,
+// which are K: group g's problem is (m, n, end - first), and an empty group's is K = 1 over `zero`
+// // (CUTLASS's grouped main loop leaves the accumulators unset for K = 0, so D_g would be garbage):
+// A's and B's pointers, the columns that move with the group's first token, point there.
 // Over fp8 copies (`token_align`, GemmSpec.token_align) group g's tokens start at the aligned column
 // token_align * (g + ceil(first / token_align)), and an empty group reads its own column there (a
 // zero between groups) with zero scales: the scale columns (per_block) point at `zero`.
 struct Setup {
-  int const* offsets;  // groups entries: where each group's rows end
+  int const* offsets;  // groups entries: where each group's rows end (masked: how many it has)
   int* shapes;         // groups x (M, N, K): cutlass::gemm::GroupProblemShape's problem_shapes
   long long* table;    // columns x groups 64-bit values: per-group pointers, then strides
   int groups;
@@ -35,7 +38,7 @@ struct Setup {
   int m;               // K-grouped: every group's M (0 otherwise)
   int k_grouped;       // nonzero: the groups split K
   int token_align;     // K-grouped over fp8 copies: each group's tokens start at a multiple of it (else 0)
-  int reserved;
+  int masked_rows;     // nonzero: the masked layout (group g's rows from g * masked_rows on)
   long long zero;      // K-grouped: the address of max(m, n) zero elements (fp8: zero fp32 scales)
   // column c of group g: base[c] + per_row[c] * at + per_block[c] * (first / 128) + per_group[c] * g,
   // first the group's first row, `at` it or its aligned column (token_align) (per_block: a microscaled kernel's scales of A, whose groups each
@@ -55,10 +58,16 @@ CUTLASS_HOST_DEVICE int clamp_row(int offset, int lo, int rows) {
 
 CUTLASS_HOST_DEVICE void fill(Setup const& s, int g) {
   int first = 0;
-  for (int i = 0; i < g; ++i) {
-    first = clamp_row(s.offsets[i], first, s.rows);
+  int end = 0;
+  if (s.masked_rows) {
+    first = g * s.masked_rows;
+    end = first + clamp_row(s.offsets[g], 0, s.masked_rows);
+  } else {
+    for (int i = 0; i < g; ++i) {
+      first = clamp_row(s.offsets[i], first, s.rows);
+    }
+    end = clamp_row(s.offsets[g], first, s.rows);
   }
-  int const end = clamp_row(s.offsets[g], first, s.rows);
   bool const empty_k = s.k_grouped && end == first;
   if (s.k_grouped) {
     s.shapes[3 * g + 0] = s.m;
