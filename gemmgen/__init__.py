@@ -113,6 +113,7 @@ if _typing.TYPE_CHECKING:  # loaded on first use by __getattr__: they import tor
     from .runtime.grouped import GroupedKernel
     from .runtime.kernel import Kernel
     from .runtime.quantize import (
+        k_grouped_copy,
         nvfp4_tensor_scale,
         quantize_blockwise,
         quantize_k_grouped,
@@ -130,7 +131,8 @@ __all__ = [
     "add_tuning", "amax", "autotune", "bf16", "build_bundle", "cast", "clamp", "column_index", "e2m1", "e4m3", "e5m2",
     "cos", "eq", "erf", "exp", "exp_minus_max", "gather", "ge", "gt", "interleave", "le", "lt", "ne", "sin",
     "where", "f16", "f32", "fp16", "fp32", "i32", "gelu", "gelu_tanh", "leaky_relu", "logsumexp", "max", "maximum",
-    "min", "minimum", "nn", "nvfp4_tensor_scale", "op", "pairs", "quantize", "quantize_blockwise", "quantize_columns",
+    "k_grouped_copy", "min", "minimum", "nn", "nvfp4_tensor_scale", "op", "pairs", "quantize", "quantize_blockwise",
+    "quantize_columns",
     "quantize_k_grouped", "quantize_mx",
     "rand", "reduce_max",
     "reduce_min", "relu", "rms_norm", "row_index", "sigmoid", "silu", "stochastic_round", "sum", "tanh",
@@ -141,6 +143,7 @@ _LAZY = {"nn": ("gemmgen.nn", None), "training": ("gemmgen.training", None), "op
          "Kernel": ("gemmgen.runtime.kernel", "Kernel"), "GroupedKernel": ("gemmgen.runtime.grouped", "GroupedKernel"),
          "quantize_blockwise": ("gemmgen.runtime.quantize", "quantize_blockwise"),
          "quantize_k_grouped": ("gemmgen.runtime.quantize", "quantize_k_grouped"),
+         "k_grouped_copy": ("gemmgen.runtime.quantize", "k_grouped_copy"),
          "quantize_mx": ("gemmgen.runtime.quantize", "quantize_mx"),
          "nvfp4_tensor_scale": ("gemmgen.runtime.quantize", "nvfp4_tensor_scale"),
          "to_blocked_scales": ("gemmgen.runtime.quantize", "to_blocked_scales")}

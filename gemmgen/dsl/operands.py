@@ -18,8 +18,9 @@ class Scalar:
     """A scalar operand: a runtime fp32 value, or a compile-time constant when `value` is given.
     A call passes a runtime scalar as a Python number; with `tensor`, as a one-element fp32 tensor
     on the kernel's device that the kernel reads at launch (a scale computed on the GPU: no device
-    sync, and a CUDA graph replays with the value it holds then). With `per_batch` (a batched
-    recipe's), one fp32 per batch: an (L,) tensor."""
+    sync, and a CUDA graph replays with the value it holds then); a grouped recipe's, one per group:
+    a (groups,) tensor (`s.expand(groups)` shares one). With `per_batch` (a batched recipe's), one
+    fp32 per batch: an (L,) tensor."""
 
     value: float | None = None
     dtype: DType = DType.F32
@@ -105,7 +106,7 @@ def check_operand(name: str, decl: Any, batched: bool, grouped: bool) -> Operand
             return constant(decl.value, f"operand {name!r} constant value")
         if as_dtype(decl.dtype, f"operand {name!r} dtype") is not DType.F32:
             raise RecipeError(f"operand {name!r}: runtime scalars are fp32; declare gg.Scalar() (dtype f32)")
-        return Operand(name, OperandKind.SCALAR, DType.F32, per_batch=per_batch or _tensor(name, decl, grouped))
+        return Operand(name, OperandKind.SCALAR, DType.F32, per_batch=per_batch or _tensor(name, decl))
     dtype = as_dtype(decl.dtype, f"operand {name!r} dtype")
     allowed = _MATRIX_DTYPES if isinstance(decl, Matrix) else _VECTOR_DTYPES
     if dtype not in allowed:
@@ -114,14 +115,12 @@ def check_operand(name: str, decl: Any, batched: bool, grouped: bool) -> Operand
     return Operand(name, decl.kind, dtype, per_batch=per_batch)
 
 
-def _tensor(name: str, decl: Scalar, grouped: bool) -> bool:
+def _tensor(name: str, decl: Scalar) -> bool:
     """A runtime scalar passed as a tensor (`Scalar.tensor`): in the IR a scalar per batch, read
-    through its pointer (a non-batched GEMM's one batch: a one-element tensor)."""
+    through its pointer (a non-batched GEMM's one batch: a one-element tensor; a grouped GEMM's
+    batches are its groups, whose index the kernel's epilogue reads it at)."""
     if not isinstance(decl.tensor, bool):
         raise RecipeError(f"operand {name!r}: tensor must be True or False, got {decl.tensor!r}")
-    if decl.tensor and grouped:
-        raise RecipeError(f"operand {name!r}: a scalar read from a tensor (tensor=True) in a grouped GEMM is not "
-                          "supported yet; drop tensor=True and pass a Python number")
     return decl.tensor
 
 

@@ -168,6 +168,8 @@ class GroupedOp(OpKind):
                 value = torch.zeros_like(v)
             elif kind is OperandKind.ROW:  # per group: the sum over its rows
                 value = wide.new_zeros(b.shape[0], wide.shape[1]).index_add_(0, group, wide)
+            elif kind is OperandKind.SCALAR and isinstance(v, torch.Tensor):  # a tensor scalar: per group
+                value = wide.new_zeros(b.shape[0]).index_add_(0, group, wide.sum(1))
             else:
                 value = wide.sum(1) if kind is OperandKind.COL else wide.sum()
             out[g.operand] = value.to(v.dtype)

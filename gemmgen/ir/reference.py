@@ -407,8 +407,8 @@ def _k_grouped_reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor,
             first, blocks = k_grouped_scale_block(g, start, block), -(-(end - start) // block)
             scales = {"scale_a": scale_a[first:first + blocks].t(), "scale_b": scale_b[first:first + blocks]}
         acc = accumulate(gemm, a[:, at:at + end - start], b[at:at + end - start], scales)
-        ops = {k: v[g] if isinstance(v, torch.Tensor) and kinds[k] == "matrix" else v
-               for k, v in operands.items() if k in kinds}
+        ops = {k: v[g] if isinstance(v, torch.Tensor) and kinds[k] in ("matrix", "scalar") else v
+               for k, v in operands.items() if k in kinds}  # C and a tensor scalar: the group's
         d[g] = evaluate_epilogue(ir, acc, ops, round_outputs=False)[0]
     return (round_to(d, ir.outputs[0].dtype),)
 
@@ -435,7 +435,7 @@ def _grouped_reference(recipe: RecipeIR, a: torch.Tensor, b: torch.Tensor, opera
                 scale_a = scale_a[start:end]
             scales = {"scale_a": scale_a, "scale_b": scale_b[g]}
         acc = accumulate(recipe.gemm, a[start:end], b[g], scales)
-        ops = {k: v if not isinstance(v, torch.Tensor) or kinds[k] == "scalar" else
-               v[g] if kinds[k] == "row" else v[start:end] for k, v in operands.items() if k in kinds}
+        ops = {k: v if not isinstance(v, torch.Tensor) else v[g] if kinds[k] in ("row", "scalar") else v[start:end]
+               for k, v in operands.items() if k in kinds}  # a tensor scalar: the group's value
         d[start:end] = evaluate_epilogue(ir, acc, ops, round_outputs=False)[0]
     return (round_to(d, ir.outputs[0].dtype),)

@@ -284,9 +284,14 @@ class GroupedArguments:
         v["epilogue.tensormaps"] = buffer + layout.epilogue_maps
         v["mainloop.tensormaps"] = buffer + layout.mainloop_maps
         v["workspace"] = buffer
-        for name in self.scalars:
-            v[f"epilogue.scalar.{name}.value"] = float(call.operands[name])  # type: ignore[arg-type]
-            v[f"epilogue.scalar.{name}.batch_stride"] = 0
+        for name in self.scalars:  # a number, or a tensor's value per group (the epilogue reads it at the group)
+            value = call.operands[name]
+            if isinstance(value, TensorArg):
+                v[f"epilogue.scalar.{name}.ptr"] = value.ptr
+                v[f"epilogue.scalar.{name}.batch_stride"] = value.strides[2]
+            else:
+                v[f"epilogue.scalar.{name}.value"] = float(value)
+                v[f"epilogue.scalar.{name}.batch_stride"] = 0
         v.update({"hw_info.device_id": device_id, "hw_info.sm_count": sm_count,
                   "hw_info.max_active_clusters": max_active_clusters})
         v.update(self.scheduler(sm_count, max_active_clusters).fields)
@@ -479,20 +484,25 @@ class GroupedKernel(KernelBase):
 
 
 def vectors_as_matrices(ir: RecipeIR) -> EpilogueIR:
-    """The epilogue with its row and column vectors read as tensors broadcast as given (already
-    gathered per row of A: a row's group's vector, the row's entry)."""
-    ops = tuple(Operand(o.name, OperandKind.MATRIX if o.kind in (OperandKind.ROW, OperandKind.COL) else o.kind,
-                        o.dtype) for o in ir.epilogue.operands)
+    """The epilogue with its row and column vectors and tensor scalars read as tensors broadcast as
+    given (already gathered per row of A: a row's group's vector or scalar, the row's entry)."""
+    ops = tuple(Operand(o.name, OperandKind.MATRIX if _per_row(o) else o.kind, o.dtype) for o in ir.epilogue.operands)
     return EpilogueIR(ir.epilogue.nodes, ir.epilogue.outputs, ops)
 
 
 def operands_per_row(ir: RecipeIR, operands: dict[str, Any], group: torch.Tensor) -> dict[str, Any]:
-    """The operands as `vectors_as_matrices` reads them: each row's group's row vector, column
-    vectors as columns, the rest as given (gathering is differentiable: row vectors' gradients sum
-    back per group)."""
+    """The operands as `vectors_as_matrices` reads them: each row's group's row vector and tensor
+    scalar, column vectors as columns, the rest as given (gathering is differentiable: row vectors'
+    and tensor scalars' gradients sum back per group)."""
     kinds = {o.name: o.kind for o in ir.epilogue.operands}
-    return {k: v[group] if kinds[k] is OperandKind.ROW else v.reshape(-1, 1) if kinds[k] is OperandKind.COL else v
-            for k, v in operands.items()}
+    return {k: v[group] if kinds[k] is OperandKind.ROW else
+            v[group].reshape(-1, 1) if kinds[k] is OperandKind.SCALAR and isinstance(v, torch.Tensor) else
+            v.reshape(-1, 1) if kinds[k] is OperandKind.COL else v for k, v in operands.items()}
+
+
+def _per_row(o: Operand) -> bool:
+    """Whether the grouped backward's torch path reads `o` gathered per row of A (`operands_per_row`)."""
+    return o.kind in (OperandKind.ROW, OperandKind.COL) or (o.kind is OperandKind.SCALAR and bool(o.per_batch))
 
 
 def row_groups(offsets: torch.Tensor, rows: int, groups: int, masked: int = 0

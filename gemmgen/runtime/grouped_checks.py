@@ -116,6 +116,8 @@ def check_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object, 
             extents.append(_bytes(v, o.dtype.nbytes, (1, n, groups)))  # type: ignore[arg-type]
         elif o.kind is OperandKind.COL:
             extents.append(rows * o.dtype.nbytes)
+        elif isinstance(v, TensorArg):  # a tensor scalar per group
+            extents.append(_bytes(v, 4, (1, 1, groups)))
     return GroupedCall(rows, n, k, groups, device, ta, tb, offsets.data_ptr(), checked, tuple(extents))
 
 
@@ -223,14 +225,17 @@ def check_k_grouped_call(recipe: RecipeIR, a: object, b: object, offsets: object
     extents = []
     for o in recipe.operands:
         if o.name not in operands:
-            what = "a Python number" if o.kind is OperandKind.SCALAR else \
+            what = _describe_grouped(o, g) if o.kind is OperandKind.SCALAR else \
                 f"a (groups, M, N) = ({groups}, {m}, {n}) {o.dtype.value} tensor"
             if o.kind.block_scale:
                 what = f"fp32 ({k_grouped_scale_blocks(tokens, groups)}, {m if o.kind is OperandKind.SCALE_A else n})"
             raise InvalidArgument(f"{o.name}: missing operand; pass {o.name}=... ({what})")
         value = operands[o.name]
         if o.kind is OperandKind.SCALAR:
-            checked[o.name] = _operand(o, value, m, n, 1, False)
+            checked[o.name] = _group_scalar(o, value, groups) if o.per_batch else _operand(o, value, m, n, 1, False)
+            if isinstance(value, torch.Tensor):
+                named.append((o.name, value))
+                extents.append(_bytes(checked[o.name], 4, (1, 1, groups)))  # type: ignore[arg-type]
             continue
         t = _need_tensor(o.name, value)
         named.append((o.name, t))
@@ -323,6 +328,8 @@ def _describe_grouped(o: Operand, gemm: GemmSpec) -> str:
             return f"fp32 (rows, ceil(K/{gk})), K contiguous: one scale per row of a and {gk} values of K"
         return (f"fp32 (groups, ceil(K/{gk}), ceil(N/{gn})), K contiguous: one scale per {gk} x {gn} block of each "
                 "group's B")
+    if o.kind is OperandKind.SCALAR and o.per_batch:
+        return GROUP_SCALAR.format(groups="groups")
     return {OperandKind.SCALAR: "a Python number", OperandKind.ROW: f"a (groups, N) {o.dtype.value} tensor",
             OperandKind.COL: f"a {o.dtype.value} vector with one entry per row of a",
             OperandKind.MATRIX: f"a (rows, {o.columns.symbol}) {o.dtype.value} matrix"}[o.kind]
@@ -369,6 +376,21 @@ def _grouped_block_scale(o: Operand, value: object, problem: tuple[int, int, int
     return TensorArg(_natural_ptr(o.name, t), (k_blocks, 1, group_stride))
 
 
+#: What a grouped recipe's tensor scalar is.
+GROUP_SCALAR = "an fp32 ({groups},) tensor, one value per group (s.expand(groups) shares one)"
+
+
+def _group_scalar(o: Operand, value: object, groups: int) -> TensorArg:
+    """A tensor scalar of a grouped recipe: fp32 (groups,), one value per group, read at the group's
+    index, one fp32 at a time (any stride, 0 sharing one value; 4-byte aligned): TensorArg strides
+    (0, 0, group stride)."""
+    t = _need_tensor(o.name, value)
+    if t.dtype != torch.float32 or tuple(t.shape) != (groups,):
+        raise InvalidArgument(f"{o.name}: expected {GROUP_SCALAR.format(groups=groups)}, got {t.dtype} "
+                              f"{tuple(t.shape)}")
+    return TensorArg(_natural_ptr(o.name, t) if t.numel() else 0, (0, 0, t.stride(0) if groups > 1 else 0))
+
+
 def _natural_ptr(name: str, t: torch.Tensor) -> int:
     """The address of a tensor read element by element: aligned to its elements."""
     ptr = t.data_ptr()
@@ -380,8 +402,11 @@ def _natural_ptr(name: str, t: torch.Tensor) -> int:
 
 def _grouped_operand(o: Operand, value: object, rows: int, n: int, groups: int) -> TensorArg | float:
     """A grouped recipe's operand: row vectors are per group (groups, N), each group's row 16-byte
-    aligned (the kernel reads it in 16-byte vectors); the rest are per row of A, as check_call's
-    (a matrix of column pairs' halves N/2 wide: `ir.columns`)."""
+    aligned (the kernel reads it in 16-byte vectors), and tensor scalars per group (groups,), any
+    stride (0: one value for every group); the rest are per row of A, as check_call's (a matrix
+    of column pairs' halves N/2 wide: `ir.columns`)."""
+    if o.kind is OperandKind.SCALAR and o.per_batch:
+        return _group_scalar(o, value, groups)
     if o.kind is not OperandKind.ROW:
         return _operand(o, value, rows, o.columns.extent(n), 1, False)
     t = _need_tensor(o.name, value)

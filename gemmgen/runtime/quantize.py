@@ -171,26 +171,12 @@ def quantize_k_grouped(x: torch.Tensor, offsets: torch.Tensor, dtype: DType | st
     dt = as_dtype(dtype, "dtype")
     if dt not in FP8_MAX:
         raise InvalidArgument(f"dtype: expected gg.e4m3 or gg.e5m2, got {dt.value}")
-    if not (isinstance(x, torch.Tensor) and x.dim() == 2 and x.is_floating_point()):
-        raise InvalidArgument(f"x: expected a floating-point (tokens, columns) tensor, got {x!r:.80}")
-    if not (isinstance(offsets, torch.Tensor) and offsets.dim() == 1 and offsets.dtype == torch.int32
-            and offsets.device == x.device and offsets.numel() > 0):
-        raise InvalidArgument(f"offsets: expected the groups' int32 ends (G,) on x's device ({x.device}), got "
-                              f"{offsets!r:.80}")
-    tokens, columns = x.shape
-    groups = offsets.numel()
-    align, block = 16, 128
-    ends = offsets.long().clamp(0, tokens).cummax(0).values  # reference.group_bounds, on the device
-    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
-    t = torch.arange(tokens, device=x.device)
-    group = torch.searchsorted(ends, t, right=True)  # G past the last group's end: in no group
-    inside = group < groups
-    t, group = t[inside], group[inside]
-    first = starts[group]
-    column = align * (group + (first + align - 1) // align) + t - first  # reference.k_grouped_token_column
+    tokens, columns = _check_k_grouped(x, offsets, "a floating-point")
+    groups, block = offsets.numel(), 128
+    t, group, first, column = _token_columns(offsets, tokens)
     row = group + first // block + (t - first) // block  # reference.k_grouped_scale_block
-    width = k_grouped_width(tokens, groups, align)
-    amax = x.new_zeros((k_grouped_scale_blocks(k_grouped_tokens(width, groups, align), groups), columns),
+    width = k_grouped_width(tokens, groups, K_GROUPED_ALIGN)
+    amax = x.new_zeros((k_grouped_scale_blocks(k_grouped_tokens(width, groups, K_GROUPED_ALIGN), groups), columns),
                        dtype=torch.float32)
     amax.scatter_reduce_(0, row[:, None].expand(-1, columns), x[t].float().abs(), "amax")
     scales = (amax / FP8_MAX[dt]).where(amax > 0, 1.0)
@@ -199,6 +185,49 @@ def quantize_k_grouped(x: torch.Tensor, offsets: torch.Tensor, dtype: DType | st
     copy = torch.zeros((columns, width), dtype=dt.torch, device=x.device)
     copy[:, column] = round_to(x[t].float() / scales[row], dt).to(dt.torch).t()
     return copy, scales
+
+
+#: Where a K-grouped fp8 GEMM's groups start in its copies: a multiple of 16 tokens (`GemmSpec.token_align`).
+K_GROUPED_ALIGN = 16
+
+
+def k_grouped_copy(q: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """An fp8 (T, C) tensor already quantized (one scale per tensor: the values need no other) as a
+    K-grouped fp8 GEMM's operand: `quantize_k_grouped`'s (C, T') tokens-contiguous copy, each group's
+    tokens aligned, zeros around them."""
+    tokens, columns = _check_k_grouped(q, offsets, "an fp8")
+    t, _, _, column = _token_columns(offsets, tokens)
+    copy = torch.zeros((columns, k_grouped_width(tokens, offsets.numel(), K_GROUPED_ALIGN)), dtype=q.dtype,
+                       device=q.device)
+    copy.view(torch.uint8)[:, column] = q.view(torch.uint8)[t].t()
+    return copy
+
+
+def _check_k_grouped(x: object, offsets: object, what: str) -> tuple[int, int]:
+    """(tokens, columns) of a tensor to lay out for a K-grouped GEMM, and its offsets, checked."""
+    fp8 = what == "an fp8"
+    if not (isinstance(x, torch.Tensor) and x.dim() == 2 and x.is_floating_point()
+            and (x.element_size() == 1) == fp8):
+        raise InvalidArgument(f"x: expected {what} (tokens, columns) tensor, got {x!r:.80}")
+    if not (isinstance(offsets, torch.Tensor) and offsets.dim() == 1 and offsets.dtype == torch.int32
+            and offsets.device == x.device and offsets.numel() > 0):
+        raise InvalidArgument(f"offsets: expected the groups' int32 ends (G,) on x's device ({x.device}), got "
+                              f"{offsets!r:.80}")
+    return x.shape[0], x.shape[1]
+
+
+def _token_columns(offsets: torch.Tensor, tokens: int) -> tuple[torch.Tensor, ...]:
+    """(token, its group, the group's first token, its column in the copy) of every token in a group
+    (reference.group_bounds and k_grouped_token_column, by torch ops on the offsets' device)."""
+    groups, align = offsets.numel(), K_GROUPED_ALIGN
+    ends = offsets.long().clamp(0, tokens).cummax(0).values
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    t = torch.arange(tokens, device=offsets.device)
+    group = torch.searchsorted(ends, t, right=True)  # G past the last group's end: in no group
+    inside = group < groups
+    t, group = t[inside], group[inside]
+    first = starts[group]
+    return t, group, first, align * (group + (first + align - 1) // align) + t - first
 
 
 def random_block_scale(kind: OperandKind, gemm: GemmSpec, m: int, n: int, k: int, lead: tuple[int, ...] = (),

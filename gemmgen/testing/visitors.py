@@ -446,10 +446,11 @@ class EpilogueInterpreter:
                 raise EpilogueSourceError(f"scalar broadcast {t}")
             element = _element(element_t)
             batch_stride = struct.unpack("<q", params.raw(f"cute::get<2>({lvalue}.dScalar[0])"))[0]
-            ptr = params.pointer(f"{lvalue}.scalar_ptrs[0]", element, (l_ - 1) * batch_stride + 1)
+            first = max(getattr(params, "group", -1), 0)  # a grouped kernel's L coordinate is its group
+            ptr = params.pointer(f"{lvalue}.scalar_ptrs[0]", element, (first + l_ - 1) * batch_stride + 1)
             if ptr is None:
                 return _element_bits(params.raw(f"{lvalue}.scalars[0]"), element).reshape(1, 1, 1)
-            return ptr[torch.arange(l_) * batch_stride].reshape(l_, 1, 1)
+            return ptr[(first + torch.arange(l_)) * batch_stride].reshape(l_, 1, 1)
         if kind == "Sm90AuxLoad" and t.args[0].name == "0":  # one matrix for every batch, from a pointer
             return self._shared_load(t, lvalue, acc, params)
         if kind == "Sm90AuxLoad":

@@ -32,15 +32,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..dsl import DEEPSEEK_BLOCK_SCALE, Backward, Recipe, amax, cast, quantize, quantize_columns
+from ..dsl import DEEPSEEK_BLOCK_SCALE, Backward, Recipe, cast, quantize, quantize_columns
 from ..dsl.backward import declarations, replay
-from ..dsl.operands import OperandDecl, Scalar
+from ..dsl.operands import OperandDecl
 from ..errors import InvalidArgument
 from ..ir import EpilogueIR, microscaling
-from ..ir.ops import FP8_MAX, quantize_blocks, round_to
+from ..ir.ops import quantize_blocks, round_to
 from ..runtime.checks import copy_in_layout
 from ..runtime.quantize import quantize_k_grouped
 from ..types import DType, Grouping, Layout, Microscaling
+from .history import AmaxHistory
 
 
 class Gemm(enum.Enum):
@@ -210,19 +211,29 @@ class Precision:
         """W (out x in) quantized for fprop's and dgrad's B."""
         raise NotImplementedError
 
-    def experts(self, w: torch.Tensor) -> QuantizedWeight:
+    def experts(self, w: torch.Tensor, history: AmaxHistory | None = None) -> QuantizedWeight:
         """The experts' weights (E x out x in) quantized for a GroupedLinear's fprop and dgrad B
         (a precision with `grouped` kernels)."""
         raise NotImplementedError
 
-    def tokens(self, t: torch.Tensor) -> Operand:
-        """`t` (tokens x C) quantized along C as a grouped kernel's A (`grouped`)."""
-        raise NotImplementedError
-
-    def along_tokens(self, t: torch.Tensor, offsets: torch.Tensor) -> Operand:
-        """`t` (tokens x C) quantized along each group's tokens for the K-grouped weight gradient
+    def tokens(self, t: torch.Tensor, gemm: Gemm, groups: int, history: AmaxHistory | None = None) -> Operand:
+        """`t` (tokens x C) quantized along C as `gemm`'s A in a grouped kernel of `groups` groups
         (`grouped`)."""
         raise NotImplementedError
+
+    def along_tokens(self, t: torch.Tensor, offsets: torch.Tensor, which: str,
+                     history: AmaxHistory | None = None) -> Operand:
+        """`t` (tokens x C) quantized along each group's tokens as the K-grouped weight gradient's
+        A (`which="a"`: dL/dacc) or B (x) (`grouped`)."""
+        raise NotImplementedError
+
+    def grouped_dacc(self, recipe: Recipe) -> Recipe:
+        """The grouped fprop of `recipe` (a grouped bf16 or f16 layer's, with an activation) again,
+        its epilogue derived: dL/dacc from dL/dy. Derived in bf16, then run as fprop, so a
+        per-tensor precision's scales dequantize the accumulator before the derivative reads it."""
+        derived = recipe.backward(recompute=True, wrt=[o.name for o in recipe.operands])
+        return self._converted(derived.kernel, Gemm.FPROP, f"{recipe.name}_{self.suffix}_{Gemm.FPROP.value}_dacc",
+                               Grouping.ROWS)
 
     def history(self) -> AmaxHistory | None:
         """A new tensor's amax history, where this precision scales from one (delayed scaling)."""
@@ -327,7 +338,7 @@ class Float8Blockwise(Precision):
         columns = Operand(q.t().contiguous().t(), copy_in_layout(scale, dgrad.ir.gemm.scale_layouts[1], 4))
         return QuantizedWeight(self.weight_version(w), rows, columns)
 
-    def experts(self, w: torch.Tensor) -> QuantizedWeight:
+    def experts(self, w: torch.Tensor, history: AmaxHistory | None = None) -> QuantizedWeight:
         """The experts' weights (E x out x in) quantized for the grouped fprop's and dgrad's B, per
         expert in 128 x 128 blocks; the scales compact, as grouped kernels read them."""
         q, scale = self.quantize(w.detach(), (self.block, self.block))  # (E, out / 128, in / 128) scales
@@ -335,12 +346,13 @@ class Float8Blockwise(Precision):
         columns = Operand(q.mT.contiguous().mT, copy_in_layout(scale, Layout.COL, 1))  # B: (E, out, in), out contiguous
         return QuantizedWeight(self.weight_version(w), rows, columns)
 
-    def tokens(self, t: torch.Tensor) -> Operand:
+    def tokens(self, t: torch.Tensor, gemm: Gemm, groups: int, history: AmaxHistory | None = None) -> Operand:
         """`t` (tokens x C) per token and 128 of C, as a grouped kernel's A (its scales compact)."""
         q, scale = self.quantize(t.contiguous(), (1, self.block))
         return Operand(q, scale)
 
-    def along_tokens(self, t: torch.Tensor, offsets: torch.Tensor) -> Operand:
+    def along_tokens(self, t: torch.Tensor, offsets: torch.Tensor, which: str,
+                     history: AmaxHistory | None = None) -> Operand:
         """`t` (tokens x C) along each expert's tokens for the K-grouped weight gradient: its
         tokens-contiguous copy (C x T', each expert's tokens aligned) and scales per 128 of them
         (gg.quantize_k_grouped)."""
@@ -382,200 +394,6 @@ class MXFP8(Precision):
         return QuantizedWeight(self.weight_version(w), rows, columns)
 
 
-class Scaling(enum.Enum):
-    """How a per-tensor recipe picks each tensor's scale."""
-
-    CURRENT = "current"  # from the tensor's own amax, before quantizing it
-    DELAYED = "delayed"  # from the amaxes of earlier steps (`AmaxHistory`)
-
-
-class AmaxAlgorithm(enum.Enum):
-    """Which amax of the history a delayed scale is computed from (Transformer Engine's
-    `amax_compute_algo`)."""
-
-    MAX = "max"  # the largest of the history
-    MOST_RECENT = "most_recent"  # the last step's
-
-
-class AmaxHistory:
-    """One tensor's amaxes under delayed scaling, as Transformer Engine's DelayedScaling keeps
-    them: the scale comes from the amaxes of earlier steps, so a tensor is quantized before its own
-    amax is known (values past it saturate), and each quantization records its amax into the
-    current step's slot. `advance`, once per optimizer step, takes the history's amax for the next
-    steps and opens a new slot. Everything stays on the tensor's device (no sync); the scale of a
-    call is a new tensor, so an operand saved for backward keeps the scale it was quantized with."""
-
-    def __init__(self, length: int, algorithm: AmaxAlgorithm, margin: int) -> None:
-        self.length, self.algorithm, self.margin = length, algorithm, margin
-        self.amaxes: torch.Tensor | None = None  # (length,), [0] the current step's
-        self.amax: torch.Tensor | None = None  # (1,): what the scales come from; NaN before a first step
-
-    def record(self, t: torch.Tensor, dtype: DType) -> torch.Tensor:
-        """The scale (1,) to quantize `t` in `dtype` with (`scale`), after recording t's amax."""
-        scale = self.scale(dtype, t.device)
-        self.add(t.detach().abs().amax())
-        return scale
-
-    def scale(self, dtype: DType, device: torch.device) -> torch.Tensor:
-        """The scale (1,) a tensor of this history is quantized in `dtype` with: from the earlier
-        steps' amax; 1 before the first step ends, as Transformer Engine starts."""
-        if self.amaxes is None or self.amaxes.device != device:
-            self.amaxes = torch.zeros(self.length, dtype=torch.float32, device=device)
-            self.amax = torch.full((1,), float("nan"), dtype=torch.float32, device=device)
-        assert self.amax is not None
-        return (self.amax * 2.0**self.margin / FP8_MAX[dtype]).nan_to_num(1.0)
-
-    def add(self, amax: torch.Tensor) -> None:
-        """Record a tensor's amax (one value; an epilogue's `gg.amax`, or torch's) in this step's slot."""
-        assert self.amaxes is not None, "scale() first: it places the history on the tensor's device"
-        self.amaxes[0] = torch.maximum(self.amaxes[0], amax.detach().float().reshape(()))
-
-    def advance(self) -> None:
-        """End a step: the amax of the history (kept as it was where that is 0 or not finite),
-        then a new slot for the next step's amaxes."""
-        if self.amaxes is None or self.amax is None:
-            return
-        amax = (self.amaxes.max() if self.algorithm is AmaxAlgorithm.MAX else self.amaxes[0]).reshape(1)
-        self.amax = torch.where((amax > 0) & amax.isfinite(), amax, self.amax)
-        self.amaxes = self.amaxes.roll(1)
-        self.amaxes[0] = 0.0
-
-
-def _prescaled(ir: EpilogueIR) -> Callable[..., Any]:
-    """`ir`'s epilogue over the accumulator times scale_a times scale_b: a per-tensor scaled GEMM's
-    accumulator dequantized before anything else reads it (the saved accumulator included)."""
-    inner = replay(ir)
-
-    def epilogue(acc: Any, scale_a: Any, scale_b: Any, **operands: Any) -> Any:
-        return inner(acc * scale_a * scale_b, **operands)
-
-    params = [inspect.Parameter("acc", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in ("scale_a", "scale_b")]
-    params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY) for o in ir.operands]
-    epilogue.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    return epilogue
-
-
-@dataclass(frozen=True, repr=False)
-class Float8Tensorwise(Precision):
-    """Per-tensor fp8 (Transformer Engine's Float8CurrentScaling and DelayedScaling, format
-    HYBRID): X and W in e4m3, gradients in e5m2, one fp32 scale per tensor, so a tensor's
-    transposed copy is the same values transposed. `scaling="current"` takes each tensor's scale
-    from its own amax (one more reduction before quantizing); "delayed" from its amax history
-    (`AmaxHistory`: `amax_history_len` steps, `amax_compute_algo` "max" or "most_recent", the
-    scale `margin` powers of two below the range's top), advanced once per optimizer step. The
-    kernels read both operands' scales from device tensors (`gg.Scalar(tensor=True)`) and multiply
-    the accumulator by them before the epilogue; no block scales, no fp32 promotion beyond the main
-    loop's own."""
-
-    scaling: str = "current"
-    amax_history_len: int = 1024
-    amax_compute_algo: str = "max"
-    margin: int = 0
-
-    suffix: ClassVar[str] = "fp8tensor"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _choice("scaling", self.scaling, Scaling)
-        _choice("amax_compute_algo", self.amax_compute_algo, AmaxAlgorithm)
-        for name, least in (("amax_history_len", 1), ("margin", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise InvalidArgument(f"{name}: expected an int >= {least}, got {value!r}")
-
-    @property
-    def delayed(self) -> bool:
-        return Scaling(self.scaling) is Scaling.DELAYED
-
-    def block_scale(self, gemm: Gemm) -> None:
-        return None
-
-    def dtypes(self, gemm: Gemm) -> tuple[DType, DType]:
-        """fprop reads X and W in e4m3; dgrad and wgrad read the gradient (their A) in e5m2."""
-        return (DType.E4M3 if gemm is Gemm.FPROP else DType.E5M2), DType.E4M3
-
-    def epilogue(self, ir: EpilogueIR) -> tuple[Callable[..., Any], dict[str, OperandDecl]]:
-        return _prescaled(ir), {"scale_a": Scalar(tensor=True), "scale_b": Scalar(tensor=True),
-                                **declarations(ir.operands)}
-
-    def quantizing(self, recipe: Recipe, gemm: Gemm, name: str) -> Recipe | None:
-        """Delayed scaling: D rounded to its type, divided by its tensor's delayed scale (the
-        operand `scale_d`, from the tensor's amax history) and stored in the fp8 type the next
-        GEMMs read it in (e4m3 for an activation, e5m2 for a gradient), with its amax (`d_amax`:
-        max |D| over the tensor, NaNs skipped) for the history; bit for bit `quantize` of the
-        rounded D, whose weight-gradient copy is the same values transposed. None for current
-        scaling (its scale needs the whole tensor's amax before the first value is stored),
-        under `save_original_input` and over column pairs: the layer quantizes with torch."""
-        ir = recipe.ir.epilogue
-        if not self.delayed or self.save_original_input or ir.pairs:
-            return None
-        fn, operands = self.epilogue(ir)
-        rounded_to = recipe.ir.gemm.d
-
-        def epilogue(acc: Any, scale_d: Any, **values: Any) -> dict[str, Any]:
-            out = fn(acc, **values)
-            d = cast(out.pop("d"), rounded_to)
-            return {"d": d / scale_d, "d_amax": amax(d), **out}
-
-        signature = inspect.signature(fn)
-        params = [*signature.parameters.values(), inspect.Parameter("scale_d", inspect.Parameter.KEYWORD_ONLY)]
-        epilogue.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-        a, b = self.dtypes(gemm)
-        aux = {"d_amax": DType.F32, **{o.name: o.dtype for o in recipe.outputs[1:]}}
-        return Recipe(name, epilogue, a=a, b=b, d=a, layout_a=Layout.ROW, layout_b=Layout.COL,
-                      operands={**operands, "scale_d": Scalar(tensor=True)}, aux=aux)
-
-    def quantizing_operands(self, gemm: Gemm, history: AmaxHistory | None, device: torch.device
-                            ) -> dict[str, torch.Tensor]:
-        assert history is not None, "delayed scaling keeps a history per tensor"
-        return {"scale_d": history.scale(self.dtypes(gemm)[0], device)}
-
-    def quantized(self, outs: dict[str, torch.Tensor], gemm: Gemm, operands: dict[str, torch.Tensor],
-                  history: AmaxHistory | None) -> tuple[Operand, Operand | torch.Tensor]:
-        assert history is not None, "delayed scaling keeps a history per tensor"
-        history.add(outs["d_amax"])
-        d, scale = outs["d"], operands["scale_d"]
-        if gemm is Gemm.FPROP:  # the next wgrad's B: K x N, K-major (a column-major view)
-            return Operand(d, scale), Operand(d.t().contiguous().t(), scale)
-        return Operand(d, scale), Operand(d.t().contiguous(), scale)  # this layer's wgrad A
-
-    def history(self) -> AmaxHistory | None:
-        if not self.delayed:
-            return None
-        return AmaxHistory(self.amax_history_len, AmaxAlgorithm(self.amax_compute_algo), self.margin)
-
-    def quantize(self, t: torch.Tensor, dtype: DType, history: AmaxHistory | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q, scale): `t` in fp8 `dtype` with t's shape, and its fp32 scale (1,) (a value is
-        stored as value / scale, saturating): the recipe's one quantizer. Current scaling: the
-        scale is t's amax over dtype's largest value (1 for zeros or a NaN); delayed: `history`'s."""
-        if history is not None:
-            scale = history.record(t, dtype)
-        else:
-            amax = t.detach().abs().amax().float().reshape(1)
-            scale = (amax / FP8_MAX[dtype]).where(amax > 0, 1.0)
-        q = t.new_empty(t.shape, dtype=dtype.torch)
-        q.copy_(round_to(t.detach().float() / scale, dtype))
-        return q, scale
-
-    def operand(self, t: torch.Tensor, gemm: Gemm, which: str, recipe: Recipe,
-                history: AmaxHistory | None = None) -> Operand:
-        q, scale = self.quantize(t.contiguous(), self.dtypes(gemm)[which == "b"], history)
-        return Operand(q, scale) if which == "a" else Operand(q.t(), scale)
-
-    def weight(self, w: torch.Tensor, fprop: Recipe, dgrad: Recipe,
-               history: AmaxHistory | None = None) -> QuantizedWeight:
-        q, scale = self.quantize(w, DType.E4M3, history)  # (out, in): one scale, so both copies are exact
-        return QuantizedWeight(self.weight_version(w), Operand(q.t(), scale), Operand(q.t().contiguous().t(), scale))
-
-
-def _choice(name: str, value: object, choices: type[enum.Enum]) -> None:
-    allowed = [c.value for c in choices]
-    if value not in allowed:
-        raise InvalidArgument(f"{name}: expected one of {allowed}, got {value!r}")
-
-
 def as_precision(value: object, where: str) -> Precision | None:
     """`precision=` as layers and `fuse` take it: None (bf16, the default) or a precision object."""
     if value is None or (isinstance(value, Precision) and type(value) is not Precision):
@@ -584,5 +402,4 @@ def as_precision(value: object, where: str) -> Precision | None:
                           f"such as gemmgen.training.Float8Blockwise(), got {value!r}")
 
 
-__all__ = ["MXFP8", "AmaxAlgorithm", "AmaxHistory", "Float8Blockwise", "Float8Tensorwise", "Gemm", "Operand",
-           "Precision", "QuantizedWeight", "Scaling", "as_precision"]
+__all__ = ["MXFP8", "Float8Blockwise", "Gemm", "Operand", "Precision", "QuantizedWeight", "as_precision"]

@@ -209,8 +209,9 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
     out.append((derived_grouped_recipe(), DERIVED_GROUPED_CONFIG))  # test_grouped_gpu's pointer-array C
     wgrad = grouped_weight_grad_recipe(torch.bfloat16, accumulate=True)  # ...and its K-grouped weight gradient
     out.append((wgrad, wgrad.default_config()))
-    float8 = float8_grouped_layer()  # ...its Float8Blockwise step, and its K-grouped fp8 weight gradient alone
-    out += [float8.launches(GROUPED_LINEAR_ROWS), *float8.backward_launches(GROUPED_LINEAR_ROWS)]
+    for precision in GROUPED_PRECISIONS:  # ...its fp8 steps, and its K-grouped fp8 weight gradient alone
+        float8 = float8_grouped_layer(precision=precision)
+        out += [float8.launches(GROUPED_LINEAR_ROWS), *float8.backward_launches(GROUPED_LINEAR_ROWS)]
     fp8_wgrad = k_grouped_fp8_recipe()
     out.append((fp8_wgrad, fp8_wgrad.default_config()))
     fp8_experts = gg.nn.block_scaled_grouped_recipe("silu", True, torch.bfloat16)  # ...and its fp8 form
@@ -270,11 +271,14 @@ def grouped_linear_layers() -> list[gg.nn.GroupedLinear]:
             gg.nn.GroupedLinear(4, 64, 96, bias=False, activation="geglu", device="meta")]
 
 
-def float8_grouped_layer(device: str = "meta") -> gg.nn.GroupedLinear:
-    """tests/gpu/test_grouped_gpu.py's GroupedLinear under Float8Blockwise: 4 SwiGLU experts,
-    256 -> 128, no biases."""
-    return gg.nn.GroupedLinear(4, 256, 128, bias=False, activation="swiglu", device=device,
-                               precision=gg.training.Float8Blockwise())
+#: the precisions tests/gpu/test_grouped_gpu.py trains GroupedLinear in
+GROUPED_PRECISIONS = (gg.training.Float8Blockwise(), gg.training.Float8Tensorwise())
+
+
+def float8_grouped_layer(device: str = "meta", precision: gg.training.Precision = GROUPED_PRECISIONS[0]
+                         ) -> gg.nn.GroupedLinear:
+    """tests/gpu/test_grouped_gpu.py's GroupedLinear in fp8: 4 SwiGLU experts, 256 -> 128, no biases."""
+    return gg.nn.GroupedLinear(4, 256, 128, bias=False, activation="swiglu", device=device, precision=precision)
 
 
 def k_grouped_fp8_recipe() -> gg.Recipe:

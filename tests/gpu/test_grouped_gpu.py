@@ -31,6 +31,7 @@ from tests.data.gpu_matrix import (
     GROUPED_CONFIGS,
     GROUPED_EXPERTS,
     GROUPED_LINEAR_ROWS,
+    GROUPED_PRECISIONS,
     GROUPED_TUNE_PROBLEM,
     TUNE_CANDIDATES,
     float8_grouped_layer,
@@ -57,8 +58,9 @@ def test_the_gpu_bundle_holds_every_grouped_kernel_the_gpu_checks_launch(example
     wanted.append((moe_swiglu_recipe(), moe_swiglu_recipe().default_config()))
     wanted += [k for layer in grouped_linear_layers() for k in layer.backward_launches(GROUPED_LINEAR_ROWS)]
     wanted += grouped_experts_launches()
-    float8 = float8_grouped_layer()
-    wanted += [float8.launches(GROUPED_LINEAR_ROWS), *float8.backward_launches(GROUPED_LINEAR_ROWS)]
+    for precision in GROUPED_PRECISIONS:
+        float8 = float8_grouped_layer(precision=precision)
+        wanted += [float8.launches(GROUPED_LINEAR_ROWS), *float8.backward_launches(GROUPED_LINEAR_ROWS)]
     wanted.append((k_grouped_fp8_recipe(), k_grouped_fp8_recipe().default_config()))
     wanted += [(examples["moe_fp8_block"], c) for c in BLOCK_GROUPED_CONFIGS]
     wanted += [(moe_fp8_recipe(), c) for c in FP8_GROUPED_CONFIGS] + [(moe_recipe(), c) for c in GROUPED_CONFIGS]
@@ -254,16 +256,15 @@ def test_k_grouped_fp8_weight_gradient_on_gpu():
 
 
 @pytest.mark.gpu
-def test_float8_grouped_linear_matches_its_cpu_reference_on_gpu():
-    """GroupedLinear under Float8Blockwise on CUDA (its fprop, derived dL/dacc, dgrad and K-grouped
-    wgrad kernels, from the bundle) against the same layer's step on the CPU (the recipes'
-    references over the same quantized operands, which tests/training/test_grouped_float8.py checks
-    against the recipe's definition): output and both gradients >= 40 dB. Experts of 1, 127, 0
-    and 169 tokens, 3 rows in none."""
-    from tests.data.gpu_matrix import float8_grouped_layer
-
+@pytest.mark.parametrize("precision", GROUPED_PRECISIONS, ids=repr)
+def test_float8_grouped_linear_matches_its_cpu_reference_on_gpu(precision):
+    """GroupedLinear in fp8 on CUDA (its fprop, derived dL/dacc, dgrad and K-grouped wgrad kernels,
+    from the bundle; Float8Tensorwise's scales read per group) against the same layer's step on
+    the CPU (the recipes' references over the same quantized operands, which
+    tests/training/test_grouped_float8*.py check against the recipe's definition): output and both
+    gradients >= 40 dB. Experts of 1, 127, 0 and 169 tokens, 3 rows in none."""
     torch.manual_seed(0)
-    gpu = float8_grouped_layer("cuda")
+    gpu = float8_grouped_layer("cuda", precision)
     cpu = copy.deepcopy(gpu).cpu()
     sizes = (1, 127, 0, 169)
     x = torch.randn(GROUPED_LINEAR_ROWS, 256).bfloat16()

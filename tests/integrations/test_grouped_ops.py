@@ -139,3 +139,24 @@ def test_the_masked_layout_through_the_op_and_its_gradients():
     assert leaves[0].grad is not None and leaves[3].grad is not None
     for g, count in enumerate(counts):  # no gradient reaches a row past its group's count
         assert (leaves[0].grad[g, count:] == 0).all() and (leaves[3].grad[g, count:] == 0).all()
+
+
+def test_a_tensor_scalars_gradient_is_per_group():
+    """A grouped recipe's tensor scalar (one value per group) gets one gradient per group, against
+    per-group fp64 torch; shared through `expand`, autograd sums them."""
+    recipe = gg.Recipe("moe_scaled_op", lambda acc, s: gg.silu(acc * s), grouped=True,
+                       operands={"s": gg.Scalar(tensor=True)})
+    a, b, offsets, _, _ = grouped_inputs(offsets=(5, 5, 20, 37))
+    s = torch.tensor([0.5, 4.0, 1.5, 0.25], requires_grad=True)
+    shared = torch.tensor([2.0], requires_grad=True)
+    grad = torch.randn(37, 48)
+    for scale, leaf in ((s, s), (shared.expand(4), shared)):
+        gg.op(recipe)(a, b, offsets, scale).float().backward(grad)
+        ref = leaf.detach().double().requires_grad_(True)
+        per_group = ref if ref.numel() == 4 else ref.expand(4)
+        loss = torch.stack([(torch.nn.functional.silu(a[start:end].double() @ b[g].double() * per_group[g]) *
+                             grad[start:end].double()).sum()
+                            for g, (start, end) in enumerate(group_bounds([5, 5, 20, 37], 37))]).sum()
+        loss.backward()
+        assert leaf.grad is not None and ref.grad is not None
+        torch.testing.assert_close(leaf.grad.double(), ref.grad, rtol=1e-2, atol=1e-2)

@@ -351,3 +351,34 @@ def test_masked_layout_calls_are_checked(grouped_kernel):
     assert p.params is None
     for g in range(4):
         assert not out[g, :g + 1].isnan().any() and out[g, g + 1:].isnan().all()
+
+
+def _scaled_moe() -> gg.Recipe:
+    """A grouped recipe with a scalar read from a tensor: one value per group (`gg.Scalar(tensor=True)`)."""
+    return gg.Recipe("moe_scaled", lambda acc, s, bias: gg.silu(acc * s + bias), grouped=True,
+                     operands={"s": gg.Scalar(tensor=True), "bias": gg.RowVector(gg.bf16)})
+
+
+@pytest.mark.parametrize("arch", [gg.Arch.SM90A, gg.Arch.SM100A])
+def test_a_tensor_scalar_is_read_at_each_group(arch):
+    """A grouped kernel's tensor scalar is (groups,): the epilogue reads entry g for group g (its L
+    coordinate, CUTLASS's Sm90ScalarBroadcast with a batch stride), or one value for all through a
+    stride of 0 (`s.expand(groups)`). Both launches emulated against the reference and per-group
+    torch; a wrong shape is refused naming the operand."""
+    recipe = _scaled_moe()
+    kernel = uncompiled(recipe, recipe.default_config(arch))
+    k = cpu_grouped_kernel(kernel, 148 if arch is gg.Arch.SM100A else 132)
+    a, b, offsets, bias, _ = grouped_inputs()
+    s = torch.tensor([0.5, 4.0, 1.5, 0.25])
+    for scale in (s, s[1:2].expand(4)):
+        out = torch.full((37, 48), float("nan")).bfloat16()
+        p = k.prepare(a, b, offsets, s=scale, bias=bias, out=out)
+        emulate_grouped(kernel, p.setup, p.params, k._encode, [a, b, offsets, scale, bias, out, p.buffer])
+        want = recipe.reference(a, b, offsets, s=scale, bias=bias).float()
+        torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1e-2, equal_nan=True)
+        for g, (start, end) in enumerate(group_bounds(offsets.tolist(), 37)):
+            exact = torch.nn.functional.silu(a[start:end].double() @ b[g].double() * float(scale[g]) + bias[g].double())
+            torch.testing.assert_close(want[start:end].double(), exact, rtol=1.6e-2, atol=1e-2)
+    with pytest.raises(InvalidArgument, match=r"s: expected an fp32 \(4,\) tensor, one value per group "
+                                              r"\(s.expand\(groups\) shares one\), got torch.float32 \(1,\)"):
+        k.prepare(a, b, offsets, s=s[:1], bias=bias)

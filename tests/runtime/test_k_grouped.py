@@ -339,3 +339,24 @@ def test_bad_fp8_calls_are_refused_naming_the_argument():
         k.prepare(a, b, offsets, scale_a=scale_a, scale_b=scale_b.t().contiguous().t(), main_grad=main_grad)
     with pytest.raises(gg.LayoutMismatch, match="b: expected a column-major tensor"):
         k.prepare(a, b.contiguous(), offsets, scale_a=scale_a, scale_b=scale_b, main_grad=main_grad)
+
+
+@pytest.mark.parametrize("sizes", [FP8_SIZES, (0, 120, 7)], ids=["597 tokens", "127 tokens"])
+def test_k_grouped_copy_lays_out_fp8_values_as_the_definition(sizes):
+    """gg.k_grouped_copy (a per-tensor recipe's copy: the fp8 values need no other scale) against a
+    copy written group by group: group g's tokens from column 16 * (g + ceil(first / 16)), zeros
+    around them, every byte equal; rows past the last group's end are left out. Made to fail once:
+    with its columns from the group's last token, the bytes differ."""
+    gen = torch.Generator().manual_seed(11)
+    tokens = sum(sizes)
+    q = (torch.randn(tokens + 5, 40, generator=gen) * 50).to(torch.float8_e5m2)  # 5 rows in no group
+    offsets = torch.tensor(sizes).cumsum(0).int()
+    want = torch.zeros(40, 16 * (len(sizes) + -(-(tokens + 5) // 16)), dtype=torch.float8_e5m2)
+    first = 0
+    for g, size in enumerate(sizes):
+        at = 16 * (g + -(-first // 16))
+        want[:, at:at + size] = q[first:first + size].t()
+        first += size
+    assert torch.equal(gg.k_grouped_copy(q, offsets).view(torch.uint8), want.view(torch.uint8))
+    with pytest.raises(gg.InvalidArgument, match=r"x: expected an fp8 \(tokens, columns\) tensor"):
+        gg.k_grouped_copy(q.float(), offsets)

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import gemmgen as gg
 from gemmgen.errors import InvalidArgument
-from gemmgen.training import Float8Blockwise, Float8Tensorwise
+from gemmgen.training import MXFP8, Float8Blockwise, Float8Tensorwise
 from tests.nn.dispatched import DispatchedOps
 from tests.training.test_float8_blockwise import _dq, _snr
 
@@ -29,11 +29,12 @@ from tests.training.test_float8_blockwise import _dq, _snr
 SIZES = (0, 1, 127, 129, 0, 40, 150)
 
 
-def _layer(activation: str | None, n_in: int = 144, out: int = 160, sizes=SIZES, seed: int = 0):
+def _layer(activation: str | None, n_in: int = 144, out: int = 160, sizes=SIZES, seed: int = 0,
+           precision: gg.training.Precision | None = None):
     torch.manual_seed(seed)
     gated = activation == "swiglu"
     layer = gg.nn.GroupedLinear(len(sizes), n_in, out, bias=not gated, activation=activation,
-                                precision=Float8Blockwise())
+                                precision=precision or Float8Blockwise())
     rows = sum(sizes) + 3  # 3 rows after the last expert's end
     x = (torch.randn(rows, n_in) * torch.logspace(-1, 1, n_in)).bfloat16()
     offsets = torch.tensor(sizes).cumsum(0).int()
@@ -107,7 +108,7 @@ def test_grouped_linear_computes_its_definition(activation):
         y.backward(g)
     want_y, want_g_acc, end = _forward_definition(layer, x.detach(), offsets, g)
     torch.testing.assert_close(y[:end].double(), want_y, rtol=2**-7, atol=1e-5)  # one bf16 rounding
-    derived = [v for k, v in seen.outputs.items() if "bwd_recompute" in k]
+    derived = [v for k, v in seen.outputs.items() if "_dacc" in k]
     g_acc = derived[0][:end] if derived else g[:end]
     assert len(derived) == (activation is not None)
     torch.testing.assert_close(g_acc.double(), want_g_acc, rtol=2**-7, atol=1e-5)
@@ -208,8 +209,8 @@ def test_it_is_a_drop_in_for_the_bf16_layer_and_refuses_by_name():
     y = layer(x, offsets)
     assert y.dtype == torch.bfloat16 and y.shape == (x.shape[0], 160) and y.is_contiguous()
     assert "precision=Float8Blockwise()" in repr(layer)
-    with pytest.raises(InvalidArgument, match=r"precision=Float8Tensorwise\(\) has no grouped kernels yet"):
-        gg.nn.GroupedLinear(4, 144, 160, precision=Float8Tensorwise())
+    with pytest.raises(InvalidArgument, match=r"precision=MXFP8\(\) has no grouped kernels yet"):
+        gg.nn.GroupedLinear(4, 144, 160, precision=MXFP8())
     with pytest.raises(InvalidArgument, match="in_features = 104 is not a multiple of 16"):
         gg.nn.GroupedLinear(4, 104, 160, precision=Float8Blockwise())
     with pytest.raises(gg.ReadOnlyOption if hasattr(gg, "ReadOnlyOption") else Exception, match="read-only"):
@@ -242,17 +243,21 @@ class _Calls(TorchDispatchMode):
         return out
 
 
+@pytest.mark.parametrize("precision", [Float8Blockwise(), Float8Tensorwise()], ids=repr)
 @pytest.mark.parametrize("arch", [gg.Arch.SM90A, gg.Arch.SM100A])
-def test_each_kernel_of_the_step_computes_its_call_through_its_tensor_maps(arch):
+def test_each_kernel_of_the_step_computes_its_call_through_its_tensor_maps(arch, precision):
     """The step's four kernels (SwiGLU: fprop, the derived dL/dacc, dgrad, the K-grouped wgrad),
     rendered for `arch` and emulated on the very arguments the step passed their ops (its quantized
-    operands, scales, offsets): each equals the op's output (the recipe's reference)."""
+    operands, scales, offsets; Float8Tensorwise's per-tensor scales read at each group: the weights'
+    one per expert): each equals the op's output (the recipe's reference)."""
     from gemmgen.testing.checks import uncompiled
     from gemmgen.testing.emulate import emulate_grouped
     from gemmgen.testing.grouped import cpu_grouped_kernel
     from tests.runtime.test_k_grouped import zero_buffer
 
-    layer, x, offsets = _layer("swiglu")
+    layer, x, offsets = _layer("swiglu", precision=precision)
+    with torch.no_grad():  # experts of unlike sizes: a per-tensor scale read at the wrong group is seen
+        layer.weight.mul_(torch.arange(1.0, len(SIZES) + 1).reshape(-1, 1, 1))
     gemms = layer.low_precision_gemms
     recipes = {c.recipe.name: c.recipe for c in (gemms.fprop, gemms.dacc, gemms.dgrad, gemms.wgrad) if c is not None}
     with _Calls() as seen:
