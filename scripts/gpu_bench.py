@@ -444,18 +444,20 @@ def _low_precision_row(activation: str, shape: tuple[int, int, int, int], reps: 
 
 def _experts_training_row(shape: tuple[int, int, int, int], reps: int) -> None:
     """One experts layer's training step (forward + backward: dx and dW), SwiGLU without biases:
-    `torch._grouped_mm` and its autograd, gemmgen's GroupedLinear in bf16 and in Float8Blockwise
-    (the same bf16 weights); median of `reps` CUDA-event timings of whole steps, inputs rotated
-    through more than L2; each way's output and gradients against the experts in fp32 first
-    (>= 20 dB: a wrong fast step is no result)."""
+    `torch._grouped_mm` and its autograd, gemmgen's GroupedLinear in bf16, Float8Blockwise and
+    Float8Tensorwise (the same bf16 weights); median of `reps` CUDA-event timings of whole steps,
+    inputs rotated through more than L2; each way's output and gradients against the experts in
+    fp32 first (>= 20 dB: a wrong fast step is no result)."""
     import gemmgen as gg
 
     rows, experts, n_in, n_out = shape
     torch.manual_seed(0)
     bf16 = gg.nn.GroupedLinear(experts, n_in, n_out, bias=False, activation="swiglu", device="cuda")
-    low = gg.nn.GroupedLinear(experts, n_in, n_out, bias=False, activation="swiglu", device="cuda",
-                              precision=gg.training.Float8Blockwise())
+    low, tensorwise = (gg.nn.GroupedLinear(experts, n_in, n_out, bias=False, activation="swiglu", device="cuda",
+                                           precision=p)
+                       for p in (gg.training.Float8Blockwise(), gg.training.Float8Tensorwise()))
     low.load_state_dict(bf16.state_dict())
+    tensorwise.load_state_dict(bf16.state_dict())
     weight = bf16.weight.detach().clone().requires_grad_()  # torch's: (E, 2 x out, in), gate and up interleaved
 
     def grouped_mm(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -477,7 +479,8 @@ def _experts_training_row(shape: tuple[int, int, int, int], reps: int) -> None:
     y32 = torch.cat(pieces)
     want = [*torch.autograd.grad(y32, [x32, w32], g.float()), y32.detach()]
     ways: dict[str, tuple[Any, torch.Tensor]] = {"_grouped_mm": (grouped_mm, weight), "bf16": (bf16, bf16.weight),
-                                                "Float8Blockwise": (low, low.weight)}
+                                                "Float8Blockwise": (low, low.weight),
+                                                "Float8Tensorwise": (tensorwise, tensorwise.weight)}
     for name, (layer, w) in ways.items():
         y = layer(x, offsets)
         got = [*torch.autograd.grad(y, [x, w], g), y.detach()]
@@ -500,7 +503,8 @@ def _experts_training_row(shape: tuple[int, int, int, int], reps: int) -> None:
 
     t = {name: timed(layer, w) for name, (layer, w) in ways.items()}
     print(f"{rows},{experts},{n_in},{n_out} | {t['_grouped_mm']:.3f} | {t['bf16']:.3f} | {t['Float8Blockwise']:.3f} | "
-          f"{t['_grouped_mm'] / t['Float8Blockwise']:.2f} | {t['bf16'] / t['Float8Blockwise']:.2f}", flush=True)
+          f"{t['Float8Tensorwise']:.3f} | {t['_grouped_mm'] / t['Float8Blockwise']:.2f} | "
+          f"{t['bf16'] / t['Float8Blockwise']:.2f} | {t['bf16'] / t['Float8Tensorwise']:.2f}", flush=True)
 
 
 def _timed(fn, sets, reps: int) -> float | None:
@@ -624,8 +628,10 @@ def main() -> int:
         from tests.data.gpu_matrix import TRAINING_BENCH_EXPERTS
 
         print("# Experts (SwiGLU, no biases, tokens spread evenly): torch._grouped_mm with its autograd, gemmgen's "
-              "GroupedLinear in bf16 and in Float8Blockwise; each checked against the fp32 experts (>= 20 dB) first")
-        print("rows,experts,in,out | _grouped_mm ms | bf16 ms | Float8Blockwise ms | _grouped_mm/fp8 | bf16/fp8")
+              "GroupedLinear in bf16, Float8Blockwise and Float8Tensorwise; each checked against the fp32 experts "
+              "(>= 20 dB) first")
+        print("rows,experts,in,out | _grouped_mm ms | bf16 ms | Float8Blockwise ms | Float8Tensorwise ms | "
+              "_grouped_mm/blockwise | bf16/blockwise | bf16/tensorwise")
         _experts_training_row(TRAINING_BENCH_EXPERTS, args.reps)
         return 0
     recipes = load_recipes(ROOT / "examples" / "recipes.py")

@@ -203,7 +203,7 @@ def parallel_plan(spec: ModelSpec, plan: ParallelPlan, gemms: list[GemmAnalysis]
 
 def torch_gemms(spec: ModelSpec, plan: ParallelPlan, gemms: list[GemmAnalysis]) -> list[Finding]:
     """GEMMs of the step that leave gemmgen (bf16 dgrad and wgrad unless the layer's backward fuses
-    them; the experts' dx and dW until issue 58): their share of the step's FLOPs."""
+    them): their share of the step's FLOPs."""
     total = sum(a.flops * a.repeats for a in gemms)
     left = [a for a in gemms if a.config is None]
     flops = sum(a.flops * a.repeats for a in left)
@@ -213,21 +213,20 @@ def torch_gemms(spec: ModelSpec, plan: ParallelPlan, gemms: list[GemmAnalysis]) 
     if any(a.gemm.groups == 1 for a in left):
         fixes.append("accumulate_grad=True moves the bf16 weight gradients into gemmgen kernels, a low-precision "
                      "precision= dgrad and wgrad too")
-    if any(a.gemm.groups > 1 for a in left):
-        fixes.append("the experts' dx and dW (torch._grouped_mm) have no gemmgen kernel yet (issue 58)")
     return [Finding("gemms-outside-gemmgen", "step", f"{len(left)} of the step's {len(gemms)} GEMMs "
                     f"({flops / total:.0%} of its FLOPs) run in torch (cuBLAS); the table lists them", 0,
                     "; ".join(fixes))]
 
 
 def precision_coverage(spec: ModelSpec, plan: ParallelPlan, gemms: list[GemmAnalysis]) -> list[Finding]:
-    """Layers a low-precision step leaves in bf16: GroupedLinear takes no precision= yet (issue 58)."""
+    """Layers a low-precision step leaves in bf16 where the precision has no kernel for them (MXFP8's
+    experts); the MoE router stays bf16 by design, as Transformer Engine and DeepSeek-V3 keep it."""
     if not any(a.kind == "fp8" for a in gemms):
         return []
-    left = sorted({a.gemm.layer for a in gemms if a.config is not None and a.kind == "bf16"})
+    left = sorted({a.gemm.layer for a in gemms if a.config is not None and a.kind == "bf16"} - {"moe.router"})
     return [Finding("precision-coverage", ", ".join(left), f"{len(left)} layer(s) run bf16 kernels in the "
-                    "low-precision step: GroupedLinear and the router take no precision= yet", 0,
-                    "none in gemmgen yet for the experts (issue 58); the router stays bf16 by design")] if left else []
+                    "low-precision step: the precision has no kernels for them yet", 0,
+                    "--precision fp8-blockwise or fp8-tensorwise runs the experts in fp8")] if left else []
 
 
 RULES: tuple[Callable[[ModelSpec, ParallelPlan, list[GemmAnalysis]], list[Finding]], ...] = (

@@ -230,13 +230,14 @@ def rank_layers(spec: ModelSpec, plan: ParallelPlan, tokens: int, precision: Any
         local = spec.experts // plan.ep
         rows = t * spec.experts_per_token  # balanced: the EP group's tokens x top-k over its experts
         ffn = spec.moe_intermediate // tp
+        experts = precision if precision is not None and precision.grouped else None  # what fuse gives them
         out += [RankLayer("moe.router", FusedLinear(spec.hidden, spec.experts, bias=False, device="meta",
                                                      dtype=torch.bfloat16), spec.moe_layers, t),
                 RankLayer("moe.experts.up", GroupedLinear(local, spec.hidden, ffn, bias=False,
                                                           activation=spec.activation if spec.gated else None,
-                                                          device="meta"), spec.moe_layers, rows),
-                RankLayer("moe.experts.down", GroupedLinear(local, ffn, spec.hidden, bias=False, device="meta"),
-                          spec.moe_layers, rows)]
+                                                          device="meta", precision=experts), spec.moe_layers, rows),
+                RankLayer("moe.experts.down", GroupedLinear(local, ffn, spec.hidden, bias=False, device="meta",
+                                                            precision=experts), spec.moe_layers, rows)]
         if spec.shared_experts:
             out += mlp("moe.shared", spec.hidden, spec.moe_intermediate * spec.shared_experts // tp, spec.activation,
                        spec.moe_layers)

@@ -341,8 +341,8 @@ def training_launches() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
             for activation, bias in (("gelu", True), ("swiglu", False)):
                 low = gg.nn.FusedMLP(n_in, hidden, n_out, activation, bias=bias, precision=precision, device="meta")
                 out += gg.nn.model_launches(low, tokens=(), training_tokens=(tokens,))
-    rows, experts, n_in, n_out = TRAINING_BENCH_EXPERTS  # ...its experts layer, bf16 and Float8Blockwise
-    for expert_precision in (None, blockwise):
+    rows, experts, n_in, n_out = TRAINING_BENCH_EXPERTS  # ...its experts layer, bf16 and both fp8 precisions
+    for expert_precision in (None, *GROUPED_PRECISIONS):
         layer = gg.nn.GroupedLinear(experts, n_in, n_out, bias=False, activation="swiglu", device="meta",
                                     precision=expert_precision)
         out += [layer.launches(rows), *layer.backward_launches(rows)]
