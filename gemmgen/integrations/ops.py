@@ -243,9 +243,9 @@ def _realigned(recipe: RecipeIR, refused: LayoutMismatch, a: torch.Tensor, b: to
         layout = g.scale_layouts[refused.argument == "scale_b"]
         copy = copy_in_layout(args[i], layout, 1) if g.grouped else tma_readable(args[i], layout)  # unpadded
     else:  # every other operand: an M x N matrix in D's layout, a vector per batch row-major, a
-        # column vector (one entry per row of A: the masked layout's is (groups, max_m)) contiguous
+        # grouped column vector (one entry per row of A: the masked layout's is (groups, max_m)) contiguous
         kind = next(o.kind for o in recipe.operands if o.name == refused.argument)
-        copy = args[i].contiguous() if kind is OperandKind.COL else \
+        copy = args[i].contiguous() if kind is OperandKind.COL and g.grouped else \
             tma_readable(args[i], g.layout_d if kind is OperandKind.MATRIX else Layout.ROW)
     return a, b, (*args[:i], copy, *args[i + 1:])
 

@@ -83,42 +83,48 @@ class Float8Tensorwise(Precision):
                                 **declarations(ir.operands)}
 
     def quantizing(self, recipe: Recipe, gemm: Gemm, name: str) -> Recipe | None:
-        """Delayed scaling: D rounded to its type, divided by its tensor's delayed scale (the
-        operand `scale_d`, from the tensor's amax history) and stored in the fp8 type the next
-        GEMMs read it in (e4m3 for an activation, e5m2 for a gradient), with its amax (`d_amax`:
-        max |D| over the tensor, NaNs skipped) for the history; bit for bit `quantize` of the
-        rounded D, whose weight-gradient copy is the same values transposed. None for current
-        scaling (its scale needs the whole tensor's amax before the first value is stored),
-        under `save_original_input` and over column pairs: the layer quantizes with torch."""
+        """D rounded to its type with its amax (`d_amax`: max |D| over the tensor, NaNs skipped).
+        Delayed scaling: D divided by its tensor's delayed scale (the operand `scale_d`, from the
+        tensor's amax history) and stored in the fp8 type the next GEMMs read it in (e4m3 for an
+        activation, e5m2 for a gradient), the amax for the history. Current scaling: the scale
+        needs the whole tensor's amax before the first value is stored, so D stays 16-bit and
+        `quantized` quantizes it from the kernel's amax (one read of D fewer than torch's amax
+        and quantize). Either way bit for bit `quantize` of the rounded D, whose weight-gradient
+        copy is the same values transposed. None under `save_original_input` and over column
+        pairs: the layer quantizes with torch."""
         ir = recipe.ir.epilogue
-        if not self.delayed or self.save_original_input or ir.pairs:
+        if self.save_original_input or ir.pairs:
             return None
         fn, operands = self.epilogue(ir)
-        rounded_to = recipe.ir.gemm.d
+        rounded_to, delayed = recipe.ir.gemm.d, self.delayed
 
-        def epilogue(acc: Any, scale_d: Any, **values: Any) -> dict[str, Any]:
+        def epilogue(acc: Any, **values: Any) -> dict[str, Any]:
+            scale_d = values.pop("scale_d", None)
             out = fn(acc, **values)
             d = cast(out.pop("d"), rounded_to)
-            return {"d": d / scale_d, "d_amax": amax(d), **out}
+            return {"d": d / scale_d if delayed else d, "d_amax": amax(d), **out}
 
         signature = inspect.signature(fn)
-        params = [*signature.parameters.values(), inspect.Parameter("scale_d", inspect.Parameter.KEYWORD_ONLY)]
+        params = [*signature.parameters.values(),
+                  *([inspect.Parameter("scale_d", inspect.Parameter.KEYWORD_ONLY)] if delayed else [])]
         epilogue.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
         a, b = self.dtypes(gemm)
         aux = {"d_amax": DType.F32, **{o.name: o.dtype for o in recipe.outputs[1:]}}
-        return Recipe(name, epilogue, a=a, b=b, d=a, layout_a=Layout.ROW, layout_b=Layout.COL,
-                      operands={**operands, "scale_d": Scalar(tensor=True)}, aux=aux)
+        return Recipe(name, epilogue, a=a, b=b, d=a if delayed else rounded_to, layout_a=Layout.ROW,
+                      layout_b=Layout.COL, aux=aux,
+                      operands={**operands, **({"scale_d": Scalar(tensor=True)} if delayed else {})})
 
     def quantizing_operands(self, gemm: Gemm, history: AmaxHistory | None, device: torch.device
                             ) -> dict[str, torch.Tensor]:
-        assert history is not None, "delayed scaling keeps a history per tensor"
-        return {"scale_d": history.scale(self.dtypes(gemm)[0], device)}
+        return {"scale_d": history.scale(self.dtypes(gemm)[0], device)} if history is not None else {}
 
     def quantized(self, outs: dict[str, torch.Tensor], gemm: Gemm, operands: dict[str, torch.Tensor],
                   history: AmaxHistory | None) -> tuple[Operand, Operand | torch.Tensor]:
-        assert history is not None, "delayed scaling keeps a history per tensor"
-        history.add(outs["d_amax"])
-        d, scale = outs["d"], operands["scale_d"]
+        if history is not None:  # delayed: D came quantized, its amax goes into the history
+            history.add(outs["d_amax"])
+            d, scale = outs["d"], operands["scale_d"]
+        else:  # current: D quantized here, its scale from the kernel's amax
+            d, scale = self.quantize(outs["d"], self.dtypes(gemm)[0], amax=outs["d_amax"])
         if gemm is Gemm.FPROP:  # the next wgrad's B: K x N, K-major (a column-major view)
             return Operand(d, scale), Operand(d.t().contiguous().t(), scale)
         return Operand(d, scale), Operand(d.t().contiguous(), scale)  # this layer's wgrad A
@@ -128,17 +134,20 @@ class Float8Tensorwise(Precision):
             return None
         return AmaxHistory(self.amax_history_len, AmaxAlgorithm(self.amax_compute_algo), self.margin)
 
-    def quantize(self, t: torch.Tensor, dtype: DType, history: AmaxHistory | None = None, per: int = 0
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def quantize(self, t: torch.Tensor, dtype: DType, history: AmaxHistory | None = None, per: int = 0,
+                 amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(q, scale): `t` in fp8 `dtype` with t's shape, and its fp32 scale (1,) (a value is
         stored as value / scale, saturating): the recipe's one quantizer. Current scaling: the
-        scale is t's amax over dtype's largest value (1 for zeros or a NaN); delayed: `history`'s.
-        `per` leading dimensions are tensors of their own (experts: 1), a scale each (t.shape[:per])."""
+        scale is t's amax (or the given one, an epilogue's) over dtype's largest value (1 for zeros
+        or a NaN); delayed: `history`'s. `per` leading dimensions are tensors of their own
+        (experts: 1), a scale each (t.shape[:per])."""
         if history is not None:
             scale = history.record(t, dtype, per)
         else:
-            detached = t.detach().abs()
-            amax = (detached.amax(dim=tuple(range(per, t.dim()))) if per else detached.amax().reshape(1)).float()
+            if amax is None:
+                detached = t.detach().abs()
+                amax = detached.amax(dim=tuple(range(per, t.dim()))) if per else detached.amax().reshape(1)
+            amax = amax.float().reshape(t.shape[:per] or (1,))
             scale = (amax / FP8_MAX[dtype]).where(amax > 0, 1.0)
         q = t.new_empty(t.shape, dtype=dtype.torch)
         spread = scale.reshape(*scale.shape, *[1] * (t.dim() - per)) if per else scale  # over each one's values

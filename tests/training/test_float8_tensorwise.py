@@ -205,19 +205,21 @@ def test_what_it_cannot_take_is_refused_by_name(monkeypatch):
         layer._weights.get(layer.weight, layer._gemms)
 
 
-def test_delayed_mlps_h_and_gradient_come_quantized_from_its_epilogues(monkeypatch):
-    """Float8Tensorwise(scaling="delayed")'s FusedMLP (issue 57 item 2): fc1's kernel writes h, and
-    fc2's dgrad kernel dL/dacc1, rounded to bf16, divided by their delayed scales (from the
-    histories) and stored in e4m3 and e5m2, with each tensor's amax for its history. Over three
-    steps (the weights changed in place between them, so the histories advance and the scales
-    leave 1), the outputs, every gradient and every history's amaxes are bit-equal to the steps
-    whose torch ops quantize the bf16 h and dL/dacc1 (fused equals unfused), at 200 tokens; each
-    step runs 4 torch quantizations fewer (h's and dL/dacc1's two each; X's and dY's two each and
-    the weights', once per step, remain: 6)."""
+@pytest.mark.parametrize(("scaling", "fewer"), [("delayed", 4), ("current", 4)])
+def test_mlps_h_and_gradient_come_from_its_epilogues_with_their_amax(monkeypatch, scaling, fewer):
+    """Float8Tensorwise's FusedMLP (issue 57 item 2): fc1's kernel writes h, and fc2's dgrad kernel
+    dL/dacc1, rounded to bf16 with each tensor's amax. Delayed: divided by their delayed scales
+    (from the histories) and stored in e4m3 and e5m2, the amaxes for the histories. Current: kept
+    16-bit (the scale needs the whole tensor's amax first) and quantized by torch from the
+    kernel's amax, one read of each fewer. Over three steps (the weights changed in place between
+    them, so the histories advance and the scales leave 1), the outputs, every gradient and every
+    history's amaxes are bit-equal to the steps whose torch ops quantize the bf16 h and dL/dacc1
+    (fused equals unfused), at 200 tokens; each step runs 4 torch amax reductions fewer (h's and
+    dL/dacc1's, two each)."""
     from gemmgen.nn import low_precision
     from tests.nn.dispatched import DispatchedOps
 
-    precision = Float8Tensorwise(scaling="delayed")
+    precision = Float8Tensorwise(scaling=scaling)
     runs = []
     for fused in (True, False):
         low_precision.mlp_gemms.cache_clear()
@@ -236,8 +238,8 @@ def test_delayed_mlps_h_and_gradient_come_quantized_from_its_epilogues(monkeypat
             with torch.no_grad():
                 for p in low.parameters():
                     p.mul_(0.5 + step)  # an optimizer step: in place, so the histories advance
-        histories = [(c.history(n, precision).amaxes, c.history(n, precision).amax)
-                     for c in low._weights for n in ("input", "weight", "grad")]
+        histories = [(h.amaxes, h.amax) for c in low._weights for n in ("input", "weight", "grad")
+                     if (h := c.history(n, precision)) is not None]
         runs.append((steps, amax_ops, histories))
     monkeypatch.undo()
     low_precision.mlp_gemms.cache_clear()
@@ -245,24 +247,28 @@ def test_delayed_mlps_h_and_gradient_come_quantized_from_its_epilogues(monkeypat
     for (y, gx, grads), (y0, gx0, grads0) in zip(steps, steps0, strict=True):
         assert torch.equal(y, y0) and torch.equal(gx, gx0)
         assert grads.keys() == grads0.keys() and all(torch.equal(grads[n], grads0[n]) for n in grads)
+    assert len(fused_h) == (6 if scaling == "delayed" else 0)
     for (amaxes, amax), (amaxes0, amax0) in zip(fused_h, unfused_h, strict=True):
         assert torch.equal(amaxes, amaxes0) and torch.equal(amax, amax0)
         assert amax.isfinite().all(), "a history never advanced: the steps quantized with scale 1 only"
-    assert [u - f for f, u in zip(fused_amax, unfused_amax, strict=True)] == [4, 4, 4], (fused_amax, unfused_amax)
+    assert [u - f for f, u in zip(fused_amax, unfused_amax, strict=True)] == [fewer] * 3, (fused_amax, unfused_amax)
 
 
-def test_the_delayed_quantizing_kernels_compute_their_recipes():
-    """fc1's forward (e4m3 x e4m3 -> h in e4m3, its amax and the saved accumulator) and fc2's dgrad
-    (e5m2 x e4m3 -> dL/dacc1 in e5m2, its amax and the bias gradient), emulated through the Params
-    and tensor maps gemmgen builds against their recipes' references, on a partial last tile, M = 1
-    and a K tail; current scaling has no such kernels (its scale needs the whole tensor first)."""
+@pytest.mark.parametrize("scaling", ["delayed", "current"])
+def test_the_quantizing_kernels_compute_their_recipes(scaling):
+    """fc1's forward (e4m3 x e4m3 -> h, its amax and the saved accumulator) and fc2's dgrad (e5m2 x
+    e4m3 -> dL/dacc1, its amax and the bias gradient), h and dL/dacc1 in e4m3 and e5m2 (delayed) or
+    bf16 (current), emulated through the Params and tensor maps gemmgen builds against their
+    recipes' references, on a partial last tile, M = 1 and a K tail."""
     from gemmgen.testing.checks import assert_computes, uncompiled
 
     fc1 = gg.Recipe("fc1", lambda acc, bias: gg.gelu(acc + bias), operands={"bias": gg.RowVector(gg.bf16)})
-    assert Float8Tensorwise().quantizing_backward(fc1) is None
-    backward = Float8Tensorwise(scaling="delayed").quantizing_backward(fc1)
+    assert Float8Tensorwise(save_original_input=True).quantizing_backward(fc1) is None
+    backward = Float8Tensorwise(scaling=scaling).quantizing_backward(fc1)
     assert backward is not None
-    for recipe, d in ((backward.forward, gg.e4m3), (backward.kernel, gg.e5m2)):
+    delayed = scaling == "delayed"
+    types = (gg.e4m3, gg.e5m2) if delayed else (gg.bf16, gg.bf16)
+    for recipe, d in zip((backward.forward, backward.kernel), types, strict=True):
         assert recipe.ir.gemm.d == d and "d_amax" in {o.name for o in recipe.outputs}
         ck = uncompiled(recipe, recipe.default_config())
         for shape in ((200, 272, 256, 1), (1, 128, 128, 1), (129, 136, 200, 1)):
