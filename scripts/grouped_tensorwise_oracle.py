@@ -14,8 +14,6 @@ emulation against the recipe's reference.
 from __future__ import annotations
 
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -30,7 +28,7 @@ def main() -> int:
     from gemmgen.ir.reference import reference
     from gemmgen.testing.emulate import emulate_grouped
     from gemmgen.testing.grouped import cpu_grouped_kernel, params_field
-    from gemmgen.testing.oracle import OracleProgram, build_all
+    from gemmgen.testing.oracle import oracle_by_hand
     from gemmgen.training import Gemm
     from tests.runtime.test_grouped_oracle import _matches_cutlass, _oracle_values
     from tests.runtime.test_k_grouped import zero_buffer
@@ -52,14 +50,7 @@ def main() -> int:
               torch.full((len(SIZES), 512, 512), float("nan")).bfloat16())]
     for recipe, (a, b, offs), scales, out in calls:
         ck = recipe.build(recipe.default_config(gg.Arch.SM90A))
-        r = ck.report
-        print(f"{r.name} {r.config}: {r.registers} registers, {r.local_bytes} local, {r.stack_bytes} stack, "
-              f"SASS {r.sass}")
-        build = Path(tempfile.mkdtemp(prefix="grouped_tensorwise_oracle-"))
-        start = time.perf_counter()
-        oracle = OracleProgram(ck.generated, build)
-        build_all([oracle], build)
-        print(f"oracle built in {time.perf_counter() - start:.1f} s")
+        oracle = oracle_by_hand(ck, "grouped_tensorwise_oracle")
         kernel = cpu_grouped_kernel(ck, 132, 0)
         p = kernel.prepare(a, b, offs, **scales, out=out)
         field = params_field(ck, p.params)

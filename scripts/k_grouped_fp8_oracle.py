@@ -11,8 +11,6 @@ shared memory against the oracle's, then the compiled kernel's emulation against
 from __future__ import annotations
 
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -25,20 +23,14 @@ def main() -> int:
     import gemmgen as gg
     from gemmgen.testing.emulate import emulate_grouped
     from gemmgen.testing.grouped import cpu_grouped_kernel, params_field
-    from gemmgen.testing.oracle import OracleProgram, build_all
+    from gemmgen.testing.oracle import oracle_by_hand
     from tests.data.gpu_matrix import k_grouped_fp8_recipe
     from tests.runtime.test_grouped_oracle import _matches_cutlass, _oracle_values
     from tests.runtime.test_k_grouped import FP8_SIZES, _fp8_inputs, zero_buffer
 
     recipe = k_grouped_fp8_recipe()
     ck = recipe.build(recipe.default_config(gg.Arch.SM90A))
-    print(f"{ck.report.name} {ck.report.config}: {ck.report.registers} registers, {ck.report.local_bytes} local, "
-          f"SASS {ck.report.sass}")
-    build = Path(tempfile.mkdtemp(prefix="k_grouped_fp8_oracle-"))
-    start = time.perf_counter()
-    oracle = OracleProgram(ck.generated, build)
-    build_all([oracle], build)
-    print(f"oracle built in {time.perf_counter() - start:.1f} s")
+    oracle = oracle_by_hand(ck, "k_grouped_fp8_oracle")
     kernel = cpu_grouped_kernel(ck, 132, 0)
     a, b, offsets, scale_a, scale_b, main_grad, want = _fp8_inputs()
     out = torch.full((len(FP8_SIZES), 136, 72), float("nan"))

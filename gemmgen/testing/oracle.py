@@ -18,6 +18,8 @@ import os
 import shutil
 import struct
 import subprocess
+import tempfile
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -434,6 +436,20 @@ def _shares(programs: list[OracleProgram], workers: int) -> list[list[OracleProg
     for p in programs:
         by_arch.setdefault(p.kernel.arch.value, []).append(p)
     return [group[i::workers] for group in by_arch.values() for i in range(workers) if group[i::workers]]
+
+
+def oracle_by_hand(compiled: Any, prefix: str) -> OracleProgram:
+    """A compiled kernel's oracle program built in a fresh temporary folder, for the scripts that
+    check a kernel by hand (scripts/*_oracle.py): prints the kernel's report line and the build's
+    seconds."""
+    r = compiled.report
+    print(f"{r.name} {r.config}: {r.registers} registers, {r.local_bytes} local, {r.stack_bytes} stack, SASS {r.sass}")
+    build = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
+    start = time.perf_counter()
+    oracle = OracleProgram(compiled.generated, build)
+    build_all([oracle], build)
+    print(f"oracle built in {time.perf_counter() - start:.1f} s")
+    return oracle
 
 
 def build_all(programs: list[OracleProgram], build_dir: Path, workers: int = 2) -> None:
