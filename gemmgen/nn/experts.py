@@ -98,7 +98,8 @@ class GroupedExperts(GroupedOps):
         """A GroupedExperts sharing `experts`' parameters (no copy, the same names), which must be
         `gate_up_proj` and `down_proj` as the class docstring describes (and the biases if it has
         them); `activation` ("swiglu" or "geglu") is what it applies to gate and up; `precision`
-        (`gemmgen.training.Float8Blockwise()`) trains both projections in fp8, as GroupedLinear."""
+        (`gemmgen.training.Float8Blockwise()` or `Float8Tensorwise()`) trains both projections in
+        fp8, as GroupedLinear."""
         if activation not in GATED:
             raise InvalidArgument(f"activation: expected one of {sorted(GATED)} (act(gate) * up), got {activation!r}")
         check_compute_dtype(compute_dtype)

@@ -63,7 +63,7 @@ def check_grouped_precision(value: object, in_features: int, weight_rows: int, a
     precision = check_precision(value, in_features, weight_rows, activation, where)
     if precision is not None and not precision.grouped:
         raise InvalidArgument(f"{where}: precision={precision} has no grouped kernels yet; use "
-                              "gemmgen.training.Float8Blockwise() or leave precision= out")
+                              "gemmgen.training.Float8Blockwise() or Float8Tensorwise(), or leave precision= out")
     return precision
 
 
@@ -168,9 +168,10 @@ class GroupedLinear(GroupedLaunches, GroupedOps):
     otherwise an input of another dtype is an error. With fp32 or fp64 parameters (`.float()`),
     for which gemmgen has no kernel, it says so once and computes each expert's rows with torch
     ops (reading the offsets on the host). The output is contiguous (`base.dense_output`). With
-    `precision=gemmgen.training.Float8Blockwise()` every GEMM of its step is an fp8 gemmgen kernel,
-    the weight gradient a K-grouped one over each expert's tokens, none padded
-    (`nn.low_precision_grouped`); the parameters stay bf16 or fp32. `num_experts`, `in_features`,
+    `precision=gemmgen.training.Float8Blockwise()` or `Float8Tensorwise()` every GEMM of its step
+    is an fp8 gemmgen kernel, the weight gradient a K-grouped one over each expert's tokens, none
+    padded (`nn.low_precision_grouped`); the parameters stay bf16 or fp32. `forward(x, masked_m=)`
+    takes DeepGEMM's masked layout (16-bit experts). `num_experts`, `in_features`,
     `out_features`, `activation` and `precision` are read-only."""
 
     weight: torch.Tensor

@@ -13,7 +13,9 @@ backward); dY (and dL/dacc1 in the MLP) per token for dgrad and along the tokens
 128 x 128 blocks for both of its GEMMs, once per optimizer step (`WeightCache`). The quantizing
 copies of X and dY run as torch ops; in a FusedMLP under Float8Blockwise, fc1's kernel writes h
 and fc2's dgrad kernel writes dL/dacc1 quantized both ways from their epilogues
-(`Precision.quantizing_backward`: gg.quantize and gg.quantize_columns; docs/design/training.md).
+(`Precision.quantizing_backward`: gg.quantize and gg.quantize_columns; docs/design/training.md);
+under Float8Tensorwise they write them quantized with the delayed scale, or (current scaling)
+16-bit with their amax, from which one torch pass quantizes both copies.
 """
 
 from __future__ import annotations
