@@ -36,6 +36,10 @@ def f32_bits(value: float) -> int:
     return struct.unpack("<I", struct.pack("<f", f32(value)))[0]
 
 
+#: Where a K-grouped fp8 GEMM's groups start in its operands: a multiple of 16 tokens (`GemmSpec.token_align`).
+K_GROUPED_TOKEN_ALIGN = 16
+
+
 @dataclass(frozen=True)
 class Node:
     """One value in the epilogue. `args` index earlier nodes of the same IR."""
@@ -267,7 +271,7 @@ class GemmSpec:
         zeros between the groups (`reference.k_grouped_token_column`). No token is padded into a
         block: each group's partial K tile is masked by its extent, and its 128-token scale blocks
         start at its first token."""
-        return 16 if self.k_grouped and self.fp8 else 0
+        return K_GROUPED_TOKEN_ALIGN if self.k_grouped and self.fp8 else 0
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ import torch
 
 from ..errors import InvalidArgument
 from ..ir import GemmSpec, microscaling
+from ..ir.graph import K_GROUPED_TOKEN_ALIGN
 from ..ir.microscaling import E2M1_MAX, UE8M0_BIAS, grouped_blocked_rows, scale_columns, to_blocked
 from ..ir.ops import FP8_MAX, power_of_two_above, quantize_blocks, round_to
 from ..ir.reference import k_grouped_scale_blocks, k_grouped_tokens, k_grouped_width
@@ -171,13 +172,13 @@ def quantize_k_grouped(x: torch.Tensor, offsets: torch.Tensor, dtype: DType | st
     dt = as_dtype(dtype, "dtype")
     if dt not in FP8_MAX:
         raise InvalidArgument(f"dtype: expected gg.e4m3 or gg.e5m2, got {dt.value}")
-    tokens, columns = _check_k_grouped(x, offsets, "a floating-point")
+    tokens, columns = _check_k_grouped(x, offsets, fp8=False)
     groups, block = offsets.numel(), 128
     t, group, first, column = _token_columns(offsets, tokens)
     row = group + first // block + (t - first) // block  # reference.k_grouped_scale_block
-    width = k_grouped_width(tokens, groups, K_GROUPED_ALIGN)
-    amax = x.new_zeros((k_grouped_scale_blocks(k_grouped_tokens(width, groups, K_GROUPED_ALIGN), groups), columns),
-                       dtype=torch.float32)
+    width = k_grouped_width(tokens, groups, K_GROUPED_TOKEN_ALIGN)
+    blocks = k_grouped_scale_blocks(k_grouped_tokens(width, groups, K_GROUPED_TOKEN_ALIGN), groups)
+    amax = x.new_zeros((blocks, columns), dtype=torch.float32)
     amax.scatter_reduce_(0, row[:, None].expand(-1, columns), x[t].float().abs(), "amax")
     scales = (amax / FP8_MAX[dt]).where(amax > 0, 1.0)
     if power_of_two:
@@ -187,28 +188,25 @@ def quantize_k_grouped(x: torch.Tensor, offsets: torch.Tensor, dtype: DType | st
     return copy, scales
 
 
-#: Where a K-grouped fp8 GEMM's groups start in its copies: a multiple of 16 tokens (`GemmSpec.token_align`).
-K_GROUPED_ALIGN = 16
-
-
 def k_grouped_copy(q: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """An fp8 (T, C) tensor already quantized (one scale per tensor: the values need no other) as a
     K-grouped fp8 GEMM's operand: `quantize_k_grouped`'s (C, T') tokens-contiguous copy, each group's
     tokens aligned, zeros around them."""
-    tokens, columns = _check_k_grouped(q, offsets, "an fp8")
+    tokens, columns = _check_k_grouped(q, offsets, fp8=True)
     t, _, _, column = _token_columns(offsets, tokens)
-    copy = torch.zeros((columns, k_grouped_width(tokens, offsets.numel(), K_GROUPED_ALIGN)), dtype=q.dtype,
+    copy = torch.zeros((columns, k_grouped_width(tokens, offsets.numel(), K_GROUPED_TOKEN_ALIGN)), dtype=q.dtype,
                        device=q.device)
     copy.view(torch.uint8)[:, column] = q.view(torch.uint8)[t].t()
     return copy
 
 
-def _check_k_grouped(x: object, offsets: object, what: str) -> tuple[int, int]:
-    """(tokens, columns) of a tensor to lay out for a K-grouped GEMM, and its offsets, checked."""
-    fp8 = what == "an fp8"
+def _check_k_grouped(x: object, offsets: object, fp8: bool) -> tuple[int, int]:
+    """(tokens, columns) of a tensor to lay out for a K-grouped GEMM (`fp8`: already quantized), and
+    its offsets, checked."""
     if not (isinstance(x, torch.Tensor) and x.dim() == 2 and x.is_floating_point()
             and (x.element_size() == 1) == fp8):
-        raise InvalidArgument(f"x: expected {what} (tokens, columns) tensor, got {x!r:.80}")
+        raise InvalidArgument(f"x: expected {'an fp8' if fp8 else 'a floating-point'} (tokens, columns) tensor, "
+                              f"got {x!r:.80}")
     if not (isinstance(offsets, torch.Tensor) and offsets.dim() == 1 and offsets.dtype == torch.int32
             and offsets.device == x.device and offsets.numel() > 0):
         raise InvalidArgument(f"offsets: expected the groups' int32 ends (G,) on x's device ({x.device}), got "
@@ -219,7 +217,7 @@ def _check_k_grouped(x: object, offsets: object, what: str) -> tuple[int, int]:
 def _token_columns(offsets: torch.Tensor, tokens: int) -> tuple[torch.Tensor, ...]:
     """(token, its group, the group's first token, its column in the copy) of every token in a group
     (reference.group_bounds and k_grouped_token_column, by torch ops on the offsets' device)."""
-    groups, align = offsets.numel(), K_GROUPED_ALIGN
+    groups, align = offsets.numel(), K_GROUPED_TOKEN_ALIGN
     ends = offsets.long().clamp(0, tokens).cummax(0).values
     starts = torch.cat([ends.new_zeros(1), ends[:-1]])
     t = torch.arange(tokens, device=offsets.device)
