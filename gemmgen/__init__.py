@@ -17,7 +17,7 @@ from types import ModuleType as _ModuleType
 from ._version import __version__
 from .aot import add_bundle, build_bundle, unfused_report, warmup
 from .compile import CompiledKernel
-from .config import Arch, KernelConfig, Schedule, TileScheduler
+from .config import Arch, EpilogueCollective, KernelConfig, Schedule, TileScheduler
 from .dsl import (
     DEEPSEEK_BLOCK_SCALE,
     OPS,
@@ -123,7 +123,8 @@ if _typing.TYPE_CHECKING:  # loaded on first use by __getattr__: they import tor
 
 __all__ = [
     "DEEPSEEK_BLOCK_SCALE", "MXFP8", "NVFP4", "OPS", "Arch", "Backward", "ColMajor", "ColVector", "CompileError",
-    "CompiledKernel", "ConfigError", "DType", "GemmgenError", "GemmgenWarning", "GroupedKernel", "Grouping",
+    "CompiledKernel", "ConfigError", "DType", "EpilogueCollective", "GemmgenError", "GemmgenWarning", "GroupedKernel",
+    "Grouping",
     "InvalidArgument",
     "Kernel", "KernelConfig", "KernelNotAvailable", "Layout", "LayoutMismatch", "Matrix", "Microscaling",
     "NotDeterministic", "OperandGradient", "OperandKind", "Recipe", "RecipeError", "RowMajor", "RowVector",

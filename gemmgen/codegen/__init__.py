@@ -16,10 +16,11 @@ from pathlib import Path
 import jinja2
 
 from .._version import __version__
-from ..config import Arch, KernelConfig, default_config, kernel_id, kernel_recipe
+from ..config import Arch, EpilogueCollective, KernelConfig, default_config, kernel_id, kernel_recipe
 from ..errors import ConfigError, ToolchainError
 from ..ir import RecipeIR
 from . import rules, sm90, sm100
+from .direct import build_direct_epilogue
 from .emitter import Emitter, SassRequirement
 from .evt import EpilogueCode, build_epilogue
 from .fields import ParamField, ParamsLayout
@@ -129,13 +130,18 @@ def render_kernel(recipe: RecipeIR, config: KernelConfig, collectives: str = "re
     view = kernel_recipe(code, recipe)
     emit = emitter(config.arch)
     epi = build_epilogue(view, config.arch)
+    direct = config.epilogue is EpilogueCollective.DIRECT
+    if direct:  # gemmgen's own collective over a generated functor, not the visitor tree (`direct`)
+        epi = replace(epi, direct=build_direct_epilogue(view), layout="direct")
     fields = emit.param_fields(view, code, epi)
     entry = f"gemmgen_{recipe.name}_{code.name}_{kernel_id(recipe, code)}"  # readable in a profiler
     source = template_environment().get_template("kernel.cu.j2").render(
         version=__version__, recipe_name=recipe.name, recipe_key=recipe.key, config_name=code.name, entry=entry,
-        epilogue_layout=epi.layout, info_fields=INFO_FIELDS,
+        epilogue_summary="direct: a generated functor, from registers to global memory" if direct else
+        f"{epi.layout} of {len(epi.decls)} visitor types", info_fields=INFO_FIELDS,
         # a grouped kernel's module also holds the kernel that fills its per-group arrays
-        extra_headers=[*emit.headers(recipe), *(["gemmgen/grouped.hpp"] if recipe.gemm.grouped else [])],
+        extra_headers=[*emit.headers(recipe), *(["gemmgen/grouped.hpp"] if recipe.gemm.grouped else []),
+                       *(["gemmgen/direct_epilogue.hpp"] if direct else [])],
         setup_entries=[f"{entry}_groups"] if recipe.gemm.grouped else [],
         param_fields=tuple((f.name, f.lvalue("p"), f.lvalue("d")) for f in fields),
         **emit.type_context(view, code, epi, collectives))

@@ -12,9 +12,10 @@ from the sm100 builder's descriptors (`AUX_DESCRIPTORS`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from ..config import Arch
-from ..ir import BlockOp, Columns, EpilogueIR, Node, Op, Param, RecipeIR, Reduction, f32_bits, post_order
+from ..ir import BlockOp, Columns, EpilogueIR, Node, Op, RecipeIR, Reduction, f32_bits, post_order
 from ..ir.ops import FP8_MAX, RANDOM_OPS
 from ..types import DType, Layout, OperandKind
 from .fields import REGISTER_LOADS, REGISTER_STORES, sinks_d
@@ -29,11 +30,15 @@ from .visitor_types import (
     aux_store_type,
     aux_stride_type,
     column_blocks_type,
+    functor_of,
     load_type,
     register_element,
     scalar_reduction_type,
     vector_reduction_type,
 )
+
+if TYPE_CHECKING:
+    from .direct import DirectEpilogue
 
 
 @dataclass
@@ -99,12 +104,13 @@ class EpilogueCode:
     callbacks: str  # the type passed to the epilogue CollectiveBuilder
     element_c: str  # the source (C) element, or "void"
     source: str | None  # the operand loaded as C, if any
-    layout: str  # "tree" or "dag"
+    layout: str  # "tree" or "dag"; "direct" under EpilogueCollective.DIRECT (its decls unused)
     bindings: tuple[ParamBinding, ...]  # nodes with runtime arguments, in declaration order
     arguments: tuple  # the callbacks' Arguments nesting: tuples of sub-trees, ParamBinding or None
     element_d: str = ""  # the collective's D element: D's, or "void" where a PairStore writes D
     d_sink: bool = False  # registers write D and the collective's D store goes to a sink (`fields.sinks_d`)
     functors: tuple[RegionFunctor, ...] = ()  # each elementwise region's straight-line functor (`_fuse_regions`)
+    direct: DirectEpilogue | None = None  # the kernel's functor instead, under EpilogueCollective.DIRECT (`direct`)
 
     @property
     def stores_d(self) -> bool:
@@ -116,7 +122,7 @@ class EpilogueCode:
 def _compute_node(label: str, node: Node, nodes: tuple[Node, ...], of_ir: dict[int, int]) -> _VNode:
     """A compute node of `node`: a fragment functor of pairs.hpp, or an elementwise functor F as
     Map<F>::Fn (`scalar` F), its remaining args as children."""
-    fn, args = _functor(node, nodes)
+    fn, args = functor_of(node, nodes)
     out = node.dtype.cutlass if node.op is Op.CAST else COMPUTE  # type: ignore[union-attr]
     children = [of_ir[a] for a in args]
     if node.op.pairs:
@@ -128,36 +134,6 @@ def _scalar_node(label: str, children: list[int], scalar: str, out: str = COMPUT
     return _VNode(label, children=children, fn=f"{EPI}::Map<{scalar}>::Fn", out=out, scalar=scalar)
 
 
-def _functor(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
-    """The functor of a compute node (a pair functor whole, an elementwise one as the F of
-    Map<F>::Fn) and the args that remain visitor children: a compile-time parameter (leaky_relu's
-    slope) and a constant operand are template arguments."""
-    ns = EPI
-    if node.op.pairs:  # a functor of the whole fragment (pairs.hpp); a constant side built in
-        consts = [nodes[a] for a in node.args if nodes[a].op is Op.CONST]
-        if consts:
-            const_even = nodes[node.args[0]].op is Op.CONST
-            kept = [a for a in node.args if nodes[a].op is not Op.CONST]
-            value = f32_bits(consts[0].attr)  # type: ignore[arg-type]
-            return f"{ns}::InterleaveConst<{value:#010x}u, {str(const_even).lower()}>::Fn", kept
-        return f"{ns}::{node.op.functor}", list(node.args)
-    if node.op.param is Param.SLOPE:
-        return f"{ns}::{node.op.functor}<{f32_bits(node.attr):#010x}u>", list(node.args)  # type: ignore[arg-type]
-    base = f"{ns}::{node.op.functor}"
-    if node.op is Op.WHERE:  # constant branches built in (a constant condition was folded by the IR)
-        _, x, y = (nodes[a] for a in node.args)
-        bits = [f"{f32_bits(v.attr):#010x}u" for v in (x, y) if v.op is Op.CONST]  # type: ignore[arg-type]
-        which = "X" * (x.op is Op.CONST) + "Y" * (y.op is Op.CONST)
-        if which:
-            kept = [a for a in node.args if nodes[a].op is not Op.CONST]
-            return f"{ns}::SelectConst{which}<{', '.join(bits)}>", kept
-    if len(node.args) == 2:
-        lhs, rhs = (nodes[a] for a in node.args)
-        if rhs.op is Op.CONST:
-            return f"{ns}::WithRhs<{base}, {f32_bits(rhs.attr):#010x}u>", [node.args[0]]  # type: ignore[arg-type]
-        if lhs.op is Op.CONST:
-            return f"{ns}::WithLhs<{base}, {f32_bits(lhs.attr):#010x}u>", [node.args[1]]  # type: ignore[arg-type]
-    return base, list(node.args)
 
 
 

@@ -10,11 +10,14 @@ strings; `expr` is a C++ lvalue with `{p}` standing for the Params object.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..config import Arch, KernelConfig
 from ..ir import Columns, RecipeIR
 from ..types import DType
+
+if TYPE_CHECKING:
+    from .direct import DirectEpilogue
 
 #: The bindings of pairs.hpp's register visitors, by the width of the tensor they read (two: a
 #: 2N-column tensor's even and odd halves) or write: a HalfTensor {ptr, dHalf} each.
@@ -229,6 +232,26 @@ def clc_scheduler(name: str, s: str) -> list[ParamField]:
     f += divmod_32(f"{name}.swizzle_size", f"{s}.divmod_swizzle_size_")
     f += [ParamField(f"{name}.raster_order", f"{s}.raster_order_", "i32"),
           ParamField(f"{name}.log_swizzle_size", f"{s}.log_swizzle_size_", "i32")]
+    return f
+
+
+def direct_fields(direct: DirectEpilogue) -> list[ParamField]:
+    """The direct epilogue's Params (its functor's Arguments: direct.hpp's views), named as the
+    visitors' fields of the same operands where there are such (scalars, vectors), so one argument
+    builder writes both; an M x N tensor read or written is `epilogue.matrix.<name>`."""
+    f = []
+    for o in direct.operands:
+        at = f"{{p}}.epilogue.{o.member}"
+        n = f"epilogue.{o.kind}.{o.name}"
+        if o.kind == "scalar":
+            f += [ParamField(f"{n}.value", f"{at}.value", "f32"), ParamField(f"{n}.ptr", f"{at}.ptr", "ptr"),
+                  ParamField(f"{n}.batch_stride", f"{at}.batch_stride", "i64")]
+        elif o.kind in ("row", "col"):  # the host writes the batch stride of a vector per batch only
+            f += [ParamField(f"{n}.ptr", f"{at}.ptr", "ptr"),
+                  ParamField(f"{n}.batch_stride", f"{at}.batch_stride", "i64")]
+        else:
+            f += [ParamField(f"{n}.ptr", f"{at}.ptr", "ptr"), ParamField(f"{n}.stride", f"{at}.stride", "i64"),
+                  ParamField(f"{n}.batch_stride", f"{at}.batch_stride", "i64")]
     return f
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..config import KernelConfig, Schedule, TileScheduler, kernel_recipe
+from ..config import Arch, EpilogueCollective, KernelConfig, Schedule, TileScheduler, kernel_recipe
 from ..errors import ConfigError
 from ..ir import RecipeIR
+from .direct import unsupported
 
 Rule = Callable[[KernelConfig, RecipeIR], list[str]]
 
@@ -22,6 +23,22 @@ def arch_schedule_violations(cfg: KernelConfig) -> list[str]:
     own = " or ".join(f"Schedule.{s.name}" for s in Schedule if s.arch is cfg.arch)
     return [f"schedule {cfg.schedule.value}: an {cfg.schedule.arch.value} schedule, and the config targets "
             f"{cfg.arch.value}; use {own}"]
+
+
+def direct_epilogue_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
+    """gemmgen's direct epilogue (`EpilogueCollective.DIRECT`): sm_90a's persistent kernels, and the
+    epilogues its generated functor computes (`direct.unsupported`)."""
+    if cfg.epilogue is not EpilogueCollective.DIRECT:
+        return []
+    fix = "use EpilogueCollective.TMA"
+    if cfg.arch is not Arch.SM90A:
+        return [f"epilogue direct: built for sm_90a only, and the config targets {cfg.arch.value}; {fix}"]
+    out = []
+    if cfg.tile_scheduler is not TileScheduler.PERSISTENT:
+        out.append(f"epilogue direct: with the persistent tile scheduler only, not {cfg.tile_scheduler.value}; "
+                   f"{fix} or TileScheduler.PERSISTENT")
+    out += [f"epilogue direct: does not compute {what}; {fix}" for what in unsupported(recipe)]
+    return out
 
 
 def tile_k_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:

@@ -6,7 +6,7 @@ sm90 visitors)."""
 from __future__ import annotations
 
 from ..config import Arch
-from ..ir import ColumnBlocks, Operand, RecipeIR, Reduction, f32_bits
+from ..ir import ColumnBlocks, Node, Op, Operand, Param, RecipeIR, Reduction, f32_bits
 from ..ir.ops import FP8_MAX
 from ..types import DType, Layout, OperandKind
 
@@ -148,3 +148,35 @@ def column_blocks_type(blocks: ColumnBlocks) -> str:
     qmax = f32_bits(FP8_MAX[blocks.dtype])
     return (f"{EPI}::Sm90ColumnBlocksStore<{qmax:#010x}u, {blocks.block}, {blocks.dtype.cutlass}, TileShape, "
             f"typename EpilogueDescriptor::EpilogueTile{', true' * blocks.power_of_two}>")
+
+
+def functor_of(node: Node, nodes: tuple[Node, ...]) -> tuple[str, list[int]]:
+    """The functor of a compute node (a pair functor whole, an elementwise one as the F of
+    Map<F>::Fn) and the args that remain visitor children: a compile-time parameter (leaky_relu's
+    slope) and a constant operand are template arguments."""
+    ns = EPI
+    if node.op.pairs:  # a functor of the whole fragment (pairs.hpp); a constant side built in
+        consts = [nodes[a] for a in node.args if nodes[a].op is Op.CONST]
+        if consts:
+            const_even = nodes[node.args[0]].op is Op.CONST
+            kept = [a for a in node.args if nodes[a].op is not Op.CONST]
+            value = f32_bits(consts[0].attr)  # type: ignore[arg-type]
+            return f"{ns}::InterleaveConst<{value:#010x}u, {str(const_even).lower()}>::Fn", kept
+        return f"{ns}::{node.op.functor}", list(node.args)
+    if node.op.param is Param.SLOPE:
+        return f"{ns}::{node.op.functor}<{f32_bits(node.attr):#010x}u>", list(node.args)  # type: ignore[arg-type]
+    base = f"{ns}::{node.op.functor}"
+    if node.op is Op.WHERE:  # constant branches built in (a constant condition was folded by the IR)
+        _, x, y = (nodes[a] for a in node.args)
+        bits = [f"{f32_bits(v.attr):#010x}u" for v in (x, y) if v.op is Op.CONST]  # type: ignore[arg-type]
+        which = "X" * (x.op is Op.CONST) + "Y" * (y.op is Op.CONST)
+        if which:
+            kept = [a for a in node.args if nodes[a].op is not Op.CONST]
+            return f"{ns}::SelectConst{which}<{', '.join(bits)}>", kept
+    if len(node.args) == 2:
+        lhs, rhs = (nodes[a] for a in node.args)
+        if rhs.op is Op.CONST:
+            return f"{ns}::WithRhs<{base}, {f32_bits(rhs.attr):#010x}u>", [node.args[0]]  # type: ignore[arg-type]
+        if lhs.op is Op.CONST:
+            return f"{ns}::WithLhs<{base}, {f32_bits(lhs.attr):#010x}u>", [node.args[1]]  # type: ignore[arg-type]
+    return base, list(node.args)

@@ -2,6 +2,7 @@
 
 from .arch import DEFAULT_ARCH, Arch
 from .kernel_config import (
+    EpilogueCollective,
     KernelConfig,
     Schedule,
     TileScheduler,
@@ -12,5 +13,5 @@ from .kernel_config import (
     tile_k,
 )
 
-__all__ = ["DEFAULT_ARCH", "Arch", "KernelConfig", "Schedule", "TileScheduler", "default_config", "kernel_id",
-           "kernel_recipe", "needs_swap", "tile_k"]
+__all__ = ["DEFAULT_ARCH", "Arch", "EpilogueCollective", "KernelConfig", "Schedule", "TileScheduler", "default_config",
+           "kernel_id", "kernel_recipe", "needs_swap", "tile_k"]

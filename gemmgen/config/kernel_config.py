@@ -45,6 +45,22 @@ class TileScheduler(enum.Enum):
     STREAM_K = "stream_k"
 
 
+class EpilogueCollective(enum.Enum):
+    """Which epilogue collective a kernel instantiates.
+
+    TMA: CUTLASS's warp-specialized TMA epilogue with the recipe's visitor tree: subtiles staged
+    through shared memory and stored with TMA; every epilogue gemmgen can declare. DIRECT: gemmgen's
+    own (gemmgen/include/gemmgen/direct_epilogue.hpp): each accumulator element goes through a
+    functor generated from the recipe, from registers to global memory, with no shared memory. It
+    compiles in a fraction of the time (docs/design/measurements.md) but stores element by element
+    instead of with TMA, and takes elementwise epilogues only (`codegen.direct.unsupported`): what
+    you iterate on, not what you ship before you have measured it.
+    """
+
+    TMA = "tma"
+    DIRECT = "direct"
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     """How one recipe is mapped onto the machine. `stages=None` lets CUTLASS fill shared memory.
@@ -65,6 +81,8 @@ class KernelConfig:
     `arch` is the GPU architecture the kernel is built for (`gemmgen.Arch`); the schedule must be
     one of its own. On sm_100a `tile` is the MMA's tile: under `Schedule.TWO_SM` the pair of SMs
     computes it, each an M/2 x N half (`cta_tile`).
+
+    `epilogue` picks the epilogue collective (`EpilogueCollective`): CUTLASS's TMA one by default.
     """
 
     tile: tuple[int, int, int] = (128, 128, 64)
@@ -76,6 +94,7 @@ class KernelConfig:
     splits: int = 1
     deterministic: bool = True
     arch: Arch = DEFAULT_ARCH
+    epilogue: EpilogueCollective = EpilogueCollective.TMA
 
     def __post_init__(self) -> None:
         for what, t in (("tile", self.tile), ("cluster", self.cluster)):
@@ -95,6 +114,8 @@ class KernelConfig:
         if not isinstance(self.deterministic, bool):
             raise ConfigError(f"deterministic: expected True or False, got {self.deterministic!r}")
         object.__setattr__(self, "arch", Arch.parse(self.arch, "arch"))  # "sm_100a" is accepted as Arch.SM100A
+        if not isinstance(self.epilogue, EpilogueCollective):
+            raise ConfigError(f"epilogue: expected gemmgen.EpilogueCollective.TMA or .DIRECT, got {self.epilogue!r}")
 
     @property
     def cta_tile(self) -> tuple[int, int, int]:
@@ -113,8 +134,9 @@ class KernelConfig:
         splits = f"_splits{self.splits}" if self.splits > 1 else ""
         nondeterministic = "" if self.deterministic else "_nondet"
         arch = "" if self.arch is DEFAULT_ARCH else f"_{self.arch.value}"
+        direct = "_direct" if self.epilogue is EpilogueCollective.DIRECT else ""
         return (f"{tm}x{tn}x{tk}_c{cm}x{cn}x{ck}_{self.schedule.value}_{stages}{swap}{stream_k}{splits}"
-                f"{nondeterministic}{arch}")
+                f"{nondeterministic}{arch}{direct}")
 
     def binary(self) -> KernelConfig:
         """The part of the config the kernel's code depends on (all but the launch arguments `splits`
@@ -123,10 +145,10 @@ class KernelConfig:
         return replace(self, splits=1, deterministic=True) if launch_only else self
 
     def canonical(self) -> list:
-        """A JSON-able form: the code's fields, then `swap_ab`, `splits`, `deterministic` and `arch` up
-        to the last that is not its default, so configs from before a field keep their keys."""
+        """A JSON-able form: the code's fields, then `swap_ab`, `splits`, `deterministic`, `arch` and
+        `epilogue` up to the last that is not its default, so configs from before a field keep their keys."""
         out = [list(self.tile), list(self.cluster), self.schedule.value, self.stages, self.tile_scheduler.value]
-        optional = [self.swap_ab, self.splits, self.deterministic, self.arch.value]
+        optional = [self.swap_ab, self.splits, self.deterministic, self.arch.value, self.epilogue.value]
         while optional and optional[-1] == _OPTIONAL_DEFAULTS[len(optional) - 1]:
             optional.pop()
         return [*out, *optional]
@@ -138,15 +160,15 @@ class KernelConfig:
         if len(rest) > len(_OPTIONAL_DEFAULTS) or (rest and rest[-1] == _OPTIONAL_DEFAULTS[len(rest) - 1]) or \
                 any(type(x) is not type(d) for x, d in zip(rest, _OPTIONAL_DEFAULTS, strict=False)):
             raise ValueError(f"unexpected trailing fields {rest!r}: expected up to [swap_ab, splits, deterministic, "
-                             "arch], the last not its default")
+                             "arch, epilogue], the last not its default")
         fields: list = [*rest, *_OPTIONAL_DEFAULTS[len(rest):]]
         return cls(tile=tuple(tile), cluster=tuple(cluster), schedule=Schedule(schedule), stages=stages,
                    tile_scheduler=TileScheduler(scheduler), swap_ab=fields[0], splits=fields[1],
-                   deterministic=fields[2], arch=Arch.parse(fields[3]))
+                   deterministic=fields[2], arch=Arch.parse(fields[3]), epilogue=EpilogueCollective(fields[4]))
 
 
-#: The defaults of KernelConfig's trailing canonical fields: swap_ab, splits, deterministic, arch.
-_OPTIONAL_DEFAULTS = (False, 1, True, DEFAULT_ARCH.value)
+#: The defaults of KernelConfig's trailing canonical fields: swap_ab, splits, deterministic, arch, epilogue.
+_OPTIONAL_DEFAULTS = (False, 1, True, DEFAULT_ARCH.value, EpilogueCollective.TMA.value)
 
 
 def tile_k(recipe: RecipeIR) -> int:

@@ -19,7 +19,7 @@ from ..codegen import sm100
 from ..codegen.fields import REGISTER_LOADS, REGISTER_STORES, ParamsLayout, sinks_d
 from ..codegen.sm90.geometry import scale_tma, scales_per_tile
 from ..codegen.visitor_types import REDUCTION_KIND
-from ..config import Arch, KernelConfig, Schedule, TileScheduler
+from ..config import Arch, EpilogueCollective, KernelConfig, Schedule, TileScheduler
 from ..errors import InvalidArgument
 from ..ir import LSE_IDENTITY, Columns, RecipeIR, Reduction
 from ..ir.microscaling import BLOCK_COLUMNS, BLOCK_ROWS, blocked_shape
@@ -143,6 +143,14 @@ class ArgumentBuilder:
                      for o in epi.outputs if o.column_blocks})
         self.by_index = [maps[o.name] for o in epi.outputs]
         self.outputs = [o.name for o in epi.outputs]
+        # the direct epilogue (direct.hpp): every M x N tensor, read or written, a pointer and strides
+        self.matrices: list[tuple[str, str, bool]] = []
+        self.stride_mode = int(recipe.gemm.layout_d is Layout.COL)  # D's non-unit stride: between rows, or columns
+        if config.epilogue is EpilogueCollective.DIRECT:
+            self.matrices = [(f"epilogue.matrix.{o.name}", o.name, bool(o.per_batch)) for o in epi.operands
+                             if o.kind is OperandKind.MATRIX]
+            self.shared, self.loads, self.stores, self.d, self.d_sink = [], [], [], None, None
+            self.by_index = [(f"epilogue.matrix.{o.name}", "matrix") for o in epi.outputs]
 
     def values(self, p: Problem, encode: TensorMapEncoder, outputs: bool = True, workspace: int = 0
                ) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:
@@ -277,6 +285,9 @@ class ArgumentBuilder:
             v[f"{prefix}.ptr"] = vector.ptr
             if per_batch:
                 v[f"{prefix}.batch_stride"] = vector.strides[2]
+        for prefix, name, per_batch in self.matrices:
+            matrix: TensorArg = p.operands[name]  # type: ignore[assignment]
+            v.update(_direct_matrix(prefix, matrix, self.stride_mode, per_batch))
         for prefix, name, mode in self.shared:
             shared: TensorArg = p.operands[name]  # type: ignore[assignment]
             v[f"{prefix}.ptr"], v[f"{prefix}.stride"] = shared.ptr, shared.strides[mode]
@@ -300,6 +311,8 @@ class ArgumentBuilder:
             return ((f"{field}.ptr", t.ptr.to_bytes(8, "little")),)
         if template == "half":
             return tuple((f, struct.pack("<q", x)) for f, x in _half_tensor(field, t).items())
+        if template == "matrix":
+            return tuple((f, struct.pack("<q", x)) for f, x in _direct_matrix(field, t, self.stride_mode, True).items())
         if template == "column_blocks":  # (N, M, L) strides, M's 1
             return ((f"{field}.ptr", t.ptr.to_bytes(8, "little")),
                     (f"{field}.stride_n", struct.pack("<q", t.strides[0])),
@@ -325,6 +338,14 @@ def _half_tensor(prefix: str, t: TensorArg) -> dict[str, int]:
     """An N/2-column tensor's fields (pairs.hpp's HalfTensor): its address, row and batch strides
     (columns are contiguous: `checks`)."""
     return {f"{prefix}.ptr": t.ptr, f"{prefix}.stride_m": t.strides[0], f"{prefix}.stride_l": t.strides[2]}
+
+
+def _direct_matrix(prefix: str, t: TensorArg, mode: int, per_batch: bool) -> dict[str, int]:
+    """An M x N tensor's fields in the direct epilogue (direct.hpp's Matrix): its address, the
+    stride between its rows (columns, where D is column-major: `mode` 1), and between batches (0
+    for one shared by every batch)."""
+    return {f"{prefix}.ptr": t.ptr, f"{prefix}.stride": t.strides[mode],
+            f"{prefix}.batch_stride": t.strides[2] if per_batch else 0}
 
 
 def _scale_blocks(p: Problem, name: str, gran: int, gran_k: int) -> tuple[int, int]:

@@ -26,6 +26,7 @@ from ..ir.reference import expand_block_scale, group_bounds, k_grouped_token_col
 from ..runtime.grouped import MAX_COLUMNS, SCALE_LAYOUT_BYTES, SETUP, SETUP_FIELDS
 from ..runtime.tma import EncodeArgs, TmaDataType
 from ..types import DType, Microscaling
+from .direct_epilogue import DirectInterpreter
 from .visitors import EpilogueInterpreter
 
 
@@ -36,7 +37,10 @@ class MapReader(Protocol):
 
 
 @lru_cache(maxsize=64)
-def _interpreter(source: str) -> EpilogueInterpreter:
+def _interpreter(source: str) -> EpilogueInterpreter | DirectInterpreter:
+    """The kernel's epilogue as its source declares it: a visitor tree, or a direct epilogue's functor."""
+    if "gemmgen::direct::Sm90Direct<" in source:
+        return DirectInterpreter(source)
     return EpilogueInterpreter(source)
 
 
@@ -263,6 +267,7 @@ def emulate_grouped(compiled: CompiledKernel, setup: bytes, params: bytes, encod
     kernel's scales) through the pointer and stride arrays, and runs the epilogue the source
     declares on A_g @ B_g."""
     kernel = _interpreter(compiled.generated.source)
+    assert isinstance(kernel, EpilogueInterpreter), "a grouped kernel's epilogue is a visitor tree"
     view = _ParamsBytes(compiled.params_layout, params, encoder, tensors)
     fields = SETUP.unpack(setup)
     offsets_at, shapes_at, table_at, groups = fields[:4]

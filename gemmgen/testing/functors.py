@@ -83,10 +83,10 @@ def compute_function(t: CppType, regions: dict[str, Callable[..., torch.Tensor]]
     f = t.args[0]
     if not f.args and f.name in regions:
         return regions[f.name]
-    return _scalar_functor(f)
+    return scalar_functor(f)
 
 
-def _scalar_functor(f: CppType) -> Callable[..., torch.Tensor]:
+def scalar_functor(f: CppType) -> Callable[..., torch.Tensor]:
     """What one of epilogue.hpp's scalar functors computes, spelled with or without its namespace
     (a region's functor calls them under `using namespace gemmgen::epi`)."""
     base = f.name.removeprefix(_EPI)
@@ -121,7 +121,7 @@ _REGION = re.compile(r"^struct (\w+) \{\n  CUTLASS_DEVICE float operator\(\)\(([
 
 def region_functors(source: str) -> dict[str, Callable[..., torch.Tensor]]:
     """Every elementwise region's functor a kernel's source defines, by name, as a function of its
-    parameters that runs its statements in order (each op's formula in fp32, as `_scalar_functor`).
+    parameters that runs its statements in order (each op's formula in fp32, as `scalar_functor`).
     A statement that reads a name neither a parameter nor an earlier statement defines, or a body
     of another shape, is an error, not a guess."""
     out: dict[str, Callable[..., torch.Tensor]] = {}
@@ -139,7 +139,7 @@ def region_functors(source: str) -> dict[str, Callable[..., torch.Tensor]]:
             args = call.group(2).split(", ")
             if not set(args) <= known:
                 raise EpilogueSourceError(f"region functor {m.group(1)} reads {sorted(set(args) - known)} undefined")
-            program.append((target, _scalar_functor(parse_type(call.group(1))), args))
+            program.append((target, scalar_functor(parse_type(call.group(1))), args))
             known.add(target)
         out[m.group(1)] = _region_program(params, program)
     return out

@@ -78,13 +78,13 @@ _VECTOR_REDUCTIONS = {
 }
 
 
-def _element(t: CppType) -> torch.dtype:
+def element_of(t: CppType) -> torch.dtype:
     if str(t) not in _ELEMENT:
         raise EpilogueSourceError(f"element type {t} is not one gemmgen uses")
     return _ELEMENT[str(t)]
 
 
-def _values(t: CppType) -> CppType:
+def values_of(t: CppType) -> CppType:
     """The element of A or B: a microscaled kernel's (`mx_float8_t<E>`, `nv_float4_t<E>`) names it
     with its scales."""
     return t.args[0] if t.name in ("cutlass::mx_float8_t", "cutlass::nv_float4_t") else t
@@ -95,7 +95,7 @@ def _member(lvalue: str, index: int, count: int) -> str:
     return f"{lvalue}.op_{index}" if count <= 4 else f"cute::get<{index}>({lvalue})"
 
 
-def _convert(x: torch.Tensor, element: torch.dtype) -> torch.Tensor:
+def convert_to(x: torch.Tensor, element: torch.dtype) -> torch.Tensor:
     """fp32 to `element` as CUTLASS's NumericConverter does on sm_90: round to nearest even; to fp8
     with cvt.rn.satfinite, which clamps to the largest finite value (torch's cast to e5m2 gives inf)."""
     if element in (torch.float8_e4m3fn, torch.float8_e5m2):
@@ -146,14 +146,14 @@ class EpilogueInterpreter:
         else:
             raise EpilogueSourceError("no CollectiveEpilogue declaration in the source")
         self.callbacks = self._resolve(parse_type(callbacks))
-        self.element_a = _element(_values(parse_type(self.decls["ElementA"])))
-        self.element_b = _element(_values(parse_type(self.decls["ElementB"])))
+        self.element_a = element_of(values_of(parse_type(self.decls["ElementA"])))
+        self.element_b = element_of(values_of(parse_type(self.decls["ElementB"])))
         # void: a PairStore among the callbacks writes D (pairs.hpp)
-        self.element_d = None if self.decls["ElementD"] == "void" else _element(parse_type(self.decls["ElementD"]))
+        self.element_d = None if self.decls["ElementD"] == "void" else element_of(parse_type(self.decls["ElementD"]))
         # ...or it does, and the collective's own store of D goes to the module's sink (`fields.sinks_d`)
         self.d_sink = f"#include <{D_SINK_HEADER}>" in source
         c = self.decls["ElementC"]
-        self.element_c = None if c == "void" else _element(parse_type(c))
+        self.element_c = None if c == "void" else element_of(parse_type(c))
         self.column_major = {name: self._column_major(name) for name in ("LayoutA", "LayoutB", "LayoutC", "LayoutD")}
 
         # a grouped kernel names its layouts as pointers: strides per group (pointer-array kernels)
@@ -180,7 +180,7 @@ class EpilogueInterpreter:
         if self.element_d is None:
             return
         if self.root_gives_fp32 and d.dtype == torch.float32:  # the collective converts the root's fp32 to ElementD
-            d = _convert(d, self.element_d)
+            d = convert_to(d, self.element_d)
         if d.dtype != self.element_d:
             raise EpilogueSourceError(f"the callbacks give {d.dtype}, ElementD is {self.element_d}")
         if self.d_sink:  # the map of one element must lie outside every tensor of the call
@@ -214,7 +214,7 @@ class EpilogueInterpreter:
         if t.name == f"{_EPI}Sm90ColumnBlocksStore":
             if len(t.args) not in (5, 6):
                 raise EpilogueSourceError(f"column blocks node {t}")
-            return column_blocks(t, lvalue, acc, params, inputs, _element(t.args[2]), self._tile(t.args[3])[0])
+            return column_blocks(t, lvalue, acc, params, inputs, element_of(t.args[2]), self._tile(t.args[3])[0])
         if t.name == f"{_EPI}Sm100RowBroadcastInPlace":  # the same row broadcast, read from shared memory in place
             if len(t.args) != 1 or self._resolve(t.args[0]).name != f"{_FUSION}Sm90RowBroadcast":
                 raise EpilogueSourceError(f"in-place row broadcast {t}")
@@ -223,7 +223,7 @@ class EpilogueInterpreter:
             if len(t.args) != 6:
                 raise EpilogueSourceError(f"row blocks node {t}")
             sm90_form = dataclasses.replace(t, args=t.args[:3] + t.args[4:])
-            return _convert(row_blocks(sm90_form, lvalue, acc, params, inputs, self._resolve), _element(t.args[3]))
+            return convert_to(row_blocks(sm90_form, lvalue, acc, params, inputs, self._resolve), element_of(t.args[3]))
         kind = t.name.removeprefix(_FUSION)
         if kind == "Sm90EVT":
             node, *children = t.args
@@ -251,7 +251,7 @@ class EpilogueInterpreter:
             if not inputs:
                 raise EpilogueSourceError(f"compute node {t} without inputs")
             fn_of = compute_function(fn, self.regions)
-            return _convert(fn_of(*(x.to(torch.float32) for x in inputs)), _element(element_out))
+            return convert_to(fn_of(*(x.to(torch.float32) for x in inputs)), element_of(element_out))
         if t.name == f"{_EPI}Sm90RowReduction" or kind in ("Sm90RowReduction", "Sm90ColReduction"):
             return self._vector_reduction(kind != "Sm90ColReduction", t, lvalue, acc, params, inputs)
         if inputs and kind not in ("Sm90AuxStore", "Sm90ScalarReduction"):
@@ -278,7 +278,7 @@ class EpilogueInterpreter:
         state = f"{_EPI}LseState" if op == "lse" else _COMPUTE
         if op is None or (str(compute), str(rounding), str(stride)) != (state, _ROUND, want):
             raise EpilogueSourceError(f"vector reduction {t}")
-        element = _element(element_t)
+        element = element_of(element_t)
         l_, m, n = acc.shape
         vec = "row" if row else "col"
         batch_stride = struct.unpack("<q", params.raw(f"cute::get<2>({lvalue}.d{vec.title()})"))[0]
@@ -301,7 +301,7 @@ class EpilogueInterpreter:
         dims = (1 if row else 2,) if batch_stride else (0, 1 if row else 2)
         value = _vector_value(op, x, dims, params, lvalue)
         target = ptr.as_strided((l_ if batch_stride else 1, length), (batch_stride, 1))
-        target.copy_(_convert(value.reshape(target.shape), element))
+        target.copy_(convert_to(value.reshape(target.shape), element))
         return inputs[0]
 
     def _register_tensor(self, t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView, columns: int
@@ -313,7 +313,7 @@ class EpilogueInterpreter:
         grouped = element_t.endswith("*")
         if grouped != self.grouped:
             raise EpilogueSourceError(f"{t} in a {'grouped' if self.grouped else 'dense'} kernel")
-        element = _element(parse_type(element_t.removesuffix("*").strip()))
+        element = element_of(parse_type(element_t.removesuffix("*").strip()))
         l_, m, _ = acc.shape
         stride_m, stride_l = (struct.unpack("<q", params.raw(f"cute::get<{i}>({lvalue}.dHalf)"))[0] for i in (0, 2))
         if grouped:
@@ -346,9 +346,9 @@ class EpilogueInterpreter:
         values = [x.to(torch.float32).expand(acc.shape) for x in inputs]
         if double:
             for parity, x in enumerate(values):
-                tensor[..., parity::2] = _convert(x, tensor.dtype)
+                tensor[..., parity::2] = convert_to(x, tensor.dtype)
         else:
-            tensor.copy_(_convert(values[0][..., 0::2], tensor.dtype))
+            tensor.copy_(convert_to(values[0][..., 0::2], tensor.dtype))
         return inputs[0]
 
     def _tile(self, t: CppType) -> tuple[int, int]:
@@ -371,7 +371,7 @@ class EpilogueInterpreter:
                 _COMPUTE, _ROUND, "cute::Stride<cute::_0, cute::_0, int64_t>", 1):
             raise EpilogueSourceError(f"scalar reduction {t} with {len(inputs)} inputs")
         l_ = acc.shape[0]
-        element = _element(element_t)
+        element = element_of(element_t)
         batch_stride = struct.unpack("<q", params.raw(f"cute::get<2>({lvalue}.dScalar)"))[0]
         ptr = params.pointer(f"{lvalue}.ptr_scalar", element, (l_ - 1) * batch_stride + 1)
         if ptr is not None:  # EnableNullptr: a null pointer skips the reduction
@@ -391,7 +391,7 @@ class EpilogueInterpreter:
     def _shared_load(t: CppType, lvalue: str, acc: torch.Tensor, params: ParamsView) -> torch.Tensor:
         """Sm90AuxLoad<0, _, Element, Stride>: an M x N matrix read through `ptr_aux` with D's layout's
         strides, the batch's static 0 (the other template arguments are unused)."""
-        element, stride = _element(t.args[2]), str(t.args[3])
+        element, stride = element_of(t.args[2]), str(t.args[3])
         _, m, n = acc.shape
         column_major = {"cute::Stride<int64_t, cute::_1, cute::_0>": False,
                         "cute::Stride<cute::_1, int64_t, cute::_0>": True}.get(stride)
@@ -409,7 +409,7 @@ class EpilogueInterpreter:
         if kind == "Sm90AccFetch":
             return acc
         if kind == "Sm90SrcFetch":
-            element = _element(t.args[0])
+            element = element_of(t.args[0])
             if element != self.element_c:
                 raise EpilogueSourceError(f"Sm90SrcFetch<{element}> with ElementC {self.element_c}")
             if self.grouped:
@@ -428,7 +428,7 @@ class EpilogueInterpreter:
             per_group = str(element_t).endswith("*")  # Sm90RowBroadcast<..., Element*>: a pointer per group
             if per_group != self.grouped or (per_group and per_batch):
                 raise EpilogueSourceError(f"broadcast {t} in a {'grouped' if self.grouped else 'dense'} kernel")
-            element = _element(parse_type(str(element_t).removesuffix("*").strip()))
+            element = element_of(parse_type(str(element_t).removesuffix("*").strip()))
             field, length = f"{lvalue}.ptr_{'row' if row else 'col'}", n if row else m
             batch_stride = struct.unpack("<q", params.raw(f"cute::get<2>({lvalue}.d{'Row' if row else 'Col'})"))[0] \
                 if per_batch else 0
@@ -444,7 +444,7 @@ class EpilogueInterpreter:
             element_t, stride = t.args[:2]
             if str(stride) != "cute::Stride<cute::_0, cute::_0, int64_t>" or len(t.args) > 2:
                 raise EpilogueSourceError(f"scalar broadcast {t}")
-            element = _element(element_t)
+            element = element_of(element_t)
             batch_stride = struct.unpack("<q", params.raw(f"cute::get<2>({lvalue}.dScalar[0])"))[0]
             first = max(getattr(params, "group", -1), 0)  # a grouped kernel's L coordinate is its group
             ptr = params.pointer(f"{lvalue}.scalar_ptrs[0]", element, (first + l_ - 1) * batch_stride + 1)
@@ -454,19 +454,19 @@ class EpilogueInterpreter:
         if kind == "Sm90AuxLoad" and t.args[0].name == "0":  # one matrix for every batch, from a pointer
             return self._shared_load(t, lvalue, acc, params)
         if kind == "Sm90AuxLoad":
-            element = _element(t.args[2])
+            element = element_of(t.args[2])
             if params.raw(f"{lvalue}.use_default") != b"\x00":
                 return _element_bits(params.raw(f"{lvalue}.null_default"), element).reshape(1, 1, 1)
             return _matrix(params, f"(*{lvalue}.tma_load_aux.get_tma_descriptor())", element,
                            _aux_column_major(t.args[3]), acc)
         if kind == "Sm90AuxStore":
-            element, rounding = _element(t.args[2]), str(t.args[3])
+            element, rounding = element_of(t.args[2]), str(t.args[3])
             if len(inputs) != 1 or rounding != _ROUND:
                 raise EpilogueSourceError(f"aux store {t} with {len(inputs)} inputs")
             if params.raw(f"{lvalue}.is_nullptr") == b"\x00":
                 target = _matrix(params, f"(*{lvalue}.tma_store_aux.get_tma_descriptor())", element,
                                  _aux_column_major(t.args[4]), acc)
-                target.copy_(_convert(inputs[0].to(torch.float32), element).expand(acc.shape))
+                target.copy_(convert_to(inputs[0].to(torch.float32), element).expand(acc.shape))
             return inputs[0]
         if kind == "Sm90ScalarReduction":
             return self._scalar_reduction(t, lvalue, acc, params, inputs)

@@ -1,6 +1,6 @@
 """The kernels the GPU checks run: every example recipe under both schedules and swapped (but a
-recipe reducing over N, which no swapped kernel computes), the reductions over M, and the
-stream-K scheduler.
+recipe reducing over N, which no swapped kernel computes) and with the direct epilogue where it
+computes the recipe, the reductions over M, and the stream-K scheduler.
 
 Shared by tests/gpu/test_gpu.py and scripts/prepare_gpu_check.sh, which compiles them on the CPU
 machine and ships them as one gemmgen bundle, so the GPU machine only loads cubins.
@@ -74,6 +74,11 @@ def bench_configs(recipe: gg.Recipe, m: int, n: int, k: int) -> list[gg.KernelCo
         out += stream_k[1:] + [replace(c, deterministic=False) for c in stream_k]
     if chosen.swap_ab:
         out.append(next(c for _, c, _ in ranked(recipe.ir, m, n, k) if not c.swap_ab))
+    # gemmgen's direct epilogue in place of the TMA one, where it computes the recipe: what it costs
+    direct = replace(chosen, tile_scheduler=gg.TileScheduler.PERSISTENT, splits=1, deterministic=True,
+                     epilogue=gg.EpilogueCollective.DIRECT)
+    if gg.codegen.is_valid(direct, recipe.ir):
+        out.append(direct)
     return out
 
 
@@ -133,6 +138,8 @@ GATED_BENCH_SHAPES = ((8, 4096, 28672, 4096), (8, 64, 28672, 4096))
 
 
 def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
+    from dataclasses import replace
+
     import torch
 
     from gemmgen.config import tile_k
@@ -168,6 +175,9 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
         assert decode.swap_ab != recipe.ir.epilogue.along_rows, decode
 
         out.append((recipe, decode))
+        direct = replace(default, epilogue=gg.EpilogueCollective.DIRECT)  # gemmgen's own epilogue collective
+        if gg.codegen.is_valid(direct, recipe.ir):
+            out.append((recipe, direct))
         if recipe.name == "bias_silu_residual":
             out.append((recipe, config_for(recipe, *LAYOUT_PROBLEM)))
         if recipe.name == "bias_gelu":

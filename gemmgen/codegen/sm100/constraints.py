@@ -19,6 +19,7 @@ from ..rules import (
     arch_schedule_violations,
     block_scale_violations,
     cluster_violations,
+    direct_epilogue_violations,
     k_grouped_violations,
     row_block_violations,
     row_violations,
@@ -196,4 +197,4 @@ CONSTRAINTS = (column_block_violations, schedule_violations, tile_violations, ti
                smem_violations, reduction_violations, block_scale_violations, block_scaled_tile_violations,
                tile_scheduler_violations, microscaled_tile_violations,
                stream_k_tile_violations, row_violations, row_block_violations, row_block_rows_violations,
-               k_grouped_violations, k_grouped_block_scale_violations)
+               k_grouped_violations, k_grouped_block_scale_violations, direct_epilogue_violations)

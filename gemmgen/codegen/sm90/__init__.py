@@ -5,7 +5,7 @@ builders derive from one, `types` the CUTLASS types a kernel instantiates, `para
 of its Params the host writes.
 """
 
-from ...config import Arch, KernelConfig
+from ...config import Arch, EpilogueCollective, KernelConfig
 from ...ir import Columns, RecipeIR
 from ..emitter import Emitter, SassRequirement
 from .constraints import CONSTRAINTS
@@ -23,7 +23,9 @@ def required_sass(config: KernelConfig, recipe: RecipeIR) -> SassRequirement:
     registers between its producer and consumer warpgroups; it stores D with TMA, but where D and
     every aux output have N/2 columns (`ir.columns`: written from the registers, pairs.hpp). D's
     row blocks (row_blocks.hpp), a copy's column blocks (column_blocks.hpp) and reductions over M or N
-    combine across lanes: SHFL."""
+    combine across lanes: SHFL. The direct epilogue stores from the registers: STG, no TMA store."""
+    if config.epilogue is EpilogueCollective.DIRECT:
+        return (("HGMMA", "QGMMA"), ("UTMALDG",), ("STG",), ("USETMAXREG",), ("SYNCS",))
     tma_store = any(o.reduce is None and o.columns is Columns.FULL for o in recipe.outputs)
     lanes = (("SHFL",),) if any(o.dim is not None for o in recipe.outputs) or recipe.epilogue.column_blocks else ()
     return (("HGMMA", "QGMMA"), ("UTMALDG",), *((("UTMASTG",),) if tma_store else ()), ("USETMAXREG",), ("SYNCS",),

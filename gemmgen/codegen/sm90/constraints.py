@@ -15,6 +15,7 @@ from ..rules import (
     arch_schedule_violations,
     block_scale_violations,
     cluster_violations,
+    direct_epilogue_violations,
     k_grouped_violations,
     row_block_violations,
     tile_k_violations,
@@ -109,4 +110,4 @@ def microscaling_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]:
 CONSTRAINTS = (microscaling_violations, tile_violations, tile_k_violations, schedule_violations,
                tile_scheduler_violations, stream_k_schedule_violations, cluster_violations,
                register_violations, smem_violations, row_block_violations, column_block_violations,
-               block_scale_violations, k_grouped_violations)
+               block_scale_violations, k_grouped_violations, direct_epilogue_violations)

@@ -10,6 +10,7 @@ from ..fields import (
     binding_fields,
     block_scale_fields,
     desc,
+    direct_fields,
     divmod_pow2,
     divmod_u64,
     group_problem,
@@ -38,13 +39,16 @@ def param_fields(recipe: RecipeIR, config: KernelConfig, epilogue: EpilogueCode)
         f += block_scale_fields(scale_tma(config, recipe))
     elif recipe.gemm.fp8:  # the fp8 mainloop's promotion interval; the host keeps CUTLASS's default
         f.append(ParamField("mainloop.mma_promotion_interval", "{p}.mainloop.mma_promotion_interval", "u32"))
-    for b in epilogue.bindings:
-        f += binding_fields(b)
-    if epilogue.source is not None:
-        f.append(ParamField("epilogue.tma_c", desc("{p}.epilogue.tma_load_c"), "desc"))
-    if epilogue.stores_d:  # else a PairStore writes D (its binding's fields)
-        f.append(ParamField("epilogue.tma_d", desc("{p}.epilogue.tma_store_d"), "desc"))
-    f.append(ParamField("epilogue.tma_transaction_bytes", "{p}.epilogue.tma_transaction_bytes", "u32"))
+    if epilogue.direct is not None:
+        f += direct_fields(epilogue.direct)
+    else:
+        for b in epilogue.bindings:
+            f += binding_fields(b)
+        if epilogue.source is not None:
+            f.append(ParamField("epilogue.tma_c", desc("{p}.epilogue.tma_load_c"), "desc"))
+        if epilogue.stores_d:  # else a PairStore writes D (its binding's fields)
+            f.append(ParamField("epilogue.tma_d", desc("{p}.epilogue.tma_store_d"), "desc"))
+        f.append(ParamField("epilogue.tma_transaction_bytes", "{p}.epilogue.tma_transaction_bytes", "u32"))
     f += hw_info()
     f += (stream_k_scheduler("scheduler", "{p}.scheduler") if config.tile_scheduler is TileScheduler.STREAM_K
           else _persistent_fields())

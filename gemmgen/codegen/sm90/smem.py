@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ...config import KernelConfig
+from ...config import EpilogueCollective, KernelConfig
 from ...ir import Columns, RecipeIR
 from ...types import DType, Layout
 from ..evt import ParamBinding, build_epilogue
@@ -154,7 +154,10 @@ _SIZES: dict[tuple, int] = {}  # by (recipe key, tile, schedule): all the size d
 def epilogue_smem_bytes(cfg: KernelConfig, recipe: RecipeIR) -> int:
     """sizeof(CollectiveEpilogue::SharedStorage): C/D tiles, the visitors' storage, padding and
     barriers, for the kernel-side recipe under `cfg`; remembered:
-    a config search checks every candidate of a recipe for each new shape."""
+    a config search checks every candidate of a recipe for each new shape. The direct epilogue's
+    is empty (one byte, as C++ sizes an empty struct)."""
+    if cfg.epilogue is EpilogueCollective.DIRECT:
+        return 1
     key = (recipe.key, cfg.tile, cfg.schedule)
     size = _SIZES.get(key)
     if size is None:

@@ -18,7 +18,8 @@ from .smem import blockwise_carveout, explicit_stages
 #: How the kernel names its mainloop and epilogue collectives: "resolved" spells out the types
 #: CUTLASS's CollectiveBuilders resolve to (what gemmgen emits: it compiles faster); "builder" names
 #: the builders (the naive spelling, for measurements and for the test that the two agree).
-COLLECTIVES = {"resolved": "sm90/collectives_resolved.inc.j2", "builder": "sm90/collectives_builder.inc.j2"}
+COLLECTIVES = {"resolved": "sm90/collectives_resolved.inc.j2", "builder": "sm90/collectives_builder.inc.j2",
+               "direct": "sm90/collectives_direct.inc.j2"}
 #: The template that declares the kernel's types (included by kernel.cu.j2 and the oracle's host program).
 TYPES_TEMPLATE = "sm90/gemm_types.inc.j2"
 
@@ -34,6 +35,8 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
     stride_c, stride_d = epilogue_strides(recipe)
     # a grouped kernel names its layouts as pointers: CUTLASS's tag for a stride per group
     per_group = " *" if g.grouped else ""
+    # the direct epilogue's generated functor stands for the visitor tree (`codegen.direct`)
+    functors = (epi.direct.source,) if epi.direct else tuple(f.source for f in epi.functors)
     return dict(
         namespace=f"gemmgen_{kernel_id(recipe, config)}",
         element_a=g.a.cutlass, element_b=g.b.cutlass, element_c=epi.element_c, element_d=epi.element_d,
@@ -52,10 +55,11 @@ def type_context(recipe: RecipeIR, config: KernelConfig, epi: EpilogueCode, coll
         block_scale_decls=scale_decls, layout_pair_a=layout_pair_a, layout_pair_b=layout_pair_b,
         stride_a=_stride_pair("A", g), stride_b=_stride_pair("B", g),
         stride_c=stride_c, stride_d=stride_d,
-        tile_scheduler=tile_scheduler(config.tile_scheduler, g.grouped), epilogue_decls=epi.decls,
-        epilogue_functors=tuple(f.source for f in epi.functors),
+        tile_scheduler=tile_scheduler(config.tile_scheduler, g.grouped),
+        epilogue_decls=() if epi.direct else epi.decls, epilogue_functors=functors,
+        epilogue_headings=() if epi.direct else ("// Epilogue visitor tree",),
         callbacks=epi.callbacks, setup_fill="gemmgen::grouped::fill",  # sm90's main loop derives the scale layouts
-        collectives=COLLECTIVES[collectives], types_template=TYPES_TEMPLATE,
+        collectives=COLLECTIVES["direct" if epi.direct else collectives], types_template=TYPES_TEMPLATE,
         # the builder's choices: two consumer warp groups side by side in M for the cooperative
         # schedule; TMA multicast for an operand when the cluster spans the other dimension
         mma_atoms_m=2 if config.schedule is Schedule.COOPERATIVE else 1,
