@@ -6,6 +6,7 @@ their kernels, write their CUTLASS sources, explain which config a call launches
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -23,7 +24,7 @@ from .aot import build, load_recipes, with_tuned_winners, write_bundle
 from .codegen import violations
 from .compile import KernelCache, KernelReport, report_table, reports_json
 from .compile.cache import META
-from .config import DEFAULT_ARCH, Arch, KernelConfig
+from .config import DEFAULT_ARCH, Arch, EpilogueCollective, KernelConfig
 from .dsl import Recipe
 from .errors import ConfigError, GemmgenError, RecipeError, did_you_mean
 from .tuning import (
@@ -76,7 +77,7 @@ def _pairs(args: argparse.Namespace, recipes: Iterable[Recipe], arch: Arch,
     why (and added to `skipped`); a recipe named by --recipe, or whose own config is broken, is an error."""
     out = []
     for recipe in recipes:
-        config = recipe.default_config(arch)
+        config = _with_epilogue(args, recipe, recipe.default_config(arch))
         problems = violations(config, recipe.ir)
         if problems and args.recipe is None and config is not recipe.config:
             print(f"gemmgen: {recipe.name}: not built for {arch.value}: {_as_typed(problems[0], args)}",
@@ -86,6 +87,25 @@ def _pairs(args: argparse.Namespace, recipes: Iterable[Recipe], arch: Arch,
             continue
         out.append((recipe, config))
     return out
+
+
+def _with_epilogue(args: argparse.Namespace, recipe: Recipe, config: KernelConfig) -> KernelConfig:
+    """`config` with the epilogue collective `--epilogue` names (none: the config's own). Where the
+    direct epilogue does not compute a recipe, its TMA kernel is built instead, with a line saying
+    why; a recipe named by --recipe is an error instead."""
+    wanted = getattr(args, "epilogue", None)
+    if wanted is None or config.epilogue is EpilogueCollective(wanted):
+        return config
+    changed = dataclasses.replace(config, epilogue=EpilogueCollective(wanted))
+    problems = [p for p in violations(changed, recipe.ir) if p.startswith("epilogue ")]
+    if not problems:
+        return changed
+    reason = problems[0].removeprefix(f"epilogue {wanted}: ").rsplit("; use ", 1)[0]
+    if args.recipe is not None:
+        raise GemmgenError(f"--epilogue {wanted}: recipe {recipe.name!r}: {reason}; leave out --epilogue")
+    print(f"gemmgen: {recipe.name}: --epilogue {wanted}: {reason}; building its {config.epilogue.value} epilogue",
+          file=sys.stderr)
+    return config
 
 
 def _as_typed(text: str, args: argparse.Namespace) -> str:
@@ -157,7 +177,8 @@ def cmd_build(args: argparse.Namespace) -> int:
                 shapes = {name: rows for name, rows in shapes.items() if name == args.recipe}
             launches = launches_for_shapes(recipes, shapes, arch=arch)
             by_name = {r.name: r for r in recipes.values()}
-            pairs += [(by_name[n], launch.config) for n, rows in launches.items() for _, launch in rows]
+            pairs += [(by_name[n], _with_epilogue(args, by_name[n], launch.config))
+                      for n, rows in launches.items() for _, launch in rows]
             for n, rows in launches.items():
                 chosen.setdefault(n, []).extend(rows)
         else:
@@ -371,6 +392,11 @@ def parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         if name != "tune":
             _add_arch(sp)
+        if name in ("build", "inspect", "generate"):
+            sp.add_argument("--epilogue", choices=[e.value for e in EpilogueCollective], default=None,
+                            help="the epilogue collective (default: each config's own, tma unless a recipe says "
+                            "otherwise); direct compiles in less than half the time (sm_90a, elementwise "
+                            "epilogues; others keep tma)")
         if name == "generate":
             sp.add_argument("--out", required=True, help="folder for the .cu files (created if missing)")
             continue

@@ -178,3 +178,21 @@ def test_inspect_marks_cache_hits_and_sums_up(tmp_path, capsys, monkeypatch):
 def test_inspect_json_help_says_what_it_prints():
     text = _commands(parser())["inspect"].format_help()
     assert "one JSON object per kernel" not in text and "JSON array" in " ".join(text.split())
+
+
+def test_epilogue_direct_swaps_the_collective_where_it_computes_the_recipe(tmp_path, capsys):
+    """`--epilogue direct` (build, inspect, generate): each recipe the direct epilogue computes gets it;
+    over a file, the others keep their TMA epilogue with a line saying why; a recipe named by
+    --recipe that it does not compute is an error naming why and the fix."""
+    rc, _, err = _run(["generate", str(EXAMPLES), "--epilogue", "direct", "--out", str(tmp_path)], capsys)
+    assert rc == 0
+    assert "gemmgen::direct::Sm90Direct<" in (tmp_path / "bias_gelu.cu").read_text()
+    assert "gemmgen::direct::Sm90Direct<" not in (tmp_path / "row_col_amax.cu").read_text()
+    assert ("gemmgen: row_col_amax: --epilogue direct: does not compute output 'amax_rows': a reduction (amax); "
+            "building its tma epilogue") in err
+    rc, _, err = _run(["generate", str(EXAMPLES), "--recipe", "bias_gelu_aux", "--epilogue", "direct", "--out",
+                       str(tmp_path)], capsys)
+    assert rc != 0 and "--epilogue direct: recipe 'bias_gelu_aux': does not compute output 'amax_d'" in err
+    assert "leave out --epilogue" in err
+    rc, _, err = _run(["inspect", str(EXAMPLES), "--epilogue", "fast"], capsys)
+    assert rc != 0 and "invalid choice: 'fast' (choose from 'tma', 'direct')" in err
