@@ -1,7 +1,8 @@
 """IR + KernelConfig -> CUTLASS 3.x C++ source, per architecture. Templates bind types and constants only.
 
 `evt` lowers the epilogue IR to CUTLASS's visitor tree (shared by every architecture: sm100 reuses
-the sm90 visitors); each architecture's package (`sm90`, `sm100`) holds what its kernels
+the sm90 visitors), `direct` to the per-element functor of gemmgen's own epilogue collective
+(`EpilogueCollective.DIRECT`, sm90); each architecture's package (`sm90`, `sm100`) holds what its kernels
 instantiate, the Params fields the host writes, the SASS that proves its path and its constraints
 on configs (its `Emitter`), which `validate` and `is_valid` apply before anything is rendered or
 compiled. The config's `arch` picks the emitter.

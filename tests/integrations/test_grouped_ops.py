@@ -145,7 +145,11 @@ def test_the_masked_layout_through_the_op_and_its_gradients():
 
 def test_a_tensor_scalars_gradient_is_per_group():
     """A grouped recipe's tensor scalar (one value per group) gets one gradient per group, against
-    per-group fp64 torch; shared through `expand`, autograd sums them."""
+    per-group fp64 torch; shared through `expand`, autograd sums them. Each gradient is a sum over
+    its group of terms the op rounds to bf16 (dL/dD among them), and a sum of random-signed terms
+    can cancel to far below them: the error is bounded against the per-group gradients' norm, not
+    each value's (a per-value 1% failed at 2.2% on a group whose sum had cancelled to a quarter of
+    its terms' spread, CI 2026-12-07)."""
     recipe = gg.Recipe("moe_scaled_op", lambda acc, s: gg.silu(acc * s), grouped=True,
                        operands={"s": gg.Scalar(tensor=True)})
     a, b, offsets, _, _ = grouped_inputs(offsets=(5, 5, 20, 37))
@@ -154,11 +158,13 @@ def test_a_tensor_scalars_gradient_is_per_group():
     grad = torch.randn(37, 48)
     for scale, leaf in ((s, s), (shared.expand(4), shared)):
         gg.op(recipe)(a, b, offsets, scale).float().backward(grad)
-        ref = leaf.detach().double().requires_grad_(True)
-        per_group = ref if ref.numel() == 4 else ref.expand(4)
+        per_group = scale.detach().double().requires_grad_(True)  # one leaf per group, in fp64
         loss = torch.stack([(torch.nn.functional.silu(a[start:end].double() @ b[g].double() * per_group[g]) *
                              grad[start:end].double()).sum()
                             for g, (start, end) in enumerate(group_bounds([5, 5, 20, 37], 37))]).sum()
         loss.backward()
-        assert leaf.grad is not None and ref.grad is not None
-        torch.testing.assert_close(leaf.grad.double(), ref.grad, rtol=1e-2, atol=1e-2)
+        assert leaf.grad is not None and per_group.grad is not None
+        want = per_group.grad if leaf.numel() == 4 else per_group.grad.sum(0, keepdim=True)
+        assert leaf.grad.shape == want.shape
+        error = float((leaf.grad.double() - want).norm())
+        assert error <= 1e-2 * float(per_group.grad.norm()), (leaf.grad, want)

@@ -1,4 +1,5 @@
-"""Hopper (sm_90a): CUTLASS 3.x TMA warp-specialized kernels with WGMMA and an EVT epilogue.
+"""Hopper (sm_90a): CUTLASS 3.x TMA warp-specialized kernels with WGMMA and an EVT epilogue (or
+gemmgen's direct one: `codegen.direct`).
 
 `constraints` says which configs this emitter accepts, `geometry` and `smem` what CUTLASS's sm90
 builders derive from one, `types` the CUTLASS types a kernel instantiates, `params` the fields
