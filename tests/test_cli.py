@@ -188,11 +188,11 @@ def test_epilogue_direct_swaps_the_collective_where_it_computes_the_recipe(tmp_p
     assert rc == 0
     assert "gemmgen::direct::Sm90Direct<" in (tmp_path / "bias_gelu.cu").read_text()
     assert "gemmgen::direct::Sm90Direct<" not in (tmp_path / "row_col_amax.cu").read_text()
-    assert ("gemmgen: row_col_amax: --epilogue direct: does not compute output 'amax_rows': a reduction (amax); "
-            "building its tma epilogue") in err
-    rc, _, err = _run(["generate", str(EXAMPLES), "--recipe", "bias_gelu_aux", "--epilogue", "direct", "--out",
+    assert ("gemmgen: row_col_amax: --epilogue direct: does not compute output 'amax_rows': a reduction per row "
+            "(amax); building its tma epilogue") in err
+    rc, _, err = _run(["generate", str(EXAMPLES), "--recipe", "row_col_amax", "--epilogue", "direct", "--out",
                        str(tmp_path)], capsys)
-    assert rc != 0 and "--epilogue direct: recipe 'bias_gelu_aux': does not compute output 'amax_d'" in err
+    assert rc != 0 and "--epilogue direct: recipe 'row_col_amax': does not compute output 'amax_rows'" in err
     assert "leave out --epilogue" in err
     rc, _, err = _run(["inspect", str(EXAMPLES), "--epilogue", "fast"], capsys)
     assert rc != 0 and "invalid choice: 'fast' (choose from 'tma', 'direct')" in err

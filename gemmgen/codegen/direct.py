@@ -3,7 +3,9 @@
 A direct epilogue computes the recipe one output element at a time, in registers: the generated
 struct's call operator loads the element's operands through direct.hpp's views, applies the op
 table's functors in fp32, one statement per IR node (as an elementwise region's functor reads:
-`evt._region_functor`), and stores every output. It is what a kernel compiles instead of
+`evt._region_functor`), and stores every output; an output reduced over M and N (gemmgen.amax,
+reduce_max, reduce_min) is reduced in the thread's `Partials` and finished per tile (a warp's
+shuffles, one atomic: direct.hpp's ScalarReduction). It is what a kernel compiles instead of
 CUTLASS's visitor tree and TMA epilogue collective under `EpilogueCollective.DIRECT`, for the
 epilogues it can express (`unsupported` says which it cannot, by name).
 """
@@ -12,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import Columns, Op, RecipeIR, post_order
+from ..ir import Columns, Op, RecipeIR, Reduction, post_order
 from ..ir.ops import RANDOM_OPS
 from ..types import DType, Layout, OperandKind
-from .visitor_types import EPI, functor_of
+from .visitor_types import EPI, SCALAR_REDUCTIONS, functor_of, scalar_reduction_functors
 
 #: The generated functor's struct name.
 FUNCTOR = "DirectFunctor"
@@ -27,11 +29,12 @@ DIRECT = "gemmgen::direct"
 class DirectOperand:
     """One view in the functor's Arguments: an operand it reads or an output it writes."""
 
-    kind: str  # "scalar" | "row" | "col" | "matrix"
+    kind: str  # "scalar" | "row" | "col" | "matrix" | "amax" (an output reduced over M and N)
     name: str  # the recipe's operand or output name
     dtype: DType
     per_batch: bool
     output: bool = False
+    reduce: Reduction | None = None  # how an "amax" output reduces
 
     @property
     def member(self) -> str:
@@ -47,7 +50,9 @@ class DirectEpilogue:
 
 def unsupported(recipe: RecipeIR) -> list[str]:
     """What in the recipe (the kernel's view) a direct epilogue does not compute: everything but
-    loads of scalars, vectors and M x N tensors, elementwise ops, casts and M x N stores."""
+    loads of scalars, vectors and M x N tensors, elementwise ops, casts, M x N stores and max-like
+    reductions over M and N (gemmgen.amax, max, min: exact in any order, so atomics keep them
+    deterministic)."""
     ir = recipe.epilogue
     out = []
     if recipe.gemm.grouped:
@@ -59,8 +64,10 @@ def unsupported(recipe: RecipeIR) -> list[str]:
             out.append(f"gemmgen.{n.op.dsl} (column pairs)")
     out += [f"operand {o.name!r} of N/2 or 2N columns" for o in ir.operands if o.columns is not Columns.FULL]
     for o in ir.outputs:
-        if o.reduce is not None:
+        if o.reduce is not None and o.reduce not in SCALAR_REDUCTIONS:
             out.append(f"output {o.name!r}: a reduction ({o.reduce.value})")
+        elif o.reduce is not None and o.dim is not None:
+            out.append(f"output {o.name!r}: a reduction per {'column' if o.dim == 0 else 'row'} ({o.reduce.value})")
         elif o.blocks is not None:
             out.append(f"output {o.name!r}: per block of its columns (gemmgen.{o.blocks.op.value})")
         elif o.column_blocks is not None:
@@ -82,14 +89,18 @@ def build_direct_epilogue(recipe: RecipeIR) -> DirectEpilogue:
     operands = [DirectOperand(kinds[o.kind], o.name, o.dtype, bool(o.per_batch)) for o in ir.operands
                 if o.name in used]
     d = ir.outputs[0]
-    outputs = [DirectOperand("matrix", o.name, recipe.gemm.d if o is d else o.dtype, True, output=True)
-               for o in ir.outputs]
+    outputs = [DirectOperand("matrix" if o.reduce is None else "amax", o.name, recipe.gemm.d if o is d else o.dtype,
+                             True, output=True, reduce=o.reduce) for o in ir.outputs]
+    reduced = [o for o in outputs if o.reduce is not None]
 
     def view(o: DirectOperand) -> str:
         if o.kind == "scalar":
             return f"{DIRECT}::Scalar"
         if o.kind == "matrix":
             return f"{DIRECT}::Matrix<{o.dtype.cutlass}, {column_major}>"
+        if o.reduce is not None:
+            functors = ", ".join(f"{fn}<float>" for fn in scalar_reduction_functors(o.reduce))
+            return f"{DIRECT}::ScalarReduction<{functors}>"
         return f"{DIRECT}::Vector<{o.dtype.cutlass}>"
 
     index = {"scalar": "l", "row": "n, l", "col": "m, l", "matrix": "m, n, l"}
@@ -115,12 +126,21 @@ def build_direct_epilogue(recipe: RecipeIR) -> DirectEpilogue:
             fn, args = functor_of(n, ir.nodes)
             call = f"{fn.removeprefix(EPI + '::')}{{}}({', '.join(label[a] for a in args)})"
         body.append(f"    float const {label[i]} = {call};")
-    stores = [f"    args.{o.member}.store(m, n, l, {label[out.node]});" for o, out in zip(outputs, ir.outputs,
-                                                                                          strict=True)]
+    stores = [f"    args.{o.member}.store(m, n, l, {label[out.node]});" if o.reduce is None else
+              f"    partials.{o.member} = args.{o.member}.reduce(partials.{o.member}, {label[out.node]});"
+              for o, out in zip(outputs, ir.outputs, strict=True)]
     members = [f"    {view(o)} {o.member};" for o in (*operands, *outputs)]
+    start = ", ".join(f"args.{o.member}.identity" for o in reduced)
+    finish = (["  CUTLASS_DEVICE void finish(Arguments const& args, Partials const& partials, int l) const {",
+               *(f"    args.{o.member}.store(partials.{o.member}, l);" for o in reduced), "  }"] if reduced else
+              ["  CUTLASS_DEVICE void finish(Arguments const&, Partials const&, int) const {}"])
     source = "\n".join([
         f"// {recipe.name}'s epilogue, one output element at a time (gemmgen/direct_epilogue.hpp)",
         f"struct {FUNCTOR} {{", "  struct Arguments {", *members, "  };",
-        "  CUTLASS_DEVICE void operator()(Arguments const& args, float acc, int m, int n, int l) const {",
-        f"    using namespace {EPI};", *body, *stores, "  }", "};"])
+        "  struct Partials {  // this thread's values of the outputs reduced over M and N",
+        *(f"    float {o.member};" for o in reduced), "  };",
+        f"  CUTLASS_HOST_DEVICE Partials start({'Arguments const& args' if reduced else 'Arguments const&'}) const "
+        f"{{ return {{{start}}}; }}",
+        "  CUTLASS_DEVICE void operator()(Arguments const& args, Partials& partials, float acc, int m, int n, int l) "
+        "const {", f"    using namespace {EPI};", *body, *stores, "  }", *finish, "};"])
     return DirectEpilogue(source, (*operands, *outputs))

@@ -238,12 +238,16 @@ def clc_scheduler(name: str, s: str) -> list[ParamField]:
 def direct_fields(direct: DirectEpilogue) -> list[ParamField]:
     """The direct epilogue's Params (its functor's Arguments: direct.hpp's views), named as the
     visitors' fields of the same operands where there are such (scalars, vectors), so one argument
-    builder writes both; an M x N tensor read or written is `epilogue.matrix.<name>`."""
+    builder writes both; an M x N tensor read or written is `epilogue.matrix.<name>`, an output
+    reduced over M and N `epilogue.amax.<name>` as the TMA epilogue's."""
     f = []
     for o in direct.operands:
         at = f"{{p}}.epilogue.{o.member}"
         n = f"epilogue.{o.kind}.{o.name}"
-        if o.kind == "scalar":
+        if o.kind == "amax":
+            f += [ParamField(f"{n}.ptr", f"{at}.ptr", "ptr"), ParamField(f"{n}.identity", f"{at}.identity", "f32"),
+                  ParamField(f"{n}.batch_stride", f"{at}.batch_stride", "i64")]
+        elif o.kind == "scalar":
             f += [ParamField(f"{n}.value", f"{at}.value", "f32"), ParamField(f"{n}.ptr", f"{at}.ptr", "ptr"),
                   ParamField(f"{n}.batch_stride", f"{at}.batch_stride", "i64")]
         elif o.kind in ("row", "col"):  # the host writes the batch stride of a vector per batch only

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from ..config import Arch, EpilogueCollective, KernelConfig, Schedule, TileScheduler, kernel_recipe
 from ..errors import ConfigError
 from ..ir import RecipeIR
+from ..types import Layout, OperandKind
 from .direct import unsupported
 
 Rule = Callable[[KernelConfig, RecipeIR], list[str]]
@@ -38,6 +39,16 @@ def direct_epilogue_violations(cfg: KernelConfig, recipe: RecipeIR) -> list[str]
         out.append(f"epilogue direct: with the persistent tile scheduler only, not {cfg.tile_scheduler.value}; "
                    f"{fix} or TileScheduler.PERSISTENT")
     out += [f"epilogue direct: does not compute {what}; {fix}" for what in unsupported(recipe)]
+    column_major = recipe.gemm.layout_d is Layout.COL  # the kernel's view: transposed under swap_ab
+    tensors = sum(o.kind is OperandKind.MATRIX for o in recipe.epilogue.operands) + \
+        sum(o.reduce is None for o in recipe.epilogue.outputs)
+    if cfg.schedule is Schedule.PINGPONG and column_major and cfg.tile[1] >= 128 and tensors > 1:
+        # measured (NVRTC 13.0.88, 2026-12-07): one warpgroup's 128 x 128 accumulators, each with its
+        # own column's 64-bit offset into two M x N tensors, spill 48-88 bytes; every other direct
+        # kernel tried keeps 0 (docs/design/measurements.md, the direct epilogue)
+        out.append(f"epilogue direct: a pingpong {cfg.tile[0]}x{cfg.tile[1]} tile storing D column-major "
+                   f"({'swap_ab' if cfg.swap_ab else 'layout_d col'}) with {tensors} M x N tensors spills "
+                   f"registers; {fix}, Schedule.COOPERATIVE or a tile N of 64")
     return out
 
 

@@ -91,6 +91,18 @@ _SCALAR_REDUCE_FN = {
 }
 
 
+#: The reductions over M and N a kernel computes (the others, sum and log-sum-exp, are per row or column).
+SCALAR_REDUCTIONS = frozenset(_SCALAR_REDUCE_FN)
+
+
+def scalar_reduction_functors(reduce: Reduction) -> tuple[str, str, str]:
+    """(per element, across lanes, into global memory) functor templates of a reduction over M and
+    N, for a reducer that combines a warp's values with shuffles before its atomic (the direct
+    epilogue's `ScalarReduction`): the vector reductions' lane combine."""
+    reg, gmem = _SCALAR_REDUCE_FN[reduce]
+    return reg, _VECTOR_REDUCE_FN[reduce][1], gmem
+
+
 def scalar_reduction_type(reduce: Reduction) -> str:
     """Sm90ScalarReduction into one fp32 per batch (dynamic batch stride)."""
     reg, gmem = _SCALAR_REDUCE_FN[reduce]

@@ -53,8 +53,8 @@ class EpilogueCollective(enum.Enum):
     own (gemmgen/include/gemmgen/direct_epilogue.hpp): each accumulator element goes through a
     functor generated from the recipe, from registers to global memory, with no shared memory. It
     compiles in a fraction of the time (docs/design/measurements.md) but stores element by element
-    instead of with TMA, and takes elementwise epilogues only (`codegen.direct.unsupported`): what
-    you iterate on, not what you ship before you have measured it.
+    instead of with TMA, and takes elementwise epilogues and max-like reductions over M and N only
+    (`codegen.direct.unsupported`): what you iterate on, not what you ship before you have measured it.
     """
 
     TMA = "tma"

@@ -150,7 +150,8 @@ class ArgumentBuilder:
             self.matrices = [(f"epilogue.matrix.{o.name}", o.name, bool(o.per_batch)) for o in epi.operands
                              if o.kind is OperandKind.MATRIX]
             self.shared, self.loads, self.stores, self.d, self.d_sink = [], [], [], None, None
-            self.by_index = [(f"epilogue.matrix.{o.name}", "matrix") for o in epi.outputs]
+            self.by_index = [(f"epilogue.matrix.{o.name}", "matrix") if o.reduce is None else
+                             (f"epilogue.amax.{o.name}", "ptr") for o in epi.outputs]
 
     def values(self, p: Problem, encode: TensorMapEncoder, outputs: bool = True, workspace: int = 0
                ) -> tuple[dict[str, int | float | bytes], tuple[int, int, int]]:

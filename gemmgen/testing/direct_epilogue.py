@@ -18,12 +18,18 @@ import torch
 
 from .cpp_types import EpilogueSourceError, declarations, parse_type
 from .functors import scalar_functor
-from .visitors import convert_to, element_of, values_of
+from .visitors import convert_to, element_of, reduce_into, scalar_reduction_of, values_of
 
-_STRUCT = re.compile(r"^struct DirectFunctor \{\n  struct Arguments \{\n((?:    [^\n]*;\n)*)  \};\n"
-                     r"  CUTLASS_DEVICE void operator\(\)\(Arguments const& args, float acc, int m, int n, int l\) "
-                     r"const \{\n    using namespace gemmgen::epi;\n((?:    [^\n]*;\n)*)  \}\n\};$", re.M)
-_MEMBER = re.compile(r"    gemmgen::direct::(?:(Scalar)|Vector<(.+)>|Matrix<(.+), (true|false)>) (\w+);")
+_STRUCT = re.compile(
+    r"^struct DirectFunctor \{\n  struct Arguments \{\n((?:    [^\n]*;\n)*)  \};\n"
+    r"  struct Partials \{  // [^\n]*\n((?:    float \w+;\n)*)  \};\n"
+    r"  CUTLASS_HOST_DEVICE Partials start\(Arguments const&(?: args)?\) const \{ return \{([\w., ]*)\}; \}\n"
+    r"  CUTLASS_DEVICE void operator\(\)\(Arguments const& args, Partials& partials, float acc, int m, int n, "
+    r"int l\) const \{\n    using namespace gemmgen::epi;\n((?:    [^\n]*;\n)*)  \}\n"
+    r"  CUTLASS_DEVICE void finish\(Arguments const&(?: args)?, Partials const&(?: partials)?, int(?: l)?\) const "
+    r"\{(?:\n((?:    [^\n]*;\n)*)  )?\}\n\};$", re.M)
+_MEMBER = re.compile(r"    gemmgen::direct::(?:(Scalar)|Vector<(.+)>|Matrix<(.+), (true|false)>|"
+                     r"ScalarReduction<(.+)>) (\w+);")
 _INDEX = {"l": "scalar", "n, l": "row", "m, l": "col", "m, n, l": "matrix"}
 
 
@@ -49,21 +55,33 @@ class DirectInterpreter:
             raise EpilogueSourceError("no DirectFunctor of the expected shape in the source")
         # member -> (kind, element, column-major)
         self.members: dict[str, tuple[str, torch.dtype, bool]] = {}
+        self.reductions: dict[str, str] = {}  # member -> "amax", "max" or "min" (visitors' names)
         for line in m.group(1).splitlines():
             v = _MEMBER.fullmatch(line)
             if v is None:
                 raise EpilogueSourceError(f"DirectFunctor member {line.strip()}")
-            scalar, vector, matrix, column_major, name = v.groups()
+            scalar, vector, matrix, column_major, reduction, name = v.groups()
             if scalar:
                 self.members[name] = ("scalar", torch.float32, False)
             elif vector:
                 self.members[name] = ("vector", element_of(parse_type(vector)), False)
-            else:
+            elif matrix:
                 self.members[name] = ("matrix", element_of(parse_type(matrix)), column_major == "true")
-        self.body = m.group(2).splitlines()
+            else:
+                self.members[name] = ("reduction", torch.float32, False)
+                self.reductions[name] = scalar_reduction_of(parse_type(f"R<{reduction}>").args, name)
+        partials = re.findall(r"    float (\w+);", m.group(2))
+        starts = [x for x in m.group(3).split(", ") if x]
+        finishes = (m.group(5) or "").splitlines()
+        if not (partials == list(self.reductions) and starts == [f"args.{r}.identity" for r in partials]
+                and finishes == [f"    args.{r}.store(partials.{r}, l);" for r in partials]):
+            raise EpilogueSourceError(f"DirectFunctor's partials {partials}, start {starts} and finish {finishes} "
+                                      f"do not each take its reductions {list(self.reductions)} once, in order")
+        self.body = m.group(4).splitlines()
 
     def run(self, acc: torch.Tensor, params: DirectParams) -> None:
-        """Evaluate the functor's statements in order on every element, then its stores."""
+        """Evaluate the functor's statements in order on every element, then its stores; each
+        reduction over every element of a batch, then folded into its output, as `finish` does."""
         env = {"acc": acc}
         stored = set()
         for line in self.body:
@@ -74,6 +92,17 @@ class DirectInterpreter:
                 _, element, _ = self._member(member, "matrix")
                 target = self._view(member, params, acc.shape)
                 target.copy_(convert_to(self._read(value, env).expand(acc.shape), element))
+                stored.add(member)
+            elif (s := re.fullmatch(r"    partials\.(\w+) = args\.(\w+)\.reduce\(partials\.(\w+), (\w+)\);",
+                                    line)) is not None and s.group(1) == s.group(2) == s.group(3):
+                member, value = s.group(1), s.group(4)
+                self._member(member, "reduction")
+                at = f"{{p}}.epilogue.{member}"
+                batch_stride = _int(params.raw(f"{at}.batch_stride"), signed=True)
+                target = params.at(_int(params.raw(f"{at}.ptr")), torch.float32, (acc.shape[0],), (batch_stride,), at)
+                identity, = struct.unpack("<f", params.raw(f"{at}.identity"))
+                reduce_into(self.reductions[member], self._read(value, env).expand(acc.shape), identity, target,
+                            batch_stride)
                 stored.add(member)
             else:
                 raise EpilogueSourceError(f"DirectFunctor statement {line.strip()}")

@@ -78,6 +78,31 @@ _VECTOR_REDUCTIONS = {
 }
 
 
+def scalar_reduction_of(functors: tuple[CppType, ...], what: str) -> str:
+    """"amax", "max" or "min": the reduction over M and N whose (per element[, across lanes], into
+    global memory) functors these are, as Sm90ScalarReduction's template arguments or the direct
+    epilogue's ScalarReduction's (each `<float>`) name them."""
+    names = [f.name for f in functors if f.member == "" and [str(a) for a in f.args] in ([], ["float"])]
+    fn = _SCALAR_REDUCTIONS.get((names[0], names[-1])) if len(names) == len(functors) in (2, 3) else None
+    if fn is None or (len(names) == 3 and names[1] != ("cutlass::minimum" if fn == "min" else "cutlass::maximum")):
+        raise EpilogueSourceError(f"{what}: a reduction over M and N with functors {', '.join(map(str, functors))}")
+    return fn
+
+
+def reduce_into(fn: str, x: torch.Tensor, identity: float, target: torch.Tensor, batch_stride: int) -> None:
+    """A reduction over M and N of x (L, M, N): each batch's values reduced from `identity`
+    (maximum / minimum<float> skip NaN, as fmaxf / fminf), then combined, as the atomic does, with
+    what `target` (L fp32, stride `batch_stride`; 0: one value for every batch) holds."""
+    x = x.to(torch.float32)
+    value = x.abs() if fn == "amax" else x
+    reduced = torch.where(torch.isnan(value), identity, value).flatten(1)  # NaNs skipped
+    combine = torch.minimum if fn == "min" else torch.maximum
+    if not batch_stride:  # every batch combines into the one value
+        reduced, target = reduced.reshape(1, -1), target[:1]
+    part = combine(reduced.amin(dim=1) if fn == "min" else reduced.amax(dim=1), torch.tensor(identity))
+    target.copy_(combine(target, part.to(target.dtype)))
+
+
 def element_of(t: CppType) -> torch.dtype:
     if str(t) not in _ELEMENT:
         raise EpilogueSourceError(f"element type {t} is not one gemmgen uses")
@@ -375,16 +400,9 @@ class EpilogueInterpreter:
         batch_stride = struct.unpack("<q", params.raw(f"cute::get<2>({lvalue}.dScalar)"))[0]
         ptr = params.pointer(f"{lvalue}.ptr_scalar", element, (l_ - 1) * batch_stride + 1)
         if ptr is not None:  # EnableNullptr: a null pointer skips the reduction
-            x = inputs[0].to(torch.float32).expand(acc.shape)
-            identity = _element_bits(params.raw(f"{lvalue}.reduction_identity"), torch.float32)
-            value = x.abs() if fn == "amax" else x
-            reduced = torch.where(torch.isnan(value), identity, value).flatten(1)  # NaNs skipped
-            combine = torch.minimum if fn == "min" else torch.maximum
-            if not batch_stride:  # every batch combines into the one value
-                reduced, l_ = reduced.reshape(1, -1), 1
-            part = combine(reduced.amin(dim=1) if fn == "min" else reduced.amax(dim=1), identity)
-            target = ptr.as_strided((l_,), (batch_stride,))
-            target.copy_(combine(target, part.to(element)))  # the atomic combine with what it holds
+            identity = float(_element_bits(params.raw(f"{lvalue}.reduction_identity"), torch.float32))
+            reduce_into(fn, inputs[0].expand(acc.shape), identity, ptr.as_strided((l_,), (batch_stride,)),
+                        batch_stride)
         return inputs[0]
 
     @staticmethod

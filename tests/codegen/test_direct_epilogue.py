@@ -19,24 +19,25 @@ from gemmgen.testing.checks import assert_computes, source_replaced, uncompiled
 
 DIRECT = gg.EpilogueCollective.DIRECT
 #: The examples whose epilogues the direct epilogue computes (the rest are refused by name below).
-DIRECT_EXAMPLES = ("gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination", "quick_gelu_scaled",
-                   "scaled_mm_fp8", "fp8_block_scaled")
+DIRECT_EXAMPLES = ("gemm_bf16", "bias_gelu", "bias_silu_residual", "linear_combination", "bias_gelu_aux",
+                   "quick_gelu_scaled", "scaled_mm_fp8", "fp8_block_scaled")
 
 
 def _mix(acc, alpha, s, bias, scale, c, shared):
     x = alpha * acc + bias * scale
     y = gg.leaky_relu(x, 0.1) + gg.where(x > 0.0, c, 2.0) * s
     z = gg.cast(y, gg.bf16) - shared
-    return {"d": gg.tanh(z) + 1.0, "pre": x}
+    return {"d": gg.tanh(z) + 1.0, "pre": x, "peak": gg.amax(y), "low": gg.reduce_min(z, over_batch=True)}
 
 
 #: Every leaf and view the functor has: scalars by value and per batch, row and column vectors (one
-#: per batch), matrices per batch and shared, an aux output, a cast, a slope, a constant branch.
+#: per batch), matrices per batch and shared, an aux output, a cast, a slope, a constant branch, and
+#: reductions over M and N per batch and over every batch.
 MIX = gg.Recipe("direct_mix", _mix, a=gg.bf16, b=gg.bf16, d=gg.bf16, batched=True,
                 operands={"alpha": gg.Scalar(), "s": gg.Scalar(per_batch=True),
                           "bias": gg.RowVector(gg.bf16, per_batch=True), "scale": gg.ColVector(gg.f32),
                           "c": gg.Matrix(gg.f16), "shared": gg.Matrix(gg.bf16, per_batch=False)},
-                aux={"pre": gg.f32})
+                aux={"pre": gg.f32, "peak": gg.f32, "low": gg.f32})
 
 
 def direct(recipe: gg.Recipe, **changes) -> gg.KernelConfig:
@@ -65,6 +66,10 @@ def test_the_examples_compute_their_recipes(name, examples):
     ("args.in_bias.load(n, l)", "args.in_bias.load(m, l)"),  # a row vector read along M
     ("gemmgen::direct::Matrix<cutlass::half_t, false> in_c", "gemmgen::direct::Matrix<cutlass::half_t, true> in_c"),
     ("args.out_pre.store(m, n, l, add7)", "args.out_pre.store(m, n, l, mul6)"),  # the aux output's value
+    ("partials.out_peak = args.out_peak.reduce(partials.out_peak, add15)",  # a reduction's value
+     "partials.out_peak = args.out_peak.reduce(partials.out_peak, add7)"),
+    ("cutlass::minimum<float>, cutlass::minimum<float>, gemmgen::epi::AtomicMinimum<float>",  # min as max
+     "cutlass::maximum<float>, cutlass::maximum<float>, cutlass::atomic_maximum<float>"),
 ])
 def test_the_emulation_fails_on_a_wrong_functor(old, new):
     ck = uncompiled(MIX, direct(MIX), mutate=source_replaced(old, new))
@@ -82,7 +87,8 @@ def test_the_runtime_fills_each_views_fields():
         "epilogue.scalar.s.value", "epilogue.scalar.s.ptr", "epilogue.scalar.s.batch_stride",
         "epilogue.row.bias.ptr", "epilogue.row.bias.batch_stride", "epilogue.col.scale.ptr",
         "epilogue.col.scale.batch_stride", *(f"epilogue.matrix.{x}.{f}" for x in ("c", "shared", "d", "pre")
-                                             for f in ("ptr", "stride", "batch_stride"))]
+                                             for f in ("ptr", "stride", "batch_stride")),
+        *(f"epilogue.amax.{x}.{f}" for x in ("peak", "low") for f in ("ptr", "identity", "batch_stride"))]
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to run the generated functor on the host")
@@ -90,7 +96,8 @@ def test_the_generated_functor_computes_the_recipe_on_the_host(tmp_path):
     """The functor's C++, as the kernel compiles it, built with g++ against CUTLASS's own numeric
     types and run over every element of a batched problem (accumulators from torch), against the
     recipe's reference: its statements, conversions, views and strides as C++ means them, not as
-    the emulation reads them. It fails when a view indexes the wrong mode (made to, once)."""
+    the emulation reads them. It fails when a view indexes the wrong mode, and when a reduction's
+    store replaces the value instead of combining with it (made to, once each)."""
     generated = render_kernel(MIX.ir, direct(MIX))
     src = generated.source
     functor = src[src.index("// direct_mix's epilogue"):src.index("// Epilogue collective")]
@@ -106,6 +113,7 @@ def test_the_generated_functor_computes_the_recipe_on_the_host(tmp_path):
         arrays.append(f"static uint{width}_t {name}_bits[] = {{{', '.join(str(x % 2 ** width) for x in bits)}}};\n"
                       f"static {ctypes[t.dtype]}* {name} = reinterpret_cast<{ctypes[t.dtype]}*>({name}_bits);\n")
     program = f"""
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <cutlass/numeric_types.h>
@@ -116,6 +124,8 @@ inline uint32_t __float_as_uint(float f) {{ uint32_t b; std::memcpy(&b, &f, 4); 
 {''.join(arrays)}
 static cutlass::bfloat16_t d_out[{batches * m * n}];
 static float pre_out[{batches * m * n}];
+static float peak_out[{batches}];  // per batch, from the runtime's identity fill: 0
+static float low_out[1] = {{INFINITY}};  // over every batch
 {functor}
 int main() {{
   DirectFunctor::Arguments args;
@@ -127,11 +137,19 @@ int main() {{
   args.in_shared = {{shared, {n}, 0}};
   args.out_d = {{d_out, {n}, {m * n}}};
   args.out_pre = {{pre_out, {n}, {m * n}}};
-  for (int l = 0; l < {batches}; ++l)
+  args.out_peak = {{peak_out, 0.0f, 1}};
+  args.out_low = {{low_out, INFINITY, 0}};
+  DirectFunctor const functor{{}};
+  for (int l = 0; l < {batches}; ++l) {{
+    DirectFunctor::Partials partials = functor.start(args);
     for (int m = 0; m < {m}; ++m)
       for (int n = 0; n < {n}; ++n)
-        DirectFunctor{{}}(args, acc[(l * {m} + m) * {n} + n], m, n, l);
+        functor(args, partials, acc[(l * {m} + m) * {n} + n], m, n, l);
+    functor.finish(args, partials, l);
+    functor.finish(args, functor.start(args), l);  // a thread whose elements are all past M or N
+  }}
   for (int i = 0; i < {batches * m * n}; ++i) std::printf("%a %a\\n", float(d_out[i]), pre_out[i]);
+  std::printf("%a %a %a\\n", peak_out[0], peak_out[1], low_out[0]);
 }}
 """
     (tmp_path / "direct.cpp").write_text(program)
@@ -139,18 +157,24 @@ int main() {{
     subprocess.run(["g++", "-std=c++17", "-O1", "-w", *include, "-o", str(tmp_path / "direct"),
                     str(tmp_path / "direct.cpp")], check=True, capture_output=True)
     out = subprocess.run([str(tmp_path / "direct")], check=True, capture_output=True, text=True).stdout.split()
-    got = torch.tensor([float.fromhex(v) for v in out]).view(batches, m, n, 2)
-    d, pre = want  # the recipe's reference on the same inputs
+    values = torch.tensor([float.fromhex(v) for v in out])
+    got = values[:-3].view(batches, m, n, 2)
+    d, pre, peak, low = want  # the recipe's reference on the same inputs
     assert torch.equal(got[..., 1], pre.float()), "the aux output (fp32) is the reference's, bit for bit"
     torch.testing.assert_close(got[..., 0].bfloat16(), d, rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(values[-3:-1], peak.float(), rtol=1e-6, atol=0)  # max |y| per batch
+    torch.testing.assert_close(values[-1], low.float(), rtol=1e-6, atol=0)  # min over every batch
 
 
 def test_what_it_cannot_compute_is_refused_by_name(examples):
-    """Reductions, blocks, pairs, grouped GEMMs, sm_100a and stream-K: a ConfigError before anything
-    is compiled, naming what and the fix."""
-    with pytest.raises(gg.ConfigError, match=r"does not compute output 'amax_d': a reduction \(amax\); "
+    """Sums and per-row or per-column reductions, blocks, pairs, grouped GEMMs, sm_100a, stream-K and
+    the one tile shape whose kernels spilled: a ConfigError before anything is compiled, naming what
+    and the fix."""
+    with pytest.raises(gg.ConfigError, match=r"does not compute output 'sum_sq': a reduction \(sum\); "
                                              r"use EpilogueCollective.TMA"):
-        render_kernel(examples["bias_gelu_aux"].ir, direct(examples["bias_gelu_aux"]))
+        render_kernel(examples["residual_norm_stats"].ir, direct(examples["residual_norm_stats"]))
+    with pytest.raises(gg.ConfigError, match=r"output 'amax_cols': a reduction per column \(amax\)"):
+        render_kernel(examples["row_col_amax"].ir, direct(examples["row_col_amax"]))
     with pytest.raises(gg.ConfigError, match=r"output 'd': per block of its columns \(gemmgen.quantize\)"):
         render_kernel(examples["fp8_quantized"].ir, direct(examples["fp8_quantized"]))
     with pytest.raises(gg.ConfigError, match=r"gemmgen.pairs \(column pairs\)"):
@@ -163,6 +187,11 @@ def test_what_it_cannot_compute_is_refused_by_name(examples):
     with pytest.raises(gg.ConfigError, match="persistent tile scheduler only"):
         render_kernel(examples["bias_gelu"].ir, direct(examples["bias_gelu"],
                                                       tile_scheduler=gg.TileScheduler.STREAM_K))
+    pingpong = dict(tile=(128, 128, 64), cluster=(1, 1, 1), schedule=gg.Schedule.PINGPONG)  # spills swapped (measured)
+    with pytest.raises(gg.ConfigError, match=r"a pingpong 128x128 tile storing D column-major \(swap_ab\) with 2 "
+                                             r"M x N tensors spills registers; use EpilogueCollective.TMA"):
+        render_kernel(examples["bias_gelu_aux"].ir, direct(examples["bias_gelu_aux"], swap_ab=True, **pingpong))
+    render_kernel(examples["bias_gelu"].ir, direct(examples["bias_gelu"], swap_ab=True, **pingpong))  # D alone: kept
     with pytest.raises(gg.ConfigError, match=r"epilogue: expected gemmgen.EpilogueCollective.TMA or .DIRECT"):
         gg.KernelConfig(epilogue="direct")  # type: ignore[arg-type]
 
@@ -176,19 +205,29 @@ def test_the_config_names_it_and_keeps_every_other_key():
     assert gg.KernelConfig().canonical() == [[128, 128, 64], [1, 1, 1], "cooperative", None, "persistent"]
 
 
+def _views(acc, bias, residual):
+    pre = acc + bias
+    d = gg.silu(pre) + residual
+    return {"d": d, "pre": pre, "amax_d": gg.amax(d)}
+
+
+#: One kernel with a view of each kind a compile can get wrong: a vector and a matrix read, an aux
+#: output written, a reduction over M and N (shuffles and an atomic).
+VIEWS = gg.Recipe("direct_views", _views, a=gg.bf16, b=gg.bf16, d=gg.bf16,
+                  operands={"bias": gg.RowVector(gg.bf16), "residual": gg.Matrix(gg.bf16)},
+                  aux={"pre": gg.bf16, "amax_d": gg.f32})
+
+
 @pytest.mark.nvrtc
 def test_a_direct_kernel_compiles_with_wgmma_tma_loads_and_no_local_memory(session_cache):
-    """bias_silu_residual (a vector, a matrix, three ops) built by NVRTC: its SASS has HGMMA, TMA
-    loads, STG and no TMA store, 0 local and stack; the layout probe found every Params field."""
-    from gemmgen.aot import load_recipes
+    """VIEWS built by NVRTC: its SASS has HGMMA, TMA loads, STG and no TMA store, the reduction's
+    shuffles and atomic (REDG), 0 local and stack; the layout probe found every Params field."""
     from gemmgen.compile.build import build_kernel
-    from tests.data import EXAMPLES
 
-    recipe = load_recipes(EXAMPLES)["bias_silu_residual"]
-    k = build_kernel(recipe.ir, direct(recipe), session_cache)
+    k = build_kernel(VIEWS.ir, direct(VIEWS), session_cache)
     report = k.report
     assert report.epilogue == "direct" and report.local_bytes == 0 and report.stack_bytes == 0
     assert report.sass is not None, "cuobjdump read the binary"
     assert report.sass["HGMMA"] > 0 and report.sass["UTMALDG"] > 0 and report.sass["STG"] > 0
-    assert report.sass["UTMASTG"] == 0
+    assert report.sass["UTMASTG"] == 0 and report.sass["SHFL"] > 0 and report.sass["REDG"] > 0
     assert {f.name for f, _, _ in k.params_layout.fields} == {f.name for f in k.generated.fields}

@@ -24,9 +24,11 @@ def required_sass(config: KernelConfig, recipe: RecipeIR) -> SassRequirement:
     registers between its producer and consumer warpgroups; it stores D with TMA, but where D and
     every aux output have N/2 columns (`ir.columns`: written from the registers, pairs.hpp). D's
     row blocks (row_blocks.hpp), a copy's column blocks (column_blocks.hpp) and reductions over M or N
-    combine across lanes: SHFL. The direct epilogue stores from the registers: STG, no TMA store."""
+    combine across lanes: SHFL. The direct epilogue stores from the registers: STG, no TMA store;
+    its reductions over M and N combine a warp's values (SHFL), then atomically (REDG or ATOMG)."""
     if config.epilogue is EpilogueCollective.DIRECT:
-        return (("HGMMA", "QGMMA"), ("UTMALDG",), ("STG",), ("USETMAXREG",), ("SYNCS",))
+        reduced = ((("SHFL",), ("REDG", "ATOMG")) if any(o.reduce is not None for o in recipe.outputs) else ())
+        return (("HGMMA", "QGMMA"), ("UTMALDG",), ("STG",), ("USETMAXREG",), ("SYNCS",), *reduced)
     tma_store = any(o.reduce is None and o.columns is Columns.FULL for o in recipe.outputs)
     lanes = (("SHFL",),) if any(o.dim is not None for o in recipe.outputs) or recipe.epilogue.column_blocks else ()
     return (("HGMMA", "QGMMA"), ("UTMALDG",), *((("UTMASTG",),) if tma_store else ()), ("USETMAXREG",), ("SYNCS",),

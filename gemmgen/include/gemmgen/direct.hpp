@@ -8,9 +8,11 @@
 // (tests/codegen/test_direct_epilogue.py).
 #pragma once
 
-
 #include <cutlass/cutlass.h>
+#include <cutlass/functional.h>
 #include <cutlass/numeric_types.h>
+
+#include <gemmgen/atomics.hpp>
 
 namespace gemmgen::direct {
 
@@ -46,6 +48,34 @@ struct Matrix {
   CUTLASS_HOST_DEVICE float load(int m, int n, int l) const { return float(ptr[offset(m, n, l)]); }
   CUTLASS_HOST_DEVICE void store(int m, int n, int l, float x) const {
     ptr[offset(m, n, l)] = static_cast<Element>(x);
+  }
+};
+
+// An output reduced over M and N into one fp32 per batch, at ptr[l * batch_stride] (gemmgen.amax,
+// and max and min over both dims). A thread reduces its elements from `identity` with `Reduce`
+// (in the functor's partials); `store` then combines a warp's 32 partials with shuffles (`Combine`)
+// and its first lane folds them into memory with `Atomic` (one atomic per warp and tile; the
+// runtime fills the output with the identity first). On the host, where one thread runs every
+// element, the partial is folded in directly.
+template <class Reduce, class Combine, class Atomic>
+struct ScalarReduction {
+  float* ptr = nullptr;
+  float identity = 0.0f;
+  int64_t batch_stride = 0;
+
+  CUTLASS_HOST_DEVICE float reduce(float partial, float x) const { return Reduce{}(partial, x); }
+  CUTLASS_HOST_DEVICE void store(float partial, int l) const {
+#if defined(__CUDA_ARCH__)
+    CUTLASS_PRAGMA_UNROLL
+    for (int lanes = 16; lanes > 0; lanes /= 2) {
+      partial = Combine{}(partial, __shfl_xor_sync(0xffffffff, partial, lanes));
+    }
+    if (threadIdx.x % 32 == 0) {
+      Atomic{}(ptr + l * batch_stride, partial);
+    }
+#else
+    ptr[l * batch_stride] = Combine{}(ptr[l * batch_stride], partial);
+#endif
   }
 };
 

@@ -17,8 +17,11 @@
 
 namespace gemmgen::direct {
 
-// `Functor`: a struct with `Arguments` (the operand views) and
-// `void operator()(Arguments const&, float acc, int m, int n, int l) const`.
+// `Functor`: a struct with `Arguments` (the operand views), `Partials` (a thread's values of the
+// outputs it reduces, direct.hpp's ScalarReduction), `Partials start(Arguments const&)`,
+// `void operator()(Arguments const&, Partials&, float acc, int m, int n, int l)` (one element)
+// and `void finish(Arguments const&, Partials const&, int l)` (the tile's reductions, from every
+// thread of a warp together).
 template <class Functor, class ElementD_>
 class Sm90DirectEpilogue {
  public:
@@ -59,7 +62,8 @@ class Sm90DirectEpilogue {
   CUTLASS_DEVICE bool is_source_needed() { return false; }
 
   // Each of this thread's accumulators at its place in the problem: the MMA's partition of the
-  // tile's coordinates, offset to the tile; elements past M or N (a partial tile) are skipped.
+  // tile's coordinates, offset to the tile; elements past M or N (a partial tile) are skipped, and
+  // the reductions are finished by every thread, whatever its elements were.
   template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class AccEngine, class AccLayout,
             class TiledMma, class ResidueMNK>
   CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, TileShapeMNK tile_shape_mnk,
@@ -75,14 +79,16 @@ class Sm90DirectEpilogue {
     static_assert(decltype(size(coords))::value == decltype(size(accumulators))::value,
                   "one coordinate per accumulator");
     Functor const functor{};
+    typename Functor::Partials partials = functor.start(params_);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(accumulators); ++i) {
       int const m = m0 + int(get<0>(coords(i)));
       int const n = n0 + int(get<1>(coords(i)));
       if (m < M && n < N) {
-        functor(params_, accumulators(i), m, n, l);
+        functor(params_, partials, accumulators(i), m, n, l);
       }
     }
+    functor.finish(params_, partials, l);
   }
 
  private:
