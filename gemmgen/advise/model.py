@@ -188,20 +188,9 @@ def rank_layers(spec: ModelSpec, plan: ParallelPlan, tokens: int, precision: Any
         return FusedLinear(n_in, n_out, bias=bias, device="meta", dtype=torch.bfloat16, precision=precision)
 
     def mlp(name: str, n_in: int, hidden: int, act: str, repeats: int) -> list[RankLayer]:
-        """A FusedMLP; where the precision has no kernel over its gated pairs, what `fuse` makes of
-        the module instead: gate with its activation, up and down, three FusedLinears."""
-        try:
-            return [RankLayer(name, FusedMLP(n_in, hidden, n_in, activation=act, bias=False, device="meta",
-                                             dtype=torch.bfloat16, precision=precision), repeats, t)]
-        except InvalidArgument:
-            if act not in _GATED.values():
-                raise
-            base = {"swiglu": "silu", "geglu": "gelu"}[act]
-            gate = FusedLinear(n_in, hidden, bias=False, activation=base, device="meta", dtype=torch.bfloat16,
-                               precision=precision)
-            return [RankLayer(f"{name}.gate", gate, repeats, t),
-                    RankLayer(f"{name}.up", linear(n_in, hidden), repeats, t),
-                    RankLayer(f"{name}.down", linear(hidden, n_in), repeats, t)]
+        """A FusedMLP, as `fuse(mlp=True)` makes of the model's MLP (gated ones under every precision)."""
+        return [RankLayer(name, FusedMLP(n_in, hidden, n_in, activation=act, bias=False, device="meta",
+                                         dtype=torch.bfloat16, precision=precision), repeats, t)]
 
     out: list[RankLayer] = []
     layers, heads = spec.layers, spec.heads // tp

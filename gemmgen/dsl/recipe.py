@@ -235,9 +235,6 @@ class Recipe:
         if self.ir.epilogue.pairs and self.gemm.layout_d is Layout.COL:
             raise RecipeError("layout_d: column pairs (gg.pairs) read and write row-major tensors from the "
                               "registers; declare the recipe with layout_d=RowMajor (the default)")
-        if self.ir.epilogue.pairs and self.gemm.microscaling is not None:
-            raise RecipeError(f"epilogue: column pairs (gg.pairs) with block_scale={self.gemm.microscaling!r} are not "
-                              "supported yet; scale the GEMM per row and column instead (gg.ColVector / gg.RowVector)")
         if config is not None:
             validate(config, self.ir)
         self.config = config

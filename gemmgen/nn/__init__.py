@@ -33,7 +33,8 @@ from .grouped import GroupedLinear, grouped_linear_recipe
 from .launches import model_launches
 from .linear import FusedLinear, linear_recipe
 from .microscaled import MXFP8Linear, NVFP4Linear, mxfp8_linear_recipe, nvfp4_linear_recipe
-from .mlp import FusedMLP, MLPSecondLayer, mlp_backward
+from .mlp import FusedMLP, MLPSecondLayer
+from .mlp_kernels import mlp_backward
 from .pairs import interleave_pairs, split_pairs
 
 __all__ = ["ACTIVATIONS", "BlockScaledGroupedLinear", "BlockScaledLinear", "FusedLinear", "FusedMLP", "GroupedExperts",

@@ -164,10 +164,9 @@ def fuse(model: nn.Module, *, unpaired: bool = False, compute_dtype: torch.dtype
     into the fused model and its state_dict into the unfused one, and the parameters an optimizer
     already holds are the ones that get the gradients. Modules inside gemmgen's own (a model
     fused before) are left alone. `precision` (`gemmgen.training.Float8Blockwise()`, say) trains
-    the FusedLinears and FusedMLPs in that low precision (docs/training.md); a Linear whose
-    features are not multiples of 16 is then kept, and gated MLPs are not made FusedMLPs (gemmgen
-    has no block-scaled kernel over column pairs yet): their gate Linear and activation are fused
-    as any pair. `recompute` and `accumulate_grad` set those options (FusedLinear's, FusedMLP's)
+    the FusedLinears and FusedMLPs in that low precision (docs/training.md), gated ones included
+    (without biases, as Llama's); a Linear whose features are not multiples of 16 is then kept.
+    `recompute` and `accumulate_grad` set those options (FusedLinear's, FusedMLP's)
     on every layer fuse makes: backward recomputes the fused GEMM instead of keeping its
     accumulator, and weight gradients are added in fp32 into each weight's `main_grad`.
 
@@ -341,7 +340,8 @@ def _gated_mlps(model: nn.Module, modules: list[tuple[str, nn.Module]], target: 
             continue
         activation = _GATED[activation_of(owner.get_submodule(found[3])) or ""]
         try:
-            fused = FusedMLP.gated(owner, found, activation, target.compute_dtype, found[0] == found[1])
+            fused = FusedMLP.gated(owner, found, activation, target.compute_dtype, found[0] == found[1],
+                                   target.precision)
         except InvalidArgument as e:  # down does not take gate's outputs: not the MLP it looks like
             out[qualified] = (None, f"{name}: not a FusedMLP ({e}); its Linears are fused one by one")
             continue
@@ -361,8 +361,6 @@ def _gated_mlps(model: nn.Module, modules: list[tuple[str, nn.Module]], target: 
 def _gated_kept_because(owner: nn.Module, found: tuple[str, str, str, str], target: _Target,
                         registered: Counter[int]) -> str | None:
     """Why the gated MLP `owner` (children `found`: gate, up, down, act) is not made a FusedMLP."""
-    if target.precision is not None:
-        return f"{target.precision} has no kernel over gate and up column pairs yet"
     gate, up, down = (owner.get_submodule(n) for n in found[:3])
     act = owner.get_submodule(found[3])
     linears = (gate, up, down)

@@ -232,7 +232,8 @@ class FusedLinear(RecipeModule):
 
     @classmethod
     def sharing(cls, parameters: dict[str, Any], in_features: int, out_features: int, activation: str | None,
-                compute_dtype: torch.dtype | None, weight_in_out: bool = False) -> FusedLinear:
+                compute_dtype: torch.dtype | None, weight_in_out: bool = False,
+                precision: Precision | None = None) -> FusedLinear:
         """A FusedLinear registered nowhere whose `weight` and `bias` are the entries of
         `parameters`: the very dict another module registers its own in (`module._parameters`),
         so that `.to()`, load_state_dict (`assign=True` too) and replaced parameters reach it. How
@@ -241,7 +242,7 @@ class FusedLinear(RecipeModule):
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.__dict__["_parameters"] = parameters
-        layer._configure(in_features, out_features, activation, compute_dtype, False, False, None,
+        layer._configure(in_features, out_features, activation, compute_dtype, False, False, precision,
                          weight_in_out=weight_in_out)
         layer._set_recipes()
         return layer

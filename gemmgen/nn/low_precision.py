@@ -33,7 +33,6 @@ from ..integrations.ops import OpCaller, caller, direct_call_allowed, kernel_for
 from ..training import AmaxHistory, Gemm, Operand, Precision, QuantizedWeight, as_precision
 from ..types import DType
 from .activations import activation_backward, linear_recipe
-from .base import GATED
 from .grads import main_grad
 
 
@@ -87,9 +86,6 @@ def check_precision(value: object, in_features: int, out_features: int, activati
     precision = as_precision(value, where)
     if precision is None:
         return None
-    if activation in GATED and not precision.column_pairs:
-        raise InvalidArgument(f"{where}: a gated activation ({activation}) with precision={precision}: gemmgen has no "
-                              "microscaled kernel over column pairs yet; use Float8Blockwise() or leave precision= out")
     for name, features in (("in_features", in_features), ("out_features", out_features)):
         if features % 16:
             raise InvalidArgument(f"{where}: {name} = {features} is not a multiple of 16: {precision} reads fp8 rows "
@@ -115,7 +111,7 @@ class WeightCache:
     Under CUDA-graph capture nothing is held: the graph quantizes on each replay."""
 
     def __init__(self) -> None:
-        self._held: tuple[int, QuantizedWeight] | None = None  # (id of the weight, its copies): one weight
+        self._held: tuple[tuple[int, ...], QuantizedWeight] | None = None  # (ids of its sources, its copies)
         self._histories: dict[str, AmaxHistory | None] = {}
         self.quantized = 0  # how many times a weight was quantized (tests count them)
 
@@ -126,10 +122,12 @@ class WeightCache:
             self._histories[tensor] = precision.history()
         return self._histories[tensor]
 
-    def get(self, w: torch.Tensor, gemms: QuantizesWeights, source: torch.Tensor | None = None) -> QuantizedWeight:
-        """`w` quantized by `gemms`, held until its values change; with `source`, the parameter `w`
-        is made from per call (an interleaved copy), whose values decide instead. One weight per
-        cache: another one replaces it (a moved or replaced parameter)."""
+    def get(self, w: torch.Tensor, gemms: QuantizesWeights,
+            source: torch.Tensor | tuple[torch.Tensor, ...] | None = None) -> QuantizedWeight:
+        """`w` quantized by `gemms`, held until its values change; with `source`, the parameters `w`
+        is made from per call (a transposed or interleaved copy: a gated MLP's gate and up), whose
+        values decide instead. One weight per cache: another one replaces it (a moved or replaced
+        parameter)."""
         history = self.history("weight", gemms.precision)
         if w.is_cuda and torch.cuda.is_current_stream_capturing():
             if history is not None:
@@ -141,17 +139,16 @@ class WeightCache:
             # the next optimizer step)
             self.quantized += 1
             return gemms.weight(w)
-        values = w if source is None else source
-        key = id(values)
+        sources = (w,) if source is None else source if isinstance(source, tuple) else (source,)
+        key = tuple(map(id, sources))
+        version = tuple(map(gemms.precision.weight_version, sources))
         held = self._held[1] if self._held is not None and self._held[0] == key else None
-        if held is None or held.version != gemms.precision.weight_version(values):
+        if held is None or held.version != version:
             if held is not None:  # an optimizer step: the histories' next scales
                 for h in self._histories.values():
                     if h is not None:
                         h.advance()
-            held = gemms.weight(w, history)
-            if source is not None:
-                held = dataclasses.replace(held, version=gemms.precision.weight_version(source))
+            held = dataclasses.replace(gemms.weight(w, history), version=version)
             self._held = (key, held)
             self.quantized += 1
         return held
@@ -273,9 +270,9 @@ class LowPrecisionMLP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, gemms: MLPGemms, caches: tuple[WeightCache, WeightCache], accumulate: bool,
-                x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
-                b2: torch.Tensor | None) -> torch.Tensor:
-        q1, q2 = caches[0].get(w1, gemms.fc1), caches[1].get(w2, gemms.fc2)
+                w1_source: tuple[torch.Tensor, ...] | None, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None,
+                w2: torch.Tensor, b2: torch.Tensor | None) -> torch.Tensor:
+        q1, q2 = caches[0].get(w1, gemms.fc1, w1_source), caches[1].get(w2, gemms.fc2)
         fc1_args = (*forward_operands(gemms.fc1, caches[0], x, q1), *(() if b1 is None else (b1,)))
         h: torch.Tensor | Operand
         kept_h: torch.Tensor | Operand
@@ -304,7 +301,7 @@ class LowPrecisionMLP(torch.autograd.Function):
         q1, q2 = ctx.q
         w1, b1, w2, saved_acc, x, h = ctx.saved_tensors
         kept_x, kept_h = (o if o is not None else t for o, t in zip(ctx.operands, (x, h), strict=True))
-        _, _, _, need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad
+        _, _, _, _, need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad
         g = g.contiguous()
         c1, c2 = ctx.caches
         gq = gemms.fc2.operand(g, Gemm.DGRAD, "a", c2.history("grad", gemms.fc2.precision))
@@ -324,7 +321,7 @@ class LowPrecisionMLP(torch.autograd.Function):
         gb1 = outs["grad_bias"].to(b1.dtype) if b1 is not None and need_b1 else None
         gw2 = weight_gradient(gemms.fc2, c2, w2, g, kept_h, ctx.accumulate) if need_w2 else None
         gb2 = g.sum(0) if ctx.has_b2 and need_b2 else None
-        return None, None, None, gx, gw1, gb1, gw2, gb2
+        return None, None, None, None, gx, gw1, gb1, gw2, gb2
 
 
 __all__ = ["LinearGemms", "LowPrecisionLinear", "LowPrecisionMLP", "MLPGemms", "QuantizesWeights", "WeightCache",

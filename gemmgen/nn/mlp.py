@@ -37,8 +37,6 @@ call time (`_fc1_parameters`).
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -49,9 +47,7 @@ from .. import tuning
 from ..config import Arch, KernelConfig
 from ..dsl import Backward, Recipe
 from ..errors import InvalidArgument
-from ..integrations.ops import OpCaller, caller
 from ..training import Precision
-from ..types import Layout
 from .base import (
     COMPUTE_DTYPES,
     GATED,
@@ -66,7 +62,7 @@ from .base import (
     warn_no_kernel,
 )
 from .grads import accumulating, halves_weight_grad, pairs_weight_grad, weight_grad
-from .linear import FusedLinear, linear_recipe, training_flag
+from .linear import FusedLinear, training_flag
 from .low_precision import (
     LowPrecisionMLP,
     MLPGemms,
@@ -76,52 +72,9 @@ from .low_precision import (
     forward_operands,
     mlp_gemms,
 )
+from .mlp_kernels import MLPKernels, mlp_kernels
 from .pairs import GateUpHalf, contents_key, interleave_pairs, same_contents
 from .plan import mlp_plan
-
-
-@functools.cache
-def mlp_backward(activation: str, bias: bool, dtype: torch.dtype, recompute: bool,
-                 weight_in_out: bool = False) -> Backward:
-    """fc1's derived backward (`Recipe.backward`): for fc2's dgrad GEMM (A = dL/dY, B = W2 as
-    stored: out x hidden, row-major; with `weight_in_out`, GPT-2's Conv1D, hidden x out, read as
-    a column-major B), reading the saved accumulator; with `recompute`, fc1's own GEMM again,
-    reading dL/dh and also writing h (`fwd_d`)."""
-    fc1 = linear_recipe(activation, bias, dtype, weight_in_out=weight_in_out)
-    if not recompute:
-        saving = fc1.backward(layout_b=Layout.COL if weight_in_out else None)
-        if not saving.recompute:  # a gated fc1 with a bias recomputes (Recipe.backward)
-            return saving
-    return fc1.backward(recompute=True, recompute_d=True)
-
-
-@dataclass(frozen=True)
-class MLPKernels:
-    """The gemmgen ops a FusedMLP launches computing in one dtype: each layer's forward, fc1's
-    forward that also stores what backward reads (`fc1_saving`), and backward's derived kernel
-    (`bwd`). Made once per kind (`mlp_kernels`) and captured by each forward, so that backward runs
-    what its forward saved for whatever the module's options are by then."""
-
-    backward: Backward
-    fc1: OpCaller
-    fc1_saving: OpCaller
-    bwd: OpCaller
-    fc2: OpCaller
-
-    @property
-    def recompute(self) -> bool:
-        return self.backward.recompute
-
-
-@functools.cache
-def mlp_kernels(activation: str, bias1: bool, bias2: bool, dtype: torch.dtype, recompute: bool,
-                weight_in_out: bool = False) -> MLPKernels:
-    """A FusedMLP's `MLPKernels` (shared by every module of the same kind); `weight_in_out`: both
-    layers' weights stored in x out (GPT-2's Conv1D)."""
-    backward = mlp_backward(activation, bias1, dtype, recompute, weight_in_out)
-    return MLPKernels(backward, caller(linear_recipe(activation, bias1, dtype, weight_in_out=weight_in_out)),
-                      caller(backward.forward), caller(backward.kernel),
-                      caller(linear_recipe(None, bias2, dtype, weight_in_out=weight_in_out)))
 
 
 class _MLPFunction(torch.autograd.Function):
@@ -279,14 +232,16 @@ class FusedMLP(RecipeModule):
 
     @classmethod
     def gated(cls, owner: nn.Module, names: tuple[str, str, str, str], activation: str,
-              compute_dtype: torch.dtype | None = None, chunked: bool = False) -> FusedMLP:
+              compute_dtype: torch.dtype | None = None, chunked: bool = False,
+              precision: Precision | None = None) -> FusedMLP:
         """A FusedMLP to take the place of `owner`, a gated MLP whose forward is
         `down(act(gate(x)) * up(x))` (`names`: its children gate, up, down and act): its children
         are owner's, under the same names (so the state_dict keys, and the parameters gradients
         reach, stay the module's), and fc1's weight is gate's and up's rows interleaved at call
         time (`_fc1_parameters`). What `fuse(mlp=True)` makes of Llama's MLP. `chunked`: gate and
         up are the halves of one Linear's rows (`names[0]`, also `names[1]`), as in a chunked GLU
-        `down(act(a) * b)` with `a, b = wi(x).chunk(2, dim=-1)` (ModernBERT's)."""
+        `down(act(a) * b)` with `a, b = wi(x).chunk(2, dim=-1)` (ModernBERT's). `precision` trains
+        it in a low precision, as `FusedMLP(..., precision=)` (no biases then)."""
         wi = owner.get_submodule(names[0])
         gate: nn.Module | GateUpHalf
         up: nn.Module | GateUpHalf
@@ -320,11 +275,11 @@ class FusedMLP(RecipeModule):
         mlp.__dict__["_pairs_parameters"] = pairs
         mlp._forget_pairs(compute_dtype or gate.weight.dtype)
         mlp.__dict__["fc1"] = FusedLinear.sharing(pairs, gate.in_features, gate.out_features, activation,
-                                                  compute_dtype)
+                                                  compute_dtype, precision=precision)
         mlp.__dict__["fc2"] = FusedLinear.sharing(down._parameters, down.in_features, down.out_features, None,
-                                                  compute_dtype)
+                                                  compute_dtype, precision=precision)
         mlp._check_dtypes(gate.weight, down.weight)
-        mlp._configure(False, False, None)
+        mlp._configure(False, False, precision)
         return mlp
 
     def _check_dtypes(self, w1: torch.Tensor, w2: torch.Tensor) -> None:
@@ -449,14 +404,7 @@ class FusedMLP(RecipeModule):
         whose gradient autograd takes apart again), else kept until they change (`_pairs`)."""
         if not self.__dict__.get("_gated"):
             return self.fc1.kernel_parameters(dtype)
-        hidden, n_in = self.fc1.out_features, self.fc1.in_features
-        names = self.__dict__["_gated"]
-        if self.__dict__.get("_chunked"):
-            check_parameter(f"{names[0]}.weight", self.get_submodule(names[0]).get_parameter("weight"),
-                            (2 * hidden, n_in), "(2 x hidden, in_features): its halves gate and up")
-        gate, up = self._gate_up()
-        for name, layer in zip(names, (gate, up), strict=False):
-            check_parameter(f"{name}.weight", layer.weight, (hidden, n_in), "(hidden, in_features)")
+        gate, up = self._checked_gate_up()
         tracked = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (gate.weight, up.weight, gate.bias, up.bias))
         w1: torch.Tensor
@@ -469,6 +417,29 @@ class FusedMLP(RecipeModule):
         else:
             w1, b1 = self._pairs(dtype)
         return w1.t(), b1
+
+    def _checked_gate_up(self) -> tuple[nn.Linear | GateUpHalf, nn.Linear | GateUpHalf]:
+        """A gated module's gate and up, their weights checked against fc1's shape."""
+        hidden, n_in = self.fc1.out_features, self.fc1.in_features
+        names = self.__dict__["_gated"]
+        if self.__dict__.get("_chunked"):
+            check_parameter(f"{names[0]}.weight", self.get_submodule(names[0]).get_parameter("weight"),
+                            (2 * hidden, n_in), "(2 x hidden, in_features): its halves gate and up")
+        gate, up = self._gate_up()
+        for name, layer in zip(names, (gate, up), strict=False):
+            check_parameter(f"{name}.weight", layer.weight, (hidden, n_in), "(hidden, in_features)")
+        return gate, up
+
+    def _master_fc1(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """fc1's weight (out x in) in its own dtype (the master weights a precision quantizes) and,
+        for a gated module, the parameters it is interleaved from per call, whose values say when
+        to quantize it again (`WeightCache.get`)."""
+        names = self.__dict__.get("_gated")
+        if names is None:
+            return self.fc1.weight, None
+        gate, up = self._checked_gate_up()
+        return (_interleaved(gate.weight, up.weight, gate.weight.dtype),
+                tuple(self.get_submodule(n).get_parameter("weight") for n in dict.fromkeys(names[:2])))
 
     def _fc1_weight_grad(self, g_acc1: torch.Tensor, x: torch.Tensor, accumulate: bool) -> torch.Tensor | None:
         """fc1's weight gradient, for its kernel's B (`grads.weight_grad`); a gated module's into
@@ -488,10 +459,10 @@ class FusedMLP(RecipeModule):
             warn_no_kernel(self, dtype)
             return self.reference(x)
         x2, lead = self.fc1.rows(x, dtype)
+        if self.precision is not None:
+            return dense_output(self._low_precision(x2, dtype), (*lead, self.fc2.out_features), out_dtype)
         w1, b1 = self._fc1_parameters(dtype)
         w2, b2 = self.fc2.kernel_parameters(dtype)
-        if self.precision is not None:
-            return dense_output(self._low_precision(x2, dtype, b1, b2), (*lead, self.fc2.out_features), out_dtype)
         kernels = self._kernels_for(dtype, b1 is not None, b2 is not None)
         params = (x2, w1, b1, w2, b2)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params):
@@ -501,18 +472,19 @@ class FusedMLP(RecipeModule):
             y = kernels.fc2(h, w2) if b2 is None else kernels.fc2(h, w2, b2)
         return dense_output(y, (*lead, self.fc2.out_features), out_dtype)
 
-    def _low_precision(self, x: torch.Tensor, dtype: torch.dtype, b1: torch.Tensor | None,
-                       b2: torch.Tensor | None) -> torch.Tensor:
+    def _low_precision(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """forward in `precision` (nn.low_precision): the weights as they are (bf16 or fp32 master
         weights, quantized once per optimizer step), the biases in `dtype`."""
         if self.fc2.out_features % 16:
             raise InvalidArgument(f"FusedMLP: out_features = {self.fc2.out_features} is not a multiple of 16: "
                                   f"{self.precision} reads fp8 rows along it; leave precision= out")
+        w1, source = self._master_fc1()
+        b1, b2 = self.fc1.kernel_parameters(dtype)[1], self.fc2.kernel_parameters(dtype)[1]
         gemms = mlp_gemms(self.precision, self.activation, b1 is not None, b2 is not None, dtype)
-        params = (x, self.fc1.weight, b1, self.fc2.weight, b2)
+        params = (x, w1, b1, self.fc2.weight, b2)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params):
-            return LowPrecisionMLP.apply(gemms, self._weights, self._accumulate_grad, *params)
-        q1, q2 = self._weights[0].get(params[1], gemms.fc1), self._weights[1].get(params[3], gemms.fc2)
+            return LowPrecisionMLP.apply(gemms, self._weights, self._accumulate_grad, source, *params)
+        q1, q2 = self._weights[0].get(w1, gemms.fc1, source), self._weights[1].get(params[3], gemms.fc2)
         caches = self._weights
         h = gemms.fc1.fprop(*forward_operands(gemms.fc1, caches[0], x, q1), *(() if b1 is None else (b1,)))
         return gemms.fc2.fprop(*forward_operands(gemms.fc2, caches[1], h, q2), *(() if b2 is None else (b2,)))

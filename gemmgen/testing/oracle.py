@@ -179,7 +179,9 @@ class OracleProgram:
             # an epilogue over column pairs: the probe of its registers' pairing (sm90's with D's element)
             pairs_probes=[_pairs_probe(kernel)] if kernel.kernel_recipe.epilogue.pairs else [])
         self._build_dir = build_dir
-        self.key = _digest([self])
+        # the kernel part, whatever recipe named it: two recipes of the same kernel (an MLP's fc2
+        # fprop and fc1 dgrad, say) share one namespace, so one program holds it once
+        self.key = _digest([{**self.context, "recipe_name": ""}])
         # a program built with others serves every OracleProgram of the same kernel part
         self.exe, self.index = _BUILT.get(self.key) or (build_dir / f"oracle-{kernel.recipe.name}-{self.key}", 0)
 
@@ -376,12 +378,12 @@ def _pairs_probe(kernel: GeneratedKernel) -> str:
     return f"gemmgen::epi::probe_pairs<CollectiveEpilogue, TiledMma, {kernel.kernel_recipe.gemm.d.cutlass}>()"
 
 
-def _source(programs: list[OracleProgram]) -> str:
-    return template_environment().get_template("oracle_host.cu.j2").render(kernels=[p.context for p in programs])
+def _source(contexts: list[dict[str, Any]]) -> str:
+    return template_environment().get_template("oracle_host.cu.j2").render(kernels=contexts)
 
 
-def _digest(programs: list[OracleProgram]) -> str:
-    return hashlib.sha256(_source(programs).encode()).hexdigest()[:16]
+def _digest(contexts: list[dict[str, Any]]) -> str:
+    return hashlib.sha256(_source(contexts).encode()).hexdigest()[:16]
 
 
 #: kernel part's digest -> (program, index) of each kernel `build_oracles` compiled in this process
@@ -399,12 +401,15 @@ def build_oracles(programs: list[OracleProgram], build_dir: Path, nice: bool = F
     arches = {p.kernel.arch for p in programs}
     if len(arches) != 1:
         raise ValueError(f"one oracle program builds kernels of one arch, got {sorted(a.value for a in arches)}")
-    name = programs[0].kernel.recipe.name if len(programs) == 1 else f"{len(programs)}-kernels"
-    exe = build_dir / f"oracle-{name}-{_digest(programs)}"
+    parts = list({p.key: p for p in programs}.values())  # each kernel once
+    contexts = [p.context for p in parts]
+    name = parts[0].kernel.recipe.name if len(parts) == 1 else f"{len(parts)}-kernels"
+    key = parts[0].key if len(parts) == 1 else hashlib.sha256(" ".join(p.key for p in parts).encode()).hexdigest()[:16]
+    exe = build_dir / f"oracle-{name}-{key}"  # a single kernel's: where OracleProgram looks first
     if not exe.is_file():
         build_dir.mkdir(parents=True, exist_ok=True)
         src = exe.with_suffix(".cu")
-        src.write_text(_source(programs))
+        src.write_text(_source(contexts))
         tc = toolchain()
         # The host compiler is over half of the build; collecting its heap less often (2 GiB before
         # the first collection) saves about a tenth of its CPU for half a GB more memory (measured:
@@ -424,9 +429,10 @@ def build_oracles(programs: list[OracleProgram], build_dir: Path, nice: bool = F
         if proc.returncode != 0:
             raise ToolchainError(f"nvcc failed to build the oracle {src} (exit {proc.returncode}):\n{stderr[-4000:]}")
         os.replace(str(exe) + ".tmp", exe)
-    for i, p in enumerate(programs):
-        p.exe, p.index = exe, i
-        _BUILT[p.key] = (exe, i)
+    index = {p.key: i for i, p in enumerate(parts)}
+    for p in programs:
+        p.exe, p.index = exe, index[p.key]
+        _BUILT[p.key] = (exe, index[p.key])
     return exe
 
 

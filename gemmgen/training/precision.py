@@ -84,8 +84,6 @@ class Precision:
 
     save_original_input: bool = False
 
-    #: whether its kernels take an epilogue over column pairs (a gated MLP's fc1)
-    column_pairs: ClassVar[bool] = True
     #: what its kernels' names end in before the GEMM's
     suffix: ClassVar[str] = ""
     #: whether it runs a GroupedLinear's step (grouped and K-grouped kernels of its own)
@@ -366,12 +364,10 @@ class MXFP8(Precision):
     every operand in 1 x 32 blocks along each GEMM's K, one E8M0 scale per block rounded *up*,
     2^ceil(log2(amax / 448)) (the rounding that trained an 8B model on 15T tokens like bf16; the OCP
     spec's floor makes the largest values saturate). No transpose is exact here: the weight's
-    column-wise copy is quantized from the weight again, along out_features. Column pairs (SwiGLU)
-    have no microscaled kernel yet."""
+    column-wise copy is quantized from the weight again, along out_features."""
 
     suffix: ClassVar[str] = "mxfp8"
     dtype: ClassVar[DType] = DType.E4M3
-    column_pairs: ClassVar[bool] = False
 
     def block_scale(self, gemm: Gemm) -> Microscaling:
         return Microscaling.MXFP8

@@ -243,16 +243,17 @@ def test_a_missing_or_wrong_config_is_named(tmp_path):
         ga.load_config(bad)
 
 
-def test_a_gated_mlp_under_a_precision_without_pair_kernels_is_what_fuse_makes():
-    """MXFP8 has no microscaled kernel over column pairs: the MLP is gate (with its activation), up
-    and down, each an MXFP8 FusedLinear, as `fuse(precision=MXFP8())` makes Llama's MLP."""
+def test_a_gated_mlp_under_mxfp8_is_one_fused_mlp_as_fuse_makes():
+    """MXFP8 has microscaled kernels over column pairs: the MLP is one FusedMLP (fc1 the gate and up
+    over pairs, fc2 down), as `fuse(mlp=True, precision=MXFP8())` makes Llama's MLP."""
     gpu = ga.gpu("b200")
     found = ga.advise(LLAMA, 2048, gpu, precision=ga.precision("mxfp8", gpu), precision_name="mxfp8", scan=False)
     mlp = [a for a in found.gemms if a.gemm.layer.startswith("mlp")]
-    assert {a.gemm.layer for a in mlp} == {"mlp.gate", "mlp.up", "mlp.down"}
+    assert {a.gemm.layer for a in mlp} == {"mlp.fc1", "mlp.fc2"}
     assert all(a.kind == "fp8" and a.config is not None and a.config.arch.value == "sm_100a" for a in mlp)
-    gate = next(a for a in mlp if a.gemm.layer == "mlp.gate" and a.gemm.pass_ is Pass.FPROP)
-    assert gate.gemm.recipe is not None and "silu" in gate.gemm.recipe.name
+    fc1 = next(a for a in mlp if a.gemm.pass_ is Pass.FPROP and a.gemm.recipe is not None
+               and "swiglu" in a.gemm.recipe.name)
+    assert fc1.gemm.recipe is not None and "mxfp8" in fc1.gemm.recipe.name
 
 
 @pytest.mark.parametrize("precision", ["fp8-blockwise", "fp8-tensorwise"])

@@ -230,9 +230,23 @@ def gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
 
 
 def sm100_gpu_matrix() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
-    """The sm_100a kernels tests/gpu/test_sm100_gpu.py launches on a B200: each example the sm100
-    emitter accepts at its sm_100a default, on a pair of SMs (256 x 128 in a 2 x 1 cluster) and at a
-    decode step (swapped); the grouped ones also swapped for groups of few rows."""
+    """The sm_100a kernels tests/gpu/test_sm100_gpu.py launches on a B200: the examples'
+    (`sm100_example_kernels`) and an MXFP8 FusedMLP's training step, GELU and Llama's SwiGLU, at
+    TRAINING_FP8_MLP."""
+    out = sm100_example_kernels()
+    tokens, n_in, hidden, n_out = TRAINING_FP8_MLP
+    for activation in ("gelu", "swiglu"):
+        mlp = gg.nn.FusedMLP(n_in, hidden, n_out, activation, bias=activation == "gelu",
+                             precision=gg.training.MXFP8(), device="meta")
+        out += mlp.launches(tokens, training=True, arch=gg.Arch.SM100A) + mlp.backward_launches(tokens,
+                                                                                                arch=gg.Arch.SM100A)
+    return list(dict.fromkeys(out))
+
+
+def sm100_example_kernels() -> list[tuple[gg.Recipe, gg.KernelConfig]]:
+    """Each example the sm100 emitter accepts at its sm_100a default, on a pair of SMs (256 x 128
+    in a 2 x 1 cluster) and at a decode step (swapped); the grouped ones also swapped for groups of
+    few rows."""
     from gemmgen.config import tile_k
     from gemmgen.tuning import config_for
     from gemmgen.tuning.heuristic import choose

@@ -130,13 +130,16 @@ def mxfp8_training_kernels() -> dict[str, tuple[gg.Recipe, gg.KernelConfig]]:
     """An MXFP8 FusedMLP's training step (gemmgen.training.MXFP8) as nn launches it on a B200, by
     recipe name: fc1's forward saving its accumulator, fc2's fprop, fc2's dgrad carrying fc1's
     derived epilogue (gelu' of the saved accumulator, the bias gradient), fc1's dgrad, the fp32
-    weight gradient (both operands along the tokens) and its main_grad accumulation; each under the
-    config a step of 300 tokens launches. Checked by value (tests/runtime/test_sm100_oracle.py)
-    and emulated (tests/runtime/test_sm100_emulation.py); not compiled by the suite."""
+    weight gradient (both operands along the tokens) and its main_grad accumulation; and a gated
+    (SwiGLU, no biases) MLP's three of its own: fc1's forward and fc2's dgrad over column pairs (the
+    dgrad writing dL/dgate and dL/dup), fc2's fprop without a bias; each under the config a step of
+    300 tokens launches. Checked by value
+    (tests/runtime/test_sm100_oracle.py) and emulated (tests/runtime/test_sm100_emulation.py); not
+    compiled by the suite."""
     out: dict[str, tuple[gg.Recipe, gg.KernelConfig]] = {}
-    for accumulate in (False, True):
-        mlp = gg.nn.FusedMLP(256, 512, 128, precision=gg.training.MXFP8(), accumulate_grad=accumulate,
-                             device="meta")
+    for accumulate, activation in ((False, "gelu"), (True, "gelu"), (False, "swiglu")):
+        mlp = gg.nn.FusedMLP(256, 512, 128, activation=activation, bias=activation == "gelu",
+                             precision=gg.training.MXFP8(), accumulate_grad=accumulate, device="meta")
         for recipe, config in mlp.launches(300, training=True, arch=SM100) + mlp.backward_launches(300, arch=SM100):
             out.setdefault(recipe.name, (recipe, config))
     return out

@@ -3,8 +3,8 @@ elsewhere): each example the sm100 emitter builds at its sm_100a default, on a p
 swapped for a decode step (`tests/data/gpu_matrix.py`'s `sm100_gpu_matrix`), against the recipe's
 reference on exact and random tiers, odd sizes with K tails, M = 1, a batch, padded leading
 dimensions and NaN-filled outputs; the grouped examples (moe_up, block-scaled moe_fp8_block) under
-the same configs; and the op choosing
-sm_100a kernels on the device. Kernels come from the GPU check's bundle on the GPU machine
+the same configs; the op choosing sm_100a kernels on the device; and an MXFP8 FusedMLP's step
+(GELU and SwiGLU) against its CPU step. Kernels come from the GPU check's bundle on the GPU machine
 (scripts/prepare_gpu_check.sh with GEMMGEN_GPU_ARCHES="sm_90a sm_100a")."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import gemmgen as gg
 from gemmgen.integrations.ops import kernel_for
 from gemmgen.runtime.driver import current_arch
 from gemmgen.testing.grouped import block_grouped_inputs, moe_recipe, mx_grouped_inputs
-from tests.data.gpu_matrix import SM100_OP_PROBLEM, sm100_gpu_matrix
+from tests.data.gpu_matrix import SM100_OP_PROBLEM, sm100_example_kernels, sm100_gpu_matrix
 from tests.gpu.common import as_tuple, check_kernels, compare, inputs
 
 pytestmark = pytest.mark.gpu_sm100
@@ -28,7 +28,7 @@ SHAPES = [(128, 256, 64), (1, 8, 16), (7, 129, 1000), (129, 1000, 4097), (1000, 
 
 @pytest.fixture(scope="session")
 def kernels():
-    out = [(recipe, config, recipe.compile(config)) for recipe, config in sm100_gpu_matrix()
+    out = [(recipe, config, recipe.compile(config)) for recipe, config in sm100_example_kernels()
            if not recipe.ir.gemm.grouped]
     assert all(kernel.compiled.config.arch is gg.Arch.SM100A for _, _, kernel in out)
     return out
@@ -124,3 +124,35 @@ def test_the_op_launches_sm100_kernels_on_the_device(gen):
     compare(recipe, got, a, b, ops, exact=False)
     assert current_arch() is gg.Arch.SM100A
     assert kernel_for(recipe, a, b).compiled.config.arch is gg.Arch.SM100A
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_an_mxfp8_mlp_matches_its_cpu_reference(activation):
+    """A FusedMLP in MXFP8 on the B200 (its 6 kernels, from the bundle; SwiGLU's fc1 and fc2's dgrad
+    over column pairs) against the same module's step on the CPU (the kernels' recipes evaluated by
+    their references, which tests/training checks against the recipe's definition); 300 tokens."""
+    import copy
+
+    from tests.data.gpu_matrix import TRAINING_FP8_MLP
+
+    tokens, n_in, hidden, n_out = TRAINING_FP8_MLP
+    torch.manual_seed(0)
+    gated = activation == "swiglu"
+    gpu = gg.nn.FusedMLP(n_in, hidden, n_out, activation, bias=not gated, precision=gg.training.MXFP8()).cuda()
+    cpu = copy.deepcopy(gpu).cpu()
+    x, g = torch.randn(tokens, n_in).bfloat16(), torch.randn(tokens, n_out).bfloat16()
+    got, want = _grads(gpu, x.cuda(), g.cuda()), _grads(cpu, x, g)
+    for a, b in zip(got, want, strict=True):
+        assert not a.isnan().any()
+        b = b.double()
+        snr = float(20 * torch.log10(b.norm() / (a.cpu().double() - b).norm()))
+        assert snr >= 40, snr  # the same quantized operands: only the fp32 sums' order differs
+
+
+def _grads(model: torch.nn.Module, x: torch.Tensor, g: torch.Tensor) -> list[torch.Tensor]:
+    x = x.clone().requires_grad_()
+    model(x).backward(g)
+    assert x.grad is not None
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None for g in grads)
+    return [x.grad, *grads]  # type: ignore[list-item]

@@ -47,16 +47,35 @@ def test_every_recipe_sm100_accepts_computes_it_under_each_schedule(sm100_exampl
 
 def test_an_mxfp8_training_step_computes_its_recipes():
     """An MXFP8 FusedMLP step's kernels (issue 57: fc1's forward saving its accumulator, fc2's fprop
-    and dgrad carrying fc1's derived epilogue, fc1's dgrad, the weight gradients) under the configs
-    nn launches, over the emulation shapes: every output as the reference has it."""
+    and dgrad carrying fc1's derived epilogue, fc1's dgrad, the weight gradients; a SwiGLU MLP's
+    forward and dgrad over column pairs, and its fc2 without a bias) under the configs nn launches,
+    over the emulation shapes: every output as the reference has it."""
     from tests.data.sm100 import mxfp8_training_kernels
 
     kernels = mxfp8_training_kernels()
-    assert len(kernels) == 6, list(kernels)
+    assert len(kernels) == 9, list(kernels)
     for name, (recipe, config) in kernels.items():
         ck = uncompiled(recipe, config)
         for shape in emulated_shapes(recipe):
             assert_computes(ck, shape, f"{name} {config.name}")
+
+
+def _scaled_swiglu(acc, alpha):
+    gate, up = gg.pairs(acc * alpha)
+    return gg.silu(gate) * up
+
+
+def test_an_nvfp4_kernel_over_column_pairs_computes_its_recipe():
+    """The fp4 MMA's accumulator through silu(gate) * up over its column pairs (an NVFP4 gated
+    MLP's fc1; MXFP8's are in the training step above), one SM and a pair of SMs."""
+    recipe = gg.Recipe("nvfp4_swiglu", _scaled_swiglu, a=gg.e2m1, b=gg.e2m1, d=gg.bf16, block_scale=gg.NVFP4,
+                       operands={"alpha": gg.Scalar()})
+    one = recipe.default_config(gg.Arch.SM100A)
+    pair = dataclasses.replace(one, tile=(256, 128, one.tile[2]), cluster=(2, 1, 1), schedule=gg.Schedule.TWO_SM)
+    for config in (one, pair):
+        ck = uncompiled(recipe, config)
+        for shape in emulated_shapes(recipe):
+            assert_computes(ck, shape, f"nvfp4_swiglu {config.name}")
 
 
 @pytest.mark.parametrize("mistake", ["per-batch bias read as shared", "shared matrix read per batch",

@@ -22,7 +22,7 @@ import torch
 
 import gemmgen as gg
 from gemmgen.errors import InvalidArgument
-from gemmgen.training import Float8Blockwise, Float8Tensorwise, Gemm, Precision
+from gemmgen.training import MXFP8, Float8Blockwise, Float8Tensorwise, Gemm, Precision
 from tests.nn.dispatched import DispatchedOps
 
 _E4M3_MAX = 448.0
@@ -430,6 +430,65 @@ def test_fuse_takes_a_precision():
     fused(torch.randn(4, 128).bfloat16()).float().sum().backward()
     with pytest.raises(InvalidArgument, match="one of precision= and quantize="):
         gg.nn.fuse(model, precision=Float8Blockwise(), quantize="fp8_block")
+
+
+class _LlamaMLP(torch.nn.Module):
+    """Llama's MLP as Hugging Face writes it: down_proj(act_fn(gate_proj(x)) * up_proj(x))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj = torch.nn.Linear(128, 256, bias=False), torch.nn.Linear(128, 256, bias=False)
+        self.down_proj, self.act_fn = torch.nn.Linear(256, 128, bias=False), torch.nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+@pytest.mark.parametrize("precision", [Float8Blockwise(), MXFP8()], ids=repr)
+def test_fuse_makes_a_gated_mlp_one_fused_mlp_in_the_precision(precision):
+    """fuse(mlp=True, precision=) makes Llama's MLP one gated FusedMLP (the gate over column pairs),
+    with gate_proj's, up_proj's and down_proj's own parameters (state_dict unchanged): its step is
+    bit for bit a FusedMLP's built with the interleaved weights; its fc1 weight is quantized once per
+    optimizer step (two micro-batches, one quantization) and again after a step that changes up_proj
+    alone."""
+    torch.manual_seed(3)
+    module = _LlamaMLP()  # fp32 master weights, under bf16 autocast
+    keys = list(module.state_dict())
+    fused, report = gg.nn.fuse(torch.nn.Sequential(module), mlp=True, precision=precision,
+                               compute_dtype=torch.bfloat16)
+    mlp = fused.get_submodule("0")
+    assert isinstance(mlp, gg.nn.FusedMLP) and mlp.precision == precision and "-> FusedMLP(" in report[0]
+    assert list(mlp.state_dict()) == keys
+    direct = gg.nn.FusedMLP(128, 256, 128, activation="swiglu", bias=False, precision=precision).float()
+    with torch.no_grad():
+        direct.fc1.weight.copy_(gg.nn.interleave_pairs(module.gate_proj.weight, module.up_proj.weight))
+        direct.fc2.weight.copy_(module.down_proj.weight)
+
+    def step(model: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+        x = torch.randn(64, 128, generator=torch.Generator().manual_seed(7), requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = model(x)
+        y.float().square().sum().backward()
+        assert x.grad is not None
+        return y, x.grad
+
+    def grad(p: torch.Tensor) -> torch.Tensor:
+        assert p.grad is not None
+        return p.grad
+
+    for _ in range(2):  # two micro-batches
+        got, want = step(mlp), step(direct)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert mlp._weights[0].quantized == 1
+    fc1_grad = gg.nn.interleave_pairs(grad(module.gate_proj.weight), grad(module.up_proj.weight))
+    assert torch.equal(fc1_grad, grad(direct.fc1.weight))
+    assert torch.equal(grad(module.down_proj.weight), grad(direct.fc2.weight))
+    with torch.no_grad():  # an optimizer step that changes up_proj only
+        module.up_proj.weight.mul_(0.5)
+        direct.fc1.weight[1::2].mul_(0.5)
+    got, want = step(mlp), step(direct)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert mlp._weights[0].quantized == 2
 
 
 @pytest.mark.parametrize("precision", [Float8Blockwise(power_of_two_scales=True),

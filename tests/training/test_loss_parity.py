@@ -19,10 +19,11 @@ def _bf16(activation: str) -> Run:
     return train(None, activation=activation, batch=BATCH)
 
 
-@pytest.mark.parametrize(("precision", "activation"), [
-    (Float8Blockwise(), "gelu"), (Float8Blockwise(), "swiglu"),  # SwiGLU: Llama's MLP, no biases
-    (Float8Tensorwise(scaling="delayed"), "gelu"),  # its first step at scale 1, as Transformer Engine's
-    (MXFP8(), "gelu")], ids=repr)
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])  # SwiGLU: Llama's MLP, no biases
+@pytest.mark.parametrize("precision", [
+    Float8Blockwise(), Float8Tensorwise(),
+    Float8Tensorwise(scaling="delayed"),  # its first step at scale 1, as Transformer Engine's
+    MXFP8()], ids=repr)
 def test_each_precision_trains_within_half_a_percent_of_bf16(precision: Precision, activation: str):
     baseline = _bf16(activation)
     low = train(precision, activation=activation, batch=BATCH)
