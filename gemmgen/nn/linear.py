@@ -387,10 +387,8 @@ class FusedLinear(RecipeModule):
     def _low_precision(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """forward in `precision` (nn.low_precision): the weight as it is (a bf16 or fp32 master
         weight, quantized once per optimizer step), the bias cast to `dtype`."""
-        w, bias = self.weight, self.bias
-        self.kernel_parameters(dtype)  # the shapes checked
+        w, bias = self.weight, self.kernel_bias(dtype)
         gemms = linear_gemms(self.precision, self.activation, bias is not None, dtype)
-        bias = bias.to(dtype) if bias is not None and bias.dtype != dtype else bias
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, bias)):
             return LowPrecisionLinear.apply(gemms, self._weights, self.activation, self._accumulate_grad, x, w, bias)
         args = forward_operands(gemms, self._weights, x, self._weights.get(w, gemms))
@@ -434,6 +432,15 @@ class FusedLinear(RecipeModule):
         out) and the bias, checked against the layer's shape and cast to `dtype` (default
         `compute_dtype`; per call, as autocast casts nn.Linear's)."""
         dtype = dtype or self.compute_dtype
+        w, bias = self.weight, self.kernel_bias(dtype)
+        if w.dtype != dtype:
+            w = w.to(dtype)
+        return (w if self.weight_in_out else w.t()), bias
+
+    def kernel_bias(self, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """The bias cast to `dtype` (default `compute_dtype`), weight and bias checked against the
+        layer's shape: what a low-precision step, which quantizes the weight as it is, reads."""
+        dtype = dtype or self.compute_dtype
         w, bias = self.weight, self.bias
         rows = self.weight_rows
         what = "2 x out_features: gate and up interleaved" if rows != self.out_features else "out_features"
@@ -443,11 +450,7 @@ class FusedLinear(RecipeModule):
             check_parameter("weight", w, (rows, self.in_features), f"({what}, in_features)")
         if bias is not None:
             check_parameter("bias", bias, (rows,), f"({what},)")
-        if w.dtype != dtype:
-            w = w.to(dtype)
-        if bias is not None and bias.dtype != dtype:
-            bias = bias.to(dtype)
-        return (w if self.weight_in_out else w.t()), bias
+        return bias if bias is None or bias.dtype == dtype else bias.to(dtype)
 
     @property
     def weight_rows(self) -> int:

@@ -479,7 +479,7 @@ class FusedMLP(RecipeModule):
             raise InvalidArgument(f"FusedMLP: out_features = {self.fc2.out_features} is not a multiple of 16: "
                                   f"{self.precision} reads fp8 rows along it; leave precision= out")
         w1, source = self._master_fc1()
-        b1, b2 = self.fc1.kernel_parameters(dtype)[1], self.fc2.kernel_parameters(dtype)[1]
+        b1, b2 = self.fc1.kernel_bias(dtype), self.fc2.kernel_bias(dtype)
         gemms = mlp_gemms(self.precision, self.activation, b1 is not None, b2 is not None, dtype)
         params = (x, w1, b1, self.fc2.weight, b2)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params):
