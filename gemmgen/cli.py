@@ -396,7 +396,7 @@ def parser() -> argparse.ArgumentParser:
             sp.add_argument("--epilogue", choices=[e.value for e in EpilogueCollective], default=None,
                             help="the epilogue collective (default: each config's own, tma unless a recipe says "
                             "otherwise); direct compiles in less than half the time (sm_90a, elementwise "
-                            "epilogues; others keep tma)")
+                            "epilogues and amax; others keep tma)")
         if name == "generate":
             sp.add_argument("--out", required=True, help="folder for the .cu files (created if missing)")
             continue

@@ -432,14 +432,13 @@ class FusedMLP(RecipeModule):
 
     def _master_fc1(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """fc1's weight (out x in) in its own dtype (the master weights a precision quantizes) and,
-        for a gated module, the parameters it is interleaved from per call, whose values say when
-        to quantize it again (`WeightCache.get`)."""
+        for a gated module, the parameters it is interleaved from (`_fc1_parameters`: per call with
+        gradients, else kept), whose values say when to quantize it again (`WeightCache.get`)."""
         names = self.__dict__.get("_gated")
         if names is None:
             return self.fc1.weight, None
-        gate, up = self._checked_gate_up()
-        return (_interleaved(gate.weight, up.weight, gate.weight.dtype),
-                tuple(self.get_submodule(n).get_parameter("weight") for n in dict.fromkeys(names[:2])))
+        w1_t, _ = self._fc1_parameters(self._weight().dtype)
+        return w1_t.t(), tuple(self.get_submodule(n).get_parameter("weight") for n in dict.fromkeys(names[:2]))
 
     def _fc1_weight_grad(self, g_acc1: torch.Tensor, x: torch.Tensor, accumulate: bool) -> torch.Tensor | None:
         """fc1's weight gradient, for its kernel's B (`grads.weight_grad`); a gated module's into
