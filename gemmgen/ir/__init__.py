@@ -4,6 +4,7 @@ derivative (`autodiff`)."""
 from .columns import Columns
 from .graph import (
     BLOCK_SCALE_OPERANDS,
+    EXTREMA,
     LSE_IDENTITY,
     BlockOp,
     ColumnBlocks,
@@ -24,6 +25,6 @@ from .graph import (
 )
 from .ops import BINARY_OPS, UNARY_OPS, Op, Param
 
-__all__ = ["BINARY_OPS", "BLOCK_SCALE_OPERANDS", "BlockOp", "ColumnBlocks", "Columns", "EpilogueIR", "GemmSpec",
-           "LSE_IDENTITY", "Node", "Op", "Operand", "Output", "Param", "RecipeIR", "Reduction", "RowBlocks",
+__all__ = ["BINARY_OPS", "BLOCK_SCALE_OPERANDS", "EXTREMA", "BlockOp", "ColumnBlocks", "Columns", "EpilogueIR",
+           "GemmSpec", "LSE_IDENTITY", "Node", "Op", "Operand", "Output", "Param", "RecipeIR", "Reduction", "RowBlocks",
            "UNARY_OPS", "content_key", "f32", "f32_bits", "microscaling_operands", "normalize", "post_order"]

@@ -100,6 +100,10 @@ class Reduction(enum.Enum):
         return {Reduction.MAX: -math.inf, Reduction.MIN: math.inf, Reduction.LSE: -math.inf}.get(self, 0.0)
 
 
+#: The reductions that pick one of their values (NaNs skipped): off by at most what any value is.
+EXTREMA = frozenset((Reduction.AMAX, Reduction.MAX, Reduction.MIN))
+
+
 #: The log-sum-exp's starting state (max, sum of exp(x - max)): nothing reduced
 #: (gemmgen/include/gemmgen/lse.hpp's LseState).
 LSE_IDENTITY = (-math.inf, 0.0)

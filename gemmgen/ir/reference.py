@@ -13,7 +13,7 @@ import torch
 
 from ..types import DType, OperandKind
 from . import microscaling
-from .graph import BlockOp, EpilogueIR, GemmSpec, Operand, Output, RecipeIR, Reduction
+from .graph import EXTREMA, BlockOp, EpilogueIR, GemmSpec, Operand, Output, RecipeIR, Reduction
 from .ops import COMPARISONS, FP8_MAX, RANDOM_OPS, Op, quantize_blocks, random_uniform, round_to
 
 __all__ = ["FP8_MAX", "accumulate", "error_scale", "evaluate_epilogue", "expand_block_scale", "group_bounds",
@@ -65,19 +65,26 @@ def evaluate_epilogue(ir: EpilogueIR, acc: torch.Tensor, operands: dict[str, tor
                       round_outputs: bool = True, magnitudes: bool = False,
                       acc_magnitude: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Evaluate the epilogue on an fp32 accumulator; return the outputs rounded to their dtypes
-    (or kept in fp32 with `round_outputs=False`, for differentiation). With `magnitudes` a sum's
-    output is instead the sum of its terms' magnitudes (`_magnitudes`; the accumulator's is
-    `acc_magnitude`, |A| @ |B|, else |acc|), the scale of its rounding error
-    (`testing.tensors.assert_output_close`)."""
+    (or kept in fp32 with `round_outputs=False`, for differentiation). With `magnitudes` each
+    output is instead the scale of its rounding error, in fp32 (an fp8 type would saturate it): a
+    sum's, the sum of its terms' magnitudes (`_magnitudes`; the accumulator's is `acc_magnitude`,
+    |A| @ |B|, else |acc|); a max's, min's or amax's, the largest of theirs
+    (`testing.tensors.assert_outputs_close`)."""
     values = _values(ir, acc, operands)
     scales = _magnitudes(ir, values, acc_magnitude) if magnitudes else values
     n = acc.shape[-1]
+
+    def reduced(o: Output) -> torch.Tensor:
+        shape = (*acc.shape[:-1], o.columns.extent(n))
+        if magnitudes and o.reduce in EXTREMA:  # a max is off by at most the most any value is off by
+            return _reduced(scales[o.node].expand(shape), Reduction.AMAX, o.dim, over_batch=o.over_batch)
+        return _reduced((scales if o.reduce is Reduction.SUM else values)[o.node].expand(shape), o.reduce, o.dim,
+                        magnitudes, o.over_batch)
+
     outs = tuple(_row_blocks(ir, o, values, scales if magnitudes else None, acc.shape) if o.blocks else
                  _column_blocks(o, values, scales if magnitudes else None, acc.shape) if o.column_blocks else
-                 _reduced((scales if o.reduce is Reduction.SUM else values)[o.node].expand(
-                     *acc.shape[:-1], o.columns.extent(n)), o.reduce, o.dim, magnitudes, o.over_batch)
-                 for o in ir.outputs)
-    if not round_outputs:
+                 reduced(o) for o in ir.outputs)
+    if magnitudes or not round_outputs:
         return outs
     return tuple(round_to(v, o.dtype) for v, o in zip(outs, ir.outputs, strict=True))
 

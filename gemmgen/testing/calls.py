@@ -52,6 +52,12 @@ def ir_of(recipe: AnyRecipe) -> RecipeIR:
     return recipe if isinstance(recipe, RecipeIR) else recipe.ir
 
 
+def by_dtype(output: Output, want: torch.Tensor) -> tuple[float, float]:
+    """(rtol, atol) both TOLERANCE of the output's dtype (`testing.tensors.Tolerance`)."""
+    tol = TOLERANCE[output.dtype.torch]
+    return tol, tol
+
+
 def output_tolerance(recipe: AnyRecipe, output: Output) -> float:
     """The relative tolerance of `output`: TOLERANCE of its dtype, or of the narrowest type a cast
     rounds its value to on the way. A value rounded mid-recipe (a quantize-dequantize, a cast to

@@ -12,7 +12,7 @@ from gemmgen.ir import BlockOp, Op, Reduction
 from gemmgen.ir.reference import reference
 from gemmgen.runtime.quantize import random_block_scale
 from gemmgen.testing.calls import output_tolerance
-from gemmgen.testing.tensors import assert_output_close, strided_matrix
+from gemmgen.testing.tensors import assert_output_close, assert_outputs_close, strided_matrix
 from gemmgen.types import Layout, OperandKind
 
 EXACT_OPS = {Op.ACC, Op.INPUT, Op.CONST, Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS, Op.MIN, Op.MAX, Op.RELU, Op.CAST}
@@ -120,17 +120,25 @@ def compare(recipe, got, a, b, ops, exact):
     summation order, `assert_output_close`)."""
     want = as_tuple(recipe.reference(a, b, **ops))
     scale = reference(recipe.ir, a, b, ops, magnitudes=True)
+    got = tuple(g.cpu() for g in got)
+    for o, g, w in zip(recipe.outputs, got, want, strict=True):
+        assert not torch.isnan(g.float()).any(), f"{recipe.name}.{o.name}: NaN left in the output"
+        assert w.float().abs().max() > 0, "reference must not be all zeros"
+    blocks = recipe.ir.epilogue.row_blocks  # an RMSNorm's rsqrtf is within 2 ulp, not exact
+    exact_math = all(n.op in EXACT_OPS for n in recipe.ir.epilogue.nodes) and (
+        blocks is None or blocks.op is BlockOp.QUANTIZE)
+    problem = (a.shape[-2], b.shape[-1])
+
+    def tolerance(o, w):
+        tol = output_tolerance(recipe, o)
+        return tol, 0.0 if o.reduce is Reduction.SUM else tol * float(w.float().abs().max())
+
+    if not (exact and exact_math):  # a quantized output by its dequantized values
+        assert_outputs_close(recipe.outputs, got, want, scale, problem, tolerance, recipe.name)
+        return
     for o, g, w, mag in zip(recipe.outputs, got, want, scale, strict=True):
-        g = g.float().cpu()
-        w = w.float()
-        assert not torch.isnan(g).any(), f"{recipe.name}.{o.name}: NaN left in the output"
-        assert w.abs().max() > 0, "reference must not be all zeros"
-        blocks = recipe.ir.epilogue.row_blocks  # an RMSNorm's rsqrtf is within 2 ulp, not exact
-        exact_math = all(n.op in EXACT_OPS for n in recipe.ir.epilogue.nodes) and (
-            blocks is None or blocks.op is BlockOp.QUANTIZE)
-        if exact and o.reduce is not Reduction.SUM and exact_math:
-            assert torch.equal(g, w), f"{recipe.name}.{o.name}: not exact"
+        if o.reduce is Reduction.SUM:
+            rtol, atol = tolerance(o, w)
+            assert_output_close(o, g.float(), w.float(), mag, problem, rtol, atol, f"{recipe.name}.{o.name}")
         else:
-            tol = output_tolerance(recipe, o)
-            atol = 0.0 if o.reduce is Reduction.SUM else tol * float(w.abs().max())
-            assert_output_close(o, g, w, mag, (a.shape[-2], b.shape[-1]), tol, atol, f"{recipe.name}.{o.name}")
+            assert torch.equal(g.float(), w.float()), f"{recipe.name}.{o.name}: not exact"

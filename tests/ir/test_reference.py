@@ -14,7 +14,7 @@ from gemmgen.ir import Columns
 from gemmgen.ir.reference import reference
 from gemmgen.runtime.quantize import random_block_scale
 from gemmgen.testing.calls import dense, output_tolerance
-from gemmgen.testing.tensors import FP32_UNIT_ROUNDOFF, assert_output_close
+from gemmgen.testing.tensors import FP32_UNIT_ROUNDOFF, assert_output_close, assert_outputs_close
 
 # One ulp of the output type: the two sides differ only in fp32 rounding order before the final cast.
 TOL = {torch.bfloat16: (2**-7, 2**-7), torch.float16: (2**-10, 2**-10), torch.float32: (1e-5, 1e-5),
@@ -390,6 +390,35 @@ def test_max_and_min_reductions(gen):
     assert gg.ir.Reduction.MAX.identity == -gg.ir.Reduction.MIN.identity == -torch.inf
 
 
+def test_a_quantized_output_is_held_to_its_dequantized_values():
+    """assert_outputs_close: a block of one value within its rounding error of zero quantizes to
+    -448 and a tiny scale, or to 0 and scale 1 (an fp8 GEMM's exact cancellation summed in another
+    order: CI's failure, GEMMGEN_TEST_SEED 2256538497 before it was one); both are the same value,
+    so both pass. A scale a quarter off, or a value one binade off, fails; the magnitudes of an fp8
+    output are not saturated at 448."""
+    def epilogue(acc):
+        q_t, scale_t = gg.quantize_columns(acc)
+        return {"d": acc, "y_t": q_t, "y_t_scale": scale_t}
+
+    r = gg.Recipe("q", epilogue, a=gg.e4m3, b=gg.e4m3, layout_b=gg.ColMajor, aux={"y_t": gg.e4m3, "y_t_scale": gg.f32})
+    a = torch.tensor([[-1.875, -1.125, -1.125]]).to(torch.float8_e4m3fn)
+    b = torch.tensor([[-1.5, 1.875, 0.625], [1.0, 1.0, 1.0]]).to(torch.float8_e4m3fn).mT
+    want = reference(r.ir, a, b, {})
+    magnitude = reference(r.ir, a, b, {}, magnitudes=True)
+    assert want[1][0, 0] == 0 and want[2][0, 0] == 1  # A . B's first column cancels exactly
+    assert magnitude[1].dtype == torch.float32 and magnitude[1][0, 0] == 5.625  # |A| . |B|, in no fp8 type
+    got = (want[0], torch.tensor([[-448.0], [-448.0]]).to(torch.float8_e4m3fn),
+           torch.tensor([[3e-8 / 448], [4.125 / 448]]))
+    by = lambda o, w: (TOL[o.dtype.torch][0] if o.dtype.bits > 8 else 2**-3,) * 2  # noqa: E731
+    assert_outputs_close(r.outputs, got, want, magnitude, (1, 2), by)
+    with pytest.raises(AssertionError, match=r"y_t: dequantized: 1 of 2 values off"):
+        assert_outputs_close(r.outputs, (*got[:2], got[2] * torch.tensor([[1.0], [1.25]])), want, magnitude,
+                             (1, 2), by)
+    with pytest.raises(AssertionError, match=r"y_t: dequantized: 1 of 2 values off"):
+        assert_outputs_close(r.outputs, (got[0], torch.tensor([[-448.0], [-224.0]]).to(torch.float8_e4m3fn),
+                                         got[2]), want, magnitude, (1, 2), by)
+
+
 def test_sums_are_held_to_the_bound_of_their_summation():
     """assert_output_close: a sum within (rtol + terms * 2^-24) * sum |terms| passes, one past it
     fails, however small the sum itself is after cancellation; NaN only where the reference has it."""
@@ -402,3 +431,22 @@ def test_sums_are_held_to_the_bound_of_their_summation():
         assert_output_close(o, want + torch.tensor([1.1, 0, 0]) * bound, want, magnitude, (3, 100), 1e-5, 0.0)
     with pytest.raises(AssertionError, match=r"1 of 3 values off"):
         assert_output_close(o, torch.tensor([1e-3, 5.0, 0.0]), want, magnitude, (3, 100), 1e-5, 0.0)
+
+
+def test_a_max_is_held_to_the_largest_magnitude_of_its_values():
+    """assert_output_close: an amax (max, min) picks a value, so it is off by what a value can be:
+    rtol of it and of the largest magnitude among the values (a dot product that cancels to 0.5 is
+    off relative to |A| . |B|: CI's column_stats, GEMMGEN_TEST_SEED=125); an empty one's
+    identity matches exactly."""
+    r = gg.Recipe("r", lambda acc: {"d": acc, "m": gg.amax(acc, 0), "lo": gg.reduce_min(acc, 0)},
+                  aux={"m": gg.f32, "lo": gg.f32})
+    a, b = torch.ones(1, 3), torch.tensor([[256.0, 0.0], [-255.0, 0.0], [-0.5, 0.0]])
+    magnitude = reference(r.ir, a.bfloat16(), b.bfloat16(), {}, magnitudes=True)
+    assert magnitude[1].tolist() == [511.5, 0.0] == magnitude[2].tolist()
+    o, want = r.outputs[1], reference(r.ir, a.bfloat16(), b.bfloat16(), {})[1]
+    assert want.tolist() == [0.5, 0.0]
+    assert_output_close(o, want + 0.9e-5 * magnitude[1], want, magnitude[1], (1, 2), 1e-5, 0.0)
+    with pytest.raises(AssertionError, match=r"'m', a max, min or amax: 1 of 2 values off"):
+        assert_output_close(o, want + 1.1e-5 * magnitude[1], want, magnitude[1], (1, 2), 1e-5, 0.0)
+    inf = torch.tensor([math.inf])
+    assert_output_close(r.outputs[2], inf, inf, torch.zeros(1), (0, 1), 1e-5, 0.0)
