@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from .._version import __version__
-from ..compile import CompiledKernel, KernelCache
+from ..compile import Artifact, CompiledKernel, KernelCache
 from ..compile.bundles import FORMAT, MANIFEST, TUNING, Bundle, find, source_key
 from ..compile.bundles import add_bundle as _search_bundle
+from ..compile.quantize import CompiledQuantizeKernel
+from ..config import Arch
 from ..errors import GemmgenError
 from ..tuning import TuningTable, add_tuning
 
@@ -25,10 +28,13 @@ def add_bundle(path: Path | str) -> Bundle:
 
 
 def write_bundle(kernels: list[CompiledKernel], out: Path | str, cache: KernelCache,
-                 shapes: dict | None = None, tuning: TuningTable | None = None) -> Path:
+                 shapes: dict | None = None, tuning: TuningTable | None = None,
+                 quantize_kernels: Sequence[CompiledQuantizeKernel] = ()) -> Path:
     """Write `kernels` (already built through `cache`) as a bundle in `out`; `shapes` records
     which config serves which problem shape, per recipe; `tuning` (a gemmgen.tuning.TuningTable)
-    ships autotune results, registered whenever the bundle is.
+    ships autotune results, registered whenever the bundle is; `quantize_kernels` are the
+    cast-transpose kernels a low-precision training step launches (`CastTranspose`), built
+    through `cache` too.
 
     The bundle is written beside `out` and renamed into place, replacing a bundle (or an empty
     folder) there: a failure (a full disk) leaves no partial bundle and raises a GemmgenError."""
@@ -43,7 +49,7 @@ def write_bundle(kernels: list[CompiledKernel], out: Path | str, cache: KernelCa
     try:
         shutil.rmtree(staged, ignore_errors=True)
         staged.mkdir()
-        _write_into(staged, kernels, cache, shapes, tuning)
+        _write_into(staged, kernels, cache, shapes, tuning, quantize_kernels)
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.rename(out, old)
@@ -71,22 +77,23 @@ def _check_replaceable(out: Path) -> None:
 
 
 def _write_into(folder: Path, kernels: list[CompiledKernel], cache: KernelCache, shapes: dict | None,
-                tuning: TuningTable | None) -> None:
+                tuning: TuningTable | None, quantize_kernels: Sequence[CompiledQuantizeKernel]) -> None:
     if tuning is not None:
         tuning.save(folder / TUNING)
     store = KernelCache(folder, label="bundle")  # a folder per arch (`for_arch`)
     entries: dict[str, dict] = {}  # by kernel key: configs differing only in launch arguments share one
     for k in kernels:
-        arch = k.config.arch
-        art = cache.for_arch(arch).get(k.cache_key) if k.origin != "bundle" else find(k.cache_key, arch)
-        if art is None:
-            raise GemmgenError(f"{k.entry}: not in the cache it was built with; build it again")
-        key = source_key(k.generated)
-        if key in entries:
-            continue
-        store.for_arch(arch).put(key, art)
-        entries[key] = {"recipe": k.recipe.name, "recipe_key": k.recipe.key, "config": k.config.binary().name,
-                        "arch": arch.value, "kernel_key": key, "entry": k.entry}
+        arch, key = k.config.arch, source_key(k.generated)
+        if key not in entries:
+            store.for_arch(arch).put(key, _built(cache, arch, k.cache_key, k.origin, k.entry))
+            entries[key] = {"recipe": k.recipe.name, "recipe_key": k.recipe.key, "config": k.config.binary().name,
+                            "arch": arch.value, "kernel_key": key, "entry": k.entry}
+    for q in quantize_kernels:
+        arch, key = q.kernel.arch, source_key(q.kernel)
+        if key not in entries:
+            store.for_arch(arch).put(key, _built(cache, arch, q.cache_key, q.origin, q.entry))
+            entries[key] = {"kind": "cast_transpose", "spec": q.kernel.spec.name, "arch": arch.value,
+                            "kernel_key": key, "entry": q.entry}
     arches = sorted({e["arch"] for e in entries.values()})
     manifest = {"format": FORMAT, "arches": arches, "gemmgen": __version__, "kernels": list(entries.values()),
                 "shapes": shapes or {}}
@@ -96,3 +103,11 @@ def _write_into(folder: Path, kernels: list[CompiledKernel], cache: KernelCache,
         for lock in locks.glob("*.lock"):
             lock.unlink()
         locks.rmdir()
+
+
+def _built(cache: KernelCache, arch: Arch, key: str, origin: str, entry: str) -> Artifact:
+    """A built kernel's binary, from the cache it was built through (or the bundle it came from)."""
+    art = cache.for_arch(arch).get(key) if origin != "bundle" else find(key, arch)
+    if art is None:
+        raise GemmgenError(f"{entry} ({arch.value}): not in the cache it was built with; build it again")
+    return art

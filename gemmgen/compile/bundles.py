@@ -21,10 +21,10 @@ import json
 import threading
 import warnings
 from pathlib import Path
+from typing import Protocol
 
 from .. import env
 from .._version import __version__
-from ..codegen import GeneratedKernel
 from ..config import Arch
 from ..errors import GemmgenError, GemmgenWarning
 from ..ir import content_key
@@ -35,7 +35,16 @@ TUNING = "tuning.json"  # autotune results shipped with the kernels (gemmgen.tun
 FORMAT = 2  # 2: "arches" (a list) and each kernel's "arch"; 1: one "arch" for every kernel
 
 
-def source_key(kernel: GeneratedKernel) -> str:
+class Source(Protocol):
+    """A kernel's generated source and arch: a GEMM's (`GeneratedKernel`) or a cast-transpose's."""
+
+    @property
+    def source(self) -> str: ...
+    @property
+    def arch(self) -> Arch: ...
+
+
+def source_key(kernel: Source) -> str:
     """What identifies a kernel binary without a toolchain: source, arch, gemmgen version."""
     return content_key({"source": kernel.source, "arch": kernel.arch.value, "gemmgen": __version__})
 

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from ..codegen import INFO_FIELDS, GeneratedKernel
+from ..codegen import INFO_FIELDS, GeneratedKernel, SassRequirement
 from ..errors import GemmgenWarning
 
 CUBIN = "kernel.cubin"
@@ -43,35 +43,45 @@ def digest_problem(digests: Mapping[str, str], files: Mapping[str, bytes]) -> st
     return None
 
 
-def kernel_problem(files: Mapping[str, bytes], meta: Mapping[str, Any], kernel: GeneratedKernel) -> str | None:
-    """What makes an artifact's files and metadata unfit to be loaded as `kernel`, or None."""
+def entry_problem(files: Mapping[str, bytes], meta: Mapping[str, Any], fields: Mapping[str, Any], entry: str,
+                  source: str) -> str | None:
+    """What a kernel's entry lacks of its files, of the metadata `fields` (name -> type), or of
+    being `entry` built from `source`, or None."""
     for name in (CUBIN, SOURCE):
         if name not in files:
             return f"the entry has no {name}"
-    for name, kind in META_FIELDS.items():
+    for name, kind in fields.items():
         if not isinstance(meta.get(name), kind):
             return f"its metadata has no valid {name!r}"
-    if meta["entry"] != kernel.entry:
-        return f"it holds entry {meta['entry']!r}, not {kernel.entry!r}"
+    if meta["entry"] != entry:
+        return f"it holds entry {meta['entry']!r}, not {entry!r}"
+    if files[SOURCE] != source.encode():
+        return f"its {SOURCE} is not this kernel's generated source"
+    return None
+
+
+def kernel_problem(files: Mapping[str, bytes], meta: Mapping[str, Any], kernel: GeneratedKernel) -> str | None:
+    """What makes an artifact's files and metadata unfit to be loaded as `kernel`, or None."""
+    if problem := entry_problem(files, meta, META_FIELDS, kernel.entry, kernel.source):
+        return problem
     if missing := [f for f, _ in INFO_FIELDS if not isinstance(meta["info"].get(f), int)]:
         return f"its metadata's info lacks {', '.join(missing)}"
     probed = {row[0] for row in meta["layout"] if isinstance(row, list) and len(row) == 3}
     if missing := [f.name for f in kernel.fields if f.name not in probed]:
         return f"its Params layout lacks {', '.join(missing)}"
-    if files[SOURCE] != kernel.source.encode():
-        return f"its {SOURCE} is not this kernel's generated source"
-    return elf_problem(files[CUBIN], kernel.arch.value, kernel.entry) or sass_problem(meta, kernel)
+    return elf_problem(files[CUBIN], kernel.arch.value, kernel.entry) or \
+        sass_problem(meta, kernel.required_sass, kernel.arch.value)
 
 
-def sass_problem(meta: Mapping[str, Any], kernel: GeneratedKernel) -> str | None:
-    """What the recorded SASS counts lack of the kernel's arch, or its local memory, a stack frame
-    included (None when no cuobjdump read the binary: nothing recorded to check)."""
+def sass_problem(meta: Mapping[str, Any], required: SassRequirement, arch: str) -> str | None:
+    """What the recorded SASS counts lack of `required` (the kernel's arch path), or its local
+    memory, a stack frame included (None when no cuobjdump read the binary: nothing recorded)."""
     sass = meta["sass"]
     if sass is None:
         return None
-    for alternatives in kernel.required_sass:
+    for alternatives in required:
         if not any(isinstance(sass.get(m), int) and sass[m] > 0 for m in alternatives):
-            return (f"its SASS has no {' or '.join(alternatives)} instruction: not the {kernel.arch.value} path "
+            return (f"its SASS has no {' or '.join(alternatives)} instruction: not the {arch} path "
                     "gemmgen generated (a plain-arch build compiles to traps)")
     if meta["local_bytes"]:
         return f"it uses {meta['local_bytes']} bytes of local memory (registers spilled): gemmgen never ships that"

@@ -10,8 +10,9 @@ gradient as a sum over the tokens), as in bf16, then fc2's wgrad and fc1's dgrad
 What is quantized where (Float8Blockwise): X per token and 128 features for fprop and along the
 tokens for wgrad (kept from the forward, or with `save_original_input` quantized again in
 backward); dY (and dL/dacc1 in the MLP) per token for dgrad and along the tokens for wgrad; W in
-128 x 128 blocks for both of its GEMMs, once per optimizer step (`WeightCache`). The quantizing
-copies of X and dY run as torch ops; in a FusedMLP under Float8Blockwise, fc1's kernel writes h
+128 x 128 blocks for both of its GEMMs, once per optimizer step (`WeightCache`). X's and dY's two
+copies each come from one pass (`Precision.operands`: on the GPU under Float8Blockwise gemmgen's
+cast-transpose kernel, else torch ops); in a FusedMLP under Float8Blockwise, fc1's kernel writes h
 and fc2's dgrad kernel writes dL/dacc1 quantized both ways from their epilogues
 (`Precision.quantizing_backward`: gg.quantize and gg.quantize_columns; docs/design/training.md);
 under Float8Tensorwise they write them quantized with the delayed scale, or (current scaling)
@@ -60,8 +61,17 @@ class LinearGemms:
     wgrad_accumulate: OpCaller
 
     def operand(self, t: torch.Tensor, gemm: Gemm, which: str, history: AmaxHistory | None = None) -> Operand:
-        recipe = {Gemm.FPROP: self.fprop, Gemm.DGRAD: self.dgrad, Gemm.WGRAD: self.wgrad}[gemm].recipe
-        return self.precision.operand(t, gemm, which, recipe, history)
+        return self.precision.operand(t, gemm, which, self._recipe(gemm), history)
+
+    def operands(self, t: torch.Tensor, rows: tuple[Gemm, str], columns: tuple[Gemm, str],
+                 history: AmaxHistory | None = None) -> tuple[Operand, Operand]:
+        """`t` along its columns for `rows` = (gemm, "a" or "b") and along its rows for `columns`
+        (`Precision.operands`: one pass of t where the precision has a kernel for it)."""
+        return self.precision.operands(t, (*rows, self._recipe(rows[0])), (*columns, self._recipe(columns[0])),
+                                       history)
+
+    def _recipe(self, gemm: Gemm) -> Recipe:
+        return {Gemm.FPROP: self.fprop, Gemm.DGRAD: self.dgrad, Gemm.WGRAD: self.wgrad}[gemm].recipe
 
     def weight(self, w: torch.Tensor, history: AmaxHistory | None = None) -> QuantizedWeight:
         return self.precision.weight(w, self.fprop.recipe, self.dgrad.recipe, history)
@@ -171,11 +181,25 @@ def forward_operands(gemms: LinearGemms, cache: WeightCache, x: torch.Tensor | O
     return xq.data, qw.rows.data, xq.scale, qw.rows.scale
 
 
-def saved_input(gemms: LinearGemms, cache: WeightCache, x: torch.Tensor) -> torch.Tensor | Operand:
-    """What forward keeps of its input for wgrad: X along the tokens (wgrad's B), or X itself."""
+def input_operands(gemms: LinearGemms, cache: WeightCache, x: torch.Tensor) -> tuple[Operand, torch.Tensor | Operand]:
+    """X (tokens x features) as fprop's A, and what forward keeps of it for wgrad: X along the
+    tokens (wgrad's B; both copies from one pass where the precision has a kernel for it), or X
+    itself (`save_original_input`, quantized again in backward)."""
+    history = cache.history("input", gemms.precision)
     if gemms.precision.save_original_input:
-        return x
-    return gemms.operand(x.t(), Gemm.WGRAD, "b", cache.history("input", gemms.precision))
+        return gemms.operand(x, Gemm.FPROP, "a", history), x
+    return gemms.operands(x, (Gemm.FPROP, "a"), (Gemm.WGRAD, "b"), history)
+
+
+def grad_operands(gemms: LinearGemms, cache: WeightCache, g: torch.Tensor, need_x: bool, need_w: bool
+                  ) -> tuple[Operand | None, Operand | None]:
+    """dL/dacc (tokens x out) as dgrad's A (where dX is needed) and along the tokens as wgrad's A
+    (where dW is): both from one pass where both are needed and the precision has a kernel for it."""
+    history = cache.history("grad", gemms.precision)
+    if need_x and need_w:
+        return gemms.operands(g, (Gemm.DGRAD, "a"), (Gemm.WGRAD, "a"), history)
+    return (gemms.operand(g, Gemm.DGRAD, "a", history) if need_x else None,
+            gemms.operand(g.t(), Gemm.WGRAD, "a", history) if need_w else None)
 
 
 def input_grad(gemms: LinearGemms, cache: WeightCache, g: torch.Tensor | Operand, qw: QuantizedWeight
@@ -212,14 +236,14 @@ class LowPrecisionLinear(torch.autograd.Function):
     def forward(ctx: Any, gemms: LinearGemms, cache: WeightCache, activation: str | None, accumulate: bool,
                 x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         qw = cache.get(weight, gemms)
-        args = forward_operands(gemms, cache, x, qw) + (() if bias is None else (bias,))
+        xq, saved = input_operands(gemms, cache, x)
+        args = forward_operands(gemms, cache, xq, qw) + (() if bias is None else (bias,))
         if gemms.fprop_saving is not None:
             y, pre = gemms.fprop_saving(*args)
         else:
             y, pre = gemms.fprop(*args), None
         ctx.gemms, ctx.cache, ctx.qw, ctx.activation, ctx.accumulate = gemms, cache, qw, activation, accumulate
         ctx.has_bias = bias is not None
-        saved = saved_input(gemms, cache, x)
         ctx.saved_operand = saved if isinstance(saved, Operand) else None
         ctx.save_for_backward(weight, pre, saved if isinstance(saved, torch.Tensor) else None)
         return y
@@ -230,9 +254,11 @@ class LowPrecisionLinear(torch.autograd.Function):
         _, _, _, _, need_x, need_w, need_b = ctx.needs_input_grad
         g = g.contiguous()
         g_pre = g if ctx.activation is None else activation_backward(ctx.activation, g, pre)
-        gx = input_grad(ctx.gemms, ctx.cache, g_pre, ctx.qw) if need_x else None
+        g_rows, g_columns = grad_operands(ctx.gemms, ctx.cache, g_pre, need_x, need_w)
+        gx = input_grad(ctx.gemms, ctx.cache, g_rows, ctx.qw) if g_rows is not None else None
         saved = ctx.saved_operand if ctx.saved_operand is not None else x
-        gw = weight_gradient(ctx.gemms, ctx.cache, weight, g_pre, saved, ctx.accumulate) if need_w else None
+        gw = weight_gradient(ctx.gemms, ctx.cache, weight, g_columns, saved, ctx.accumulate) \
+            if g_columns is not None else None
         gb = g_pre.sum(0) if ctx.has_bias and need_b else None
         return None, None, None, None, gx, gw, gb
 
@@ -273,7 +299,8 @@ class LowPrecisionMLP(torch.autograd.Function):
                 w1_source: tuple[torch.Tensor, ...] | None, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None,
                 w2: torch.Tensor, b2: torch.Tensor | None) -> torch.Tensor:
         q1, q2 = caches[0].get(w1, gemms.fc1, w1_source), caches[1].get(w2, gemms.fc2)
-        fc1_args = (*forward_operands(gemms.fc1, caches[0], x, q1), *(() if b1 is None else (b1,)))
+        xq, kept_x = input_operands(gemms.fc1, caches[0], x)
+        fc1_args = (*forward_operands(gemms.fc1, caches[0], xq, q1), *(() if b1 is None else (b1,)))
         h: torch.Tensor | Operand
         kept_h: torch.Tensor | Operand
         p = gemms.fc2.precision
@@ -287,10 +314,10 @@ class LowPrecisionMLP(torch.autograd.Function):
             (h, kept_h), saved_acc = p.quantized(outs, Gemm.FPROP, operands, history), outs["saved_acc"]
         else:
             h_bf16, saved_acc = gemms.fc1_saving(*fc1_args)
-            h, kept_h = h_bf16, saved_input(gemms.fc2, caches[1], h_bf16)
+            h, kept_h = input_operands(gemms.fc2, caches[1], h_bf16)
         y = gemms.fc2.fprop(*forward_operands(gemms.fc2, caches[1], h, q2), *(() if b2 is None else (b2,)))
         ctx.gemms, ctx.caches, ctx.q, ctx.accumulate, ctx.has_b2 = gemms, caches, (q1, q2), accumulate, b2 is not None
-        kept = (saved_input(gemms.fc1, caches[0], x), kept_h)
+        kept = (kept_x, kept_h)
         ctx.operands = tuple(k if isinstance(k, Operand) else None for k in kept)
         ctx.save_for_backward(w1, b1, w2, saved_acc, *(k if isinstance(k, torch.Tensor) else None for k in kept))
         return y
@@ -304,28 +331,28 @@ class LowPrecisionMLP(torch.autograd.Function):
         _, _, _, _, need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad
         g = g.contiguous()
         c1, c2 = ctx.caches
-        gq = gemms.fc2.operand(g, Gemm.DGRAD, "a", c2.history("grad", gemms.fc2.precision))
+        gq, g_t = grad_operands(gemms.fc2, c2, g, True, need_w2)
+        assert gq is not None
         operands = {"scale_a": gq.scale, "scale_b": q2.columns.scale, "saved_acc": saved_acc, "bias": b1}
-        g_acc1: torch.Tensor | Operand
-        g_acc1_t: torch.Tensor | Operand
+        g_acc1: Operand | None
+        g_acc1_t: torch.Tensor | Operand | None
         if gemms.bwd_quantizing is not None:  # dL/dacc1 quantized by the kernel for fc1's dgrad and wgrad
             history = c1.history("grad", gemms.fc1.precision)
             operands |= gemms.fc1.precision.quantizing_operands(Gemm.DGRAD, history, g.device)
             outs = gemms.bwd_quantizing.by_name(gq.data, q2.columns.data, operands)
             g_acc1, g_acc1_t = gemms.fc1.precision.quantized(outs, Gemm.DGRAD, operands, history)
-        else:
+        else:  # dL/dacc1 in 16 bits: quantized here, both copies in one pass where the precision can
             outs = gemms.bwd.by_name(gq.data, q2.columns.data, operands)
-            g_acc1 = g_acc1_t = outs["d"]
-        gx = input_grad(gemms.fc1, c1, g_acc1, q1) if need_x else None
-        gw1 = weight_gradient(gemms.fc1, c1, w1, g_acc1_t, kept_x, ctx.accumulate) if need_w1 else None
+            g_acc1, g_acc1_t = grad_operands(gemms.fc1, c1, outs["d"], need_x, need_w1)
+        gx = input_grad(gemms.fc1, c1, g_acc1, q1) if need_x and g_acc1 is not None else None
+        gw1 = weight_gradient(gemms.fc1, c1, w1, g_acc1_t, kept_x, ctx.accumulate) \
+            if need_w1 and g_acc1_t is not None else None
         gb1 = outs["grad_bias"].to(b1.dtype) if b1 is not None and need_b1 else None
-        gw2 = weight_gradient(gemms.fc2, c2, w2, g, kept_h, ctx.accumulate) if need_w2 else None
+        gw2 = weight_gradient(gemms.fc2, c2, w2, g_t, kept_h, ctx.accumulate) if g_t is not None else None
         gb2 = g.sum(0) if ctx.has_b2 and need_b2 else None
         return None, None, None, None, gx, gw1, gb1, gw2, gb2
 
 
 __all__ = ["LinearGemms", "LowPrecisionLinear", "LowPrecisionMLP", "MLPGemms", "QuantizesWeights", "WeightCache",
-           "check_precision",
-           "check_recompute",
-           "forward_operands", "input_grad", "linear_gemms", "mlp_gemms", "saved_input", "fp32_weight_grad_recipe",
-           "weight_gradient"]
+           "check_precision", "check_recompute", "forward_operands", "fp32_weight_grad_recipe", "grad_operands",
+           "input_grad", "input_operands", "linear_gemms", "mlp_gemms", "weight_gradient"]

@@ -38,6 +38,7 @@ from ..dsl.operands import OperandDecl
 from ..errors import InvalidArgument
 from ..ir import EpilogueIR, microscaling
 from ..ir.ops import quantize_blocks, round_to
+from ..runtime.cast_transpose import cast_transposable, cast_transpose
 from ..runtime.checks import copy_in_layout
 from ..runtime.quantize import quantize_k_grouped
 from ..types import DType, Grouping, Layout, Microscaling
@@ -204,6 +205,15 @@ class Precision:
         tensor's under delayed scaling (`self.history()`)."""
         raise NotImplementedError
 
+    def operands(self, t: torch.Tensor, rows: tuple[Gemm, str, Recipe], columns: tuple[Gemm, str, Recipe],
+                 history: AmaxHistory | None = None) -> tuple[Operand, Operand]:
+        """`t` (tokens x C) twice: along C as `rows` = (gemm, "a" or "b", its recipe) reads it
+        (`operand(t, ...)`), and along the tokens as `columns` reads it (`operand(t.t(), ...)`): a
+        layer's input for fprop and wgrad, a gradient for dgrad and wgrad. Two quantizations here;
+        one pass of t where a precision has a kernel for both (Float8Blockwise)."""
+        return (self.operand(t, rows[0], rows[1], rows[2], history),
+                self.operand(t.t(), columns[0], columns[1], columns[2], history))
+
     def weight(self, w: torch.Tensor, fprop: Recipe, dgrad: Recipe,
                history: AmaxHistory | None = None) -> QuantizedWeight:
         """W (out x in) quantized for fprop's and dgrad's B."""
@@ -328,6 +338,30 @@ class Float8Blockwise(Precision):
         if which == "a":
             return Operand(q, copy_in_layout(scale, layout, 4))
         return Operand(q.t(), _transposed_scale(scale, layout))
+
+    def operands(self, t: torch.Tensor, rows: tuple[Gemm, str, Recipe], columns: tuple[Gemm, str, Recipe],
+                 history: AmaxHistory | None = None) -> tuple[Operand, Operand]:
+        """On the GPU both copies from one pass of t: the cast-transpose kernel (the same bits as
+        `quantize`), each copy's scales written in the layout its GEMM reads; else (the CPU, a
+        traced call, rows the kernel cannot read 16 bytes at a time, a kernel GEMMGEN_JIT keeps
+        from compiling now: `runtime.cast_transpose.cast_transpose`) `quantize` twice."""
+        if torch.compiler.is_compiling() or not cast_transposable(t):
+            return super().operands(t, rows, columns, history)
+
+        def layout(spec: tuple[Gemm, str, Recipe]) -> Layout:  # "b": scales made transposed, then viewed back
+            read = spec[2].ir.gemm.scale_layouts[spec[1] == "b"]
+            return read if spec[1] == "a" else read.transposed
+
+        out = cast_transpose(t, self.dtype, self.power_of_two_scales, scale_layout=layout(rows),
+                             scale_t_layout=layout(columns))
+        if out is None:  # its kernel is not loadable yet (GEMMGEN_JIT=0 or async): torch's, the same bits
+            return super().operands(t, rows, columns, history)
+        assert out.q is not None and out.scale is not None and out.q_t is not None and out.scale_t is not None
+
+        def as_read(q: torch.Tensor, scale: torch.Tensor, which: str) -> Operand:
+            return Operand(q, scale) if which == "a" else Operand(q.t(), scale.t())
+
+        return as_read(out.q, out.scale, rows[1]), as_read(out.q_t, out.scale_t, columns[1])
 
     def weight(self, w: torch.Tensor, fprop: Recipe, dgrad: Recipe,
                history: AmaxHistory | None = None) -> QuantizedWeight:

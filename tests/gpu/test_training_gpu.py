@@ -203,3 +203,53 @@ def test_a_cuda_graph_of_a_float8_layer_follows_its_weight():
         layer.weight.mul_(-0.5)  # in place, as an optimizer step
         graph.replay()
         torch.testing.assert_close(y, layer(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(300, 512), (1, 128), (129, 264)], ids=lambda s: "x".join(map(str, s)))
+def test_the_cast_transpose_kernel_gives_the_torch_quantizers_bits(shape):
+    """The cast-transpose kernel (from the bundle) on the GPU against the torch quantizer on the CPU
+    (which tests/runtime/test_cast_transpose.py checks against the kernel's host build): both
+    copies and their scales bit for bit (NaN's sign aside), each spec of the bundle; outputs of
+    a partial last tile of rows and of columns included."""
+    from gemmgen.codegen.quantize import CastTransposeSpec
+    from gemmgen.runtime.cast_transpose import CastTranspose
+    from tests.data.gpu_matrix import CAST_TRANSPOSE_SPECS
+
+    torch.manual_seed(1)
+    for source, target, pow2 in CAST_TRANSPOSE_SPECS:
+        kernel = CastTranspose(CastTransposeSpec(source, target, pow2))
+        x = (torch.randn(shape) * torch.exp2(torch.randint(-12, 12, (shape[0], 1)))).to(source.torch)
+        x[0, 0] = float("nan")
+        got, want = kernel(x.cuda()), kernel(x)
+        for g, w in ((got.q, want.q), (got.q_t, want.q_t)):
+            assert g is not None and w is not None
+            g = g.cpu()
+            same = (g.view(torch.uint8) == w.view(torch.uint8)) | (g.float().isnan() & w.float().isnan())
+            assert same.all(), f"{kernel.spec.name} {shape}: {int((~same).sum())} values differ"
+        for g, w in ((got.scale, want.scale), (got.scale_t, want.scale_t)):
+            assert g is not None and w is not None and torch.equal(g.cpu(), w)
+
+
+def test_a_float8_blockwise_step_with_the_cast_transpose_kernel_is_the_torch_quantizers_step():
+    """A Float8Blockwise FusedMLP's step on the GPU quantizes X and dY by the cast-transpose kernel
+    (one pass each for both copies, the scales written in the layouts the GEMMs read); the same
+    step with the torch quantizer instead gives the same output and gradients, bit for bit."""
+    from unittest import mock
+
+    from gemmgen.runtime import cast_transpose
+    from tests.data.gpu_matrix import TRAINING_FP8_MLP
+
+    tokens, n_in, hidden, n_out = TRAINING_FP8_MLP
+    torch.manual_seed(0)
+    mlp = gg.nn.FusedMLP(n_in, hidden, n_out, "gelu", precision=gg.training.Float8Blockwise()).cuda()
+    x = torch.randn(tokens, n_in, device="cuda").bfloat16()
+    g = torch.randn(tokens, n_out, device="cuda").bfloat16()
+    with mock.patch.object(cast_transpose.CastTranspose, "__call__", autospec=True,
+                           side_effect=cast_transpose.CastTranspose.__call__) as launched:
+        fused = _grads(mlp, x, g)
+    assert launched.call_count == 2  # X in forward, dY in backward
+    mlp.zero_grad(set_to_none=True)
+    with mock.patch("gemmgen.training.precision.cast_transposable", return_value=False):
+        by_torch = _grads(mlp, x, g)
+    for a, b in zip(fused, by_torch, strict=True):
+        assert torch.equal(a, b)

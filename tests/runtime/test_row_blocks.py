@@ -246,10 +246,11 @@ def test_a_binary_without_the_quads_shuffles_is_refused():
 
     r = _quantized()
     gen = render_kernel(r.ir, r.default_config())
+    problem = lambda meta: sass_problem(meta, gen.required_sass, gen.arch.value)  # noqa: E731
     assert ("SHFL",) in gen.required_sass
     sass = {"HGMMA": 8, "QGMMA": 0, "SHFL": 10, "SYNCS": 48, "USETMAXREG": 2, "UTMALDG": 2, "UTMASTG": 1}
-    assert sass_problem({"sass": sass, "local_bytes": 0}, gen) is None
-    assert "has no SHFL instruction" in str(sass_problem({"sass": sass | {"SHFL": 0}, "local_bytes": 0}, gen))
+    assert problem({"sass": sass, "local_bytes": 0}) is None
+    assert "has no SHFL instruction" in str(problem({"sass": sass | {"SHFL": 0}, "local_bytes": 0}))
 
 
 def test_the_op_refuses_gradients():

@@ -154,8 +154,9 @@ def test_a_binary_without_the_lanes_shuffles_is_refused():
 
     recipe = load_recipes(EXAMPLES)["row_col_amax"]
     gen = render_kernel(recipe.ir, recipe.default_config())
+    problem = lambda meta: sass_problem(meta, gen.required_sass, gen.arch.value)  # noqa: E731
     assert ("SHFL",) in gen.required_sass
     sass = {"HGMMA": 8, "QGMMA": 0, "SHFL": 60, "SYNCS": 54, "USETMAXREG": 2, "UTMALDG": 2, "UTMASTG": 4}
-    assert sass_problem({"sass": sass, "local_bytes": 0}, gen) is None
-    assert "has no SHFL instruction" in str(sass_problem({"sass": sass | {"SHFL": 0}, "local_bytes": 0}, gen))
-    assert sass_problem({"sass": sass, "local_bytes": 480}, gen) is not None
+    assert problem({"sass": sass, "local_bytes": 0}) is None
+    assert "has no SHFL instruction" in str(problem({"sass": sass | {"SHFL": 0}, "local_bytes": 0}))
+    assert problem({"sass": sass, "local_bytes": 480}) is not None

@@ -6,9 +6,9 @@
 // block's factor follows from it, each of D's values in the block is rewritten with the factor,
 // and the factor is written to an (M, N / Block, L) tensor at any strides where the pointer is
 // not null: one fp32 per row and block, as gemmgen.ir.reference computes them. The policies:
-//   QuantizeBlock<Qmax, PowerOfTwo>: max |x| (NaN propagated) -> scale = max / Qmax, 1 where it is
-//     not above 0, rounded up to a power of two with PowerOfTwo; D = v / scale (then converted to
-//     D's fp8 type)
+//   QuantizeBlock<Qmax, PowerOfTwo> (quantize_block.hpp): max |x| (NaN propagated) -> scale =
+//     max / Qmax, 1 where it is not above 0, rounded up to a power of two with PowerOfTwo;
+//     D = v / scale (then converted to D's fp8 type)
 //   RmsNormBlock<Block, Eps>: sum of x^2 -> rstd = rsqrt(sum / count + Eps) over the block's count
 //     of columns inside the problem (Block but in a partial last block); D = v * rstd
 //   ExpMinusMaxBlock<Scale>: max x (NaN propagated), the factor itself; D = exp(Scale * (v - max))
@@ -30,20 +30,9 @@
 
 #include <gemmgen/epilogue.hpp>
 #include <gemmgen/no_load_node.hpp>
+#include <gemmgen/quantize_block.hpp>
 
 namespace gemmgen::epi {
-
-template <uint32_t QmaxBits, bool PowerOfTwo = false>
-struct QuantizeBlock {
-  CUTLASS_DEVICE static float identity() { return 0.f; }
-  CUTLASS_DEVICE static float element(float x) { return fabsf(x); }
-  CUTLASS_DEVICE static float combine(float a, float b) { return Max{}(a, b); }
-  CUTLASS_DEVICE static float factor(float amax, int) {
-    float const scale = amax > 0.f ? amax / from_bits(QmaxBits) : 1.f;
-    return PowerOfTwo ? power_of_two_at_least(scale) : scale;
-  }
-  CUTLASS_DEVICE static float apply(float v, float scale) { return v / scale; }
-};
 
 template <int Block, uint32_t EpsBits>
 struct RmsNormBlock {
