@@ -11,12 +11,14 @@ What is quantized where (Float8Blockwise): X per token and 128 features for fpro
 tokens for wgrad (kept from the forward, or with `save_original_input` quantized again in
 backward); dY (and dL/dacc1 in the MLP) per token for dgrad and along the tokens for wgrad; W in
 128 x 128 blocks for both of its GEMMs, once per optimizer step (`WeightCache`). X's and dY's two
-copies each come from one pass (`Precision.operands`: on the GPU under Float8Blockwise gemmgen's
-cast-transpose kernel, else torch ops); in a FusedMLP under Float8Blockwise, fc1's kernel writes h
-and fc2's dgrad kernel writes dL/dacc1 quantized both ways from their epilogues
+copies each come from one pass (`Precision.operands`: on the GPU under Float8Blockwise and
+current scaling gemmgen's cast-transpose kernel, else torch ops); in a FusedMLP under
+Float8Blockwise, fc1's kernel writes h and fc2's dgrad kernel writes dL/dacc1 quantized both
+ways from their epilogues
 (`Precision.quantizing_backward`: gg.quantize and gg.quantize_columns; docs/design/training.md);
 under Float8Tensorwise they write them quantized with the delayed scale, or (current scaling)
-16-bit with their amax, from which one torch pass quantizes both copies.
+16-bit with their amax, from which one pass quantizes both copies (on the GPU the per-tensor
+cast-transpose kernel; X and dY take the amax kernel's amax first).
 """
 
 from __future__ import annotations

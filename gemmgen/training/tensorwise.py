@@ -17,6 +17,7 @@ from ..dsl.operands import OperandDecl, Scalar
 from ..errors import InvalidArgument
 from ..ir import EpilogueIR
 from ..ir.ops import FP8_MAX, round_to
+from ..runtime.cast_transpose import cast_transposable, cast_transpose, tensor_amax
 from ..runtime.quantize import k_grouped_copy
 from ..types import DType, Layout
 from .history import AmaxAlgorithm, AmaxHistory, Scaling
@@ -124,10 +125,44 @@ class Float8Tensorwise(Precision):
             history.add(outs["d_amax"])
             d, scale = outs["d"], operands["scale_d"]
         else:  # current: D quantized here, its scale from the kernel's amax
+            out = self._cast_transpose(outs["d"], self.dtypes(gemm)[0], outs["d_amax"])
+            if out is not None:  # both copies in one pass: the transposed one is already K-major
+                q, q_t, scale = out
+                return Operand(q, scale), Operand(q_t.t(), scale) if gemm is Gemm.FPROP else Operand(q_t, scale)
             d, scale = self.quantize(outs["d"], self.dtypes(gemm)[0], amax=outs["d_amax"])
         if gemm is Gemm.FPROP:  # the next wgrad's B: K x N, K-major (a column-major view)
             return Operand(d, scale), Operand(d.t().contiguous().t(), scale)
         return Operand(d, scale), Operand(d.t().contiguous(), scale)  # this layer's wgrad A
+
+    def operands(self, t: torch.Tensor, rows: tuple[Gemm, str, Recipe], columns: tuple[Gemm, str, Recipe],
+                 history: AmaxHistory | None = None) -> tuple[Operand, Operand]:
+        """Current scaling on the GPU: t's amax by the amax kernel, then both copies over its one
+        scale in one pass (the cast-transpose kernel, per tensor), the same bits as `quantize`
+        twice; delayed scaling, and where the kernels cannot run (`_cast_transpose`), `quantize`
+        twice."""
+        dtype = self.dtypes(rows[0])[rows[1] == "b"]
+        if history is None and dtype is self.dtypes(columns[0])[columns[1] == "b"]:
+            out = self._cast_transpose(t, dtype, None)
+            if out is not None:
+                q, q_t, scale = out
+                return (Operand(q, scale) if rows[1] == "a" else Operand(q.t(), scale),
+                        Operand(q_t, scale) if columns[1] == "a" else Operand(q_t.t(), scale))
+        return super().operands(t, rows, columns, history)
+
+    @staticmethod
+    def _cast_transpose(t: torch.Tensor, dtype: DType, amax: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(q, q_t, scale): t and t transposed in fp8 `dtype` over one scale from `amax` (t's own by
+        the amax kernel where None) on the GPU; None on the CPU, in a traced call, for rows the
+        kernels cannot read 16 bytes at a time, or a kernel GEMMGEN_JIT keeps from compiling now."""
+        if torch.compiler.is_compiling() or not cast_transposable(t):
+            return None
+        amax = tensor_amax(t) if amax is None else amax.float()
+        out = None if amax is None else cast_transpose(t, dtype, amax=amax)
+        if out is None:
+            return None
+        assert out.q is not None and out.q_t is not None and out.scale is not None
+        return out.q, out.q_t, out.scale
 
     def history(self) -> AmaxHistory | None:
         if not self.delayed:

@@ -391,18 +391,26 @@ def _load(path: Path):
 #: The GPU checks' kernels by the arch of the GPU they run on.
 MATRICES = {"sm_90a": gpu_matrix, "sm_100a": sm100_gpu_matrix}
 
-#: The cast-transpose kernels the GPU checks launch (a Float8Blockwise layer's X and dY copies;
-#: the test of the kernel itself), each built for every arch of the bundle.
-CAST_TRANSPOSE_SPECS = ((gg.bf16, gg.e4m3, False), (gg.bf16, gg.e4m3, True), (gg.f16, gg.e5m2, False))
+#: The quantize kernels the GPU checks launch (a Float8Blockwise layer's X and dY copies, a current
+#: scaling Float8Tensorwise layer's amax and per-tensor copies; the kernels' own test), each built for
+#: every arch of the bundle.
+def quantize_specs() -> list:
+    from gemmgen.codegen.quantize import AmaxSpec, CastTransposeSpec
+
+    return [CastTransposeSpec(gg.bf16, gg.e4m3), CastTransposeSpec(gg.bf16, gg.e4m3, power_of_two=True),
+            CastTransposeSpec(gg.f16, gg.e5m2), CastTransposeSpec(gg.bf16, gg.e4m3, per_tensor=True),
+            CastTransposeSpec(gg.bf16, gg.e5m2, per_tensor=True), AmaxSpec(gg.bf16)]
 
 
-def cast_transpose_kernels(arch: str) -> list:
-    """`CAST_TRANSPOSE_SPECS` built for `arch` through the cache."""
-    from gemmgen.codegen.quantize import CastTransposeSpec, render_cast_transpose
+def quantize_kernels(arch: str) -> list:
+    """`quantize_specs()` built for `arch` through the cache."""
+    import dataclasses
+
+    from gemmgen.codegen.quantize import render_cast_transpose
     from gemmgen.compile.quantize import build_quantize_kernel
 
-    return [build_quantize_kernel(render_cast_transpose(CastTransposeSpec(source, target, pow2, gg.Arch(arch))))
-            for source, target, pow2 in CAST_TRANSPOSE_SPECS]
+    return [build_quantize_kernel(render_cast_transpose(dataclasses.replace(spec, arch=gg.Arch(arch))))
+            for spec in quantize_specs()]
 
 
 def build_all(jobs: int = 2, bundle: Path | None = None, arches: tuple[str, ...] = ("sm_90a",)) -> None:
@@ -421,10 +429,9 @@ def build_all(jobs: int = 2, bundle: Path | None = None, arches: tuple[str, ...]
         from gemmgen.compile import default_cache
 
         kernels = [recipe.build(config) for arch in arches for recipe, config in MATRICES[arch]()]
-        casts = [k for arch in arches for k in cast_transpose_kernels(arch)]
+        casts = [k for arch in arches for k in quantize_kernels(arch)]
         write_bundle(kernels, bundle, default_cache(), quantize_kernels=casts)
-        print(f"bundle: {len({k.cache_key for k in kernels})} kernels and {len(casts)} cast-transpose kernels in "
-              f"{bundle}")
+        print(f"bundle: {len({k.cache_key for k in kernels})} kernels and {len(casts)} quantize kernels in {bundle}")
 
 
 def _build_one(arch: str, i: int) -> str:

@@ -206,34 +206,44 @@ def test_a_cuda_graph_of_a_float8_layer_follows_its_weight():
 
 
 @pytest.mark.parametrize("shape", [(300, 512), (1, 128), (129, 264)], ids=lambda s: "x".join(map(str, s)))
-def test_the_cast_transpose_kernel_gives_the_torch_quantizers_bits(shape):
-    """The cast-transpose kernel (from the bundle) on the GPU against the torch quantizer on the CPU
-    (which tests/runtime/test_cast_transpose.py checks against the kernel's host build): both
-    copies and their scales bit for bit (NaN's sign aside), each spec of the bundle; outputs of
+def test_the_quantize_kernels_give_the_torch_quantizers_bits(shape):
+    """Each quantize kernel of the bundle on the GPU against its torch ops on the CPU (which
+    tests/runtime/test_cast_transpose.py checks against the kernels' host builds): the amax, both
+    copies and their scales bit for bit (NaN's sign aside); per tensor over the amax kernel's amax;
     a partial last tile of rows and of columns included."""
-    from gemmgen.codegen.quantize import CastTransposeSpec
-    from gemmgen.runtime.cast_transpose import CastTranspose
-    from tests.data.gpu_matrix import CAST_TRANSPOSE_SPECS
+    from gemmgen.codegen.quantize import AmaxSpec
+    from gemmgen.runtime.cast_transpose import CastTranspose, TensorAmax
+    from tests.data.gpu_matrix import quantize_specs
 
     torch.manual_seed(1)
-    for source, target, pow2 in CAST_TRANSPOSE_SPECS:
-        kernel = CastTranspose(CastTransposeSpec(source, target, pow2))
-        x = (torch.randn(shape) * torch.exp2(torch.randint(-12, 12, (shape[0], 1)))).to(source.torch)
-        x[0, 0] = float("nan")
-        got, want = kernel(x.cuda()), kernel(x)
+    for spec in quantize_specs():
+        if isinstance(spec, AmaxSpec):
+            continue
+        kernel = CastTranspose(spec)
+        x = (torch.randn(shape) * torch.exp2(torch.randint(-12, 12, (shape[0], 1)))).to(spec.source.torch)
+        if not spec.per_tensor:
+            x[0, 0] = float("nan")
+        got_amax = want_amax = None
+        if spec.per_tensor:
+            amax = TensorAmax(AmaxSpec(spec.source))
+            got_amax, want_amax = amax(x.cuda()), amax(x)
+            assert torch.equal(got_amax.cpu(), want_amax)
+        got, want = kernel(x.cuda(), amax=got_amax), kernel(x, amax=want_amax)
         for g, w in ((got.q, want.q), (got.q_t, want.q_t)):
             assert g is not None and w is not None
             g = g.cpu()
             same = (g.view(torch.uint8) == w.view(torch.uint8)) | (g.float().isnan() & w.float().isnan())
-            assert same.all(), f"{kernel.spec.name} {shape}: {int((~same).sum())} values differ"
+            assert same.all(), f"{spec.name} {shape}: {int((~same).sum())} values differ"
         for g, w in ((got.scale, want.scale), (got.scale_t, want.scale_t)):
             assert g is not None and w is not None and torch.equal(g.cpu(), w)
 
 
-def test_a_float8_blockwise_step_with_the_cast_transpose_kernel_is_the_torch_quantizers_step():
-    """A Float8Blockwise FusedMLP's step on the GPU quantizes X and dY by the cast-transpose kernel
-    (one pass each for both copies, the scales written in the layouts the GEMMs read); the same
-    step with the torch quantizer instead gives the same output and gradients, bit for bit."""
+@pytest.mark.parametrize("precision", ["Float8Blockwise", "Float8Tensorwise"])
+def test_a_float8_step_with_the_quantize_kernels_is_the_torch_quantizers_step(precision):
+    """A GELU FusedMLP's step on the GPU quantizes X and dY by the quantize kernels (both copies in
+    one pass each, the scales written in the layouts the GEMMs read; current scaling: the amax
+    kernel first, and h and dL/dacc1 from their epilogues' amax too); the same step with torch's
+    quantizers instead gives the same output and gradients, bit for bit."""
     from unittest import mock
 
     from gemmgen.runtime import cast_transpose
@@ -241,15 +251,17 @@ def test_a_float8_blockwise_step_with_the_cast_transpose_kernel_is_the_torch_qua
 
     tokens, n_in, hidden, n_out = TRAINING_FP8_MLP
     torch.manual_seed(0)
-    mlp = gg.nn.FusedMLP(n_in, hidden, n_out, "gelu", precision=gg.training.Float8Blockwise()).cuda()
+    mlp = gg.nn.FusedMLP(n_in, hidden, n_out, "gelu", precision=getattr(gg.training, precision)()).cuda()
     x = torch.randn(tokens, n_in, device="cuda").bfloat16()
     g = torch.randn(tokens, n_out, device="cuda").bfloat16()
     with mock.patch.object(cast_transpose.CastTranspose, "__call__", autospec=True,
                            side_effect=cast_transpose.CastTranspose.__call__) as launched:
         fused = _grads(mlp, x, g)
-    assert launched.call_count == 2  # X in forward, dY in backward
+    # X and dY; per tensor h and dL/dacc1 too (from their epilogues' amax)
+    assert launched.call_count == (2 if precision == "Float8Blockwise" else 4)
     mlp.zero_grad(set_to_none=True)
-    with mock.patch("gemmgen.training.precision.cast_transposable", return_value=False):
+    with mock.patch("gemmgen.training.precision.cast_transposable", return_value=False), \
+            mock.patch("gemmgen.training.tensorwise.cast_transposable", return_value=False):
         by_torch = _grads(mlp, x, g)
     for a, b in zip(fused, by_torch, strict=True):
         assert torch.equal(a, b)

@@ -18,13 +18,16 @@ import pytest
 import torch
 
 import gemmgen as gg
-from gemmgen.codegen.quantize import CastTransposeSpec, render_cast_transpose
+from gemmgen.codegen.quantize import AmaxSpec, CastTransposeSpec, render_cast_transpose
 from gemmgen.compile.toolchain import gemmgen_include_dir, toolchain
 from gemmgen.config import Arch
 from gemmgen.errors import ConfigError, InvalidArgument
-from gemmgen.runtime.cast_transpose import CastTranspose, CastTransposed, allocate, grid, pack_params
+from gemmgen.runtime.cast_transpose import CastTranspose, CastTransposed, TensorAmax, allocate, grid, pack_params
 
 SPECS = [CastTransposeSpec(), CastTransposeSpec(gg.f16, gg.e5m2), CastTransposeSpec(power_of_two=True)]
+TENSOR_SPECS = [CastTransposeSpec(per_tensor=True), CastTransposeSpec(gg.bf16, gg.e5m2, per_tensor=True),
+                CastTransposeSpec(gg.f16, gg.e5m2, per_tensor=True)]
+AMAX_SPECS = [AmaxSpec(), AmaxSpec(gg.f16)]
 SHAPES = [(1, 8), (1, 128), (3, 136), (129, 264), (128, 128), (300, 16), (257, 392)]
 
 
@@ -85,7 +88,8 @@ def host_kernels(tmp_path_factory):
     root = tmp_path_factory.mktemp("cast_transpose")
     include = [f"-I{d}" for d in (gemmgen_include_dir(), *toolchain().include_dirs)]
     entries = {}
-    for i, spec in enumerate(SPECS):
+    specs: list[CastTransposeSpec | AmaxSpec] = [*SPECS, *TENSOR_SPECS, *AMAX_SPECS]
+    for i, spec in enumerate(specs):
         kernel = render_cast_transpose(spec)
         source, lib = root / f"k{i}.cpp", root / f"k{i}.so"
         source.write_text(kernel.source)
@@ -149,7 +153,7 @@ def test_the_cpu_path_is_the_kernels_bits(host_kernels):
 
 def test_outputs_are_laid_out_for_the_gemms_and_the_grid_covers_x():
     """16-byte rows for both copies (TMA), the scales' contiguous extent a multiple of 4, one CTA
-    per 128 x 128 tile; the Params bytes are 5 pointers and 9 int64 in the header's order."""
+    per 128 x 128 tile; the Params bytes are 6 pointers and 9 int64 in the header's order."""
     x = torch.zeros(300, 136, dtype=torch.bfloat16)
     out = allocate(x, SPECS[0], scale_layout=gg.ColMajor)
     q, scale, q_t, scale_t = _four(out)
@@ -159,8 +163,8 @@ def test_outputs_are_laid_out_for_the_gemms_and_the_grid_covers_x():
     assert scale_t.shape == (136, 3) and scale_t.stride() == (4, 1)
     assert grid(x) == (2, 3, 1)
     params = pack_params(x, out)
-    assert len(params) == 14 * 8
-    assert params[5 * 8:7 * 8] == (300).to_bytes(8, "little") + (136).to_bytes(8, "little")
+    assert len(params) == 15 * 8
+    assert params[6 * 8:8 * 8] == (300).to_bytes(8, "little") + (136).to_bytes(8, "little")
 
 
 def test_bad_inputs_are_refused_by_name():
@@ -182,15 +186,19 @@ def test_bad_inputs_are_refused_by_name():
 
 
 @pytest.mark.nvrtc
+@pytest.mark.parametrize("spec", [CastTransposeSpec(), CastTransposeSpec(per_tensor=True), AmaxSpec()],
+                         ids=lambda s: s.name)
 @pytest.mark.parametrize("arch", [Arch.SM90A, Arch.SM100A], ids=lambda a: a.value)
-def test_the_kernel_compiles_with_its_markers_and_no_local_memory(arch, tmp_path):
+def test_the_kernel_compiles_with_its_markers_and_no_local_memory(arch, spec, tmp_path):
     """NVRTC builds each arch's binary through the cache in seconds; the binary check passes
-    (16-byte loads and stores, the fp8 conversions, the barriers, 0 local and stack bytes), and a
-    record without the 16-byte stores, or with spills, fails it."""
+    (16-byte loads, and stores and fp8 conversions or the atomic max, the barriers, 0 local and
+    stack bytes), and a record without the 16-byte loads, or with spills, fails it."""
+    import dataclasses
+
     from gemmgen.compile import KernelCache
     from gemmgen.compile.quantize import build_quantize_kernel, quantize_kernel_problem
 
-    kernel = render_cast_transpose(CastTransposeSpec(arch=arch))
+    kernel = render_cast_transpose(dataclasses.replace(spec, arch=arch))
     cache = KernelCache(tmp_path)
     built = build_quantize_kernel(kernel, cache)
     assert built.origin == "compiled" and built.meta["local_bytes"] == 0 and built.meta["stack_bytes"] == 0
@@ -199,93 +207,48 @@ def test_the_kernel_compiles_with_its_markers_and_no_local_memory(arch, tmp_path
     assert again.origin == "cache" and again.cubin == built.cubin
     files = {"kernel.cubin": built.cubin, "kernel.cu": kernel.source.encode()}
     assert quantize_kernel_problem(files, built.meta, kernel) is None
-    no_stores = {**built.meta, "sass": {**built.meta["sass"], "STG.E.128": 0}}
-    assert "no STG.E.128 instruction" in str(quantize_kernel_problem(files, no_stores, kernel))
+    no_loads = {**built.meta, "sass": {**built.meta["sass"], "LDG.E.128": 0}}
+    assert "no LDG.E.128 instruction" in str(quantize_kernel_problem(files, no_loads, kernel))
     assert "local memory" in str(quantize_kernel_problem(files, {**built.meta, "local_bytes": 64}, kernel))
 
 
-@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
-def test_a_float8_blockwise_step_through_the_kernel_is_the_torch_quantizers_step(host_kernels, activation):
-    """A Float8Blockwise FusedMLP's step with every X, h, dY and dL/dacc1 quantization done by the
-    kernel's host build (as the GPU path launches it: `Precision.operands`, both copies from one
-    pass, the scales written in the layouts the GEMMs read, A's and B's) equals the step whose
-    torch quantizer makes each copy: output and every gradient, bit for bit. Made to fail once: the
-    rows copy's scales handed over with the transposed copy's values (`Precision.operands`)."""
-    from unittest import mock
-
-    from gemmgen.training import precision as precision_module
-
-    spec = SPECS[0]
-    launched = []
-
-    def on_host(x, target, power_of_two=False, rows=True, columns=True, scale_layout=gg.RowMajor,
-                scale_t_layout=gg.RowMajor):
-        assert (x.dtype, target, power_of_two) == (torch.bfloat16, gg.e4m3, False)
-        out = allocate(x, spec, rows, columns, scale_layout, scale_t_layout)
-        host_kernels[spec](pack_params(x, out))
-        launched.append(tuple(x.shape))
-        return out
-
-    torch.manual_seed(0)
-    gated = activation == "swiglu"
-    mlp = gg.nn.FusedMLP(128, 256, 144, activation, bias=not gated, precision=gg.training.Float8Blockwise())
-    x, g = torch.randn(130, 128).bfloat16(), torch.randn(130, 144).bfloat16()
-
-    def step():
-        mlp.zero_grad(set_to_none=True)
-        xg = x.clone().requires_grad_()
-        y = mlp(xg)
-        y.backward(g)
-        return [y, xg.grad, *(p.grad for p in mlp.parameters())]
-
-    want = step()
-    with mock.patch.object(precision_module, "cast_transposable", lambda t: t.dim() == 2), \
-            mock.patch.object(precision_module, "cast_transpose", on_host):
-        got = step()
-    # X, dY; a gated MLP's h and dL/dacc1 too (a GELU MLP's kernels write theirs quantized)
-    assert launched == ([(130, 128), (130, 256), (130, 144), (130, 512)] if gated else [(130, 128), (130, 144)])
-    for a, b in zip(got, want, strict=True):
-        assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("power_of_two", [False, True])
-def test_each_copy_is_the_operand_its_gemm_reads(host_kernels, power_of_two):
-    """Float8Blockwise.operands through the kernel's host build, for each pair a layer asks for (X:
+@pytest.mark.parametrize("precision", [gg.training.Float8Blockwise(), gg.training.Float8Tensorwise(),
+                                       gg.training.Float8Blockwise(power_of_two_scales=True)], ids=repr)
+def test_each_copy_is_the_operand_its_gemm_reads(host_kernels, precision):
+    """`Precision.operands` through the kernels' host builds, for each pair a layer asks for (X:
     fprop A and wgrad B; dY: dgrad A and wgrad A): each Operand holds the values `operand` gives
     (bits and scales) in the memory order its GEMM reads (the same contiguous dimension, 16-byte
-    strides for TMA), so no realigning copy is made. Made to fail once: the transposed copy's
-    scales made in the layout the GEMM reads (B's scales are made transposed, then viewed back)."""
+    strides for TMA), so no realigning copy is made. Made to fail once: Float8Blockwise's
+    transposed copy's scales made in the layout the GEMM reads (B's are made transposed, then
+    viewed back)."""
     from unittest import mock
 
     from gemmgen.nn.low_precision import linear_gemms
-    from gemmgen.training import Gemm
-    from gemmgen.training import precision as precision_module
+    from gemmgen.training import Gemm, tensorwise
+    from gemmgen.training import precision as blockwise
 
-    precision = gg.training.Float8Blockwise(power_of_two_scales=power_of_two)
-    spec = SPECS[2] if power_of_two else SPECS[0]
     gemms = linear_gemms(precision, None, False, torch.bfloat16)
     recipes = {Gemm.FPROP: gemms.fprop.recipe, Gemm.DGRAD: gemms.dgrad.recipe, Gemm.WGRAD: gemms.wgrad.recipe}
-
-    def on_host(x, target, power_of_two=False, rows=True, columns=True, scale_layout=gg.RowMajor,
-                scale_t_layout=gg.RowMajor):
-        out = allocate(x, spec, rows, columns, scale_layout, scale_t_layout)
-        host_kernels[spec](pack_params(x, out))
-        return out
+    on_host = _host_cast_transpose(host_kernels, [])
 
     def read_order(t: torch.Tensor) -> int:  # the contiguous dimension
         return 1 if t.stride(1) == 1 else 0
 
     t = _drawn(130, 256, torch.bfloat16, torch.Generator().manual_seed(5))
+    t[2, 3] = 1.0  # no NaN: per tensor, one would make every value NaN
     for rows, columns in (((Gemm.FPROP, "a"), (Gemm.WGRAD, "b")), ((Gemm.DGRAD, "a"), (Gemm.WGRAD, "a"))):
         want = (precision.operand(t, *rows, recipes[rows[0]]), precision.operand(t.t(), *columns, recipes[columns[0]]))
-        with mock.patch.object(precision_module, "cast_transposable", lambda t: True), \
-                mock.patch.object(precision_module, "cast_transpose", on_host):
+        with mock.patch.object(blockwise, "cast_transposable", lambda t: True), \
+                mock.patch.object(blockwise, "cast_transpose", on_host), \
+                mock.patch.object(tensorwise, "cast_transposable", lambda t: True), \
+                mock.patch.object(tensorwise, "cast_transpose", on_host), \
+                mock.patch.object(tensorwise, "tensor_amax", lambda t: _host_amax(host_kernels, t)):
             got = precision.operands(t, (*rows, recipes[rows[0]]), (*columns, recipes[columns[0]]))
         for g, w in zip(got, want, strict=True):
             assert _same_bits(g.data, w.data).all() and torch.equal(g.scale, w.scale)
-            for tensor, size in ((g.data, 1), (g.scale, 4)):
-                assert tensor.stride(1 - read_order(tensor)) * size % 16 == 0
-            assert (read_order(g.data), read_order(g.scale)) == (read_order(w.data), read_order(w.scale))
+            assert g.data.stride(1 - read_order(g.data)) % 16 == 0 and read_order(g.data) == read_order(w.data)
+            if g.scale.dim() == 2:
+                assert g.scale.stride(1 - read_order(g.scale)) % 4 == 0 and read_order(g.scale) == read_order(w.scale)
 
 
 def _fresh_kernels(monkeypatch, tmp_path):
@@ -294,7 +257,8 @@ def _fresh_kernels(monkeypatch, tmp_path):
     from gemmgen.runtime import cast_transpose as module
 
     cache = KernelCache(tmp_path / "cache")
-    monkeypatch.setattr(module, "_kernel", functools.cache(lambda spec: CastTranspose(spec, cache)))
+    monkeypatch.setattr(module, "_kernel", functools.cache(
+        lambda spec: (TensorAmax if isinstance(spec, AmaxSpec) else CastTranspose)(spec, cache)))
     monkeypatch.setattr(module, "_PENDING", set())
     monkeypatch.setattr(module, "_MISSING", set())
     monkeypatch.setenv("GEMMGEN_BUNDLE_PATH", "")
@@ -352,3 +316,101 @@ def test_a_bundle_ships_the_kernel(monkeypatch, tmp_path):
     with pytest.warns(gg.GemmgenWarning, match="does not match its recorded digest"), \
             pytest.raises(KernelNotAvailable, match="GEMMGEN_JIT=0 forbids compiling it"):
         build_quantize_kernel(kernel, KernelCache(tmp_path / "empty"))
+
+
+def _host_amax(host_kernels, x: torch.Tensor) -> torch.Tensor:
+    amax = torch.zeros(1)
+    host_kernels[AmaxSpec(gg.bf16 if x.dtype == torch.bfloat16 else gg.f16)](pack_params(x, amax=amax))
+    return amax
+
+
+@pytest.mark.parametrize("spec", TENSOR_SPECS, ids=lambda s: s.name)
+def test_the_per_tensor_kernels_on_the_host_are_current_scaling_by_definition(host_kernels, spec):
+    """The amax kernel's max |x| is torch's (NaN where X holds one, -0 and subnormals counted, over
+    several CTAs' atomics); the per-tensor cast over it writes both copies as x / (amax / fp8 max),
+    saturated (scale 1 for a zero amax), and the scale once, bit for bit, for odd shapes. Made to
+    fail once each: the amax's sign bit kept (a negative value's bits win), the transposed copy's
+    scale left unset in shared memory."""
+    qmax = {gg.e4m3: 448.0, gg.e5m2: 57344.0}[spec.target]
+    gen = torch.Generator().manual_seed(11)
+    for rows, columns in [*SHAPES, (64, 8)]:
+        x = _drawn(rows, columns, spec.source.torch, gen)
+        if (rows, columns) == (64, 8):
+            x.zero_()
+        elif rows > 2 and columns > 8:
+            x[2, 3] = 1.0  # not NaN: the scale's own path; a NaN-holding X below
+        amax = _host_amax(host_kernels, x)
+        want_amax = x.float().abs().amax().reshape(1)
+        assert torch.equal(amax, want_amax), (spec.name, rows, columns)
+        out = allocate(x, spec)
+        q, scale, q_t, scale_t = _four(out)
+        scale.fill_(float("nan"))
+        host_kernels[spec](pack_params(x, out, amax))
+        want_scale = torch.tensor([float(amax) / qmax if float(amax) > 0 else 1.0], dtype=torch.float32)
+        assert scale is scale_t and torch.equal(scale, want_scale), (spec.name, rows, columns)
+        for got, t in ((q, x), (q_t, x.t())):
+            want = (t.float() / want_scale).clamp(-qmax, qmax).to(spec.target.torch)
+            assert _same_bits(got, want).all(), (spec.name, rows, columns)
+    x = _drawn(130, 136, spec.source.torch, gen)
+    assert _host_amax(host_kernels, x).isnan().all()  # _drawn puts a NaN at (2, 3)
+
+
+def _host_cast_transpose(host_kernels, launched: list):
+    """`runtime.cast_transpose.cast_transpose` as the kernels' host builds run it (CPU tensors)."""
+    def call(x, target, power_of_two=False, rows=True, columns=True, scale_layout=gg.RowMajor,
+             scale_t_layout=gg.RowMajor, amax=None):
+        source = gg.bf16 if x.dtype == torch.bfloat16 else gg.f16
+        spec = CastTransposeSpec(source, target, power_of_two, per_tensor=amax is not None)
+        out = allocate(x, spec, rows, columns, scale_layout, scale_t_layout)
+        host_kernels[spec](pack_params(x, out, None if amax is None else amax.reshape(1).contiguous()))
+        launched.append((spec.name, tuple(x.shape)))
+        return out
+    return call
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+@pytest.mark.parametrize("precision", ["Float8Blockwise", "Float8Tensorwise"])
+def test_a_float8_step_through_the_kernels_is_the_torch_quantizers_step(host_kernels, precision, activation):
+    """A FusedMLP's step whose X and dY copies (and a gated MLP's h and dL/dacc1) come from the
+    kernels' host builds, as the GPU path launches them (`Precision.operands`: both copies from one
+    pass, the scales written in the layouts the GEMMs read), equals the step whose torch ops
+    quantize: output and every gradient, bit for bit. Float8Blockwise: the cast-transpose kernel;
+    current scaling: the amax kernel and the per-tensor cast, which also quantizes a GELU MLP's h
+    and dL/dacc1 over their epilogues' amax. Made to fail once each: the rows copy's scales handed
+    over with the transposed copy's values (Float8Blockwise), the transposed copy handed to wgrad
+    as the rows copy (Float8Tensorwise)."""
+    from unittest import mock
+
+    from gemmgen.training import precision as blockwise
+    from gemmgen.training import tensorwise
+
+    launched: list = []
+    torch.manual_seed(0)
+    gated = activation == "swiglu"
+    mlp = gg.nn.FusedMLP(128, 256, 144, activation, bias=not gated, precision=getattr(gg.training, precision)())
+    x, g = torch.randn(130, 128).bfloat16(), torch.randn(130, 144).bfloat16()
+
+    def step():
+        mlp.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_()
+        y = mlp(xg)
+        y.backward(g)
+        return [y, xg.grad, *(p.grad for p in mlp.parameters())]
+
+    want = step()
+    on_host = _host_cast_transpose(host_kernels, launched)
+    with mock.patch.object(blockwise, "cast_transposable", lambda t: t.dim() == 2), \
+            mock.patch.object(blockwise, "cast_transpose", on_host), \
+            mock.patch.object(tensorwise, "cast_transposable", lambda t: t.dim() == 2), \
+            mock.patch.object(tensorwise, "cast_transpose", on_host), \
+            mock.patch.object(tensorwise, "tensor_amax", lambda t: _host_amax(host_kernels, t)):
+        got = step()
+    # X, h, dY, dL/dacc1; a GELU MLP's Float8Blockwise kernels write h and dL/dacc1 quantized themselves
+    shapes = [(130, 128), (130, 256), (130, 144), (130, 512 if gated else 256)]
+    if precision == "Float8Blockwise":
+        assert launched == [("cast_transpose_bf16_e4m3", s) for s in (shapes if gated else shapes[::2])]
+    else:
+        assert launched == [(f"cast_transpose_tensor_bf16_{t}", s) for t, s in zip(("e4m3", "e4m3", "e5m2", "e5m2"),
+                                                                                       shapes, strict=True)]
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)

@@ -13,6 +13,8 @@
 //   kScales: each row's and column's scale, into shared memory and to the scale tensors
 //   kStore:  each value over its scale, converted to fp8 (saturating), 16 bytes per store, into
 //            the rows copy (R x C) and the transposed copy (C x R); a null pointer skips its copy
+// TensorAmax, below, is the max |x| of a whole tensor, for one scale per tensor (CastTranspose's
+// PerTensor form: Float8Tensorwise's current scaling).
 // The host checks what the 16-byte accesses need (gemmgen/runtime/cast_transpose.py): C and X's
 // row stride multiples of 8 elements, X 16-byte aligned, each copy's row stride a multiple of 16
 // bytes holding its rows rounded up to 16 (the stores past the edge write zeros there).
@@ -41,6 +43,7 @@ struct CastTransposeParams {
   float* scale;         // its scales, (R, ceil(C / 128)) at (scale_row_stride, scale_block_stride)
   void* q_t;            // the transposed copy, C x R fp8, row stride ld_q_t; null: not written
   float* scale_t;       // its scales, (C, ceil(R / 128)) at (scale_t_row_stride, scale_t_block_stride)
+  float* amax;          // one scale per tensor: its max |x| (read; TensorAmax accumulates it), else null
   int64_t rows;
   int64_t columns;
   int64_t ld_x;
@@ -62,6 +65,15 @@ CUTLASS_HOST_DEVICE void load16(void* dst, void const* src) {
 #endif
 }
 
+CUTLASS_HOST_DEVICE void load16(uint32_t (&words)[4], void const* src) {
+#if defined(__CUDA_ARCH__)
+  uint4 const v = *reinterpret_cast<uint4 const*>(src);
+  words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
+#else
+  std::memcpy(words, src, 16);
+#endif
+}
+
 CUTLASS_HOST_DEVICE void store16(void* dst, uint32_t const (&words)[4]) {
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
@@ -70,11 +82,17 @@ CUTLASS_HOST_DEVICE void store16(void* dst, uint32_t const (&words)[4]) {
 #endif
 }
 
-template <class ElementX, class ElementQ, uint32_t QmaxBits, bool PowerOfTwo>
+// How the copies' scales come about. PerTensor false: each row's and column's block by gg.quantize's
+// rule (QuantizeBlock: its max |x| over Qmax, reduced in the tile). PerTensor true (Float8Tensorwise's
+// current scaling): one scale for the whole tensor, amax / Qmax (1 where the amax is not above 0),
+// the amax read from `Params::amax` (an epilogue's gg.amax, or TensorAmax's); the transposed copy is
+// then the rows copy transposed, and the first tile writes the scale, `scale[0]`.
+template <class ElementX, class ElementQ, uint32_t QmaxBits, bool PowerOfTwo, bool PerTensor = false>
 struct CastTranspose {
   using Params = CastTransposeParams;
   using Policy = epi::QuantizeBlock<QmaxBits, PowerOfTwo>;
   static_assert(sizeof(ElementX) == 2 && sizeof(ElementQ) == 1, "16-bit values in, fp8 out");
+  static_assert(!(PerTensor && PowerOfTwo), "a per-tensor scale is amax / Qmax");
 
   static constexpr int kTile = 128;     // a block's values, and a tile's rows and columns
   static constexpr int kThreads = 256;  // two per row (and per column) of the tile
@@ -118,7 +136,7 @@ struct CastTranspose {
           }
         }
       }
-    } else if (step == kAmax) {
+    } else if (step == kAmax && !PerTensor) {
       int const line = thread / 2, half = thread % 2 * (kTile / 2);
       float row = Policy::identity(), column = Policy::identity();
       CUTLASS_PRAGMA_UNROLL
@@ -128,6 +146,14 @@ struct CastTranspose {
       }
       s.row_part[line][thread % 2] = row;
       s.column_part[line][thread % 2] = column;
+    } else if (step == kScales && PerTensor) {
+      if (thread < kTile) {
+        float const scale = Policy::factor(*p.amax, 0);
+        s.row_scale[thread] = s.column_scale[thread] = scale;
+        if (thread == 0 && tile_m == 0 && tile_n == 0 && p.scale != nullptr) {
+          p.scale[0] = scale;
+        }
+      }
     } else if (step == kScales) {
       int const line = thread % kTile;
       if (thread < kTile) {
@@ -157,6 +183,62 @@ struct CastTranspose {
           store16(static_cast<uint8_t*>(p.q_t) + (column0 + line) * p.ld_q_t + row0 + at, words);
         }
       }
+    }
+  }
+
+  CUTLASS_HOST_DEVICE static int tiles(int64_t extent) { return int((extent + kTile - 1) / kTile); }
+};
+
+// The max |x| of a whole 16-bit tensor X (R x C), accumulated into `Params::amax` (zero-filled by the
+// host): what Float8Tensorwise's current scaling divides by, before CastTranspose<..., true> reads
+// it. One CTA per 128 x 128 tile, one atomic max per CTA. A value's |x| bits order as its magnitude
+// does, and a NaN's (sign cleared) above infinity's: the unsigned max of those bits is torch's amax,
+// a NaN where X holds one.
+template <class ElementX>
+struct TensorAmax {
+  using Params = CastTransposeParams;
+  static constexpr int kTile = 128;
+  static constexpr int kThreads = 256;
+  enum Step { kLoad, kReduce, kSteps };
+
+  struct SharedStorage {
+    uint32_t part[kThreads];
+  };
+
+  CUTLASS_HOST_DEVICE static uint32_t magnitude_bits(uint16_t bits) {
+    return __float_as_uint(float(ElementX::bitcast(bits))) & 0x7fffffffu;
+  }
+
+  CUTLASS_HOST_DEVICE static void step(int step, Params const& p, SharedStorage& s, int tile_m, int tile_n,
+                                       int thread) {
+    int64_t const row0 = int64_t(tile_m) * kTile, column0 = int64_t(tile_n) * kTile;
+    if (step == kLoad) {
+      uint32_t most = 0;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kTile * kTile / 8 / kThreads; ++i) {  // 8 values per 16 bytes
+        int const v = thread + i * kThreads, r = v / (kTile / 8), c = v % (kTile / 8) * 8;
+        if (row0 + r < p.rows && column0 + c < p.columns) {
+          uint32_t words[4];
+          load16(words, static_cast<uint16_t const*>(p.x) + (row0 + r) * p.ld_x + column0 + c);
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < 8; ++j) {
+            uint32_t const bits = magnitude_bits(uint16_t(words[j / 2] >> (16 * (j % 2))));
+            most = most > bits ? most : bits;
+          }
+        }
+      }
+      s.part[thread] = most;
+    } else if (step == kReduce && thread == 0) {
+      uint32_t most = 0;
+      for (int t = 0; t < kThreads; ++t) {
+        most = most > s.part[t] ? most : s.part[t];
+      }
+#if defined(__CUDA_ARCH__)
+      atomicMax(reinterpret_cast<unsigned int*>(p.amax), most);
+#else
+      uint32_t* amax = reinterpret_cast<uint32_t*>(p.amax);
+      *amax = *amax > most ? *amax : most;
+#endif
     }
   }
 
