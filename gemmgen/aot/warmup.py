@@ -7,15 +7,18 @@ a warm-up in a torch.distributed job splits those compiles across ranks (`distri
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from .. import env
+from ..codegen.quantize import AmaxSpec, CastTransposeSpec, QuantizeSpec, render_cast_transpose
 from ..compile import CompiledKernel, KernelCache, KernelReport, build_many, default_cache, report_table
 from ..compile.background import BACKGROUND
 from ..compile.parallel import with_origin
+from ..compile.quantize import CompiledQuantizeKernel, build_quantize_kernel
 from ..config import DEFAULT_ARCH, Arch, KernelConfig
 from ..dsl import Recipe
 from ..errors import InvalidArgument
@@ -55,7 +58,7 @@ def build_file(recipes_path: str | Path, cache: KernelCache, jobs: int | None = 
 
 def warmup(items: Items, shapes: dict | None = None, jobs: int | None = None, cache: KernelCache | None = None,
            quiet: bool = False, group: Any = None, distributed: bool | None = None,
-           arch: Arch | str | None = None) -> list[CompiledKernel]:
+           arch: Arch | str | None = None, quantize: Iterable[QuantizeSpec] = ()) -> list[CompiledKernel]:
     """Make every kernel loadable before the first call (at model load): compile what no bundle,
     cache or remote tier holds, in parallel, and print a table of what was compiled and what was
     found. Under GEMMGEN_JIT=0 it compiles nothing: a kernel missing from all of them raises
@@ -74,9 +77,16 @@ def warmup(items: Items, shapes: dict | None = None, jobs: int | None = None, ca
 
     Under GEMMGEN_JIT=async a warm-up in one process returns at once: the kernels found are loaded
     and returned, the others compile in background workers while calls run their recipes unfused
-    (`unfused_report` says for how long). A distributed warm-up compiles as under GEMMGEN_JIT=1."""
+    (`unfused_report` says for how long). A distributed warm-up compiles as under GEMMGEN_JIT=1.
+
+    `quantize` (`gemmgen.nn.model_quantize_specs(model)`) are the quantize kernels a low-precision
+    training step launches beside its GEMMs, loaded or compiled here too (seconds each; in this
+    process alone; under GEMMGEN_JIT=async at their first use), for `arch` whatever arch each spec
+    names."""
     items = list(items)
     target = Arch.parse(arch) if arch is not None else current_arch()
+    if env.jit_mode() is not env.JitMode.ASYNC:  # else each compiles in the background at its first use
+        quantize_kernels(quantize, target, cache, allow_compile=env.jit_enabled())
     if shapes is not None:
         if not isinstance(shapes, dict):
             raise InvalidArgument(f"shapes: expected {{recipe name: [[M, N, K], ...]}}, got {type(shapes).__name__}")
@@ -100,6 +110,20 @@ def warmup(items: Items, shapes: dict | None = None, jobs: int | None = None, ca
         print(report_table([k.report for k in kernels]), file=sys.stderr)
         print(share.summary(), file=sys.stderr, flush=True)
     return kernels
+
+
+def quantize_kernels(specs: Iterable[QuantizeSpec], arch: Arch, cache: KernelCache | None,
+                     allow_compile: bool | None) -> list[CompiledQuantizeKernel]:
+    """Each quantize kernel of `specs`, for `arch`, from a bundle or the cache, else compiled where
+    `allow_compile` (None: as GEMMGEN_JIT says; KernelNotAvailable otherwise)."""
+    out = []
+    for spec in dict.fromkeys(specs):
+        if not isinstance(spec, CastTransposeSpec | AmaxSpec):
+            raise InvalidArgument(f"quantize: expected quantize kernel specs (gemmgen.nn.model_quantize_specs), "
+                                  f"got {spec!r}")
+        kernel = render_cast_transpose(dataclasses.replace(spec, arch=arch))
+        out.append(build_quantize_kernel(kernel, cache, allow_compile))
+    return out
 
 
 def _warmup_in_background(pairs: list[tuple[Recipe, KernelConfig]], cache: KernelCache, quiet: bool
@@ -142,7 +166,8 @@ def with_tuned_winners(pairs: list[tuple[Recipe, KernelConfig]], tuning: TuningT
 
 def build_bundle(items: Items, out: str | Path, tuning: str | Path | TuningTable | None = None,
                  jobs: int | None = None, cache: KernelCache | None = None, quiet: bool = False,
-                 arches: Iterable[Arch | str] = (DEFAULT_ARCH,)) -> list[CompiledKernel]:
+                 arches: Iterable[Arch | str] = (DEFAULT_ARCH,), quantize: Iterable[QuantizeSpec] = ()
+                 ) -> list[CompiledKernel]:
     """Build `items` (recipes, or (recipe, config) pairs) and write them to `out` as a bundle: the
     ahead-of-time path for a model's kernels, as `gemmgen build --out` is for a recipes file, e.g.
     `gemmgen.build_bundle(gemmgen.nn.model_launches(model, (1, 16, 4096)), "dist/gemmgen")`.
@@ -150,14 +175,17 @@ def build_bundle(items: Items, out: str | Path, tuning: str | Path | TuningTable
     records for the items' recipes built in. It compiles even under GEMMGEN_JIT=0, which governs
     run time, not the build step. `arches` are the architectures it holds kernels for (one bundle
     serves H100s and B200s with `arches=("sm_90a", "sm_100a")`): a recipe alone stands for its
-    default config on each, a (recipe, config) pair for that config only."""
+    default config on each, a (recipe, config) pair for that config only. `quantize`
+    (`gemmgen.nn.model_quantize_specs(model)`) adds the quantize kernels a low-precision training
+    step launches, built for each of `arches`."""
     table = TuningTable.load(tuning) if isinstance(tuning, str | Path) else tuning
     cache = cache or default_cache()
-    items = list(items)
-    pairs = list(dict.fromkeys(p for a in dict.fromkeys(Arch.parse(a, "arches") for a in arches)
-                               for p in pairs_of(items, a)))
+    items, targets = list(items), list(dict.fromkeys(Arch.parse(a, "arches") for a in arches))
+    pairs = list(dict.fromkeys(p for a in targets for p in pairs_of(items, a)))
     kernels = build(with_tuned_winners(pairs, table), cache, jobs, quiet, allow_compile=True)
-    where = write_bundle(kernels, out, cache, tuning=table)
+    specs = list(quantize)
+    casts = [k for a in targets for k in quantize_kernels(specs, a, cache, allow_compile=True)]
+    where = write_bundle(kernels, out, cache, tuning=table, quantize_kernels=casts)
     if not quiet:
         print(report_table([k.report for k in kernels]), file=sys.stderr)
         print(f"gemmgen: wrote a bundle of {len({k.cache_key for k in kernels})} kernel(s) to {where}; use it with "

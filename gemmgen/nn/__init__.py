@@ -30,7 +30,7 @@ from .experts import GroupedExperts
 from .fuse import activation_of, fuse
 from .grads import weight_grad_recipe
 from .grouped import GroupedLinear, grouped_linear_recipe
-from .launches import model_launches
+from .launches import model_launches, model_quantize_specs
 from .linear import FusedLinear, linear_recipe
 from .microscaled import MXFP8Linear, NVFP4Linear, mxfp8_linear_recipe, nvfp4_linear_recipe
 from .mlp import FusedMLP, MLPSecondLayer
@@ -41,5 +41,5 @@ __all__ = ["ACTIVATIONS", "BlockScaledGroupedLinear", "BlockScaledLinear", "Fuse
            "GroupedLinear",
            "MLPSecondLayer", "MXFP8Linear", "NVFP4Linear", "activation_of", "block_scaled_grouped_recipe",
            "block_scaled_linear_recipe", "fuse", "grouped_linear_recipe", "interleave_pairs", "linear_recipe",
-           "mlp_backward", "model_launches", "mxfp8_linear_recipe", "nvfp4_linear_recipe", "split_pairs",
-           "weight_grad_recipe"]
+           "mlp_backward", "model_launches", "model_quantize_specs", "mxfp8_linear_recipe", "nvfp4_linear_recipe",
+           "split_pairs", "weight_grad_recipe"]

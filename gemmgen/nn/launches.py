@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
 from torch import nn
 
 from .. import tuning
+from ..codegen.quantize import QuantizeSpec
 from ..config import Arch, KernelConfig
 from ..dsl import Recipe
 from ..errors import InvalidArgument
+from ..types import DType
 from .base import launch_arch
 from .block_scaled import BlockScaledGroupedLinear, QuantizedLinear
 from .experts import GroupedExperts
@@ -62,4 +65,23 @@ def model_launches(model: nn.Module, tokens: Iterable[int], training_tokens: Ite
         found += [(m.recipe, c) for m in grouped
                   for c in tuning.tuned_configs(m.recipe.ir, device, m.out_features, m.in_features, m.num_experts)
                   if c.arch is target]
+    return list(dict.fromkeys(found))
+
+
+def model_quantize_specs(model: nn.Module, arch: Arch | str | None = None) -> list[QuantizeSpec]:
+    """The quantize kernels (`codegen.quantize`: cast-transpose, amax) a training step of `model`'s
+    low-precision FusedLinear and FusedMLP layers launches on `arch` (default as `model_launches`),
+    each once: what `gemmgen.warmup(..., quantize=)` and `build_bundle(..., quantize=)` build beside
+    the GEMMs, e.g. for a GEMMGEN_JIT=0 deployment. Activations in f16 where a layer computes in
+    f16, else bf16 (autocast's, with fp32 master weights)."""
+    if not isinstance(model, nn.Module):
+        raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    target = launch_arch(arch)
+    found: list[QuantizeSpec] = []
+    for m in model.modules():
+        precision = m.precision if isinstance(m, FusedLinear | FusedMLP) else None
+        if precision is not None:
+            layer = m.fc1 if isinstance(m, FusedMLP) else m
+            source = DType.F16 if layer.compute_dtype == torch.float16 else DType.BF16
+            found += precision.quantize_specs(source, target)
     return list(dict.fromkeys(found))

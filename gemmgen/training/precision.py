@@ -32,6 +32,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..codegen.quantize import CastTransposeSpec, QuantizeSpec
+from ..config import Arch
 from ..dsl import DEEPSEEK_BLOCK_SCALE, Backward, Recipe, cast, quantize, quantize_columns
 from ..dsl.backward import declarations, replay
 from ..dsl.operands import OperandDecl
@@ -205,6 +207,12 @@ class Precision:
         tensor's under delayed scaling (`self.history()`)."""
         raise NotImplementedError
 
+    def quantize_specs(self, source: DType, arch: Arch) -> tuple[QuantizeSpec, ...]:
+        """The quantize kernels (`codegen.quantize`) a layer's step in this precision launches on
+        `arch` for its `source`-typed (bf16 or f16) tensors (`operands`): what to build ahead of
+        time beside the GEMMs (`gemmgen.nn.model_quantize_specs`). None here: torch ops quantize."""
+        return ()
+
     def operands(self, t: torch.Tensor, rows: tuple[Gemm, str, Recipe], columns: tuple[Gemm, str, Recipe],
                  history: AmaxHistory | None = None) -> tuple[Operand, Operand]:
         """`t` (tokens x C) twice: along C as `rows` = (gemm, "a" or "b", its recipe) reads it
@@ -338,6 +346,9 @@ class Float8Blockwise(Precision):
         if which == "a":
             return Operand(q, copy_in_layout(scale, layout, 4))
         return Operand(q.t(), _transposed_scale(scale, layout))
+
+    def quantize_specs(self, source: DType, arch: Arch) -> tuple[QuantizeSpec, ...]:
+        return (CastTransposeSpec(source, self.dtype, self.power_of_two_scales, arch),)
 
     def operands(self, t: torch.Tensor, rows: tuple[Gemm, str, Recipe], columns: tuple[Gemm, str, Recipe],
                  history: AmaxHistory | None = None) -> tuple[Operand, Operand]:

@@ -11,6 +11,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..codegen.quantize import AmaxSpec, CastTransposeSpec, QuantizeSpec
+from ..config import Arch
 from ..dsl import Recipe, amax, cast
 from ..dsl.backward import declarations, replay
 from ..dsl.operands import OperandDecl, Scalar
@@ -133,6 +135,14 @@ class Float8Tensorwise(Precision):
         if gemm is Gemm.FPROP:  # the next wgrad's B: K x N, K-major (a column-major view)
             return Operand(d, scale), Operand(d.t().contiguous().t(), scale)
         return Operand(d, scale), Operand(d.t().contiguous(), scale)  # this layer's wgrad A
+
+    def quantize_specs(self, source: DType, arch: Arch) -> tuple[QuantizeSpec, ...]:
+        """Current scaling: the amax kernel and the per-tensor casts to e4m3 (X, h) and e5m2 (the
+        gradients); delayed scaling quantizes with torch ops."""
+        if self.delayed:
+            return ()
+        return (AmaxSpec(source, arch), *(CastTransposeSpec(source, dtype, arch=arch, per_tensor=True)
+                                          for dtype in (DType.E4M3, DType.E5M2)))
 
     def operands(self, t: torch.Tensor, rows: tuple[Gemm, str, Recipe], columns: tuple[Gemm, str, Recipe],
                  history: AmaxHistory | None = None) -> tuple[Operand, Operand]:

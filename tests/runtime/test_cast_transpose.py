@@ -414,3 +414,46 @@ def test_a_float8_step_through_the_kernels_is_the_torch_quantizers_step(host_ker
                                                                                        shapes, strict=True)]
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_models_quantize_kernels_are_listed_by_its_precisions():
+    """`gemmgen.nn.model_quantize_specs`: each low-precision layer's kernels once, by its precision
+    (Float8Blockwise: its cast-transpose; current scaling: the amax and both per-tensor casts;
+    delayed scaling and bf16: none), in f16 for a layer computing in f16, for the arch asked."""
+    blockwise, current = gg.training.Float8Blockwise(), gg.training.Float8Tensorwise()
+    model = torch.nn.Sequential(gg.nn.FusedMLP(128, 256, 128, "gelu", precision=blockwise),
+                                gg.nn.FusedLinear(128, 128, precision=blockwise),
+                                gg.nn.FusedLinear(128, 128, precision=current).half(),
+                                gg.nn.FusedLinear(128, 128, precision=gg.training.Float8Tensorwise(scaling="delayed")),
+                                gg.nn.FusedLinear(128, 128))
+    assert gg.nn.model_quantize_specs(model, arch="sm_100a") == [
+        CastTransposeSpec(gg.bf16, gg.e4m3, arch=Arch.SM100A), AmaxSpec(gg.f16, Arch.SM100A),
+        CastTransposeSpec(gg.f16, gg.e4m3, arch=Arch.SM100A, per_tensor=True),
+        CastTransposeSpec(gg.f16, gg.e5m2, arch=Arch.SM100A, per_tensor=True)]
+    pow2 = gg.nn.FusedLinear(128, 128, precision=gg.training.Float8Blockwise(power_of_two_scales=True))
+    assert gg.nn.model_quantize_specs(pow2) == [CastTransposeSpec(power_of_two=True)]
+    with pytest.raises(InvalidArgument, match=r"model: expected a torch\.nn\.Module"):
+        gg.nn.model_quantize_specs("model")  # type: ignore[arg-type]
+
+
+@pytest.mark.nvrtc
+def test_build_bundle_ships_a_models_quantize_kernels_and_warmup_loads_them(monkeypatch, tmp_path):
+    """`build_bundle(..., quantize=model_quantize_specs(model))` ships the kernels for each arch;
+    under GEMMGEN_JIT=0 `warmup(..., quantize=)` loads them from it, and without it names what is
+    missing (KernelNotAvailable) instead of compiling."""
+    from gemmgen.compile import KernelCache
+    from gemmgen.errors import KernelNotAvailable
+
+    model = gg.nn.FusedLinear(128, 128, precision=gg.training.Float8Blockwise())
+    specs = gg.nn.model_quantize_specs(model)
+    out = tmp_path / "bundle"
+    gg.build_bundle([], out, cache=KernelCache(tmp_path / "cache"), quiet=True, arches=("sm_90a", "sm_100a"),
+                    quantize=specs)
+    manifest = (out / "manifest.json").read_text()
+    assert manifest.count('"kind": "cast_transpose"') == 2 and '"arches": [\n  "sm_100a",\n  "sm_90a"\n ]' in manifest
+    monkeypatch.setenv("GEMMGEN_JIT", "0")
+    monkeypatch.setenv("GEMMGEN_BUNDLE_PATH", "")
+    with pytest.raises(KernelNotAvailable, match="cast_transpose_bf16_e4m3 kernel for sm_90a is in no bundle"):
+        gg.warmup([], quiet=True, arch="sm_90a", cache=KernelCache(tmp_path / "empty"), quantize=specs)
+    monkeypatch.setenv("GEMMGEN_BUNDLE_PATH", str(out))
+    gg.warmup([], quiet=True, arch="sm_90a", cache=KernelCache(tmp_path / "empty"), quantize=specs)
