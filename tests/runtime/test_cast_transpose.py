@@ -89,13 +89,18 @@ def host_kernels(tmp_path_factory):
     include = [f"-I{d}" for d in (gemmgen_include_dir(), *toolchain().include_dirs)]
     entries = {}
     specs: list[CastTransposeSpec | AmaxSpec] = [*SPECS, *TENSOR_SPECS, *AMAX_SPECS]
-    for i, spec in enumerate(specs):
+    builds = []
+    for i, spec in enumerate(specs):  # g++ processes side by side: a few seconds each
         kernel = render_cast_transpose(spec)
         source, lib = root / f"k{i}.cpp", root / f"k{i}.so"
         source.write_text(kernel.source)
-        subprocess.run(["g++", "-std=c++17", "-O2", "-w", "-shared", "-fPIC", *include, "-o", str(lib), str(source)],
-                       check=True, capture_output=True)
-        fn = getattr(ctypes.CDLL(str(lib)), kernel.entry)
+        builds.append((spec, kernel.entry, lib, subprocess.Popen(
+            ["g++", "-std=c++17", "-O2", "-w", "-shared", "-fPIC", *include, "-o", str(lib), str(source)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+    for spec, entry, lib, build in builds:
+        log, _ = build.communicate()
+        assert build.returncode == 0, log.decode()
+        fn = getattr(ctypes.CDLL(str(lib)), entry)
         fn.argtypes, fn.restype = [ctypes.c_char_p], None
         entries[spec] = fn
     return entries
