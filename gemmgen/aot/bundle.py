@@ -33,7 +33,7 @@ def write_bundle(kernels: list[CompiledKernel], out: Path | str, cache: KernelCa
     """Write `kernels` (already built through `cache`) as a bundle in `out`; `shapes` records
     which config serves which problem shape, per recipe; `tuning` (a gemmgen.tuning.TuningTable)
     ships autotune results, registered whenever the bundle is; `quantize_kernels` are the
-    cast-transpose kernels a low-precision training step launches (`CastTranspose`), built
+    quantize kernels (cast-transpose, amax) a low-precision training step launches, built
     through `cache` too.
 
     The bundle is written beside `out` and renamed into place, replacing a bundle (or an empty
@@ -92,7 +92,7 @@ def _write_into(folder: Path, kernels: list[CompiledKernel], cache: KernelCache,
         arch, key = q.kernel.arch, source_key(q.kernel)
         if key not in entries:
             store.for_arch(arch).put(key, _built(cache, arch, q.cache_key, q.origin, q.entry))
-            entries[key] = {"kind": "cast_transpose", "spec": q.kernel.spec.name, "arch": arch.value,
+            entries[key] = {"kind": "quantize", "spec": q.kernel.spec.name, "arch": arch.value,
                             "kernel_key": key, "entry": q.entry}
     arches = sorted({e["arch"] for e in entries.values()})
     manifest = {"format": FORMAT, "arches": arches, "gemmgen": __version__, "kernels": list(entries.values()),

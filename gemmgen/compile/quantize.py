@@ -103,8 +103,9 @@ def build_quantize_kernel(kernel: QuantizeKernelSource, cache: KernelCache | Non
         if art is None:
             raise KernelNotAvailable(f"the {kernel.spec.name} kernel for {kernel.arch.value} is in no bundle and not "
                                      f"in the cache ({cache.root}), and GEMMGEN_JIT=0 forbids compiling it. Build it "
-                                     "ahead of time into a bundle (gemmgen.aot.write_bundle(..., "
-                                     "quantize_kernels=...)) or unset GEMMGEN_JIT (it compiles in seconds)")
+                                     "ahead of time: gemmgen.build_bundle(..., quantize=gemmgen.nn."
+                                     "model_quantize_specs(model)) with GEMMGEN_BUNDLE_PATH set to that bundle, or "
+                                     "unset GEMMGEN_JIT (it compiles in seconds)")
         return CompiledQuantizeKernel(kernel, key, art.files[CUBIN], art.meta, "cache")
     fill = Filling(remote_tier(cache.arch.value), key, lambda: compile_quantize_artifact(kernel), check)
     art, built = cache.get_or_build(key, fill, check=check)

@@ -40,6 +40,13 @@ def power_of_two_above(scale: torch.Tensor) -> torch.Tensor:
     return scale.new_ones(scale.shape).ldexp(exponent - (mantissa == 0.5).int())
 
 
+def fp8_scale(amax: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """The scale an fp8 `dtype` tensor (or block) with largest magnitude `amax` is stored over:
+    amax over the type's largest value, so its values span the range; 1 where amax is not above 0
+    (zeros, or a NaN: NaN > 0 is false). Every fp8 quantizer's rule, per block or per tensor."""
+    return (amax / FP8_MAX[dtype]).where(amax > 0, 1.0)
+
+
 def quantize_blocks(x: torch.Tensor, block: tuple[int, int], dtype: DType, power_of_two: bool = False
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x / its block's scale in fp32, the scales (..., ceil(R / block[0]), ceil(C / block[1]))) for x
@@ -59,7 +66,7 @@ def quantize_blocks(x: torch.Tensor, block: tuple[int, int], dtype: DType, power
         values = padded
     blocks = values.unflatten(-1, (nc, bc)).unflatten(-3, (nr, br))  # (..., nr, br, nc, bc): views
     amax = blocks.abs().amax(dim=(-3, -1))
-    scale = (amax / FP8_MAX[dtype]).where(amax > 0, 1.0)
+    scale = fp8_scale(amax, dtype)
     if power_of_two:
         scale = power_of_two_above(scale)
     scaled = (blocks / scale[..., :, None, :, None]).flatten(-2).flatten(-3, -2)[..., :rows, :cols]

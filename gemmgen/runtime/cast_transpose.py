@@ -31,7 +31,7 @@ from ..compile import KernelCache
 from ..compile.quantize import CompiledQuantizeKernel, build_quantize_kernel
 from ..config import DEFAULT_ARCH, Arch
 from ..errors import GemmgenError, GemmgenWarning, InvalidArgument, KernelNotAvailable
-from ..ir.ops import FP8_MAX, quantize_blocks, round_to
+from ..ir.ops import fp8_scale, quantize_blocks, round_to
 from ..types import DType, Layout
 from . import driver
 
@@ -137,6 +137,7 @@ class QuantizeKernel:
     def __init__(self, spec: QuantizeSpec, cache: KernelCache | None = None) -> None:
         self.spec, self._cache = spec, cache
         self._compiled: CompiledQuantizeKernel | None = None
+        self._loaded: dict[int, driver.LoadedFunction] = {}  # by device
 
     @property
     def compiled(self) -> CompiledQuantizeKernel:
@@ -149,12 +150,23 @@ class QuantizeKernel:
         return self._compiled
 
     def _launch(self, x: torch.Tensor, params: bytes) -> None:
+        """On x's device's current stream, as the GEMM kernels launch (`runtime.base`): the thread's
+        context bound once, the module loaded once per device, the device switched only if needed."""
         index = x.device.index or 0
-        compiled = self.compiled
-        with torch.cuda.device(index):
+        if driver.current_device() == index:
+            self._launch_on(index, x, params)
+        else:  # one process driving several GPUs
+            with torch.cuda.device(index):
+                self._launch_on(index, x, params)
+
+    def _launch_on(self, index: int, x: torch.Tensor, params: bytes) -> None:
+        if not driver.THREAD.has_context:
             driver.bind_context(index)
-            fn = driver.load(compiled.entry, compiled.cubin, index, 0, THREADS, (1, 1, 1))
-            driver.launch(fn, params, grid(x), THREADS, (1, 1, 1), 0, driver.current_stream(index))
+        fn = self._loaded.get(index)
+        if fn is None:
+            compiled = self.compiled
+            fn = self._loaded[index] = driver.load(compiled.entry, compiled.cubin, index, 0, THREADS, (1, 1, 1))
+        driver.launch(fn, params, grid(x), THREADS, (1, 1, 1), 0, driver.current_stream(index))
 
 
 class CastTranspose(QuantizeKernel):
@@ -209,8 +221,7 @@ def _on_cpu(x: torch.Tensor, spec: CastTransposeSpec, out: CastTransposed,
     """The torch quantizers into `out`: what the kernel computes, bit for bit."""
     if spec.per_tensor:
         assert amax is not None
-        qmax = FP8_MAX[spec.target]
-        scale = (amax.float() / qmax).where(amax > 0, 1.0)
+        scale = fp8_scale(amax.float(), spec.target).reshape(1)
         for q, t in ((out.q, x), (out.q_t, x.t())):
             if q is not None:
                 q.copy_(round_to(t.float() / scale, spec.target))

@@ -45,7 +45,7 @@ from ..errors import InvalidArgument
 from ..ir import GemmSpec, microscaling
 from ..ir.graph import K_GROUPED_TOKEN_ALIGN
 from ..ir.microscaling import E2M1_MAX, UE8M0_BIAS, grouped_blocked_rows, scale_columns, to_blocked
-from ..ir.ops import FP8_MAX, power_of_two_above, quantize_blocks, round_to
+from ..ir.ops import FP8_MAX, fp8_scale, power_of_two_above, quantize_blocks, round_to
 from ..ir.reference import k_grouped_scale_blocks, k_grouped_tokens, k_grouped_width
 from ..types import DType, Layout, Microscaling, OperandKind, as_dtype, as_layout
 from .checks import copy_in_layout
@@ -180,7 +180,7 @@ def quantize_k_grouped(x: torch.Tensor, offsets: torch.Tensor, dtype: DType | st
     blocks = k_grouped_scale_blocks(k_grouped_tokens(width, groups, K_GROUPED_TOKEN_ALIGN), groups)
     amax = x.new_zeros((blocks, columns), dtype=torch.float32)
     amax.scatter_reduce_(0, row[:, None].expand(-1, columns), x[t].float().abs(), "amax")
-    scales = (amax / FP8_MAX[dt]).where(amax > 0, 1.0)
+    scales = fp8_scale(amax, dt)
     if power_of_two:
         scales = power_of_two_above(scales)
     copy = torch.zeros((columns, width), dtype=dt.torch, device=x.device)

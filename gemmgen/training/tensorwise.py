@@ -18,7 +18,7 @@ from ..dsl.backward import declarations, replay
 from ..dsl.operands import OperandDecl, Scalar
 from ..errors import InvalidArgument
 from ..ir import EpilogueIR
-from ..ir.ops import FP8_MAX, round_to
+from ..ir.ops import fp8_scale, round_to
 from ..runtime.cast_transpose import cast_transposable, cast_transpose, tensor_amax
 from ..runtime.quantize import k_grouped_copy
 from ..types import DType, Layout
@@ -193,7 +193,7 @@ class Float8Tensorwise(Precision):
                 detached = t.detach().abs()
                 amax = detached.amax(dim=tuple(range(per, t.dim()))) if per else detached.amax().reshape(1)
             amax = amax.float().reshape(t.shape[:per] or (1,))
-            scale = (amax / FP8_MAX[dtype]).where(amax > 0, 1.0)
+            scale = fp8_scale(amax, dtype)
         q = t.new_empty(t.shape, dtype=dtype.torch)
         spread = scale.reshape(*scale.shape, *[1] * (t.dim() - per)) if per else scale  # over each one's values
         q.copy_(round_to(t.detach().float() / spread, dtype))

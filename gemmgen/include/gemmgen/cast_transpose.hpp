@@ -36,7 +36,7 @@
 namespace gemmgen::quantize {
 
 // What the kernel is launched with: pointers and 64-bit integers only, so the host packs them in
-// this order with no padding (gemmgen.codegen.quantize.CAST_TRANSPOSE_PARAMS).
+// this order with no padding (gemmgen.codegen.quantize.PARAMS).
 struct CastTransposeParams {
   void const* x;        // R x C, row stride ld_x elements
   void* q;              // the rows copy, R x C fp8, row stride ld_q; null: not written
